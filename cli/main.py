@@ -1,0 +1,102 @@
+"""The ``ptopt`` command: a thin click group whose subcommands are imported only when run.
+
+``ptopt --help`` must answer in well under a second, so this module imports click alone; each
+command lives in ``ptopt.cli.<name>`` and imports torch and the library inside its function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+#: command name -> (module, one-line help shown by `ptopt --help` without importing the module)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "quantize": ("ptopt.cli.quantize", "Quantize a model to int8 (dynamic, static with calibration, or QAT)."),
+    "prune": ("ptopt.cli.prune", "Prune a model: L1 unstructured, global, or structured channel removal."),
+    "distill": ("ptopt.cli.distill", "Train a student from a teacher by knowledge distillation."),
+    "export": ("ptopt.cli.export", "Export to TorchScript, ONNX or TensorRT, checked against its source."),
+    "validate": ("ptopt.cli.validate", "Compare artifacts on the same data: accuracy, size, latency; gate CI."),
+    "package": ("ptopt.cli.package", "Package an artifact for serving (TorchServe .mar, Triton repository)."),
+    "serve": ("ptopt.cli.serve", "Serve a .mar with a local TorchServe on 127.0.0.1."),
+    "run": ("ptopt.cli.run", "Run a pipeline recipe (compress, export, validate with gates) from YAML."),
+    "demo": ("ptopt.cli.demo", "Run the whole pipeline on the zoo ResNet and bundled digits."),
+    "inspect": ("ptopt.cli.inspect", "Show what a model is: inputs, outputs, parameters, size, layers."),
+    "doctor": ("ptopt.cli.doctor", "Show which backends work here (ORT, TensorRT, CUDA, TorchServe, Java)."),
+}
+
+
+class LazyGroup(click.Group):
+    """Lists every command from ``COMMANDS`` but imports a command's module only to run it."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(n for n, (mod, _) in COMMANDS.items() if _module_exists(mod))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or not _module_exists(COMMANDS[name][0]):
+            return None
+        return importlib.import_module(COMMANDS[name][0]).command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(n, COMMANDS[n][1]) for n in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _module_exists(module: str) -> bool:
+    here = os.path.dirname(__file__)
+    return os.path.exists(os.path.join(here, module.rsplit(".", 1)[1] + ".py"))
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="ptopt", prog_name="ptopt")
+@click.option("--debug", is_flag=True, envvar="PTOPT_DEBUG", help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """ptopt: compress, export, validate and package PyTorch models, with numbers for every artifact.
+
+    \b
+    MODEL:  model.pt (TorchScript; pickled modules need --allow-pickle), model.pt2 (ExportedProgram),
+            model.onnx, pkg.module:factory [--weights W.pt|W.safetensors], zoo:NAME
+    DATA:   data.pt / data.npz (x, optional y), builtin:digits32[:train|test], pkg.module:function
+    Exit codes: 0 ok, 1 a gate failed, 2 bad usage or input.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the group and turns ``PtoptError`` into one line on stderr and its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get("PTOPT_DEBUG"))
+    try:
+        cli.main(args=args, prog_name="ptopt", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the one place errors become exit codes
+        from_ptopt = type(e).__module__.startswith("ptopt.") and hasattr(e, "exit_code")
+        if debug:
+            raise
+        if from_ptopt:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)  # type: ignore[attr-defined]
+        click.echo(f"internal error: {type(e).__name__}: {e}\n(this is a bug in ptopt; rerun with --debug "
+                   "for the traceback and report it)", err=True)
+        sys.exit(3)
+    sys.exit(0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,1 @@
+"""Compression techniques: quantization, pruning, distillation, and the shared trainer."""

@@ -1,0 +1,82 @@
+"""Bundled data sets (no download): scikit-learn's digits, in the variants the model zoo needs.
+
+``builtin:NAME[:SPLIT]`` with SPLIT ``train`` (80%), ``test`` (20%, held out) or ``all`` (default).
+The split is a fixed seeded permutation, the same on every machine.
+
+| name            | x                                                   | for                  |
+|-----------------|-----------------------------------------------------|----------------------|
+| digits          | float32 N×1×8×8 in [0, 1]                           | tiny CNNs            |
+| digits32        | float32 N×1×32×32, bilinear upsampled, normalized   | ResNet / MobileNet   |
+| digits-seq      | float32 N×32×32 (32 rows of 32 pixels), normalized  | LSTM classifier      |
+| digits-tokens   | input_ids int64 N×72 + attention_mask int64 N×72    | transformer encoder  |
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ptopt.core.data import Dataset
+from ptopt.core.errors import DataError
+
+SPLIT_SEED = 0
+TRAIN_FRACTION = 0.8
+#: digits-tokens: pixel value v (0..16) is token v + 1; 0 is padding; 8 padded positions per sample.
+TOKEN_VOCAB = 18
+TOKEN_PAD = 8
+
+NAMES = ("digits", "digits32", "digits-seq", "digits-tokens")
+SPLITS = ("train", "test", "all")
+
+
+@functools.lru_cache(maxsize=None)
+def _digits_raw():
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return d.images.astype(np.float32), d.target.astype(np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _variant(name: str):
+    import torch
+    import torch.nn.functional as F
+
+    images, target = _digits_raw()
+    x8 = torch.from_numpy(images / 16.0).unsqueeze(1)  # N×1×8×8 in [0, 1]
+    y = torch.from_numpy(target)
+    if name == "digits":
+        return x8, y
+    if name in ("digits32", "digits-seq"):
+        x32 = F.interpolate(x8, size=(32, 32), mode="bilinear", align_corners=False)
+        x32 = (x32 - 0.5) / 0.5
+        return (x32 if name == "digits32" else x32.squeeze(1).contiguous()), y
+    if name == "digits-tokens":
+        ids = torch.from_numpy(images.reshape(len(images), 64)).long() + 1
+        ids = torch.cat([ids, torch.zeros(len(ids), TOKEN_PAD, dtype=torch.long)], dim=1)
+        mask = (ids != 0).long()
+        return {"input_ids": ids, "attention_mask": mask}, y
+    raise KeyError(name)
+
+
+def load_builtin(ref: str) -> Dataset:
+    parts = ref.split(":")
+    if len(parts) not in (2, 3) or parts[0] != "builtin":
+        raise DataError(f"bad builtin data reference {ref!r}: write builtin:NAME[:SPLIT]")
+    name, split = parts[1], parts[2] if len(parts) == 3 else "all"
+    if name not in NAMES:
+        raise DataError(f"unknown builtin data {name!r} (known: {', '.join(NAMES)})")
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r} for builtin:{name} (use {', '.join(SPLITS)})")
+    import torch
+
+    x, y = _variant(name)
+    ds = Dataset(x, y, f"builtin:{name}:{split}")
+    if split == "all":
+        return ds
+    perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    k = int(round(len(ds) * TRAIN_FRACTION))
+    idx = perm[:k] if split == "train" else perm[k:]
+    out = ds.select(torch.sort(idx).values)
+    out.name = f"builtin:{name}:{split}"
+    return out

@@ -1,0 +1,93 @@
+"""Frozen config dataclasses that round-trip through plain dicts with a ``type`` key.
+
+Every technique and target is a config plus one function. A recipe file is a list of such dicts,
+and a sidecar records the config that produced its artifact, so both can be replayed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, ClassVar, TypeVar
+
+from ptopt.core.errors import UsageError
+
+_CONFIGS: dict[str, type["Config"]] = {}
+
+C = TypeVar("C", bound="Config")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Base of every technique/target config. Subclasses set ``type_name`` and register."""
+
+    type_name: ClassVar[str] = "config"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type_name}
+        for f in dataclasses.fields(self):
+            out[f.name] = _plain(getattr(self, f.name))
+        return out
+
+    def replace(self: C, **changes: Any) -> C:
+        return dataclasses.replace(self, **changes)
+
+
+def register_config(cls: type[C]) -> type[C]:
+    """Class decorator: make ``config_from_dict`` know ``cls`` by its ``type_name``."""
+    name = cls.type_name
+    if name in _CONFIGS and _CONFIGS[name] is not cls:
+        raise RuntimeError(f"config type {name!r} registered twice")
+    _CONFIGS[name] = cls
+    return cls
+
+
+def registered_configs() -> dict[str, type[Config]]:
+    return dict(_CONFIGS)
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    return config.to_dict()
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Build a registered config from its dict; unknown types or fields are a UsageError."""
+    if not isinstance(data, dict) or "type" not in data:
+        raise UsageError(f"a config must be a mapping with a 'type' key, got {data!r}")
+    name = data["type"]
+    cls = _CONFIGS.get(name)
+    if cls is None:
+        known = ", ".join(sorted(_CONFIGS)) or "none registered"
+        raise UsageError(f"unknown config type {name!r} (known: {known})")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields) - {"type"})
+    if unknown:
+        raise UsageError(f"config {name!r} has no option(s) {', '.join(unknown)}; it takes {', '.join(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(hints.get(k), v) for k, v in data.items() if k != "type"}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"config {name!r}: {e}") from e
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _coerce(hint: Any, value: Any) -> Any:
+    """Lists from JSON/YAML become tuples where the field is a tuple (configs are frozen)."""
+    origin = typing.get_origin(hint)
+    if isinstance(value, list) and (origin is tuple or hint is tuple):
+        return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for arg in typing.get_args(hint):
+            if typing.get_origin(arg) is tuple and isinstance(value, list):
+                return tuple(value)
+    return value

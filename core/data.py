@@ -1,0 +1,304 @@
+"""DATA references and the one place where batching, seeding and splitting happen.
+
+Forms (``--calib-data``, ``--train-data``, ``--eval-data``, ``--data``):
+
+- ``file.pt``: ``torch.save({"x": X, "y": Y})`` or ``(X, Y)``; X a tensor, a tuple of tensors or a
+  dict of tensors (``input_ids`` + ``attention_mask``); loaded with ``weights_only=True``.
+- ``file.npz``: ``x`` (and optional ``y``); multi-input as ``x.0``, ``x.1``... or ``x.<name>``.
+- ``builtin:NAME[:SPLIT]``: bundled data (see ``ptopt.core.builtin_data``), SPLIT train|test|all.
+- ``package.module:function``: returns batches (tensors, ``(x, y)`` pairs or ``{"x", "y"}`` dicts),
+  a ``{"x", "y"}`` mapping, or a ``Dataset``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from ptopt.core.errors import DataError
+from ptopt.core.inputspec import InputSpec, flatten_inputs, specs_from_example
+
+_FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass
+class Batch:
+    x: Any  # tensor, tuple of tensors or dict of tensors
+    y: Any = None  # tensor of labels or None
+
+
+class Dataset:
+    """In-memory samples: ``x`` (tensor / tuple / dict, first dim N) and optional labels ``y``."""
+
+    def __init__(self, x: Any, y: Any = None, name: str = "data"):
+        import torch
+
+        self.name = name
+        if isinstance(x, list):
+            x = tuple(x)
+        self.x = x
+        tensors = [t for _, t in flatten_inputs(x)]
+        if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise DataError(f"{name}: x must be a tensor, a tuple of tensors or a dict of tensors")
+        n = {int(t.shape[0]) if t.dim() else -1 for t in tensors}
+        if len(n) != 1 or -1 in n:
+            raise DataError(f"{name}: all inputs need the same first (sample) dimension, got {sorted(n)}")
+        self._n = n.pop()
+        if y is not None:
+            y = torch.as_tensor(y)
+            if y.dim() == 0 or y.shape[0] != self._n:
+                raise DataError(f"{name}: {self._n} samples but {y.shape[0] if y.dim() else 0} labels")
+        self.y = y
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}={tuple(t.shape)}" for k, t in flatten_inputs(self.x))
+        return f"Dataset({self.name!r}, n={self._n}, {shapes}, labels={'yes' if self.has_labels else 'no'})"
+
+    @property
+    def has_labels(self) -> bool:
+        return self.y is not None
+
+    def select(self, index: Any) -> "Dataset":
+        """Samples at ``index`` (a tensor of indices or a slice), as a new Dataset."""
+        return Dataset(_index(self.x, index), None if self.y is None else self.y[index], self.name)
+
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
+        """One sample ``(x_i, y_i)`` (y_i is None without labels); lets DataLoader/samplers use a Dataset."""
+        return _index(self.x, i), None if self.y is None else self.y[i]
+
+    def take(self, n: int) -> "Dataset":
+        return self.select(slice(0, min(n, self._n)))
+
+    def split(self, fraction: float, seed: int = 0) -> tuple["Dataset", "Dataset"]:
+        """Shuffle with ``seed`` and split: the first part holds ``fraction`` of the samples."""
+        import torch
+
+        if not 0 < fraction < 1:
+            raise DataError(f"split fraction must be in (0, 1), got {fraction}")
+        perm = torch.randperm(self._n, generator=torch.Generator().manual_seed(seed))
+        k = int(round(self._n * fraction))
+        return self.select(perm[:k]), self.select(perm[k:])
+
+    def batches(self, batch_size: int, shuffle: bool = False, seed: int = 0, drop_last: bool = False,
+                indices: Any = None) -> Iterator[Batch]:
+        """Yield batches; ``indices`` (e.g. from a DistributedSampler) restricts and orders the samples."""
+        import torch
+
+        if batch_size <= 0:
+            raise DataError(f"batch size must be positive, got {batch_size}")
+        if indices is not None:
+            order = torch.as_tensor(list(indices), dtype=torch.long)
+        elif shuffle:
+            order = torch.randperm(self._n, generator=torch.Generator().manual_seed(seed))
+        else:
+            order = None
+        n = self._n if order is None else len(order)
+        for start in range(0, n, batch_size):
+            stop = min(start + batch_size, n)
+            if drop_last and stop - start < batch_size:
+                break
+            idx = slice(start, stop) if order is None else order[start:stop]
+            yield Batch(_index(self.x, idx), None if self.y is None else self.y[idx])
+
+    def num_batches(self, batch_size: int, drop_last: bool = False) -> int:
+        return self._n // batch_size if drop_last else -(-self._n // batch_size)
+
+    def first_batch(self, batch_size: int = 32) -> Batch:
+        return next(self.batches(batch_size))
+
+    def input_specs(self, max_batch: int = 64) -> list[InputSpec]:
+        return specs_from_example(self.first_batch(min(len(self), 32)).x, max_batch=max_batch)
+
+    def check_finite(self) -> None:
+        """Raise DataError when a float input holds NaN or Inf (calibration would silently break)."""
+        import torch
+
+        for name, t in flatten_inputs(self.x):
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise DataError(f"{self.name}: input {name!r} holds {bad} NaN/Inf value(s)")
+
+    def require_labels(self, why: str) -> None:
+        if not self.has_labels:
+            raise DataError(f"{self.name} has no labels (y), which {why} needs")
+
+    def save(self, path: str | os.PathLike) -> None:
+        import torch
+
+        from ptopt.core.artifact import atomic_path
+
+        with atomic_path(path) as tmp:
+            torch.save({"x": self.x, "y": self.y} if self.y is not None else {"x": self.x}, tmp)
+
+
+def _index(x: Any, idx: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: v[idx] for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(v[idx] for v in x)
+    return x[idx]
+
+
+def _concat(parts: list[Any]) -> Any:
+    import torch
+
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: torch.cat([p[k] for p in parts]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return tuple(torch.cat([p[i] for p in parts]) for i in range(len(first)))
+    return torch.cat(parts)
+
+
+def _is_xy_pair(b: Any) -> bool:
+    """``(x, y)``: y a 1-D integer tensor with one label per sample of x (not a second float input)."""
+    import torch
+
+    if not (isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[1], torch.Tensor)):
+        return False
+    y = b[1]
+    if y.dim() != 1 or y.is_floating_point():
+        return False
+    try:
+        from ptopt.core.inputspec import batch_size_of
+
+        return batch_size_of(b[0]) == y.shape[0]
+    except (IndexError, AttributeError, TypeError):
+        return False
+
+
+def from_batches(batches: Any, name: str) -> Dataset:
+    """Materialize an iterable of batches (tensor, (x, y), {"x", "y"} or Batch) into a Dataset."""
+    import torch
+
+    xs, ys = [], []
+    for b in batches:
+        if isinstance(b, Batch):
+            x, y = b.x, b.y
+        elif isinstance(b, dict) and "x" in b:
+            x, y = b["x"], b.get("y")
+        elif _is_xy_pair(b):
+            x, y = b
+        else:
+            x, y = b, None
+        xs.append(tuple(x) if isinstance(x, list) else x)
+        ys.append(y)
+    if not xs:
+        raise DataError(f"{name}: yielded no batches")
+    if any(y is None for y in ys) and not all(y is None for y in ys):
+        raise DataError(f"{name}: some batches have labels and some don't")
+    y = None if ys[0] is None else torch.cat([torch.as_tensor(v) for v in ys])
+    return Dataset(_concat(xs), y, name)
+
+
+def _from_mapping(obj: dict, name: str) -> Dataset:
+    if "x" not in obj:
+        raise DataError(f"{name}: expected a mapping with 'x' (and optional 'y'), got keys {sorted(obj)}")
+    return Dataset(obj["x"], obj.get("y"), name)
+
+
+def _load_pt(path: Path) -> Dataset:
+    import pickle
+
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise DataError(f"{path}: holds more than tensors; data files load with weights_only=True "
+                        f"({str(e).splitlines()[0][:200]})") from None
+    except Exception as e:  # noqa: BLE001 - a non-torch file raises IndexError, EOFError, RuntimeError...
+        raise DataError(f"{path}: not a torch.save file of tensors ({type(e).__name__})") from None
+    if isinstance(obj, dict):
+        return _from_mapping(obj, str(path))
+    if isinstance(obj, (tuple, list)) and len(obj) == 2:
+        return Dataset(obj[0], obj[1], str(path))
+    if isinstance(obj, torch.Tensor):
+        return Dataset(obj, None, str(path))
+    raise DataError(f"{path}: expected {{'x': ..., 'y': ...}} or (x, y), got {type(obj).__name__}")
+
+
+def _load_npz(path: Path) -> Dataset:
+    import numpy as np
+    import torch
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: torch.from_numpy(np.ascontiguousarray(z[k])) for k in z.files}
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: not a readable .npz file ({e})") from None
+    y = arrays.pop("y", None)
+    if "x" in arrays:
+        x: Any = arrays.pop("x")
+    else:
+        sub = {k[2:]: v for k, v in arrays.items() if k.startswith("x.")}
+        if not sub:
+            raise DataError(f"{path}: needs an array 'x' (or 'x.0', 'x.1'... / 'x.<name>'), has {sorted(arrays)}")
+        x = tuple(sub[k] for k in sorted(sub, key=int)) if all(k.isdigit() for k in sub) else sub
+    for name, t in flatten_inputs(x):
+        if t.dtype == torch.float64:
+            x = _cast_float64(x)
+            break
+    return Dataset(x, y, str(path))
+
+
+def _cast_float64(x: Any) -> Any:
+    import torch
+
+    def c(t):
+        return t.float() if t.dtype == torch.float64 else t
+    if isinstance(x, dict):
+        return {k: c(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(c(v) for v in x)
+    return c(x)
+
+
+def _load_factory(ref: str) -> Dataset:
+    module_name, _, func_name = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's module
+        raise DataError(f"data {ref!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise DataError(f"data {ref!r}: {module_name!r} has no function {func_name!r}")
+    obj = fn()
+    if isinstance(obj, Dataset):
+        return obj
+    if isinstance(obj, dict):
+        return _from_mapping(obj, ref)
+    return from_batches(obj, ref)
+
+
+def load_data(ref: "str | os.PathLike | Dataset") -> Dataset:
+    """Load a DATA reference (see the module docstring) into a Dataset."""
+    if isinstance(ref, Dataset):
+        return ref
+    text = str(ref)
+    if text.startswith("builtin:"):
+        from ptopt.core.builtin_data import load_builtin
+
+        return load_builtin(text)
+    path = Path(text)
+    if path.exists():
+        if path.is_dir():
+            raise DataError(f"{path} is a folder; give a .pt or .npz file")
+        if path.suffix == ".npz":
+            ds = _load_npz(path)
+        else:
+            ds = _load_pt(path)
+    elif _FACTORY_RE.match(text):
+        ds = _load_factory(text)
+    else:
+        raise DataError(f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)")
+    if len(ds) == 0:
+        raise DataError(f"data {text!r} is empty")
+    return ds

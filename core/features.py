@@ -1,0 +1,135 @@
+"""Optional backends: is each one usable here, and if not, why and how to get it.
+
+A missing backend is never a bare ImportError: ``require(name)`` raises MissingDependencyError with
+the install instruction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import shutil
+import subprocess
+
+from ptopt.core.errors import MissingDependencyError
+from ptopt.core.system import package_version
+
+
+@dataclasses.dataclass
+class Feature:
+    name: str
+    available: bool
+    version: str | None = None
+    detail: str = ""
+    fix: str = ""
+
+
+def _module_present(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_torch() -> Feature:
+    import torch
+
+    return Feature("torch", True, torch.__version__, f"quantized engines: {', '.join(torch.backends.quantized.supported_engines)}")
+
+
+def check_cuda() -> Feature:
+    import torch
+
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        return Feature("cuda", True, torch.version.cuda, f"{torch.cuda.device_count()} device(s): {name}")
+    why = "torch is a CPU build" if torch.version.cuda is None else "no CUDA device visible"
+    return Feature("cuda", False, None, why, "needs an NVIDIA GPU and a CUDA build of torch")
+
+
+def check_onnxruntime() -> Feature:
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        return Feature("onnxruntime", False, None, str(e), "pip install onnxruntime")
+    return Feature("onnxruntime", True, ort.__version__, f"providers: {', '.join(ort.get_available_providers())}")
+
+
+def check_onnx() -> Feature:
+    v = package_version("onnx")
+    return Feature("onnx", v is not None, v, "" if v else "not installed", "" if v else "pip install onnx onnxscript")
+
+
+def check_torchao() -> Feature:
+    v = package_version("torchao")
+    if v is None:
+        return Feature("torchao", False, None, "not installed", "pip install 'ptopt[torchao]'")
+    return Feature("torchao", True, v, "PT2E quantization engine available")
+
+
+def check_tensorrt() -> Feature:
+    v = package_version("torch-tensorrt") or package_version("torch_tensorrt")
+    fix = "pip install 'ptopt[tensorrt]' on a machine with an NVIDIA GPU, CUDA and TensorRT"
+    if v is None or not _module_present("torch_tensorrt"):
+        return Feature("torch_tensorrt", False, None, "torch_tensorrt is not installed", fix)
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return Feature("torch_tensorrt", False, v, "installed, but no CUDA device is available", fix)
+        import tensorrt  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - broken TensorRT installs raise many kinds
+        return Feature("torch_tensorrt", False, v, f"installed but not importable: {e}", fix)
+    return Feature("torch_tensorrt", True, v, f"TensorRT {package_version('tensorrt') or '?'}")
+
+
+def java_version() -> str | None:
+    java = shutil.which("java") or (os.path.join(os.environ["JAVA_HOME"], "bin", "java")
+                                    if os.environ.get("JAVA_HOME") else None)
+    if not java or not os.path.exists(java):
+        return None
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = (out.stderr or out.stdout).strip().splitlines()
+    return first[0] if first else "unknown"
+
+
+def check_java() -> Feature:
+    v = java_version()
+    if v is None:
+        return Feature("java", False, None, "java not found on PATH (TorchServe needs Java 11+)",
+                       "install a JDK 17, e.g. apt-get install openjdk-17-jre-headless")
+    return Feature("java", True, v)
+
+
+def check_torchserve() -> Feature:
+    v = package_version("torchserve")
+    fix = "pip install 'ptopt[serve]'"
+    if v is None:
+        return Feature("torchserve", False, None, "not installed", fix)
+    missing = [m for m in ("model_archiver", "yaml") if not _module_present(m)]
+    if missing:
+        names = {"model_archiver": "torch-model-archiver", "yaml": "PyYAML (torchserve needs it, undeclared)"}
+        return Feature("torchserve", False, v, "missing " + ", ".join(names[m] for m in missing), fix)
+    if shutil.which("torchserve") is None:
+        return Feature("torchserve", False, v, "the torchserve command is not on PATH", fix)
+    return Feature("torchserve", True, v, f"torch-model-archiver {package_version('torch-model-archiver')}")
+
+
+CHECKS = {
+    "torch": check_torch, "cuda": check_cuda, "onnx": check_onnx, "onnxruntime": check_onnxruntime,
+    "torchao": check_torchao, "torch_tensorrt": check_tensorrt, "torchserve": check_torchserve, "java": check_java,
+}
+
+
+def require(name: str, for_what: str = "") -> Feature:
+    """Return the feature if usable, else raise MissingDependencyError with the fix."""
+    f = CHECKS[name]()
+    if not f.available:
+        need = f" for {for_what}" if for_what else ""
+        raise MissingDependencyError(f"{f.name} is needed{need} but unavailable here: {f.detail}. To fix: {f.fix}")
+    return f

@@ -1,0 +1,365 @@
+"""MODEL references: the one way every command turns its MODEL argument into something to run.
+
+- ``model.pt``: a TorchScript archive; or a full pickled ``nn.Module`` (``torch.save(model)``), which
+  loads only with ``allow_pickle=True`` because unpickling runs arbitrary code.
+- ``model.pt2``: a ``torch.export`` ExportedProgram.
+- ``model.onnx``: an ONNX model (runs in ONNX Runtime; no nn.Module).
+- ``package.module:factory`` with optional ``weights`` (state_dict ``.pt`` or ``.safetensors``);
+  without weights the factory's fresh model is used (e.g. a student to train).
+- ``zoo:NAME``: a model from ``ptopt.models``, trained on bundled data on first use and cached.
+
+State dicts are always read with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.artifact import Artifact
+from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
+from ptopt.core.inputspec import InputSpec, specs_from_example
+
+_FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_PICKLE_HINT = (
+    "it holds a pickled nn.Module, and unpickling runs arbitrary code from the file. Pass "
+    "--allow-pickle (allow_pickle=True) if you trust it, or save it as TorchScript, an ExportedProgram "
+    "(.pt2), or a state_dict used with a factory: pkg.module:factory --weights FILE"
+)
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A loaded MODEL reference. ``module`` is None only for formats without one (ONNX)."""
+
+    ref: str
+    format: str  # eager | torchscript | exported_program | onnx | pickle
+    module: Any = None
+    path: Path | None = None
+    artifact: Artifact | None = None
+    input_specs: list[InputSpec] = dataclasses.field(default_factory=list)
+    input_style: str = "positional"
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def require_module(self, for_what: str):
+        if self.module is None:
+            raise ModelLoadError(f"{self.ref}: a {self.format} model cannot be used for {for_what}; give a PyTorch model")
+        return self.module
+
+    @property
+    def size_bytes(self) -> int | None:
+        if self.artifact is not None:
+            return self.artifact.size_bytes
+        if self.path is not None and self.path.is_file():
+            return self.path.stat().st_size
+        return None
+
+    def example_inputs(self, which: str = "opt", batch: int | None = None):
+        from ptopt.core.inputspec import make_inputs
+
+        if not self.input_specs:
+            raise ModelLoadError(f"{self.ref}: input shape unknown; pass --data or --input-shape")
+        return make_inputs(self.input_specs, self.input_style, which=which, batch=batch)
+
+
+def load_model(ref: "str | os.PathLike", weights: "str | os.PathLike | None" = None,
+               allow_pickle: bool = False) -> LoadedModel:
+    """Load a MODEL reference (see the module docstring)."""
+    text = str(ref)
+    if text.startswith("zoo:"):
+        if weights is not None:
+            raise ModelLoadError("--weights goes with a pkg.module:factory model, not with zoo:NAME")
+        from ptopt.models import load_zoo_model
+
+        module, specs, style = load_zoo_model(text[4:])
+        return LoadedModel(text, "eager", module.eval(), input_specs=specs, input_style=style,
+                           info={"zoo": text[4:]})
+    path = Path(text)
+    if path.exists():
+        if weights is not None:
+            raise ModelLoadError(f"--weights goes with a pkg.module:factory model; {path} is already a model file")
+        return _load_file(path, allow_pickle)
+    if _FACTORY_RE.match(text):
+        return _load_factory(text, weights)
+    raise ModelLoadError(
+        f"model {text!r}: no such file (forms: model.pt, model.pt2, model.onnx, pkg.module:factory, zoo:NAME)"
+    )
+
+
+def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a folder, not a model file")
+    art = Artifact.maybe_load(path)
+    specs = list(art.inputs) if art else []
+    style = art.input_style if art else "positional"
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return _load_onnx(path, art)
+    if suffix == ".pt2":
+        return _load_exported(path, art)
+    if not zipfile.is_zipfile(path):
+        if _is_legacy_torch_pickle(path):
+            return _load_pickle(path, allow_pickle, art)
+        raise ModelLoadError(f"{path}: not a PyTorch model file (neither a TorchScript archive nor torch.save output)")
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        import torch
+
+        try:
+            module = torch.jit.load(str(path), map_location="cpu")
+        except Exception as e:  # noqa: BLE001 - a corrupt archive raises many types
+            raise ModelLoadError(f"{path}: corrupt TorchScript archive: {str(e).splitlines()[0]}") from None
+        return LoadedModel(str(path), "torchscript", module.eval(), path, art, specs, style)
+    if any(n.endswith("/serialized_exported_program.json") or "/models/" in n for n in names) and suffix != ".pt":
+        return _load_exported(path, art)
+    return _load_pickle(path, allow_pickle, art)
+
+
+def _is_legacy_torch_pickle(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    return head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
+
+
+def _load_pickle(path: Path, allow_pickle: bool, art: Artifact | None) -> LoadedModel:
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        obj = None  # holds more than tensors: a pickled module (or something else)
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"{path}: not a PyTorch model file ({str(e).splitlines()[0]})") from None
+    else:
+        if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            raise ModelLoadError(
+                f"{path} is a state_dict (weights only, no architecture): load it with the model's factory, "
+                f"e.g. `pkg.module:factory --weights {path}`"
+            )
+        raise ModelLoadError(f"{path}: holds a {type(obj).__name__}, not a model")
+    if not allow_pickle:
+        raise UnsafePickleError(f"{path}: refusing to load: {_PICKLE_HINT}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - a missing class raises AttributeError/ModuleNotFoundError...
+        raise ModelLoadError(f"{path}: cannot unpickle: {type(e).__name__}: {e}") from None
+    if not isinstance(obj, torch.nn.Module):
+        raise ModelLoadError(f"{path}: holds a {type(obj).__name__}, not an nn.Module")
+    specs, style = _declared_inputs(obj)
+    if art:
+        specs, style = list(art.inputs) or specs, art.input_style
+    return LoadedModel(str(path), "pickle", obj.eval(), path, art, specs, style)
+
+
+def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
+    import torch
+
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"{path}: not a loadable ExportedProgram: {str(e).splitlines()[0]}") from None
+    specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")
+    if not specs:
+        specs, style = _specs_from_exported(ep)
+    return LoadedModel(str(path), "exported_program", ep.module(), path, art, specs, style, {"exported_program": ep})
+
+
+def _specs_from_exported(ep: Any) -> tuple[list[InputSpec], str]:
+    """Input specs of an ExportedProgram from its example inputs / fake tensors (batch left static)."""
+    import torch
+
+    args, kwargs = getattr(ep, "example_inputs", None) or ((), {})
+    if kwargs:
+        return specs_from_example({k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)},
+                                  dynamic_batch=False), "keyword"
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if tensors:
+        return specs_from_example(tensors[0] if len(tensors) == 1 else tuple(tensors), dynamic_batch=False), "positional"
+    return [], "positional"
+
+
+def _load_onnx(path: Path, art: Artifact | None) -> LoadedModel:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf decode errors
+        raise ModelLoadError(f"{path}: not a readable ONNX model: {str(e).splitlines()[0]}") from None
+    specs, style = (list(art.inputs), art.input_style) if art else (_specs_from_onnx(model), "positional")
+    return LoadedModel(str(path), "onnx", None, path, art, specs, style, {"onnx_opset": model.opset_import[0].version
+                                                                            if model.opset_import else None})
+
+
+def _specs_from_onnx(model: Any) -> list[InputSpec]:
+    import onnx
+
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        t = inp.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+        lo = tuple(d if d > 0 else 1 for d in dims)
+        opt = tuple(d if d > 0 else 1 for d in dims)
+        hi = tuple(d if d > 0 else 64 for d in dims)
+        specs.append(InputSpec(inp.name, lo, opt, hi, dtype if dtype != "bool" else "bool"))
+    return specs
+
+
+def _declared_inputs(module: Any) -> tuple[list[InputSpec], str]:
+    """Specs from a model's own ``example_inputs()`` method, when it has one."""
+    fn = getattr(module, "example_inputs", None)
+    if not callable(fn):
+        return [], "positional"
+    from ptopt.core.inputspec import input_style
+
+    x = fn()
+    return specs_from_example(x), input_style(x)
+
+
+def _load_factory(ref: str, weights: "str | os.PathLike | None") -> LoadedModel:
+    import torch
+
+    module_name, _, attr = ref.partition(":")
+    try:
+        mod = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - any failure inside the user's module
+        raise ModelLoadError(f"model {ref!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise ModelLoadError(f"model {ref!r}: {module_name!r} has no callable {attr!r}")
+    try:
+        model = factory()
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"model {ref!r}: the factory failed: {type(e).__name__}: {e}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise ModelLoadError(f"model {ref!r}: the factory returned a {type(model).__name__}, not an nn.Module")
+    info: dict[str, Any] = {"factory": ref}
+    if weights is not None:
+        load_weights(model, weights)
+        info["weights"] = str(weights)
+    specs, style = _declared_inputs(model)
+    return LoadedModel(ref, "eager", model.eval(), None, None, specs, style, info)
+
+
+def read_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
+    """A state_dict from ``.safetensors`` or a torch ``.pt``, never unpickling code."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"weights {path}: no such file")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except Exception as e:  # noqa: BLE001
+            raise ModelLoadError(f"weights {path}: not a readable safetensors file: {e}") from None
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ModelLoadError(f"weights {path}: holds more than tensors (a pickled module?); save model.state_dict()") from None
+    except Exception as e:  # noqa: BLE001
+        raise ModelLoadError(f"weights {path}: not a torch.save file: {str(e).splitlines()[0]}") from None
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise ModelLoadError(f"weights {path}: expected a state_dict, got {type(obj).__name__}")
+    return obj
+
+
+def load_weights(model: Any, weights: "str | os.PathLike") -> None:
+    """Load a state_dict strictly, naming mismatching keys and shapes when it doesn't fit."""
+    state = read_state_dict(weights)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shape_bad = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                 for k in sorted(set(own) & set(state))
+                 if hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shape_bad:
+        parts = []
+        if missing:
+            parts.append("missing keys: " + _few(missing))
+        if unexpected:
+            parts.append("unexpected keys: " + _few(unexpected))
+        if shape_bad:
+            parts.append("shape mismatch: " + _few(shape_bad))
+        raise WeightsMismatchError(f"weights {weights} don't fit the model: " + "; ".join(parts))
+    model.load_state_dict(state, strict=True)
+
+
+def _few(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" (+{len(items) - n} more)" if len(items) > n else "")
+
+
+def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()) -> LoadedModel:
+    """Settle ``loaded.input_specs``: ``--input-shape`` first, then the data, then what the model declares.
+
+    ``input_shapes`` is ``[(name | None, shape), ...]`` (see ``parse_named_shapes``); a given shape's
+    first dimension is the batch (dynamic from 1 to 64). ``data`` is a Dataset.
+    """
+    from ptopt.core.inputspec import DEFAULT_MAX_BATCH, input_style
+
+    if input_shapes:
+        known = loaded.input_specs
+        specs = []
+        for i, (name, shape) in enumerate(input_shapes):
+            base = known[i] if i < len(known) else None
+            name = name or (base.name if base else ("input" if len(input_shapes) == 1 else f"input_{i}"))
+            dtype = base.dtype if base else "float32"
+            vr = base.value_range if base else None
+            specs.append(InputSpec.static(name, shape, dtype, value_range=vr)
+                         .with_batch(1, shape[0], max(DEFAULT_MAX_BATCH, shape[0])))
+        loaded.input_specs = specs
+        if any(n for n, _ in input_shapes):
+            loaded.input_style = "keyword"
+    elif data is not None:
+        x = data.first_batch(min(len(data), 32)).x
+        loaded.input_specs = specs_from_example(x)
+        loaded.input_style = input_style(x)
+    return loaded
+
+
+def expected_input(loaded: LoadedModel) -> str | None:
+    """What the model expects, for error messages: its specs, or what its first layer takes."""
+    if loaded.input_specs:
+        return ", ".join(s.describe() for s in loaded.input_specs)
+    module = loaded.module
+    if module is None:
+        return None
+    for _, m in module.named_modules():
+        for attr, what in (("in_channels", "channels"), ("in_features", "features"), ("input_size", "features"),
+                           ("num_embeddings", "token ids below")):
+            v = getattr(m, attr, None)
+            if isinstance(v, int):
+                return f"{v} input {what} (first layer {type(m).__name__})"
+    return None
+
+
+def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
+    """Run one batch through the model; a failure becomes a ShapeMismatchError naming expected vs got."""
+    import torch
+
+    from ptopt.core.errors import ShapeMismatchError
+    from ptopt.core.inputspec import call_model, flatten_inputs, format_shape
+
+    got = ", ".join(f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x))
+    module = loaded.require_module("running a batch")
+    try:
+        with torch.inference_mode():
+            return call_model(module, x)
+    except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ShapeMismatchError(f"{what} does not fit model {loaded.ref}: {reason[:300]}",
+                                 expected=expected_input(loaded), got=got) from None

@@ -1,0 +1,26 @@
+"""LSTM classifier: a 32×32 digit read as 32 rows of 32 pixels."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LSTMClassifier(nn.Module):
+    def __init__(self, input_size: int = 32, hidden: int = 256, layers: int = 2, num_classes: int = 10,
+                 seq_len: int = 32):
+        super().__init__()
+        self.input_size, self.seq_len = input_size, seq_len
+        self.lstm = nn.LSTM(input_size, hidden, num_layers=layers, batch_first=True)
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+    def example_inputs(self, batch: int = 1) -> torch.Tensor:
+        return torch.randn(batch, self.seq_len, self.input_size, generator=torch.Generator().manual_seed(0))
+
+
+def lstm() -> LSTMClassifier:
+    return LSTMClassifier()

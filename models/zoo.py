@@ -1,0 +1,140 @@
+"""The model zoo: reference models written the way users write them, each with a deterministic
+training recipe on bundled data, trained on first use and cached outside the repository.
+
+Cache: ``$PTOPT_CACHE_DIR`` or ``~/.cache/ptopt``; ``zoo/<name>-<key>.safetensors`` plus a JSON with
+the recipe and the held-out accuracy it reached. The key hashes the recipe, so changing a recipe
+retrains instead of loading stale weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import ModelLoadError
+
+#: Bump when a zoo model's code changes in a way that invalidates cached weights.
+ZOO_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    factory: str  # "ptopt.models.resnet:resnet"
+    train_data: str
+    test_data: str
+    description: str
+    epochs: int = 6
+    lr: float = 3e-3
+    batch_size: int = 64
+    weight_decay: float = 0.01
+
+    def build(self):
+        mod, _, fn = self.factory.partition(":")
+        return getattr(importlib.import_module(mod), fn)()
+
+    def recipe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"zoo_version": ZOO_VERSION}
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(self.recipe(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+ZOO: dict[str, ZooEntry] = {e.name: e for e in (
+    ZooEntry("resnet", "ptopt.models.resnet:resnet", "builtin:digits32:train", "builtin:digits32:test",
+             "ResNet-style CNN, 3 residual stages (32/64/128), 1×32×32 digits", epochs=5),
+    ZooEntry("mobilenet", "ptopt.models.mobilenet:mobilenet", "builtin:digits32:train", "builtin:digits32:test",
+             "MobileNetV2-style CNN, depthwise-separable inverted residuals, 1×32×32 digits", epochs=8),
+    ZooEntry("lstm", "ptopt.models.lstm:lstm", "builtin:digits-seq:train", "builtin:digits-seq:test",
+             "2-layer LSTM (256) classifier, digits as 32 rows of 32 pixels", epochs=6, lr=2e-3),
+    ZooEntry("transformer", "ptopt.models.transformer:transformer", "builtin:digits-tokens:train",
+             "builtin:digits-tokens:test",
+             "2-layer transformer encoder (d=64), input_ids + attention_mask, digits as pixel tokens",
+             epochs=7, lr=2e-3),
+)}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PTOPT_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ptopt")
+    return Path(root)
+
+
+def get_entry(name: str) -> ZooEntry:
+    if name not in ZOO:
+        raise ModelLoadError(f"unknown zoo model {name!r} (known: {', '.join(sorted(ZOO))})")
+    return ZOO[name]
+
+
+def weights_path(name: str) -> Path:
+    e = get_entry(name)
+    return cache_dir() / "zoo" / f"{name}-{e.key()}.safetensors"
+
+
+def train_zoo_model(name: str, progress: bool = True):
+    """Train a zoo model with its recipe (deterministic) and cache its weights; returns (model, info)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ptopt.compress.trainer import TrainConfig, train
+    from ptopt.core.artifact import atomic_path, write_text_atomic
+    from ptopt.core.data import load_data
+
+    e = get_entry(name)
+    torch.manual_seed(0)
+    model = e.build()
+    cfg = TrainConfig(epochs=e.epochs, lr=e.lr, batch_size=e.batch_size, weight_decay=e.weight_decay, seed=0)
+    with _threads_for_training():
+        result = train(model, load_data(e.train_data), cfg, eval_data=load_data(e.test_data),
+                       progress=progress, description=f"training zoo:{name}")
+    path = weights_path(name)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp))
+    info = {"name": name, "recipe": e.recipe(), "test_accuracy": result.best_accuracy,
+            "best_epoch": result.best_epoch, "history": result.history}
+    write_text_atomic(path.with_suffix(".json"), json.dumps(info, indent=2))
+    return model.eval(), info
+
+
+class _threads_for_training:
+    """Train with all usable cores, then restore the caller's thread count."""
+
+    def __enter__(self):
+        import torch
+
+        self.prev = torch.get_num_threads()
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.prev)
+        return False
+
+
+def zoo_info(name: str) -> dict[str, Any] | None:
+    p = weights_path(name).with_suffix(".json")
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def load_zoo_model(name: str, progress: bool = True):
+    """A trained zoo model (trained now if not cached) with its input specs and calling style."""
+    from safetensors.torch import load_file
+
+    from ptopt.core.inputspec import input_style, specs_from_example
+
+    e = get_entry(name)
+    path = weights_path(name)
+    if path.is_file():
+        model = e.build()
+        model.load_state_dict(load_file(str(path)))
+        model.eval()
+    else:
+        model, _ = train_zoo_model(name, progress=progress)
+    x = model.example_inputs()
+    return model, specs_from_example(x), input_style(x)

@@ -1,0 +1,51 @@
+"""ptopt: compress, export, validate and package PyTorch models, with numbers for every artifact.
+
+Every CLI command has a Python twin, imported lazily (``import ptopt`` does not import torch)::
+
+    ptopt.quantize(...)   ptopt.prune(...)    ptopt.distill(...)   ptopt.export(...)
+    ptopt.validate(...)   ptopt.package(...)  ptopt.inspect(...)   ptopt.doctor()
+    ptopt.load_model(...) ptopt.load_data(...) ptopt.Artifact      ptopt.InputSpec
+
+``ptopt.export`` and ``ptopt.validate`` are the stage packages and are callable themselves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: name -> "module:attribute" (a bare module name means the module itself)
+_LAZY = {
+    "quantize": "ptopt.compress.quantize:quantize",
+    "prune": "ptopt.compress.prune:prune",
+    "distill": "ptopt.compress.distill:distill",
+    "export": "ptopt.export",
+    "validate": "ptopt.validate",
+    "package": "ptopt.serve.package:package",
+    "inspect": "ptopt.core.inspect:inspect_model",
+    "doctor": "ptopt.core.doctor:doctor",
+    "load_model": "ptopt.core.modelref:load_model",
+    "load_data": "ptopt.core.data:load_data",
+    "Artifact": "ptopt.core.artifact:Artifact",
+    "InputSpec": "ptopt.core.inputspec:InputSpec",
+    "PtoptError": "ptopt.core.errors:PtoptError",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'ptopt' has no attribute {name!r}")
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

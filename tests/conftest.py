@@ -1,0 +1,93 @@
+"""Shared fixtures. Every file a test writes goes under tmp_path; trained zoo models are cached in
+one session folder (or $PTOPT_CACHE_DIR when set, so a developer's cache is reused)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _zoo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Zoo weights: $PTOPT_CACHE_DIR if the caller set one, else a folder for this session."""
+    if os.environ.get("PTOPT_CACHE_DIR"):
+        return Path(os.environ["PTOPT_CACHE_DIR"])
+    path = tmp_path_factory.mktemp("ptopt-cache")
+    os.environ["PTOPT_CACHE_DIR"] = str(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    import torch
+
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Run ``ptopt ...`` in-process through ``ptopt.cli.main.main``; returns (exit_code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from ptopt.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str):
+        runner = CliRunner()
+        result = runner.invoke(_entry(main), [str(a) for a in args], catch_exceptions=False)
+        return result.exit_code, result.stdout, result.stderr
+
+    return run
+
+
+def _entry(main):
+    import click
+
+    @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                     "help_option_names": []})
+    @click.pass_context
+    def entry(ctx: click.Context) -> None:
+        main(list(ctx.args))
+
+    return entry
+
+
+@pytest.fixture
+def run_ptopt(tmp_path: Path):
+    """Run the installed ``ptopt`` console script in a subprocess (what a user runs)."""
+
+    def run(*args: str, timeout: float = 600, cwd: Path | None = None):
+        exe = [sys.executable, "-m", "ptopt.cli.main"]
+        # the repo root on the path makes the test factories (tests.helpers:NAME) importable
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        return subprocess.run(exe + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
+                              cwd=cwd or tmp_path, env=env)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def digits_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small labelled .pt data file of digits at 32×32 (200 test samples)."""
+    from ptopt.core.data import load_data
+
+    path = tmp_path_factory.mktemp("data") / "digits32_test200.pt"
+    load_data("builtin:digits32:test").take(200).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_cnn_factory() -> str:
+    """``pkg.module:factory`` of a tiny untrained CNN for fast tests (1×8×8 digits)."""
+    return "tests.helpers:tiny_cnn"

@@ -1,0 +1,76 @@
+"""Every DATA form loads into a Dataset; batching, seeding and splitting are deterministic."""
+
+import numpy as np
+import pytest
+import torch
+
+from ptopt.core.data import Dataset, load_data
+from ptopt.core.errors import DataError
+
+
+def test_builtin_variants_and_splits():
+    train, test = load_data("builtin:digits32:train"), load_data("builtin:digits32:test")
+    assert len(train) + len(test) == 1797 and train.x.shape[1:] == (1, 32, 32)
+    assert len(load_data("builtin:digits")) == 1797
+    seq = load_data("builtin:digits-seq:test")
+    assert seq.x.shape[1:] == (32, 32) and torch.equal(seq.y, test.y)
+    tok = load_data("builtin:digits-tokens:train")
+    assert set(tok.x) == {"input_ids", "attention_mask"} and tok.x["input_ids"].dtype == torch.int64
+
+
+@pytest.mark.parametrize("ref,match", [("builtin:nope", "unknown builtin data"), ("builtin:digits:val", "unknown split"),
+                                       ("nope.pt", "no such file"), ("tests.helpers:nope", "no function")])
+def test_bad_data_refs(ref, match):
+    with pytest.raises(DataError, match=match):
+        load_data(ref)
+
+
+def test_pt_forms(tmp_path):
+    x, y = torch.randn(10, 3), torch.arange(10) % 2
+    torch.save({"x": x, "y": y}, tmp_path / "a.pt")
+    torch.save((x, y), tmp_path / "b.pt")
+    torch.save({"x": {"input_ids": torch.ones(10, 4, dtype=torch.long)}}, tmp_path / "c.pt")
+    a, b, c = (load_data(tmp_path / n) for n in ("a.pt", "b.pt", "c.pt"))
+    assert torch.equal(a.x, x) and torch.equal(b.y, y) and not c.has_labels and len(c) == 10
+
+
+def test_npz_forms(tmp_path):
+    np.savez(tmp_path / "a.npz", x=np.zeros((6, 2), np.float64), y=np.arange(6))
+    np.savez(tmp_path / "b.npz", **{"x.0": np.zeros((6, 2), np.float32), "x.1": np.ones((6, 3), np.float32)})
+    np.savez(tmp_path / "c.npz", **{"x.input_ids": np.ones((6, 4), np.int64)})
+    a, b, c = (load_data(tmp_path / n) for n in ("a.npz", "b.npz", "c.npz"))
+    assert a.x.dtype == torch.float32 and a.has_labels
+    assert isinstance(b.x, tuple) and b.x[1].shape == (6, 3)
+    assert set(c.x) == {"input_ids"}
+
+
+def test_function_of_batches():
+    ds = load_data("tests.helpers:digits8_batches")
+    assert len(ds) == len(load_data("builtin:digits:test")) and ds.has_labels
+
+
+def test_batches_split_and_seed():
+    ds = Dataset(torch.arange(10).float().unsqueeze(1), torch.arange(10))
+    assert [len(b.y) for b in ds.batches(4)] == [4, 4, 2]
+    assert [len(b.y) for b in ds.batches(4, drop_last=True)] == [4, 4]
+    s1 = torch.cat([b.y for b in ds.batches(3, shuffle=True, seed=1)])
+    s2 = torch.cat([b.y for b in ds.batches(3, shuffle=True, seed=1)])
+    assert torch.equal(s1, s2) and not torch.equal(s1, torch.arange(10))
+    a, b = ds.split(0.7, seed=0)
+    assert len(a) == 7 and len(b) == 3 and set(a.y.tolist()).isdisjoint(b.y.tolist())
+
+
+def test_bad_contents(tmp_path):
+    with pytest.raises(DataError, match="same first"):
+        Dataset((torch.zeros(3, 1), torch.zeros(4, 1)))
+    with pytest.raises(DataError, match="labels"):
+        Dataset(torch.zeros(3, 1), torch.zeros(4))
+    bad = Dataset(torch.tensor([[1.0], [float("nan")]]))
+    with pytest.raises(DataError, match="NaN/Inf"):
+        bad.check_finite()
+    (tmp_path / "t.pt").write_text("text")
+    with pytest.raises(DataError, match="not a torch.save file"):
+        load_data(tmp_path / "t.pt")
+    torch.save({"x": torch.zeros(0, 3)}, tmp_path / "empty.pt")
+    with pytest.raises(DataError, match="empty"):
+        load_data(tmp_path / "empty.pt")

@@ -1,0 +1,106 @@
+"""Every MODEL form loads, and every bad one gets a clear ModelLoadError (exit 2 in the CLI)."""
+
+import pytest
+import torch
+
+from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
+from ptopt.core.modelref import load_model, run_checked
+from tests.helpers import TinyCNN, tiny_cnn
+
+FACTORY = "tests.helpers:tiny_cnn"
+
+
+def _same_outputs(a, b, batch=3):
+    x = torch.randn(batch, 1, 8, 8)
+    with torch.no_grad():
+        return torch.allclose(a(x), b(x), atol=1e-6)
+
+
+def test_factory_without_weights_is_fresh_model():
+    lm = load_model(FACTORY)
+    assert lm.format == "eager" and isinstance(lm.module, TinyCNN) and not lm.module.training
+    assert lm.input_specs[0].opt_shape == (2, 1, 8, 8)  # from the model's example_inputs()
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_factory_with_weights(tmp_path, suffix):
+    ref = tiny_cnn()
+    with torch.no_grad():
+        ref.fc.weight.add_(1.0)
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".pt":
+        torch.save(ref.state_dict(), path)
+    else:
+        from safetensors.torch import save_file
+        save_file(ref.state_dict(), str(path))
+    lm = load_model(FACTORY, weights=path)
+    assert _same_outputs(lm.module, ref.eval())
+
+
+def test_weights_that_dont_fit_name_the_keys(tmp_path):
+    path = tmp_path / "w.pt"
+    torch.save(TinyCNN(width=4).state_dict() | {"extra.weight": torch.zeros(1)}, path)
+    with pytest.raises(WeightsMismatchError) as e:
+        load_model(FACTORY, weights=path)
+    msg = str(e.value)
+    assert "unexpected keys: extra.weight" in msg and "bn1.weight (4,) vs model (8,)" in msg and "more)" in msg
+
+
+def test_torchscript(tmp_path):
+    m = tiny_cnn().eval()
+    path = tmp_path / "m.pt"
+    torch.jit.save(torch.jit.trace(m, torch.randn(2, 1, 8, 8)), str(path))
+    lm = load_model(path)
+    assert lm.format == "torchscript" and _same_outputs(lm.module, m)
+
+
+def test_exported_program(tmp_path):
+    m = tiny_cnn().eval()
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(m, (torch.randn(2, 1, 8, 8),)), str(path))
+    lm = load_model(path)
+    # exported without a Dim: the batch size is fixed at 2
+    assert lm.format == "exported_program" and _same_outputs(lm.module, m, batch=2)
+    assert lm.input_specs[0].opt_shape == (2, 1, 8, 8)
+
+
+def test_pickled_module_needs_allow_pickle(tmp_path):
+    path = tmp_path / "full.pt"
+    torch.save(tiny_cnn(), path)
+    with pytest.raises(UnsafePickleError, match="--allow-pickle"):
+        load_model(path)
+    lm = load_model(path, allow_pickle=True)
+    assert lm.format == "pickle" and isinstance(lm.module, TinyCNN)
+
+
+def test_state_dict_as_model_says_use_factory(tmp_path):
+    path = tmp_path / "sd.pt"
+    torch.save(tiny_cnn().state_dict(), path)
+    with pytest.raises(ModelLoadError, match="is a state_dict"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("ref,match", [
+    ("missing.pt", "no such file"),
+    ("no_such_pkg.mod:factory", "cannot import 'no_such_pkg.mod'"),
+    ("tests.helpers:nope", "has no callable 'nope'"),
+    ("tests.helpers:broken_factory", "the factory failed: RuntimeError"),
+    ("zoo:nope", "unknown zoo model 'nope'"),
+])
+def test_bad_references(ref, match):
+    with pytest.raises(ModelLoadError, match=match):
+        load_model(ref)
+
+
+def test_text_file_named_model_pt(tmp_path):
+    path = tmp_path / "model.pt"
+    path.write_text("this is not a model\n")
+    with pytest.raises(ModelLoadError, match="not a PyTorch model file"):
+        load_model(path)
+
+
+def test_run_checked_names_expected_and_got():
+    lm = load_model(FACTORY)
+    with pytest.raises(ModelLoadError.__mro__[1]) as e:  # PtoptError
+        run_checked(lm, torch.randn(2, 3, 8, 8))
+    assert "expected input: [1..64]x1x8x8 float32" in str(e.value) and "got input: 2x3x8x8 float32" in str(e.value)

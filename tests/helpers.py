@@ -1,0 +1,62 @@
+"""Tiny models for fast tests, importable as ``tests.helpers:NAME`` factories."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TinyCNN(nn.Module):
+    """Conv-BN-ReLU ×2, residual add, flatten, Linear: the shapes users write, on 1×8×8 digits."""
+
+    def __init__(self, width: int = 8, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width * 8 * 8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(x + self.bn2(self.conv2(x)))
+        return self.fc(torch.flatten(x, 1))
+
+    def example_inputs(self, batch: int = 2) -> torch.Tensor:
+        return torch.randn(batch, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def tiny_cnn() -> TinyCNN:
+    torch.manual_seed(0)
+    return TinyCNN()
+
+
+class TwoInput(nn.Module):
+    """Keyword inputs like a text model: ``input_ids`` + ``attention_mask``."""
+
+    def __init__(self, vocab: int = 18, dim: int = 16, num_classes: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        m = attention_mask.unsqueeze(-1).float()
+        return self.fc((self.embed(input_ids) * m).sum(1) / m.sum(1).clamp(min=1))
+
+
+def two_input() -> TwoInput:
+    torch.manual_seed(0)
+    return TwoInput()
+
+
+def broken_factory() -> nn.Module:
+    raise RuntimeError("this factory is broken on purpose")
+
+
+def digits8_batches():
+    """A DATA function: batches of (x, y) of 8×8 digits."""
+    from ptopt.core.data import load_data
+
+    ds = load_data("builtin:digits:test")
+    return [(b.x, b.y) for b in ds.batches(50)]
