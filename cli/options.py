@@ -33,3 +33,17 @@ def echo_table(table: Any) -> None:
     from rich.console import Console
 
     Console(soft_wrap=False, width=max(100, Console().width)).print(table)
+
+
+def save_recipe_option(f: F) -> F:
+    return click.option("--save-recipe", type=click.Path(dir_okay=False),
+                        help="Also write a recipe YAML of this step, replayable with `ptopt run`.")(f)
+
+
+def maybe_save_recipe(path: str | None, command: str, options: dict[str, Any]) -> None:
+    """Write the recipe of one step when ``--save-recipe`` was given."""
+    if path:
+        from ptopt.core.recipe import recipe_step, save_recipe
+
+        save_recipe(path, [recipe_step(command, options)])
+        click.echo(f"recipe: {path}", err=True)

@@ -1,0 +1,56 @@
+"""Recipe files: a YAML list of steps, each ``{command: {option: value}}``, replayable by ``ptopt run``.
+
+Each compress/export command can write the recipe of what it just did (``--save-recipe``); the
+options are those of the command's Python twin (``ptopt.quantize(**options)``), so a step is
+replayed by calling the twin with them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import UsageError
+
+RECIPE_VERSION = 1
+
+
+def recipe_step(command: str, options: dict[str, Any]) -> dict[str, Any]:
+    """One step; None values and empty tuples are dropped, tuples become lists, paths strings."""
+    clean: dict[str, Any] = {}
+    for k, v in options.items():
+        if v is None or v == () or v == []:
+            continue
+        if isinstance(v, tuple):
+            v = list(v)
+        if isinstance(v, os.PathLike):
+            v = os.fspath(v)
+        clean[k] = v
+    return {command: clean}
+
+
+def save_recipe(path: str | os.PathLike, steps: list[dict[str, Any]]) -> None:
+    import yaml
+
+    from ptopt.core.artifact import write_text_atomic
+
+    write_text_atomic(path, yaml.safe_dump({"version": RECIPE_VERSION, "steps": steps}, sort_keys=False))
+
+
+def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"recipe {p}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise UsageError(f"recipe {p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+        raise UsageError(f"recipe {p}: needs a top-level 'steps' list")
+    for i, step in enumerate(data["steps"]):
+        if not (isinstance(step, dict) and len(step) == 1 and isinstance(next(iter(step.values())), (dict, type(None)))):
+            raise UsageError(f"recipe {p}: step {i + 1} must be one mapping {{command: {{options}}}}, got {step!r}")
+    return data
