@@ -60,12 +60,35 @@ class LoadedModel:
             return self.path.stat().st_size
         return None
 
+    def parent_record(self) -> dict[str, Any]:
+        """What an artifact made from this model records as its parent (reloadable with load_model)."""
+        from ptopt.core.artifact import sha256_file
+
+        rec: dict[str, Any] = {"path": str(self.path) if self.path else self.ref, "format": self.format}
+        if self.path is not None and self.path.is_file():
+            rec["sha256"] = sha256_file(self.path)
+        if self.info.get("weights"):
+            rec["weights"] = self.info["weights"]
+        return rec
+
     def example_inputs(self, which: str = "opt", batch: int | None = None):
         from ptopt.core.inputspec import make_inputs
 
         if not self.input_specs:
             raise ModelLoadError(f"{self.ref}: input shape unknown; pass --data or --input-shape")
         return make_inputs(self.input_specs, self.input_style, which=which, batch=batch)
+
+
+def as_loaded(model: Any, weights: "str | os.PathLike | None" = None, allow_pickle: bool = False) -> LoadedModel:
+    """Accept what a Python twin is given: a MODEL reference, an nn.Module, or a LoadedModel."""
+    if isinstance(model, LoadedModel):
+        return model
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        specs, style = _declared_inputs(model)
+        return LoadedModel(f"<{type(model).__name__}>", "eager", model.eval(), input_specs=specs, input_style=style)
+    return load_model(model, weights=weights, allow_pickle=allow_pickle)
 
 
 def load_model(ref: "str | os.PathLike", weights: "str | os.PathLike | None" = None,
