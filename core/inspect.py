@@ -21,6 +21,15 @@ _TECHNIQUES = {
 }
 
 
+def named_outputs(out: Any) -> list[tuple[str, Any]]:
+    """(name, tensor) for a model's output: a tensor, a tuple/list or a dict of tensors."""
+    if isinstance(out, dict):
+        return [(str(k), v) for k, v in out.items() if hasattr(v, "shape")]
+    if isinstance(out, (tuple, list)):
+        return [(f"output_{i}", v) for i, v in enumerate(out) if hasattr(v, "shape")]
+    return [("output", out)]
+
+
 def _type_name(m: Any) -> str:
     return getattr(m, "original_name", None) or type(m).__name__
 
@@ -70,12 +79,12 @@ def inspect_model(model: str, data: Any = None, weights: str | None = None, allo
         if loaded.module is None:
             from ptopt.core.inputspec import check_inputs
 
-            check_inputs(loaded.input_specs, ds.first_batch(2).x, what=ds.name)
+            check_inputs(loaded.input_specs, ds.first_batch(min(len(ds), 8)).x, what=ds.name)
         elif declared:
             # compare with what the model declares before running, for a precise message
             from ptopt.core.inputspec import check_inputs
 
-            check_inputs(declared, ds.first_batch(2).x, what=ds.name)
+            check_inputs(declared, ds.first_batch(min(len(ds), 8)).x, what=ds.name)
         resolve_inputs(loaded, data=ds)
         report["data"] = {"name": ds.name, "samples": len(ds), "labels": ds.has_labels}
     elif input_shapes:
@@ -90,10 +99,10 @@ def inspect_model(model: str, data: Any = None, weights: str | None = None, allo
         report["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
         report["layers"] = layer_table(module)
         if loaded.input_specs:
-            x = ds.first_batch(min(len(ds), 8)).x if ds is not None else loaded.example_inputs(which="opt", batch=2)
+            x = ds.first_batch(min(len(ds), 8)).x if ds is not None else loaded.example_inputs(which="opt")
             out = run_checked(loaded, x, what=ds.name if ds is not None else "sample input")
             report["outputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
-                                 for n, t in flatten_inputs(out if not isinstance(out, list) else tuple(out))]
+                                 for n, t in named_outputs(out)]
             report["ran_batch"] = {n: format_shape(t.shape) for n, t in flatten_inputs(x)}
     else:
         report["parameters"] = None

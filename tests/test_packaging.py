@@ -1,0 +1,35 @@
+"""The wheel installs one package, ptopt, with the root folders mapped under it."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_installs_only_ptopt(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                          "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    wheel = next(tmp_path.glob("ptopt-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"ptopt", "ptopt-0.1.0.dist-info"}, tops
+    for stage in ("core", "compress", "export", "validate", "serve", "cli", "models"):
+        assert f"ptopt/{stage}/__init__.py" in names
+    entry = zipfile.ZipFile(wheel).read("ptopt-0.1.0.dist-info/entry_points.txt").decode()
+    assert "ptopt = ptopt.cli.main:main" in entry
+    meta = zipfile.ZipFile(wheel).read("ptopt-0.1.0.dist-info/METADATA").decode()
+    assert "Requires-Dist: torch<2.14,>=2.13" in meta
+
+
+def test_core_imports_no_stage():
+    """core is shared by every stage and must not depend on one."""
+    for path in (REPO / "core").glob("*.py"):
+        text = path.read_text()
+        for stage in ("compress", "export", "validate", "serve", "cli"):
+            assert f"ptopt.{stage}" not in text, f"{path.name} imports ptopt.{stage}"
