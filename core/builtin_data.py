@@ -8,7 +8,7 @@ The split is a fixed seeded permutation, the same on every machine.
 | digits          | float32 N×1×8×8 in [0, 1]                           | tiny CNNs            |
 | digits32        | float32 N×1×32×32, bilinear upsampled, normalized   | ResNet / MobileNet   |
 | digits-seq      | float32 N×32×32 (32 rows of 32 pixels), normalized  | LSTM classifier      |
-| digits-tokens   | input_ids int64 N×72 + attention_mask int64 N×72    | transformer encoder  |
+| digits-tokens   | input_ids int64 N×72 (position·value tokens) + attention_mask | transformer encoder |
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from ptopt.core.errors import DataError
 
 SPLIT_SEED = 0
 TRAIN_FRACTION = 0.8
-#: digits-tokens: pixel value v (0..16) is token v + 1; 0 is padding; 8 padded positions per sample.
-TOKEN_VOCAB = 18
+#: digits-tokens: pixel p (0..63) with value v (0..16) is token 1 + 17·p + v, so a token carries
+#: both where and how bright; 0 is padding; 8 padded positions per sample.
+TOKEN_VOCAB = 1 + 64 * 17
 TOKEN_PAD = 8
 
 NAMES = ("digits", "digits32", "digits-seq", "digits-tokens")
@@ -52,7 +53,7 @@ def _variant(name: str):
         x32 = (x32 - 0.5) / 0.5
         return (x32 if name == "digits32" else x32.squeeze(1).contiguous()), y
     if name == "digits-tokens":
-        ids = torch.from_numpy(images.reshape(len(images), 64)).long() + 1
+        ids = 1 + 17 * torch.arange(64) + torch.from_numpy(images.reshape(len(images), 64)).long()
         ids = torch.cat([ids, torch.zeros(len(ids), TOKEN_PAD, dtype=torch.long)], dim=1)
         mask = (ids != 0).long()
         return {"input_ids": ids, "attention_mask": mask}, y

@@ -54,7 +54,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
              "2-layer LSTM (256) classifier, digits as 32 rows of 32 pixels", epochs=6, lr=2e-3),
     ZooEntry("transformer", "ptopt.models.transformer:transformer", "builtin:digits-tokens:train",
              "builtin:digits-tokens:test",
-             "2-layer transformer encoder (d=64), input_ids + attention_mask, digits as pixel tokens",
+             "2-layer transformer encoder (d=64), input_ids + attention_mask, digits as position-value tokens",
              epochs=7, lr=2e-3),
 )}
 
