@@ -21,8 +21,7 @@ from ptopt.core.errors import GateFailedError, PtoptError, ShapeMismatchError, U
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
 from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runner
-from ptopt.validate.metrics import (PeakMemory, agreement, compute_metric, is_classification, resolve_metric,
-                                    size_info)
+from ptopt.validate.metrics import PeakMemory, agreement, compute_metric, resolve_metric, size_info
 from ptopt.validate.runners import Runner, display_name, open_runner
 
 SCHEMA = "ptopt.validate/1"
@@ -32,8 +31,8 @@ DEFAULT_EVAL_BATCH_SIZE = 64
 #: is not eligible as "best"
 BEST_MAX_DROP = 1.0
 BEST_RULE = ("best = the fastest artifact (p50 at the smallest batch size, then the next) among those that pass "
-             f"every gate; without an accuracy or agreement gate, among those whose metric drops at most "
-             f"{BEST_MAX_DROP:g} (or, without a metric, whose top-1 agreement is at least 99%)")
+             f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
+             f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)")
 
 
 @dataclasses.dataclass

@@ -50,6 +50,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     use_metric = data["metric"].get("measured")
     y_label = metric_header(data) if use_metric else "top-1 agreement with the reference %"
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    xs = []
     for e in entries:
         st = e["latency"].get(bs0, {})
         if use_metric:
@@ -59,8 +60,12 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
             y = 100.0 if e["role"] == "reference" else (e.get("agreement") or {}).get("top1_agreement")
             y = None if y is None else (y if e["role"] == "reference" else 100 * y)
         if "p50_ms" in st and y is not None:
-            ax.scatter(st["p50_ms"], y, s=60, marker="*" if e.get("best") else ("s" if e["role"] == "reference" else "o"))
-            ax.annotate(e["name"], (st["p50_ms"], y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+            xs.append(st["p50_ms"])
+            ax.scatter(st["p50_ms"], y, s=70, label=e["name"] + (" (best)" if e.get("best") else ""),
+                       marker="*" if e.get("best") else ("s" if e["role"] == "reference" else "o"))
+    if xs and max(xs) / max(min(xs), 1e-9) > 20:
+        ax.set_xscale("log")
+    ax.legend(fontsize=8)
     ax.set_xlabel(f"p50 latency at batch {bs0} (ms)")
     ax.set_ylabel(y_label)
     ax.set_title("Accuracy vs latency")
