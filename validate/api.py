@@ -171,17 +171,21 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         ref_outputs = None
         for i, ((role, ref, w), name) in enumerate(zip(refs, names)):
             say(f"measuring {name} ({i + 1}/{len(refs)})")
+            t0 = time.perf_counter()
             with PeakMemory() as mem:
                 runner = open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers)
                 try:
                     runner.prepare(threads)
                     eval_bs = _eval_batch_size(runner, eval_batch_size, len(ds))
                     outputs = evaluate_outputs(runner, ds, eval_bs)
+                    t1 = time.perf_counter()
                     lat = measure_runner(runner, ds, sizes, lat_opts)
                     size = size_info(runner.files, getattr(runner, "module", None))
                 finally:
                     runner.close()
             entry = _entry(runner, role, ref, eval_bs, size, lat, mem)
+            entry["elapsed_s"] = {"load_and_evaluate": round(t1 - t0, 2),
+                                  "latency": round(time.perf_counter() - t1, 2)}
             if metric_measured:
                 entry["metric"] = compute_metric(met, outputs, ds.y)
             if ref_outputs is None:
@@ -315,7 +319,7 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[int, ...]:
     expected = ", ".join(s.describe() for s in runner.input_specs) or None
     if runner.input_specs and runner.format != "eager":
         try:
-            check_inputs(runner.input_specs, x, what=f"data {data_name}")
+            check_inputs(runner.input_specs, x, what="the data")
         except ShapeMismatchError as e:
             raise ShapeMismatchError(f"data {data_name} does not fit {runner.name}: {e}") from None
     try:
