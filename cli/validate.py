@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ptopt.cli.options import model_options
+from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_option
 
 
 @click.command("validate")
@@ -40,13 +40,15 @@ from ptopt.cli.options import model_options
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write Markdown for a pull-request comment.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report with plots.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@save_recipe_option
 def command(reference: str, artifacts: tuple[str, ...], data: str, weights: str | None, allow_pickle: bool,
             batch_sizes: str, threads: int | None, metric: str, max_samples: int | None, eval_batch_size: int,
             min_iters: int | None, min_seconds: float | None, providers: tuple[str, ...],
             max_accuracy_drop: float | None, relative: bool, min_agreement: float | None,
             max_latency_ms: tuple[str, ...], min_speedup: float | None, max_size_mb: float | None,
             baseline: str | None, max_regression: float | None, regression_on: str, json_path: str | None,
-            junit_path: str | None, markdown_path: str | None, report_path: str | None, quiet: bool) -> None:
+            junit_path: str | None, markdown_path: str | None, report_path: str | None, quiet: bool,
+            save_recipe: str | None) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
     size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input."""
@@ -58,14 +60,16 @@ def command(reference: str, artifacts: tuple[str, ...], data: str, weights: str 
         if not quiet:
             click.echo(msg, err=True)
 
-    result = validate(
-        reference, list(artifacts), data, batch_sizes=batch_sizes, threads=threads, metric=metric,
-        max_accuracy_drop=max_accuracy_drop, relative=relative, min_agreement=min_agreement,
+    options = dict(
+        reference=reference, artifacts=list(artifacts), data=data, batch_sizes=batch_sizes, threads=threads,
+        metric=metric, max_accuracy_drop=max_accuracy_drop, relative=relative or None, min_agreement=min_agreement,
         max_latency_ms=list(max_latency_ms), min_speedup=min_speedup, max_size_mb=max_size_mb, baseline=baseline,
         max_regression=max_regression, regression_on=[s.strip() for s in regression_on.split(",") if s.strip()],
         json_path=json_path, junit_path=junit_path, markdown_path=markdown_path, report_path=report_path,
-        weights=weights, allow_pickle=allow_pickle, providers=list(providers) or None, max_samples=max_samples,
-        eval_batch_size=eval_batch_size, min_iters=min_iters, min_seconds=min_seconds, progress=progress)
+        weights=weights, allow_pickle=allow_pickle or None, providers=list(providers) or None,
+        max_samples=max_samples, eval_batch_size=eval_batch_size, min_iters=min_iters, min_seconds=min_seconds)
+    result = validate(**options, progress=progress)
+    maybe_save_recipe(save_recipe, "validate", options)
     terminal.print_report(result.data)
     for key, path in result.report_paths.items():
         click.echo(f"{key}: {path}", err=True)

@@ -91,6 +91,17 @@ def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monke
     assert not (tmp_path / "ran.json").exists()  # step 1 was fine but never ran
 
 
+def test_validate_save_recipe_replays(cli, artifacts, tmp_path):
+    recipe = tmp_path / "saved.yaml"
+    code, out, err = cli("validate", FACTORY, artifacts["onnx"], "--data", artifacts["data"], "--batch-sizes", "1",
+                         "--threads", "1", "--min-iters", "3", "--min-seconds", "0.01", "--save-recipe", recipe)
+    assert code == 0, err
+    step = yaml.safe_load(recipe.read_text())["steps"][0]["validate"]
+    assert step["reference"] == FACTORY and step["artifacts"] == [str(artifacts["onnx"])] and "progress" not in step
+    code, out, err = cli("run", recipe)
+    assert code == 0 and "1 step(s) done" in out, err
+
+
 def test_dry_run_checks_and_prints_the_plan(cli, artifacts, tmp_path):
     path = _recipe(tmp_path, [_validate_step(artifacts, json_path=str(tmp_path / "r.json"))],
                    {"ref": FACTORY, "art": str(artifacts["onnx"])})

@@ -129,3 +129,28 @@ def test_tensorrt_artifact_needs_tensorrt(artifacts, tmp_path):
     Artifact(p, "tensorrt").finalize()
     with pytest.raises(MissingDependencyError, match="torch_tensorrt"):
         _run({"data": artifacts["data"], "trt": p}, ["trt"])
+
+
+def test_keyword_inputs_in_every_runtime(tmp_path):
+    """input_ids + attention_mask: fed by name to the ExportedProgram and to ONNX Runtime."""
+    import warnings
+
+    import ptopt
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.inputspec import specs_from_example
+    from tests.helpers import two_input
+
+    ds = load_data("builtin:digits-tokens:test").take(40)
+    m, x = two_input().eval(), ds.take(4).x
+    specs = specs_from_example(x)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    dyn = {"input_ids": {0: batch}, "attention_mask": {0: batch}}
+    torch.export.save(torch.export.export(m, (), x, dynamic_shapes=dyn), str(tmp_path / "kw.pt2"))
+    Artifact(tmp_path / "kw.pt2", "exported_program", specs, input_style="keyword").finalize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (), str(tmp_path / "kw.onnx"), kwargs=x, dynamic_shapes=dyn, verbose=False)
+    res = ptopt.validate("tests.helpers:two_input", [tmp_path / "kw.pt2", tmp_path / "kw.onnx"], ds, threads=1,
+                         latency=QUICK, batch_sizes=(1, 4))
+    assert [e["runtime"] for e in res.entries] == ["torch.export", "onnxruntime (CPU)"]
+    assert all(e["agreement"]["top1_agreement"] == 1.0 and e["accuracy_drop"] == 0.0 for e in res.entries)
