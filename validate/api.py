@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ptopt.core.data import Dataset, load_data
-from ptopt.core.errors import GateFailedError, PtoptError, ShapeMismatchError, UsageError
+from ptopt.core.errors import GateFailedError, MissingDependencyError, PtoptError, ShapeMismatchError, UsageError
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
 from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runner
@@ -134,8 +134,13 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         artifacts = [artifacts]
     artifacts = list(artifacts)
     for label, p in (("json", json_path), ("junit", junit_path), ("markdown", markdown_path), ("report", report_path)):
-        if p is not None and Path(p).is_dir():
-            raise UsageError(f"--{label} {p} is a folder; give a file path")
+        if p is not None:
+            _check_writable(label, Path(p))
+    if report_path is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise MissingDependencyError("--report draws its plots with matplotlib: pip install 'ptopt[report]'")
     # -- 2. data, metric, baseline ---------------------------------------------------------------
     met = resolve_metric(metric)
     ds = load_data(data)
@@ -273,6 +278,17 @@ def write_reports(result: ValidationResult, *, json_path: Any = None, junit_path
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+def _check_writable(label: str, path: Path) -> None:
+    """A report path must be writable before the measurements start (it is only written at the end)."""
+    if path.is_dir():
+        raise UsageError(f"--{label} {path} is a folder; give a file path")
+    parent = path.parent.resolve()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"--{label} {path}: cannot write there ({parent} is not a writable folder)")
+
 
 def _unique_names(names: list[str]) -> list[str]:
     seen: dict[str, int] = {}

@@ -80,7 +80,7 @@ def _bad(tmp_path, *more):
 
 @pytest.mark.parametrize("case", ["missing", "garbage", "mar", "state_dict", "data-mismatch", "accuracy-unlabeled",
                                   "latency-bs-not-measured", "baseline-without-pct", "unknown-metric",
-                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt"])
+                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable"])
 def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
     from ptopt.core.artifact import Artifact
 
@@ -92,7 +92,7 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         "accuracy-unlabeled": "needs labels", "latency-bs-not-measured": "batch size 64 is not measured",
         "baseline-without-pct": "--baseline needs --max-regression", "unknown-metric": "unknown metric",
         "regression-without-baseline": "--max-regression needs --baseline", "bad-batch-sizes": "--batch-sizes",
-        "tensorrt": "torch_tensorrt is needed",
+        "tensorrt": "torch_tensorrt is needed", "report-unwritable": "cannot write there",
     }[case]
     if case == "missing":
         art = tmp_path / "nope.onnx"
@@ -129,9 +129,18 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         art = tmp_path / "engine.ep"
         art.write_bytes(artifacts["exported_program"].read_bytes())
         Artifact(art, "tensorrt").finalize()
+    elif case == "report-unwritable":
+        (tmp_path / "file").write_text("")
+        extra = ["--report", tmp_path / "file" / "r.html"]  # a file is in the way
     code, out, err = cli("validate", reference, art, "--data", data, "--threads", "1", *extra, *FAST,
-                         *_report_args(tmp_path))
+                         *(_report_args(tmp_path)[:6] if case == "report-unwritable" else _report_args(tmp_path)))
     assert code == 2, (out, err)
     assert expect in err and "Traceback" not in err and err.count("\n") <= 8
     assert "measuring" not in err  # rejected before any measurement started
     assert not any((tmp_path / r).exists() for r in REPORTS)
+
+
+def test_bad_input_names_the_artifact_and_shapes(cli, artifacts, tmp_path):
+    code, out, err = cli("validate", "zoo:resnet", artifacts["onnx"], "--data", artifacts["data32"], "--threads", "1")
+    assert code == 2
+    assert "does not fit tiny.onnx" in err and "expected input: [1..64]x1x8x8 float32" in err and "2x1x32x32" in err

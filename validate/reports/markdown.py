@@ -17,7 +17,8 @@ def _cell(text: str) -> str:
 
 def render(data: dict[str, Any]) -> str:
     icon = "✅" if data["passed"] else "❌"
-    out = [f"### {icon} ptopt validate: {summary_line(data)}", ""]
+    out = [f"### {icon} ptopt validate: {summary_line(data)}", "",
+           f"<sub>{machine_line(data)} · {versions_line(data)}</sub>", ""]
     sizes = data["batch_sizes"]
     head = (["", "artifact", "runtime", metric_header(data), "drop", "top-1 agree", "cosine", "max abs diff",
              "size MB", "gzip MB"] + [f"p50 ms @{bs}" for bs in sizes] + [f"speedup @{bs}" for bs in sizes]

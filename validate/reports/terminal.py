@@ -7,7 +7,7 @@ from typing import Any
 
 from ptopt.validate.reports.common import (data_line, fmt_diff, fmt_drop, fmt_frac, fmt_mb, fmt_mem,
                                            fmt_metric, fmt_ms, fmt_speedup, gate_status, machine_line,
-                                           metric_header, rows, summary_line)
+                                           metric_header, rows, summary_line, versions_line)
 
 
 def print_report(data: dict[str, Any]) -> None:
@@ -35,7 +35,7 @@ def render(data: dict[str, Any]) -> Any:
     for bs in sizes:
         t.add_column(f"p50 ms @{bs}", justify="right", no_wrap=True)
     t.add_column("peak MB", justify="right", no_wrap=True)
-    t.add_column("gates", overflow="fold", max_width=30)
+    t.add_column("gates", overflow="fold", max_width=44)
     for e in rows(data):
         agr = e.get("agreement") or {}
         size = e.get("size") or {}
@@ -51,7 +51,8 @@ def render(data: dict[str, Any]) -> Any:
         t.add_row(mark, escape(e["name"]), escape(e["runtime"]), fmt_metric(data, e.get("metric")), fmt_drop(data, e),
                   fmt_frac(agr.get("top1_agreement")), fmt_diff(agr.get("max_abs_diff")), fmt_mb(size.get("bytes")),
                   *lat, fmt_mem(e.get("peak_memory_mb")), escape(status), style=style)
-    head = Text(f"machine: {machine_line(data)}\ndata:    {data_line(data)}", style="dim")
+    head = Text(f"machine:  {machine_line(data)}\nversions: {versions_line(data)}\ndata:     {data_line(data)}",
+                style="dim")
     foot_lines = ["p50 ms: median latency per batch, with the speedup over the reference; agree: top-1 agreement "
                   "with the reference; max|Δ|: largest output difference",
                   f"accuracy drop, {data['accuracy_drop']['definition']}"]
