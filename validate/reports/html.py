@@ -66,6 +66,9 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     if xs and max(xs) / max(min(xs), 1e-9) > 20:
         ax.set_xscale("log")
     ax.legend(fontsize=8)
+    if not use_metric or data["metric"].get("unit") == "%":
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, min(hi, 100.5))
     ax.set_xlabel(f"p50 latency at batch {bs0} (ms)")
     ax.set_ylabel(y_label)
     ax.set_title("Accuracy vs latency")
