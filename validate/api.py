@@ -20,7 +20,7 @@ from ptopt.core.data import Dataset, load_data
 from ptopt.core.errors import GateFailedError, MissingDependencyError, PtoptError, ShapeMismatchError, UsageError
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
-from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runner
+from ptopt.validate.latency import LatencyOptions, measure_runner
 from ptopt.validate.metrics import PeakMemory, agreement, compute_metric, resolve_metric, size_info
 from ptopt.validate.runners import Runner, display_name, open_runner
 
@@ -165,7 +165,10 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
             runner = open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers)
             try:
                 runner.prepare(threads)
-                shapes.append(_probe(runner, ds, data_name))
+                out, labels = _probe(runner, ds, data_name)
+                shapes.append(tuple(out.shape))
+                if role == "reference" and metric_measured:
+                    compute_metric(met, out, labels)  # a metric that can't work fails now, not after timing
             finally:
                 runner.close()
         classification = len(shapes[0]) == 2 and shapes[0][1] >= 2
@@ -324,13 +327,17 @@ def evaluate_outputs(runner: Runner, ds: Dataset, batch_size: int) -> Any:
     return torch.cat(outs)
 
 
-def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[int, ...]:
+def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
     """Run one small batch; data that doesn't fit becomes a ShapeMismatchError naming the artifact.
-    Returns the output shape."""
+    Returns the batch's outputs and labels (None without labels)."""
+    import torch
+
     bs = min(2, len(ds))
     if runner.batch_range is not None:
         bs = runner.batch_range[0]
-    x = batch_inputs(ds, bs)
+    idx = torch.arange(bs) % len(ds)
+    x = ds.select(idx).x
+    labels = None if ds.y is None else ds.y[idx]
     got = ", ".join(f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x))
     expected = ", ".join(s.describe() for s in runner.input_specs) or None
     if runner.input_specs and runner.format != "eager":
@@ -349,7 +356,7 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[int, ...]:
     if out.dim() == 0 or out.shape[0] != bs:
         raise UsageError(f"{runner.name}: output of shape {tuple(out.shape)} for a batch of {bs}; "
                          "validate needs one output row per sample")
-    return tuple(out.shape)
+    return out, labels
 
 
 def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, lat: dict, mem: PeakMemory) -> dict:

@@ -7,3 +7,7 @@ def error_rate(outputs, labels) -> float:
 
 error_rate.higher_is_better = False
 error_rate.percent = True
+
+
+def broken(outputs, labels) -> float:
+    raise ValueError("this metric is broken on purpose")

@@ -80,7 +80,7 @@ def _bad(tmp_path, *more):
 
 @pytest.mark.parametrize("case", ["missing", "garbage", "mar", "state_dict", "data-mismatch", "accuracy-unlabeled",
                                   "latency-bs-not-measured", "baseline-without-pct", "unknown-metric",
-                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable"])
+                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable", "metric-fails"])
 def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
     from ptopt.core.artifact import Artifact
 
@@ -93,6 +93,7 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         "baseline-without-pct": "--baseline needs --max-regression", "unknown-metric": "unknown metric",
         "regression-without-baseline": "--max-regression needs --baseline", "bad-batch-sizes": "--batch-sizes",
         "tensorrt": "torch_tensorrt is needed", "report-unwritable": "cannot write there",
+        "metric-fails": "broken on purpose",
     }[case]
     if case == "missing":
         art = tmp_path / "nope.onnx"
@@ -129,6 +130,8 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         art = tmp_path / "engine.ep"
         art.write_bytes(artifacts["exported_program"].read_bytes())
         Artifact(art, "tensorrt").finalize()
+    elif case == "metric-fails":
+        extra = ["--metric", "tests.validate.fns:broken"]
     elif case == "report-unwritable":
         (tmp_path / "file").write_text("")
         extra = ["--report", tmp_path / "file" / "r.html"]  # a file is in the way
