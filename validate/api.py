@@ -9,12 +9,13 @@ so a bad input exits 2 within seconds; only then are the artifacts measured, one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ptopt.core.data import Dataset, load_data
 from ptopt.core.errors import GateFailedError, MissingDependencyError, PtoptError, ShapeMismatchError, UsageError
@@ -185,9 +186,11 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
                 try:
                     runner.prepare(threads)
                     eval_bs = _eval_batch_size(runner, eval_batch_size, len(ds))
-                    outputs = evaluate_outputs(runner, ds, eval_bs)
+                    with _failures_named(runner, data_name, f"the accuracy pass (batch size {eval_bs})"):
+                        outputs = evaluate_outputs(runner, ds, eval_bs)
                     t1 = time.perf_counter()
-                    lat = measure_runner(runner, ds, sizes, lat_opts)
+                    with _failures_named(runner, data_name, "timing"):
+                        lat = measure_runner(runner, ds, sizes, lat_opts)
                     size = size_info(runner.files, getattr(runner, "module", None))
                 finally:
                     runner.close()
@@ -281,6 +284,20 @@ def write_reports(result: ValidationResult, *, json_path: Any = None, junit_path
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _failures_named(runner: Runner, data_name: str, during: str) -> Iterator[None]:
+    """A runtime failure after the probe (e.g. a batch size the artifact rejects) still exits 2 with
+    the artifact's name, not with a traceback."""
+    try:
+        yield
+    except PtoptError:
+        raise
+    except Exception as e:  # noqa: BLE001 - each runtime raises its own types
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise ShapeMismatchError(f"{runner.name} ({runner.runtime}) failed on {data_name} during {during}: "
+                                 f"{reason}") from None
+
 
 def _check_writable(label: str, path: Path) -> None:
     """A report path must be writable before the measurements start (it is only written at the end)."""

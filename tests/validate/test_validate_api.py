@@ -154,3 +154,8 @@ def test_keyword_inputs_in_every_runtime(tmp_path):
                          latency=QUICK, batch_sizes=(1, 4))
     assert [e["runtime"] for e in res.entries] == ["torch.export", "onnxruntime (CPU)"]
     assert all(e["agreement"]["top1_agreement"] == 1.0 and e["accuracy_drop"] == 0.0 for e in res.entries)
+
+
+def test_runtime_failure_after_the_probe_names_the_artifact(artifacts):
+    with pytest.raises(ShapeMismatchError, match=r"tests.validate.fns:picky .*accuracy pass.*batch 64 is too large"):
+        validate(FACTORY, ["tests.validate.fns:picky"], artifacts["data"], threads=1, latency=QUICK)
