@@ -232,5 +232,5 @@ def _regressions(gates: Gates, entry: dict[str, Any], metric: dict[str, Any],
         reg = accuracy_drop(old["metric"], entry["metric"], metric.get("higher_is_better", True), relative=True)
         out.append(GateResult(name, "max-regression:accuracy", pct, reg, reg <= pct + 1e-9,
                               f"{metric['name']} {_fmt(old['metric'])} -> {_fmt(entry['metric'])}: "
-                              f"{-reg:+.2f}% (max -{_fmt(pct)}%)"))
+                              f"{0.0 - reg:+.2f}% (max -{_fmt(pct)}%)"))
     return out
