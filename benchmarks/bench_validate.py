@@ -1,0 +1,122 @@
+"""Validation: is ``ptopt validate``'s accuracy the artifact's own, are its latency medians stable,
+and is it fast enough for CI?
+
+Four artifacts of the zoo ResNet-style CNN (TorchScript fp32, ExportedProgram, ONNX, TorchScript of
+a dynamic-int8 model) are validated against the eager model on the digits32 test split, at batch
+sizes 1 and 32, twice in a row. Reported: each artifact's top-1 from validate next to an independent
+evaluation with plain torch.jit / torch.export / onnxruntime (must be identical), the p50 of the two
+runs and their spread (target: within 10%), and the wall time of one validation (target: < 60 s).
+
+    python benchmarks/bench_validate.py [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from common import md_table, setup, write_result
+
+
+def build_artifacts(out: Path) -> dict[str, Path]:
+    import torch
+
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.inputspec import specs_from_example
+    from ptopt.core.modelref import load_model
+
+    lm = load_model("zoo:resnet")
+    m = lm.module.eval()
+    x = torch.randn(4, 1, 32, 32)
+    specs = specs_from_example(x)
+    parent = lm.parent_record()
+    arts = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = out / "resnet.ts.pt"
+        torch.jit.save(torch.jit.trace(m, x), str(p))
+        arts["torchscript"] = Artifact(p, "torchscript", specs, parent=parent).finalize().path
+        p = out / "resnet.pt2"
+        ep = torch.export.export(m, (x,), dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
+        torch.export.save(ep, str(p))
+        arts["exported_program"] = Artifact(p, "exported_program", specs, parent=parent).finalize().path
+        p = out / "resnet.onnx"
+        torch.onnx.export(m, (x,), str(p), dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, verbose=False)
+        files = [f.name for f in (p, out / "resnet.onnx.data") if f.exists()]
+        arts["onnx"] = Artifact(p, "onnx", specs, parent=parent, files=files).finalize().path
+        q = torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
+        p = out / "resnet.dyn-int8.ts.pt"
+        torch.jit.save(torch.jit.trace(q, x), str(p))
+        arts["int8"] = Artifact(p, "torchscript", specs, parent=parent, precision="int8").finalize().path
+    return arts
+
+
+def independent_top1(path: Path, data, batch_size: int = 64) -> float:
+    """Plain runtime, no ptopt code in the loop."""
+    import numpy as np
+    import torch
+
+    if path.suffix == ".onnx":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+        logits = np.concatenate([sess.run(None, {name: b.x.numpy()})[0] for b in data.batches(batch_size)])
+        return float((logits.argmax(1) == data.y.numpy()).mean())
+    model = torch.export.load(str(path)).module() if path.suffix == ".pt2" else torch.jit.load(str(path))
+    with torch.inference_mode():
+        logits = torch.cat([model(b.x) for b in data.batches(batch_size)])
+    return float((logits.argmax(1) == data.y).double().mean())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    threads = setup(args.threads)
+    import torch
+
+    from ptopt.core.data import load_data
+    from ptopt.validate.api import validate
+
+    data_ref = "builtin:digits32:test"
+    data = load_data(data_ref)
+    with tempfile.TemporaryDirectory() as tmp:
+        arts = build_artifacts(Path(tmp))
+        paths = list(arts.values())
+        runs, walls = [], []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            runs.append(validate("zoo:resnet", paths, data_ref, batch_sizes=(1, 32), threads=threads))
+            walls.append(time.perf_counter() - t0)
+        indep = {p.name: independent_top1(p, data) for p in paths}
+    torch.set_num_threads(threads)
+    rows, spreads, identical = [], [], True
+    for e1, e2 in zip([runs[0].reference] + runs[0].entries, [runs[1].reference] + runs[1].entries):
+        ind = indep.get(e1["name"])
+        same = ind is None or ind == e1["metric"]
+        identical &= same
+        cells = [e1["name"], e1["runtime"], f"{100 * e1['metric']:.2f}", "—" if ind is None else f"{100 * ind:.2f}",
+                 "—" if ind is None else ("yes" if same else "NO")]
+        for bs in ("1", "32"):
+            a, b = e1["latency"][bs]["p50_ms"], e2["latency"][bs]["p50_ms"]
+            spread = 100 * abs(a - b) / min(a, b)
+            spreads.append(spread)
+            cells += [f"{a:.3f}", f"{b:.3f}", f"{spread:.1f}%"]
+        rows.append(cells)
+    table = md_table(["artifact", "runtime", "top-1 % (validate)", "top-1 % (independent)", "identical",
+                      "p50 ms @1 run 1", "run 2", "spread", "p50 ms @32 run 1", "run 2", "spread"], rows)
+    summary = (f"\n\nOne validation of 4 artifacts + the reference at batch sizes 1 and 32 ({len(data)} samples): "
+               f"{walls[0]:.1f} s and {walls[1]:.1f} s (target < 60 s). Accuracy identical to the independent "
+               f"evaluation: {'yes, every artifact' if identical else 'NO'}. Latency spread between the two runs: "
+               f"median {sorted(spreads)[len(spreads) // 2]:.1f}%, max {max(spreads):.1f}% (target <= 10%).")
+    write_result("validate", "Validation: accuracy parity, latency stability, wall time", table + summary,
+                 {"walls_s": walls, "spreads_pct": spreads, "identical": identical,
+                  "runs": [r.to_dict() for r in runs]}, threads)
+
+
+if __name__ == "__main__":
+    main()

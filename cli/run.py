@@ -1,0 +1,41 @@
+"""``ptopt run RECIPE.yaml [--var NAME=VALUE]... [--dry-run]``."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("run")
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--var", "variables", multiple=True, metavar="NAME=VALUE", help="Set or override a recipe var (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Check every step and print the plan; run nothing.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+def command(recipe: str, variables: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
+    """Run the steps of RECIPE (quantize, prune, distill, export, validate, package), each calling
+    that command's Python twin with its options. Every step is checked before the first one runs;
+    a validate step whose gates fail stops the run with exit 1 after writing its reports."""
+    import yaml
+
+    from ptopt.validate.recipe import parse_vars, run_recipe
+
+    def progress(msg: str) -> None:
+        if not quiet:
+            click.echo(msg, err=True)
+
+    def on_result(res) -> None:
+        if res.step.command == "validate":
+            from ptopt.validate.reports import terminal
+
+            terminal.print_report(res.value.data)
+        else:
+            out = res.outputs.get("output")
+            click.echo(f"{res.step.label}: wrote {out}" if out else f"{res.step.label}: done")
+
+    results = run_recipe(recipe, parse_vars(variables), dry_run=dry_run, progress=progress, on_result=on_result)
+    if dry_run:
+        for r in results:
+            click.echo(yaml.safe_dump([{r.step.command: ({"id": r.step.id} if r.step.id else {}) | r.options}],
+                                      sort_keys=False).rstrip())
+        click.echo(f"recipe {recipe}: {len(results)} step(s) OK (dry run, nothing ran)")
+    else:
+        click.echo(f"recipe {recipe}: {len(results)} step(s) done")

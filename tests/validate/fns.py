@@ -1,0 +1,32 @@
+"""A user metric for ``--metric tests.validate.fns:error_rate``."""
+
+
+def error_rate(outputs, labels) -> float:
+    return float((outputs.argmax(1) != labels).float().mean())
+
+
+error_rate.higher_is_better = False
+error_rate.percent = True
+
+
+def broken(outputs, labels) -> float:
+    raise ValueError("this metric is broken on purpose")
+
+
+def picky():
+    """A model that takes at most 2 samples per batch: passes the probe, fails the accuracy pass."""
+    import torch
+
+    from tests.helpers import tiny_cnn
+
+    class Picky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny_cnn()
+
+        def forward(self, x):
+            if x.shape[0] > 2:
+                raise RuntimeError(f"batch {x.shape[0]} is too large")
+            return self.inner(x)
+
+    return Picky()

@@ -1,0 +1,126 @@
+"""``ptopt run recipe.yaml``: validate-only recipes (the other twins live in other stages), vars,
+references to earlier steps, and every step checked before the first runs."""
+
+import json
+
+import pytest
+import yaml
+
+from tests.validate.conftest import FACTORY
+
+
+def _recipe(tmp_path, steps, vars_=None, name="recipe.yaml"):
+    path = tmp_path / name
+    body = {"version": 1, "steps": steps}
+    if vars_:
+        body["vars"] = vars_
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def _validate_step(fixture, **more):
+    return {"validate": {"reference": "${ref}", "artifacts": ["${art}"], "data": str(fixture["data"]),
+                         "batch_sizes": [1], "threads": 1, "min_iters": 3, "min_seconds": 0.01, **more}}
+
+
+def test_validate_only_recipe_with_vars_and_step_refs(cli, artifacts, tmp_path):
+    steps = [_validate_step(artifacts, id="first", json_path="${out}/first.json", max_accuracy_drop=1.0),
+             _validate_step(artifacts, json_path="${out}/second-${first.passed}.json", artifacts=["${art}", "${other}"])]
+    path = _recipe(tmp_path, steps, {"ref": FACTORY, "art": str(artifacts["onnx"]), "out": str(tmp_path / "wrong")})
+    code, out, err = cli("run", path, "--var", f"out={tmp_path}", "--var", f"other={artifacts['torchscript']}")
+    assert code == 0, err
+    assert "2 step(s) done" in out and out.count("ptopt validate — PASSED") == 2
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["gates"]["max_accuracy_drop"] == 1.0 and first["artifacts"][0]["name"] == "tiny.onnx"
+    second = json.loads((tmp_path / "second-True.json").read_text())
+    assert [e["name"] for e in second["artifacts"]] == ["tiny.onnx", "tiny.ts.pt"]
+
+
+def test_recipe_gate_failure_exits_1_and_stops(cli, artifacts, tmp_path):
+    steps = [_validate_step(artifacts, max_size_mb=1e-9, markdown_path=str(tmp_path / "a.md")),
+             _validate_step(artifacts, markdown_path=str(tmp_path / "b.md"))]
+    code, out, err = cli("run", _recipe(tmp_path, steps, {"ref": FACTORY, "art": str(artifacts["onnx"])}))
+    assert code == 1 and "step 1 (validate)" in err and "max-size-mb" in err
+    assert (tmp_path / "a.md").is_file() and not (tmp_path / "b.md").exists()
+
+
+def test_python_twin_run_recipe(artifacts, tmp_path):
+    from ptopt.validate.recipe import run_recipe
+
+    path = _recipe(tmp_path, [_validate_step(artifacts, id="v")], {"ref": FACTORY, "art": str(artifacts["onnx"])})
+    results = run_recipe(path)
+    assert results[0].value.passed and results[0].outputs["passed"] is True
+    assert results[0].options["artifacts"] == [str(artifacts["onnx"])]
+
+
+@pytest.mark.parametrize("case", ["missing-twin", "unknown-command", "undefined-ref", "bad-option", "ref-to-later-step",
+                                  "bad-attr", "not-yaml", "no-steps"])
+def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monkeypatch, case):
+    from ptopt.validate import recipe as recipe_mod
+
+    ok = _validate_step(artifacts, json_path=str(tmp_path / "ran.json"))
+    vars_ = {"ref": FACTORY, "art": str(artifacts["onnx"])}
+    steps, expect = [ok], ""
+    if case == "missing-twin":
+        # the step's twin is not installed (here: pointed at a module that does not exist)
+        monkeypatch.setitem(recipe_mod.TWINS, "quantize", "ptopt.compress.no_such_module:quantize")
+        steps, expect = [ok, {"quantize": {"model": FACTORY, "mode": "dynamic", "output": "q.pt"}}], \
+            "is not available in this installation"
+    elif case == "unknown-command":
+        steps, expect = [ok, {"compile": {"model": FACTORY}}], "unknown command 'compile'"
+    elif case == "undefined-ref":
+        steps, expect = [ok, _validate_step(artifacts, artifacts=["${nothing.output}"])], "${nothing.output} is not defined"
+    elif case == "bad-option":
+        steps, expect = [ok, _validate_step(artifacts, max_acc_drop=1)], "max_acc_drop"
+    elif case == "ref-to-later-step":
+        steps, expect = [ok, _validate_step(artifacts, artifacts=["${later}"]), {"validate": {"id": "later"}}], \
+            "${later} is not defined"
+    elif case == "bad-attr":
+        steps, expect = [{**ok, "validate": {**ok["validate"], "id": "v"}},
+                         _validate_step(artifacts, artifacts=["${v.output}"])], "a validate step offers passed"
+    path = _recipe(tmp_path, steps, vars_)
+    if case == "not-yaml":
+        path.write_text("steps: [unclosed")
+        expect = "not valid YAML"
+    elif case == "no-steps":
+        path.write_text("version: 1\nsteps: []\n")
+        expect = "no steps"
+    code, out, err = cli("run", path)
+    assert code == 2, (out, err)
+    assert expect in err and "Traceback" not in err
+    assert not (tmp_path / "ran.json").exists()  # step 1 was fine but never ran
+
+
+def test_validate_save_recipe_replays(cli, artifacts, tmp_path):
+    recipe = tmp_path / "saved.yaml"
+    code, out, err = cli("validate", FACTORY, artifacts["onnx"], "--data", artifacts["data"], "--batch-sizes", "1",
+                         "--threads", "1", "--min-iters", "3", "--min-seconds", "0.01", "--save-recipe", recipe)
+    assert code == 0, err
+    step = yaml.safe_load(recipe.read_text())["steps"][0]["validate"]
+    assert step["reference"] == FACTORY and step["artifacts"] == [str(artifacts["onnx"])] and "progress" not in step
+    code, out, err = cli("run", recipe)
+    assert code == 0 and "1 step(s) done" in out, err
+
+
+def test_dry_run_checks_and_prints_the_plan(cli, artifacts, tmp_path):
+    path = _recipe(tmp_path, [_validate_step(artifacts, json_path=str(tmp_path / "r.json"))],
+                   {"ref": FACTORY, "art": str(artifacts["onnx"])})
+    code, out, err = cli("run", path, "--dry-run")
+    assert code == 0 and "1 step(s) OK (dry run" in out and FACTORY in out and str(artifacts["onnx"]) in out
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_example_workflow_and_recipe_are_valid():
+    """The GitHub Actions example parses and its recipe passes the static checks."""
+    from pathlib import Path
+
+    from ptopt.validate.recipe import plan
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "github-actions"
+    wf = yaml.safe_load((root / "ptopt-gate.yml").read_text())
+    job = next(iter(wf["jobs"].values()))
+    text = json.dumps(job["steps"])
+    assert "--max-accuracy-drop" in text and "--baseline" in text and "--max-regression" in text
+    recipe = yaml.safe_load((root / "validate-recipe.yaml").read_text())
+    steps, _ = plan(recipe, {"artifacts": ["a.onnx"]})
+    assert steps[0].command == "validate"

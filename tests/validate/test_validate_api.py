@@ -1,0 +1,161 @@
+"""The Python twin: every runner, the metrics against an independent evaluation, gates, best pick."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ptopt.core.data import load_data
+from ptopt.core.errors import GateFailedError, MissingDependencyError, ShapeMismatchError, UsageError
+from ptopt.validate.api import validate
+from ptopt.validate.gates import accuracy_drop, drop_definition
+from ptopt.validate.latency import LatencyOptions
+from tests.validate.conftest import FACTORY
+
+QUICK = LatencyOptions(min_iters=3, min_seconds=0.01, warmup_iters=1, warmup_seconds=0.0)
+
+
+def _run(artifacts, refs, data=None, **kw):
+    return validate(FACTORY, [artifacts[r] for r in refs], data or artifacts["data"], batch_sizes=(1, 8), threads=1,
+                    latency=QUICK, **kw)
+
+
+def test_every_format_runs_in_its_runtime(artifacts):
+    res = _run(artifacts, ["torchscript", "exported_program", "onnx"])
+    assert res.passed and len(res.entries) == 3
+    by = {e["name"]: e for e in res.entries}
+    assert by["tiny.ts.pt"]["runtime"] == "torch.jit"
+    assert by["tiny.pt2"]["runtime"] == "torch.export"
+    assert by["tiny.onnx"]["runtime"] == "onnxruntime (CPU)"
+    assert res.reference["runtime"] == "torch eager" and res.reference["size"]["what"] == "state_dict (no file)"
+    for e in res.entries:
+        assert e["agreement"]["top1_agreement"] == 1.0 and e["agreement"]["cosine"] > 0.9999
+        assert e["agreement"]["max_abs_diff"] < 1e-4
+        assert e["metric"] == res.reference["metric"] and e["accuracy_drop"] == 0.0
+        for bs in ("1", "8"):
+            st = e["latency"][bs]
+            assert st["p50_ms"] > 0 and st["p50_ms"] <= st["p90_ms"] <= st["p99_ms"] and st["iterations"] >= 3
+            assert e["speedup"][bs] > 0
+        assert e["peak_memory_mb"] is None or e["peak_memory_mb"] > 0
+    onnx = by["tiny.onnx"]
+    files = [artifacts["onnx"].parent / f for f in onnx["size"]["files"]]
+    assert onnx["size"]["bytes"] == sum(f.stat().st_size for f in files) and 0 < onnx["size"]["gzip_bytes"]
+    assert res.data["threads"] == 1 and res.data["machine"]["cpu"]["model"]
+    json.dumps(res.to_dict())  # JSON-ready as is
+
+
+def test_accuracy_equals_an_independent_evaluation(artifacts):
+    """The same samples through plain torch.jit / onnxruntime give exactly the accuracy validate reports."""
+    import onnxruntime as ort
+
+    ds = load_data(artifacts["data"])
+    ts = torch.jit.load(str(artifacts["torchscript"]))
+    with torch.no_grad():
+        ts_acc = float((torch.cat([ts(b.x) for b in ds.batches(64)]).argmax(1) == ds.y).double().mean())
+    sess = ort.InferenceSession(str(artifacts["onnx"]), providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    logits = np.concatenate([sess.run(None, {name: b.x.numpy()})[0] for b in ds.batches(64)])
+    ort_acc = float((logits.argmax(1) == ds.y.numpy()).mean())
+    res = _run(artifacts, ["torchscript", "onnx"])
+    assert res.entry("tiny.ts.pt")["metric"] == ts_acc
+    assert res.entry("tiny.onnx")["metric"] == ort_acc
+
+
+def test_fixed_batch_artifact_skips_other_batch_sizes(artifacts):
+    res = _run(artifacts, ["static_pt2"])
+    e = res.entries[0]
+    assert e["batch_range"] == [1, 1] and e["eval_batch_size"] == 1
+    assert "p50_ms" in e["latency"]["1"] and "fixed batch size of 1" in e["latency"]["8"]["skipped"]
+    assert e["agreement"]["top1_agreement"] == 1.0
+
+
+def test_user_metric_and_lower_is_better(artifacts):
+    res = _run(artifacts, ["torchscript"], metric="tests.validate.fns:error_rate", max_accuracy_drop=0.0)
+    assert res.data["metric"]["name"] == "tests.validate.fns:error_rate"
+    assert res.data["metric"]["higher_is_better"] is False
+    assert 0 < res.reference["metric"] < 1 and res.entries[0]["accuracy_drop"] == 0.0 and res.passed
+
+
+def test_unlabeled_data_measures_agreement_only(artifacts):
+    res = _run(artifacts, ["onnx"], data=artifacts["unlabeled"], min_agreement=0.99)
+    assert res.entries[0]["metric"] is None and res.entries[0]["agreement"]["top1_agreement"] == 1.0 and res.passed
+
+
+@pytest.mark.parametrize("relative,expected", [(False, 0.6), (True, 0.006 / 0.981 * 100)], ids=["absolute", "relative"])
+def test_accuracy_drop_definition(relative, expected):
+    assert accuracy_drop(0.981, 0.975, relative=relative) == pytest.approx(expected)
+    assert accuracy_drop(0.2, 0.25, higher_is_better=False, scale=1.0) == pytest.approx(0.05)
+    assert drop_definition(relative).startswith("relative:" if relative else "absolute:")
+
+
+def test_failed_gates_and_best_pick(artifacts, tmp_path):
+    res = _run(artifacts, ["torchscript", "onnx"], max_size_mb=1e-6, min_speedup=0.0,
+               max_latency_ms=["1=10000"], json_path=tmp_path / "r.json")
+    assert not res.passed and res.best is None
+    assert {g["gate"] for g in res.failed_gates} == {"max-size-mb"}
+    gates = {g["gate"] for g in res.entries[0]["gates"]}
+    assert gates == {"max-size-mb", "min-speedup@bs1", "min-speedup@bs8", "max-latency-ms@bs1"}
+    assert json.loads((tmp_path / "r.json").read_text())["passed"] is False
+    ok = _run(artifacts, ["torchscript", "onnx"], max_accuracy_drop=0.5, relative=True)
+    assert ok.passed and ok.best in ("tiny.ts.pt", "tiny.onnx")
+    assert sum(e["best"] for e in ok.entries) == 1
+    assert ok.data["accuracy_drop"]["definition"].startswith("relative:")
+
+
+def test_raise_on_failure_after_reports(artifacts, tmp_path):
+    with pytest.raises(GateFailedError, match="max-size-mb"):
+        _run(artifacts, ["onnx"], max_size_mb=1e-6, raise_on_failure=True, markdown_path=tmp_path / "r.md")
+    assert "❌" in (tmp_path / "r.md").read_text()
+
+
+def test_python_twin_accepts_modules_and_names_bad_data(artifacts):
+    from tests.helpers import tiny_cnn
+
+    res = validate(tiny_cnn(), [tiny_cnn()], artifacts["data"], batch_sizes="1", threads=1, latency=QUICK,
+                   max_samples=10)
+    assert res.data["data"]["samples"] == 10 and res.entries[0]["name"] == "TinyCNN (2)"
+    with pytest.raises(ShapeMismatchError, match=r"does not fit tiny.onnx.*expected input: \[1..64\]x1x8x8"):
+        validate("zoo:resnet", [artifacts["onnx"]], artifacts["data32"], threads=1, latency=QUICK)
+    with pytest.raises(UsageError, match="needs labels"):
+        _run(artifacts, ["onnx"], data=artifacts["unlabeled"], max_accuracy_drop=1)
+
+
+def test_tensorrt_artifact_needs_tensorrt(artifacts, tmp_path):
+    from ptopt.core.artifact import Artifact
+
+    p = tmp_path / "engine.ep"
+    p.write_bytes(artifacts["exported_program"].read_bytes())
+    Artifact(p, "tensorrt").finalize()
+    with pytest.raises(MissingDependencyError, match="torch_tensorrt"):
+        _run({"data": artifacts["data"], "trt": p}, ["trt"])
+
+
+def test_keyword_inputs_in_every_runtime(tmp_path):
+    """input_ids + attention_mask: fed by name to the ExportedProgram and to ONNX Runtime."""
+    import warnings
+
+    import ptopt
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.inputspec import specs_from_example
+    from tests.helpers import two_input
+
+    ds = load_data("builtin:digits-tokens:test").take(40)
+    m, x = two_input().eval(), ds.take(4).x
+    specs = specs_from_example(x)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    dyn = {"input_ids": {0: batch}, "attention_mask": {0: batch}}
+    torch.export.save(torch.export.export(m, (), x, dynamic_shapes=dyn), str(tmp_path / "kw.pt2"))
+    Artifact(tmp_path / "kw.pt2", "exported_program", specs, input_style="keyword").finalize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, (), str(tmp_path / "kw.onnx"), kwargs=x, dynamic_shapes=dyn, verbose=False)
+    res = ptopt.validate("tests.helpers:two_input", [tmp_path / "kw.pt2", tmp_path / "kw.onnx"], ds, threads=1,
+                         latency=QUICK, batch_sizes=(1, 4))
+    assert [e["runtime"] for e in res.entries] == ["torch.export", "onnxruntime (CPU)"]
+    assert all(e["agreement"]["top1_agreement"] == 1.0 and e["accuracy_drop"] == 0.0 for e in res.entries)
+
+
+def test_runtime_failure_after_the_probe_names_the_artifact(artifacts):
+    with pytest.raises(ShapeMismatchError, match=r"tests.validate.fns:picky .*accuracy pass.*batch 64 is too large"):
+        validate(FACTORY, ["tests.validate.fns:picky"], artifacts["data"], threads=1, latency=QUICK)

@@ -1,0 +1,149 @@
+"""``ptopt validate`` through the CLI: reports, exit codes, baseline regressions, bad input."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.validate.conftest import FACTORY, FAST
+
+REPORTS = ("r.json", "r.xml", "r.md", "r.html")
+
+
+def _report_args(tmp_path):
+    return ["--json", tmp_path / "r.json", "--junit", tmp_path / "r.xml", "--markdown", tmp_path / "r.md",
+            "--report", tmp_path / "r.html"]
+
+
+def test_reports(cli, artifacts, tmp_path):
+    code, out, err = cli("validate", FACTORY, artifacts["torchscript"], artifacts["onnx"], "--data", artifacts["data"],
+                         "--batch-sizes", "1,4", "--threads", "1", "--max-accuracy-drop", "1", *FAST,
+                         *_report_args(tmp_path))
+    assert code == 0, err
+    assert "PASSED" in out and "★" in out and "tiny.onnx" in out and "absolute: drop = (base - new)" in out
+    assert "machine:" in out and "threads: 1" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["schema"] == "ptopt.validate/1" and data["passed"] is True and data["batch_sizes"] == [1, 4]
+    assert [e["name"] for e in data["artifacts"]] == ["tiny.ts.pt", "tiny.onnx"]
+    assert data["reference"]["role"] == "reference" and data["machine"]["versions"]["torch"]
+    for e in data["artifacts"]:
+        assert set(e) >= {"metric", "accuracy_drop", "agreement", "size", "latency", "speedup", "peak_memory_mb",
+                          "gates", "passed", "best", "format", "runtime"}
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == 2 and suite.get("failures") == "0"
+    assert {c.get("classname") for c in cases} == {"ptopt.validate.tiny.ts.pt", "ptopt.validate.tiny.onnx"}
+    md = (tmp_path / "r.md").read_text()
+    assert md.startswith("### ✅ ptopt validate: PASSED") and "| ★ |" in md and "absolute: drop" in md
+    html = (tmp_path / "r.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "absolute: drop" in html
+    assert "http://" not in html and "https://" not in html and "<script" not in html  # opens offline
+
+
+def test_failed_gate_exits_1_after_writing_every_report(cli, artifacts, tmp_path):
+    code, out, err = cli("validate", FACTORY, artifacts["onnx"], "--data", artifacts["data"], "--batch-sizes", "1",
+                         "--threads", "1", "--max-size-mb", "0.000001", "--min-agreement", "0.9", *FAST,
+                         *_report_args(tmp_path))
+    assert code == 1
+    assert "max-size-mb" in err and "gate(s) failed" in err and "FAIL" in out
+    assert all((tmp_path / r).is_file() for r in REPORTS)
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    failed = [c for c in suite.findall("testcase") if c.find("failure") is not None]
+    assert [c.get("name") for c in failed] == ["max-size-mb"] and suite.get("tests") == "2"
+    assert json.loads((tmp_path / "r.json").read_text())["passed"] is False
+    assert "❌" in (tmp_path / "r.md").read_text()
+
+
+def test_baseline_regression(cli, artifacts, tmp_path):
+    base = tmp_path / "base.json"
+    args = ["validate", FACTORY, artifacts["torchscript"], "--data", artifacts["data"], "--batch-sizes", "1",
+            "--threads", "1", *FAST]
+    assert cli(*args, "--json", base)[0] == 0
+    code, out, err = cli(*args, "--baseline", base, "--max-regression", "100000")
+    assert code == 0, err
+    stored = json.loads(base.read_text())
+    stored["artifacts"][0]["latency"]["1"]["p50_ms"] /= 1000.0  # the stored run was 1000x faster
+    stored["artifacts"][0]["metric"] = 1.0  # and perfectly accurate
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps(stored))
+    code, out, err = cli(*args, "--baseline", fast, "--max-regression", "10", "--json", tmp_path / "r.json")
+    assert code == 1
+    gates = {g["gate"] for g in json.loads((tmp_path / "r.json").read_text())["gate_results"] if not g["passed"]}
+    assert gates == {"max-regression:latency@bs1", "max-regression:accuracy"}
+    code, out, err = cli(*args, "--baseline", fast, "--max-regression", "10", "--regression-on", "accuracy")
+    assert code == 1 and "max-regression:latency" not in err
+
+
+def _bad(tmp_path, *more):
+    return [*more, "--data", tmp_path / "nodata"]
+
+
+@pytest.mark.parametrize("case", ["missing", "garbage", "mar", "state_dict", "data-mismatch", "accuracy-unlabeled",
+                                  "latency-bs-not-measured", "baseline-without-pct", "unknown-metric",
+                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable", "metric-fails"])
+def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
+    from ptopt.core.artifact import Artifact
+
+    data, extra, art = artifacts["data"], [], artifacts["onnx"]
+    reference = FACTORY
+    expect = {
+        "missing": "no such file", "garbage": "not a PyTorch model file", "mar": "TorchServe .mar package",
+        "state_dict": "state_dict", "data-mismatch": "does not fit tiny.onnx",
+        "accuracy-unlabeled": "needs labels", "latency-bs-not-measured": "batch size 64 is not measured",
+        "baseline-without-pct": "--baseline needs --max-regression", "unknown-metric": "unknown metric",
+        "regression-without-baseline": "--max-regression needs --baseline", "bad-batch-sizes": "--batch-sizes",
+        "tensorrt": "torch_tensorrt is needed", "report-unwritable": "cannot write there",
+        "metric-fails": "broken on purpose",
+    }[case]
+    if case == "missing":
+        art = tmp_path / "nope.onnx"
+    elif case == "garbage":
+        art = tmp_path / "junk.bin"
+        art.write_bytes(b"not a model at all")
+    elif case == "mar":
+        art = tmp_path / "m.mar"
+        art.write_bytes(b"PK")
+        Artifact(art, "mar").finalize()
+    elif case == "state_dict":
+        import torch
+
+        from tests.helpers import tiny_cnn
+
+        art = tmp_path / "w.pt"
+        torch.save(tiny_cnn().state_dict(), art)
+    elif case == "data-mismatch":
+        reference, data = "zoo:resnet", artifacts["data32"]
+    elif case == "accuracy-unlabeled":
+        data, extra = artifacts["unlabeled"], ["--max-accuracy-drop", "1"]
+    elif case == "latency-bs-not-measured":
+        extra = ["--max-latency-ms", "64=5"]
+    elif case == "baseline-without-pct":
+        (tmp_path / "b.json").write_text(json.dumps({"schema": "ptopt.validate/1", "artifacts": []}))
+        extra = ["--baseline", tmp_path / "b.json"]
+    elif case == "unknown-metric":
+        extra = ["--metric", "f1-macro"]
+    elif case == "regression-without-baseline":
+        extra = ["--max-regression", "5"]
+    elif case == "bad-batch-sizes":
+        extra = ["--batch-sizes", "1,x"]
+    elif case == "tensorrt":
+        art = tmp_path / "engine.ep"
+        art.write_bytes(artifacts["exported_program"].read_bytes())
+        Artifact(art, "tensorrt").finalize()
+    elif case == "metric-fails":
+        extra = ["--metric", "tests.validate.fns:broken"]
+    elif case == "report-unwritable":
+        (tmp_path / "file").write_text("")
+        extra = ["--report", tmp_path / "file" / "r.html"]  # a file is in the way
+    code, out, err = cli("validate", reference, art, "--data", data, "--threads", "1", *extra, *FAST,
+                         *(_report_args(tmp_path)[:6] if case == "report-unwritable" else _report_args(tmp_path)))
+    assert code == 2, (out, err)
+    assert expect in err and "Traceback" not in err and err.count("\n") <= 8
+    assert "measuring" not in err  # rejected before any measurement started
+    assert not any((tmp_path / r).exists() for r in REPORTS)
+
+
+def test_bad_input_names_the_artifact_and_shapes(cli, artifacts, tmp_path):
+    code, out, err = cli("validate", "zoo:resnet", artifacts["onnx"], "--data", artifacts["data32"], "--threads", "1")
+    assert code == 2
+    assert "does not fit tiny.onnx" in err and "expected input: [1..64]x1x8x8 float32" in err and "2x1x32x32" in err

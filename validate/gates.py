@@ -1,0 +1,236 @@
+"""Gates: the pass/fail rules a CI job sets on each artifact, checked against the reference run in
+the same session (and, for regressions, against a stored run). Any failed gate makes ``ptopt
+validate`` exit 1, after every report was written.
+
+A gate that needs a measurement the run cannot make (an accuracy gate on unlabeled data, a latency
+gate at a batch size not measured, a regression gate without a baseline) is a usage error, raised
+before any measurement starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from ptopt.core.errors import UsageError
+
+#: the default regression check compares both
+REGRESSION_KINDS = ("latency", "accuracy")
+
+
+def accuracy_drop(base: float, new: float, higher_is_better: bool = True, scale: float = 100.0,
+                  relative: bool = False) -> float:
+    """How much worse an artifact's metric is than the reference's (positive = worse).
+
+    absolute: drop = (base - new) in points, i.e. the difference of the metric in the unit it is shown in (top-1 0.981 -> 0.975 is a drop of 0.6 points).
+    relative: drop = (base - new) / base, in percent of the reference's value (top-1 0.981 -> 0.975 is a drop of 0.61%).
+    For a lower-is-better metric (mse, or a user metric with higher_is_better = False), base and new swap places.
+    """
+    diff = (base - new) if higher_is_better else (new - base)
+    if relative:
+        if base == 0:
+            return 0.0 if diff == 0 else float("inf")
+        return 100.0 * diff / abs(base)
+    return diff * scale
+
+
+def drop_definition(relative: bool) -> str:
+    """The line of ``accuracy_drop``'s docstring that defines the drop in use (printed in every report)."""
+    key = "relative:" if relative else "absolute:"
+    for line in (accuracy_drop.__doc__ or "").splitlines():
+        if line.strip().startswith(key):
+            return line.strip()
+    return key  # pragma: no cover
+
+
+@dataclasses.dataclass(frozen=True)
+class Gates:
+    """The gates of one run; None / empty disables a gate."""
+
+    #: largest accepted drop of the task metric vs the reference (see ``accuracy_drop``)
+    max_accuracy_drop: float | None = None
+    relative: bool = False
+    #: smallest accepted top-1 agreement with the reference, a fraction (0.99 = 99%)
+    min_agreement: float | None = None
+    #: ((batch_size or None for every batch size, milliseconds at p50), ...)
+    max_latency_ms: tuple[tuple[int | None, float], ...] = ()
+    #: smallest accepted reference p50 / artifact p50, at every measured batch size
+    min_speedup: float | None = None
+    max_size_mb: float | None = None
+    #: largest accepted regression vs the baseline run, in percent: latency (new - old) / old,
+    #: accuracy as ``accuracy_drop(old, new, relative=True)``
+    max_regression: float | None = None
+    regression_on: tuple[str, ...] = REGRESSION_KINDS
+
+    def __post_init__(self) -> None:
+        for name in ("max_accuracy_drop", "max_size_mb", "max_regression", "min_speedup"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+        if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
+            raise UsageError(f"--min-agreement is a fraction in [0, 1] (0.99 = 99%), got {self.min_agreement}")
+        for bs, ms in self.max_latency_ms:
+            if ms <= 0 or (bs is not None and bs < 1):
+                raise UsageError(f"--max-latency-ms: bad value {bs}={ms}" if bs else f"--max-latency-ms must be > 0, got {ms}")
+        bad = [k for k in self.regression_on if k not in REGRESSION_KINDS]
+        if bad:
+            raise UsageError(f"--regression-on: unknown {', '.join(bad)} (choose from {', '.join(REGRESSION_KINDS)})")
+
+    def active(self) -> list[str]:
+        names = []
+        for f in dataclasses.fields(self):
+            if f.name in ("relative", "regression_on"):
+                continue
+            v = getattr(self, f.name)
+            if v is not None and v != ():
+                names.append(f.name)
+        return names
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["max_latency_ms"] = [{"batch_size": bs, "ms": ms} for bs, ms in self.max_latency_ms]
+        d["regression_on"] = list(self.regression_on)
+        return d
+
+
+def parse_latency_limits(values: Sequence[Any]) -> tuple[tuple[int | None, float], ...]:
+    """``["5"]`` (every batch size) or ``["1=2.5", "32=40"]`` (per batch size) → ((bs|None, ms), ...)."""
+    out = []
+    for v in values:
+        if isinstance(v, (tuple, list)) and len(v) == 2:
+            out.append((None if v[0] is None else int(v[0]), float(v[1])))
+            continue
+        text = str(v)
+        bs, sep, ms = text.partition("=")
+        try:
+            out.append((int(bs), float(ms)) if sep else (None, float(text)))
+        except ValueError:
+            raise UsageError(f"--max-latency-ms {text!r}: write MS (every batch size) or BATCH=MS, e.g. 32=40") from None
+    return tuple(out)
+
+
+@dataclasses.dataclass
+class GateResult:
+    artifact: str
+    gate: str
+    threshold: float
+    value: float | None
+    passed: bool
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_measurable(gates: Gates, *, metric_measured: bool, metric_name: str, data_name: str,
+                     batch_sizes: Sequence[int], baseline: dict | None, classification: bool | None) -> None:
+    """Raise UsageError for a gate on something this run will not measure (before measuring)."""
+    if gates.max_accuracy_drop is not None and not metric_measured:
+        raise UsageError(f"--max-accuracy-drop needs the metric {metric_name!r}, which needs labels, and "
+                         f"{data_name} has none; give labelled data or gate on --min-agreement instead")
+    for bs, _ in gates.max_latency_ms:
+        if bs is not None and bs not in batch_sizes:
+            raise UsageError(f"--max-latency-ms {bs}=...: batch size {bs} is not measured "
+                             f"(--batch-sizes {','.join(map(str, batch_sizes))})")
+    if gates.max_regression is not None and baseline is None:
+        raise UsageError("--max-regression needs --baseline previous.json (a --json report of an earlier run)")
+    if baseline is not None and gates.max_regression is None:
+        raise UsageError("--baseline needs --max-regression PCT (the regression that fails the run)")
+    if gates.min_agreement is not None and classification is False:
+        raise UsageError("--min-agreement is top-1 agreement, which needs classification outputs [N, classes]; "
+                         "these outputs are not")
+    if gates.max_regression is not None and "accuracy" in gates.regression_on and baseline is not None \
+            and metric_measured and baseline.get("metric", {}).get("name") not in (None, metric_name):
+        raise UsageError(f"--baseline measured the metric {baseline['metric']['name']!r}, this run {metric_name!r}; "
+                         "use the same --metric or --regression-on latency")
+
+
+def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
+    """A previous ``--json`` report; entries are matched to this run's artifacts by name."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--baseline {p}: no such file")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--baseline {p}: not a JSON file: {e}") from None
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("ptopt.validate/") \
+            or not isinstance(data.get("artifacts"), list):
+        raise UsageError(f"--baseline {p}: not a `ptopt validate --json` report")
+    return data
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def evaluate(gates: Gates, entry: dict[str, Any], reference: dict[str, Any], metric: dict[str, Any],
+             baseline_entry: dict[str, Any] | None = None) -> list[GateResult]:
+    """Every active gate on one artifact's entry (the JSON form; see docs/validate.md)."""
+    name = entry["name"]
+    out: list[GateResult] = []
+    unit = "%" if gates.relative else (" pts" if metric.get("unit") == "%" else "")
+    if gates.max_accuracy_drop is not None:
+        drop = entry.get("accuracy_drop")
+        ok = drop is not None and drop <= gates.max_accuracy_drop + 1e-9
+        out.append(GateResult(name, "max-accuracy-drop", gates.max_accuracy_drop, drop, ok,
+                              f"{metric['name']} drop {_fmt(drop)}{unit} (max {_fmt(gates.max_accuracy_drop)}{unit})"
+                              if drop is not None else "metric not measured"))
+    if gates.min_agreement is not None:
+        agr = (entry.get("agreement") or {}).get("top1_agreement")
+        ok = agr is not None and agr >= gates.min_agreement - 1e-12
+        out.append(GateResult(name, "min-agreement", gates.min_agreement, agr, ok,
+                              f"top-1 agreement {agr:.2%} (min {gates.min_agreement:.2%})" if agr is not None
+                              else "top-1 agreement not measurable"))
+    lat = entry.get("latency") or {}
+    ref_lat = reference.get("latency") or {}
+    for bs_key, stats in lat.items():
+        if "p50_ms" not in stats:
+            continue
+        bs = int(bs_key)
+        for limit_bs, ms in gates.max_latency_ms:
+            if limit_bs is None or limit_bs == bs:
+                p50 = stats["p50_ms"]
+                out.append(GateResult(name, f"max-latency-ms@bs{bs}", ms, p50, p50 <= ms,
+                                      f"p50 {_fmt(p50)} ms at batch {bs} (max {_fmt(ms)} ms)"))
+        if gates.min_speedup is not None and "p50_ms" in ref_lat.get(bs_key, {}):
+            sp = ref_lat[bs_key]["p50_ms"] / stats["p50_ms"]
+            out.append(GateResult(name, f"min-speedup@bs{bs}", gates.min_speedup, sp, sp >= gates.min_speedup,
+                                  f"speedup {sp:.2f}x at batch {bs} (min {gates.min_speedup:.2f}x)"))
+    for limit_bs, ms in gates.max_latency_ms:
+        if limit_bs is not None and "p50_ms" not in lat.get(str(limit_bs), {}):
+            why = lat.get(str(limit_bs), {}).get("skipped", "not measured")
+            out.append(GateResult(name, f"max-latency-ms@bs{limit_bs}", ms, None, False, f"batch {limit_bs}: {why}"))
+    if gates.max_size_mb is not None:
+        size = (entry.get("size") or {}).get("bytes")
+        mb = None if size is None else size / 1e6
+        out.append(GateResult(name, "max-size-mb", gates.max_size_mb, mb, mb is not None and mb <= gates.max_size_mb,
+                              f"size {_fmt(mb)} MB (max {_fmt(gates.max_size_mb)} MB)" if mb is not None else "size unknown"))
+    if gates.max_regression is not None:
+        out += _regressions(gates, entry, metric, baseline_entry)
+    return out
+
+
+def _regressions(gates: Gates, entry: dict[str, Any], metric: dict[str, Any],
+                 old: dict[str, Any] | None) -> list[GateResult]:
+    name, pct = entry["name"], gates.max_regression
+    if old is None:
+        return [GateResult(name, "max-regression", pct, None, True, "no entry of this name in the baseline: not compared")]
+    out = []
+    if "latency" in gates.regression_on:
+        for bs_key, stats in (entry.get("latency") or {}).items():
+            before = (old.get("latency") or {}).get(bs_key, {})
+            if "p50_ms" in stats and "p50_ms" in before:
+                reg = 100.0 * (stats["p50_ms"] - before["p50_ms"]) / before["p50_ms"]
+                out.append(GateResult(name, f"max-regression:latency@bs{bs_key}", pct, reg, reg <= pct,
+                                      f"p50 {_fmt(before['p50_ms'])} -> {_fmt(stats['p50_ms'])} ms at batch {bs_key}: "
+                                      f"{reg:+.1f}% (max +{_fmt(pct)}%)"))
+    if "accuracy" in gates.regression_on and entry.get("metric") is not None and old.get("metric") is not None:
+        reg = accuracy_drop(old["metric"], entry["metric"], metric.get("higher_is_better", True), relative=True)
+        out.append(GateResult(name, "max-regression:accuracy", pct, reg, reg <= pct + 1e-9,
+                              f"{metric['name']} {_fmt(old['metric'])} -> {_fmt(entry['metric'])}: "
+                              f"{0.0 - reg:+.2f}% (max -{_fmt(pct)}%)"))
+    return out

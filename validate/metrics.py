@@ -1,0 +1,207 @@
+"""What is measured per artifact besides latency: the task metric on labels, agreement with the
+reference, size on disk, and peak memory.
+
+The task metric (``--metric``): ``top1`` (default), ``top5``, ``mse``, ``mae``, or a user function
+``pkg.mod:fn`` called as ``fn(outputs, labels) -> float`` on the outputs of the whole data set
+(``outputs`` the model's primary output as a float tensor, ``labels`` the data's ``y``). A user
+function is taken as higher-is-better in its own units; set ``fn.higher_is_better = False`` for a
+loss, or ``fn.percent = True`` when it returns a fraction to show as % (drops then in points).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import io
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from ptopt.core.errors import UsageError
+
+_FN_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    name: str
+    fn: Callable[[Any, Any], float]
+    higher_is_better: bool = True
+    #: a fraction in [0, 1] shown as %; drops are then in percentage points
+    percent: bool = False
+    needs_labels: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "higher_is_better": self.higher_is_better,
+                "unit": "%" if self.percent else "", "needs_labels": self.needs_labels}
+
+    def scale(self) -> float:
+        """Multiplier turning a metric difference into the unit drops are reported in (points for %)."""
+        return 100.0 if self.percent else 1.0
+
+
+def topk_accuracy(outputs: Any, labels: Any, k: int = 1) -> float:
+    """Fraction of samples whose label is among the k highest outputs."""
+    import torch
+
+    if outputs.dim() != 2:
+        raise UsageError(f"top-{k} accuracy needs outputs of shape [N, classes], got {tuple(outputs.shape)}")
+    k = min(k, outputs.shape[1])
+    top = outputs.topk(k, dim=1).indices
+    return float((top == labels.view(-1, 1).to(top.device)).any(dim=1).to(torch.float64).mean())
+
+
+def _top1(o: Any, y: Any) -> float:
+    return topk_accuracy(o, y, 1)
+
+
+def _top5(o: Any, y: Any) -> float:
+    return topk_accuracy(o, y, 5)
+
+
+def _mse(o: Any, y: Any) -> float:
+    return float(((o.reshape(y.shape).double() - y.double()) ** 2).mean())
+
+
+def _mae(o: Any, y: Any) -> float:
+    return float((o.reshape(y.shape).double() - y.double()).abs().mean())
+
+
+BUILTIN_METRICS = {
+    "top1": Metric("top1", _top1, True, True),
+    "top5": Metric("top5", _top5, True, True),
+    "mse": Metric("mse", _mse, False, False),
+    "mae": Metric("mae", _mae, False, False),
+}
+
+
+def resolve_metric(metric: "str | Callable | Metric") -> Metric:
+    """A builtin name, ``pkg.mod:fn``, a callable or a Metric."""
+    if isinstance(metric, Metric):
+        return metric
+    if callable(metric):
+        return _from_callable(getattr(metric, "__name__", "metric"), metric)
+    text = str(metric)
+    if text in BUILTIN_METRICS:
+        return BUILTIN_METRICS[text]
+    if not _FN_RE.match(text):
+        raise UsageError(f"unknown metric {text!r}: use {', '.join(BUILTIN_METRICS)} or a function pkg.module:fn")
+    module_name, _, fn_name = text.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - anything the user's module raises
+        raise UsageError(f"metric {text!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise UsageError(f"metric {text!r}: {module_name!r} has no function {fn_name!r}")
+    return _from_callable(text, fn)
+
+
+def _from_callable(name: str, fn: Callable) -> Metric:
+    return Metric(name, fn, bool(getattr(fn, "higher_is_better", True)), bool(getattr(fn, "percent", False)),
+                  bool(getattr(fn, "needs_labels", True)))
+
+
+def compute_metric(metric: Metric, outputs: Any, labels: Any) -> float:
+    try:
+        value = metric.fn(outputs, labels)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user metric failing is a usage problem, reported once
+        raise UsageError(f"metric {metric.name!r} failed: {type(e).__name__}: {e}") from None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"metric {metric.name!r} returned {type(value).__name__}, not a number") from None
+
+
+def is_classification(outputs: Any) -> bool:
+    return outputs.dim() == 2 and outputs.shape[1] >= 2
+
+
+def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
+    """How closely ``outputs`` follow the reference's on the same samples.
+
+    ``top1_agreement``: fraction of samples whose arg-max class matches the reference's (None unless
+    outputs are [N, classes]); ``cosine``: mean per-sample cosine similarity of the flattened outputs;
+    ``max_abs_diff``: the largest element-wise difference.
+    """
+    import torch
+
+    if tuple(reference.shape) != tuple(outputs.shape):
+        return {"top1_agreement": None, "cosine": None, "max_abs_diff": None,
+                "note": f"output shape {tuple(outputs.shape)} differs from the reference's {tuple(reference.shape)}"}
+    a = reference.reshape(reference.shape[0], -1).double()
+    b = outputs.reshape(outputs.shape[0], -1).double()
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12)
+    top1 = None
+    if is_classification(reference):
+        top1 = float((reference.argmax(1) == outputs.argmax(1)).double().mean())
+    return {"top1_agreement": top1, "cosine": float(cos.mean()), "max_abs_diff": float((a - b).abs().max())}
+
+
+def size_info(files: list[Path], module: Any = None) -> dict[str, Any]:
+    """Bytes on disk of all the artifact's files and after gzip. A model without a file (zoo:NAME,
+    pkg.mod:factory) is measured as its serialized state_dict, and says so."""
+    from ptopt.core.artifact import gzip_size
+
+    files = [Path(f) for f in files if Path(f).is_file()]
+    if files:
+        return {"bytes": sum(f.stat().st_size for f in files), "gzip_bytes": gzip_size(files),
+                "files": [f.name for f in files], "what": "files"}
+    if module is not None and hasattr(module, "state_dict"):
+        import gzip
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(module.state_dict(), buf)
+        raw = buf.getvalue()
+        return {"bytes": len(raw), "gzip_bytes": len(gzip.compress(raw, compresslevel=6, mtime=0)), "files": [],
+                "what": "state_dict (no file)"}
+    return {"bytes": None, "gzip_bytes": None, "files": [], "what": "unknown"}
+
+
+class PeakMemory:
+    """Peak resident memory while a block runs (Linux: VmHWM, reset through /proc/self/clear_refs).
+
+    ``peak_mb`` is the process's high-water mark during the block; ``delta_mb`` what the block added
+    over the resident memory at its start (loading the artifact plus running it). None where the
+    kernel does not allow resetting the mark.
+    """
+
+    def __init__(self) -> None:
+        self.peak_mb: float | None = None
+        self.delta_mb: float | None = None
+        self._start: float | None = None
+
+    def __enter__(self) -> "PeakMemory":
+        import gc
+
+        gc.collect()
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+                fh.write("5")
+            self._start = _status_kb("VmRSS") / 1024
+        except (OSError, TypeError):
+            self._start = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._start is None:
+            return
+        hwm = _status_kb("VmHWM")
+        if hwm is not None:
+            self.peak_mb = hwm / 1024
+            self.delta_mb = max(0.0, self.peak_mb - self._start)
+
+
+def _status_kb(key: str) -> float | None:
+    if not os.path.exists("/proc/self/status"):
+        return None
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return float(line.split()[1])
+    return None

@@ -1,0 +1,123 @@
+"""What every runner does: run one batch the way the artifact is deployed, and say so.
+
+A runner owns one loaded artifact. ``predict(x)`` returns the primary output as a CPU float tensor
+(for metrics); ``timed_call(x)`` returns a zero-argument function that runs one batch in the
+artifact's runtime, including what a deployment pays per call (host/device copies, numpy
+conversion for ONNX Runtime), for the latency benchmark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+from ptopt.core.inputspec import InputSpec, call_model
+
+
+def primary_output(out: Any) -> Any:
+    """The tensor metrics compare: the output itself, the first of a tuple/list, the first dict value,
+    or a HuggingFace-style object's ``logits``."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out:
+        return primary_output(out[0])
+    if isinstance(out, dict) and out:
+        return primary_output(out["logits"] if "logits" in out else next(iter(out.values())))
+    logits = getattr(out, "logits", None)
+    if logits is not None:
+        return primary_output(logits)
+    raise TypeError(f"model output of type {type(out).__name__} holds no tensor")
+
+
+@dataclasses.dataclass
+class Runner:
+    """Base class: a loaded artifact plus how to feed it."""
+
+    name: str
+    ref: str
+    format: str
+    runtime: str
+    input_specs: list[InputSpec]
+    input_style: str = "positional"
+    path: Path | None = None
+    #: all files of the artifact (for size); empty for in-memory / zoo / factory references
+    files: list[Path] = dataclasses.field(default_factory=list)
+    precision: str = "fp32"
+    #: inclusive batch range the artifact accepts (None: any)
+    batch_range: tuple[int, int] | None = None
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    threads: int | None = None
+
+    def accepts_batch(self, batch: int) -> bool:
+        return self.batch_range is None or self.batch_range[0] <= batch <= self.batch_range[1]
+
+    def prepare(self, threads: int) -> None:
+        """Set the intra-op thread count (called once before anything runs)."""
+        self.threads = threads
+
+    def call(self, x: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def predict(self, x: Any) -> Any:
+        """The primary output of one batch, as a float32 CPU tensor."""
+        return primary_output(self.call(x)).detach().to("cpu").float()
+
+    def timed_call(self, x: Any) -> Callable[[], Any]:
+        return lambda: self.call(x)
+
+    def close(self) -> None:
+        """Release the loaded model (memory is measured per artifact)."""
+
+
+@dataclasses.dataclass
+class TorchModuleRunner(Runner):
+    """A runner whose artifact loads as a callable torch module on the CPU."""
+
+    module: Any = None
+
+    @classmethod
+    def from_loaded(cls, name: str, loaded: Any, runtime: str, batch_range: tuple[int, int] | None = None):
+        art = loaded.artifact
+        files = art.file_paths if art else ([loaded.path] if loaded.path else [])
+        return cls(name=name, ref=loaded.ref, format=loaded.format, runtime=runtime,
+                   input_specs=list(loaded.input_specs), input_style=loaded.input_style, path=loaded.path,
+                   files=list(files), precision=art.precision if art else "fp32", batch_range=batch_range,
+                   module=loaded.module, info={k: v for k, v in loaded.info.items() if k != "exported_program"})
+
+    def prepare(self, threads: int) -> None:
+        import torch
+
+        super().prepare(threads)
+        torch.set_num_threads(threads)
+
+    def call(self, x: Any) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return call_model(self.module, x)
+
+    def timed_call(self, x: Any) -> Callable[[], Any]:
+        import torch
+
+        module = self.module
+
+        def run() -> Any:
+            with torch.inference_mode():
+                return call_model(module, x)
+        return run
+
+    def close(self) -> None:
+        self.module = None
+
+
+def sidecar_batch_range(loaded: Any) -> tuple[int, int] | None:
+    """A fixed batch size the sidecar declares (a trace or export may bake it in); None when dynamic."""
+    art = loaded.artifact
+    if art and art.inputs and art.inputs[0].min_shape:
+        s = art.inputs[0]
+        if s.min_shape[0] == s.max_shape[0]:
+            return (s.min_shape[0], s.max_shape[0])
+    return None

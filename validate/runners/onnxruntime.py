@@ -1,0 +1,123 @@
+"""ONNX models run in ONNX Runtime, as they are deployed: an ``InferenceSession`` with full graph
+optimization, ``intra_op_num_threads = threads`` (the same count torch runners get), sequential
+execution, and numpy in/out. The CPU provider always; the CUDA and TensorRT providers too when this
+onnxruntime build has them (or exactly the ``providers`` asked for)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ptopt.core.errors import MissingDependencyError, ModelLoadError
+from ptopt.core.inputspec import flatten_inputs
+from ptopt.validate.runners.base import Runner
+
+FORMATS = ("onnx",)
+
+#: providers used when present, best first
+PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+_NP_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+             "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+             "tensor(bool)": "bool"}
+
+
+def onnx_files(path: Path) -> list[Path]:
+    """The model file and every external-data file it references (``x.onnx.data``)."""
+    import onnx
+
+    files = [path]
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - unreadable files are reported when the session is created
+        return files
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    p = path.parent / entry.value
+                    if p not in files and p.is_file():
+                        files.append(p)
+    return files
+
+
+@dataclasses.dataclass
+class OnnxRuntimeRunner(Runner):
+    providers: Sequence[str] | None = None
+    session: Any = None
+    input_names: list[str] = dataclasses.field(default_factory=list)
+    input_types: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def create(cls, name: str, loaded: Any, providers: Sequence[str] | None = None) -> "OnnxRuntimeRunner":
+        art = loaded.artifact
+        files = art.file_paths if art else onnx_files(loaded.path)
+        return cls(name=name, ref=loaded.ref, format="onnx", runtime="onnxruntime", input_specs=list(loaded.input_specs),
+                   input_style=loaded.input_style, path=loaded.path, files=list(files),
+                   precision=art.precision if art else "fp32", info=dict(loaded.info), providers=providers)
+
+    def prepare(self, threads: int) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise MissingDependencyError("onnxruntime is needed to validate an ONNX artifact: pip install onnxruntime") from None
+        super().prepare(threads)
+        available = ort.get_available_providers()
+        if self.providers:
+            missing = [p for p in self.providers if p not in available]
+            if missing:
+                raise MissingDependencyError(f"{self.name}: ONNX Runtime provider(s) {', '.join(missing)} not available "
+                                             f"here (available: {', '.join(available)})")
+            providers = list(self.providers)
+        else:
+            providers = [p for p in PREFERRED_PROVIDERS if p in available]
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=providers)
+        except Exception as e:  # noqa: BLE001 - ORT raises its own exception types for bad models
+            raise ModelLoadError(f"{self.name}: ONNX Runtime cannot load it: {str(e).strip().splitlines()[0][:300]}") from None
+        used = self.session.get_providers()
+        self.runtime = f"onnxruntime ({used[0].replace('ExecutionProvider', '')})"
+        self.info["providers"] = used
+        inputs = self.session.get_inputs()
+        self.input_names = [i.name for i in inputs]
+        self.input_types = [_NP_TYPES.get(i.type, "float32") for i in inputs]
+        d0 = inputs[0].shape[0] if inputs and inputs[0].shape else None
+        if isinstance(d0, int) and d0 > 0:
+            self.batch_range = (d0, d0)
+
+    def feed(self, x: Any) -> dict[str, Any]:
+        """torch batch → ORT feed: by name for keyword inputs, by position otherwise; cast to the graph's types."""
+        pairs = flatten_inputs(x)
+        if isinstance(x, dict) and set(x) == set(self.input_names):
+            arrays = [x[n] for n in self.input_names]
+        else:
+            if len(pairs) != len(self.input_names):
+                raise ValueError(f"the model takes {len(self.input_names)} input(s) ({', '.join(self.input_names)}), "
+                                 f"the data has {len(pairs)}")
+            arrays = [t for _, t in pairs]
+        return {n: t.detach().cpu().numpy().astype(dt, copy=False)
+                for n, t, dt in zip(self.input_names, arrays, self.input_types)}
+
+    def call(self, x: Any) -> Any:
+        import torch
+
+        outs = self.session.run(None, self.feed(x))
+        return torch.from_numpy(outs[0])
+
+    def timed_call(self, x: Any) -> Callable[[], Any]:
+        # the conversion to numpy is part of what a deployment pays per request
+        session, feed = self.session, self.feed
+
+        def run() -> Any:
+            return session.run(None, feed(x))
+        return run
+
+    def close(self) -> None:
+        self.session = None
