@@ -20,7 +20,9 @@ def test_wheel_installs_only_ptopt(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert tops == {"ptopt", "ptopt-0.1.0.dist-info"}, tops
     for stage in ("core", "compress", "export", "validate", "serve", "cli", "models"):
-        assert f"ptopt/{stage}/__init__.py" in names
+        # every (sub)package of the tree must ship, e.g. validate/runners
+        for init in (REPO / stage).rglob("__init__.py"):
+            assert f"ptopt/{init.relative_to(REPO).as_posix()}" in names, f"{init} is not in the wheel"
     entry = zipfile.ZipFile(wheel).read("ptopt-0.1.0.dist-info/entry_points.txt").decode()
     assert "ptopt = ptopt.cli.main:main" in entry
     meta = zipfile.ZipFile(wheel).read("ptopt-0.1.0.dist-info/METADATA").decode()
