@@ -70,24 +70,56 @@ def read_mar(mar: str | os.PathLike) -> dict[str, Any]:
     return {"manifest": manifest, "sidecar": sidecar, "model_name": manifest.get("model", {}).get("modelName")}
 
 
-def sample_request(sidecar: dict[str, Any] | None) -> dict[str, Any] | None:
-    """One zero-valued sample in the handler's JSON request format, from the sidecar's specs."""
+def _sample_values(sidecar: dict[str, Any] | None) -> dict[str, tuple[list[int], Any]] | None:
+    """{input name: (one sample's shape, fill value)} from the sidecar's specs."""
     if not sidecar or not sidecar.get("inputs"):
         return None
-    values = {}
+    out = {}
     for spec in sidecar["inputs"]:
-        shape = spec["opt_shape"][1:]
-        fill: Any = 0.0 if spec["dtype"].startswith(("float", "bfloat")) else 0
-        if spec.get("value_range"):
-            fill = int(spec["value_range"][0]) if not isinstance(fill, float) else fill
-        if spec["dtype"] == "bool":
+        if spec["dtype"].startswith(("float", "bfloat")):
+            fill: Any = 0.0
+        elif spec["dtype"] == "bool":
             fill = 1
+        else:
+            fill = int((spec.get("value_range") or [0])[0])
+        out[spec["name"]] = (list(spec["opt_shape"][1:]), fill)
+    return out
+
+
+def _wrap(sidecar: dict[str, Any], values: dict[str, Any]) -> Any:
+    if len(values) == 1 and sidecar.get("input_style", "positional") == "positional":
+        return next(iter(values.values()))
+    return values
+
+
+def sample_request(sidecar: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One sample in the handler's JSON request format (zeros, or the lowest token id), from the sidecar."""
+    samples = _sample_values(sidecar)
+    if samples is None:
+        return None
+    values = {}
+    for name, (shape, fill) in samples.items():
         for d in reversed(shape):
             fill = [fill] * d
-        values[spec["name"]] = fill
-    if len(values) == 1 and sidecar.get("input_style", "positional") == "positional":
-        return {"inputs": next(iter(values.values()))}
-    return {"inputs": values}
+        values[name] = fill
+    return {"inputs": _wrap(sidecar, values)}
+
+
+def sample_request_python(sidecar: dict[str, Any] | None) -> str | None:
+    """A short Python expression that builds ``sample_request`` (for a curl example of a big input)."""
+    samples = _sample_values(sidecar)
+    if samples is None:
+        return None
+    exprs = {}
+    for name, (shape, fill) in samples.items():
+        e = repr(fill)
+        for d in reversed(shape):
+            e = f"[{e}]*{d}"
+        exprs[name] = e
+    inner = _wrap(sidecar, exprs)
+    if isinstance(inner, str):
+        return "{'inputs': " + inner + "}"
+    return "{'inputs': {" + ", ".join(f"{k!r}: {v}" for k, v in inner.items()) + "}}"
 
 
 def _http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
@@ -124,7 +156,7 @@ class TorchServeServer:
         self.metrics_port = free_port()
         self.start_timeout_s = start_timeout_s
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="ptopt-torchserve-"))
+        self.workdir = Path(workdir) if workdir else Path(tempfile.gettempdir()) / "ptopt-torchserve-not-started"
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
 
@@ -146,9 +178,17 @@ class TorchServeServer:
         return self.workdir / "logs"
 
     def curl_example(self) -> str:
+        """A curl command that sends one sample (zeros); big inputs are built by a python one-liner."""
         req = sample_request(self.sidecar)
-        body = json.dumps(req) if req is not None else '{"inputs": ...}'
-        return f"curl -s -X POST {self.predict_url} -H 'Content-Type: application/json' -d '{body}'"
+        head = f"curl -s -X POST {self.predict_url} -H 'Content-Type: application/json'"
+        if req is None:
+            return head + " -d '{\"inputs\": ...}'"
+        body = json.dumps(req)
+        if len(body) <= 200:
+            return f"{head} -d '{body}'"
+        expr = sample_request_python(self.sidecar)
+        return f'{head} -d "$(python3 -c "import json; print(json.dumps({expr}))")"'
+
 
     def _env(self) -> dict[str, str]:
         tmp = str(self.workdir / "tmp")
@@ -170,6 +210,8 @@ class TorchServeServer:
 
         require("java", "serving with TorchServe")
         require("torchserve", "serving with TorchServe")
+        if self._own_workdir:
+            self.workdir = Path(tempfile.mkdtemp(prefix="ptopt-torchserve-"))
         store = self.workdir / "model-store"
         for d in (store, self.workdir / "tmp", self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -260,7 +302,7 @@ class TorchServeServer:
         if out is not None:
             out.close()
             self._out = None
-        if self._own_workdir:
+        if self._own_workdir and self.workdir.name != "ptopt-torchserve-not-started":
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> "TorchServeServer":
