@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
 
@@ -133,18 +133,26 @@ def _http(method: str, url: str, body: bytes | None = None, timeout: float = 10.
 
 
 class TorchServeServer:
-    """A TorchServe serving one .mar on loopback. Use as a context manager, or start()/stop().
+    """A TorchServe serving one .mar (or several) on loopback. A context manager, or start()/stop().
 
     ``port`` is the inference port (a free one when None); management and metrics ports are free
-    ports on 127.0.0.1 too.
+    ports on 127.0.0.1 too. With several archives, the first is the default ``model_name``.
     """
 
-    def __init__(self, mar: str | os.PathLike, port: int | None = None, *, workdir: str | os.PathLike | None = None,
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S):
-        self.mar = Path(mar).resolve()
-        info = read_mar(self.mar)
-        self.model_name = info["model_name"] or self.mar.stem
-        self.sidecar = info["sidecar"]
+    def __init__(self, mar: "str | os.PathLike | Sequence[str | os.PathLike]", port: int | None = None, *,
+                 workdir: str | os.PathLike | None = None, start_timeout_s: float = DEFAULT_START_TIMEOUT_S):
+        mars = [mar] if isinstance(mar, (str, os.PathLike)) else list(mar)
+        #: model name -> (archive path, packaged sidecar or None)
+        self.models: dict[str, tuple[Path, dict[str, Any] | None]] = {}
+        for m in mars:
+            path = Path(m).resolve()
+            info = read_mar(path)
+            name = info["model_name"] or path.stem
+            if name in self.models:
+                raise UsageError(f"two archives serve the same model name {name!r}")
+            self.models[name] = (path, info["sidecar"])
+        self.model_name = next(iter(self.models))
+        self.mar, self.sidecar = self.models[self.model_name]
         if port is not None:
             if not 1 <= int(port) <= 65535:
                 raise UsageError(f"--port {port}: must be between 1 and 65535")
@@ -167,7 +175,10 @@ class TorchServeServer:
 
     @property
     def predict_url(self) -> str:
-        return f"{self.url}/predictions/{self.model_name}"
+        return self.predict_url_for(self.model_name)
+
+    def predict_url_for(self, model: str) -> str:
+        return f"{self.url}/predictions/{model}"
 
     @property
     def management_url(self) -> str:
@@ -215,18 +226,18 @@ class TorchServeServer:
         store = self.workdir / "model-store"
         for d in (store, self.workdir / "tmp", self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
-        mar_name = f"{self.model_name}.mar"
-        try:
-            os.symlink(self.mar, store / mar_name)
-        except OSError:
-            shutil.copy2(self.mar, store / mar_name)
+        for name, (path, _) in self.models.items():
+            try:
+                os.symlink(path, store / f"{name}.mar")
+            except OSError:
+                shutil.copy2(path, store / f"{name}.mar")
         cfg = self.workdir / "config.properties"
         cfg.write_text("\n".join([
             f"inference_address=http://{LOOPBACK}:{self.port}",
             f"management_address=http://{LOOPBACK}:{self.management_port}",
             f"metrics_address=http://{LOOPBACK}:{self.metrics_port}",
             f"model_store={store}",
-            f"load_models={self.model_name}={mar_name}",
+            "load_models=" + ",".join(f"{n}={n}.mar" for n in self.models),
             "disable_token_authorization=true",
             "enable_envvars_config=false",
             "install_py_dep_per_model=false",
@@ -250,21 +261,25 @@ class TorchServeServer:
         return self
 
     def wait_ready(self) -> None:
-        """Until the model has a READY worker and answers a real prediction with 200."""
+        """Until every model has a READY worker and answers a real prediction with 200."""
         deadline = time.monotonic() + self.start_timeout_s
-        sample = sample_request(self.sidecar)
+        for name, (_, sidecar) in self.models.items():
+            self._wait_model(name, sidecar, deadline)
+
+    def _wait_model(self, name: str, sidecar: dict[str, Any] | None, deadline: float) -> None:
+        sample = sample_request(sidecar)
         last = "no answer yet"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise ServerError(f"TorchServe exited with code {self.proc.returncode} while starting:\n{self.log_tail()}")
             try:
-                code, body = _http("GET", f"{self.management_url}/models/{self.model_name}", timeout=5)
+                code, body = _http("GET", f"{self.management_url}/models/{name}", timeout=5)
                 if code == 200:
                     workers = json.loads(body)[0].get("workers", [])
                     if any(w.get("status") == "READY" for w in workers):
                         if sample is None:
                             return
-                        code, body = _http("POST", self.predict_url, json.dumps(sample).encode(), timeout=30)
+                        code, body = _http("POST", self.predict_url_for(name), json.dumps(sample).encode(), timeout=30)
                         if code == 200:
                             return
                         last = f"sample prediction answered {code}: {body[:300]!r}"
@@ -275,7 +290,7 @@ class TorchServeServer:
             except (OSError, ValueError, IndexError) as e:
                 last = f"{type(e).__name__}: {e}"
             time.sleep(0.5)
-        raise ServerError(f"model {self.model_name} not ready after {self.start_timeout_s:.0f} s ({last}):\n{self.log_tail()}")
+        raise ServerError(f"model {name} not ready after {self.start_timeout_s:.0f} s ({last}):\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
         texts = []
@@ -313,11 +328,12 @@ class TorchServeServer:
 
     # -- requests --------------------------------------------------------------------------
     def predict(self, inputs: Any = None, *, body: bytes | None = None, content_type: str = "application/json",
-                timeout: float = 30.0) -> tuple[int, Any]:
+                model: str | None = None, timeout: float = 30.0) -> tuple[int, Any]:
         """POST one request; returns (status, parsed JSON or raw bytes)."""
         if body is None:
             body = json.dumps({"inputs": inputs}).encode()
-        code, raw = _http("POST", self.predict_url, body, timeout=timeout, content_type=content_type)
+        url = self.predict_url_for(model or self.model_name)
+        code, raw = _http("POST", url, body, timeout=timeout, content_type=content_type)
         try:
             return code, json.loads(raw)
         except ValueError:
