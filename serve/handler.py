@@ -253,34 +253,50 @@ class PtoptHandler:
                 good.append((idx, checked, sizes.pop(), ones.pop()))
             except Exception as e:  # noqa: BLE001 - anything wrong with one request is that client's error
                 self._reject(context, idx, answers, str(e))
-        # run the good requests together, in chunks of at most the spec's max batch
-        chunk = []
-        rows = 0
+        # run the good requests together: same non-batch shapes, at most the spec's max batch per run
+        groups = {}
         for item in good:
-            if chunk and rows + item[2] > self.max_batch:
+            key = tuple(item[1][s["name"]].shape[1:] for s in self.specs)
+            groups.setdefault(key, []).append(item)
+        for items in groups.values():
+            chunk, rows = [], 0
+            for item in items:
+                if chunk and rows + item[2] > self.max_batch:
+                    self._run_chunk(chunk, answers, context)
+                    chunk, rows = [], 0
+                chunk.append(item)
+                rows += item[2]
+            if chunk:
                 self._run_chunk(chunk, answers, context)
-                chunk, rows = [], 0
-            chunk.append(item)
-            rows += item[2]
-        if chunk:
-            self._run_chunk(chunk, answers, context)
         return answers
 
     def _run_chunk(self, chunk, answers, context):
         names = [s["name"] for s in self.specs]
-        arrays = {n: np.concatenate([c[1][n] for c in chunk]) if len(chunk) > 1 else chunk[0][1][n] for n in names}
-        out = self._run(arrays)
+        try:
+            if len(chunk) == 1:
+                out = self._run(chunk[0][1])
+            else:
+                out = self._run({n: np.concatenate([c[1][n] for c in chunk]) for n in names})
+        except Exception as e:  # noqa: BLE001 - the model rejected the inputs
+            if len(chunk) > 1:  # find the request it fails on; the others still get their answer
+                for item in chunk:
+                    self._run_chunk([item], answers, context)
+                return
+            logger.warning("model failed on request %d: %s", chunk[0][0], e)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            self._reject(context, chunk[0][0], answers, "the model failed on this input: " + reason, code=422)
+            return
         pos = 0
         for idx, _, n, one in chunk:
             answers[idx] = json.dumps({"outputs": _to_list(out, pos, pos + n, one)})
             context.set_response_content_type(idx, "application/json")
             pos += n
 
-    def _reject(self, context, idx, answers, message):
+    def _reject(self, context, idx, answers, message, code=400):
         body = _request_error(message, self.specs)
         answers[idx] = json.dumps(body)
         context.set_response_content_type(idx, "application/json")
-        context.set_response_status(400, message[:200], idx)
+        context.set_response_status(code, message[:200], idx)
 
 
 def _outputs_to_numpy(out):
