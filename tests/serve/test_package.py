@@ -120,3 +120,18 @@ def test_save_recipe(cli, tmp_path, serve_artifacts):
     assert code == 0, stderr
     step = load_recipe(tmp_path / "r.yaml")["steps"][0]["package"]
     assert step["format"] == "mar" and step["artifact"] == str(serve_artifacts["fp32"])
+
+
+@needs_archiver
+def test_onnx_without_sidecar_takes_its_inputs_from_the_graph(tmp_path, serve_artifacts):
+    from ptopt.serve.package import package
+
+    src = serve_artifacts["onnx"]
+    d = tmp_path / "bare"
+    d.mkdir()
+    for p in src.parent.glob(src.name + "*"):
+        if not p.name.endswith(".ptopt.json"):
+            shutil.copy2(p, d / p.name)
+    art = package(d / src.name, "mar", tmp_path / "g.mar")
+    assert [(s.name, s.min_shape, s.max_shape) for s in art.inputs] == [("input", (1, 1, 8, 8), (64, 1, 8, 8))]
+    assert not list(d.glob("*.ptopt.json"))  # the user's folder is left alone
