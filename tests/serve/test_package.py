@@ -135,3 +135,36 @@ def test_onnx_without_sidecar_takes_its_inputs_from_the_graph(tmp_path, serve_ar
     art = package(d / src.name, "mar", tmp_path / "g.mar")
     assert [(s.name, s.min_shape, s.max_shape) for s in art.inputs] == [("input", (1, 1, 8, 8), (64, 1, 8, 8))]
     assert not list(d.glob("*.ptopt.json"))  # the user's folder is left alone
+
+
+@needs_archiver
+def test_model_reference_goes_through_the_export_contract(tmp_path, monkeypatch):
+    """Packaging a MODEL calls ``ptopt.export.api:export(model, "torchscript", output)`` and packages the
+    Artifact it returns (a stand-in for the export stage, so this runs before it is merged)."""
+    import sys
+    import types
+    import warnings
+
+    import torch
+
+    from ptopt.core.modelref import as_loaded
+    from ptopt.serve.package import package
+
+    calls = []
+
+    def export(model, target, output):
+        loaded = as_loaded(model)
+        calls.append((loaded.ref, target))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.jit.trace(loaded.module, loaded.example_inputs()).save(str(output))
+        return Artifact(output, "torchscript", loaded.input_specs, loaded.input_style,
+                        parent=loaded.parent_record()).finalize()
+
+    monkeypatch.setitem(sys.modules, "ptopt.export.api", types.SimpleNamespace(export=export))
+    art = package("tests.helpers:tiny_cnn", "mar", tmp_path / "f.mar")
+    assert calls == [("tests.helpers:tiny_cnn", "torchscript")]
+    names, manifest, _ = _mar_contents(art.path)
+    assert {"model.pt", "model.pt.ptopt.json"} <= names
+    assert art.inputs[0].opt_shape[1:] == (1, 8, 8)
+    assert art.parent["path"] == "tests.helpers:tiny_cnn"
