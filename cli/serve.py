@@ -25,6 +25,8 @@ def command(mar: str, port: int | None, timeout_s: float) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, _terminate)
+    # Ctrl-C stops the server even where SIGINT arrived ignored (a background job of a script)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     server = TorchServeServer(mar, port, start_timeout_s=timeout_s)
     try:
         click.echo(f"starting TorchServe for {server.mar.name} (model {server.model_name!r}) ...", err=True)
@@ -41,4 +43,5 @@ def command(mar: str, port: int | None, timeout_s: float) -> None:
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     click.echo("stopped.", err=True)
