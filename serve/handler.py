@@ -12,8 +12,9 @@ Requests (one per HTTP call; TorchServe may hand several to one ``handle`` call 
   per input name for several inputs.
 
 Response ``{"outputs": Y}``: the model's output for that sample (batch dimension dropped) or batch.
-A request that doesn't fit the input spec answers 400 with ``{"error": ..., "expected": ...}``; the
-other requests of the same batch are answered normally.
+A request that doesn't fit the input spec answers 400 with ``{"error": ..., "expected": ...}`` (422
+when it fits the spec but the model itself rejects it); the other requests of the same batch are
+answered normally: the status is set per request, never by raising (TorchServe answers 503 then).
 """
 
 import io
@@ -224,7 +225,10 @@ class PtoptHandler:
             return outs[0] if len(outs) == 1 else list(outs)
         import torch
 
-        tensors = {n: torch.from_numpy(a) for n, a in arrays.items()}
+        tensors = {}
+        for s in self.specs:
+            t = torch.from_numpy(arrays[s["name"]])
+            tensors[s["name"]] = t.to(torch.bfloat16) if s["dtype"] == "bfloat16" else t
         with torch.inference_mode():
             if self.style == "keyword":
                 out = self.model(**tensors)
