@@ -37,14 +37,13 @@ def command(artifact: str, fmt: str, output: str, batch_size: int, max_batch_del
       ptopt package model.int8.pt --format mar -o model.mar --batch-size 8
       ptopt package model.onnx --format triton -o model_repository
     """
-    from ptopt.core.inputspec import parse_named_shapes
     from ptopt.serve.package import DEFAULT_MAX_BATCH_DELAY_MS, package
 
     options = dict(batch_size=batch_size,
                    max_batch_delay_ms=DEFAULT_MAX_BATCH_DELAY_MS if max_batch_delay_ms is None else max_batch_delay_ms,
                    workers=workers, threads=threads, model_name=model_name, weights=weights,
                    allow_pickle=allow_pickle)
-    art = package(artifact, fmt, output, input_shapes=parse_named_shapes(input_shapes), **options)
+    art = package(artifact, fmt, output, input_shapes=list(input_shapes), **options)
     name = art.extra["model_name"]
     click.echo(f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of a {art.extra['model_format']} "
                f"{art.precision} model, served as {name!r}")

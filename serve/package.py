@@ -70,10 +70,15 @@ def package(artifact: Any, format: str, output: str | os.PathLike, *, batch_size
             allow_pickle: bool = False) -> Artifact:
     """Package ``artifact`` for serving; returns the written Artifact (``.mar`` file or Triton folder).
 
-    ``input_shapes`` (``[(name | None, shape)]``, first dim the batch) stand in for a missing sidecar.
+    ``input_shapes`` (``[(name | None, shape)]`` or strings like ``"1x3x32x32"`` / ``"input_ids=1x128"``;
+    the first dim is the batch) stand in for a missing sidecar.
     ``batch_size``/``max_batch_delay_ms`` configure the server's request batching, ``workers`` its
     worker processes (TorchServe) or instances (Triton), ``threads`` the intra-op threads per worker.
     """
+    if any(isinstance(v, str) for v in input_shapes):  # as the CLI and recipes spell them
+        from ptopt.core.inputspec import parse_named_shapes
+
+        input_shapes = [v for s in input_shapes for v in (parse_named_shapes([s]) if isinstance(s, str) else [s])]
     if format not in FORMATS:
         raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
     for opt, v, lo in (("--batch-size", batch_size, 1), ("--workers", workers, 1),

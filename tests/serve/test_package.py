@@ -70,6 +70,10 @@ def test_no_sidecar_needs_input_shape(cli, tmp_path, serve_artifacts):
     assert code == 0, stderr
     assert "input: [1..64]x1x8x8 float32" in stdout
     assert Artifact.load(out).inputs[0].max_shape == (64, 1, 8, 8)
+    from ptopt.serve.package import package  # the twin takes the CLI's spelling too (recipes replay it)
+
+    art = package(bare, "mar", tmp_path / "bare2.mar", input_shapes=["2x1x8x8"])
+    assert art.inputs[0].opt_shape == (2, 1, 8, 8)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -187,3 +187,14 @@ def test_curl_example_works(server):
     out = subprocess.run(["bash", "-c", server.curl_example()], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["outputs"]) == 10
+
+
+def test_model_config_is_applied(server):
+    """The packaged model-config.yaml sets TorchServe's batching and workers for the model."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.management_url}/models/cnn", timeout=30) as r:
+        desc = json.loads(r.read())[0]
+    assert desc["batchSize"] == 4 and desc["maxBatchDelay"] == 20
+    assert desc["minWorkers"] == desc["maxWorkers"] == 1
+    assert server.url.startswith("http://127.0.0.1:") and server.management_url.startswith("http://127.0.0.1:")
