@@ -24,10 +24,10 @@ def command(mar: str, port: int | None, timeout_s: float) -> None:
     def _terminate(signum, frame):  # noqa: ANN001 - signal handler signature
         raise KeyboardInterrupt
 
+    server = TorchServeServer(mar, port, start_timeout_s=timeout_s)  # checks the archive and the port
     previous = signal.signal(signal.SIGTERM, _terminate)
     # Ctrl-C stops the server even where SIGINT arrived ignored (a background job of a script)
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    server = TorchServeServer(mar, port, start_timeout_s=timeout_s)
     try:
         click.echo(f"starting TorchServe for {server.mar.name} (model {server.model_name!r}) ...", err=True)
         server.start()
