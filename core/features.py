@@ -98,12 +98,26 @@ def java_version() -> str | None:
     return first[0] if first else "unknown"
 
 
+def _java_major(version_line: str) -> int | None:
+    """17 from 'openjdk version "17.0.15" 2025-04-15'; 8 from '"1.8.0_402"'."""
+    import re
+
+    m = re.search(r'"(\d+)(?:\.(\d+))?', version_line)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
 def check_java() -> Feature:
     v = java_version()
+    fix = "install a JDK 17, e.g. apt-get install openjdk-17-jre-headless (or set JAVA_HOME)"
     if v is None:
-        return Feature("java", False, None, "java not found on PATH (TorchServe needs Java 11+)",
-                       "install a JDK 17, e.g. apt-get install openjdk-17-jre-headless")
-    return Feature("java", True, v)
+        return Feature("java", False, None, "java not found on PATH (TorchServe needs Java 11+)", fix)
+    major = _java_major(v)
+    if major is not None and major < 11:
+        return Feature("java", False, v, f"Java {major} is too old: TorchServe needs Java 11+", fix)
+    return Feature("java", True, v, "for TorchServe (ptopt serve)")
 
 
 def check_torchserve() -> Feature:
@@ -115,9 +129,16 @@ def check_torchserve() -> Feature:
     if missing:
         names = {"model_archiver": "torch-model-archiver", "yaml": "PyYAML (torchserve needs it, undeclared)"}
         return Feature("torchserve", False, v, "missing " + ", ".join(names[m] for m in missing), fix)
-    if shutil.which("torchserve") is None:
-        return Feature("torchserve", False, v, "the torchserve command is not on PATH", fix)
-    return Feature("torchserve", True, v, f"torch-model-archiver {package_version('torch-model-archiver')}")
+    # ptopt starts TorchServe through its Python entry point (ts.model_server), so the `torchserve`
+    # script need not be on PATH; the Java frontend ships inside the package.
+    spec = importlib.util.find_spec("ts")
+    jar = os.path.join(os.path.dirname(spec.origin), "frontend", "model-server.jar") if spec and spec.origin else None
+    if not _module_present("ts.model_server") or not jar or not os.path.isfile(jar):
+        return Feature("torchserve", False, v, "the ts package is incomplete (no ts.model_server or frontend jar)", fix)
+    detail = f"torch-model-archiver {package_version('torch-model-archiver')}"
+    if java_version() is None:
+        detail += "; serving also needs Java (see the java row)"
+    return Feature("torchserve", True, v, detail)
 
 
 CHECKS = {

@@ -1,0 +1,318 @@
+"""ptopt's TorchServe handler: runs a TorchScript (fp32 or int8) or ONNX artifact inside a worker.
+
+Self-contained on purpose: it is copied into the .mar and runs where ptopt is not installed, so it
+imports only the standard library, numpy, torch and (for ONNX) onnxruntime. What the model takes
+comes from the artifact's sidecar (``<model file>.ptopt.json``), packaged next to it.
+
+Requests (one per HTTP call; TorchServe may hand several to one ``handle`` call when batching):
+
+- JSON ``{"inputs": X}``: X is one sample (the input shape without the batch dimension) or a batch;
+  for a keyword-input model (or several inputs) ``{"inputs": {"input_ids": ..., "attention_mask": ...}}``.
+- raw ``.npy`` bytes (``Content-Type: application/octet-stream``), or ``.npz`` bytes with one array
+  per input name for several inputs.
+
+Response ``{"outputs": Y}``: the model's output for that sample (batch dimension dropped) or batch.
+A request that doesn't fit the input spec answers 400 with ``{"error": ..., "expected": ...}`` (422
+when it fits the spec but the model itself rejects it); the other requests of the same batch are
+answered normally: the status is set per request, never by raising (TorchServe answers 503 then).
+"""
+
+import io
+import json
+import logging
+import os
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SIDECAR_SUFFIX = ".ptopt.json"
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+_FLOAT = {"float32", "float16", "bfloat16", "float64"}
+
+
+def _describe(spec, sample=False):
+    """``input: [1..64]x1x8x8 float32`` (or without the batch dim for one sample)."""
+    dims = []
+    for lo, hi in zip(spec["min_shape"], spec["max_shape"]):
+        dims.append(str(lo) if lo == hi else "[%d..%d]" % (lo, hi))
+    if sample:
+        dims = dims[1:]
+    return "%s: %s %s" % (spec["name"], "x".join(dims) or "scalar", spec["dtype"])
+
+
+def _expected(specs):
+    one = ", ".join(_describe(s, sample=True) for s in specs)
+    batch = ", ".join(_describe(s) for s in specs)
+    return "one sample (%s) or a batch (%s)" % (one, batch)
+
+
+def _request_error(message, specs):
+    """A client error: (message, expected) for the 400 answer."""
+    return {"error": message, "expected": _expected(specs)}
+
+
+def _decode_body(row):
+    """The request payload: a parsed JSON value, or raw bytes; raises ValueError on malformed JSON."""
+    value = row.get("body")
+    if value is None:
+        value = row.get("data")
+    if value is None and row:
+        value = next(iter(row.values()))
+    if isinstance(value, (bytes, bytearray)):
+        raw = bytes(value)
+        if raw.startswith(_NPY_MAGIC) or raw.startswith(_ZIP_MAGIC):
+            return raw
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ValueError("malformed JSON body (%s); send {\"inputs\": ...} or .npy bytes" % e) from None
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError as e:
+            raise ValueError("malformed JSON body (%s); send {\"inputs\": ...} or .npy bytes" % e) from None
+    return value
+
+
+def _arrays_from_payload(payload, specs, style):
+    """{name: np.ndarray} for one request, from a JSON value or .npy/.npz bytes."""
+    names = [s["name"] for s in specs]
+    if isinstance(payload, bytes):
+        loaded = np.load(io.BytesIO(payload), allow_pickle=False)
+        if isinstance(loaded, np.ndarray):
+            if len(specs) != 1:
+                raise ValueError("the model takes %d inputs (%s): send them as .npz with one array per name"
+                                 % (len(specs), ", ".join(names)))
+            return {names[0]: loaded}
+        with loaded:
+            missing = [n for n in names if n not in loaded.files]
+            if missing:
+                raise ValueError(".npz is missing input(s) %s (has %s)" % (", ".join(missing), ", ".join(loaded.files)))
+            return {n: loaded[n] for n in names}
+    if not isinstance(payload, dict) or "inputs" not in payload:
+        raise ValueError('the JSON body must be an object {"inputs": ...}')
+    inputs = payload["inputs"]
+    if isinstance(inputs, dict):
+        unknown = sorted(set(inputs) - set(names))
+        missing = [n for n in names if n not in inputs]
+        if unknown or missing:
+            raise ValueError("input names don't match the model's: expected %s, got %s"
+                             % (", ".join(names), ", ".join(sorted(inputs)) or "none"))
+        values = {n: inputs[n] for n in names}
+    elif len(specs) == 1:
+        values = {names[0]: inputs}
+    else:
+        raise ValueError('the model takes %d inputs: send {"inputs": {%s}}'
+                         % (len(specs), ", ".join('"%s": ...' % n for n in names)))
+    out = {}
+    for spec in specs:
+        v = values[spec["name"]]
+        try:
+            arr = np.asarray(v)
+        except ValueError:
+            raise ValueError("input %r is not a rectangular array of numbers" % spec["name"]) from None
+        if arr.dtype == object or arr.dtype.kind not in "biuf":
+            raise ValueError("input %r is not a rectangular array of numbers" % spec["name"])
+        out[spec["name"]] = arr
+    return out
+
+
+def _check_array(arr, spec):
+    """Validate one input against its spec; return (batch array in the spec dtype, was_one_sample)."""
+    rank = len(spec["opt_shape"])
+    one = arr.ndim == rank - 1
+    if one:
+        arr = arr[None, ...]
+    if arr.ndim != rank:
+        raise ValueError("input %r has shape %s" % (spec["name"], "x".join(map(str, arr.shape[int(one):])) or "scalar"))
+    for i, (d, lo, hi) in enumerate(zip(arr.shape, spec["min_shape"], spec["max_shape"])):
+        if i == 0:
+            if d < 1:
+                raise ValueError("input %r has an empty batch" % spec["name"])
+            continue
+        if not lo <= d <= hi:
+            raise ValueError("input %r has shape %s" % (spec["name"], "x".join(map(str, arr.shape[int(one):]))))
+    want = spec["dtype"]
+    if want in _FLOAT:
+        if arr.dtype.kind not in "biuf":
+            raise ValueError("input %r has dtype %s" % (spec["name"], arr.dtype))
+        arr = arr.astype(np.float32 if want == "bfloat16" else want, copy=False)
+    elif want == "bool":
+        if arr.dtype.kind not in "bi":
+            raise ValueError("input %r has dtype %s, not bool/integer" % (spec["name"], arr.dtype))
+        arr = arr.astype(bool, copy=False)
+    else:
+        if arr.dtype.kind not in "biu":
+            raise ValueError("input %r has dtype %s, not an integer type (%s)" % (spec["name"], arr.dtype, want))
+        vr = spec.get("value_range")
+        if vr is not None and arr.size and (arr.min() < vr[0] or arr.max() >= vr[1]):
+            raise ValueError("input %r has values outside [%d, %d)" % (spec["name"], vr[0], vr[1]))
+        arr = arr.astype(want, copy=False)
+    return np.ascontiguousarray(arr), one
+
+
+def _to_list(x, lo, hi, one):
+    """Rows [lo, hi) of a model output (array, or nested tuple/list/dict of arrays) as JSON values."""
+    if isinstance(x, dict):
+        return {k: _to_list(v, lo, hi, one) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_to_list(v, lo, hi, one) for v in x]
+    part = x[lo:hi]
+    return (part[0] if one else part).tolist()
+
+
+class PtoptHandler:
+    """Loads the artifact once per worker; ``handle`` validates, batches, runs and splits."""
+
+    def __init__(self):
+        self.initialized = False
+        self.specs = []
+        self.style = "positional"
+        self.format = None
+        self.model = None
+        self.session = None
+        self.max_batch = None
+
+    # -- loading ---------------------------------------------------------------------------
+    def initialize(self, context):
+        props = context.system_properties
+        model_dir = props.get("model_dir")
+        serialized = context.manifest["model"]["serializedFile"]
+        model_path = os.path.join(model_dir, serialized)
+        sidecar = model_path + SIDECAR_SUFFIX
+        if not os.path.isfile(sidecar):
+            raise RuntimeError("no sidecar %s in the .mar: package it with `ptopt package`" % sidecar)
+        with open(sidecar, encoding="utf-8") as fh:
+            meta = json.load(fh)
+        self.specs = meta.get("inputs") or []
+        if not self.specs:
+            raise RuntimeError("the sidecar %s records no input specs" % sidecar)
+        self.style = meta.get("input_style", "positional")
+        self.format = meta.get("format")
+        self.max_batch = min(s["max_shape"][0] for s in self.specs)
+        options = (getattr(context, "model_yaml_config", None) or {}).get("handler") or {}
+        threads = options.get("threads")
+        if self.format == "onnx":
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            if threads:
+                so.intra_op_num_threads = int(threads)
+                so.inter_op_num_threads = 1
+            self.session = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
+            self.onnx_inputs = [i.name for i in self.session.get_inputs()]
+        else:
+            import torch
+
+            if threads:
+                torch.set_num_threads(int(threads))
+            self.model = torch.jit.load(model_path, map_location="cpu").eval()
+        self.initialized = True
+        logger.info("ptopt handler ready: %s %s, inputs %s", self.format, serialized,
+                    "; ".join(_describe(s) for s in self.specs))
+
+    # -- running ---------------------------------------------------------------------------
+    def _run(self, arrays):
+        """Model outputs (numpy, nested like the model's) for {name: batch array}."""
+        if self.session is not None:
+            if len(self.onnx_inputs) == len(self.specs):
+                feed = {o: arrays[s["name"]] for o, s in zip(self.onnx_inputs, self.specs)}
+            else:
+                feed = {n: arrays[n] for n in self.onnx_inputs}
+            outs = self.session.run(None, feed)
+            return outs[0] if len(outs) == 1 else list(outs)
+        import torch
+
+        tensors = {}
+        for s in self.specs:
+            t = torch.from_numpy(arrays[s["name"]])
+            tensors[s["name"]] = t.to(torch.bfloat16) if s["dtype"] == "bfloat16" else t
+        with torch.inference_mode():
+            if self.style == "keyword":
+                out = self.model(**tensors)
+            else:
+                out = self.model(*[tensors[s["name"]] for s in self.specs])
+        return _outputs_to_numpy(out)
+
+    def handle(self, data, context):
+        if data is None:  # TorchServe's function-style init call; not used by the class entry point
+            return None
+        answers = [None] * len(data)
+        good = []  # (idx, {name: batch array}, batch size, one sample?)
+        for idx, row in enumerate(data):
+            try:
+                payload = _decode_body(row or {})
+                arrays = _arrays_from_payload(payload, self.specs, self.style)
+                checked = {}
+                ones = set()
+                for spec in self.specs:
+                    arr, one = _check_array(arrays[spec["name"]], spec)
+                    checked[spec["name"]] = arr
+                    ones.add(one)
+                sizes = {a.shape[0] for a in checked.values()}
+                if len(ones) != 1 or len(sizes) != 1:
+                    raise ValueError("inputs disagree on the batch size")
+                good.append((idx, checked, sizes.pop(), ones.pop()))
+            except Exception as e:  # noqa: BLE001 - anything wrong with one request is that client's error
+                self._reject(context, idx, answers, str(e))
+        # run the good requests together: same non-batch shapes, at most the spec's max batch per run
+        groups = {}
+        for item in good:
+            key = tuple(item[1][s["name"]].shape[1:] for s in self.specs)
+            groups.setdefault(key, []).append(item)
+        for items in groups.values():
+            chunk, rows = [], 0
+            for item in items:
+                if chunk and rows + item[2] > self.max_batch:
+                    self._run_chunk(chunk, answers, context)
+                    chunk, rows = [], 0
+                chunk.append(item)
+                rows += item[2]
+            if chunk:
+                self._run_chunk(chunk, answers, context)
+        return answers
+
+    def _run_chunk(self, chunk, answers, context):
+        names = [s["name"] for s in self.specs]
+        try:
+            if len(chunk) == 1:
+                out = self._run(chunk[0][1])
+            else:
+                out = self._run({n: np.concatenate([c[1][n] for c in chunk]) for n in names})
+        except Exception as e:  # noqa: BLE001 - the model rejected the inputs
+            if len(chunk) > 1:  # find the request it fails on; the others still get their answer
+                for item in chunk:
+                    self._run_chunk([item], answers, context)
+                return
+            logger.warning("model failed on request %d: %s", chunk[0][0], e)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            self._reject(context, chunk[0][0], answers, "the model failed on this input: " + reason, code=422)
+            return
+        pos = 0
+        for idx, _, n, one in chunk:
+            answers[idx] = json.dumps({"outputs": _to_list(out, pos, pos + n, one)})
+            context.set_response_content_type(idx, "application/json")
+            pos += n
+
+    def _reject(self, context, idx, answers, message, code=400):
+        body = _request_error(message, self.specs)
+        answers[idx] = json.dumps(body)
+        context.set_response_content_type(idx, "application/json")
+        context.set_response_status(code, message[:200], idx)
+
+
+def _outputs_to_numpy(out):
+    if isinstance(out, dict):
+        return {k: _outputs_to_numpy(v) for k, v in out.items()}
+    if isinstance(out, (list, tuple)):
+        return [_outputs_to_numpy(v) for v in out]
+    if hasattr(out, "detach"):
+        t = out.detach()
+        if t.is_quantized:
+            t = t.dequantize()
+        if str(t.dtype) == "torch.bfloat16":
+            t = t.float()
+        return t.cpu().numpy()
+    return np.asarray(out)

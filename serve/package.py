@@ -1,0 +1,248 @@
+"""``ptopt package``: turn an artifact into something a model server loads.
+
+- ``format="mar"``: a TorchServe model archive built by torch-model-archiver: the model file
+  (TorchScript fp32/int8, or ONNX run by ONNX Runtime in the worker), ptopt's self-contained handler
+  (``serve/handler.py``), a ``model-config.yaml`` (batch size, max batch delay, workers, threads) and
+  the artifact's sidecar, which tells the handler what inputs to accept.
+- ``format="triton"``: a Triton Inference Server model repository (see ``ptopt.serve.triton``).
+
+ARTIFACT is a TorchScript ``.pt`` or ``.onnx`` file (with or without a ptopt sidecar), or any MODEL
+reference (eager, ``pkg.module:factory``, ``zoo:NAME``, ``.pt2``...), which is exported to TorchScript
+first with ``ptopt.export``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from ptopt.core.artifact import Artifact, atomic_path, sidecar_path
+from ptopt.core.errors import ModelLoadError, MissingDependencyError, UsageError
+from ptopt.core.inputspec import InputSpec
+
+FORMATS = ("mar", "triton")
+#: How long TorchServe waits to fill a batch (ms) when batch_size > 1.
+DEFAULT_MAX_BATCH_DELAY_MS = 5
+DEFAULT_RESPONSE_TIMEOUT_S = 120
+HANDLER_FILE = Path(__file__).with_name("handler.py")
+#: name of the handler inside the .mar (a unique module name in the worker)
+HANDLER_NAME = "ptopt_handler.py"
+_SERVABLE = ("torchscript", "onnx")
+#: torch-model-archiver stages files in tempfile.gettempdir()/<model name>; one packaging at a time
+_ARCHIVER_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class Prepared:
+    """The model file to package plus what the handler needs to know about it."""
+
+    path: Path
+    format: str
+    precision: str
+    inputs: list[InputSpec]
+    input_style: str
+    files: list[Path]
+    parent: dict[str, Any] | None
+    sidecar: dict[str, Any]
+
+
+def model_name_for(output: str | os.PathLike) -> str:
+    """A TorchServe/Triton model name from the output file name: letters, digits, ``_`` and ``-``."""
+    stem = Path(output).name
+    for suffix in (".mar", ".ptopt.json"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_-") or "model"
+    return name if name[0].isalpha() else f"m_{name}"
+
+
+def package(artifact: Any, format: str, output: str | os.PathLike, *, batch_size: int = 1,
+            max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS, workers: int = 1, threads: int | None = None,
+            model_name: str | None = None, input_shapes: Sequence[tuple[str | None, tuple[int, ...]]] = (),
+            response_timeout_s: int = DEFAULT_RESPONSE_TIMEOUT_S, weights: str | os.PathLike | None = None,
+            allow_pickle: bool = False) -> Artifact:
+    """Package ``artifact`` for serving; returns the written Artifact (``.mar`` file or Triton folder).
+
+    ``input_shapes`` (``[(name | None, shape)]`` or strings like ``"1x3x32x32"`` / ``"input_ids=1x128"``;
+    the first dim is the batch) stand in for a missing sidecar.
+    ``batch_size``/``max_batch_delay_ms`` configure the server's request batching, ``workers`` its
+    worker processes (TorchServe) or instances (Triton), ``threads`` the intra-op threads per worker.
+    """
+    if any(isinstance(v, str) for v in input_shapes):  # as the CLI and recipes spell them
+        from ptopt.core.inputspec import parse_named_shapes
+
+        input_shapes = [v for s in input_shapes for v in (parse_named_shapes([s]) if isinstance(s, str) else [s])]
+    if format not in FORMATS:
+        raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
+    for opt, v, lo in (("--batch-size", batch_size, 1), ("--workers", workers, 1),
+                       ("--max-batch-delay", max_batch_delay_ms, 0), ("--response-timeout", response_timeout_s, 1)):
+        if int(v) < lo:
+            raise UsageError(f"{opt} must be >= {lo}, got {v}")
+    if threads is not None and int(threads) < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    output = Path(output)
+    if format == "mar" and output.suffix != ".mar":
+        raise UsageError(f"-o {output}: a TorchServe archive must end in .mar")
+    if output.is_dir() and format == "mar":
+        raise UsageError(f"-o {output} is a folder; give a file name ending in .mar")
+    if format == "triton" and output.exists() and not output.is_dir():
+        raise UsageError(f"-o {output}: a Triton model repository is a folder, and this is a file")
+    name = model_name or model_name_for(output if format == "mar" else _triton_default_name(artifact))
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+        raise UsageError(f"model name {name!r}: use letters, digits, '_' and '-', starting with a letter")
+    if format == "mar":
+        from ptopt.core.features import require
+
+        require("torchserve", "packaging a .mar")  # torch-model-archiver comes with it (the serve extra)
+    with tempfile.TemporaryDirectory(prefix="ptopt-package-") as tmp:
+        prep = prepare(artifact, Path(tmp), input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle)
+        if batch_size > prep.inputs[0].max_shape[0] and prep.inputs[0].max_shape[0] != prep.inputs[0].min_shape[0]:
+            raise UsageError(f"--batch-size {batch_size} is larger than the model's max batch "
+                             f"{prep.inputs[0].max_shape[0]} ({prep.inputs[0].describe()})")
+        config = {"type": "package", "format": format, "batch_size": int(batch_size),
+                  "max_batch_delay_ms": int(max_batch_delay_ms), "workers": int(workers), "threads": threads,
+                  "model_name": name}
+        if format == "triton":
+            from ptopt.serve.triton import write_repository
+
+            return write_repository(prep, output, name, config)
+        return _write_mar(prep, output, name, config, response_timeout_s, Path(tmp))
+
+
+def _triton_default_name(artifact: Any) -> str:
+    text = str(artifact)
+    if ":" in text and not Path(text).exists():
+        text = text.rsplit(":", 1)[1]
+    return Path(text).name.split(".")[0] or "model"
+
+
+# -- the model file --------------------------------------------------------------------------
+
+def prepare(artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: Any = None,
+            allow_pickle: bool = False) -> Prepared:
+    """The servable model file (TorchScript or ONNX) for ``artifact``, with a sidecar dict for it.
+
+    A TorchScript/ONNX file is used as is (its sidecar, or ``input_shapes``, or for ONNX the graph's
+    inputs say what it takes); any other MODEL is exported to TorchScript into ``tmp`` first.
+    """
+    from ptopt.core.modelref import as_loaded, resolve_inputs
+
+    if isinstance(artifact, Artifact):
+        artifact = artifact.path
+    if isinstance(artifact, (str, os.PathLike)) and not Path(artifact).exists() and \
+            (str(artifact).endswith((".pt", ".onnx", ".ts", ".pt2", ".mar")) or os.sep in str(artifact)):
+        raise ModelLoadError(f"artifact {artifact}: no such file")
+    loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
+    if input_shapes:
+        resolve_inputs(loaded, input_shapes=input_shapes)
+    if loaded.format in _SERVABLE and loaded.path is not None:
+        if not loaded.input_specs:
+            raise ModelLoadError(
+                f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "
+                "pass --input-shape, e.g. --input-shape 1x3x224x224 (the first dimension is the batch)"
+            )
+        art = loaded.artifact
+        side = art.to_dict() if art is not None else {}
+        files = art.file_paths if art is not None else [loaded.path]
+        if loaded.format == "onnx":
+            data = Path(str(loaded.path) + ".data")
+            if data.is_file() and data not in files:
+                files.append(data)
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{loaded.ref}: file(s) of the artifact are missing: {', '.join(missing)}")
+        side.update(format=loaded.format, inputs=[s.to_dict() for s in loaded.input_specs],
+                    input_style=loaded.input_style, path=loaded.path.name, files=[f.name for f in files])
+        side.setdefault("precision", "fp32")
+        parent = loaded.parent_record()
+        return Prepared(loaded.path, loaded.format, side["precision"], list(loaded.input_specs),
+                        loaded.input_style, files, parent, side)
+    # anything else: export to TorchScript first
+    if not loaded.input_specs:
+        raise ModelLoadError(f"{loaded.ref}: input shape unknown; pass --input-shape, e.g. --input-shape 1x3x224x224")
+    try:
+        from ptopt.export.api import export
+    except ImportError:
+        raise MissingDependencyError(
+            f"{loaded.ref} is a {loaded.format} model: packaging it needs ptopt.export to make TorchScript first, "
+            "which is not available in this install; run `ptopt export MODEL --target torchscript -o model.pt` "
+            "and package model.pt"
+        ) from None
+    out = tmp / "export" / "model.pt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    art = export(loaded, "torchscript", out)
+    art = Artifact.load(art.path) if not art.inputs else art
+    return Prepared(art.path, art.format, art.precision, list(art.inputs), art.input_style, art.file_paths,
+                    art.parent or loaded.parent_record(), art.to_dict())
+
+
+# -- TorchServe ------------------------------------------------------------------------------
+
+def model_config_yaml(batch_size: int, max_batch_delay_ms: int, workers: int, threads: int | None,
+                      response_timeout_s: int) -> str:
+    """TorchServe's per-model config (model-config.yaml), read when the .mar is registered."""
+    import yaml
+
+    cfg: dict[str, Any] = {"minWorkers": workers, "maxWorkers": workers, "batchSize": batch_size,
+                           "maxBatchDelay": max_batch_delay_ms, "responseTimeout": response_timeout_s}
+    if threads:
+        cfg["handler"] = {"threads": int(threads)}
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def _write_mar(prep: Prepared, output: Path, name: str, config: dict[str, Any], response_timeout_s: int,
+               tmp: Path) -> Artifact:
+    from model_archiver.model_archiver_config import ModelArchiverConfig
+    from model_archiver.model_packaging import package_model
+    from model_archiver.model_packaging_utils import ModelExportUtils
+
+    stage = tmp / "stage"
+    stage.mkdir()
+    model_file = stage / prep.path.name
+    extra: list[Path] = []
+    for f in prep.files:
+        shutil.copy2(f, stage / f.name)
+        if f.name != prep.path.name:
+            extra.append(stage / f.name)
+    side = stage / (prep.path.name + ".ptopt.json")
+    side.write_text(json.dumps(prep.sidecar, indent=2) + "\n", encoding="utf-8")
+    extra.append(side)
+    handler = stage / HANDLER_NAME
+    shutil.copy2(HANDLER_FILE, handler)
+    model_cfg = stage / "model-config.yaml"
+    model_cfg.write_text(model_config_yaml(config["batch_size"], config["max_batch_delay_ms"], config["workers"],
+                                           config["threads"], response_timeout_s), encoding="utf-8")
+    export_dir = tmp / "out"
+    export_dir.mkdir()
+    archiver_tmp = tmp / "archiver"
+    archiver_tmp.mkdir()
+    cfg = ModelArchiverConfig(
+        model_name=name, handler=str(handler), version="1.0", serialized_file=str(model_file),
+        extra_files=",".join(str(p) for p in extra), export_path=str(export_dir), config_file=str(model_cfg),
+        force=True,
+    )
+    with _ARCHIVER_LOCK:
+        saved = tempfile.tempdir
+        tempfile.tempdir = str(archiver_tmp)  # the archiver stages in gettempdir()/<name>: keep it private
+        try:
+            manifest = ModelExportUtils.generate_manifest_json(cfg)
+            package_model(cfg, manifest=manifest)
+        except Exception as e:  # noqa: BLE001 - ModelArchiverError, OSError...
+            raise ModelLoadError(f"torch-model-archiver failed: {type(e).__name__}: {e}") from None
+        finally:
+            tempfile.tempdir = saved
+    built = export_dir / f"{name}.mar"
+    with atomic_path(output) as dest:
+        shutil.copyfile(built, dest)
+    art = Artifact(output, "mar", inputs=prep.inputs, input_style=prep.input_style, config=config,
+                   parent=prep.parent, precision=prep.precision,
+                   extra={"model_name": name, "model_format": prep.format, "model_file": prep.path.name,
+                          "response_timeout_s": response_timeout_s})
+    return art.finalize()

@@ -1,0 +1,73 @@
+"""Artifacts for the serving tests: built here with plain torch (trace / FX int8 / onnx export) plus a
+ptopt sidecar, so these tests depend on no other stage."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from ptopt.core.artifact import Artifact
+from ptopt.core.inputspec import specs_from_example
+
+
+def _trace(model, x, path: Path, precision: str = "fp32", kwargs: bool = False) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # jit deprecation; TracerWarnings of the quantized graph
+        traced = torch.jit.trace(model, example_kwarg_inputs=x) if kwargs else torch.jit.trace(model, x)
+        traced.save(str(path))
+    Artifact(path, "torchscript", inputs=specs_from_example(x), input_style="keyword" if kwargs else "positional",
+             precision=precision).finalize()
+    return path
+
+
+@pytest.fixture(scope="session")
+def serve_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fp32 / int8 / keyword-input TorchScript and an ONNX file of tiny models, each with a sidecar."""
+    from tests.helpers import tiny_cnn, two_input
+
+    d = tmp_path_factory.mktemp("serve-artifacts")
+    model = tiny_cnn().eval()
+    x = model.example_inputs(4)
+    out = {"fp32": _trace(model, x, d / "cnn.pt")}
+
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao deprecation and its observers' reduce_range notice
+        prepared = prepare_fx(tiny_cnn().eval(), get_default_qconfig_mapping("x86"), (x,))
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for _ in range(4):
+                prepared(torch.randn(16, 1, 8, 8, generator=g))
+        q = convert_fx(prepared)
+    out["int8"] = _trace(q, x, d / "cnn.int8.pt", precision="int8")
+
+    kw = two_input().eval()
+    ids = torch.randint(0, 18, (4, 12), generator=torch.Generator().manual_seed(2))
+    out["keyword"] = _trace(kw, {"input_ids": ids, "attention_mask": torch.ones(4, 12, dtype=torch.int64)},
+                            d / "text.pt", kwargs=True)
+
+    onnx_path = d / "cnn.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(onnx_path), input_names=["input"], output_names=["logits"],
+                          dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}}, verbose=False)
+    files = [onnx_path.name] + ([onnx_path.name + ".data"] if Path(str(onnx_path) + ".data").exists() else [])
+    Artifact(onnx_path, "onnx", inputs=specs_from_example(x), files=files).finalize()
+    out["onnx"] = onnx_path
+    return out
+
+
+def torchserve_missing() -> str | None:
+    """Why a real TorchServe can't run here, or None."""
+    from ptopt.core.features import check_java, check_torchserve
+
+    for check in (check_java, check_torchserve):
+        f = check()
+        if not f.available:
+            return f"{f.name}: {f.detail}"
+    return None

@@ -1,0 +1,139 @@
+"""The TorchServe handler on its own (no server): request parsing, validation, batching, self-containment."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ptopt.serve import handler as handler_mod
+
+
+class FakeContext:
+    """What the handler uses of ts.context.Context."""
+
+    def __init__(self, model_dir: Path, serialized: str, yaml_config: dict | None = None):
+        self.system_properties = {"model_dir": str(model_dir), "batch_size": 4}
+        self.manifest = {"model": {"serializedFile": serialized}}
+        self.model_yaml_config = yaml_config or {}
+        self.status: dict[int, tuple[int, str]] = {}
+        self.content_type: dict[int, str] = {}
+
+    def set_response_status(self, code: int = 200, phrase: str = "", idx: int = 0) -> None:
+        self.status[idx] = (code, phrase)
+
+    def set_response_content_type(self, idx: int, value: str) -> None:
+        self.content_type[idx] = value
+
+
+def _model_dir(tmp_path: Path, artifact: Path) -> Path:
+    """A folder laid out like an unpacked .mar: the model file and its sidecar side by side."""
+    d = tmp_path / "model_dir"
+    d.mkdir()
+    for p in artifact.parent.glob(artifact.name + "*"):
+        shutil.copy2(p, d / p.name)
+    return d
+
+
+def _handler(tmp_path: Path, artifact: Path) -> tuple[handler_mod.PtoptHandler, FakeContext]:
+    ctx = FakeContext(_model_dir(tmp_path, artifact), artifact.name, {"handler": {"threads": 1}})
+    h = handler_mod.PtoptHandler()
+    h.initialize(ctx)
+    return h, ctx
+
+
+def _json(value) -> dict:
+    return {"body": json.dumps(value).encode()}
+
+
+def test_handler_imports_only_stdlib_numpy_torch_onnxruntime():
+    """It runs inside the TorchServe worker where ptopt may not be installed."""
+    tree = ast.parse(Path(handler_mod.__file__).read_text())
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            modules.add((node.module or "").split(".")[0])
+    assert modules <= {"io", "json", "logging", "os", "numpy", "torch", "onnxruntime"}, modules
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    assert len(classes) == 1  # TorchServe requires exactly one class in a handler module
+
+
+def test_mixed_batch_good_and_bad_requests(tmp_path, serve_artifacts):
+    h, ctx = _handler(tmp_path, serve_artifacts["fp32"])
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    npy = io.BytesIO()
+    np.save(npy, x[2:].numpy())
+    data = [
+        _json({"inputs": x[0].tolist()}),                # one sample
+        {"body": b"{not json"},                          # malformed
+        _json({"inputs": x[:2].tolist()}),               # a batch
+        _json({"inputs": [[1.0, 2.0]]}),                 # wrong shape
+        {"body": npy.getvalue()},                        # .npy bytes
+        {"data": {"inputs": x[1].tolist()}},             # already parsed JSON (TorchServe decodes it)
+        _json({"inputs": [[["x"] * 8] * 8]}),             # not numbers
+    ]
+    answers = h.handle(data, ctx)
+    assert len(answers) == len(data)
+    want = torch.jit.load(str(serve_artifacts["fp32"]))(x).detach().numpy()
+    out = [json.loads(a) for a in answers]
+    np.testing.assert_allclose(out[0]["outputs"], want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[2]["outputs"], want[:2], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[4]["outputs"], want[2:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[5]["outputs"], want[1], rtol=1e-5, atol=1e-6)
+    assert set(ctx.status) == {1, 3, 6} and all(c == 400 for c, _ in ctx.status.values())
+    assert "malformed JSON" in out[1]["error"]
+    assert "shape" in out[3]["error"] and "input: 1x8x8 float32" in out[3]["expected"]
+    assert "numbers" in out[6]["error"]
+
+
+def test_requests_of_different_lengths_share_a_call(tmp_path, serve_artifacts):
+    """Sequence length is dynamic in the keyword model's spec: requests are grouped by shape."""
+    import dataclasses
+
+    from ptopt.core.artifact import Artifact
+
+    art = Artifact.load(serve_artifacts["keyword"])
+    d = tmp_path / "kw"
+    d.mkdir()
+    shutil.copy2(art.path, d / art.path.name)
+    art2 = Artifact(d / art.path.name, art.format, [dataclasses.replace(s, min_shape=(1, 1)) for s in art.inputs],
+                    art.input_style).finalize()
+    h, ctx = _handler(tmp_path, art2.path)
+    model = torch.jit.load(str(art2.path))
+    reqs, wants = [], []
+    for n in (5, 12, 5, 3):
+        ids = torch.randint(0, 18, (n,), generator=torch.Generator().manual_seed(n))
+        mask = torch.ones(n, dtype=torch.int64)
+        reqs.append(_json({"inputs": {"input_ids": ids.tolist(), "attention_mask": mask.tolist()}}))
+        wants.append(model(input_ids=ids[None], attention_mask=mask[None])[0].detach().numpy())
+    answers = h.handle(reqs, ctx)
+    assert not ctx.status
+    for a, w in zip(answers, wants):
+        np.testing.assert_allclose(json.loads(a)["outputs"], w, rtol=1e-5, atol=1e-6)
+
+
+def test_onnx_and_npz(tmp_path, serve_artifacts):
+    h, ctx = _handler(tmp_path, serve_artifacts["onnx"])
+    x = np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32)
+    buf = io.BytesIO()
+    np.savez(buf, input=x)
+    answers = h.handle([{"body": buf.getvalue()}, _json({"inputs": x.astype(np.float64).tolist()})], ctx)
+    assert not ctx.status
+    a, b = (json.loads(s)["outputs"] for s in answers)
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_initialize_without_sidecar_fails_clearly(tmp_path, serve_artifacts):
+    d = tmp_path / "bare"
+    d.mkdir()
+    shutil.copy2(serve_artifacts["fp32"], d / "cnn.pt")
+    with pytest.raises(RuntimeError, match="no sidecar"):
+        handler_mod.PtoptHandler().initialize(FakeContext(d, "cnn.pt"))
