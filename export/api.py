@@ -118,7 +118,8 @@ def export(model: Any, target: str, output: str | os.PathLike, *, min_shape: Any
     config = ExportConfig(target=target, precision=want, opset=opset, optimize=optimize, script=script,
                           atol=atol, rtol=rtol, calib_data=calib_ref)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".ptopt-export-", dir=out.parent))
+    # absolute: ORT's quantization tools run in a temporary working directory
+    stage = Path(tempfile.mkdtemp(prefix=".ptopt-export-", dir=out.parent)).resolve()
     try:
         tmp = stage / out.name
         info = _write(target, loaded, module, specs, style, tmp, want, src_precision, calib,
@@ -181,7 +182,20 @@ def _settle(loaded: Any, data: Any, input_specs: Any, min_shape: Any, opt_shape:
                          dynamic_batch=dynamic_batch)
     if not base:
         style = _infer_style(loaded.module, specs, style)
+    if style == "keyword":
+        specs = _forward_order(loaded.module, specs)
     return specs, style
+
+
+def _forward_order(module: Any, specs: list[InputSpec]) -> list[InputSpec]:
+    """Keyword inputs in ``forward``'s parameter order: exporters name graph inputs in that order."""
+    import inspect
+
+    try:
+        order = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return specs
+    return sorted(specs, key=lambda s: order.index(s.name) if s.name in order else len(order))
 
 
 def _infer_style(module: Any, specs: Sequence[InputSpec], default: str) -> str:

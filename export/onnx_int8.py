@@ -136,6 +136,7 @@ def ort_static_quantize(fp32_module: Any, specs: Sequence[InputSpec], style: str
 
     calib = load_data(calib)
     calib.check_finite()
+    path = Path(path).resolve()  # quant_pre_process runs in the temporary folder below
     with tempfile.TemporaryDirectory(prefix="ptopt-int8-") as d:
         tmp = Path(d)
         info = export_onnx(fp32_module, specs, style, tmp / "fp32.onnx", opset=opset, source_format=source_format)
