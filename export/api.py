@@ -246,8 +246,10 @@ def _write(target: str, loaded: Any, module: Any, specs: list[InputSpec], style:
             fp32_module, parent_fmt = parent.require_module("ORT static quantization"), parent.format
         else:
             fp32_module, parent_fmt = module, fmt
-        return onnx_int8.ort_static_quantize(fp32_module, specs, style, tmp, calib, opset=opset,
+        info = onnx_int8.ort_static_quantize(fp32_module, specs, style, tmp, calib, opset=opset,
                                              source_format=parent_fmt)
+        info["quantized_from"] = parent.parent_record() if src_precision == "int8" else loaded.parent_record()
+        return info
     from ptopt.export.onnx import export_onnx
 
     return export_onnx(module, specs, style, tmp, opset=opset, optimize=optimize, external_data=external_data,

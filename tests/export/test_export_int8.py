@@ -69,7 +69,7 @@ def test_cli_int8_torchscript_to_int8_onnx(cli, tmp_path, int8_artifact):
     side = json.loads((tmp_path / "tiny.int8.onnx.ptopt.json").read_text())
     assert side["precision"] == "int8" and side["config"]["int8_method"] == "ort_static"
     assert side["config"]["calib_data"] == CALIB and side["parent"]["path"] == str(int8_artifact)
-    assert side["metrics"]["parity"]["passed"]
+    assert side["metrics"]["parity"]["passed"] and side["extra"]["quantized_from"]["path"] == FACTORY
     assert {"QuantizeLinear", "DequantizeLinear"} <= _qdq_ops(out)
     y = ort.InferenceSession(str(out)).run(None, {"input": torch.randn(3, 1, 8, 8).numpy()})[0]
     assert y.shape == (3, 10)
@@ -99,3 +99,11 @@ def test_int8_torchscript_cannot_take_qdq_export(cli, tmp_path, int8_artifact):
     code, _, err = cli("export", int8_artifact, "--target", "onnx", "--int8-method", "qdq_export", "-o", out)
     assert code == 2 and "ort_static" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_int8_torchscript_to_torchscript_stays_int8(tmp_path, int8_artifact):
+    from ptopt.export.api import export
+
+    art = export(int8_artifact, "torchscript", tmp_path / "again.pt", dynamic_batch="1:4:16")
+    assert art.precision == "int8" and art.extra["method"] == "re-saved TorchScript"
+    assert art.metrics["parity"]["max_abs_diff"] == 0.0

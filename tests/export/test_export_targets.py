@@ -21,7 +21,8 @@ def _sidecar(path) -> dict:
 
 def test_cli_torchscript_dynamic_batch(cli, tmp_path, tiny_cnn_factory):
     out = tmp_path / "m.pt"
-    code, stdout, err = cli("export", tiny_cnn_factory, "--target", "torchscript", "--dynamic-batch", "1:8:64", "-o", out)
+    code, stdout, err = cli("export", tiny_cnn_factory, "--target", "torchscript", "--dynamic-batch", "1:8:64", "-o", out,
+                            "--save-recipe", tmp_path / "r.yaml")
     assert code == 0, err
     assert "parity:" in stdout and "input:   input: [1..64]x1x8x8 float32" in stdout
     side = _sidecar(out)
@@ -32,6 +33,14 @@ def test_cli_torchscript_dynamic_batch(cli, tmp_path, tiny_cnn_factory):
     assert parity["passed"] and set(parity["shapes"]) == {"min", "opt", "max"} and parity["max_abs_diff"] < 1e-4
     m = torch.jit.load(str(out))  # plain torch, no ptopt
     assert m(torch.randn(64, 1, 8, 8)).shape == (64, 10) and m(torch.randn(1, 1, 8, 8)).shape == (1, 10)
+    # the recipe replays through the Python twin
+    from ptopt.core.recipe import load_recipe
+    from ptopt.export.api import export
+
+    (step,) = load_recipe(tmp_path / "r.yaml")["steps"]
+    opts = dict(step["export"], output=str(tmp_path / "replayed.pt"))
+    assert opts["dynamic_batch"] == "1:8:64"
+    assert export(**opts).inputs == Artifact.load(out).inputs
 
 
 def test_cli_onnx_single_file_symbolic_batch_and_trtexec_line(cli, tmp_path, tiny_cnn_factory):
