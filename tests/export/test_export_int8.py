@@ -1,0 +1,109 @@
+"""An int8 source stays int8 in ONNX (a QDQ graph ORT runs with int8 kernels)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import pytest
+import torch
+
+from ptopt.core.artifact import Artifact
+
+# torch.ao's x86 observers use reduce_range, which torch itself warns about (upstream, not ours)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Please use quant_min and quant_max:UserWarning"),
+    pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor, torch.quantize_per_channel:UserWarning"),
+]
+
+FACTORY = "tests.helpers:tiny_cnn"
+CALIB = "builtin:digits:train"
+
+
+def _fx_int8():
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    from ptopt.core.data import load_data
+    from ptopt.core.modelref import load_model
+
+    torch.backends.quantized.engine = "x86"
+    fp32 = load_model(FACTORY)
+    calib = load_data(CALIB).take(256)
+    prepared = prepare_fx(copy.deepcopy(fp32.module).eval(), get_default_qconfig_mapping("x86"), (calib.x[:8],))
+    with torch.no_grad():
+        for b in calib.batches(64):
+            prepared(b.x)
+    return convert_fx(prepared), fp32
+
+
+@pytest.fixture(scope="module")
+def int8_artifact(tmp_path_factory):
+    """What `ptopt quantize tests.helpers:tiny_cnn --mode static --calib-data builtin:digits:train` writes."""
+    q, fp32 = _fx_int8()
+    path = tmp_path_factory.mktemp("int8") / "tiny.int8.pt"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the quantize step's business, not export's
+        ts = torch.jit.freeze(torch.jit.trace(q, torch.randn(2, 1, 8, 8)))
+    torch.jit.save(ts, str(path))
+    Artifact(path=path, format="torchscript", inputs=fp32.input_specs, input_style="positional",
+             config={"type": "static", "mode": "static", "backend": "x86", "calib_data": CALIB},
+             parent=fp32.parent_record(), precision="int8").finalize()
+    return path
+
+
+def _qdq_ops(path) -> set[str]:
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def test_cli_int8_torchscript_to_int8_onnx(cli, tmp_path, int8_artifact):
+    import onnxruntime as ort
+
+    out = tmp_path / "tiny.int8.onnx"
+    code, stdout, err = cli("export", int8_artifact, "--target", "onnx", "-o", out)
+    assert code == 0, err
+    assert "int8:    ort_static" in stdout and "(onnx, int8," in stdout
+    side = json.loads((tmp_path / "tiny.int8.onnx.ptopt.json").read_text())
+    assert side["precision"] == "int8" and side["config"]["int8_method"] == "ort_static"
+    assert side["config"]["calib_data"] == CALIB and side["parent"]["path"] == str(int8_artifact)
+    assert side["metrics"]["parity"]["passed"] and side["extra"]["quantized_from"]["path"] == FACTORY
+    assert {"QuantizeLinear", "DequantizeLinear"} <= _qdq_ops(out)
+    y = ort.InferenceSession(str(out)).run(None, {"input": torch.randn(3, 1, 8, 8).numpy()})[0]
+    assert y.shape == (3, 10)
+
+
+def test_python_fx_int8_module_qdq_export(tmp_path):
+    from ptopt.core.modelref import load_model
+    from ptopt.export.api import export
+
+    q, _ = _fx_int8()
+    art = export(q, "onnx", tmp_path / "q.onnx", input_specs=load_model(FACTORY).input_specs, dynamic_batch="1:4:16")
+    assert art.precision == "int8" and art.extra["int8_method"] == "qdq_export" and art.extra["opset"] == 17
+    assert {"QuantizeLinear", "DequantizeLinear"} <= _qdq_ops(art.path)
+
+
+def test_fp32_model_to_int8_onnx_with_calibration(tmp_path):
+    from ptopt.export.api import export
+
+    art = export(FACTORY, "onnx", tmp_path / "c.onnx", precision="int8", data=CALIB)
+    assert art.precision == "int8" and art.config["calib_data"] == CALIB
+    fp32 = export(FACTORY, "onnx", tmp_path / "f.onnx")
+    assert art.size_bytes < fp32.size_bytes
+
+
+def test_int8_torchscript_cannot_take_qdq_export(cli, tmp_path, int8_artifact):
+    out = tmp_path / "x.onnx"
+    code, _, err = cli("export", int8_artifact, "--target", "onnx", "--int8-method", "qdq_export", "-o", out)
+    assert code == 2 and "ort_static" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_int8_torchscript_to_torchscript_stays_int8(tmp_path, int8_artifact):
+    from ptopt.export.api import export
+
+    art = export(int8_artifact, "torchscript", tmp_path / "again.pt", dynamic_batch="1:4:16")
+    assert art.precision == "int8" and art.extra["method"] == "re-saved TorchScript"
+    assert art.metrics["parity"]["max_abs_diff"] == 0.0
