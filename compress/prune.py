@@ -288,6 +288,8 @@ def prune(model: Any, method: str, amount: float, output: "str | os.PathLike", *
             desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
             result = train(work, ft, train_config, eval_data=ev, loss_fn=loss_fn, progress=progress,
                            description=desc)
+            if hasattr(loss_fn, "remove_hooks"):
+                loss_fn.remove_hooks()
             history += [dict(h, round=k) for h in result.history]
     work, report = pruner.finish(work)
     work.eval()
