@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import md_table, setup, write_result  # noqa: E402
 
 TRAIN, TEST = "builtin:digits32:train", "builtin:digits32:test"
-STRUCTURED = [("resnet", 0.5, 2), ("mobilenet", 0.5, 2)]
+#: (model, amount, epochs, learning rate): MobileNet recovers better at its zoo recipe's 3e-3
+STRUCTURED = [("resnet", 0.5, 2, 1e-3), ("mobilenet", 0.5, 2, 3e-3)]
 UNSTRUCTURED = [("resnet", "l1-unstructured", 0.5, 0), ("resnet", "l1-unstructured", 0.8, 0),
                 ("resnet", "global", 0.5, 0), ("resnet", "global", 0.8, 0), ("resnet", "global", 0.8, 2)]
 ROUNDS, SECONDS = 5, 0.5
@@ -94,8 +95,8 @@ def main() -> None:
             data[key] = r
             return r
 
-        for name, amount, epochs in STRUCTURED:
-            run(name, "structured", amount, fine_tune_data=TRAIN, epochs=epochs)
+        for name, amount, epochs, lr in STRUCTURED:
+            run(name, "structured", amount, fine_tune_data=TRAIN, epochs=epochs, lr=lr)
         for name, method, amount, epochs in UNSTRUCTURED:
             kw = dict(fine_tune_data=TRAIN, epochs=epochs) if epochs else {}
             run(name, method, amount, **kw)
@@ -105,7 +106,8 @@ def main() -> None:
                "speed-up b32"]
     res = data["resnet/structured/0.5"]
     checks = [
-        f"- structured 0.5 + 2 epochs on zoo:resnet: {res['param_ratio']:.2f}× the parameters (target ≤ 0.40×), "
+        f"- structured 0.5 + {STRUCTURED[0][2]} epochs on zoo:resnet: {res['param_ratio']:.2f}× the parameters "
+        "(target ≤ 0.40×), "
         f"{res['speedup_b32']:.2f}× faster at batch 32 (target ≥ 1.5×), accuracy drop "
         f"{res['accuracy_drop_points']:.2f} points (target ≤ 1).",
     ]
