@@ -144,6 +144,8 @@ class ChannelGraph:
         self._module_out: dict[str, int] = {}
         self._module_in: dict[str, int] = {}
         self.producer_order: list[str] = []
+        #: view/reshape nodes that flatten channels into features: node name -> start dim
+        self.flatten_nodes: dict[str, int] = {}
         self._info: dict[Any, _Info | None] = {}
         for node in self.gm.graph.nodes:
             self._info[node] = self._visit(node)
@@ -293,6 +295,8 @@ class ChannelGraph:
             # channels (with what follows them) folded into one feature axis: c·S + j
             for j in range(a + 1, len(s) + 1):
                 if math.prod(s[a:j]) == shape[a] and tuple(s[j:]) == tuple(shape[a + 1:]):
+                    if j == len(s) and len(shape) == a + 1 and node.op != "call_module":
+                        self.flatten_nodes[node.name] = a  # may hold hard-coded sizes: see rewrite_flattens
                     return _Info(info.space, a, info.inner * math.prod(s[a + 1:j]))
         return self._unknown(node, _op_name(node))
 
@@ -383,6 +387,21 @@ class ChannelGraph:
             self._users.append((self._module_out[name], name, "out", 1))
             self.producer_order.append(name)
         return _Info(self._module_out[name], out_axis)
+
+    def rewrite_flattens(self) -> Any:
+        """The traced module with every channel-flattening view/reshape (``x.view(-1, 400)``, whose
+        sizes are baked in) turned into ``torch.flatten(x, dim)``, which follows the pruned sizes."""
+        import torch
+
+        graph = self.gm.graph
+        for node in list(graph.nodes):
+            if node.name in self.flatten_nodes:
+                with graph.inserting_before(node):
+                    new = graph.call_function(torch.flatten, (node.args[0], self.flatten_nodes[node.name]))
+                node.replace_all_uses_with(new)
+                graph.erase_node(node)
+        self.gm.recompile()
+        return self.gm
 
     # -- results -------------------------------------------------------------------------------
     def groups(self, exclude: Iterable[str] = (), reasons: dict[str, str] | None = None) -> list[ChannelGroup]:
@@ -534,7 +553,7 @@ def structured_prune(model: Any, example_inputs: Any, amount: float, *, criterio
             out = None
         if out is None or getattr(out, "shape", None) != getattr(ref, "shape", None):
             # the module's own forward could not follow (hard-coded sizes): ship the rewritten graph
-            gm = graph.gm
+            gm = graph.rewrite_flattens()
             try:
                 out = call_model(gm, example_inputs)
             except Exception as e:  # noqa: BLE001

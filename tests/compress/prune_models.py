@@ -102,3 +102,28 @@ class Concat(nn.Module):
 def concat() -> Concat:
     torch.manual_seed(0)
     return Concat().eval()
+
+
+class LeNet(nn.Module):
+    """Hard-coded flatten size (``x.view(-1, 16 * 2 * 2)``), as in the classic tutorials."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 3, padding=1)
+        self.conv2 = nn.Conv2d(6, 16, 3, padding=1)
+        self.fc1 = nn.Linear(16 * 2 * 2, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = x.view(-1, 16 * 2 * 2)
+        return self.fc2(F.relu(self.fc1(x)))
+
+    def example_inputs(self, batch: int = 2) -> torch.Tensor:
+        return torch.randn(batch, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def lenet() -> LeNet:
+    torch.manual_seed(0)
+    return LeNet().eval()

@@ -85,6 +85,17 @@ def test_concatenated_channels_are_kept():
     assert pruned(model.example_inputs()).shape == (2, 10)
 
 
+def test_hard_coded_flatten_size_is_rewritten(tmp_path):
+    model = prune_models.lenet()
+    pruned, _ = structured_prune(model, model.example_inputs(), 0.5)
+    assert isinstance(pruned, torch.fx.GraphModule)  # the class's forward hard-codes 16*2*2
+    assert pruned.conv2.out_channels == 8 and pruned.fc1.in_features == 8 * 2 * 2
+    assert pruned(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+    art = prune("tests.compress.prune_models:lenet", "structured", 0.5, tmp_path / "l.pt")
+    assert torch.jit.load(str(tmp_path / "l.pt"))(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+    assert art.metrics["parameters_after"] < art.metrics["parameters_before"]
+
+
 @pytest.mark.parametrize("suffix", [".pt", ".pt2"])
 def test_python_api_artifact_loads_with_plain_torch(tmp_path, suffix):
     out = tmp_path / f"small{suffix}"
