@@ -1,0 +1,101 @@
+"""Unstructured magnitude pruning: per-layer L1 (every layer to the same sparsity) and global (one
+ranking across all layers, so layers end up with different sparsity).
+
+Both use ``torch.nn.utils.prune``: while fine-tuning, the masks stay active (pruned weights stay
+zero); ``make_permanent`` then folds them into plain ``weight`` tensors. The result is a *dense*
+model full of zeros: the file is as large as before and dense kernels run no faster. What the zeros
+save is the compressed (gzip) size, i.e. what the model costs to ship. Use structured pruning for a
+model that is really smaller and faster.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ptopt.compress.prune import GlobalPruneConfig, L1UnstructuredConfig, matches, register_pruner
+
+DENSE_NOTE = ("unstructured sparsity: zeros are stored densely, so the file is as large as before and dense "
+              "kernels run no faster; the zeros only shrink the compressed (gzip) size. For a smaller, faster "
+              "model use --method structured.")
+
+
+def prunable_layers(model: Any, exclude: Iterable[str] = ()) -> list[tuple[str, Any]]:
+    """Conv and linear layers (by name) whose weights are pruned, minus the excluded ones."""
+    from torch import nn
+
+    exclude = tuple(exclude)
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and not matches(n, exclude)]
+
+
+def make_permanent(model: Any) -> Any:
+    """Fold every active pruning mask into its parameter (``weight = weight_orig * mask``)."""
+    from torch.nn.utils import prune
+
+    for m in model.modules():
+        for hook in list(m._forward_pre_hooks.values()):
+            if isinstance(hook, prune.BasePruningMethod):
+                prune.remove(m, hook._tensor_name)
+    return model
+
+
+def sparsity_table(layers: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, m in layers:
+        w = m.weight.detach()
+        zeros = int((w == 0).sum())
+        rows.append({"layer": name, "type": type(m).__name__, "weights": w.numel(), "zeros": zeros,
+                     "sparsity": zeros / max(w.numel(), 1)})
+    return rows
+
+
+def achieved_sparsity(rows: list[dict[str, Any]]) -> float:
+    """Zeros over all pruned weights."""
+    return sum(r["zeros"] for r in rows) / max(sum(r["weights"] for r in rows), 1)
+
+
+class _UnstructuredPruner:
+    """Round k: fold earlier masks in, then mask to the round's sparsity (earlier zeros rank lowest)."""
+
+    precision = "sparse-fp32"
+
+    def __init__(self, config: Any, model: Any, example_inputs: Any):
+        self.config = config
+
+    def layers(self, model: Any) -> list[tuple[str, Any]]:
+        return prunable_layers(model, self.config.exclude)
+
+    def step(self, model: Any, amount: float) -> Any:
+        make_permanent(model)
+        self._mask(model, self.layers(model), amount)
+        return model
+
+    def _mask(self, model: Any, layers: list[tuple[str, Any]], amount: float) -> None:
+        raise NotImplementedError
+
+    def finish(self, model: Any) -> tuple[Any, dict[str, Any]]:
+        make_permanent(model)
+        rows = sparsity_table(self.layers(model))
+        return model, {"layers": rows, "sparsity": achieved_sparsity(rows), "note": DENSE_NOTE}
+
+
+@register_pruner(L1UnstructuredConfig)
+class L1UnstructuredPruner(_UnstructuredPruner):
+    """Every conv/linear weight to ``amount`` sparsity by its own L1 magnitude ranking."""
+
+    def _mask(self, model: Any, layers: list[tuple[str, Any]], amount: float) -> None:
+        from torch.nn.utils import prune
+
+        for _, m in layers:
+            prune.l1_unstructured(m, "weight", amount=amount)
+
+
+@register_pruner(GlobalPruneConfig)
+class GlobalPruner(_UnstructuredPruner):
+    """One magnitude ranking across all conv/linear weights to a global sparsity of ``amount``."""
+
+    def _mask(self, model: Any, layers: list[tuple[str, Any]], amount: float) -> None:
+        from torch.nn.utils import prune
+
+        prune.global_unstructured([(m, "weight") for _, m in layers], pruning_method=prune.L1Unstructured,
+                                  amount=amount)
