@@ -45,10 +45,15 @@ def tensor_digest(tensors: Any) -> str:
     return h.hexdigest()[:16]
 
 
+#: inputs whose name starts with this are derived from the others (e.g. cached teacher logits)
+DERIVED_PREFIX = "__ptopt_derived:"
+
+
 def data_digest(data: Any) -> dict[str, Any]:
     from ptopt.core.inputspec import flatten_inputs
 
-    return {"samples": len(data), "sha": tensor_digest([t for _, t in flatten_inputs(data.x)] + [data.y])}
+    tensors = [t for name, t in flatten_inputs(data.x) if not name.startswith(DERIVED_PREFIX)]
+    return {"samples": len(data), "sha": tensor_digest(tensors + [data.y])}
 
 
 def model_signature(model: Any) -> str:

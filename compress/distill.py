@@ -128,8 +128,10 @@ def _make_loss_class():
 
         def forward(self, model: Any, batch: Batch) -> tuple[Any, Any]:
             self._features.clear()
-            teacher_logits = self._run_teacher(batch.x)
-            logits = _first_tensor(call_model(model, batch.x))
+            x, teacher_logits = unpack_teacher_logits(batch.x)
+            if teacher_logits is None:
+                teacher_logits = self._run_teacher(x)
+            logits = _first_tensor(call_model(model, x))
             t = self.temperature
             soft = F.kl_div(F.log_softmax(logits.float() / t, dim=-1),
                             F.log_softmax(teacher_logits.float() / t, dim=-1),
@@ -181,6 +183,52 @@ def _make_loss_class():
             self._handles.clear()
 
     return DistillLoss
+
+
+#: name of the input slot that carries precomputed teacher logits (see ``with_teacher_logits``)
+_LOGITS_KEY = "__ptopt_derived:teacher_logits"  # not hashed into checkpoint fingerprints
+_INPUT_PREFIX = "__ptopt_input:"
+
+
+def with_teacher_logits(data: Any, teacher: Any, batch_size: int = 256, device: Any = None) -> Any:
+    """``data`` with the teacher's logits for every sample riding along in ``x``.
+
+    Without augmentation the teacher (eval mode, no dropout) gives each sample the same logits every
+    epoch, so they are computed once instead of once per epoch: distillation then costs about what
+    training on labels costs. The trainer indexes, shuffles, shards and moves ``x`` as one unit;
+    the distillation loss splits it back (``unpack_teacher_logits``).
+    """
+    import torch
+
+    from ptopt.compress.trainer import to_device
+    from ptopt.core.data import Dataset
+    from ptopt.core.inputspec import flatten_inputs
+
+    _set_eval(teacher)
+    parts = []
+    with torch.inference_mode():
+        for b in data.batches(batch_size):
+            x = to_device(b.x, device) if device is not None else b.x
+            parts.append(_first_tensor(call_model(teacher, x)).float().cpu())
+    style = "dict" if isinstance(data.x, dict) else "tuple" if isinstance(data.x, tuple) else "tensor"
+    packed = {f"{_INPUT_PREFIX}{style}:{name}": t for name, t in flatten_inputs(data.x)}
+    packed[_LOGITS_KEY] = torch.cat(parts)
+    return Dataset(packed, data.y, data.name)
+
+
+def unpack_teacher_logits(x: Any) -> tuple[Any, Any]:
+    """(model inputs, precomputed teacher logits or None) from a batch's ``x``."""
+    if not (isinstance(x, dict) and _LOGITS_KEY in x):
+        return x, None
+    items = [(k[len(_INPUT_PREFIX):].split(":", 1), v) for k, v in x.items() if k.startswith(_INPUT_PREFIX)]
+    style = items[0][0][0]
+    if style == "dict":
+        inputs: Any = {name: v for (_, name), v in items}
+    elif style == "tuple":
+        inputs = tuple(v for _, v in items)
+    else:
+        inputs = items[0][1]
+    return inputs, x[_LOGITS_KEY]
 
 
 def _tensors(x: Any):
@@ -252,11 +300,13 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
             lr: float = DEFAULT_LR, batch_size: int = DEFAULT_BATCH_SIZE, precision: str = "fp32",
             device: str = "auto", seed: int = 0, train_config: Any = None,
             checkpoint_dir: Any = None, resume: bool = False, log_dir: Any = None, metrics_file: Any = None,
-            epoch_hooks: Sequence[Any] = (), progress: bool = True) -> Any:
+            epoch_hooks: Sequence[Any] = (), progress: bool = True, cache_teacher: bool = True) -> Any:
     """Distill ``teacher`` into ``student`` on ``train_data`` and write the student to ``output``.
 
     ``output`` ending in ``.pt`` is TorchScript, ``.pt2`` an ExportedProgram: both load with plain
     torch. ``train_config`` (a TrainConfig) sets the other trainer options; the named arguments win.
+    ``cache_teacher``: compute the teacher's logits once for all samples instead of every epoch
+    (not with feature pairs, which need the teacher's layers on every batch).
     Returns the Artifact (None on ranks other than 0 under torchrun).
     """
     import torch
@@ -311,8 +361,13 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
     from ptopt.compress.checkpoint import tensor_digest
 
     fingerprint_extra = {**dcfg.to_dict(), "teacher": tensor_digest(t_loaded.module.state_dict().values())}
+    cached = cache_teacher and not pairs
+    fingerprint_extra["teacher_logits"] = "cached" if cached else "per batch"
+    train_input = train_ds
+    if cached:
+        train_input = with_teacher_logits(train_ds, t_loaded.module, device=dist_util.resolve_device(device))
     try:
-        result = train(s_module, train_ds, tcfg, eval_data=eval_ds, loss_fn=loss, epoch_hooks=epoch_hooks,
+        result = train(s_module, train_input, tcfg, eval_data=eval_ds, loss_fn=loss, epoch_hooks=epoch_hooks,
                        progress=progress, description="distill", checkpoint_dir=checkpoint_dir, resume=resume,
                        log_dir=log_dir, metrics_file=metrics_file, fingerprint_extra=fingerprint_extra)
     finally:
