@@ -104,7 +104,6 @@ def _make_loss_class():
             self.projections = nn.ModuleDict()
             self._features: dict[str, Any] = {}
             self._handles: list[Any] = []
-            self._teacher_device: Any = None
 
         @property
         def teacher(self) -> Any:
@@ -116,12 +115,11 @@ def _make_loss_class():
             teacher = self.teacher
             _set_eval(teacher)
             device = next(t for t in _tensors(x)).device
-            if self._teacher_device != device:
-                try:
-                    teacher.to(device)
-                except (RuntimeError, NotImplementedError, AttributeError):
-                    x = to_device(x, "cpu")  # a teacher that cannot move runs where it is
-                self._teacher_device = device
+            t_device = next((p.device for p in teacher.parameters()), device)
+            if t_device != device:
+                _move(teacher, device)
+                t_device = next((p.device for p in teacher.parameters()), device)
+                x = to_device(x, t_device)  # a teacher that cannot move runs where it is
             with torch.no_grad():
                 out = call_model(teacher, x)
             return to_device(_first_tensor(out), device)
@@ -205,6 +203,8 @@ def with_teacher_logits(data: Any, teacher: Any, batch_size: int = 256, device: 
     from ptopt.core.inputspec import flatten_inputs
 
     _set_eval(teacher)
+    if device is not None:
+        _move(teacher, device)
     parts = []
     with torch.inference_mode():
         for b in data.batches(batch_size):
@@ -372,6 +372,7 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
                        log_dir=log_dir, metrics_file=metrics_file, fingerprint_extra=fingerprint_extra)
     finally:
         loss.remove_hooks()
+        _move(t_loaded.module, "cpu")  # the loss may have taken the teacher to the training device
     if not dist_util.is_main_process():
         return None
 
@@ -404,6 +405,13 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
                "parameter_ratio": s_params / max(t_params, 1)},
     )
     return art.finalize()
+
+
+def _move(module: Any, device: Any) -> None:
+    try:
+        module.to(device)
+    except (RuntimeError, NotImplementedError, AttributeError):  # e.g. an ExportedProgram's module
+        pass
 
 
 def _shape(t: Any) -> str:
