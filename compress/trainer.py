@@ -17,6 +17,7 @@ import json
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -262,11 +263,15 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
                             if config.grad_clip is not None:
                                 torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
                             if scaler is not None:
-                                scaler.step(opt)
+                                scaler.step(opt)  # skipped when the scaled gradients overflowed
                                 scaler.update()
+                                with warnings.catch_warnings():
+                                    # the schedule follows steps taken, not steps the scaler skipped
+                                    warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+                                    sched.step()
                             else:
                                 opt.step()
-                            sched.step()
+                                sched.step()
                             opt.zero_grad(set_to_none=True)
                         n = batch_size_of(batch.x)
                         seen += n
