@@ -395,7 +395,7 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
               "eval_data": eval_data if isinstance(eval_data, str) or eval_data is None else eval_ds.name}  # type: ignore[union-attr]
     art = Artifact(
         path=Path(output), format=out_format,
-        inputs=specs_from_example(example), input_style=input_style(example),
+        inputs=specs_from_example(train_ds.first_batch(min(len(train_ds), 32)).x), input_style=input_style(example),
         config=config, parent=teacher_record, precision="fp32",
         metrics={"eval_accuracy": result.best_accuracy, "best_epoch": result.best_epoch,
                  "teacher_eval_accuracy": teacher_acc, "student_parameters": s_params,
