@@ -1,0 +1,195 @@
+"""Knowledge distillation: the loss, the Python twin, the CLI, and its bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ptopt.compress.distill import distill, make_distill_loss
+from ptopt.compress.trainer import TrainConfig, train
+from ptopt.core.data import Batch, Dataset, load_data
+from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
+from tests.compress.distill_helpers import tiny_student
+from tests.helpers import tiny_cnn
+
+TEACHER = "tests.helpers:tiny_cnn"
+STUDENT = "tests.compress.distill_helpers:tiny_student"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("distill-data")
+    load_data("builtin:digits:train").take(96).save(d / "train.pt")
+    load_data("builtin:digits:test").take(48).save(d / "eval.pt")
+    Dataset(load_data("builtin:digits:train").take(64).x).save(d / "unlabeled.pt")
+    torch.save({"x": torch.zeros(0, 1, 8, 8), "y": torch.zeros(0, dtype=torch.long)}, d / "empty.pt")
+    return d
+
+
+def _args(files, out, *extra):
+    return ["distill", "--teacher", TEACHER, "--student", STUDENT, "--train-data", files / "train.pt",
+            "--eval-data", files / "eval.pt", "--epochs", "2", "--batch-size", "16", "--no-progress",
+            "-o", out, *extra]
+
+
+# -- the loss ------------------------------------------------------------------------------------
+
+def test_loss_is_the_documented_mix():
+    teacher, student = tiny_cnn().eval(), tiny_student()
+    x = load_data("builtin:digits:test").take(8)
+    b = Batch(x.x, x.y)
+    T, a = 3.0, 0.3
+    with torch.no_grad():
+        t_logits, s_logits = teacher(b.x), student(b.x)
+        kl = F.kl_div(F.log_softmax(s_logits / T, -1), F.softmax(t_logits / T, -1), reduction="batchmean")
+        want = a * F.cross_entropy(s_logits, b.y) + (1 - a) * T * T * kl
+        got, logits = make_distill_loss(teacher, T, a)(student, b)
+        soft_only, _ = make_distill_loss(teacher, T, a)(student, Batch(b.x, None))  # no labels: soft targets
+    assert torch.allclose(got, want, atol=1e-6) and torch.equal(logits, s_logits)
+    assert torch.allclose(soft_only, T * T * kl, atol=1e-6)
+
+
+def test_teacher_stays_frozen_and_in_eval_mode():
+    teacher, student = tiny_cnn(), tiny_student()
+    teacher.train()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    data = load_data("builtin:digits:train").take(64)
+    # the call the pruning fine-tuner makes: make_distill_loss(teacher, T, alpha) as train(loss_fn=...)
+    train(student, data, TrainConfig(epochs=1, batch_size=16), loss_fn=make_distill_loss(teacher, 4.0, 0.5),
+          progress=False)
+    assert not teacher.training
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())  # BN stats did not move
+    assert all(p.grad is None for p in teacher.parameters())
+
+
+def test_bad_loss_options():
+    with pytest.raises(UsageError, match="alpha"):
+        make_distill_loss(tiny_cnn(), 4.0, 1.5)
+    with pytest.raises(UsageError, match="temperature"):
+        make_distill_loss(tiny_cnn(), 0.0, 0.5)
+    with pytest.raises(UsageError, match="no layer 'nope'"):
+        make_distill_loss(tiny_cnn(), 4.0, 0.5, [("nope", "conv1")], student=tiny_student(),
+                          example_inputs=torch.zeros(2, 1, 8, 8))
+
+
+# -- the CLI and the Python twin -----------------------------------------------------------------
+
+def test_cli_distills_to_torchscript_naming_the_teacher(cli, files, tmp_path):
+    out = tmp_path / "student.pt"
+    code, stdout, stderr = cli(*_args(files, out, "--temperature", "3", "--alpha", "0.7", "--log-dir", tmp_path / "logs",
+                                      "--save-recipe", tmp_path / "r.yaml"))
+    assert code == 0, stderr
+    assert "1/2." in stdout and "eval accuracy" in stdout
+    side = json.loads((tmp_path / "student.pt.ptopt.json").read_text())
+    assert side["format"] == "torchscript" and side["parent"]["path"] == TEACHER
+    assert side["extra"]["teacher"]["path"] == TEACHER and side["config"]["temperature"] == 3.0
+    assert side["config"]["alpha"] == 0.7 and side["config"]["train"]["epochs"] == 2
+    assert len(side["extra"]["history"]) == 2 and side["metrics"]["eval_accuracy"] is not None
+    assert side["metrics"]["student_parameters"] < side["metrics"]["teacher_parameters"]
+    model = torch.jit.load(str(out))  # plain torch, no ptopt
+    assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+    assert len((tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "distill:" in (tmp_path / "r.yaml").read_text()
+
+
+def test_cli_feature_pair_with_projection(cli, files, tmp_path):
+    out = tmp_path / "student.pt"
+    code, _, stderr = cli(*_args(files, out, "--feature-pair", "bn2=bn2", "--precision", "bf16"))
+    assert code == 0, stderr
+    side = json.loads((tmp_path / "student.pt.ptopt.json").read_text())
+    assert side["config"]["feature_pairs"] == [["bn2", "bn2"]] and side["config"]["train"]["precision"] == "bf16"
+    # the 4→8 channel projection is trained but not part of the student
+    assert not any("projection" in k for k in torch.jit.load(str(out)).state_dict())
+
+
+def test_python_twin_soft_targets_only_to_exported_program(tmp_path, files):
+    """Unlabelled data with alpha=0; modules and a TorchScript teacher; output .pt2."""
+    teacher = torch.jit.trace(tiny_cnn().eval(), torch.zeros(2, 1, 8, 8))
+    torch.jit.save(teacher, str(tmp_path / "teacher.pt"))
+    art = distill(tmp_path / "teacher.pt", tiny_student(), files / "unlabeled.pt", tmp_path / "s.pt2", alpha=0.0,
+                  epochs=1, batch_size=16, progress=False)
+    assert art.format == "exported_program" and art.parent["path"] == str(tmp_path / "teacher.pt")
+    assert "sha256" in art.parent
+    ep = torch.export.load(str(tmp_path / "s.pt2"))
+    assert ep.module()(torch.zeros(5, 1, 8, 8)).shape == (5, 10)  # dynamic batch
+
+
+def test_python_twin_resume_with_feature_projection_is_exact(tmp_path, files):
+    """A killed distillation resumed from its checkpoint ends with the uninterrupted run's weights."""
+    kw = dict(eval_data=files / "eval.pt", epochs=2, batch_size=16, feature_pairs=["conv2=conv2"], progress=False)
+
+    def kill(epoch, model):
+        if epoch == 1:
+            raise KeyboardInterrupt
+
+    distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "a.pt", checkpoint_dir=tmp_path / "ca", **kw)
+    with pytest.raises(KeyboardInterrupt):
+        distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "b.pt", checkpoint_dir=tmp_path / "cb",
+                epoch_hooks=[kill], **kw)
+    assert not (tmp_path / "b.pt").exists()
+    art = distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "b.pt", checkpoint_dir=tmp_path / "cb",
+                  resume=True, **kw)
+    assert art.extra["resumed_from_epoch"] == 1
+    a, b = torch.jit.load(str(tmp_path / "a.pt")).state_dict(), torch.jit.load(str(tmp_path / "b.pt")).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- bad input: exit 2, a clear message, nothing written ---------------------------------------
+
+def _assert_refused(cli, args, out, *fragments):
+    code, _, stderr = cli(*args)
+    assert code == 2, stderr
+    for f in fragments:
+        assert f in stderr, stderr
+    assert "Traceback" not in stderr and not out.exists()
+    return stderr
+
+
+def test_cli_refuses_teacher_and_student_of_different_output_shapes(cli, files, tmp_path):
+    out = tmp_path / "s.pt"
+    args = _args(files, out)
+    args[args.index(STUDENT)] = "tests.compress.distill_helpers:five_class_student"
+    _assert_refused(cli, args, out, "outputs differ in shape", "teacher 8x10", "student 8x5")
+
+
+def test_cli_refuses_unlabeled_data_with_alpha(cli, files, tmp_path):
+    out = tmp_path / "s.pt"
+    args = _args(files, out, "--alpha", "0.5")
+    args[args.index(files / "train.pt")] = files / "unlabeled.pt"
+    _assert_refused(cli, args, out, "no labels", "--alpha 0")
+
+
+def test_cli_refuses_empty_data(cli, files, tmp_path):
+    out = tmp_path / "s.pt"
+    args = _args(files, out)
+    args[args.index(files / "train.pt")] = files / "empty.pt"
+    _assert_refused(cli, args, out, "empty")
+
+
+def test_cli_refuses_checkpoint_of_another_configuration(cli, files, tmp_path):
+    first = tmp_path / "first.pt"
+    code, _, stderr = cli(*_args(files, first, "--epochs", "1", "--checkpoint-dir", tmp_path / "ck"))
+    assert code == 0, stderr
+    out = tmp_path / "s.pt"
+    args = _args(files, out, "--epochs", "1", "--checkpoint-dir", tmp_path / "ck", "--resume", "--temperature", "2")
+    _assert_refused(cli, args, out, "another configuration", "temperature: checkpoint 4.0, now 2.0")
+
+
+def test_cli_refuses_bad_options(cli, files, tmp_path):
+    out = tmp_path / "s.txt"
+    _assert_refused(cli, _args(files, out), out, ".pt (TorchScript) or .pt2")
+    out = tmp_path / "s.pt"
+    _assert_refused(cli, _args(files, out, "--resume"), out, "--resume needs --checkpoint-dir")
+    _assert_refused(cli, _args(files, out, "--feature-pair", "conv1"), out, "TEACHER_LAYER=STUDENT_LAYER")
+
+
+def test_python_twin_errors_are_typed(tmp_path, files):
+    with pytest.raises(ShapeMismatchError):
+        distill(tiny_cnn(), torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)), files / "train.pt",
+                tmp_path / "s.pt", progress=False)
+    with pytest.raises(DataError):
+        distill(tiny_cnn(), tiny_student(), Dataset(torch.zeros(4, 1, 8, 8)), tmp_path / "s.pt", progress=False)
+    assert not list(tmp_path.iterdir())
