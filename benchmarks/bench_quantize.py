@@ -98,7 +98,6 @@ def _latency(candidates, inputs, rounds, seconds):
     """{name: {bs: p50_ms}}: median over interleaved rounds of measure_latency's p50."""
     import torch
 
-    from ptopt.core.inputspec import call_model
     from ptopt.core.timing import measure_latency
 
     per = {n: {bs: [] for bs in inputs} for n in candidates}
@@ -122,8 +121,6 @@ def _accuracy(fn, data):
 
 
 def bench_resnet(args, work):
-    import torch
-
     from ptopt.compress.quantize import quantize
     from ptopt.core.data import load_data
     from ptopt.core.inputspec import call_model
