@@ -1,0 +1,133 @@
+"""Static post-training int8 in graph mode (FX): trace → fuse + observe → calibrate → convert.
+
+Works on models written the way users write them (functional ``F.relu``, residual ``x + y``,
+``torch.flatten``, no QuantStubs): the graph is traced, conv-bn(-relu) and linear-relu are fused
+for the backend, observers are placed around every quantizable op, calibrated on data, and
+replaced by int8 kernels. Per-channel weights by default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptopt.compress import quant_engine as engine
+from ptopt.compress.quantize import QuantResult, StaticQuantConfig
+from ptopt.core.data import Dataset
+from ptopt.core.inputspec import batch_size_of, call_args, call_model
+
+#: layer types graph-mode static int8 has no kernel for, and what to do instead
+_NO_STATIC_KERNEL = {
+    "LSTM": "no static int8 LSTM kernel in graph mode; --mode dynamic quantizes LSTM/GRU/Linear",
+    "GRU": "no static int8 GRU kernel in graph mode; --mode dynamic quantizes LSTM/GRU/Linear",
+    "MultiheadAttention": "attention stays float in graph mode; --mode dynamic quantizes its feed-forward Linears",
+    "Embedding": "embeddings stay float (weight-only int8 is not supported by this engine)",
+    "EmbeddingBag": "embeddings stay float (weight-only int8 is not supported by this engine)",
+}
+
+
+def quantize_static(model: Any, config: StaticQuantConfig, calib: Dataset, example: Any,
+                    progress: bool = True) -> QuantResult:
+    """Static int8 of ``model`` (left untouched) calibrated on ``calib``; ``example`` is one batch."""
+    args, kwargs = call_args(example)
+    prepared = engine.prepare_static(model, config, args, kwargs)
+    summary = calibrate(prepared, calib, config.calibration_batches, config.batch_size, progress)
+    converted = engine.convert(prepared, config.backend)
+    calibration = {"calibration": summary | {"observer": config.observer, "per_channel": config.per_channel,
+                                             "backend": config.backend}}
+    return QuantResult(converted, float_layers(model, converted, config), calibration)
+
+
+def calibrate(prepared: Any, data: Dataset, max_batches: int, batch_size: int, progress: bool = True) -> dict[str, Any]:
+    """Run up to ``max_batches`` shuffled (seeded) batches through the observed model.
+
+    Calibrate in eval mode: BatchNorm statistics must not move and dropout must be off, or the
+    observed ranges describe a different network than the one that gets converted.
+    """
+    import torch
+
+    from ptopt.core.errors import UnsupportedModelError
+
+    prepared.eval()
+    total = min(max_batches, data.num_batches(batch_size))
+    batches = samples = 0
+    with _bar(progress, total, "calibrating") as advance, torch.no_grad():
+        for b in data.batches(batch_size, shuffle=True, seed=0):
+            if batches >= total:
+                break
+            try:
+                call_model(prepared, b.x)
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+                msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                if any(f"'{t}'" in msg for t in ("Long", "Int", "Bool")):
+                    raise UnsupportedModelError(
+                        f"calibration failed in graph mode: {msg}: an integer tensor (token ids or a mask) reaches "
+                        "an op that static int8 wants to quantize. Use --mode dynamic for models with integer "
+                        "inputs") from None
+                raise UnsupportedModelError(f"calibration failed in graph mode: {msg}. Keep the failing module "
+                                            "in float with --exclude NAME, or use --mode dynamic") from None
+            batches += 1
+            samples += batch_size_of(b.x)
+            advance()
+    return {"data": data.name, "batches": batches, "samples": samples, "batch_size": batch_size}
+
+
+def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
+    """``{name: reason}`` for each weighted layer of ``original`` that is not int8 in ``converted``.
+
+    BatchNorms folded into their convolution are gone from ``converted`` and are not listed.
+    """
+    excluded = tuple(getattr(config, "float_modules", ()) or ())
+    graph = getattr(converted, "graph", None)
+    leaves = {str(n.target) for n in graph.nodes if n.op == "call_module"} if graph is not None else set()
+    out: dict[str, str] = {}
+    for name, m in original.named_modules():
+        if not name or not any(True for _ in m.parameters(recurse=False)):
+            continue
+        try:
+            q = converted.get_submodule(name)
+        except AttributeError:
+            continue  # fused into a neighbour (conv-bn folding)
+        if engine.is_quantized_module(q):
+            continue
+        kind = type(m).__name__
+        parts = name.split(".")
+        opaque = next((p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in leaves), None)
+        if any(name == e or name.startswith(e + ".") for e in excluded):
+            out[name] = "excluded (--exclude / float_modules)"
+        elif opaque is not None:
+            out[name] = (f"inside {opaque} ({type(original.get_submodule(opaque)).__name__}), which graph mode runs "
+                         "as one float op; --mode dynamic quantizes the Linear layers inside it")
+        elif kind in _NO_STATIC_KERNEL:
+            out[name] = _NO_STATIC_KERNEL[kind]
+        elif "BatchNorm" in kind:
+            out[name] = "BatchNorm not preceded by a convolution: not fused, runs in float"
+        elif "Norm" in kind:
+            out[name] = f"{kind} runs in float between dequantize/quantize"
+        else:
+            out[name] = f"no int8 {kind} pattern on backend {config.backend}: runs in float"
+    return out
+
+
+class _bar:
+    """A rich progress bar on stderr (transient); ``advance()`` moves it by one batch."""
+
+    def __init__(self, enabled: bool, total: int, description: str):
+        self.enabled, self.total, self.description = enabled, total, description
+        self._progress = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._progress.__enter__()
+        task = self._progress.add_task(self.description, total=self.total)
+        return lambda: self._progress.update(task, advance=1)
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False
