@@ -83,9 +83,10 @@ def demo(output: str | Path = "ptopt-demo", *, fresh: bool = False, threads: int
     lstm8 = step(3, "dynamic int8 LSTM", "lstm.int8.pt",
                  lambda p: quantize(LSTM, "dynamic", p, eval_data=SEQ_TEST, progress=False))
     step(4, "structured pruning 50% + distillation", "resnet.pruned.pt",
-         lambda p: prune(CNN, "structured", 0.5, p, fine_tune_data=TRAIN, eval_data=TEST, epochs=2,
-                         teacher="self"))
-    step(5, "global pruning 50%", "resnet.sparse.pt", lambda p: prune(CNN, "global", 0.5, p))
+         lambda p: prune(CNN, "structured", 0.5, p, fine_tune_data=TRAIN, eval_data=TEST, epochs=3,
+                         teacher="self", temperature=2.0, alpha=0.5, lr=2e-3))
+    step(5, "global pruning 50% + 1 epoch", "resnet.sparse.pt",
+         lambda p: prune(CNN, "global", 0.5, p, fine_tune_data=TRAIN, eval_data=TEST, epochs=1))
     step(6, "export TorchScript fp32", "resnet.ts.pt", lambda p: export(CNN, "torchscript", p))
     step(7, "export ONNX fp32", "resnet.onnx", lambda p: export(CNN, "onnx", p))
     step(8, "export ONNX int8", "resnet.int8.onnx", lambda p: export(int8, "onnx", p, data=TRAIN))
