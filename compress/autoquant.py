@@ -86,9 +86,9 @@ class AccuracyGoal(Config):
     def describe(self) -> str:
         parts = []
         if self.max_accuracy_drop is not None:
-            parts.append(f"accuracy drop <= {self.max_accuracy_drop:g} points")
+            parts.append(f"accuracy drop <= {self.max_accuracy_drop} points")
         if self.min_cosine is not None:
-            parts.append(f"min cosine >= {self.min_cosine:g}")
+            parts.append(f"min cosine >= {self.min_cosine}")
         return " and ".join(parts) or "no target"
 
 
@@ -197,7 +197,7 @@ class AutoQuantResult:
 
     def raise_if_missed(self) -> None:
         """GateFailedError (exit 1) when no candidate met the goal (the best one is already written)."""
-        if not self.met and self.goal.has_target:
+        if not self.met and self.goal.has_target and self.artifact is not None:
             err = GateFailedError(self.reason)
             err.result = self  # type: ignore[attr-defined]
             raise err
@@ -442,6 +442,8 @@ class _Search:
         self.exhausted = False
 
     def budget_left(self) -> bool:
+        if not self.candidates:
+            return True  # always an answer: the first candidate is tried whatever the budget
         if self.goal.trials is not None and len(self.candidates) >= self.goal.trials:
             self.exhausted = True
         if self.goal.seconds is not None and self.t.elapsed() >= self.goal.seconds:
@@ -636,8 +638,7 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
         result.budget_exhausted = search.exhausted
         result.met = bool(search.holding())
     best = result.best
-    if best is None:  # the budget allowed no trial at all: write the plain base scheme
-        raise UsageError("--tuning-budget allowed no candidate; give at least 1 trial or a few seconds")
+    assert best is not None  # the first candidate is always tried
     result.reason = _explain(result, names)
     result.seconds = tuner.elapsed()
     art = quantize(loaded, mode, output, config=search.config((best.per_channel, best.observer), best.float_layers),
@@ -682,8 +683,8 @@ def _explain(result: AutoQuantResult, names: list[str]) -> str:
 
 def _layer_error(r: dict[str, Any]) -> str:
     if r.get("accuracy_drop") is not None:
-        return f"{r['layer']} (drop {r['accuracy_drop']:.2f}, min cos {r['min_cosine']:.4f})"
-    return f"{r['layer']} (min cos {r['min_cosine']:.4f})"
+        return f"{r['layer']} (drop {r['accuracy_drop']:.2f}, min cos {r['min_cosine']:.6f})"
+    return f"{r['layer']} (min cos {r['min_cosine']:.6f})"
 
 
 def _logger(progress: bool) -> Callable[[str], None]:
