@@ -152,6 +152,8 @@ class Candidate:
     step: str
     seconds: float
     float_params: int = 0
+    #: share of the tuned layers' multiply-accumulates that stays float (expected price in speed)
+    float_macs: float = 0.0
 
     @property
     def scheme(self) -> str:
@@ -209,12 +211,12 @@ class AutoQuantResult:
         how = "quantized alone" if self.goal.sensitivity == "alone" else "left float, rest int8"
         t = Table(title=f"Layer sensitivity ({how}; most sensitive first)")
         labels = any(r.get("accuracy_drop") is not None for r in self.sensitivity)
-        for col in ("#", "layer", "type", "params") + (("acc. drop",) if labels else ()) + ("min cos", "mean cos"):
+        for col in ("#", "layer", "type", "params", "MACs %") + (("acc. drop",) if labels else ()) + ("min cos", "mean cos"):
             t.add_column(col, justify="left" if col in ("layer", "type") else "right")
         if self.goal.has_target:
             t.add_column("alone breaks budget" if self.goal.sensitivity == "alone" else "saves")
         for i, r in enumerate(self.sensitivity[:limit]):
-            row = [str(i + 1), r["layer"], r["type"], f"{r['params']:,}"]
+            row = [str(i + 1), r["layer"], r["type"], f"{r['params']:,}", f"{100 * r.get('macs_share', 0):.1f}"]
             if labels:
                 row.append(_fmt(r.get("accuracy_drop"), "{:+.2f}"))
             row += [f"{r['min_cosine']:.5f}", f"{r['mean_cosine']:.5f}"]
@@ -227,20 +229,24 @@ class AutoQuantResult:
     def candidates_table(self):
         from rich.table import Table
 
-        t = Table(title=f"Candidates tried (goal: {self.goal.describe()})")
+        t = Table(title=f"Candidates tried (goal: {self.goal.describe()}; pc/pt = per-channel/per-tensor, * = written)")
         labels = any(c.measurement.accuracy_drop is not None for c in self.candidates)
-        cols = ["#", "step", "scheme", "float layers"] + (["acc. drop"] if labels else []) + \
-            ["min cos", "mean cos", "latency ms", "speedup", "holds"]
+        cols = ["#", "step", "scheme", "float layers", "float MACs"] + (["drop"] if labels else []) + \
+            ["min cos", "mean cos", "ms", "speedup", "holds"]
         for col in cols:
-            t.add_column(col, justify="left" if col in ("step", "scheme", "float layers") else "right")
+            left = col in ("step", "scheme", "float layers")
+            t.add_column(col, justify="left" if left else "right", no_wrap=col != "float layers",
+                         overflow="fold" if col == "float layers" else "ellipsis",
+                         min_width=12 if col == "float layers" else None)
         fp32_ms = self.fp32.get("latency_ms")
         for c in self.candidates:
             mark = "yes" if c.holds else "no"
             if self.chosen == c.index:
                 mark += " *"
-            names = ", ".join(c.float_layers) if len(c.float_layers) <= 3 else \
-                f"{len(c.float_layers)}: {', '.join(c.float_layers[:2])}, ..."
-            row = [str(c.index + 1), c.step, c.scheme, names or "-"]
+            names = ", ".join(c.float_layers) if len(c.float_layers) <= 2 else \
+                f"{c.float_layers[0]} +{len(c.float_layers) - 1}"
+            scheme = ("pc" if c.per_channel else "pt") + (f" {c.observer}" if c.observer else "")
+            row = [str(c.index + 1), c.step, scheme, names or "-", f"{100 * c.float_macs:.1f}%"]
             if labels:
                 row.append(_fmt(c.measurement.accuracy_drop, "{:+.2f}"))
             row += [f"{c.measurement.min_cosine:.5f}", f"{c.measurement.mean_cosine:.5f}", f"{c.latency_ms:.2f}",
@@ -276,6 +282,36 @@ class _Tuner:
         self.fp32_latency = self.latency(module)
         self.params = {n: sum(p.numel() for p in m.parameters()) for n, m in module.named_modules() if n}
         self.types = {n: type(m).__name__ for n, m in module.named_modules() if n}
+        self.cost = self._macs(module, example)
+
+    @staticmethod
+    def _macs(module: Any, example: Any) -> dict[str, float]:
+        """Multiply-accumulates per sample of each weighted layer (weights × output positions), the
+        expected price of keeping it float."""
+        import torch
+
+        from ptopt.core.inputspec import batch_size_of, call_model
+
+        out: dict[str, float] = {}
+        hooks = []
+        for name, m in module.named_modules():
+            w = getattr(m, "weight", None) if not isinstance(m, torch.nn.RNNBase) else getattr(m, "weight_ih_l0", None)
+            if not name or not isinstance(w, torch.Tensor) or w.dim() < 2:
+                continue
+            params = sum(p.numel() for p in m.parameters(recurse=False))
+
+            def hook(mod, inp, y, name=name, rows=w.shape[0], params=params):
+                y = y[0] if isinstance(y, (tuple, list)) else y
+                if isinstance(y, torch.Tensor):
+                    out[name] = params * y.numel() / max(rows, 1) / max(batch_size_of(example), 1)
+            hooks.append(m.register_forward_hook(hook))
+        try:
+            with torch.no_grad():
+                call_model(module, example)
+        finally:
+            for h in hooks:
+                h.remove()
+        return out
 
     # quantize / measure ---------------------------------------------------------------------------
     def quantize(self, config: Any) -> Any:
@@ -356,6 +392,7 @@ class _Tuner:
         base_float = tuple(self.base.float_modules)
         rows = []
         full = None
+        total = sum(self.cost.get(n, 0.0) for n in layers) or 1.0
         if self.goal.sensitivity == "float":
             full = self.measure(self.quantize(self.base), self.sens_eval)
         for i, name in enumerate(layers):
@@ -365,7 +402,7 @@ class _Tuner:
                 floats = base_float + (name,)
             m = self.measure(self.quantize(self.base.replace(float_modules=floats)), self.sens_eval)
             row = {"layer": name, "type": self.types.get(name, "?"), "params": self.params.get(name, 0),
-                   **m.to_dict()}
+                   "macs_share": round(self.cost.get(name, 0.0) / total, 4), **m.to_dict()}
             if self.goal.sensitivity == "alone":
                 row["breaks_budget"] = self.goal.has_target and not m.holds(self.goal)
                 row["_key"] = m.error(self.by_accuracy)
@@ -380,6 +417,16 @@ class _Tuner:
         for r in rows:
             r.pop("_key")
         return rows
+
+
+def _layer_err(r: dict[str, Any], by_accuracy: bool) -> float:
+    """The error a layer causes (method "alone") or saves ("float"), as one number."""
+    if "saves" in r:
+        return max(float(r["saves"]), 0.0)
+    err = 1.0 - r["min_cosine"]
+    if by_accuracy and r.get("accuracy_drop") is not None:
+        err = max(r["accuracy_drop"], 0.0) + (1.0 - r["mean_cosine"])
+    return err
 
 
 def _as_matrix(y: Any) -> Any:
@@ -435,8 +482,9 @@ def _schemes(base: Any) -> list[tuple[bool, str | None]]:
 
 
 class _Search:
-    def __init__(self, tuner: _Tuner, layers: list[str], ranked: list[str], goal: AccuracyGoal):
-        self.t, self.layers, self.ranked, self.goal = tuner, layers, ranked, goal
+    def __init__(self, tuner: _Tuner, layers: list[str], sens: list[dict[str, Any]], goal: AccuracyGoal):
+        self.t, self.layers, self.sens, self.goal = tuner, layers, sens, goal
+        self.ranked = [r["layer"] for r in sens]
         self.candidates: list[Candidate] = []
         self.seen: dict[tuple, Candidate] = {}
         self.exhausted = False
@@ -469,13 +517,18 @@ class _Search:
         m = self.t.measure(q, self.t.eval)
         lat = self.t.latency(q)
         c = Candidate(len(self.candidates), scheme[0], scheme[1], floats, m, round(lat, 4), m.holds(self.goal), step,
-                      round(time.perf_counter() - t0, 2), sum(self.t.params.get(n, 0) for n in floats))
+                      round(time.perf_counter() - t0, 2), sum(self.t.params.get(n, 0) for n in floats),
+                      round(self.float_share(floats), 4))
         self.candidates.append(c)
         self.seen[key] = c
         self.t.log(f"candidate {c.index + 1} ({step}): {c.scheme}, {len(floats)} float  min cos "
                    f"{m.min_cosine:.5f}" + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else "")
                    + f"  {lat:.2f} ms  {'holds' if c.holds else 'fails'}")
         return c
+
+    def float_share(self, floats: "tuple[str, ...] | list[str]") -> float:
+        total = sum(self.t.cost.get(n, 0.0) for n in self.layers) or 1.0
+        return sum(self.t.cost.get(n, 0.0) for n in floats) / total
 
     def holding(self) -> list[Candidate]:
         return [c for c in self.candidates if c.holds]
@@ -486,8 +539,10 @@ class _Search:
         if first is None:
             return
         if not first.holds:
+            # one change at a time from the user's scheme: the other weight granularity, the other observers
             for s in schemes[1:]:
-                self.try_(s, (), "all int8")
+                if s[0] == schemes[0][0] or s[1] == schemes[0][1]:
+                    self.try_(s, (), "all int8")
         tried0 = [c for c in self.candidates if not c.float_layers]
         best_scheme = min(tried0, key=lambda c: c.measurement.error(self.t.by_accuracy))
         scheme = (best_scheme.per_channel, best_scheme.observer)
@@ -497,12 +552,14 @@ class _Search:
             return
         self.refine()
 
-    def ladder(self, scheme: tuple[bool, str | None]) -> None:
-        """Smallest k (most sensitive layers float) that holds: doubling, then bisection."""
-        n_max = max(len(self.ranked) - 1, 0)  # at least one layer stays int8
-        lo, k, hi = 0, 1, None
+    def ladder(self, scheme: tuple[bool, str | None], order: list[str] | None = None, what: str = "by error",
+               lo: int = 0) -> None:
+        """Smallest k (the first k of ``order`` float) that holds: doubling, then bisection."""
+        order = self.ranked if order is None else order
+        n_max = max(len(order) - 1, 0)  # at least one layer stays int8
+        k, hi = max(1, lo), None
         while k <= n_max and hi is None:
-            c = self.try_(scheme, self.ranked[:k], f"{k} most sensitive float")
+            c = self.try_(scheme, order[:k], f"top {k} {what}")
             if c is None:
                 return
             if c.holds:
@@ -516,7 +573,7 @@ class _Search:
             return
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            c = self.try_(scheme, self.ranked[:mid], f"{mid} most sensitive float")
+            c = self.try_(scheme, order[:mid], f"top {mid} {what}")
             if c is None:
                 return
             if c.holds:
@@ -525,19 +582,33 @@ class _Search:
                 lo = mid
 
     def refine(self) -> None:
-        """Look for a faster candidate that holds: fewer float layers, then the other schemes."""
-        best = min(self.holding(), key=lambda c: (len(c.float_layers), c.latency_ms))
+        """Look for a faster candidate that holds: the sensitivity per float cost as a second ladder,
+        fewer float layers (least sensitive dropped first), then the other schemes."""
+        best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
+        scheme = (best.per_channel, best.observer)
+        if best.float_layers:
+            cheap = self.by_efficiency()
+            if cheap[: len(best.float_layers)] != list(best.float_layers):
+                self.ladder(scheme, cheap, "by error/MAC")
+                if self.exhausted:
+                    return
+            best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
         scheme, floats = (best.per_channel, best.observer), list(best.float_layers)
         for name in reversed(list(floats)):  # least sensitive first
             trial = [n for n in floats if n != name]
-            c = self.try_(scheme, trial, f"drop {name}")
+            c = self.try_(scheme, trial, f"-{name}")
             if c is None:
                 return
             if c.holds:
                 floats = trial
         for s in _schemes(self.t.base):
-            if s != scheme and self.try_(s, floats, "other scheme") is None:
+            if s != scheme and self.try_(s, floats, "scheme") is None:
                 return
+
+    def by_efficiency(self) -> list[str]:
+        """Layers by error saved per multiply-accumulate kept float (greedy knapsack order)."""
+        err = {r["layer"]: _layer_err(r, self.t.by_accuracy) for r in self.sens}
+        return sorted(self.ranked, key=lambda n: err.get(n, 0.0) / max(self.t.cost.get(n, 1.0), 1.0), reverse=True)
 
     def choose(self) -> int | None:
         if not self.candidates:
@@ -546,7 +617,7 @@ class _Search:
         if ok:
             fastest = min(c.latency_ms for c in ok)
             near = [c for c in ok if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
-            return min(near, key=lambda c: (c.float_params, c.latency_ms)).index
+            return min(near, key=lambda c: (c.float_macs, c.latency_ms)).index
         return min(self.candidates, key=lambda c: (c.measurement.error(self.t.by_accuracy), c.latency_ms)).index
 
 
@@ -632,7 +703,7 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
         if analyze:
             result.seconds = tuner.elapsed()
             return result
-        search = _Search(tuner, names, [r["layer"] for r in sens], goal)
+        search = _Search(tuner, names, sens, goal)
         search.run()
         result.candidates, result.chosen = search.candidates, search.choose()
         result.budget_exhausted = search.exhausted
