@@ -211,12 +211,13 @@ class AutoQuantResult:
         how = "quantized alone" if self.goal.sensitivity == "alone" else "left float, rest int8"
         t = Table(title=f"Layer sensitivity ({how}; most sensitive first)")
         labels = any(r.get("accuracy_drop") is not None for r in self.sensitivity)
-        for col in ("#", "layer", "type", "params", "MACs %") + (("acc. drop",) if labels else ()) + ("min cos", "mean cos"):
-            t.add_column(col, justify="left" if col in ("layer", "type") else "right")
+        for col in ("#", "layer", "type", "params", "MACs") + (("drop",) if labels else ()) + ("min cos", "mean cos"):
+            t.add_column(col, justify="left" if col in ("layer", "type") else "right",
+                         overflow="fold" if col == "layer" else "ellipsis", no_wrap=col != "layer")
         if self.goal.has_target:
-            t.add_column("alone breaks budget" if self.goal.sensitivity == "alone" else "saves")
+            t.add_column("breaks goal" if self.goal.sensitivity == "alone" else "saves", justify="right", no_wrap=True)
         for i, r in enumerate(self.sensitivity[:limit]):
-            row = [str(i + 1), r["layer"], r["type"], f"{r['params']:,}", f"{100 * r.get('macs_share', 0):.1f}"]
+            row = [str(i + 1), r["layer"], r["type"], f"{r['params']:,}", f"{100 * r.get('macs_share', 0):.1f}%"]
             if labels:
                 row.append(_fmt(r.get("accuracy_drop"), "{:+.2f}"))
             row += [f"{r['min_cosine']:.5f}", f"{r['mean_cosine']:.5f}"]
@@ -229,10 +230,14 @@ class AutoQuantResult:
     def candidates_table(self):
         from rich.table import Table
 
-        t = Table(title=f"Candidates tried (goal: {self.goal.describe()}; pc/pt = per-channel/per-tensor, * = written)")
-        labels = any(c.measurement.accuracy_drop is not None for c in self.candidates)
-        cols = ["#", "step", "scheme", "float layers", "float MACs"] + (["drop"] if labels else []) + \
-            ["min cos", "mean cos", "ms", "speedup", "holds"]
+        t = Table(title=f"Candidates tried (goal: {self.goal.describe()})",
+                  caption="top k: the k most sensitive layers float (per MAC: sensitivity per multiply-"
+                          "accumulate); -L: L int8 again; pc/pt: per-channel/per-tensor weights; *: written; "
+                          f"ms: p50 at batch {self.fp32.get('latency_batch_size')}")
+        labels = any(c.measurement.accuracy_drop is not None for c in self.candidates) and \
+            (self.goal.max_accuracy_drop is not None or not self.goal.has_target)
+        cols = ["#", "step", "scheme", "float layers", "fl. MACs"] + (["drop"] if labels else []) + \
+            ["min cos", "ms", "speedup", "holds"]
         for col in cols:
             left = col in ("step", "scheme", "float layers")
             t.add_column(col, justify="left" if left else "right", no_wrap=col != "float layers",
@@ -249,7 +254,7 @@ class AutoQuantResult:
             row = [str(c.index + 1), c.step, scheme, names or "-", f"{100 * c.float_macs:.1f}%"]
             if labels:
                 row.append(_fmt(c.measurement.accuracy_drop, "{:+.2f}"))
-            row += [f"{c.measurement.min_cosine:.5f}", f"{c.measurement.mean_cosine:.5f}", f"{c.latency_ms:.2f}",
+            row += [f"{c.measurement.min_cosine:.5f}", f"{c.latency_ms:.2f}",
                     f"{fp32_ms / c.latency_ms:.2f}x" if fp32_ms and c.latency_ms else "-", mark]
             t.add_row(*row)
         return t
@@ -552,14 +557,14 @@ class _Search:
             return
         self.refine()
 
-    def ladder(self, scheme: tuple[bool, str | None], order: list[str] | None = None, what: str = "by error",
+    def ladder(self, scheme: tuple[bool, str | None], order: list[str] | None = None, what: str = "",
                lo: int = 0) -> None:
         """Smallest k (the first k of ``order`` float) that holds: doubling, then bisection."""
         order = self.ranked if order is None else order
         n_max = max(len(order) - 1, 0)  # at least one layer stays int8
         k, hi = max(1, lo), None
         while k <= n_max and hi is None:
-            c = self.try_(scheme, order[:k], f"top {k} {what}")
+            c = self.try_(scheme, order[:k], f"top {k}{what}")
             if c is None:
                 return
             if c.holds:
@@ -573,7 +578,7 @@ class _Search:
             return
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            c = self.try_(scheme, order[:mid], f"top {mid} {what}")
+            c = self.try_(scheme, order[:mid], f"top {mid}{what}")
             if c is None:
                 return
             if c.holds:
@@ -589,7 +594,7 @@ class _Search:
         if best.float_layers:
             cheap = self.by_efficiency()
             if cheap[: len(best.float_layers)] != list(best.float_layers):
-                self.ladder(scheme, cheap, "by error/MAC")
+                self.ladder(scheme, cheap, " per MAC")
                 if self.exhausted:
                     return
             best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
