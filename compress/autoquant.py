@@ -152,13 +152,20 @@ class Candidate:
     step: str
     seconds: float
     float_params: int = 0
+    #: SmoothQuant alpha of the int8 Linears (dynamic mode), None: not smoothed
+    smooth: float | None = None
     #: share of the tuned layers' multiply-accumulates that stays float (expected price in speed)
     float_macs: float = 0.0
 
     @property
+    def scheme_key(self) -> tuple:
+        return (self.per_channel, self.observer, self.smooth)
+
+    @property
     def scheme(self) -> str:
         s = "per-channel" if self.per_channel else "per-tensor"
-        return f"{s}, {self.observer}" if self.observer else s
+        s = f"{s}, {self.observer}" if self.observer else s
+        return f"{s}, smoothed (alpha {self.smooth})" if self.smooth else s
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -232,7 +239,8 @@ class AutoQuantResult:
 
         t = Table(title=f"Candidates tried (goal: {self.goal.describe()})",
                   caption="top k: the k most sensitive layers float (per MAC: sensitivity per multiply-"
-                          "accumulate); -L: L int8 again; pc/pt: per-channel/per-tensor weights; *: written; "
+                          "accumulate); -L: L int8 again; pc/pt: per-channel/per-tensor weights; sqA: "
+                          "SmoothQuant alpha A; *: written; "
                           f"ms: p50 at batch {self.fp32.get('latency_batch_size')}")
         labels = any(c.measurement.accuracy_drop is not None for c in self.candidates) and \
             (self.goal.max_accuracy_drop is not None or not self.goal.has_target)
@@ -250,7 +258,8 @@ class AutoQuantResult:
                 mark += " *"
             names = ", ".join(c.float_layers) if len(c.float_layers) <= 2 else \
                 f"{c.float_layers[0]} +{len(c.float_layers) - 1}"
-            scheme = ("pc" if c.per_channel else "pt") + (f" {c.observer}" if c.observer else "")
+            scheme = ("pc" if c.per_channel else "pt") + (f" {c.observer}" if c.observer else "") + \
+                (f" sq{c.smooth}" if c.smooth else "")
             row = [str(c.index + 1), c.step, scheme, names or "-", f"{100 * c.float_macs:.1f}%"]
             if labels:
                 row.append(_fmt(c.measurement.accuracy_drop, "{:+.2f}"))
@@ -288,6 +297,8 @@ class _Tuner:
         self.params = {n: sum(p.numel() for p in m.parameters()) for n, m in module.named_modules() if n}
         self.types = {n: type(m).__name__ for n, m in module.named_modules() if n}
         self.cost = self._macs(module, example)
+        self.layers: list[str] = []
+        self._absmax: dict[str, Any] | None = None
 
     @staticmethod
     def _macs(module: Any, example: Any) -> dict[str, float]:
@@ -319,7 +330,11 @@ class _Tuner:
         return out
 
     # quantize / measure ---------------------------------------------------------------------------
-    def quantize(self, config: Any) -> Any:
+    def quantize(self, config: Any, smooth: float | None = None) -> Any:
+        if smooth:
+            from ptopt.compress.quantize_dynamic import quantize_dynamic
+
+            return quantize_dynamic(self.smoothed(config, smooth), config).module
         if config.mode == "static":
             from ptopt.compress.quantize_static import quantize_static
 
@@ -327,6 +342,24 @@ class _Tuner:
         from ptopt.compress.quantize_dynamic import quantize_dynamic
 
         return quantize_dynamic(self.module, config).module
+
+    @property
+    def smoothable(self) -> list[str]:
+        """Quantizable Linears (dynamic mode): SmoothQuant candidates."""
+        import torch
+
+        if self.base.mode != "dynamic":
+            return []
+        return [n for n in self.layers if isinstance(self.module.get_submodule(n), torch.nn.Linear)]
+
+    def smoothed(self, config: Any, alpha: float) -> Any:
+        """The fp32 model with its int8-bound Linears smoothed (float layers stay as they are)."""
+        from ptopt.compress import smoothquant
+
+        if self._absmax is None:
+            self._absmax = smoothquant.activation_absmax(self.module, self.sens_eval, self.smoothable)
+        floats = set(config.float_modules)
+        return smoothquant.smooth(self.module, self._absmax, alpha, [n for n in self.smoothable if n not in floats])
 
     def _outputs(self, model: Any, ds: Any) -> list[Any]:
         from ptopt.core.inputspec import call_model
@@ -391,6 +424,7 @@ class _Tuner:
                 continue
             if engine.is_quantized_module(qm):
                 out.append(name)
+        self.layers = out
         return out
 
     def sensitivity(self, layers: list[str]) -> list[dict[str, Any]]:
@@ -477,13 +511,19 @@ class _threads:
         return False
 
 
-def _schemes(base: Any) -> list[tuple[bool, str | None]]:
-    """(per_channel, observer) pairs, the user's own first."""
+#: SmoothQuant strengths tried on dynamic int8 Linears (0.5 is the paper's default for W8A8 per-tensor;
+#: per-channel int8 weights absorb more of the activation range, so stronger migration pays off)
+SMOOTH_ALPHAS = (0.75, 0.9)
+
+
+def _schemes(base: Any, smoothable: bool = False) -> list[tuple[bool, str | None, float | None]]:
+    """(per_channel, observer, smoothing alpha) triples, the user's own first."""
     pcs = [base.per_channel, not base.per_channel]
     if base.mode != "static":
-        return [(pc, None) for pc in pcs]
+        alphas = (None,) + (SMOOTH_ALPHAS if smoothable else ())
+        return [(pc, None, a) for a in alphas for pc in pcs]
     obs = [base.observer] + [o for o in ("histogram", "minmax", "percentile") if o != base.observer]
-    return [(pc, o) for pc in pcs for o in obs]
+    return [(pc, o, None) for pc in pcs for o in obs]
 
 
 class _Search:
@@ -503,14 +543,14 @@ class _Search:
             self.exhausted = True
         return not self.exhausted
 
-    def config(self, scheme: tuple[bool, str | None], floats: tuple[str, ...]) -> Any:
-        pc, obs = scheme
+    def config(self, scheme: tuple, floats: tuple[str, ...]) -> Any:
+        pc, obs, _ = scheme
         changes: dict[str, Any] = {"per_channel": pc, "float_modules": tuple(self.t.base.float_modules) + floats}
         if obs is not None:
             changes["observer"] = obs
         return self.t.base.replace(**changes)
 
-    def try_(self, scheme: tuple[bool, str | None], floats: "tuple[str, ...] | list[str]", step: str) -> Candidate | None:
+    def try_(self, scheme: tuple, floats: "tuple[str, ...] | list[str]", step: str) -> Candidate | None:
         floats = tuple(n for n in self.ranked if n in set(floats))
         key = (scheme, frozenset(floats))
         if key in self.seen:
@@ -518,12 +558,12 @@ class _Search:
         if not self.budget_left():
             return None
         t0 = time.perf_counter()
-        q = self.t.quantize(self.config(scheme, floats))
+        q = self.t.quantize(self.config(scheme, floats), smooth=scheme[2])
         m = self.t.measure(q, self.t.eval)
         lat = self.t.latency(q)
         c = Candidate(len(self.candidates), scheme[0], scheme[1], floats, m, round(lat, 4), m.holds(self.goal), step,
                       round(time.perf_counter() - t0, 2), sum(self.t.params.get(n, 0) for n in floats),
-                      round(self.float_share(floats), 4))
+                      scheme[2], round(self.float_share(floats), 4))
         self.candidates.append(c)
         self.seen[key] = c
         self.t.log(f"candidate {c.index + 1} ({step}): {c.scheme}, {len(floats)} float  min cos "
@@ -539,25 +579,27 @@ class _Search:
         return [c for c in self.candidates if c.holds]
 
     def run(self) -> None:
-        schemes = _schemes(self.t.base)
+        schemes = _schemes(self.t.base, bool(self.t.smoothable))
         first = self.try_(schemes[0], (), "all int8")
         if first is None:
             return
         if not first.holds:
             # one change at a time from the user's scheme: the other weight granularity, the other observers
             for s in schemes[1:]:
-                if s[0] == schemes[0][0] or s[1] == schemes[0][1]:
+                if sum(a != b for a, b in zip(s, schemes[0])) == 1:
                     self.try_(s, (), "all int8")
         tried0 = [c for c in self.candidates if not c.float_layers]
         best_scheme = min(tried0, key=lambda c: c.measurement.error(self.t.by_accuracy))
-        scheme = (best_scheme.per_channel, best_scheme.observer)
+        scheme = best_scheme.scheme_key
         if not self.holding():
             self.ladder(scheme)
+        if not self.holding() and scheme != schemes[0] and not self.exhausted:
+            self.ladder(schemes[0])  # the ranking was measured with the user's scheme
         if not self.holding():
             return
         self.refine()
 
-    def ladder(self, scheme: tuple[bool, str | None], order: list[str] | None = None, what: str = "",
+    def ladder(self, scheme: tuple, order: list[str] | None = None, what: str = "",
                lo: int = 0) -> None:
         """Smallest k (the first k of ``order`` float) that holds: doubling, then bisection."""
         order = self.ranked if order is None else order
@@ -590,7 +632,7 @@ class _Search:
         """Look for a faster candidate that holds: the sensitivity per float cost as a second ladder,
         fewer float layers (least sensitive dropped first), then the other schemes."""
         best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
-        scheme = (best.per_channel, best.observer)
+        scheme = best.scheme_key
         if best.float_layers:
             cheap = self.by_efficiency()
             if cheap[: len(best.float_layers)] != list(best.float_layers):
@@ -598,7 +640,7 @@ class _Search:
                 if self.exhausted:
                     return
             best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
-        scheme, floats = (best.per_channel, best.observer), list(best.float_layers)
+        scheme, floats = best.scheme_key, list(best.float_layers)
         for name in reversed(list(floats)):  # least sensitive first
             trial = [n for n in floats if n != name]
             c = self.try_(scheme, trial, f"-{name}")
@@ -606,7 +648,7 @@ class _Search:
                 return
             if c.holds:
                 floats = trial
-        for s in _schemes(self.t.base):
+        for s in _schemes(self.t.base, bool(self.t.smoothable)):
             if s != scheme and self.try_(s, floats, "scheme") is None:
                 return
 
@@ -717,10 +759,20 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
     assert best is not None  # the first candidate is always tried
     result.reason = _explain(result, names)
     result.seconds = tuner.elapsed()
-    art = quantize(loaded, mode, output, config=search.config((best.per_channel, best.observer), best.float_layers),
+    final = search.config(best.scheme_key, best.float_layers)
+    if best.smooth:
+        with _quantize_context(base):
+            loaded = dataclasses.replace(loaded, module=tuner.smoothed(final, best.smooth).eval())
+    art = quantize(loaded, mode, output, config=final,
                    calib_data=calib_data, eval_data=eval_data, input_shapes=input_shapes, progress=False)
     art.config["accuracy_goal"] = goal.to_dict()
     art.extra["autoquant"] = result.to_dict()
+    if best.smooth:
+        art.extra["smoothquant"] = {"alpha": best.smooth, "layers": [n for n in tuner.smoothable
+                                                                    if n not in best.float_layers],
+                                    "calibrated_on": len(tuner.sens_eval)}
+        art.extra.get("onnx_quantization", {})["note"] = (
+            "re-quantizes the fp32 parent without SmoothQuant: accuracy differs from this artifact")
     art.metrics |= {"min_cosine": best.measurement.min_cosine, "mean_cosine": best.measurement.mean_cosine,
                     "goal_met": result.met, "search_latency_ms": best.latency_ms,
                     "fp32_search_latency_ms": fp32["latency_ms"]}

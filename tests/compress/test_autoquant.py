@@ -51,13 +51,18 @@ def test_cli_budget_that_holds_keeps_fragile_float(cli, tmp_path: Path) -> None:
     aq = art.extra["autoquant"]
     assert aq["met"] is True and aq["goal"]["min_cosine"] == 0.99
     chosen = aq["candidates"][aq["chosen"]]
-    assert chosen["float_layers"] == ["fragile"] and chosen["holds"]
-    assert chosen["measurement"]["min_cosine"] >= 0.99
+    assert chosen["holds"] and chosen["measurement"]["min_cosine"] >= 0.99
+    # fragile's trouble is an activation outlier channel: keeping it float or SmoothQuant both fix it
+    if chosen["smooth"]:
+        assert art.extra["smoothquant"]["alpha"] == chosen["smooth"]
+        assert set(art.extra["smoothquant"]["layers"]) == {"fc1", "fragile", "fc3"} - set(chosen["float_layers"])
+    else:
+        assert chosen["float_layers"] == ["fragile"]
+        assert "excluded" in art.extra["float_layers"]["fragile"]
     # every candidate tried is recorded with its error, latency and float layers
     assert len(aq["candidates"]) >= 2 and all("latency_ms" in c and "float_layers" in c for c in aq["candidates"])
     assert aq["candidates"][0]["float_layers"] == [] and not aq["candidates"][0]["holds"]
     assert aq["sensitivity"][0]["layer"] == "fragile"
-    assert "excluded" in art.extra["float_layers"]["fragile"]
     assert art.config["accuracy_goal"]["type"] == "accuracy-goal"
     assert art.metrics["goal_met"] is True and art.metrics["min_cosine"] >= 0.99
     import warnings
@@ -177,3 +182,18 @@ def test_json_output_of_analyze(cli) -> None:
     assert code == 0, err
     data = json.loads(out)
     assert data["sensitivity"][0]["layer"] == "fragile" and data["candidates"] == []
+
+
+def test_smoothquant_is_exact_in_float_and_traceable() -> None:
+    from ptopt.compress.smoothquant import SmoothedLinear, activation_absmax, smooth
+    from ptopt.core.data import load_data
+    from tests.compress.autoquant_models import fragile_mlp
+
+    model = fragile_mlp().eval()
+    data = load_data(DIGITS).take(64)
+    stats = activation_absmax(model, data, ["fc1", "fragile", "fc3"])
+    assert stats["fragile"][0] > 100 * stats["fragile"][1:].max()  # the outlier channel
+    sm = smooth(model, stats, 0.75, ["fragile"])
+    assert isinstance(sm.fragile, SmoothedLinear) and isinstance(model.fragile, torch.nn.Linear)
+    with torch.no_grad():
+        torch.testing.assert_close(sm(data.x), model(data.x), rtol=1e-4, atol=1e-4)
