@@ -73,7 +73,7 @@ def minilm(args, tmp: Path) -> tuple[str, dict]:
         data[name] = {"min_cos_tune": ct, "min_cos_heldout": ch, "mean_cos_heldout": chm, "ms": ms}
     t0 = time.perf_counter()
     res = autoquantize(model, "dynamic", tmp / "auto.pt", eval_data=tune, min_cosine=args.min_cosine,
-                       tuning_budget=args.budget, threads=args.threads, latency_batch_size=64,
+                       tuning_budget=args.budget, threads=args.search_threads or args.threads, latency_batch_size=64,
                        sensitivity_samples=args.sensitivity_samples, progress=True)
     search_s = time.perf_counter() - t0
     q = _jit(res.artifact.path)
@@ -117,7 +117,7 @@ def resnet(args, tmp: Path) -> tuple[str, dict]:
     t0 = time.perf_counter()
     res = autoquantize(loaded, "static", tmp / "resnet.pt", eval_data="builtin:digits32:test",
                        calib_data="builtin:digits32:train", max_accuracy_drop=0.1, tuning_budget=args.budget,
-                       threads=args.threads, latency_batch_size=32, progress=True)
+                       threads=args.search_threads or args.threads, latency_batch_size=32, progress=True)
     search_s = time.perf_counter() - t0
     q = _jit(res.artifact.path)
     ms = _latency(q, x, 32)
@@ -141,7 +141,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--min-cosine", type=float, default=0.985, help="goal on the tuning set (held-out target 0.98)")
-    p.add_argument("--budget", default="16")
+    p.add_argument("--budget", default="20")
+    p.add_argument("--search-threads", type=int, help="threads while the search times candidates [--threads]")
     p.add_argument("--sensitivity-samples", type=int, default=128)
     p.add_argument("--skip-resnet", action="store_true")
     p.add_argument("--skip-minilm", action="store_true")

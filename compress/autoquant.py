@@ -7,7 +7,9 @@ when the data has no labels) runs three steps on the eval data:
    it causes is measured (``method="float"``: each layer is left float while the rest is quantized,
    and the error it saves is measured). The layers are ranked, most sensitive first.
 2. **Search**: candidates are schemes (per-channel vs per-tensor weights; for static mode also the
-   histogram / min-max / percentile observers) with the ``k`` most sensitive layers left float. The
+   histogram / min-max / percentile observers; for dynamic mode also SmoothQuant, which moves
+   activation outliers into the weights, see ``smoothquant``) with the ``k`` most sensitive layers
+   left float. The
    fastest kind (no float layer) is tried first, then ``k`` grows (doubling, then bisection) until
    the budget holds; within ``tuning_budget`` (trials or seconds) the search then looks for a faster
    candidate that still holds: it drops float layers one at a time (least sensitive first) and tries
@@ -216,15 +218,16 @@ class AutoQuantResult:
         from rich.table import Table
 
         how = "quantized alone" if self.goal.sensitivity == "alone" else "left float, rest int8"
-        t = Table(title=f"Layer sensitivity ({how}; most sensitive first)")
+        t = Table(title=f"Layer sensitivity ({how}; most sensitive first)",
+                  caption="MACs: share of the tuned layers' multiply-accumulates; breaks: fails the goal alone")
         labels = any(r.get("accuracy_drop") is not None for r in self.sensitivity)
-        for col in ("#", "layer", "type", "params", "MACs") + (("drop",) if labels else ()) + ("min cos", "mean cos"):
+        for col in ("#", "layer", "type", "MACs") + (("drop",) if labels else ()) + ("min cos", "mean cos"):
             t.add_column(col, justify="left" if col in ("layer", "type") else "right",
                          overflow="fold" if col == "layer" else "ellipsis", no_wrap=col != "layer")
         if self.goal.has_target:
-            t.add_column("breaks goal" if self.goal.sensitivity == "alone" else "saves", justify="right", no_wrap=True)
+            t.add_column("breaks" if self.goal.sensitivity == "alone" else "saves", justify="right", no_wrap=True)
         for i, r in enumerate(self.sensitivity[:limit]):
-            row = [str(i + 1), r["layer"], r["type"], f"{r['params']:,}", f"{100 * r.get('macs_share', 0):.1f}%"]
+            row = [str(i + 1), r["layer"], r["type"], f"{100 * r.get('macs_share', 0):.1f}%"]
             if labels:
                 row.append(_fmt(r.get("accuracy_drop"), "{:+.2f}"))
             row += [f"{r['min_cosine']:.5f}", f"{r['mean_cosine']:.5f}"]
@@ -513,7 +516,7 @@ class _threads:
 
 #: SmoothQuant strengths tried on dynamic int8 Linears (0.5 is the paper's default for W8A8 per-tensor;
 #: per-channel int8 weights absorb more of the activation range, so stronger migration pays off)
-SMOOTH_ALPHAS = (0.75, 0.9)
+SMOOTH_ALPHAS = (0.75, 0.6)
 
 
 def _schemes(base: Any, smoothable: bool = False) -> list[tuple[bool, str | None, float | None]]:
@@ -763,8 +766,10 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
     if best.smooth:
         with _quantize_context(base):
             loaded = dataclasses.replace(loaded, module=tuner.smoothed(final, best.smooth).eval())
-    art = quantize(loaded, mode, output, config=final,
-                   calib_data=calib_data, eval_data=eval_data, input_shapes=input_shapes, progress=False)
+    # the fused attention fast path reads linear1.weight, which a SmoothedLinear wrapper does not have
+    with engine.mha_fastpath_disabled():
+        art = quantize(loaded, mode, output, config=final, calib_data=calib_data, eval_data=eval_data,
+                       input_shapes=input_shapes, progress=False)
     art.config["accuracy_goal"] = goal.to_dict()
     art.extra["autoquant"] = result.to_dict()
     if best.smooth:
