@@ -160,6 +160,10 @@ def build_qconfig_mapping(scheme: Any, qat: bool = False) -> QConfigMapping:
             mapping.set_object_type(pattern, QConfig(activation=qconfig.activation, weight=qc.weight))
         else:
             mapping.set_object_type(pattern, qconfig)
+    # embeddings would get an activation observer on their integer indices; weight-only int8
+    # embeddings are not supported by this engine, so they stay float
+    for emb in (nn.Embedding, nn.EmbeddingBag):
+        mapping.set_object_type(emb, None)
     for name in getattr(scheme, "float_modules", ()) or ():
         mapping.set_module_name(name, None)
     return mapping

@@ -230,8 +230,6 @@ def quantize(model: Any, mode: str | None, output: "str | os.PathLike", *, calib
         raise UnsupportedModelError(
             f"{loaded.ref} is a {loaded.format} model; quantization needs the eager nn.Module "
             "(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle)")
-    import torch
-
     from ptopt.compress import quant_engine as engine
 
     engine.check_backend(config.backend)

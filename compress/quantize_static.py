@@ -45,6 +45,8 @@ def calibrate(prepared: Any, data: Dataset, max_batches: int, batch_size: int, p
     """
     import torch
 
+    from ptopt.core.errors import UnsupportedModelError
+
     prepared.eval()
     total = min(max_batches, data.num_batches(batch_size))
     batches = samples = 0
@@ -52,7 +54,17 @@ def calibrate(prepared: Any, data: Dataset, max_batches: int, batch_size: int, p
         for b in data.batches(batch_size, shuffle=True, seed=0):
             if batches >= total:
                 break
-            call_model(prepared, b.x)
+            try:
+                call_model(prepared, b.x)
+            except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
+                msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+                if any(f"'{t}'" in msg for t in ("Long", "Int", "Bool")):
+                    raise UnsupportedModelError(
+                        f"calibration failed in graph mode: {msg}: an integer tensor (token ids or a mask) reaches "
+                        "an op that static int8 wants to quantize. Use --mode dynamic for models with integer "
+                        "inputs") from None
+                raise UnsupportedModelError(f"calibration failed in graph mode: {msg}. Keep the failing module "
+                                            "in float with --exclude NAME, or use --mode dynamic") from None
             batches += 1
             samples += batch_size_of(b.x)
             advance()
@@ -65,6 +77,8 @@ def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
     BatchNorms folded into their convolution are gone from ``converted`` and are not listed.
     """
     excluded = tuple(getattr(config, "float_modules", ()) or ())
+    graph = getattr(converted, "graph", None)
+    leaves = {str(n.target) for n in graph.nodes if n.op == "call_module"} if graph is not None else set()
     out: dict[str, str] = {}
     for name, m in original.named_modules():
         if not name or not any(True for _ in m.parameters(recurse=False)):
@@ -76,8 +90,13 @@ def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
         if engine.is_quantized_module(q):
             continue
         kind = type(m).__name__
+        parts = name.split(".")
+        opaque = next((p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in leaves), None)
         if any(name == e or name.startswith(e + ".") for e in excluded):
             out[name] = "excluded (--exclude / float_modules)"
+        elif opaque is not None:
+            out[name] = (f"inside {opaque} ({type(original.get_submodule(opaque)).__name__}), which graph mode runs "
+                         "as one float op; --mode dynamic quantizes the Linear layers inside it")
         elif kind in _NO_STATIC_KERNEL:
             out[name] = _NO_STATIC_KERNEL[kind]
         elif "BatchNorm" in kind:

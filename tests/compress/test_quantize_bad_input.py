@@ -74,3 +74,10 @@ def test_torchscript_model_refused(cli, tmp_path: Path) -> None:
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.jit.save(torch.jit.trace(tiny_cnn().eval(), torch.rand(1, 1, 8, 8)), str(tmp_path / "ts.pt"))
     _assert_clean_failure(cli, tmp_path, (tmp_path / "ts.pt", "--mode", "dynamic"), "eager nn.Module")
+
+
+def test_static_with_integer_inputs_points_to_dynamic(cli, tmp_path: Path) -> None:
+    ids = torch.randint(1, 18, (8, 12), generator=torch.Generator().manual_seed(0))
+    torch.save({"x": {"input_ids": ids, "attention_mask": torch.ones_like(ids)}}, tmp_path / "tokens.pt")
+    _assert_clean_failure(cli, tmp_path, ("tests.helpers:two_input", "--mode", "static", "--calib-data",
+                                          tmp_path / "tokens.pt", "--no-progress"), "integer tensor", "--mode dynamic")
