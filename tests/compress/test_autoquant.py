@@ -197,3 +197,12 @@ def test_smoothquant_is_exact_in_float_and_traceable() -> None:
     assert isinstance(sm.fragile, SmoothedLinear) and isinstance(model.fragile, torch.nn.Linear)
     with torch.no_grad():
         torch.testing.assert_close(sm(data.x), model(data.x), rtol=1e-4, atol=1e-4)
+
+
+def test_output_still_required_without_analyze(cli, tmp_path: Path) -> None:
+    code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic", "--min-cosine", "0.9", "--eval-data", DIGITS,
+                         "--no-progress")
+    assert code == 2 and "--output" in err
+    code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic")
+    assert code == 2 and "--output" in err
+    assert _files(tmp_path) == []
