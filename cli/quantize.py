@@ -6,6 +6,7 @@ import json
 
 import click
 
+from ptopt.cli import autoquant
 from ptopt.cli.options import (
     input_shape_option,
     maybe_save_recipe,
@@ -20,7 +21,7 @@ from ptopt.cli.options import (
 @click.option("--mode", type=click.Choice(["dynamic", "static", "qat"]), required=True,
               help="dynamic: Linear/LSTM/GRU weights int8, no data; static: graph-mode int8 calibrated on "
                    "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8.")
-@output_option()
+@output_option(required=False)
 @click.option("--calib-data", help="DATA to calibrate static int8 on (e.g. builtin:digits32:train).")
 @click.option("--train-data", help="DATA to fine-tune on in QAT (labelled; without labels it matches fp32 outputs).")
 @click.option("--eval-data", help="DATA to compare fp32 and int8 accuracy on after quantizing (stored in the sidecar).")
@@ -36,6 +37,7 @@ from ptopt.cli.options import (
 @click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact's sidecar as JSON.")
+@autoquant.autoquant_options
 @model_options
 @input_shape_option
 @save_recipe_option
@@ -43,7 +45,9 @@ def command(model: str, mode: str, output: str, calib_data: str | None, train_da
             eval_data: str | None, backend: str, observer: str | None, per_tensor: bool,
             calibration_batches: int | None, batch_size: int | None, exclude: tuple[str, ...], layers: str | None,
             epochs: int | None, lr: float | None, no_progress: bool, as_json: bool, weights: str | None,
-            allow_pickle: bool, input_shapes: tuple[str, ...], save_recipe: str | None) -> None:
+            allow_pickle: bool, input_shapes: tuple[str, ...], save_recipe: str | None,
+            max_accuracy_drop: float | None, min_cosine: float | None, analyze: bool, tuning_budget: str | None,
+            threads: int | None) -> None:
     """Quantize MODEL to int8 and write a TorchScript file that loads with plain torch.jit.load.
 
     \b
@@ -51,6 +55,8 @@ def command(model: str, mode: str, output: str, calib_data: str | None, train_da
       ptopt quantize zoo:resnet --mode static --calib-data builtin:digits32:train -o resnet.int8.pt
       ptopt quantize zoo:lstm --mode dynamic -o lstm.int8.pt
       ptopt quantize zoo:resnet --mode qat --train-data builtin:digits32:train --epochs 1 -o resnet.qat.pt
+      ptopt quantize zoo:resnet --mode static --calib-data builtin:digits32:train \\
+          --eval-data builtin:digits32:test --max-accuracy-drop 0.1 -o resnet.int8.pt
     """
     from ptopt.compress.quantize import quantize
 
@@ -60,6 +66,16 @@ def command(model: str, mode: str, output: str, calib_data: str | None, train_da
                    layers=tuple(t.strip() for t in layers.split(",") if t.strip()) if layers else None,
                    epochs=epochs, lr=lr, weights=weights, allow_pickle=allow_pickle,
                    input_shapes=tuple(input_shapes))
+    if autoquant.wanted(max_accuracy_drop, min_cosine, analyze):  # accuracy-aware search (cli/autoquant.py)
+        goal = dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget)
+        found = autoquant.run(options, analyze=analyze, threads=threads, as_json=as_json,
+                              progress=not no_progress, **goal)
+        if not analyze:
+            maybe_save_recipe(save_recipe, "quantize", options | {k: v for k, v in goal.items() if v is not None})
+        found.raise_if_missed()
+        return
+    if output is None:
+        raise click.UsageError("Missing option '-o' / '--output'.")
     art = quantize(**options, progress=not no_progress)
     maybe_save_recipe(save_recipe, "quantize", options)
     if as_json:

@@ -171,14 +171,28 @@ def quantize(model: Any, mode: str | None, output: "str | os.PathLike", *, calib
              per_channel: bool = True, calibration_batches: int | None = None, batch_size: int | None = None,
              exclude: Any = (), layers: Any = None, epochs: int | None = None, lr: float | None = None,
              config: QuantConfig | None = None, input_shapes: Any = (), weights: Any = None,
-             allow_pickle: bool = False, progress: bool = True):
+             allow_pickle: bool = False, progress: bool = True, max_accuracy_drop: float | None = None,
+             min_cosine: float | None = None, tuning_budget: "str | int | None" = None):
     """Quantize ``model`` to int8 and write a TorchScript artifact to ``output``; returns the Artifact.
 
     ``model``: a MODEL reference, an nn.Module or a LoadedModel. ``calib_data`` (static),
     ``train_data`` (QAT) and ``eval_data`` (fp32 vs int8 accuracy, stored in the sidecar metrics):
     DATA references or Datasets. ``exclude``: module names kept in float. ``config`` (a
     ``StaticQuantConfig`` / ``DynamicQuantConfig`` / ``QATConfig``) replaces the per-option arguments.
+    ``max_accuracy_drop`` / ``min_cosine`` (with ``eval_data``, ``tuning_budget``): accuracy-aware search
+    (``ptopt.compress.autoquant``); raises GateFailedError after writing the best model when none holds.
     """
+    if max_accuracy_drop is not None or min_cosine is not None:
+        from ptopt.compress.autoquant import autoquantize
+
+        found = autoquantize(model, mode or "", output, eval_data=eval_data, calib_data=calib_data,
+                             max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget,
+                             backend=backend, observer=observer, per_channel=per_channel,
+                             calibration_batches=calibration_batches, batch_size=batch_size, exclude=exclude,
+                             layers=layers, input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle,
+                             progress=progress)
+        found.raise_if_missed()
+        return found.artifact
     from pathlib import Path
 
     from ptopt.core.artifact import Artifact, atomic_path
