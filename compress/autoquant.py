@@ -37,6 +37,7 @@ import re
 import time
 from typing import Any, Callable
 
+from ptopt.compress.quantize import _rebatch
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import GateFailedError, UsageError
 
@@ -483,17 +484,6 @@ def _as_matrix(y: Any) -> Any:
     return y.reshape(y.shape[0], -1).float()
 
 
-def _rebatch(x: Any, n: int) -> Any:
-    import torch
-
-    def r(t):
-        reps = -(-n // t.shape[0])
-        return torch.cat([t] * reps)[:n]
-    if isinstance(x, dict):
-        return {k: r(v) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return tuple(r(v) for v in x)
-    return r(x)
 
 
 class _threads:
