@@ -51,7 +51,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("mobilenet", "ptopt.models.mobilenet:mobilenet", "builtin:digits32:train", "builtin:digits32:test",
              "MobileNetV2-style CNN, depthwise-separable inverted residuals, 1×32×32 digits", epochs=8),
     ZooEntry("lstm", "ptopt.models.lstm:lstm", "builtin:digits-seq:train", "builtin:digits-seq:test",
-             "1-layer LSTM (512) classifier, digits as 32 rows of 32 pixels", epochs=6, lr=2e-3),
+             "2-layer LSTM (512) classifier, digits as 32 rows of 32 pixels", epochs=6, lr=2e-3),
     ZooEntry("transformer", "ptopt.models.transformer:transformer", "builtin:digits-tokens:train",
              "builtin:digits-tokens:test",
              "2-layer transformer encoder (d=64), input_ids + attention_mask, digits as position-value tokens",
