@@ -22,7 +22,8 @@ from typing import Any, Iterator
 from ptopt.core.errors import DataError
 from ptopt.core.inputspec import InputSpec, flatten_inputs, specs_from_example
 
-_FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+#: ``package.module:function``, the form shared by MODEL factories and DATA functions
+FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 @dataclass
@@ -295,7 +296,7 @@ def load_data(ref: "str | os.PathLike | Dataset") -> Dataset:
             ds = _load_npz(path)
         else:
             ds = _load_pt(path)
-    elif _FACTORY_RE.match(text):
+    elif FACTORY_RE.match(text):
         ds = _load_factory(text)
     else:
         raise DataError(f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)")

@@ -37,7 +37,6 @@ def _type_name(m: Any) -> str:
 def layer_table(module: Any) -> list[dict[str, Any]]:
     """Leaf-ish layers with parameters, with the techniques that apply to each."""
     rows = []
-    names = [n for n, _ in module.named_modules()]
     last_linear = None
     for name, m in module.named_modules():
         if _type_name(m) == "Linear":
@@ -56,7 +55,6 @@ def layer_table(module: Any) -> list[dict[str, Any]]:
             notes.append("classifier: outputs never pruned")
             techniques = [x for x in techniques if x != "prune-structured"]
         rows.append({"name": name, "type": t, "params": params, "techniques": techniques, "notes": notes})
-    del names
     return rows
 
 

@@ -17,16 +17,15 @@ import dataclasses
 import importlib
 import os
 import pickle
-import re
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.artifact import Artifact
+from ptopt.core.data import FACTORY_RE
 from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
 from ptopt.core.inputspec import InputSpec, specs_from_example
 
-_FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _PICKLE_HINT = (
     "it holds a pickled nn.Module, and unpickling runs arbitrary code from the file. Pass "
     "--allow-pickle (allow_pickle=True) if you trust it, or save it as TorchScript, an ExportedProgram "
@@ -108,7 +107,7 @@ def load_model(ref: "str | os.PathLike", weights: "str | os.PathLike | None" = N
         if weights is not None:
             raise ModelLoadError(f"--weights goes with a pkg.module:factory model; {path} is already a model file")
         return _load_file(path, allow_pickle)
-    if _FACTORY_RE.match(text):
+    if FACTORY_RE.match(text):
         return _load_factory(text, weights)
     raise ModelLoadError(
         f"model {text!r}: no such file (forms: model.pt, model.pt2, model.onnx, pkg.module:factory, zoo:NAME)"
