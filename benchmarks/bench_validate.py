@@ -3,11 +3,13 @@ and is it fast enough for CI?
 
 Four artifacts of the zoo ResNet-style CNN (TorchScript fp32, ExportedProgram, ONNX, TorchScript of
 a dynamic-int8 model) are validated against the eager model on the digits32 test split, at batch
-sizes 1 and 32, twice in a row. Reported: each artifact's top-1 from validate next to an independent
-evaluation with plain torch.jit / torch.export / onnxruntime (must be identical), the p50 of the two
-runs and their spread (target: within 10%), and the wall time of one validation (target: < 60 s).
+sizes 1 and 32, with validate's default timing (3 s per artifact and batch size, in 15 interleaved
+rounds), ``--runs`` times in a row (default 3). Reported: each artifact's top-1 from validate next
+to an independent evaluation with plain torch.jit / torch.export / onnxruntime (must be identical),
+the p50 of every run and the spread of each pair of consecutive runs (target: within 10%), and the
+wall time of one validation (target: < 60 s).
 
-    python benchmarks/bench_validate.py [--threads N]
+    python benchmarks/bench_validate.py [--threads N] [--runs N]
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def independent_top1(path: Path, data, batch_size: int = 64) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3, help="consecutive validations (>= 2)")
     args = ap.parse_args()
     threads = setup(args.threads)
     import torch
@@ -88,31 +91,38 @@ def main() -> None:
         arts = build_artifacts(Path(tmp))
         paths = list(arts.values())
         runs, walls = [], []
-        for _ in range(2):
+        for _ in range(max(2, args.runs)):
             t0 = time.perf_counter()
             runs.append(validate("zoo:resnet", paths, data_ref, batch_sizes=(1, 32), threads=threads))
             walls.append(time.perf_counter() - t0)
         indep = {p.name: independent_top1(p, data) for p in paths}
     torch.set_num_threads(threads)
     rows, spreads, identical = [], [], True
-    for e1, e2 in zip([runs[0].reference] + runs[0].entries, [runs[1].reference] + runs[1].entries):
+    n = len(runs)
+    per_run = [[r.reference] + r.entries for r in runs]
+    for entries in zip(*per_run):
+        e1 = entries[0]
         ind = indep.get(e1["name"])
-        same = ind is None or ind == e1["metric"]
+        same = ind is None or all(ind == e["metric"] for e in entries)
         identical &= same
         cells = [e1["name"], e1["runtime"], f"{100 * e1['metric']:.2f}", "—" if ind is None else f"{100 * ind:.2f}",
                  "—" if ind is None else ("yes" if same else "NO")]
         for bs in ("1", "32"):
-            a, b = e1["latency"][bs]["p50_ms"], e2["latency"][bs]["p50_ms"]
-            spread = 100 * abs(a - b) / min(a, b)
-            spreads.append(spread)
-            cells += [f"{a:.3f}", f"{b:.3f}", f"{spread:.1f}%"]
+            p50 = [e["latency"][bs]["p50_ms"] for e in entries]
+            pair = [100 * abs(a - b) / min(a, b) for a, b in zip(p50, p50[1:])]
+            spreads += pair
+            cells += [" / ".join(f"{v:.3f}" for v in p50), " / ".join(f"{v:.1f}%" for v in pair)]
         rows.append(cells)
     table = md_table(["artifact", "runtime", "top-1 % (validate)", "top-1 % (independent)", "identical",
-                      "p50 ms @1 run 1", "run 2", "spread", "p50 ms @32 run 1", "run 2", "spread"], rows)
-    summary = (f"\n\nOne validation of 4 artifacts + the reference at batch sizes 1 and 32 ({len(data)} samples): "
-               f"{walls[0]:.1f} s and {walls[1]:.1f} s (target < 60 s). Accuracy identical to the independent "
-               f"evaluation: {'yes, every artifact' if identical else 'NO'}. Latency spread between the two runs: "
-               f"median {sorted(spreads)[len(spreads) // 2]:.1f}%, max {max(spreads):.1f}% (target <= 10%).")
+                      f"p50 ms @1, runs 1..{n}", "spread (consecutive)", f"p50 ms @32, runs 1..{n}",
+                      "spread (consecutive)"], rows)
+    opts = runs[0].data["latency_options"]
+    summary = (f"\n\n{n} consecutive validations of 4 artifacts + the reference at batch sizes 1 and 32 "
+               f"({len(data)} samples; {opts['min_seconds']:g} s per artifact and batch size in {opts['rounds']} "
+               f"interleaved rounds): {', '.join(f'{w:.1f}' for w in walls)} s (target < 60 s). Accuracy identical "
+               f"to the independent evaluation: {'yes, every artifact and run' if identical else 'NO'}. Latency "
+               f"spread between consecutive runs ({len(spreads)} pairs): median "
+               f"{sorted(spreads)[len(spreads) // 2]:.1f}%, max {max(spreads):.1f}% (target <= 10%).")
     write_result("validate", "Validation: accuracy parity, latency stability, wall time", table + summary,
                  {"walls_s": walls, "spreads_pct": spreads, "identical": identical,
                   "runs": [r.to_dict() for r in runs]}, threads)

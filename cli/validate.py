@@ -18,8 +18,11 @@ from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_opti
               help="Task metric on the labels: top1, top5, mse, mae, or a function pkg.module:fn(outputs, labels).")
 @click.option("--max-samples", type=int, help="Use only the first N samples of the data.")
 @click.option("--eval-batch-size", type=int, default=64, show_default=True, help="Batch size for the accuracy pass.")
-@click.option("--min-iters", type=int, help="Timed iterations per batch size, at least (default 20).")
-@click.option("--min-seconds", type=float, help="Timed seconds per batch size, at least (default 1.0).")
+@click.option("--min-iters", type=int, help="Timed iterations per artifact and batch size, at least (default 20).")
+@click.option("--min-seconds", type=float, help="Timed seconds per artifact and batch size, at least (default 3.0).")
+@click.option("--rounds", type=int,
+              help="Interleaved timing rounds: each artifact's timing is split into this many slices, taken in "
+                   "turn with the others', so all see the same machine (default 15).")
 @click.option("--provider", "providers", multiple=True,
               help="ONNX Runtime execution provider(s) to use, in order (default: TensorRT, CUDA when present, then CPU).")
 @click.option("--max-accuracy-drop", type=float, metavar="PTS",
@@ -43,7 +46,7 @@ from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_opti
 @save_recipe_option
 def command(reference: str, artifacts: tuple[str, ...], data: str, weights: str | None, allow_pickle: bool,
             batch_sizes: str, threads: int | None, metric: str, max_samples: int | None, eval_batch_size: int,
-            min_iters: int | None, min_seconds: float | None, providers: tuple[str, ...],
+            min_iters: int | None, min_seconds: float | None, rounds: int | None, providers: tuple[str, ...],
             max_accuracy_drop: float | None, relative: bool, min_agreement: float | None,
             max_latency_ms: tuple[str, ...], min_speedup: float | None, max_size_mb: float | None,
             baseline: str | None, max_regression: float | None, regression_on: str, json_path: str | None,
@@ -67,7 +70,8 @@ def command(reference: str, artifacts: tuple[str, ...], data: str, weights: str 
         max_regression=max_regression, regression_on=[s.strip() for s in regression_on.split(",") if s.strip()],
         json_path=json_path, junit_path=junit_path, markdown_path=markdown_path, report_path=report_path,
         weights=weights, allow_pickle=allow_pickle or None, providers=list(providers) or None,
-        max_samples=max_samples, eval_batch_size=eval_batch_size, min_iters=min_iters, min_seconds=min_seconds)
+        max_samples=max_samples, eval_batch_size=eval_batch_size, min_iters=min_iters, min_seconds=min_seconds,
+        rounds=rounds)
     result = validate(**options, progress=progress)
     maybe_save_recipe(save_recipe, "validate", options)
     terminal.print_report(result.data)

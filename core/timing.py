@@ -1,12 +1,25 @@
 """Latency measurement shared by validation and benchmarks: warm-up, then enough iterations for a
-stable median; p50/p90/p99 and throughput. One thread count for every runtime (``threads``)."""
+stable median; p50/p90/p99 and throughput. One thread count for every runtime (``threads``).
+
+Two ways to time:
+
+- ``measure_latency(fn)``: one callable, one contiguous window.
+- ``measure_interleaved({key: fn})``: several callables compared with each other. Their time is cut
+  into ``rounds`` slices, visited in turn (the order rotates every round), and each key's samples
+  are pooled. A shared CPU drifts over seconds (other tenants, memory-bandwidth contention,
+  frequency): a contiguous window catches one state of the machine, so two runs can disagree by
+  more than the difference being measured. Interleaving spreads every candidate over the whole
+  measurement, so each sees the same mix of states, and a second run sees nearly the same mix.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import math
 import statistics
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator, Mapping
 
 #: defaults: at least this many timed iterations and this much timed wall time
 MIN_ITERS = 20
@@ -14,6 +27,7 @@ MIN_SECONDS = 1.0
 MAX_ITERS = 10_000
 WARMUP_ITERS = 5
 WARMUP_SECONDS = 0.2
+ROUNDS = 5
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -25,31 +39,89 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
-def measure_latency(fn: Callable[[], Any], batch_size: int = 1, min_iters: int = MIN_ITERS,
-                    min_seconds: float = MIN_SECONDS, max_iters: int = MAX_ITERS,
-                    warmup_iters: int = WARMUP_ITERS, warmup_seconds: float = WARMUP_SECONDS) -> dict[str, float]:
-    """Time ``fn()`` (one batch): warm up, then run until both ``min_iters`` and ``min_seconds`` are met.
-
-    Returns milliseconds per batch (p50, p90, p99, mean, min, stdev), iterations, and samples/s at p50.
-    """
-    t_end = time.perf_counter() + warmup_seconds
-    i = 0
-    while i < warmup_iters or time.perf_counter() < t_end:
-        fn()
-        i += 1
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < max_iters and (len(times) < min_iters or time.perf_counter() - start < min_seconds):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    s = sorted(times)
+def summarize(times_ms: list[float], batch_size: int = 1) -> dict[str, float]:
+    """Milliseconds per batch (p50, p90, p99, mean, min, stdev), iterations, and samples/s at p50."""
+    s = sorted(times_ms)
     p50 = percentile(s, 50)
     return {
         "p50_ms": p50, "p90_ms": percentile(s, 90), "p99_ms": percentile(s, 99),
         "mean_ms": statistics.fmean(s), "min_ms": s[0], "stdev_ms": statistics.pstdev(s),
         "iterations": len(s), "batch_size": batch_size, "throughput_per_s": batch_size * 1e3 / p50,
     }
+
+
+def _warm_up(fn: Callable[[], Any], iters: int, seconds: float) -> None:
+    t_end = time.perf_counter() + seconds
+    i = 0
+    while i < iters or time.perf_counter() < t_end:
+        fn()
+        i += 1
+
+
+def _timed(fn: Callable[[], Any], min_iters: int, min_seconds: float, max_iters: int) -> list[float]:
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_iters and (len(times) < min_iters or time.perf_counter() - start < min_seconds):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def measure_latency(fn: Callable[[], Any], batch_size: int = 1, min_iters: int = MIN_ITERS,
+                    min_seconds: float = MIN_SECONDS, max_iters: int = MAX_ITERS,
+                    warmup_iters: int = WARMUP_ITERS, warmup_seconds: float = WARMUP_SECONDS) -> dict[str, float]:
+    """Time ``fn()`` (one batch): warm up, then run until both ``min_iters`` and ``min_seconds`` are met.
+
+    Returns ``summarize``'s statistics of the timed iterations.
+    """
+    _warm_up(fn, warmup_iters, warmup_seconds)
+    return summarize(_timed(fn, min_iters, min_seconds, max_iters), batch_size)
+
+
+def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: Mapping[Hashable, int] | None = None,
+                        *, rounds: int = ROUNDS, min_iters: int = MIN_ITERS, min_seconds: float = MIN_SECONDS,
+                        max_iters: int = MAX_ITERS, warmup_iters: int = WARMUP_ITERS,
+                        warmup_seconds: float = WARMUP_SECONDS,
+                        guard: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
+                        ) -> dict[Hashable, dict[str, Any]]:
+    """Time several callables in ``rounds`` interleaved slices; {key: statistics of the pooled samples}.
+
+    ``min_iters``/``min_seconds``/``max_iters`` are totals per key, split evenly over the rounds.
+    Each key is warmed up fully before its first slice and briefly (a tenth, at least one call)
+    before every later one, since the other keys' slices evict its caches. Statistics are
+    ``summarize``'s, plus ``rounds`` and ``round_p50_ms`` (each slice's median: how much the machine
+    drifted during the measurement). ``guard(key)`` wraps each slice (e.g. to name a failure).
+    Python's garbage collector is paused while timing.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    keys = list(fns)
+    sizes = dict(batch_sizes or {})
+    per_iters = max(1, math.ceil(min_iters / rounds))
+    per_seconds = min_seconds / rounds
+    per_max = max(1, max_iters // rounds)
+    samples: dict[Hashable, list[float]] = {k: [] for k in keys}
+    round_p50: dict[Hashable, list[float]] = {k: [] for k in keys}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else []
+            for k in order:
+                with guard(k) if guard is not None else contextlib.nullcontext():
+                    if r == 0:
+                        _warm_up(fns[k], warmup_iters, warmup_seconds)
+                    else:
+                        _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10)
+                    t = _timed(fns[k], per_iters, per_seconds, per_max)
+                samples[k] += t
+                round_p50[k].append(statistics.median(t))
+    finally:
+        if enabled:
+            gc.enable()
+    return {k: summarize(samples[k], sizes.get(k, 1)) | {"rounds": rounds, "round_p50_ms": round_p50[k]}
+            for k in keys}
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from ptopt.core.data import Dataset, load_data
 from ptopt.core.errors import GateFailedError, MissingDependencyError, PtoptError, ShapeMismatchError, UsageError
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
-from ptopt.validate.latency import LatencyOptions, measure_runner
+from ptopt.validate.latency import LatencyOptions, measure_runners
 from ptopt.validate.metrics import PeakMemory, agreement, compute_metric, resolve_metric, size_info
 from ptopt.validate.runners import Runner, display_name, open_runner
 
@@ -96,6 +96,7 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
              weights: Any = None, allow_pickle: bool = False, providers: Sequence[str] | None = None,
              max_samples: int | None = None, eval_batch_size: int = DEFAULT_EVAL_BATCH_SIZE,
              latency: LatencyOptions | None = None, min_iters: int | None = None, min_seconds: float | None = None,
+             rounds: int | None = None,
              raise_on_failure: bool = False, progress: Callable[[str], None] | None = None) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
@@ -125,6 +126,12 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         lat_opts = dataclasses.replace(lat_opts, min_iters=int(min_iters))
     if min_seconds is not None:
         lat_opts = dataclasses.replace(lat_opts, min_seconds=float(min_seconds))
+    if rounds is not None:
+        lat_opts = dataclasses.replace(lat_opts, rounds=int(rounds))
+    for opt, value, low in (("--min-iters", lat_opts.min_iters, 1), ("--min-seconds", lat_opts.min_seconds, 0),
+                            ("--rounds", lat_opts.rounds, 1)):
+        if value < low:
+            raise UsageError(f"{opt} must be >= {low}, got {value}")
     if isinstance(max_latency_ms, (int, float, str)):
         max_latency_ms = [max_latency_ms]
     gate_cfg = _gates.Gates(max_accuracy_drop=max_accuracy_drop, relative=relative, min_agreement=min_agreement,
@@ -175,11 +182,11 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         classification = len(shapes[0]) == 2 and shapes[0][1] >= 2
         _gates.check_measurable(gate_cfg, metric_measured=metric_measured, metric_name=met.name,
                                 data_name=data_name, batch_sizes=sizes, baseline=base, classification=classification)
-        # -- 4. measure, one artifact at a time (peak memory is per artifact) ---------------------
+        # -- 4. load, evaluate, size and peak memory: one artifact at a time ------------------------
         entries: list[dict[str, Any]] = []
         ref_outputs = None
         for i, ((role, ref, w), name) in enumerate(zip(refs, names)):
-            say(f"measuring {name} ({i + 1}/{len(refs)})")
+            say(f"evaluating {name} ({i + 1}/{len(refs)})")
             t0 = time.perf_counter()
             with PeakMemory() as mem:
                 runner = open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers)
@@ -188,15 +195,11 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
                     eval_bs = _eval_batch_size(runner, eval_batch_size, len(ds))
                     with _failures_named(runner, data_name, f"the accuracy pass (batch size {eval_bs})"):
                         outputs = evaluate_outputs(runner, ds, eval_bs)
-                    t1 = time.perf_counter()
-                    with _failures_named(runner, data_name, "timing"):
-                        lat = measure_runner(runner, ds, sizes, lat_opts)
                     size = size_info(runner.files, getattr(runner, "module", None))
                 finally:
                     runner.close()
-            entry = _entry(runner, role, ref, eval_bs, size, lat, mem)
-            entry["elapsed_s"] = {"load_and_evaluate": round(t1 - t0, 2),
-                                  "latency": round(time.perf_counter() - t1, 2)}
+            entry = _entry(runner, role, ref, eval_bs, size, {}, mem)
+            entry["elapsed_s"] = {"load_and_evaluate": round(time.perf_counter() - t0, 2)}
             if metric_measured:
                 entry["metric"] = compute_metric(met, outputs, ds.y)
             if ref_outputs is None:
@@ -204,6 +207,23 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
             else:
                 entry["agreement"] = agreement(ref_outputs, outputs)
             entries.append(entry)
+        # -- 5. latency: every artifact loaded, timed in interleaved rounds ----------------------------
+        say(f"timing {len(refs)} models at batch sizes {', '.join(map(str, sizes))} "
+            f"({lat_opts.rounds} interleaved rounds)")
+        t1 = time.perf_counter()
+        runners = []
+        try:
+            for (role, ref, w), name in zip(refs, names):
+                runners.append(open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers))
+                runners[-1].prepare(threads)
+            lats = measure_runners(runners, ds, sizes, lat_opts,
+                                   guard=lambda r: _failures_named(r, data_name, "timing"))
+        finally:
+            for r in runners:
+                r.close()
+        for entry, lat in zip(entries, lats):
+            entry["latency"] = {str(bs): st for bs, st in lat.items()}
+            entry["elapsed_s"]["latency"] = round((time.perf_counter() - t1) / len(entries), 2)
     finally:
         torch.set_num_threads(prev_threads)
     # -- 5. compare, gate, pick the best ---------------------------------------------------------

@@ -1,6 +1,10 @@
 """Latency per batch size: the same inputs and thread count for every runtime, warm-up, then
-enough iterations for a stable median (``ptopt.core.timing.measure_latency``): p50/p90/p99 in
-milliseconds per batch and throughput in samples per second at the median.
+enough iterations for a stable median: p50/p90/p99 in milliseconds per batch and throughput in
+samples per second at the median.
+
+Every (artifact, batch size) is timed in ``rounds`` interleaved slices
+(``ptopt.core.timing.measure_interleaved``) and its samples pooled, so all artifacts see the same
+drift of a shared machine and a second run lands within a few percent of the first.
 
 Inputs for batch size B are the data's first B samples (repeated when the data has fewer), so
 every artifact is timed on identical tensors. Python's garbage collector is paused while timing.
@@ -9,21 +13,33 @@ every artifact is timed on identical tensors. Python's garbage collector is paus
 from __future__ import annotations
 
 import dataclasses
-import gc
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from ptopt.core.data import Dataset
-from ptopt.core.timing import MIN_ITERS, MIN_SECONDS, WARMUP_ITERS, WARMUP_SECONDS, measure_latency
+from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_interleaved
+
+#: validation defaults: 3 s per (artifact, batch size) in 15 slices of 0.2 s. This machine class
+#: (shared 2-core VM) switches between a fast and a ~1.3x slower state every fraction of a second;
+#: the pooled median settles within a few percent only over several seconds of interleaved samples
+#: (measured in benchmarks/bench_validate.py: 1 s in 5 rounds gave a 28% worst spread between two
+#: runs, 3 s in 15 rounds under 10%).
+MIN_SECONDS = 3.0
+ROUNDS = 15
 
 
 @dataclasses.dataclass(frozen=True)
 class LatencyOptions:
-    """How long to time each (artifact, batch size). Shorter settings are for tests and quick looks."""
+    """How long to time each (artifact, batch size).
+
+    ``min_iters`` and ``min_seconds`` are totals per (artifact, batch size), spread over ``rounds``.
+    Shorter settings are for tests and quick looks; they give less stable medians.
+    """
 
     min_iters: int = MIN_ITERS
     min_seconds: float = MIN_SECONDS
     warmup_iters: int = WARMUP_ITERS
     warmup_seconds: float = WARMUP_SECONDS
+    rounds: int = ROUNDS
 
 
 def batch_inputs(data: Dataset, batch_size: int) -> Any:
@@ -35,22 +51,36 @@ def batch_inputs(data: Dataset, batch_size: int) -> Any:
     return data.select(torch.arange(batch_size) % len(data)).x
 
 
-def measure_runner(runner: Any, data: Dataset, batch_sizes: list[int], options: LatencyOptions) -> dict[int, dict]:
-    """{batch_size: stats} for one runner; a batch size the artifact cannot take gets {"skipped": why}."""
-    out: dict[int, dict] = {}
-    for bs in batch_sizes:
-        if not runner.accepts_batch(bs):
-            lo, hi = runner.batch_range
-            out[bs] = {"skipped": f"the artifact takes batch sizes {lo}..{hi}" if lo != hi
-                       else f"the artifact has a fixed batch size of {lo}"}
-            continue
-        fn = runner.timed_call(batch_inputs(data, bs))
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            out[bs] = measure_latency(fn, bs, min_iters=options.min_iters, min_seconds=options.min_seconds,
-                                      warmup_iters=options.warmup_iters, warmup_seconds=options.warmup_seconds)
-        finally:
-            if enabled:
-                gc.enable()
-    return out
+def skipped_reason(runner: Any, batch_size: int) -> str | None:
+    """Why ``runner`` can't be timed at ``batch_size`` (its artifact's batch range), or None."""
+    if runner.accepts_batch(batch_size):
+        return None
+    lo, hi = runner.batch_range
+    return f"the artifact takes batch sizes {lo}..{hi}" if lo != hi else f"the artifact has a fixed batch size of {lo}"
+
+
+def measure_runners(runners: Sequence[Any], data: Dataset, batch_sizes: list[int], options: LatencyOptions,
+                    guard: Callable[[Any], Any] | None = None) -> list[dict[int, dict]]:
+    """[{batch_size: stats}] per runner, timed interleaved; a batch size an artifact cannot take gets
+    {"skipped": why}. ``guard(runner)`` wraps every timed slice of that runner."""
+    inputs = {bs: batch_inputs(data, bs) for bs in batch_sizes}
+    fns, sizes = {}, {}
+    out: list[dict[int, dict]] = []
+    for i, runner in enumerate(runners):
+        lat: dict[int, dict] = {}
+        for bs in batch_sizes:
+            why = skipped_reason(runner, bs)
+            if why:
+                lat[bs] = {"skipped": why}
+            else:
+                fns[(i, bs)] = runner.timed_call(inputs[bs])
+                sizes[(i, bs)] = bs
+        out.append(lat)
+    stats = measure_interleaved(fns, sizes, rounds=options.rounds, min_iters=options.min_iters,
+                                min_seconds=options.min_seconds, warmup_iters=options.warmup_iters,
+                                warmup_seconds=options.warmup_seconds,
+                                guard=None if guard is None else (lambda key: guard(runners[key[0]])))
+    for (i, bs), st in stats.items():
+        out[i][bs] = st
+    return [{bs: lat[bs] for bs in batch_sizes} for lat in out]
+

@@ -17,15 +17,21 @@ def _report_args(tmp_path):
 
 def test_reports(cli, artifacts, tmp_path):
     code, out, err = cli("validate", FACTORY, artifacts["torchscript"], artifacts["onnx"], "--data", artifacts["data"],
-                         "--batch-sizes", "1,4", "--threads", "1", "--max-accuracy-drop", "1", *FAST,
+                         "--batch-sizes", "1,4", "--threads", "1", "--max-accuracy-drop", "1", *FAST, "--rounds", "3",
                          *_report_args(tmp_path))
     assert code == 0, err
+    assert "timing 3 models at batch sizes 1, 4 (3 interleaved rounds)" in err
     assert "PASSED" in out and "★" in out and "tiny.onnx" in out and "absolute: drop = (base - new)" in out
     assert "machine:" in out and "threads: 1" in out
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["schema"] == "ptopt.validate/1" and data["passed"] is True and data["batch_sizes"] == [1, 4]
     assert [e["name"] for e in data["artifacts"]] == ["tiny.ts.pt", "tiny.onnx"]
     assert data["reference"]["role"] == "reference" and data["machine"]["versions"]["torch"]
+    assert data["latency_options"]["rounds"] == 3
+    for e in [data["reference"]] + data["artifacts"]:
+        for bs in ("1", "4"):  # every model timed in 3 interleaved slices per batch size, samples pooled
+            lat = e["latency"][bs]
+            assert lat["rounds"] == 3 and len(lat["round_p50_ms"]) == 3 and lat["iterations"] >= 3
     for e in data["artifacts"]:
         assert set(e) >= {"metric", "accuracy_drop", "agreement", "size", "latency", "speedup", "peak_memory_mb",
                           "gates", "passed", "best", "format", "runtime"}
@@ -80,7 +86,8 @@ def _bad(tmp_path, *more):
 
 @pytest.mark.parametrize("case", ["missing", "garbage", "mar", "state_dict", "data-mismatch", "accuracy-unlabeled",
                                   "latency-bs-not-measured", "baseline-without-pct", "unknown-metric",
-                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable", "metric-fails"])
+                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable",
+                                  "metric-fails", "zero-rounds"])
 def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
     from ptopt.core.artifact import Artifact
 
@@ -93,7 +100,7 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         "baseline-without-pct": "--baseline needs --max-regression", "unknown-metric": "unknown metric",
         "regression-without-baseline": "--max-regression needs --baseline", "bad-batch-sizes": "--batch-sizes",
         "tensorrt": "torch_tensorrt is needed", "report-unwritable": "cannot write there",
-        "metric-fails": "broken on purpose",
+        "metric-fails": "broken on purpose", "zero-rounds": "--rounds must be >= 1",
     }[case]
     if case == "missing":
         art = tmp_path / "nope.onnx"
@@ -132,6 +139,8 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         Artifact(art, "tensorrt").finalize()
     elif case == "metric-fails":
         extra = ["--metric", "tests.validate.fns:broken"]
+    elif case == "zero-rounds":
+        extra = ["--rounds", "0"]
     elif case == "report-unwritable":
         (tmp_path / "file").write_text("")
         extra = ["--report", tmp_path / "file" / "r.html"]  # a file is in the way
@@ -139,7 +148,7 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
                          *(_report_args(tmp_path)[:6] if case == "report-unwritable" else _report_args(tmp_path)))
     assert code == 2, (out, err)
     assert expect in err and "Traceback" not in err and err.count("\n") <= 8
-    assert "measuring" not in err  # rejected before any measurement started
+    assert "evaluating" not in err and "timing" not in err  # rejected before any measurement started
     assert not any((tmp_path / r).exists() for r in REPORTS)
 
 
