@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["quantize", "prune", "distill", "export", "validate", "serve", "overhead", "autoquant"]
+ORDER = ["quantize", "prune", "distill", "export", "validate", "serve", "overhead", "int8_ceiling", "autoquant"]
 
 
 def main() -> None:
