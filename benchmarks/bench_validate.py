@@ -56,6 +56,14 @@ def build_artifacts(out: Path) -> dict[str, Path]:
     return arts
 
 
+def _canary() -> int:
+    """A fixed pure-Python workload: no torch, no memory traffic. Its speed is the machine's own drift."""
+    s = 0
+    for i in range(20000):
+        s += i * i
+    return s
+
+
 def independent_top1(path: Path, data, batch_size: int = 64) -> float:
     """Plain runtime, no ptopt code in the loop."""
     import numpy as np
@@ -90,8 +98,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         arts = build_artifacts(Path(tmp))
         paths = list(arts.values())
-        runs, walls = [], []
+        from ptopt.core.timing import measure_latency
+
+        runs, walls, canary = [], [], []
         for _ in range(max(2, args.runs)):
+            canary.append(measure_latency(_canary, min_seconds=2.0)["p50_ms"])
             t0 = time.perf_counter()
             runs.append(validate("zoo:resnet", paths, data_ref, batch_sizes=(1, 32), threads=threads))
             walls.append(time.perf_counter() - t0)
@@ -123,8 +134,12 @@ def main() -> None:
                f"to the independent evaluation: {'yes, every artifact and run' if identical else 'NO'}. Latency "
                f"spread between consecutive runs ({len(spreads)} pairs): median "
                f"{sorted(spreads)[len(spreads) // 2]:.1f}%, max {max(spreads):.1f}% (target <= 10%).")
+    cspread = [100 * abs(a - b) / min(a, b) for a, b in zip(canary, canary[1:])]
+    summary += ("\n\nThe machine's own drift: a fixed pure-Python loop (no torch), timed for 2 s just before each "
+                f"run: p50 {' / '.join(f'{v:.3f}' for v in canary)} ms, spread between consecutive runs "
+                f"{' / '.join(f'{v:.1f}%' for v in cspread)}.")
     write_result("validate", "Validation: accuracy parity, latency stability, wall time", table + summary,
-                 {"walls_s": walls, "spreads_pct": spreads, "identical": identical,
+                 {"walls_s": walls, "spreads_pct": spreads, "identical": identical, "canary_p50_ms": canary,
                   "runs": [r.to_dict() for r in runs]}, threads)
 
 

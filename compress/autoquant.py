@@ -398,16 +398,26 @@ class _Tuner:
         return Measurement(int(len(got)), float(cos.min()), float(cos.mean()), acc, drop)
 
     def latency(self, model: Any) -> float:
+        """p50 ms of ``model`` at the goal's batch size.
+
+        The fp32 model is timed once, for 1 s. A candidate is timed in interleaved slices with the fp32
+        model and reported as (its p50 / the fp32 p50 of the same slices) × the fp32 p50: on a shared
+        CPU whose speed drifts over seconds, candidates timed minutes apart are then still ranked by
+        their speed relative to fp32, not by the machine's state when each was timed.
+        """
         import torch
 
         from ptopt.core.inputspec import call_model
-        from ptopt.core.timing import measure_latency
+        from ptopt.core.timing import measure_interleaved, measure_latency
 
         x = self.latency_x
         with torch.no_grad(), _threads(self.threads):
-            r = measure_latency(lambda: call_model(model, x), batch_size=self.goal.latency_batch_size,
-                                min_iters=5, min_seconds=0.25, warmup_iters=2, warmup_seconds=0.0)
-        return r["p50_ms"]
+            if model is self.module:
+                return measure_latency(lambda: call_model(model, x), batch_size=self.goal.latency_batch_size,
+                                       min_iters=5, min_seconds=1.0, warmup_iters=2, warmup_seconds=0.0)["p50_ms"]
+            fns = {"fp32": lambda: call_model(self.module, x), "candidate": lambda: call_model(model, x)}
+            st = measure_interleaved(fns, rounds=3, min_iters=6, min_seconds=0.3, warmup_iters=2, warmup_seconds=0.0)
+        return st["candidate"]["p50_ms"] / st["fp32"]["p50_ms"] * self.fp32_latency
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
