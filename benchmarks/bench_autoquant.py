@@ -31,14 +31,17 @@ def _jit(path):
     return torch.jit.load(str(path))
 
 
-def _latency(model, x, batch):
+def _latencies(models: dict, x, batch, seconds: float = 4.0) -> dict:
+    """{name: p50 ms}: every model timed in the same interleaved rounds (fair on a CPU that drifts)."""
     import torch
 
     from ptopt.core.inputspec import call_model
-    from ptopt.core.timing import measure_latency
+    from ptopt.core.timing import measure_interleaved
 
     with torch.no_grad():
-        return measure_latency(lambda: call_model(model, x), batch_size=batch, min_iters=10, min_seconds=2.0)["p50_ms"]
+        st = measure_interleaved({n: (lambda m=m: call_model(m, x)) for n, m in models.items()},
+                                 {n: batch for n in models}, rounds=5, min_iters=10, min_seconds=seconds)
+    return {n: v["p50_ms"] for n, v in st.items()}
 
 
 def _cosines(model, ref, ds):
@@ -67,30 +70,34 @@ def minilm(args, tmp: Path) -> tuple[str, dict]:
         ref_tune = torch.cat([model(**b.x) for b in tune.batches(64)])
         ref_held = torch.cat([model(**b.x) for b in held.batches(64)])
     x = _rebatch(held.first_batch(64).x, 64)
-    fp32_ms = _latency(model, x, 64)
-    rows, data = [["fp32 eager", "-", "1.00000", "1.00000", "1.00000", f"{fp32_ms:.1f}", "1.00x"]], {"fp32_ms": fp32_ms}
+    models, cos, data = {"fp32 eager": model}, {"fp32 eager": (1.0, 1.0, 1.0)}, {}
     for name, pc in (("dynamic int8 per-tensor", False), ("dynamic int8 per-channel", True)):
         art = quantize(model, "dynamic", tmp / f"plain-{pc}.pt", per_channel=pc, eval_data=held, progress=False)
-        q = _jit(art.path)
-        ct, _ = _cosines(q, ref_tune, tune)
-        ch, chm = _cosines(q, ref_held, held)
-        ms = _latency(q, x, 64)
-        rows.append([name, "0", f"{ct:.5f}", f"{ch:.5f}", f"{chm:.5f}", f"{ms:.1f}", f"{fp32_ms / ms:.2f}x"])
-        data[name] = {"min_cos_tune": ct, "min_cos_heldout": ch, "mean_cos_heldout": chm, "ms": ms}
+        models[name] = q = _jit(art.path)
+        cos[name] = (_cosines(q, ref_tune, tune)[0],) + _cosines(q, ref_held, held)
     t0 = time.perf_counter()
     res = autoquantize(model, "dynamic", tmp / "auto.pt", eval_data=tune, min_cosine=args.min_cosine,
                        tuning_budget=args.budget, threads=args.search_threads or args.threads, latency_batch_size=64,
                        sensitivity_samples=args.sensitivity_samples, progress=True)
     search_s = time.perf_counter() - t0
-    q = _jit(res.artifact.path)
-    ct, _ = _cosines(q, ref_tune, tune)
-    ch, chm = _cosines(q, ref_held, held)
-    ms = _latency(q, x, 64)
     best = res.best
-    rows.append([f"accuracy-aware (min cos >= {args.min_cosine} on tuning set; {best.scheme})",
-                 f"{len(best.float_layers)} of {len(res.sensitivity)}", f"{ct:.5f}", f"{ch:.5f}", f"{chm:.5f}",
-                 f"{ms:.1f}", f"{fp32_ms / ms:.2f}x"])
-    data["autoquant"] = {"min_cos_tune": ct, "min_cos_heldout": ch, "mean_cos_heldout": chm, "ms": ms,
+    auto = f"accuracy-aware (min cos >= {args.min_cosine} on tuning set; {best.scheme})"
+    models[auto] = q = _jit(res.artifact.path)
+    cos[auto] = (_cosines(q, ref_tune, tune)[0],) + _cosines(q, ref_held, held)
+    lat = _latencies(models, x, 64)
+    fp32_ms = lat["fp32 eager"]
+    data["fp32_ms"] = fp32_ms
+    rows = []
+    for name in models:
+        ct, ch, chm = cos[name]
+        floats = "-" if name == "fp32 eager" else (f"{len(best.float_layers)} of {len(res.sensitivity)}"
+                                                   if name == auto else "0")
+        rows.append([name, floats, f"{ct:.5f}", f"{ch:.5f}", f"{chm:.5f}", f"{lat[name]:.1f}",
+                     f"{fp32_ms / lat[name]:.2f}x"])
+        if name not in ("fp32 eager", auto):
+            data[name] = {"min_cos_tune": ct, "min_cos_heldout": ch, "mean_cos_heldout": chm, "ms": lat[name]}
+    ct, ch, chm = cos[auto]
+    data["autoquant"] = {"min_cos_tune": ct, "min_cos_heldout": ch, "mean_cos_heldout": chm, "ms": lat[auto],
                          "float_layers": list(best.float_layers), "scheme": best.scheme, "met": res.met,
                          "trials": len(res.candidates), "search_seconds": search_s,
                          "sensitivity_top": res.sensitivity[:8], "candidates": [c.to_dict() for c in res.candidates]}
@@ -99,7 +106,8 @@ def minilm(args, tmp: Path) -> tuple[str, dict]:
     sens = [[i + 1, r["layer"], f"{r['min_cosine']:.5f}", f"{r['mean_cosine']:.6f}"]
             for i, r in enumerate(res.sensitivity[:8])]
     md = (f"all-MiniLM-L6-v2 (plain-PyTorch port, trained weights), {len(tune)} tuning and {len(held)} held-out "
-          "sentences (disjoint, 32 tokens), cosine of embeddings to fp32; latency p50 at batch 64 × 32 tokens.\n\n"
+          "sentences (disjoint, 32 tokens), cosine of embeddings to fp32; latency p50 at batch 64 × 32 tokens, all "
+          "four models timed in the same 5 interleaved rounds.\n\n"
           + md_table(["model", "float layers", "min cos (tuning)", "min cos (held-out)", "mean cos (held-out)",
                       "ms / batch", "speedup"], rows)
           + f"\n\nSearch: {len(res.candidates)} candidates in {search_s:.0f} s (sensitivity on "
@@ -119,7 +127,6 @@ def resnet(args, tmp: Path) -> tuple[str, dict]:
     model = loaded.module
     test = load_data("builtin:digits32:test")
     x = test.first_batch(32).x
-    fp32_ms = _latency(model, x, 32)
     t0 = time.perf_counter()
     res = autoquantize(loaded, "static", tmp / "resnet.pt", eval_data="builtin:digits32:test",
                        calib_data="builtin:digits32:train", max_accuracy_drop=0.1, tuning_budget=args.budget,
@@ -127,7 +134,8 @@ def resnet(args, tmp: Path) -> tuple[str, dict]:
                        threads=args.search_threads or args.threads, latency_batch_size=32, progress=True)
     search_s = time.perf_counter() - t0
     q = _jit(res.artifact.path)
-    ms = _latency(q, x, 32)
+    lat = _latencies({"fp32": model, "int8": q}, x, 32)
+    fp32_ms, ms = lat["fp32"], lat["int8"]
     m = res.artifact.metrics
     best = res.best
     rows = [["fp32 eager", "-", f"{100 * m['fp32_accuracy']:.2f}", "-", f"{fp32_ms:.2f}", "1.00x"],
@@ -138,7 +146,8 @@ def resnet(args, tmp: Path) -> tuple[str, dict]:
             "trials": len(res.candidates), "search_seconds": search_s, "met": res.met,
             "candidates": [c.to_dict() for c in res.candidates]}
     md = ("zoo:resnet, static int8 with max accuracy drop 0.1 points on builtin:digits32:test "
-          f"({m['eval_samples']} samples), calibrated on builtin:digits32:train; latency p50 at batch 32.\n\n"
+          f"({m['eval_samples']} samples), calibrated on builtin:digits32:train; latency p50 at batch 32 (fp32 and int8 timed in the same "
+          "interleaved rounds).\n\n"
           + md_table(["model", "float layers", "accuracy %", "drop (points)", "ms / batch", "speedup"], rows)
           + f"\n\nSearch: {len(res.candidates)} candidates in {search_s:.0f} s.")
     return md, data
