@@ -146,8 +146,8 @@ def resnet(args, tmp: Path) -> tuple[str, dict]:
             "trials": len(res.candidates), "search_seconds": search_s, "met": res.met,
             "candidates": [c.to_dict() for c in res.candidates]}
     md = ("zoo:resnet, static int8 with max accuracy drop 0.1 points on builtin:digits32:test "
-          f"({m['eval_samples']} samples), calibrated on builtin:digits32:train; latency p50 at batch 32 (fp32 and int8 timed in the same "
-          "interleaved rounds).\n\n"
+          f"({m['eval_samples']} samples), calibrated on builtin:digits32:train; latency p50 at batch 32 "
+          "(fp32 and int8 timed in the same interleaved rounds).\n\n"
           + md_table(["model", "float layers", "accuracy %", "drop (points)", "ms / batch", "speedup"], rows)
           + f"\n\nSearch: {len(res.candidates)} candidates in {search_s:.0f} s.")
     return md, data

@@ -49,7 +49,8 @@ def build(kw):
     return m
 
 
-def torch_int8(m, x, calib):
+def fx_int8(m, x, calib):
+    """Raw FX graph mode, x86 engine: prepare, calibrate, convert (a GraphModule)."""
     import torch
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
@@ -59,7 +60,13 @@ def torch_int8(m, x, calib):
     with torch.inference_mode():
         for b in calib:
             p(b)
-    return torch.jit.freeze(torch.jit.trace(convert_fx(p), x).eval())
+    return convert_fx(p)
+
+
+def torch_int8(m, x, calib):
+    import torch
+
+    return torch.jit.freeze(torch.jit.trace(fx_int8(m, x, calib), x).eval())
 
 
 def ort_sessions(m, x, calib, work: Path, name: str, threads: int):
@@ -94,20 +101,20 @@ def per_layer(m, x, int8_module_fx, rounds, seconds):
 
     from ptopt.core.timing import measure_interleaved
 
-    fp_in, q_in = {}, {}
-    hooks = [mod.register_forward_hook(lambda mod, i, o, n=n: (fp_in.setdefault(n, i[0]), None)[1])
-             for n, mod in m.named_modules() if isinstance(mod, torch.nn.Conv2d)]
-    with torch.inference_mode():
-        m(x)
-    for h in hooks:
-        h.remove()
-    qmods = {n: mod for n, mod in int8_module_fx.named_modules() if "Conv" in type(mod).__name__}
-    hooks = [mod.register_forward_hook(lambda mod, i, o, n=n: (q_in.setdefault(n, i[0]), None)[1])
-             for n, mod in qmods.items()]
-    with torch.inference_mode():
-        int8_module_fx(x)
-    for h in hooks:
-        h.remove()
+    def conv_inputs(model, is_conv):
+        """{name: the input tensor} of every module ``is_conv`` accepts, from one forward pass."""
+        seen = {}
+        hooks = [mod.register_forward_hook(lambda mod, i, o, n=n: (seen.setdefault(n, i[0]), None)[1])
+                 for n, mod in model.named_modules() if n and is_conv(mod)]
+        with torch.inference_mode():
+            model(x)
+        for h in hooks:
+            h.remove()
+        return seen
+
+    fp_in = conv_inputs(m, lambda mod: isinstance(mod, torch.nn.Conv2d))
+    q_in = conv_inputs(int8_module_fx, lambda mod: "Conv" in type(mod).__name__)
+    qmods = {n: mod for n, mod in int8_module_fx.named_modules() if n in q_in}
     convs = dict(m.named_modules())
     fns = {}
     for n in qmods:
@@ -122,8 +129,8 @@ def per_layer(m, x, int8_module_fx, rounds, seconds):
             continue
         c = convs[n]
         a, b = st[(n, "fp32")]["p50_ms"], st[(n, "int8")]["p50_ms"]
-        rows.append([n, f"{c.in_channels}→{c.out_channels}, {c.kernel_size[0]}×{c.kernel_size[1]}, stride {c.stride[0]}",
-                     "×".join(map(str, fp_in[n].shape[1:])), f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x"])
+        shape = f"{c.in_channels}→{c.out_channels}, {c.kernel_size[0]}×{c.kernel_size[1]}, stride {c.stride[0]}"
+        rows.append([n, shape, "×".join(map(str, fp_in[n].shape[1:])), f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x"])
     return rows
 
 
@@ -135,8 +142,6 @@ def main() -> None:
     args = p.parse_args()
     threads = setup(args.threads)
     import torch
-    from torch.ao.quantization import get_default_qconfig_mapping
-    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     from ptopt.core.data import load_data
     from ptopt.core.timing import measure_interleaved
@@ -145,7 +150,8 @@ def main() -> None:
     train, test = load_data("builtin:digits32:train"), load_data("builtin:digits32:test")
     calib = [b.x for _, b in zip(range(8), train.batches(32, shuffle=True, seed=0))]
     xs = {1: test.first_batch(1).x, 32: test.first_batch(32).x}
-    work = Path(tempfile.mkdtemp(prefix="bench-ceiling-"))
+    tmp = tempfile.TemporaryDirectory(prefix="bench-ceiling-")
+    work = Path(tmp.name)
     cwd = os.getcwd()
     os.chdir(work)  # ORT's quantization tools write temp files into the working directory
     fns, params = {}, {}
@@ -164,13 +170,10 @@ def main() -> None:
         with torch.inference_mode():
             st = measure_interleaved(fns, rounds=args.rounds, min_seconds=args.seconds)
         zoo = build(ARCHS["zoo"])
-        pq = prepare_fx(copy.deepcopy(zoo), get_default_qconfig_mapping("x86"), (xs[32],))
-        with torch.inference_mode():
-            for b in calib:
-                pq(b)
-        layers = per_layer(zoo, xs[32], convert_fx(pq), args.rounds, args.seconds / 2)
+        layers = per_layer(zoo, xs[32], fx_int8(zoo, xs[32], calib), args.rounds, args.seconds / 2)
     finally:
         os.chdir(cwd)
+        tmp.cleanup()
     rows, data = [], {}
     for name in ARCHS:
         for bs in (1, 32):

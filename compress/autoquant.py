@@ -13,9 +13,12 @@ when the data has no labels) runs three steps on the eval data:
    fastest kind (no float layer) is tried first, then ``k`` grows (doubling, then bisection) until
    the budget holds; within ``tuning_budget`` (trials or seconds) the search then looks for a faster
    candidate that still holds: it drops float layers one at a time (least sensitive first) and tries
-   the other schemes. Every candidate's error and latency (short ``measure_latency``) is recorded.
-3. **Always an answer**: the fastest candidate that holds is written (measured latency; within 3 %
-   the one with fewer float parameters). When none holds, the most accurate candidate is written,
+   the other schemes. Every candidate's error and latency is recorded. A candidate is timed in short
+   interleaved slices with the fp32 model, and its latency is (its p50 / the fp32 p50 of the same
+   slices) × the fp32 p50 measured at the start, so a CPU whose speed drifts during the search does
+   not reorder the candidates.
+3. **Always an answer**: the fastest candidate that holds is written (measured latency; within 10 %,
+   a short timing's noise here, the one with fewer float multiply-accumulates). When none holds, the most accurate candidate is written,
    the layers that break the budget are named, and the result says so (the CLI exits 1).
 
 Errors, measured against the fp32 model on the same samples:
@@ -247,7 +250,8 @@ class AutoQuantResult:
                   caption="top k: the k most sensitive layers float (per MAC: sensitivity per multiply-"
                           "accumulate); -L: L int8 again; pc/pt: per-channel/per-tensor weights; sqA: "
                           "SmoothQuant alpha A; *: written; "
-                          f"ms: p50 at batch {self.fp32.get('latency_batch_size')}")
+                          f"ms: p50 at batch {self.fp32.get('latency_batch_size')}, relative to fp32 timed "
+                          "alongside, in fp32 ms")
         labels = any(c.measurement.accuracy_drop is not None for c in self.candidates) and \
             (self.goal.max_accuracy_drop is not None or not self.goal.has_target)
         cols = ["#", "step", "scheme", "float layers", "fl. MACs"] + (["drop"] if labels else []) + \

@@ -5,8 +5,8 @@ Two ways to time:
 
 - ``measure_latency(fn)``: one callable, one contiguous window.
 - ``measure_interleaved({key: fn})``: several callables compared with each other. Their time is cut
-  into ``rounds`` slices, visited in turn (the order rotates every round), and each key's samples
-  are pooled. A shared CPU drifts over seconds (other tenants, memory-bandwidth contention,
+  into ``rounds`` slices, visited in turn (the order rotates every round and reverses every other
+  one), and each key's samples are pooled. A shared CPU drifts over seconds (other tenants, memory-bandwidth contention,
   frequency): a contiguous window catches one state of the machine, so two runs can disagree by
   more than the difference being measured. Interleaving spreads every candidate over the whole
   measurement, so each sees the same mix of states, and a second run sees nearly the same mix.
@@ -92,7 +92,8 @@ def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: 
     before every later one, since the other keys' slices evict its caches. Statistics are
     ``summarize``'s, plus ``rounds`` and ``round_p50_ms`` (each slice's median: how much the machine
     drifted during the measurement). ``guard(key)`` wraps each slice (e.g. to name a failure).
-    Python's garbage collector is paused while timing.
+    Python's garbage collector is paused during each slice; its young generations are collected
+    between slices, so garbage cannot pile up over a long measurement.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -104,17 +105,26 @@ def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: 
     samples: dict[Hashable, list[float]] = {k: [] for k in keys}
     round_p50: dict[Hashable, list[float]] = {k: [] for k in keys}
     enabled = gc.isenabled()
-    gc.disable()
     try:
         for r in range(rounds):
+            # rotate the start every round and reverse every other one, so no key always follows the same one
             order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else []
+            if r % 2:
+                order.reverse()
             for k in order:
-                with guard(k) if guard is not None else contextlib.nullcontext():
-                    if r == 0:
-                        _warm_up(fns[k], warmup_iters, warmup_seconds)
-                    else:
-                        _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10)
-                    t = _timed(fns[k], per_iters, per_seconds, per_max)
+                if enabled:
+                    gc.collect(1)  # young generations only (a full pass costs ~0.15 s with torch loaded)
+                gc.disable()
+                try:
+                    with guard(k) if guard is not None else contextlib.nullcontext():
+                        if r == 0:
+                            _warm_up(fns[k], warmup_iters, warmup_seconds)
+                        else:
+                            _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10)
+                        t = _timed(fns[k], per_iters, per_seconds, per_max)
+                finally:
+                    if enabled:
+                        gc.enable()
                 samples[k] += t
                 round_p50[k].append(statistics.median(t))
     finally:

@@ -29,7 +29,8 @@ def lstm() -> LSTMClassifier:
     text LSTMs people quantize: its fp32 weights (22 MB) crowd a shared 32 MB L3, int8 weights
     (5.5 MB) don't. Smaller LSTMs are dominated by the per-step elementwise work of torch's
     quantized LSTM (about 20 ops per step, against oneDNN's fused fp32 kernel), and gain less.
-    Measured here (2 threads, p50, interleaved, fp32 eager vs traced dynamic int8): 2×512 1.52x,
-    1×1024 2.15-2.24x, 2×1024 2.15x, 1×1152 3.05x, 1×1280 3.25x, 1×1536 5.56x.
+    Sizes tried here with random weights (2 threads, p50, interleaved, fp32 eager vs traced dynamic
+    int8, batch 1): 2×512 1.52x, 1×1024 2.15-2.24x, 2×1024 2.15x, 1×1152 3.05x, 1×1280 3.25x,
+    1×1536 5.56x. The trained 1×1152 in benchmarks/bench_quantize.py: 2.29-2.33x.
     """
     return LSTMClassifier()

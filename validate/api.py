@@ -4,7 +4,9 @@ size and peak memory side by side; gates that fail CI; reports for people and ma
 
 Order of work: everything a user can get wrong (options, data, metric, baseline, every artifact's
 loadability, whether the data fits each artifact, gates on what will be measured) is checked first,
-so a bad input exits 2 within seconds; only then are the artifacts measured, one at a time.
+so a bad input exits 2 within seconds. Then each artifact is loaded, evaluated, sized and its peak
+memory taken, one at a time; last, all of them are loaded together and timed in interleaved rounds
+(``ptopt.validate.latency``), so memory during timing is the sum of the artifacts'.
 """
 
 from __future__ import annotations
@@ -166,13 +168,22 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
     refs = [("reference", reference, weights)] + [("artifact", a, None) for a in artifacts]
     names = _unique_names([display_name(r) for _, r, _ in refs])
     prev_threads = torch.get_num_threads()
+
+    def open_prepared(ref: Any, name: str, w: Any) -> Runner:
+        runner = open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers)
+        try:
+            runner.prepare(threads)
+        except BaseException:
+            runner.close()
+            raise
+        return runner
+
     try:
         shapes = []
         for (role, ref, w), name in zip(refs, names):
             say(f"checking {name}")
-            runner = open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers)
+            runner = open_prepared(ref, name, w)
             try:
-                runner.prepare(threads)
                 out, labels = _probe(runner, ds, data_name)
                 shapes.append(tuple(out.shape))
                 if role == "reference" and metric_measured:
@@ -189,16 +200,15 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
             say(f"evaluating {name} ({i + 1}/{len(refs)})")
             t0 = time.perf_counter()
             with PeakMemory() as mem:
-                runner = open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers)
+                runner = open_prepared(ref, name, w)
                 try:
-                    runner.prepare(threads)
                     eval_bs = _eval_batch_size(runner, eval_batch_size, len(ds))
                     with _failures_named(runner, data_name, f"the accuracy pass (batch size {eval_bs})"):
                         outputs = evaluate_outputs(runner, ds, eval_bs)
                     size = size_info(runner.files, getattr(runner, "module", None))
                 finally:
                     runner.close()
-            entry = _entry(runner, role, ref, eval_bs, size, {}, mem)
+            entry = _entry(runner, role, ref, eval_bs, size, mem)
             entry["elapsed_s"] = {"load_and_evaluate": round(time.perf_counter() - t0, 2)}
             if metric_measured:
                 entry["metric"] = compute_metric(met, outputs, ds.y)
@@ -213,9 +223,8 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         t1 = time.perf_counter()
         runners = []
         try:
-            for (role, ref, w), name in zip(refs, names):
-                runners.append(open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers))
-                runners[-1].prepare(threads)
+            for (_, ref, w), name in zip(refs, names):
+                runners.append(open_prepared(ref, name, w))
             lats = measure_runners(runners, ds, sizes, lat_opts,
                                    guard=lambda r: _failures_named(r, data_name, "timing"))
         finally:
@@ -226,7 +235,7 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
             entry["elapsed_s"]["latency"] = round((time.perf_counter() - t1) / len(entries), 2)
     finally:
         torch.set_num_threads(prev_threads)
-    # -- 5. compare, gate, pick the best ---------------------------------------------------------
+    # -- 6. compare, gate, pick the best ---------------------------------------------------------
     ref_entry, art_entries = entries[0], entries[1:]
     metric_info = met.describe()
     base_by_name = {e.get("name"): e for e in (base or {}).get("artifacts", [])}
@@ -252,6 +261,12 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
             notes.append("the baseline ran on a different CPU model: latency regressions compare different machines")
         if base.get("threads") != threads:
             notes.append(f"the baseline ran with {base.get('threads')} threads, this run with {threads}")
+        base_opts = base.get("latency_options") or {}
+        if {k: base_opts.get(k) for k in ("min_seconds", "rounds")} != {"min_seconds": lat_opts.min_seconds,
+                                                                       "rounds": lat_opts.rounds}:
+            notes.append(f"the baseline was timed differently (min_seconds {base_opts.get('min_seconds')}, rounds "
+                         f"{base_opts.get('rounds', 'none: one window per artifact')}), this run with min_seconds "
+                         f"{lat_opts.min_seconds:g} in {lat_opts.rounds} interleaved rounds")
     from ptopt.core.system import machine_summary
 
     report = {
@@ -396,7 +411,7 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
     return out, labels
 
 
-def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, lat: dict, mem: PeakMemory) -> dict:
+def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: PeakMemory) -> dict:
     art = None
     if runner.path is not None:
         from ptopt.core.artifact import Artifact
@@ -420,7 +435,7 @@ def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, lat: d
         "accuracy_drop": None,
         "agreement": None,
         "size": size,
-        "latency": {str(bs): st for bs, st in lat.items()},
+        "latency": {},  # filled by the interleaved timing
         "speedup": {},
         "peak_memory_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
         "peak_memory_delta_mb": None if mem.delta_mb is None else round(mem.delta_mb, 1),

@@ -4,10 +4,12 @@ samples per second at the median.
 
 Every (artifact, batch size) is timed in ``rounds`` interleaved slices
 (``ptopt.core.timing.measure_interleaved``) and its samples pooled, so all artifacts see the same
-drift of a shared machine and a second run lands within a few percent of the first.
+drift of a shared machine, and speedups compare like with like. All artifacts are loaded while
+they are timed.
 
 Inputs for batch size B are the data's first B samples (repeated when the data has fewer), so
-every artifact is timed on identical tensors. Python's garbage collector is paused while timing.
+every artifact is timed on identical tensors. Python's garbage collector is paused during each
+timed slice.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from typing import Any, Callable, Sequence
 from ptopt.core.data import Dataset
 from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_interleaved
 
-#: validation defaults: 3 s per (artifact, batch size) in 15 slices of 0.2 s. This machine class
-#: (shared 2-core VM) switches between a fast and a ~1.3x slower state every fraction of a second;
-#: the pooled median settles within a few percent only over several seconds of interleaved samples
-#: (measured in benchmarks/bench_validate.py: 1 s in 5 rounds gave a 28% worst spread between two
-#: runs, 3 s in 15 rounds under 10%).
+#: validation defaults: 3 s per (artifact, batch size) in 15 slices of 0.2 s. On the shared 2-core
+#: development VM the speed of interpreter-bound work changes every fraction of a second and from
+#: minute to minute (a fixed pure-Python loop: 1.1-1.6 ms). Measured in benchmarks/bench_validate.py,
+#: spread of the p50 between consecutive runs: one 1 s window per artifact, median 13% and max 42%;
+#: these defaults, median 3-4% and max 16-24%, every batch-32 and ONNX Runtime median within 5%.
 MIN_SECONDS = 3.0
 ROUNDS = 15
 

@@ -38,9 +38,10 @@ def test_interleaved_rounds_rotate_and_pool():
     stats = measure_interleaved(fns, {"a": 1, "b": 4, "c": 32}, rounds=3, min_iters=6, min_seconds=0.0,
                                 warmup_iters=0, warmup_seconds=0.0, guard=guard)
     assert gc.isenabled()  # paused only while timing
-    # each round visits every key, starting one further along: a slice is 2 calls (+1 warm-up call after round 1)
-    assert guarded == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert log[:6] == ["a", "a", "b", "b", "c", "c"]
+    # each round visits every key, starting one further along, every other round backwards: no key always
+    # follows the same one. A slice is 2 calls, plus 1 warm-up call after the first round
+    assert guarded == ["a", "b", "c", "a", "c", "b", "c", "a", "b"]
+    assert log[:6] == ["a", "a", "b", "b", "c", "c"] and len(log) == 3 * (2 + 3 + 3)
     for k, st in stats.items():
         assert st["iterations"] == 6 and st["rounds"] == 3 and len(st["round_p50_ms"]) == 3
     assert stats["c"]["batch_size"] == 32

@@ -10,7 +10,7 @@ import pytest
 
 FACTORY = "tests.helpers:tiny_cnn"
 #: short timing for tests: the numbers are not asserted, only that they are produced
-FAST = ("--min-iters", "3", "--min-seconds", "0.01")
+FAST = ("--min-iters", "3", "--min-seconds", "0.01", "--rounds", "2")
 
 
 def _specs(batch_dynamic: bool = True):

@@ -13,7 +13,7 @@ from ptopt.validate.gates import accuracy_drop, drop_definition
 from ptopt.validate.latency import LatencyOptions
 from tests.validate.conftest import FACTORY
 
-QUICK = LatencyOptions(min_iters=3, min_seconds=0.01, warmup_iters=1, warmup_seconds=0.0)
+QUICK = LatencyOptions(min_iters=3, min_seconds=0.01, warmup_iters=1, warmup_seconds=0.0, rounds=2)
 
 
 def _run(artifacts, refs, data=None, **kw):
@@ -159,3 +159,13 @@ def test_keyword_inputs_in_every_runtime(tmp_path):
 def test_runtime_failure_after_the_probe_names_the_artifact(artifacts):
     with pytest.raises(ShapeMismatchError, match=r"tests.validate.fns:picky .*accuracy pass.*batch 64 is too large"):
         validate(FACTORY, ["tests.validate.fns:picky"], artifacts["data"], threads=1, latency=QUICK)
+
+
+def test_runtime_failure_while_timing_names_the_artifact(artifacts, cli):
+    # the accuracy pass at batch 2 works; the interleaved timing at batch 4 does not
+    with pytest.raises(ShapeMismatchError, match=r"tests.validate.fns:picky .*during timing.*batch 4 is too large"):
+        validate(FACTORY, ["tests.validate.fns:picky"], artifacts["data"], threads=1, latency=QUICK,
+                 eval_batch_size=2, batch_sizes=(1, 4))
+    code, _, err = cli("validate", FACTORY, "tests.validate.fns:picky", "--data", artifacts["data"], "--threads", "1",
+                       "--eval-batch-size", "2", "--batch-sizes", "1,4", "--min-iters", "3", "--min-seconds", "0.01")
+    assert code == 2 and "during timing" in err and "Traceback" not in err

@@ -17,7 +17,8 @@ def _report_args(tmp_path):
 
 def test_reports(cli, artifacts, tmp_path):
     code, out, err = cli("validate", FACTORY, artifacts["torchscript"], artifacts["onnx"], "--data", artifacts["data"],
-                         "--batch-sizes", "1,4", "--threads", "1", "--max-accuracy-drop", "1", *FAST, "--rounds", "3",
+                         "--batch-sizes", "1,4", "--threads", "1", "--max-accuracy-drop", "1",
+                         *FAST, "--rounds", "3",  # the last --rounds wins
                          *_report_args(tmp_path))
     assert code == 0, err
     assert "timing 3 models at batch sizes 1, 4 (3 interleaved rounds)" in err
@@ -144,7 +145,7 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
     elif case == "report-unwritable":
         (tmp_path / "file").write_text("")
         extra = ["--report", tmp_path / "file" / "r.html"]  # a file is in the way
-    code, out, err = cli("validate", reference, art, "--data", data, "--threads", "1", *extra, *FAST,
+    code, out, err = cli("validate", reference, art, "--data", data, "--threads", "1", *FAST, *extra,
                          *(_report_args(tmp_path)[:6] if case == "report-unwritable" else _report_args(tmp_path)))
     assert code == 2, (out, err)
     assert expect in err and "Traceback" not in err and err.count("\n") <= 8

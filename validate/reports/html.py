@@ -152,7 +152,8 @@ created {e_(str(data.get('created')))}; {data.get('elapsed_s', 0):.1f} s</p>
 <table>{''.join(trs)}</table>
 <p>Accuracy drop, {e_(data['accuracy_drop']['definition'])}</p>
 <p class="dim">{e_(data['best_rule'])}. Latency: p50 per batch after warm-up, at least
-{data['latency_options']['min_iters']} iterations and {data['latency_options']['min_seconds']:g} s per batch size;
+{data['latency_options']['min_iters']} iterations and {data['latency_options']['min_seconds']:g} s per artifact and
+batch size, in {data['latency_options'].get('rounds', 1)} interleaved rounds;
 the same {data['threads']} thread(s) for every runtime. Peak MB: the process's peak resident memory while the
 artifact was loaded and run.</p>
 {notes}{baseline}
