@@ -24,7 +24,7 @@ from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_i
 #: development VM the speed of interpreter-bound work changes every fraction of a second and from
 #: minute to minute (a fixed pure-Python loop: 1.1-1.6 ms). Measured in benchmarks/bench_validate.py,
 #: spread of the p50 between consecutive runs: one 1 s window per artifact, median 13% and max 42%;
-#: these defaults, median 3-4% and max 16-24%, every batch-32 and ONNX Runtime median within 5%.
+#: these defaults, median 3-4% and max 13-24% (torch at batch 1), batch 32 and ONNX Runtime within 9%.
 MIN_SECONDS = 3.0
 ROUNDS = 15
 
