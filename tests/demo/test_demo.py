@@ -8,6 +8,7 @@ from ptopt.core.artifact import Artifact
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # trains zoo:resnet and zoo:lstm from scratch (~2.5 min of the ~4.5 min here)
 def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path):
     out = tmp_path / "demo"
     code, stdout, err = cli("demo", "-o", out, "--threads", "2")
