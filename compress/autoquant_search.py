@@ -1,0 +1,190 @@
+"""Accuracy-aware quantization: the search over candidates (see ``ptopt.compress.autoquant``).
+
+Candidates are schemes with the ``k`` most sensitive layers left float: all-int8 first, then ``k``
+grows (doubling, then bisection) until the goal holds; within the tuning budget float layers are made
+int8 again one at a time and the other schemes are tried. ``choose`` picks the fastest candidate that
+holds (ties within ``LATENCY_TIE`` go to fewer float multiply-accumulates), else the most accurate.
+The tuner (``autoquant._Tuner``) quantizes and measures; this module only decides what to try.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ptopt.compress.autoquant_result import AccuracyGoal, Candidate
+
+if TYPE_CHECKING:
+    from ptopt.compress.autoquant import _Tuner
+
+#: two latencies within this fraction are a tie, broken by fewer float multiply-accumulates: a short
+#: timing on a shared CPU is good to ~10% (measured: the same candidate ±15% between searches), and
+#: fewer float MACs is the better bet within that
+LATENCY_TIE = 0.10
+
+
+def _layer_err(r: dict[str, Any], by_accuracy: bool) -> float:
+    """The error a layer causes (method "alone") or saves ("float"), as one number."""
+    if "saves" in r:
+        return max(float(r["saves"]), 0.0)
+    err = 1.0 - r["min_cosine"]
+    if by_accuracy and r.get("accuracy_drop") is not None:
+        err = max(r["accuracy_drop"], 0.0) + (1.0 - r["mean_cosine"])
+    return err
+
+
+#: SmoothQuant strengths tried on dynamic int8 Linears (0.5 is the paper's default for W8A8 per-tensor;
+#: per-channel int8 weights absorb more of the activation range, so stronger migration pays off)
+SMOOTH_ALPHAS = (0.75, 0.6)
+
+
+def _schemes(base: Any, smoothable: bool = False) -> list[tuple[bool, str | None, float | None]]:
+    """(per_channel, observer, smoothing alpha) triples, the user's own first."""
+    pcs = [base.per_channel, not base.per_channel]
+    if base.mode != "static":
+        alphas = (None,) + (SMOOTH_ALPHAS if smoothable else ())
+        return [(pc, None, a) for a in alphas for pc in pcs]
+    obs = [base.observer] + [o for o in ("histogram", "minmax", "percentile") if o != base.observer]
+    return [(pc, o, None) for pc in pcs for o in obs]
+
+
+class Search:
+    def __init__(self, tuner: _Tuner, layers: list[str], sens: list[dict[str, Any]], goal: AccuracyGoal):
+        self.t, self.layers, self.sens, self.goal = tuner, layers, sens, goal
+        self.ranked = [r["layer"] for r in sens]
+        self.candidates: list[Candidate] = []
+        self.seen: dict[tuple, Candidate] = {}
+        self.exhausted = False
+
+    def budget_left(self) -> bool:
+        if not self.candidates:
+            return True  # always an answer: the first candidate is tried whatever the budget
+        if self.goal.trials is not None and len(self.candidates) >= self.goal.trials:
+            self.exhausted = True
+        if self.goal.seconds is not None and self.t.elapsed() >= self.goal.seconds:
+            self.exhausted = True
+        return not self.exhausted
+
+    def config(self, scheme: tuple, floats: tuple[str, ...]) -> Any:
+        pc, obs, _ = scheme
+        changes: dict[str, Any] = {"per_channel": pc, "float_modules": tuple(self.t.base.float_modules) + floats}
+        if obs is not None:
+            changes["observer"] = obs
+        return self.t.base.replace(**changes)
+
+    def try_(self, scheme: tuple, floats: "tuple[str, ...] | list[str]", step: str) -> Candidate | None:
+        floats = tuple(n for n in self.ranked if n in set(floats))
+        key = (scheme, frozenset(floats))
+        if key in self.seen:
+            return self.seen[key]
+        if not self.budget_left():
+            return None
+        t0 = time.perf_counter()
+        q = self.t.quantize(self.config(scheme, floats), smooth=scheme[2])
+        m = self.t.measure(q, self.t.eval)
+        lat = self.t.latency(q)
+        c = Candidate(len(self.candidates), scheme[0], scheme[1], floats, m, round(lat, 4), m.holds(self.goal), step,
+                      round(time.perf_counter() - t0, 2), sum(self.t.params.get(n, 0) for n in floats),
+                      scheme[2], round(self.float_share(floats), 4))
+        self.candidates.append(c)
+        self.seen[key] = c
+        self.t.log(f"candidate {c.index + 1} ({step}): {c.scheme}, {len(floats)} float  min cos "
+                   f"{m.min_cosine:.5f}" + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else "")
+                   + f"  {lat:.2f} ms  {'holds' if c.holds else 'fails'}")
+        return c
+
+    def float_share(self, floats: "tuple[str, ...] | list[str]") -> float:
+        total = sum(self.t.cost.get(n, 0.0) for n in self.layers) or 1.0
+        return sum(self.t.cost.get(n, 0.0) for n in floats) / total
+
+    def holding(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.holds]
+
+    def run(self) -> None:
+        schemes = _schemes(self.t.base, bool(self.t.smoothable))
+        first = self.try_(schemes[0], (), "all int8")
+        if first is None:
+            return
+        if not first.holds:
+            # one change at a time from the user's scheme: the other weight granularity, the other observers
+            for s in schemes[1:]:
+                if sum(a != b for a, b in zip(s, schemes[0])) == 1:
+                    self.try_(s, (), "all int8")
+        tried0 = [c for c in self.candidates if not c.float_layers]
+        best_scheme = min(tried0, key=lambda c: c.measurement.error(self.t.by_accuracy))
+        scheme = best_scheme.scheme_key
+        if not self.holding():
+            self.ladder(scheme)
+        if not self.holding() and scheme != schemes[0] and not self.exhausted:
+            self.ladder(schemes[0])  # the ranking was measured with the user's scheme
+        if not self.holding():
+            return
+        self.refine()
+
+    def ladder(self, scheme: tuple, order: list[str] | None = None, what: str = "",
+               lo: int = 0) -> None:
+        """Smallest k (the first k of ``order`` float) that holds: doubling, then bisection."""
+        order = self.ranked if order is None else order
+        n_max = max(len(order) - 1, 0)  # at least one layer stays int8
+        k, hi = max(1, lo), None
+        while k <= n_max and hi is None:
+            c = self.try_(scheme, order[:k], f"top {k}{what}")
+            if c is None:
+                return
+            if c.holds:
+                hi = k
+            else:
+                lo = k
+                if k == n_max:
+                    break
+                k = min(k * 2, n_max)
+        if hi is None:
+            return
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            c = self.try_(scheme, order[:mid], f"top {mid}{what}")
+            if c is None:
+                return
+            if c.holds:
+                hi = mid
+            else:
+                lo = mid
+
+    def refine(self) -> None:
+        """Look for a faster candidate that holds: the sensitivity per float cost as a second ladder,
+        fewer float layers (least sensitive dropped first), then the other schemes."""
+        best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
+        scheme = best.scheme_key
+        if best.float_layers:
+            cheap = self.by_efficiency()
+            if cheap[: len(best.float_layers)] != list(best.float_layers):
+                self.ladder(scheme, cheap, " per MAC")
+                if self.exhausted:
+                    return
+            best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
+        scheme, floats = best.scheme_key, list(best.float_layers)
+        for name in reversed(list(floats)):  # least sensitive first
+            trial = [n for n in floats if n != name]
+            c = self.try_(scheme, trial, f"-{name}")
+            if c is None:
+                return
+            if c.holds:
+                floats = trial
+        for s in _schemes(self.t.base, bool(self.t.smoothable)):
+            if s != scheme and self.try_(s, floats, "scheme") is None:
+                return
+
+    def by_efficiency(self) -> list[str]:
+        """Layers by error saved per multiply-accumulate kept float (greedy knapsack order)."""
+        err = {r["layer"]: _layer_err(r, self.t.by_accuracy) for r in self.sens}
+        return sorted(self.ranked, key=lambda n: err.get(n, 0.0) / max(self.t.cost.get(n, 1.0), 1.0), reverse=True)
+
+    def choose(self) -> int | None:
+        if not self.candidates:
+            return None
+        ok = self.holding()
+        if ok:
+            fastest = min(c.latency_ms for c in ok)
+            near = [c for c in ok if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
+            return min(near, key=lambda c: (c.float_macs, c.latency_ms)).index
+        return min(self.candidates, key=lambda c: (c.measurement.error(self.t.by_accuracy), c.latency_ms)).index
