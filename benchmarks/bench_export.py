@@ -15,7 +15,6 @@ Run: python benchmarks/bench_export.py
 from __future__ import annotations
 
 import copy
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ from ptopt.core.artifact import Artifact  # noqa: E402
 from ptopt.core.data import load_data  # noqa: E402
 from ptopt.core.inputspec import make_inputs  # noqa: E402
 from ptopt.core.modelref import load_model  # noqa: E402
-from ptopt.core.timing import measure_latency  # noqa: E402
+from ptopt.core.timing import measure_interleaved  # noqa: E402
 from ptopt.export.api import export  # noqa: E402
 from ptopt.export.parity import artifact_runner, compare, flatten_outputs, onnx_session, torch_runner  # noqa: E402
 
@@ -100,15 +99,10 @@ def int8_onnx(work: Path) -> tuple[list[list], dict]:
     }
     sessions = {k: onnx_session(a.path, THREADS) for k, a in arts.items()}
     x = make_inputs(arts["fp32 ONNX"].inputs, "positional", which="opt", batch=32).numpy()
-    lat: dict[str, list[float]] = {k: [] for k in arts}
-    best: dict[str, float] = {k: float("inf") for k in arts}
-    for _ in range(5):  # interleaved rounds: machine load hits every variant alike
-        for k, s in sessions.items():
-            name = s.get_inputs()[0].name
-            m = measure_latency(lambda s=s, name=name: s.run(None, {name: x}), 32, min_seconds=0.6)
-            lat[k].append(m["p50_ms"])
-            best[k] = min(best[k], m["min_ms"])
-    p50 = {k: statistics.median(v) for k, v in lat.items()}
+    fns = {k: (lambda s=s, name=s.get_inputs()[0].name: s.run(None, {name: x})) for k, s in sessions.items()}
+    st = measure_interleaved(fns, {k: 32 for k in fns}, rounds=5, min_seconds=3.0)  # load hits every variant alike
+    p50 = {k: v["p50_ms"] for k, v in st.items()}
+    best = {k: v["min_ms"] for k, v in st.items()}
     acc = {k: accuracy(artifact_runner(a.path, "onnx", a.inputs), test) for k, a in arts.items()}
     eager_acc = accuracy(torch_runner(load_model("zoo:resnet").module), test)
     torch_int8_acc = accuracy(torch_runner(torch.jit.load(str(int8_pt))), test)
@@ -123,7 +117,7 @@ def int8_onnx(work: Path) -> tuple[list[list], dict]:
                      f"{best[k]:.2f}", f"{speedup_min:.2f}×", f"{acc[k]:.2f}",
                      f"{drop:+.2f}" if k != "fp32 ONNX" else "—"])
         data["variants"][k] = {"size_bytes": a.size_bytes, "size_ratio": size_ratio, "p50_ms_bs32": p50[k],
-                               "p50_rounds": lat[k], "speedup": speedup, "min_ms_bs32": best[k],
+                               "p50_rounds": st[k]["round_p50_ms"], "speedup": speedup, "min_ms_bs32": best[k],
                                "speedup_min": speedup_min, "accuracy": acc[k], "accuracy_drop": drop,
                                "parity": a.metrics["parity"]["max_abs_diff"]}
     return rows, data

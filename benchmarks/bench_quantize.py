@@ -6,8 +6,8 @@
 - zoo:lstm: dynamic int8 vs fp32 eager, batch 1 and 32.
 - zoo:transformer (input_ids + attention_mask): dynamic int8 vs fp32 eager, batch 1 and 32.
 
-The CPU may be shared: each latency is the median of several interleaved rounds (each round itself a
-median over >= 1 s of iterations), so a burst of load hits every candidate alike.
+The CPU may be shared: every candidate and batch size is timed in the same interleaved rounds
+(``ptopt.core.timing.measure_interleaved``, samples pooled), so a burst of load hits every candidate alike.
 
     python benchmarks/bench_quantize.py [--rounds 5] [--seconds 1.0] [--skip-qat] [--skip-ort]
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -95,19 +94,16 @@ def _ort_sessions(model, calib, x, workdir, threads):
 
 
 def _latency(candidates, inputs, rounds, seconds):
-    """{name: {bs: p50_ms}}: median over interleaved rounds of measure_latency's p50."""
+    """{name: {bs: p50_ms}}: every candidate and batch size timed in the same interleaved rounds."""
     import torch
 
-    from ptopt.core.timing import measure_latency
+    from ptopt.core.timing import measure_interleaved
 
-    per = {n: {bs: [] for bs in inputs} for n in candidates}
+    fns = {(n, bs): (lambda f=fn, x=x: f(x)) for n, fn in candidates.items() for bs, x in inputs.items()}
     with torch.inference_mode():
-        for _ in range(rounds):
-            for bs, x in inputs.items():
-                for name, fn in candidates.items():
-                    r = measure_latency(lambda: fn(x), bs, min_seconds=seconds, min_iters=10 if bs > 1 else 50)
-                    per[name][bs].append(r["p50_ms"])
-    return {n: {bs: statistics.median(v) for bs, v in d.items()} for n, d in per.items()}
+        st = measure_interleaved(fns, {k: k[1] for k in fns}, rounds=rounds, min_iters=10,
+                                 min_seconds=seconds * rounds)
+    return {n: {bs: st[(n, bs)]["p50_ms"] for bs in inputs} for n in candidates}
 
 
 def _accuracy(fn, data):

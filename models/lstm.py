@@ -31,6 +31,6 @@ def lstm() -> LSTMClassifier:
     quantized LSTM (about 20 ops per step, against oneDNN's fused fp32 kernel), and gain less.
     Sizes tried here with random weights (2 threads, p50, interleaved, fp32 eager vs traced dynamic
     int8, batch 1): 2×512 1.52x, 1×1024 2.15-2.24x, 2×1024 2.15x, 1×1152 3.05x, 1×1280 3.25x,
-    1×1536 5.56x. The trained 1×1152 in benchmarks/bench_quantize.py: 2.29-2.33x.
+    1×1536 5.56x. The trained 1×1152 in benchmarks/bench_quantize.py: 2.29-2.34x.
     """
     return LSTMClassifier()
