@@ -35,9 +35,11 @@ from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_opti
 @click.option("--max-size-mb", type=float, help="Fail when an artifact's files exceed this many MB (10^6 bytes).")
 @click.option("--baseline", type=click.Path(dir_okay=False), help="A --json report of an earlier run to compare with.")
 @click.option("--max-regression", type=float, metavar="PCT",
-              help="With --baseline: fail when p50 latency grows, or the metric drops, by more than PCT percent.")
+              help="With --baseline: fail when p50 latency grows, or the metric or speedup drops, by more than PCT percent.")
 @click.option("--regression-on", default="latency,accuracy", show_default=True,
-              help="What --max-regression compares: latency, accuracy or both.")
+              help="What --max-regression compares, comma-separated: latency (p50 ms), accuracy (the metric), "
+                   "speedup (reference p50 / artifact p50 in the same run: steady when the machine's speed "
+                   "changes, e.g. on shared CI runners).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write JUnit XML (a test case per artifact x gate).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write Markdown for a pull-request comment.")

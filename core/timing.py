@@ -90,8 +90,9 @@ def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: 
     ``min_iters``/``min_seconds``/``max_iters`` are totals per key, split evenly over the rounds.
     Each key is warmed up fully before its first slice and briefly (a tenth, at least one call)
     before every later one, since the other keys' slices evict its caches. Statistics are
-    ``summarize``'s, plus ``rounds`` and ``round_p50_ms`` (each slice's median: how much the machine
-    drifted during the measurement). ``guard(key)`` wraps each slice (e.g. to name a failure).
+    ``summarize``'s, plus ``rounds``, ``round_p50_ms`` (each slice's median) and
+    ``round_spread_pct`` (``round_spread``: how much the machine drifted during the measurement).
+    ``guard(key)`` wraps each slice (e.g. to name a failure).
     Python's garbage collector is paused during each slice; its young generations are collected
     between slices, so garbage cannot pile up over a long measurement.
     """
@@ -130,8 +131,20 @@ def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: 
     finally:
         if enabled:
             gc.enable()
-    return {k: summarize(samples[k], sizes.get(k, 1)) | {"rounds": rounds, "round_p50_ms": round_p50[k]}
+    return {k: summarize(samples[k], sizes.get(k, 1))
+            | {"rounds": rounds, "round_p50_ms": round_p50[k], "round_spread_pct": round_spread(round_p50[k])}
             for k in keys}
+
+
+def round_spread(round_medians: list[float]) -> float:
+    """The interquartile range of per-round medians, in percent of their median (0 for one round).
+
+    One callable's speed changing from round to round means the machine's did: a run whose rounds
+    spread by X% may give a median X% away from the next run's.
+    """
+    s = sorted(round_medians)
+    mid = percentile(s, 50)
+    return 100.0 * (percentile(s, 75) - percentile(s, 25)) / mid if mid > 0 else 0.0
 
 
 @contextlib.contextmanager

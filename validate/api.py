@@ -33,6 +33,9 @@ DEFAULT_EVAL_BATCH_SIZE = 64
 #: without an accuracy or agreement gate, an artifact losing more than this (in the drop's unit)
 #: is not eligible as "best"
 BEST_MAX_DROP = 1.0
+#: a run whose round medians spread more than this (interquartile, % of the median) for some
+#: (model, batch size) gets a note: its latency medians may not reproduce
+UNSTEADY_PCT = 10.0
 BEST_RULE = ("best = the fastest artifact (p50 at the smallest batch size, then the next) among those that pass "
              f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
              f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)")
@@ -76,6 +79,17 @@ class ValidationResult:
         return self.data
 
 
+def _unsteady_note(entries: list[dict[str, Any]]) -> str | None:
+    """A note when the machine's speed changed during timing (the largest round spread), else None."""
+    spread, name, bs = max(((st.get("round_spread_pct", 0.0), e["name"], b) for e in entries
+                            for b, st in e["latency"].items()), default=(0.0, "", ""))
+    if spread <= UNSTEADY_PCT:
+        return None
+    return (f"the machine's speed changed during timing: the round medians of {name} at batch {bs} spread "
+            f"{spread:.0f}% (interquartile), so these latency medians may not reproduce within that; speedups "
+            f"are steadier, every model was timed in the same rounds (--regression-on speedup)")
+
+
 def parse_batch_sizes(value: Any) -> list[int]:
     """``"1,32"``, ``32`` or ``(1, 32)`` → sorted unique positive ints."""
     items = str(value).split(",") if isinstance(value, (str, int)) else list(value)
@@ -93,7 +107,7 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
              max_accuracy_drop: float | None = None, relative: bool = False, min_agreement: float | None = None,
              max_latency_ms: Any = (), min_speedup: float | None = None, max_size_mb: float | None = None,
              baseline: Any = None, max_regression: float | None = None,
-             regression_on: Sequence[str] = _gates.REGRESSION_KINDS,
+             regression_on: Sequence[str] | str = _gates.DEFAULT_REGRESSION_ON,
              json_path: Any = None, junit_path: Any = None, markdown_path: Any = None, report_path: Any = None,
              weights: Any = None, allow_pickle: bool = False, providers: Sequence[str] | None = None,
              max_samples: int | None = None, eval_batch_size: int = DEFAULT_EVAL_BATCH_SIZE,
@@ -134,6 +148,8 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
                             ("--rounds", lat_opts.rounds, 1)):
         if value < low:
             raise UsageError(f"{opt} must be >= {low}, got {value}")
+    if isinstance(regression_on, str):
+        regression_on = [k.strip() for k in regression_on.split(",") if k.strip()]
     if isinstance(max_latency_ms, (int, float, str)):
         max_latency_ms = [max_latency_ms]
     gate_cfg = _gates.Gates(max_accuracy_drop=max_accuracy_drop, relative=relative, min_agreement=min_agreement,
@@ -253,7 +269,7 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
     best = _pick_best(art_entries, gate_cfg, sizes)
     for e in art_entries:
         e["best"] = e["name"] == best
-    notes = []
+    notes = [n for n in [_unsteady_note(entries)] if n]
     if base is not None:
         from ptopt.core.system import cpu_info
 

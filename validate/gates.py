@@ -17,8 +17,13 @@ from typing import Any, Sequence
 
 from ptopt.core.errors import UsageError
 
-#: the default regression check compares both
-REGRESSION_KINDS = ("latency", "accuracy")
+#: what ``--max-regression`` can compare against the baseline: ``latency`` (each p50, in ms), ``accuracy``
+#: (the metric) and ``speedup`` (reference p50 / artifact p50, both timed interleaved in the same run).
+#: A shared or different machine moves every p50 of a run together, so ``speedup`` survives a change of
+#: machine speed that ``latency`` would flag; it does not see the reference itself getting slower.
+REGRESSION_KINDS = ("latency", "accuracy", "speedup")
+#: the default check
+DEFAULT_REGRESSION_ON = ("latency", "accuracy")
 
 
 def accuracy_drop(base: float, new: float, higher_is_better: bool = True, scale: float = 100.0,
@@ -61,9 +66,9 @@ class Gates:
     min_speedup: float | None = None
     max_size_mb: float | None = None
     #: largest accepted regression vs the baseline run, in percent: latency (new - old) / old,
-    #: accuracy as ``accuracy_drop(old, new, relative=True)``
+    #: speedup (old - new) / old, accuracy as ``accuracy_drop(old, new, relative=True)``
     max_regression: float | None = None
-    regression_on: tuple[str, ...] = REGRESSION_KINDS
+    regression_on: tuple[str, ...] = DEFAULT_REGRESSION_ON
 
     def __post_init__(self) -> None:
         for name in ("max_accuracy_drop", "max_size_mb", "max_regression", "min_speedup"):
@@ -76,8 +81,9 @@ class Gates:
             if ms <= 0 or (bs is not None and bs < 1):
                 raise UsageError(f"--max-latency-ms: bad value {bs}={ms}" if bs else f"--max-latency-ms must be > 0, got {ms}")
         bad = [k for k in self.regression_on if k not in REGRESSION_KINDS]
-        if bad:
-            raise UsageError(f"--regression-on: unknown {', '.join(bad)} (choose from {', '.join(REGRESSION_KINDS)})")
+        if bad or not self.regression_on:
+            raise UsageError(f"--regression-on: {'unknown ' + ', '.join(bad) if bad else 'nothing given'} "
+                             f"(choose from {', '.join(REGRESSION_KINDS)})")
 
     def active(self) -> list[str]:
         names = []
@@ -228,6 +234,14 @@ def _regressions(gates: Gates, entry: dict[str, Any], metric: dict[str, Any],
                 out.append(GateResult(name, f"max-regression:latency@bs{bs_key}", pct, reg, reg <= pct,
                                       f"p50 {_fmt(before['p50_ms'])} -> {_fmt(stats['p50_ms'])} ms at batch {bs_key}: "
                                       f"{reg:+.1f}% (max +{_fmt(pct)}%)"))
+    if "speedup" in gates.regression_on:
+        for bs_key, sp in (entry.get("speedup") or {}).items():
+            before = (old.get("speedup") or {}).get(bs_key)
+            if before:
+                reg = 100.0 * (before - sp) / before
+                out.append(GateResult(name, f"max-regression:speedup@bs{bs_key}", pct, reg, reg <= pct,
+                                      f"speedup {before:.2f}x -> {sp:.2f}x at batch {bs_key}: {0.0 - reg:+.1f}% "
+                                      f"(max -{_fmt(pct)}%)"))
     if "accuracy" in gates.regression_on and entry.get("metric") is not None and old.get("metric") is not None:
         reg = accuracy_drop(old["metric"], entry["metric"], metric.get("higher_is_better", True), relative=True)
         out.append(GateResult(name, "max-regression:accuracy", pct, reg, reg <= pct + 1e-9,

@@ -64,3 +64,11 @@ def test_interleaved_failure_goes_through_the_guard():
     assert gc.isenabled()
     with pytest.raises(ValueError, match="rounds"):
         measure_interleaved({"a": lambda: None}, rounds=0)
+
+
+def test_round_spread_is_the_interquartile_range_of_round_medians():
+    from ptopt.core.timing import round_spread
+
+    assert round_spread([2.0]) == 0.0 and round_spread([2.0, 2.0, 2.0]) == 0.0
+    assert round_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(100 * (4 - 2) / 3)
+    assert round_spread([5.0, 1.0, 4.0, 2.0, 3.0]) == pytest.approx(100 * (4 - 2) / 3)  # order does not matter

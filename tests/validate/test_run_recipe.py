@@ -121,6 +121,7 @@ def test_example_workflow_and_recipe_are_valid():
     job = next(iter(wf["jobs"].values()))
     text = json.dumps(job["steps"])
     assert "--max-accuracy-drop" in text and "--baseline" in text and "--max-regression" in text
+    assert "--regression-on speedup,accuracy" in text
     recipe = yaml.safe_load((root / "validate-recipe.yaml").read_text())
     steps, _ = plan(recipe, {"artifacts": ["a.onnx"]})
     assert steps[0].command == "validate"
