@@ -38,8 +38,7 @@ from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_opti
               help="With --baseline: fail when p50 latency grows, or the metric or speedup drops, by more than PCT percent.")
 @click.option("--regression-on", default="latency,accuracy", show_default=True,
               help="What --max-regression compares, comma-separated: latency (p50 ms), accuracy (the metric), "
-                   "speedup (reference p50 / artifact p50 in the same run: steady when the machine's speed "
-                   "changes, e.g. on shared CI runners).")
+                   "speedup (reference p50 / artifact p50 of the same run: what the artifact gains).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write JUnit XML (a test case per artifact x gate).")
 @click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write Markdown for a pull-request comment.")

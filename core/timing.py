@@ -139,8 +139,8 @@ def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: 
 def round_spread(round_medians: list[float]) -> float:
     """The interquartile range of per-round medians, in percent of their median (0 for one round).
 
-    One callable's speed changing from round to round means the machine's did: a run whose rounds
-    spread by X% may give a median X% away from the next run's.
+    How much one callable's speed changed from round to round while it was timed: the machine's
+    drift during the measurement, not a bound on how far the next run's median will be.
     """
     s = sorted(round_medians)
     mid = percentile(s, 50)

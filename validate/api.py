@@ -33,9 +33,6 @@ DEFAULT_EVAL_BATCH_SIZE = 64
 #: without an accuracy or agreement gate, an artifact losing more than this (in the drop's unit)
 #: is not eligible as "best"
 BEST_MAX_DROP = 1.0
-#: a run whose round medians spread more than this (interquartile, % of the median) for some
-#: (model, batch size) gets a note: its latency medians may not reproduce
-UNSTEADY_PCT = 10.0
 BEST_RULE = ("best = the fastest artifact (p50 at the smallest batch size, then the next) among those that pass "
              f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
              f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)")
@@ -77,17 +74,6 @@ class ValidationResult:
 
     def to_dict(self) -> dict[str, Any]:
         return self.data
-
-
-def _unsteady_note(entries: list[dict[str, Any]]) -> str | None:
-    """A note when the machine's speed changed during timing (the largest round spread), else None."""
-    spread, name, bs = max(((st.get("round_spread_pct", 0.0), e["name"], b) for e in entries
-                            for b, st in e["latency"].items()), default=(0.0, "", ""))
-    if spread <= UNSTEADY_PCT:
-        return None
-    return (f"the machine's speed changed during timing: the round medians of {name} at batch {bs} spread "
-            f"{spread:.0f}% (interquartile), so these latency medians may not reproduce within that; speedups "
-            f"are steadier, every model was timed in the same rounds (--regression-on speedup)")
 
 
 def parse_batch_sizes(value: Any) -> list[int]:
@@ -269,12 +255,15 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
     best = _pick_best(art_entries, gate_cfg, sizes)
     for e in art_entries:
         e["best"] = e["name"] == best
-    notes = [n for n in [_unsteady_note(entries)] if n]
+    notes = []
     if base is not None:
         from ptopt.core.system import cpu_info
 
         if base.get("machine", {}).get("cpu", {}).get("model") != cpu_info()["model"]:
             notes.append("the baseline ran on a different CPU model: latency regressions compare different machines")
+        if "speedup" in gate_cfg.regression_on and (base.get("reference") or {}).get("name") != ref_entry["name"]:
+            notes.append(f"the baseline's reference was {(base.get('reference') or {}).get('name')}, this run's "
+                         f"{ref_entry['name']}: speedup regressions compare gains over different references")
         if base.get("threads") != threads:
             notes.append(f"the baseline ran with {base.get('threads')} threads, this run with {threads}")
         base_opts = base.get("latency_options") or {}

@@ -18,9 +18,10 @@ from typing import Any, Sequence
 from ptopt.core.errors import UsageError
 
 #: what ``--max-regression`` can compare against the baseline: ``latency`` (each p50, in ms), ``accuracy``
-#: (the metric) and ``speedup`` (reference p50 / artifact p50, both timed interleaved in the same run).
-#: A shared or different machine moves every p50 of a run together, so ``speedup`` survives a change of
-#: machine speed that ``latency`` would flag; it does not see the reference itself getting slower.
+#: (the metric) and ``speedup`` (reference p50 / artifact p50, both from the same run): what an artifact
+#: gains over its reference, e.g. a quantization that stopped paying off. A runner uniformly faster or
+#: slower than the baseline's leaves it unchanged; a CPU with other int8 instructions does not, and it
+#: does not see the reference itself getting slower. On one machine it is as noisy as the p50s it divides.
 REGRESSION_KINDS = ("latency", "accuracy", "speedup")
 #: the default check
 DEFAULT_REGRESSION_ON = ("latency", "accuracy")
@@ -148,10 +149,34 @@ def check_measurable(gates: Gates, *, metric_measured: bool, metric_name: str, d
     if gates.min_agreement is not None and classification is False:
         raise UsageError("--min-agreement is top-1 agreement, which needs classification outputs [N, classes]; "
                          "these outputs are not")
-    if gates.max_regression is not None and "accuracy" in gates.regression_on and baseline is not None \
-            and metric_measured and baseline.get("metric", {}).get("name") not in (None, metric_name):
-        raise UsageError(f"--baseline measured the metric {baseline['metric']['name']!r}, this run {metric_name!r}; "
-                         "use the same --metric or --regression-on latency")
+    if gates.max_regression is not None and baseline is not None:
+        check_baseline(gates, baseline, metric_measured=metric_measured, metric_name=metric_name,
+                       data_name=data_name, batch_sizes=batch_sizes)
+
+
+def check_baseline(gates: Gates, baseline: dict, *, metric_measured: bool, metric_name: str, data_name: str,
+                   batch_sizes: Sequence[int]) -> None:
+    """Raise UsageError when a ``--regression-on`` kind has nothing to compare: a regression gate that
+    compared nothing would pass silently."""
+    kinds = gates.regression_on
+    if "accuracy" in kinds:
+        base_metric = baseline.get("metric") or {}
+        if not metric_measured:
+            raise UsageError(f"--regression-on accuracy needs the metric {metric_name!r}, which needs labels, and "
+                             f"{data_name} has none; give labelled data or --regression-on latency")
+        if base_metric.get("measured") is False or base_metric.get("name") is None:
+            raise UsageError("--baseline has no metric (its data had no labels); use --regression-on latency")
+        if base_metric["name"] != metric_name:
+            raise UsageError(f"--baseline measured the metric {base_metric['name']!r}, this run {metric_name!r}; "
+                             "use the same --metric or --regression-on latency")
+    timed = {k for k in ("latency", "speedup") if k in kinds}
+    if timed:
+        base_sizes = set(baseline.get("batch_sizes") or [])
+        missing = [bs for bs in batch_sizes if bs not in base_sizes]
+        if missing:
+            raise UsageError(f"--regression-on {','.join(sorted(timed))}: the baseline did not time batch size(s) "
+                             f"{','.join(map(str, missing))} (it timed {','.join(map(str, sorted(base_sizes))) or 'none'}); "
+                             "use the same --batch-sizes")
 
 
 def load_baseline(path: str | os.PathLike) -> dict[str, Any]:

@@ -94,10 +94,10 @@ def test_speedup_regression_ignores_machine_speed(cli, artifacts, tmp_path):
         e["latency"]["1"]["p50_ms"] /= 1000.0  # every p50 of the stored run 1000x lower: a faster machine
     faster_machine = tmp_path / "faster-machine.json"
     faster_machine.write_text(json.dumps(stored))
-    code, out, err = cli(*args, "--baseline", faster_machine, "--max-regression", "60", "--regression-on", "latency",
+    code, out, err = cli(*args, "--baseline", faster_machine, "--max-regression", "90", "--regression-on", "latency",
                          "-q")
     assert code == 1 and "max-regression:latency@bs1" in err
-    code, out, err = cli(*args, "--baseline", faster_machine, "--max-regression", "60", "--regression-on",
+    code, out, err = cli(*args, "--baseline", faster_machine, "--max-regression", "90", "--regression-on",
                          "speedup,accuracy", "--json", tmp_path / "r.json", "-q")
     assert code == 0, err
     gates = {g["gate"]: g for g in json.loads((tmp_path / "r.json").read_text())["gate_results"]}
@@ -106,7 +106,7 @@ def test_speedup_regression_ignores_machine_speed(cli, artifacts, tmp_path):
     stored["artifacts"][0]["speedup"]["1"] *= 1000.0  # the artifact used to be 1000x faster than its reference
     lost = tmp_path / "lost-speedup.json"
     lost.write_text(json.dumps(stored))
-    code, out, err = cli(*args, "--baseline", lost, "--max-regression", "60", "--regression-on", "speedup", "-q")
+    code, out, err = cli(*args, "--baseline", lost, "--max-regression", "90", "--regression-on", "speedup", "-q")
     assert code == 1 and "max-regression:speedup@bs1" in err and "max-regression:latency" not in err
 
 
@@ -117,7 +117,8 @@ def _bad(tmp_path, *more):
 @pytest.mark.parametrize("case", ["missing", "garbage", "mar", "state_dict", "data-mismatch", "accuracy-unlabeled",
                                   "latency-bs-not-measured", "baseline-without-pct", "unknown-metric",
                                   "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable",
-                                  "metric-fails", "zero-rounds", "bad-regression-on"])
+                                  "metric-fails", "zero-rounds", "bad-regression-on", "baseline-lacks-batch",
+                                  "regression-accuracy-unlabeled"])
 def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
     from ptopt.core.artifact import Artifact
 
@@ -132,6 +133,8 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         "tensorrt": "torch_tensorrt is needed", "report-unwritable": "cannot write there",
         "metric-fails": "broken on purpose", "zero-rounds": "--rounds must be >= 1",
         "bad-regression-on": "--regression-on: unknown latncy",
+        "baseline-lacks-batch": "the baseline did not time batch size(s) 1",
+        "regression-accuracy-unlabeled": "--regression-on accuracy needs the metric",
     }[case]
     if case == "missing":
         art = tmp_path / "nope.onnx"
@@ -164,6 +167,13 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         extra = ["--max-regression", "5"]
     elif case == "bad-regression-on":
         extra = ["--regression-on", "latncy"]
+    elif case in ("baseline-lacks-batch", "regression-accuracy-unlabeled"):  # a regression gate comparing nothing
+        (tmp_path / "b.json").write_text(json.dumps({"schema": "ptopt.validate/1", "artifacts": [], "batch_sizes": [32],
+                                                     "metric": {"name": "top1", "measured": True}}))
+        extra = ["--baseline", tmp_path / "b.json", "--max-regression", "5", "--regression-on",
+                 "latency,speedup" if case == "baseline-lacks-batch" else "accuracy"]
+        if case == "regression-accuracy-unlabeled":
+            data = artifacts["unlabeled"]
     elif case == "bad-batch-sizes":
         extra = ["--batch-sizes", "1,x"]
     elif case == "tensorrt":
@@ -189,22 +199,3 @@ def test_bad_input_names_the_artifact_and_shapes(cli, artifacts, tmp_path):
     code, out, err = cli("validate", "zoo:resnet", artifacts["onnx"], "--data", artifacts["data32"], "--threads", "1")
     assert code == 2
     assert "does not fit tiny.onnx" in err and "expected input: [1..64]x1x8x8 float32" in err and "2x1x32x32" in err
-
-
-@pytest.mark.parametrize("spread", [0.0, 42.0])
-def test_unsteady_machine_gets_a_note(cli, artifacts, tmp_path, monkeypatch, spread):
-    """Round medians that spread more than UNSTEADY_PCT mean the machine's speed changed while timing:
-    the report says so (terminal, JSON, Markdown) and points to the steadier speedup comparison."""
-    monkeypatch.setattr("ptopt.core.timing.round_spread", lambda medians: spread)
-    code, out, err = cli("validate", FACTORY, artifacts["onnx"], "--data", artifacts["data"], "--batch-sizes", "1",
-                         "--threads", "1", *FAST, "--json", tmp_path / "r.json", "--markdown", tmp_path / "r.md")
-    assert code == 0, err
-    data = json.loads((tmp_path / "r.json").read_text())
-    assert data["artifacts"][0]["latency"]["1"]["round_spread_pct"] == spread
-    notes = [n for n in data["notes"] if "speed changed during timing" in n]
-    md = (tmp_path / "r.md").read_text()
-    if spread:
-        assert len(notes) == 1 and "spread 42% (interquartile)" in notes[0] and "--regression-on speedup" in notes[0]
-        assert "speed changed during timing" in " ".join(out.split()) and "speed changed during timing" in md
-    else:
-        assert not notes and "speed changed" not in md

@@ -43,15 +43,11 @@ class TensorRTRunner(TorchModuleRunner):
         return x.cuda()
 
     def call(self, x: Any) -> Any:
-        import torch
-
-        with torch.inference_mode():
-            out = call_model(self.module, self._to_device(x))
-        torch.cuda.synchronize()
-        return out
+        return self.timed_call(x)()
 
     def timed_call(self, x: Any) -> Callable[[], Any]:
         import torch
+        from torch.utils._pytree import tree_map
 
         module, to_device = self.module, self._to_device
 
@@ -59,7 +55,7 @@ class TensorRTRunner(TorchModuleRunner):
             with torch.inference_mode():
                 out = call_model(module, to_device(x))
             torch.cuda.synchronize()
-            return out
+            return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)  # back to the host
         return run
 
 
