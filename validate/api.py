@@ -168,7 +168,7 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
                             batch_sizes=sizes, baseline=base, classification=None)
     # -- 3. every artifact loads and takes the data (one small batch each) ------------------------
     refs = [("reference", reference, weights)] + [("artifact", a, None) for a in artifacts]
-    names = _unique_names([display_name(r) for _, r, _ in refs])
+    names = _unique_names([display_name(r) for _, r, _ in refs], [r for _, r, _ in refs])
     prev_threads = torch.get_num_threads()
 
     def open_prepared(ref: Any, name: str, w: Any) -> Runner:
@@ -350,7 +350,12 @@ def _check_writable(label: str, path: Path) -> None:
         raise UsageError(f"--{label} {path}: cannot write there ({parent} is not a writable folder)")
 
 
-def _unique_names(names: list[str]) -> list[str]:
+def _unique_names(names: list[str], refs: Sequence[Any] = ()) -> list[str]:
+    """Names for the reports: file names, or the paths as given where file names collide
+    (base/model.onnx vs build/model.onnx), then (2), (3)... for what still collides."""
+    if refs:
+        counts = {n: names.count(n) for n in names}
+        names = [str(r) if counts[n] > 1 and isinstance(r, (str, os.PathLike)) else n for n, r in zip(names, refs)]
     seen: dict[str, int] = {}
     out = []
     for n in names:

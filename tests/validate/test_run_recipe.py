@@ -120,8 +120,9 @@ def test_example_workflow_and_recipe_are_valid():
     wf = yaml.safe_load((root / "ptopt-gate.yml").read_text())
     job = next(iter(wf["jobs"].values()))
     text = json.dumps(job["steps"])
-    assert "--max-accuracy-drop" in text and "--baseline" in text and "--max-regression" in text
-    assert "--regression-on speedup,accuracy" in text
+    assert "--max-accuracy-drop 1.0" in text  # accuracy against the fp32 model
+    runs = "\n".join(step.get("run", "") for step in job["steps"])
+    assert '"base-build/$a" "build/$a"' in runs and "--min-speedup 0.87" in runs  # latency against the base commit
     recipe = yaml.safe_load((root / "validate-recipe.yaml").read_text())
     steps, _ = plan(recipe, {"artifacts": ["a.onnx"]})
     assert steps[0].command == "validate"

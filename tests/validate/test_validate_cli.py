@@ -199,3 +199,23 @@ def test_bad_input_names_the_artifact_and_shapes(cli, artifacts, tmp_path):
     code, out, err = cli("validate", "zoo:resnet", artifacts["onnx"], "--data", artifacts["data32"], "--threads", "1")
     assert code == 2
     assert "does not fit tiny.onnx" in err and "expected input: [1..64]x1x8x8 float32" in err and "2x1x32x32" in err
+
+
+def test_artifact_against_the_base_commits_artifact(cli, artifacts, tmp_path):
+    """The latency check of examples/github-actions/ptopt-gate.yml: the base commit's artifact is the
+    reference, the pull request's the artifact; same file name in two folders, told apart by path."""
+    import shutil
+
+    for side in ("base-build", "build"):
+        (tmp_path / side).mkdir()
+        for f in artifacts["onnx"].parent.glob("tiny.onnx*"):
+            shutil.copy2(f, tmp_path / side / f.name)
+    args = ["validate", "base-build/tiny.onnx", "build/tiny.onnx", "--data", artifacts["data"], "--batch-sizes", "1,4",
+            "--threads", "1", *FAST, "--max-accuracy-drop", "0.5", "--json", tmp_path / "r.json", "-q"]
+    code, out, err = cli(*args, "--min-speedup", "0.01")
+    assert code == 0, err
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["reference"]["name"] == "base-build/tiny.onnx" and data["artifacts"][0]["name"] == "build/tiny.onnx"
+    assert data["artifacts"][0]["accuracy_drop"] == 0 and set(data["artifacts"][0]["speedup"]) == {"1", "4"}
+    code, out, err = cli(*args, "--min-speedup", "1000")  # "the pull request made it slower"
+    assert code == 1 and "min-speedup@bs1" in err and "build/tiny.onnx" in err
