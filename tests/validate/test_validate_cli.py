@@ -5,6 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from ptopt.core.timing import round_spread
 from tests.validate.conftest import FACTORY, FAST
 
 REPORTS = ("r.json", "r.xml", "r.md", "r.html")
@@ -33,6 +34,7 @@ def test_reports(cli, artifacts, tmp_path):
         for bs in ("1", "4"):  # every model timed in 3 interleaved slices per batch size, samples pooled
             lat = e["latency"][bs]
             assert lat["rounds"] == 3 and len(lat["round_p50_ms"]) == 3 and lat["iterations"] >= 3
+            assert lat["round_spread_pct"] == pytest.approx(round_spread(lat["round_p50_ms"]))
     for e in data["artifacts"]:
         assert set(e) >= {"metric", "accuracy_drop", "agreement", "size", "latency", "speedup", "peak_memory_mb",
                           "gates", "passed", "best", "format", "runtime"}
