@@ -46,19 +46,45 @@ def _run(seed, train_ds, eval_ds, settings, cfg, tmp):
     student = load_model(STUDENT).module
     t0 = time.perf_counter()
     train(student, train_ds, cfg.replace(seed=seed), progress=False)
-    run = {"seed": seed, "labels_accuracy": evaluate_accuracy(student, eval_ds),
-           "labels_seconds": time.perf_counter() - t0, "student_parameters": count_parameters(student),
-           "distilled": []}
+    run = {
+        "seed": seed,
+        "labels_accuracy": evaluate_accuracy(student, eval_ds),
+        "labels_seconds": time.perf_counter() - t0,
+        "student_parameters": count_parameters(student),
+        "distilled": [],
+    }
     for t, a in settings:
         t0 = time.perf_counter()
-        art = distill(TEACHER, STUDENT, train_ds, Path(tmp) / f"student{seed}.pt", eval_data=eval_ds,
-                      temperature=t, alpha=a, epochs=EPOCHS, lr=LR, batch_size=BATCH_SIZE,
-                      device="cpu", seed=seed, train_config=cfg, progress=False)
-        run["distilled"].append({"temperature": t, "alpha": a, "seconds": time.perf_counter() - t0,
-                                 "accuracy": evaluate_accuracy(torch.jit.load(str(art.path)), eval_ds),
-                                 "history": art.extra["history"]})
-    print({k: v for k, v in run.items() if k != "distilled"},
-          [(d["temperature"], d["alpha"], d["accuracy"]) for d in run["distilled"]], flush=True)
+        art = distill(
+            TEACHER,
+            STUDENT,
+            train_ds,
+            Path(tmp) / f"student{seed}.pt",
+            eval_data=eval_ds,
+            temperature=t,
+            alpha=a,
+            epochs=EPOCHS,
+            lr=LR,
+            batch_size=BATCH_SIZE,
+            device="cpu",
+            seed=seed,
+            train_config=cfg,
+            progress=False,
+        )
+        run["distilled"].append(
+            {
+                "temperature": t,
+                "alpha": a,
+                "seconds": time.perf_counter() - t0,
+                "accuracy": evaluate_accuracy(torch.jit.load(str(art.path)), eval_ds),
+                "history": art.extra["history"],
+            }
+        )
+    print(
+        {k: v for k, v in run.items() if k != "distilled"},
+        [(d["temperature"], d["alpha"], d["accuracy"]) for d in run["distilled"]],
+        flush=True,
+    )
     return run
 
 
@@ -80,41 +106,72 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sel_runs = [_run(seed, fit, val, GRID, cfg, tmp) for seed in SEEDS]
         sel_labels = statistics.mean(r["labels_accuracy"] for r in sel_runs)
-        sel_means = [statistics.mean(r["distilled"][i]["accuracy"] for r in sel_runs) for i in range(len(GRID))]
+        sel_means = [
+            statistics.mean(r["distilled"][i]["accuracy"] for r in sel_runs) for i in range(len(GRID))
+        ]
         chosen = GRID[max(range(len(GRID)), key=lambda i: sel_means[i])]
         settings = (chosen, TEXTBOOK) if chosen != TEXTBOOK else (chosen,)
         runs = [_run(seed, full, test, settings, cfg, tmp) for seed in SEEDS]
-    data: dict = {"teacher": TEACHER, "student": STUDENT, "teacher_accuracy": teacher_acc, "epochs": EPOCHS,
-                  "batch_size": BATCH_SIZE, "lr": LR, "kd_settings": settings, "runs": runs,
-                  "selection": {"grid": GRID, "val_samples": VAL_SAMPLES, "split_seed": SPLIT_SEED,
-                                "mean_labels_val_accuracy": sel_labels, "mean_distilled_val_accuracy": sel_means,
-                                "chosen": chosen, "runs": sel_runs}}
+    data: dict = {
+        "teacher": TEACHER,
+        "student": STUDENT,
+        "teacher_accuracy": teacher_acc,
+        "epochs": EPOCHS,
+        "batch_size": BATCH_SIZE,
+        "lr": LR,
+        "kd_settings": settings,
+        "runs": runs,
+        "selection": {
+            "grid": GRID,
+            "val_samples": VAL_SAMPLES,
+            "split_seed": SPLIT_SEED,
+            "mean_labels_val_accuracy": sel_labels,
+            "mean_distilled_val_accuracy": sel_means,
+            "chosen": chosen,
+            "runs": sel_runs,
+        },
+    }
     runs = data["runs"]
     rows = []
     for r in runs:
-        rows.append([r["seed"], f"{r['labels_accuracy']:.2%}"]
-                    + [f"{d['accuracy']:.2%} ({(d['accuracy'] - r['labels_accuracy']) * 100:+.2f})"
-                       for d in r["distilled"]]
-                    + [f"{r['labels_seconds']:.0f} / " + " / ".join(f"{d['seconds']:.0f}" for d in r["distilled"])])
+        rows.append(
+            [r["seed"], f"{r['labels_accuracy']:.2%}"]
+            + [
+                f"{d['accuracy']:.2%} ({(d['accuracy'] - r['labels_accuracy']) * 100:+.2f})"
+                for d in r["distilled"]
+            ]
+            + [f"{r['labels_seconds']:.0f} / " + " / ".join(f"{d['seconds']:.0f}" for d in r["distilled"])]
+        )
     mean_l = statistics.mean(r["labels_accuracy"] for r in runs)
     means = [statistics.mean(r["distilled"][i]["accuracy"] for r in runs) for i in range(len(settings))]
     data.update(mean_labels_accuracy=mean_l, mean_distilled_accuracy=means)
-    rows.append(["**mean**", f"**{mean_l:.2%}**"] + [f"**{m:.2%} ({(m - mean_l) * 100:+.2f})**" for m in means] + [""])
+    rows.append(
+        ["**mean**", f"**{mean_l:.2%}**"] + [f"**{m:.2%} ({(m - mean_l) * 100:+.2f})**" for m in means] + [""]
+    )
     t_params = count_parameters(teacher)
     s_params = runs[0]["student_parameters"]
-    sel_md = md_table(["", "labels only"] + [f"T={t:g}, alpha={a:g}" for t, a in GRID],
-                      [["mean validation accuracy (3 seeds)", f"{sel_labels:.2%}"] + [f"{m:.2%}" for m in sel_means]])
-    md = (f"Teacher `{TEACHER}`: {t_params:,} parameters, {teacher_acc:.2%} held-out. Student `{STUDENT}`: "
-          f"{s_params:,} parameters (1/{t_params / s_params:.1f}), trained from scratch for {EPOCHS} epochs "
-          f"(batch {BATCH_SIZE}, AdamW lr {LR}, warmup + cosine, same seed, initialization and batch order), "
-          "once on labels alone and once distilled per (T, alpha). Held-out accuracy on "
-          f"`{TEST}` ({len(test)} samples; one sample = {100 / len(test):.2f} points) from the final weights; "
-          "distilled students are scored from their TorchScript artifacts.\n\n"
-          f"Selection of (T, alpha) without the test split: {len(fit)} training samples, {len(val)} for validation "
-          f"(seeded split), same budget; chosen: T={chosen[0]:g}, alpha={chosen[1]:g}.\n\n" + sel_md
-          + "\n\nOn the test split, full training split:\n\n"
-          + md_table(["seed", "labels only"] + [f"distilled T={t:g}, alpha={a:g} (gain)" for t, a in settings]
-                     + ["seconds (labels / distill...)"], rows))
+    sel_md = md_table(
+        ["", "labels only"] + [f"T={t:g}, alpha={a:g}" for t, a in GRID],
+        [["mean validation accuracy (3 seeds)", f"{sel_labels:.2%}"] + [f"{m:.2%}" for m in sel_means]],
+    )
+    md = (
+        f"Teacher `{TEACHER}`: {t_params:,} parameters, {teacher_acc:.2%} held-out. Student `{STUDENT}`: "
+        f"{s_params:,} parameters (1/{t_params / s_params:.1f}), trained from scratch for {EPOCHS} epochs "
+        f"(batch {BATCH_SIZE}, AdamW lr {LR}, warmup + cosine, same seed, initialization and batch order), "
+        "once on labels alone and once distilled per (T, alpha). Held-out accuracy on "
+        f"`{TEST}` ({len(test)} samples; one sample = {100 / len(test):.2f} points) from the final weights; "
+        "distilled students are scored from their TorchScript artifacts.\n\n"
+        f"Selection of (T, alpha) without the test split: {len(fit)} training samples, {len(val)} for validation "
+        f"(seeded split), same budget; chosen: T={chosen[0]:g}, alpha={chosen[1]:g}.\n\n"
+        + sel_md
+        + "\n\nOn the test split, full training split:\n\n"
+        + md_table(
+            ["seed", "labels only"]
+            + [f"distilled T={t:g}, alpha={a:g} (gain)" for t, a in settings]
+            + ["seconds (labels / distill...)"],
+            rows,
+        )
+    )
     write_result("distill", "Knowledge distillation (digits, 4 epochs from scratch)", md, data, threads)
 
 

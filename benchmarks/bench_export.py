@@ -52,8 +52,11 @@ def fp32_parity(work: Path) -> tuple[list[list], dict]:
                 x = make_inputs(art.inputs, art.input_style, which="opt", batch=b, seed=b)
                 diffs[b] = compare(flatten_outputs(eager(x)), flatten_outputs(run(x)))["max_abs_diff"]
             data[f"{ref}/{target}"] = diffs
-            rows.append([ref, target] + [f"{diffs[b]:.2e}" for b in BATCHES]
-                        + ["yes" if max(diffs.values()) <= 1e-4 else "**no**"])
+            rows.append(
+                [ref, target]
+                + [f"{diffs[b]:.2e}" for b in BATCHES]
+                + ["yes" if max(diffs.values()) <= 1e-4 else "**no**"]
+            )
     return rows, data
 
 
@@ -75,9 +78,15 @@ def make_int8_artifact(work: Path) -> tuple[Path, torch.nn.Module]:
     with torch.no_grad():
         ts = torch.jit.freeze(torch.jit.trace(q, ex))
     torch.jit.save(ts, str(path))
-    Artifact(path=path, format="torchscript", inputs=loaded.input_specs, input_style="positional",
-             config={"type": "static", "mode": "static", "backend": "x86", "calib_data": "builtin:digits32:train"},
-             parent=loaded.parent_record(), precision="int8").finalize()
+    Artifact(
+        path=path,
+        format="torchscript",
+        inputs=loaded.input_specs,
+        input_style="positional",
+        config={"type": "static", "mode": "static", "backend": "x86", "calib_data": "builtin:digits32:train"},
+        parent=loaded.parent_record(),
+        precision="int8",
+    ).finalize()
     return path, q
 
 
@@ -94,13 +103,17 @@ def int8_onnx(work: Path) -> tuple[list[list], dict]:
     arts = {
         "fp32 ONNX": export("zoo:resnet", "onnx", work / "resnet.fp32.onnx"),
         "int8 ONNX, ort_static (default)": export(int8_pt, "onnx", work / "resnet.int8.ort.onnx"),
-        "int8 ONNX, qdq_export (FX int8)": export(fx_int8, "onnx", work / "resnet.int8.qdq.onnx",
-                                                  input_specs=load_model("zoo:resnet").input_specs),
+        "int8 ONNX, qdq_export (FX int8)": export(
+            fx_int8, "onnx", work / "resnet.int8.qdq.onnx", input_specs=load_model("zoo:resnet").input_specs
+        ),
     }
     sessions = {k: onnx_session(a.path, THREADS) for k, a in arts.items()}
     x = make_inputs(arts["fp32 ONNX"].inputs, "positional", which="opt", batch=32).numpy()
-    fns = {k: (lambda s=s, name=s.get_inputs()[0].name: s.run(None, {name: x})) for k, s in sessions.items()}
-    st = measure_interleaved(fns, {k: 32 for k in fns}, rounds=5, min_seconds=3.0)  # load hits every variant alike
+    names = {k: s.get_inputs()[0].name for k, s in sessions.items()}
+    fns = {k: (lambda s=s, name=names[k]: s.run(None, {name: x})) for k, s in sessions.items()}
+    st = measure_interleaved(
+        fns, {k: 32 for k in fns}, rounds=5, min_seconds=3.0
+    )  # load hits every variant alike
     p50 = {k: v["p50_ms"] for k, v in st.items()}
     best = {k: v["min_ms"] for k, v in st.items()}
     acc = {k: accuracy(artifact_runner(a.path, "onnx", a.inputs), test) for k, a in arts.items()}
@@ -113,13 +126,31 @@ def int8_onnx(work: Path) -> tuple[list[list], dict]:
         speedup = p50["fp32 ONNX"] / p50[k]
         drop = acc["fp32 ONNX"] - acc[k]
         speedup_min = best["fp32 ONNX"] / best[k]
-        rows.append([k, f"{a.size_bytes:,}", f"{size_ratio:.2f}×", f"{p50[k]:.2f}", f"{speedup:.2f}×",
-                     f"{best[k]:.2f}", f"{speedup_min:.2f}×", f"{acc[k]:.2f}",
-                     f"{drop:+.2f}" if k != "fp32 ONNX" else "—"])
-        data["variants"][k] = {"size_bytes": a.size_bytes, "size_ratio": size_ratio, "p50_ms_bs32": p50[k],
-                               "p50_rounds": st[k]["round_p50_ms"], "speedup": speedup, "min_ms_bs32": best[k],
-                               "speedup_min": speedup_min, "accuracy": acc[k], "accuracy_drop": drop,
-                               "parity": a.metrics["parity"]["max_abs_diff"]}
+        rows.append(
+            [
+                k,
+                f"{a.size_bytes:,}",
+                f"{size_ratio:.2f}×",
+                f"{p50[k]:.2f}",
+                f"{speedup:.2f}×",
+                f"{best[k]:.2f}",
+                f"{speedup_min:.2f}×",
+                f"{acc[k]:.2f}",
+                f"{drop:+.2f}" if k != "fp32 ONNX" else "—",
+            ]
+        )
+        data["variants"][k] = {
+            "size_bytes": a.size_bytes,
+            "size_ratio": size_ratio,
+            "p50_ms_bs32": p50[k],
+            "p50_rounds": st[k]["round_p50_ms"],
+            "speedup": speedup,
+            "min_ms_bs32": best[k],
+            "speedup_min": speedup_min,
+            "accuracy": acc[k],
+            "accuracy_drop": drop,
+            "parity": a.metrics["parity"]["max_abs_diff"],
+        }
     return rows, data
 
 
@@ -128,16 +159,32 @@ def main() -> None:
         work = Path(d)
         rows1, data1 = fp32_parity(work)
         rows2, data2 = int8_onnx(work)
-    md = ("### fp32: max |artifact − eager| (dynamic batch 1..64)\n\n"
-          + md_table(["model", "target"] + [f"batch {b}" for b in BATCHES] + ["≤ 1e-4"], rows1)
-          + "\n\n### static int8 zoo:resnet in ONNX Runtime (batch 32, accuracy on builtin:digits32:test)\n\n"
-          + md_table(["artifact", "bytes", "size vs fp32", "p50 ms", "speedup (p50)", "min ms",
-                       "speedup (min)", "accuracy %", "drop (pts)"], rows2)
-          + "\n\n(min: the fastest batch seen; on a shared machine it is closer to the uncontended speed.)"
-          + f" Eager fp32 accuracy {data2['eager_fp32_accuracy']:.2f} %, torch int8 (the TorchScript source) "
-            f"{data2['torch_int8_accuracy']:.2f} %. Targets: int8 ONNX ≤ 0.32× the fp32 size, ≥ 2.5× faster, "
-            f"drop ≤ 0.5 points.\n")
-    write_result("export", "Export: parity and int8 ONNX", md, {"fp32_parity": data1, "int8_onnx": data2}, THREADS)
+    md = (
+        "### fp32: max |artifact − eager| (dynamic batch 1..64)\n\n"
+        + md_table(["model", "target"] + [f"batch {b}" for b in BATCHES] + ["≤ 1e-4"], rows1)
+        + "\n\n### static int8 zoo:resnet in ONNX Runtime (batch 32, accuracy on builtin:digits32:test)\n\n"
+        + md_table(
+            [
+                "artifact",
+                "bytes",
+                "size vs fp32",
+                "p50 ms",
+                "speedup (p50)",
+                "min ms",
+                "speedup (min)",
+                "accuracy %",
+                "drop (pts)",
+            ],
+            rows2,
+        )
+        + "\n\n(min: the fastest batch seen; on a shared machine it is closer to the uncontended speed.)"
+        + f" Eager fp32 accuracy {data2['eager_fp32_accuracy']:.2f} %, torch int8 (the TorchScript source) "
+        f"{data2['torch_int8_accuracy']:.2f} %. Targets: int8 ONNX ≤ 0.32× the fp32 size, ≥ 2.5× faster, "
+        f"drop ≤ 0.5 points.\n"
+    )
+    write_result(
+        "export", "Export: parity and int8 ONNX", md, {"fp32_parity": data1, "int8_onnx": data2}, THREADS
+    )
 
 
 if __name__ == "__main__":

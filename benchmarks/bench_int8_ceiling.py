@@ -30,9 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import md_table, setup, write_result  # noqa: E402
 
-ARCHS = {"zoo": dict(), "resnet20": dict(widths=(16, 32, 64), blocks=(3, 3, 3)),
-         "resnet14": dict(widths=(16, 32, 64), blocks=(2, 2, 2)),
-         "wide2": dict(widths=(32, 64, 128), blocks=(2, 2, 2))}
+ARCHS = {
+    "zoo": dict(),
+    "resnet20": dict(widths=(16, 32, 64), blocks=(3, 3, 3)),
+    "resnet14": dict(widths=(16, 32, 64), blocks=(2, 2, 2)),
+    "wide2": dict(widths=(32, 64, 128), blocks=(2, 2, 2)),
+}
 
 
 def build(kw):
@@ -76,8 +79,16 @@ def ort_sessions(m, x, calib, work: Path, name: str, threads: int):
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     fp32, pre, int8 = (str(work / f"{name}{s}") for s in (".onnx", ".pre.onnx", ".int8.onnx"))
-    torch.onnx.export(m, (x,), fp32, input_names=["input"], output_names=["logits"],
-                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17, dynamo=False)
+    torch.onnx.export(
+        m,
+        (x,),
+        fp32,
+        input_names=["input"],
+        output_names=["logits"],
+        dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+        opset_version=17,
+        dynamo=False,
+    )
     quant_pre_process(fp32, pre)
 
     class Reader(CalibrationDataReader):
@@ -87,12 +98,22 @@ def ort_sessions(m, x, calib, work: Path, name: str, threads: int):
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(pre, int8, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    quantize_static(
+        pre,
+        int8,
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        reduce_range=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    return (ort.InferenceSession(fp32, opts, providers=["CPUExecutionProvider"]),
-            ort.InferenceSession(int8, opts, providers=["CPUExecutionProvider"]))
+    return (
+        ort.InferenceSession(fp32, opts, providers=["CPUExecutionProvider"]),
+        ort.InferenceSession(int8, opts, providers=["CPUExecutionProvider"]),
+    )
 
 
 def per_layer(m, x, int8_module_fx, rounds, seconds):
@@ -104,8 +125,11 @@ def per_layer(m, x, int8_module_fx, rounds, seconds):
     def conv_inputs(model, is_conv):
         """{name: the input tensor} of every module ``is_conv`` accepts, from one forward pass."""
         seen = {}
-        hooks = [mod.register_forward_hook(lambda mod, i, o, n=n: (seen.setdefault(n, i[0]), None)[1])
-                 for n, mod in model.named_modules() if n and is_conv(mod)]
+        hooks = [
+            mod.register_forward_hook(lambda mod, i, o, n=n: (seen.setdefault(n, i[0]), None)[1])
+            for n, mod in model.named_modules()
+            if n and is_conv(mod)
+        ]
         with torch.inference_mode():
             model(x)
         for h in hooks:
@@ -119,8 +143,8 @@ def per_layer(m, x, int8_module_fx, rounds, seconds):
     fns = {}
     for n in qmods:
         if n in fp_in:
-            fns[(n, "fp32")] = (lambda c=convs[n], t=fp_in[n]: c(t))
-            fns[(n, "int8")] = (lambda c=qmods[n], t=q_in[n]: c(t))
+            fns[(n, "fp32")] = lambda c=convs[n], t=fp_in[n]: c(t)
+            fns[(n, "int8")] = lambda c=qmods[n], t=q_in[n]: c(t)
     with torch.inference_mode():
         st = measure_interleaved(fns, rounds=rounds, min_seconds=seconds)
     rows = []
@@ -129,8 +153,12 @@ def per_layer(m, x, int8_module_fx, rounds, seconds):
             continue
         c = convs[n]
         a, b = st[(n, "fp32")]["p50_ms"], st[(n, "int8")]["p50_ms"]
-        shape = f"{c.in_channels}→{c.out_channels}, {c.kernel_size[0]}×{c.kernel_size[1]}, stride {c.stride[0]}"
-        rows.append([n, shape, "×".join(map(str, fp_in[n].shape[1:])), f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x"])
+        shape = (
+            f"{c.in_channels}→{c.out_channels}, {c.kernel_size[0]}×{c.kernel_size[1]}, stride {c.stride[0]}"
+        )
+        rows.append(
+            [n, shape, "×".join(map(str, fp_in[n].shape[1:])), f"{a:.2f}", f"{b:.2f}", f"{a / b:.2f}x"]
+        )
     return rows
 
 
@@ -148,7 +176,7 @@ def main() -> None:
 
     warnings.simplefilter("ignore")
     train, test = load_data("builtin:digits32:train"), load_data("builtin:digits32:test")
-    calib = [b.x for _, b in zip(range(8), train.batches(32, shuffle=True, seed=0))]
+    calib = [b.x for _, b in zip(range(8), train.batches(32, shuffle=True, seed=0), strict=False)]
     xs = {1: test.first_batch(1).x, 32: test.first_batch(32).x}
     tmp = tempfile.TemporaryDirectory(prefix="bench-ceiling-")
     work = Path(tmp.name)
@@ -163,10 +191,10 @@ def main() -> None:
             s32, s8 = ort_sessions(m, xs[32], calib, work, name, threads)
             for bs, x in xs.items():
                 xn = x.numpy()
-                fns[(name, bs, "eager")] = (lambda m=m, x=x: m(x))
-                fns[(name, bs, "int8")] = (lambda q=q, x=x: q(x))
-                fns[(name, bs, "ort32")] = (lambda s=s32, x=xn: s.run(None, {"input": x}))
-                fns[(name, bs, "ort8")] = (lambda s=s8, x=xn: s.run(None, {"input": x}))
+                fns[(name, bs, "eager")] = lambda m=m, x=x: m(x)
+                fns[(name, bs, "int8")] = lambda q=q, x=x: q(x)
+                fns[(name, bs, "ort32")] = lambda s=s32, x=xn: s.run(None, {"input": x})
+                fns[(name, bs, "ort8")] = lambda s=s8, x=xn: s.run(None, {"input": x})
         with torch.inference_mode():
             st = measure_interleaved(fns, rounds=args.rounds, min_seconds=args.seconds)
         zoo = build(ARCHS["zoo"])
@@ -178,23 +206,54 @@ def main() -> None:
     for name in ARCHS:
         for bs in (1, 32):
             g = {k: st[(name, bs, k)]["p50_ms"] for k in ("eager", "int8", "ort32", "ort8")}
-            rows.append([name, f"{params[name] / 1e6:.2f} M", bs, f"{g['eager']:.2f}", f"{g['int8']:.2f}",
-                         f"{g['eager'] / g['int8']:.2f}x", f"{g['ort32']:.2f}", f"{g['ort8']:.2f}",
-                         f"{g['ort32'] / g['ort8']:.2f}x"])
+            rows.append(
+                [
+                    name,
+                    f"{params[name] / 1e6:.2f} M",
+                    bs,
+                    f"{g['eager']:.2f}",
+                    f"{g['int8']:.2f}",
+                    f"{g['eager'] / g['int8']:.2f}x",
+                    f"{g['ort32']:.2f}",
+                    f"{g['ort8']:.2f}",
+                    f"{g['ort32'] / g['ort8']:.2f}x",
+                ]
+            )
             data[f"{name}@{bs}"] = g
-    md = md_table(["model", "params", "batch", "fp32 eager ms", "torch int8 ms", "torch int8 speedup",
-                   "ORT fp32 ms", "ORT int8 ms", "ORT int8 speedup"], rows)
-    md += ("\n\nPer conv of the zoo ResNet at batch 32, each timed alone at its real input: fp32 (oneDNN) vs "
-           "int8 (x86 engine, fbgemm on this CPU):\n\n")
+    md = md_table(
+        [
+            "model",
+            "params",
+            "batch",
+            "fp32 eager ms",
+            "torch int8 ms",
+            "torch int8 speedup",
+            "ORT fp32 ms",
+            "ORT int8 ms",
+            "ORT int8 speedup",
+        ],
+        rows,
+    )
+    md += (
+        "\n\nPer conv of the zoo ResNet at batch 32, each timed alone at its real input: fp32 (oneDNN) vs "
+        "int8 (x86 engine, fbgemm on this CPU):\n\n"
+    )
     md += md_table(["conv", "shape", "input", "fp32 ms", "int8 ms", "int8 speedup"], layers)
     best32 = max(data[f"{n}@32"]["eager"] / data[f"{n}@32"]["int8"] for n in ARCHS)
     best_ort = max(data[f"{n}@32"]["ort32"] / data[f"{n}@32"]["ort8"] for n in ARCHS)
-    md += (f"\n\nBest raw torch int8 speedup at batch 32 over these models: {best32:.2f}x (issue target for ptopt: "
-           f">= 3x). Best raw ORT int8 over ORT fp32 at batch 32: {best_ort:.2f}x (issue target: >= 2.5x).")
+    md += (
+        f"\n\nBest raw torch int8 speedup at batch 32 over these models: {best32:.2f}x (issue target for ptopt: "
+        f">= 3x). Best raw ORT int8 over ORT fp32 at batch 32: {best_ort:.2f}x (issue target: >= 2.5x)."
+    )
     cmd = "python benchmarks/bench_int8_ceiling.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
-    write_result("int8_ceiling", "What raw int8 reaches on this CPU (no ptopt code)", md,
-                 {"p50_ms": data, "per_layer": layers, "best_torch_bs32": best32, "best_ort_bs32": best_ort},
-                 threads, command=cmd)
+    write_result(
+        "int8_ceiling",
+        "What raw int8 reaches on this CPU (no ptopt code)",
+        md,
+        {"p50_ms": data, "per_layer": layers, "best_torch_bs32": best32, "best_ort_bs32": best_ort},
+        threads,
+        command=cmd,
+    )
 
 
 if __name__ == "__main__":

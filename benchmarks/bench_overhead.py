@@ -72,8 +72,9 @@ def main() -> None:
     raw_ts = raw_fx_int8(model, train, x, work / "raw.int8.pt")
     t_raw = time.perf_counter() - t0
     t0 = time.perf_counter()
-    art = quantize("zoo:resnet", "static", work / "ptopt.int8.pt", calib_data="builtin:digits32:train",
-                   progress=False)
+    art = quantize(
+        "zoo:resnet", "static", work / "ptopt.int8.pt", calib_data="builtin:digits32:train", progress=False
+    )
     t_ptopt = time.perf_counter() - t0
     ptopt_ts = _load_ts(art.path)
     ort = _ort_sessions(model, train, x, work, threads)
@@ -88,23 +89,43 @@ def main() -> None:
     in_name = sess.get_inputs()[0].name
     ptopt_onnx = lambda a: sess.run(None, {in_name: np.asarray(a)})[0]  # noqa: E731
 
-    cands = {"raw torch.ao FX int8": raw_ts, "ptopt static int8": ptopt_ts,
-             "raw ORT int8 (QDQ)": ort["ORT int8 (QDQ)"], "ptopt int8 ONNX": ptopt_onnx}
+    cands = {
+        "raw torch.ao FX int8": raw_ts,
+        "ptopt static int8": ptopt_ts,
+        "raw ORT int8 (QDQ)": ort["ORT int8 (QDQ)"],
+        "ptopt int8 ONNX": ptopt_onnx,
+    }
     inputs = {1: test.first_batch(1).x, 32: test.first_batch(32).x}
     lat = _latency(cands, inputs, args.rounds, args.seconds)
     acc = {n: _accuracy(fn, test) for n, fn in cands.items()}
-    size = {"raw torch.ao FX int8": os.path.getsize(work / "raw.int8.pt"), "ptopt static int8": art.size_bytes,
-            "raw ORT int8 (QDQ)": ort["ORT int8 (QDQ):bytes"], "ptopt int8 ONNX": onnx_art.size_bytes}
+    size = {
+        "raw torch.ao FX int8": os.path.getsize(work / "raw.int8.pt"),
+        "ptopt static int8": art.size_bytes,
+        "raw ORT int8 (QDQ)": ort["ORT int8 (QDQ):bytes"],
+        "ptopt int8 ONNX": onnx_art.size_bytes,
+    }
     rows = []
-    for raw, mine in (("raw torch.ao FX int8", "ptopt static int8"), ("raw ORT int8 (QDQ)", "ptopt int8 ONNX")):
+    for raw, mine in (
+        ("raw torch.ao FX int8", "ptopt static int8"),
+        ("raw ORT int8 (QDQ)", "ptopt int8 ONNX"),
+    ):
         for n in (raw, mine):
             rows.append([n, f"{lat[n][1]:.3f}", f"{lat[n][32]:.2f}", f"{size[n]:,}", f"{acc[n] * 100:.2f}"])
-        rows.append([f"**ratio ptopt / raw**", f"{lat[mine][1] / lat[raw][1]:.2f}", f"{lat[mine][32] / lat[raw][32]:.2f}",
-                     f"{size[mine] / size[raw]:.2f}", f"{(acc[mine] - acc[raw]) * 100:+.2f} pts"])
+        rows.append(
+            [
+                "**ratio ptopt / raw**",
+                f"{lat[mine][1] / lat[raw][1]:.2f}",
+                f"{lat[mine][32] / lat[raw][32]:.2f}",
+                f"{size[mine] / size[raw]:.2f}",
+                f"{(acc[mine] - acc[raw]) * 100:+.2f} pts",
+            ]
+        )
 
     # validation overhead: ptopt.validate on one artifact vs the bare loops it runs
     t0 = time.perf_counter()
-    validate("zoo:resnet", [str(art.path)], test, batch_sizes=(1, 32), threads=threads, min_seconds=args.seconds)
+    validate(
+        "zoo:resnet", [str(art.path)], test, batch_sizes=(1, 32), threads=threads, min_seconds=args.seconds
+    )
     t_validate = time.perf_counter() - t0
     from ptopt.core.timing import measure_latency
 
@@ -115,20 +136,36 @@ def main() -> None:
         for m in (model, ptopt_ts):
             _accuracy(m, test)
             for bs, xb in inputs.items():
-                measure_latency(lambda: m(xb), bs, min_seconds=args.seconds)
+                measure_latency(lambda m=m, xb=xb: m(xb), bs, min_seconds=args.seconds)
     t_bare = time.perf_counter() - t0
 
     md = md_table(["zoo:resnet, 2 threads", "p50 ms @1", "p50 ms @32", "bytes", "top-1 % / drop"], rows)
-    md += (f"\n\nWall time: raw FX quantization {t_raw:.1f} s vs `ptopt quantize` {t_ptopt:.1f} s (which also "
-           f"traces, reloads and checks the TorchScript and writes the sidecar); `ptopt export` to int8 ONNX "
-           f"{t_export:.1f} s (ORT quantization of the fp32 parent plus the parity check).\n\n"
-           f"Validation overhead: `ptopt.validate` of the reference + 1 artifact at batch 1 and 32 took "
-           f"{t_validate:.1f} s; the bare accuracy + timing loops it runs took {t_bare:.1f} s "
-           f"(ratio {t_validate / t_bare:.2f}: loading, input checks, agreement metrics, peak memory, reports).")
-    write_result("overhead", "ptopt vs the raw library calls", md,
-                 {"latency_ms": lat, "accuracy": acc, "bytes": size, "seconds": {
-                     "raw_fx": t_raw, "ptopt_quantize": t_ptopt, "ptopt_export": t_export,
-                     "validate": t_validate, "bare_loops": t_bare}}, threads)
+    md += (
+        f"\n\nWall time: raw FX quantization {t_raw:.1f} s vs `ptopt quantize` {t_ptopt:.1f} s (which also "
+        f"traces, reloads and checks the TorchScript and writes the sidecar); `ptopt export` to int8 ONNX "
+        f"{t_export:.1f} s (ORT quantization of the fp32 parent plus the parity check).\n\n"
+        f"Validation overhead: `ptopt.validate` of the reference + 1 artifact at batch 1 and 32 took "
+        f"{t_validate:.1f} s; the bare accuracy + timing loops it runs took {t_bare:.1f} s "
+        f"(ratio {t_validate / t_bare:.2f}: loading, input checks, agreement metrics, peak memory, reports)."
+    )
+    write_result(
+        "overhead",
+        "ptopt vs the raw library calls",
+        md,
+        {
+            "latency_ms": lat,
+            "accuracy": acc,
+            "bytes": size,
+            "seconds": {
+                "raw_fx": t_raw,
+                "ptopt_quantize": t_ptopt,
+                "ptopt_export": t_export,
+                "validate": t_validate,
+                "bare_loops": t_bare,
+            },
+        },
+        threads,
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,13 @@ from common import md_table, setup, write_result  # noqa: E402
 TRAIN, TEST = "builtin:digits32:train", "builtin:digits32:test"
 #: (model, amount, epochs, learning rate): MobileNet recovers better at its zoo recipe's 3e-3
 STRUCTURED = [("resnet", 0.5, 2, 1e-3), ("mobilenet", 0.5, 2, 3e-3)]
-UNSTRUCTURED = [("resnet", "l1-unstructured", 0.5, 0), ("resnet", "l1-unstructured", 0.8, 0),
-                ("resnet", "global", 0.5, 0), ("resnet", "global", 0.8, 0), ("resnet", "global", 0.8, 2)]
+UNSTRUCTURED = [
+    ("resnet", "l1-unstructured", 0.5, 0),
+    ("resnet", "l1-unstructured", 0.8, 0),
+    ("resnet", "global", 0.5, 0),
+    ("resnet", "global", 0.8, 0),
+    ("resnet", "global", 0.8, 2),
+]
 ROUNDS, SECONDS = 5, 0.5
 
 
@@ -51,8 +56,11 @@ def main() -> None:
     def compare(baseline, pruned, batch):
         """(baseline p50, pruned p50, speed-up): medians over alternating rounds."""
         pairs = [(latency(baseline, batch), latency(pruned, batch)) for _ in range(ROUNDS)]
-        return (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
-                statistics.median(a / b for a, b in pairs))
+        return (
+            statistics.median(a for a, _ in pairs),
+            statistics.median(b for _, b in pairs),
+            statistics.median(a / b for a, b in pairs),
+        )
 
     def gz(path: Path) -> int:
         return len(gzip.compress(path.read_bytes(), compresslevel=6, mtime=0))
@@ -65,11 +73,31 @@ def main() -> None:
             path = tmp / f"{name}.pt"
             save_dense(loaded.module, loaded.example_inputs(batch=2), path, "torchscript", loaded.input_specs)
             ts = torch.jit.load(str(path))
-            b = {"params": count_parameters(loaded.module)[0], "bytes": path.stat().st_size, "gzip": gz(path),
-                 "acc": evaluate_accuracy(ts, test), "module": ts}
+            b = {
+                "params": count_parameters(loaded.module)[0],
+                "bytes": path.stat().st_size,
+                "gzip": gz(path),
+                "acc": evaluate_accuracy(ts, test),
+                "module": ts,
+            }
             base[name] = b
-            rows.append([f"zoo:{name}", "unpruned", "-", f"{b['params']:,}", "1.00×", f"{b['bytes']:,}",
-                         f"{b['gzip']:,}", "-", f"{100 * b['acc']:.2f}", "-", "", "", "1.00×"])
+            rows.append(
+                [
+                    f"zoo:{name}",
+                    "unpruned",
+                    "-",
+                    f"{b['params']:,}",
+                    "1.00×",
+                    f"{b['bytes']:,}",
+                    f"{b['gzip']:,}",
+                    "-",
+                    f"{100 * b['acc']:.2f}",
+                    "-",
+                    "",
+                    "",
+                    "1.00×",
+                ]
+            )
             data[f"{name}/unpruned"] = {k: v for k, v in b.items() if k != "module"}
 
         def run(name, method, amount, **kw):
@@ -77,21 +105,39 @@ def main() -> None:
             art = prune(f"zoo:{name}", method, amount, out, **kw)
             ts = torch.jit.load(str(out))
             b = base[name]
-            r = {"params": art.metrics["parameters_after"], "bytes": art.size_bytes, "gzip": gz(out),
-                 "sparsity": art.metrics.get("sparsity"), "acc": evaluate_accuracy(ts, test),
-                 "layers": art.extra["layers"]}
+            r = {
+                "params": art.metrics["parameters_after"],
+                "bytes": art.size_bytes,
+                "gzip": gz(out),
+                "sparsity": art.metrics.get("sparsity"),
+                "acc": evaluate_accuracy(ts, test),
+                "layers": art.extra["layers"],
+            }
             r["base_b1"], r["b1"], r["speedup_b1"] = compare(b["module"], ts, 1)
             r["base_b32"], r["b32"], r["speedup_b32"] = compare(b["module"], ts, 32)
             r["param_ratio"] = r["params"] / b["params"]
             r["accuracy_drop_points"] = 100 * (b["acc"] - r["acc"])
             label = method + (f" + {kw['epochs']} ep" if kw.get("epochs") else "")
-            rows.append([f"zoo:{name}", label, amount, f"{r['params']:,}", f"{r['param_ratio']:.2f}×",
-                         f"{r['bytes']:,}", f"{r['gzip']:,}",
-                         "-" if r["sparsity"] is None else f"{r['sparsity']:.4f}", f"{100 * r['acc']:.2f}",
-                         f"{r['accuracy_drop_points']:+.2f}", f"{r['base_b1']:.2f} → {r['b1']:.2f}",
-                         f"{r['base_b32']:.1f} → {r['b32']:.1f}", f"{r['speedup_b32']:.2f}×"])
-            key = f"{name}/{method}/{amount}" + (f"/{kw['epochs']}ep" if kw.get("epochs") and method != "structured"
-                                                 else "")
+            rows.append(
+                [
+                    f"zoo:{name}",
+                    label,
+                    amount,
+                    f"{r['params']:,}",
+                    f"{r['param_ratio']:.2f}×",
+                    f"{r['bytes']:,}",
+                    f"{r['gzip']:,}",
+                    "-" if r["sparsity"] is None else f"{r['sparsity']:.4f}",
+                    f"{100 * r['acc']:.2f}",
+                    f"{r['accuracy_drop_points']:+.2f}",
+                    f"{r['base_b1']:.2f} → {r['b1']:.2f}",
+                    f"{r['base_b32']:.1f} → {r['b32']:.1f}",
+                    f"{r['speedup_b32']:.2f}×",
+                ]
+            )
+            key = f"{name}/{method}/{amount}" + (
+                f"/{kw['epochs']}ep" if kw.get("epochs") and method != "structured" else ""
+            )
             data[key] = r
             return r
 
@@ -101,9 +147,21 @@ def main() -> None:
             kw = dict(fine_tune_data=TRAIN, epochs=epochs) if epochs else {}
             run(name, method, amount, **kw)
 
-    headers = ["model", "method", "amount", "params", "× params", "file bytes", "gzip bytes", "sparsity",
-               "accuracy %", "drop (pts)", "p50 b1 ms (unpruned → pruned)", "p50 b32 ms (unpruned → pruned)",
-               "speed-up b32"]
+    headers = [
+        "model",
+        "method",
+        "amount",
+        "params",
+        "× params",
+        "file bytes",
+        "gzip bytes",
+        "sparsity",
+        "accuracy %",
+        "drop (pts)",
+        "p50 b1 ms (unpruned → pruned)",
+        "p50 b32 ms (unpruned → pruned)",
+        "speed-up b32",
+    ]
     res = data["resnet/structured/0.5"]
     checks = [
         f"- structured 0.5 + {STRUCTURED[0][2]} epochs on zoo:resnet: {res['param_ratio']:.2f}× the parameters "
@@ -113,14 +171,18 @@ def main() -> None:
     ]
     for name, method, amount, epochs in UNSTRUCTURED:
         s = data[f"{name}/{method}/{amount}" + (f"/{epochs}ep" if epochs else "")]["sparsity"]
-        checks.append(f"- {method} {amount}{f' + {epochs} epochs' if epochs else ''}: achieved sparsity {s:.4f} "
-                      f"(target {amount} ± 0.01).")
-    md = (md_table(headers, rows) + "\n\n" + "\n".join(checks) + "\n\n"
-          "Unstructured pruning leaves the file as large and the model as slow as before (dense kernels multiply "
-          "the zeros too); the zeros only shrink the gzip size. Structured pruning removes channels, so the file, "
-          "the parameter count and the latency all drop. Accuracy on `builtin:digits32:test` "
-          f"({len(test)} samples); rows marked \"+ 2 ep\" were fine-tuned on `{TRAIN}` (final weights), the "
-          "others not.")
+        checks.append(
+            f"- {method} {amount}{f' + {epochs} epochs' if epochs else ''}: achieved sparsity {s:.4f} "
+            f"(target {amount} ± 0.01)."
+        )
+    md = (
+        md_table(headers, rows) + "\n\n" + "\n".join(checks) + "\n\n"
+        "Unstructured pruning leaves the file as large and the model as slow as before (dense kernels multiply "
+        "the zeros too); the zeros only shrink the gzip size. Structured pruning removes channels, so the file, "
+        "the parameter count and the latency all drop. Accuracy on `builtin:digits32:test` "
+        f'({len(test)} samples); rows marked "+ 2 ep" were fine-tuned on `{TRAIN}` (final weights), the '
+        "others not."
+    )
     write_result("prune", "Pruning (ptopt prune)", md, data, threads)
 
 

@@ -15,6 +15,7 @@ The CPU may be shared: every candidate and batch size is timed in the same inter
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -24,7 +25,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import md_table, setup, write_result  # noqa: E402
 
-TARGETS = {"size_ratio": 0.30, "speedup_bs32": 3.0, "speedup_bs1": 1.6, "max_drop": 0.5, "lstm_speedup_bs1": 2.0}
+TARGETS = {
+    "size_ratio": 0.30,
+    "speedup_bs32": 3.0,
+    "speedup_bs1": 1.6,
+    "max_drop": 0.5,
+    "lstm_speedup_bs1": 2.0,
+}
 
 
 def _load_ts(path):
@@ -47,7 +54,11 @@ def _fp32_torchscript(model, x, path):
     args, kwargs = call_args(x)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        ts = torch.jit.trace(model, example_kwarg_inputs=kwargs, strict=False) if kwargs else torch.jit.trace(model, args[0])
+        ts = (
+            torch.jit.trace(model, example_kwarg_inputs=kwargs, strict=False)
+            if kwargs
+            else torch.jit.trace(model, args[0])
+        )
         ts = torch.jit.freeze(ts.eval())
         torch.jit.save(ts, str(path))
     return _load_ts(path)
@@ -66,9 +77,16 @@ def _ort_sessions(model, calib, x, workdir, threads):
     fp32, pre, int8 = (str(workdir / n) for n in ("m.onnx", "m.pre.onnx", "m.int8.onnx"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), fp32, input_names=["input"], output_names=["logits"],
-                          dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17,
-                          dynamo=False)
+        torch.onnx.export(
+            model,
+            (x,),
+            fp32,
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
     quant_pre_process(fp32, pre)
 
     class Reader(CalibrationDataReader):
@@ -80,16 +98,26 @@ def _ort_sessions(model, calib, x, workdir, threads):
 
     # reduce_range: u8s8 int8 kernels without VNNI (AVX2) saturate 16-bit accumulators; measured here
     # without it: 68% accuracy instead of 99%
-    quantize_static(pre, int8, Reader(), quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    quantize_static(
+        pre,
+        int8,
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        reduce_range=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     out = {}
     for name, path in (("ORT fp32", fp32), ("ORT int8 (QDQ)", int8)):
         sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-        out[name] = (lambda s: (lambda a: s.run(None, {"input": np.asarray(a)})[0]))(sess)
-        out[name + ":bytes"] = os.path.getsize(path) + (os.path.getsize(path + ".data") if os.path.exists(path + ".data") else 0)
+        out[name] = (lambda s: lambda a: s.run(None, {"input": np.asarray(a)})[0])(sess)
+        out[name + ":bytes"] = os.path.getsize(path) + (
+            os.path.getsize(path + ".data") if os.path.exists(path + ".data") else 0
+        )
     return out
 
 
@@ -101,8 +129,9 @@ def _latency(candidates, inputs, rounds, seconds):
 
     fns = {(n, bs): (lambda f=fn, x=x: f(x)) for n, fn in candidates.items() for bs, x in inputs.items()}
     with torch.inference_mode():
-        st = measure_interleaved(fns, {k: k[1] for k in fns}, rounds=rounds, min_iters=10,
-                                 min_seconds=seconds * rounds)
+        st = measure_interleaved(
+            fns, {k: k[1] for k in fns}, rounds=rounds, min_iters=10, min_seconds=seconds * rounds
+        )
     return {n: {bs: st[(n, bs)]["p50_ms"] for bs in inputs} for n in candidates}
 
 
@@ -126,21 +155,31 @@ def bench_resnet(args, work):
     model = load_model("zoo:resnet").module.eval()
     x2 = test.first_batch(2).x
     t0 = time.perf_counter()
-    static = quantize("zoo:resnet", "static", work / "resnet.int8.pt", calib_data="builtin:digits32:train",
-                      progress=False)
+    static = quantize(
+        "zoo:resnet", "static", work / "resnet.int8.pt", calib_data="builtin:digits32:train", progress=False
+    )
     t_static = time.perf_counter() - t0
     ts32 = _fp32_torchscript(model, x2, work / "resnet.fp32.pt")
     cands = {"fp32 eager": model, "fp32 TorchScript": ts32, "static int8 (ptopt)": _load_ts(static.path)}
-    sizes = {"fp32 TorchScript": os.path.getsize(work / "resnet.fp32.pt"), "static int8 (ptopt)": static.size_bytes}
+    sizes = {
+        "fp32 TorchScript": os.path.getsize(work / "resnet.fp32.pt"),
+        "static int8 (ptopt)": static.size_bytes,
+    }
     notes = {"static int8 (ptopt)": f"quantize took {t_static:.0f} s"}
     if not args.skip_qat:
         t0 = time.perf_counter()
-        qat = quantize("zoo:resnet", "qat", work / "resnet.qat.pt", train_data="builtin:digits32:train", epochs=1,
-                       progress=False)
+        qat = quantize(
+            "zoo:resnet",
+            "qat",
+            work / "resnet.qat.pt",
+            train_data="builtin:digits32:train",
+            epochs=1,
+            progress=False,
+        )
         cands["QAT int8, 1 epoch (ptopt)"] = _load_ts(qat.path)
         sizes["QAT int8, 1 epoch (ptopt)"] = qat.size_bytes
         notes["QAT int8, 1 epoch (ptopt)"] = f"quantize took {time.perf_counter() - t0:.0f} s"
-    fns = {n: (lambda m: (lambda a: call_model(m, a)))(m) for n, m in cands.items()}
+    fns = {n: functools.partial(call_model, m) for n, m in cands.items()}
     if not args.skip_ort:
         try:
             ort = _ort_sessions(model, train, x2, work, args.threads)
@@ -156,13 +195,41 @@ def bench_resnet(args, work):
     for n in fns:
         size = sizes.get(n)
         ratio = f"{size / sizes['fp32 TorchScript']:.2f}x" if size else "-"
-        rows.append([n, f"{size:,}" if size else "-", ratio, f"{100 * acc[n]:.2f}",
-                     f"{100 * (acc['fp32 eager'] - acc[n]):+.2f}", f"{lat[n][1]:.3f}", f"{base[1] / lat[n][1]:.2f}x",
-                     f"{lat[n][32]:.2f}", f"{base[32] / lat[n][32]:.2f}x", notes.get(n, "")])
-        data[n] = {"bytes": size, "accuracy": acc[n], "p50_ms": lat[n],
-                   "speedup_vs_fp32_eager": {bs: base[bs] / lat[n][bs] for bs in lat[n]}}
-    md = md_table(["zoo:resnet", "bytes", "vs fp32 TS", "accuracy %", "drop (pts)", "bs1 p50 ms", "bs1 speedup",
-                   "bs32 p50 ms", "bs32 speedup", "note"], rows)
+        rows.append(
+            [
+                n,
+                f"{size:,}" if size else "-",
+                ratio,
+                f"{100 * acc[n]:.2f}",
+                f"{100 * (acc['fp32 eager'] - acc[n]):+.2f}",
+                f"{lat[n][1]:.3f}",
+                f"{base[1] / lat[n][1]:.2f}x",
+                f"{lat[n][32]:.2f}",
+                f"{base[32] / lat[n][32]:.2f}x",
+                notes.get(n, ""),
+            ]
+        )
+        data[n] = {
+            "bytes": size,
+            "accuracy": acc[n],
+            "p50_ms": lat[n],
+            "speedup_vs_fp32_eager": {bs: base[bs] / lat[n][bs] for bs in lat[n]},
+        }
+    md = md_table(
+        [
+            "zoo:resnet",
+            "bytes",
+            "vs fp32 TS",
+            "accuracy %",
+            "drop (pts)",
+            "bs1 p50 ms",
+            "bs1 speedup",
+            "bs32 p50 ms",
+            "bs32 speedup",
+            "note",
+        ],
+        rows,
+    )
     return md, data
 
 
@@ -179,7 +246,7 @@ def bench_dynamic(name, args):
     model = load_model(f"zoo:{name}").module.eval()
     art = quantize(f"zoo:{name}", "dynamic", work / f"{name}.int8.pt", progress=False)
     cands = {"fp32 eager": model, "dynamic int8 (ptopt)": _load_ts(art.path)}
-    fns = {n: (lambda m: (lambda a: call_model(m, a)))(m) for n, m in cands.items()}
+    fns = {n: functools.partial(call_model, m) for n, m in cands.items()}
     from ptopt.compress.quant_engine import mha_fastpath_disabled
 
     acc = {n: _accuracy(f, test) for n, f in fns.items()}
@@ -187,11 +254,28 @@ def bench_dynamic(name, args):
     with mha_fastpath_disabled() if name == "transformer" and args.no_fastpath else _null():
         lat = _latency(fns, inputs, args.rounds, args.seconds)
     base = lat["fp32 eager"]
-    rows = [[n, f"{100 * acc[n]:.2f}", f"{lat[n][1]:.3f}", f"{base[1] / lat[n][1]:.2f}x", f"{lat[n][32]:.2f}",
-             f"{base[32] / lat[n][32]:.2f}x"] for n in fns]
-    md = md_table([f"zoo:{name}", "accuracy %", "bs1 p50 ms", "bs1 speedup", "bs32 p50 ms", "bs32 speedup"], rows)
-    data = {n: {"accuracy": acc[n], "p50_ms": lat[n], "speedup_vs_fp32_eager": {bs: base[bs] / lat[n][bs] for bs in lat[n]}}
-            for n in fns}
+    rows = [
+        [
+            n,
+            f"{100 * acc[n]:.2f}",
+            f"{lat[n][1]:.3f}",
+            f"{base[1] / lat[n][1]:.2f}x",
+            f"{lat[n][32]:.2f}",
+            f"{base[32] / lat[n][32]:.2f}x",
+        ]
+        for n in fns
+    ]
+    md = md_table(
+        [f"zoo:{name}", "accuracy %", "bs1 p50 ms", "bs1 speedup", "bs32 p50 ms", "bs32 speedup"], rows
+    )
+    data = {
+        n: {
+            "accuracy": acc[n],
+            "p50_ms": lat[n],
+            "speedup_vs_fp32_eager": {bs: base[bs] / lat[n][bs] for bs in lat[n]},
+        }
+        for n in fns
+    }
     data["size_bytes"] = {"int8": art.size_bytes, "fp32_torchscript": art.metrics["fp32_torchscript_bytes"]}
     data["float_layers"] = art.extra["float_layers"]
     return md, data
@@ -209,10 +293,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--seconds", type=float, default=1.0, help="timed seconds per candidate, batch size and round")
+    p.add_argument(
+        "--seconds", type=float, default=1.0, help="timed seconds per candidate, batch size and round"
+    )
     p.add_argument("--skip-qat", action="store_true")
     p.add_argument("--skip-ort", action="store_true")
-    p.add_argument("--no-fastpath", action="store_true", help="fp32 transformer without the fused MHA fast path too")
+    p.add_argument(
+        "--no-fastpath", action="store_true", help="fp32 transformer without the fused MHA fast path too"
+    )
     p.add_argument("--only", choices=["resnet", "lstm", "transformer"], action="append")
     args = p.parse_args()
     threads = setup(args.threads)
@@ -236,15 +324,20 @@ def main() -> None:
             f"(target <= {TARGETS['size_ratio']})",
             f"static int8 speedup bs32 {r['speedup_vs_fp32_eager'][32]:.2f}x (target >= {TARGETS['speedup_bs32']}), "
             f"bs1 {r['speedup_vs_fp32_eager'][1]:.2f}x (target >= {TARGETS['speedup_bs1']})",
-            f"static int8 accuracy drop {100 * (fp['accuracy'] - r['accuracy']):.2f} points (target <= {TARGETS['max_drop']})",
+            f"static int8 accuracy drop {100 * (fp['accuracy'] - r['accuracy']):.2f} points "
+            f"(target <= {TARGETS['max_drop']})",
         ]
         if "QAT int8, 1 epoch (ptopt)" in data["resnet"]:
             q = data["resnet"]["QAT int8, 1 epoch (ptopt)"]
-            checks.append(f"QAT (1 epoch) accuracy drop {100 * (fp['accuracy'] - q['accuracy']):.2f} points "
-                          f"(target <= {TARGETS['max_drop']})")
+            checks.append(
+                f"QAT (1 epoch) accuracy drop {100 * (fp['accuracy'] - q['accuracy']):.2f} points "
+                f"(target <= {TARGETS['max_drop']})"
+            )
     if "lstm" in data:
-        checks.append(f"LSTM dynamic int8 speedup bs1 {data['lstm']['dynamic int8 (ptopt)']['speedup_vs_fp32_eager'][1]:.2f}x "
-                      f"(target >= {TARGETS['lstm_speedup_bs1']})")
+        checks.append(
+            f"LSTM dynamic int8 speedup bs1 {data['lstm']['dynamic int8 (ptopt)']['speedup_vs_fp32_eager'][1]:.2f}x "
+            f"(target >= {TARGETS['lstm_speedup_bs1']})"
+        )
     md = "\n\n".join(sections) + "\n\nAgainst the issue's targets:\n\n" + "\n".join(f"- {c}" for c in checks)
     cmd = "python benchmarks/bench_quantize.py" + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else "")
     write_result("quantize", "Quantization (int8) vs fp32 eager", md, data, threads, command=cmd)

@@ -58,15 +58,30 @@ def run(args: argparse.Namespace, threads: int, work: Path) -> None:
 
     # one worker each; threads per worker = the thread count of the in-process baseline
     mar1 = package(ts_path, "mar", work / "resnet_b1.mar", batch_size=1, threads=threads).path
-    mar8 = package(ts_path, "mar", work / "resnet_b8.mar", batch_size=8, max_batch_delay_ms=5, threads=threads).path
-    rows, data = [["TorchScript in-process (bs 1)", f"{raw['p50_ms']:.2f}", f"{raw['p90_ms']:.2f}",
-                   f"{raw['p99_ms']:.2f}", f"{raw['throughput_per_s']:.0f}"]], {"raw": raw}
+    mar8 = package(
+        ts_path, "mar", work / "resnet_b8.mar", batch_size=8, max_batch_delay_ms=5, threads=threads
+    ).path
+    rows, data = (
+        [
+            [
+                "TorchScript in-process (bs 1)",
+                f"{raw['p50_ms']:.2f}",
+                f"{raw['p90_ms']:.2f}",
+                f"{raw['p99_ms']:.2f}",
+                f"{raw['throughput_per_s']:.0f}",
+            ]
+        ],
+        {"raw": raw},
+    )
     with TorchServeServer([mar1, mar8]) as server:
         bodies = [json.dumps({"inputs": x[i].tolist()}).encode() for i in range(args.requests)]
 
         def post(model_name: str, i: int) -> tuple[float, np.ndarray]:
-            req = urllib.request.Request(server.predict_url_for(model_name), data=bodies[i],
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                server.predict_url_for(model_name),
+                data=bodies[i],
+                headers={"Content-Type": "application/json"},
+            )
             t0 = time.perf_counter()
             with urllib.request.urlopen(req, timeout=60) as r:
                 out = json.loads(r.read())["outputs"]
@@ -81,15 +96,22 @@ def run(args: argparse.Namespace, threads: int, work: Path) -> None:
             lat.append(ms)
         lat.sort()
         seq = {"p50_ms": percentile(lat, 50), "p90_ms": percentile(lat, 90), "p99_ms": percentile(lat, 99)}
-        rows.append(["TorchServe, 1 client, sequential", f"{seq['p50_ms']:.2f}", f"{seq['p90_ms']:.2f}",
-                     f"{seq['p99_ms']:.2f}", f"{1e3 / seq['p50_ms']:.0f}"])
+        rows.append(
+            [
+                "TorchServe, 1 client, sequential",
+                f"{seq['p50_ms']:.2f}",
+                f"{seq['p90_ms']:.2f}",
+                f"{seq['p99_ms']:.2f}",
+                f"{1e3 / seq['p50_ms']:.0f}",
+            ]
+        )
         data["sequential"] = seq
 
         for name, label in (("resnet_b1", "no batching"), ("resnet_b8", "batchSize 8, 5 ms delay")):
             lats: list[float] = []
             lock = threading.Lock()
 
-            def client(k: int, name: str = name) -> None:
+            def client(k: int, name: str = name, lats: list = lats, lock=lock) -> None:
                 for i in range(k, args.requests, args.clients):
                     ms, out = post(name, i)
                     assert np.allclose(out, want[i], atol=1e-4), "served output differs from the model's"
@@ -104,16 +126,37 @@ def run(args: argparse.Namespace, threads: int, work: Path) -> None:
                 w.join()
             wall = time.perf_counter() - t0
             lats.sort()
-            res = {"requests": len(lats), "wall_s": wall, "req_per_s": len(lats) / wall,
-                   "p50_ms": percentile(lats, 50), "p90_ms": percentile(lats, 90), "p99_ms": percentile(lats, 99)}
+            res = {
+                "requests": len(lats),
+                "wall_s": wall,
+                "req_per_s": len(lats) / wall,
+                "p50_ms": percentile(lats, 50),
+                "p90_ms": percentile(lats, 90),
+                "p99_ms": percentile(lats, 99),
+            }
             data[f"concurrent_{name}"] = res
-            rows.append([f"TorchServe, {args.clients} clients, {label}", f"{res['p50_ms']:.2f}",
-                         f"{res['p90_ms']:.2f}", f"{res['p99_ms']:.2f}", f"{res['req_per_s']:.0f}"])
+            rows.append(
+                [
+                    f"TorchServe, {args.clients} clients, {label}",
+                    f"{res['p50_ms']:.2f}",
+                    f"{res['p90_ms']:.2f}",
+                    f"{res['p99_ms']:.2f}",
+                    f"{res['req_per_s']:.0f}",
+                ]
+            )
     md = md_table(["setup", "p50 ms", "p90 ms", "p99 ms", "samples/s"], rows)
-    md += (f"\n\nzoo:resnet (1×32×32 input), one sample per request, JSON bodies; {args.requests} requests per "
-           "concurrent run, every answer checked against the model's own output. One TorchServe worker.")
-    write_result("serve", "Serving: TorchServe vs in-process TorchScript", md, data, threads,
-                 command=f"python benchmarks/bench_serve.py --threads {threads} --requests {args.requests}")
+    md += (
+        f"\n\nzoo:resnet (1×32×32 input), one sample per request, JSON bodies; {args.requests} requests per "
+        "concurrent run, every answer checked against the model's own output. One TorchServe worker."
+    )
+    write_result(
+        "serve",
+        "Serving: TorchServe vs in-process TorchScript",
+        md,
+        data,
+        threads,
+        command=f"python benchmarks/bench_serve.py --threads {threads} --requests {args.requests}",
+    )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def build_artifacts(out: Path) -> dict[str, Path]:
         torch.export.save(ep, str(p))
         arts["exported_program"] = Artifact(p, "exported_program", specs, parent=parent).finalize().path
         p = out / "resnet.onnx"
-        torch.onnx.export(m, (x,), str(p), dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, verbose=False)
+        torch.onnx.export(
+            m, (x,), str(p), dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, verbose=False
+        )
         files = [f.name for f in (p, out / "resnet.onnx.data") if f.exists()]
         arts["onnx"] = Artifact(p, "onnx", specs, parent=parent, files=files).finalize().path
         q = torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
@@ -117,7 +119,9 @@ def copies(arts: dict[str, Path], out: Path) -> dict[str, Path]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--runs", type=int, default=3, help="consecutive validations (>= 2), and as many noise-floor runs")
+    ap.add_argument(
+        "--runs", type=int, default=3, help="consecutive validations (>= 2), and as many noise-floor runs"
+    )
     args = ap.parse_args()
     threads = setup(args.threads)
     import torch
@@ -140,13 +144,21 @@ def main() -> None:
             runs.append(validate("zoo:resnet", paths, data_ref, batch_sizes=(1, 32), threads=threads))
             walls.append(time.perf_counter() - t0)
         twin = copies(arts, Path(tmp) / "copy")
-        floor = [validate(arts["torchscript"], [twin["torchscript"], arts["onnx"], twin["onnx"], canary_model()],
-                          data_ref, batch_sizes=(1, 32), threads=threads) for _ in range(n)]
+        floor = [
+            validate(
+                arts["torchscript"],
+                [twin["torchscript"], arts["onnx"], twin["onnx"], canary_model()],
+                data_ref,
+                batch_sizes=(1, 32),
+                threads=threads,
+            )
+            for _ in range(n)
+        ]
         indep = {p.name: independent_top1(p, data) for p in paths}
     torch.set_num_threads(threads)
 
     def pairs(values: list[float]) -> list[float]:
-        return [100 * abs(a - b) / min(a, b) for a, b in zip(values, values[1:])]
+        return [100 * abs(a - b) / min(a, b) for a, b in zip(values, values[1:], strict=False)]
 
     def cell(values: list[float], digits: int = 3) -> str:
         return " / ".join(f"{v:.{digits}f}" for v in values)
@@ -160,13 +172,18 @@ def main() -> None:
     # -- the 4 artifacts and the reference, n consecutive runs
     rows, sp_rows, spreads, sp_spreads, identical = [], [], [], [], True
     per_run = [[r.reference] + r.entries for r in runs]
-    for entries in zip(*per_run):
+    for entries in zip(*per_run, strict=False):
         e1 = entries[0]
         ind = indep.get(e1["name"])
         same = ind is None or all(ind == e["metric"] for e in entries)
         identical &= same
-        cells = [e1["name"], e1["runtime"], f"{100 * e1['metric']:.2f}", "—" if ind is None else f"{100 * ind:.2f}",
-                 "—" if ind is None else ("yes" if same else "NO")]
+        cells = [
+            e1["name"],
+            e1["runtime"],
+            f"{100 * e1['metric']:.2f}",
+            "—" if ind is None else f"{100 * ind:.2f}",
+            "—" if ind is None else ("yes" if same else "NO"),
+        ]
         sp_cells = [e1["name"]]
         for bs in ("1", "32"):
             p50 = [e["latency"][bs]["p50_ms"] for e in entries]
@@ -179,52 +196,98 @@ def main() -> None:
         rows.append(cells)
         if len(sp_cells) > 1:
             sp_rows.append(sp_cells)
-    table = md_table(["artifact", "runtime", "top-1 % (validate)", "top-1 % (independent)", "identical",
-                      f"p50 ms @1, runs 1..{n}", "spread (consecutive)", f"p50 ms @32, runs 1..{n}",
-                      "spread (consecutive)"], rows)
+    table = md_table(
+        [
+            "artifact",
+            "runtime",
+            "top-1 % (validate)",
+            "top-1 % (independent)",
+            "identical",
+            f"p50 ms @1, runs 1..{n}",
+            "spread (consecutive)",
+            f"p50 ms @32, runs 1..{n}",
+            "spread (consecutive)",
+        ],
+        rows,
+    )
     table += "\n\nSpeedup over the reference (reference p50 / artifact p50, same run):\n\n" + md_table(
-        ["artifact", f"speedup @1, runs 1..{n}", "spread (consecutive)", f"speedup @32, runs 1..{n}",
-         "spread (consecutive)"], sp_rows)
+        [
+            "artifact",
+            f"speedup @1, runs 1..{n}",
+            "spread (consecutive)",
+            f"speedup @32, runs 1..{n}",
+            "spread (consecutive)",
+        ],
+        sp_rows,
+    )
     opts = runs[0].data["latency_options"]
-    round_spread = [max(st["round_spread_pct"] for e in [r.reference] + r.entries for st in e["latency"].values())
-                    for r in runs]
-    summary = (f"\n\n{n} consecutive validations of 4 artifacts + the reference at batch sizes 1 and 32 "
-               f"({len(data)} samples; {opts['min_seconds']:g} s per artifact and batch size in {opts['rounds']} "
-               f"interleaved rounds): {', '.join(f'{w:.1f}' for w in walls)} s (target < 60 s). Accuracy identical "
-               f"to the independent evaluation: {'yes, every artifact and run' if identical else 'NO'}.\n\n"
-               f"Spread of the p50 between consecutive runs ({len(spreads)} pairs): median {med(spreads):.1f}%, "
-               f"max {max(spreads):.1f}% (target <= 10%). Of the speedups ({len(sp_spreads)} pairs): median "
-               f"{med(sp_spreads):.1f}%, max {max(sp_spreads):.1f}%. Largest `round_spread_pct` in each run "
-               f"(interquartile range of one model's 15 round medians at one batch size, in % of their median): "
-               f"{' / '.join(f'{v:.0f}%' for v in round_spread)}.")
-    summary += ("\n\nThe machine's own drift, outside validate: a fixed pure-Python loop timed for 2 s just before "
-                f"each run: p50 {cell(canary)} ms, spread between consecutive runs {spread_cell(canary)}.")
+    round_spread = [
+        max(st["round_spread_pct"] for e in [r.reference] + r.entries for st in e["latency"].values())
+        for r in runs
+    ]
+    summary = (
+        f"\n\n{n} consecutive validations of 4 artifacts + the reference at batch sizes 1 and 32 "
+        f"({len(data)} samples; {opts['min_seconds']:g} s per artifact and batch size in {opts['rounds']} "
+        f"interleaved rounds): {', '.join(f'{w:.1f}' for w in walls)} s (target < 60 s). Accuracy identical "
+        f"to the independent evaluation: {'yes, every artifact and run' if identical else 'NO'}.\n\n"
+        f"Spread of the p50 between consecutive runs ({len(spreads)} pairs): median {med(spreads):.1f}%, "
+        f"max {max(spreads):.1f}% (target <= 10%). Of the speedups ({len(sp_spreads)} pairs): median "
+        f"{med(sp_spreads):.1f}%, max {max(sp_spreads):.1f}%. Largest `round_spread_pct` in each run "
+        f"(interquartile range of one model's 15 round medians at one batch size, in % of their median): "
+        f"{' / '.join(f'{v:.0f}%' for v in round_spread)}."
+    )
+    summary += (
+        "\n\nThe machine's own drift, outside validate: a fixed pure-Python loop timed for 2 s just before "
+        f"each run: p50 {cell(canary)} ms, spread between consecutive runs {spread_cell(canary)}."
+    )
     # -- the noise floor: identical copies, and the canary, timed by validate
     frows, ab = [], []
-    for label, key in (("resnet.ts.pt (copy) vs resnet.ts.pt (reference)", 0),
-                       ("resnet.onnx (copy) vs resnet.onnx", 2)):
+    for label, key in (
+        ("resnet.ts.pt (copy) vs resnet.ts.pt (reference)", 0),
+        ("resnet.onnx (copy) vs resnet.onnx", 2),
+    ):
         cells = [label]
         for bs in ("1", "32"):
             if key == 0:
                 ratio = [f.entries[0]["speedup"][bs] for f in floor]
             else:
-                ratio = [f.entries[1]["latency"][bs]["p50_ms"] / f.entries[2]["latency"][bs]["p50_ms"] for f in floor]
+                ratio = [
+                    f.entries[1]["latency"][bs]["p50_ms"] / f.entries[2]["latency"][bs]["p50_ms"]
+                    for f in floor
+                ]
             ab += [abs(1 - r) * 100 for r in ratio]
             cells += [cell(ratio, 3)]
         frows.append(cells)
     canary_p50 = {bs: [f.entries[3]["latency"][bs]["p50_ms"] for f in floor] for bs in ("1", "32")}
     frows.append(["PythonLoopCanary p50 ms (no tensor work)"] + [cell(canary_p50[bs]) for bs in ("1", "32")])
-    ftable = md_table(["noise floor (one validation per run)", f"@1, runs 1..{n}", f"@32, runs 1..{n}"], frows)
-    fsummary = (f"\n\nIdentical copies timed in the same rounds (speedup of the copy; 1.000 = no difference): "
-                f"largest deviation {max(ab):.1f}% over {len(ab)} comparisons. The canary's p50 between consecutive "
-                f"runs: {spread_cell(canary_p50['1'])} (batch 1 inputs), {spread_cell(canary_p50['32'])} "
-                f"(batch 32 inputs; the loop ignores them).")
-    write_result("validate", "Validation: accuracy parity, latency stability, wall time",
-                 table + summary + "\n\n" + ftable + fsummary,
-                 {"walls_s": walls, "spreads_pct": spreads, "speedup_spreads_pct": sp_spreads,
-                  "round_spread_pct": round_spread, "identical": identical, "canary_p50_ms": canary,
-                  "ab_deviation_pct": ab, "canary_in_validate_p50_ms": canary_p50,
-                  "runs": [r.to_dict() for r in runs], "noise_floor_runs": [f.to_dict() for f in floor]}, threads)
+    ftable = md_table(
+        ["noise floor (one validation per run)", f"@1, runs 1..{n}", f"@32, runs 1..{n}"], frows
+    )
+    fsummary = (
+        f"\n\nIdentical copies timed in the same rounds (speedup of the copy; 1.000 = no difference): "
+        f"largest deviation {max(ab):.1f}% over {len(ab)} comparisons. The canary's p50 between consecutive "
+        f"runs: {spread_cell(canary_p50['1'])} (batch 1 inputs), {spread_cell(canary_p50['32'])} "
+        f"(batch 32 inputs; the loop ignores them)."
+    )
+    write_result(
+        "validate",
+        "Validation: accuracy parity, latency stability, wall time",
+        table + summary + "\n\n" + ftable + fsummary,
+        {
+            "walls_s": walls,
+            "spreads_pct": spreads,
+            "speedup_spreads_pct": sp_spreads,
+            "round_spread_pct": round_spread,
+            "identical": identical,
+            "canary_p50_ms": canary,
+            "ab_deviation_pct": ab,
+            "canary_in_validate_p50_ms": canary_p50,
+            "runs": [r.to_dict() for r in runs],
+            "noise_floor_runs": [f.to_dict() for f in floor],
+        },
+        threads,
+    )
+
 
 if __name__ == "__main__":
     main()

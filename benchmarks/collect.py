@@ -5,13 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["quantize", "prune", "distill", "export", "validate", "serve", "overhead", "int8_ceiling", "autoquant"]
+ORDER = [
+    "quantize",
+    "prune",
+    "distill",
+    "export",
+    "validate",
+    "serve",
+    "overhead",
+    "int8_ceiling",
+    "autoquant",
+]
 
 
 def main() -> None:
-    parts = sorted((HERE / "results").glob("*.md"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem))
-    head = ("# Benchmarks\n\nEvery figure below was produced by the script named under its heading, on the machine "
-            "it names. Rerun one with that command; `python benchmarks/collect.py` rebuilds this page.\n\n")
+    parts = sorted(
+        (HERE / "results").glob("*.md"),
+        key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else 99, p.stem),
+    )
+    head = (
+        "# Benchmarks\n\nEvery figure below was produced by the script named under its heading, on the machine "
+        "it names. Rerun one with that command; `python benchmarks/collect.py` rebuilds this page.\n\n"
+    )
     out = HERE.parent / "docs" / "benchmarks.md"
     out.write_text(head + "\n".join(p.read_text(encoding="utf-8") for p in parts), encoding="utf-8")
     print(f"wrote {out} ({len(parts)} sections)")

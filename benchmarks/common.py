@@ -24,8 +24,10 @@ def machine_header(threads: int) -> str:
     isa = ", ".join(k for k, v in cpu["isa"].items() if v) or "none of the tracked"
     v = library_versions()
     libs = ", ".join(f"{k} {v[k]}" for k in ("torch", "onnxruntime", "onnx", "torchao") if k in v)
-    return (f"Machine: {cpu['model']} ({cpu['arch']}, {cpu['usable_cores']} usable cores; ISA: {isa}); "
-            f"threads: {threads}; Python {v['python']}; {libs}.")
+    return (
+        f"Machine: {cpu['model']} ({cpu['arch']}, {cpu['usable_cores']} usable cores; ISA: {isa}); "
+        f"threads: {threads}; Python {v['python']}; {libs}."
+    )
 
 
 def md_table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -34,7 +36,9 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(out)
 
 
-def write_result(name: str, title: str, markdown: str, data: Any, threads: int, command: str | None = None) -> str:
+def write_result(
+    name: str, title: str, markdown: str, data: Any, threads: int, command: str | None = None
+) -> str:
     """Write results/<name>.md and .json; returns the markdown section."""
     RESULTS.mkdir(exist_ok=True)
     command = command or f"python benchmarks/bench_{name}.py"

@@ -6,9 +6,17 @@ import click
 
 
 @click.command("demo")
-@click.option("-o", "--output", default="ptopt-demo", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for every artifact and report.")
-@click.option("--fresh", is_flag=True, help="Rebuild every artifact instead of reusing those already in --output.")
+@click.option(
+    "-o",
+    "--output",
+    default="ptopt-demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Folder for every artifact and report.",
+)
+@click.option(
+    "--fresh", is_flag=True, help="Rebuild every artifact instead of reusing those already in --output."
+)
 @click.option("--threads", type=int, help="Intra-op threads for every runtime (default: all usable cores).")
 def command(output: str, fresh: bool, threads: int | None) -> None:
     """Run the whole pipeline on the zoo ResNet-style CNN and bundled digits: quantize (static, QAT,
@@ -27,9 +35,13 @@ def command(output: str, fresh: bool, threads: int | None) -> None:
     for extra in ("report.html", "summary.md", "report.json", "junit.xml", "lstm-summary.md"):
         click.echo(f"  {extra:<22} {'HTML report with plots' if extra.endswith('html') else 'report'}")
     if result.mar:
-        click.echo(f"  {result.mar.name:<22} TorchServe package of the best artifact ({result.best}); "
-                   f"serve it with: ptopt serve {result.mar}")
-    click.echo(f"\ndemo finished in {result.seconds:.0f} s"
-               + (f" (reused {len(result.reused)} cached artifacts)" if result.reused else ""))
+        click.echo(
+            f"  {result.mar.name:<22} TorchServe package of the best artifact ({result.best}); "
+            f"serve it with: ptopt serve {result.mar}"
+        )
+    click.echo(
+        f"\ndemo finished in {result.seconds:.0f} s"
+        + (f" (reused {len(result.reused)} cached artifacts)" if result.reused else "")
+    )
     if not result.passed:
         raise GateFailedError("a gate failed in the demo (see the tables above)")

@@ -26,8 +26,10 @@ def command(as_json: bool) -> None:
     isa = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["isa"].items())
     click.echo(f"cpu:     {cpu['model']} ({cpu['arch']}, {cpu['usable_cores']} usable cores)")
     click.echo(f"isa:     {isa}")
-    click.echo(f"torch:   {report['torch_threads']} threads; quantized engines: "
-               f"{', '.join(report['quantized_engines'])} (default {report['default_quantized_engine']})")
+    click.echo(
+        f"torch:   {report['torch_threads']} threads; quantized engines: "
+        f"{', '.join(report['quantized_engines'])} (default {report['default_quantized_engine']})"
+    )
     t = Table(title="Backends")
     for col in ("backend", "status", "version", "detail / fix"):
         t.add_column(col)

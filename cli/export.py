@@ -9,32 +9,74 @@ from ptopt.cli.options import maybe_save_recipe, model_options, output_option, s
 
 @click.command("export")
 @click.argument("model")
-@click.option("--target", required=True, metavar="TARGET",
-              help="torchscript | onnx | tensorrt | exported_program (.pt2).")
-@click.option("--min-shape", "min_shape", multiple=True, metavar="[NAME=]SHAPE",
-              help="Smallest input shape, e.g. 1x1x32x32 or input_ids=1x16 (repeat per input).")
-@click.option("--opt-shape", "opt_shape", multiple=True, metavar="[NAME=]SHAPE",
-              help="Shape to optimize for (TensorRT's opt profile; the trace/export example).")
+@click.option(
+    "--target",
+    required=True,
+    metavar="TARGET",
+    help="torchscript | onnx | tensorrt | exported_program (.pt2).",
+)
+@click.option(
+    "--min-shape",
+    "min_shape",
+    multiple=True,
+    metavar="[NAME=]SHAPE",
+    help="Smallest input shape, e.g. 1x1x32x32 or input_ids=1x16 (repeat per input).",
+)
+@click.option(
+    "--opt-shape",
+    "opt_shape",
+    multiple=True,
+    metavar="[NAME=]SHAPE",
+    help="Shape to optimize for (TensorRT's opt profile; the trace/export example).",
+)
 @click.option("--max-shape", "max_shape", multiple=True, metavar="[NAME=]SHAPE", help="Largest input shape.")
-@click.option("--dynamic-batch", metavar="MIN:OPT:MAX", help="Dynamic batch dimension for every input, e.g. 1:8:64.")
-@click.option("--precision", type=str, default=None,
-              help="fp32 | fp16 | int8 (default: the source's). onnx: int8 via ORT static quantization; "
-                   "tensorrt: fp16/int8 engines.")
+@click.option(
+    "--dynamic-batch", metavar="MIN:OPT:MAX", help="Dynamic batch dimension for every input, e.g. 1:8:64."
+)
+@click.option(
+    "--precision",
+    type=str,
+    default=None,
+    help="fp32 | fp16 | int8 (default: the source's). onnx: int8 via ORT static quantization; "
+    "tensorrt: fp16/int8 engines.",
+)
 @click.option("--data", help="DATA: input shapes when the model declares none, and int8 calibration.")
 @click.option("--opset", type=int, help="ONNX opset (default: the exporter's).")
 @click.option("--optimize", is_flag=True, help="onnx: save ORT's offline graph optimization of the model.")
 @click.option("--script", is_flag=True, help="torchscript: torch.jit.script instead of tracing.")
-@click.option("--atol", type=float, help="Parity tolerance, absolute (default 1e-4 fp32, 1e-1 int8, 1e-2 fp16).")
+@click.option(
+    "--atol", type=float, help="Parity tolerance, absolute (default 1e-4 fp32, 1e-1 int8, 1e-2 fp16)."
+)
 @click.option("--rtol", type=float, help="Parity tolerance, relative to the largest source output.")
-@click.option("--int8-method", default="auto", show_default=True,
-              help="int8 ONNX: auto | ort_static (ORT quantizes the fp32 parent) | qdq_export.")
+@click.option(
+    "--int8-method",
+    default="auto",
+    show_default=True,
+    help="int8 ONNX: auto | ort_static (ORT quantizes the fp32 parent) | qdq_export.",
+)
 @model_options
 @output_option()
 @save_recipe_option
-def command(model: str, target: str, min_shape: tuple[str, ...], opt_shape: tuple[str, ...],
-            max_shape: tuple[str, ...], dynamic_batch: str | None, precision: str | None, data: str | None,
-            opset: int | None, optimize: bool, script: bool, atol: float | None, rtol: float | None,
-            int8_method: str, weights: str | None, allow_pickle: bool, output: str, save_recipe: str | None) -> None:
+def command(
+    model: str,
+    target: str,
+    min_shape: tuple[str, ...],
+    opt_shape: tuple[str, ...],
+    max_shape: tuple[str, ...],
+    dynamic_batch: str | None,
+    precision: str | None,
+    data: str | None,
+    opset: int | None,
+    optimize: bool,
+    script: bool,
+    atol: float | None,
+    rtol: float | None,
+    int8_method: str,
+    weights: str | None,
+    allow_pickle: bool,
+    output: str,
+    save_recipe: str | None,
+) -> None:
     """Export MODEL to TARGET, run the artifact against MODEL at the min/opt/max shapes (parity), and
     write OUT with its .ptopt.json sidecar.
 
@@ -47,19 +89,38 @@ def command(model: str, target: str, min_shape: tuple[str, ...], opt_shape: tupl
     """
     from ptopt.export.api import export
 
-    options = dict(target=target, min_shape=list(min_shape) or None, opt_shape=list(opt_shape) or None,
-                   max_shape=list(max_shape) or None, dynamic_batch=dynamic_batch, precision=precision,
-                   opset=opset, optimize=optimize or None, script=script or None, atol=atol, rtol=rtol, data=data,
-                   weights=weights, allow_pickle=allow_pickle or None,
-                   int8_method=None if int8_method == "auto" else int8_method)
-    art = export(model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None})
+    options = dict(
+        target=target,
+        min_shape=list(min_shape) or None,
+        opt_shape=list(opt_shape) or None,
+        max_shape=list(max_shape) or None,
+        dynamic_batch=dynamic_batch,
+        precision=precision,
+        opset=opset,
+        optimize=optimize or None,
+        script=script or None,
+        atol=atol,
+        rtol=rtol,
+        data=data,
+        weights=weights,
+        allow_pickle=allow_pickle or None,
+        int8_method=None if int8_method == "auto" else int8_method,
+    )
+    art = export(
+        model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None}
+    )
     p = art.metrics["parity"]
-    click.echo(f"wrote {art.path} ({art.format}, {art.precision}, {art.size_bytes:,} bytes"
-               + (f" in {len(art.files)} files" if len(art.files) > 1 else "") + ")")
+    click.echo(
+        f"wrote {art.path} ({art.format}, {art.precision}, {art.size_bytes:,} bytes"
+        + (f" in {len(art.files)} files" if len(art.files) > 1 else "")
+        + ")"
+    )
     for s in art.inputs:
         click.echo(f"input:   {s.describe()}")
-    click.echo(f"parity:  max abs diff {p['max_abs_diff']:.3g}, rel error {p['rel_error']:.3g}, cosine "
-               f"{p['cosine']:.6f} at min/opt/max (tolerance atol {p['atol']:g}, rtol {p['rtol']:g})")
+    click.echo(
+        f"parity:  max abs diff {p['max_abs_diff']:.3g}, rel error {p['rel_error']:.3g}, cosine "
+        f"{p['cosine']:.6f} at min/opt/max (tolerance atol {p['atol']:g}, rtol {p['rtol']:g})"
+    )
     if art.extra.get("int8_method"):
         click.echo(f"int8:    {art.extra['int8_method']}")
     for w in art.extra.get("trace_warnings") or []:

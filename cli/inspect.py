@@ -15,13 +15,21 @@ from ptopt.cli.options import echo_table, input_shape_option, model_options
 @model_options
 @input_shape_option
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def command(model: str, data: str | None, weights: str | None, allow_pickle: bool, input_shapes: tuple[str, ...],
-            as_json: bool) -> None:
+def command(
+    model: str,
+    data: str | None,
+    weights: str | None,
+    allow_pickle: bool,
+    input_shapes: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Show what MODEL is: inputs, outputs, parameter count, size, and the layers that
     quantization and pruning can act on."""
     from ptopt.core.inspect import inspect_model
 
-    report = inspect_model(model, data=data, weights=weights, allow_pickle=allow_pickle, input_shapes=input_shapes)
+    report = inspect_model(
+        model, data=data, weights=weights, allow_pickle=allow_pickle, input_shapes=input_shapes
+    )
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
@@ -42,13 +50,20 @@ def command(model: str, data: str | None, weights: str | None, allow_pickle: boo
         click.echo(f"output:     {o['name']}: {'x'.join(map(str, o['shape']))} {o['dtype']}")
     if "data" in report:
         d = report["data"]
-        click.echo(f"data:       {d['name']}: {d['samples']} samples, labels: {'yes' if d['labels'] else 'no'}; "
-                   f"one batch ran: {', '.join(f'{k} {v}' for k, v in report['ran_batch'].items())}")
+        click.echo(
+            f"data:       {d['name']}: {d['samples']} samples, labels: {'yes' if d['labels'] else 'no'}; "
+            f"one batch ran: {', '.join(f'{k} {v}' for k, v in report['ran_batch'].items())}"
+        )
     if report["layers"]:
         t = Table(title="Layers ptopt can act on", show_lines=False)
         for col in ("layer", "type", "params", "techniques", "notes"):
             t.add_column(col, justify="right" if col == "params" else "left")
         for r in report["layers"]:
-            t.add_row(escape(r["name"]), r["type"], f"{r['params']:,}", escape(", ".join(r["techniques"])),
-                      escape("; ".join(r["notes"])))
+            t.add_row(
+                escape(r["name"]),
+                r["type"],
+                f"{r['params']:,}",
+                escape(", ".join(r["techniques"])),
+                escape("; ".join(r["notes"])),
+            )
         echo_table(t)

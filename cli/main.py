@@ -14,11 +14,17 @@ import click
 
 #: command name -> (module, one-line help shown by `ptopt --help` without importing the module)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "quantize": ("ptopt.cli.quantize", "Quantize a model to int8 (dynamic, static with calibration, or QAT)."),
+    "quantize": (
+        "ptopt.cli.quantize",
+        "Quantize a model to int8 (dynamic, static with calibration, or QAT).",
+    ),
     "prune": ("ptopt.cli.prune", "Prune a model: L1 unstructured, global, or structured channel removal."),
     "distill": ("ptopt.cli.distill", "Train a student from a teacher by knowledge distillation."),
     "export": ("ptopt.cli.export", "Export to TorchScript, ONNX or TensorRT, checked against its source."),
-    "validate": ("ptopt.cli.validate", "Compare artifacts on the same data: accuracy, size, latency; gate CI."),
+    "validate": (
+        "ptopt.cli.validate",
+        "Compare artifacts on the same data: accuracy, size, latency; gate CI.",
+    ),
     "package": ("ptopt.cli.package", "Package an artifact for serving (TorchServe .mar, Triton repository)."),
     "serve": ("ptopt.cli.serve", "Serve a .mar with a local TorchServe on 127.0.0.1."),
     "run": ("ptopt.cli.run", "Run a pipeline recipe (compress, export, validate with gates) from YAML."),
@@ -51,7 +57,9 @@ def _module_exists(module: str) -> bool:
     return os.path.exists(os.path.join(here, module.rsplit(".", 1)[1] + ".py"))
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+)
 @click.version_option(package_name="ptopt", prog_name="ptopt")
 @click.option("--debug", is_flag=True, envvar="PTOPT_DEBUG", help="Show tracebacks for errors.")
 @click.pass_context
@@ -92,8 +100,11 @@ def main(argv: list[str] | None = None) -> None:
         if from_ptopt:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
-        click.echo(f"internal error: {type(e).__name__}: {e}\n(this is a bug in ptopt; rerun with --debug "
-                   "for the traceback and report it)", err=True)
+        click.echo(
+            f"internal error: {type(e).__name__}: {e}\n(this is a bug in ptopt; rerun with --debug "
+            "for the traceback and report it)",
+            err=True,
+        )
         sys.exit(3)
     sys.exit(0)
 

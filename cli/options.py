@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -11,21 +12,37 @@ F = Callable[..., Any]
 
 def model_options(f: F) -> F:
     """``--weights`` and ``--allow-pickle``, which qualify the MODEL argument."""
-    f = click.option("--allow-pickle", is_flag=True,
-                     help="Allow loading a full pickled nn.Module (runs code from the file; only for trusted files).")(f)
-    f = click.option("--weights", type=click.Path(dir_okay=False),
-                     help="State dict (.pt or .safetensors) for a pkg.module:factory MODEL.")(f)
+    f = click.option(
+        "--allow-pickle",
+        is_flag=True,
+        help="Allow loading a full pickled nn.Module (runs code from the file; only for trusted files).",
+    )(f)
+    f = click.option(
+        "--weights",
+        type=click.Path(dir_okay=False),
+        help="State dict (.pt or .safetensors) for a pkg.module:factory MODEL.",
+    )(f)
     return f
 
 
 def input_shape_option(f: F) -> F:
-    return click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME=]SHAPE",
-                        help="Input shape when there is no data, e.g. 1x1x32x32 or input_ids=1x128 (repeatable).")(f)
+    return click.option(
+        "--input-shape",
+        "input_shapes",
+        multiple=True,
+        metavar="[NAME=]SHAPE",
+        help="Input shape when there is no data, e.g. 1x1x32x32 or input_ids=1x128 (repeatable).",
+    )(f)
 
 
 def output_option(required: bool = True) -> Callable[[F], F]:
-    return click.option("-o", "--output", type=click.Path(dir_okay=False), required=required,
-                        help="Where to write the artifact (a .ptopt.json sidecar is written next to it).")
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Path(dir_okay=False),
+        required=required,
+        help="Where to write the artifact (a .ptopt.json sidecar is written next to it).",
+    )
 
 
 def echo_table(table: Any) -> None:
@@ -36,8 +53,11 @@ def echo_table(table: Any) -> None:
 
 
 def save_recipe_option(f: F) -> F:
-    return click.option("--save-recipe", type=click.Path(dir_okay=False),
-                        help="Also write a recipe YAML of this step, replayable with `ptopt run`.")(f)
+    return click.option(
+        "--save-recipe",
+        type=click.Path(dir_okay=False),
+        help="Also write a recipe YAML of this step, replayable with `ptopt run`.",
+    )(f)
 
 
 def maybe_save_recipe(path: str | None, command: str, options: dict[str, Any]) -> None:

@@ -9,24 +9,64 @@ from ptopt.cli.options import input_shape_option, maybe_save_recipe, model_optio
 
 @click.command("package")
 @click.argument("artifact")
-@click.option("--format", "fmt", type=click.Choice(["mar", "triton"]), required=True,
-              help="mar: a TorchServe model archive; triton: a Triton Inference Server model repository (a folder).")
-@click.option("-o", "--output", required=True, type=click.Path(),
-              help="OUT.mar for --format mar; the repository folder for --format triton.")
-@click.option("--batch-size", type=int, default=1, show_default=True,
-              help="Server-side request batching: up to this many requests run as one batch.")
-@click.option("--max-batch-delay", "max_batch_delay_ms", type=int, default=None,
-              help="Milliseconds the server waits to fill a batch (default 5).")
-@click.option("--workers", type=int, default=1, show_default=True,
-              help="Worker processes (TorchServe) or model instances (Triton).")
-@click.option("--threads", type=int, default=None, help="Intra-op threads per worker (default: the runtime's).")
-@click.option("--model-name", default=None, help="Name served under (default: from the output / artifact name).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["mar", "triton"]),
+    required=True,
+    help="mar: a TorchServe model archive; triton: a Triton Inference Server model repository (a folder).",
+)
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(),
+    help="OUT.mar for --format mar; the repository folder for --format triton.",
+)
+@click.option(
+    "--batch-size",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Server-side request batching: up to this many requests run as one batch.",
+)
+@click.option(
+    "--max-batch-delay",
+    "max_batch_delay_ms",
+    type=int,
+    default=None,
+    help="Milliseconds the server waits to fill a batch (default 5).",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Worker processes (TorchServe) or model instances (Triton).",
+)
+@click.option(
+    "--threads", type=int, default=None, help="Intra-op threads per worker (default: the runtime's)."
+)
+@click.option(
+    "--model-name", default=None, help="Name served under (default: from the output / artifact name)."
+)
 @input_shape_option
 @model_options
 @save_recipe_option
-def command(artifact: str, fmt: str, output: str, batch_size: int, max_batch_delay_ms: int | None, workers: int,
-            threads: int | None, model_name: str | None, input_shapes: tuple[str, ...], weights: str | None,
-            allow_pickle: bool, save_recipe: str | None) -> None:
+def command(
+    artifact: str,
+    fmt: str,
+    output: str,
+    batch_size: int,
+    max_batch_delay_ms: int | None,
+    workers: int,
+    threads: int | None,
+    model_name: str | None,
+    input_shapes: tuple[str, ...],
+    weights: str | None,
+    allow_pickle: bool,
+    save_recipe: str | None,
+) -> None:
     """Package ARTIFACT for a model server.
 
     ARTIFACT is a TorchScript .pt (fp32 or int8) or an .onnx file, best with its ptopt sidecar, which
@@ -39,21 +79,33 @@ def command(artifact: str, fmt: str, output: str, batch_size: int, max_batch_del
     """
     from ptopt.serve.package import DEFAULT_MAX_BATCH_DELAY_MS, package
 
-    options = dict(batch_size=batch_size,
-                   max_batch_delay_ms=DEFAULT_MAX_BATCH_DELAY_MS if max_batch_delay_ms is None else max_batch_delay_ms,
-                   workers=workers, threads=threads, model_name=model_name, weights=weights,
-                   allow_pickle=allow_pickle)
+    options = dict(
+        batch_size=batch_size,
+        max_batch_delay_ms=DEFAULT_MAX_BATCH_DELAY_MS if max_batch_delay_ms is None else max_batch_delay_ms,
+        workers=workers,
+        threads=threads,
+        model_name=model_name,
+        weights=weights,
+        allow_pickle=allow_pickle,
+    )
     art = package(artifact, fmt, output, input_shapes=list(input_shapes), **options)
     name = art.extra["model_name"]
-    click.echo(f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of a {art.extra['model_format']} "
-               f"{art.precision} model, served as {name!r}")
+    click.echo(
+        f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of a {art.extra['model_format']} "
+        f"{art.precision} model, served as {name!r}"
+    )
     for s in art.inputs:
         click.echo(f"input:  {s.describe()}")
-    click.echo(f"batching: up to {art.config['batch_size']} request(s), {art.config['max_batch_delay_ms']} ms delay; "
-               f"workers: {art.config['workers']}")
+    click.echo(
+        f"batching: up to {art.config['batch_size']} request(s), {art.config['max_batch_delay_ms']} ms delay; "
+        f"workers: {art.config['workers']}"
+    )
     if fmt == "mar":
         click.echo(f"serve it: ptopt serve {art.path}")
     else:
         click.echo(f"serve it: tritonserver --model-repository {art.path}")
-    maybe_save_recipe(save_recipe, "package", dict(artifact=artifact, format=fmt, output=output,
-                                                   input_shapes=list(input_shapes), **options))
+    maybe_save_recipe(
+        save_recipe,
+        "package",
+        dict(artifact=artifact, format=fmt, output=output, input_shapes=list(input_shapes), **options),
+    )

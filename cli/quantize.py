@@ -18,20 +18,38 @@ from ptopt.cli.options import (
 
 @click.command("quantize")
 @click.argument("model")
-@click.option("--mode", type=click.Choice(["dynamic", "static", "qat"]), required=True,
-              help="dynamic: Linear/LSTM/GRU weights int8, no data; static: graph-mode int8 calibrated on "
-                   "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8.")
+@click.option(
+    "--mode",
+    type=click.Choice(["dynamic", "static", "qat"]),
+    required=True,
+    help="dynamic: Linear/LSTM/GRU weights int8, no data; static: graph-mode int8 calibrated on "
+    "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8.",
+)
 @output_option(required=False)
 @click.option("--calib-data", help="DATA to calibrate static int8 on (e.g. builtin:digits32:train).")
-@click.option("--train-data", help="DATA to fine-tune on in QAT (labelled; without labels it matches fp32 outputs).")
-@click.option("--eval-data", help="DATA to compare fp32 and int8 accuracy on after quantizing (stored in the sidecar).")
-@click.option("--backend", default="x86", show_default=True, help="Quantized kernels: x86, fbgemm or qnnpack.")
-@click.option("--observer", help="Static activation observer: histogram (default; 'entropy'), minmax, percentile.")
-@click.option("--per-tensor", is_flag=True, help="Per-tensor weight scales instead of per-channel (the default).")
+@click.option(
+    "--train-data", help="DATA to fine-tune on in QAT (labelled; without labels it matches fp32 outputs)."
+)
+@click.option(
+    "--eval-data", help="DATA to compare fp32 and int8 accuracy on after quantizing (stored in the sidecar)."
+)
+@click.option(
+    "--backend", default="x86", show_default=True, help="Quantized kernels: x86, fbgemm or qnnpack."
+)
+@click.option(
+    "--observer", help="Static activation observer: histogram (default; 'entropy'), minmax, percentile."
+)
+@click.option(
+    "--per-tensor", is_flag=True, help="Per-tensor weight scales instead of per-channel (the default)."
+)
 @click.option("--calibration-batches", type=int, help="Static: calibrate on at most this many batches [32].")
 @click.option("--batch-size", type=int, help="Batch size of calibration [32] or QAT training [64].")
-@click.option("--exclude", multiple=True, metavar="MODULE",
-              help="Keep this module (by name, e.g. layers.2.conv1) in float and don't trace into it (repeatable).")
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="MODULE",
+    help="Keep this module (by name, e.g. layers.2.conv1) in float and don't trace into it (repeatable).",
+)
 @click.option("--layers", help="Dynamic: comma-separated layer types to quantize [linear,lstm,gru].")
 @click.option("--epochs", type=int, help="QAT: fine-tuning epochs [1].")
 @click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
@@ -41,13 +59,34 @@ from ptopt.cli.options import (
 @model_options
 @input_shape_option
 @save_recipe_option
-def command(model: str, mode: str, output: str, calib_data: str | None, train_data: str | None,
-            eval_data: str | None, backend: str, observer: str | None, per_tensor: bool,
-            calibration_batches: int | None, batch_size: int | None, exclude: tuple[str, ...], layers: str | None,
-            epochs: int | None, lr: float | None, no_progress: bool, as_json: bool, weights: str | None,
-            allow_pickle: bool, input_shapes: tuple[str, ...], save_recipe: str | None,
-            max_accuracy_drop: float | None, min_cosine: float | None, analyze: bool, tuning_budget: str | None,
-            threads: int | None) -> None:
+def command(
+    model: str,
+    mode: str,
+    output: str,
+    calib_data: str | None,
+    train_data: str | None,
+    eval_data: str | None,
+    backend: str,
+    observer: str | None,
+    per_tensor: bool,
+    calibration_batches: int | None,
+    batch_size: int | None,
+    exclude: tuple[str, ...],
+    layers: str | None,
+    epochs: int | None,
+    lr: float | None,
+    no_progress: bool,
+    as_json: bool,
+    weights: str | None,
+    allow_pickle: bool,
+    input_shapes: tuple[str, ...],
+    save_recipe: str | None,
+    max_accuracy_drop: float | None,
+    min_cosine: float | None,
+    analyze: bool,
+    tuning_budget: str | None,
+    threads: int | None,
+) -> None:
     """Quantize MODEL to int8 and write a TorchScript file that loads with plain torch.jit.load.
 
     \b
@@ -60,18 +99,35 @@ def command(model: str, mode: str, output: str, calib_data: str | None, train_da
     """
     from ptopt.compress.quantize import quantize
 
-    options = dict(model=model, mode=mode, output=output, calib_data=calib_data, train_data=train_data,
-                   eval_data=eval_data, backend=backend, observer=observer, per_channel=not per_tensor,
-                   calibration_batches=calibration_batches, batch_size=batch_size, exclude=tuple(exclude),
-                   layers=tuple(t.strip() for t in layers.split(",") if t.strip()) if layers else None,
-                   epochs=epochs, lr=lr, weights=weights, allow_pickle=allow_pickle,
-                   input_shapes=tuple(input_shapes))
+    options = dict(
+        model=model,
+        mode=mode,
+        output=output,
+        calib_data=calib_data,
+        train_data=train_data,
+        eval_data=eval_data,
+        backend=backend,
+        observer=observer,
+        per_channel=not per_tensor,
+        calibration_batches=calibration_batches,
+        batch_size=batch_size,
+        exclude=tuple(exclude),
+        layers=tuple(t.strip() for t in layers.split(",") if t.strip()) if layers else None,
+        epochs=epochs,
+        lr=lr,
+        weights=weights,
+        allow_pickle=allow_pickle,
+        input_shapes=tuple(input_shapes),
+    )
     if autoquant.wanted(max_accuracy_drop, min_cosine, analyze):  # accuracy-aware search (cli/autoquant.py)
         goal = dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget)
-        found = autoquant.run(options, analyze=analyze, threads=threads, as_json=as_json,
-                              progress=not no_progress, **goal)
+        found = autoquant.run(
+            options, analyze=analyze, threads=threads, as_json=as_json, progress=not no_progress, **goal
+        )
         if not analyze:
-            maybe_save_recipe(save_recipe, "quantize", options | {k: v for k, v in goal.items() if v is not None})
+            maybe_save_recipe(
+                save_recipe, "quantize", options | {k: v for k, v in goal.items() if v is not None}
+            )
         found.raise_if_missed()
         return
     if output is None:
@@ -82,21 +138,29 @@ def command(model: str, mode: str, output: str, calib_data: str | None, train_da
         click.echo(json.dumps(art.to_dict(), indent=2, default=str))
         return
     m = art.metrics
-    click.echo(f"wrote {art.path} (TorchScript int8, {mode}, backend {art.config['backend']}): "
-               f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "
-               f"({m['fp32_torchscript_bytes']:,} bytes)")
+    click.echo(
+        f"wrote {art.path} (TorchScript int8, {mode}, backend {art.config['backend']}): "
+        f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "
+        f"({m['fp32_torchscript_bytes']:,} bytes)"
+    )
     cal = art.extra.get("calibration")
     if cal:
-        click.echo(f"calibration: {cal['batches']} batches, {cal['samples']} samples of {cal['data']} "
-                   f"({cal['observer']} observer, {'per-channel' if cal['per_channel'] else 'per-tensor'} weights)")
+        click.echo(
+            f"calibration: {cal['batches']} batches, {cal['samples']} samples of {cal['data']} "
+            f"({cal['observer']} observer, {'per-channel' if cal['per_channel'] else 'per-tensor'} weights)"
+        )
     tr = art.extra.get("training")
     if tr:
         last = tr["history"][-1] if tr["history"] else {}
-        click.echo(f"QAT: {tr['epochs']} epoch(s) on {tr['samples']} samples of {tr['data']}, "
-                   f"final loss {last.get('loss', float('nan')):.4f}")
+        click.echo(
+            f"QAT: {tr['epochs']} epoch(s) on {tr['samples']} samples of {tr['data']}, "
+            f"final loss {last.get('loss', float('nan')):.4f}"
+        )
     if "fp32_accuracy" in m:
-        click.echo(f"accuracy on {m['eval_data']} ({m['eval_samples']} samples): fp32 {100 * m['fp32_accuracy']:.2f}% "
-                   f"-> int8 {100 * m['int8_accuracy']:.2f}% (drop {m['accuracy_drop_points']:.2f} points)")
+        click.echo(
+            f"accuracy on {m['eval_data']} ({m['eval_samples']} samples): fp32 {100 * m['fp32_accuracy']:.2f}% "
+            f"-> int8 {100 * m['int8_accuracy']:.2f}% (drop {m['accuracy_drop_points']:.2f} points)"
+        )
     elif "top1_agreement" in m:
         click.echo(f"top-1 agreement with fp32 on {m['eval_data']}: {100 * m['top1_agreement']:.2f}%")
     floats = art.extra.get("float_layers") or {}

@@ -7,7 +7,13 @@ import click
 
 @click.command("run")
 @click.argument("recipe", type=click.Path(dir_okay=False))
-@click.option("--var", "variables", multiple=True, metavar="NAME=VALUE", help="Set or override a recipe var (repeatable).")
+@click.option(
+    "--var",
+    "variables",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Set or override a recipe var (repeatable).",
+)
 @click.option("--dry-run", is_flag=True, help="Check every step and print the plan; run nothing.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 def command(recipe: str, variables: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
@@ -31,11 +37,16 @@ def command(recipe: str, variables: tuple[str, ...], dry_run: bool, quiet: bool)
             out = res.outputs.get("output")
             click.echo(f"{res.step.label}: wrote {out}" if out else f"{res.step.label}: done")
 
-    results = run_recipe(recipe, parse_vars(variables), dry_run=dry_run, progress=progress, on_result=on_result)
+    results = run_recipe(
+        recipe, parse_vars(variables), dry_run=dry_run, progress=progress, on_result=on_result
+    )
     if dry_run:
         for r in results:
-            click.echo(yaml.safe_dump([{r.step.command: ({"id": r.step.id} if r.step.id else {}) | r.options}],
-                                      sort_keys=False).rstrip())
+            click.echo(
+                yaml.safe_dump(
+                    [{r.step.command: ({"id": r.step.id} if r.step.id else {}) | r.options}], sort_keys=False
+                ).rstrip()
+            )
         click.echo(f"recipe {recipe}: {len(results)} step(s) OK (dry run, nothing ran)")
     else:
         click.echo(f"recipe {recipe}: {len(results)} step(s) done")

@@ -8,8 +8,14 @@ import click
 @click.command("serve")
 @click.argument("mar")
 @click.option("--port", type=int, default=None, help="Inference port on 127.0.0.1 (default: a free one).")
-@click.option("--timeout", "timeout_s", type=float, default=180.0, show_default=True,
-              help="Seconds to wait for the model to be ready.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for the model to be ready.",
+)
 def command(mar: str, port: int | None, timeout_s: float) -> None:
     """Serve MAR (from `ptopt package --format mar`) with a local TorchServe on 127.0.0.1.
 

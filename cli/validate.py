@@ -10,49 +10,142 @@ from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_opti
 @click.command("validate")
 @click.argument("reference")
 @click.argument("artifacts", nargs=-1, required=True)
-@click.option("--data", required=True, help="DATA reference: the samples every artifact runs on (labels give accuracy).")
+@click.option(
+    "--data", required=True, help="DATA reference: the samples every artifact runs on (labels give accuracy)."
+)
 @model_options
-@click.option("--batch-sizes", default="1,32", show_default=True, help="Batch sizes to time, comma-separated.")
-@click.option("--threads", type=int, help="Intra-op threads for every runtime (torch and ONNX Runtime). Default: all usable cores.")
-@click.option("--metric", default="top1", show_default=True,
-              help="Task metric on the labels: top1, top5, mse, mae, or a function pkg.module:fn(outputs, labels).")
+@click.option(
+    "--batch-sizes", default="1,32", show_default=True, help="Batch sizes to time, comma-separated."
+)
+@click.option(
+    "--threads",
+    type=int,
+    help="Intra-op threads for every runtime (torch and ONNX Runtime). Default: all usable cores.",
+)
+@click.option(
+    "--metric",
+    default="top1",
+    show_default=True,
+    help="Task metric on the labels: top1, top5, mse, mae, or a function pkg.module:fn(outputs, labels).",
+)
 @click.option("--max-samples", type=int, help="Use only the first N samples of the data.")
-@click.option("--eval-batch-size", type=int, default=64, show_default=True, help="Batch size for the accuracy pass.")
-@click.option("--min-iters", type=int, help="Timed iterations per artifact and batch size, at least (default 20).")
-@click.option("--min-seconds", type=float, help="Timed seconds per artifact and batch size, at least (default 3.0).")
-@click.option("--rounds", type=int,
-              help="Interleaved timing rounds: each artifact's timing is split into this many slices, taken in "
-                   "turn with the others', so all see the same machine (default 15).")
-@click.option("--provider", "providers", multiple=True,
-              help="ONNX Runtime execution provider(s) to use, in order (default: TensorRT, CUDA when present, then CPU).")
-@click.option("--max-accuracy-drop", type=float, metavar="PTS",
-              help="Fail when an artifact's metric drops more than PTS points below the reference's (with --relative: percent).")
-@click.option("--relative", is_flag=True, help="--max-accuracy-drop is relative: (base - new) / base, in percent.")
-@click.option("--min-agreement", type=float, help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%).")
-@click.option("--max-latency-ms", multiple=True, metavar="[BATCH=]MS",
-              help="Fail when p50 latency exceeds MS (at every batch size, or BATCH=MS for one); repeatable.")
-@click.option("--min-speedup", type=float, help="Fail when reference p50 / artifact p50 is below this, at any batch size.")
-@click.option("--max-size-mb", type=float, help="Fail when an artifact's files exceed this many MB (10^6 bytes).")
-@click.option("--baseline", type=click.Path(dir_okay=False), help="A --json report of an earlier run to compare with.")
-@click.option("--max-regression", type=float, metavar="PCT",
-              help="With --baseline: fail when p50 latency grows, or the metric or speedup drops, by more than PCT percent.")
-@click.option("--regression-on", default="latency,accuracy", show_default=True,
-              help="What --max-regression compares, comma-separated: latency (p50 ms), accuracy (the metric), "
-                   "speedup (reference p50 / artifact p50 of the same run: what the artifact gains).")
+@click.option(
+    "--eval-batch-size", type=int, default=64, show_default=True, help="Batch size for the accuracy pass."
+)
+@click.option(
+    "--min-iters", type=int, help="Timed iterations per artifact and batch size, at least (default 20)."
+)
+@click.option(
+    "--min-seconds", type=float, help="Timed seconds per artifact and batch size, at least (default 3.0)."
+)
+@click.option(
+    "--rounds",
+    type=int,
+    help="Interleaved timing rounds: each artifact's timing is split into this many slices, taken in "
+    "turn with the others', so all see the same machine (default 15).",
+)
+@click.option(
+    "--provider",
+    "providers",
+    multiple=True,
+    help="ONNX Runtime execution provider(s) to use, in order (default: TensorRT, CUDA when present, then CPU).",
+)
+@click.option(
+    "--max-accuracy-drop",
+    type=float,
+    metavar="PTS",
+    help="Fail when an artifact's metric drops more than PTS points below the reference's (with --relative: percent).",
+)
+@click.option(
+    "--relative", is_flag=True, help="--max-accuracy-drop is relative: (base - new) / base, in percent."
+)
+@click.option(
+    "--min-agreement",
+    type=float,
+    help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%).",
+)
+@click.option(
+    "--max-latency-ms",
+    multiple=True,
+    metavar="[BATCH=]MS",
+    help="Fail when p50 latency exceeds MS (at every batch size, or BATCH=MS for one); repeatable.",
+)
+@click.option(
+    "--min-speedup",
+    type=float,
+    help="Fail when reference p50 / artifact p50 is below this, at any batch size.",
+)
+@click.option(
+    "--max-size-mb", type=float, help="Fail when an artifact's files exceed this many MB (10^6 bytes)."
+)
+@click.option(
+    "--baseline", type=click.Path(dir_okay=False), help="A --json report of an earlier run to compare with."
+)
+@click.option(
+    "--max-regression",
+    type=float,
+    metavar="PCT",
+    help="With --baseline: fail when p50 latency grows, or the metric or speedup drops, by more than PCT percent.",
+)
+@click.option(
+    "--regression-on",
+    default="latency,accuracy",
+    show_default=True,
+    help="What --max-regression compares, comma-separated: latency (p50 ms), accuracy (the metric), "
+    "speedup (reference p50 / artifact p50 of the same run: what the artifact gains).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the JSON report here.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write JUnit XML (a test case per artifact x gate).")
-@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write Markdown for a pull-request comment.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write a self-contained HTML report with plots.")
+@click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(dir_okay=False),
+    help="Write JUnit XML (a test case per artifact x gate).",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(dir_okay=False),
+    help="Write Markdown for a pull-request comment.",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Write a self-contained HTML report with plots.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @save_recipe_option
-def command(reference: str, artifacts: tuple[str, ...], data: str, weights: str | None, allow_pickle: bool,
-            batch_sizes: str, threads: int | None, metric: str, max_samples: int | None, eval_batch_size: int,
-            min_iters: int | None, min_seconds: float | None, rounds: int | None, providers: tuple[str, ...],
-            max_accuracy_drop: float | None, relative: bool, min_agreement: float | None,
-            max_latency_ms: tuple[str, ...], min_speedup: float | None, max_size_mb: float | None,
-            baseline: str | None, max_regression: float | None, regression_on: str, json_path: str | None,
-            junit_path: str | None, markdown_path: str | None, report_path: str | None, quiet: bool,
-            save_recipe: str | None) -> None:
+def command(
+    reference: str,
+    artifacts: tuple[str, ...],
+    data: str,
+    weights: str | None,
+    allow_pickle: bool,
+    batch_sizes: str,
+    threads: int | None,
+    metric: str,
+    max_samples: int | None,
+    eval_batch_size: int,
+    min_iters: int | None,
+    min_seconds: float | None,
+    rounds: int | None,
+    providers: tuple[str, ...],
+    max_accuracy_drop: float | None,
+    relative: bool,
+    min_agreement: float | None,
+    max_latency_ms: tuple[str, ...],
+    min_speedup: float | None,
+    max_size_mb: float | None,
+    baseline: str | None,
+    max_regression: float | None,
+    regression_on: str,
+    json_path: str | None,
+    junit_path: str | None,
+    markdown_path: str | None,
+    report_path: str | None,
+    quiet: bool,
+    save_recipe: str | None,
+) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
     size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input."""
@@ -65,14 +158,34 @@ def command(reference: str, artifacts: tuple[str, ...], data: str, weights: str 
             click.echo(msg, err=True)
 
     options = dict(
-        reference=reference, artifacts=list(artifacts), data=data, batch_sizes=batch_sizes, threads=threads,
-        metric=metric, max_accuracy_drop=max_accuracy_drop, relative=relative or None, min_agreement=min_agreement,
-        max_latency_ms=list(max_latency_ms), min_speedup=min_speedup, max_size_mb=max_size_mb, baseline=baseline,
-        max_regression=max_regression, regression_on=[s.strip() for s in regression_on.split(",") if s.strip()],
-        json_path=json_path, junit_path=junit_path, markdown_path=markdown_path, report_path=report_path,
-        weights=weights, allow_pickle=allow_pickle or None, providers=list(providers) or None,
-        max_samples=max_samples, eval_batch_size=eval_batch_size, min_iters=min_iters, min_seconds=min_seconds,
-        rounds=rounds)
+        reference=reference,
+        artifacts=list(artifacts),
+        data=data,
+        batch_sizes=batch_sizes,
+        threads=threads,
+        metric=metric,
+        max_accuracy_drop=max_accuracy_drop,
+        relative=relative or None,
+        min_agreement=min_agreement,
+        max_latency_ms=list(max_latency_ms),
+        min_speedup=min_speedup,
+        max_size_mb=max_size_mb,
+        baseline=baseline,
+        max_regression=max_regression,
+        regression_on=[s.strip() for s in regression_on.split(",") if s.strip()],
+        json_path=json_path,
+        junit_path=junit_path,
+        markdown_path=markdown_path,
+        report_path=report_path,
+        weights=weights,
+        allow_pickle=allow_pickle or None,
+        providers=list(providers) or None,
+        max_samples=max_samples,
+        eval_batch_size=eval_batch_size,
+        min_iters=min_iters,
+        min_seconds=min_seconds,
+        rounds=rounds,
+    )
     result = validate(**options, progress=progress)
     maybe_save_recipe(save_recipe, "validate", options)
     terminal.print_report(result.data)

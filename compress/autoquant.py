@@ -41,10 +41,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ptopt.compress.autoquant_result import (DEFAULT_TRIALS, SENSITIVITY_METHODS, AccuracyGoal,  # noqa: F401
-                                             AutoQuantResult, Measurement, _explain, parse_tuning_budget)
+from ptopt.compress.autoquant_result import (
+    AccuracyGoal,  # noqa: F401
+    AutoQuantResult,
+    Measurement,
+    _explain,
+    parse_tuning_budget,
+)
 from ptopt.compress.autoquant_search import LATENCY_TIE, Search  # noqa: F401
 from ptopt.compress.quantize import _rebatch
 from ptopt.core.errors import UsageError
@@ -55,24 +61,37 @@ EVAL_BATCH = 64
 
 # -- the search -------------------------------------------------------------------------------------
 
+
 class _Tuner:
     """Quantizes candidates through the technique functions, measures them against cached fp32 outputs."""
 
-    def __init__(self, module: Any, base: Any, calib: Any, evald: Any, example: Any, goal: AccuracyGoal,
-                 threads: int | None, log: Callable[[str], None]):
+    def __init__(
+        self,
+        module: Any,
+        base: Any,
+        calib: Any,
+        evald: Any,
+        example: Any,
+        goal: AccuracyGoal,
+        threads: int | None,
+        log: Callable[[str], None],
+    ):
         import torch
 
         self.module, self.base, self.calib, self.example, self.goal = module, base, calib, example, goal
         self.log, self.threads = log, threads
         self.eval = evald
         self.by_accuracy = goal.max_accuracy_drop is not None or (not goal.has_target and evald.has_labels)
-        self.sens_eval = evald.take(goal.sensitivity_samples) if len(evald) > goal.sensitivity_samples else evald
+        self.sens_eval = (
+            evald.take(goal.sensitivity_samples) if len(evald) > goal.sensitivity_samples else evald
+        )
         self.started = time.perf_counter()
         with torch.no_grad():
             self.ref = self._outputs(module, evald)
         self.fp32_acc = self._accuracy(self.ref, evald)
-        self.latency_x = _rebatch(evald.first_batch(min(len(evald), goal.latency_batch_size)).x,
-                                  goal.latency_batch_size)
+        self.latency_x = _rebatch(
+            evald.first_batch(min(len(evald), goal.latency_batch_size)).x, goal.latency_batch_size
+        )
         self.fp32_latency = self.latency(module)
         self.params = {n: sum(p.numel() for p in m.parameters()) for n, m in module.named_modules() if n}
         self.types = {n: type(m).__name__ for n, m in module.named_modules() if n}
@@ -91,7 +110,11 @@ class _Tuner:
         out: dict[str, float] = {}
         hooks = []
         for name, m in module.named_modules():
-            w = getattr(m, "weight", None) if not isinstance(m, torch.nn.RNNBase) else getattr(m, "weight_ih_l0", None)
+            w = (
+                getattr(m, "weight", None)
+                if not isinstance(m, torch.nn.RNNBase)
+                else getattr(m, "weight_ih_l0", None)
+            )
             if not name or not isinstance(w, torch.Tensor) or w.dim() < 2:
                 continue
             params = sum(p.numel() for p in m.parameters(recurse=False))
@@ -100,6 +123,7 @@ class _Tuner:
                 y = y[0] if isinstance(y, (tuple, list)) else y
                 if isinstance(y, torch.Tensor):
                     out[name] = params * y.numel() / max(rows, 1) / max(batch_size_of(example), 1)
+
             hooks.append(m.register_forward_hook(hook))
         try:
             with torch.no_grad():
@@ -139,7 +163,9 @@ class _Tuner:
         if self._absmax is None:
             self._absmax = smoothquant.activation_absmax(self.module, self.sens_eval, self.smoothable)
         floats = set(config.float_modules)
-        return smoothquant.smooth(self.module, self._absmax, alpha, [n for n in self.smoothable if n not in floats])
+        return smoothquant.smooth(
+            self.module, self._absmax, alpha, [n for n in self.smoothable if n not in floats]
+        )
 
     def _outputs(self, model: Any, ds: Any) -> list[Any]:
         from ptopt.core.inputspec import call_model
@@ -189,10 +215,18 @@ class _Tuner:
         x = self.latency_x
         with torch.no_grad(), torch_threads(self.threads):
             if model is self.module:
-                return measure_latency(lambda: call_model(model, x), batch_size=self.goal.latency_batch_size,
-                                       min_iters=5, min_seconds=1.0, warmup_iters=2, warmup_seconds=0.0)["p50_ms"]
+                return measure_latency(
+                    lambda: call_model(model, x),
+                    batch_size=self.goal.latency_batch_size,
+                    min_iters=5,
+                    min_seconds=1.0,
+                    warmup_iters=2,
+                    warmup_seconds=0.0,
+                )["p50_ms"]
             fns = {"fp32": lambda: call_model(self.module, x), "candidate": lambda: call_model(model, x)}
-            st = measure_interleaved(fns, rounds=3, min_iters=6, min_seconds=0.3, warmup_iters=2, warmup_seconds=0.0)
+            st = measure_interleaved(
+                fns, rounds=3, min_iters=6, min_seconds=0.3, warmup_iters=2, warmup_seconds=0.0
+            )
         return st["candidate"]["p50_ms"] / st["fp32"]["p50_ms"] * self.fp32_latency
 
     def elapsed(self) -> float:
@@ -230,8 +264,13 @@ class _Tuner:
             else:
                 floats = base_float + (name,)
             m = self.measure(self.quantize(self.base.replace(float_modules=floats)), self.sens_eval)
-            row = {"layer": name, "type": self.types.get(name, "?"), "params": self.params.get(name, 0),
-                   "macs_share": round(self.cost.get(name, 0.0) / total, 4), **m.to_dict()}
+            row = {
+                "layer": name,
+                "type": self.types.get(name, "?"),
+                "params": self.params.get(name, 0),
+                "macs_share": round(self.cost.get(name, 0.0) / total, 4),
+                **m.to_dict(),
+            }
             if self.goal.sensitivity == "alone":
                 row["breaks_budget"] = self.goal.has_target and not m.holds(self.goal)
                 row["_key"] = m.error(self.by_accuracy)
@@ -240,8 +279,10 @@ class _Tuner:
                 row["saves"] = round(fe[0] - me[0], 9)
                 row["_key"] = (fe[0] - me[0], fe[1] - me[1])
             rows.append(row)
-            self.log(f"sensitivity {i + 1}/{len(layers)}: {name}  min cos {m.min_cosine:.5f}"
-                     + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else ""))
+            self.log(
+                f"sensitivity {i + 1}/{len(layers)}: {name}  min cos {m.min_cosine:.5f}"
+                + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else "")
+            )
         rows.sort(key=lambda r: r["_key"], reverse=True)
         for r in rows:
             r.pop("_key")
@@ -260,16 +301,33 @@ def _as_matrix(y: Any) -> Any:
     return y.reshape(y.shape[0], -1).float()
 
 
-
-
-def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, eval_data: Any,
-                 calib_data: Any = None, max_accuracy_drop: float | None = None, min_cosine: float | None = None,
-                 tuning_budget: "str | int | None" = None, analyze: bool = False, sensitivity: str = "alone",
-                 latency_batch_size: int = 32, sensitivity_samples: int = 256, threads: int | None = None,
-                 backend: str = "x86", observer: str | None = None, per_channel: bool = True,
-                 calibration_batches: int | None = None, batch_size: int | None = None, exclude: Any = (),
-                 layers: Any = None, input_shapes: Any = (), weights: Any = None, allow_pickle: bool = False,
-                 progress: bool = True) -> AutoQuantResult:
+def autoquantize(
+    model: Any,
+    mode: str,
+    output: str | os.PathLike | None,
+    *,
+    eval_data: Any,
+    calib_data: Any = None,
+    max_accuracy_drop: float | None = None,
+    min_cosine: float | None = None,
+    tuning_budget: str | int | None = None,
+    analyze: bool = False,
+    sensitivity: str = "alone",
+    latency_batch_size: int = 32,
+    sensitivity_samples: int = 256,
+    threads: int | None = None,
+    backend: str = "x86",
+    observer: str | None = None,
+    per_channel: bool = True,
+    calibration_batches: int | None = None,
+    batch_size: int | None = None,
+    exclude: Any = (),
+    layers: Any = None,
+    input_shapes: Any = (),
+    weights: Any = None,
+    allow_pickle: bool = False,
+    progress: bool = True,
+) -> AutoQuantResult:
     """Accuracy-aware int8 (see the module docstring); writes ``output`` unless ``analyze``.
 
     Returns an :class:`AutoQuantResult` (``.artifact``, ``.candidates``, ``.sensitivity``, ``.met``);
@@ -278,28 +336,48 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
     """
     from pathlib import Path
 
-    from ptopt.compress.quantize import _check_fits, _data, _quantize_context, _settle_inputs, make_config, quantize
+    from ptopt.compress.quantize import (
+        _check_fits,
+        _data,
+        _quantize_context,
+        _settle_inputs,
+        make_config,
+        quantize,
+    )
     from ptopt.core.modelref import as_loaded
 
     trials, seconds = parse_tuning_budget(tuning_budget)
-    goal = AccuracyGoal(max_accuracy_drop, min_cosine, trials, seconds, sensitivity, latency_batch_size,
-                        sensitivity_samples)
+    goal = AccuracyGoal(
+        max_accuracy_drop, min_cosine, trials, seconds, sensitivity, latency_batch_size, sensitivity_samples
+    )
     if mode not in ("static", "dynamic"):
-        raise UsageError(f"accuracy-aware quantization searches --mode static or dynamic, not {mode!r} "
-                         "(QAT trains instead of searching)")
+        raise UsageError(
+            f"accuracy-aware quantization searches --mode static or dynamic, not {mode!r} "
+            "(QAT trains instead of searching)"
+        )
     if not goal.has_target and not analyze:
         raise UsageError("give --max-accuracy-drop PTS (labelled eval data) or --min-cosine C, or --analyze")
     if eval_data is None:
-        raise UsageError("accuracy-aware quantization measures on --eval-data DATA (e.g. builtin:digits32:test)")
+        raise UsageError(
+            "accuracy-aware quantization measures on --eval-data DATA (e.g. builtin:digits32:test)"
+        )
     if not analyze:
         if output is None:
-            raise UsageError("missing -o/--output for the quantized model (or use --analyze to write nothing)")
+            raise UsageError(
+                "missing -o/--output for the quantized model (or use --analyze to write nothing)"
+            )
         if Path(output).is_dir():
             raise UsageError(f"output {output} is a folder; give a file name such as model.int8.pt")
     if mode == "static" and calib_data is None:
-        raise UsageError("static quantization needs calibration data: pass --calib-data DATA "
-                         "(e.g. builtin:digits32:train), or use --mode dynamic")
-    opts: dict[str, Any] = {"backend": backend, "per_channel": per_channel, "float_modules": tuple(exclude or ())}
+        raise UsageError(
+            "static quantization needs calibration data: pass --calib-data DATA "
+            "(e.g. builtin:digits32:train), or use --mode dynamic"
+        )
+    opts: dict[str, Any] = {
+        "backend": backend,
+        "per_channel": per_channel,
+        "float_modules": tuple(exclude or ()),
+    }
     if mode == "static":
         opts |= {"observer": observer, "calibration_batches": calibration_batches, "batch_size": batch_size}
     else:
@@ -317,8 +395,10 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
     if loaded.format in ("torchscript", "exported_program"):
         from ptopt.core.errors import UnsupportedModelError
 
-        raise UnsupportedModelError(f"{loaded.ref} is a {loaded.format} model; quantization needs the eager "
-                                    "nn.Module (pkg.module:factory --weights W, a zoo:NAME, or --allow-pickle)")
+        raise UnsupportedModelError(
+            f"{loaded.ref} is a {loaded.format} model; quantization needs the eager "
+            "nn.Module (pkg.module:factory --weights W, a zoo:NAME, or --allow-pickle)"
+        )
     from ptopt.compress import quant_engine as engine
 
     engine.check_backend(base.backend)
@@ -335,11 +415,18 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
         if not names:
             from ptopt.core.errors import UnsupportedModelError
 
-            raise UnsupportedModelError(f"{loaded.ref}: no layer becomes int8 in --mode {mode}; nothing to tune")
+            raise UnsupportedModelError(
+                f"{loaded.ref}: no layer becomes int8 in --mode {mode}; nothing to tune"
+            )
         sens = tuner.sensitivity(names)
-        fp32 = {"accuracy": tuner.fp32_acc, "latency_ms": round(tuner.fp32_latency, 4),
-                "latency_batch_size": goal.latency_batch_size, "eval_samples": len(evald),
-                "sensitivity_samples": len(tuner.sens_eval), "threads": threads}
+        fp32 = {
+            "accuracy": tuner.fp32_acc,
+            "latency_ms": round(tuner.fp32_latency, 4),
+            "latency_batch_size": goal.latency_batch_size,
+            "eval_samples": len(evald),
+            "sensitivity_samples": len(tuner.sens_eval),
+            "threads": threads,
+        }
         result = AutoQuantResult(goal, mode, fp32, sens)
         if analyze:
             result.seconds = tuner.elapsed()
@@ -359,19 +446,34 @@ def autoquantize(model: Any, mode: str, output: "str | os.PathLike | None", *, e
             loaded = dataclasses.replace(loaded, module=tuner.smoothed(final, best.smooth).eval())
     # the fused attention fast path reads linear1.weight, which a SmoothedLinear wrapper does not have
     with engine.mha_fastpath_disabled():
-        art = quantize(loaded, mode, output, config=final, calib_data=calib_data, eval_data=eval_data,
-                       input_shapes=input_shapes, progress=False)
+        art = quantize(
+            loaded,
+            mode,
+            output,
+            config=final,
+            calib_data=calib_data,
+            eval_data=eval_data,
+            input_shapes=input_shapes,
+            progress=False,
+        )
     art.config["accuracy_goal"] = goal.to_dict()
     art.extra["autoquant"] = result.to_dict()
     if best.smooth:
-        art.extra["smoothquant"] = {"alpha": best.smooth, "layers": [n for n in tuner.smoothable
-                                                                    if n not in best.float_layers],
-                                    "calibrated_on": len(tuner.sens_eval)}
+        art.extra["smoothquant"] = {
+            "alpha": best.smooth,
+            "layers": [n for n in tuner.smoothable if n not in best.float_layers],
+            "calibrated_on": len(tuner.sens_eval),
+        }
         art.extra.get("onnx_quantization", {})["note"] = (
-            "re-quantizes the fp32 parent without SmoothQuant: accuracy differs from this artifact")
-    art.metrics |= {"min_cosine": best.measurement.min_cosine, "mean_cosine": best.measurement.mean_cosine,
-                    "goal_met": result.met, "search_latency_ms": best.latency_ms,
-                    "fp32_search_latency_ms": fp32["latency_ms"]}
+            "re-quantizes the fp32 parent without SmoothQuant: accuracy differs from this artifact"
+        )
+    art.metrics |= {
+        "min_cosine": best.measurement.min_cosine,
+        "mean_cosine": best.measurement.mean_cosine,
+        "goal_met": result.met,
+        "search_latency_ms": best.latency_ms,
+        "fp32_search_latency_ms": fp32["latency_ms"],
+    }
     result.artifact = art.finalize()
     return result
 

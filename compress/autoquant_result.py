@@ -45,7 +45,9 @@ class AccuracyGoal(Config):
         if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
             raise UsageError(f"--min-cosine must be in [-1, 1], got {self.min_cosine}")
         if self.sensitivity not in SENSITIVITY_METHODS:
-            raise UsageError(f"unknown sensitivity method {self.sensitivity!r} (known: {', '.join(SENSITIVITY_METHODS)})")
+            raise UsageError(
+                f"unknown sensitivity method {self.sensitivity!r} (known: {', '.join(SENSITIVITY_METHODS)})"
+            )
         if self.trials is not None and self.trials < 1:
             raise UsageError(f"--tuning-budget must allow at least 1 trial, got {self.trials}")
         if self.seconds is not None and self.seconds <= 0:
@@ -66,7 +68,7 @@ class AccuracyGoal(Config):
         return " and ".join(parts) or "no target"
 
 
-def parse_tuning_budget(text: "str | int | None") -> tuple[int | None, float | None]:
+def parse_tuning_budget(text: str | int | None) -> tuple[int | None, float | None]:
     """``"40"`` → 40 trials; ``"60s"`` / ``"2m"`` / ``"1h"`` → seconds. None → the default trials."""
     if text is None or text == "":
         return DEFAULT_TRIALS, None
@@ -84,6 +86,7 @@ def parse_tuning_budget(text: "str | int | None") -> tuple[int | None, float | N
 
 
 # -- measurements --------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class Measurement:
@@ -105,7 +108,9 @@ class Measurement:
 
     def error(self, by_accuracy: bool) -> tuple[float, float]:
         """Sort key, smaller is better: accuracy drop (or 1 − min cosine), then 1 − mean cosine."""
-        first = self.accuracy_drop if by_accuracy and self.accuracy_drop is not None else 1.0 - self.min_cosine
+        first = (
+            self.accuracy_drop if by_accuracy and self.accuracy_drop is not None else 1.0 - self.min_cosine
+        )
         return (round(first, 9), round(1.0 - self.mean_cosine, 9))
 
     def to_dict(self) -> dict[str, Any]:
@@ -170,13 +175,24 @@ class AutoQuantResult:
         return None if self.chosen is None else self.candidates[self.chosen]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"goal": self.goal.to_dict(), "mode": self.mode, "met": self.met, "reason": self.reason,
-                "chosen": self.chosen, "breaking_layers": self.breaking_layers,
-                "budget_exhausted": self.budget_exhausted, "seconds": round(self.seconds, 2),
-                "trials": len(self.candidates), "fp32": self.fp32, "sensitivity": self.sensitivity,
-                "candidates": [c.to_dict() for c in self.candidates],
-                "definitions": {"accuracy_drop": "100 x (fp32 top-1 - int8 top-1), points",
-                                "cosine": "per-sample cosine of flattened int8 vs fp32 outputs; min and mean"}}
+        return {
+            "goal": self.goal.to_dict(),
+            "mode": self.mode,
+            "met": self.met,
+            "reason": self.reason,
+            "chosen": self.chosen,
+            "breaking_layers": self.breaking_layers,
+            "budget_exhausted": self.budget_exhausted,
+            "seconds": round(self.seconds, 2),
+            "trials": len(self.candidates),
+            "fp32": self.fp32,
+            "sensitivity": self.sensitivity,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "definitions": {
+                "accuracy_drop": "100 x (fp32 top-1 - int8 top-1), points",
+                "cosine": "per-sample cosine of flattened int8 vs fp32 outputs; min and mean",
+            },
+        }
 
     def raise_if_missed(self) -> None:
         """GateFailedError (exit 1) when no candidate met the goal (the best one is already written)."""
@@ -190,57 +206,88 @@ class AutoQuantResult:
         from rich.table import Table
 
         how = "quantized alone" if self.goal.sensitivity == "alone" else "left float, rest int8"
-        t = Table(title=f"Layer sensitivity ({how}; most sensitive first)",
-                  caption="MACs: share of the tuned layers' multiply-accumulates; breaks: fails the goal alone")
+        t = Table(
+            title=f"Layer sensitivity ({how}; most sensitive first)",
+            caption="MACs: share of the tuned layers' multiply-accumulates; breaks: fails the goal alone",
+        )
         labels = any(r.get("accuracy_drop") is not None for r in self.sensitivity)
         for col in ("#", "layer", "type", "MACs") + (("drop",) if labels else ()) + ("min cos", "mean cos"):
-            t.add_column(col, justify="left" if col in ("layer", "type") else "right",
-                         overflow="fold" if col == "layer" else "ellipsis", no_wrap=col != "layer")
+            t.add_column(
+                col,
+                justify="left" if col in ("layer", "type") else "right",
+                overflow="fold" if col == "layer" else "ellipsis",
+                no_wrap=col != "layer",
+            )
         if self.goal.has_target:
-            t.add_column("breaks" if self.goal.sensitivity == "alone" else "saves", justify="right", no_wrap=True)
+            t.add_column(
+                "breaks" if self.goal.sensitivity == "alone" else "saves", justify="right", no_wrap=True
+            )
         for i, r in enumerate(self.sensitivity[:limit]):
             row = [str(i + 1), r["layer"], r["type"], f"{100 * r.get('macs_share', 0):.1f}%"]
             if labels:
                 row.append(_fmt(r.get("accuracy_drop"), "{:+.2f}"))
             row += [f"{r['min_cosine']:.5f}", f"{r['mean_cosine']:.5f}"]
             if self.goal.has_target:
-                row.append(("yes" if r.get("breaks_budget") else "") if self.goal.sensitivity == "alone"
-                           else f"{r.get('saves', 0):.5f}")
+                row.append(
+                    ("yes" if r.get("breaks_budget") else "")
+                    if self.goal.sensitivity == "alone"
+                    else f"{r.get('saves', 0):.5f}"
+                )
             t.add_row(*row)
         return t
 
     def candidates_table(self):
         from rich.table import Table
 
-        t = Table(title=f"Candidates tried (goal: {self.goal.describe()})",
-                  caption="top k: the k most sensitive layers float (per MAC: sensitivity per multiply-"
-                          "accumulate); -L: L int8 again; pc/pt: per-channel/per-tensor weights; sqA: "
-                          "SmoothQuant alpha A; *: written; "
-                          f"ms: p50 at batch {self.fp32.get('latency_batch_size')}, relative to fp32 timed "
-                          "alongside, in fp32 ms")
-        labels = any(c.measurement.accuracy_drop is not None for c in self.candidates) and \
-            (self.goal.max_accuracy_drop is not None or not self.goal.has_target)
-        cols = ["#", "step", "scheme", "float layers", "fl. MACs"] + (["drop"] if labels else []) + \
-            ["min cos", "ms", "speedup", "holds"]
+        t = Table(
+            title=f"Candidates tried (goal: {self.goal.describe()})",
+            caption="top k: the k most sensitive layers float (per MAC: sensitivity per multiply-"
+            "accumulate); -L: L int8 again; pc/pt: per-channel/per-tensor weights; sqA: "
+            "SmoothQuant alpha A; *: written; "
+            f"ms: p50 at batch {self.fp32.get('latency_batch_size')}, relative to fp32 timed "
+            "alongside, in fp32 ms",
+        )
+        labels = any(c.measurement.accuracy_drop is not None for c in self.candidates) and (
+            self.goal.max_accuracy_drop is not None or not self.goal.has_target
+        )
+        cols = (
+            ["#", "step", "scheme", "float layers", "fl. MACs"]
+            + (["drop"] if labels else [])
+            + ["min cos", "ms", "speedup", "holds"]
+        )
         for col in cols:
             left = col in ("step", "scheme", "float layers")
-            t.add_column(col, justify="left" if left else "right", no_wrap=col != "float layers",
-                         overflow="fold" if col == "float layers" else "ellipsis",
-                         min_width=12 if col == "float layers" else None)
+            t.add_column(
+                col,
+                justify="left" if left else "right",
+                no_wrap=col != "float layers",
+                overflow="fold" if col == "float layers" else "ellipsis",
+                min_width=12 if col == "float layers" else None,
+            )
         fp32_ms = self.fp32.get("latency_ms")
         for c in self.candidates:
             mark = "yes" if c.holds else "no"
             if self.chosen == c.index:
                 mark += " *"
-            names = ", ".join(c.float_layers) if len(c.float_layers) <= 2 else \
-                f"{c.float_layers[0]} +{len(c.float_layers) - 1}"
-            scheme = ("pc" if c.per_channel else "pt") + (f" {c.observer}" if c.observer else "") + \
-                (f" sq{c.smooth}" if c.smooth else "")
+            names = (
+                ", ".join(c.float_layers)
+                if len(c.float_layers) <= 2
+                else f"{c.float_layers[0]} +{len(c.float_layers) - 1}"
+            )
+            scheme = (
+                ("pc" if c.per_channel else "pt")
+                + (f" {c.observer}" if c.observer else "")
+                + (f" sq{c.smooth}" if c.smooth else "")
+            )
             row = [str(c.index + 1), c.step, scheme, names or "-", f"{100 * c.float_macs:.1f}%"]
             if labels:
                 row.append(_fmt(c.measurement.accuracy_drop, "{:+.2f}"))
-            row += [f"{c.measurement.min_cosine:.5f}", f"{c.latency_ms:.2f}",
-                    f"{fp32_ms / c.latency_ms:.2f}x" if fp32_ms and c.latency_ms else "-", mark]
+            row += [
+                f"{c.measurement.min_cosine:.5f}",
+                f"{c.latency_ms:.2f}",
+                f"{fp32_ms / c.latency_ms:.2f}x" if fp32_ms and c.latency_ms else "-",
+                mark,
+            ]
             t.add_row(*row)
         return t
 
@@ -253,16 +300,25 @@ def _explain(result: AutoQuantResult, names: list[str]) -> str:
     best = result.best
     assert best is not None
     m = best.measurement
-    got = ", ".join(x for x in (
-        f"drop {m.accuracy_drop:.2f} points" if m.accuracy_drop is not None else "",
-        f"min cosine {m.min_cosine:.5f}") if x)
+    got = ", ".join(
+        x
+        for x in (
+            f"drop {m.accuracy_drop:.2f} points" if m.accuracy_drop is not None else "",
+            f"min cosine {m.min_cosine:.5f}",
+        )
+        if x
+    )
     if result.met:
-        return (f"candidate {best.index + 1} ({best.scheme}, {len(best.float_layers)} float layer(s)) meets "
-                f"{result.goal.describe()}: {got}")
+        return (
+            f"candidate {best.index + 1} ({best.scheme}, {len(best.float_layers)} float layer(s)) meets "
+            f"{result.goal.describe()}: {got}"
+        )
     breaking = [r["layer"] for r in result.sensitivity if r.get("breaks_budget")]
     result.breaking_layers = breaking
-    msg = f"no candidate meets {result.goal.describe()}; wrote the most accurate one found ({got}, " \
-          f"{len(best.float_layers)} float layer(s))"
+    msg = (
+        f"no candidate meets {result.goal.describe()}; wrote the most accurate one found ({got}, "
+        f"{len(best.float_layers)} float layer(s))"
+    )
     if breaking:
         shown = ", ".join(_layer_error(r) for r in result.sensitivity if r["layer"] in breaking[:5])
         more = f" and {len(breaking) - 5} more" if len(breaking) > 5 else ""
@@ -272,8 +328,11 @@ def _explain(result: AutoQuantResult, names: list[str]) -> str:
         msg += f". No single layer breaks it alone; together the int8 layers do (most sensitive: {top})"
     if result.budget_exhausted:
         g = result.goal
-        msg += f". The tuning budget ran out ({g.trials} trials)" if g.trials else \
-            f". The tuning budget ran out ({g.seconds:g}s)"
+        msg += (
+            f". The tuning budget ran out ({g.trials} trials)"
+            if g.trials
+            else f". The tuning budget ran out ({g.seconds:g}s)"
+        )
         msg += "; a larger --tuning-budget may find one"
     return msg
 

@@ -67,12 +67,15 @@ class Search:
 
     def config(self, scheme: tuple, floats: tuple[str, ...]) -> Any:
         pc, obs, _ = scheme
-        changes: dict[str, Any] = {"per_channel": pc, "float_modules": tuple(self.t.base.float_modules) + floats}
+        changes: dict[str, Any] = {
+            "per_channel": pc,
+            "float_modules": tuple(self.t.base.float_modules) + floats,
+        }
         if obs is not None:
             changes["observer"] = obs
         return self.t.base.replace(**changes)
 
-    def try_(self, scheme: tuple, floats: "tuple[str, ...] | list[str]", step: str) -> Candidate | None:
+    def try_(self, scheme: tuple, floats: tuple[str, ...] | list[str], step: str) -> Candidate | None:
         floats = tuple(n for n in self.ranked if n in set(floats))
         key = (scheme, frozenset(floats))
         if key in self.seen:
@@ -83,17 +86,31 @@ class Search:
         q = self.t.quantize(self.config(scheme, floats), smooth=scheme[2])
         m = self.t.measure(q, self.t.eval)
         lat = self.t.latency(q)
-        c = Candidate(len(self.candidates), scheme[0], scheme[1], floats, m, round(lat, 4), m.holds(self.goal), step,
-                      round(time.perf_counter() - t0, 2), sum(self.t.params.get(n, 0) for n in floats),
-                      scheme[2], round(self.float_share(floats), 4))
+        c = Candidate(
+            len(self.candidates),
+            scheme[0],
+            scheme[1],
+            floats,
+            m,
+            round(lat, 4),
+            m.holds(self.goal),
+            step,
+            round(time.perf_counter() - t0, 2),
+            sum(self.t.params.get(n, 0) for n in floats),
+            scheme[2],
+            round(self.float_share(floats), 4),
+        )
         self.candidates.append(c)
         self.seen[key] = c
-        self.t.log(f"candidate {c.index + 1} ({step}): {c.scheme}, {len(floats)} float  min cos "
-                   f"{m.min_cosine:.5f}" + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else "")
-                   + f"  {lat:.2f} ms  {'holds' if c.holds else 'fails'}")
+        self.t.log(
+            f"candidate {c.index + 1} ({step}): {c.scheme}, {len(floats)} float  min cos "
+            f"{m.min_cosine:.5f}"
+            + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else "")
+            + f"  {lat:.2f} ms  {'holds' if c.holds else 'fails'}"
+        )
         return c
 
-    def float_share(self, floats: "tuple[str, ...] | list[str]") -> float:
+    def float_share(self, floats: tuple[str, ...] | list[str]) -> float:
         total = sum(self.t.cost.get(n, 0.0) for n in self.layers) or 1.0
         return sum(self.t.cost.get(n, 0.0) for n in floats) / total
 
@@ -108,7 +125,7 @@ class Search:
         if not first.holds:
             # one change at a time from the user's scheme: the other weight granularity, the other observers
             for s in schemes[1:]:
-                if sum(a != b for a, b in zip(s, schemes[0])) == 1:
+                if sum(a != b for a, b in zip(s, schemes[0], strict=False)) == 1:
                     self.try_(s, (), "all int8")
         tried0 = [c for c in self.candidates if not c.float_layers]
         best_scheme = min(tried0, key=lambda c: c.measurement.error(self.t.by_accuracy))
@@ -121,8 +138,7 @@ class Search:
             return
         self.refine()
 
-    def ladder(self, scheme: tuple, order: list[str] | None = None, what: str = "",
-               lo: int = 0) -> None:
+    def ladder(self, scheme: tuple, order: list[str] | None = None, what: str = "", lo: int = 0) -> None:
         """Smallest k (the first k of ``order`` float) that holds: doubling, then bisection."""
         order = self.ranked if order is None else order
         n_max = max(len(order) - 1, 0)  # at least one layer stays int8
@@ -177,7 +193,9 @@ class Search:
     def by_efficiency(self) -> list[str]:
         """Layers by error saved per multiply-accumulate kept float (greedy knapsack order)."""
         err = {r["layer"]: _layer_err(r, self.t.by_accuracy) for r in self.sens}
-        return sorted(self.ranked, key=lambda n: err.get(n, 0.0) / max(self.t.cost.get(n, 1.0), 1.0), reverse=True)
+        return sorted(
+            self.ranked, key=lambda n: err.get(n, 0.0) / max(self.t.cost.get(n, 1.0), 1.0), reverse=True
+        )
 
     def choose(self) -> int | None:
         if not self.candidates:
@@ -187,4 +205,6 @@ class Search:
             fastest = min(c.latency_ms for c in ok)
             near = [c for c in ok if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
             return min(near, key=lambda c: (c.float_macs, c.latency_ms)).index
-        return min(self.candidates, key=lambda c: (c.measurement.error(self.t.by_accuracy), c.latency_ms)).index
+        return min(
+            self.candidates, key=lambda c: (c.measurement.error(self.t.by_accuracy), c.latency_ms)
+        ).index

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError
 
@@ -22,19 +23,94 @@ from ptopt.core.errors import UnsupportedModelError
 #: call_function / call_method names that keep the channel layout of their (first) tensor input,
 #: or combine several same-layout tensors elementwise (with broadcasting)
 _ELEMENTWISE_NAMES = {
-    "add", "sub", "mul", "truediv", "div", "iadd", "isub", "imul", "itruediv", "neg", "abs", "pos",
-    "relu", "relu_", "relu6", "gelu", "silu", "silu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "hardswish",
-    "hardsigmoid", "hardtanh", "hardtanh_", "leaky_relu", "leaky_relu_", "elu", "selu", "celu", "mish",
-    "softplus", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
-    "clamp", "clamp_", "clip", "clamp_min", "clamp_max", "exp", "log", "sqrt", "rsqrt", "pow", "square",
-    "contiguous", "clone", "detach", "float", "to", "type_as", "add_", "mul_", "sub_", "div_", "maximum",
-    "minimum", "where", "softmax", "log_softmax", "erf", "sin", "cos", "reciprocal",
+    "add",
+    "sub",
+    "mul",
+    "truediv",
+    "div",
+    "iadd",
+    "isub",
+    "imul",
+    "itruediv",
+    "neg",
+    "abs",
+    "pos",
+    "relu",
+    "relu_",
+    "relu6",
+    "gelu",
+    "silu",
+    "silu_",
+    "sigmoid",
+    "sigmoid_",
+    "tanh",
+    "tanh_",
+    "hardswish",
+    "hardsigmoid",
+    "hardtanh",
+    "hardtanh_",
+    "leaky_relu",
+    "leaky_relu_",
+    "elu",
+    "selu",
+    "celu",
+    "mish",
+    "softplus",
+    "dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "clamp",
+    "clamp_",
+    "clip",
+    "clamp_min",
+    "clamp_max",
+    "exp",
+    "log",
+    "sqrt",
+    "rsqrt",
+    "pow",
+    "square",
+    "contiguous",
+    "clone",
+    "detach",
+    "float",
+    "to",
+    "type_as",
+    "add_",
+    "mul_",
+    "sub_",
+    "div_",
+    "maximum",
+    "minimum",
+    "where",
+    "softmax",
+    "log_softmax",
+    "erf",
+    "sin",
+    "cos",
+    "reciprocal",
 }
 #: ops that only touch spatial / sequence dims when the channel dim keeps its size
 _SPATIAL_NAMES = {
-    "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
-    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d", "adaptive_max_pool1d",
-    "adaptive_max_pool2d", "adaptive_max_pool3d", "lp_pool2d", "interpolate", "upsample", "pad",
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "avg_pool1d",
+    "avg_pool2d",
+    "avg_pool3d",
+    "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
+    "lp_pool2d",
+    "interpolate",
+    "upsample",
+    "pad",
     "pixel_shuffle_never",
 }
 _RESHAPE_NAMES = {"flatten", "view", "reshape"}
@@ -44,14 +120,50 @@ _CONCAT_NAMES = {"cat", "concat", "concatenate"}
 _SIZE_NAMES = {"size", "dim", "getattr", "numel", "shape", "ndimension"}
 
 _PASSTHROUGH_MODULES = {
-    "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid", "Hardtanh", "LeakyReLU",
-    "ELU", "SELU", "CELU", "Mish", "Softplus", "PReLU_never", "Identity", "Dropout", "Dropout1d", "Dropout2d",
-    "Dropout3d", "AlphaDropout", "Softmax", "LogSoftmax",
+    "ReLU",
+    "ReLU6",
+    "GELU",
+    "SiLU",
+    "Sigmoid",
+    "Tanh",
+    "Hardswish",
+    "Hardsigmoid",
+    "Hardtanh",
+    "LeakyReLU",
+    "ELU",
+    "SELU",
+    "CELU",
+    "Mish",
+    "Softplus",
+    "PReLU_never",
+    "Identity",
+    "Dropout",
+    "Dropout1d",
+    "Dropout2d",
+    "Dropout3d",
+    "AlphaDropout",
+    "Softmax",
+    "LogSoftmax",
 }
 _SPATIAL_MODULES = {
-    "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-    "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
-    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "ZeroPad2d", "ConstantPad2d", "ReflectionPad2d",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AdaptiveMaxPool3d",
+    "Upsample",
+    "UpsamplingNearest2d",
+    "UpsamplingBilinear2d",
+    "ZeroPad2d",
+    "ConstantPad2d",
+    "ReflectionPad2d",
 }
 _CONV_TYPES = {"Conv1d", "Conv2d", "Conv3d"}
 _BN_TYPES = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
@@ -66,10 +178,13 @@ def _op_name(node: Any) -> str:
 
 # -- channel spaces and their groups --------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class _Space:
     size: int
-    producers: list[str] = dataclasses.field(default_factory=list)  # layers whose output rows are these channels
+    producers: list[str] = dataclasses.field(
+        default_factory=list
+    )  # layers whose output rows are these channels
     frozen: list[str] = dataclasses.field(default_factory=list)  # why these channels must stay
     parent: int = -1
 
@@ -115,7 +230,8 @@ class ChannelGraph:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UnsupportedModelError(
                 f"structured pruning needs the model's graph, but torch.fx cannot trace {type(model).__name__}: "
-                f"{reason[:300]} (l1-unstructured and global pruning need no graph)") from None
+                f"{reason[:300]} (l1-unstructured and global pruning need no graph)"
+            ) from None
         args, kwargs = call_args(example_inputs)
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         if kwargs:
@@ -124,8 +240,9 @@ class ChannelGraph:
             with torch.no_grad():
                 ShapeProp(self.gm).propagate(*args)
         except Exception as e:  # noqa: BLE001
-            raise UnsupportedModelError(f"structured pruning: running the traced graph failed: "
-                                        f"{str(e).strip().splitlines()[0][:300]}") from None
+            raise UnsupportedModelError(
+                f"structured pruning: running the traced graph failed: {str(e).strip().splitlines()[0][:300]}"
+            ) from None
         self.modules = dict(self.gm.named_modules())
         self._spaces: list[_Space] = []
         self._users: list[tuple[int, str, str, int]] = []  # (space, module, role, inner)
@@ -155,8 +272,10 @@ class ChannelGraph:
             return ra
         sa, sb = self._spaces[ra], self._spaces[rb]
         if sa.size != sb.size:
-            raise UnsupportedModelError(f"structured pruning: channels of different sizes ({sa.size} vs {sb.size}) "
-                                        f"meet at {where}; cannot resolve the dependency")
+            raise UnsupportedModelError(
+                f"structured pruning: channels of different sizes ({sa.size} vs {sb.size}) "
+                f"meet at {where}; cannot resolve the dependency"
+            )
         sb.parent = ra
         sa.producers += sb.producers
         sa.frozen += sb.frozen
@@ -176,7 +295,9 @@ class ChannelGraph:
         import torch.fx
 
         out: list[Any] = []
-        torch.fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) if self._shape(n) is not None else None)
+        torch.fx.node.map_arg(
+            (node.args, node.kwargs), lambda n: out.append(n) if self._shape(n) is not None else None
+        )
         return out
 
     def _live(self, node: Any) -> list[int]:
@@ -216,7 +337,12 @@ class ChannelGraph:
             return self._reduce(node, shape)
         if name in _SPATIAL_NAMES:
             return self._spatial(node, shape)
-        if name in _ELEMENTWISE_NAMES or node.target in (operator.add, operator.sub, operator.mul, operator.truediv):
+        if name in _ELEMENTWISE_NAMES or node.target in (
+            operator.add,
+            operator.sub,
+            operator.mul,
+            operator.truediv,
+        ):
             return self._elementwise(node, shape)
         return self._unknown(node, name)
 
@@ -283,10 +409,10 @@ class ChannelGraph:
         if tuple(s[:a]) == tuple(shape[:a]) and len(shape) > a:
             # channels (with what follows them) folded into one feature axis: c·S + j
             for j in range(a + 1, len(s) + 1):
-                if math.prod(s[a:j]) == shape[a] and tuple(s[j:]) == tuple(shape[a + 1:]):
+                if math.prod(s[a:j]) == shape[a] and tuple(s[j:]) == tuple(shape[a + 1 :]):
                     if j == len(s) and len(shape) == a + 1 and node.op != "call_module":
                         self.flatten_nodes[node.name] = a  # may hold hard-coded sizes: see rewrite_flattens
-                    return _Info(info.space, a, info.inner * math.prod(s[a + 1:j]))
+                    return _Info(info.space, a, info.inner * math.prod(s[a + 1 : j]))
         return self._unknown(node, _op_name(node))
 
     def _reduce(self, node: Any, shape: tuple[int, ...]) -> _Info | None:
@@ -366,8 +492,10 @@ class ChannelGraph:
                 return info
             if info is not None:
                 self._freeze(info.space, f"feeds grouped conv {name} (groups={groups})")
-            return _Info(self._module_out.setdefault(name, self._new(out_size, frozen=f"grouped conv {name}")),
-                         out_axis)
+            return _Info(
+                self._module_out.setdefault(name, self._new(out_size, frozen=f"grouped conv {name}")),
+                out_axis,
+            )
         if info is not None:
             self._users.append((info.space, name, "in", info.inner))
             self._remember_input(name, info.space)
@@ -393,7 +521,9 @@ class ChannelGraph:
         return self.gm
 
     # -- results -------------------------------------------------------------------------------
-    def groups(self, exclude: Iterable[str] = (), reasons: dict[str, str] | None = None) -> list[ChannelGroup]:
+    def groups(
+        self, exclude: Iterable[str] = (), reasons: dict[str, str] | None = None
+    ) -> list[ChannelGroup]:
         """Channel groups after all unions; layers in ``exclude`` (names) freeze their group
         (``reasons[name]`` says why, default "NAME excluded").
 
@@ -412,13 +542,16 @@ class ChannelGraph:
                     raise UnsupportedModelError(
                         f"structured pruning cannot resolve the channel dependencies of layer {layers}: its output "
                         f"reaches {op!r} (graph node {node_name}), which ptopt does not know how to shrink; "
-                        f"exclude it with --exclude {sp.producers[0]}")
+                        f"exclude it with --exclude {sp.producers[0]}"
+                    )
         by_root: dict[int, ChannelGroup] = {}
         for i in range(len(self._spaces)):
             r = self._find(i)
             if r not in by_root:
                 sp = self._spaces[r]
-                by_root[r] = ChannelGroup(list(dict.fromkeys(sp.producers)), sp.size, list(dict.fromkeys(sp.frozen)), [])
+                by_root[r] = ChannelGroup(
+                    list(dict.fromkeys(sp.producers)), sp.size, list(dict.fromkeys(sp.frozen)), []
+                )
         for space, module, role, inner in self._users:
             by_root[self._find(space)].users.append((module, role, inner))
         return [g for g in by_root.values() if g.producers or g.users]

@@ -62,12 +62,18 @@ def model_signature(model: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def fingerprint(config: Any, model: Any, train_data: Any, eval_data: Any, world: int,
-                extra: dict[str, Any] | None) -> dict[str, Any]:
+def fingerprint(
+    config: Any, model: Any, train_data: Any, eval_data: Any, world: int, extra: dict[str, Any] | None
+) -> dict[str, Any]:
     cfg = {k: v for k, v in config.to_dict().items() if k not in NON_RESULT_FIELDS}
-    return {"train": cfg, "model": model_signature(model), "train_data": data_digest(train_data),
-            "eval_data": data_digest(eval_data) if eval_data is not None else None,
-            "world_size": world, "loss": dict(extra or {})}
+    return {
+        "train": cfg,
+        "model": model_signature(model),
+        "train_data": data_digest(train_data),
+        "eval_data": data_digest(eval_data) if eval_data is not None else None,
+        "world_size": world,
+        "loss": dict(extra or {}),
+    }
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -90,6 +96,7 @@ def describe_differences(saved: dict[str, Any], now: dict[str, Any], limit: int 
 
 
 # -- RNG -------------------------------------------------------------------------------------------
+
 
 def rng_state() -> dict[str, Any]:
     import numpy as np
@@ -122,6 +129,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 # -- save / load -----------------------------------------------------------------------------------
 
+
 def save_checkpoint(checkpoint_dir: str | os.PathLike, state: dict[str, Any]) -> Path:
     import torch
 
@@ -133,7 +141,9 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, state: dict[str, Any]) ->
     return path
 
 
-def load_checkpoint(checkpoint_dir: str | os.PathLike, expected_fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+def load_checkpoint(
+    checkpoint_dir: str | os.PathLike, expected_fingerprint: dict[str, Any]
+) -> dict[str, Any] | None:
     """The checkpoint in ``checkpoint_dir`` (None when there is none yet); refuses another run's checkpoint."""
     import pickle
 
@@ -145,13 +155,20 @@ def load_checkpoint(checkpoint_dir: str | os.PathLike, expected_fingerprint: dic
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        raise UsageError(f"{path}: not a readable ptopt checkpoint ({str(e).splitlines()[0][:200]})") from None
+        raise UsageError(
+            f"{path}: not a readable ptopt checkpoint ({str(e).splitlines()[0][:200]})"
+        ) from None
     if not isinstance(ckpt, dict) or ckpt.get("kind") != CHECKPOINT_KIND:
         raise UsageError(f"{path}: not a ptopt training checkpoint")
     if ckpt.get("version") != CHECKPOINT_VERSION:
-        raise UsageError(f"{path}: checkpoint version {ckpt.get('version')} (this ptopt reads {CHECKPOINT_VERSION})")
+        raise UsageError(
+            f"{path}: checkpoint version {ckpt.get('version')} (this ptopt reads {CHECKPOINT_VERSION})"
+        )
     diffs = describe_differences(ckpt["fingerprint"], expected_fingerprint)
     if diffs:
-        raise UsageError(f"{path} was written by another configuration, cannot resume: " + "; ".join(diffs)
-                         + " (resume with the original options, or use another --checkpoint-dir)")
+        raise UsageError(
+            f"{path} was written by another configuration, cannot resume: "
+            + "; ".join(diffs)
+            + " (resume with the original options, or use another --checkpoint-dir)"
+        )
     return ckpt

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.config import Config, register_config
 from ptopt.core.data import Batch
@@ -82,7 +83,7 @@ def _submodule(model: Any, name: str, which: str) -> Any:
     return modules[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _make_loss_class():
     import torch
     import torch.nn.functional as F
@@ -99,7 +100,11 @@ def _make_loss_class():
             super().__init__()
             # a list hides the teacher from parameters()/state_dict(): it never trains
             self._teacher = [teacher]
-            self.temperature, self.alpha, self.feature_weight = float(temperature), float(alpha), float(feature_weight)
+            self.temperature, self.alpha, self.feature_weight = (
+                float(temperature),
+                float(alpha),
+                float(feature_weight),
+            )
             self.pairs: list[tuple[str, str, str]] = []  # (teacher layer, student layer, projection key)
             self.projections = nn.ModuleDict()
             self._features: dict[str, Any] = {}
@@ -131,9 +136,12 @@ def _make_loss_class():
                 teacher_logits = self._run_teacher(x)
             logits = _first_tensor(call_model(model, x))
             t = self.temperature
-            soft = F.kl_div(F.log_softmax(logits.float() / t, dim=-1),
-                            F.log_softmax(teacher_logits.float() / t, dim=-1),
-                            reduction="batchmean", log_target=True) * (t * t)
+            soft = F.kl_div(
+                F.log_softmax(logits.float() / t, dim=-1),
+                F.log_softmax(teacher_logits.float() / t, dim=-1),
+                reduction="batchmean",
+                log_target=True,
+            ) * (t * t)
             if batch.y is not None and self.alpha > 0:
                 loss = self.alpha * F.cross_entropy(logits.float(), batch.y) + (1 - self.alpha) * soft
             else:
@@ -156,7 +164,8 @@ def _make_loss_class():
                 raise UnsupportedModelError(
                     f"feature distillation needs an eager teacher to hook layer {t_name!r} "
                     f"({type(e).__name__}: {str(e).splitlines()[0][:120]}); give it as zoo:NAME or "
-                    "pkg.module:factory --teacher-weights W") from None
+                    "pkg.module:factory --teacher-weights W"
+                ) from None
             self._handles.append(s_mod.register_forward_hook(self._capture(f"s:{s_name}", detach=False)))
             was_training = student.training
             student.eval()  # probing the widths must not move BatchNorm statistics
@@ -173,6 +182,7 @@ def _make_loss_class():
             def hook(module, inputs, output):
                 out = _first_tensor(output)
                 self._features[key] = out.detach() if detach else out
+
             return hook
 
         def remove_hooks(self) -> None:
@@ -220,7 +230,7 @@ def unpack_teacher_logits(x: Any) -> tuple[Any, Any]:
     """(model inputs, precomputed teacher logits or None) from a batch's ``x``."""
     if not (isinstance(x, dict) and _LOGITS_KEY in x):
         return x, None
-    items = [(k[len(_INPUT_PREFIX):].split(":", 1), v) for k, v in x.items() if k.startswith(_INPUT_PREFIX)]
+    items = [(k[len(_INPUT_PREFIX) :].split(":", 1), v) for k, v in x.items() if k.startswith(_INPUT_PREFIX)]
     style = items[0][0][0]
     if style == "dict":
         inputs: Any = {name: v for (_, name), v in items}
@@ -242,18 +252,26 @@ def _projection(s_feat: Any, t_feat: Any, t_name: str, s_name: str) -> Any:
     from torch import nn
 
     if s_feat.dim() != t_feat.dim():
-        raise ShapeMismatchError(f"feature pair {t_name}={s_name}: outputs of different rank",
-                                 expected=f"teacher {tuple(t_feat.shape)}", got=f"student {tuple(s_feat.shape)}")
+        raise ShapeMismatchError(
+            f"feature pair {t_name}={s_name}: outputs of different rank",
+            expected=f"teacher {tuple(t_feat.shape)}",
+            got=f"student {tuple(s_feat.shape)}",
+        )
     if s_feat.dim() == 4:
         cs, ct = s_feat.shape[1], t_feat.shape[1]
         return nn.Identity() if cs == ct else nn.Conv2d(cs, ct, 1, bias=False)
     if s_feat.dim() >= 2:
         if tuple(s_feat.shape[:-1]) != tuple(t_feat.shape[:-1]):
-            raise ShapeMismatchError(f"feature pair {t_name}={s_name}: only the last (feature) dimension may differ",
-                                     expected=f"teacher {tuple(t_feat.shape)}", got=f"student {tuple(s_feat.shape)}")
+            raise ShapeMismatchError(
+                f"feature pair {t_name}={s_name}: only the last (feature) dimension may differ",
+                expected=f"teacher {tuple(t_feat.shape)}",
+                got=f"student {tuple(s_feat.shape)}",
+            )
         ds, dt = s_feat.shape[-1], t_feat.shape[-1]
         return nn.Identity() if ds == dt else nn.Linear(ds, dt, bias=False)
-    raise ShapeMismatchError(f"feature pair {t_name}={s_name}: cannot match outputs of shape {tuple(s_feat.shape)}")
+    raise ShapeMismatchError(
+        f"feature pair {t_name}={s_name}: cannot match outputs of shape {tuple(s_feat.shape)}"
+    )
 
 
 def _match_spatial(s: Any, t: Any) -> tuple[Any, Any]:
@@ -266,9 +284,15 @@ def _match_spatial(s: Any, t: Any) -> tuple[Any, Any]:
     return F.adaptive_avg_pool2d(s, size), F.adaptive_avg_pool2d(t, size)
 
 
-def make_distill_loss(teacher_module: Any, temperature: float = DEFAULT_TEMPERATURE, alpha: float = DEFAULT_ALPHA,
-                      feature_pairs: Sequence[tuple[str, str]] = (), student: Any = None, example_inputs: Any = None,
-                      feature_weight: float = 1.0) -> Any:
+def make_distill_loss(
+    teacher_module: Any,
+    temperature: float = DEFAULT_TEMPERATURE,
+    alpha: float = DEFAULT_ALPHA,
+    feature_pairs: Sequence[tuple[str, str]] = (),
+    student: Any = None,
+    example_inputs: Any = None,
+    feature_weight: float = 1.0,
+) -> Any:
     """A loss for ``trainer.train(loss_fn=...)`` distilling ``teacher_module`` into the model being trained.
 
     ``feature_pairs`` [(teacher layer, student layer)] also need ``student`` (the module being trained)
@@ -283,7 +307,9 @@ def make_distill_loss(teacher_module: Any, temperature: float = DEFAULT_TEMPERAT
     loss = _make_loss_class()(teacher_module, temperature, alpha, feature_weight)
     if feature_pairs:
         if student is None or example_inputs is None:
-            raise UsageError("feature pairs need the student module and example inputs to size their projections")
+            raise UsageError(
+                "feature pairs need the student module and example inputs to size their projections"
+            )
         for t_name, s_name in feature_pairs:
             loss.add_feature_pair(student, t_name, s_name, example_inputs)
     return loss
@@ -293,14 +319,35 @@ def count_parameters(module: Any) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathLike", *, eval_data: Any = None,
-            temperature: float = DEFAULT_TEMPERATURE, alpha: float = DEFAULT_ALPHA, epochs: int = DEFAULT_EPOCHS,
-            feature_pairs: Sequence[tuple[str, str] | str] = (), feature_weight: float = 1.0,
-            teacher_weights: Any = None, student_weights: Any = None, allow_pickle: bool = False,
-            lr: float = DEFAULT_LR, batch_size: int = DEFAULT_BATCH_SIZE, precision: str = "fp32",
-            device: str = "auto", seed: int = 0, train_config: Any = None,
-            checkpoint_dir: Any = None, resume: bool = False, log_dir: Any = None, metrics_file: Any = None,
-            epoch_hooks: Sequence[Any] = (), progress: bool = True, cache_teacher: bool = True) -> Any:
+def distill(
+    teacher: Any,
+    student: Any,
+    train_data: Any,
+    output: str | os.PathLike,
+    *,
+    eval_data: Any = None,
+    temperature: float = DEFAULT_TEMPERATURE,
+    alpha: float = DEFAULT_ALPHA,
+    epochs: int = DEFAULT_EPOCHS,
+    feature_pairs: Sequence[tuple[str, str] | str] = (),
+    feature_weight: float = 1.0,
+    teacher_weights: Any = None,
+    student_weights: Any = None,
+    allow_pickle: bool = False,
+    lr: float = DEFAULT_LR,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    precision: str = "fp32",
+    device: str = "auto",
+    seed: int = 0,
+    train_config: Any = None,
+    checkpoint_dir: Any = None,
+    resume: bool = False,
+    log_dir: Any = None,
+    metrics_file: Any = None,
+    epoch_hooks: Sequence[Any] = (),
+    progress: bool = True,
+    cache_teacher: bool = True,
+) -> Any:
     """Distill ``teacher`` into ``student`` on ``train_data`` and write the student to ``output``.
 
     ``output`` ending in ``.pt`` is TorchScript, ``.pt2`` an ExportedProgram: both load with plain
@@ -322,8 +369,9 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
         raise UsageError(f"output {output}: use .pt (TorchScript) or .pt2 (ExportedProgram)")
     pairs = tuple(parse_feature_pair(p) if isinstance(p, str) else tuple(p) for p in feature_pairs)
     dcfg = DistillConfig(temperature, alpha, pairs, feature_weight)  # type: ignore[arg-type]
-    tcfg = (train_config or TrainConfig()).replace(epochs=epochs, lr=lr, batch_size=batch_size, precision=precision,
-                                                   device=device, seed=seed)
+    tcfg = (train_config or TrainConfig()).replace(
+        epochs=epochs, lr=lr, batch_size=batch_size, precision=precision, device=device, seed=seed
+    )
     if resume and checkpoint_dir is None:
         raise UsageError("--resume needs --checkpoint-dir (where the killed run wrote its checkpoint)")
     dist_util.resolve_device(device)
@@ -332,8 +380,10 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
         raise DataError(f"{train_ds.name}: no samples to train on")
     train_ds.check_finite()
     if alpha > 0 and not train_ds.has_labels:
-        raise DataError(f"{train_ds.name} has no labels but --alpha is {alpha}: the label term needs labels; "
-                        "use --alpha 0 to learn from the teacher's soft targets alone")
+        raise DataError(
+            f"{train_ds.name} has no labels but --alpha is {alpha}: the label term needs labels; "
+            "use --alpha 0 to learn from the teacher's soft targets alone"
+        )
     eval_ds = load_data(eval_data) if eval_data is not None else None
     if eval_ds is not None and not eval_ds.has_labels:
         raise DataError(f"{eval_ds.name} has no labels: --eval-data needs labels to measure accuracy")
@@ -343,20 +393,35 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
     torch.manual_seed(seed)  # the student's fresh initialization is part of the run
     s_loaded = as_loaded(student, student_weights, allow_pickle)
     if s_loaded.format not in ("eager", "pickle"):
-        raise UnsupportedModelError(f"student {s_loaded.ref} is a {s_loaded.format} model; a student must be "
-                                    "trainable: give pkg.module:factory [--student-weights W] or zoo:NAME")
+        raise UnsupportedModelError(
+            f"student {s_loaded.ref} is a {s_loaded.format} model; a student must be "
+            "trainable: give pkg.module:factory [--student-weights W] or zoo:NAME"
+        )
     s_module = s_loaded.module
     probe = train_ds.first_batch(min(len(train_ds), 8))
     t_out = _first_tensor(run_checked(t_loaded, probe.x, what=f"train data {train_ds.name} (teacher)"))
     s_out = _first_tensor(run_checked(s_loaded, probe.x, what=f"train data {train_ds.name} (student)"))
     if tuple(t_out.shape) != tuple(s_out.shape):
-        raise ShapeMismatchError("teacher and student outputs differ in shape, so the student cannot match the "
-                                 "teacher's predictions", expected=f"teacher {_shape(t_out)}", got=f"student {_shape(s_out)}")
+        raise ShapeMismatchError(
+            "teacher and student outputs differ in shape, so the student cannot match the "
+            "teacher's predictions",
+            expected=f"teacher {_shape(t_out)}",
+            got=f"student {_shape(s_out)}",
+        )
     if train_ds.has_labels and int(train_ds.y.max()) >= t_out.shape[-1]:
-        raise DataError(f"{train_ds.name}: label {int(train_ds.y.max())} but the models have {t_out.shape[-1]} outputs")
+        raise DataError(
+            f"{train_ds.name}: label {int(train_ds.y.max())} but the models have {t_out.shape[-1]} outputs"
+        )
 
-    loss = make_distill_loss(t_loaded.module, temperature, alpha, pairs, student=s_module,
-                             example_inputs=probe.x, feature_weight=feature_weight)
+    loss = make_distill_loss(
+        t_loaded.module,
+        temperature,
+        alpha,
+        pairs,
+        student=s_module,
+        example_inputs=probe.x,
+        feature_weight=feature_weight,
+    )
     teacher_record = t_loaded.parent_record()
     from ptopt.compress.checkpoint import tensor_digest
 
@@ -367,9 +432,21 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
     if cached:
         train_input = with_teacher_logits(train_ds, t_loaded.module, device=dist_util.resolve_device(device))
     try:
-        result = train(s_module, train_input, tcfg, eval_data=eval_ds, loss_fn=loss, epoch_hooks=epoch_hooks,
-                       progress=progress, description="distill", checkpoint_dir=checkpoint_dir, resume=resume,
-                       log_dir=log_dir, metrics_file=metrics_file, fingerprint_extra=fingerprint_extra)
+        result = train(
+            s_module,
+            train_input,
+            tcfg,
+            eval_data=eval_ds,
+            loss_fn=loss,
+            epoch_hooks=epoch_hooks,
+            progress=progress,
+            description="distill",
+            checkpoint_dir=checkpoint_dir,
+            resume=resume,
+            log_dir=log_dir,
+            metrics_file=metrics_file,
+            fingerprint_extra=fingerprint_extra,
+        )
     finally:
         loss.remove_hooks()
         _move(t_loaded.module, "cpu")  # the loss may have taken the teacher to the training device
@@ -390,19 +467,37 @@ def distill(teacher: Any, student: Any, train_data: Any, output: "str | os.PathL
         _set_eval(t_loaded.module)
         teacher_acc = evaluate_accuracy(t_loaded.module, eval_ds)
     t_params, s_params = count_parameters(t_loaded.module), count_parameters(s_module)
-    config = {**dcfg.to_dict(), "train": tcfg.to_dict(), "teacher": str(t_loaded.ref), "student": str(s_loaded.ref),
-              "train_data": train_data if isinstance(train_data, str) else train_ds.name,
-              "eval_data": eval_data if isinstance(eval_data, str) or eval_data is None else eval_ds.name}  # type: ignore[union-attr]
+    config = {
+        **dcfg.to_dict(),
+        "train": tcfg.to_dict(),
+        "teacher": str(t_loaded.ref),
+        "student": str(s_loaded.ref),
+        "train_data": train_data if isinstance(train_data, str) else train_ds.name,
+        "eval_data": eval_data if isinstance(eval_data, str) or eval_data is None else eval_ds.name,
+    }  # type: ignore[union-attr]
     art = Artifact(
-        path=Path(output), format=out_format,
-        inputs=specs_from_example(train_ds.first_batch(min(len(train_ds), 32)).x), input_style=input_style(example),
-        config=config, parent=teacher_record, precision="fp32",
-        metrics={"eval_accuracy": result.best_accuracy, "best_epoch": result.best_epoch,
-                 "teacher_eval_accuracy": teacher_acc, "student_parameters": s_params,
-                 "teacher_parameters": t_params},
-        extra={"teacher": teacher_record, "student": s_loaded.parent_record(), "history": result.history,
-               "world_size": result.world_size, "resumed_from_epoch": result.resumed_from_epoch,
-               "parameter_ratio": s_params / max(t_params, 1)},
+        path=Path(output),
+        format=out_format,
+        inputs=specs_from_example(train_ds.first_batch(min(len(train_ds), 32)).x),
+        input_style=input_style(example),
+        config=config,
+        parent=teacher_record,
+        precision="fp32",
+        metrics={
+            "eval_accuracy": result.best_accuracy,
+            "best_epoch": result.best_epoch,
+            "teacher_eval_accuracy": teacher_acc,
+            "student_parameters": s_params,
+            "teacher_parameters": t_params,
+        },
+        extra={
+            "teacher": teacher_record,
+            "student": s_loaded.parent_record(),
+            "history": result.history,
+            "world_size": result.world_size,
+            "resumed_from_epoch": result.resumed_from_epoch,
+            "parameter_ratio": s_params / max(t_params, 1),
+        },
     )
     return art.finalize()
 
@@ -431,7 +526,9 @@ def _save_student(module: Any, example: Any, output: Any, out_format: str) -> No
     with torch.no_grad():
         expected = _first_tensor(module(*args, **kwargs))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.* is deprecated (still the portable format)
+        warnings.simplefilter(
+            "ignore", DeprecationWarning
+        )  # torch.jit.* is deprecated (still the portable format)
         with atomic_path(output) as tmp:
             if out_format == "torchscript":
                 if kwargs:
@@ -450,15 +547,18 @@ def _save_student(module: Any, example: Any, output: Any, out_format: str) -> No
                 try:
                     ep = torch.export.export(module, args, kwargs, dynamic_shapes=dyn)
                 except Exception as e:  # noqa: BLE001 - export failures are many types
-                    raise UnsupportedModelError(f"torch.export cannot export the student "
-                                                f"({str(e).strip().splitlines()[0][:200]}); write a .pt "
-                                                "(TorchScript) instead") from None
+                    raise UnsupportedModelError(
+                        f"torch.export cannot export the student "
+                        f"({str(e).strip().splitlines()[0][:200]}); write a .pt "
+                        "(TorchScript) instead"
+                    ) from None
                 torch.export.save(ep, str(tmp))
                 reloaded = torch.export.load(str(tmp)).module()
             with torch.no_grad():
                 got = _first_tensor(reloaded(*args, **kwargs))
             if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-                raise UnsupportedModelError("the saved student does not reproduce the trained one "
-                                            f"(max diff {float((got - expected).abs().max()):.2e}); "
-                                            "try the other output format")
-
+                raise UnsupportedModelError(
+                    "the saved student does not reproduce the trained one "
+                    f"(max diff {float((got - expected).abs().max()):.2e}); "
+                    "try the other output format"
+                )

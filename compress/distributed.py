@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 def env_world_size() -> int:
@@ -97,8 +98,13 @@ def shard_indices(n: int, epoch: int, seed: int, shuffle: bool = True) -> list[i
         def __len__(self) -> int:
             return n
 
-    sampler = DistributedSampler(_Len(), num_replicas=dist.get_world_size(), rank=dist.get_rank(),  # type: ignore[arg-type]
-                                 shuffle=shuffle, seed=seed)
+    sampler = DistributedSampler(
+        _Len(),
+        num_replicas=dist.get_world_size(),
+        rank=dist.get_rank(),  # type: ignore[arg-type]
+        shuffle=shuffle,
+        seed=seed,
+    )
     sampler.set_epoch(epoch)
     return list(sampler)
 

@@ -24,7 +24,8 @@ import gzip
 import io
 import os
 import warnings
-from typing import Any, Callable, Iterable, Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import UnsupportedModelError, UsageError
@@ -50,7 +51,11 @@ class PruneConfig(Config):
     steps: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.amount, bool) or not isinstance(self.amount, (int, float)) or not 0 < self.amount < 1:
+        if (
+            isinstance(self.amount, bool)
+            or not isinstance(self.amount, (int, float))
+            or not 0 < self.amount < 1
+        ):
             raise UsageError(f"--amount must be a fraction strictly between 0 and 1, got {self.amount!r}")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise UsageError(f"--steps must be an integer >= 1, got {self.steps!r}")
@@ -90,7 +95,9 @@ class StructuredPruneConfig(PruneConfig):
 
 
 CONFIGS: dict[str, type[PruneConfig]] = {
-    "l1-unstructured": L1UnstructuredConfig, "global": GlobalPruneConfig, "structured": StructuredPruneConfig,
+    "l1-unstructured": L1UnstructuredConfig,
+    "global": GlobalPruneConfig,
+    "structured": StructuredPruneConfig,
 }
 #: config class -> pruner class (filled by the technique modules with ``register_pruner``)
 _PRUNERS: dict[type, type] = {}
@@ -101,9 +108,11 @@ def register_pruner(config_cls: type) -> Callable[[type], type]:
     """Class decorator: the pruner for ``config_cls``. A pruner is built as ``cls(config, model,
     example_inputs)`` and has ``step(model, amount) -> model`` (masks may stay trainable) and
     ``finish(model) -> (model, report)``, plus ``precision``."""
+
     def deco(cls: type) -> type:
         _PRUNERS[config_cls] = cls
         return cls
+
     return deco
 
 
@@ -115,18 +124,34 @@ def make_pruner(config: PruneConfig, model: Any, example_inputs: Any) -> Any:
     return _PRUNERS[type(config)](config, model, example_inputs)
 
 
-def make_config(method: str, amount: float, *, exclude: Iterable[str] = (), steps: int = 1,
-                criterion: str = "l1", prune_first_last: bool = False) -> PruneConfig:
+def make_config(
+    method: str,
+    amount: float,
+    *,
+    exclude: Iterable[str] = (),
+    steps: int = 1,
+    criterion: str = "l1",
+    prune_first_last: bool = False,
+) -> PruneConfig:
     if method not in CONFIGS:
         raise UsageError(f"unknown pruning method {method!r} (choose from {', '.join(METHODS)})")
     if method != "structured":
         if criterion != "l1":
-            raise UsageError("--criterion applies to structured pruning; unstructured pruning ranks by magnitude")
+            raise UsageError(
+                "--criterion applies to structured pruning; unstructured pruning ranks by magnitude"
+            )
         if prune_first_last:
-            raise UsageError("--prune-first-last applies to structured pruning (unstructured prunes every layer)")
+            raise UsageError(
+                "--prune-first-last applies to structured pruning (unstructured prunes every layer)"
+            )
         return CONFIGS[method](amount=amount, exclude=tuple(exclude), steps=steps)
-    return StructuredPruneConfig(amount=amount, exclude=tuple(exclude), steps=steps, criterion=criterion,
-                                 prune_first_last=prune_first_last)
+    return StructuredPruneConfig(
+        amount=amount,
+        exclude=tuple(exclude),
+        steps=steps,
+        criterion=criterion,
+        prune_first_last=prune_first_last,
+    )
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:
@@ -142,6 +167,7 @@ def unmatched_patterns(model: Any, patterns: Iterable[str]) -> list[str]:
 
 
 # -- measuring ---------------------------------------------------------------------------------------
+
 
 def count_parameters(model: Any) -> tuple[int, int]:
     """(all parameters, non-zero parameters)."""
@@ -164,17 +190,20 @@ def state_dict_bytes(model: Any) -> tuple[int, int]:
 
 # -- saving ----------------------------------------------------------------------------------------
 
-def output_format(output: "str | os.PathLike") -> str:
+
+def output_format(output: str | os.PathLike) -> str:
     suffix = os.path.splitext(str(output))[1].lower()
     if suffix == ".pt":
         return "torchscript"
     if suffix == ".pt2":
         return "exported_program"
-    raise UsageError(f"output {output}: use .pt (TorchScript) or .pt2 (ExportedProgram); the pruned model is "
-                     "saved so that plain torch loads it")
+    raise UsageError(
+        f"output {output}: use .pt (TorchScript) or .pt2 (ExportedProgram); the pruned model is "
+        "saved so that plain torch loads it"
+    )
 
 
-def save_dense(model: Any, example_inputs: Any, path: "str | os.PathLike", fmt: str, specs: list[Any]) -> None:
+def save_dense(model: Any, example_inputs: Any, path: str | os.PathLike, fmt: str, specs: list[Any]) -> None:
     """Write ``model`` as TorchScript (trace) or an ExportedProgram with a dynamic batch dimension."""
     import torch
 
@@ -215,11 +244,31 @@ def _dynamic_shapes(specs: list[Any], args: tuple, kwargs: dict) -> Any:
 
 # -- the Python twin -------------------------------------------------------------------------------
 
-def prune(model: Any, method: str, amount: float, output: "str | os.PathLike", *, fine_tune_data: Any = None,
-          eval_data: Any = None, epochs: int = 0, teacher: Any = None, steps: int = 1, exclude: Iterable[str] = (),
-          criterion: str = "l1", prune_first_last: bool = False, temperature: float = 4.0, alpha: float = 0.5,
-          lr: float = 1e-3, batch_size: int = 64, seed: int = 0, input_shapes: Iterable[str] = (),
-          weights: Any = None, allow_pickle: bool = False, progress: bool = False) -> Any:
+
+def prune(
+    model: Any,
+    method: str,
+    amount: float,
+    output: str | os.PathLike,
+    *,
+    fine_tune_data: Any = None,
+    eval_data: Any = None,
+    epochs: int = 0,
+    teacher: Any = None,
+    steps: int = 1,
+    exclude: Iterable[str] = (),
+    criterion: str = "l1",
+    prune_first_last: bool = False,
+    temperature: float = 4.0,
+    alpha: float = 0.5,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    seed: int = 0,
+    input_shapes: Iterable[str] = (),
+    weights: Any = None,
+    allow_pickle: bool = False,
+    progress: bool = False,
+) -> Any:
     """Prune ``model`` with ``method`` ("l1-unstructured" | "structured" | "global") and write ``output``.
 
     ``exclude`` patterns that match no layer raise a ``UserWarning`` (not an error). Returns the
@@ -235,8 +284,9 @@ def prune(model: Any, method: str, amount: float, output: "str | os.PathLike", *
     from ptopt.core.modelref import as_loaded, resolve_inputs, run_checked
 
     # validate everything before any long work
-    config = make_config(method, amount, exclude=exclude, steps=steps, criterion=criterion,
-                         prune_first_last=prune_first_last)
+    config = make_config(
+        method, amount, exclude=exclude, steps=steps, criterion=criterion, prune_first_last=prune_first_last
+    )
     fmt = output_format(output)
     if not isinstance(epochs, int) or epochs < 0:
         raise UsageError(f"--epochs must be an integer >= 0, got {epochs!r}")
@@ -253,7 +303,8 @@ def prune(model: Any, method: str, amount: float, output: "str | os.PathLike", *
     if loaded.format not in ("eager", "pickle") or isinstance(module, torch.jit.ScriptModule):
         raise UnsupportedModelError(
             f"{loaded.ref}: pruning rewrites an eager nn.Module, and a {loaded.format} model cannot be rewritten; "
-            "give the model as pkg.module:factory --weights W, zoo:NAME, or a pickled module (--allow-pickle)")
+            "give the model as pkg.module:factory --weights W, zoo:NAME, or a pickled module (--allow-pickle)"
+        )
     ft = load_data(fine_tune_data) if fine_tune_data is not None else None
     ev = load_data(eval_data) if eval_data is not None else None
     if ft is not None and teacher is None:
@@ -286,8 +337,9 @@ def prune(model: Any, method: str, amount: float, output: "str | os.PathLike", *
 
                 loss_fn = make_distill_loss(teacher_module, temperature=temperature, alpha=alpha)
             desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
-            result = train(work, ft, train_config, eval_data=ev, loss_fn=loss_fn, progress=progress,
-                           description=desc)
+            result = train(
+                work, ft, train_config, eval_data=ev, loss_fn=loss_fn, progress=progress, description=desc
+            )
             if hasattr(loss_fn, "remove_hooks"):
                 loss_fn.remove_hooks()
             history += [dict(h, round=k) for h in result.history]
@@ -301,26 +353,46 @@ def prune(model: Any, method: str, amount: float, output: "str | os.PathLike", *
     with atomic_path(output) as tmp:
         save_dense(work, example, tmp, fmt, loaded.input_specs)
     metrics: dict[str, Any] = {
-        "parameters_before": params_before, "parameters_after": params_after,
+        "parameters_before": params_before,
+        "parameters_after": params_after,
         "parameter_ratio": params_after / max(params_before, 1),
         "nonzero_parameters_after": nonzero_after,
-        "weights_bytes_before": raw_before, "weights_bytes_after": raw_after,
-        "weights_gzip_bytes_before": gz_before, "weights_gzip_bytes_after": gz_after,
+        "weights_bytes_before": raw_before,
+        "weights_bytes_after": raw_after,
+        "weights_gzip_bytes_before": gz_before,
+        "weights_gzip_bytes_after": gz_after,
     }
     if "sparsity" in report:
         metrics["sparsity"] = report["sparsity"]
     if ev is not None:
-        metrics.update(accuracy_before=acc_before, accuracy_after=acc_after,
-                       accuracy_drop_points=100 * (acc_before - acc_after))
+        metrics.update(
+            accuracy_before=acc_before,
+            accuracy_after=acc_after,
+            accuracy_drop_points=100 * (acc_before - acc_after),
+        )
     record = config.to_dict()
-    record.update(fine_tune_data=_ref(fine_tune_data), eval_data=_ref(eval_data), epochs=epochs,
-                  teacher=_ref(teacher), temperature=temperature if teacher is not None else None,
-                  alpha=alpha if teacher is not None else None, train=train_config.to_dict() if epochs else None)
+    record.update(
+        fine_tune_data=_ref(fine_tune_data),
+        eval_data=_ref(eval_data),
+        epochs=epochs,
+        teacher=_ref(teacher),
+        temperature=temperature if teacher is not None else None,
+        alpha=alpha if teacher is not None else None,
+        train=train_config.to_dict() if epochs else None,
+    )
     extra = {k: v for k, v in report.items() if k != "sparsity"}
     extra.update(method=method, fine_tune_history=history)
-    art = Artifact(path=_path(output), format=fmt, inputs=list(loaded.input_specs), input_style=loaded.input_style,
-                   config=record, parent=loaded.parent_record(), precision=pruner.precision, metrics=metrics,
-                   extra=extra)
+    art = Artifact(
+        path=_path(output),
+        format=fmt,
+        inputs=list(loaded.input_specs),
+        input_style=loaded.input_style,
+        config=record,
+        parent=loaded.parent_record(),
+        precision=pruner.precision,
+        metrics=metrics,
+        extra=extra,
+    )
     return art.finalize()
 
 
@@ -330,8 +402,9 @@ def _teacher(teacher: Any, module: Any) -> Any:
     try:
         from ptopt.compress.distill import make_distill_loss  # noqa: F401
     except ImportError:
-        raise UsageError("--teacher needs ptopt.compress.distill.make_distill_loss, which this installation "
-                         "lacks") from None
+        raise UsageError(
+            "--teacher needs ptopt.compress.distill.make_distill_loss, which this installation lacks"
+        ) from None
     if isinstance(teacher, str) and teacher == TEACHER_SELF:
         return copy.deepcopy(module).eval()
     from ptopt.core.modelref import as_loaded
@@ -347,7 +420,7 @@ def _ref(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
-def _path(output: "str | os.PathLike") -> Any:
+def _path(output: str | os.PathLike) -> Any:
     from pathlib import Path
 
     return Path(output)

@@ -22,13 +22,15 @@ The analysis is ``ptopt.compress.channel_graph``; this module ranks channels and
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ptopt.compress.channel_graph import _CONV_TYPES, ChannelGraph, ChannelGroup
 from ptopt.compress.prune import StructuredPruneConfig, matches, register_pruner
 from ptopt.core.errors import UnsupportedModelError
 
 # -- pruning ---------------------------------------------------------------------------------------
+
 
 def channel_importance(modules: dict[str, Any], group: ChannelGroup, criterion: str = "l1") -> Any:
     """One score per channel of the group: the sum over its producers of each filter's L1 or L2 norm."""
@@ -90,9 +92,16 @@ def _apply(mod: Any, role: str, idx: Any) -> None:
             mod.num_features = len(idx)
 
 
-def structured_prune(model: Any, example_inputs: Any, amount: float, *, criterion: str = "l1",
-                     exclude: Iterable[str] = (), prune_first_last: bool = False,
-                     base_channels: dict[str, int] | None = None) -> tuple[Any, dict[str, Any]]:
+def structured_prune(
+    model: Any,
+    example_inputs: Any,
+    amount: float,
+    *,
+    criterion: str = "l1",
+    exclude: Iterable[str] = (),
+    prune_first_last: bool = False,
+    base_channels: dict[str, int] | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """Remove ``amount`` of the output channels of every prunable group; returns (new model, report).
 
     ``amount`` is a fraction of ``base_channels[layer]`` (the channels before the first of several
@@ -117,16 +126,23 @@ def structured_prune(model: Any, example_inputs: Any, amount: float, *, criterio
     groups = graph.groups(excluded | set(defaults), defaults)
     if not any(g.prunable for g in groups):
         raise UnsupportedModelError(
-            "structured pruning found no layer whose output channels can be removed: " +
-            "; ".join(f"{', '.join(g.producers)}: {g.frozen[0]}" for g in groups if g.producers and g.frozen)[:600])
+            "structured pruning found no layer whose output channels can be removed: "
+            + "; ".join(
+                f"{', '.join(g.producers)}: {g.frozen[0]}" for g in groups if g.producers and g.frozen
+            )[:600]
+        )
     with torch.no_grad():
         ref = call_model(model, example_inputs)
     before = {n: _out_size(modules[n]) for g in groups for n in g.producers}
     layers: dict[str, dict[str, Any]] = {}
     for g in groups:
         for n in g.producers:
-            layers[n] = {"channels_before": before[n], "channels_after": before[n], "group": g.producers,
-                         "kept_reason": "; ".join(g.frozen) or None}
+            layers[n] = {
+                "channels_before": before[n],
+                "channels_after": before[n],
+                "group": g.producers,
+                "kept_reason": "; ".join(g.frozen) or None,
+            }
         if not g.prunable:
             continue
         base = max((base_channels or {}).get(n, g.size) for n in g.producers)
@@ -150,13 +166,21 @@ def structured_prune(model: Any, example_inputs: Any, amount: float, *, criterio
             try:
                 out = call_model(gm, example_inputs)
             except Exception as e:  # noqa: BLE001
-                raise UnsupportedModelError(f"structured pruning: the pruned model does not run: {e}") from None
+                raise UnsupportedModelError(
+                    f"structured pruning: the pruned model does not run: {e}"
+                ) from None
             model = gm.eval()
     order = {n: i for i, n in enumerate(graph.producer_order)}
     layers = dict(sorted(layers.items(), key=lambda kv: order.get(kv[0], len(order))))
-    return model, {"layers": layers, "default_excluded": list(defaults),
-                   "groups": [{"layers": g.producers, "channels": g.size, "kept_reason": "; ".join(g.frozen) or None}
-                              for g in groups if g.producers]}
+    return model, {
+        "layers": layers,
+        "default_excluded": list(defaults),
+        "groups": [
+            {"layers": g.producers, "channels": g.size, "kept_reason": "; ".join(g.frozen) or None}
+            for g in groups
+            if g.producers
+        ],
+    }
 
 
 def _out_size(mod: Any) -> int:
@@ -165,8 +189,11 @@ def _out_size(mod: Any) -> int:
 
 def output_channels(model: Any) -> dict[str, int]:
     """Output channels / features of every conv and linear, by name."""
-    return {n: _out_size(m) for n, m in model.named_modules()
-            if type(m).__name__ in _CONV_TYPES or type(m).__name__ == "Linear"}
+    return {
+        n: _out_size(m)
+        for n, m in model.named_modules()
+        if type(m).__name__ in _CONV_TYPES or type(m).__name__ == "Linear"
+    }
 
 
 @register_pruner(StructuredPruneConfig)
@@ -183,9 +210,15 @@ class StructuredPruner:
 
     def step(self, model: Any, amount: float) -> Any:
         c = self.config
-        model, self.report = structured_prune(model, self.example_inputs, amount, criterion=c.criterion,
-                                              exclude=c.exclude, prune_first_last=c.prune_first_last,
-                                              base_channels=self.base)
+        model, self.report = structured_prune(
+            model,
+            self.example_inputs,
+            amount,
+            criterion=c.criterion,
+            exclude=c.exclude,
+            prune_first_last=c.prune_first_last,
+            base_channels=self.base,
+        )
         return model
 
     def finish(self, model: Any) -> tuple[Any, dict[str, Any]]:
@@ -193,9 +226,17 @@ class StructuredPruner:
         after = output_channels(model)
         rows = []
         for name, info in layers.items():
-            rows.append({"layer": name, "channels_before": self.base.get(name, info["channels_before"]),
-                         "channels_after": after.get(name, info["channels_after"]),
-                         "pruned_with": [n for n in info["group"] if n != name],
-                         "kept_reason": info["kept_reason"]})
-        return model, {"layers": rows, "groups": self.report.get("groups", []),
-                       "default_excluded": self.report.get("default_excluded", [])}
+            rows.append(
+                {
+                    "layer": name,
+                    "channels_before": self.base.get(name, info["channels_before"]),
+                    "channels_after": after.get(name, info["channels_after"]),
+                    "pruned_with": [n for n in info["group"] if n != name],
+                    "kept_reason": info["kept_reason"],
+                }
+            )
+        return model, {
+            "layers": rows,
+            "groups": self.report.get("groups", []),
+            "default_excluded": self.report.get("default_excluded", []),
+        }

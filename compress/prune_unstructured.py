@@ -10,13 +10,16 @@ model that is really smaller and faster.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ptopt.compress.prune import GlobalPruneConfig, L1UnstructuredConfig, matches, register_pruner
 
-DENSE_NOTE = ("unstructured sparsity: zeros are stored densely, so the file is as large as before and dense "
-              "kernels run no faster; the zeros only shrink the compressed (gzip) size. For a smaller, faster "
-              "model use --method structured.")
+DENSE_NOTE = (
+    "unstructured sparsity: zeros are stored densely, so the file is as large as before and dense "
+    "kernels run no faster; the zeros only shrink the compressed (gzip) size. For a smaller, faster "
+    "model use --method structured."
+)
 
 
 def prunable_layers(model: Any, exclude: Iterable[str] = ()) -> list[tuple[str, Any]]:
@@ -24,8 +27,11 @@ def prunable_layers(model: Any, exclude: Iterable[str] = ()) -> list[tuple[str, 
     from torch import nn
 
     exclude = tuple(exclude)
-    return [(n, m) for n, m in model.named_modules()
-            if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and not matches(n, exclude)]
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and not matches(n, exclude)
+    ]
 
 
 def make_permanent(model: Any) -> Any:
@@ -44,8 +50,15 @@ def sparsity_table(layers: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     for name, m in layers:
         w = m.weight.detach()
         zeros = int((w == 0).sum())
-        rows.append({"layer": name, "type": type(m).__name__, "weights": w.numel(), "zeros": zeros,
-                     "sparsity": zeros / max(w.numel(), 1)})
+        rows.append(
+            {
+                "layer": name,
+                "type": type(m).__name__,
+                "weights": w.numel(),
+                "zeros": zeros,
+                "sparsity": zeros / max(w.numel(), 1),
+            }
+        )
     return rows
 
 
@@ -97,5 +110,6 @@ class GlobalPruner(_UnstructuredPruner):
     def _mask(self, model: Any, layers: list[tuple[str, Any]], amount: float) -> None:
         from torch.nn.utils import prune
 
-        prune.global_unstructured([(m, "weight") for _, m in layers], pruning_method=prune.L1Unstructured,
-                                  amount=amount)
+        prune.global_unstructured(
+            [(m, "weight") for _, m in layers], pruning_method=prune.L1Unstructured, amount=amount
+        )

@@ -54,6 +54,7 @@ class FreezeSchedule:
             self._apply(model)
             self.step += 1
             return loss_fn(model, batch)
+
         return loss
 
     def summary(self) -> dict[str, Any]:
@@ -70,25 +71,52 @@ def distill_loss(teacher: Any):
         with torch.no_grad():
             target = F.softmax(call_model(teacher, batch.x), -1)
         return F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean"), logits
+
     return loss
 
 
-def quantize_qat(model: Any, config: QATConfig, train_data: Dataset, example: Any, eval_data: Dataset | None = None,
-                 progress: bool = True) -> QuantResult:
+def quantize_qat(
+    model: Any,
+    config: QATConfig,
+    train_data: Dataset,
+    example: Any,
+    eval_data: Dataset | None = None,
+    progress: bool = True,
+) -> QuantResult:
     """QAT of ``model`` (left untouched) on ``train_data``; returns the converted int8 module."""
     from ptopt.compress.trainer import TrainConfig, cross_entropy_loss, train
 
     args, kwargs = call_args(example)
     prepared = engine.prepare_qat(model, config, args, kwargs)
-    tcfg = TrainConfig(epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-                       weight_decay=config.weight_decay, seed=config.seed, keep_best=False)
+    tcfg = TrainConfig(
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        seed=config.seed,
+        keep_best=False,
+    )
     schedule = FreezeSchedule(config, train_data.num_batches(tcfg.batch_size))
     base_loss = cross_entropy_loss if train_data.has_labels else distill_loss(model.eval())
-    result = train(prepared, train_data, tcfg, eval_data=eval_data if eval_data is not None and eval_data.has_labels
-                   else None, loss_fn=schedule.wrap(base_loss), epoch_hooks=[schedule.epoch_hook],
-                   progress=progress, description="QAT")
+    result = train(
+        prepared,
+        train_data,
+        tcfg,
+        eval_data=eval_data if eval_data is not None and eval_data.has_labels else None,
+        loss_fn=schedule.wrap(base_loss),
+        epoch_hooks=[schedule.epoch_hook],
+        progress=progress,
+        description="QAT",
+    )
     converted = engine.convert(result.model, config.backend)
-    summary = {"training": {"data": train_data.name, "samples": len(train_data), "epochs": config.epochs,
-                            "loss": "cross_entropy" if train_data.has_labels else "kl_to_fp32",
-                            "history": result.history, **schedule.summary()}}
+    summary = {
+        "training": {
+            "data": train_data.name,
+            "samples": len(train_data),
+            "epochs": config.epochs,
+            "loss": "cross_entropy" if train_data.has_labels else "kl_to_fp32",
+            "history": result.history,
+            **schedule.summary(),
+        }
+    }
     return QuantResult(converted, float_layers(model, converted, config), summary)

@@ -19,7 +19,8 @@ import contextlib
 import copy
 import linecache
 import warnings
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,8 +70,10 @@ def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r} (known: {', '.join(BACKENDS)})")
     if backend not in torch.backends.quantized.supported_engines:
-        raise UsageError(f"backend {backend!r} is not available in this torch build "
-                         f"(available: {', '.join(e for e in BACKENDS if e in torch.backends.quantized.supported_engines)})")
+        raise UsageError(
+            f"backend {backend!r} is not available in this torch build "
+            f"(available: {', '.join(e for e in BACKENDS if e in torch.backends.quantized.supported_engines)})"
+        )
     return backend
 
 
@@ -86,6 +89,7 @@ def quantized_engine(backend: str) -> Iterator[None]:
 
 
 # -- observers and qconfigs --------------------------------------------------------------------
+
 
 class PercentileObserver(HistogramObserver):
     """Histogram observer whose range is clipped to [100-p, p] percentiles: outliers stop
@@ -115,10 +119,13 @@ def _activation(backend: str, observer: str, qat: bool):
     rr = _reduce_range(backend)
     if qat:
         if observer != "minmax":
-            raise UsageError(f"QAT learns ranges with moving-average min-max fake quantization; observer "
-                             f"{observer!r} applies to static calibration only")
+            raise UsageError(
+                f"QAT learns ranges with moving-average min-max fake quantization; observer "
+                f"{observer!r} applies to static calibration only"
+            )
         return tq.FusedMovingAvgObsFakeQuantize.with_args(
-            observer=tq.MovingAverageMinMaxObserver, quant_min=0, quant_max=255, reduce_range=rr)
+            observer=tq.MovingAverageMinMaxObserver, quant_min=0, quant_max=255, reduce_range=rr
+        )
     if observer == "minmax":
         return MinMaxObserver.with_args(reduce_range=rr)
     if observer == "percentile":
@@ -136,7 +143,9 @@ def _weight(per_channel: bool, qat: bool):
 
 def build_qconfig(scheme: Any, qat: bool = False) -> QConfig:
     observer = normalize_observer(getattr(scheme, "observer", None) or "minmax")
-    return QConfig(activation=_activation(scheme.backend, observer, qat), weight=_weight(scheme.per_channel, qat))
+    return QConfig(
+        activation=_activation(scheme.backend, observer, qat), weight=_weight(scheme.per_channel, qat)
+    )
 
 
 def build_qconfig_mapping(scheme: Any, qat: bool = False) -> QConfigMapping:
@@ -149,13 +158,20 @@ def build_qconfig_mapping(scheme: Any, qat: bool = False) -> QConfigMapping:
     check_backend(scheme.backend)
     qconfig = build_qconfig(scheme, qat)
     with _quiet():
-        base = tq.get_default_qat_qconfig_mapping(scheme.backend) if qat else tq.get_default_qconfig_mapping(scheme.backend)
+        base = (
+            tq.get_default_qat_qconfig_mapping(scheme.backend)
+            if qat
+            else tq.get_default_qconfig_mapping(scheme.backend)
+        )
     fixed = set(getattr(tq.qconfig_mapping, "_FIXED_QPARAMS_OP_TO_OBSERVER", {}))
     mapping = QConfigMapping().set_global(qconfig)
     for pattern, qc in base.object_type_qconfigs.items():
         if pattern in fixed or pattern == "reshape" or qc is None:
             mapping.set_object_type(pattern, qc)
-        elif pattern in (nn.LayerNorm, torch.nn.functional.layer_norm, nn.PReLU) or "transpose" in str(pattern).lower():
+        elif (
+            pattern in (nn.LayerNorm, torch.nn.functional.layer_norm, nn.PReLU)
+            or "transpose" in str(pattern).lower()
+        ):
             # keep upstream's weight choice for these (float LayerNorm weight, per-tensor transposed convs)
             mapping.set_object_type(pattern, QConfig(activation=qconfig.activation, weight=qc.weight))
         else:
@@ -175,10 +191,13 @@ def check_module_names(model: nn.Module, names: Any, option: str = "--exclude") 
     bad = [n for n in names if n not in known]
     if bad:
         sample = ", ".join(sorted(known, key=len)[:8])
-        raise UsageError(f"{option} {', '.join(bad)}: no such module in the model (modules include: {sample})")
+        raise UsageError(
+            f"{option} {', '.join(bad)}: no such module in the model (modules include: {sample})"
+        )
 
 
 # -- graph mode (FX): static and QAT ---------------------------------------------------------------
+
 
 def _trace_failure(model: nn.Module, err: BaseException, qat: bool) -> UnsupportedModelError:
     """Name the module and source line where symbolic tracing stopped, and what the user can do."""
@@ -194,36 +213,51 @@ def _trace_failure(model: nn.Module, err: BaseException, qat: bool) -> Unsupport
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     mode = "QAT" if qat else "static quantization"
     if where is None:
-        return UnsupportedModelError(f"graph mode ({mode}) cannot trace the model: {reason[:300]}. "
-                                     "Use --mode dynamic (Linear/LSTM/GRU only), or make the model "
-                                     "symbolically traceable (torch.fx)")
+        return UnsupportedModelError(
+            f"graph mode ({mode}) cannot trace the model: {reason[:300]}. "
+            "Use --mode dynamic (Linear/LSTM/GRU only), or make the model "
+            "symbolically traceable (torch.fx)"
+        )
     name, cls, fn = where
     at = f"module {name!r} ({cls}.{fn})" if name else f"the top-level model ({cls}.{fn})"
-    todo = (f"keep that module in float with --exclude {name} (float_modules=('{name}',)), or use --mode dynamic"
-            if name else "use --mode dynamic, or move that code into a submodule and --exclude it")
+    todo = (
+        f"keep that module in float with --exclude {name} (float_modules=('{name}',)), or use --mode dynamic"
+        if name
+        else "use --mode dynamic, or move that code into a submodule and --exclude it"
+    )
     src = f" at `{line}`" if line else ""
-    return UnsupportedModelError(f"graph mode ({mode}) cannot trace the model: tracing stopped in {at}{src}: "
-                                 f"{reason[:200]}. {todo[0].upper() + todo[1:]}")
+    return UnsupportedModelError(
+        f"graph mode ({mode}) cannot trace the model: tracing stopped in {at}{src}: "
+        f"{reason[:200]}. {todo[0].upper() + todo[1:]}"
+    )
 
 
 def _prepare_custom_config(scheme: Any):
     from torch.ao.quantization.fx.custom_config import PrepareCustomConfig
 
     # a float module is also left untraced: code FX cannot trace can be excluded this way
-    return PrepareCustomConfig().set_non_traceable_module_names(list(getattr(scheme, "float_modules", ()) or ()))
+    return PrepareCustomConfig().set_non_traceable_module_names(
+        list(getattr(scheme, "float_modules", ()) or ())
+    )
 
 
-def prepare_static(model: nn.Module, scheme: Any, example_args: tuple, example_kwargs: dict | None = None) -> nn.Module:
+def prepare_static(
+    model: nn.Module, scheme: Any, example_args: tuple, example_kwargs: dict | None = None
+) -> nn.Module:
     """Trace ``model`` (a copy, in eval mode), fuse conv-bn(-relu) / linear-relu and insert observers."""
     return _prepare(model, scheme, example_args, example_kwargs, qat=False)
 
 
-def prepare_qat(model: nn.Module, scheme: Any, example_args: tuple, example_kwargs: dict | None = None) -> nn.Module:
+def prepare_qat(
+    model: nn.Module, scheme: Any, example_args: tuple, example_kwargs: dict | None = None
+) -> nn.Module:
     """Like :func:`prepare_static` in train mode with fake quantization (conv-bn kept for training)."""
     return _prepare(model, scheme, example_args, example_kwargs, qat=True)
 
 
-def _prepare(model: nn.Module, scheme: Any, example_args: tuple, example_kwargs: dict | None, qat: bool) -> nn.Module:
+def _prepare(
+    model: nn.Module, scheme: Any, example_args: tuple, example_kwargs: dict | None, qat: bool
+) -> nn.Module:
     mapping = build_qconfig_mapping(scheme, qat=qat)
     model = copy.deepcopy(model)
     model.train(qat)
@@ -235,8 +269,17 @@ def _prepare(model: nn.Module, scheme: Any, example_args: tuple, example_kwargs:
     with _quiet(), quantized_engine(scheme.backend):
         try:
             return fn(model, mapping, example_args, prepare_custom_config=_prepare_custom_config(scheme))
-        except (torch.fx.proxy.TraceError, TypeError, RuntimeError, AttributeError, NotImplementedError,
-                ValueError, AssertionError, KeyError, IndexError) as e:
+        except (
+            torch.fx.proxy.TraceError,
+            TypeError,
+            RuntimeError,
+            AttributeError,
+            NotImplementedError,
+            ValueError,
+            AssertionError,
+            KeyError,
+            IndexError,
+        ) as e:
             raise _trace_failure(model, e, qat) from None
 
 
@@ -271,6 +314,7 @@ def is_quantized_module(m: nn.Module) -> bool:
 
 # -- dynamic -------------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def mha_fastpath_disabled() -> Iterator[None]:
     """Dynamic int8 replaces Linear weights by methods; the fused MultiheadAttention / encoder fast
@@ -287,8 +331,9 @@ def mha_fastpath_disabled() -> Iterator[None]:
         mha.set_fastpath_enabled(prev)
 
 
-def quantize_dynamic(model: nn.Module, types: Any, per_channel: bool, backend: str,
-                     float_modules: Any = ()) -> nn.Module:
+def quantize_dynamic(
+    model: nn.Module, types: Any, per_channel: bool, backend: str, float_modules: Any = ()
+) -> nn.Module:
     """Int8 weights, activations quantized on the fly, for the given layer types (a copy)."""
     with _quiet():
         if per_channel:

@@ -76,8 +76,9 @@ class StaticQuantConfig(QuantConfig):
         super().__post_init__()
         obs = {"entropy": "histogram", "min-max": "minmax"}.get(self.observer, self.observer)
         if obs not in OBSERVERS:
-            raise UsageError(f"unknown observer {self.observer!r} (known: {', '.join(OBSERVERS)}; "
-                             "'entropy' = histogram)")
+            raise UsageError(
+                f"unknown observer {self.observer!r} (known: {', '.join(OBSERVERS)}; 'entropy' = histogram)"
+            )
         object.__setattr__(self, "observer", obs)
         if self.calibration_batches < 1 or self.batch_size < 1:
             raise UsageError("--calibration-batches and --batch-size must be >= 1")
@@ -97,10 +98,15 @@ class DynamicQuantConfig(QuantConfig):
         layers = tuple(str(t).lower() for t in self.layers)
         bad = [t for t in layers if t not in DYNAMIC_LAYERS]
         if bad:
-            hint = " (convolutions: use --mode static; dynamic int8 convs are slower than fp32)" if any(
-                t.startswith("conv") for t in bad) else ""
-            raise UsageError(f"dynamic quantization does not handle {', '.join(bad)} "
-                             f"(known: {', '.join(DYNAMIC_LAYERS)}){hint}")
+            hint = (
+                " (convolutions: use --mode static; dynamic int8 convs are slower than fp32)"
+                if any(t.startswith("conv") for t in bad)
+                else ""
+            )
+            raise UsageError(
+                f"dynamic quantization does not handle {', '.join(bad)} "
+                f"(known: {', '.join(DYNAMIC_LAYERS)}){hint}"
+            )
         if not layers:
             raise UsageError("dynamic quantization needs at least one layer type (linear, lstm, gru)")
         object.__setattr__(self, "layers", layers)
@@ -128,8 +134,10 @@ class QATConfig(QuantConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.observer not in ("minmax", "min-max"):
-            raise UsageError(f"QAT learns ranges with moving-average min-max fake quantization; observer "
-                             f"{self.observer!r} applies to static calibration only")
+            raise UsageError(
+                f"QAT learns ranges with moving-average min-max fake quantization; observer "
+                f"{self.observer!r} applies to static calibration only"
+            )
         object.__setattr__(self, "observer", "minmax")
         if self.epochs < 1:
             raise UsageError(f"--epochs must be >= 1 for QAT, got {self.epochs}")
@@ -140,7 +148,11 @@ class QATConfig(QuantConfig):
                 raise UsageError(f"{f} must be a fraction in [0, 1], got {getattr(self, f)}")
 
 
-CONFIGS: dict[str, type[QuantConfig]] = {"static": StaticQuantConfig, "dynamic": DynamicQuantConfig, "qat": QATConfig}
+CONFIGS: dict[str, type[QuantConfig]] = {
+    "static": StaticQuantConfig,
+    "dynamic": DynamicQuantConfig,
+    "qat": QATConfig,
+}
 
 
 def make_config(mode: str, **options: Any) -> QuantConfig:
@@ -166,13 +178,32 @@ class QuantResult:
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def quantize(model: Any, mode: str | None, output: "str | os.PathLike", *, calib_data: Any = None,
-             train_data: Any = None, eval_data: Any = None, backend: str = "x86", observer: str | None = None,
-             per_channel: bool = True, calibration_batches: int | None = None, batch_size: int | None = None,
-             exclude: Any = (), layers: Any = None, epochs: int | None = None, lr: float | None = None,
-             config: QuantConfig | None = None, input_shapes: Any = (), weights: Any = None,
-             allow_pickle: bool = False, progress: bool = True, max_accuracy_drop: float | None = None,
-             min_cosine: float | None = None, tuning_budget: "str | int | None" = None):
+def quantize(
+    model: Any,
+    mode: str | None,
+    output: str | os.PathLike,
+    *,
+    calib_data: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+    backend: str = "x86",
+    observer: str | None = None,
+    per_channel: bool = True,
+    calibration_batches: int | None = None,
+    batch_size: int | None = None,
+    exclude: Any = (),
+    layers: Any = None,
+    epochs: int | None = None,
+    lr: float | None = None,
+    config: QuantConfig | None = None,
+    input_shapes: Any = (),
+    weights: Any = None,
+    allow_pickle: bool = False,
+    progress: bool = True,
+    max_accuracy_drop: float | None = None,
+    min_cosine: float | None = None,
+    tuning_budget: str | int | None = None,
+):
     """Quantize ``model`` to int8 and write a TorchScript artifact to ``output``; returns the Artifact.
 
     ``model``: a MODEL reference, an nn.Module or a LoadedModel. ``calib_data`` (static),
@@ -185,12 +216,27 @@ def quantize(model: Any, mode: str | None, output: "str | os.PathLike", *, calib
     if max_accuracy_drop is not None or min_cosine is not None:
         from ptopt.compress.autoquant import autoquantize
 
-        found = autoquantize(model, mode or "", output, eval_data=eval_data, calib_data=calib_data,
-                             max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget,
-                             backend=backend, observer=observer, per_channel=per_channel,
-                             calibration_batches=calibration_batches, batch_size=batch_size, exclude=exclude,
-                             layers=layers, input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle,
-                             progress=progress)
+        found = autoquantize(
+            model,
+            mode or "",
+            output,
+            eval_data=eval_data,
+            calib_data=calib_data,
+            max_accuracy_drop=max_accuracy_drop,
+            min_cosine=min_cosine,
+            tuning_budget=tuning_budget,
+            backend=backend,
+            observer=observer,
+            per_channel=per_channel,
+            calibration_batches=calibration_batches,
+            batch_size=batch_size,
+            exclude=exclude,
+            layers=layers,
+            input_shapes=input_shapes,
+            weights=weights,
+            allow_pickle=allow_pickle,
+            progress=progress,
+        )
         found.raise_if_missed()
         return found.artifact
     from pathlib import Path
@@ -199,28 +245,44 @@ def quantize(model: Any, mode: str | None, output: "str | os.PathLike", *, calib
     from ptopt.core.modelref import as_loaded
 
     if config is None:
-        opts: dict[str, Any] = {"backend": backend, "per_channel": per_channel, "float_modules": tuple(exclude or ())}
+        opts: dict[str, Any] = {
+            "backend": backend,
+            "per_channel": per_channel,
+            "float_modules": tuple(exclude or ()),
+        }
         if mode == "static":
-            opts |= {"observer": observer, "calibration_batches": calibration_batches, "batch_size": batch_size}
+            opts |= {
+                "observer": observer,
+                "calibration_batches": calibration_batches,
+                "batch_size": batch_size,
+            }
         elif mode == "qat":
             opts |= {"observer": observer, "epochs": epochs, "lr": lr, "batch_size": batch_size}
         elif mode == "dynamic":
             opts |= {"layers": tuple(layers) if layers else None}
             if observer is not None:
-                raise UsageError("--observer applies to static quantization (dynamic mode observes every batch)")
+                raise UsageError(
+                    "--observer applies to static quantization (dynamic mode observes every batch)"
+                )
         config = make_config(mode or "", **opts)
     elif mode is not None and mode != config.mode:
-        raise UsageError(f"mode {mode!r} contradicts the given {type(config).__name__} (mode {config.mode!r})")
+        raise UsageError(
+            f"mode {mode!r} contradicts the given {type(config).__name__} (mode {config.mode!r})"
+        )
     mode = config.mode
     output = Path(output)
     if output.is_dir():
         raise UsageError(f"output {output} is a folder; give a file name such as model.int8.pt")
     # fail on missing data before loading anything
     if mode == "static" and calib_data is None:
-        raise UsageError("static quantization needs calibration data: pass --calib-data DATA "
-                         "(e.g. builtin:digits32:train), or use --mode dynamic")
+        raise UsageError(
+            "static quantization needs calibration data: pass --calib-data DATA "
+            "(e.g. builtin:digits32:train), or use --mode dynamic"
+        )
     if mode == "qat" and train_data is None:
-        raise UsageError("QAT needs training data: pass --train-data DATA (labelled, e.g. builtin:digits32:train)")
+        raise UsageError(
+            "QAT needs training data: pass --train-data DATA (labelled, e.g. builtin:digits32:train)"
+        )
 
     loaded = as_loaded(model, weights, allow_pickle)
     module = loaded.require_module("quantization")
@@ -229,7 +291,8 @@ def quantize(model: Any, mode: str | None, output: "str | os.PathLike", *, calib
 
         raise UnsupportedModelError(
             f"{loaded.ref} is a {loaded.format} model; quantization needs the eager nn.Module "
-            "(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle)")
+            "(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle)"
+        )
     from ptopt.compress import quant_engine as engine
 
     engine.check_backend(config.backend)
@@ -269,16 +332,27 @@ def quantize(model: Any, mode: str | None, output: "str | os.PathLike", *, calib
         if isinstance(ref, (str, os.PathLike)):
             cfg[key] = str(ref)
     parent = loaded.parent_record()
-    extra: dict[str, Any] = {"float_layers": result.float_layers, **result.summary,
-                             "onnx_quantization": _onnx_recipe(config, calib_data if mode == "static" else train_data,
-                                                               parent)}
+    extra: dict[str, Any] = {
+        "float_layers": result.float_layers,
+        **result.summary,
+        "onnx_quantization": _onnx_recipe(config, calib_data if mode == "static" else train_data, parent),
+    }
     metrics["size_ratio_vs_fp32_torchscript"] = round(output.stat().st_size / fp32_bytes, 4)
-    return Artifact(path=output, format="torchscript", inputs=list(loaded.input_specs),
-                    input_style=loaded.input_style, config=cfg, parent=parent, precision="int8", metrics=metrics,
-                    extra=extra).finalize()
+    return Artifact(
+        path=output,
+        format="torchscript",
+        inputs=list(loaded.input_specs),
+        input_style=loaded.input_style,
+        config=cfg,
+        parent=parent,
+        precision="int8",
+        metrics=metrics,
+        extra=extra,
+    ).finalize()
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
 
 def _data(ref: Any, what: str, finite: bool):
     if ref is None:
@@ -318,8 +392,10 @@ def _settle_inputs(loaded: Any, ds: Any, input_shapes: Any) -> Any:
             input_shapes = parse_named_shapes(input_shapes)
         resolve_inputs(loaded, input_shapes=input_shapes)
     if not loaded.input_specs:
-        raise UsageError(f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. 1x3x224x224) "
-                         "or data (--calib-data / --eval-data)")
+        raise UsageError(
+            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. 1x3x224x224) "
+            "or data (--calib-data / --eval-data)"
+        )
     x = loaded.example_inputs(which="opt", batch=2)
     from ptopt.core.modelref import run_checked
 
@@ -352,14 +428,19 @@ def _save_torchscript(module: Any, example: Any, path: Any, check: Any) -> Any:
             module.eval()
             with torch.no_grad():
                 if kwargs:
-                    traced = torch.jit.trace(module, example_kwarg_inputs=kwargs, check_trace=False, strict=False)
+                    traced = torch.jit.trace(
+                        module, example_kwarg_inputs=kwargs, check_trace=False, strict=False
+                    )
                 else:
-                    traced = torch.jit.trace(module, args if len(args) > 1 else args[0], check_trace=False,
-                                             strict=False)
+                    traced = torch.jit.trace(
+                        module, args if len(args) > 1 else args[0], check_trace=False, strict=False
+                    )
                 frozen = torch.jit.freeze(traced.eval())
         except Exception as e:  # noqa: BLE001 - tracing failures come in many types
-            raise UnsupportedModelError(f"cannot save the model as TorchScript: {type(e).__name__}: "
-                                        f"{str(e).strip().splitlines()[0][:300]}") from None
+            raise UnsupportedModelError(
+                f"cannot save the model as TorchScript: {type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:300]}"
+            ) from None
         if check is None:
             buf = io.BytesIO()
             torch.jit.save(frozen, buf)
@@ -372,8 +453,10 @@ def _save_torchscript(module: Any, example: Any, path: Any, check: Any) -> Any:
                 want, got = call_model(check, x), call_model(loaded, x)
                 if not torch.allclose(want.float(), got.float(), atol=TRACE_ATOL, rtol=1e-3):
                     diff = float((want.float() - got.float()).abs().max())
-                    raise ParityError(f"the traced int8 TorchScript differs from the int8 model (max |diff| "
-                                      f"{diff:.3g}); the model may branch on input values or shapes")
+                    raise ParityError(
+                        f"the traced int8 TorchScript differs from the int8 model (max |diff| "
+                        f"{diff:.3g}); the model may branch on input values or shapes"
+                    )
     return loaded
 
 
@@ -384,6 +467,7 @@ def _rebatch(x: Any, n: int) -> Any:
     def r(t):
         reps = -(-n // t.shape[0])
         return torch.cat([t] * reps)[:n]
+
     if isinstance(x, dict):
         return {k: r(v) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
@@ -409,11 +493,17 @@ def _metrics(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
             if b.y is not None:
                 correct32 += int((p32 == b.y).sum())
                 correct8 += int((p8 == b.y).sum())
-    out: dict[str, Any] = {"eval_data": str(ref) if isinstance(ref, (str, os.PathLike)) else ds.name,
-                           "eval_samples": n, "top1_agreement": agree / n}
+    out: dict[str, Any] = {
+        "eval_data": str(ref) if isinstance(ref, (str, os.PathLike)) else ds.name,
+        "eval_samples": n,
+        "top1_agreement": agree / n,
+    }
     if ds.has_labels:
-        out |= {"fp32_accuracy": correct32 / n, "int8_accuracy": correct8 / n,
-                "accuracy_drop_points": round(100.0 * (correct32 - correct8) / n, 4)}
+        out |= {
+            "fp32_accuracy": correct32 / n,
+            "int8_accuracy": correct8 / n,
+            "accuracy_drop_points": round(100.0 * (correct32 - correct8) / n, 4),
+        }
     return out
 
 
@@ -438,5 +528,7 @@ def _onnx_recipe(config: QuantConfig, data_ref: Any, parent: dict[str, Any]) -> 
         rec["batch_size"] = config.batch_size  # type: ignore[attr-defined]
         rec["quant_format"] = "QDQ"
         if config.mode == "qat":
-            rec["note"] = "re-quantizes the fp32 parent by calibration on train_data: QAT fine-tuning is not carried over"
+            rec["note"] = (
+                "re-quantizes the fp32 parent by calibration on train_data: QAT fine-tuning is not carried over"
+            )
     return rec

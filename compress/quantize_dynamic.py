@@ -19,11 +19,19 @@ _CONV_REASON = "convolutions are never dynamically quantized (slower than fp32);
 
 def quantize_dynamic(model: Any, config: DynamicQuantConfig) -> QuantResult:
     """Dynamic int8 of ``model`` (left untouched)."""
-    q = engine.quantize_dynamic(model, config.layers, config.per_channel, config.backend, config.float_modules)
-    summary = {"dynamic": {"layers": list(config.layers), "per_channel": config.per_channel,
-                           "backend": config.backend,
-                           "quantized_layers": sorted(n for n, _ in model.named_modules()
-                                                      if n and engine.is_quantized_module(q.get_submodule(n)))}}
+    q = engine.quantize_dynamic(
+        model, config.layers, config.per_channel, config.backend, config.float_modules
+    )
+    summary = {
+        "dynamic": {
+            "layers": list(config.layers),
+            "per_channel": config.per_channel,
+            "backend": config.backend,
+            "quantized_layers": sorted(
+                n for n, _ in model.named_modules() if n and engine.is_quantized_module(q.get_submodule(n))
+            ),
+        }
+    }
     return QuantResult(q, float_layers(model, q, config), summary)
 
 

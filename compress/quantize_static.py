@@ -25,19 +25,24 @@ _NO_STATIC_KERNEL = {
 }
 
 
-def quantize_static(model: Any, config: StaticQuantConfig, calib: Dataset, example: Any,
-                    progress: bool = True) -> QuantResult:
+def quantize_static(
+    model: Any, config: StaticQuantConfig, calib: Dataset, example: Any, progress: bool = True
+) -> QuantResult:
     """Static int8 of ``model`` (left untouched) calibrated on ``calib``; ``example`` is one batch."""
     args, kwargs = call_args(example)
     prepared = engine.prepare_static(model, config, args, kwargs)
     summary = calibrate(prepared, calib, config.calibration_batches, config.batch_size, progress)
     converted = engine.convert(prepared, config.backend)
-    calibration = {"calibration": summary | {"observer": config.observer, "per_channel": config.per_channel,
-                                             "backend": config.backend}}
+    calibration = {
+        "calibration": summary
+        | {"observer": config.observer, "per_channel": config.per_channel, "backend": config.backend}
+    }
     return QuantResult(converted, float_layers(model, converted, config), calibration)
 
 
-def calibrate(prepared: Any, data: Dataset, max_batches: int, batch_size: int, progress: bool = True) -> dict[str, Any]:
+def calibrate(
+    prepared: Any, data: Dataset, max_batches: int, batch_size: int, progress: bool = True
+) -> dict[str, Any]:
     """Run up to ``max_batches`` shuffled (seeded) batches through the observed model.
 
     Calibrate in eval mode: BatchNorm statistics must not move and dropout must be off, or the
@@ -62,9 +67,12 @@ def calibrate(prepared: Any, data: Dataset, max_batches: int, batch_size: int, p
                     raise UnsupportedModelError(
                         f"calibration failed in graph mode: {msg}: an integer tensor (token ids or a mask) reaches "
                         "an op that static int8 wants to quantize. Use --mode dynamic for models with integer "
-                        "inputs") from None
-                raise UnsupportedModelError(f"calibration failed in graph mode: {msg}. Keep the failing module "
-                                            "in float with --exclude NAME, or use --mode dynamic") from None
+                        "inputs"
+                    ) from None
+                raise UnsupportedModelError(
+                    f"calibration failed in graph mode: {msg}. Keep the failing module "
+                    "in float with --exclude NAME, or use --mode dynamic"
+                ) from None
             batches += 1
             samples += batch_size_of(b.x)
             advance()
@@ -95,8 +103,10 @@ def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
         if any(name == e or name.startswith(e + ".") for e in excluded):
             out[name] = "excluded (--exclude / float_modules)"
         elif opaque is not None:
-            out[name] = (f"inside {opaque} ({type(original.get_submodule(opaque)).__name__}), which graph mode runs "
-                         "as one float op; --mode dynamic quantizes the Linear layers inside it")
+            out[name] = (
+                f"inside {opaque} ({type(original.get_submodule(opaque)).__name__}), which graph mode runs "
+                "as one float op; --mode dynamic quantizes the Linear layers inside it"
+            )
         elif kind in _NO_STATIC_KERNEL:
             out[name] = _NO_STATIC_KERNEL[kind]
         elif "BatchNorm" in kind:
@@ -121,8 +131,14 @@ class _bar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self._progress.__enter__()
         task = self._progress.add_task(self.description, total=self.total)
         return lambda: self._progress.update(task, advance=1)

@@ -15,7 +15,8 @@ Used by accuracy-aware quantization (``ptopt.compress.autoquant``) as one more s
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,7 +36,9 @@ class SmoothedLinear(nn.Module):
         return self.linear(x * self.inv_scale)
 
 
-def activation_absmax(model: nn.Module, data: Any, names: Iterable[str], batch_size: int = 64) -> dict[str, torch.Tensor]:
+def activation_absmax(
+    model: nn.Module, data: Any, names: Iterable[str], batch_size: int = 64
+) -> dict[str, torch.Tensor]:
     """``{name: max |input| per input channel}`` of the named Linear layers over ``data`` (a Dataset)."""
     from ptopt.core.inputspec import call_model
 
@@ -49,6 +52,7 @@ def activation_absmax(model: nn.Module, data: Any, names: Iterable[str], batch_s
         def hook(mod, inp, out, name=name):
             a = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0).float()
             stats[name] = torch.maximum(stats[name], a) if name in stats else a
+
         hooks.append(m.register_forward_hook(hook))
     try:
         with torch.no_grad():
@@ -60,8 +64,12 @@ def activation_absmax(model: nn.Module, data: Any, names: Iterable[str], batch_s
     return stats
 
 
-def smooth(model: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = DEFAULT_ALPHA,
-           layers: Iterable[str] | None = None) -> nn.Module:
+def smooth(
+    model: nn.Module,
+    absmax: dict[str, torch.Tensor],
+    alpha: float = DEFAULT_ALPHA,
+    layers: Iterable[str] | None = None,
+) -> nn.Module:
     """A copy of ``model`` whose Linears in ``layers`` (default: all in ``absmax``) are SmoothedLinear.
 
     The module keeps its name (``layers.0.ff2`` is the wrapper, ``layers.0.ff2.linear`` the Linear).
@@ -69,7 +77,7 @@ def smooth(model: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = DEF
     if not 0 < alpha < 1:
         raise ValueError(f"smoothing alpha must be in (0, 1), got {alpha}")
     out = copy.deepcopy(model)  # the caller's model is left as it is
-    for name in (absmax if layers is None else layers):
+    for name in absmax if layers is None else layers:
         if name not in absmax:
             continue
         parent_name, _, leaf = name.rpartition(".")
@@ -80,7 +88,7 @@ def smooth(model: nn.Module, absmax: dict[str, torch.Tensor], alpha: float = DEF
         w = lin.weight.detach().abs().amax(0).float()
         # a channel that was ~0 on the calibration data must not get a huge 1/s: floor both maxima
         a = absmax[name].clamp(min=float(absmax[name].max()) * 1e-2 + 1e-8)
-        s = a ** alpha / w.clamp(min=float(w.max()) * 1e-2 + 1e-8) ** (1 - alpha)
+        s = a**alpha / w.clamp(min=float(w.max()) * 1e-2 + 1e-8) ** (1 - alpha)
         with torch.no_grad():
             lin.weight.mul_(s.to(lin.weight.dtype))
         setattr(parent, leaf, SmoothedLinear(lin, s))

@@ -11,15 +11,15 @@ Deterministic for a seed.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import json
 import math
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ptopt.compress import distributed as dist_util
 from ptopt.core.config import Config, register_config
@@ -98,11 +98,13 @@ def cross_entropy_loss(model: Any, batch: Batch) -> tuple[Any, Any]:
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
     """LR multiplier: linear 0→1 over ``warmup_steps``, then cosine 1→0 until ``total_steps``."""
+
     def factor(step: int) -> float:
         if warmup_steps and step < warmup_steps:
             return (step + 1) / warmup_steps
         progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
     return factor
 
 
@@ -143,12 +145,23 @@ def evaluate_accuracy(model: Any, data: Dataset, batch_size: int = 256, device: 
     return correct / max(total, 1)
 
 
-def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), eval_data: Dataset | None = None,
-          loss_fn: LossFn | None = None, epoch_hooks: Sequence[EpochHook] = (), progress: bool = True,
-          description: str = "train", params: Sequence[Any] | None = None, *,
-          checkpoint_dir: str | os.PathLike | None = None, resume: bool = False,
-          log_dir: str | os.PathLike | None = None, metrics_file: str | os.PathLike | None = None,
-          fingerprint_extra: dict[str, Any] | None = None) -> TrainResult:
+def train(
+    model: Any,
+    train_data: Dataset,
+    config: TrainConfig = TrainConfig(),
+    eval_data: Dataset | None = None,
+    loss_fn: LossFn | None = None,
+    epoch_hooks: Sequence[EpochHook] = (),
+    progress: bool = True,
+    description: str = "train",
+    params: Sequence[Any] | None = None,
+    *,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    log_dir: str | os.PathLike | None = None,
+    metrics_file: str | os.PathLike | None = None,
+    fingerprint_extra: dict[str, Any] | None = None,
+) -> TrainResult:
     """Train ``model`` in place and return it with per-epoch history.
 
     ``params`` (default: the model's trainable parameters plus those of an nn.Module ``loss_fn``) lets
@@ -198,7 +211,9 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
         n_batches = _batches_per_epoch(train_data, config.batch_size, world)
         steps_per_epoch = math.ceil(n_batches / config.grad_accum_steps)
         total = steps_per_epoch * config.epochs
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total, int(total * config.warmup_fraction)))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, warmup_cosine(total, int(total * config.warmup_fraction))
+        )
         scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
         autocast = _autocast(device, config.precision)
 
@@ -216,7 +231,7 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
                         hook(epoch, model)
                 model.load_state_dict(ckpt["model"])
                 with torch.no_grad():
-                    for p, saved in zip(extra_params, ckpt["extra_params"]):
+                    for p, saved in zip(extra_params, ckpt["extra_params"], strict=False):
                         p.copy_(saved)
                 opt.load_state_dict(ckpt["optimizer"])
                 sched.load_state_dict(ckpt["scheduler"])
@@ -225,7 +240,11 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
                 rngs = ckpt["rng"]
                 ckpt_util.set_rng_state(rngs[dist_util.rank() % len(rngs)] if distributed else rngs[0])
                 history = list(ckpt["history"])
-                best_acc, best_epoch, best_state = ckpt["best_accuracy"], ckpt["best_epoch"], ckpt["best_state"]
+                best_acc, best_epoch, best_state = (
+                    ckpt["best_accuracy"],
+                    ckpt["best_epoch"],
+                    ckpt["best_state"],
+                )
                 start_epoch = resumed_from = int(ckpt["epoch"])
             elif main:
                 _note(f"no checkpoint in {checkpoint_dir} yet: starting from scratch")
@@ -233,8 +252,13 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
         logger = _Logger(log_dir, metrics_file, history, start_epoch * steps_per_epoch) if main else None
         try:
             with _progress(progress and main) as bar:
-                task = bar.add_task(description, total=config.epochs * n_batches,
-                                    completed=start_epoch * n_batches) if bar else None
+                task = (
+                    bar.add_task(
+                        description, total=config.epochs * n_batches, completed=start_epoch * n_batches
+                    )
+                    if bar
+                    else None
+                )
                 for epoch in range(start_epoch, config.epochs):
                     for hook in epoch_hooks:
                         hook(epoch, model)
@@ -245,7 +269,9 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
                         indices = dist_util.shard_indices(len(train_data), epoch, config.seed)
                         batches = train_data.batches(config.batch_size, indices=indices)
                     else:
-                        batches = train_data.batches(config.batch_size, shuffle=True, seed=config.seed + epoch)
+                        batches = train_data.batches(
+                            config.batch_size, shuffle=True, seed=config.seed + epoch
+                        )
                     for i, batch in enumerate(batches):
                         batch = to_device(batch, device)
                         stepping = (i + 1) % config.grad_accum_steps == 0 or i + 1 == n_batches
@@ -285,14 +311,21 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
                         if bar:
                             rate = seen * world / max(time.perf_counter() - t0, 1e-9)
                             acc = f" acc {correct / labelled:.3f}" if labelled else ""
-                            bar.update(task, advance=1, description=f"{description} epoch {epoch + 1}/{config.epochs} "
-                                                                    f"loss {loss_sum / seen:.4f}{acc} {rate:.0f}/s")
+                            bar.update(
+                                task,
+                                advance=1,
+                                description=f"{description} epoch {epoch + 1}/{config.epochs} "
+                                f"loss {loss_sum / seen:.4f}{acc} {rate:.0f}/s",
+                            )
                     elapsed = max(time.perf_counter() - t0, 1e-9)
                     if distributed:
                         dist_util.broadcast_buffers(model)
                         seen, loss_sum, correct, labelled = (
-                            int(v) if j != 1 else v for j, v in
-                            enumerate(dist_util.all_reduce_sum([seen, loss_sum, correct, labelled], device)))
+                            int(v) if j != 1 else v
+                            for j, v in enumerate(
+                                dist_util.all_reduce_sum([seen, loss_sum, correct, labelled], device)
+                            )
+                        )
                     record: dict[str, Any] = {
                         "epoch": epoch + 1,
                         "loss": loss_sum / max(seen, 1),
@@ -306,19 +339,34 @@ def train(model: Any, train_data: Dataset, config: TrainConfig = TrainConfig(), 
                         if best_acc is None or acc > best_acc:
                             best_acc, best_epoch = acc, epoch + 1
                             if config.keep_best:
-                                best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+                                best_state = {
+                                    k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
+                                }
                     history.append(record)
                     if checkpoint_dir is not None:
-                        rngs = dist_util.gather_objects(ckpt_util.rng_state()) if distributed else [ckpt_util.rng_state()]
+                        rngs = (
+                            dist_util.gather_objects(ckpt_util.rng_state())
+                            if distributed
+                            else [ckpt_util.rng_state()]
+                        )
                         if main:
-                            ckpt_util.save_checkpoint(checkpoint_dir, {
-                                "fingerprint": fp, "epoch": epoch + 1,
-                                "model": model.state_dict(), "extra_params": [p.detach() for p in extra_params],
-                                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                "scaler": scaler.state_dict() if scaler is not None else None,
-                                "rng": rngs, "history": history, "best_accuracy": best_acc,
-                                "best_epoch": best_epoch, "best_state": best_state,
-                            })
+                            ckpt_util.save_checkpoint(
+                                checkpoint_dir,
+                                {
+                                    "fingerprint": fp,
+                                    "epoch": epoch + 1,
+                                    "model": model.state_dict(),
+                                    "extra_params": [p.detach() for p in extra_params],
+                                    "optimizer": opt.state_dict(),
+                                    "scheduler": sched.state_dict(),
+                                    "scaler": scaler.state_dict() if scaler is not None else None,
+                                    "rng": rngs,
+                                    "history": history,
+                                    "best_accuracy": best_acc,
+                                    "best_epoch": best_epoch,
+                                    "best_state": best_state,
+                                },
+                            )
                     if logger is not None:
                         logger.epoch(record)
         finally:
@@ -380,8 +428,10 @@ class _Logger:
             except ImportError:
                 from ptopt.core.errors import MissingDependencyError
 
-                raise MissingDependencyError("--log-dir writes TensorBoard logs, which need the tensorboard "
-                                             "package: pip install 'ptopt[tensorboard]'") from None
+                raise MissingDependencyError(
+                    "--log-dir writes TensorBoard logs, which need the tensorboard "
+                    "package: pip install 'ptopt[tensorboard]'"
+                ) from None
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(log_dir), purge_step=start_step or None)
@@ -421,5 +471,11 @@ def _progress(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )

@@ -17,8 +17,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ptopt.core.errors import ModelLoadError
 from ptopt.core.inputspec import InputSpec
@@ -89,7 +90,7 @@ class Artifact:
 
     # -- reading ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Artifact":
+    def load(cls, path: str | os.PathLike) -> Artifact:
         """Read an artifact from its sidecar alone."""
         path = Path(path)
         side = sidecar_path(path)
@@ -102,11 +103,11 @@ class Artifact:
         return cls.from_dict(path, data)
 
     @classmethod
-    def maybe_load(cls, path: str | os.PathLike) -> "Artifact | None":
+    def maybe_load(cls, path: str | os.PathLike) -> Artifact | None:
         return cls.load(path) if sidecar_path(path).is_file() else None
 
     @classmethod
-    def from_dict(cls, path: Path, data: dict[str, Any]) -> "Artifact":
+    def from_dict(cls, path: Path, data: dict[str, Any]) -> Artifact:
         names = {f.name for f in dataclasses.fields(cls)} - {"path", "inputs"}
         kwargs = {k: v for k, v in data.items() if k in names}
         return cls(path=Path(path), inputs=[InputSpec.from_dict(s) for s in data.get("inputs", [])], **kwargs)
@@ -124,10 +125,14 @@ class Artifact:
 
     def as_parent(self) -> dict[str, Any]:
         """What a child artifact records about this one."""
-        return {"path": str(self.path), "sha256": self.sha256 or sha256_file(self.path), "format": self.format}
+        return {
+            "path": str(self.path),
+            "sha256": self.sha256 or sha256_file(self.path),
+            "format": self.format,
+        }
 
     # -- writing ---------------------------------------------------------------------------
-    def finalize(self) -> "Artifact":
+    def finalize(self) -> Artifact:
         """Measure the files now in place, stamp versions and time, and write the sidecar atomically."""
         if not self.files:
             self.files = [self.path.name]
@@ -137,7 +142,9 @@ class Artifact:
         self.versions = library_versions()
         self.created = _now()
         self.extra.setdefault("gzip_bytes", gzip_size([p for p in paths if p.is_file()]))
-        write_text_atomic(sidecar_path(self.path), json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        write_text_atomic(
+            sidecar_path(self.path), json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+        )
         return self
 
 

@@ -29,7 +29,7 @@ NAMES = ("digits", "digits32", "digits-seq", "digits-tokens")
 SPLITS = ("train", "test", "all")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _digits_raw():
     import numpy as np
     from sklearn.datasets import load_digits
@@ -38,7 +38,7 @@ def _digits_raw():
     return d.images.astype(np.float32), d.target.astype(np.int64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _variant(name: str):
     import torch
     import torch.nn.functional as F

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ptopt.core.errors import UsageError
 
-_CONFIGS: dict[str, type["Config"]] = {}
+_CONFIGS: dict[str, type[Config]] = {}
 
 C = TypeVar("C", bound="Config")
 
@@ -62,7 +62,9 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields) - {"type"})
     if unknown:
-        raise UsageError(f"config {name!r} has no option(s) {', '.join(unknown)}; it takes {', '.join(fields)}")
+        raise UsageError(
+            f"config {name!r} has no option(s) {', '.join(unknown)}; it takes {', '.join(fields)}"
+        )
     hints = typing.get_type_hints(cls)
     kwargs = {k: _coerce(hints.get(k), v) for k, v in data.items() if k != "type"}
     try:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import importlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ptopt.core.errors import DataError
 from ptopt.core.inputspec import InputSpec, flatten_inputs, specs_from_example
@@ -66,7 +67,7 @@ class Dataset:
     def has_labels(self) -> bool:
         return self.y is not None
 
-    def select(self, index: Any) -> "Dataset":
+    def select(self, index: Any) -> Dataset:
         """Samples at ``index`` (a tensor of indices or a slice), as a new Dataset."""
         return Dataset(_index(self.x, index), None if self.y is None else self.y[index], self.name)
 
@@ -74,10 +75,10 @@ class Dataset:
         """One sample ``(x_i, y_i)`` (y_i is None without labels); lets DataLoader/samplers use a Dataset."""
         return _index(self.x, i), None if self.y is None else self.y[i]
 
-    def take(self, n: int) -> "Dataset":
+    def take(self, n: int) -> Dataset:
         return self.select(slice(0, min(n, self._n)))
 
-    def split(self, fraction: float, seed: int = 0) -> tuple["Dataset", "Dataset"]:
+    def split(self, fraction: float, seed: int = 0) -> tuple[Dataset, Dataset]:
         """Shuffle with ``seed`` and split: the first part holds ``fraction`` of the samples."""
         import torch
 
@@ -87,8 +88,14 @@ class Dataset:
         k = int(round(self._n * fraction))
         return self.select(perm[:k]), self.select(perm[k:])
 
-    def batches(self, batch_size: int, shuffle: bool = False, seed: int = 0, drop_last: bool = False,
-                indices: Any = None) -> Iterator[Batch]:
+    def batches(
+        self,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        indices: Any = None,
+    ) -> Iterator[Batch]:
         """Yield batches; ``indices`` (e.g. from a DistributedSampler) restricts and orders the samples."""
         import torch
 
@@ -213,8 +220,10 @@ def _load_pt(path: Path) -> Dataset:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise DataError(f"{path}: holds more than tensors; data files load with weights_only=True "
-                        f"({str(e).splitlines()[0][:200]})") from None
+        raise DataError(
+            f"{path}: holds more than tensors; data files load with weights_only=True "
+            f"({str(e).splitlines()[0][:200]})"
+        ) from None
     except Exception as e:  # noqa: BLE001 - a non-torch file raises IndexError, EOFError, RuntimeError...
         raise DataError(f"{path}: not a torch.save file of tensors ({type(e).__name__})") from None
     if isinstance(obj, dict):
@@ -241,9 +250,11 @@ def _load_npz(path: Path) -> Dataset:
     else:
         sub = {k[2:]: v for k, v in arrays.items() if k.startswith("x.")}
         if not sub:
-            raise DataError(f"{path}: needs an array 'x' (or 'x.0', 'x.1'... / 'x.<name>'), has {sorted(arrays)}")
+            raise DataError(
+                f"{path}: needs an array 'x' (or 'x.0', 'x.1'... / 'x.<name>'), has {sorted(arrays)}"
+            )
         x = tuple(sub[k] for k in sorted(sub, key=int)) if all(k.isdigit() for k in sub) else sub
-    for name, t in flatten_inputs(x):
+    for _name, t in flatten_inputs(x):
         if t.dtype == torch.float64:
             x = _cast_float64(x)
             break
@@ -255,6 +266,7 @@ def _cast_float64(x: Any) -> Any:
 
     def c(t):
         return t.float() if t.dtype == torch.float64 else t
+
     if isinstance(x, dict):
         return {k: c(v) for k, v in x.items()}
     if isinstance(x, tuple):
@@ -279,7 +291,7 @@ def _load_factory(ref: str) -> Dataset:
     return from_batches(obj, ref)
 
 
-def load_data(ref: "str | os.PathLike | Dataset") -> Dataset:
+def load_data(ref: str | os.PathLike | Dataset) -> Dataset:
     """Load a DATA reference (see the module docstring) into a Dataset."""
     if isinstance(ref, Dataset):
         return ref
@@ -299,7 +311,9 @@ def load_data(ref: "str | os.PathLike | Dataset") -> Dataset:
     elif FACTORY_RE.match(text):
         ds = _load_factory(text)
     else:
-        raise DataError(f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)")
+        raise DataError(
+            f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)"
+        )
     if len(ds) == 0:
         raise DataError(f"data {text!r} is empty")
     return ds

@@ -36,7 +36,12 @@ def _module_present(mod: str) -> bool:
 def check_torch() -> Feature:
     import torch
 
-    return Feature("torch", True, torch.__version__, f"quantized engines: {', '.join(torch.backends.quantized.supported_engines)}")
+    return Feature(
+        "torch",
+        True,
+        torch.__version__,
+        f"quantized engines: {', '.join(torch.backends.quantized.supported_engines)}",
+    )
 
 
 def check_cuda() -> Feature:
@@ -54,12 +59,16 @@ def check_onnxruntime() -> Feature:
         import onnxruntime as ort
     except ImportError as e:
         return Feature("onnxruntime", False, None, str(e), "pip install onnxruntime")
-    return Feature("onnxruntime", True, ort.__version__, f"providers: {', '.join(ort.get_available_providers())}")
+    return Feature(
+        "onnxruntime", True, ort.__version__, f"providers: {', '.join(ort.get_available_providers())}"
+    )
 
 
 def check_onnx() -> Feature:
     v = package_version("onnx")
-    return Feature("onnx", v is not None, v, "" if v else "not installed", "" if v else "pip install onnx onnxscript")
+    return Feature(
+        "onnx", v is not None, v, "" if v else "not installed", "" if v else "pip install onnx onnxscript"
+    )
 
 
 def check_torchao() -> Feature:
@@ -86,8 +95,9 @@ def check_tensorrt() -> Feature:
 
 
 def java_version() -> str | None:
-    java = shutil.which("java") or (os.path.join(os.environ["JAVA_HOME"], "bin", "java")
-                                    if os.environ.get("JAVA_HOME") else None)
+    java = shutil.which("java") or (
+        os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None
+    )
     if not java or not os.path.exists(java):
         return None
     try:
@@ -132,9 +142,15 @@ def check_torchserve() -> Feature:
     # ptopt starts TorchServe through its Python entry point (ts.model_server), so the `torchserve`
     # script need not be on PATH; the Java frontend ships inside the package.
     spec = importlib.util.find_spec("ts")
-    jar = os.path.join(os.path.dirname(spec.origin), "frontend", "model-server.jar") if spec and spec.origin else None
+    jar = (
+        os.path.join(os.path.dirname(spec.origin), "frontend", "model-server.jar")
+        if spec and spec.origin
+        else None
+    )
     if not _module_present("ts.model_server") or not jar or not os.path.isfile(jar):
-        return Feature("torchserve", False, v, "the ts package is incomplete (no ts.model_server or frontend jar)", fix)
+        return Feature(
+            "torchserve", False, v, "the ts package is incomplete (no ts.model_server or frontend jar)", fix
+        )
     detail = f"torch-model-archiver {package_version('torch-model-archiver')}"
     if java_version() is None:
         detail += "; serving also needs Java (see the java row)"
@@ -142,8 +158,14 @@ def check_torchserve() -> Feature:
 
 
 CHECKS = {
-    "torch": check_torch, "cuda": check_cuda, "onnx": check_onnx, "onnxruntime": check_onnxruntime,
-    "torchao": check_torchao, "torch_tensorrt": check_tensorrt, "torchserve": check_torchserve, "java": check_java,
+    "torch": check_torch,
+    "cuda": check_cuda,
+    "onnx": check_onnx,
+    "onnxruntime": check_onnxruntime,
+    "torchao": check_torchao,
+    "torch_tensorrt": check_tensorrt,
+    "torchserve": check_torchserve,
+    "java": check_java,
 }
 
 
@@ -152,5 +174,7 @@ def require(name: str, for_what: str = "") -> Feature:
     f = CHECKS[name]()
     if not f.available:
         need = f" for {for_what}" if for_what else ""
-        raise MissingDependencyError(f"{f.name} is needed{need} but unavailable here: {f.detail}. To fix: {f.fix}")
+        raise MissingDependencyError(
+            f"{f.name} is needed{need} but unavailable here: {f.detail}. To fix: {f.fix}"
+        )
     return f

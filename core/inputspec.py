@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ptopt.core.errors import ShapeMismatchError, UsageError
 
@@ -71,7 +72,7 @@ class InputSpec:
                 f"input {self.name!r}: min/opt/max shapes must have the same rank, got "
                 f"{format_shape(self.min_shape)}, {format_shape(self.opt_shape)}, {format_shape(self.max_shape)}"
             )
-        for i, (lo, mid, hi) in enumerate(zip(self.min_shape, self.opt_shape, self.max_shape)):
+        for i, (lo, mid, hi) in enumerate(zip(self.min_shape, self.opt_shape, self.max_shape, strict=False)):
             if lo <= 0:
                 raise UsageError(f"input {self.name!r}: dimension {i} must be positive, got {lo}")
             if lo > mid:
@@ -81,15 +82,19 @@ class InputSpec:
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def static(cls, name: str, shape: Sequence[int], dtype: str = "float32", **kw: Any) -> "InputSpec":
+    def static(cls, name: str, shape: Sequence[int], dtype: str = "float32", **kw: Any) -> InputSpec:
         return cls(name, tuple(shape), tuple(shape), tuple(shape), dtype, **kw)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "InputSpec":
+    def from_dict(cls, data: dict[str, Any]) -> InputSpec:
         vr = data.get("value_range")
         return cls(
-            data["name"], tuple(data["min_shape"]), tuple(data["opt_shape"]), tuple(data["max_shape"]),
-            data.get("dtype", "float32"), tuple(vr) if vr is not None else None,
+            data["name"],
+            tuple(data["min_shape"]),
+            tuple(data["opt_shape"]),
+            tuple(data["max_shape"]),
+            data.get("dtype", "float32"),
+            tuple(vr) if vr is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,7 +105,7 @@ class InputSpec:
             d["value_range"] = list(d["value_range"])
         return d
 
-    def with_batch(self, min_batch: int, opt_batch: int, max_batch: int) -> "InputSpec":
+    def with_batch(self, min_batch: int, opt_batch: int, max_batch: int) -> InputSpec:
         """The same spec with dimension 0 dynamic over [min_batch, max_batch]."""
         return dataclasses.replace(
             self,
@@ -116,7 +121,7 @@ class InputSpec:
 
     @property
     def dynamic_dims(self) -> list[int]:
-        return [i for i, (a, b) in enumerate(zip(self.min_shape, self.max_shape)) if a != b]
+        return [i for i, (a, b) in enumerate(zip(self.min_shape, self.max_shape, strict=False)) if a != b]
 
     @property
     def is_float(self) -> bool:
@@ -133,12 +138,14 @@ class InputSpec:
         else:
             dims = "x".join(
                 str(o) if lo == hi else f"[{lo}..{hi}]"
-                for lo, o, hi in zip(self.min_shape, self.opt_shape, self.max_shape)
+                for lo, o, hi in zip(self.min_shape, self.opt_shape, self.max_shape, strict=False)
             )
         return f"{self.name}: {dims} {self.dtype}"
 
     def accepts(self, shape: Sequence[int]) -> bool:
-        return len(shape) == self.rank and all(lo <= d <= hi for d, lo, hi in zip(shape, self.min_shape, self.max_shape))
+        return len(shape) == self.rank and all(
+            lo <= d <= hi for d, lo, hi in zip(shape, self.min_shape, self.max_shape, strict=False)
+        )
 
     def example(self, which: str = "opt", seed: int = 0, shape: Sequence[int] | None = None):
         """A deterministic sample tensor of this spec's min/opt/max shape."""
@@ -156,6 +163,7 @@ class InputSpec:
 
 
 # -- model inputs: tensor, tuple of tensors, or dict of tensors -------------------------------
+
 
 def input_style(x: Any) -> str:
     return "keyword" if isinstance(x, dict) else "positional"
@@ -192,7 +200,9 @@ def _dtype_name(t: Any) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
-def specs_from_example(x: Any, max_batch: int = DEFAULT_MAX_BATCH, dynamic_batch: bool = True) -> list[InputSpec]:
+def specs_from_example(
+    x: Any, max_batch: int = DEFAULT_MAX_BATCH, dynamic_batch: bool = True
+) -> list[InputSpec]:
     """Infer specs from a batch: the batch dimension dynamic in [1, max(max_batch, batch)], the rest fixed."""
     specs = []
     for name, t in flatten_inputs(x):
@@ -208,8 +218,13 @@ def specs_from_example(x: Any, max_batch: int = DEFAULT_MAX_BATCH, dynamic_batch
     return specs
 
 
-def make_inputs(specs: Sequence[InputSpec], style: str = "positional", which: str = "opt", seed: int = 0,
-                batch: int | None = None) -> Any:
+def make_inputs(
+    specs: Sequence[InputSpec],
+    style: str = "positional",
+    which: str = "opt",
+    seed: int = 0,
+    batch: int | None = None,
+) -> Any:
     """Sample inputs for ``specs`` in the model's calling style (tensor, tuple or dict)."""
     tensors = []
     for i, s in enumerate(specs):
@@ -218,7 +233,7 @@ def make_inputs(specs: Sequence[InputSpec], style: str = "positional", which: st
             shape = (batch, *shape[1:])
         tensors.append(s.example(shape=shape, seed=seed + i))
     if style == "keyword":
-        return {s.name: t for s, t in zip(specs, tensors)}
+        return {s.name: t for s, t in zip(specs, tensors, strict=False)}
     return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
 
@@ -228,24 +243,29 @@ def check_inputs(specs: Sequence[InputSpec], x: Any, what: str = "data") -> None
     if len(got) != len(specs):
         raise ShapeMismatchError(
             f"{what} has {len(got)} input(s) but the model takes {len(specs)}",
-            expected=", ".join(s.describe() for s in specs), got=", ".join(n for n, _ in got),
+            expected=", ".join(s.describe() for s in specs),
+            got=", ".join(n for n, _ in got),
         )
     if isinstance(x, dict):
         names = {s.name for s in specs}
         if set(x) != names:
-            raise ShapeMismatchError(f"{what} input names don't match the model's", expected=sorted(names), got=sorted(x))
+            raise ShapeMismatchError(
+                f"{what} input names don't match the model's", expected=sorted(names), got=sorted(x)
+            )
         pairs = [(s, x[s.name]) for s in specs]
     else:
-        pairs = [(s, t) for s, (_, t) in zip(specs, got)]
+        pairs = [(s, t) for s, (_, t) in zip(specs, got, strict=False)]
     for spec, t in pairs:
         shape = tuple(t.shape)
         fixed_ok = len(shape) == spec.rank and all(
-            lo <= d <= hi or i == 0 for i, (d, lo, hi) in enumerate(zip(shape, spec.min_shape, spec.max_shape))
+            lo <= d <= hi or i == 0
+            for i, (d, lo, hi) in enumerate(zip(shape, spec.min_shape, spec.max_shape, strict=False))
         )
         if not fixed_ok:
             raise ShapeMismatchError(
                 f"{what} does not fit the model's input {spec.name!r}",
-                expected=spec.describe(), got=f"{format_shape(shape)} {_dtype_name(t)}",
+                expected=spec.describe(),
+                got=f"{format_shape(shape)} {_dtype_name(t)}",
             )
         dt = _dtype_name(t)
         if (dt in _FLOAT_DTYPES) != spec.is_float:

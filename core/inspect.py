@@ -58,8 +58,13 @@ def layer_table(module: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def inspect_model(model: str, data: Any = None, weights: str | None = None, allow_pickle: bool = False,
-                  input_shapes: Any = ()) -> dict[str, Any]:
+def inspect_model(
+    model: str,
+    data: Any = None,
+    weights: str | None = None,
+    allow_pickle: bool = False,
+    input_shapes: Any = (),
+) -> dict[str, Any]:
     """Describe MODEL; with ``data`` (a DATA reference or Dataset) run one batch through it."""
     from ptopt.core.data import load_data
 
@@ -71,7 +76,12 @@ def inspect_model(model: str, data: Any = None, weights: str | None = None, allo
     report: dict[str, Any] = {"model": loaded.ref, "format": loaded.format, "size_bytes": loaded.size_bytes}
     if loaded.artifact is not None:
         a = loaded.artifact
-        report["artifact"] = {"precision": a.precision, "config": a.config, "parent": a.parent, "created": a.created}
+        report["artifact"] = {
+            "precision": a.precision,
+            "config": a.config,
+            "parent": a.parent,
+            "created": a.created,
+        }
 
     if ds is not None:
         if loaded.module is None:
@@ -99,8 +109,10 @@ def inspect_model(model: str, data: Any = None, weights: str | None = None, allo
         if loaded.input_specs:
             x = ds.first_batch(min(len(ds), 8)).x if ds is not None else loaded.example_inputs(which="opt")
             out = run_checked(loaded, x, what=ds.name if ds is not None else "sample input")
-            report["outputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
-                                 for n, t in named_outputs(out)]
+            report["outputs"] = [
+                {"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+                for n, t in named_outputs(out)
+            ]
             report["ran_batch"] = {n: format_shape(t.shape) for n, t in flatten_inputs(x)}
     else:
         report["parameters"] = None

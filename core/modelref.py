@@ -48,7 +48,9 @@ class LoadedModel:
 
     def require_module(self, for_what: str):
         if self.module is None:
-            raise ModelLoadError(f"{self.ref}: a {self.format} model cannot be used for {for_what}; give a PyTorch model")
+            raise ModelLoadError(
+                f"{self.ref}: a {self.format} model cannot be used for {for_what}; give a PyTorch model"
+            )
         return self.module
 
     @property
@@ -78,7 +80,9 @@ class LoadedModel:
         return make_inputs(self.input_specs, self.input_style, which=which, batch=batch)
 
 
-def as_loaded(model: Any, weights: "str | os.PathLike | None" = None, allow_pickle: bool = False) -> LoadedModel:
+def as_loaded(
+    model: Any, weights: str | os.PathLike | None = None, allow_pickle: bool = False
+) -> LoadedModel:
     """Accept what a Python twin is given: a MODEL reference, an nn.Module, or a LoadedModel."""
     if isinstance(model, LoadedModel):
         return model
@@ -86,12 +90,15 @@ def as_loaded(model: Any, weights: "str | os.PathLike | None" = None, allow_pick
 
     if isinstance(model, torch.nn.Module):
         specs, style = _declared_inputs(model)
-        return LoadedModel(f"<{type(model).__name__}>", "eager", model.eval(), input_specs=specs, input_style=style)
+        return LoadedModel(
+            f"<{type(model).__name__}>", "eager", model.eval(), input_specs=specs, input_style=style
+        )
     return load_model(model, weights=weights, allow_pickle=allow_pickle)
 
 
-def load_model(ref: "str | os.PathLike", weights: "str | os.PathLike | None" = None,
-               allow_pickle: bool = False) -> LoadedModel:
+def load_model(
+    ref: str | os.PathLike, weights: str | os.PathLike | None = None, allow_pickle: bool = False
+) -> LoadedModel:
     """Load a MODEL reference (see the module docstring)."""
     text = str(ref)
     if text.startswith("zoo:"):
@@ -100,12 +107,15 @@ def load_model(ref: "str | os.PathLike", weights: "str | os.PathLike | None" = N
         from ptopt.models import load_zoo_model
 
         module, specs, style = load_zoo_model(text[4:])
-        return LoadedModel(text, "eager", module.eval(), input_specs=specs, input_style=style,
-                           info={"zoo": text[4:]})
+        return LoadedModel(
+            text, "eager", module.eval(), input_specs=specs, input_style=style, info={"zoo": text[4:]}
+        )
     path = Path(text)
     if path.exists():
         if weights is not None:
-            raise ModelLoadError(f"--weights goes with a pkg.module:factory model; {path} is already a model file")
+            raise ModelLoadError(
+                f"--weights goes with a pkg.module:factory model; {path} is already a model file"
+            )
         return _load_file(path, allow_pickle)
     if FACTORY_RE.match(text):
         return _load_factory(text, weights)
@@ -128,7 +138,9 @@ def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
     if not zipfile.is_zipfile(path):
         if _is_legacy_torch_pickle(path):
             return _load_pickle(path, allow_pickle, art)
-        raise ModelLoadError(f"{path}: not a PyTorch model file (neither a TorchScript archive nor torch.save output)")
+        raise ModelLoadError(
+            f"{path}: not a PyTorch model file (neither a TorchScript archive nor torch.save output)"
+        )
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
     if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
@@ -139,7 +151,10 @@ def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
         except Exception as e:  # noqa: BLE001 - a corrupt archive raises many types
             raise ModelLoadError(f"{path}: corrupt TorchScript archive: {str(e).splitlines()[0]}") from None
         return LoadedModel(str(path), "torchscript", module.eval(), path, art, specs, style)
-    if any(n.endswith("/serialized_exported_program.json") or "/models/" in n for n in names) and suffix != ".pt":
+    if (
+        any(n.endswith("/serialized_exported_program.json") or "/models/" in n for n in names)
+        and suffix != ".pt"
+    ):
         return _load_exported(path, art)
     return _load_pickle(path, allow_pickle, art)
 
@@ -190,7 +205,9 @@ def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
     specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")
     if not specs:
         specs, style = _specs_from_exported(ep)
-    return LoadedModel(str(path), "exported_program", ep.module(), path, art, specs, style, {"exported_program": ep})
+    return LoadedModel(
+        str(path), "exported_program", ep.module(), path, art, specs, style, {"exported_program": ep}
+    )
 
 
 def _specs_from_exported(ep: Any) -> tuple[list[InputSpec], str]:
@@ -199,11 +216,14 @@ def _specs_from_exported(ep: Any) -> tuple[list[InputSpec], str]:
 
     args, kwargs = getattr(ep, "example_inputs", None) or ((), {})
     if kwargs:
-        return specs_from_example({k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)},
-                                  dynamic_batch=False), "keyword"
+        return specs_from_example(
+            {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}, dynamic_batch=False
+        ), "keyword"
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if tensors:
-        return specs_from_example(tensors[0] if len(tensors) == 1 else tuple(tensors), dynamic_batch=False), "positional"
+        return specs_from_example(
+            tensors[0] if len(tensors) == 1 else tuple(tensors), dynamic_batch=False
+        ), "positional"
     return [], "positional"
 
 
@@ -215,8 +235,16 @@ def _load_onnx(path: Path, art: Artifact | None) -> LoadedModel:
     except Exception as e:  # noqa: BLE001 - protobuf decode errors
         raise ModelLoadError(f"{path}: not a readable ONNX model: {str(e).splitlines()[0]}") from None
     specs, style = (list(art.inputs), art.input_style) if art else (_specs_from_onnx(model), "positional")
-    return LoadedModel(str(path), "onnx", None, path, art, specs, style, {"onnx_opset": model.opset_import[0].version
-                                                                            if model.opset_import else None})
+    return LoadedModel(
+        str(path),
+        "onnx",
+        None,
+        path,
+        art,
+        specs,
+        style,
+        {"onnx_opset": model.opset_import[0].version if model.opset_import else None},
+    )
 
 
 def _specs_from_onnx(model: Any) -> list[InputSpec]:
@@ -248,14 +276,16 @@ def _declared_inputs(module: Any) -> tuple[list[InputSpec], str]:
     return specs_from_example(x), input_style(x)
 
 
-def _load_factory(ref: str, weights: "str | os.PathLike | None") -> LoadedModel:
+def _load_factory(ref: str, weights: str | os.PathLike | None) -> LoadedModel:
     import torch
 
     module_name, _, attr = ref.partition(":")
     try:
         mod = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - any failure inside the user's module
-        raise ModelLoadError(f"model {ref!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+        raise ModelLoadError(
+            f"model {ref!r}: cannot import {module_name!r}: {type(e).__name__}: {e}"
+        ) from None
     factory = getattr(mod, attr, None)
     if not callable(factory):
         raise ModelLoadError(f"model {ref!r}: {module_name!r} has no callable {attr!r}")
@@ -264,7 +294,9 @@ def _load_factory(ref: str, weights: "str | os.PathLike | None") -> LoadedModel:
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"model {ref!r}: the factory failed: {type(e).__name__}: {e}") from None
     if not isinstance(model, torch.nn.Module):
-        raise ModelLoadError(f"model {ref!r}: the factory returned a {type(model).__name__}, not an nn.Module")
+        raise ModelLoadError(
+            f"model {ref!r}: the factory returned a {type(model).__name__}, not an nn.Module"
+        )
     info: dict[str, Any] = {"factory": ref}
     if weights is not None:
         load_weights(model, weights)
@@ -273,7 +305,7 @@ def _load_factory(ref: str, weights: "str | os.PathLike | None") -> LoadedModel:
     return LoadedModel(ref, "eager", model.eval(), None, None, specs, style, info)
 
 
-def read_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
+def read_state_dict(path: str | os.PathLike) -> dict[str, Any]:
     """A state_dict from ``.safetensors`` or a torch ``.pt``, never unpickling code."""
     import torch
 
@@ -290,7 +322,9 @@ def read_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise ModelLoadError(f"weights {path}: holds more than tensors (a pickled module?); save model.state_dict()") from None
+        raise ModelLoadError(
+            f"weights {path}: holds more than tensors (a pickled module?); save model.state_dict()"
+        ) from None
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"weights {path}: not a torch.save file: {str(e).splitlines()[0]}") from None
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
@@ -300,15 +334,17 @@ def read_state_dict(path: "str | os.PathLike") -> dict[str, Any]:
     return obj
 
 
-def load_weights(model: Any, weights: "str | os.PathLike") -> None:
+def load_weights(model: Any, weights: str | os.PathLike) -> None:
     """Load a state_dict strictly, naming mismatching keys and shapes when it doesn't fit."""
     state = read_state_dict(weights)
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
-    shape_bad = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-                 for k in sorted(set(own) & set(state))
-                 if hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    shape_bad = [
+        f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in sorted(set(own) & set(state))
+        if hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
     if missing or unexpected or shape_bad:
         parts = []
         if missing:
@@ -341,8 +377,11 @@ def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()
             name = name or (base.name if base else ("input" if len(input_shapes) == 1 else f"input_{i}"))
             dtype = base.dtype if base else "float32"
             vr = base.value_range if base else None
-            specs.append(InputSpec.static(name, shape, dtype, value_range=vr)
-                         .with_batch(1, shape[0], max(DEFAULT_MAX_BATCH, shape[0])))
+            specs.append(
+                InputSpec.static(name, shape, dtype, value_range=vr).with_batch(
+                    1, shape[0], max(DEFAULT_MAX_BATCH, shape[0])
+                )
+            )
         loaded.input_specs = specs
         if any(n for n, _ in input_shapes):
             loaded.input_style = "keyword"
@@ -361,8 +400,12 @@ def expected_input(loaded: LoadedModel) -> str | None:
     if module is None:
         return None
     for _, m in module.named_modules():
-        for attr, what in (("in_channels", "channels"), ("in_features", "features"), ("input_size", "features"),
-                           ("num_embeddings", "token ids below")):
+        for attr, what in (
+            ("in_channels", "channels"),
+            ("in_features", "features"),
+            ("input_size", "features"),
+            ("num_embeddings", "token ids below"),
+        ):
             v = getattr(m, attr, None)
             if isinstance(v, int):
                 return f"{v} input {what} (first layer {type(m).__name__})"
@@ -376,12 +419,17 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
     from ptopt.core.errors import ShapeMismatchError
     from ptopt.core.inputspec import call_model, flatten_inputs, format_shape
 
-    got = ", ".join(f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x))
+    got = ", ".join(
+        f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x)
+    )
     module = loaded.require_module("running a batch")
     try:
         with torch.inference_mode():
             return call_model(module, x)
     except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ShapeMismatchError(f"{what} does not fit model {loaded.ref}: {reason[:300]}",
-                                 expected=expected_input(loaded), got=got) from None
+        raise ShapeMismatchError(
+            f"{what} does not fit model {loaded.ref}: {reason[:300]}",
+            expected=expected_input(loaded),
+            got=got,
+        ) from None

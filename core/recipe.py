@@ -51,6 +51,12 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
         raise UsageError(f"recipe {p}: needs a top-level 'steps' list")
     for i, step in enumerate(data["steps"]):
-        if not (isinstance(step, dict) and len(step) == 1 and isinstance(next(iter(step.values())), (dict, type(None)))):
-            raise UsageError(f"recipe {p}: step {i + 1} must be one mapping {{command: {{options}}}}, got {step!r}")
+        if not (
+            isinstance(step, dict)
+            and len(step) == 1
+            and isinstance(next(iter(step.values())), (dict, type(None)))
+        ):
+            raise UsageError(
+                f"recipe {p}: step {i + 1} must be one mapping {{command: {{options}}}}, got {step!r}"
+            )
     return data

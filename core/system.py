@@ -9,12 +9,31 @@ from importlib import metadata
 
 #: Distributions whose versions every sidecar and report records.
 TRACKED_LIBRARIES = (
-    "ptopt", "torch", "numpy", "onnx", "onnxruntime", "onnxscript", "torchao",
-    "torch-tensorrt", "tensorrt", "torchserve", "torch-model-archiver",
+    "ptopt",
+    "torch",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "torchao",
+    "torch-tensorrt",
+    "tensorrt",
+    "torchserve",
+    "torch-model-archiver",
 )
 
 #: CPU features that decide int8 speed (VNNI / AMX run int8 dot products natively).
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+ISA_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
 
 
 def package_version(dist: str) -> str | None:

@@ -19,7 +19,8 @@ import gc
 import math
 import statistics
 import time
-from typing import Any, Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any
 
 #: defaults: at least this many timed iterations and this much timed wall time
 MIN_ITERS = 20
@@ -44,9 +45,15 @@ def summarize(times_ms: list[float], batch_size: int = 1) -> dict[str, float]:
     s = sorted(times_ms)
     p50 = percentile(s, 50)
     return {
-        "p50_ms": p50, "p90_ms": percentile(s, 90), "p99_ms": percentile(s, 99),
-        "mean_ms": statistics.fmean(s), "min_ms": s[0], "stdev_ms": statistics.pstdev(s),
-        "iterations": len(s), "batch_size": batch_size, "throughput_per_s": batch_size * 1e3 / p50,
+        "p50_ms": p50,
+        "p90_ms": percentile(s, 90),
+        "p99_ms": percentile(s, 99),
+        "mean_ms": statistics.fmean(s),
+        "min_ms": s[0],
+        "stdev_ms": statistics.pstdev(s),
+        "iterations": len(s),
+        "batch_size": batch_size,
+        "throughput_per_s": batch_size * 1e3 / p50,
     }
 
 
@@ -68,9 +75,15 @@ def _timed(fn: Callable[[], Any], min_iters: int, min_seconds: float, max_iters:
     return times
 
 
-def measure_latency(fn: Callable[[], Any], batch_size: int = 1, min_iters: int = MIN_ITERS,
-                    min_seconds: float = MIN_SECONDS, max_iters: int = MAX_ITERS,
-                    warmup_iters: int = WARMUP_ITERS, warmup_seconds: float = WARMUP_SECONDS) -> dict[str, float]:
+def measure_latency(
+    fn: Callable[[], Any],
+    batch_size: int = 1,
+    min_iters: int = MIN_ITERS,
+    min_seconds: float = MIN_SECONDS,
+    max_iters: int = MAX_ITERS,
+    warmup_iters: int = WARMUP_ITERS,
+    warmup_seconds: float = WARMUP_SECONDS,
+) -> dict[str, float]:
     """Time ``fn()`` (one batch): warm up, then run until both ``min_iters`` and ``min_seconds`` are met.
 
     Returns ``summarize``'s statistics of the timed iterations.
@@ -79,12 +92,18 @@ def measure_latency(fn: Callable[[], Any], batch_size: int = 1, min_iters: int =
     return summarize(_timed(fn, min_iters, min_seconds, max_iters), batch_size)
 
 
-def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: Mapping[Hashable, int] | None = None,
-                        *, rounds: int = ROUNDS, min_iters: int = MIN_ITERS, min_seconds: float = MIN_SECONDS,
-                        max_iters: int = MAX_ITERS, warmup_iters: int = WARMUP_ITERS,
-                        warmup_seconds: float = WARMUP_SECONDS,
-                        guard: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
-                        ) -> dict[Hashable, dict[str, Any]]:
+def measure_interleaved(
+    fns: Mapping[Hashable, Callable[[], Any]],
+    batch_sizes: Mapping[Hashable, int] | None = None,
+    *,
+    rounds: int = ROUNDS,
+    min_iters: int = MIN_ITERS,
+    min_seconds: float = MIN_SECONDS,
+    max_iters: int = MAX_ITERS,
+    warmup_iters: int = WARMUP_ITERS,
+    warmup_seconds: float = WARMUP_SECONDS,
+    guard: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
+) -> dict[Hashable, dict[str, Any]]:
     """Time several callables in ``rounds`` interleaved slices; {key: statistics of the pooled samples}.
 
     ``min_iters``/``min_seconds``/``max_iters`` are totals per key, split evenly over the rounds.
@@ -109,7 +128,7 @@ def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: 
     try:
         for r in range(rounds):
             # rotate the start every round and reverse every other one, so no key always follows the same one
-            order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else []
+            order = keys[r % len(keys) :] + keys[: r % len(keys)] if keys else []
             if r % 2:
                 order.reverse()
             for k in order:
@@ -131,9 +150,11 @@ def measure_interleaved(fns: Mapping[Hashable, Callable[[], Any]], batch_sizes: 
     finally:
         if enabled:
             gc.enable()
-    return {k: summarize(samples[k], sizes.get(k, 1))
-            | {"rounds": rounds, "round_p50_ms": round_p50[k], "round_spread_pct": round_spread(round_p50[k])}
-            for k in keys}
+    return {
+        k: summarize(samples[k], sizes.get(k, 1))
+        | {"rounds": rounds, "round_p50_ms": round_p50[k], "round_spread_pct": round_spread(round_p50[k])}
+        for k in keys
+    }
 
 
 def round_spread(round_medians: list[float]) -> float:

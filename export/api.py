@@ -19,8 +19,9 @@ import dataclasses
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.config import Config, register_config
@@ -37,7 +38,10 @@ TARGETS: dict[str, tuple[str, str]] = {
 PRECISIONS = ("fp32", "fp16", "int8")
 #: precisions a target can convert to (besides keeping the source's precision)
 CONVERTS: dict[str, tuple[str, ...]] = {
-    "torchscript": (), "exported_program": (), "onnx": ("int8",), "tensorrt": ("fp16", "int8"),
+    "torchscript": (),
+    "exported_program": (),
+    "onnx": ("int8",),
+    "tensorrt": ("fp16", "int8"),
 }
 
 
@@ -58,11 +62,28 @@ class ExportConfig(Config):
     calib_data: str | None = None
 
 
-def export(model: Any, target: str, output: str | os.PathLike, *, min_shape: Any = None, opt_shape: Any = None,
-           max_shape: Any = None, dynamic_batch: Any = None, input_specs: Sequence[InputSpec | dict] | None = None,
-           precision: str | None = None, opset: int | None = None, optimize: bool = False, script: bool = False,
-           atol: float | None = None, rtol: float | None = None, data: Any = None, weights: Any = None,
-           allow_pickle: bool = False, int8_method: str = "auto", external_data: bool | None = None) -> Artifact:
+def export(
+    model: Any,
+    target: str,
+    output: str | os.PathLike,
+    *,
+    min_shape: Any = None,
+    opt_shape: Any = None,
+    max_shape: Any = None,
+    dynamic_batch: Any = None,
+    input_specs: Sequence[InputSpec | dict] | None = None,
+    precision: str | None = None,
+    opset: int | None = None,
+    optimize: bool = False,
+    script: bool = False,
+    atol: float | None = None,
+    rtol: float | None = None,
+    data: Any = None,
+    weights: Any = None,
+    allow_pickle: bool = False,
+    int8_method: str = "auto",
+    external_data: bool | None = None,
+) -> Artifact:
     """Export ``model`` to ``target`` at ``output``; returns the written Artifact.
 
     - ``min_shape/opt_shape/max_shape``: ``"1x1x32x32"``, ``["input_ids=1x16", ...]`` or
@@ -80,11 +101,15 @@ def export(model: Any, target: str, output: str | os.PathLike, *, min_shape: Any
     if precision is not None and precision not in PRECISIONS:
         raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
     if precision is not None and precision != "fp32" and not CONVERTS[target]:
-        raise UsageError(f"--precision {precision} is not available for --target {target}: it keeps the source's "
-                         f"precision; quantize first (ptopt quantize) or export to onnx/tensorrt")
+        raise UsageError(
+            f"--precision {precision} is not available for --target {target}: it keeps the source's "
+            f"precision; quantize first (ptopt quantize) or export to onnx/tensorrt"
+        )
     if precision is not None and precision not in ("fp32", *CONVERTS[target]):
-        raise UsageError(f"--precision {precision} is not available for --target {target} "
-                         f"(it can build: fp32, {', '.join(CONVERTS[target])})")
+        raise UsageError(
+            f"--precision {precision} is not available for --target {target} "
+            f"(it can build: fp32, {', '.join(CONVERTS[target])})"
+        )
     if target == "tensorrt":
         from ptopt.export.tensorrt import check_available
 
@@ -92,7 +117,9 @@ def export(model: Any, target: str, output: str | os.PathLike, *, min_shape: Any
     fmt, _ = TARGETS[target]
     out = Path(output)
     if out.is_dir():
-        raise UsageError(f"output {out} is a folder; give a file path, e.g. {out / ('model' + TARGETS[target][1])}")
+        raise UsageError(
+            f"output {out} is a folder; give a file path, e.g. {out / ('model' + TARGETS[target][1])}"
+        )
 
     from ptopt.core.modelref import as_loaded
     from ptopt.export import onnx_int8
@@ -101,34 +128,64 @@ def export(model: Any, target: str, output: str | os.PathLike, *, min_shape: Any
     if loaded.format == "onnx":
         raise UsageError(f"{loaded.ref} is already ONNX; export starts from a PyTorch model")
     module = loaded.require_module(f"--target {target}")
-    src_precision = "int8" if onnx_int8.is_int8_source(loaded) else (
-        loaded.artifact.precision if loaded.artifact is not None else "fp32")
+    src_precision = (
+        "int8"
+        if onnx_int8.is_int8_source(loaded)
+        else (loaded.artifact.precision if loaded.artifact is not None else "fp32")
+    )
     want = precision or src_precision
     if want != src_precision and want not in CONVERTS[target]:
-        raise UsageError(f"--precision {want}: the source is {src_precision} and --target {target} cannot "
-                         f"convert it; export its fp32 parent instead")
+        raise UsageError(
+            f"--precision {want}: the source is {src_precision} and --target {target} cannot "
+            f"convert it; export its fp32 parent instead"
+        )
     if target == "tensorrt" and src_precision == "int8":
-        raise UsageError("--target tensorrt takes an fp32 model: export the int8 artifact's fp32 parent with "
-                         "--precision int8 --data CALIB")
+        raise UsageError(
+            "--target tensorrt takes an fp32 model: export the int8 artifact's fp32 parent with "
+            "--precision int8 --data CALIB"
+        )
 
     calib, calib_ref = _calibration(data, loaded, want, src_precision, target)
     specs, style = _settle(loaded, calib, input_specs, min_shape, opt_shape, max_shape, dynamic_batch)
     _source_runs(loaded, specs, style)
 
-    config = ExportConfig(target=target, precision=want, opset=opset, optimize=optimize, script=script,
-                          atol=atol, rtol=rtol, calib_data=calib_ref)
+    config = ExportConfig(
+        target=target,
+        precision=want,
+        opset=opset,
+        optimize=optimize,
+        script=script,
+        atol=atol,
+        rtol=rtol,
+        calib_data=calib_ref,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     # absolute: ORT's quantization tools run in a temporary working directory
     stage = Path(tempfile.mkdtemp(prefix=".ptopt-export-", dir=out.parent)).resolve()
     try:
         tmp = stage / out.name
-        info = _write(target, loaded, module, specs, style, tmp, want, src_precision, calib,
-                      opset=opset, optimize=optimize, script=script, int8_method=int8_method,
-                      external_data=external_data, allow_pickle=allow_pickle)
+        info = _write(
+            target,
+            loaded,
+            module,
+            specs,
+            style,
+            tmp,
+            want,
+            src_precision,
+            calib,
+            opset=opset,
+            optimize=optimize,
+            script=script,
+            int8_method=int8_method,
+            external_data=external_data,
+            allow_pickle=allow_pickle,
+        )
         if info.get("int8_method"):
             config = config.replace(int8_method=info["int8_method"])
-        metrics = _parity(loaded, module, tmp, fmt, specs, style, want, atol, rtol, stage, out, info["files"],
-                          samples=calib)
+        metrics = _parity(
+            loaded, module, tmp, fmt, specs, style, want, atol, rtol, stage, out, info["files"], samples=calib
+        )
         for f in info["files"]:
             os.replace(stage / f, out.parent / f)
     finally:
@@ -140,12 +197,24 @@ def export(model: Any, target: str, output: str | os.PathLike, *, min_shape: Any
 
         extra["trtexec_shapes"] = trtexec_shapes(specs, info.get("input_names"))
     outputs = [{"name": n} for n in info.get("output_names", [])]
-    return Artifact(path=out, format=fmt, inputs=specs, input_style=style, outputs=outputs, config=config.to_dict(),
-                    parent=loaded.parent_record(), precision=want, files=info["files"],
-                    metrics={"parity": metrics}, extra=extra).finalize()
+    return Artifact(
+        path=out,
+        format=fmt,
+        inputs=specs,
+        input_style=style,
+        outputs=outputs,
+        config=config.to_dict(),
+        parent=loaded.parent_record(),
+        precision=want,
+        files=info["files"],
+        metrics={"parity": metrics},
+        extra=extra,
+    ).finalize()
 
 
-def _calibration(data: Any, loaded: Any, want: str, src_precision: str, target: str) -> tuple[Any, str | None]:
+def _calibration(
+    data: Any, loaded: Any, want: str, src_precision: str, target: str
+) -> tuple[Any, str | None]:
     """The Dataset to calibrate with (None when not needed/known) and its reference string."""
     from ptopt.core.data import load_data
     from ptopt.export.onnx_int8 import recorded_calib_data
@@ -156,14 +225,23 @@ def _calibration(data: Any, loaded: Any, want: str, src_precision: str, target: 
         ref = recorded_calib_data(loaded)
         data = ref
     if needs and data is None and src_precision != "int8":
-        raise UsageError(f"--precision int8 for --target {target} needs calibration data: pass --data CALIB "
-                         f"(e.g. builtin:digits32:train)")
+        raise UsageError(
+            f"--precision int8 for --target {target} needs calibration data: pass --data CALIB "
+            f"(e.g. builtin:digits32:train)"
+        )
     ds = load_data(data) if data is not None else None
     return ds, (str(ref) if ref is not None else None)
 
 
-def _settle(loaded: Any, data: Any, input_specs: Any, min_shape: Any, opt_shape: Any, max_shape: Any,
-            dynamic_batch: Any) -> tuple[list[InputSpec], str]:
+def _settle(
+    loaded: Any,
+    data: Any,
+    input_specs: Any,
+    min_shape: Any,
+    opt_shape: Any,
+    max_shape: Any,
+    dynamic_batch: Any,
+) -> tuple[list[InputSpec], str]:
     from ptopt.core.inputspec import input_style
     from ptopt.export.shapes import settle_specs
 
@@ -178,8 +256,9 @@ def _settle(loaded: Any, data: Any, input_specs: Any, min_shape: Any, opt_shape:
         style = input_style(data.first_batch(1).x)
     else:
         base = []
-    specs = settle_specs(base, min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape,
-                         dynamic_batch=dynamic_batch)
+    specs = settle_specs(
+        base, min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch
+    )
     if not base:
         style = _infer_style(loaded.module, specs, style)
     if style == "keyword":
@@ -219,9 +298,24 @@ def _source_runs(loaded: Any, specs: list[InputSpec], style: str) -> None:
         run_checked(loaded, make_inputs(specs, style, which=which), what=f"the {which} shape")
 
 
-def _write(target: str, loaded: Any, module: Any, specs: list[InputSpec], style: str, tmp: Path, want: str,
-           src_precision: str, calib: Any, *, opset: Any, optimize: bool, script: bool, int8_method: str,
-           external_data: Any, allow_pickle: bool) -> dict:
+def _write(
+    target: str,
+    loaded: Any,
+    module: Any,
+    specs: list[InputSpec],
+    style: str,
+    tmp: Path,
+    want: str,
+    src_precision: str,
+    calib: Any,
+    *,
+    opset: Any,
+    optimize: bool,
+    script: bool,
+    int8_method: str,
+    external_data: Any,
+    allow_pickle: bool,
+) -> dict:
     fmt = loaded.format
     if target == "torchscript":
         from ptopt.export.torchscript import export_torchscript
@@ -246,29 +340,61 @@ def _write(target: str, loaded: Any, module: Any, specs: list[InputSpec], style:
             fp32_module, parent_fmt = parent.require_module("ORT static quantization"), parent.format
         else:
             fp32_module, parent_fmt = module, fmt
-        info = onnx_int8.ort_static_quantize(fp32_module, specs, style, tmp, calib, opset=opset,
-                                             source_format=parent_fmt)
+        info = onnx_int8.ort_static_quantize(
+            fp32_module, specs, style, tmp, calib, opset=opset, source_format=parent_fmt
+        )
         info["quantized_from"] = parent.parent_record() if src_precision == "int8" else loaded.parent_record()
         return info
     from ptopt.export.onnx import export_onnx
 
-    return export_onnx(module, specs, style, tmp, opset=opset, optimize=optimize, external_data=external_data,
-                       source_format=fmt)
+    return export_onnx(
+        module,
+        specs,
+        style,
+        tmp,
+        opset=opset,
+        optimize=optimize,
+        external_data=external_data,
+        source_format=fmt,
+    )
 
 
-def _parity(loaded: Any, module: Any, tmp: Path, fmt: str, specs: list[InputSpec], style: str, precision: str,
-            atol: Any, rtol: Any, stage: Path, out: Path, files: list[str], samples: Any = None) -> dict:
+def _parity(
+    loaded: Any,
+    module: Any,
+    tmp: Path,
+    fmt: str,
+    specs: list[InputSpec],
+    style: str,
+    precision: str,
+    atol: Any,
+    rtol: Any,
+    stage: Path,
+    out: Path,
+    files: list[str],
+    samples: Any = None,
+) -> dict:
     from ptopt.export.parity import artifact_runner, check_parity, torch_runner
 
     try:
-        return check_parity(torch_runner(module), artifact_runner(tmp, fmt, specs), specs, style,
-                            precision=precision, atol=atol, rtol=rtol, what=f"the exported {fmt} model",
-                            samples=samples)
+        return check_parity(
+            torch_runner(module),
+            artifact_runner(tmp, fmt, specs),
+            specs,
+            style,
+            precision=precision,
+            atol=atol,
+            rtol=rtol,
+            what=f"the exported {fmt} model",
+            samples=samples,
+        )
     except ParityError as e:
         kept = []
         for f in files:
             dest = out.parent / (f + ".failed")
             os.replace(stage / f, dest)
             kept.append(str(dest))
-        raise ParityError(f"{e}; the artifact is kept aside for inspection as {', '.join(kept)} "
-                          f"(loosen with --atol/--rtol if this drift is acceptable)") from None
+        raise ParityError(
+            f"{e}; the artifact is kept aside for inspection as {', '.join(kept)} "
+            f"(loosen with --atol/--rtol if this drift is acceptable)"
+        ) from None

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec
 
 
-def export_exported_program(module: Any, specs: Sequence[InputSpec], style: str, path: Path, *,
-                            source_format: str = "eager") -> dict:
+def export_exported_program(
+    module: Any, specs: Sequence[InputSpec], style: str, path: Path, *, source_format: str = "eager"
+) -> dict:
     import torch
 
     from ptopt.export.onnx import export_program, quiet_export

@@ -19,8 +19,9 @@ import io
 import logging
 import re
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, make_inputs
@@ -45,7 +46,7 @@ def quiet_export() -> Iterator[None]:
             warnings.simplefilter("ignore")
             yield
     finally:
-        for lg, lv in zip(loggers, levels):
+        for lg, lv in zip(loggers, levels, strict=False):
             lg.setLevel(lv)
 
 
@@ -77,7 +78,10 @@ def example_for_export(specs: Sequence[InputSpec], style: str) -> Any:
 
     fixed = []
     for s in specs:
-        opt = tuple(min(2, hi) if (d == 1 and lo != hi) else d for d, lo, hi in zip(s.opt_shape, s.min_shape, s.max_shape))
+        opt = tuple(
+            min(2, hi) if (d == 1 and lo != hi) else d
+            for d, lo, hi in zip(s.opt_shape, s.min_shape, s.max_shape, strict=False)
+        )
         fixed.append(dataclasses.replace(s, opt_shape=opt))
     return make_inputs(fixed, style, which="opt")
 
@@ -87,7 +91,7 @@ def export_program(module: Any, specs: Sequence[InputSpec], style: str, device: 
     import torch
 
     x = example_for_export(specs, style)
-    args, kwargs = (((), dict(x)) if style == "keyword" else ((x,) if not isinstance(x, tuple) else x, {}))
+    args, kwargs = ((), dict(x)) if style == "keyword" else ((x,) if not isinstance(x, tuple) else x, {})
     args = tuple(a.to(device) for a in args)
     kwargs = {k: v.to(device) for k, v in kwargs.items()}
     dyn = torch_export_dynamic_shapes(specs, style)
@@ -111,9 +115,11 @@ def _first_lines(text: str, n: int) -> str:
 def failing_op(error: BaseException, ep: Any = None) -> str:
     """'op aten.linalg_eigh in module inner.solver (Solver)' from an exporter error, as far as it says."""
     text = str(error)
-    m = (re.search(r"OpOverload\(op='([\w.]+)', overload='(\w+)'\)", text)
-         or re.search(r"target=torch\.ops\.([\w.]+)\]", text)
-         or re.search(r"operator '([\w:.]+)'", text))
+    m = (
+        re.search(r"OpOverload\(op='([\w.]+)', overload='(\w+)'\)", text)
+        or re.search(r"target=torch\.ops\.([\w.]+)\]", text)
+        or re.search(r"operator '([\w:.]+)'", text)
+    )
     if not m:
         return ""
     op = m.group(1)
@@ -125,8 +131,14 @@ def failing_op(error: BaseException, ep: Any = None) -> str:
                 stack = node.meta.get("nn_module_stack") or {}
                 if stack:
                     path, typ = list(stack.values())[-1]
-                    typ_name = typ.rsplit(".", 1)[-1] if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
-                    where = f" in module {path!r} ({typ_name})" if path else f" in the top-level module ({typ_name})"
+                    typ_name = (
+                        typ.rsplit(".", 1)[-1] if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+                    )
+                    where = (
+                        f" in module {path!r} ({typ_name})"
+                        if path
+                        else f" in the top-level module ({typ_name})"
+                    )
                 else:
                     where = " in the top-level module"
                 break
@@ -144,7 +156,7 @@ def rename_dims(model: Any, specs: Sequence[InputSpec], input_names: Sequence[st
     """Give the graph's symbolic dims the specs' names (the exporter invents s0, s43...)."""
     wanted = onnx_dim_names(specs)
     mapping: dict[str, str] = {}
-    for vi, spec in zip([i for i in model.graph.input if i.name in input_names], specs):
+    for vi, spec in zip([i for i in model.graph.input if i.name in input_names], specs, strict=False):
         for idx, d in enumerate(vi.type.tensor_type.shape.dim):
             if d.dim_param and idx in wanted.get(spec.name, {}):
                 mapping.setdefault(d.dim_param, wanted[spec.name][idx])
@@ -156,8 +168,17 @@ def rename_dims(model: Any, specs: Sequence[InputSpec], input_names: Sequence[st
                 d.dim_param = mapping[d.dim_param]
 
 
-def export_onnx(module: Any, specs: Sequence[InputSpec], style: str, path: Path, *, opset: int | None = None,
-                optimize: bool = False, external_data: bool | None = None, source_format: str = "eager") -> dict:
+def export_onnx(
+    module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    *,
+    opset: int | None = None,
+    optimize: bool = False,
+    external_data: bool | None = None,
+    source_format: str = "eager",
+) -> dict:
     """Write ``path`` (+ ``path.data`` when large); return facts for the sidecar (files, opset, exporter...)."""
     import onnx
 
@@ -177,23 +198,48 @@ def export_onnx(module: Any, specs: Sequence[InputSpec], style: str, path: Path,
         _optimize(path, big)
         _check(path)
     final = onnx.load(str(path), load_external_data=False)
-    files = [path.name] + ([path.name + ".data"] if big and (path.parent / (path.name + ".data")).exists() else [])
-    return {"files": files, "opset": final.opset_import[0].version if final.opset_import else None,
-            "exporter": exporter, "input_names": names, "output_names": outs, "external_data": big,
-            "optimized": bool(optimize)}
+    files = [path.name] + (
+        [path.name + ".data"] if big and (path.parent / (path.name + ".data")).exists() else []
+    )
+    return {
+        "files": files,
+        "opset": final.opset_import[0].version if final.opset_import else None,
+        "exporter": exporter,
+        "input_names": names,
+        "output_names": outs,
+        "external_data": big,
+        "optimized": bool(optimize),
+    }
 
 
-def _export_dynamo(module: Any, specs: Sequence[InputSpec], style: str, path: Path, names: list[str],
-                   outs: list[str], opset: int | None) -> str:
+def _export_dynamo(
+    module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    names: list[str],
+    outs: list[str],
+    opset: int | None,
+) -> str:
     import torch
 
     ep = export_program(module, specs, style)
     x = example_for_export(specs, style)
-    args, kwargs = (((), dict(x)) if style == "keyword" else ((x,) if not isinstance(x, tuple) else x, {}))
+    args, kwargs = ((), dict(x)) if style == "keyword" else ((x,) if not isinstance(x, tuple) else x, {})
     try:
         with quiet_export():
-            torch.onnx.export(ep, args, str(path), kwargs=kwargs or None, input_names=names, output_names=outs,
-                              opset_version=opset, external_data=False, dynamo=True, verbose=False)
+            torch.onnx.export(
+                ep,
+                args,
+                str(path),
+                kwargs=kwargs or None,
+                input_names=names,
+                output_names=outs,
+                opset_version=opset,
+                external_data=False,
+                dynamo=True,
+                verbose=False,
+            )
     except Exception as e:  # noqa: BLE001 - exporter errors come in many types
         op = failing_op(e, ep)
         raise UnsupportedModelError(
@@ -209,8 +255,15 @@ def _summary(e: BaseException) -> str:
     return _first_lines(m.group(1) if m else text, 1)
 
 
-def _export_torchscript_exporter(module: Any, specs: Sequence[InputSpec], style: str, path: Path,
-                                 names: list[str], outs: list[str], opset: int | None) -> str:
+def _export_torchscript_exporter(
+    module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    names: list[str],
+    outs: list[str],
+    opset: int | None,
+) -> str:
     """The TorchScript exporter: for ScriptModules (and eager/FX int8 models, as QDQ graphs)."""
     import torch
 
@@ -222,9 +275,16 @@ def _export_torchscript_exporter(module: Any, specs: Sequence[InputSpec], style:
             axes[o] = {0: "batch"}
     try:
         with quiet_export():
-            torch.onnx.export(module, args, str(path), input_names=names, output_names=outs,
-                              opset_version=opset or TORCHSCRIPT_EXPORTER_OPSET, dynamic_axes=axes or None,
-                              dynamo=False)
+            torch.onnx.export(
+                module,
+                args,
+                str(path),
+                input_names=names,
+                output_names=outs,
+                opset_version=opset or TORCHSCRIPT_EXPORTER_OPSET,
+                dynamic_axes=axes or None,
+                dynamo=False,
+            )
     except Exception as e:  # noqa: BLE001
         op = failing_op(e)
         raise UnsupportedModelError(
@@ -240,8 +300,14 @@ def _save(model: Any, path: Path, external: bool) -> None:
     if data.exists():
         data.unlink()
     if external:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data.name, size_threshold=1024)
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data.name,
+            size_threshold=1024,
+        )
     else:
         onnx.save_model(model, str(path))
 
@@ -252,7 +318,9 @@ def _check(path: Path) -> None:
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
-        raise UnsupportedModelError(f"the exported ONNX model fails onnx.checker: {_first_lines(str(e), 2)}") from None
+        raise UnsupportedModelError(
+            f"the exported ONNX model fails onnx.checker: {_first_lines(str(e), 2)}"
+        ) from None
 
 
 def _optimize(path: Path, external: bool) -> None:
@@ -266,7 +334,9 @@ def _optimize(path: Path, external: bool) -> None:
     so.optimized_model_filepath = str(tmp)
     so.log_severity_level = 3
     if external:
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", tmp.name + ".data")
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", tmp.name + ".data"
+        )
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     model = onnx.load(str(tmp))

@@ -25,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ptopt.core.errors import DataError, ModelLoadError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec, flatten_inputs
@@ -49,7 +50,8 @@ def is_int8_source(loaded: Any) -> bool:
     import torch
 
     return any(isinstance(t, torch.Tensor) and t.is_quantized for t in module.state_dict().values()) or any(
-        type(m).__module__.startswith("torch.ao.nn.quantized") for m in module.modules())
+        type(m).__module__.startswith("torch.ao.nn.quantized") for m in module.modules()
+    )
 
 
 def recorded_calib_data(loaded: Any) -> str | None:
@@ -78,8 +80,10 @@ def choose_method(method: str, loaded: Any, have_calib: bool) -> str:
         raise UsageError(f"unknown int8 ONNX method {method!r} (choose from {', '.join(METHODS)})")
     source_int8 = is_int8_source(loaded)
     if method == "qdq_export" and not source_int8:
-        raise UsageError("int8 method qdq_export exports an already quantized model; this source is fp32 "
-                         "(use the default ort_static with --data for calibration)")
+        raise UsageError(
+            "int8 method qdq_export exports an already quantized model; this source is fp32 "
+            "(use the default ort_static with --data for calibration)"
+        )
     if method != "auto":
         return method
     if not source_int8:
@@ -90,8 +94,12 @@ def choose_method(method: str, loaded: Any, have_calib: bool) -> str:
     if loaded.format == "torchscript":
         raise UsageError(
             f"{loaded.ref} is an int8 TorchScript archive: ONNX needs ORT's static quantization of its fp32 "
-            f"parent, but its sidecar records no " + ("calibration data; pass --data CALIB" if parent else
-                                                     "parent model; export the fp32 model with --precision int8 --data CALIB")
+            f"parent, but its sidecar records no "
+            + (
+                "calibration data; pass --data CALIB"
+                if parent
+                else "parent model; export the fp32 model with --precision int8 --data CALIB"
+            )
         )
     return "qdq_export"
 
@@ -109,7 +117,7 @@ class _Reader:
             return None
         if isinstance(b.x, dict) and all(n in b.x for n in self._names):
             return {n: b.x[n].numpy() for n in self._names}
-        return {n: t.numpy() for n, (_, t) in zip(self._names, flatten_inputs(b.x))}
+        return {n: t.numpy() for n, (_, t) in zip(self._names, flatten_inputs(b.x), strict=False)}
 
     def rewind(self) -> None:  # pragma: no cover - ORT calls it only for some calibrators
         pass
@@ -126,8 +134,16 @@ def _in_dir(path: Path) -> Iterator[None]:
         os.chdir(prev)
 
 
-def ort_static_quantize(fp32_module: Any, specs: Sequence[InputSpec], style: str, path: Path, calib: Any, *,
-                        opset: int | None = None, source_format: str = "eager") -> dict:
+def ort_static_quantize(
+    fp32_module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    calib: Any,
+    *,
+    opset: int | None = None,
+    source_format: str = "eager",
+) -> dict:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -139,43 +155,82 @@ def ort_static_quantize(fp32_module: Any, specs: Sequence[InputSpec], style: str
     path = Path(path).resolve()  # quant_pre_process runs in the temporary folder below
     with tempfile.TemporaryDirectory(prefix="ptopt-int8-") as d:
         tmp = Path(d)
-        info = export_onnx(fp32_module, specs, style, tmp / "fp32.onnx", opset=opset, source_format=source_format)
+        info = export_onnx(
+            fp32_module, specs, style, tmp / "fp32.onnx", opset=opset, source_format=source_format
+        )
         pre = tmp / "pre.onnx"
         try:
             with quiet_export(), _in_dir(tmp):
                 quant_pre_process(str(tmp / "fp32.onnx"), str(pre), auto_merge=True)
-                quantize_static(str(pre), str(path), _Reader(calib, info["input_names"]),
-                                quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=True,
-                                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                                calibrate_method=CalibrationMethod.MinMax)
+                quantize_static(
+                    str(pre),
+                    str(path),
+                    _Reader(calib, info["input_names"]),
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=True,
+                    reduce_range=True,
+                    activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax,
+                )
         except (ValueError, RuntimeError, KeyError) as e:
-            raise DataError(f"ORT static quantization failed: {type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
+            raise DataError(
+                f"ORT static quantization failed: {type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            ) from None
     _check(path)
-    info.update({"files": [path.name], "int8_method": "ort_static",
-                 "quantization": {"format": "QDQ", "per_channel": True, "reduce_range": True,
-                                  "activations": "uint8", "weights": "int8", "calibration": "MinMax",
-                                  "calibration_samples": min(len(calib), CALIB_SAMPLES)}})
+    info.update(
+        {
+            "files": [path.name],
+            "int8_method": "ort_static",
+            "quantization": {
+                "format": "QDQ",
+                "per_channel": True,
+                "reduce_range": True,
+                "activations": "uint8",
+                "weights": "int8",
+                "calibration": "MinMax",
+                "calibration_samples": min(len(calib), CALIB_SAMPLES),
+            },
+        }
+    )
     return info
 
 
-def qdq_export(int8_module: Any, specs: Sequence[InputSpec], style: str, path: Path, *, opset: int | None = None,
-               source_format: str = "eager") -> dict:
-    from ptopt.export.onnx import _check, _export_torchscript_exporter, count_outputs, output_names
+def qdq_export(
+    int8_module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    *,
+    opset: int | None = None,
+    source_format: str = "eager",
+) -> dict:
     from ptopt.core.inputspec import make_inputs
+    from ptopt.export.onnx import _check, _export_torchscript_exporter, count_outputs, output_names
 
     names = [s.name for s in specs]
     outs = output_names(count_outputs(int8_module, make_inputs(specs, style, which="opt")))
     try:
         exporter = _export_torchscript_exporter(int8_module, specs, style, path, names, outs, opset)
     except UnsupportedModelError as e:
-        hint = (" (an int8 TorchScript archive keeps its weights packed; use the ort_static method)"
-                if source_format == "torchscript" else "")
+        hint = (
+            " (an int8 TorchScript archive keeps its weights packed; use the ort_static method)"
+            if source_format == "torchscript"
+            else ""
+        )
         raise UnsupportedModelError(f"{e}{hint}") from None
     _check(path)
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    return {"files": [path.name], "int8_method": "qdq_export", "exporter": exporter, "input_names": names,
-            "output_names": outs, "opset": model.opset_import[0].version if model.opset_import else None,
-            "external_data": False, "optimized": False}
+    return {
+        "files": [path.name],
+        "int8_method": "qdq_export",
+        "exporter": exporter,
+        "input_names": names,
+        "output_names": outs,
+        "opset": model.opset_import[0].version if model.opset_import else None,
+        "external_data": False,
+        "optimized": False,
+    }

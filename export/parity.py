@@ -14,8 +14,9 @@ fp16/int8 (``DEFAULT_TOLERANCES``); ``--atol/--rtol`` override them.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ptopt.core.errors import ParityError
 from ptopt.core.inputspec import InputSpec, call_args, format_shape, make_inputs
@@ -68,10 +69,12 @@ def compare(ref: Sequence[Any], got: Sequence[Any]) -> dict[str, float]:
 
     if len(ref) != len(got):
         raise ParityError(f"the artifact returns {len(got)} output(s) but the source returns {len(ref)}")
-    for i, (a, b) in enumerate(zip(ref, got)):
+    for i, (a, b) in enumerate(zip(ref, got, strict=False)):
         if a.shape != b.shape:
-            raise ParityError(f"output {i}: the artifact's shape {format_shape(b.shape)} differs from the "
-                              f"source's {format_shape(a.shape)}")
+            raise ParityError(
+                f"output {i}: the artifact's shape {format_shape(b.shape)} differs from the "
+                f"source's {format_shape(a.shape)}"
+            )
     a = np.concatenate([r.ravel() for r in ref]) if ref else np.zeros(0)
     b = np.concatenate([g.ravel() for g in got]) if got else np.zeros(0)
     if not (np.isfinite(b).all()):
@@ -80,13 +83,27 @@ def compare(ref: Sequence[Any], got: Sequence[Any]) -> dict[str, float]:
     scale = float(np.max(np.abs(a))) if a.size else 0.0
     na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
     cos = float(np.dot(a, b) / (na * nb)) if na > 0 and nb > 0 else (1.0 if na == nb else 0.0)
-    return {"max_abs_diff": diff, "rel_error": diff / scale if scale > 0 else diff, "cosine": cos,
-            "max_abs_ref": scale}
+    return {
+        "max_abs_diff": diff,
+        "rel_error": diff / scale if scale > 0 else diff,
+        "cosine": cos,
+        "max_abs_ref": scale,
+    }
 
 
-def check_parity(source: Callable[[Any], Any], artifact: Callable[[Any], Any], specs: Sequence[InputSpec],
-                 style: str, *, precision: str = "fp32", atol: float | None = None, rtol: float | None = None,
-                 what: str = "artifact", seed: int = 0, samples: Any = None) -> dict[str, Any]:
+def check_parity(
+    source: Callable[[Any], Any],
+    artifact: Callable[[Any], Any],
+    specs: Sequence[InputSpec],
+    style: str,
+    *,
+    precision: str = "fp32",
+    atol: float | None = None,
+    rtol: float | None = None,
+    what: str = "artifact",
+    seed: int = 0,
+    samples: Any = None,
+) -> dict[str, Any]:
     """Run both on the min/opt/max sample inputs; return the metrics or raise ParityError.
 
     ``source`` and ``artifact`` take a batch in the model's calling style (tensor, tuple or dict).
@@ -110,13 +127,18 @@ def check_parity(source: Callable[[Any], Any], artifact: Callable[[Any], Any], s
         m["ok"] = bool(m["max_abs_diff"] <= atol + rtol * m["max_abs_ref"])
         per_shape[which] = m
         if not m["ok"]:
-            failures.append(f"{which} ({m['shape']}): max abs diff {m['max_abs_diff']:.3g} > "
-                            f"{atol:g} + {rtol:g}×{m['max_abs_ref']:.3g}, cosine {m['cosine']:.6f}")
+            failures.append(
+                f"{which} ({m['shape']}): max abs diff {m['max_abs_diff']:.3g} > "
+                f"{atol:g} + {rtol:g}×{m['max_abs_ref']:.3g}, cosine {m['cosine']:.6f}"
+            )
     metrics = {
         "max_abs_diff": max(m["max_abs_diff"] for m in per_shape.values()),
         "rel_error": max(m["rel_error"] for m in per_shape.values()),
         "cosine": min(m["cosine"] for m in per_shape.values()),
-        "atol": atol, "rtol": rtol, "shapes": per_shape, "passed": not failures,
+        "atol": atol,
+        "rtol": rtol,
+        "shapes": per_shape,
+        "passed": not failures,
     }
     if failures:
         err = ParityError(f"{what} drifts from its source beyond tolerance at " + "; ".join(failures))
@@ -136,13 +158,14 @@ def _real_inputs(samples: Any, specs: Sequence[InputSpec], which: str) -> Any:
     got = flatten_inputs(x)
     if len(got) != len(specs):
         return None
-    for spec, (_, t) in zip(specs, got):
+    for spec, (_, t) in zip(specs, got, strict=False):
         if tuple(t.shape) != spec.shape(which):
             return None
     return x
 
 
 # -- runners: each artifact in its own runtime -------------------------------------------------
+
 
 def torch_runner(module: Any, device: str = "cpu") -> Callable[[Any], Any]:
     import torch
@@ -168,7 +191,9 @@ def onnx_session(path: str | Path, threads: int | None = None, optimization: str
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def onnx_runner(path: str | Path, specs: Sequence[InputSpec], threads: int | None = None) -> Callable[[Any], Any]:
+def onnx_runner(
+    path: str | Path, specs: Sequence[InputSpec], threads: int | None = None
+) -> Callable[[Any], Any]:
     """Run an ONNX file in ONNX Runtime; inputs are matched by name, else in order."""
     import torch
 
@@ -182,7 +207,7 @@ def onnx_runner(path: str | Path, specs: Sequence[InputSpec], threads: int | Non
         if isinstance(x, dict) and all(n in x for n in names):
             feed = {n: x[n] for n in names}
         else:
-            feed = {n: t for n, (_, t) in zip(names, pairs)}
+            feed = {n: t for n, (_, t) in zip(names, pairs, strict=False)}
         return sess.run(None, {n: t.detach().cpu().numpy() for n, t in feed.items()})
 
     return run

@@ -17,7 +17,8 @@ Nothing here imports torch at module level; the CLI parses shapes without it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ptopt.core.errors import ShapeMismatchError, UsageError
 from ptopt.core.inputspec import InputSpec, Shape, format_shape, parse_named_shapes, parse_shape
@@ -60,7 +61,10 @@ def _named_shapes(value: ShapeArg, option: str) -> list[tuple[str | None, Shape]
     if isinstance(value, str):
         return parse_named_shapes([value])
     if isinstance(value, Mapping):
-        return [(str(k), parse_shape(v) if isinstance(v, str) else tuple(int(d) for d in v)) for k, v in value.items()]
+        return [
+            (str(k), parse_shape(v) if isinstance(v, str) else tuple(int(d) for d in v))
+            for k, v in value.items()
+        ]
     if isinstance(value, Sequence) and value and all(isinstance(v, int) for v in value):
         return [(None, tuple(int(d) for d in value))]
     if isinstance(value, Sequence):
@@ -89,8 +93,12 @@ def _assign(named: list[tuple[str | None, Shape]], base: list[InputSpec], option
                 f"{option}: the model takes {len(base)} input(s) ({', '.join(names)}); "
                 f"give one shape per input as NAME=SHAPE"
             )
-        keys = names if base else (["input"] if len(unnamed) == 1 else [f"input_{i}" for i in range(len(unnamed))])
-        return dict(zip(keys, unnamed))
+        keys = (
+            names
+            if base
+            else (["input"] if len(unnamed) == 1 else [f"input_{i}" for i in range(len(unnamed))])
+        )
+        return dict(zip(keys, unnamed, strict=False))
     for n, shape in named:
         if base and n not in names:
             raise UsageError(f"{option}: the model has no input {n!r} (inputs: {', '.join(names)})")
@@ -98,8 +106,14 @@ def _assign(named: list[tuple[str | None, Shape]], base: list[InputSpec], option
     return out
 
 
-def settle_specs(base: Sequence[InputSpec], *, min_shape: ShapeArg = None, opt_shape: ShapeArg = None,
-                 max_shape: ShapeArg = None, dynamic_batch: Any = None) -> list[InputSpec]:
+def settle_specs(
+    base: Sequence[InputSpec],
+    *,
+    min_shape: ShapeArg = None,
+    opt_shape: ShapeArg = None,
+    max_shape: ShapeArg = None,
+    dynamic_batch: Any = None,
+) -> list[InputSpec]:
     """The export's InputSpecs: ``base`` (what the model declares or the data shows) updated by the options.
 
     Per input, a missing shape is taken from the given ones: opt from max (else min), min and max
@@ -108,12 +122,16 @@ def settle_specs(base: Sequence[InputSpec], *, min_shape: ShapeArg = None, opt_s
     UsageError for min > opt > max and ShapeMismatchError for a rank the model does not take.
     """
     base = list(base)
-    given = {w: _assign(_named_shapes(v, f"--{w}-shape"), base, f"--{w}-shape")
-             for w, v in (("min", min_shape), ("opt", opt_shape), ("max", max_shape))}
+    given = {
+        w: _assign(_named_shapes(v, f"--{w}-shape"), base, f"--{w}-shape")
+        for w, v in (("min", min_shape), ("opt", opt_shape), ("max", max_shape))
+    }
     names = list(dict.fromkeys([s.name for s in base] + [n for g in given.values() for n in g]))
     if not names:
-        raise UsageError("input shapes unknown: pass --min/--opt/--max-shape, or --data, or a model that "
-                         "declares example_inputs()")
+        raise UsageError(
+            "input shapes unknown: pass --min/--opt/--max-shape, or --data, or a model that "
+            "declares example_inputs()"
+        )
     by_name = {s.name: s for s in base}
     specs = []
     for name in names:
@@ -127,7 +145,8 @@ def settle_specs(base: Sequence[InputSpec], *, min_shape: ShapeArg = None, opt_s
                     raise ShapeMismatchError(
                         f"--{which}-shape {format_shape(shape)} for input {name!r} has rank {len(shape)}, "
                         f"but the model takes rank {spec.rank}",
-                        expected=spec.describe(), got=format_shape(shape),
+                        expected=spec.describe(),
+                        got=format_shape(shape),
                     )
             dtype = spec.dtype if spec else "float32"
             vr = spec.value_range if spec else None
@@ -142,6 +161,7 @@ def settle_specs(base: Sequence[InputSpec], *, min_shape: ShapeArg = None, opt_s
 
 
 # -- translations ----------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class SymbolicDim:
@@ -176,7 +196,10 @@ def symbolic_dims(specs: Sequence[InputSpec]) -> list[dict[int, SymbolicDim]]:
 
 def onnx_dim_names(specs: Sequence[InputSpec]) -> dict[str, dict[int, str]]:
     """``{input: {dim: symbolic name}}``: the ONNX graph's symbolic dims (also ``dynamic_axes``)."""
-    return {s.name: {i: d.name for i, d in dims.items()} for s, dims in zip(specs, symbolic_dims(specs))}
+    return {
+        s.name: {i: d.name for i, d in dims.items()}
+        for s, dims in zip(specs, symbolic_dims(specs), strict=False)
+    }
 
 
 def torch_export_dynamic_shapes(specs: Sequence[InputSpec], style: str = "positional") -> Any:
@@ -198,14 +221,22 @@ def torch_export_dynamic_shapes(specs: Sequence[InputSpec], style: str = "positi
 
     per_input = [{i: dim(d) for i, d in dims.items()} or None for dims in sym]
     if style == "keyword":
-        return {s.name: p for s, p in zip(specs, per_input)}
+        return {s.name: p for s, p in zip(specs, per_input, strict=False)}
     return tuple(per_input)
 
 
 def tensorrt_input_kwargs(specs: Sequence[InputSpec]) -> list[dict[str, Any]]:
     """Keyword arguments of one ``torch_tensorrt.Input`` per input (plain data, testable without TensorRT)."""
-    return [{"min_shape": list(s.min_shape), "opt_shape": list(s.opt_shape), "max_shape": list(s.max_shape),
-             "dtype": s.dtype, "name": s.name} for s in specs]
+    return [
+        {
+            "min_shape": list(s.min_shape),
+            "opt_shape": list(s.opt_shape),
+            "max_shape": list(s.max_shape),
+            "dtype": s.dtype,
+            "name": s.name,
+        }
+        for s in specs
+    ]
 
 
 def tensorrt_inputs(specs: Sequence[InputSpec]) -> list[Any]:
@@ -213,9 +244,16 @@ def tensorrt_inputs(specs: Sequence[InputSpec]) -> list[Any]:
     import torch
     import torch_tensorrt  # noqa: PLC0415 - optional backend, checked by the caller
 
-    return [torch_tensorrt.Input(min_shape=k["min_shape"], opt_shape=k["opt_shape"], max_shape=k["max_shape"],
-                                 dtype=getattr(torch, k["dtype"]), name=k["name"])
-            for k in tensorrt_input_kwargs(specs)]
+    return [
+        torch_tensorrt.Input(
+            min_shape=k["min_shape"],
+            opt_shape=k["opt_shape"],
+            max_shape=k["max_shape"],
+            dtype=getattr(torch, k["dtype"]),
+            name=k["name"],
+        )
+        for k in tensorrt_input_kwargs(specs)
+    ]
 
 
 def trtexec_shapes(specs: Sequence[InputSpec], names: Sequence[str] | None = None) -> str:
@@ -226,5 +264,9 @@ def trtexec_shapes(specs: Sequence[InputSpec], names: Sequence[str] | None = Non
     names = list(names) if names is not None else [s.name for s in specs]
     parts = []
     for flag, which in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
-        parts.append(flag + "=" + ",".join(f"{n}:{format_shape(s.shape(which))}" for n, s in zip(names, specs)))
+        parts.append(
+            flag
+            + "="
+            + ",".join(f"{n}:{format_shape(s.shape(which))}" for n, s in zip(names, specs, strict=False))
+        )
     return " ".join(parts)

@@ -15,8 +15,9 @@ or CUDA is missing: ``check_available`` then raises MissingDependencyError befor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.errors import MissingDependencyError, UnsupportedModelError
 from ptopt.core.inputspec import InputSpec
@@ -32,15 +33,19 @@ def check_available() -> None:
 
     f = check_tensorrt()
     if not f.available:
-        raise MissingDependencyError(f"--target tensorrt needs torch_tensorrt, TensorRT and CUDA: {f.detail}. "
-                                     f"To fix: {INSTALL_HINT}")
+        raise MissingDependencyError(
+            f"--target tensorrt needs torch_tensorrt, TensorRT and CUDA: {f.detail}. To fix: {INSTALL_HINT}"
+        )
 
 
 def enabled_precisions(precision: str) -> set:
     import torch
 
-    return {"fp32": {torch.float32}, "fp16": {torch.float16, torch.float32},
-            "int8": {torch.int8, torch.float32}}[precision]
+    return {
+        "fp32": {torch.float32},
+        "fp16": {torch.float16, torch.float32},
+        "int8": {torch.int8, torch.float32},
+    }[precision]
 
 
 def _modelopt_quantize(module: Any, calib: Any, style: str) -> Any:
@@ -56,15 +61,25 @@ def _modelopt_quantize(module: Any, calib: Any, style: str) -> Any:
     def forward_loop(model: Any) -> None:
         for b in calib.batches(32):
             x = b.x
-            x = {k: v.cuda() for k, v in x.items()} if isinstance(x, dict) else (
-                tuple(t.cuda() for t in x) if isinstance(x, tuple) else x.cuda())
+            x = (
+                {k: v.cuda() for k, v in x.items()}
+                if isinstance(x, dict)
+                else (tuple(t.cuda() for t in x) if isinstance(x, tuple) else x.cuda())
+            )
             call_model(model, x)
 
     return mtq.quantize(module, mtq.INT8_DEFAULT_CFG, forward_loop)
 
 
-def export_tensorrt(module: Any, specs: Sequence[InputSpec], style: str, path: Path, *, precision: str = "fp32",
-                    calib: Any = None) -> dict:
+def export_tensorrt(
+    module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    *,
+    precision: str = "fp32",
+    calib: Any = None,
+) -> dict:
     import torch
     import torch_tensorrt
 
@@ -79,23 +94,43 @@ def export_tensorrt(module: Any, specs: Sequence[InputSpec], style: str, path: P
     with torch.no_grad():
         ep = export_program(module, specs, style, device="cuda")
         trt_inputs = tensorrt_inputs(specs)
-        kw = ({"kwarg_inputs": dict(zip([s.name for s in specs], trt_inputs))} if style == "keyword"
-              else {"arg_inputs": trt_inputs})
+        kw = (
+            {"kwarg_inputs": dict(zip([s.name for s in specs], trt_inputs, strict=False))}
+            if style == "keyword"
+            else {"arg_inputs": trt_inputs}
+        )
         try:
-            trt = torch_tensorrt.dynamo.compile(ep, enabled_precisions=enabled_precisions(precision),
-                                                min_block_size=1, **kw)
+            trt = torch_tensorrt.dynamo.compile(
+                ep, enabled_precisions=enabled_precisions(precision), min_block_size=1, **kw
+            )
         except Exception as e:  # noqa: BLE001
-            raise UnsupportedModelError(f"torch_tensorrt cannot compile the model: {type(e).__name__}: "
-                                        f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}") from None
+            raise UnsupportedModelError(
+                f"torch_tensorrt cannot compile the model: {type(e).__name__}: "
+                f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            ) from None
         # saving with the same Dims keeps the engine's dynamic profile in the reloaded program
         x = example_for_export(specs, style)
         dyn = torch_export_dynamic_shapes(specs, style)
         if style == "keyword":
-            torch_tensorrt.save(trt, str(path), output_format="exported_program",
-                                kwarg_inputs={k: v.cuda() for k, v in x.items()}, dynamic_shapes=dyn)
+            torch_tensorrt.save(
+                trt,
+                str(path),
+                output_format="exported_program",
+                kwarg_inputs={k: v.cuda() for k, v in x.items()},
+                dynamic_shapes=dyn,
+            )
         else:
             args = x if isinstance(x, tuple) else (x,)
-            torch_tensorrt.save(trt, str(path), output_format="exported_program",
-                                arg_inputs=[a.cuda() for a in args], dynamic_shapes=dyn)
-    return {"files": [path.name], "method": "torch_tensorrt.dynamo.compile",
-            "torch_tensorrt": torch_tensorrt.__version__, "enabled_precisions": sorted(map(str, enabled_precisions(precision)))}
+            torch_tensorrt.save(
+                trt,
+                str(path),
+                output_format="exported_program",
+                arg_inputs=[a.cuda() for a in args],
+                dynamic_shapes=dyn,
+            )
+    return {
+        "files": [path.name],
+        "method": "torch_tensorrt.dynamo.compile",
+        "torch_tensorrt": torch_tensorrt.__version__,
+        "enabled_precisions": sorted(map(str, enabled_precisions(precision))),
+    }

@@ -10,15 +10,23 @@ A TorchScript source (e.g. an int8 artifact from ``ptopt quantize``) is re-saved
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec
 
 
-def export_torchscript(module: Any, specs: Sequence[InputSpec], style: str, path: Path, *, script: bool = False,
-                       source_format: str = "eager") -> dict:
+def export_torchscript(
+    module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    *,
+    script: bool = False,
+    source_format: str = "eager",
+) -> dict:
     import torch
 
     notes: list[str] = []
@@ -70,7 +78,9 @@ def _trace(module: Any, x: Any, style: str) -> tuple[Any, list[str]]:
         try:
             with torch.inference_mode(False), torch.no_grad():
                 if style == "keyword":
-                    sm = torch.jit.trace(module, example_kwarg_inputs=dict(x), check_trace=False, strict=False)
+                    sm = torch.jit.trace(
+                        module, example_kwarg_inputs=dict(x), check_trace=False, strict=False
+                    )
                 else:
                     args = x if isinstance(x, tuple) else (x,)
                     sm = torch.jit.trace(module, args, check_trace=False, strict=False)
@@ -79,6 +89,11 @@ def _trace(module: Any, x: Any, style: str) -> tuple[Any, list[str]]:
                 f"torch.jit.trace cannot trace {type(module).__name__}: {type(e).__name__}: "
                 f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}; try --script"
             ) from None
-    notes = sorted({str(w.message).splitlines()[0][:200] for w in caught
-                    if issubclass(w.category, torch.jit.TracerWarning)})
+    notes = sorted(
+        {
+            str(w.message).splitlines()[0][:200]
+            for w in caught
+            if issubclass(w.category, torch.jit.TracerWarning)
+        }
+    )
     return sm, notes

@@ -7,8 +7,14 @@ from torch import nn
 
 
 class LSTMClassifier(nn.Module):
-    def __init__(self, input_size: int = 32, hidden: int = 1152, layers: int = 1, num_classes: int = 10,
-                 seq_len: int = 32):
+    def __init__(
+        self,
+        input_size: int = 32,
+        hidden: int = 1152,
+        layers: int = 1,
+        num_classes: int = 10,
+        seq_len: int = 32,
+    ):
         super().__init__()
         self.input_size, self.seq_len = input_size, seq_len
         self.lstm = nn.LSTM(input_size, hidden, num_layers=layers, batch_first=True)

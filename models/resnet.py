@@ -25,14 +25,20 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, widths: tuple[int, ...] = (32, 64, 128), blocks: tuple[int, ...] = (1, 1, 1),
-                 num_classes: int = 10, in_channels: int = 1, image_size: int = 32):
+    def __init__(
+        self,
+        widths: tuple[int, ...] = (32, 64, 128),
+        blocks: tuple[int, ...] = (1, 1, 1),
+        num_classes: int = 10,
+        in_channels: int = 1,
+        image_size: int = 32,
+    ):
         super().__init__()
         self.in_channels, self.image_size = in_channels, image_size
         self.stem = nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)
         self.bn = nn.BatchNorm2d(widths[0])
         layers, cin = [], widths[0]
-        for i, (w, n) in enumerate(zip(widths, blocks)):
+        for i, (w, n) in enumerate(zip(widths, blocks, strict=False)):
             for j in range(n):
                 layers.append(BasicBlock(cin, w, stride=2 if (i > 0 and j == 0) else 1))
                 cin = w
@@ -47,8 +53,13 @@ class ResNet(nn.Module):
         return self.fc(x)
 
     def example_inputs(self, batch: int = 1) -> torch.Tensor:
-        return torch.randn(batch, self.in_channels, self.image_size, self.image_size,
-                           generator=torch.Generator().manual_seed(0))
+        return torch.randn(
+            batch,
+            self.in_channels,
+            self.image_size,
+            self.image_size,
+            generator=torch.Generator().manual_seed(0),
+        )
 
 
 def resnet() -> ResNet:

@@ -7,8 +7,17 @@ from torch import nn
 
 
 class TransformerClassifier(nn.Module):
-    def __init__(self, vocab: int = 1 + 64 * 17, seq_len: int = 72, d_model: int = 64, heads: int = 4, layers: int = 2,
-                 ff: int = 128, num_classes: int = 10, dropout: float = 0.1):
+    def __init__(
+        self,
+        vocab: int = 1 + 64 * 17,
+        seq_len: int = 72,
+        d_model: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        ff: int = 128,
+        num_classes: int = 10,
+        dropout: float = 0.1,
+    ):
         super().__init__()
         self.vocab, self.seq_len = vocab, seq_len
         self.embed = nn.Embedding(vocab, d_model, padding_idx=0)

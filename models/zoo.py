@@ -45,19 +45,46 @@ class ZooEntry:
         return hashlib.sha256(json.dumps(self.recipe(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-ZOO: dict[str, ZooEntry] = {e.name: e for e in (
-    ZooEntry("resnet", "ptopt.models.resnet:resnet", "builtin:digits32:train", "builtin:digits32:test",
-             "ResNet-style CNN, 3 residual stages (32/64/128), 1×32×32 digits", epochs=5),
-    ZooEntry("mobilenet", "ptopt.models.mobilenet:mobilenet", "builtin:digits32:train", "builtin:digits32:test",
-             "MobileNetV2-style CNN, depthwise-separable inverted residuals, 1×32×32 digits", epochs=8),
-    ZooEntry("lstm", "ptopt.models.lstm:lstm", "builtin:digits-seq:train", "builtin:digits-seq:test",
-             "1-layer LSTM (1152) classifier, digits as 32 rows of 32 pixels", epochs=6, lr=2e-3,
-             batch_size=32),
-    ZooEntry("transformer", "ptopt.models.transformer:transformer", "builtin:digits-tokens:train",
-             "builtin:digits-tokens:test",
-             "2-layer transformer encoder (d=64), input_ids + attention_mask, digits as position-value tokens",
-             epochs=7, lr=2e-3),
-)}
+ZOO: dict[str, ZooEntry] = {
+    e.name: e
+    for e in (
+        ZooEntry(
+            "resnet",
+            "ptopt.models.resnet:resnet",
+            "builtin:digits32:train",
+            "builtin:digits32:test",
+            "ResNet-style CNN, 3 residual stages (32/64/128), 1×32×32 digits",
+            epochs=5,
+        ),
+        ZooEntry(
+            "mobilenet",
+            "ptopt.models.mobilenet:mobilenet",
+            "builtin:digits32:train",
+            "builtin:digits32:test",
+            "MobileNetV2-style CNN, depthwise-separable inverted residuals, 1×32×32 digits",
+            epochs=8,
+        ),
+        ZooEntry(
+            "lstm",
+            "ptopt.models.lstm:lstm",
+            "builtin:digits-seq:train",
+            "builtin:digits-seq:test",
+            "1-layer LSTM (1152) classifier, digits as 32 rows of 32 pixels",
+            epochs=6,
+            lr=2e-3,
+            batch_size=32,
+        ),
+        ZooEntry(
+            "transformer",
+            "ptopt.models.transformer:transformer",
+            "builtin:digits-tokens:train",
+            "builtin:digits-tokens:test",
+            "2-layer transformer encoder (d=64), input_ids + attention_mask, digits as position-value tokens",
+            epochs=7,
+            lr=2e-3,
+        ),
+    )
+}
 
 
 def cache_dir() -> Path:
@@ -90,14 +117,25 @@ def train_zoo_model(name: str, progress: bool = True):
     model = e.build()
     cfg = TrainConfig(epochs=e.epochs, lr=e.lr, batch_size=e.batch_size, weight_decay=e.weight_decay, seed=0)
     with _threads_for_training():
-        result = train(model, load_data(e.train_data), cfg, eval_data=load_data(e.test_data),
-                       progress=progress, description=f"training zoo:{name}")
+        result = train(
+            model,
+            load_data(e.train_data),
+            cfg,
+            eval_data=load_data(e.test_data),
+            progress=progress,
+            description=f"training zoo:{name}",
+        )
     path = weights_path(name)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     with atomic_path(path) as tmp:
         save_file(state, str(tmp))
-    info = {"name": name, "recipe": e.recipe(), "test_accuracy": result.best_accuracy,
-            "best_epoch": result.best_epoch, "history": result.history}
+    info = {
+        "name": name,
+        "recipe": e.recipe(),
+        "test_accuracy": result.best_accuracy,
+        "best_epoch": result.best_epoch,
+        "history": result.history,
+    }
     write_text_atomic(path.with_suffix(".json"), json.dumps(info, indent=2))
     return model.eval(), info
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ptopt.core.artifact import Artifact, sidecar_path
 
@@ -41,8 +42,14 @@ class DemoResult:
         return bool(self.validation.passed and self.lstm_validation.passed)
 
 
-def demo(output: str | Path = "ptopt-demo", *, fresh: bool = False, threads: int | None = None,
-         log: Callable[[str], None] = print, min_seconds: float = 0.5) -> DemoResult:
+def demo(
+    output: str | Path = "ptopt-demo",
+    *,
+    fresh: bool = False,
+    threads: int | None = None,
+    log: Callable[[str], None] = print,
+    min_seconds: float = 0.5,
+) -> DemoResult:
     """Run the pipeline into ``output``; returns what was written and the validation results."""
     from ptopt.compress.prune import prune
     from ptopt.compress.quantize import quantize
@@ -76,43 +83,98 @@ def demo(output: str | Path = "ptopt-demo", *, fresh: bool = False, threads: int
     load_model(CNN)
     load_model(LSTM)
 
-    int8 = step(1, "static int8", "resnet.int8.pt",
-                lambda p: quantize(CNN, "static", p, calib_data=TRAIN, eval_data=TEST, progress=False))
-    step(2, "QAT int8 (1 epoch)", "resnet.qat.pt",
-         lambda p: quantize(CNN, "qat", p, train_data=TRAIN, eval_data=TEST, epochs=1, progress=False))
-    lstm8 = step(3, "dynamic int8 LSTM", "lstm.int8.pt",
-                 lambda p: quantize(LSTM, "dynamic", p, eval_data=SEQ_TEST, progress=False))
-    step(4, "structured pruning 50% + distillation", "resnet.pruned.pt",
-         lambda p: prune(CNN, "structured", 0.5, p, fine_tune_data=TRAIN, eval_data=TEST, epochs=3,
-                         teacher="self", temperature=2.0, alpha=0.5, lr=2e-3))
-    step(5, "global pruning 50% + 1 epoch", "resnet.sparse.pt",
-         lambda p: prune(CNN, "global", 0.5, p, fine_tune_data=TRAIN, eval_data=TEST, epochs=1))
+    int8 = step(
+        1,
+        "static int8",
+        "resnet.int8.pt",
+        lambda p: quantize(CNN, "static", p, calib_data=TRAIN, eval_data=TEST, progress=False),
+    )
+    step(
+        2,
+        "QAT int8 (1 epoch)",
+        "resnet.qat.pt",
+        lambda p: quantize(CNN, "qat", p, train_data=TRAIN, eval_data=TEST, epochs=1, progress=False),
+    )
+    lstm8 = step(
+        3,
+        "dynamic int8 LSTM",
+        "lstm.int8.pt",
+        lambda p: quantize(LSTM, "dynamic", p, eval_data=SEQ_TEST, progress=False),
+    )
+    step(
+        4,
+        "structured pruning 50% + distillation",
+        "resnet.pruned.pt",
+        lambda p: prune(
+            CNN,
+            "structured",
+            0.5,
+            p,
+            fine_tune_data=TRAIN,
+            eval_data=TEST,
+            epochs=3,
+            teacher="self",
+            temperature=2.0,
+            alpha=0.5,
+            lr=2e-3,
+        ),
+    )
+    step(
+        5,
+        "global pruning 50% + 1 epoch",
+        "resnet.sparse.pt",
+        lambda p: prune(CNN, "global", 0.5, p, fine_tune_data=TRAIN, eval_data=TEST, epochs=1),
+    )
     step(6, "export TorchScript fp32", "resnet.ts.pt", lambda p: export(CNN, "torchscript", p))
     step(7, "export ONNX fp32", "resnet.onnx", lambda p: export(CNN, "onnx", p))
     step(8, "export ONNX int8", "resnet.int8.onnx", lambda p: export(int8, "onnx", p, data=TRAIN))
     if CHECKS["torch_tensorrt"]().available:
-        step(8, "export TensorRT fp16", "resnet.trt.ep", lambda p: export(CNN, "tensorrt", p, precision="fp16"))
+        step(
+            8, "export TensorRT fp16", "resnet.trt.ep", lambda p: export(CNN, "tensorrt", p, precision="fp16")
+        )
     else:
         log(f"[8/{total}] TensorRT: skipped ({CHECKS['torch_tensorrt']().detail}; needs CUDA)")
 
     cnn_arts = [str(p) for k, p in arts.items() if k != "dynamic int8 LSTM"]
-    log(f"[9/{total}] validate {len(cnn_arts)} artifacts against {CNN} on {TEST} "
-        f"(gate: accuracy drop <= {MAX_ACCURACY_DROP} points)")
-    result = validate(CNN, cnn_arts, TEST, batch_sizes=(1, 32), threads=threads,
-                      max_accuracy_drop=MAX_ACCURACY_DROP, json_path=out / "report.json",
-                      markdown_path=out / "summary.md", report_path=out / "report.html",
-                      junit_path=out / "junit.xml", min_seconds=min_seconds)
+    log(
+        f"[9/{total}] validate {len(cnn_arts)} artifacts against {CNN} on {TEST} "
+        f"(gate: accuracy drop <= {MAX_ACCURACY_DROP} points)"
+    )
+    result = validate(
+        CNN,
+        cnn_arts,
+        TEST,
+        batch_sizes=(1, 32),
+        threads=threads,
+        max_accuracy_drop=MAX_ACCURACY_DROP,
+        json_path=out / "report.json",
+        markdown_path=out / "summary.md",
+        report_path=out / "report.html",
+        junit_path=out / "junit.xml",
+        min_seconds=min_seconds,
+    )
     log(f"[10/{total}] validate the dynamic int8 LSTM against {LSTM} on {SEQ_TEST}")
-    lstm_result = validate(LSTM, [str(lstm8)], SEQ_TEST, batch_sizes=(1, 32), threads=threads,
-                           max_accuracy_drop=MAX_ACCURACY_DROP, json_path=out / "lstm-report.json",
-                           markdown_path=out / "lstm-summary.md", min_seconds=min_seconds)
+    lstm_result = validate(
+        LSTM,
+        [str(lstm8)],
+        SEQ_TEST,
+        batch_sizes=(1, 32),
+        threads=threads,
+        max_accuracy_drop=MAX_ACCURACY_DROP,
+        json_path=out / "lstm-report.json",
+        markdown_path=out / "lstm-summary.md",
+        min_seconds=min_seconds,
+    )
 
     mar = None
     best = result.best
     if best is not None:
         best_path = next((p for p in cnn_arts if Path(p).name == Path(best).name or p == best), None)
-        if best_path is not None and Artifact.maybe_load(best_path) is not None and \
-                Artifact.load(best_path).format in ("torchscript", "onnx"):
+        if (
+            best_path is not None
+            and Artifact.maybe_load(best_path) is not None
+            and Artifact.load(best_path).format in ("torchscript", "onnx")
+        ):
             mar = out / "resnet-best.mar"
             log(f"[11/{total}] package the best artifact within budget ({Path(best_path).name}) as {mar}")
             package(best_path, "mar", mar)

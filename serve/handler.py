@@ -35,17 +35,17 @@ _FLOAT = {"float32", "float16", "bfloat16", "float64"}
 def _describe(spec, sample=False):
     """``input: [1..64]x1x8x8 float32`` (or without the batch dim for one sample)."""
     dims = []
-    for lo, hi in zip(spec["min_shape"], spec["max_shape"]):
-        dims.append(str(lo) if lo == hi else "[%d..%d]" % (lo, hi))
+    for lo, hi in zip(spec["min_shape"], spec["max_shape"], strict=False):
+        dims.append(str(lo) if lo == hi else f"[{lo}..{hi}]")
     if sample:
         dims = dims[1:]
-    return "%s: %s %s" % (spec["name"], "x".join(dims) or "scalar", spec["dtype"])
+    return "{}: {} {}".format(spec["name"], "x".join(dims) or "scalar", spec["dtype"])
 
 
 def _expected(specs):
     one = ", ".join(_describe(s, sample=True) for s in specs)
     batch = ", ".join(_describe(s) for s in specs)
-    return "one sample (%s) or a batch (%s)" % (one, batch)
+    return f"one sample ({one}) or a batch ({batch})"
 
 
 def _request_error(message, specs):
@@ -67,12 +67,12 @@ def _decode_body(row):
         try:
             return json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
-            raise ValueError("malformed JSON body (%s); send {\"inputs\": ...} or .npy bytes" % e) from None
+            raise ValueError(f'malformed JSON body ({e}); send {{"inputs": ...}} or .npy bytes') from None
     if isinstance(value, str):
         try:
             return json.loads(value)
         except ValueError as e:
-            raise ValueError("malformed JSON body (%s); send {\"inputs\": ...} or .npy bytes" % e) from None
+            raise ValueError(f'malformed JSON body ({e}); send {{"inputs": ...}} or .npy bytes') from None
     return value
 
 
@@ -83,13 +83,17 @@ def _arrays_from_payload(payload, specs, style):
         loaded = np.load(io.BytesIO(payload), allow_pickle=False)
         if isinstance(loaded, np.ndarray):
             if len(specs) != 1:
-                raise ValueError("the model takes %d inputs (%s): send them as .npz with one array per name"
-                                 % (len(specs), ", ".join(names)))
+                raise ValueError(
+                    f"the model takes {len(specs)} inputs ({', '.join(names)}): "
+                    "send them as .npz with one array per name"
+                )
             return {names[0]: loaded}
         with loaded:
             missing = [n for n in names if n not in loaded.files]
             if missing:
-                raise ValueError(".npz is missing input(s) %s (has %s)" % (", ".join(missing), ", ".join(loaded.files)))
+                raise ValueError(
+                    ".npz is missing input(s) {} (has {})".format(", ".join(missing), ", ".join(loaded.files))
+                )
             return {n: loaded[n] for n in names}
     if not isinstance(payload, dict) or "inputs" not in payload:
         raise ValueError('the JSON body must be an object {"inputs": ...}')
@@ -98,23 +102,32 @@ def _arrays_from_payload(payload, specs, style):
         unknown = sorted(set(inputs) - set(names))
         missing = [n for n in names if n not in inputs]
         if unknown or missing:
-            raise ValueError("input names don't match the model's: expected %s, got %s"
-                             % (", ".join(names), ", ".join(sorted(inputs)) or "none"))
+            raise ValueError(
+                "input names don't match the model's: expected {}, got {}".format(
+                    ", ".join(names), ", ".join(sorted(inputs)) or "none"
+                )
+            )
         values = {n: inputs[n] for n in names}
     elif len(specs) == 1:
         values = {names[0]: inputs}
     else:
-        raise ValueError('the model takes %d inputs: send {"inputs": {%s}}'
-                         % (len(specs), ", ".join('"%s": ...' % n for n in names)))
+        raise ValueError(
+            f"the model takes {len(specs)} inputs: send "
+            + '{"inputs": {'
+            + ", ".join(f'"{n}": ...' for n in names)
+            + "}}"
+        )
     out = {}
     for spec in specs:
         v = values[spec["name"]]
         try:
             arr = np.asarray(v)
         except ValueError:
-            raise ValueError("input %r is not a rectangular array of numbers" % spec["name"]) from None
+            raise ValueError(
+                "input {!r} is not a rectangular array of numbers".format(spec["name"])
+            ) from None
         if arr.dtype == object or arr.dtype.kind not in "biuf":
-            raise ValueError("input %r is not a rectangular array of numbers" % spec["name"])
+            raise ValueError("input {!r} is not a rectangular array of numbers".format(spec["name"]))
         out[spec["name"]] = arr
     return out
 
@@ -126,29 +139,37 @@ def _check_array(arr, spec):
     if one:
         arr = arr[None, ...]
     if arr.ndim != rank:
-        raise ValueError("input %r has shape %s" % (spec["name"], "x".join(map(str, arr.shape[int(one):])) or "scalar"))
-    for i, (d, lo, hi) in enumerate(zip(arr.shape, spec["min_shape"], spec["max_shape"])):
+        raise ValueError(
+            "input {!r} has shape {}".format(
+                spec["name"], "x".join(map(str, arr.shape[int(one) :])) or "scalar"
+            )
+        )
+    for i, (d, lo, hi) in enumerate(zip(arr.shape, spec["min_shape"], spec["max_shape"], strict=False)):
         if i == 0:
             if d < 1:
-                raise ValueError("input %r has an empty batch" % spec["name"])
+                raise ValueError("input {!r} has an empty batch".format(spec["name"]))
             continue
         if not lo <= d <= hi:
-            raise ValueError("input %r has shape %s" % (spec["name"], "x".join(map(str, arr.shape[int(one):]))))
+            raise ValueError(
+                "input {!r} has shape {}".format(spec["name"], "x".join(map(str, arr.shape[int(one) :])))
+            )
     want = spec["dtype"]
     if want in _FLOAT:
         if arr.dtype.kind not in "biuf":
-            raise ValueError("input %r has dtype %s" % (spec["name"], arr.dtype))
+            raise ValueError("input {!r} has dtype {}".format(spec["name"], arr.dtype))
         arr = arr.astype(np.float32 if want == "bfloat16" else want, copy=False)
     elif want == "bool":
         if arr.dtype.kind not in "bi":
-            raise ValueError("input %r has dtype %s, not bool/integer" % (spec["name"], arr.dtype))
+            raise ValueError("input {!r} has dtype {}, not bool/integer".format(spec["name"], arr.dtype))
         arr = arr.astype(bool, copy=False)
     else:
         if arr.dtype.kind not in "biu":
-            raise ValueError("input %r has dtype %s, not an integer type (%s)" % (spec["name"], arr.dtype, want))
+            raise ValueError(
+                "input {!r} has dtype {}, not an integer type ({})".format(spec["name"], arr.dtype, want)
+            )
         vr = spec.get("value_range")
         if vr is not None and arr.size and (arr.min() < vr[0] or arr.max() >= vr[1]):
-            raise ValueError("input %r has values outside [%d, %d)" % (spec["name"], vr[0], vr[1]))
+            raise ValueError(f"input {spec['name']!r} has values outside [{vr[0]}, {vr[1]})")
         arr = arr.astype(want, copy=False)
     return np.ascontiguousarray(arr), one
 
@@ -183,12 +204,12 @@ class PtoptHandler:
         model_path = os.path.join(model_dir, serialized)
         sidecar = model_path + SIDECAR_SUFFIX
         if not os.path.isfile(sidecar):
-            raise RuntimeError("no sidecar %s in the .mar: package it with `ptopt package`" % sidecar)
+            raise RuntimeError(f"no sidecar {sidecar} in the .mar: package it with `ptopt package`")
         with open(sidecar, encoding="utf-8") as fh:
             meta = json.load(fh)
         self.specs = meta.get("inputs") or []
         if not self.specs:
-            raise RuntimeError("the sidecar %s records no input specs" % sidecar)
+            raise RuntimeError(f"the sidecar {sidecar} records no input specs")
         self.style = meta.get("input_style", "positional")
         self.format = meta.get("format")
         self.max_batch = min(s["max_shape"][0] for s in self.specs)
@@ -210,15 +231,19 @@ class PtoptHandler:
                 torch.set_num_threads(int(threads))
             self.model = torch.jit.load(model_path, map_location="cpu").eval()
         self.initialized = True
-        logger.info("ptopt handler ready: %s %s, inputs %s", self.format, serialized,
-                    "; ".join(_describe(s) for s in self.specs))
+        logger.info(
+            "ptopt handler ready: %s %s, inputs %s",
+            self.format,
+            serialized,
+            "; ".join(_describe(s) for s in self.specs),
+        )
 
     # -- running ---------------------------------------------------------------------------
     def _run(self, arrays):
         """Model outputs (numpy, nested like the model's) for {name: batch array}."""
         if self.session is not None:
             if len(self.onnx_inputs) == len(self.specs):
-                feed = {o: arrays[s["name"]] for o, s in zip(self.onnx_inputs, self.specs)}
+                feed = {o: arrays[s["name"]] for o, s in zip(self.onnx_inputs, self.specs, strict=False)}
             else:
                 feed = {n: arrays[n] for n in self.onnx_inputs}
             outs = self.session.run(None, feed)

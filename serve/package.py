@@ -20,11 +20,12 @@ import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.artifact import Artifact, atomic_path, sidecar_path
-from ptopt.core.errors import ModelLoadError, MissingDependencyError, UsageError
+from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
 from ptopt.core.inputspec import InputSpec
 
 FORMATS = ("mar", "triton")
@@ -63,11 +64,21 @@ def model_name_for(output: str | os.PathLike) -> str:
     return name if name[0].isalpha() else f"m_{name}"
 
 
-def package(artifact: Any, format: str, output: str | os.PathLike, *, batch_size: int = 1,
-            max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS, workers: int = 1, threads: int | None = None,
-            model_name: str | None = None, input_shapes: Sequence[tuple[str | None, tuple[int, ...]]] = (),
-            response_timeout_s: int = DEFAULT_RESPONSE_TIMEOUT_S, weights: str | os.PathLike | None = None,
-            allow_pickle: bool = False) -> Artifact:
+def package(
+    artifact: Any,
+    format: str,
+    output: str | os.PathLike,
+    *,
+    batch_size: int = 1,
+    max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS,
+    workers: int = 1,
+    threads: int | None = None,
+    model_name: str | None = None,
+    input_shapes: Sequence[tuple[str | None, tuple[int, ...]]] = (),
+    response_timeout_s: int = DEFAULT_RESPONSE_TIMEOUT_S,
+    weights: str | os.PathLike | None = None,
+    allow_pickle: bool = False,
+) -> Artifact:
     """Package ``artifact`` for serving; returns the written Artifact (``.mar`` file or Triton folder).
 
     ``input_shapes`` (``[(name | None, shape)]`` or strings like ``"1x3x32x32"`` / ``"input_ids=1x128"``;
@@ -78,11 +89,17 @@ def package(artifact: Any, format: str, output: str | os.PathLike, *, batch_size
     if any(isinstance(v, str) for v in input_shapes):  # as the CLI and recipes spell them
         from ptopt.core.inputspec import parse_named_shapes
 
-        input_shapes = [v for s in input_shapes for v in (parse_named_shapes([s]) if isinstance(s, str) else [s])]
+        input_shapes = [
+            v for s in input_shapes for v in (parse_named_shapes([s]) if isinstance(s, str) else [s])
+        ]
     if format not in FORMATS:
         raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
-    for opt, v, lo in (("--batch-size", batch_size, 1), ("--workers", workers, 1),
-                       ("--max-batch-delay", max_batch_delay_ms, 0), ("--response-timeout", response_timeout_s, 1)):
+    for opt, v, lo in (
+        ("--batch-size", batch_size, 1),
+        ("--workers", workers, 1),
+        ("--max-batch-delay", max_batch_delay_ms, 0),
+        ("--response-timeout", response_timeout_s, 1),
+    ):
         if int(v) < lo:
             raise UsageError(f"{opt} must be >= {lo}, got {v}")
     if threads is not None and int(threads) < 1:
@@ -102,13 +119,26 @@ def package(artifact: Any, format: str, output: str | os.PathLike, *, batch_size
 
         require("torchserve", "packaging a .mar")  # torch-model-archiver comes with it (the serve extra)
     with tempfile.TemporaryDirectory(prefix="ptopt-package-") as tmp:
-        prep = prepare(artifact, Path(tmp), input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle)
-        if batch_size > prep.inputs[0].max_shape[0] and prep.inputs[0].max_shape[0] != prep.inputs[0].min_shape[0]:
-            raise UsageError(f"--batch-size {batch_size} is larger than the model's max batch "
-                             f"{prep.inputs[0].max_shape[0]} ({prep.inputs[0].describe()})")
-        config = {"type": "package", "format": format, "batch_size": int(batch_size),
-                  "max_batch_delay_ms": int(max_batch_delay_ms), "workers": int(workers), "threads": threads,
-                  "model_name": name}
+        prep = prepare(
+            artifact, Path(tmp), input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle
+        )
+        if (
+            batch_size > prep.inputs[0].max_shape[0]
+            and prep.inputs[0].max_shape[0] != prep.inputs[0].min_shape[0]
+        ):
+            raise UsageError(
+                f"--batch-size {batch_size} is larger than the model's max batch "
+                f"{prep.inputs[0].max_shape[0]} ({prep.inputs[0].describe()})"
+            )
+        config = {
+            "type": "package",
+            "format": format,
+            "batch_size": int(batch_size),
+            "max_batch_delay_ms": int(max_batch_delay_ms),
+            "workers": int(workers),
+            "threads": threads,
+            "model_name": name,
+        }
         if format == "triton":
             from ptopt.serve.triton import write_repository
 
@@ -125,8 +155,10 @@ def _triton_default_name(artifact: Any) -> str:
 
 # -- the model file --------------------------------------------------------------------------
 
-def prepare(artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: Any = None,
-            allow_pickle: bool = False) -> Prepared:
+
+def prepare(
+    artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: Any = None, allow_pickle: bool = False
+) -> Prepared:
     """The servable model file (TorchScript or ONNX) for ``artifact``, with a sidecar dict for it.
 
     A TorchScript/ONNX file is used as is (its sidecar, or ``input_shapes``, or for ONNX the graph's
@@ -136,8 +168,11 @@ def prepare(artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: A
 
     if isinstance(artifact, Artifact):
         artifact = artifact.path
-    if isinstance(artifact, (str, os.PathLike)) and not Path(artifact).exists() and \
-            (str(artifact).endswith((".pt", ".onnx", ".ts", ".pt2", ".mar")) or os.sep in str(artifact)):
+    if (
+        isinstance(artifact, (str, os.PathLike))
+        and not Path(artifact).exists()
+        and (str(artifact).endswith((".pt", ".onnx", ".ts", ".pt2", ".mar")) or os.sep in str(artifact))
+    ):
         raise ModelLoadError(f"artifact {artifact}: no such file")
     loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
     if input_shapes:
@@ -158,15 +193,30 @@ def prepare(artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: A
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise ModelLoadError(f"{loaded.ref}: file(s) of the artifact are missing: {', '.join(missing)}")
-        side.update(format=loaded.format, inputs=[s.to_dict() for s in loaded.input_specs],
-                    input_style=loaded.input_style, path=loaded.path.name, files=[f.name for f in files])
+        side.update(
+            format=loaded.format,
+            inputs=[s.to_dict() for s in loaded.input_specs],
+            input_style=loaded.input_style,
+            path=loaded.path.name,
+            files=[f.name for f in files],
+        )
         side.setdefault("precision", "fp32")
         parent = loaded.parent_record()
-        return Prepared(loaded.path, loaded.format, side["precision"], list(loaded.input_specs),
-                        loaded.input_style, files, parent, side)
+        return Prepared(
+            loaded.path,
+            loaded.format,
+            side["precision"],
+            list(loaded.input_specs),
+            loaded.input_style,
+            files,
+            parent,
+            side,
+        )
     # anything else: export to TorchScript first
     if not loaded.input_specs:
-        raise ModelLoadError(f"{loaded.ref}: input shape unknown; pass --input-shape, e.g. --input-shape 1x3x224x224")
+        raise ModelLoadError(
+            f"{loaded.ref}: input shape unknown; pass --input-shape, e.g. --input-shape 1x3x224x224"
+        )
     try:
         from ptopt.export.api import export
     except ImportError:
@@ -179,26 +229,42 @@ def prepare(artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: A
     out.parent.mkdir(parents=True, exist_ok=True)
     art = export(loaded, "torchscript", out)
     art = Artifact.load(art.path) if not art.inputs else art
-    return Prepared(art.path, art.format, art.precision, list(art.inputs), art.input_style, art.file_paths,
-                    art.parent or loaded.parent_record(), art.to_dict())
+    return Prepared(
+        art.path,
+        art.format,
+        art.precision,
+        list(art.inputs),
+        art.input_style,
+        art.file_paths,
+        art.parent or loaded.parent_record(),
+        art.to_dict(),
+    )
 
 
 # -- TorchServe ------------------------------------------------------------------------------
 
-def model_config_yaml(batch_size: int, max_batch_delay_ms: int, workers: int, threads: int | None,
-                      response_timeout_s: int) -> str:
+
+def model_config_yaml(
+    batch_size: int, max_batch_delay_ms: int, workers: int, threads: int | None, response_timeout_s: int
+) -> str:
     """TorchServe's per-model config (model-config.yaml), read when the .mar is registered."""
     import yaml
 
-    cfg: dict[str, Any] = {"minWorkers": workers, "maxWorkers": workers, "batchSize": batch_size,
-                           "maxBatchDelay": max_batch_delay_ms, "responseTimeout": response_timeout_s}
+    cfg: dict[str, Any] = {
+        "minWorkers": workers,
+        "maxWorkers": workers,
+        "batchSize": batch_size,
+        "maxBatchDelay": max_batch_delay_ms,
+        "responseTimeout": response_timeout_s,
+    }
     if threads:
         cfg["handler"] = {"threads": int(threads)}
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
-def _write_mar(prep: Prepared, output: Path, name: str, config: dict[str, Any], response_timeout_s: int,
-               tmp: Path) -> Artifact:
+def _write_mar(
+    prep: Prepared, output: Path, name: str, config: dict[str, Any], response_timeout_s: int, tmp: Path
+) -> Artifact:
     from model_archiver.model_archiver_config import ModelArchiverConfig
     from model_archiver.model_packaging import package_model
     from model_archiver.model_packaging_utils import ModelExportUtils
@@ -217,15 +283,28 @@ def _write_mar(prep: Prepared, output: Path, name: str, config: dict[str, Any], 
     handler = stage / HANDLER_NAME
     shutil.copy2(HANDLER_FILE, handler)
     model_cfg = stage / "model-config.yaml"
-    model_cfg.write_text(model_config_yaml(config["batch_size"], config["max_batch_delay_ms"], config["workers"],
-                                           config["threads"], response_timeout_s), encoding="utf-8")
+    model_cfg.write_text(
+        model_config_yaml(
+            config["batch_size"],
+            config["max_batch_delay_ms"],
+            config["workers"],
+            config["threads"],
+            response_timeout_s,
+        ),
+        encoding="utf-8",
+    )
     export_dir = tmp / "out"
     export_dir.mkdir()
     archiver_tmp = tmp / "archiver"
     archiver_tmp.mkdir()
     cfg = ModelArchiverConfig(
-        model_name=name, handler=str(handler), version="1.0", serialized_file=str(model_file),
-        extra_files=",".join(str(p) for p in extra), export_path=str(export_dir), config_file=str(model_cfg),
+        model_name=name,
+        handler=str(handler),
+        version="1.0",
+        serialized_file=str(model_file),
+        extra_files=",".join(str(p) for p in extra),
+        export_path=str(export_dir),
+        config_file=str(model_cfg),
         force=True,
     )
     with _ARCHIVER_LOCK:
@@ -241,8 +320,19 @@ def _write_mar(prep: Prepared, output: Path, name: str, config: dict[str, Any], 
     built = export_dir / f"{name}.mar"
     with atomic_path(output) as dest:
         shutil.copyfile(built, dest)
-    art = Artifact(output, "mar", inputs=prep.inputs, input_style=prep.input_style, config=config,
-                   parent=prep.parent, precision=prep.precision,
-                   extra={"model_name": name, "model_format": prep.format, "model_file": prep.path.name,
-                          "response_timeout_s": response_timeout_s})
+    art = Artifact(
+        output,
+        "mar",
+        inputs=prep.inputs,
+        input_style=prep.input_style,
+        config=config,
+        parent=prep.parent,
+        precision=prep.precision,
+        extra={
+            "model_name": name,
+            "model_format": prep.format,
+            "model_file": prep.path.name,
+            "response_timeout_s": response_timeout_s,
+        },
+    )
     return art.finalize()

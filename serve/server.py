@@ -22,8 +22,9 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
 
@@ -57,7 +58,9 @@ def read_mar(mar: str | os.PathLike) -> dict[str, Any]:
     if not mar.is_file():
         raise ModelLoadError(f"{mar}: no such file")
     if not zipfile.is_zipfile(mar):
-        raise ModelLoadError(f"{mar}: not a .mar (TorchServe model archive); make one with `ptopt package --format mar`")
+        raise ModelLoadError(
+            f"{mar}: not a .mar (TorchServe model archive); make one with `ptopt package --format mar`"
+        )
     with zipfile.ZipFile(mar) as z:
         try:
             manifest = json.loads(z.read("MAR-INF/MANIFEST.json"))
@@ -67,7 +70,11 @@ def read_mar(mar: str | os.PathLike) -> dict[str, Any]:
         sidecar = None
         if serialized and serialized + ".ptopt.json" in z.namelist():
             sidecar = json.loads(z.read(serialized + ".ptopt.json"))
-    return {"manifest": manifest, "sidecar": sidecar, "model_name": manifest.get("model", {}).get("modelName")}
+    return {
+        "manifest": manifest,
+        "sidecar": sidecar,
+        "model_name": manifest.get("model", {}).get("modelName"),
+    }
 
 
 def _sample_values(sidecar: dict[str, Any] | None) -> dict[str, tuple[list[int], Any]] | None:
@@ -122,8 +129,13 @@ def sample_request_python(sidecar: dict[str, Any] | None) -> str | None:
     return "{'inputs': {" + ", ".join(f"{k!r}: {v}" for k, v in inner.items()) + "}}"
 
 
-def _http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0,
-          content_type: str = "application/json") -> tuple[int, bytes]:
+def _http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    timeout: float = 10.0,
+    content_type: str = "application/json",
+) -> tuple[int, bytes]:
     req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -139,8 +151,14 @@ class TorchServeServer:
     ports on 127.0.0.1 too. With several archives, the first is the default ``model_name``.
     """
 
-    def __init__(self, mar: "str | os.PathLike | Sequence[str | os.PathLike]", port: int | None = None, *,
-                 workdir: str | os.PathLike | None = None, start_timeout_s: float = DEFAULT_START_TIMEOUT_S):
+    def __init__(
+        self,
+        mar: str | os.PathLike | Sequence[str | os.PathLike],
+        port: int | None = None,
+        *,
+        workdir: str | os.PathLike | None = None,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ):
         mars = [mar] if isinstance(mar, (str, os.PathLike)) else list(mar)
         #: model name -> (archive path, packaged sidecar or None)
         self.models: dict[str, tuple[Path, dict[str, Any] | None]] = {}
@@ -157,14 +175,18 @@ class TorchServeServer:
             if not 1 <= int(port) <= 65535:
                 raise UsageError(f"--port {port}: must be between 1 and 65535")
             if port_in_use(int(port)):
-                raise UsageError(f"port {port} on {LOOPBACK} is already in use; pick another with --port "
-                                 "or leave it out to use a free one")
+                raise UsageError(
+                    f"port {port} on {LOOPBACK} is already in use; pick another with --port "
+                    "or leave it out to use a free one"
+                )
         self.port = int(port) if port is not None else free_port()
         self.management_port = free_port()
         self.metrics_port = free_port()
         self.start_timeout_s = start_timeout_s
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.gettempdir()) / "ptopt-torchserve-not-started"
+        self.workdir = (
+            Path(workdir) if workdir else Path(tempfile.gettempdir()) / "ptopt-torchserve-not-started"
+        )
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
 
@@ -200,11 +222,15 @@ class TorchServeServer:
         expr = sample_request_python(self.sidecar)
         return f'{head} -d "$(python3 -c "import json; print(json.dumps({expr}))")"'
 
-
     def _env(self) -> dict[str, str]:
         tmp = str(self.workdir / "tmp")
-        env = dict(os.environ, TMPDIR=tmp, TEMP=tmp, LOG_LOCATION=str(self.log_dir),
-                   METRICS_LOCATION=str(self.log_dir))
+        env = dict(
+            os.environ,
+            TMPDIR=tmp,
+            TEMP=tmp,
+            LOG_LOCATION=str(self.log_dir),
+            METRICS_LOCATION=str(self.log_dir),
+        )
         # the server's own settings come from our config file only
         for k in list(env):
             if k.startswith("TS_") or k == "TS_CONFIG_FILE":
@@ -216,7 +242,7 @@ class TorchServeServer:
         return [sys.executable, "-c", "from ts.model_server import start; start()", *args]
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> "TorchServeServer":
+    def start(self) -> TorchServeServer:
         from ptopt.core.features import require
 
         require("java", "serving with TorchServe")
@@ -232,23 +258,40 @@ class TorchServeServer:
             except OSError:
                 shutil.copy2(path, store / f"{name}.mar")
         cfg = self.workdir / "config.properties"
-        cfg.write_text("\n".join([
-            f"inference_address=http://{LOOPBACK}:{self.port}",
-            f"management_address=http://{LOOPBACK}:{self.management_port}",
-            f"metrics_address=http://{LOOPBACK}:{self.metrics_port}",
-            f"model_store={store}",
-            "load_models=" + ",".join(f"{n}={n}.mar" for n in self.models),
-            "disable_token_authorization=true",
-            "enable_envvars_config=false",
-            "install_py_dep_per_model=false",
-            "default_response_timeout=120",
-        ]) + "\n")
+        cfg.write_text(
+            "\n".join(
+                [
+                    f"inference_address=http://{LOOPBACK}:{self.port}",
+                    f"management_address=http://{LOOPBACK}:{self.management_port}",
+                    f"metrics_address=http://{LOOPBACK}:{self.metrics_port}",
+                    f"model_store={store}",
+                    "load_models=" + ",".join(f"{n}={n}.mar" for n in self.models),
+                    "disable_token_authorization=true",
+                    "enable_envvars_config=false",
+                    "install_py_dep_per_model=false",
+                    "default_response_timeout=120",
+                ]
+            )
+            + "\n"
+        )
         out = open(self.log_dir / "server.out", "wb")  # noqa: SIM115 - closed in stop()
         self._out = out
         self.proc = subprocess.Popen(
-            self._cmd("--start", "--foreground", "--ncs", "--disable-token-auth", "--ts-config", str(cfg),
-                      "--model-store", str(store)),
-            cwd=self.workdir, env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self._cmd(
+                "--start",
+                "--foreground",
+                "--ncs",
+                "--disable-token-auth",
+                "--ts-config",
+                str(cfg),
+                "--model-store",
+                str(store),
+            ),
+            cwd=self.workdir,
+            env=self._env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         #: the server's process group (the launcher's pid): every TorchServe process is in it
@@ -271,7 +314,9 @@ class TorchServeServer:
         last = "no answer yet"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServerError(f"TorchServe exited with code {self.proc.returncode} while starting:\n{self.log_tail()}")
+                raise ServerError(
+                    f"TorchServe exited with code {self.proc.returncode} while starting:\n{self.log_tail()}"
+                )
             try:
                 code, body = _http("GET", f"{self.management_url}/models/{name}", timeout=5)
                 if code == 200:
@@ -279,7 +324,9 @@ class TorchServeServer:
                     if any(w.get("status") == "READY" for w in workers):
                         if sample is None:
                             return
-                        code, body = _http("POST", self.predict_url_for(name), json.dumps(sample).encode(), timeout=30)
+                        code, body = _http(
+                            "POST", self.predict_url_for(name), json.dumps(sample).encode(), timeout=30
+                        )
                         if code == 200:
                             return
                         last = f"sample prediction answered {code}: {body[:300]!r}"
@@ -290,7 +337,9 @@ class TorchServeServer:
             except (OSError, ValueError, IndexError) as e:
                 last = f"{type(e).__name__}: {e}"
             time.sleep(0.5)
-        raise ServerError(f"model {name} not ready after {self.start_timeout_s:.0f} s ({last}):\n{self.log_tail()}")
+        raise ServerError(
+            f"model {name} not ready after {self.start_timeout_s:.0f} s ({last}):\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         texts = []
@@ -306,8 +355,15 @@ class TorchServeServer:
         if proc is not None:
             if proc.poll() is None:
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
-                    subprocess.run(self._cmd("--stop"), cwd=self.workdir, env=self._env(), timeout=timeout_s,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                    subprocess.run(
+                        self._cmd("--stop"),
+                        cwd=self.workdir,
+                        env=self._env(),
+                        timeout=timeout_s,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        stdin=subprocess.DEVNULL,
+                    )
                 try:
                     proc.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
@@ -320,15 +376,22 @@ class TorchServeServer:
         if self._own_workdir and self.workdir.name != "ptopt-torchserve-not-started":
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "TorchServeServer":
+    def __enter__(self) -> TorchServeServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
     # -- requests --------------------------------------------------------------------------
-    def predict(self, inputs: Any = None, *, body: bytes | None = None, content_type: str = "application/json",
-                model: str | None = None, timeout: float = 30.0) -> tuple[int, Any]:
+    def predict(
+        self,
+        inputs: Any = None,
+        *,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        model: str | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, Any]:
         """POST one request; returns (status, parsed JSON or raw bytes)."""
         if body is None:
             body = json.dumps({"inputs": inputs}).encode()

@@ -21,9 +21,16 @@ from ptopt.core.artifact import Artifact, staged_dir
 from ptopt.core.inputspec import InputSpec, make_inputs
 
 TRITON_DTYPES = {
-    "float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
-    "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int16": "TYPE_INT16", "int8": "TYPE_INT8",
-    "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL",
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "bfloat16": "TYPE_BF16",
+    "float64": "TYPE_FP64",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "int16": "TYPE_INT16",
+    "int8": "TYPE_INT8",
+    "uint8": "TYPE_UINT8",
+    "bool": "TYPE_BOOL",
 }
 PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
 #: ONNX files up to this size are rewritten with their weights inside (one self-contained model.onnx)
@@ -35,7 +42,7 @@ def _tensor(name: str, dtype: str, dims: list[int]) -> dict[str, Any]:
 
 
 def _spec_io(spec: InputSpec, batched: bool) -> list[int]:
-    dims = [lo if lo == hi else -1 for lo, hi in zip(spec.min_shape, spec.max_shape)]
+    dims = [lo if lo == hi else -1 for lo, hi in zip(spec.min_shape, spec.max_shape, strict=False)]
     return dims[1:] if batched else dims
 
 
@@ -78,7 +85,13 @@ def _torchscript_io(path: Path, specs: list[InputSpec], style: str) -> tuple[lis
     x = make_inputs(specs, style, which="opt")
     with torch.inference_mode():
         out = call_model(model, x)
-    flat = list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (tuple, list)) else [out]
+    flat = (
+        list(out.values())
+        if isinstance(out, dict)
+        else list(out)
+        if isinstance(out, (tuple, list))
+        else [out]
+    )
     outputs = []
     for i, t in enumerate(flat):
         if t.is_quantized:
@@ -90,15 +103,29 @@ def _torchscript_io(path: Path, specs: list[InputSpec], style: str) -> tuple[lis
     return inputs, outputs, max_batch
 
 
-def config_pbtxt(name: str, platform: str, max_batch_size: int, inputs: list[dict], outputs: list[dict],
-                 *, preferred_batch: int | None, max_delay_us: int, instances: int, threads: int | None,
-                 backend_param: str) -> str:
+def config_pbtxt(
+    name: str,
+    platform: str,
+    max_batch_size: int,
+    inputs: list[dict],
+    outputs: list[dict],
+    *,
+    preferred_batch: int | None,
+    max_delay_us: int,
+    instances: int,
+    threads: int | None,
+    backend_param: str,
+) -> str:
     def block(kind: str, items: list[dict]) -> list[str]:
         lines = [f"{kind} ["]
         for j, t in enumerate(items):
-            lines += ["  {", f'    name: "{t["name"]}"', f"    data_type: {t['data_type']}",
-                      f"    dims: [ {', '.join(str(d) for d in t['dims'])} ]",
-                      "  }" + ("," if j < len(items) - 1 else "")]
+            lines += [
+                "  {",
+                f'    name: "{t["name"]}"',
+                f"    data_type: {t['data_type']}",
+                f"    dims: [ {', '.join(str(d) for d in t['dims'])} ]",
+                "  }" + ("," if j < len(items) - 1 else ""),
+            ]
         return lines + ["]"]
 
     lines = [f'name: "{name}"', f'platform: "{platform}"', f"max_batch_size: {max_batch_size}"]
@@ -110,7 +137,12 @@ def config_pbtxt(name: str, platform: str, max_batch_size: int, inputs: list[dic
         lines += [f"  max_queue_delay_microseconds: {max_delay_us}", "}"]
     lines += ["instance_group [", "  {", f"    count: {instances}", "    kind: KIND_CPU", "  }", "]"]
     if threads:
-        lines += ["parameters {", f'  key: "{backend_param}"', f'  value: {{ string_value: "{threads}" }}', "}"]
+        lines += [
+            "parameters {",
+            f'  key: "{backend_param}"',
+            f'  value: {{ string_value: "{threads}" }}',
+            "}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -123,9 +155,18 @@ def write_repository(prep: Any, output: Path, name: str, config: dict[str, Any])
     else:
         inputs, outputs, max_batch = _torchscript_io(prep.path, prep.inputs, prep.input_style)
         param = "INTRA_OP_THREAD_COUNT"
-    text = config_pbtxt(name, platform, max_batch, inputs, outputs, preferred_batch=config["batch_size"],
-                        max_delay_us=int(config["max_batch_delay_ms"]) * 1000, instances=config["workers"],
-                        threads=config["threads"], backend_param=param)
+    text = config_pbtxt(
+        name,
+        platform,
+        max_batch,
+        inputs,
+        outputs,
+        preferred_batch=config["batch_size"],
+        max_delay_us=int(config["max_batch_delay_ms"]) * 1000,
+        instances=config["workers"],
+        threads=config["threads"],
+        backend_param=param,
+    )
     output = Path(output)
     with staged_dir(output) as stage:
         (stage / name / "1").mkdir(parents=True)
@@ -143,10 +184,18 @@ def write_repository(prep: Any, output: Path, name: str, config: dict[str, Any])
         written = sorted(p.relative_to(stage) for p in stage.rglob("*") if p.is_file())
     files = [f"{output.name}/{p.as_posix()}" for p in written]
     config = dict(config, platform=platform, max_batch_size=max_batch)
-    art = Artifact(output, "triton", inputs=list(prep.inputs), input_style=prep.input_style, config=config,
-                   parent=prep.parent, precision=prep.precision, files=files,
-                   outputs=[{"name": o["name"], "dtype": o["data_type"], "dims": o["dims"]} for o in outputs],
-                   extra={"model_name": name, "model_format": prep.format, "inputs": inputs})
+    art = Artifact(
+        output,
+        "triton",
+        inputs=list(prep.inputs),
+        input_style=prep.input_style,
+        config=config,
+        parent=prep.parent,
+        precision=prep.precision,
+        files=files,
+        outputs=[{"name": o["name"], "dtype": o["data_type"], "dims": o["dims"]} for o in outputs],
+        extra={"model_name": name, "model_format": prep.format, "inputs": inputs},
+    )
     return art.finalize()
 
 
@@ -164,7 +213,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
             if text[pos:].strip():
-                raise ValueError(f"{path}: cannot parse at {text[pos:pos + 20]!r}")
+                raise ValueError(f"{path}: cannot parse at {text[pos : pos + 20]!r}")
             break
         pos = m.end()
         if m.group(1):
@@ -214,7 +263,9 @@ def _parse_fields(tokens: list[str], i: int, end: str | None) -> tuple[dict[str,
         value, i = _parse_value(tokens, i)
         if key in out:
             prev = out[key]
-            out[key] = (prev if isinstance(prev, list) else [prev]) + (value if isinstance(value, list) else [value])
+            out[key] = (prev if isinstance(prev, list) else [prev]) + (
+                value if isinstance(value, list) else [value]
+            )
         else:
             out[key] = value
     return out, i + 1

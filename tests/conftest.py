@@ -54,8 +54,9 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def _entry(main):
     import click
 
-    @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                     "help_option_names": []})
+    @click.command(
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+    )
     @click.pass_context
     def entry(ctx: click.Context) -> None:
         main(list(ctx.args))
@@ -71,8 +72,14 @@ def run_ptopt(tmp_path: Path):
         exe = [sys.executable, "-m", "ptopt.cli.main"]
         # the repo root on the path makes the test factories (tests.helpers:NAME) importable
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-        return subprocess.run(exe + [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-                              cwd=cwd or tmp_path, env=env)
+        return subprocess.run(
+            exe + [str(a) for a in args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd or tmp_path,
+            env=env,
+        )
 
     return run
 

@@ -35,7 +35,9 @@ def tiny_cnn() -> TinyCNN:
 class TwoInput(nn.Module):
     """Keyword inputs like a text model: ``input_ids`` + ``attention_mask``."""
 
-    def __init__(self, vocab: int = 1 + 64 * 17, dim: int = 16, num_classes: int = 10):  # fits builtin:digits-tokens
+    def __init__(
+        self, vocab: int = 1 + 64 * 17, dim: int = 16, num_classes: int = 10
+    ):  # fits builtin:digits-tokens
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.fc = nn.Linear(dim, num_classes)

@@ -12,8 +12,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_installs_only_ptopt(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                          "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     wheel = next(tmp_path.glob("ptopt-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()

@@ -16,11 +16,18 @@ import dataclasses
 import datetime as _dt
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from ptopt.core.data import Dataset, load_data
-from ptopt.core.errors import GateFailedError, MissingDependencyError, PtoptError, ShapeMismatchError, UsageError
+from ptopt.core.errors import (
+    GateFailedError,
+    MissingDependencyError,
+    PtoptError,
+    ShapeMismatchError,
+    UsageError,
+)
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
 from ptopt.validate.latency import LatencyOptions, measure_runners
@@ -33,9 +40,11 @@ DEFAULT_EVAL_BATCH_SIZE = 64
 #: without an accuracy or agreement gate, an artifact losing more than this (in the drop's unit)
 #: is not eligible as "best"
 BEST_MAX_DROP = 1.0
-BEST_RULE = ("best = the fastest artifact (p50 at the smallest batch size, then the next) among those that pass "
-             f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
-             f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)")
+BEST_RULE = (
+    "best = the fastest artifact (p50 at the smallest batch size, then the next) among those that pass "
+    f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
+    f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)"
+)
 
 
 @dataclasses.dataclass
@@ -88,18 +97,39 @@ def parse_batch_sizes(value: Any) -> list[int]:
     return sizes
 
 
-def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
-             batch_sizes: Any = DEFAULT_BATCH_SIZES, threads: int | None = None, metric: Any = "top1",
-             max_accuracy_drop: float | None = None, relative: bool = False, min_agreement: float | None = None,
-             max_latency_ms: Any = (), min_speedup: float | None = None, max_size_mb: float | None = None,
-             baseline: Any = None, max_regression: float | None = None,
-             regression_on: Sequence[str] | str = _gates.DEFAULT_REGRESSION_ON,
-             json_path: Any = None, junit_path: Any = None, markdown_path: Any = None, report_path: Any = None,
-             weights: Any = None, allow_pickle: bool = False, providers: Sequence[str] | None = None,
-             max_samples: int | None = None, eval_batch_size: int = DEFAULT_EVAL_BATCH_SIZE,
-             latency: LatencyOptions | None = None, min_iters: int | None = None, min_seconds: float | None = None,
-             rounds: int | None = None,
-             raise_on_failure: bool = False, progress: Callable[[str], None] | None = None) -> ValidationResult:
+def validate(
+    reference: Any,
+    artifacts: Sequence[Any],
+    data: Any,
+    *,
+    batch_sizes: Any = DEFAULT_BATCH_SIZES,
+    threads: int | None = None,
+    metric: Any = "top1",
+    max_accuracy_drop: float | None = None,
+    relative: bool = False,
+    min_agreement: float | None = None,
+    max_latency_ms: Any = (),
+    min_speedup: float | None = None,
+    max_size_mb: float | None = None,
+    baseline: Any = None,
+    max_regression: float | None = None,
+    regression_on: Sequence[str] | str = _gates.DEFAULT_REGRESSION_ON,
+    json_path: Any = None,
+    junit_path: Any = None,
+    markdown_path: Any = None,
+    report_path: Any = None,
+    weights: Any = None,
+    allow_pickle: bool = False,
+    providers: Sequence[str] | None = None,
+    max_samples: int | None = None,
+    eval_batch_size: int = DEFAULT_EVAL_BATCH_SIZE,
+    latency: LatencyOptions | None = None,
+    min_iters: int | None = None,
+    min_seconds: float | None = None,
+    rounds: int | None = None,
+    raise_on_failure: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
     ``reference``/``artifacts``: MODEL references, artifact paths, nn.Modules or LoadedModels
@@ -130,29 +160,45 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         lat_opts = dataclasses.replace(lat_opts, min_seconds=float(min_seconds))
     if rounds is not None:
         lat_opts = dataclasses.replace(lat_opts, rounds=int(rounds))
-    for opt, value, low in (("--min-iters", lat_opts.min_iters, 1), ("--min-seconds", lat_opts.min_seconds, 0),
-                            ("--rounds", lat_opts.rounds, 1)):
+    for opt, value, low in (
+        ("--min-iters", lat_opts.min_iters, 1),
+        ("--min-seconds", lat_opts.min_seconds, 0),
+        ("--rounds", lat_opts.rounds, 1),
+    ):
         if value < low:
             raise UsageError(f"{opt} must be >= {low}, got {value}")
     if isinstance(regression_on, str):
         regression_on = [k.strip() for k in regression_on.split(",") if k.strip()]
     if isinstance(max_latency_ms, (int, float, str)):
         max_latency_ms = [max_latency_ms]
-    gate_cfg = _gates.Gates(max_accuracy_drop=max_accuracy_drop, relative=relative, min_agreement=min_agreement,
-                            max_latency_ms=_gates.parse_latency_limits(max_latency_ms or ()), min_speedup=min_speedup,
-                            max_size_mb=max_size_mb, max_regression=max_regression,
-                            regression_on=tuple(regression_on))
+    gate_cfg = _gates.Gates(
+        max_accuracy_drop=max_accuracy_drop,
+        relative=relative,
+        min_agreement=min_agreement,
+        max_latency_ms=_gates.parse_latency_limits(max_latency_ms or ()),
+        min_speedup=min_speedup,
+        max_size_mb=max_size_mb,
+        max_regression=max_regression,
+        regression_on=tuple(regression_on),
+    )
     if isinstance(artifacts, (str, os.PathLike)) or isinstance(artifacts, torch.nn.Module):
         artifacts = [artifacts]
     artifacts = list(artifacts)
-    for label, p in (("json", json_path), ("junit", junit_path), ("markdown", markdown_path), ("report", report_path)):
+    for label, p in (
+        ("json", json_path),
+        ("junit", junit_path),
+        ("markdown", markdown_path),
+        ("report", report_path),
+    ):
         if p is not None:
             _check_writable(label, Path(p))
     if report_path is not None:
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
-            raise MissingDependencyError("--report draws its plots with matplotlib: pip install 'ptopt[report]'")
+            raise MissingDependencyError(
+                "--report draws its plots with matplotlib: pip install 'ptopt[report]'"
+            )
     # -- 2. data, metric, baseline ---------------------------------------------------------------
     met = resolve_metric(metric)
     ds = load_data(data)
@@ -164,8 +210,15 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
     data_name = str(data) if isinstance(data, (str, os.PathLike)) else ds.name
     metric_measured = ds.has_labels or not met.needs_labels
     base = _gates.load_baseline(baseline) if baseline is not None else None
-    _gates.check_measurable(gate_cfg, metric_measured=metric_measured, metric_name=met.name, data_name=data_name,
-                            batch_sizes=sizes, baseline=base, classification=None)
+    _gates.check_measurable(
+        gate_cfg,
+        metric_measured=metric_measured,
+        metric_name=met.name,
+        data_name=data_name,
+        batch_sizes=sizes,
+        baseline=base,
+        classification=None,
+    )
     # -- 3. every artifact loads and takes the data (one small batch each) ------------------------
     refs = [("reference", reference, weights)] + [("artifact", a, None) for a in artifacts]
     names = _unique_names([display_name(r) for _, r, _ in refs], [r for _, r, _ in refs])
@@ -182,7 +235,7 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
 
     try:
         shapes = []
-        for (role, ref, w), name in zip(refs, names):
+        for (role, ref, w), name in zip(refs, names, strict=False):
             say(f"checking {name}")
             runner = open_prepared(ref, name, w)
             try:
@@ -193,12 +246,19 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
             finally:
                 runner.close()
         classification = len(shapes[0]) == 2 and shapes[0][1] >= 2
-        _gates.check_measurable(gate_cfg, metric_measured=metric_measured, metric_name=met.name,
-                                data_name=data_name, batch_sizes=sizes, baseline=base, classification=classification)
+        _gates.check_measurable(
+            gate_cfg,
+            metric_measured=metric_measured,
+            metric_name=met.name,
+            data_name=data_name,
+            batch_sizes=sizes,
+            baseline=base,
+            classification=classification,
+        )
         # -- 4. load, evaluate, size and peak memory: one artifact at a time ------------------------
         entries: list[dict[str, Any]] = []
         ref_outputs = None
-        for i, ((role, ref, w), name) in enumerate(zip(refs, names)):
+        for i, ((role, ref, w), name) in enumerate(zip(refs, names, strict=False)):
             say(f"evaluating {name} ({i + 1}/{len(refs)})")
             t0 = time.perf_counter()
             with PeakMemory() as mem:
@@ -220,19 +280,22 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
                 entry["agreement"] = agreement(ref_outputs, outputs)
             entries.append(entry)
         # -- 5. latency: every artifact loaded, timed in interleaved rounds ----------------------------
-        say(f"timing {len(refs)} models at batch sizes {', '.join(map(str, sizes))} "
-            f"({lat_opts.rounds} interleaved rounds)")
+        say(
+            f"timing {len(refs)} models at batch sizes {', '.join(map(str, sizes))} "
+            f"({lat_opts.rounds} interleaved rounds)"
+        )
         t1 = time.perf_counter()
         runners = []
         try:
-            for (_, ref, w), name in zip(refs, names):
+            for (_, ref, w), name in zip(refs, names, strict=False):
                 runners.append(open_prepared(ref, name, w))
-            lats = measure_runners(runners, ds, sizes, lat_opts,
-                                   guard=lambda r: _failures_named(r, data_name, "timing"))
+            lats = measure_runners(
+                runners, ds, sizes, lat_opts, guard=lambda r: _failures_named(r, data_name, "timing")
+            )
         finally:
             for r in runners:
                 r.close()
-        for entry, lat in zip(entries, lats):
+        for entry, lat in zip(entries, lats, strict=False):
             entry["latency"] = {str(bs): st for bs, st in lat.items()}
             entry["elapsed_s"]["latency"] = round((time.perf_counter() - t1) / len(entries), 2)
     finally:
@@ -244,10 +307,14 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
     gate_results: list[_gates.GateResult] = []
     for e in art_entries:
         if e["metric"] is not None and ref_entry["metric"] is not None:
-            e["accuracy_drop"] = _gates.accuracy_drop(ref_entry["metric"], e["metric"], met.higher_is_better,
-                                                      met.scale(), relative)
-        e["speedup"] = {bs: ref_entry["latency"][bs]["p50_ms"] / st["p50_ms"] for bs, st in e["latency"].items()
-                        if "p50_ms" in st and "p50_ms" in ref_entry["latency"].get(bs, {})}
+            e["accuracy_drop"] = _gates.accuracy_drop(
+                ref_entry["metric"], e["metric"], met.higher_is_better, met.scale(), relative
+            )
+        e["speedup"] = {
+            bs: ref_entry["latency"][bs]["p50_ms"] / st["p50_ms"]
+            for bs, st in e["latency"].items()
+            if "p50_ms" in st and "p50_ms" in ref_entry["latency"].get(bs, {})
+        }
         results = _gates.evaluate(gate_cfg, e, ref_entry, metric_info, base_by_name.get(e["name"]))
         e["gates"] = [r.to_dict() for r in results]
         e["passed"] = all(r.passed for r in results)
@@ -260,18 +327,29 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         from ptopt.core.system import cpu_info
 
         if base.get("machine", {}).get("cpu", {}).get("model") != cpu_info()["model"]:
-            notes.append("the baseline ran on a different CPU model: latency regressions compare different machines")
-        if "speedup" in gate_cfg.regression_on and (base.get("reference") or {}).get("name") != ref_entry["name"]:
-            notes.append(f"the baseline's reference was {(base.get('reference') or {}).get('name')}, this run's "
-                         f"{ref_entry['name']}: speedup regressions compare gains over different references")
+            notes.append(
+                "the baseline ran on a different CPU model: latency regressions compare different machines"
+            )
+        if (
+            "speedup" in gate_cfg.regression_on
+            and (base.get("reference") or {}).get("name") != ref_entry["name"]
+        ):
+            notes.append(
+                f"the baseline's reference was {(base.get('reference') or {}).get('name')}, this run's "
+                f"{ref_entry['name']}: speedup regressions compare gains over different references"
+            )
         if base.get("threads") != threads:
             notes.append(f"the baseline ran with {base.get('threads')} threads, this run with {threads}")
         base_opts = base.get("latency_options") or {}
-        if {k: base_opts.get(k) for k in ("min_seconds", "rounds")} != {"min_seconds": lat_opts.min_seconds,
-                                                                       "rounds": lat_opts.rounds}:
-            notes.append(f"the baseline was timed differently (min_seconds {base_opts.get('min_seconds')}, rounds "
-                         f"{base_opts.get('rounds', 'none: one window per artifact')}), this run with min_seconds "
-                         f"{lat_opts.min_seconds:g} in {lat_opts.rounds} interleaved rounds")
+        if {k: base_opts.get(k) for k in ("min_seconds", "rounds")} != {
+            "min_seconds": lat_opts.min_seconds,
+            "rounds": lat_opts.rounds,
+        }:
+            notes.append(
+                f"the baseline was timed differently (min_seconds {base_opts.get('min_seconds')}, rounds "
+                f"{base_opts.get('rounds', 'none: one window per artifact')}), this run with min_seconds "
+                f"{lat_opts.min_seconds:g} in {lat_opts.rounds} interleaved rounds"
+            )
     from ptopt.core.system import machine_summary
 
     report = {
@@ -283,14 +361,26 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         "machine": machine_summary(),
         "threads": threads,
         "batch_sizes": sizes,
-        "data": {"ref": data_name, "samples": len(ds), "labels": ds.has_labels,
-                 "inputs": {n: format_shape(t.shape[1:]) for n, t in flatten_inputs(ds.x)}},
+        "data": {
+            "ref": data_name,
+            "samples": len(ds),
+            "labels": ds.has_labels,
+            "inputs": {n: format_shape(t.shape[1:]) for n, t in flatten_inputs(ds.x)},
+        },
         "metric": metric_info | {"measured": metric_measured},
-        "accuracy_drop": {"relative": relative, "unit": "%" if relative else ("pts" if met.percent else ""),
-                          "definition": _gates.drop_definition(relative)},
+        "accuracy_drop": {
+            "relative": relative,
+            "unit": "%" if relative else ("pts" if met.percent else ""),
+            "definition": _gates.drop_definition(relative),
+        },
         "gates": gate_cfg.to_dict(),
-        "baseline": None if base is None else {"path": str(baseline), "created": base.get("created"),
-                                               "cpu": base.get("machine", {}).get("cpu", {}).get("model")},
+        "baseline": None
+        if base is None
+        else {
+            "path": str(baseline),
+            "created": base.get("created"),
+            "cpu": base.get("machine", {}).get("cpu", {}).get("model"),
+        },
         "latency_options": dataclasses.asdict(lat_opts),
         "reference": ref_entry,
         "artifacts": art_entries,
@@ -299,8 +389,13 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
         "elapsed_s": round(time.perf_counter() - t_start, 2),
     }
     result = ValidationResult(report)
-    write_reports(result, json_path=json_path, junit_path=junit_path, markdown_path=markdown_path,
-                  report_path=report_path)
+    write_reports(
+        result,
+        json_path=json_path,
+        junit_path=junit_path,
+        markdown_path=markdown_path,
+        report_path=report_path,
+    )
     if raise_on_failure and not result.passed:
         raise GateFailedError(failure_message(result))
     return result
@@ -308,22 +403,35 @@ def validate(reference: Any, artifacts: Sequence[Any], data: Any, *,
 
 def failure_message(result: ValidationResult) -> str:
     failed = result.failed_gates
-    return f"{len(failed)} gate(s) failed: " + "; ".join(f"{g['artifact']}: {g['gate']}: {g['message']}" for g in failed)
+    return f"{len(failed)} gate(s) failed: " + "; ".join(
+        f"{g['artifact']}: {g['gate']}: {g['message']}" for g in failed
+    )
 
 
-def write_reports(result: ValidationResult, *, json_path: Any = None, junit_path: Any = None,
-                  markdown_path: Any = None, report_path: Any = None) -> None:
+def write_reports(
+    result: ValidationResult,
+    *,
+    json_path: Any = None,
+    junit_path: Any = None,
+    markdown_path: Any = None,
+    report_path: Any = None,
+) -> None:
     """Write every report asked for (each atomically); recorded in ``result.report_paths``."""
     from ptopt.validate.reports import html, json_report, junit, markdown
 
-    for key, path, mod in (("json", json_path, json_report), ("junit", junit_path, junit),
-                           ("markdown", markdown_path, markdown), ("html", report_path, html)):
+    for key, path, mod in (
+        ("json", json_path, json_report),
+        ("junit", junit_path, junit),
+        ("markdown", markdown_path, markdown),
+        ("html", report_path, html),
+    ):
         if path is not None:
             mod.write(result.data, path)
             result.report_paths[key] = str(path)
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _failures_named(runner: Runner, data_name: str, during: str) -> Iterator[None]:
@@ -335,8 +443,9 @@ def _failures_named(runner: Runner, data_name: str, during: str) -> Iterator[Non
         raise
     except Exception as e:  # noqa: BLE001 - each runtime raises its own types
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ShapeMismatchError(f"{runner.name} ({runner.runtime}) failed on {data_name} during {during}: "
-                                 f"{reason}") from None
+        raise ShapeMismatchError(
+            f"{runner.name} ({runner.runtime}) failed on {data_name} during {during}: {reason}"
+        ) from None
 
 
 def _check_writable(label: str, path: Path) -> None:
@@ -355,7 +464,10 @@ def _unique_names(names: list[str], refs: Sequence[Any] = ()) -> list[str]:
     (base/model.onnx vs build/model.onnx), then (2), (3)... for what still collides."""
     if refs:
         counts = {n: names.count(n) for n in names}
-        names = [str(r) if counts[n] > 1 and isinstance(r, (str, os.PathLike)) else n for n, r in zip(names, refs)]
+        names = [
+            str(r) if counts[n] > 1 and isinstance(r, (str, os.PathLike)) else n
+            for n, r in zip(names, refs, strict=False)
+        ]
     seen: dict[str, int] = {}
     out = []
     for n in names:
@@ -400,7 +512,9 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
     idx = torch.arange(bs) % len(ds)
     x = ds.select(idx).x
     labels = None if ds.y is None else ds.y[idx]
-    got = ", ".join(f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x))
+    got = ", ".join(
+        f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x)
+    )
     expected = ", ".join(s.describe() for s in runner.input_specs) or None
     if runner.input_specs and runner.format != "eager":
         try:
@@ -413,11 +527,16 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
         raise
     except Exception as e:  # noqa: BLE001 - each runtime raises its own types for a bad input
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ShapeMismatchError(f"data {data_name} does not fit {runner.name} ({runner.runtime}): {reason}",
-                                 expected=expected, got=got) from None
+        raise ShapeMismatchError(
+            f"data {data_name} does not fit {runner.name} ({runner.runtime}): {reason}",
+            expected=expected,
+            got=got,
+        ) from None
     if out.dim() == 0 or out.shape[0] != bs:
-        raise UsageError(f"{runner.name}: output of shape {tuple(out.shape)} for a batch of {bs}; "
-                         "validate needs one output row per sample")
+        raise UsageError(
+            f"{runner.name}: output of shape {tuple(out.shape)} for a batch of {bs}; "
+            "validate needs one output row per sample"
+        )
     return out, labels
 
 
@@ -476,4 +595,5 @@ def _pick_best(entries: list[dict], gates: _gates.Gates, sizes: list[int]) -> st
 
     def key(e: dict) -> tuple:
         return tuple(e["latency"].get(str(bs), {}).get("p50_ms", float("inf")) for bs in sizes)
+
     return min(eligible, key=key)["name"]

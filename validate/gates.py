@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.errors import UsageError
 
@@ -27,11 +28,13 @@ REGRESSION_KINDS = ("latency", "accuracy", "speedup")
 DEFAULT_REGRESSION_ON = ("latency", "accuracy")
 
 
-def accuracy_drop(base: float, new: float, higher_is_better: bool = True, scale: float = 100.0,
-                  relative: bool = False) -> float:
+def accuracy_drop(
+    base: float, new: float, higher_is_better: bool = True, scale: float = 100.0, relative: bool = False
+) -> float:
     """How much worse an artifact's metric is than the reference's (positive = worse).
 
-    absolute: drop = (base - new) in points, i.e. the difference of the metric in the unit it is shown in (top-1 0.981 -> 0.975 is a drop of 0.6 points).
+    absolute: drop = (base - new) in points, i.e. the difference of the metric in the unit it is shown in
+    (top-1 0.981 -> 0.975 is a drop of 0.6 points).
     relative: drop = (base - new) / base, in percent of the reference's value (top-1 0.981 -> 0.975 is a drop of 0.61%).
     For a lower-is-better metric (mse, or a user metric with higher_is_better = False), base and new swap places.
     """
@@ -77,14 +80,22 @@ class Gates:
             if v is not None and v < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
         if self.min_agreement is not None and not 0 <= self.min_agreement <= 1:
-            raise UsageError(f"--min-agreement is a fraction in [0, 1] (0.99 = 99%), got {self.min_agreement}")
+            raise UsageError(
+                f"--min-agreement is a fraction in [0, 1] (0.99 = 99%), got {self.min_agreement}"
+            )
         for bs, ms in self.max_latency_ms:
             if ms <= 0 or (bs is not None and bs < 1):
-                raise UsageError(f"--max-latency-ms: bad value {bs}={ms}" if bs else f"--max-latency-ms must be > 0, got {ms}")
+                raise UsageError(
+                    f"--max-latency-ms: bad value {bs}={ms}"
+                    if bs
+                    else f"--max-latency-ms must be > 0, got {ms}"
+                )
         bad = [k for k in self.regression_on if k not in REGRESSION_KINDS]
         if bad or not self.regression_on:
-            raise UsageError(f"--regression-on: {'unknown ' + ', '.join(bad) if bad else 'nothing given'} "
-                             f"(choose from {', '.join(REGRESSION_KINDS)})")
+            raise UsageError(
+                f"--regression-on: {'unknown ' + ', '.join(bad) if bad else 'nothing given'} "
+                f"(choose from {', '.join(REGRESSION_KINDS)})"
+            )
 
     def active(self) -> list[str]:
         names = []
@@ -115,7 +126,9 @@ def parse_latency_limits(values: Sequence[Any]) -> tuple[tuple[int | None, float
         try:
             out.append((int(bs), float(ms)) if sep else (None, float(text)))
         except ValueError:
-            raise UsageError(f"--max-latency-ms {text!r}: write MS (every batch size) or BATCH=MS, e.g. 32=40") from None
+            raise UsageError(
+                f"--max-latency-ms {text!r}: write MS (every batch size) or BATCH=MS, e.g. 32=40"
+            ) from None
     return tuple(out)
 
 
@@ -132,51 +145,86 @@ class GateResult:
         return dataclasses.asdict(self)
 
 
-def check_measurable(gates: Gates, *, metric_measured: bool, metric_name: str, data_name: str,
-                     batch_sizes: Sequence[int], baseline: dict | None, classification: bool | None) -> None:
+def check_measurable(
+    gates: Gates,
+    *,
+    metric_measured: bool,
+    metric_name: str,
+    data_name: str,
+    batch_sizes: Sequence[int],
+    baseline: dict | None,
+    classification: bool | None,
+) -> None:
     """Raise UsageError for a gate on something this run will not measure (before measuring)."""
     if gates.max_accuracy_drop is not None and not metric_measured:
-        raise UsageError(f"--max-accuracy-drop needs the metric {metric_name!r}, which needs labels, and "
-                         f"{data_name} has none; give labelled data or gate on --min-agreement instead")
+        raise UsageError(
+            f"--max-accuracy-drop needs the metric {metric_name!r}, which needs labels, and "
+            f"{data_name} has none; give labelled data or gate on --min-agreement instead"
+        )
     for bs, _ in gates.max_latency_ms:
         if bs is not None and bs not in batch_sizes:
-            raise UsageError(f"--max-latency-ms {bs}=...: batch size {bs} is not measured "
-                             f"(--batch-sizes {','.join(map(str, batch_sizes))})")
+            raise UsageError(
+                f"--max-latency-ms {bs}=...: batch size {bs} is not measured "
+                f"(--batch-sizes {','.join(map(str, batch_sizes))})"
+            )
     if gates.max_regression is not None and baseline is None:
-        raise UsageError("--max-regression needs --baseline previous.json (a --json report of an earlier run)")
+        raise UsageError(
+            "--max-regression needs --baseline previous.json (a --json report of an earlier run)"
+        )
     if baseline is not None and gates.max_regression is None:
         raise UsageError("--baseline needs --max-regression PCT (the regression that fails the run)")
     if gates.min_agreement is not None and classification is False:
-        raise UsageError("--min-agreement is top-1 agreement, which needs classification outputs [N, classes]; "
-                         "these outputs are not")
+        raise UsageError(
+            "--min-agreement is top-1 agreement, which needs classification outputs [N, classes]; "
+            "these outputs are not"
+        )
     if gates.max_regression is not None and baseline is not None:
-        check_baseline(gates, baseline, metric_measured=metric_measured, metric_name=metric_name,
-                       data_name=data_name, batch_sizes=batch_sizes)
+        check_baseline(
+            gates,
+            baseline,
+            metric_measured=metric_measured,
+            metric_name=metric_name,
+            data_name=data_name,
+            batch_sizes=batch_sizes,
+        )
 
 
-def check_baseline(gates: Gates, baseline: dict, *, metric_measured: bool, metric_name: str, data_name: str,
-                   batch_sizes: Sequence[int]) -> None:
+def check_baseline(
+    gates: Gates,
+    baseline: dict,
+    *,
+    metric_measured: bool,
+    metric_name: str,
+    data_name: str,
+    batch_sizes: Sequence[int],
+) -> None:
     """Raise UsageError when a ``--regression-on`` kind has nothing to compare: a regression gate that
     compared nothing would pass silently."""
     kinds = gates.regression_on
     if "accuracy" in kinds:
         base_metric = baseline.get("metric") or {}
         if not metric_measured:
-            raise UsageError(f"--regression-on accuracy needs the metric {metric_name!r}, which needs labels, and "
-                             f"{data_name} has none; give labelled data or --regression-on latency")
+            raise UsageError(
+                f"--regression-on accuracy needs the metric {metric_name!r}, which needs labels, and "
+                f"{data_name} has none; give labelled data or --regression-on latency"
+            )
         if base_metric.get("measured") is False or base_metric.get("name") is None:
             raise UsageError("--baseline has no metric (its data had no labels); use --regression-on latency")
         if base_metric["name"] != metric_name:
-            raise UsageError(f"--baseline measured the metric {base_metric['name']!r}, this run {metric_name!r}; "
-                             "use the same --metric or --regression-on latency")
+            raise UsageError(
+                f"--baseline measured the metric {base_metric['name']!r}, this run {metric_name!r}; "
+                "use the same --metric or --regression-on latency"
+            )
     timed = {k for k in ("latency", "speedup") if k in kinds}
     if timed:
         base_sizes = set(baseline.get("batch_sizes") or [])
         missing = [bs for bs in batch_sizes if bs not in base_sizes]
         if missing:
-            raise UsageError(f"--regression-on {','.join(sorted(timed))}: the baseline did not time batch size(s) "
-                             f"{','.join(map(str, missing))} (it timed {','.join(map(str, sorted(base_sizes))) or 'none'}); "
-                             "use the same --batch-sizes")
+            raise UsageError(
+                f"--regression-on {','.join(sorted(timed))}: the baseline did not time batch size(s) "
+                f"{','.join(map(str, missing))} (it timed {','.join(map(str, sorted(base_sizes))) or 'none'}); "
+                "use the same --batch-sizes"
+            )
 
 
 def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
@@ -188,8 +236,11 @@ def load_baseline(path: str | os.PathLike) -> dict[str, Any]:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise UsageError(f"--baseline {p}: not a JSON file: {e}") from None
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("ptopt.validate/") \
-            or not isinstance(data.get("artifacts"), list):
+    if (
+        not isinstance(data, dict)
+        or not str(data.get("schema", "")).startswith("ptopt.validate/")
+        or not isinstance(data.get("artifacts"), list)
+    ):
         raise UsageError(f"--baseline {p}: not a `ptopt validate --json` report")
     return data
 
@@ -198,8 +249,13 @@ def _fmt(v: float) -> str:
     return f"{v:.4g}"
 
 
-def evaluate(gates: Gates, entry: dict[str, Any], reference: dict[str, Any], metric: dict[str, Any],
-             baseline_entry: dict[str, Any] | None = None) -> list[GateResult]:
+def evaluate(
+    gates: Gates,
+    entry: dict[str, Any],
+    reference: dict[str, Any],
+    metric: dict[str, Any],
+    baseline_entry: dict[str, Any] | None = None,
+) -> list[GateResult]:
     """Every active gate on one artifact's entry (the JSON form; see docs/validate.md)."""
     name = entry["name"]
     out: list[GateResult] = []
@@ -207,15 +263,33 @@ def evaluate(gates: Gates, entry: dict[str, Any], reference: dict[str, Any], met
     if gates.max_accuracy_drop is not None:
         drop = entry.get("accuracy_drop")
         ok = drop is not None and drop <= gates.max_accuracy_drop + 1e-9
-        out.append(GateResult(name, "max-accuracy-drop", gates.max_accuracy_drop, drop, ok,
-                              f"{metric['name']} drop {_fmt(drop)}{unit} (max {_fmt(gates.max_accuracy_drop)}{unit})"
-                              if drop is not None else "metric not measured"))
+        out.append(
+            GateResult(
+                name,
+                "max-accuracy-drop",
+                gates.max_accuracy_drop,
+                drop,
+                ok,
+                f"{metric['name']} drop {_fmt(drop)}{unit} (max {_fmt(gates.max_accuracy_drop)}{unit})"
+                if drop is not None
+                else "metric not measured",
+            )
+        )
     if gates.min_agreement is not None:
         agr = (entry.get("agreement") or {}).get("top1_agreement")
         ok = agr is not None and agr >= gates.min_agreement - 1e-12
-        out.append(GateResult(name, "min-agreement", gates.min_agreement, agr, ok,
-                              f"top-1 agreement {agr:.2%} (min {gates.min_agreement:.2%})" if agr is not None
-                              else "top-1 agreement not measurable"))
+        out.append(
+            GateResult(
+                name,
+                "min-agreement",
+                gates.min_agreement,
+                agr,
+                ok,
+                f"top-1 agreement {agr:.2%} (min {gates.min_agreement:.2%})"
+                if agr is not None
+                else "top-1 agreement not measurable",
+            )
+        )
     lat = entry.get("latency") or {}
     ref_lat = reference.get("latency") or {}
     for bs_key, stats in lat.items():
@@ -225,51 +299,114 @@ def evaluate(gates: Gates, entry: dict[str, Any], reference: dict[str, Any], met
         for limit_bs, ms in gates.max_latency_ms:
             if limit_bs is None or limit_bs == bs:
                 p50 = stats["p50_ms"]
-                out.append(GateResult(name, f"max-latency-ms@bs{bs}", ms, p50, p50 <= ms,
-                                      f"p50 {_fmt(p50)} ms at batch {bs} (max {_fmt(ms)} ms)"))
+                out.append(
+                    GateResult(
+                        name,
+                        f"max-latency-ms@bs{bs}",
+                        ms,
+                        p50,
+                        p50 <= ms,
+                        f"p50 {_fmt(p50)} ms at batch {bs} (max {_fmt(ms)} ms)",
+                    )
+                )
         if gates.min_speedup is not None and "p50_ms" in ref_lat.get(bs_key, {}):
             sp = ref_lat[bs_key]["p50_ms"] / stats["p50_ms"]
-            out.append(GateResult(name, f"min-speedup@bs{bs}", gates.min_speedup, sp, sp >= gates.min_speedup,
-                                  f"speedup {sp:.2f}x at batch {bs} (min {gates.min_speedup:.2f}x)"))
+            out.append(
+                GateResult(
+                    name,
+                    f"min-speedup@bs{bs}",
+                    gates.min_speedup,
+                    sp,
+                    sp >= gates.min_speedup,
+                    f"speedup {sp:.2f}x at batch {bs} (min {gates.min_speedup:.2f}x)",
+                )
+            )
     for limit_bs, ms in gates.max_latency_ms:
         if limit_bs is not None and "p50_ms" not in lat.get(str(limit_bs), {}):
             why = lat.get(str(limit_bs), {}).get("skipped", "not measured")
-            out.append(GateResult(name, f"max-latency-ms@bs{limit_bs}", ms, None, False, f"batch {limit_bs}: {why}"))
+            out.append(
+                GateResult(name, f"max-latency-ms@bs{limit_bs}", ms, None, False, f"batch {limit_bs}: {why}")
+            )
     if gates.max_size_mb is not None:
         size = (entry.get("size") or {}).get("bytes")
         mb = None if size is None else size / 1e6
-        out.append(GateResult(name, "max-size-mb", gates.max_size_mb, mb, mb is not None and mb <= gates.max_size_mb,
-                              f"size {_fmt(mb)} MB (max {_fmt(gates.max_size_mb)} MB)" if mb is not None else "size unknown"))
+        out.append(
+            GateResult(
+                name,
+                "max-size-mb",
+                gates.max_size_mb,
+                mb,
+                mb is not None and mb <= gates.max_size_mb,
+                f"size {_fmt(mb)} MB (max {_fmt(gates.max_size_mb)} MB)"
+                if mb is not None
+                else "size unknown",
+            )
+        )
     if gates.max_regression is not None:
         out += _regressions(gates, entry, metric, baseline_entry)
     return out
 
 
-def _regressions(gates: Gates, entry: dict[str, Any], metric: dict[str, Any],
-                 old: dict[str, Any] | None) -> list[GateResult]:
+def _regressions(
+    gates: Gates, entry: dict[str, Any], metric: dict[str, Any], old: dict[str, Any] | None
+) -> list[GateResult]:
     name, pct = entry["name"], gates.max_regression
     if old is None:
-        return [GateResult(name, "max-regression", pct, None, True, "no entry of this name in the baseline: not compared")]
+        return [
+            GateResult(
+                name, "max-regression", pct, None, True, "no entry of this name in the baseline: not compared"
+            )
+        ]
     out = []
     if "latency" in gates.regression_on:
         for bs_key, stats in (entry.get("latency") or {}).items():
             before = (old.get("latency") or {}).get(bs_key, {})
             if "p50_ms" in stats and "p50_ms" in before:
                 reg = 100.0 * (stats["p50_ms"] - before["p50_ms"]) / before["p50_ms"]
-                out.append(GateResult(name, f"max-regression:latency@bs{bs_key}", pct, reg, reg <= pct,
-                                      f"p50 {_fmt(before['p50_ms'])} -> {_fmt(stats['p50_ms'])} ms at batch {bs_key}: "
-                                      f"{reg:+.1f}% (max +{_fmt(pct)}%)"))
+                out.append(
+                    GateResult(
+                        name,
+                        f"max-regression:latency@bs{bs_key}",
+                        pct,
+                        reg,
+                        reg <= pct,
+                        f"p50 {_fmt(before['p50_ms'])} -> {_fmt(stats['p50_ms'])} ms at batch {bs_key}: "
+                        f"{reg:+.1f}% (max +{_fmt(pct)}%)",
+                    )
+                )
     if "speedup" in gates.regression_on:
         for bs_key, sp in (entry.get("speedup") or {}).items():
             before = (old.get("speedup") or {}).get(bs_key)
             if before:
                 reg = 100.0 * (before - sp) / before
-                out.append(GateResult(name, f"max-regression:speedup@bs{bs_key}", pct, reg, reg <= pct,
-                                      f"speedup {before:.2f}x -> {sp:.2f}x at batch {bs_key}: {0.0 - reg:+.1f}% "
-                                      f"(max -{_fmt(pct)}%)"))
-    if "accuracy" in gates.regression_on and entry.get("metric") is not None and old.get("metric") is not None:
-        reg = accuracy_drop(old["metric"], entry["metric"], metric.get("higher_is_better", True), relative=True)
-        out.append(GateResult(name, "max-regression:accuracy", pct, reg, reg <= pct + 1e-9,
-                              f"{metric['name']} {_fmt(old['metric'])} -> {_fmt(entry['metric'])}: "
-                              f"{0.0 - reg:+.2f}% (max -{_fmt(pct)}%)"))
+                out.append(
+                    GateResult(
+                        name,
+                        f"max-regression:speedup@bs{bs_key}",
+                        pct,
+                        reg,
+                        reg <= pct,
+                        f"speedup {before:.2f}x -> {sp:.2f}x at batch {bs_key}: {0.0 - reg:+.1f}% "
+                        f"(max -{_fmt(pct)}%)",
+                    )
+                )
+    if (
+        "accuracy" in gates.regression_on
+        and entry.get("metric") is not None
+        and old.get("metric") is not None
+    ):
+        reg = accuracy_drop(
+            old["metric"], entry["metric"], metric.get("higher_is_better", True), relative=True
+        )
+        out.append(
+            GateResult(
+                name,
+                "max-regression:accuracy",
+                pct,
+                reg,
+                reg <= pct + 1e-9,
+                f"{metric['name']} {_fmt(old['metric'])} -> {_fmt(entry['metric'])}: "
+                f"{0.0 - reg:+.2f}% (max -{_fmt(pct)}%)",
+            )
+        )
     return out

@@ -15,7 +15,8 @@ timed slice.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ptopt.core.data import Dataset
 from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_interleaved
@@ -58,11 +59,20 @@ def skipped_reason(runner: Any, batch_size: int) -> str | None:
     if runner.accepts_batch(batch_size):
         return None
     lo, hi = runner.batch_range
-    return f"the artifact takes batch sizes {lo}..{hi}" if lo != hi else f"the artifact has a fixed batch size of {lo}"
+    return (
+        f"the artifact takes batch sizes {lo}..{hi}"
+        if lo != hi
+        else f"the artifact has a fixed batch size of {lo}"
+    )
 
 
-def measure_runners(runners: Sequence[Any], data: Dataset, batch_sizes: list[int], options: LatencyOptions,
-                    guard: Callable[[Any], Any] | None = None) -> list[dict[int, dict]]:
+def measure_runners(
+    runners: Sequence[Any],
+    data: Dataset,
+    batch_sizes: list[int],
+    options: LatencyOptions,
+    guard: Callable[[Any], Any] | None = None,
+) -> list[dict[int, dict]]:
     """[{batch_size: stats}] per runner, timed interleaved; a batch size an artifact cannot take gets
     {"skipped": why}. ``guard(runner)`` wraps every timed slice of that runner."""
     inputs = {bs: batch_inputs(data, bs) for bs in batch_sizes}
@@ -78,11 +88,16 @@ def measure_runners(runners: Sequence[Any], data: Dataset, batch_sizes: list[int
                 fns[(i, bs)] = runner.timed_call(inputs[bs])
                 sizes[(i, bs)] = bs
         out.append(lat)
-    stats = measure_interleaved(fns, sizes, rounds=options.rounds, min_iters=options.min_iters,
-                                min_seconds=options.min_seconds, warmup_iters=options.warmup_iters,
-                                warmup_seconds=options.warmup_seconds,
-                                guard=None if guard is None else (lambda key: guard(runners[key[0]])))
+    stats = measure_interleaved(
+        fns,
+        sizes,
+        rounds=options.rounds,
+        min_iters=options.min_iters,
+        min_seconds=options.min_seconds,
+        warmup_iters=options.warmup_iters,
+        warmup_seconds=options.warmup_seconds,
+        guard=None if guard is None else (lambda key: guard(runners[key[0]])),
+    )
     for (i, bs), st in stats.items():
         out[i][bs] = st
     return [{bs: lat[bs] for bs in batch_sizes} for lat in out]
-

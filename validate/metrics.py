@@ -15,8 +15,9 @@ import importlib
 import io
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ptopt.core.errors import UsageError
 
@@ -33,8 +34,12 @@ class Metric:
     needs_labels: bool = True
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "higher_is_better": self.higher_is_better,
-                "unit": "%" if self.percent else "", "needs_labels": self.needs_labels}
+        return {
+            "name": self.name,
+            "higher_is_better": self.higher_is_better,
+            "unit": "%" if self.percent else "",
+            "needs_labels": self.needs_labels,
+        }
 
     def scale(self) -> float:
         """Multiplier turning a metric difference into the unit drops are reported in (points for %)."""
@@ -76,7 +81,7 @@ BUILTIN_METRICS = {
 }
 
 
-def resolve_metric(metric: "str | Callable | Metric") -> Metric:
+def resolve_metric(metric: str | Callable | Metric) -> Metric:
     """A builtin name, ``pkg.mod:fn``, a callable or a Metric."""
     if isinstance(metric, Metric):
         return metric
@@ -86,7 +91,9 @@ def resolve_metric(metric: "str | Callable | Metric") -> Metric:
     if text in BUILTIN_METRICS:
         return BUILTIN_METRICS[text]
     if not _FN_RE.match(text):
-        raise UsageError(f"unknown metric {text!r}: use {', '.join(BUILTIN_METRICS)} or a function pkg.module:fn")
+        raise UsageError(
+            f"unknown metric {text!r}: use {', '.join(BUILTIN_METRICS)} or a function pkg.module:fn"
+        )
     module_name, _, fn_name = text.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -99,8 +106,13 @@ def resolve_metric(metric: "str | Callable | Metric") -> Metric:
 
 
 def _from_callable(name: str, fn: Callable) -> Metric:
-    return Metric(name, fn, bool(getattr(fn, "higher_is_better", True)), bool(getattr(fn, "percent", False)),
-                  bool(getattr(fn, "needs_labels", True)))
+    return Metric(
+        name,
+        fn,
+        bool(getattr(fn, "higher_is_better", True)),
+        bool(getattr(fn, "percent", False)),
+        bool(getattr(fn, "needs_labels", True)),
+    )
 
 
 def compute_metric(metric: Metric, outputs: Any, labels: Any) -> float:
@@ -130,8 +142,12 @@ def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
     import torch
 
     if tuple(reference.shape) != tuple(outputs.shape):
-        return {"top1_agreement": None, "cosine": None, "max_abs_diff": None,
-                "note": f"output shape {tuple(outputs.shape)} differs from the reference's {tuple(reference.shape)}"}
+        return {
+            "top1_agreement": None,
+            "cosine": None,
+            "max_abs_diff": None,
+            "note": f"output shape {tuple(outputs.shape)} differs from the reference's {tuple(reference.shape)}",
+        }
     a = reference.reshape(reference.shape[0], -1).double()
     b = outputs.reshape(outputs.shape[0], -1).double()
     cos = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12)
@@ -148,8 +164,12 @@ def size_info(files: list[Path], module: Any = None) -> dict[str, Any]:
 
     files = [Path(f) for f in files if Path(f).is_file()]
     if files:
-        return {"bytes": sum(f.stat().st_size for f in files), "gzip_bytes": gzip_size(files),
-                "files": [f.name for f in files], "what": "files"}
+        return {
+            "bytes": sum(f.stat().st_size for f in files),
+            "gzip_bytes": gzip_size(files),
+            "files": [f.name for f in files],
+            "what": "files",
+        }
     if module is not None and hasattr(module, "state_dict"):
         import gzip
 
@@ -158,8 +178,12 @@ def size_info(files: list[Path], module: Any = None) -> dict[str, Any]:
         buf = io.BytesIO()
         torch.save(module.state_dict(), buf)
         raw = buf.getvalue()
-        return {"bytes": len(raw), "gzip_bytes": len(gzip.compress(raw, compresslevel=6, mtime=0)), "files": [],
-                "what": "state_dict (no file)"}
+        return {
+            "bytes": len(raw),
+            "gzip_bytes": len(gzip.compress(raw, compresslevel=6, mtime=0)),
+            "files": [],
+            "what": "state_dict (no file)",
+        }
     return {"bytes": None, "gzip_bytes": None, "files": [], "what": "unknown"}
 
 
@@ -176,7 +200,7 @@ class PeakMemory:
         self.delta_mb: float | None = None
         self._start: float | None = None
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         import gc
 
         gc.collect()

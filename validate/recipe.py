@@ -32,7 +32,8 @@ import importlib
 import inspect
 import os
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ptopt.core.errors import GateFailedError, UsageError
 
@@ -81,8 +82,10 @@ def resolve_twin(command: str, where: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise UsageError(f"{where}: the {command!r} step's Python twin {TWINS[command]} is not available in this "
-                         f"installation ({e})") from None
+        raise UsageError(
+            f"{where}: the {command!r} step's Python twin {TWINS[command]} is not available in this "
+            f"installation ({e})"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise UsageError(f"{where}: {module_name} has no function {attr!r} (the {command!r} step's twin)")
@@ -105,7 +108,9 @@ def parse_vars(items: Any) -> dict[str, Any]:
     return out
 
 
-def plan(recipe: dict[str, Any], variables: dict[str, Any] | None = None, source: str = "recipe") -> tuple[list[Step], dict]:
+def plan(
+    recipe: dict[str, Any], variables: dict[str, Any] | None = None, source: str = "recipe"
+) -> tuple[list[Step], dict]:
     """Check a loaded recipe without running anything; returns its steps and the vars in effect."""
     rvars = recipe.get("vars") or {}
     if not isinstance(rvars, dict):
@@ -144,7 +149,9 @@ def _walk_strings(value: Any):
             yield from _walk_strings(v)
 
 
-def _check_refs(options: dict, merged: dict, kinds: dict, number: int, where: str, previous: str | None) -> None:
+def _check_refs(
+    options: dict, merged: dict, kinds: dict, number: int, where: str, previous: str | None
+) -> None:
     for text in _walk_strings(options):
         for m in _REF.finditer(text):
             name, attr = m.group(1), m.group(2)
@@ -159,8 +166,10 @@ def _check_refs(options: dict, merged: dict, kinds: dict, number: int, where: st
             elif name in kinds:
                 command = kinds[name]
             else:
-                raise UsageError(f"{where}: {m.group(0)} is not defined (vars: {', '.join(merged) or 'none'}; "
-                                 f"earlier step ids: {', '.join(kinds) or 'none'})")
+                raise UsageError(
+                    f"{where}: {m.group(0)} is not defined (vars: {', '.join(merged) or 'none'}; "
+                    f"earlier step ids: {', '.join(kinds) or 'none'})"
+                )
             allowed = VALIDATE_ATTRS if command == "validate" else ARTIFACT_ATTRS
             if attr and attr not in allowed:
                 raise UsageError(f"{where}: {m.group(0)}: a {command} step offers {', '.join(allowed)}")
@@ -185,8 +194,14 @@ def substitute(value: Any, scope: dict[str, Any], partial: bool = False) -> Any:
         m = _REF.fullmatch(value)
         if m:
             return value if partial and m.group(1) not in scope else _lookup(scope, m.group(1), m.group(2))
-        return _REF.sub(lambda mm: mm.group(0) if partial and mm.group(1) not in scope
-                        else str(_lookup(scope, mm.group(1), mm.group(2))), value)
+        return _REF.sub(
+            lambda mm: (
+                mm.group(0)
+                if partial and mm.group(1) not in scope
+                else str(_lookup(scope, mm.group(1), mm.group(2)))
+            ),
+            value,
+        )
     if isinstance(value, dict):
         return {k: substitute(v, scope, partial) for k, v in value.items()}
     if isinstance(value, list):
@@ -205,16 +220,30 @@ def _lookup(scope: dict[str, Any], name: str, attr: str | None) -> Any:
 def _outputs(command: str, value: Any) -> dict[str, Any]:
     if command == "validate":
         paths = getattr(value, "report_paths", {})
-        return {"__step__": True, "passed": getattr(value, "passed", None), "best": getattr(value, "best", None),
-                **{k: paths.get(k) for k in ("json", "junit", "markdown", "html")}}
+        return {
+            "__step__": True,
+            "passed": getattr(value, "passed", None),
+            "best": getattr(value, "best", None),
+            **{k: paths.get(k) for k in ("json", "junit", "markdown", "html")},
+        }
     path = getattr(value, "path", value if isinstance(value, (str, os.PathLike)) else None)
-    return {"__step__": True, "output": None if path is None else str(path), "path": None if path is None else str(path),
-            "format": getattr(value, "format", None), "precision": getattr(value, "precision", None)}
+    return {
+        "__step__": True,
+        "output": None if path is None else str(path),
+        "path": None if path is None else str(path),
+        "format": getattr(value, "format", None),
+        "precision": getattr(value, "precision", None),
+    }
 
 
-def run_recipe(path: str | os.PathLike, variables: dict[str, Any] | None = None, *, dry_run: bool = False,
-               progress: Callable[[str], None] | None = None,
-               on_result: Callable[[StepResult], None] | None = None) -> list[StepResult]:
+def run_recipe(
+    path: str | os.PathLike,
+    variables: dict[str, Any] | None = None,
+    *,
+    dry_run: bool = False,
+    progress: Callable[[str], None] | None = None,
+    on_result: Callable[[StepResult], None] | None = None,
+) -> list[StepResult]:
     """Load, check, then run every step of a recipe (or with ``dry_run``, only check and resolve vars)."""
     from ptopt.core.recipe import load_recipe
 
@@ -229,12 +258,16 @@ def run_recipe(path: str | os.PathLike, variables: dict[str, Any] | None = None,
         if dry_run:
             results.append(StepResult(step, options, None, {}))
             continue
-        if step.command == "validate" and "progress" not in options and \
-                "progress" in inspect.signature(step.twin).parameters:
+        if (
+            step.command == "validate"
+            and "progress" not in options
+            and "progress" in inspect.signature(step.twin).parameters
+        ):
             options = {**options, "progress": progress}
         value = step.twin(**options)
-        res = StepResult(step, {k: v for k, v in options.items() if k != "progress"}, value,
-                         _outputs(step.command, value))
+        res = StepResult(
+            step, {k: v for k, v in options.items() if k != "progress"}, value, _outputs(step.command, value)
+        )
         results.append(res)
         scope["prev"] = res.outputs
         if step.id:

@@ -11,9 +11,11 @@ from tests.helpers import tiny_cnn
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys; from ptopt.cli.main import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "assert 'torch' not in sys.modules, 'ptopt --help imported torch'\n")
+    code = (
+        "import sys; from ptopt.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "assert 'torch' not in sys.modules, 'ptopt --help imported torch'\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "inspect" in out.stdout and "doctor" in out.stdout
@@ -62,15 +64,25 @@ def test_inspect_input_shape_without_data(cli, scripted):
 
 def test_inspect_multi_input_keyword_model(cli, tmp_path):
     data = tmp_path / "tok.pt"
-    torch.save({"x": {"input_ids": torch.randint(1, 18, (4, 9)), "attention_mask": torch.ones(4, 9, dtype=torch.long)}},
-               data)
+    torch.save(
+        {
+            "x": {
+                "input_ids": torch.randint(1, 18, (4, 9)),
+                "attention_mask": torch.ones(4, 9, dtype=torch.long),
+            }
+        },
+        data,
+    )
     code, out, err = cli("inspect", "tests.helpers:two_input", "--data", data, "--json")
     assert code == 0, err
     r = json.loads(out)
-    assert [i["name"] for i in r["inputs"]] == ["input_ids", "attention_mask"] and r["input_style"] == "keyword"
+    assert [i["name"] for i in r["inputs"]] == ["input_ids", "attention_mask"] and r[
+        "input_style"
+    ] == "keyword"
 
 
 # -- bad input: one clear line, exit 2, no traceback ----------------------------------------------
+
 
 def _bad(cli, *args, match):
     code, out, err = cli(*args)
@@ -103,7 +115,9 @@ def test_factory_that_does_not_import(cli):
 
 def test_weights_that_dont_fit(cli, tmp_path):
     torch.save({"conv1.weight": torch.zeros(3, 3)}, tmp_path / "w.pt")
-    err = _bad(cli, "inspect", "tests.helpers:tiny_cnn", "--weights", tmp_path / "w.pt", match="don't fit the model")
+    err = _bad(
+        cli, "inspect", "tests.helpers:tiny_cnn", "--weights", tmp_path / "w.pt", match="don't fit the model"
+    )
     assert "missing keys: bn1.bias" in err and "conv1.weight (3, 3) vs model (8, 1, 3, 3)" in err
 
 
@@ -133,8 +147,19 @@ def test_doctor(cli):
     code, out, err = cli("doctor", "--json")
     assert code == 0, err
     r = json.loads(out)
-    assert set(r["features"]) >= {"torch", "onnxruntime", "torch_tensorrt", "torchserve", "java", "cuda", "torchao"}
-    assert r["features"]["onnxruntime"]["available"] and "CPUExecutionProvider" in r["features"]["onnxruntime"]["detail"]
+    assert set(r["features"]) >= {
+        "torch",
+        "onnxruntime",
+        "torch_tensorrt",
+        "torchserve",
+        "java",
+        "cuda",
+        "torchao",
+    }
+    assert (
+        r["features"]["onnxruntime"]["available"]
+        and "CPUExecutionProvider" in r["features"]["onnxruntime"]["detail"]
+    )
     assert "avx2" in r["cpu"]["isa"] and "x86" in r["quantized_engines"]
     trt = r["features"]["torch_tensorrt"]
     if not trt["available"]:

@@ -21,8 +21,16 @@ def _files(path: Path) -> list[str]:
 def test_sensitivity_ranks_fragile_layer_first_and_writes_nothing(tmp_path: Path) -> None:
     from ptopt.compress.autoquant import autoquantize
 
-    res = autoquantize(FRAGILE, "dynamic", tmp_path / "never.pt", eval_data=DIGITS, min_cosine=0.99, analyze=True,
-                       threads=1, progress=False)
+    res = autoquantize(
+        FRAGILE,
+        "dynamic",
+        tmp_path / "never.pt",
+        eval_data=DIGITS,
+        min_cosine=0.99,
+        analyze=True,
+        threads=1,
+        progress=False,
+    )
     assert res.artifact is None and res.candidates == []
     assert [r["layer"] for r in res.sensitivity][0] == "fragile"
     assert {r["layer"] for r in res.sensitivity} == {"fc1", "fragile", "fc3"}
@@ -33,8 +41,18 @@ def test_sensitivity_ranks_fragile_layer_first_and_writes_nothing(tmp_path: Path
 
 
 def test_cli_analyze_prints_ranked_table_and_writes_nothing(cli, tmp_path: Path) -> None:
-    code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic", "--eval-data", DIGITS, "--analyze",
-                         "--threads", "1", "--no-progress")
+    code, out, err = cli(
+        "quantize",
+        FRAGILE,
+        "--mode",
+        "dynamic",
+        "--eval-data",
+        DIGITS,
+        "--analyze",
+        "--threads",
+        "1",
+        "--no-progress",
+    )
     assert code == 0, err
     assert "Layer sensitivity" in out and "fragile" in out
     assert out.index("fragile") < out.index("fc1")
@@ -43,8 +61,21 @@ def test_cli_analyze_prints_ranked_table_and_writes_nothing(cli, tmp_path: Path)
 
 def test_cli_budget_that_holds_keeps_fragile_float(cli, tmp_path: Path) -> None:
     out_file = tmp_path / "m.int8.pt"
-    code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic", "--eval-data", DIGITS, "--min-cosine", "0.99",
-                         "--threads", "1", "--no-progress", "-o", out_file)
+    code, out, err = cli(
+        "quantize",
+        FRAGILE,
+        "--mode",
+        "dynamic",
+        "--eval-data",
+        DIGITS,
+        "--min-cosine",
+        "0.99",
+        "--threads",
+        "1",
+        "--no-progress",
+        "-o",
+        out_file,
+    )
     assert code == 0, err
     assert "Candidates tried" in out and "meets min cosine >= 0.99" in out
     art = Artifact.load(out_file)
@@ -55,12 +86,16 @@ def test_cli_budget_that_holds_keeps_fragile_float(cli, tmp_path: Path) -> None:
     # fragile's trouble is an activation outlier channel: keeping it float or SmoothQuant both fix it
     if chosen["smooth"]:
         assert art.extra["smoothquant"]["alpha"] == chosen["smooth"]
-        assert set(art.extra["smoothquant"]["layers"]) == {"fc1", "fragile", "fc3"} - set(chosen["float_layers"])
+        assert set(art.extra["smoothquant"]["layers"]) == {"fc1", "fragile", "fc3"} - set(
+            chosen["float_layers"]
+        )
     else:
         assert chosen["float_layers"] == ["fragile"]
         assert "excluded" in art.extra["float_layers"]["fragile"]
     # every candidate tried is recorded with its error, latency and float layers
-    assert len(aq["candidates"]) >= 2 and all("latency_ms" in c and "float_layers" in c for c in aq["candidates"])
+    assert len(aq["candidates"]) >= 2 and all(
+        "latency_ms" in c and "float_layers" in c for c in aq["candidates"]
+    )
     assert aq["candidates"][0]["float_layers"] == [] and not aq["candidates"][0]["holds"]
     assert aq["sensitivity"][0]["layer"] == "fragile"
     assert art.config["accuracy_goal"]["type"] == "accuracy-goal"
@@ -75,9 +110,23 @@ def test_cli_budget_that_holds_keeps_fragile_float(cli, tmp_path: Path) -> None:
 
 def test_cli_impossible_budget_writes_best_names_layers_exit_1(cli, tmp_path: Path) -> None:
     out_file = tmp_path / "m.int8.pt"
-    code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic", "--eval-data", DIGITS,
-                         "--min-cosine", "0.9999999", "--tuning-budget", "6", "--threads", "1", "--no-progress",
-                         "-o", out_file)
+    code, out, err = cli(
+        "quantize",
+        FRAGILE,
+        "--mode",
+        "dynamic",
+        "--eval-data",
+        DIGITS,
+        "--min-cosine",
+        "0.9999999",
+        "--tuning-budget",
+        "6",
+        "--threads",
+        "1",
+        "--no-progress",
+        "-o",
+        out_file,
+    )
     assert code == 1, err
     assert out_file.is_file()  # always an answer
     assert "no candidate meets min cosine >= 0.9999999" in err
@@ -94,7 +143,9 @@ def test_python_twin_raises_gate_failed_after_writing(tmp_path: Path) -> None:
 
     out = tmp_path / "m.pt"
     with pytest.raises(GateFailedError) as e:
-        quantize(FRAGILE, "dynamic", out, eval_data=DIGITS, min_cosine=0.9999999, tuning_budget=2, progress=False)
+        quantize(
+            FRAGILE, "dynamic", out, eval_data=DIGITS, min_cosine=0.9999999, tuning_budget=2, progress=False
+        )
     assert e.value.exit_code == 1 and out.is_file()
     assert e.value.result.artifact.path == out  # type: ignore[attr-defined]
 
@@ -102,8 +153,17 @@ def test_python_twin_raises_gate_failed_after_writing(tmp_path: Path) -> None:
 def test_static_accuracy_budget_python_api(tmp_path: Path) -> None:
     from ptopt.compress.quantize import quantize
 
-    art = quantize("tests.helpers:tiny_cnn", "static", tmp_path / "s.pt", calib_data="builtin:digits:train",
-                   eval_data=DIGITS, max_accuracy_drop=5.0, calibration_batches=2, tuning_budget=1, progress=False)
+    art = quantize(
+        "tests.helpers:tiny_cnn",
+        "static",
+        tmp_path / "s.pt",
+        calib_data="builtin:digits:train",
+        eval_data=DIGITS,
+        max_accuracy_drop=5.0,
+        calibration_batches=2,
+        tuning_budget=1,
+        progress=False,
+    )
     aq = art.extra["autoquant"]
     assert aq["met"] and aq["mode"] == "static"
     assert {r["layer"] for r in aq["sensitivity"]} == {"conv1", "conv2", "fc"}
@@ -119,8 +179,17 @@ def test_multi_input_encoder_min_cosine_without_labels(tmp_path: Path) -> None:
     from tests.compress.autoquant_models import tokens
 
     data = Dataset(tokens(), name="tokens")
-    res = autoquantize("ptopt.models.minilm:minilm_tiny", "dynamic", tmp_path / "enc.pt", eval_data=data,
-                       min_cosine=0.999, tuning_budget="4", threads=1, latency_batch_size=8, progress=False)
+    res = autoquantize(
+        "ptopt.models.minilm:minilm_tiny",
+        "dynamic",
+        tmp_path / "enc.pt",
+        eval_data=data,
+        min_cosine=0.999,
+        tuning_budget="4",
+        threads=1,
+        latency_batch_size=8,
+        progress=False,
+    )
     assert len(res.sensitivity) == 12  # q, k, v, o, ff1, ff2 in 2 blocks
     assert res.sensitivity[0]["accuracy_drop"] is None
     art = res.artifact
@@ -138,8 +207,16 @@ def test_multi_input_encoder_min_cosine_without_labels(tmp_path: Path) -> None:
 def test_lstm_dynamic_with_seconds_budget(tmp_path: Path) -> None:
     from ptopt.compress.autoquant import autoquantize
 
-    res = autoquantize("tests.compress.quant_models:tiny_lstm", "dynamic", tmp_path / "l.pt", eval_data=DIGITS,
-                       max_accuracy_drop=100.0, tuning_budget="1s", threads=1, progress=False)
+    res = autoquantize(
+        "tests.compress.quant_models:tiny_lstm",
+        "dynamic",
+        tmp_path / "l.pt",
+        eval_data=DIGITS,
+        max_accuracy_drop=100.0,
+        tuning_budget="1s",
+        threads=1,
+        progress=False,
+    )
     assert res.met and {"lstm", "gru", "fc"} == {r["layer"] for r in res.sensitivity}
     assert res.best.float_layers == ()
 
@@ -156,14 +233,21 @@ def test_tuning_budget_parsing() -> None:
         parse_tuning_budget("soon")
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--mode", "dynamic", "--max-accuracy-drop", "1", "--eval-data", "UNLABELLED"], "has no labels"),
-    (["--mode", "qat", "--min-cosine", "0.9", "--eval-data", DIGITS], "static or dynamic"),
-    (["--mode", "dynamic", "--min-cosine", "0.9"], "--eval-data"),
-    (["--mode", "dynamic", "--max-accuracy-drop", "-1", "--eval-data", DIGITS], ">= 0"),
-    (["--mode", "dynamic", "--min-cosine", "0.9", "--eval-data", DIGITS, "--tuning-budget", "soon"], "tuning-budget"),
-    (["--mode", "static", "--min-cosine", "0.9", "--eval-data", DIGITS], "--calib-data"),
-], ids=["no-labels", "qat", "no-eval-data", "negative-drop", "bad-budget", "static-no-calib"])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--mode", "dynamic", "--max-accuracy-drop", "1", "--eval-data", "UNLABELLED"], "has no labels"),
+        (["--mode", "qat", "--min-cosine", "0.9", "--eval-data", DIGITS], "static or dynamic"),
+        (["--mode", "dynamic", "--min-cosine", "0.9"], "--eval-data"),
+        (["--mode", "dynamic", "--max-accuracy-drop", "-1", "--eval-data", DIGITS], ">= 0"),
+        (
+            ["--mode", "dynamic", "--min-cosine", "0.9", "--eval-data", DIGITS, "--tuning-budget", "soon"],
+            "tuning-budget",
+        ),
+        (["--mode", "static", "--min-cosine", "0.9", "--eval-data", DIGITS], "--calib-data"),
+    ],
+    ids=["no-labels", "qat", "no-eval-data", "negative-drop", "bad-budget", "static-no-calib"],
+)
 def test_bad_input_exit_2_nothing_written(cli, tmp_path: Path, args: list[str], message: str) -> None:
     if "UNLABELLED" in args:
         path = tmp_path / "unlabelled.pt"
@@ -177,8 +261,21 @@ def test_bad_input_exit_2_nothing_written(cli, tmp_path: Path, args: list[str], 
 
 
 def test_json_output_of_analyze(cli) -> None:
-    code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic", "--eval-data", DIGITS, "--analyze",
-                         "--min-cosine", "0.99", "--threads", "1", "--no-progress", "--json")
+    code, out, err = cli(
+        "quantize",
+        FRAGILE,
+        "--mode",
+        "dynamic",
+        "--eval-data",
+        DIGITS,
+        "--analyze",
+        "--min-cosine",
+        "0.99",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--json",
+    )
     assert code == 0, err
     data = json.loads(out)
     assert data["sensitivity"][0]["layer"] == "fragile" and data["candidates"] == []
@@ -200,8 +297,17 @@ def test_smoothquant_is_exact_in_float_and_traceable() -> None:
 
 
 def test_output_still_required_without_analyze(cli, tmp_path: Path) -> None:
-    code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic", "--min-cosine", "0.9", "--eval-data", DIGITS,
-                         "--no-progress")
+    code, out, err = cli(
+        "quantize",
+        FRAGILE,
+        "--mode",
+        "dynamic",
+        "--min-cosine",
+        "0.9",
+        "--eval-data",
+        DIGITS,
+        "--no-progress",
+    )
     assert code == 2 and "--output" in err
     code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic")
     assert code == 2 and "--output" in err

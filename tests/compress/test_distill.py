@@ -30,12 +30,29 @@ def files(tmp_path_factory):
 
 
 def _args(files, out, *extra):
-    return ["distill", "--teacher", TEACHER, "--student", STUDENT, "--train-data", files / "train.pt",
-            "--eval-data", files / "eval.pt", "--epochs", "2", "--batch-size", "16", "--no-progress",
-            "-o", out, *extra]
+    return [
+        "distill",
+        "--teacher",
+        TEACHER,
+        "--student",
+        STUDENT,
+        "--train-data",
+        files / "train.pt",
+        "--eval-data",
+        files / "eval.pt",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--no-progress",
+        "-o",
+        out,
+        *extra,
+    ]
 
 
 # -- the loss ------------------------------------------------------------------------------------
+
 
 def test_loss_is_the_documented_mix():
     teacher, student = tiny_cnn().eval(), tiny_student()
@@ -58,8 +75,13 @@ def test_teacher_stays_frozen_and_in_eval_mode():
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     data = load_data("builtin:digits:train").take(64)
     # the call the pruning fine-tuner makes: make_distill_loss(teacher, T, alpha) as train(loss_fn=...)
-    train(student, data, TrainConfig(epochs=1, batch_size=16), loss_fn=make_distill_loss(teacher, 4.0, 0.5),
-          progress=False)
+    train(
+        student,
+        data,
+        TrainConfig(epochs=1, batch_size=16),
+        loss_fn=make_distill_loss(teacher, 4.0, 0.5),
+        progress=False,
+    )
     assert not teacher.training
     assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())  # BN stats did not move
     assert all(p.grad is None for p in teacher.parameters())
@@ -71,16 +93,35 @@ def test_bad_loss_options():
     with pytest.raises(UsageError, match="temperature"):
         make_distill_loss(tiny_cnn(), 0.0, 0.5)
     with pytest.raises(UsageError, match="no layer 'nope'"):
-        make_distill_loss(tiny_cnn(), 4.0, 0.5, [("nope", "conv1")], student=tiny_student(),
-                          example_inputs=torch.zeros(2, 1, 8, 8))
+        make_distill_loss(
+            tiny_cnn(),
+            4.0,
+            0.5,
+            [("nope", "conv1")],
+            student=tiny_student(),
+            example_inputs=torch.zeros(2, 1, 8, 8),
+        )
 
 
 # -- the CLI and the Python twin -----------------------------------------------------------------
 
+
 def test_cli_distills_to_torchscript_naming_the_teacher(cli, files, tmp_path):
     out = tmp_path / "student.pt"
-    code, stdout, stderr = cli(*_args(files, out, "--temperature", "3", "--alpha", "0.7", "--log-dir", tmp_path / "logs",
-                                      "--save-recipe", tmp_path / "r.yaml"))
+    code, stdout, stderr = cli(
+        *_args(
+            files,
+            out,
+            "--temperature",
+            "3",
+            "--alpha",
+            "0.7",
+            "--log-dir",
+            tmp_path / "logs",
+            "--save-recipe",
+            tmp_path / "r.yaml",
+        )
+    )
     assert code == 0, stderr
     assert "1/2." in stdout and "eval accuracy" in stdout
     side = json.loads((tmp_path / "student.pt.ptopt.json").read_text())
@@ -100,7 +141,9 @@ def test_cli_feature_pair_with_projection(cli, files, tmp_path):
     code, _, stderr = cli(*_args(files, out, "--feature-pair", "bn2=bn2", "--precision", "bf16"))
     assert code == 0, stderr
     side = json.loads((tmp_path / "student.pt.ptopt.json").read_text())
-    assert side["config"]["feature_pairs"] == [["bn2", "bn2"]] and side["config"]["train"]["precision"] == "bf16"
+    assert (
+        side["config"]["feature_pairs"] == [["bn2", "bn2"]] and side["config"]["train"]["precision"] == "bf16"
+    )
     # the 4→8 channel projection is trained but not part of the student
     assert not any("projection" in k for k in torch.jit.load(str(out)).state_dict())
 
@@ -109,8 +152,16 @@ def test_python_twin_soft_targets_only_to_exported_program(tmp_path, files):
     """Unlabelled data with alpha=0; modules and a TorchScript teacher; output .pt2."""
     teacher = torch.jit.trace(tiny_cnn().eval(), torch.zeros(2, 1, 8, 8))
     torch.jit.save(teacher, str(tmp_path / "teacher.pt"))
-    art = distill(tmp_path / "teacher.pt", tiny_student(), files / "unlabeled.pt", tmp_path / "s.pt2", alpha=0.0,
-                  epochs=1, batch_size=16, progress=False)
+    art = distill(
+        tmp_path / "teacher.pt",
+        tiny_student(),
+        files / "unlabeled.pt",
+        tmp_path / "s.pt2",
+        alpha=0.0,
+        epochs=1,
+        batch_size=16,
+        progress=False,
+    )
     assert art.format == "exported_program" and art.parent["path"] == str(tmp_path / "teacher.pt")
     assert "sha256" in art.parent
     ep = torch.export.load(str(tmp_path / "s.pt2"))
@@ -119,7 +170,9 @@ def test_python_twin_soft_targets_only_to_exported_program(tmp_path, files):
 
 def test_python_twin_resume_with_feature_projection_is_exact(tmp_path, files):
     """A killed distillation resumed from its checkpoint ends with the uninterrupted run's weights."""
-    kw = dict(eval_data=files / "eval.pt", epochs=2, batch_size=16, feature_pairs=["conv2=conv2"], progress=False)
+    kw = dict(
+        eval_data=files / "eval.pt", epochs=2, batch_size=16, feature_pairs=["conv2=conv2"], progress=False
+    )
 
     def kill(epoch, model):
         if epoch == 1:
@@ -127,17 +180,35 @@ def test_python_twin_resume_with_feature_projection_is_exact(tmp_path, files):
 
     distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "a.pt", checkpoint_dir=tmp_path / "ca", **kw)
     with pytest.raises(KeyboardInterrupt):
-        distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "b.pt", checkpoint_dir=tmp_path / "cb",
-                epoch_hooks=[kill], **kw)
+        distill(
+            TEACHER,
+            STUDENT,
+            files / "train.pt",
+            tmp_path / "b.pt",
+            checkpoint_dir=tmp_path / "cb",
+            epoch_hooks=[kill],
+            **kw,
+        )
     assert not (tmp_path / "b.pt").exists()
-    art = distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "b.pt", checkpoint_dir=tmp_path / "cb",
-                  resume=True, **kw)
+    art = distill(
+        TEACHER,
+        STUDENT,
+        files / "train.pt",
+        tmp_path / "b.pt",
+        checkpoint_dir=tmp_path / "cb",
+        resume=True,
+        **kw,
+    )
     assert art.extra["resumed_from_epoch"] == 1
-    a, b = torch.jit.load(str(tmp_path / "a.pt")).state_dict(), torch.jit.load(str(tmp_path / "b.pt")).state_dict()
+    a, b = (
+        torch.jit.load(str(tmp_path / "a.pt")).state_dict(),
+        torch.jit.load(str(tmp_path / "b.pt")).state_dict(),
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # -- bad input: exit 2, a clear message, nothing written ---------------------------------------
+
 
 def _assert_refused(cli, args, out, *fragments):
     code, _, stderr = cli(*args)
@@ -174,7 +245,9 @@ def test_cli_refuses_checkpoint_of_another_configuration(cli, files, tmp_path):
     code, _, stderr = cli(*_args(files, first, "--epochs", "1", "--checkpoint-dir", tmp_path / "ck"))
     assert code == 0, stderr
     out = tmp_path / "s.pt"
-    args = _args(files, out, "--epochs", "1", "--checkpoint-dir", tmp_path / "ck", "--resume", "--temperature", "2")
+    args = _args(
+        files, out, "--epochs", "1", "--checkpoint-dir", tmp_path / "ck", "--resume", "--temperature", "2"
+    )
     _assert_refused(cli, args, out, "another configuration", "temperature: checkpoint 4.0, now 2.0")
 
 
@@ -188,8 +261,15 @@ def test_cli_refuses_bad_options(cli, files, tmp_path):
 
 def test_python_twin_errors_are_typed(tmp_path, files):
     with pytest.raises(ShapeMismatchError):
-        distill(tiny_cnn(), torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)), files / "train.pt",
-                tmp_path / "s.pt", progress=False)
+        distill(
+            tiny_cnn(),
+            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)),
+            files / "train.pt",
+            tmp_path / "s.pt",
+            progress=False,
+        )
     with pytest.raises(DataError):
-        distill(tiny_cnn(), tiny_student(), Dataset(torch.zeros(4, 1, 8, 8)), tmp_path / "s.pt", progress=False)
+        distill(
+            tiny_cnn(), tiny_student(), Dataset(torch.zeros(4, 1, 8, 8)), tmp_path / "s.pt", progress=False
+        )
     assert not list(tmp_path.iterdir())

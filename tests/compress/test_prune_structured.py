@@ -114,8 +114,18 @@ def test_python_api_artifact_loads_with_plain_torch(tmp_path, suffix):
 
 
 def test_cli_structured(cli, tmp_path):
-    code, out, err = cli("prune", TINY, "--method", "structured", "--amount", "0.5", "--criterion", "l2",
-                         "-o", tmp_path / "s.pt")
+    code, out, err = cli(
+        "prune",
+        TINY,
+        "--method",
+        "structured",
+        "--amount",
+        "0.5",
+        "--criterion",
+        "l2",
+        "-o",
+        tmp_path / "s.pt",
+    )
     assert code == 0, err
     assert "expand" in out and "16 → 8" in out and "parameters:" in out and "gzip" in out
     assert (tmp_path / "s.pt.ptopt.json").is_file()
@@ -123,8 +133,16 @@ def test_cli_structured(cli, tmp_path):
 
 def test_gradual_steps_with_fine_tuning(tmp_path):
     out = tmp_path / "g.pt"
-    art = prune(TINY, "structured", 0.5, out, steps=2, epochs=1, fine_tune_data="builtin:digits:test",
-                eval_data="builtin:digits:test")
+    art = prune(
+        TINY,
+        "structured",
+        0.5,
+        out,
+        steps=2,
+        epochs=1,
+        fine_tune_data="builtin:digits:test",
+        eval_data="builtin:digits:test",
+    )
     rows = {r["layer"]: r for r in art.extra["layers"]}
     # two rounds (to 0.25, then 0.5 of the original channels) end where one round would
     assert rows["expand"]["channels_after"] == 8 and rows["conv"]["channels_after"] == 4
@@ -133,6 +151,7 @@ def test_gradual_steps_with_fine_tuning(tmp_path):
 
 
 # -- bad input: exit 2, a clear message, nothing written ---------------------------------------------
+
 
 @pytest.mark.parametrize("amount", ["0", "1", "1.5", "-0.2"])
 def test_cli_amount_out_of_range(cli, tmp_path, amount):
@@ -143,8 +162,16 @@ def test_cli_amount_out_of_range(cli, tmp_path, amount):
 
 
 def test_cli_untraceable_model(cli, tmp_path):
-    code, out, err = cli("prune", "tests.compress.prune_models:untraceable", "--method", "structured",
-                         "--amount", "0.5", "-o", tmp_path / "x.pt")
+    code, out, err = cli(
+        "prune",
+        "tests.compress.prune_models:untraceable",
+        "--method",
+        "structured",
+        "--amount",
+        "0.5",
+        "-o",
+        tmp_path / "x.pt",
+    )
     assert code == 2
     assert "torch.fx cannot trace Untraceable" in err and "l1-unstructured" in err
     assert list(tmp_path.iterdir()) == []
@@ -156,15 +183,35 @@ def test_cli_unresolvable_dependency_names_the_layer(cli, tmp_path):
     assert code == 2
     assert "layer expand" in err and "'roll'" in err and "--exclude expand" in err
     assert list(tmp_path.iterdir()) == []
-    code, out, err = cli("prune", ref, "--method", "structured", "--amount", "0.5", "--exclude", "expand",
-                         "-o", tmp_path / "x.pt")
+    code, out, err = cli(
+        "prune",
+        ref,
+        "--method",
+        "structured",
+        "--amount",
+        "0.5",
+        "--exclude",
+        "expand",
+        "-o",
+        tmp_path / "x.pt",
+    )
     assert code == 0, err
     assert (tmp_path / "x.pt").is_file()
 
 
 def test_cli_exclude_matching_nothing_is_a_warning(cli, tmp_path):
-    code, out, err = cli("prune", TINY, "--method", "structured", "--amount", "0.5", "--exclude", "nope*",
-                         "-o", tmp_path / "x.pt")
+    code, out, err = cli(
+        "prune",
+        TINY,
+        "--method",
+        "structured",
+        "--amount",
+        "0.5",
+        "--exclude",
+        "nope*",
+        "-o",
+        tmp_path / "x.pt",
+    )
     assert code == 0
     assert "warning: --exclude 'nope*' matches no layer" in err
     assert (tmp_path / "x.pt").is_file()
@@ -179,9 +226,26 @@ def test_python_exclude_matching_nothing_warns(tmp_path):
 
 def test_cli_nothing_prunable(cli, tmp_path):
     # the helpers' TinyCNN: its two convs are tied by a residual add to the (default-excluded) first conv
-    code, out, err = cli("prune", "tests.helpers:tiny_cnn", "--method", "structured", "--amount", "0.5",
-                         "-o", tmp_path / "x.pt")
+    code, out, err = cli(
+        "prune",
+        "tests.helpers:tiny_cnn",
+        "--method",
+        "structured",
+        "--amount",
+        "0.5",
+        "-o",
+        tmp_path / "x.pt",
+    )
     assert code == 2 and "no layer whose output channels can be removed" in err
-    code, out, err = cli("prune", "tests.helpers:tiny_cnn", "--method", "structured", "--amount", "0.5",
-                         "--prune-first-last", "-o", tmp_path / "x.pt")
+    code, out, err = cli(
+        "prune",
+        "tests.helpers:tiny_cnn",
+        "--method",
+        "structured",
+        "--amount",
+        "0.5",
+        "--prune-first-last",
+        "-o",
+        tmp_path / "x.pt",
+    )
     assert code == 0, err

@@ -7,8 +7,13 @@ import json
 import pytest
 import torch
 
-from ptopt.compress.prune import (GlobalPruneConfig, L1UnstructuredConfig, StructuredPruneConfig, make_config,
-                                  prune)
+from ptopt.compress.prune import (
+    GlobalPruneConfig,
+    L1UnstructuredConfig,
+    StructuredPruneConfig,
+    make_config,
+    prune,
+)
 from ptopt.core.config import config_from_dict
 from ptopt.core.errors import UsageError
 
@@ -52,8 +57,16 @@ def test_exclude_leaves_layer_dense(tmp_path):
 
 @pytest.mark.parametrize("method", ["l1-unstructured", "global"])
 def test_fine_tuning_keeps_the_masks(tmp_path, method):
-    art = prune(TINY, method, 0.5, tmp_path / "f.pt", fine_tune_data="builtin:digits:test", epochs=1, steps=2,
-                eval_data="builtin:digits:test")
+    art = prune(
+        TINY,
+        method,
+        0.5,
+        tmp_path / "f.pt",
+        fine_tune_data="builtin:digits:test",
+        epochs=1,
+        steps=2,
+        eval_data="builtin:digits:test",
+    )
     assert abs(art.metrics["sparsity"] - 0.5) <= 0.01
     assert len(art.extra["fine_tune_history"]) == 2
     assert art.config["fine_tune_data"] == "builtin:digits:test" and art.config["train"]["epochs"] == 1
@@ -61,19 +74,38 @@ def test_fine_tuning_keeps_the_masks(tmp_path, method):
 
 
 def test_cli_unstructured_and_global(cli, tmp_path):
-    code, out, err = cli("prune", TINY, "--method", "l1-unstructured", "--amount", "0.4", "-o", tmp_path / "a.pt")
+    code, out, err = cli(
+        "prune", TINY, "--method", "l1-unstructured", "--amount", "0.4", "-o", tmp_path / "a.pt"
+    )
     assert code == 0, err
     assert "sparsity:   0.4" in out and "gzip" in out and "no faster" in out
-    code, out, err = cli("prune", TINY, "--method", "global", "--amount", "0.4", "-o", tmp_path / "b.pt",
-                         "--save-recipe", tmp_path / "r.yaml")
+    code, out, err = cli(
+        "prune",
+        TINY,
+        "--method",
+        "global",
+        "--amount",
+        "0.4",
+        "-o",
+        tmp_path / "b.pt",
+        "--save-recipe",
+        tmp_path / "r.yaml",
+    )
     assert code == 0, err
     side = json.loads((tmp_path / "b.pt.ptopt.json").read_text())
     assert side["config"]["type"] == "prune-global" and side["precision"] == "sparse-fp32"
     assert "prune" in (tmp_path / "r.yaml").read_text()
 
 
-@pytest.mark.parametrize("config", [L1UnstructuredConfig(0.3, ("fc",), 2), GlobalPruneConfig(0.9),
-                                    StructuredPruneConfig(0.5, ("a*",), 1, "l2", True)], ids=lambda c: c.type_name)
+@pytest.mark.parametrize(
+    "config",
+    [
+        L1UnstructuredConfig(0.3, ("fc",), 2),
+        GlobalPruneConfig(0.9),
+        StructuredPruneConfig(0.5, ("a*",), 1, "l2", True),
+    ],
+    ids=lambda c: c.type_name,
+)
 def test_configs_round_trip(config):
     assert config_from_dict(config.to_dict()) == config
 
@@ -93,20 +125,32 @@ def test_teacher_self_distills(tmp_path):
     distill = pytest.importorskip("ptopt.compress.distill")
     if not hasattr(distill, "make_distill_loss"):
         pytest.skip("ptopt.compress.distill.make_distill_loss not merged yet")
-    art = prune(TINY, "l1-unstructured", 0.5, tmp_path / "t.pt", fine_tune_data="builtin:digits:test", epochs=1,
-                teacher="self")
+    art = prune(
+        TINY,
+        "l1-unstructured",
+        0.5,
+        tmp_path / "t.pt",
+        fine_tune_data="builtin:digits:test",
+        epochs=1,
+        teacher="self",
+    )
     assert art.config["teacher"] == "self" and art.config["temperature"] == 4.0
 
 
 # -- bad input: exit 2, a clear message, nothing written ---------------------------------------------
 
-@pytest.mark.parametrize("args, message", [
-    (("--epochs", "2"), "--epochs needs --fine-tune-data"),
-    (("--fine-tune-data", "builtin:digits:test"), "--fine-tune-data needs --epochs"),
-    (("--teacher", "self"), "--teacher distills while fine-tuning"),
-    (("--criterion", "l2"), "--criterion applies to structured"),
-    (("--amount", "2"), "--amount must be a fraction strictly between 0 and 1"),
-], ids=["epochs-no-data", "data-no-epochs", "teacher-no-data", "criterion", "amount"])
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--epochs", "2"), "--epochs needs --fine-tune-data"),
+        (("--fine-tune-data", "builtin:digits:test"), "--fine-tune-data needs --epochs"),
+        (("--teacher", "self"), "--teacher distills while fine-tuning"),
+        (("--criterion", "l2"), "--criterion applies to structured"),
+        (("--amount", "2"), "--amount must be a fraction strictly between 0 and 1"),
+    ],
+    ids=["epochs-no-data", "data-no-epochs", "teacher-no-data", "criterion", "amount"],
+)
 def test_cli_bad_options(cli, tmp_path, args, message):
     base = ["prune", TINY, "--method", "l1-unstructured", "-o", tmp_path / "x.pt"]
     if "--amount" not in args:
@@ -121,7 +165,8 @@ def test_cli_bad_output_suffix_and_torchscript_input(cli, tmp_path):
     assert code == 2 and "use .pt (TorchScript) or .pt2" in err
     code, _, err = cli("prune", TINY, "--method", "global", "--amount", "0.5", "-o", tmp_path / "ts.pt")
     assert code == 0, err
-    code, out, err = cli("prune", tmp_path / "ts.pt", "--method", "global", "--amount", "0.5",
-                         "-o", tmp_path / "again.pt")
+    code, out, err = cli(
+        "prune", tmp_path / "ts.pt", "--method", "global", "--amount", "0.5", "-o", tmp_path / "again.pt"
+    )
     assert code == 2 and "cannot be rewritten" in err
     assert not (tmp_path / "again.pt").exists()

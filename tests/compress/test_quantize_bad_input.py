@@ -33,8 +33,14 @@ def test_qat_without_training_data(cli, tmp_path: Path) -> None:
 
 
 def test_data_that_does_not_fit(cli, tmp_path: Path) -> None:
-    _assert_clean_failure(cli, tmp_path, (TINY, "--mode", "static", "--calib-data", "builtin:digits32:test"),
-                          "expected", "got", "1x32x32")
+    _assert_clean_failure(
+        cli,
+        tmp_path,
+        (TINY, "--mode", "static", "--calib-data", "builtin:digits32:test"),
+        "expected",
+        "got",
+        "1x32x32",
+    )
 
 
 def test_nan_in_calibration_data(cli, tmp_path: Path) -> None:
@@ -42,23 +48,42 @@ def test_nan_in_calibration_data(cli, tmp_path: Path) -> None:
     x[3, 0, 2, 2] = float("nan")
     x[4, 0, 1, 1] = float("inf")
     torch.save({"x": x}, tmp_path / "bad.pt")
-    _assert_clean_failure(cli, tmp_path, (TINY, "--mode", "static", "--calib-data", tmp_path / "bad.pt"), "NaN/Inf")
+    _assert_clean_failure(
+        cli, tmp_path, (TINY, "--mode", "static", "--calib-data", tmp_path / "bad.pt"), "NaN/Inf"
+    )
 
 
 def test_untraceable_model_names_module_and_remedy(cli, tmp_path: Path) -> None:
-    _assert_clean_failure(cli, tmp_path, ("tests.compress.quant_models:untraceable", "--mode", "static",
-                                          "--calib-data", "builtin:digits:train"),
-                          "'gate'", "if x.sum() > 0", "--exclude gate", "--mode dynamic")
+    _assert_clean_failure(
+        cli,
+        tmp_path,
+        (
+            "tests.compress.quant_models:untraceable",
+            "--mode",
+            "static",
+            "--calib-data",
+            "builtin:digits:train",
+        ),
+        "'gate'",
+        "if x.sum() > 0",
+        "--exclude gate",
+        "--mode dynamic",
+    )
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("--backend", "tpu"), "unknown backend 'tpu' (known: x86, fbgemm, qnnpack)"),
-    (("--observer", "magic"), "unknown observer 'magic'"),
-    (("--exclude", "nope"), "--exclude nope: no such module"),
-], ids=["backend", "observer", "exclude"])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("--backend", "tpu"), "unknown backend 'tpu' (known: x86, fbgemm, qnnpack)"),
+        (("--observer", "magic"), "unknown observer 'magic'"),
+        (("--exclude", "nope"), "--exclude nope: no such module"),
+    ],
+    ids=["backend", "observer", "exclude"],
+)
 def test_bad_options(cli, tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
-    _assert_clean_failure(cli, tmp_path, (TINY, "--mode", "static", "--calib-data", "builtin:digits:train", *args),
-                          needle)
+    _assert_clean_failure(
+        cli, tmp_path, (TINY, "--mode", "static", "--calib-data", "builtin:digits:train", *args), needle
+    )
 
 
 def test_dynamic_convolutions_refused(cli, tmp_path: Path) -> None:
@@ -79,5 +104,17 @@ def test_torchscript_model_refused(cli, tmp_path: Path) -> None:
 def test_static_with_integer_inputs_points_to_dynamic(cli, tmp_path: Path) -> None:
     ids = torch.randint(1, 18, (8, 12), generator=torch.Generator().manual_seed(0))
     torch.save({"x": {"input_ids": ids, "attention_mask": torch.ones_like(ids)}}, tmp_path / "tokens.pt")
-    _assert_clean_failure(cli, tmp_path, ("tests.helpers:two_input", "--mode", "static", "--calib-data",
-                                          tmp_path / "tokens.pt", "--no-progress"), "integer tensor", "--mode dynamic")
+    _assert_clean_failure(
+        cli,
+        tmp_path,
+        (
+            "tests.helpers:two_input",
+            "--mode",
+            "static",
+            "--calib-data",
+            tmp_path / "tokens.pt",
+            "--no-progress",
+        ),
+        "integer tensor",
+        "--mode dynamic",
+    )

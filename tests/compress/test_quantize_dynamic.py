@@ -18,12 +18,24 @@ def _jit_load(path: Path):
 
 def test_dynamic_cli_lstm_gru(cli, tmp_path: Path) -> None:
     out = tmp_path / "lstm.int8.pt"
-    code, stdout, stderr = cli("quantize", "tests.compress.quant_models:tiny_lstm", "--mode", "dynamic",
-                               "--eval-data", "builtin:digits:test", "-o", out)
+    code, stdout, stderr = cli(
+        "quantize",
+        "tests.compress.quant_models:tiny_lstm",
+        "--mode",
+        "dynamic",
+        "--eval-data",
+        "builtin:digits:test",
+        "-o",
+        out,
+    )
     assert code == 0, stderr
     assert "every layer with weights is int8" in stdout
     art = Artifact.load(out)
-    assert art.precision == "int8" and art.config["mode"] == "dynamic" and art.config["type"] == "quantize-dynamic"
+    assert (
+        art.precision == "int8"
+        and art.config["mode"] == "dynamic"
+        and art.config["type"] == "quantize-dynamic"
+    )
     assert art.extra["dynamic"]["quantized_layers"] == ["fc", "gru", "lstm"]
     assert art.extra["onnx_quantization"]["method"] == "quantize_dynamic"
     assert art.metrics["eval_samples"] == 359 and "int8_accuracy" in art.metrics
@@ -74,10 +86,20 @@ def test_dynamic_transformer_keyword_inputs(tmp_path: Path) -> None:
 
 def test_dynamic_two_input_model(cli, tmp_path: Path) -> None:
     ids = torch.randint(1, 18, (20, 12), generator=torch.Generator().manual_seed(0))
-    torch.save({"x": {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "y": torch.arange(20) % 10},
-               tmp_path / "tokens.pt")
-    code, stdout, stderr = cli("quantize", "tests.helpers:two_input", "--mode", "dynamic", "--eval-data",
-                               tmp_path / "tokens.pt", "-o", tmp_path / "q.pt")
+    torch.save(
+        {"x": {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "y": torch.arange(20) % 10},
+        tmp_path / "tokens.pt",
+    )
+    code, stdout, stderr = cli(
+        "quantize",
+        "tests.helpers:two_input",
+        "--mode",
+        "dynamic",
+        "--eval-data",
+        tmp_path / "tokens.pt",
+        "-o",
+        tmp_path / "q.pt",
+    )
     assert code == 0, stderr
     assert "embeddings stay float" in stdout
     art = Artifact.load(tmp_path / "q.pt")

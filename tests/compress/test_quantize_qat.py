@@ -12,9 +12,25 @@ def test_qat_cli(cli, tmp_path: Path) -> None:
 
     load_data("builtin:digits:train").take(640).save(tmp_path / "train.pt")
     out = tmp_path / "qat.pt"
-    code, stdout, stderr = cli("quantize", "tests.helpers:tiny_cnn", "--mode", "qat", "--train-data",
-                               tmp_path / "train.pt", "--eval-data", "builtin:digits:test", "--epochs", "2",
-                               "--lr", "5e-3", "--batch-size", "64", "--no-progress", "-o", out)
+    code, stdout, stderr = cli(
+        "quantize",
+        "tests.helpers:tiny_cnn",
+        "--mode",
+        "qat",
+        "--train-data",
+        tmp_path / "train.pt",
+        "--eval-data",
+        "builtin:digits:test",
+        "--epochs",
+        "2",
+        "--lr",
+        "5e-3",
+        "--batch-size",
+        "64",
+        "--no-progress",
+        "-o",
+        out,
+    )
     assert code == 0, stderr
     assert "QAT: 2 epoch(s)" in stdout
     art = Artifact.load(out)
@@ -32,7 +48,9 @@ def test_qat_without_labels_matches_fp32(tmp_path: Path) -> None:
     from ptopt.core.data import Dataset, load_data
 
     ds = load_data("builtin:digits:train").take(128)
-    art = quantize("tests.helpers:tiny_cnn", "qat", tmp_path / "q.pt", train_data=Dataset(ds.x), progress=False)
+    art = quantize(
+        "tests.helpers:tiny_cnn", "qat", tmp_path / "q.pt", train_data=Dataset(ds.x), progress=False
+    )
     assert art.extra["training"]["loss"] == "kl_to_fp32"
     assert art.extra["training"]["observers_frozen_at_step"] == 1  # 2 steps in one epoch
 
@@ -43,5 +61,7 @@ def test_freeze_schedule_within_one_epoch() -> None:
 
     s = FreezeSchedule(QATConfig(epochs=1), steps_per_epoch=10)
     assert (s.bn_step, s.observer_step) == (5, 7)
-    s = FreezeSchedule(QATConfig(epochs=4, freeze_bn_after=0.5, freeze_observers_after=0.75), steps_per_epoch=10)
+    s = FreezeSchedule(
+        QATConfig(epochs=4, freeze_bn_after=0.5, freeze_observers_after=0.75), steps_per_epoch=10
+    )
     assert (s.bn_step, s.observer_step) == (20, 30)

@@ -25,8 +25,23 @@ def _jit_load(path: Path):
 def test_static_cli_writes_int8_torchscript(cli, tmp_path: Path) -> None:
     out = tmp_path / "tiny.int8.pt"
     recipe = tmp_path / "recipe.yaml"
-    code, stdout, stderr = cli("quantize", TINY, "--mode", "static", "--calib-data", CALIB, "--eval-data", EVAL,
-                               "--calibration-batches", "4", "--no-progress", "-o", out, "--save-recipe", recipe)
+    code, stdout, stderr = cli(
+        "quantize",
+        TINY,
+        "--mode",
+        "static",
+        "--calib-data",
+        CALIB,
+        "--eval-data",
+        EVAL,
+        "--calibration-batches",
+        "4",
+        "--no-progress",
+        "-o",
+        out,
+        "--save-recipe",
+        recipe,
+    )
     assert code == 0, stderr
     assert "TorchScript int8" in stdout and "accuracy on builtin:digits:test" in stdout
     art = Artifact.load(out)
@@ -38,7 +53,11 @@ def test_static_cli_writes_int8_torchscript(cli, tmp_path: Path) -> None:
     assert art.extra["float_layers"] == {}
     assert art.parent["path"] == TINY
     ort = art.extra["onnx_quantization"]
-    assert ort["calib_data"] == CALIB and ort["method"] == "quantize_static" and ort["calibrate_method"] == "Entropy"
+    assert (
+        ort["calib_data"] == CALIB
+        and ort["method"] == "quantize_static"
+        and ort["calibrate_method"] == "Entropy"
+    )
     assert {"fp32_accuracy", "int8_accuracy", "accuracy_drop_points"} <= set(art.metrics)
     assert art.size_bytes < art.metrics["fp32_torchscript_bytes"]
     # deploys without ptopt: plain torch.jit.load, int8 kernels, any batch size
@@ -48,16 +67,28 @@ def test_static_cli_writes_int8_torchscript(cli, tmp_path: Path) -> None:
     assert "quantize:" in recipe.read_text() and CALIB in recipe.read_text()
 
 
-@pytest.mark.parametrize("observer,per_channel", [("minmax", True), ("percentile", False), ("entropy", True)],
-                         ids=["minmax-per-channel", "percentile-per-tensor", "entropy"])
+@pytest.mark.parametrize(
+    "observer,per_channel",
+    [("minmax", True), ("percentile", False), ("entropy", True)],
+    ids=["minmax-per-channel", "percentile-per-tensor", "entropy"],
+)
 def test_static_python_api_observers(tmp_path: Path, observer: str, per_channel: bool) -> None:
     from ptopt.compress.quantize import quantize
     from ptopt.core.data import load_data
     from tests.helpers import tiny_cnn
 
     calib = load_data(CALIB).take(64)
-    art = quantize(tiny_cnn(), "static", tmp_path / "q.pt", calib_data=calib, observer=observer,
-                   per_channel=per_channel, calibration_batches=2, batch_size=32, progress=False)
+    art = quantize(
+        tiny_cnn(),
+        "static",
+        tmp_path / "q.pt",
+        calib_data=calib,
+        observer=observer,
+        per_channel=per_channel,
+        calibration_batches=2,
+        batch_size=32,
+        progress=False,
+    )
     assert art.config["observer"] == ("histogram" if observer == "entropy" else observer)
     assert art.config["per_channel"] is per_channel
     assert "calib_data" not in art.config  # a Dataset object is not a reference
@@ -70,8 +101,22 @@ def test_static_python_api_observers(tmp_path: Path, observer: str, per_channel:
 
 def test_exclude_keeps_module_float(cli, tmp_path: Path) -> None:
     out = tmp_path / "q.pt"
-    code, stdout, stderr = cli("quantize", TINY, "--mode", "static", "--calib-data", CALIB, "--exclude", "fc",
-                               "--calibration-batches", "2", "--no-progress", "--json", "-o", out)
+    code, stdout, stderr = cli(
+        "quantize",
+        TINY,
+        "--mode",
+        "static",
+        "--calib-data",
+        CALIB,
+        "--exclude",
+        "fc",
+        "--calibration-batches",
+        "2",
+        "--no-progress",
+        "--json",
+        "-o",
+        out,
+    )
     assert code == 0, stderr
     side = json.loads(stdout)
     assert side["extra"]["float_layers"] == {"fc": "excluded (--exclude / float_modules)"}
@@ -81,8 +126,15 @@ def test_exclude_keeps_module_float(cli, tmp_path: Path) -> None:
 def test_untraceable_module_can_be_excluded(tmp_path: Path) -> None:
     from ptopt.compress.quantize import quantize
 
-    art = quantize("tests.compress.quant_models:untraceable", "static", tmp_path / "q.pt", calib_data=CALIB,
-                   exclude=["gate"], calibration_batches=2, progress=False)
+    art = quantize(
+        "tests.compress.quant_models:untraceable",
+        "static",
+        tmp_path / "q.pt",
+        calib_data=CALIB,
+        exclude=["gate"],
+        calibration_batches=2,
+        progress=False,
+    )
     assert "conv" not in art.extra["float_layers"]
     assert _jit_load(tmp_path / "q.pt")(torch.rand(2, 1, 8, 8)).shape == (2, 10)
 
@@ -91,17 +143,29 @@ def test_untraceable_module_can_be_excluded(tmp_path: Path) -> None:
 def test_other_backends(tmp_path: Path, backend: str) -> None:
     from ptopt.compress.quantize import quantize
 
-    art = quantize(TINY, "static", tmp_path / "q.pt", calib_data=CALIB, backend=backend, calibration_batches=2,
-                   progress=False)
-    assert art.config["backend"] == backend and art.extra["onnx_quantization"]["reduce_range"] == (backend == "fbgemm")
+    art = quantize(
+        TINY,
+        "static",
+        tmp_path / "q.pt",
+        calib_data=CALIB,
+        backend=backend,
+        calibration_batches=2,
+        progress=False,
+    )
+    assert art.config["backend"] == backend and art.extra["onnx_quantization"]["reduce_range"] == (
+        backend == "fbgemm"
+    )
 
 
 def test_configs_round_trip() -> None:
     from ptopt.compress.quantize import DynamicQuantConfig, QATConfig, StaticQuantConfig
     from ptopt.core.config import config_from_dict
 
-    for cfg in (StaticQuantConfig(observer="percentile", float_modules=("a.b",)),
-                DynamicQuantConfig(layers=("lstm",), per_channel=False), QATConfig(epochs=2, backend="qnnpack")):
+    for cfg in (
+        StaticQuantConfig(observer="percentile", float_modules=("a.b",)),
+        DynamicQuantConfig(layers=("lstm",), per_channel=False),
+        QATConfig(epochs=2, backend="qnnpack"),
+    ):
         assert config_from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 

@@ -14,12 +14,19 @@ def test_sidecar_roundtrip(tmp_path):
     f.write_bytes(b"x" * 100)
     (tmp_path / "model.onnx.data").write_bytes(b"y" * 50)
     spec = InputSpec("input", (1, 3), (8, 3), (64, 3))
-    art = Artifact(f, "onnx", inputs=[spec], config={"type": "onnx", "opset": 20},
-                   parent=parent_record(parent), files=["model.onnx", "model.onnx.data"]).finalize()
+    art = Artifact(
+        f,
+        "onnx",
+        inputs=[spec],
+        config={"type": "onnx", "opset": 20},
+        parent=parent_record(parent),
+        files=["model.onnx", "model.onnx.data"],
+    ).finalize()
     assert art.size_bytes == 150 and len(art.sha256) == 64
     data = json.loads(sidecar_path(f).read_text())
     assert data["format"] == "onnx" and data["files"] == ["model.onnx", "model.onnx.data"]
     import hashlib
+
     assert data["parent"]["sha256"] == hashlib.sha256(b"parent-bytes").hexdigest()
     assert len(data["parent"]["sha256"]) == 64 and data["versions"]["torch"]
     assert data["created"] and data["extra"]["gzip_bytes"] > 0

@@ -18,8 +18,15 @@ def test_builtin_variants_and_splits():
     assert set(tok.x) == {"input_ids", "attention_mask"} and tok.x["input_ids"].dtype == torch.int64
 
 
-@pytest.mark.parametrize("ref,match", [("builtin:nope", "unknown builtin data"), ("builtin:digits:val", "unknown split"),
-                                       ("nope.pt", "no such file"), ("tests.helpers:nope", "no function")])
+@pytest.mark.parametrize(
+    "ref,match",
+    [
+        ("builtin:nope", "unknown builtin data"),
+        ("builtin:digits:val", "unknown split"),
+        ("nope.pt", "no such file"),
+        ("tests.helpers:nope", "no function"),
+    ],
+)
 def test_bad_data_refs(ref, match):
     with pytest.raises(DataError, match=match):
         load_data(ref)

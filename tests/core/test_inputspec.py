@@ -2,8 +2,14 @@ import pytest
 import torch
 
 from ptopt.core.errors import ShapeMismatchError, UsageError
-from ptopt.core.inputspec import (InputSpec, check_inputs, make_inputs, parse_named_shapes, parse_shape,
-                                  specs_from_example)
+from ptopt.core.inputspec import (
+    InputSpec,
+    check_inputs,
+    make_inputs,
+    parse_named_shapes,
+    parse_shape,
+    specs_from_example,
+)
 
 
 @pytest.mark.parametrize("text,shape", [("1x1x32x32", (1, 1, 32, 32)), ("8,3", (8, 3)), (" 4X7 ", (4, 7))])

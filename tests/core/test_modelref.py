@@ -32,6 +32,7 @@ def test_factory_with_weights(tmp_path, suffix):
         torch.save(ref.state_dict(), path)
     else:
         from safetensors.torch import save_file
+
         save_file(ref.state_dict(), str(path))
     lm = load_model(FACTORY, weights=path)
     assert _same_outputs(lm.module, ref.eval())
@@ -43,7 +44,9 @@ def test_weights_that_dont_fit_name_the_keys(tmp_path):
     with pytest.raises(WeightsMismatchError) as e:
         load_model(FACTORY, weights=path)
     msg = str(e.value)
-    assert "unexpected keys: extra.weight" in msg and "bn1.weight (4,) vs model (8,)" in msg and "more)" in msg
+    assert (
+        "unexpected keys: extra.weight" in msg and "bn1.weight (4,) vs model (8,)" in msg and "more)" in msg
+    )
 
 
 def test_torchscript(tmp_path):
@@ -80,13 +83,16 @@ def test_state_dict_as_model_says_use_factory(tmp_path):
         load_model(path)
 
 
-@pytest.mark.parametrize("ref,match", [
-    ("missing.pt", "no such file"),
-    ("no_such_pkg.mod:factory", "cannot import 'no_such_pkg.mod'"),
-    ("tests.helpers:nope", "has no callable 'nope'"),
-    ("tests.helpers:broken_factory", "the factory failed: RuntimeError"),
-    ("zoo:nope", "unknown zoo model 'nope'"),
-])
+@pytest.mark.parametrize(
+    "ref,match",
+    [
+        ("missing.pt", "no such file"),
+        ("no_such_pkg.mod:factory", "cannot import 'no_such_pkg.mod'"),
+        ("tests.helpers:nope", "has no callable 'nope'"),
+        ("tests.helpers:broken_factory", "the factory failed: RuntimeError"),
+        ("zoo:nope", "unknown zoo model 'nope'"),
+    ],
+)
 def test_bad_references(ref, match):
     with pytest.raises(ModelLoadError, match=match):
         load_model(ref)
@@ -103,4 +109,6 @@ def test_run_checked_names_expected_and_got():
     lm = load_model(FACTORY)
     with pytest.raises(ModelLoadError.__mro__[1]) as e:  # PtoptError
         run_checked(lm, torch.randn(2, 3, 8, 8))
-    assert "expected input: [1..64]x1x8x8 float32" in str(e.value) and "got input: 2x3x8x8 float32" in str(e.value)
+    assert "expected input: [1..64]x1x8x8 float32" in str(e.value) and "got input: 2x3x8x8 float32" in str(
+        e.value
+    )

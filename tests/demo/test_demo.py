@@ -13,8 +13,16 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path):
     out = tmp_path / "demo"
     code, stdout, err = cli("demo", "-o", out, "--threads", "2")
     assert code == 0, err[-3000:]
-    expected = ["resnet.int8.pt", "resnet.qat.pt", "lstm.int8.pt", "resnet.pruned.pt", "resnet.sparse.pt",
-                "resnet.ts.pt", "resnet.onnx", "resnet.int8.onnx"]
+    expected = [
+        "resnet.int8.pt",
+        "resnet.qat.pt",
+        "lstm.int8.pt",
+        "resnet.pruned.pt",
+        "resnet.sparse.pt",
+        "resnet.ts.pt",
+        "resnet.onnx",
+        "resnet.int8.onnx",
+    ]
     for name in expected:
         art = Artifact.load(out / name)  # every artifact has its sidecar
         assert art.size_bytes > 0

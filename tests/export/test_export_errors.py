@@ -9,14 +9,20 @@ CASES = [
     (["--target", "onnx", "--opt-shape", "4x1x8x8", "--max-shape", "2x1x8x8"], "opt > max at dimension 0"),
     (["--target", "torchscript", "--opt-shape", "4x8x8"], "has rank 3, but the model takes rank 4"),
     (["--target", "coreml"], "unknown target 'coreml'"),
-    (["--target", "torchscript", "--precision", "int8"], "--precision int8 is not available for --target torchscript"),
+    (
+        ["--target", "torchscript", "--precision", "int8"],
+        "--precision int8 is not available for --target torchscript",
+    ),
     (["--target", "onnx", "--precision", "int8"], "needs calibration data: pass --data"),
     (["--target", "onnx", "--dynamic-batch", "4:2:8"], "min > opt"),
 ]
 
 
-@pytest.mark.parametrize("args, message", CASES,
-                         ids=["min>opt", "opt>max", "rank", "target", "int8-torchscript", "int8-no-data", "batch"])
+@pytest.mark.parametrize(
+    "args, message",
+    CASES,
+    ids=["min>opt", "opt>max", "rank", "target", "int8-torchscript", "int8-no-data", "batch"],
+)
 def test_bad_input_exit_2_nothing_written(cli, tmp_path, tiny_cnn_factory, args, message):
     out = tmp_path / "out" / "m.bin"
     code, stdout, err = cli("export", tiny_cnn_factory, *args, "-o", out)

@@ -31,7 +31,9 @@ def _fx_int8():
     torch.backends.quantized.engine = "x86"
     fp32 = load_model(FACTORY)
     calib = load_data(CALIB).take(256)
-    prepared = prepare_fx(copy.deepcopy(fp32.module).eval(), get_default_qconfig_mapping("x86"), (calib.x[:8],))
+    prepared = prepare_fx(
+        copy.deepcopy(fp32.module).eval(), get_default_qconfig_mapping("x86"), (calib.x[:8],)
+    )
     with torch.no_grad():
         for b in calib.batches(64):
             prepared(b.x)
@@ -47,9 +49,15 @@ def int8_artifact(tmp_path_factory):
         warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the quantize step's business, not export's
         ts = torch.jit.freeze(torch.jit.trace(q, torch.randn(2, 1, 8, 8)))
     torch.jit.save(ts, str(path))
-    Artifact(path=path, format="torchscript", inputs=fp32.input_specs, input_style="positional",
-             config={"type": "static", "mode": "static", "backend": "x86", "calib_data": CALIB},
-             parent=fp32.parent_record(), precision="int8").finalize()
+    Artifact(
+        path=path,
+        format="torchscript",
+        inputs=fp32.input_specs,
+        input_style="positional",
+        config={"type": "static", "mode": "static", "backend": "x86", "calib_data": CALIB},
+        parent=fp32.parent_record(),
+        precision="int8",
+    ).finalize()
     return path
 
 
@@ -80,7 +88,9 @@ def test_python_fx_int8_module_qdq_export(tmp_path):
     from ptopt.export.api import export
 
     q, _ = _fx_int8()
-    art = export(q, "onnx", tmp_path / "q.onnx", input_specs=load_model(FACTORY).input_specs, dynamic_batch="1:4:16")
+    art = export(
+        q, "onnx", tmp_path / "q.onnx", input_specs=load_model(FACTORY).input_specs, dynamic_batch="1:4:16"
+    )
     assert art.precision == "int8" and art.extra["int8_method"] == "qdq_export" and art.extra["opset"] == 17
     assert {"QuantizeLinear", "DequantizeLinear"} <= _qdq_ops(art.path)
 

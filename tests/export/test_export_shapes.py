@@ -7,19 +7,30 @@ import pytest
 from ptopt.core.errors import MissingDependencyError, ShapeMismatchError, UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.export.shapes import (
-    onnx_dim_names, parse_dynamic_batch, settle_specs, tensorrt_input_kwargs, torch_export_dynamic_shapes,
+    onnx_dim_names,
+    parse_dynamic_batch,
+    settle_specs,
+    tensorrt_input_kwargs,
+    torch_export_dynamic_shapes,
     trtexec_shapes,
 )
 
 IMG = [InputSpec.static("input", (2, 1, 8, 8))]
-TOKENS = [InputSpec.static("input_ids", (1, 72), "int64", value_range=(1, 18)),
-          InputSpec.static("attention_mask", (1, 72), "int64", value_range=(1, 2))]
+TOKENS = [
+    InputSpec.static("input_ids", (1, 72), "int64", value_range=(1, 18)),
+    InputSpec.static("attention_mask", (1, 72), "int64", value_range=(1, 2)),
+]
 
 
 def test_dynamic_batch_parses_and_checks_order():
     assert parse_dynamic_batch("1:8:64") == (1, 8, 64)
     assert parse_dynamic_batch("2:16") == (2, 2, 16)
-    for bad, msg in (("8:1:64", "min > opt"), ("1:80:64", "opt > max"), ("a:b", "MIN:OPT:MAX"), ("0:1:2", "positive")):
+    for bad, msg in (
+        ("8:1:64", "min > opt"),
+        ("1:80:64", "opt > max"),
+        ("a:b", "MIN:OPT:MAX"),
+        ("0:1:2", "positive"),
+    ):
         with pytest.raises(UsageError, match=msg):
             parse_dynamic_batch(bad)
 
@@ -31,9 +42,12 @@ def test_dynamic_batch_applies_to_every_input():
 
 
 def test_per_input_named_shapes_and_fill_in():
-    specs = settle_specs(TOKENS, min_shape=["input_ids=1x16", "attention_mask=1x16"],
-                         opt_shape=["input_ids=4x32", "attention_mask=4x32"],
-                         max_shape=["input_ids=8x72", "attention_mask=8x72"])
+    specs = settle_specs(
+        TOKENS,
+        min_shape=["input_ids=1x16", "attention_mask=1x16"],
+        opt_shape=["input_ids=4x32", "attention_mask=4x32"],
+        max_shape=["input_ids=8x72", "attention_mask=8x72"],
+    )
     assert specs[0] == InputSpec("input_ids", (1, 16), (4, 32), (8, 72), "int64", (1, 18))
     # --opt-shape alone is a static shape; an unnamed shape goes to the only input
     (s,) = settle_specs(IMG, opt_shape="4x1x8x8")
@@ -42,34 +56,52 @@ def test_per_input_named_shapes_and_fill_in():
     assert (s.min_shape, s.opt_shape, s.max_shape) == ((1, 1, 8, 8), (16, 1, 8, 8), (16, 1, 8, 8))
 
 
-@pytest.mark.parametrize("kw, err, msg", [
-    (dict(min_shape="8x1x8x8", opt_shape="4x1x8x8"), UsageError, "min > opt"),
-    (dict(opt_shape="8x1x8x8", max_shape="4x1x8x8"), UsageError, "opt > max"),
-    (dict(opt_shape="1x8x8"), ShapeMismatchError, "rank 3, but the model takes rank 4"),
-    (dict(opt_shape=["nope=1x8"]), UsageError, "no input 'nope'"),
-], ids=["min>opt", "opt>max", "rank", "unknown-name"])
+@pytest.mark.parametrize(
+    "kw, err, msg",
+    [
+        (dict(min_shape="8x1x8x8", opt_shape="4x1x8x8"), UsageError, "min > opt"),
+        (dict(opt_shape="8x1x8x8", max_shape="4x1x8x8"), UsageError, "opt > max"),
+        (dict(opt_shape="1x8x8"), ShapeMismatchError, "rank 3, but the model takes rank 4"),
+        (dict(opt_shape=["nope=1x8"]), UsageError, "no input 'nope'"),
+    ],
+    ids=["min>opt", "opt>max", "rank", "unknown-name"],
+)
 def test_bad_shapes(kw, err, msg):
     with pytest.raises(err, match=msg):
         settle_specs(IMG, **kw)
 
 
 def test_one_dim_shared_by_inputs_with_the_same_range():
-    specs = settle_specs(TOKENS, min_shape=["input_ids=1x16", "attention_mask=1x16"],
-                         max_shape=["input_ids=8x72", "attention_mask=8x72"])
+    specs = settle_specs(
+        TOKENS,
+        min_shape=["input_ids=1x16", "attention_mask=1x16"],
+        max_shape=["input_ids=8x72", "attention_mask=8x72"],
+    )
     dyn = torch_export_dynamic_shapes(specs, "keyword")
     assert dyn["input_ids"][0] is dyn["attention_mask"][0] and dyn["input_ids"][1] is dyn["attention_mask"][1]
     assert dyn["input_ids"][0].__name__ == "batch"
-    assert onnx_dim_names(specs) == {"input_ids": {0: "batch", 1: "dim1"}, "attention_mask": {0: "batch", 1: "dim1"}}
+    assert onnx_dim_names(specs) == {
+        "input_ids": {0: "batch", 1: "dim1"},
+        "attention_mask": {0: "batch", 1: "dim1"},
+    }
     assert torch_export_dynamic_shapes(IMG) is None  # all static
     assert isinstance(torch_export_dynamic_shapes(settle_specs(IMG, dynamic_batch="1:2:4")), tuple)
 
 
 def test_tensorrt_profile_and_trtexec_line():
     specs = settle_specs(IMG, dynamic_batch="1:8:64")
-    assert tensorrt_input_kwargs(specs) == [{"min_shape": [1, 1, 8, 8], "opt_shape": [8, 1, 8, 8],
-                                            "max_shape": [64, 1, 8, 8], "dtype": "float32", "name": "input"}]
-    assert trtexec_shapes(specs) == ("--minShapes=input:1x1x8x8 --optShapes=input:8x1x8x8 "
-                                     "--maxShapes=input:64x1x8x8")
+    assert tensorrt_input_kwargs(specs) == [
+        {
+            "min_shape": [1, 1, 8, 8],
+            "opt_shape": [8, 1, 8, 8],
+            "max_shape": [64, 1, 8, 8],
+            "dtype": "float32",
+            "name": "input",
+        }
+    ]
+    assert trtexec_shapes(specs) == (
+        "--minShapes=input:1x1x8x8 --optShapes=input:8x1x8x8 --maxShapes=input:64x1x8x8"
+    )
     two = settle_specs(TOKENS, dynamic_batch="1:4:8")
     assert trtexec_shapes(two).split()[0] == "--minShapes=input_ids:1x72,attention_mask:1x72"
 
@@ -83,10 +115,15 @@ def test_the_graph_tensorrt_consumes_accepts_min_opt_max():
     from tests.helpers import two_input
 
     model = two_input()
-    specs = settle_specs([InputSpec.static("input_ids", (2, 8), "int64", value_range=(0, 18)),
-                          InputSpec.static("attention_mask", (2, 8), "int64", value_range=(1, 2))],
-                         min_shape=["input_ids=1x4", "attention_mask=1x4"], opt_shape=["input_ids=4x8", "attention_mask=4x8"],
-                         max_shape=["input_ids=16x32", "attention_mask=16x32"])
+    specs = settle_specs(
+        [
+            InputSpec.static("input_ids", (2, 8), "int64", value_range=(0, 18)),
+            InputSpec.static("attention_mask", (2, 8), "int64", value_range=(1, 2)),
+        ],
+        min_shape=["input_ids=1x4", "attention_mask=1x4"],
+        opt_shape=["input_ids=4x8", "attention_mask=4x8"],
+        max_shape=["input_ids=16x32", "attention_mask=16x32"],
+    )
     gm = export_program(model, specs, "keyword").module()
     for which in ("min", "opt", "max"):
         x = make_inputs(specs, "keyword", which=which)
@@ -99,14 +136,18 @@ def _tensorrt_usable() -> bool:
     return check_tensorrt().available
 
 
-@pytest.mark.skipif(_tensorrt_usable(), reason="torch_tensorrt is usable here: the missing-dependency path can't run")
+@pytest.mark.skipif(
+    _tensorrt_usable(), reason="torch_tensorrt is usable here: the missing-dependency path can't run"
+)
 def test_tensorrt_missing_is_a_clear_exit_2_and_writes_nothing(cli, tmp_path, tiny_cnn_factory):
     from ptopt.export.api import export
 
     out = tmp_path / "m.ep"
     with pytest.raises(MissingDependencyError, match=r"pip install 'ptopt\[tensorrt\]'"):
         export(tiny_cnn_factory, "tensorrt", out)
-    code, _, err = cli("export", tiny_cnn_factory, "--target", "tensorrt", "--dynamic-batch", "1:8:64", "-o", out)
+    code, _, err = cli(
+        "export", tiny_cnn_factory, "--target", "tensorrt", "--dynamic-batch", "1:8:64", "-o", out
+    )
     assert code == 2 and "torch_tensorrt" in err and "ptopt[tensorrt]" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 

@@ -11,8 +11,10 @@ import torch
 from ptopt.core.artifact import Artifact
 from ptopt.core.inputspec import InputSpec
 
-TOKENS = [InputSpec("input_ids", (1, 4), (4, 8), (16, 32), "int64", (0, 18)),
-          InputSpec("attention_mask", (1, 4), (4, 8), (16, 32), "int64", (1, 2))]
+TOKENS = [
+    InputSpec("input_ids", (1, 4), (4, 8), (16, 32), "int64", (0, 18)),
+    InputSpec("attention_mask", (1, 4), (4, 8), (16, 32), "int64", (1, 2)),
+]
 
 
 def _sidecar(path) -> dict:
@@ -21,8 +23,18 @@ def _sidecar(path) -> dict:
 
 def test_cli_torchscript_dynamic_batch(cli, tmp_path, tiny_cnn_factory):
     out = tmp_path / "m.pt"
-    code, stdout, err = cli("export", tiny_cnn_factory, "--target", "torchscript", "--dynamic-batch", "1:8:64", "-o", out,
-                            "--save-recipe", tmp_path / "r.yaml")
+    code, stdout, err = cli(
+        "export",
+        tiny_cnn_factory,
+        "--target",
+        "torchscript",
+        "--dynamic-batch",
+        "1:8:64",
+        "-o",
+        out,
+        "--save-recipe",
+        tmp_path / "r.yaml",
+    )
     assert code == 0, err
     assert "parity:" in stdout and "input:   input: [1..64]x1x8x8 float32" in stdout
     side = _sidecar(out)
@@ -30,7 +42,9 @@ def test_cli_torchscript_dynamic_batch(cli, tmp_path, tiny_cnn_factory):
     assert side["config"]["type"] == "export" and side["config"]["target"] == "torchscript"
     assert side["parent"]["path"] == tiny_cnn_factory
     parity = side["metrics"]["parity"]
-    assert parity["passed"] and set(parity["shapes"]) == {"min", "opt", "max"} and parity["max_abs_diff"] < 1e-4
+    assert (
+        parity["passed"] and set(parity["shapes"]) == {"min", "opt", "max"} and parity["max_abs_diff"] < 1e-4
+    )
     m = torch.jit.load(str(out))  # plain torch, no ptopt
     assert m(torch.randn(64, 1, 8, 8)).shape == (64, 10) and m(torch.randn(1, 1, 8, 8)).shape == (1, 10)
     # the recipe replays through the Python twin
@@ -48,11 +62,25 @@ def test_cli_onnx_single_file_symbolic_batch_and_trtexec_line(cli, tmp_path, tin
     import onnxruntime as ort
 
     out = tmp_path / "m.onnx"
-    code, stdout, err = cli("export", tiny_cnn_factory, "--target", "onnx", "--min-shape", "1x1x8x8",
-                            "--opt-shape", "8x1x8x8", "--max-shape", "32x1x8x8", "-o", out)
+    code, stdout, err = cli(
+        "export",
+        tiny_cnn_factory,
+        "--target",
+        "onnx",
+        "--min-shape",
+        "1x1x8x8",
+        "--opt-shape",
+        "8x1x8x8",
+        "--max-shape",
+        "32x1x8x8",
+        "-o",
+        out,
+    )
     assert code == 0, err
-    assert ("trtexec: trtexec --onnx=" in stdout and "--minShapes=input:1x1x8x8 --optShapes=input:8x1x8x8 "
-            "--maxShapes=input:32x1x8x8" in stdout)
+    assert (
+        "trtexec: trtexec --onnx=" in stdout
+        and "--minShapes=input:1x1x8x8 --optShapes=input:8x1x8x8 --maxShapes=input:32x1x8x8" in stdout
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.ptopt.json"]
     model = onnx.load(str(out))
     onnx.checker.check_model(model)
@@ -95,13 +123,26 @@ def test_python_script_optimize_and_exported_program(tmp_path, tiny_cnn_factory)
 def test_parity_failure_keeps_the_artifact_aside(cli, tmp_path):
     """A trace that baked in the example's batch size drifts at the min/max shapes: exit 2, .failed kept."""
     out = tmp_path / "b.pt"
-    code, _, err = cli("export", "tests.export.export_models:batch_baked", "--target", "torchscript",
-                       "--dynamic-batch", "1:2:8", "-o", out)
+    code, _, err = cli(
+        "export",
+        "tests.export.export_models:batch_baked",
+        "--target",
+        "torchscript",
+        "--dynamic-batch",
+        "1:2:8",
+        "-o",
+        out,
+    )
     assert code == 2 and "drifts from its source beyond tolerance" in err and "b.pt.failed" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.pt.failed"]
     # with a tolerance loose enough it passes (the user's call)
     from ptopt.export.api import export
 
     with pytest.raises(Exception, match="drifts"):
-        export("tests.export.export_models:batch_baked", "torchscript", tmp_path / "c.pt", dynamic_batch="1:2:8",
-               atol=1e-3)
+        export(
+            "tests.export.export_models:batch_baked",
+            "torchscript",
+            tmp_path / "c.pt",
+            dynamic_batch="1:2:8",
+            atol=1e-3,
+        )

@@ -18,8 +18,13 @@ def _trace(model, x, path: Path, precision: str = "fp32", kwargs: bool = False) 
         warnings.simplefilter("ignore")  # jit deprecation; TracerWarnings of the quantized graph
         traced = torch.jit.trace(model, example_kwarg_inputs=x) if kwargs else torch.jit.trace(model, x)
         traced.save(str(path))
-    Artifact(path, "torchscript", inputs=specs_from_example(x), input_style="keyword" if kwargs else "positional",
-             precision=precision).finalize()
+    Artifact(
+        path,
+        "torchscript",
+        inputs=specs_from_example(x),
+        input_style="keyword" if kwargs else "positional",
+        precision=precision,
+    ).finalize()
     return path
 
 
@@ -48,14 +53,25 @@ def serve_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
 
     kw = two_input().eval()
     ids = torch.randint(0, 18, (4, 12), generator=torch.Generator().manual_seed(2))
-    out["keyword"] = _trace(kw, {"input_ids": ids, "attention_mask": torch.ones(4, 12, dtype=torch.int64)},
-                            d / "text.pt", kwargs=True)
+    out["keyword"] = _trace(
+        kw,
+        {"input_ids": ids, "attention_mask": torch.ones(4, 12, dtype=torch.int64)},
+        d / "text.pt",
+        kwargs=True,
+    )
 
     onnx_path = d / "cnn.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x,), str(onnx_path), input_names=["input"], output_names=["logits"],
-                          dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}}, verbose=False)
+        torch.onnx.export(
+            model,
+            (x,),
+            str(onnx_path),
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}},
+            verbose=False,
+        )
     files = [onnx_path.name] + ([onnx_path.name + ".data"] if Path(str(onnx_path) + ".data").exists() else [])
     Artifact(onnx_path, "onnx", inputs=specs_from_example(x), files=files).finalize()
     out["onnx"] = onnx_path

@@ -9,8 +9,14 @@ import pytest
 from ptopt.core.features import _java_major
 
 
-@pytest.mark.parametrize("line, major", [('openjdk version "17.0.15" 2025-04-15', 17),
-                                         ('java version "1.8.0_402"', 8), ('openjdk version "11" 2018-09-25', 11)])
+@pytest.mark.parametrize(
+    "line, major",
+    [
+        ('openjdk version "17.0.15" 2025-04-15', 17),
+        ('java version "1.8.0_402"', 8),
+        ('openjdk version "11" 2018-09-25', 11),
+    ],
+)
 def test_java_major(line, major):
     assert _java_major(line) == major
 

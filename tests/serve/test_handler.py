@@ -72,13 +72,13 @@ def test_mixed_batch_good_and_bad_requests(tmp_path, serve_artifacts):
     npy = io.BytesIO()
     np.save(npy, x[2:].numpy())
     data = [
-        _json({"inputs": x[0].tolist()}),                # one sample
-        {"body": b"{not json"},                          # malformed
-        _json({"inputs": x[:2].tolist()}),               # a batch
-        _json({"inputs": [[1.0, 2.0]]}),                 # wrong shape
-        {"body": npy.getvalue()},                        # .npy bytes
-        {"data": {"inputs": x[1].tolist()}},             # already parsed JSON (TorchServe decodes it)
-        _json({"inputs": [[["x"] * 8] * 8]}),             # not numbers
+        _json({"inputs": x[0].tolist()}),  # one sample
+        {"body": b"{not json"},  # malformed
+        _json({"inputs": x[:2].tolist()}),  # a batch
+        _json({"inputs": [[1.0, 2.0]]}),  # wrong shape
+        {"body": npy.getvalue()},  # .npy bytes
+        {"data": {"inputs": x[1].tolist()}},  # already parsed JSON (TorchServe decodes it)
+        _json({"inputs": [[["x"] * 8] * 8]}),  # not numbers
     ]
     answers = h.handle(data, ctx)
     assert len(answers) == len(data)
@@ -104,8 +104,12 @@ def test_requests_of_different_lengths_share_a_call(tmp_path, serve_artifacts):
     d = tmp_path / "kw"
     d.mkdir()
     shutil.copy2(art.path, d / art.path.name)
-    art2 = Artifact(d / art.path.name, art.format, [dataclasses.replace(s, min_shape=(1, 1)) for s in art.inputs],
-                    art.input_style).finalize()
+    art2 = Artifact(
+        d / art.path.name,
+        art.format,
+        [dataclasses.replace(s, min_shape=(1, 1)) for s in art.inputs],
+        art.input_style,
+    ).finalize()
     h, ctx = _handler(tmp_path, art2.path)
     model = torch.jit.load(str(art2.path))
     reqs, wants = [], []
@@ -116,7 +120,7 @@ def test_requests_of_different_lengths_share_a_call(tmp_path, serve_artifacts):
         wants.append(model(input_ids=ids[None], attention_mask=mask[None])[0].detach().numpy())
     answers = h.handle(reqs, ctx)
     assert not ctx.status
-    for a, w in zip(answers, wants):
+    for a, w in zip(answers, wants, strict=False):
         np.testing.assert_allclose(json.loads(a)["outputs"], w, rtol=1e-5, atol=1e-6)
 
 

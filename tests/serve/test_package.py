@@ -13,8 +13,10 @@ import yaml
 from ptopt.core.artifact import Artifact
 from tests.serve.conftest import torchserve_missing
 
-needs_archiver = pytest.mark.skipif(importlib.util.find_spec("model_archiver") is None or torchserve_missing() is not None,
-                                    reason="torch-model-archiver / torchserve not installed")
+needs_archiver = pytest.mark.skipif(
+    importlib.util.find_spec("model_archiver") is None or torchserve_missing() is not None,
+    reason="torch-model-archiver / torchserve not installed",
+)
 
 
 def _mar_contents(path):
@@ -28,15 +30,35 @@ def _mar_contents(path):
 @needs_archiver
 def test_cli_packages_torchscript_with_its_sidecar(cli, tmp_path, serve_artifacts):
     out = tmp_path / "m.mar"
-    code, stdout, stderr = cli("package", serve_artifacts["fp32"], "--format", "mar", "-o", out, "--batch-size", "8",
-                               "--max-batch-delay", "10", "--workers", "2", "--threads", "1")
+    code, stdout, stderr = cli(
+        "package",
+        serve_artifacts["fp32"],
+        "--format",
+        "mar",
+        "-o",
+        out,
+        "--batch-size",
+        "8",
+        "--max-batch-delay",
+        "10",
+        "--workers",
+        "2",
+        "--threads",
+        "1",
+    )
     assert code == 0, stderr
     assert "served as 'm'" in stdout and "ptopt serve" in stdout
     names, manifest, cfg = _mar_contents(out)
     assert {"cnn.pt", "cnn.pt.ptopt.json", "ptopt_handler.py", "model-config.yaml"} <= names
     assert manifest["model"]["modelName"] == "m" and manifest["model"]["serializedFile"] == "cnn.pt"
-    assert cfg == {"minWorkers": 2, "maxWorkers": 2, "batchSize": 8, "maxBatchDelay": 10, "responseTimeout": 120,
-                   "handler": {"threads": 1}}
+    assert cfg == {
+        "minWorkers": 2,
+        "maxWorkers": 2,
+        "batchSize": 8,
+        "maxBatchDelay": 10,
+        "responseTimeout": 120,
+        "handler": {"threads": 1},
+    }
     art = Artifact.load(out)
     assert art.format == "mar" and art.inputs == Artifact.load(serve_artifacts["fp32"]).inputs
     assert art.parent["path"] == str(serve_artifacts["fp32"]) and art.parent["sha256"]
@@ -76,14 +98,21 @@ def test_no_sidecar_needs_input_shape(cli, tmp_path, serve_artifacts):
     assert art.inputs[0].opt_shape == (2, 1, 8, 8)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["missing.pt", "--format", "mar", "-o", "x.mar"], "no such file"),
-    (["{fp32}", "--format", "zip", "-o", "x.mar"], "'zip' is not one of"),
-    (["{fp32}", "--format", "mar", "-o", "x.zip"], "must end in .mar"),
-    (["{fp32}", "--format", "mar", "-o", "x.mar", "--batch-size", "0"], "--batch-size must be >= 1"),
-    (["{fp32}", "--format", "mar", "-o", "x.mar", "--batch-size", "100"], "larger than the model's max batch"),
-    (["{fp32}", "--format", "mar", "-o", "x.mar", "--model-name", "9 bad"], "model name"),
-], ids=["missing", "unknown-format", "not-mar", "batch-0", "batch-too-big", "bad-name"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.pt", "--format", "mar", "-o", "x.mar"], "no such file"),
+        (["{fp32}", "--format", "zip", "-o", "x.mar"], "'zip' is not one of"),
+        (["{fp32}", "--format", "mar", "-o", "x.zip"], "must end in .mar"),
+        (["{fp32}", "--format", "mar", "-o", "x.mar", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (
+            ["{fp32}", "--format", "mar", "-o", "x.mar", "--batch-size", "100"],
+            "larger than the model's max batch",
+        ),
+        (["{fp32}", "--format", "mar", "-o", "x.mar", "--model-name", "9 bad"], "model name"),
+    ],
+    ids=["missing", "unknown-format", "not-mar", "batch-0", "batch-too-big", "bad-name"],
+)
 def test_bad_input_exits_2_and_writes_nothing(cli, tmp_path, serve_artifacts, args, message):
     args = [a.format(fp32=serve_artifacts["fp32"]) for a in args]
     code, _, stderr = cli("package", *args)
@@ -119,8 +148,16 @@ def test_package_straight_from_a_model_reference(cli, tmp_path):
 def test_save_recipe(cli, tmp_path, serve_artifacts):
     from ptopt.core.recipe import load_recipe
 
-    code, _, stderr = cli("package", serve_artifacts["fp32"], "--format", "mar", "-o", tmp_path / "r.mar",
-                          "--save-recipe", tmp_path / "r.yaml")
+    code, _, stderr = cli(
+        "package",
+        serve_artifacts["fp32"],
+        "--format",
+        "mar",
+        "-o",
+        tmp_path / "r.mar",
+        "--save-recipe",
+        tmp_path / "r.yaml",
+    )
     assert code == 0, stderr
     step = load_recipe(tmp_path / "r.yaml")["steps"][0]["package"]
     assert step["format"] == "mar" and step["artifact"] == str(serve_artifacts["fp32"])
@@ -137,7 +174,9 @@ def test_onnx_without_sidecar_takes_its_inputs_from_the_graph(tmp_path, serve_ar
         if not p.name.endswith(".ptopt.json"):
             shutil.copy2(p, d / p.name)
     art = package(d / src.name, "mar", tmp_path / "g.mar")
-    assert [(s.name, s.min_shape, s.max_shape) for s in art.inputs] == [("input", (1, 1, 8, 8), (64, 1, 8, 8))]
+    assert [(s.name, s.min_shape, s.max_shape) for s in art.inputs] == [
+        ("input", (1, 1, 8, 8), (64, 1, 8, 8))
+    ]
     assert not list(d.glob("*.ptopt.json"))  # the user's folder is left alone
 
 
@@ -162,8 +201,9 @@ def test_model_reference_goes_through_the_export_contract(tmp_path, monkeypatch)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.jit.trace(loaded.module, loaded.example_inputs()).save(str(output))
-        return Artifact(output, "torchscript", loaded.input_specs, loaded.input_style,
-                        parent=loaded.parent_record()).finalize()
+        return Artifact(
+            output, "torchscript", loaded.input_specs, loaded.input_style, parent=loaded.parent_record()
+        ).finalize()
 
     monkeypatch.setitem(sys.modules, "ptopt.export.api", types.SimpleNamespace(export=export))
     art = package("tests.helpers:tiny_cnn", "mar", tmp_path / "f.mar")

@@ -46,8 +46,15 @@ def _processes_mentioning(text: str) -> list[str]:
 @pytest.mark.torchserve
 def test_serve_prints_url_answers_and_stops_on_sigterm(mar, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "ptopt.cli.main", "serve", str(mar)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ptopt.cli.main", "serve", str(mar)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 240
@@ -63,8 +70,9 @@ def test_serve_prints_url_answers_and_stops_on_sigterm(mar, tmp_path):
         url = re.search(r"serving digits at (\S+)", text).group(1)
         logs = re.search(r"logs: (\S+)/logs", text).group(1)
         x = [[[0.5] * 8] * 8]
-        req = urllib.request.Request(url, data=json.dumps({"inputs": x}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url, data=json.dumps({"inputs": x}).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=30) as r:
             assert r.status == 200 and len(json.loads(r.read())["outputs"]) == 10
         assert _processes_mentioning(logs)  # the server runs from its private folder
@@ -91,10 +99,14 @@ def test_port_in_use_exits_2(cli, mar):
     assert code == 2 and f"port {port}" in stderr and "already in use" in stderr
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p / "nope.mar", "no such file"),
-    (lambda p: (p / "x.mar").write_text("not a zip") and p / "x.mar", "not a .mar"),
-], ids=["missing", "not-a-zip"])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "nope.mar", "no such file"),
+        (lambda p: (p / "x.mar").write_text("not a zip") and p / "x.mar", "not a .mar"),
+    ],
+    ids=["missing", "not-a-zip"],
+)
 def test_bad_mar_exits_2(cli, tmp_path, make, message):
     code, _, stderr = cli("serve", make(tmp_path))
     assert code == 2 and message in stderr

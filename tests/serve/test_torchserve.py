@@ -14,8 +14,12 @@ import torch
 
 from tests.serve.conftest import torchserve_missing
 
-pytestmark = [pytest.mark.torchserve,
-              pytest.mark.skipif(torchserve_missing() is not None, reason=f"no TorchServe here: {torchserve_missing()}")]
+pytestmark = [
+    pytest.mark.torchserve,
+    pytest.mark.skipif(
+        torchserve_missing() is not None, reason=f"no TorchServe here: {torchserve_missing()}"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +29,9 @@ def mars(serve_artifacts, tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("mars")
     out = {
         # batching on: several requests reach one handle() call, so bad and good requests share batches
-        "fp32": package(serve_artifacts["fp32"], "mar", d / "cnn.mar", batch_size=4, max_batch_delay_ms=20).path,
+        "fp32": package(
+            serve_artifacts["fp32"], "mar", d / "cnn.mar", batch_size=4, max_batch_delay_ms=20
+        ).path,
         "int8": package(serve_artifacts["int8"], "mar", d / "cnn_int8.mar").path,
         "onnx": package(serve_artifacts["onnx"], "mar", d / "cnn_onnx.mar", threads=1).path,
         "keyword": package(serve_artifacts["keyword"], "mar", d / "text.mar", batch_size=2).path,
@@ -78,7 +84,9 @@ def test_raw_npy_body(server, serve_artifacts):
     np.save(buf, x.numpy())
     code, body = server.predict(body=buf.getvalue(), content_type="application/octet-stream")
     assert code == 200, body
-    np.testing.assert_allclose(np.array(body["outputs"]), _reference(serve_artifacts["fp32"], x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.array(body["outputs"]), _reference(serve_artifacts["fp32"], x), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_200_requests_from_8_concurrent_clients(server, serve_artifacts):
@@ -119,7 +127,9 @@ def test_malformed_and_wrong_inputs_answer_4xx_and_the_server_keeps_answering(se
     x = _samples(2, seed=6)
     code, body = server.predict(x.tolist())
     assert code == 200
-    np.testing.assert_allclose(np.array(body["outputs"]), _reference(serve_artifacts["fp32"], x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.array(body["outputs"]), _reference(serve_artifacts["fp32"], x), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_bad_requests_do_not_fail_good_ones_in_the_same_batch(server, serve_artifacts):
@@ -149,7 +159,9 @@ def test_int8_artifact_serves(server, serve_artifacts):
     x = _samples(5, seed=8)
     code, body = server.predict(x.tolist(), model="cnn_int8")
     assert code == 200, body
-    np.testing.assert_allclose(np.array(body["outputs"]), _reference(serve_artifacts["int8"], x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.array(body["outputs"]), _reference(serve_artifacts["int8"], x), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_onnx_artifact_serves(server, serve_artifacts):
@@ -171,8 +183,9 @@ def test_keyword_inputs_and_dtype_check(server, serve_artifacts):
     assert code == 200, body
     np.testing.assert_allclose(np.array(body["outputs"]), want, rtol=1e-5, atol=1e-5)
     # floats for token ids: wrong dtype, answered 400 with what was expected
-    code, body = server.predict({"input_ids": (ids.float() + 0.5).tolist(), "attention_mask": mask.tolist()},
-                                model="text")
+    code, body = server.predict(
+        {"input_ids": (ids.float() + 0.5).tolist(), "attention_mask": mask.tolist()}, model="text"
+    )
     assert code == 400 and "dtype" in body["error"] and "int64" in body["expected"]
     code, body = server.predict({"input_ids": ids.tolist()}, model="text")
     assert code == 400 and "attention_mask" in body["error"]
@@ -197,4 +210,6 @@ def test_model_config_is_applied(server):
         desc = json.loads(r.read())[0]
     assert desc["batchSize"] == 4 and desc["maxBatchDelay"] == 20
     assert desc["minWorkers"] == desc["maxWorkers"] == 1
-    assert server.url.startswith("http://127.0.0.1:") and server.management_url.startswith("http://127.0.0.1:")
+    assert server.url.startswith("http://127.0.0.1:") and server.management_url.startswith(
+        "http://127.0.0.1:"
+    )

@@ -17,16 +17,33 @@ def _graph_io(path):
 
     def one(vi):
         t = vi.type.tensor_type
-        return (vi.name, TRITON_DTYPES[onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name],
-                [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim])
+        return (
+            vi.name,
+            TRITON_DTYPES[onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name],
+            [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim],
+        )
 
     return ([one(v) for v in model.graph.input if v.name not in inits], [one(v) for v in model.graph.output])
 
 
 def test_onnx_repository_matches_the_graph(cli, tmp_path, serve_artifacts):
     repo = tmp_path / "repo"
-    code, stdout, stderr = cli("package", serve_artifacts["onnx"], "--format", "triton", "-o", repo,
-                               "--batch-size", "8", "--max-batch-delay", "2", "--workers", "2", "--threads", "1")
+    code, stdout, stderr = cli(
+        "package",
+        serve_artifacts["onnx"],
+        "--format",
+        "triton",
+        "-o",
+        repo,
+        "--batch-size",
+        "8",
+        "--max-batch-delay",
+        "2",
+        "--workers",
+        "2",
+        "--threads",
+        "1",
+    )
     assert code == 0, stderr
     assert "tritonserver --model-repository" in stdout
     cfg = read_config(repo / "cnn" / "config.pbtxt")
@@ -35,8 +52,12 @@ def test_onnx_repository_matches_the_graph(cli, tmp_path, serve_artifacts):
     model_file = repo / "cnn" / "1" / "model.onnx"
     inputs, outputs = _graph_io(model_file)
     # a dynamic batch: Triton's dims leave out dimension 0
-    assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [(n, t, d[1:]) for n, t, d in inputs]
-    assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == [(n, t, d[1:]) for n, t, d in outputs]
+    assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [
+        (n, t, d[1:]) for n, t, d in inputs
+    ]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == [
+        (n, t, d[1:]) for n, t, d in outputs
+    ]
     assert all(d[0] == -1 for _, _, d in inputs)
     assert cfg["dynamic_batching"] == {"preferred_batch_size": [8], "max_queue_delay_microseconds": 2000}
     assert cfg["instance_group"] == [{"count": 2, "kind": "KIND_CPU"}]
@@ -59,7 +80,9 @@ def test_torchscript_repository(tmp_path, serve_artifacts):
     cfg = read_config(tmp_path / "models" / "text" / "config.pbtxt")
     assert cfg["platform"] == "pytorch_libtorch" and cfg["max_batch_size"] == 64
     assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [
-        ("input_ids__0", "TYPE_INT64", [12]), ("attention_mask__1", "TYPE_INT64", [12])]
+        ("input_ids__0", "TYPE_INT64", [12]),
+        ("attention_mask__1", "TYPE_INT64", [12]),
+    ]
     assert cfg["output"] == [{"name": "output__0", "data_type": "TYPE_FP32", "dims": [10]}]
     assert "preferred_batch_size" not in cfg["dynamic_batching"]
     model = torch.jit.load(str(tmp_path / "models" / "text" / "1" / "model.pt"))
@@ -93,10 +116,16 @@ def test_output_that_is_a_file_is_refused(cli, tmp_path, serve_artifacts):
 
 def test_read_config_parses_lists_and_comments(tmp_path):
     p = tmp_path / "config.pbtxt"
-    p.write_text('# comment\nname: "a"\nmax_batch_size: 8\ninput [ { name: "x" dims: [ 3, -1 ] } ]\n'
-                 'input { name: "y" dims: [ 1 ] }\n')
+    p.write_text(
+        '# comment\nname: "a"\nmax_batch_size: 8\ninput [ { name: "x" dims: [ 3, -1 ] } ]\n'
+        'input { name: "y" dims: [ 1 ] }\n'
+    )
     cfg = read_config(p)
-    assert cfg == {"name": "a", "max_batch_size": 8, "input": [{"name": "x", "dims": [3, -1]}, {"name": "y", "dims": [1]}]}
+    assert cfg == {
+        "name": "a",
+        "max_batch_size": 8,
+        "input": [{"name": "x", "dims": [3, -1]}, {"name": "y", "dims": [1]}],
+    }
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "float16"])

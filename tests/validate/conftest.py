@@ -51,7 +51,9 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     p = d / "tiny.onnx"
     with warnings.catch_warnings():  # the exporter's own upstream deprecation warnings
         warnings.simplefilter("ignore")
-        torch.onnx.export(m, (x,), str(p), dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, verbose=False)
+        torch.onnx.export(
+            m, (x,), str(p), dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, verbose=False
+        )
     files = [f.name for f in (p, d / "tiny.onnx.data") if f.exists()]
     Artifact(p, "onnx", _specs(), parent=parent, files=files).finalize()
     out["onnx"] = p

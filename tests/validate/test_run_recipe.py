@@ -19,15 +19,33 @@ def _recipe(tmp_path, steps, vars_=None, name="recipe.yaml"):
 
 
 def _validate_step(fixture, **more):
-    return {"validate": {"reference": "${ref}", "artifacts": ["${art}"], "data": str(fixture["data"]),
-                         "batch_sizes": [1], "threads": 1, "min_iters": 3, "min_seconds": 0.01, **more}}
+    return {
+        "validate": {
+            "reference": "${ref}",
+            "artifacts": ["${art}"],
+            "data": str(fixture["data"]),
+            "batch_sizes": [1],
+            "threads": 1,
+            "min_iters": 3,
+            "min_seconds": 0.01,
+            **more,
+        }
+    }
 
 
 def test_validate_only_recipe_with_vars_and_step_refs(cli, artifacts, tmp_path):
-    steps = [_validate_step(artifacts, id="first", json_path="${out}/first.json", max_accuracy_drop=1.0),
-             _validate_step(artifacts, json_path="${out}/second-${first.passed}.json", artifacts=["${art}", "${other}"])]
-    path = _recipe(tmp_path, steps, {"ref": FACTORY, "art": str(artifacts["onnx"]), "out": str(tmp_path / "wrong")})
-    code, out, err = cli("run", path, "--var", f"out={tmp_path}", "--var", f"other={artifacts['torchscript']}")
+    steps = [
+        _validate_step(artifacts, id="first", json_path="${out}/first.json", max_accuracy_drop=1.0),
+        _validate_step(
+            artifacts, json_path="${out}/second-${first.passed}.json", artifacts=["${art}", "${other}"]
+        ),
+    ]
+    path = _recipe(
+        tmp_path, steps, {"ref": FACTORY, "art": str(artifacts["onnx"]), "out": str(tmp_path / "wrong")}
+    )
+    code, out, err = cli(
+        "run", path, "--var", f"out={tmp_path}", "--var", f"other={artifacts['torchscript']}"
+    )
     assert code == 0, err
     assert "2 step(s) done" in out and out.count("ptopt validate — PASSED") == 2
     first = json.loads((tmp_path / "first.json").read_text())
@@ -37,8 +55,10 @@ def test_validate_only_recipe_with_vars_and_step_refs(cli, artifacts, tmp_path):
 
 
 def test_recipe_gate_failure_exits_1_and_stops(cli, artifacts, tmp_path):
-    steps = [_validate_step(artifacts, max_size_mb=1e-9, markdown_path=str(tmp_path / "a.md")),
-             _validate_step(artifacts, markdown_path=str(tmp_path / "b.md"))]
+    steps = [
+        _validate_step(artifacts, max_size_mb=1e-9, markdown_path=str(tmp_path / "a.md")),
+        _validate_step(artifacts, markdown_path=str(tmp_path / "b.md")),
+    ]
     code, out, err = cli("run", _recipe(tmp_path, steps, {"ref": FACTORY, "art": str(artifacts["onnx"])}))
     assert code == 1 and "step 1 (validate)" in err and "max-size-mb" in err
     assert (tmp_path / "a.md").is_file() and not (tmp_path / "b.md").exists()
@@ -47,14 +67,27 @@ def test_recipe_gate_failure_exits_1_and_stops(cli, artifacts, tmp_path):
 def test_python_twin_run_recipe(artifacts, tmp_path):
     from ptopt.validate.recipe import run_recipe
 
-    path = _recipe(tmp_path, [_validate_step(artifacts, id="v")], {"ref": FACTORY, "art": str(artifacts["onnx"])})
+    path = _recipe(
+        tmp_path, [_validate_step(artifacts, id="v")], {"ref": FACTORY, "art": str(artifacts["onnx"])}
+    )
     results = run_recipe(path)
     assert results[0].value.passed and results[0].outputs["passed"] is True
     assert results[0].options["artifacts"] == [str(artifacts["onnx"])]
 
 
-@pytest.mark.parametrize("case", ["missing-twin", "unknown-command", "undefined-ref", "bad-option", "ref-to-later-step",
-                                  "bad-attr", "not-yaml", "no-steps"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing-twin",
+        "unknown-command",
+        "undefined-ref",
+        "bad-option",
+        "ref-to-later-step",
+        "bad-attr",
+        "not-yaml",
+        "no-steps",
+    ],
+)
 def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monkeypatch, case):
     from ptopt.validate import recipe as recipe_mod
 
@@ -64,20 +97,32 @@ def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monke
     if case == "missing-twin":
         # the step's twin is not installed (here: pointed at a module that does not exist)
         monkeypatch.setitem(recipe_mod.TWINS, "quantize", "ptopt.compress.no_such_module:quantize")
-        steps, expect = [ok, {"quantize": {"model": FACTORY, "mode": "dynamic", "output": "q.pt"}}], \
-            "is not available in this installation"
+        steps, expect = (
+            [ok, {"quantize": {"model": FACTORY, "mode": "dynamic", "output": "q.pt"}}],
+            "is not available in this installation",
+        )
     elif case == "unknown-command":
         steps, expect = [ok, {"compile": {"model": FACTORY}}], "unknown command 'compile'"
     elif case == "undefined-ref":
-        steps, expect = [ok, _validate_step(artifacts, artifacts=["${nothing.output}"])], "${nothing.output} is not defined"
+        steps, expect = (
+            [ok, _validate_step(artifacts, artifacts=["${nothing.output}"])],
+            "${nothing.output} is not defined",
+        )
     elif case == "bad-option":
         steps, expect = [ok, _validate_step(artifacts, max_acc_drop=1)], "max_acc_drop"
     elif case == "ref-to-later-step":
-        steps, expect = [ok, _validate_step(artifacts, artifacts=["${later}"]), {"validate": {"id": "later"}}], \
-            "${later} is not defined"
+        steps, expect = (
+            [ok, _validate_step(artifacts, artifacts=["${later}"]), {"validate": {"id": "later"}}],
+            "${later} is not defined",
+        )
     elif case == "bad-attr":
-        steps, expect = [{**ok, "validate": {**ok["validate"], "id": "v"}},
-                         _validate_step(artifacts, artifacts=["${v.output}"])], "a validate step offers passed"
+        steps, expect = (
+            [
+                {**ok, "validate": {**ok["validate"], "id": "v"}},
+                _validate_step(artifacts, artifacts=["${v.output}"]),
+            ],
+            "a validate step offers passed",
+        )
     path = _recipe(tmp_path, steps, vars_)
     if case == "not-yaml":
         path.write_text("steps: [unclosed")
@@ -93,18 +138,40 @@ def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monke
 
 def test_validate_save_recipe_replays(cli, artifacts, tmp_path):
     recipe = tmp_path / "saved.yaml"
-    code, out, err = cli("validate", FACTORY, artifacts["onnx"], "--data", artifacts["data"], "--batch-sizes", "1",
-                         "--threads", "1", "--min-iters", "3", "--min-seconds", "0.01", "--save-recipe", recipe)
+    code, out, err = cli(
+        "validate",
+        FACTORY,
+        artifacts["onnx"],
+        "--data",
+        artifacts["data"],
+        "--batch-sizes",
+        "1",
+        "--threads",
+        "1",
+        "--min-iters",
+        "3",
+        "--min-seconds",
+        "0.01",
+        "--save-recipe",
+        recipe,
+    )
     assert code == 0, err
     step = yaml.safe_load(recipe.read_text())["steps"][0]["validate"]
-    assert step["reference"] == FACTORY and step["artifacts"] == [str(artifacts["onnx"])] and "progress" not in step
+    assert (
+        step["reference"] == FACTORY
+        and step["artifacts"] == [str(artifacts["onnx"])]
+        and "progress" not in step
+    )
     code, out, err = cli("run", recipe)
     assert code == 0 and "1 step(s) done" in out, err
 
 
 def test_dry_run_checks_and_prints_the_plan(cli, artifacts, tmp_path):
-    path = _recipe(tmp_path, [_validate_step(artifacts, json_path=str(tmp_path / "r.json"))],
-                   {"ref": FACTORY, "art": str(artifacts["onnx"])})
+    path = _recipe(
+        tmp_path,
+        [_validate_step(artifacts, json_path=str(tmp_path / "r.json"))],
+        {"ref": FACTORY, "art": str(artifacts["onnx"])},
+    )
     code, out, err = cli("run", path, "--dry-run")
     assert code == 0 and "1 step(s) OK (dry run" in out and FACTORY in out and str(artifacts["onnx"]) in out
     assert not (tmp_path / "r.json").exists()
@@ -122,7 +189,9 @@ def test_example_workflow_and_recipe_are_valid():
     text = json.dumps(job["steps"])
     assert "--max-accuracy-drop 1.0" in text  # accuracy against the fp32 model
     runs = "\n".join(step.get("run", "") for step in job["steps"])
-    assert '"base-build/$a" "build/$a"' in runs and "--min-speedup 0.87" in runs  # latency against the base commit
+    assert (
+        '"base-build/$a" "build/$a"' in runs and "--min-speedup 0.87" in runs
+    )  # latency against the base commit
     recipe = yaml.safe_load((root / "validate-recipe.yaml").read_text())
     steps, _ = plan(recipe, {"artifacts": ["a.onnx"]})
     assert steps[0].command == "validate"

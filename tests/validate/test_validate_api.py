@@ -17,8 +17,15 @@ QUICK = LatencyOptions(min_iters=3, min_seconds=0.01, warmup_iters=1, warmup_sec
 
 
 def _run(artifacts, refs, data=None, **kw):
-    return validate(FACTORY, [artifacts[r] for r in refs], data or artifacts["data"], batch_sizes=(1, 8), threads=1,
-                    latency=QUICK, **kw)
+    return validate(
+        FACTORY,
+        [artifacts[r] for r in refs],
+        data or artifacts["data"],
+        batch_sizes=(1, 8),
+        threads=1,
+        latency=QUICK,
+        **kw,
+    )
 
 
 def test_every_format_runs_in_its_runtime(artifacts):
@@ -28,7 +35,9 @@ def test_every_format_runs_in_its_runtime(artifacts):
     assert by["tiny.ts.pt"]["runtime"] == "torch.jit"
     assert by["tiny.pt2"]["runtime"] == "torch.export"
     assert by["tiny.onnx"]["runtime"] == "onnxruntime (CPU)"
-    assert res.reference["runtime"] == "torch eager" and res.reference["size"]["what"] == "state_dict (no file)"
+    assert (
+        res.reference["runtime"] == "torch eager" and res.reference["size"]["what"] == "state_dict (no file)"
+    )
     for e in res.entries:
         assert e["agreement"]["top1_agreement"] == 1.0 and e["agreement"]["cosine"] > 0.9999
         assert e["agreement"]["max_abs_diff"] < 1e-4
@@ -79,10 +88,16 @@ def test_user_metric_and_lower_is_better(artifacts):
 
 def test_unlabeled_data_measures_agreement_only(artifacts):
     res = _run(artifacts, ["onnx"], data=artifacts["unlabeled"], min_agreement=0.99)
-    assert res.entries[0]["metric"] is None and res.entries[0]["agreement"]["top1_agreement"] == 1.0 and res.passed
+    assert (
+        res.entries[0]["metric"] is None
+        and res.entries[0]["agreement"]["top1_agreement"] == 1.0
+        and res.passed
+    )
 
 
-@pytest.mark.parametrize("relative,expected", [(False, 0.6), (True, 0.006 / 0.981 * 100)], ids=["absolute", "relative"])
+@pytest.mark.parametrize(
+    "relative,expected", [(False, 0.6), (True, 0.006 / 0.981 * 100)], ids=["absolute", "relative"]
+)
 def test_accuracy_drop_definition(relative, expected):
     assert accuracy_drop(0.981, 0.975, relative=relative) == pytest.approx(expected)
     assert accuracy_drop(0.2, 0.25, higher_is_better=False, scale=1.0) == pytest.approx(0.05)
@@ -90,8 +105,14 @@ def test_accuracy_drop_definition(relative, expected):
 
 
 def test_failed_gates_and_best_pick(artifacts, tmp_path):
-    res = _run(artifacts, ["torchscript", "onnx"], max_size_mb=1e-6, min_speedup=0.0,
-               max_latency_ms=["1=10000"], json_path=tmp_path / "r.json")
+    res = _run(
+        artifacts,
+        ["torchscript", "onnx"],
+        max_size_mb=1e-6,
+        min_speedup=0.0,
+        max_latency_ms=["1=10000"],
+        json_path=tmp_path / "r.json",
+    )
     assert not res.passed and res.best is None
     assert {g["gate"] for g in res.failed_gates} == {"max-size-mb"}
     gates = {g["gate"] for g in res.entries[0]["gates"]}
@@ -112,8 +133,9 @@ def test_raise_on_failure_after_reports(artifacts, tmp_path):
 def test_python_twin_accepts_modules_and_names_bad_data(artifacts):
     from tests.helpers import tiny_cnn
 
-    res = validate(tiny_cnn(), [tiny_cnn()], artifacts["data"], batch_sizes="1", threads=1, latency=QUICK,
-                   max_samples=10)
+    res = validate(
+        tiny_cnn(), [tiny_cnn()], artifacts["data"], batch_sizes="1", threads=1, latency=QUICK, max_samples=10
+    )
     assert res.data["data"]["samples"] == 10 and res.entries[0]["name"] == "TinyCNN (2)"
     with pytest.raises(ShapeMismatchError, match=r"does not fit tiny.onnx.*expected input: \[1..64\]x1x8x8"):
         validate("zoo:resnet", [artifacts["onnx"]], artifacts["data32"], threads=1, latency=QUICK)
@@ -150,22 +172,54 @@ def test_keyword_inputs_in_every_runtime(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(m, (), str(tmp_path / "kw.onnx"), kwargs=x, dynamic_shapes=dyn, verbose=False)
-    res = ptopt.validate("tests.helpers:two_input", [tmp_path / "kw.pt2", tmp_path / "kw.onnx"], ds, threads=1,
-                         latency=QUICK, batch_sizes=(1, 4))
+    res = ptopt.validate(
+        "tests.helpers:two_input",
+        [tmp_path / "kw.pt2", tmp_path / "kw.onnx"],
+        ds,
+        threads=1,
+        latency=QUICK,
+        batch_sizes=(1, 4),
+    )
     assert [e["runtime"] for e in res.entries] == ["torch.export", "onnxruntime (CPU)"]
     assert all(e["agreement"]["top1_agreement"] == 1.0 and e["accuracy_drop"] == 0.0 for e in res.entries)
 
 
 def test_runtime_failure_after_the_probe_names_the_artifact(artifacts):
-    with pytest.raises(ShapeMismatchError, match=r"tests.validate.fns:picky .*accuracy pass.*batch 64 is too large"):
+    with pytest.raises(
+        ShapeMismatchError, match=r"tests.validate.fns:picky .*accuracy pass.*batch 64 is too large"
+    ):
         validate(FACTORY, ["tests.validate.fns:picky"], artifacts["data"], threads=1, latency=QUICK)
 
 
 def test_runtime_failure_while_timing_names_the_artifact(artifacts, cli):
     # the accuracy pass at batch 2 works; the interleaved timing at batch 4 does not
-    with pytest.raises(ShapeMismatchError, match=r"tests.validate.fns:picky .*during timing.*batch 4 is too large"):
-        validate(FACTORY, ["tests.validate.fns:picky"], artifacts["data"], threads=1, latency=QUICK,
-                 eval_batch_size=2, batch_sizes=(1, 4))
-    code, _, err = cli("validate", FACTORY, "tests.validate.fns:picky", "--data", artifacts["data"], "--threads", "1",
-                       "--eval-batch-size", "2", "--batch-sizes", "1,4", "--min-iters", "3", "--min-seconds", "0.01")
+    with pytest.raises(
+        ShapeMismatchError, match=r"tests.validate.fns:picky .*during timing.*batch 4 is too large"
+    ):
+        validate(
+            FACTORY,
+            ["tests.validate.fns:picky"],
+            artifacts["data"],
+            threads=1,
+            latency=QUICK,
+            eval_batch_size=2,
+            batch_sizes=(1, 4),
+        )
+    code, _, err = cli(
+        "validate",
+        FACTORY,
+        "tests.validate.fns:picky",
+        "--data",
+        artifacts["data"],
+        "--threads",
+        "1",
+        "--eval-batch-size",
+        "2",
+        "--batch-sizes",
+        "1,4",
+        "--min-iters",
+        "3",
+        "--min-seconds",
+        "0.01",
+    )
     assert code == 2 and "during timing" in err and "Traceback" not in err

@@ -12,15 +12,37 @@ REPORTS = ("r.json", "r.xml", "r.md", "r.html")
 
 
 def _report_args(tmp_path):
-    return ["--json", tmp_path / "r.json", "--junit", tmp_path / "r.xml", "--markdown", tmp_path / "r.md",
-            "--report", tmp_path / "r.html"]
+    return [
+        "--json",
+        tmp_path / "r.json",
+        "--junit",
+        tmp_path / "r.xml",
+        "--markdown",
+        tmp_path / "r.md",
+        "--report",
+        tmp_path / "r.html",
+    ]
 
 
 def test_reports(cli, artifacts, tmp_path):
-    code, out, err = cli("validate", FACTORY, artifacts["torchscript"], artifacts["onnx"], "--data", artifacts["data"],
-                         "--batch-sizes", "1,4", "--threads", "1", "--max-accuracy-drop", "1",
-                         *FAST, "--rounds", "3",  # the last --rounds wins
-                         *_report_args(tmp_path))
+    code, out, err = cli(
+        "validate",
+        FACTORY,
+        artifacts["torchscript"],
+        artifacts["onnx"],
+        "--data",
+        artifacts["data"],
+        "--batch-sizes",
+        "1,4",
+        "--threads",
+        "1",
+        "--max-accuracy-drop",
+        "1",
+        *FAST,
+        "--rounds",
+        "3",  # the last --rounds wins
+        *_report_args(tmp_path),
+    )
     assert code == 0, err
     assert "timing 3 models at batch sizes 1, 4 (3 interleaved rounds)" in err
     assert "PASSED" in out and "★" in out and "tiny.onnx" in out and "absolute: drop = (base - new)" in out
@@ -36,8 +58,20 @@ def test_reports(cli, artifacts, tmp_path):
             assert lat["rounds"] == 3 and len(lat["round_p50_ms"]) == 3 and lat["iterations"] >= 3
             assert lat["round_spread_pct"] == pytest.approx(round_spread(lat["round_p50_ms"]))
     for e in data["artifacts"]:
-        assert set(e) >= {"metric", "accuracy_drop", "agreement", "size", "latency", "speedup", "peak_memory_mb",
-                          "gates", "passed", "best", "format", "runtime"}
+        assert set(e) >= {
+            "metric",
+            "accuracy_drop",
+            "agreement",
+            "size",
+            "latency",
+            "speedup",
+            "peak_memory_mb",
+            "gates",
+            "passed",
+            "best",
+            "format",
+            "runtime",
+        }
     suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
     cases = suite.findall("testcase")
     assert len(cases) == 2 and suite.get("failures") == "0"
@@ -50,9 +84,23 @@ def test_reports(cli, artifacts, tmp_path):
 
 
 def test_failed_gate_exits_1_after_writing_every_report(cli, artifacts, tmp_path):
-    code, out, err = cli("validate", FACTORY, artifacts["onnx"], "--data", artifacts["data"], "--batch-sizes", "1",
-                         "--threads", "1", "--max-size-mb", "0.000001", "--min-agreement", "0.9", *FAST,
-                         *_report_args(tmp_path))
+    code, out, err = cli(
+        "validate",
+        FACTORY,
+        artifacts["onnx"],
+        "--data",
+        artifacts["data"],
+        "--batch-sizes",
+        "1",
+        "--threads",
+        "1",
+        "--max-size-mb",
+        "0.000001",
+        "--min-agreement",
+        "0.9",
+        *FAST,
+        *_report_args(tmp_path),
+    )
     assert code == 1
     assert "max-size-mb" in err and "gate(s) failed" in err and "FAIL" in out
     assert all((tmp_path / r).is_file() for r in REPORTS)
@@ -65,8 +113,18 @@ def test_failed_gate_exits_1_after_writing_every_report(cli, artifacts, tmp_path
 
 def test_baseline_regression(cli, artifacts, tmp_path):
     base = tmp_path / "base.json"
-    args = ["validate", FACTORY, artifacts["torchscript"], "--data", artifacts["data"], "--batch-sizes", "1",
-            "--threads", "1", *FAST]
+    args = [
+        "validate",
+        FACTORY,
+        artifacts["torchscript"],
+        "--data",
+        artifacts["data"],
+        "--batch-sizes",
+        "1",
+        "--threads",
+        "1",
+        *FAST,
+    ]
     assert cli(*args, "--json", base)[0] == 0
     code, out, err = cli(*args, "--baseline", base, "--max-regression", "100000")
     assert code == 0, err
@@ -77,7 +135,9 @@ def test_baseline_regression(cli, artifacts, tmp_path):
     fast.write_text(json.dumps(stored))
     code, out, err = cli(*args, "--baseline", fast, "--max-regression", "10", "--json", tmp_path / "r.json")
     assert code == 1
-    gates = {g["gate"] for g in json.loads((tmp_path / "r.json").read_text())["gate_results"] if not g["passed"]}
+    gates = {
+        g["gate"] for g in json.loads((tmp_path / "r.json").read_text())["gate_results"] if not g["passed"]
+    }
     assert gates == {"max-regression:latency@bs1", "max-regression:accuracy"}
     code, out, err = cli(*args, "--baseline", fast, "--max-regression", "10", "--regression-on", "accuracy")
     assert code == 1 and "max-regression:latency" not in err
@@ -88,27 +148,55 @@ def test_speedup_regression_ignores_machine_speed(cli, artifacts, tmp_path):
     machine 1000x faster fails the latency check but not the speedup check, and a baseline whose
     artifact was 1000x faster than its reference fails it."""
     base = tmp_path / "base.json"
-    args = ["validate", FACTORY, artifacts["torchscript"], "--data", artifacts["data"], "--batch-sizes", "1",
-            "--threads", "1", *FAST]
+    args = [
+        "validate",
+        FACTORY,
+        artifacts["torchscript"],
+        "--data",
+        artifacts["data"],
+        "--batch-sizes",
+        "1",
+        "--threads",
+        "1",
+        *FAST,
+    ]
     assert cli(*args, "--json", base)[0] == 0
     stored = json.loads(base.read_text())
     for e in [stored["reference"]] + stored["artifacts"]:
         e["latency"]["1"]["p50_ms"] /= 1000.0  # every p50 of the stored run 1000x lower: a faster machine
     faster_machine = tmp_path / "faster-machine.json"
     faster_machine.write_text(json.dumps(stored))
-    code, out, err = cli(*args, "--baseline", faster_machine, "--max-regression", "90", "--regression-on", "latency",
-                         "-q")
+    code, out, err = cli(
+        *args, "--baseline", faster_machine, "--max-regression", "90", "--regression-on", "latency", "-q"
+    )
     assert code == 1 and "max-regression:latency@bs1" in err
-    code, out, err = cli(*args, "--baseline", faster_machine, "--max-regression", "90", "--regression-on",
-                         "speedup,accuracy", "--json", tmp_path / "r.json", "-q")
+    code, out, err = cli(
+        *args,
+        "--baseline",
+        faster_machine,
+        "--max-regression",
+        "90",
+        "--regression-on",
+        "speedup,accuracy",
+        "--json",
+        tmp_path / "r.json",
+        "-q",
+    )
     assert code == 0, err
     gates = {g["gate"]: g for g in json.loads((tmp_path / "r.json").read_text())["gate_results"]}
     assert set(gates) == {"max-regression:speedup@bs1", "max-regression:accuracy"}
-    assert "speedup" in gates["max-regression:speedup@bs1"]["message"] and "x ->" in gates["max-regression:speedup@bs1"]["message"]
-    stored["artifacts"][0]["speedup"]["1"] *= 1000.0  # the artifact used to be 1000x faster than its reference
+    assert (
+        "speedup" in gates["max-regression:speedup@bs1"]["message"]
+        and "x ->" in gates["max-regression:speedup@bs1"]["message"]
+    )
+    stored["artifacts"][0]["speedup"]["1"] *= (
+        1000.0  # the artifact used to be 1000x faster than its reference
+    )
     lost = tmp_path / "lost-speedup.json"
     lost.write_text(json.dumps(stored))
-    code, out, err = cli(*args, "--baseline", lost, "--max-regression", "90", "--regression-on", "speedup", "-q")
+    code, out, err = cli(
+        *args, "--baseline", lost, "--max-regression", "90", "--regression-on", "speedup", "-q"
+    )
     assert code == 1 and "max-regression:speedup@bs1" in err and "max-regression:latency" not in err
 
 
@@ -116,24 +204,50 @@ def _bad(tmp_path, *more):
     return [*more, "--data", tmp_path / "nodata"]
 
 
-@pytest.mark.parametrize("case", ["missing", "garbage", "mar", "state_dict", "data-mismatch", "accuracy-unlabeled",
-                                  "latency-bs-not-measured", "baseline-without-pct", "unknown-metric",
-                                  "regression-without-baseline", "bad-batch-sizes", "tensorrt", "report-unwritable",
-                                  "metric-fails", "zero-rounds", "bad-regression-on", "baseline-lacks-batch",
-                                  "regression-accuracy-unlabeled"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "garbage",
+        "mar",
+        "state_dict",
+        "data-mismatch",
+        "accuracy-unlabeled",
+        "latency-bs-not-measured",
+        "baseline-without-pct",
+        "unknown-metric",
+        "regression-without-baseline",
+        "bad-batch-sizes",
+        "tensorrt",
+        "report-unwritable",
+        "metric-fails",
+        "zero-rounds",
+        "bad-regression-on",
+        "baseline-lacks-batch",
+        "regression-accuracy-unlabeled",
+    ],
+)
 def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
     from ptopt.core.artifact import Artifact
 
     data, extra, art = artifacts["data"], [], artifacts["onnx"]
     reference = FACTORY
     expect = {
-        "missing": "no such file", "garbage": "not a PyTorch model file", "mar": "TorchServe .mar package",
-        "state_dict": "state_dict", "data-mismatch": "does not fit tiny.onnx",
-        "accuracy-unlabeled": "needs labels", "latency-bs-not-measured": "batch size 64 is not measured",
-        "baseline-without-pct": "--baseline needs --max-regression", "unknown-metric": "unknown metric",
-        "regression-without-baseline": "--max-regression needs --baseline", "bad-batch-sizes": "--batch-sizes",
-        "tensorrt": "torch_tensorrt is needed", "report-unwritable": "cannot write there",
-        "metric-fails": "broken on purpose", "zero-rounds": "--rounds must be >= 1",
+        "missing": "no such file",
+        "garbage": "not a PyTorch model file",
+        "mar": "TorchServe .mar package",
+        "state_dict": "state_dict",
+        "data-mismatch": "does not fit tiny.onnx",
+        "accuracy-unlabeled": "needs labels",
+        "latency-bs-not-measured": "batch size 64 is not measured",
+        "baseline-without-pct": "--baseline needs --max-regression",
+        "unknown-metric": "unknown metric",
+        "regression-without-baseline": "--max-regression needs --baseline",
+        "bad-batch-sizes": "--batch-sizes",
+        "tensorrt": "torch_tensorrt is needed",
+        "report-unwritable": "cannot write there",
+        "metric-fails": "broken on purpose",
+        "zero-rounds": "--rounds must be >= 1",
         "bad-regression-on": "--regression-on: unknown latncy",
         "baseline-lacks-batch": "the baseline did not time batch size(s) 1",
         "regression-accuracy-unlabeled": "--regression-on accuracy needs the metric",
@@ -169,11 +283,28 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
         extra = ["--max-regression", "5"]
     elif case == "bad-regression-on":
         extra = ["--regression-on", "latncy"]
-    elif case in ("baseline-lacks-batch", "regression-accuracy-unlabeled"):  # a regression gate comparing nothing
-        (tmp_path / "b.json").write_text(json.dumps({"schema": "ptopt.validate/1", "artifacts": [], "batch_sizes": [32],
-                                                     "metric": {"name": "top1", "measured": True}}))
-        extra = ["--baseline", tmp_path / "b.json", "--max-regression", "5", "--regression-on",
-                 "latency,speedup" if case == "baseline-lacks-batch" else "accuracy"]
+    elif case in (
+        "baseline-lacks-batch",
+        "regression-accuracy-unlabeled",
+    ):  # a regression gate comparing nothing
+        (tmp_path / "b.json").write_text(
+            json.dumps(
+                {
+                    "schema": "ptopt.validate/1",
+                    "artifacts": [],
+                    "batch_sizes": [32],
+                    "metric": {"name": "top1", "measured": True},
+                }
+            )
+        )
+        extra = [
+            "--baseline",
+            tmp_path / "b.json",
+            "--max-regression",
+            "5",
+            "--regression-on",
+            "latency,speedup" if case == "baseline-lacks-batch" else "accuracy",
+        ]
         if case == "regression-accuracy-unlabeled":
             data = artifacts["unlabeled"]
     elif case == "bad-batch-sizes":
@@ -189,8 +320,18 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
     elif case == "report-unwritable":
         (tmp_path / "file").write_text("")
         extra = ["--report", tmp_path / "file" / "r.html"]  # a file is in the way
-    code, out, err = cli("validate", reference, art, "--data", data, "--threads", "1", *FAST, *extra,
-                         *(_report_args(tmp_path)[:6] if case == "report-unwritable" else _report_args(tmp_path)))
+    code, out, err = cli(
+        "validate",
+        reference,
+        art,
+        "--data",
+        data,
+        "--threads",
+        "1",
+        *FAST,
+        *extra,
+        *(_report_args(tmp_path)[:6] if case == "report-unwritable" else _report_args(tmp_path)),
+    )
     assert code == 2, (out, err)
     assert expect in err and "Traceback" not in err and err.count("\n") <= 8
     assert "evaluating" not in err and "timing" not in err  # rejected before any measurement started
@@ -198,9 +339,15 @@ def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
 
 
 def test_bad_input_names_the_artifact_and_shapes(cli, artifacts, tmp_path):
-    code, out, err = cli("validate", "zoo:resnet", artifacts["onnx"], "--data", artifacts["data32"], "--threads", "1")
+    code, out, err = cli(
+        "validate", "zoo:resnet", artifacts["onnx"], "--data", artifacts["data32"], "--threads", "1"
+    )
     assert code == 2
-    assert "does not fit tiny.onnx" in err and "expected input: [1..64]x1x8x8 float32" in err and "2x1x32x32" in err
+    assert (
+        "does not fit tiny.onnx" in err
+        and "expected input: [1..64]x1x8x8 float32" in err
+        and "2x1x32x32" in err
+    )
 
 
 def test_artifact_against_the_base_commits_artifact(cli, artifacts, tmp_path):
@@ -212,12 +359,30 @@ def test_artifact_against_the_base_commits_artifact(cli, artifacts, tmp_path):
         (tmp_path / side).mkdir()
         for f in artifacts["onnx"].parent.glob("tiny.onnx*"):
             shutil.copy2(f, tmp_path / side / f.name)
-    args = ["validate", "base-build/tiny.onnx", "build/tiny.onnx", "--data", artifacts["data"], "--batch-sizes", "1,4",
-            "--threads", "1", *FAST, "--max-accuracy-drop", "0.5", "--json", tmp_path / "r.json", "-q"]
+    args = [
+        "validate",
+        "base-build/tiny.onnx",
+        "build/tiny.onnx",
+        "--data",
+        artifacts["data"],
+        "--batch-sizes",
+        "1,4",
+        "--threads",
+        "1",
+        *FAST,
+        "--max-accuracy-drop",
+        "0.5",
+        "--json",
+        tmp_path / "r.json",
+        "-q",
+    ]
     code, out, err = cli(*args, "--min-speedup", "0.01")
     assert code == 0, err
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["reference"]["name"] == "base-build/tiny.onnx" and data["artifacts"][0]["name"] == "build/tiny.onnx"
+    assert (
+        data["reference"]["name"] == "base-build/tiny.onnx"
+        and data["artifacts"][0]["name"] == "build/tiny.onnx"
+    )
     assert data["artifacts"][0]["accuracy_drop"] == 0 and set(data["artifacts"][0]["speedup"]) == {"1", "4"}
     code, out, err = cli(*args, "--min-speedup", "1000")  # "the pull request made it slower"
     assert code == 1 and "min-speedup@bs1" in err and "build/tiny.onnx" in err

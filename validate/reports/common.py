@@ -80,8 +80,10 @@ def machine_line(data: dict[str, Any]) -> str:
     m = data["machine"]
     cpu = m["cpu"]
     isa = ", ".join(k for k, v in cpu.get("isa", {}).items() if v) or "none of the tracked"
-    return (f"{cpu.get('model')} ({cpu.get('arch')}, {cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} "
-            f"cores; ISA: {isa}); {m.get('os')}; threads: {data['threads']}")
+    return (
+        f"{cpu.get('model')} ({cpu.get('arch')}, {cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} "
+        f"cores; ISA: {isa}); {m.get('os')}; threads: {data['threads']}"
+    )
 
 
 def versions_line(data: dict[str, Any]) -> str:
@@ -98,5 +100,7 @@ def summary_line(data: dict[str, Any]) -> str:
 def data_line(data: dict[str, Any]) -> str:
     d = data["data"]
     ins = ", ".join(f"{k} {v}" for k, v in d.get("inputs", {}).items())
-    return (f"{d['ref']}: {d['samples']} samples ({ins}), labels: {'yes' if d['labels'] else 'no'}; "
-            f"batch sizes {', '.join(map(str, data['batch_sizes']))}")
+    return (
+        f"{d['ref']}: {d['samples']} samples ({ins}), labels: {'yes' if d['labels'] else 'no'}; "
+        f"batch sizes {', '.join(map(str, data['batch_sizes']))}"
+    )

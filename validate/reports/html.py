@@ -12,9 +12,24 @@ from typing import Any
 
 from ptopt.core.artifact import write_text_atomic
 from ptopt.core.errors import MissingDependencyError
-from ptopt.validate.reports.common import (data_line, fmt_cos, fmt_diff, fmt_drop, fmt_frac, fmt_mb, fmt_mem,
-                                           fmt_metric, fmt_ms, fmt_speedup, gate_status, machine_line,
-                                           metric_header, rows, summary_line, versions_line)
+from ptopt.validate.reports.common import (
+    data_line,
+    fmt_cos,
+    fmt_diff,
+    fmt_drop,
+    fmt_frac,
+    fmt_mb,
+    fmt_mem,
+    fmt_metric,
+    fmt_ms,
+    fmt_speedup,
+    gate_status,
+    machine_line,
+    metric_header,
+    rows,
+    summary_line,
+    versions_line,
+)
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
@@ -40,7 +55,9 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
     except ImportError:
-        raise MissingDependencyError("the HTML report draws plots with matplotlib: pip install 'ptopt[report]'") from None
+        raise MissingDependencyError(
+            "the HTML report draws plots with matplotlib: pip install 'ptopt[report]'"
+        ) from None
     entries = rows(data)
     names = [e["name"] for e in entries]
     sizes = data["batch_sizes"]
@@ -61,8 +78,13 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
             y = None if y is None else (y if e["role"] == "reference" else 100 * y)
         if "p50_ms" in st and y is not None:
             xs.append(st["p50_ms"])
-            ax.scatter(st["p50_ms"], y, s=70, label=e["name"] + (" (best)" if e.get("best") else ""),
-                       marker="*" if e.get("best") else ("s" if e["role"] == "reference" else "o"))
+            ax.scatter(
+                st["p50_ms"],
+                y,
+                s=70,
+                label=e["name"] + (" (best)" if e.get("best") else ""),
+                marker="*" if e.get("best") else ("s" if e["role"] == "reference" else "o"),
+            )
     if xs and max(xs) / max(min(xs), 1e-9) > 20:
         ax.set_xscale("log")
     ax.legend(fontsize=8)
@@ -90,7 +112,9 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     # latency per batch size
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for e in entries:
-        pts = [(bs, e["latency"][str(bs)]["p50_ms"]) for bs in sizes if "p50_ms" in e["latency"].get(str(bs), {})]
+        pts = [
+            (bs, e["latency"][str(bs)]["p50_ms"]) for bs in sizes if "p50_ms" in e["latency"].get(str(bs), {})
+        ]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=e["name"])
     ax.set_xscale("log", base=2)
@@ -108,12 +132,32 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
 def render(data: dict[str, Any]) -> str:
     e_ = html.escape
     sizes = data["batch_sizes"]
-    head = (["", "artifact", "runtime", "precision", metric_header(data), "drop", "top-1 agree", "cosine",
-             "max abs diff", "size MB", "gzip MB"] + [f"p50 ms @{bs}" for bs in sizes]
-            + [f"p90 / p99 ms @{bs}" for bs in sizes] + [f"samples/s @{bs}" for bs in sizes]
-            + [f"speedup @{bs}" for bs in sizes] + ["peak MB", "gates"])
+    head = (
+        [
+            "",
+            "artifact",
+            "runtime",
+            "precision",
+            metric_header(data),
+            "drop",
+            "top-1 agree",
+            "cosine",
+            "max abs diff",
+            "size MB",
+            "gzip MB",
+        ]
+        + [f"p50 ms @{bs}" for bs in sizes]
+        + [f"p90 / p99 ms @{bs}" for bs in sizes]
+        + [f"samples/s @{bs}" for bs in sizes]
+        + [f"speedup @{bs}" for bs in sizes]
+        + ["peak MB", "gates"]
+    )
     left = {1, 2, 3, len(head) - 1}
-    trs = ["<tr>" + "".join(f"<th class='{'l' if i in left else ''}'>{e_(h)}</th>" for i, h in enumerate(head)) + "</tr>"]
+    trs = [
+        "<tr>"
+        + "".join(f"<th class='{'l' if i in left else ''}'>{e_(h)}</th>" for i, h in enumerate(head))
+        + "</tr>"
+    ]
     for e in rows(data):
         agr = e.get("agreement") or {}
         size = e.get("size") or {}
@@ -123,42 +167,72 @@ def render(data: dict[str, Any]) -> str:
         for bs in sizes:
             st = e["latency"].get(str(bs), {})
             tails.append(f"{st['p90_ms']:.3f} / {st['p99_ms']:.3f}" if "p90_ms" in st else "n/a")
-        thr = [f"{e['latency'][str(bs)]['throughput_per_s']:.0f}" if "throughput_per_s" in e["latency"].get(str(bs), {})
-               else "n/a" for bs in sizes]
-        cells = ([("★" if e.get("best") else ("ref" if e["role"] == "reference" else "")), e["name"], e["runtime"],
-                  e.get("precision", ""), fmt_metric(data, e.get("metric")), fmt_drop(data, e),
-                  fmt_frac(agr.get("top1_agreement")), fmt_cos(agr.get("cosine")), fmt_diff(agr.get("max_abs_diff")),
-                  fmt_mb(size.get("bytes")), fmt_mb(size.get("gzip_bytes"))]
-                 + [fmt_ms(e["latency"].get(str(bs))) for bs in sizes] + tails + thr
-                 + [fmt_speedup(e, bs) for bs in sizes] + [fmt_mem(e.get("peak_memory_mb")), status])
-        trs.append(f"<tr class='{cls}'>" + "".join(f"<td class='{'l' if i in left else ''}'>{e_(str(c))}</td>"
-                                                   for i, c in enumerate(cells)) + "</tr>")
+        thr = [
+            f"{e['latency'][str(bs)]['throughput_per_s']:.0f}"
+            if "throughput_per_s" in e["latency"].get(str(bs), {})
+            else "n/a"
+            for bs in sizes
+        ]
+        cells = (
+            [
+                ("★" if e.get("best") else ("ref" if e["role"] == "reference" else "")),
+                e["name"],
+                e["runtime"],
+                e.get("precision", ""),
+                fmt_metric(data, e.get("metric")),
+                fmt_drop(data, e),
+                fmt_frac(agr.get("top1_agreement")),
+                fmt_cos(agr.get("cosine")),
+                fmt_diff(agr.get("max_abs_diff")),
+                fmt_mb(size.get("bytes")),
+                fmt_mb(size.get("gzip_bytes")),
+            ]
+            + [fmt_ms(e["latency"].get(str(bs))) for bs in sizes]
+            + tails
+            + thr
+            + [fmt_speedup(e, bs) for bs in sizes]
+            + [fmt_mem(e.get("peak_memory_mb")), status]
+        )
+        trs.append(
+            f"<tr class='{cls}'>"
+            + "".join(
+                f"<td class='{'l' if i in left else ''}'>{e_(str(c))}</td>" for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
     gate_rows = "".join(
         f"<tr><td class='l'>{e_(g['artifact'])}</td><td class='l'>{e_(g['gate'])}</td>"
         f"<td class='l {'pass' if g['passed'] else 'fail'}'>{'pass' if g['passed'] else 'FAIL'}</td>"
-        f"<td class='l'>{e_(g['message'])}</td></tr>" for g in data["gate_results"])
+        f"<td class='l'>{e_(g['message'])}</td></tr>"
+        for g in data["gate_results"]
+    )
+    head = "".join(f'<th class="l">{h}</th>' for h in ("artifact", "gate", "result", "detail"))
+    gates_html = f"<table><tr>{head}</tr>{gate_rows}</table>" if gate_rows else "<p>No gates were set.</p>"
     imgs = "".join(f"<img alt='{e_(t)}' title='{e_(t)}' src='{uri}'>" for t, uri in plots(data).items())
     verdict_cls = "pass" if data["passed"] else "fail"
     notes = "".join(f"<p class='dim'>note: {e_(n)}</p>" for n in data.get("notes", []))
-    baseline = (f"<p class='dim'>Baseline: {e_(data['baseline']['path'])} ({e_(str(data['baseline'].get('created')))})</p>"
-                if data.get("baseline") else "")
+    baseline = (
+        f"<p class='dim'>Baseline: {e_(data['baseline']['path'])} ({e_(str(data['baseline'].get('created')))})</p>"
+        if data.get("baseline")
+        else ""
+    )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>ptopt validate — {e_(summary_line(data))}</title>
 <style>{_CSS}</style></head><body>
 <h1>ptopt validate: <span class="{verdict_cls}">{e_(summary_line(data))}</span></h1>
 <p class="dim">Machine: {e_(machine_line(data))}<br>Versions: {e_(versions_line(data))}<br>
-Data: {e_(data_line(data))}<br>Reference: {e_(data['reference']['name'])} ({e_(data['reference']['runtime'])});
-created {e_(str(data.get('created')))}; {data.get('elapsed_s', 0):.1f} s</p>
-<table>{''.join(trs)}</table>
-<p>Accuracy drop, {e_(data['accuracy_drop']['definition'])}</p>
-<p class="dim">{e_(data['best_rule'])}. Latency: p50 per batch after warm-up, at least
-{data['latency_options']['min_iters']} iterations and {data['latency_options']['min_seconds']:g} s per artifact and
-batch size, in {data['latency_options'].get('rounds', 1)} interleaved rounds;
-the same {data['threads']} thread(s) for every runtime. Peak MB: the process's peak resident memory while the
+Data: {e_(data_line(data))}<br>Reference: {e_(data["reference"]["name"])} ({e_(data["reference"]["runtime"])});
+created {e_(str(data.get("created")))}; {data.get("elapsed_s", 0):.1f} s</p>
+<table>{"".join(trs)}</table>
+<p>Accuracy drop, {e_(data["accuracy_drop"]["definition"])}</p>
+<p class="dim">{e_(data["best_rule"])}. Latency: p50 per batch after warm-up, at least
+{data["latency_options"]["min_iters"]} iterations and {data["latency_options"]["min_seconds"]:g} s per artifact and
+batch size, in {data["latency_options"].get("rounds", 1)} interleaved rounds;
+the same {data["threads"]} thread(s) for every runtime. Peak MB: the process's peak resident memory while the
 artifact was loaded and run.</p>
 {notes}{baseline}
 <h2>Plots</h2><div>{imgs}</div>
-<h2>Gates</h2>{'<table><tr><th class="l">artifact</th><th class="l">gate</th><th class="l">result</th><th class="l">detail</th></tr>' + gate_rows + '</table>' if gate_rows else '<p>No gates were set.</p>'}
+<h2>Gates</h2>{gates_html}
 </body></html>
 """
 

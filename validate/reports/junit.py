@@ -21,14 +21,33 @@ def render(data: dict[str, Any]) -> str:
         for g in gates:
             cases.append((e["name"], g["gate"], None if g["passed"] else g["message"], g["message"]))
     failures = sum(1 for c in cases if c[2] is not None)
-    suites = ET.Element("testsuites", name="ptopt validate", tests=str(len(cases)), failures=str(failures),
-                        errors="0", time=f"{data.get('elapsed_s', 0):.2f}")
-    suite = ET.SubElement(suites, "testsuite", name="ptopt.validate", tests=str(len(cases)), failures=str(failures),
-                          errors="0", skipped="0", time=f"{data.get('elapsed_s', 0):.2f}",
-                          timestamp=str(data.get("created", "")))
+    suites = ET.Element(
+        "testsuites",
+        name="ptopt validate",
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors="0",
+        time=f"{data.get('elapsed_s', 0):.2f}",
+    )
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name="ptopt.validate",
+        tests=str(len(cases)),
+        failures=str(failures),
+        errors="0",
+        skipped="0",
+        time=f"{data.get('elapsed_s', 0):.2f}",
+        timestamp=str(data.get("created", "")),
+    )
     props = ET.SubElement(suite, "properties")
-    for k, v in (("machine", machine_line(data)), ("versions", versions_line(data)), ("data", data_line(data)),
-                 ("reference", data["reference"]["name"]), ("accuracy_drop", data["accuracy_drop"]["definition"])):
+    for k, v in (
+        ("machine", machine_line(data)),
+        ("versions", versions_line(data)),
+        ("data", data_line(data)),
+        ("reference", data["reference"]["name"]),
+        ("accuracy_drop", data["accuracy_drop"]["definition"]),
+    ):
         ET.SubElement(props, "property", name=k, value=v)
     for artifact, gate, failure, message in cases:
         case = ET.SubElement(suite, "testcase", classname=f"ptopt.validate.{artifact}", name=gate, time="0")

@@ -5,9 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptopt.validate.reports.common import (data_line, fmt_diff, fmt_drop, fmt_frac, fmt_mb, fmt_mem,
-                                           fmt_metric, fmt_ms, fmt_speedup, gate_status, machine_line,
-                                           metric_header, rows, summary_line, versions_line)
+from ptopt.validate.reports.common import (
+    data_line,
+    fmt_diff,
+    fmt_drop,
+    fmt_frac,
+    fmt_mb,
+    fmt_mem,
+    fmt_metric,
+    fmt_ms,
+    fmt_speedup,
+    gate_status,
+    machine_line,
+    metric_header,
+    rows,
+    summary_line,
+    versions_line,
+)
 
 
 def print_report(data: dict[str, Any]) -> None:
@@ -48,14 +62,29 @@ def render(data: dict[str, Any]) -> Any:
             if e["role"] != "reference" and str(bs) in (e.get("speedup") or {}):
                 cell += f" {fmt_speedup(e, bs)}"
             lat.append(cell)
-        t.add_row(mark, escape(e["name"]), escape(e["runtime"]), fmt_metric(data, e.get("metric")), fmt_drop(data, e),
-                  fmt_frac(agr.get("top1_agreement")), fmt_diff(agr.get("max_abs_diff")), fmt_mb(size.get("bytes")),
-                  *lat, fmt_mem(e.get("peak_memory_mb")), escape(status), style=style)
-    head = Text(f"machine:  {machine_line(data)}\nversions: {versions_line(data)}\ndata:     {data_line(data)}",
-                style="dim")
-    foot_lines = ["p50 ms: median latency per batch, with the speedup over the reference; agree: top-1 agreement "
-                  "with the reference; max|Δ|: largest output difference",
-                  f"accuracy drop, {data['accuracy_drop']['definition']}"]
+        t.add_row(
+            mark,
+            escape(e["name"]),
+            escape(e["runtime"]),
+            fmt_metric(data, e.get("metric")),
+            fmt_drop(data, e),
+            fmt_frac(agr.get("top1_agreement")),
+            fmt_diff(agr.get("max_abs_diff")),
+            fmt_mb(size.get("bytes")),
+            *lat,
+            fmt_mem(e.get("peak_memory_mb")),
+            escape(status),
+            style=style,
+        )
+    head = Text(
+        f"machine:  {machine_line(data)}\nversions: {versions_line(data)}\ndata:     {data_line(data)}",
+        style="dim",
+    )
+    foot_lines = [
+        "p50 ms: median latency per batch, with the speedup over the reference; agree: top-1 agreement "
+        "with the reference; max|Δ|: largest output difference",
+        f"accuracy drop, {data['accuracy_drop']['definition']}",
+    ]
     for g in data["gate_results"]:
         if not g["passed"]:
             foot_lines.append(f"FAILED {g['artifact']}: {g['gate']}: {g['message']}")

@@ -15,8 +15,9 @@ apart); MODEL references (``zoo:NAME``, ``pkg.mod:factory``) and ``nn.Module`` o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.errors import ModelLoadError, PtoptError
@@ -32,8 +33,14 @@ NOT_RUNNABLE = {
 }
 
 
-def open_runner(ref: Any, name: str | None = None, *, weights: Any = None, allow_pickle: bool = False,
-                providers: Sequence[str] | None = None) -> Runner:
+def open_runner(
+    ref: Any,
+    name: str | None = None,
+    *,
+    weights: Any = None,
+    allow_pickle: bool = False,
+    providers: Sequence[str] | None = None,
+) -> Runner:
     """Load ``ref`` (a path, MODEL reference, nn.Module or LoadedModel) into the runner for its format."""
     from ptopt.core.modelref import LoadedModel, as_loaded
 

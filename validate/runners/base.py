@@ -9,8 +9,9 @@ conversion for ONNX Runtime), for the latency benchmark.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ptopt.core.inputspec import InputSpec, call_model
 
@@ -82,10 +83,20 @@ class TorchModuleRunner(Runner):
     def from_loaded(cls, name: str, loaded: Any, runtime: str, batch_range: tuple[int, int] | None = None):
         art = loaded.artifact
         files = art.file_paths if art else ([loaded.path] if loaded.path else [])
-        return cls(name=name, ref=loaded.ref, format=loaded.format, runtime=runtime,
-                   input_specs=list(loaded.input_specs), input_style=loaded.input_style, path=loaded.path,
-                   files=list(files), precision=art.precision if art else "fp32", batch_range=batch_range,
-                   module=loaded.module, info={k: v for k, v in loaded.info.items() if k != "exported_program"})
+        return cls(
+            name=name,
+            ref=loaded.ref,
+            format=loaded.format,
+            runtime=runtime,
+            input_specs=list(loaded.input_specs),
+            input_style=loaded.input_style,
+            path=loaded.path,
+            files=list(files),
+            precision=art.precision if art else "fp32",
+            batch_range=batch_range,
+            module=loaded.module,
+            info={k: v for k, v in loaded.info.items() if k != "exported_program"},
+        )
 
     def prepare(self, threads: int) -> None:
         import torch
@@ -107,6 +118,7 @@ class TorchModuleRunner(Runner):
         def run() -> Any:
             with torch.inference_mode():
                 return call_model(module, x)
+
         return run
 
     def close(self) -> None:

@@ -13,6 +13,6 @@ FORMATS = ("eager", "pickle")
 
 class EagerRunner(TorchModuleRunner):
     @classmethod
-    def create(cls, name: str, loaded: Any) -> "EagerRunner":
+    def create(cls, name: str, loaded: Any) -> EagerRunner:
         runtime = "torch eager" + (" (pickled module)" if loaded.format == "pickle" else "")
         return cls.from_loaded(name, loaded, runtime)

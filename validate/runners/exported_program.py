@@ -15,7 +15,7 @@ FORMATS = ("exported_program",)
 
 class ExportedProgramRunner(TorchModuleRunner):
     @classmethod
-    def create(cls, name: str, loaded: Any) -> "ExportedProgramRunner":
+    def create(cls, name: str, loaded: Any) -> ExportedProgramRunner:
         batch_range = exported_batch_range(loaded.info.get("exported_program"))
         return cls.from_loaded(name, loaded, "torch.export", batch_range or sidecar_batch_range(loaded))
 

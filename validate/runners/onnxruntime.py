@@ -6,8 +6,9 @@ onnxruntime build has them (or exactly the ``providers`` asked for)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ptopt.core.errors import MissingDependencyError, ModelLoadError
 from ptopt.core.inputspec import flatten_inputs
@@ -18,9 +19,16 @@ FORMATS = ("onnx",)
 #: providers used when present, best first
 PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
-_NP_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-             "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
-             "tensor(bool)": "bool"}
+_NP_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
 
 
 def onnx_files(path: Path) -> list[Path]:
@@ -50,25 +58,39 @@ class OnnxRuntimeRunner(Runner):
     input_types: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def create(cls, name: str, loaded: Any, providers: Sequence[str] | None = None) -> "OnnxRuntimeRunner":
+    def create(cls, name: str, loaded: Any, providers: Sequence[str] | None = None) -> OnnxRuntimeRunner:
         art = loaded.artifact
         files = art.file_paths if art else onnx_files(loaded.path)
-        return cls(name=name, ref=loaded.ref, format="onnx", runtime="onnxruntime", input_specs=list(loaded.input_specs),
-                   input_style=loaded.input_style, path=loaded.path, files=list(files),
-                   precision=art.precision if art else "fp32", info=dict(loaded.info), providers=providers)
+        return cls(
+            name=name,
+            ref=loaded.ref,
+            format="onnx",
+            runtime="onnxruntime",
+            input_specs=list(loaded.input_specs),
+            input_style=loaded.input_style,
+            path=loaded.path,
+            files=list(files),
+            precision=art.precision if art else "fp32",
+            info=dict(loaded.info),
+            providers=providers,
+        )
 
     def prepare(self, threads: int) -> None:
         try:
             import onnxruntime as ort
         except ImportError:
-            raise MissingDependencyError("onnxruntime is needed to validate an ONNX artifact: pip install onnxruntime") from None
+            raise MissingDependencyError(
+                "onnxruntime is needed to validate an ONNX artifact: pip install onnxruntime"
+            ) from None
         super().prepare(threads)
         available = ort.get_available_providers()
         if self.providers:
             missing = [p for p in self.providers if p not in available]
             if missing:
-                raise MissingDependencyError(f"{self.name}: ONNX Runtime provider(s) {', '.join(missing)} not available "
-                                             f"here (available: {', '.join(available)})")
+                raise MissingDependencyError(
+                    f"{self.name}: ONNX Runtime provider(s) {', '.join(missing)} not available "
+                    f"here (available: {', '.join(available)})"
+                )
             providers = list(self.providers)
         else:
             providers = [p for p in PREFERRED_PROVIDERS if p in available]
@@ -81,7 +103,9 @@ class OnnxRuntimeRunner(Runner):
         try:
             self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=providers)
         except Exception as e:  # noqa: BLE001 - ORT raises its own exception types for bad models
-            raise ModelLoadError(f"{self.name}: ONNX Runtime cannot load it: {str(e).strip().splitlines()[0][:300]}") from None
+            raise ModelLoadError(
+                f"{self.name}: ONNX Runtime cannot load it: {str(e).strip().splitlines()[0][:300]}"
+            ) from None
         used = self.session.get_providers()
         self.runtime = f"onnxruntime ({used[0].replace('ExecutionProvider', '')})"
         self.info["providers"] = used
@@ -99,11 +123,15 @@ class OnnxRuntimeRunner(Runner):
             arrays = [x[n] for n in self.input_names]
         else:
             if len(pairs) != len(self.input_names):
-                raise ValueError(f"the model takes {len(self.input_names)} input(s) ({', '.join(self.input_names)}), "
-                                 f"the data has {len(pairs)}")
+                raise ValueError(
+                    f"the model takes {len(self.input_names)} input(s) ({', '.join(self.input_names)}), "
+                    f"the data has {len(pairs)}"
+                )
             arrays = [t for _, t in pairs]
-        return {n: t.detach().cpu().numpy().astype(dt, copy=False)
-                for n, t, dt in zip(self.input_names, arrays, self.input_types)}
+        return {
+            n: t.detach().cpu().numpy().astype(dt, copy=False)
+            for n, t, dt in zip(self.input_names, arrays, self.input_types, strict=False)
+        }
 
     def call(self, x: Any) -> Any:
         import torch
@@ -117,6 +145,7 @@ class OnnxRuntimeRunner(Runner):
 
         def run() -> Any:
             return session.run(None, feed(x))
+
         return run
 
     def close(self) -> None:

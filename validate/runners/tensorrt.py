@@ -5,8 +5,9 @@ clean MissingDependencyError (exit 2)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.errors import ModelLoadError
@@ -21,7 +22,7 @@ SUFFIXES = (".ep", ".trt")
 
 class TensorRTRunner(TorchModuleRunner):
     @classmethod
-    def create(cls, name: str, path: Path, art: Artifact | None) -> "TensorRTRunner":
+    def create(cls, name: str, path: Path, art: Artifact | None) -> TensorRTRunner:
         require("torch_tensorrt", f"validating the TensorRT artifact {name}")
         import torch
         import torch_tensorrt
@@ -29,11 +30,26 @@ class TensorRTRunner(TorchModuleRunner):
         try:
             loaded = torch_tensorrt.load(str(path))
         except Exception as e:  # noqa: BLE001
-            raise ModelLoadError(f"{name}: torch_tensorrt cannot load it: {str(e).strip().splitlines()[0][:300]}") from None
-        module = loaded.module() if hasattr(loaded, "module") and not isinstance(loaded, torch.nn.Module) else loaded
-        lm = LoadedModel(str(path), "tensorrt", module, path, art, list(art.inputs) if art else [],
-                         art.input_style if art else "positional")
-        return cls.from_loaded(name, lm, f"TensorRT {_trt_version()} (torch_tensorrt)", sidecar_batch_range(lm))
+            raise ModelLoadError(
+                f"{name}: torch_tensorrt cannot load it: {str(e).strip().splitlines()[0][:300]}"
+            ) from None
+        module = (
+            loaded.module()
+            if hasattr(loaded, "module") and not isinstance(loaded, torch.nn.Module)
+            else loaded
+        )
+        lm = LoadedModel(
+            str(path),
+            "tensorrt",
+            module,
+            path,
+            art,
+            list(art.inputs) if art else [],
+            art.input_style if art else "positional",
+        )
+        return cls.from_loaded(
+            name, lm, f"TensorRT {_trt_version()} (torch_tensorrt)", sidecar_batch_range(lm)
+        )
 
     def _to_device(self, x: Any) -> Any:
         if isinstance(x, dict):
@@ -56,6 +72,7 @@ class TensorRTRunner(TorchModuleRunner):
                 out = call_model(module, to_device(x))
             torch.cuda.synchronize()
             return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)  # back to the host
+
         return run
 
 

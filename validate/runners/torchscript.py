@@ -13,5 +13,5 @@ FORMATS = ("torchscript",)
 
 class TorchScriptRunner(TorchModuleRunner):
     @classmethod
-    def create(cls, name: str, loaded: Any) -> "TorchScriptRunner":
+    def create(cls, name: str, loaded: Any) -> TorchScriptRunner:
         return cls.from_loaded(name, loaded, "torch.jit", sidecar_batch_range(loaded))
