@@ -48,6 +48,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         result = runner.invoke(_entry(main), [str(a) for a in args], catch_exceptions=False)
         return result.exit_code, result.stdout, result.stderr
 
+    run.is_cli = True  # tests.helpers.assert_refused reads (code, out, err) from it
     return run
 
 
@@ -81,6 +82,7 @@ def run_ptopt(tmp_path: Path):
             env=env,
         )
 
+    run.is_subprocess = True
     return run
 
 

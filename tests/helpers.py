@@ -62,3 +62,56 @@ def digits8_batches():
 
     ds = load_data("builtin:digits:test")
     return [(b.x, b.y) for b in ds.batches(50)]
+
+
+# -- refusals ----------------------------------------------------------------------------------------
+
+
+def _files_under(where) -> set:
+    from pathlib import Path
+
+    return {p for p in Path(where).rglob("*") if p.is_file()} if where is not None else set()
+
+
+def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> str:
+    """Bad input is refused the way ptopt promises: exit 2 (or a ``PtoptError`` with exit_code 2 from
+    the Python API), one line on stderr starting ``error:``, no traceback, and no new file under
+    ``where``. Returns the message.
+
+    ``call`` is the ``cli`` fixture (``assert_refused(cli, "quantize", ...)``), the ``run_ptopt``
+    fixture (a subprocess), or any Python callable (``assert_refused(ptopt.quantize, model, ...)``).
+    ``match``: substrings (a str or a tuple of them) the message must contain. ``error``: the
+    ``PtoptError`` subclass the Python API must raise.
+    """
+    import subprocess
+
+    from ptopt.core.errors import PtoptError
+
+    needles = (match,) if isinstance(match, str) else tuple(match)
+    before = _files_under(where)
+    if getattr(call, "is_cli", False) or getattr(call, "is_subprocess", False):
+        out = call(*args, **kwargs)
+        if isinstance(out, subprocess.CompletedProcess):
+            code, err = out.returncode, out.stderr
+        else:
+            code, _, err = out
+        assert code == 2, f"exit {code}, not 2: {err}"
+        assert "Traceback" not in err, err
+        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), f"not one 'error:' line: {err!r}"
+        message = lines[0]
+    else:
+        try:
+            call(*args, **kwargs)
+        except PtoptError as e:
+            assert e.exit_code == 2, f"{type(e).__name__} has exit code {e.exit_code}, not 2"
+            if error is not None:
+                assert isinstance(e, error), f"{type(e).__name__} is not a {error.__name__}: {e}"
+            message = str(e)
+        else:
+            raise AssertionError(f"{getattr(call, '__name__', call)} accepted bad input")
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+    new = _files_under(where) - before
+    assert not new, f"a refused command wrote {sorted(map(str, new))}"
+    return message
