@@ -44,8 +44,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ptopt.compress.autoquant_result import (
-    AccuracyGoal,  # noqa: F401
+from ptopt.compress.autoquant_result import (  # noqa: F401 - re-exported: DEFAULT_TRIALS, SENSITIVITY_METHODS
+    DEFAULT_TRIALS,
+    SENSITIVITY_METHODS,
+    AccuracyGoal,
     AutoQuantResult,
     Measurement,
     _explain,
