@@ -123,14 +123,6 @@ class Artifact:
     def file_paths(self) -> list[Path]:
         return [self.path.parent / f for f in (self.files or [self.path.name])]
 
-    def as_parent(self) -> dict[str, Any]:
-        """What a child artifact records about this one."""
-        return {
-            "path": str(self.path),
-            "sha256": self.sha256 or sha256_file(self.path),
-            "format": self.format,
-        }
-
     # -- writing ---------------------------------------------------------------------------
     def finalize(self) -> Artifact:
         """Measure the files now in place, stamp versions and time, and write the sidecar atomically."""
@@ -200,12 +192,3 @@ def staged_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
                 os.replace(item, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def remove_artifact(path: str | os.PathLike) -> None:
-    """Delete an artifact and its sidecar (and its extra files) if present."""
-    path = Path(path)
-    art = Artifact.maybe_load(path)
-    for p in (art.file_paths if art else [path]) + [sidecar_path(path)]:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ptopt import _schemes as _schemes  # registers SCHEME:NAME loaders (zoo:) with core; imports no stage
+
 __version__ = "0.1.0"
 
 #: name -> "module:attribute" (a bare module name means the module itself)
