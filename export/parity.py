@@ -214,17 +214,10 @@ def onnx_runner(
 
 
 def artifact_runner(path: str | Path, fmt: str, specs: Sequence[InputSpec]) -> Callable[[Any], Any]:
-    """A callable running the artifact at ``path`` the way a user would load it."""
-    import torch
+    """A callable running the artifact at ``path`` the way a user would load it
+    (``ptopt.export.writers.reload``), taking a batch in the model's calling style."""
+    from ptopt.export.writers import reload
 
     if fmt == "onnx":
         return onnx_runner(path, specs)
-    if fmt == "torchscript":
-        return torch_runner(torch.jit.load(str(path), map_location="cpu").eval())
-    if fmt == "exported_program":
-        return torch_runner(torch.export.load(str(path)).module())
-    if fmt == "tensorrt":
-        import torch_tensorrt  # noqa: F401 - registers the TensorRT runtime ops the program calls
-
-        return torch_runner(torch.export.load(str(path)).module(), device="cuda")
-    raise ValueError(f"no runner for format {fmt!r}")
+    return torch_runner(reload(path, fmt), device="cuda" if fmt == "tensorrt" else "cpu")
