@@ -340,7 +340,7 @@ def _build(
     allow_pickle: bool,
     output: Any,
 ) -> _Built:
-    from ptopt.export.writers import reload, write_model
+    from ptopt.export.writers import check_reload, reload, write_model
 
     options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
     folder = tempfile.TemporaryDirectory(prefix="ptopt-export-")
@@ -348,6 +348,7 @@ def _build(
     path = Path(folder.name).resolve() / (
         Path(output).name if output is not None else "model" + config.suffix
     )
+    precision = config.precision or source.precision
     facts = write_model(
         source.module,
         config.format,
@@ -355,14 +356,27 @@ def _build(
         specs=specs,
         style=style,
         source_format=source.loaded.format,
-        precision=config.precision or source.precision,
+        precision=precision,
+        check=False,
+        **options,
+    )
+    # the check runs on the very object .model returns (one reload, not two)
+    model = reload(path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu")
+    parity = check_reload(
+        path,
+        config.format,
+        source.module,
+        specs,
+        style,
+        precision=precision,
         atol=config.atol,
         rtol=config.rtol,
         samples=calib,
+        files=facts["files"],
         keep_failed_as=output,
-        **options,
+        model=model,
     )
-    model = reload(path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu")
+    facts["metrics"] = {"parity": parity}
     return _Built(folder, path, facts, model, specs, style, quantized_from)
 
 

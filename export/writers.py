@@ -170,15 +170,22 @@ def check_reload(
     samples: Any = None,
     files: Sequence[str] = (),
     keep_failed_as: str | os.PathLike | None = None,
+    model: Any = None,
 ) -> dict[str, Any]:
     """The reload-and-compare check of a written file (see the module docstring); returns the
-    parity metrics or raises ParityError (with ``.metrics``, and ``.failed``: the kept files)."""
+    parity metrics or raises ParityError (with ``.metrics``, and ``.failed``: the kept files).
+
+    ``model``: the file already loaded with :func:`reload` (default: load it here)."""
     from ptopt.export.parity import artifact_runner, check_parity, torch_runner
 
+    if model is not None:
+        runner = torch_runner(model, device="cuda" if fmt == "tensorrt" else "cpu")
+    else:
+        runner = artifact_runner(path, fmt, specs)
     try:
         return check_parity(
             torch_runner(reference),
-            artifact_runner(path, fmt, specs),
+            runner,
             specs,
             style,
             precision=precision,
