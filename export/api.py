@@ -274,12 +274,16 @@ def _infer_style(module: Any, specs: Sequence[InputSpec], default: str) -> str:
 
 
 def _source_runs(loaded: Any, specs: list[InputSpec], style: str) -> None:
-    """The source must accept the min and max shapes before any export work starts."""
+    """The source must accept the min and max shapes, and return tensors, before any export work."""
     from ptopt.core.inputspec import make_inputs
     from ptopt.core.modelref import run_checked
+    from ptopt.export.parity import flatten_outputs
 
     for which in ("min", "max"):
-        run_checked(loaded, make_inputs(specs, style, which=which), what=f"the {which} shape")
+        # outputs must be tensors (or nested tuples/lists/dicts of them): every format carries only those
+        flatten_outputs(
+            run_checked(loaded, make_inputs(specs, style, which=which), what=f"the {which} shape")
+        )
 
 
 # -- 3. write, check, reload ---------------------------------------------------------------------------

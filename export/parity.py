@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import ParityError
+from ptopt.core.errors import ParityError, UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, call_args, format_shape, make_inputs
 
 #: (atol, rtol) by precision of the exported artifact.
@@ -59,7 +59,13 @@ def flatten_outputs(out: Any) -> list[Any]:
                 t = t.dequantize()
             arrays.append(t.cpu().to(torch.float64).numpy())
         else:
-            arrays.append(np.asarray(o, dtype=np.float64))
+            try:
+                arrays.append(np.asarray(o, dtype=np.float64))
+            except (TypeError, ValueError):
+                raise UnsupportedModelError(
+                    f"the model returns a {type(o).__name__} ({str(o)[:40]!r}); ptopt exports models whose "
+                    f"outputs are tensors, or tuples, lists or dicts of tensors"
+                ) from None
     return arrays
 
 

@@ -117,10 +117,27 @@ def reload(path: str | os.PathLike, fmt: str, *, style: str = "positional", devi
     """The model file at ``path`` loaded the way a user loads it, callable like its source:
     a ScriptModule (``torch.jit.load``), the ExportedProgram's ``.module()`` (``torch.export.load``),
     or for ONNX an :class:`~ptopt.export.onnx_model.OnnxModel` over an ONNX Runtime session (torch
-    tensors in, torch tensors out). The loaded model does not need the file afterwards."""
+    tensors in, torch tensors out). The loaded model does not need the file afterwards.
+
+    A file its runtime cannot load back (e.g. an ExportedProgram whose output is a string) is an
+    UnsupportedModelError."""
+    from ptopt.export.tracing import first_lines, quiet_export
+
+    if fmt not in FORMATS:
+        raise UsageError(f"cannot load format {fmt!r} (formats: {', '.join(FORMATS)})")
+    try:
+        with quiet_export():  # the deserializers log whole tracebacks before raising
+            return _load(Path(path), fmt, style, device)
+    except Exception as e:  # noqa: BLE001 - each runtime's loader raises its own kinds
+        raise UnsupportedModelError(
+            f"the written {fmt} file does not load back in its runtime: {type(e).__name__}: "
+            f"{first_lines(str(e), 1)[:300]}"
+        ) from None
+
+
+def _load(path: Path, fmt: str, style: str, device: str) -> Any:
     import torch
 
-    path = Path(path)
     if fmt == "torchscript":
         return torch.jit.load(str(path), map_location=device).eval()
     if fmt == "exported_program":
@@ -130,11 +147,9 @@ def reload(path: str | os.PathLike, fmt: str, *, style: str = "positional", devi
         from ptopt.export.onnx_model import OnnxModel
 
         return OnnxModel(path, style=style)
-    if fmt == "tensorrt":
-        import torch_tensorrt  # noqa: F401 - registers the TensorRT runtime ops the program calls
+    import torch_tensorrt  # noqa: F401 - registers the TensorRT runtime ops the program calls
 
-        return torch.export.load(str(path)).module()
-    raise UsageError(f"cannot load format {fmt!r} (formats: {', '.join(FORMATS)})")
+    return torch.export.load(str(path)).module()
 
 
 def serialized_bytes(
@@ -197,7 +212,9 @@ def check_reload(
     except ParityError as e:
         kept = _keep_failed(path, files or [path.name], keep_failed_as)
         where = f"; the artifact is kept aside for inspection as {', '.join(kept)}" if kept else ""
-        err = ParityError(f"{e}{where} (loosen with --atol/--rtol if this drift is acceptable)")
+        drift = getattr(e, "metrics", None) is not None  # else outputs differ in number or shape
+        hint = " (loosen with --atol/--rtol if this drift is acceptable)" if drift else ""
+        err = ParityError(f"{e if drift else f'the exported {fmt} model: {e}'}{where}{hint}")
         err.metrics = getattr(e, "metrics", None)  # type: ignore[attr-defined]
         err.failed = kept  # type: ignore[attr-defined]
         raise err from None
