@@ -352,35 +352,41 @@ def _build(
     path = Path(folder.name).resolve() / (
         Path(output).name if output is not None else "model" + config.suffix
     )
-    precision = config.precision or source.precision
-    facts = write_model(
-        source.module,
-        config.format,
-        path,
-        specs=specs,
-        style=style,
-        source_format=source.loaded.format,
-        precision=precision,
-        check=False,
-        **options,
-    )
-    # the check runs on the very object .model returns (one reload, not two)
-    model = reload(path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu")
-    parity = check_reload(
-        path,
-        config.format,
-        source.module,
-        specs,
-        style,
-        precision=precision,
-        atol=config.atol,
-        rtol=config.rtol,
-        samples=calib,
-        files=facts["files"],
-        keep_failed_as=output,
-        model=model,
-    )
-    facts["metrics"] = {"parity": parity}
+    try:
+        precision = config.precision or source.precision
+        facts = write_model(
+            source.module,
+            config.format,
+            path,
+            specs=specs,
+            style=style,
+            source_format=source.loaded.format,
+            precision=precision,
+            check=False,
+            **options,
+        )
+        # the check runs on the very object .model returns (one reload, not two)
+        model = reload(
+            path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu"
+        )
+        parity = check_reload(
+            path,
+            config.format,
+            source.module,
+            specs,
+            style,
+            precision=precision,
+            atol=config.atol,
+            rtol=config.rtol,
+            samples=calib,
+            files=facts["files"],
+            keep_failed_as=output,
+            model=model,
+        )
+        facts["metrics"] = {"parity": parity}
+    except BaseException:
+        folder.cleanup()
+        raise
     return _Built(folder, path, facts, model, specs, style, quantized_from)
 
 

@@ -237,16 +237,23 @@ def _settle_inputs(specs: Any, style: str | None, example: Any) -> tuple[list[In
 
 @contextlib.contextmanager
 def _eval_mode(*modules: Any) -> Iterator[None]:
-    """Every module in eval mode inside the block, each back to its own training flag after."""
-    flags = [(m, m.training) for m in modules if hasattr(m, "training") and hasattr(m, "train")]
+    """Every module in eval mode inside the block; afterwards each submodule gets its own training
+    flag back. (An ExportedProgram's module cannot switch modes: it stays as it is.)"""
+    flags: dict[Any, bool] = {}
     try:
-        for m, _ in flags:
-            m.eval()
+        for m in modules:
+            if not getattr(m, "training", False) or not hasattr(m, "modules"):
+                continue
+            before = {sub: sub.training for sub in m.modules()}
+            try:
+                m.eval()
+            except NotImplementedError:
+                continue
+            flags.update(before)
         yield
     finally:
-        for m, was in flags:
-            if was:
-                m.train()
+        for sub, was in flags.items():
+            sub.training = was
 
 
 def _source_format(module: Any) -> str:
