@@ -192,3 +192,13 @@ def test_parity_failure_in_memory_writes_nothing(tmp_path):
         export, batch_baked(), "torchscript", dynamic_batch="1:2:8", where=tmp_path, error=ParityError
     )
     assert "drifts from its source" in msg and ".failed" not in msg
+
+
+def test_an_exported_program_file_exports_again(tmp_path):
+    """A .pt2 source (its module cannot switch train/eval) goes to every other target."""
+    from ptopt.export.api import export
+
+    src = export("tests.helpers:tiny_cnn", "exported_program", tmp_path / "a.pt2", dynamic_batch="1:2:8")
+    for target in ("onnx", "torchscript"):
+        res = export(src.path, target)
+        assert res.metrics["parity"]["passed"] and res.parent["path"] == str(src.path)

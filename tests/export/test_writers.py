@@ -139,3 +139,10 @@ def test_bad_requests_are_usage_errors(tmp_path, fmt, kwargs, message):
     kwargs = {"example": module.example_inputs(2), **kwargs}
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         write_model(module, fmt, tmp_path / "m", **kwargs)
+
+
+def test_training_flags_come_back_per_submodule(tmp_path):
+    module = tiny_cnn()
+    module.bn1.eval()  # frozen statistics in an otherwise training model
+    write_model(module, "torchscript", tmp_path / "m.pt", example=module.example_inputs(2))
+    assert module.training and not module.bn1.training and module.bn2.training
