@@ -168,7 +168,7 @@ def _build_result(
             "onnx_quantization": _onnx_recipe(config, data_ref, parent),
         },
     )
-    writer = functools.partial(_save_torchscript, scripted, prep.example)
+    writer = functools.partial(_save_torchscript, scripted, prep.example, config.backend)
     sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *refs.values())
     return Result(scripted, template, writer, inputs_paths=sources)
 
@@ -238,15 +238,21 @@ def torchscript_bytes(scripted: Any) -> int:
     return len(buf.getvalue())
 
 
-def _save_torchscript(scripted: Any, example: Any, path: Any) -> None:
-    """Write ``scripted`` at ``path`` and check that the reloaded file computes what it computes."""
+def _save_torchscript(scripted: Any, example: Any, backend: str, path: Any) -> None:
+    """Write ``scripted`` at ``path`` and check that the reloaded file computes what it computes.
+
+    Under ``backend``'s engine, where it was built: reloading repacks int8 weights for the engine
+    in use, and another engine's kernels round differently.
+    """
     import torch
 
-    with warnings.catch_warnings():
+    from ptopt.compress import quant_engine as engine
+
+    with engine.quantize_context(backend), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         torch.jit.save(scripted, str(path))
         reloaded = torch.jit.load(str(path), map_location="cpu")
-    _check_parity(scripted, reloaded, example, "the saved int8 TorchScript differs from the int8 model")
+        _check_parity(scripted, reloaded, example, "the saved int8 TorchScript differs from the int8 model")
 
 
 # -- measuring -----------------------------------------------------------------------------------------

@@ -82,10 +82,13 @@ def input_files(*refs: Any) -> tuple[Path, ...]:
 # -- model and data -----------------------------------------------------------------------------------
 
 
-def load_eager(model: Any, weights: Any, allow_pickle: bool, for_what: str, role: str = "") -> Any:
+def load_eager(
+    model: Any, weights: Any, allow_pickle: bool, for_what: str, role: str = "", why: str = ""
+) -> Any:
     """A LoadedModel holding an eager nn.Module that ``for_what`` can rewrite or train.
 
-    TorchScript and ExportedProgram models are refused with the references that give an eager one.
+    TorchScript and ExportedProgram models are refused (``why`` says why, ``{format}`` filled in),
+    naming the references that give an eager one.
     """
     from ptopt.core.modelref import as_loaded
 
@@ -95,8 +98,9 @@ def load_eager(model: Any, weights: Any, allow_pickle: bool, for_what: str, role
         "RecursiveScriptModule",
         "ScriptModule",
     ):
+        why = (why or "{for_what} needs the eager nn.Module").format(format=loaded.format, for_what=for_what)
         raise UnsupportedModelError(
-            f"{role}{loaded.ref} is a {loaded.format} model; {for_what} needs the eager nn.Module "
+            f"{role}{loaded.ref} is a {loaded.format} model; {why} "
             "(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle)"
         )
     return loaded
@@ -147,6 +151,16 @@ def settle_inputs(loaded: Any, ds: Any, input_shapes: Any, data_hint: str = "dat
     x = loaded.example_inputs(which="opt", batch=2)
     run_checked(loaded, x, what="sample input")
     return x
+
+
+def count_parameters(module: Any) -> int:
+    """All parameters of ``module`` (zeros included)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def count_nonzero_parameters(module: Any) -> int:
+    """Parameters of ``module`` that are not zero (what unstructured pruning leaves)."""
+    return sum(int((p.detach() != 0).sum()) for p in module.parameters())
 
 
 # -- result -------------------------------------------------------------------------------------------
