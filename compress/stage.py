@@ -17,6 +17,7 @@ from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError, UsageError
 
+_FORMAT_NAMES = {"torchscript": "TorchScript", "exported_program": "ExportedProgram"}
 #: the placeholder path of an artifact template before ``Result.save``
 UNSAVED = Path("<unsaved>")
 
@@ -69,7 +70,7 @@ def check_output(output: Any, suffixes: Mapping[str, str] | None = None, hint: s
         return None
     fmt = suffixes.get(path.suffix.lower())
     if fmt is None:
-        names = " or ".join(f"{s} ({f})" for s, f in suffixes.items())
+        names = " or ".join(f"{s} ({_FORMAT_NAMES.get(f, f)})" for s, f in suffixes.items())
         raise UsageError(f"output {path}: use {names}; the model is saved so that plain torch loads it")
     return fmt
 
