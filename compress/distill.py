@@ -327,7 +327,10 @@ def _build_result(
     )
     sources = input_files(t_loaded.path, s_loaded.path, *refs.values())
     return Result(
-        s_module, template, functools.partial(_write_student, s_module, example), inputs_paths=sources
+        s_module,
+        template,
+        functools.partial(_write_student, s_module, example, template.inputs, template.input_style),
+        inputs_paths=sources,
     )
 
 
@@ -338,52 +341,12 @@ def _shape(t: Any) -> str:
 # -- saving ------------------------------------------------------------------------------------------
 
 
-def _write_student(module: Any, example: Any, path: Any) -> dict[str, Any]:
-    """The Result's writer: the format follows ``path``'s suffix."""
+def _write_student(module: Any, example: Any, specs: list[Any], style: str, path: Any) -> dict[str, Any]:
+    """The Result's writer: TorchScript (trace) for ``.pt``, an ExportedProgram (the specs' dynamic
+    batch) for ``.pt2``, through the one writer (``ptopt.export.writers``), reloaded and compared."""
+    from ptopt.export.writers import write_model
+
     fmt = check_output(path, OUTPUT_SUFFIXES)
-    _save_student(module, example, path, fmt)
-    return {"format": fmt}
-
-
-def _save_student(module: Any, example: Any, path: Any, out_format: str) -> None:
-    """TorchScript (trace) or ExportedProgram (dynamic batch) at ``path``, checked on reload."""
-    import warnings
-
-    import torch
-
-    from ptopt.core.errors import UnsupportedModelError
-    from ptopt.core.inputspec import call_args, flatten_inputs
-
-    args, kwargs = call_args(example)
-    with torch.no_grad():
-        expected = first_tensor(module(*args, **kwargs))
-    with warnings.catch_warnings():
-        # torch.jit.* is deprecated (still the portable format)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        if out_format == "torchscript":
-            if kwargs:
-                traced = torch.jit.trace(module, example_kwarg_inputs=kwargs)
-            else:
-                traced = torch.jit.trace(module, args)
-            torch.jit.save(traced, str(path))
-            reloaded = torch.jit.load(str(path))
-        else:
-            batch = torch.export.Dim("batch", min=1, max=1024)
-            names = [n for n, _ in flatten_inputs(example)]
-            dyn: Any = {k: {0: batch} for k in kwargs} if kwargs else tuple({0: batch} for _ in names)
-            try:
-                ep = torch.export.export(module, args, kwargs, dynamic_shapes=dyn)
-            except Exception as e:  # noqa: BLE001 - export failures are many types
-                raise UnsupportedModelError(
-                    f"torch.export cannot export the student ({str(e).strip().splitlines()[0][:200]}); "
-                    "write a .pt (TorchScript) instead"
-                ) from None
-            torch.export.save(ep, str(path))
-            reloaded = torch.export.load(str(path)).module()
-        with torch.no_grad():
-            got = first_tensor(reloaded(*args, **kwargs))
-    if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
-        raise UnsupportedModelError(
-            "the saved student does not reproduce the trained one "
-            f"(max diff {float((got - expected).abs().max()):.2e}); try the other output format"
-        )
+    # unfrozen: the saved student keeps its layers and state_dict
+    opts = {"freeze": False} if fmt == "torchscript" else {}
+    return write_model(module, fmt, path, specs=specs, style=style, example=example, **opts) | {"format": fmt}

@@ -208,50 +208,22 @@ def output_format(output: str | os.PathLike) -> str:
     return check_output(output, OUTPUT_FORMATS)
 
 
-def save_dense(model: Any, example_inputs: Any, path: str | os.PathLike, fmt: str, specs: list[Any]) -> None:
-    """Write ``model`` as TorchScript (trace) or an ExportedProgram with a dynamic batch dimension."""
-    import torch
+def save_dense(
+    model: Any,
+    example_inputs: Any,
+    path: str | os.PathLike,
+    fmt: str,
+    specs: list[Any],
+    style: str | None = None,
+) -> dict[str, Any]:
+    """Write ``model`` as TorchScript (trace) or an ExportedProgram (the specs' dynamic dims) through
+    the one writer (``ptopt.export.writers``), reloaded and compared; returns the sidecar facts."""
+    from ptopt.export.writers import write_model
 
-    from ptopt.core.inputspec import call_args
-
-    args, kwargs = call_args(example_inputs)
-    model = model.eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        if fmt == "torchscript":
-            with torch.no_grad():
-                if kwargs:
-                    traced = torch.jit.trace(model, example_kwarg_inputs=kwargs)
-                else:
-                    traced = torch.jit.trace(model, args if len(args) > 1 else args[0])
-            torch.jit.save(traced, str(path))
-            return
-        dyn = _dynamic_shapes(specs, args, kwargs)
-        ep = torch.export.export(model, args, kwargs or None, dynamic_shapes=dyn)
-        buf = io.BytesIO()  # torch.export.save insists on a .pt2 name; the atomic temp file has another
-        torch.export.save(ep, buf)
-        with open(path, "wb") as fh:
-            fh.write(buf.getvalue())
-
-
-def _dynamic_shapes(specs: list[Any], args: tuple, kwargs: dict) -> Any:
-    from torch.export import Dim
-
-    dynamic = [s for s in specs if s.min_shape and s.min_shape[0] != s.max_shape[0]]
-    if not dynamic:
-        return None
-    batch = Dim("batch", min=1, max=max(s.max_shape[0] for s in dynamic))
-    if kwargs:
-        return {k: {0: batch} for k in kwargs}
-    return tuple({0: batch} for _ in args)
-
-
-def _write(model: Any, example_inputs: Any, specs: list[Any], path: Any) -> dict[str, Any]:
-    """The Result's writer: the format follows ``path``'s suffix."""
-    fmt = output_format(path)
-    save_dense(model, example_inputs, path, fmt, specs)
-    return {"format": fmt}
+    # unfrozen: the saved model keeps its layers and state_dict (per-layer sparsity stays readable)
+    opts = {"freeze": False} if fmt == "torchscript" else {}
+    facts = write_model(model, fmt, path, specs=specs or None, style=style, example=example_inputs, **opts)
+    return facts | {"format": fmt}
 
 
 # -- the Python twin -------------------------------------------------------------------------------
@@ -503,11 +475,16 @@ def _build_result(
         metrics=metrics,
         extra=extra,
     )
-    writer = functools.partial(_write, work, example, list(loaded.input_specs))
+    writer = functools.partial(_write, work, example, list(loaded.input_specs), loaded.input_style)
     sources = input_files(
         loaded.path, loaded.info.get("weights"), record["fine_tune_data"], record["eval_data"]
     )
     return Result(work, template, writer, inputs_paths=sources)
+
+
+def _write(model: Any, example: Any, specs: list[Any], style: str, path: Any) -> dict[str, Any]:
+    """The Result's writer: the format follows ``path``'s suffix."""
+    return save_dense(model, example, path, output_format(path), specs, style)
 
 
 def _teacher(teacher: Any, module: Any) -> Any:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import os
-import warnings
 from typing import Any
 
 from ptopt.compress.quant_config import ORT_CALIBRATION, QuantConfig, QuantResult, make_config
@@ -124,15 +122,15 @@ def run_technique(config: QuantConfig, prep: Prepared, progress: bool) -> QuantR
 
 
 def quantize_prepared(config: QuantConfig, prep: Prepared, refs: dict[str, Any], progress: bool) -> Any:
-    """Run the technique, trace the int8 TorchScript (checked against the int8 module), measure it,
-    and return the unsaved Result. ``refs``: the ``calib_data`` / ``train_data`` / ``eval_data``
-    arguments as given (references are recorded in the sidecar)."""
+    """Run the technique, write the int8 TorchScript and reload it (checked against the int8 module),
+    measure it, and return the unsaved Result. ``refs``: the ``calib_data`` / ``train_data`` /
+    ``eval_data`` arguments as given (references are recorded in the sidecar)."""
     from ptopt.compress import quant_engine as engine
 
     with engine.quantize_context(config.backend):
         qres = run_technique(config, prep, progress)
-        scripted = to_torchscript(qres.module, prep.example, check=qres.module)
-        metrics = measure(prep.module, scripted, prep.example, prep.evald, refs.get("eval_data"))
+        scripted, int8_bytes = _checked_torchscript(qres.module, prep, config.backend)
+        metrics = measure(prep.module, scripted, int8_bytes, prep, refs.get("eval_data"))
     return _build_result(config, prep, qres, scripted, metrics, refs)
 
 
@@ -168,102 +166,69 @@ def _build_result(
             "onnx_quantization": _onnx_recipe(config, data_ref, parent),
         },
     )
-    writer = functools.partial(_save_torchscript, scripted, prep.example, config.backend)
+    writer = functools.partial(_write_torchscript, scripted, prep, config.backend)
     sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *refs.values())
     return Result(scripted, template, writer, inputs_paths=sources)
 
 
-# -- TorchScript ---------------------------------------------------------------------------------------
+# -- TorchScript (through the one writer, ptopt.export.writers) ------------------------------------------
 
 
-def to_torchscript(module: Any, example: Any, check: Any = None) -> Any:
-    """``module`` traced and frozen in memory; with ``check`` (the int8 module) the traced module must
-    compute what it computes, also at other batch sizes (ParityError otherwise)."""
-    import torch
+def _write_torchscript(module: Any, prep: Prepared, backend: str, path: Any) -> dict[str, Any]:
+    """``module`` (the int8 model, or its TorchScript) written at ``path`` as frozen TorchScript by
+    the one writer, reloaded and compared with ``module`` at the input specs' min/opt/max shapes.
 
-    from ptopt.core.errors import UnsupportedModelError
-    from ptopt.core.inputspec import call_args
-
-    args, kwargs = call_args(example)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        try:
-            module.eval()
-            with torch.no_grad():
-                if kwargs:
-                    traced = torch.jit.trace(
-                        module, example_kwarg_inputs=kwargs, check_trace=False, strict=False
-                    )
-                else:
-                    traced = torch.jit.trace(
-                        module, args if len(args) > 1 else args[0], check_trace=False, strict=False
-                    )
-                frozen = torch.jit.freeze(traced.eval())
-        except Exception as e:  # noqa: BLE001 - tracing failures come in many types
-            raise UnsupportedModelError(
-                f"cannot save the model as TorchScript: {type(e).__name__}: "
-                f"{str(e).strip().splitlines()[0][:300]}"
-            ) from None
-    if check is not None:
-        _check_parity(check, frozen, example, "the traced int8 TorchScript differs from the int8 model")
-    return frozen
-
-
-def _check_parity(want_model: Any, got_model: Any, example: Any, what: str) -> None:
-    import torch
-
-    from ptopt.core.data import rebatch
-    from ptopt.core.errors import ParityError
-    from ptopt.core.inputspec import call_model
-
-    with torch.no_grad():
-        for x in (example, rebatch(example, 1), rebatch(example, 3)):
-            want, got = call_model(want_model, x).float(), call_model(got_model, x).float()
-            if not torch.allclose(want, got, atol=TRACE_ATOL, rtol=1e-3):
-                raise ParityError(
-                    f"{what} (max |diff| {float((want - got).abs().max()):.3g}); the model may branch "
-                    "on input values or shapes"
-                )
-
-
-def torchscript_bytes(scripted: Any) -> int:
-    """Bytes of ``scripted`` as ``torch.jit.save`` writes it."""
-    import torch
-
-    buf = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        torch.jit.save(scripted, buf)
-    return len(buf.getvalue())
-
-
-def _save_torchscript(scripted: Any, example: Any, backend: str, path: Any) -> None:
-    """Write ``scripted`` at ``path`` and check that the reloaded file computes what it computes.
-
-    Under ``backend``'s engine, where it was built: reloading repacks int8 weights for the engine
-    in use, and another engine's kernels round differently.
+    Under ``backend``'s engine, where the int8 model was built: reloading repacks int8 weights for
+    the engine in use, and another engine's kernels round differently.
     """
-    import torch
-
     from ptopt.compress import quant_engine as engine
+    from ptopt.export.writers import write_model
 
-    with engine.quantize_context(backend), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        torch.jit.save(scripted, str(path))
-        reloaded = torch.jit.load(str(path), map_location="cpu")
-        _check_parity(scripted, reloaded, example, "the saved int8 TorchScript differs from the int8 model")
+    with engine.quantize_context(backend):
+        return write_model(
+            module,
+            "torchscript",
+            path,
+            specs=prep.loaded.input_specs or None,
+            style=prep.loaded.input_style,
+            example=prep.example,
+            precision="int8",
+            atol=TRACE_ATOL,
+            rtol=TRACE_ATOL,
+        )
+
+
+def _checked_torchscript(int8: Any, prep: Prepared, backend: str) -> tuple[Any, int]:
+    """(the int8 TorchScript as its file loads back, that file's bytes): written in a temporary
+    folder, so what ``.model`` runs and ``.metrics`` measure is what ``.save`` writes."""
+    import tempfile
+    from pathlib import Path
+
+    from ptopt.export.writers import reload
+
+    with tempfile.TemporaryDirectory(prefix="ptopt-int8-") as tmp:
+        path = Path(tmp) / "model.int8.pt"
+        _write_torchscript(int8, prep, backend, path)
+        return reload(path, "torchscript", style=prep.loaded.input_style), path.stat().st_size
 
 
 # -- measuring -----------------------------------------------------------------------------------------
 
 
-def measure(fp32: Any, scripted: Any, example: Any, ds: Any, ref: Any) -> dict[str, Any]:
-    """Sizes (int8 vs fp32 TorchScript bytes) and, with ``ds``, fp32 vs int8 accuracy / agreement."""
-    fp32_bytes = torchscript_bytes(to_torchscript(fp32, example))
-    metrics = _accuracy(fp32, scripted, ds, ref)
+def measure(fp32: Any, scripted: Any, int8_bytes: int, prep: Prepared, ref: Any) -> dict[str, Any]:
+    """Sizes (int8 vs fp32 TorchScript bytes) and, with eval data, fp32 vs int8 accuracy / agreement."""
+    from ptopt.export.writers import serialized_bytes
+
+    fp32_bytes = serialized_bytes(
+        fp32,
+        "torchscript",
+        prep.example,
+        specs=prep.loaded.input_specs or None,
+        style=prep.loaded.input_style,
+    )
+    metrics = _accuracy(fp32, scripted, prep.evald, ref)
     metrics["fp32_torchscript_bytes"] = fp32_bytes
-    metrics["size_ratio_vs_fp32_torchscript"] = round(torchscript_bytes(scripted) / fp32_bytes, 4)
+    metrics["size_ratio_vs_fp32_torchscript"] = round(int8_bytes / fp32_bytes, 4)
     return metrics
 
 
