@@ -26,6 +26,7 @@ from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE
 from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
 from ptopt.core.inputspec import InputSpec, specs_from_example
+from ptopt.core.safety import check_model_file, quiet_upstream
 from ptopt.core.schemes import ModelScheme, model_scheme, model_scheme_forms
 
 _PICKLE_HINT = (
@@ -132,6 +133,7 @@ def _load_scheme(text: str, scheme: ModelScheme, name: str, weights: Any) -> Loa
 def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
     if path.is_dir():
         raise ModelLoadError(f"{path} is a folder, not a model file")
+    check_model_file(path, allow_pickle)  # before torch reads it: a .pt2 may ask torch to run code
     art = Artifact.maybe_load(path)
     specs = list(art.inputs) if art else []
     style = art.input_style if art else "positional"
@@ -204,7 +206,8 @@ def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
     import torch
 
     try:
-        ep = torch.export.load(str(path))
+        with quiet_upstream():  # torch logs a traceback before raising; ours is one line
+            ep = torch.export.load(str(path))
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"{path}: not a loadable ExportedProgram: {str(e).splitlines()[0]}") from None
     specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")
