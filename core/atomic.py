@@ -68,12 +68,8 @@ def _key(path: str | os.PathLike) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(path) or "."), os.path.basename(path))
 
 
-def note_placed(path: str | os.PathLike) -> None:
-    """Remember which file this process put at ``path`` (see :func:`placed_by_us`)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
+def note_placed(path: str | os.PathLike, st: os.stat_result) -> None:
+    """Remember that this process put the file ``st`` at ``path`` (see :func:`placed_by_us`)."""
     _placed[_key(path)] = (st.st_dev, st.st_ino)
 
 
@@ -85,8 +81,9 @@ def placed_by_us(path: str | os.PathLike, st: os.stat_result) -> bool:
 
 
 def _replace(src: Path, dest: Path) -> None:
+    st = os.stat(src)  # before: after the rename, ``dest`` may already be another writer's file
     os.replace(src, dest)
-    note_placed(dest)
+    note_placed(dest, st)
 
 
 # -- temp files and folders ------------------------------------------------------------------------
