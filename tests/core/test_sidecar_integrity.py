@@ -398,3 +398,23 @@ def test_files_get_the_umask_mode(tmp_path, umask):
         assert {p.name: oct(p.stat().st_mode & 0o777) for p in files} == {p.name: oct(want) for p in files}
     finally:
         os.umask(old)
+
+
+def test_inspect_reports_a_stale_sidecar_and_ignores_it(tmp_path):
+    """``ptopt inspect`` says ok / stale; a stale sidecar's input specs are not used."""
+    import torch
+
+    from ptopt.core.inputspec import InputSpec
+    from ptopt.core.inspect import inspect_model
+    from tests.helpers import tiny_cnn
+
+    out = tmp_path / "m.pt"
+    spec = InputSpec("x", (1, 1, 8, 8), (2, 1, 8, 8), (4, 1, 8, 8))
+    scripted = torch.jit.script(tiny_cnn().eval())
+    Result(scripted, Artifact(path=None, format="torchscript", inputs=[spec]), scripted.save).save(out)
+    report = inspect_model(str(out))
+    assert report["sidecar"] == {"state": "ok", "reason": ""} and report["inputs"][0]["name"] == "x"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), out)  # another model, same name
+    report = inspect_model(str(out))
+    assert report["sidecar"]["state"] == "stale" and "sha256 of m.pt" in report["sidecar"]["reason"]
+    assert report["inputs"] == [] and "artifact" not in report
