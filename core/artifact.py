@@ -247,6 +247,8 @@ class Artifact:
             return f"it records no sha256 for {self.path.name}"
         for name, digest in expected.items():
             f = self.path.parent / name
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                return f"it names a file outside its folder ({name})"
             if not f.is_file():
                 return f"{f.name} is missing"
             if sha256_file(f) != digest:

@@ -127,10 +127,11 @@ def staged_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         mode = file_mode()
         for item in sorted(tmp.rglob("*")):
-            if item.is_file() and not item.is_symlink():
+            if item.is_file():
                 dest = final_dir / item.relative_to(tmp)
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                os.chmod(item, mode)
+                if not item.is_symlink():
+                    os.chmod(item, mode)
                 _replace(item, dest)
     finally:
         os.close(fd)

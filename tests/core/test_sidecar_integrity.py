@@ -115,7 +115,14 @@ def _two_shas(out):
     sidecar_path(out).write_text(json.dumps(data))
 
 
+def _hash_outside(out):
+    data = json.loads(sidecar_path(out).read_text())
+    data["hashes"]["../../../../dev/zero"] = "0" * 64  # would never finish reading
+    sidecar_path(out).write_text(json.dumps(data))
+
+
 BROKEN = [
+    (_hash_outside, "stale", "outside its folder"),
     (_replace_main, "stale", "sha256 of m.onnx is not"),
     (_replace_data, "stale", "sha256 of m.onnx.data is not"),
     (_remove_data, "stale", "m.onnx.data is missing"),
