@@ -26,7 +26,16 @@ def model_pt(tmp_path, cli):
 
 CASES = {
     "package -o onto the model": ("package", "m.pt", "--format", "mar", "-o", "m.pt"),
-    "package --save-recipe onto -o": ("package", "m.pt", "--format", "mar", "-o", "m.mar", "--save-recipe", "m.mar"),
+    "package --save-recipe onto -o": (
+        "package",
+        "m.pt",
+        "--format",
+        "mar",
+        "-o",
+        "m.mar",
+        "--save-recipe",
+        "m.mar",
+    ),
 }
 
 
