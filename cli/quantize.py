@@ -168,6 +168,10 @@ def _print_report(art, mode: str) -> None:
         )
     elif "top1_agreement" in m:
         click.echo(f"top-1 agreement with fp32 on {m['eval_data']}: {100 * m['top1_agreement']:.2f}%")
+    if m.get("vs_fp32"):
+        from ptopt.compress.fidelity import describe
+
+        click.echo(f"vs fp32: {describe(m['vs_fp32'])}")
     floats = art.extra.get("float_layers") or {}
     if floats:
         click.echo(f"stayed float ({len(floats)}):")

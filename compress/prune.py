@@ -289,6 +289,7 @@ def prune(
     pruner = make_pruner(config, loaded.module, example)
     work, report, history = _run_rounds(pruner, config, loaded.module, plan, ev, progress)
     metrics = _measure(loaded.module, work, report, ev)
+    metrics["vs_source"] = _vs_source(loaded.module, work, ev or plan.data, example)
     record = config.to_dict() | {
         "fine_tune_data": ref_name(fine_tune_data),
         "eval_data": ref_name(eval_data),
@@ -448,6 +449,15 @@ def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[
             accuracy_before=before, accuracy_after=after, accuracy_drop_points=100 * (before - after)
         )
     return metrics
+
+
+def _vs_source(original: Any, work: Any, data: Any, example: Any) -> dict[str, Any] | None:
+    """How closely the pruned model follows the unpruned one (``compress.fidelity.vs_source``) on the
+    eval data, else the fine-tuning data, else the example batch: recorded, not gated (pruning
+    changes the function on purpose; ``accuracy_*`` says what it cost)."""
+    from ptopt.compress.fidelity import fidelity_data, vs_source
+
+    return vs_source(original, work, fidelity_data(data, example=example))
 
 
 def _build_result(

@@ -229,7 +229,21 @@ def measure(fp32: Any, scripted: Any, int8_bytes: int, prep: Prepared, ref: Any)
     metrics = _accuracy(fp32, scripted, prep.evald, ref)
     metrics["fp32_torchscript_bytes"] = fp32_bytes
     metrics["size_ratio_vs_fp32_torchscript"] = round(int8_bytes / fp32_bytes, 4)
+    metrics |= vs_fp32(fp32, scripted, prep)
     return metrics
+
+
+def vs_fp32(fp32: Any, scripted: Any, prep: Prepared) -> dict[str, Any]:
+    """The int8 model against its fp32 source under export's parity rule (``compress.fidelity``):
+    ``vs_fp32`` (the full record) and its headline numbers ``min_cosine`` / ``top1_agreement_vs_fp32``."""
+    from ptopt.compress.fidelity import INT8_VS_FP32, fidelity_data, measure_fidelity
+
+    data = fidelity_data(prep.evald, prep.calib, prep.train, example=prep.example)
+    fid = measure_fidelity(fp32, scripted, data, **INT8_VS_FP32)
+    out = {"vs_fp32": fid, "min_cosine": fid["min_cosine"]}
+    if fid["top1_agreement"] is not None:
+        out["top1_agreement_vs_fp32"] = fid["top1_agreement"]
+    return out
 
 
 def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
@@ -289,3 +303,27 @@ def _onnx_recipe(config: QuantConfig, data_ref: Any, parent: dict[str, Any]) -> 
                 "re-quantizes the fp32 parent by calibration on train_data: QAT fine-tuning is not carried over"
             )
     return rec
+
+
+# -- when the int8 model is not faithful -------------------------------------------------------------
+
+
+def suggest_float_layers(config: QuantConfig, prep: Prepared) -> str:
+    """What to do when the int8 model breaks the rule: the layers to keep in float, found by
+    autoquant's sensitivity ranking and verified (the rule holds with them float), else the search."""
+    from ptopt.compress.autoquant import float_layers_that_hold
+    from ptopt.compress.fidelity import fidelity_data
+
+    data = fidelity_data(prep.evald, prep.calib, prep.train, example=prep.example)
+    found = float_layers_that_hold(prep, config, data)
+    if found is None:
+        return (
+            " No set of float layers tried makes it hold; accuracy-aware quantization searches further: "
+            "add --eval-data DATA --min-cosine 0.99 (it writes the closest model and names the layers)"
+        )
+    layers, fid = found
+    flags = " ".join(f"--exclude {n}" for n in layers)
+    return (
+        f" Keep {', '.join(layers)} in float: rerun with {flags} (float_modules={tuple(layers)!r}); "
+        f"with them float the min cosine is {fid['min_cosine']:.4f}"
+    )

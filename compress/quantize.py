@@ -47,8 +47,14 @@ from ptopt.compress.quant_config import (  # noqa: F401 - re-exported: the confi
     StaticQuantConfig,
     make_config,
 )
-from ptopt.compress.quant_steps import prepare, quantize_prepared, require_data, resolve_config
-from ptopt.compress.stage import check_output, finish
+from ptopt.compress.quant_steps import (
+    prepare,
+    quantize_prepared,
+    require_data,
+    resolve_config,
+    suggest_float_layers,
+)
+from ptopt.compress.stage import check_output, finish, refuse_if_unfaithful
 from ptopt.core.errors import UsageError
 
 
@@ -119,7 +125,10 @@ def quantize(
     require_data(config, calib_data, train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
     refs = {"calib_data": calib_data, "train_data": train_data, "eval_data": eval_data}
-    return finish(quantize_prepared(config, prep, refs, progress), output)
+    result = quantize_prepared(config, prep, refs, progress)
+    if config.mode in ("static", "dynamic"):  # QAT trains: its vs_fp32 numbers are recorded, not gated
+        refuse_if_unfaithful(result, output, lambda: suggest_float_layers(config, prep))
+    return finish(result, output)
 
 
 def _accuracy_aware(model: Any, mode: str | None, output: Any, config: Any, options: dict[str, Any]) -> Any:

@@ -58,3 +58,40 @@ class Untraceable(nn.Module):
 def untraceable() -> Untraceable:
     torch.manual_seed(0)
     return Untraceable()
+
+
+class OutlierMLP(nn.Module):
+    """A transformer-style MLP block with one "massive activation" channel (as LLMs and ViTs have):
+    channel 0 of ``block.fc1`` is ~1000× the others, and ``block.fc2`` barely reads it. Per-tensor
+    int8 activations take their range from that channel, so every other channel rounds to zero:
+    the int8 model's outputs no longer follow fp32's. Keeping the block's two Linears float fixes it.
+    Takes N×16 features (``outlier_data``)."""
+
+    def __init__(self, dim: int = 16, hidden: int = 64):
+        super().__init__()
+        self.embed = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.block = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.head = nn.Linear(dim, 10)
+        with torch.no_grad():
+            self.block[0].weight[0] *= 1000.0
+            self.block[0].bias[0] = 2000.0
+            self.block[2].weight[:, 0] *= 1e-4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.embed(x))
+        return self.head(h + self.block(h))
+
+
+def outlier_mlp() -> OutlierMLP:
+    torch.manual_seed(0)
+    return OutlierMLP().eval()
+
+
+def outlier_data(n: int = 128) -> torch.Tensor:
+    return torch.randn(n, 16, generator=torch.Generator().manual_seed(1))
+
+
+def outlier_calib() -> dict:
+    """``outlier_data`` as a DATA reference (``tests.compress.quant_models:outlier_calib``)."""
+    return {"x": outlier_data()}
