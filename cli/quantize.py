@@ -148,6 +148,13 @@ def _print_report(art, mode: str) -> None:
         f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "
         f"({m['fp32_torchscript_bytes']:,} bytes)"
     )
+    if m.get("larger_than_fp32"):
+        floats = art.extra.get("float_layers") or {}
+        click.echo(
+            f"warning: this int8 file is LARGER than its fp32 source ({m['size_ratio_vs_fp32_torchscript']:.2f}x): "
+            f"{len(floats)} layer(s) with weights stayed float (listed below) and int8 packing adds overhead",
+            err=True,
+        )
     cal = art.extra.get("calibration")
     if cal:
         click.echo(

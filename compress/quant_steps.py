@@ -229,6 +229,8 @@ def measure(fp32: Any, scripted: Any, int8_bytes: int, prep: Prepared, ref: Any)
     metrics = _accuracy(fp32, scripted, prep.evald, ref)
     metrics["fp32_torchscript_bytes"] = fp32_bytes
     metrics["size_ratio_vs_fp32_torchscript"] = round(int8_bytes / fp32_bytes, 4)
+    # an "int8" file larger than its source is said loudly (the CLI warns; here the flag)
+    metrics["larger_than_fp32"] = int8_bytes > fp32_bytes
     metrics |= vs_fp32(fp32, scripted, prep)
     return metrics
 

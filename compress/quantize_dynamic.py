@@ -1,4 +1,9 @@
-"""Dynamic int8: Linear / LSTM / GRU weights stored in int8, activations quantized per batch.
+"""Dynamic int8: Linear / LSTM / GRU weights stored in int8, activations quantized per batch;
+Embedding weights stored as int8 rows (one float scale per row), looked up and dequantized.
+
+transformers' ``Conv1D`` (GPT-2's attention and MLP projections) is a linear layer with its weight
+stored transposed: it is swapped for the equivalent ``nn.Linear`` (checked numerically) and quantized
+as one (``quant_engine.linearize_conv1d``).
 
 No calibration data. Never convolutions: ONNX/torch dynamic conv (ConvInteger) is several times
 slower than fp32, so convolutional models go through ``--mode static``. Transformer encoders work:
@@ -32,6 +37,13 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig) -> QuantResult:
             ),
         }
     }
+    conv1d = [
+        n
+        for n, m in model.named_modules()
+        if n and engine.is_conv1d_linear(m) and engine.is_quantized_module(q.get_submodule(n))
+    ]
+    if conv1d:
+        summary["dynamic"]["conv1d_as_linear"] = conv1d
     return QuantResult(q, float_layers(model, q, config), summary)
 
 
@@ -48,6 +60,8 @@ def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> d
         kind = type(m).__name__
         if any(name == e or name.startswith(e + ".") for e in excluded):
             out[name] = "excluded (--exclude / float_modules)"
+        elif kind == "Conv1D":
+            out[name] = "transformers Conv1D not selected (--layers linear quantizes it as the Linear it is)"
         elif kind.startswith("Conv"):
             out[name] = _CONV_REASON
         elif kind == "NonDynamicallyQuantizableLinear":
@@ -58,8 +72,10 @@ def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> d
             out[name] = f"{kind} not selected (--layers {','.join(config.layers)})"
         elif "Norm" in kind:
             out[name] = f"{kind} has no dynamic int8 kernel: runs in float"
+        elif kind == "Embedding":
+            out[name] = f"Embedding not selected (--layers {','.join(config.layers)})"
         elif kind.startswith("Embedding"):
-            out[name] = "embeddings stay float (weight-only int8 is not supported by this engine)"
+            out[name] = f"{kind} has no weight-only int8 kernel here: runs in float"
         else:
             out[name] = f"{kind} has no dynamic int8 kernel: runs in float"
     return out

@@ -95,3 +95,14 @@ def outlier_data(n: int = 128) -> torch.Tensor:
 def outlier_calib() -> dict:
     """``outlier_data`` as a DATA reference (``tests.compress.quant_models:outlier_calib``)."""
     return {"x": outlier_data()}
+
+
+def tiny_linear() -> nn.Module:
+    """One 4×4 Linear: its int8 file (packed weights and their metadata) is larger than the fp32 one."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4)).eval()
+
+
+def features4() -> dict:
+    """16 samples of 4 features (DATA for ``tiny_linear``)."""
+    return {"x": torch.randn(16, 4, generator=torch.Generator().manual_seed(0))}
