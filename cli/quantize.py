@@ -179,6 +179,13 @@ def _print_report(art, mode: str) -> None:
         from ptopt.compress.fidelity import describe
 
         click.echo(f"vs fp32: {describe(m['vs_fp32'])}")
+    share = art.extra.get("int8_share")
+    if share:
+        click.echo(
+            f"int8: {share['layers']} of {share['of_layers']} layers with weights, "
+            f"{100 * share['parameters']:.1f}% of their parameters, "
+            f"{100 * share['macs']:.1f}% of their multiply-accumulates"
+        )
     floats = art.extra.get("float_layers") or {}
     if floats:
         click.echo(f"stayed float ({len(floats)}):")

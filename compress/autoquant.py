@@ -145,14 +145,14 @@ class _Tuner:
         if smooth:
             from ptopt.compress.quantize_dynamic import quantize_dynamic
 
-            return quantize_dynamic(self.smoothed(config, smooth), config).module
+            return quantize_dynamic(self.smoothed(config, smooth), config, self.example).module
         if config.mode == "static":
             from ptopt.compress.quantize_static import quantize_static
 
             return quantize_static(self.module, config, self.calib, self.example, progress=False).module
         from ptopt.compress.quantize_dynamic import quantize_dynamic
 
-        return quantize_dynamic(self.module, config).module
+        return quantize_dynamic(self.module, config, self.example).module
 
     @property
     def smoothable(self) -> list[str]:
@@ -249,13 +249,18 @@ class _Tuner:
 
     # layers and sensitivity ----------------------------------------------------------------------------
     def quantizable_layers(self) -> list[str]:
-        """Layers the base scheme turns int8 (user-excluded ones are not candidates)."""
+        """Layers the base scheme turns int8 (user-excluded ones are not candidates, and neither
+        are embeddings: weight-only int8 rows cost no accuracy to speak of and no time)."""
+        import torch
+
         from ptopt.compress import quant_engine as engine
 
         q = self.quantize(self.base)
         out = []
         for name, m in self.module.named_modules():
             if not name or not any(True for _ in m.parameters(recurse=False)):
+                continue
+            if isinstance(m, torch.nn.Embedding):
                 continue
             try:
                 qm = q.get_submodule(name)
@@ -302,6 +307,12 @@ class _Tuner:
         for r in rows:
             r.pop("_key")
         return rows
+
+
+def layer_macs(module: Any, example: Any) -> dict[str, float]:
+    """Multiply-accumulates per sample of each layer with a weight matrix (or recurrent weights), by
+    name: what keeping it float costs."""
+    return _Tuner._macs(module, example)
 
 
 #: a sensitivity ranking quantizes every layer once: past this many layers, only the search is suggested

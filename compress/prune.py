@@ -390,6 +390,11 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
     for ds, what in ((ft, "fine-tune data"), (ev, "eval data")):
         if ds is not None:
             run_checked(loaded, ds.first_batch(2).x, what)
+    if not loaded.input_specs:  # prune has no --data: name the options it has
+        raise UsageError(
+            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. --input-shape 1x3x224x224), "
+            "or labelled data with --eval-data DATA (e.g. builtin:digits:test)"
+        )
     example = loaded.example_inputs("opt", batch=2)
     run_checked(loaded, example, "sample input")
     return ft, ev, example

@@ -50,6 +50,7 @@ from ptopt.compress.quant_config import (  # noqa: F401 - re-exported: the confi
 from ptopt.compress.quant_steps import (
     prepare,
     quantize_prepared,
+    refuse_if_mostly_float,
     require_data,
     resolve_config,
     suggest_float_layers,
@@ -126,6 +127,8 @@ def quantize(
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
     refs = {"calib_data": calib_data, "train_data": train_data, "eval_data": eval_data}
     result = quantize_prepared(config, prep, refs, progress)
+    if config.mode == "static":
+        refuse_if_mostly_float(result, prep)
     if config.mode in ("static", "dynamic"):  # QAT trains: its vs_fp32 numbers are recorded, not gated
         refuse_if_unfaithful(result, output, lambda: suggest_float_layers(config, prep))
     return finish(result, output)

@@ -106,3 +106,34 @@ def tiny_linear() -> nn.Module:
 def features4() -> dict:
     """16 samples of 4 features (DATA for ``tiny_linear``)."""
     return {"x": torch.randn(16, 4, generator=torch.Generator().manual_seed(0))}
+
+
+class ScaledBlock(nn.Module):
+    """A ConvNeXt-style residual block with a parameter of its own (``layer_scale``), used as a tensor."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.layer_scale = nn.Parameter(torch.full((c, 1, 1), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layer_scale * F.relu(self.conv(x))
+
+
+class ScaledNet(nn.Module):
+    """Stem conv, two ``ScaledBlock``s, global pool, Linear: N×1×8×8 digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 16, 3, padding=1)
+        self.blocks = nn.Sequential(ScaledBlock(16), ScaledBlock(16))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(F.relu(self.stem(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def scaled_net() -> ScaledNet:
+    torch.manual_seed(0)
+    return ScaledNet().eval()
