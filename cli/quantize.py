@@ -22,7 +22,7 @@ from ptopt.cli.options import (
     "--mode",
     type=click.Choice(["dynamic", "static", "qat"]),
     required=True,
-    help="dynamic: Linear/LSTM/GRU weights int8, no data; static: graph-mode int8 calibrated on "
+    help="dynamic: Linear/LSTM/GRU/Embedding weights int8, no calibration; static: graph-mode int8 calibrated on "
     "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8.",
 )
 @output_option(required=False)
@@ -50,7 +50,9 @@ from ptopt.cli.options import (
     metavar="MODULE",
     help="Keep this module (by name, e.g. layers.2.conv1) in float and don't trace into it (repeatable).",
 )
-@click.option("--layers", help="Dynamic: comma-separated layer types to quantize [linear,lstm,gru].")
+@click.option(
+    "--layers", help="Dynamic: comma-separated layer types to quantize [linear,lstm,gru,embedding]."
+)
 @click.option("--epochs", type=int, help="QAT: fine-tuning epochs [1].")
 @click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")

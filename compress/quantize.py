@@ -3,8 +3,10 @@
 =========  ==============================================================  ==========================
 mode       what                                                            needs
 =========  ==============================================================  ==========================
-dynamic    int8 weights of Linear / LSTM / GRU, activations quantized on   nothing (or data for specs)
-           the fly (never convolutions: ConvInteger is slower than fp32)
+dynamic    int8 weights of Linear / LSTM / GRU (and transformers' Conv1D,  no calibration; a shape or
+           as the Linear it is), int8 Embedding rows, activations          data when the model
+           quantized on the fly (never convolutions: ConvInteger is        declares no input shape
+           slower than fp32)
 static     graph-mode (FX) post-training int8: conv-bn(-relu) and          ``calib_data``
            linear-relu fused, observers calibrated on data
 qat        fake-quant fine-tuning with the shared trainer, then convert    ``train_data``
@@ -22,6 +24,10 @@ model and checked against it at three batch sizes, so it runs without any quanti
 (e.g. the MHA fast path, which int8 transformers must not take) and loads with plain
 ``torch.jit.load`` once saved. The sidecar records the config, the calibration, which layers stayed
 float and why, and what ``ptopt export`` needs to redo the quantization in ONNX Runtime.
+
+Before the Result is returned, the int8 model is judged against its fp32 source by export's parity
+rule (``ptopt.compress.fidelity``); a static or dynamic model that breaks it raises ParityError
+(with ``output``, the file is kept aside as ``<output>.failed``) naming the layers to keep float.
 
 The configs live in ``quant_config`` (re-exported here). Only ``ptopt.compress.quant_engine``
 touches ``torch.ao.quantization``; the technique files (``quantize_static``, ``quantize_dynamic``,
