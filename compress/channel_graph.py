@@ -537,7 +537,8 @@ class ChannelGraph:
         firsts = [first for first, _, _ in stuck.values()]
         kept = {n for r in stuck for n in self._spaces[r].producers}
         where = "; ".join(
-            f"{', '.join(self._spaces[r].producers)}: channels reach {op!r} (graph node {node})"
+            f"layer{'s' if len(self._spaces[r].producers) > 1 else ''} {', '.join(self._spaces[r].producers)}: "
+            f"channels reach {op!r} (graph node {node})"
             for r, (_, op, node) in list(stuck.items())[:4]
         )
         more = f" and {len(stuck) - 4} more" if len(stuck) > 4 else ""
