@@ -181,3 +181,7 @@ def _print_report(art) -> None:
             f"eval accuracy: {m['eval_accuracy']:.4f} (best epoch {m['best_epoch']}; "
             f"teacher {m['teacher_eval_accuracy']:.4f})"
         )
+    if m.get("vs_teacher"):
+        from ptopt.compress.fidelity import describe
+
+        click.echo(f"vs teacher: {describe(m['vs_teacher'])}")

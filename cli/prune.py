@@ -186,6 +186,10 @@ def _print_report(art, method: str) -> None:
             f"accuracy:   {100 * m['accuracy_before']:.2f}% → {100 * m['accuracy_after']:.2f}% "
             f"(drop {m['accuracy_drop_points']:.2f} points)"
         )
+    if m.get("vs_source"):
+        from ptopt.compress.fidelity import describe
+
+        click.echo(f"vs unpruned: {describe(m['vs_source'])}")
     if extra.get("note"):
         click.echo(f"note:       {extra['note']}")
     click.echo(

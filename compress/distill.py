@@ -315,6 +315,7 @@ def _build_result(
             "teacher_eval_accuracy": teacher_acc,
             "student_parameters": s_params,
             "teacher_parameters": t_params,
+            "vs_teacher": _vs_teacher(t_loaded.module, s_module, eval_ds or train_ds),
         },
         extra={
             "teacher": teacher_record,
@@ -332,6 +333,14 @@ def _build_result(
         functools.partial(_write_student, s_module, example, template.inputs, template.input_style),
         inputs_paths=sources,
     )
+
+
+def _vs_teacher(teacher: Any, student: Any, data: Any) -> dict[str, Any] | None:
+    """How closely the student follows the teacher on ``data`` (``compress.fidelity.vs_source``)."""
+    from ptopt.compress.fidelity import fidelity_data, vs_source
+
+    set_eval(teacher)
+    return vs_source(teacher, student, fidelity_data(data))
 
 
 def _shape(t: Any) -> str:

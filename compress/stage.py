@@ -172,3 +172,42 @@ def finish(result: Any, output: Any) -> Any:
     if output is not None:
         result.save(output)
     return result
+
+
+def refuse_if_unfaithful(result: Any, output: Any, advice: Any = None, what: str = "the int8 model") -> None:
+    """ParityError (exit 2) when ``result.metrics["vs_fp32"]`` failed the parity rule: the worst output
+    and its numbers, what ``advice()`` suggests, and with ``output`` the file kept aside as
+    ``<output>.failed`` (nothing else written). The Result rides along as ``.result``."""
+    from ptopt.compress.fidelity import failure
+    from ptopt.core.errors import ParityError
+
+    fid = result.metrics.get("vs_fp32")
+    if fid is None or fid["passed"]:
+        return
+    hint = advice() if advice is not None else ""
+    kept = keep_failed(result, output)
+    where = f"; kept aside for inspection as {', '.join(kept)}" if kept else ""
+    err = ParityError(f"{failure(fid, what)}{where}.{hint}")
+    err.metrics = result.metrics  # type: ignore[attr-defined]
+    err.failed = kept  # type: ignore[attr-defined]
+    err.result = result  # type: ignore[attr-defined]
+    raise err
+
+
+def keep_failed(result: Any, output: Any) -> list[str]:
+    """Write ``result``'s file(s) as ``<output>.failed`` (no sidecar: it is not a good artifact)."""
+    if output is None:
+        return []
+    import tempfile
+
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = []
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".ptopt-failed-") as d:
+        path = Path(d) / out.name
+        facts = result._writer(path) or {}
+        for f in facts.get("files") or [path.name]:
+            dest = out.parent / (out.name + f[len(path.name) :] + ".failed")
+            os.replace(Path(d) / f, dest)
+            kept.append(str(dest))
+    return kept
