@@ -6,6 +6,7 @@ import click
 
 from ptopt.cli.options import (
     echo_table,
+    guard_paths,
     input_shape_option,
     maybe_save_recipe,
     model_options,
@@ -82,6 +83,16 @@ from ptopt.cli.options import (
 @model_options
 @input_shape_option
 @save_recipe_option
+@guard_paths(
+    {
+        "model": "MODEL",
+        "weights": "--weights",
+        "fine_tune_data": "--fine-tune-data",
+        "eval_data": "--eval-data",
+        "teacher": "--teacher",
+    },
+    {"output": "-o", "save_recipe": "--save-recipe"},
+)
 def command(
     model: str,
     method: str,

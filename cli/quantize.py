@@ -8,6 +8,7 @@ import click
 
 from ptopt.cli import autoquant
 from ptopt.cli.options import (
+    guard_paths,
     input_shape_option,
     maybe_save_recipe,
     model_options,
@@ -61,6 +62,16 @@ from ptopt.cli.options import (
 @model_options
 @input_shape_option
 @save_recipe_option
+@guard_paths(
+    {
+        "model": "MODEL",
+        "weights": "--weights",
+        "calib_data": "--calib-data",
+        "train_data": "--train-data",
+        "eval_data": "--eval-data",
+    },
+    {"output": "-o", "save_recipe": "--save-recipe"},
+)
 def command(
     model: str,
     mode: str,
