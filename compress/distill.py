@@ -210,10 +210,7 @@ def _load_models(
             expected=f"teacher {_shape(t_out)}",
             got=f"student {_shape(s_out)}",
         )
-    if train_ds.has_labels and int(train_ds.y.max()) >= t_out.shape[-1]:
-        raise DataError(
-            f"{train_ds.name}: label {int(train_ds.y.max())} but the models have {t_out.shape[-1]} outputs"
-        )
+    train_ds.check_labels(t_out, "the teacher")
     return t_loaded, s_loaded, probe
 
 

@@ -389,7 +389,7 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
         resolve_inputs(loaded, data=ft or ev, input_shapes=shapes)
     for ds, what in ((ft, "fine-tune data"), (ev, "eval data")):
         if ds is not None:
-            run_checked(loaded, ds.first_batch(2).x, what)
+            ds.check_labels(run_checked(loaded, ds.first_batch(2).x, what), str(loaded.ref))
     if not loaded.input_specs:  # prune has no --data: name the options it has
         raise UsageError(
             f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. --input-shape 1x3x224x224), "

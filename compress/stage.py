@@ -127,7 +127,7 @@ def check_fits(loaded: Any, ds: Any) -> Any:
     x = ds.first_batch(min(len(ds), 2)).x
     if loaded.input_specs:
         check_inputs(loaded.input_specs, x, what=ds.name)
-    run_checked(loaded, x, what=ds.name)
+    ds.check_labels(run_checked(loaded, x, what=ds.name), str(loaded.ref))
     return x
 
 
