@@ -141,6 +141,11 @@ class ReportPaths:
     markdown: Any = None
     html: Any = None
 
+    def as_options(self) -> dict[str, Any]:
+        """As ``write_reports`` and ``validate`` spell them."""
+        return {"json_path": self.json, "junit_path": self.junit, "markdown_path": self.markdown,
+                "report_path": self.html}  # fmt: skip
+
     def check(self) -> None:
         """Every path writable, and matplotlib there for the HTML plots, before anything is measured."""
         for label, p in (("json", self.json), ("junit", self.junit), ("markdown", self.markdown)):
@@ -249,19 +254,14 @@ def validate(
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
-    ``reference``/``artifacts``: MODEL references, artifact paths, nn.Modules, LoadedModels, or the
-    ``Result`` of a stage function (its saved file, else its in-memory ``.model``); ``weights`` and
-    ``allow_pickle`` qualify the reference. ``data``: a DATA reference, a Dataset, or in-memory data (a
-    tensor, ``(x, y)``, ``{"x", "y"}``, a torch Dataset or DataLoader, a list of batches).
-    ``gates``: a ``Gates`` (or its fields as keyword options); ``latency``: a ``LatencyOptions`` (or
-    ``min_iters``/``min_seconds``/``rounds``). Reports are written to the ``*_path`` given, all of them
-    before a failed gate is reported. Returns a ValidationResult (``.passed``); with
-    ``raise_on_failure`` a failed gate raises GateFailedError (exit code 1) after the reports.
+    ``reference``/``artifacts``: MODEL references, artifact paths, nn.Modules, LoadedModels or stage
+    ``Result``s (the saved file, else the in-memory ``.model``); ``weights``/``allow_pickle`` qualify the
+    reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
+    torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
+    options (not both). Every report asked for is written before a failed gate is reported; returns a
+    ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1).
     """
-    import torch
-
     t_start = time.perf_counter()
-    say = progress or (lambda msg: None)
     gates = _gates.Gates.from_options(
         gates,
         max_accuracy_drop=max_accuracy_drop,
@@ -277,21 +277,22 @@ def validate(
         latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds
     )
     reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
-    run = _prepare(
-        reference,
-        artifacts,
-        data,
-        gates=gates,
-        latency=latency,
-        reports=reports,
-        batch_sizes=batch_sizes,
-        threads=threads,
-        metric=metric,
-        baseline=baseline,
-        models=dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers),
-        max_samples=max_samples,
-        eval_batch_size=eval_batch_size,
-    )
+    settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
+    settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size)
+    models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers)
+    run = _prepare(reference, artifacts, data, gates, latency, reports, models, **settings)
+    entries = _measure(run, progress or (lambda msg: None))
+    result = ValidationResult(_report(run, entries, t_start))
+    write_reports(result, **reports.as_options())
+    if raise_on_failure and not result.passed:
+        raise GateFailedError(failure_message(result))
+    return result
+
+
+def _measure(run: _Run, say: Callable[[str], None]) -> list[Entry]:
+    """Steps 3-5: probe every model, evaluate each alone, time them all together."""
+    import torch
+
     prev_threads = torch.get_num_threads()
     try:
         run.check_measurable(_check_models(run, say))
@@ -299,12 +300,7 @@ def validate(
         _time(run, entries, say)
     finally:
         torch.set_num_threads(prev_threads)
-    result = ValidationResult(_report(run, entries, t_start))
-    write_reports(result, json_path=reports.json, junit_path=reports.junit, markdown_path=reports.markdown,
-                  report_path=reports.html)  # fmt: skip
-    if raise_on_failure and not result.passed:
-        raise GateFailedError(failure_message(result))
-    return result
+    return entries
 
 
 # -- 1-2. options, data, metric, baseline: everything a user can get wrong, checked first ----------
@@ -314,15 +310,15 @@ def _prepare(
     reference: Any,
     artifacts: Any,
     data: Any,
-    *,
     gates: _gates.Gates,
     latency: LatencyOptions,
     reports: ReportPaths,
+    models: dict[str, Any],
+    *,
     batch_sizes: Any,
     threads: int | None,
     metric: Any,
     baseline: Any,
-    models: dict[str, Any],
     max_samples: int | None,
     eval_batch_size: int,
 ) -> _Run:
