@@ -195,3 +195,28 @@ def test_example_workflow_and_recipe_are_valid():
     recipe = yaml.safe_load((root / "validate-recipe.yaml").read_text())
     steps, _ = plan(recipe, {"artifacts": ["a.onnx"]})
     assert steps[0].command == "validate"
+
+
+def _readme_recipes():
+    """Every ```yaml block of the README that is a recipe (has `steps`)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)]
+    return [b for b in blocks if isinstance(b, dict) and "steps" in b]
+
+
+def test_readme_recipes_are_complete_and_pass_the_pre_check():
+    """The README's recipes parse and pass the runner's checks (commands, options, ${...}), so they
+    cannot rot; the pipeline one chains quantize -> export -> validate."""
+    from ptopt.core.recipe import check_recipe
+    from ptopt.pipeline import plan
+
+    recipes = _readme_recipes()
+    assert len(recipes) >= 2
+    for recipe in recipes:
+        steps, _ = plan(check_recipe(recipe, "README"))
+        assert steps and all(s.options for s in steps)
+    commands = [[s.command for s in plan(r)[0]] for r in recipes]
+    assert ["quantize"] in commands and ["quantize", "export", "validate"] in commands
