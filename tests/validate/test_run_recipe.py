@@ -220,3 +220,16 @@ def test_readme_recipes_are_complete_and_pass_the_pre_check():
         assert steps and all(s.options for s in steps)
     commands = [[s.command for s in plan(r)[0]] for r in recipes]
     assert ["quantize"] in commands and ["quantize", "export", "validate"] in commands
+
+
+def test_when_skips_a_step_and_empties_its_outputs(cli, artifacts, tmp_path):
+    steps = [
+        _validate_step(artifacts, id="first", when="${run_first}", json_path=str(tmp_path / "first.json")),
+        _validate_step(artifacts, json_path=str(tmp_path / "second-${first.passed}.json")),
+    ]
+    vars_ = {"ref": FACTORY, "art": str(artifacts["onnx"]), "run_first": False}
+    code, out, err = cli("run", _recipe(tmp_path, steps, vars_))
+    assert code == 0, err
+    assert "step 1 (validate, id first): skipped (when: ${run_first} is False)" in out
+    assert not (tmp_path / "first.json").exists() and (tmp_path / "second-None.json").is_file()
+    assert "2 step(s) done" in out and out.count("ptopt validate — PASSED") == 1
