@@ -7,6 +7,10 @@ loadability, whether the data fits each artifact, gates on what will be measured
 so a bad input exits 2 within seconds. Then each artifact is loaded, evaluated, sized and its peak
 memory taken, one at a time; last, all of them are loaded together and timed in interleaved rounds
 (``ptopt.validate.latency``), so memory during timing is the sum of the artifacts'.
+
+The steps, in order: ``_prepare`` (1-2: options, data, metric, baseline, report paths; a ``_Run``),
+``_check_models`` (3: one small batch through each model), ``_evaluate`` (4: an ``Entry`` per model),
+``_time`` (5), ``_compare`` and ``_report`` (6: gates, the best pick, the JSON report).
 """
 
 from __future__ import annotations
