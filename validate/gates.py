@@ -101,7 +101,9 @@ class Gates:
     def from_options(cls, gates: Gates | None = None, **options: Any) -> Gates:
         """``gates`` as given, or built from the CLI's spellings (``max_latency_ms=["1=5"]``,
         ``regression_on="latency,speedup"``, None for "not set"); giving both is a usage error (one
-        source of truth)."""
+        source of truth). ``gates`` may be a mapping of those options (as a recipe writes it)."""
+        if isinstance(gates, dict):
+            gates = cls.from_options(None, **gates)
         unknown = sorted(set(options) - _FIELDS)
         if unknown:
             raise UsageError(f"unknown gate option(s): {', '.join(unknown)}")

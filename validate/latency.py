@@ -64,7 +64,12 @@ class LatencyOptions:
         rounds: int | None = None,
     ) -> LatencyOptions:
         """``latency`` as given, or the defaults with the CLI's ``--min-iters/--min-seconds/--rounds``;
-        giving both is a usage error (one source of truth)."""
+        giving both is a usage error (one source of truth). ``latency`` may be a mapping of its fields."""
+        if isinstance(latency, dict):
+            unknown = sorted(set(latency) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise UsageError(f"latency: unknown option(s) {', '.join(unknown)}")
+            latency = cls(**latency)
         given = {
             k: v
             for k, v in (("min_iters", min_iters), ("min_seconds", min_seconds), ("rounds", rounds))

@@ -1,5 +1,6 @@
 """The Python twin: every runner, the metrics against an independent evaluation, gates, best pick."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -297,7 +298,12 @@ def test_in_memory_models_results_and_data(artifacts, tmp_path):
     assert b["name"] == "torchscript fp32 (in memory)" and b["runtime"] == "torch.jit" and b["size"]["bytes"]
     assert a["agreement"]["top1_agreement"] == 1.0 and b["agreement"]["top1_agreement"] == 1.0
     assert res.data["gates"]["max_accuracy_drop"] == 0.5 and res.data["latency_options"]["rounds"] == 2
-    tensor_only = validate(tiny_cnn(), tiny_cnn(), ds.x, latency=QUICK, threads=1, batch_sizes=1)
+    as_mappings = {
+        "gates": {"min_agreement": 0.99},
+        "latency": dataclasses.asdict(QUICK),
+    }  # as a recipe has them
+    tensor_only = validate(tiny_cnn(), tiny_cnn(), ds.x, threads=1, batch_sizes=1, **as_mappings)
+    assert tensor_only.data["gates"]["min_agreement"] == 0.99 and tensor_only.passed
     assert tensor_only.data["data"]["labels"] is False and tensor_only.entries[0]["agreement"]
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ds.x, ds.y), batch_size=10)
     from_loader = validate(tiny_cnn(), tiny_cnn(), loader, latency=QUICK, threads=1, batch_sizes=1)
@@ -316,6 +322,8 @@ BAD_PYTHON_INPUTS = {
     "gates-twice": ({"gates": "Gates", "max_size_mb": 1.0}, UsageError, "not both (max_size_mb)"),
     "latency-twice": ({"latency": QUICK, "rounds": 3}, UsageError, "not both"),
     "bad-latency-options": ({"latency": "zero-rounds"}, UsageError, "--rounds must be >= 1"),
+    "unknown-gate-in-mapping": ({"gates": {"max_size": 1}}, UsageError, "unknown gate option(s): max_size"),
+    "unknown-latency-field": ({"latency": {"seconds": 1}}, UsageError, "unknown option(s) seconds"),
     "unsaved-onnx-result": ({"artifacts": "onnx-result"}, UsageError, "save it first"),
     "data-of-unknown-type": ({"data": object()}, DataError, "data of type object"),
     "data-with-nan": ({"data": "nan"}, DataError, "NaN"),
