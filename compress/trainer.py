@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ptopt.compress import checkpoint as ckpt_util
 from ptopt.compress import distributed as dist_util
 from ptopt.core.config import Config, register_config
 from ptopt.core.data import Batch, Dataset
@@ -174,212 +175,320 @@ def train(
     """
     import torch
 
-    from ptopt.compress import checkpoint as ckpt_util
-
     loss_fn = loss_fn or cross_entropy_loss
+    _check_request(train_data, loss_fn, resume, checkpoint_dir)
+    device = dist_util.resolve_device(config.device)
+    if config.precision == "fp16" and device.type != "cuda":
+        raise UsageError("fp16 training needs CUDA; use bf16 mixed precision on CPU")
+    orig_device = _device_of(model)
+    movable = [model, loss_fn] if isinstance(loss_fn, torch.nn.Module) else [model]
+    for m in movable:
+        m.to(device)
+
+    with dist_util.process_group(device) as distributed:
+        run = _Training(model, train_data, eval_data, config, loss_fn, params, device, distributed)
+        if checkpoint_dir is not None:
+            run.use_checkpoints(checkpoint_dir, fingerprint_extra)
+        if resume:
+            run.resume(epoch_hooks)
+        logger = (
+            _Logger(log_dir, metrics_file, run.history, run.start_epoch * run.steps_per_epoch)
+            if run.main
+            else None
+        )
+        try:
+            with _progress(progress and run.main) as bar:
+                run.fit(epoch_hooks, logger, _EpochBar(bar, description, run))
+        finally:
+            if logger is not None:
+                logger.close()
+        if config.keep_best and run.best_state is not None:
+            model.load_state_dict(run.best_state)
+    model.eval()
+    if orig_device is not None:
+        for m in movable:
+            m.to(orig_device)
+    return TrainResult(model, run.history, run.best_epoch, run.best_acc, run.resumed_from, run.world)
+
+
+def _check_request(train_data: Dataset, loss_fn: Any, resume: bool, checkpoint_dir: Any) -> None:
+    """Refuse what cannot train before anything moves: no labels for cross-entropy, no samples, a
+    resume without a checkpoint directory."""
     if loss_fn is cross_entropy_loss:
         train_data.require_labels("training with cross-entropy")
     if len(train_data) == 0:
         raise UsageError("no training samples")
     if resume and checkpoint_dir is None:
         raise UsageError("resume needs a checkpoint directory (--checkpoint-dir)")
-    device = dist_util.resolve_device(config.device)
-    if config.precision == "fp16" and device.type != "cuda":
-        raise UsageError("fp16 training needs CUDA; use bf16 mixed precision on CPU")
-    orig_device = _device_of(model)
-    model.to(device)
-    if isinstance(loss_fn, torch.nn.Module):
-        loss_fn.to(device)
 
-    with dist_util.process_group(device) as distributed:
-        world = dist_util.world_size() if distributed else 1
-        main = dist_util.rank() == 0
+
+class _Training:
+    """One run of :func:`train`: optimizer, schedule and scaler, the best-so-far record, the epoch and
+    step loops, and the checkpoint that resumes them.
+
+    The order of every random draw (seed, shuffles, dropout) and of every optimizer/scheduler call is
+    what makes a resumed run end bit for bit where an uninterrupted one does: keep it when editing.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        data: Dataset,
+        eval_data: Dataset | None,
+        config: TrainConfig,
+        loss_fn: Any,
+        params: Sequence[Any] | None,
+        device: Any,
+        distributed: bool,
+    ):
+        import torch
+
+        self.model, self.data, self.eval_data, self.config = model, data, eval_data, config
+        self.loss_fn, self.device, self.distributed = loss_fn, device, distributed
+        self.world = dist_util.world_size() if distributed else 1
+        self.main = dist_util.rank() == 0
         torch.manual_seed(config.seed)
-        if params is None:
-            params = [p for p in model.parameters() if p.requires_grad]
-            if isinstance(loss_fn, torch.nn.Module):
-                params += [p for p in loss_fn.parameters() if p.requires_grad]
-        params = list(params)
+        self.params = list(params) if params is not None else _trainable_params(model, loss_fn)
         own = {id(p) for p in model.parameters()}
-        extra_params = [p for p in params if id(p) not in own]
-        runner = model
-        if distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
-            runner = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-        opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        n_batches = _batches_per_epoch(train_data, config.batch_size, world)
-        steps_per_epoch = math.ceil(n_batches / config.grad_accum_steps)
-        total = steps_per_epoch * config.epochs
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, warmup_cosine(total, int(total * config.warmup_fraction))
+        #: trained parts outside the model (distillation projections): checkpointed and averaged by hand
+        self.extra_params = [p for p in self.params if id(p) not in own]
+        self.runner = _data_parallel(model, device) if distributed else model
+        self.opt = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
+        self.n_batches = _batches_per_epoch(data, config.batch_size, self.world)
+        self.steps_per_epoch = math.ceil(self.n_batches / config.grad_accum_steps)
+        total = self.steps_per_epoch * config.epochs
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, warmup_cosine(total, int(total * config.warmup_fraction))
         )
-        scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
-        autocast = _autocast(device, config.precision)
+        self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
+        self.autocast = _autocast(device, config.precision)
+        self.checkpoint_dir: Any = None
+        self.fingerprint: dict[str, Any] | None = None
+        self.history: list[dict[str, Any]] = []
+        self.best_acc: float | None = None
+        self.best_epoch: int | None = None
+        self.best_state: dict[str, Any] | None = None
+        self.start_epoch, self.resumed_from = 0, None
 
-        fp = None
-        if checkpoint_dir is not None:
-            fp = ckpt_util.fingerprint(config, model, train_data, eval_data, world, fingerprint_extra)
-        history: list[dict[str, Any]] = []
-        best_acc, best_epoch, best_state = None, None, None
-        start_epoch, resumed_from = 0, None
-        if resume:
-            ckpt = ckpt_util.load_checkpoint(checkpoint_dir, fp)  # type: ignore[arg-type]
-            if ckpt is not None:
-                for epoch in range(ckpt["epoch"]):
-                    for hook in epoch_hooks:
-                        hook(epoch, model)
-                model.load_state_dict(ckpt["model"])
-                with torch.no_grad():
-                    for p, saved in zip(extra_params, ckpt["extra_params"], strict=False):
-                        p.copy_(saved)
-                opt.load_state_dict(ckpt["optimizer"])
-                sched.load_state_dict(ckpt["scheduler"])
-                if scaler is not None and ckpt.get("scaler"):
-                    scaler.load_state_dict(ckpt["scaler"])
-                rngs = ckpt["rng"]
-                ckpt_util.set_rng_state(rngs[dist_util.rank() % len(rngs)] if distributed else rngs[0])
-                history = list(ckpt["history"])
-                best_acc, best_epoch, best_state = (
-                    ckpt["best_accuracy"],
-                    ckpt["best_epoch"],
-                    ckpt["best_state"],
-                )
-                start_epoch = resumed_from = int(ckpt["epoch"])
-            elif main:
-                _note(f"no checkpoint in {checkpoint_dir} yet: starting from scratch")
+    # -- resume and checkpoint ---------------------------------------------------------------------
+    def use_checkpoints(self, checkpoint_dir: Any, fingerprint_extra: dict[str, Any] | None) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.fingerprint = ckpt_util.fingerprint(
+            self.config, self.model, self.data, self.eval_data, self.world, fingerprint_extra
+        )
 
-        logger = _Logger(log_dir, metrics_file, history, start_epoch * steps_per_epoch) if main else None
-        try:
-            with _progress(progress and main) as bar:
-                task = (
-                    bar.add_task(
-                        description, total=config.epochs * n_batches, completed=start_epoch * n_batches
-                    )
-                    if bar
-                    else None
-                )
-                for epoch in range(start_epoch, config.epochs):
-                    for hook in epoch_hooks:
-                        hook(epoch, model)
-                    model.train()
-                    t0, seen, loss_sum, correct, labelled = time.perf_counter(), 0, 0.0, 0, 0
-                    opt.zero_grad(set_to_none=True)
-                    if distributed:
-                        indices = dist_util.shard_indices(len(train_data), epoch, config.seed)
-                        batches = train_data.batches(config.batch_size, indices=indices)
-                    else:
-                        batches = train_data.batches(
-                            config.batch_size, shuffle=True, seed=config.seed + epoch
-                        )
-                    for i, batch in enumerate(batches):
-                        batch = to_device(batch, device)
-                        stepping = (i + 1) % config.grad_accum_steps == 0 or i + 1 == n_batches
-                        sync = runner.no_sync() if distributed and not stepping else contextlib.nullcontext()
-                        with sync:
-                            with autocast:
-                                loss, logits = loss_fn(runner, batch)
-                            scaled = loss.float() / config.grad_accum_steps
-                            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                        if stepping:
-                            if distributed and extra_params:
-                                dist_util.average_gradients(extra_params)
-                            if scaler is not None:
-                                scaler.unscale_(opt)
-                            if config.grad_clip is not None:
-                                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-                            if scaler is not None:
-                                scaler.step(opt)  # skipped when the scaled gradients overflowed
-                                scaler.update()
-                                with warnings.catch_warnings():
-                                    # the schedule follows steps taken, not steps the scaler skipped
-                                    warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
-                                    sched.step()
-                            else:
-                                opt.step()
-                                sched.step()
-                            opt.zero_grad(set_to_none=True)
-                        n = batch_size_of(batch.x)
-                        seen += n
-                        loss_value = float(loss.detach())
-                        loss_sum += loss_value * n
-                        if logits is not None and batch.y is not None:
-                            correct += int((logits.detach().argmax(-1) == batch.y).sum())
-                            labelled += n
-                        if logger is not None and stepping:
-                            logger.step(loss_value, sched.get_last_lr()[0])
-                        if bar:
-                            rate = seen * world / max(time.perf_counter() - t0, 1e-9)
-                            acc = f" acc {correct / labelled:.3f}" if labelled else ""
-                            bar.update(
-                                task,
-                                advance=1,
-                                description=f"{description} epoch {epoch + 1}/{config.epochs} "
-                                f"loss {loss_sum / seen:.4f}{acc} {rate:.0f}/s",
-                            )
-                    elapsed = max(time.perf_counter() - t0, 1e-9)
-                    if distributed:
-                        dist_util.broadcast_buffers(model)
-                        seen, loss_sum, correct, labelled = (
-                            int(v) if j != 1 else v
-                            for j, v in enumerate(
-                                dist_util.all_reduce_sum([seen, loss_sum, correct, labelled], device)
-                            )
-                        )
-                    record: dict[str, Any] = {
-                        "epoch": epoch + 1,
-                        "loss": loss_sum / max(seen, 1),
-                        "train_accuracy": correct / labelled if labelled else None,
-                        "lr": sched.get_last_lr()[0],
-                        "samples_per_s": seen / elapsed,
-                    }
-                    if eval_data is not None and eval_data.has_labels:
-                        acc = evaluate_accuracy(model, eval_data, config.eval_batch_size, device)
-                        record["eval_accuracy"] = acc
-                        if best_acc is None or acc > best_acc:
-                            best_acc, best_epoch = acc, epoch + 1
-                            if config.keep_best:
-                                best_state = {
-                                    k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
-                                }
-                    history.append(record)
-                    if checkpoint_dir is not None:
-                        rngs = (
-                            dist_util.gather_objects(ckpt_util.rng_state())
-                            if distributed
-                            else [ckpt_util.rng_state()]
-                        )
-                        if main:
-                            ckpt_util.save_checkpoint(
-                                checkpoint_dir,
-                                {
-                                    "fingerprint": fp,
-                                    "epoch": epoch + 1,
-                                    "model": model.state_dict(),
-                                    "extra_params": [p.detach() for p in extra_params],
-                                    "optimizer": opt.state_dict(),
-                                    "scheduler": sched.state_dict(),
-                                    "scaler": scaler.state_dict() if scaler is not None else None,
-                                    "rng": rngs,
-                                    "history": history,
-                                    "best_accuracy": best_acc,
-                                    "best_epoch": best_epoch,
-                                    "best_state": best_state,
-                                },
-                            )
-                    if logger is not None:
-                        logger.epoch(record)
-        finally:
+    def resume(self, epoch_hooks: Sequence[EpochHook]) -> None:
+        """Continue from the checkpoint, if there is one yet (another configuration's is refused)."""
+        import torch
+
+        ckpt = ckpt_util.load_checkpoint(self.checkpoint_dir, self.fingerprint)  # type: ignore[arg-type]
+        if ckpt is None:
+            if self.main:
+                _note(f"no checkpoint in {self.checkpoint_dir} yet: starting from scratch")
+            return
+        for epoch in range(ckpt["epoch"]):
+            for hook in epoch_hooks:
+                hook(epoch, self.model)
+        self.model.load_state_dict(ckpt["model"])
+        with torch.no_grad():
+            for p, saved in zip(self.extra_params, ckpt["extra_params"], strict=False):
+                p.copy_(saved)
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.sched.load_state_dict(ckpt["scheduler"])
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        rngs = ckpt["rng"]
+        ckpt_util.set_rng_state(rngs[dist_util.rank() % len(rngs)] if self.distributed else rngs[0])
+        self.history = list(ckpt["history"])
+        self.best_acc, self.best_epoch = ckpt["best_accuracy"], ckpt["best_epoch"]
+        self.best_state = ckpt["best_state"]
+        self.start_epoch = self.resumed_from = int(ckpt["epoch"])
+
+    def save_checkpoint(self, epochs_done: int) -> None:
+        """Every rank's RNG state, everything else from rank 0 (only rank 0 writes)."""
+        rngs = (
+            dist_util.gather_objects(ckpt_util.rng_state()) if self.distributed else [ckpt_util.rng_state()]
+        )
+        if not self.main:
+            return
+        ckpt_util.save_checkpoint(
+            self.checkpoint_dir,
+            {
+                "fingerprint": self.fingerprint,
+                "epoch": epochs_done,
+                "model": self.model.state_dict(),
+                "extra_params": [p.detach() for p in self.extra_params],
+                "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rngs,
+                "history": self.history,
+                "best_accuracy": self.best_acc,
+                "best_epoch": self.best_epoch,
+                "best_state": self.best_state,
+            },
+        )
+
+    # -- epochs ------------------------------------------------------------------------------------
+    def fit(self, epoch_hooks: Sequence[EpochHook], logger: _Logger | None, bar: _EpochBar) -> None:
+        for epoch in range(self.start_epoch, self.config.epochs):
+            for hook in epoch_hooks:
+                hook(epoch, self.model)
+            record = self.run_epoch(epoch, logger, bar)
+            self.evaluate(epoch, record)
+            self.history.append(record)
+            if self.checkpoint_dir is not None:
+                self.save_checkpoint(epoch + 1)
             if logger is not None:
-                logger.close()
-        if config.keep_best and best_state is not None:
-            model.load_state_dict(best_state)
-    model.eval()
-    if orig_device is not None:
-        model.to(orig_device)
-        if isinstance(loss_fn, torch.nn.Module):
-            loss_fn.to(orig_device)
-    return TrainResult(model, history, best_epoch, best_acc, resumed_from, world)
+                logger.epoch(record)
+
+    def run_epoch(self, epoch: int, logger: _Logger | None, bar: _EpochBar) -> dict[str, Any]:
+        """One pass over this rank's shard; the epoch's record (loss, accuracy, lr, throughput)."""
+        self.model.train()
+        stats = _EpochStats()
+        self.opt.zero_grad(set_to_none=True)
+        for i, batch in enumerate(self._batches(epoch)):
+            batch = to_device(batch, self.device)
+            stepping = (i + 1) % self.config.grad_accum_steps == 0 or i + 1 == self.n_batches
+            loss, logits = self.forward_backward(batch, stepping)
+            if stepping:
+                self.optimizer_step()
+            loss_value = stats.add(batch, loss, logits)
+            if logger is not None and stepping:
+                logger.step(loss_value, self.sched.get_last_lr()[0])
+            bar.advance(epoch, stats, self.world)
+        elapsed = max(time.perf_counter() - stats.t0, 1e-9)
+        if self.distributed:
+            dist_util.broadcast_buffers(self.model)
+            stats.sum_over_ranks(self.device)
+        return {
+            "epoch": epoch + 1,
+            "loss": stats.loss_sum / max(stats.seen, 1),
+            "train_accuracy": stats.correct / stats.labelled if stats.labelled else None,
+            "lr": self.sched.get_last_lr()[0],
+            "samples_per_s": stats.seen / elapsed,
+        }
+
+    def _batches(self, epoch: int) -> Any:
+        if self.distributed:
+            indices = dist_util.shard_indices(len(self.data), epoch, self.config.seed)
+            return self.data.batches(self.config.batch_size, indices=indices)
+        return self.data.batches(self.config.batch_size, shuffle=True, seed=self.config.seed + epoch)
+
+    def evaluate(self, epoch: int, record: dict[str, Any]) -> None:
+        """Held-out accuracy into ``record``; remember the best epoch (and its weights with keep_best)."""
+        if self.eval_data is None or not self.eval_data.has_labels:
+            return
+        acc = evaluate_accuracy(self.model, self.eval_data, self.config.eval_batch_size, self.device)
+        record["eval_accuracy"] = acc
+        if self.best_acc is None or acc > self.best_acc:
+            self.best_acc, self.best_epoch = acc, epoch + 1
+            if self.config.keep_best:
+                self.best_state = {
+                    k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
+                }
+
+    # -- steps -------------------------------------------------------------------------------------
+    def forward_backward(self, batch: Batch, stepping: bool) -> tuple[Any, Any]:
+        """Loss and gradients of one batch; DDP syncs gradients only on the batch that steps."""
+        sync = self.runner.no_sync() if self.distributed and not stepping else contextlib.nullcontext()
+        with sync:
+            with self.autocast:
+                loss, logits = self.loss_fn(self.runner, batch)
+            scaled = loss.float() / self.config.grad_accum_steps
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return loss, logits
+
+    def optimizer_step(self) -> None:
+        import torch
+
+        if self.distributed and self.extra_params:
+            dist_util.average_gradients(self.extra_params)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
+        if self.config.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.opt)  # skipped when the scaled gradients overflowed
+            self.scaler.update()
+            with warnings.catch_warnings():
+                # the schedule follows steps taken, not steps the scaler skipped
+                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+                self.sched.step()
+        else:
+            self.opt.step()
+            self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def _trainable_params(model: Any, loss_fn: Any) -> list[Any]:
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if isinstance(loss_fn, torch.nn.Module):
+        params += [p for p in loss_fn.parameters() if p.requires_grad]
+    return params
+
+
+def _data_parallel(model: Any, device: Any) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+
+@dataclasses.dataclass
+class _EpochStats:
+    """Running sums of one epoch on this rank (summed over ranks at the epoch's end)."""
+
+    t0: float = dataclasses.field(default_factory=time.perf_counter)
+    seen: int = 0
+    loss_sum: float = 0.0
+    correct: int = 0
+    labelled: int = 0
+
+    def add(self, batch: Batch, loss: Any, logits: Any) -> float:
+        """Count one batch; returns its loss as a float."""
+        n = batch_size_of(batch.x)
+        self.seen += n
+        loss_value = float(loss.detach())
+        self.loss_sum += loss_value * n
+        if logits is not None and batch.y is not None:
+            self.correct += int((logits.detach().argmax(-1) == batch.y).sum())
+            self.labelled += n
+        return loss_value
+
+    def sum_over_ranks(self, device: Any) -> None:
+        seen, loss_sum, correct, labelled = dist_util.all_reduce_sum(
+            [self.seen, self.loss_sum, self.correct, self.labelled], device
+        )
+        self.seen, self.correct, self.labelled = int(seen), int(correct), int(labelled)
+        self.loss_sum = loss_sum
+
+
+class _EpochBar:
+    """The progress line: epoch, running loss and accuracy, samples per second over all ranks."""
+
+    def __init__(self, bar: Any, description: str, run: _Training):
+        self.bar, self.description, self.epochs = bar, description, run.config.epochs
+        self.task = (
+            bar.add_task(
+                description, total=self.epochs * run.n_batches, completed=run.start_epoch * run.n_batches
+            )
+            if bar
+            else None
+        )
+
+    def advance(self, epoch: int, stats: _EpochStats, world: int) -> None:
+        if not self.bar:
+            return
+        rate = stats.seen * world / max(time.perf_counter() - stats.t0, 1e-9)
+        acc = f" acc {stats.correct / stats.labelled:.3f}" if stats.labelled else ""
+        self.bar.update(
+            self.task,
+            advance=1,
+            description=f"{self.description} epoch {epoch + 1}/{self.epochs} "
+            f"loss {stats.loss_sum / stats.seen:.4f}{acc} {rate:.0f}/s",
+        )
 
 
 def _batches_per_epoch(data: Dataset, batch_size: int, world: int) -> int:

@@ -42,14 +42,6 @@ def register_config(cls: type[C]) -> type[C]:
     return cls
 
 
-def registered_configs() -> dict[str, type[Config]]:
-    return dict(_CONFIGS)
-
-
-def config_to_dict(config: Config) -> dict[str, Any]:
-    return config.to_dict()
-
-
 def config_from_dict(data: dict[str, Any]) -> Config:
     """Build a registered config from its dict; unknown types or fields are a UsageError."""
     if not isinstance(data, dict) or "type" not in data:

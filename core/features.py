@@ -72,10 +72,19 @@ def check_onnx() -> Feature:
 
 
 def check_torchao() -> Feature:
+    """Only whether it is installed: no ptopt technique uses torchao yet (quantization runs on torch.ao)."""
     v = package_version("torchao")
     if v is None:
-        return Feature("torchao", False, None, "not installed", "pip install 'ptopt[torchao]'")
-    return Feature("torchao", True, v, "PT2E quantization engine available")
+        return Feature(
+            "torchao",
+            False,
+            None,
+            "not installed (optional; no ptopt technique uses it yet)",
+            "pip install 'ptopt[torchao]'",
+        )
+    return Feature(
+        "torchao", True, v, "installed; no ptopt technique uses it yet (quantization runs on torch.ao)"
+    )
 
 
 def check_tensorrt() -> Feature:

@@ -6,7 +6,8 @@
 - ``model.onnx``: an ONNX model (runs in ONNX Runtime; no nn.Module).
 - ``package.module:factory`` with optional ``weights`` (state_dict ``.pt`` or ``.safetensors``);
   without weights the factory's fresh model is used (e.g. a student to train).
-- ``zoo:NAME``: a model from ``ptopt.models``, trained on bundled data on first use and cached.
+- ``SCHEME:NAME``: a scheme a stage registered (``ptopt.core.schemes``); ``zoo:NAME``, a model of
+  the reference zoo trained on bundled data on first use and cached, is registered at ``import ptopt``.
 
 State dicts are always read with ``weights_only=True``.
 """
@@ -25,6 +26,8 @@ from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE
 from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
 from ptopt.core.inputspec import InputSpec, specs_from_example
+from ptopt.core.safety import check_model_file, quiet_upstream
+from ptopt.core.schemes import ModelScheme, model_scheme, model_scheme_forms
 
 _PICKLE_HINT = (
     "it holds a pickled nn.Module, and unpickling runs arbitrary code from the file. Pass "
@@ -67,7 +70,9 @@ class LoadedModel:
 
         rec: dict[str, Any] = {"path": str(self.path) if self.path else self.ref, "format": self.format}
         if self.path is not None and self.path.is_file():
-            rec["sha256"] = sha256_file(self.path)
+            # a sidecar that was trusted at load time was checked against these very bytes
+            trusted = self.artifact.sha256 if self.artifact is not None else ""
+            rec["sha256"] = trusted or sha256_file(self.path)
         if self.info.get("weights"):
             rec["weights"] = self.info["weights"]
         return rec
@@ -101,15 +106,9 @@ def load_model(
 ) -> LoadedModel:
     """Load a MODEL reference (see the module docstring)."""
     text = str(ref)
-    if text.startswith("zoo:"):
-        if weights is not None:
-            raise ModelLoadError("--weights goes with a pkg.module:factory model, not with zoo:NAME")
-        from ptopt.models import load_zoo_model
-
-        module, specs, style = load_zoo_model(text[4:])
-        return LoadedModel(
-            text, "eager", module.eval(), input_specs=specs, input_style=style, info={"zoo": text[4:]}
-        )
+    found = model_scheme(text)
+    if found is not None:
+        return _load_scheme(text, *found, weights)
     path = Path(text)
     if path.exists():
         if weights is not None:
@@ -119,14 +118,24 @@ def load_model(
         return _load_file(path, allow_pickle)
     if FACTORY_RE.match(text):
         return _load_factory(text, weights)
-    raise ModelLoadError(
-        f"model {text!r}: no such file (forms: model.pt, model.pt2, model.onnx, pkg.module:factory, zoo:NAME)"
+    forms = ", ".join(["model.pt", "model.pt2", "model.onnx", "pkg.module:factory", *model_scheme_forms()])
+    raise ModelLoadError(f"model {text!r}: no such file (forms: {forms})")
+
+
+def _load_scheme(text: str, scheme: ModelScheme, name: str, weights: Any) -> LoadedModel:
+    """``SCHEME:NAME`` through the loader a stage registered for SCHEME (see ``ptopt.core.schemes``)."""
+    if weights is not None:
+        raise ModelLoadError(f"--weights goes with a pkg.module:factory model, not with {scheme.scheme}:NAME")
+    module, specs, style = scheme.loader(name)
+    return LoadedModel(
+        text, "eager", module.eval(), input_specs=specs, input_style=style, info={scheme.scheme: name}
     )
 
 
 def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
     if path.is_dir():
         raise ModelLoadError(f"{path} is a folder, not a model file")
+    check_model_file(path, allow_pickle)  # before torch reads it: a .pt2 may ask torch to run code
     art = Artifact.maybe_load(path)
     specs = list(art.inputs) if art else []
     style = art.input_style if art else "positional"
@@ -199,7 +208,8 @@ def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
     import torch
 
     try:
-        ep = torch.export.load(str(path))
+        with quiet_upstream():  # torch logs a traceback before raising; ours is one line
+            ep = torch.export.load(str(path))
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"{path}: not a loadable ExportedProgram: {str(e).splitlines()[0]}") from None
     specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")

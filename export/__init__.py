@@ -1,4 +1,6 @@
-"""Export targets (one file each: torchscript, onnx, tensorrt) and the parity check.
+"""Export: ``ptopt.export(model, target, ...)`` (``api``), the one writer per format (``writers``,
+with ``onnx``/``onnx_int8``/``tensorrt`` behind it), graph capture (``tracing``), InputSpec
+translations (``shapes``) and the output-parity check (``parity``).
 
 ``ptopt.export(model, target=..., output=...)`` calls ``ptopt.export.api.export``.
 """

@@ -1,16 +1,23 @@
-"""``ptopt.export``: one function, dispatching to one file per target, each export checked for parity.
+"""``ptopt.export``: a model in, an artifact that runs here out, checked for parity at creation.
 
-    export(model, "onnx", "model.onnx", dynamic_batch="1:8:64")
+    res = ptopt.export(model, "onnx", input_shapes="1x3x32x32")   # an nn.Module or a MODEL reference
+    res.model(x)              # the reloaded artifact: ScriptModule, ExportedProgram module, or ORT
+    res.metrics["parity"]     # how far it is from the source at the min/opt/max shapes
+    res.save("model.onnx")    # exactly the files that were checked, plus the sidecar, atomically
+    ptopt.export("zoo:resnet", "onnx", "resnet.onnx", dynamic_batch="1:8:64")   # output= : and save
 
 Order of work, so that bad input fails fast and nothing is half-written:
 
-1. the target, the precision and (for TensorRT) the backend are checked before the model loads;
-2. the InputSpecs are settled (``shapes.settle_specs``) and the source runs at the min and max
+1. the options become one :class:`~ptopt.export.config.ExportConfig` (validated there); TensorRT's
+   availability is checked before the model loads;
+2. the model loads, its precision is settled, calibration data is loaded (finite values only);
+3. the InputSpecs are settled (``shapes.settle_specs``) and the source runs at the min and max
    shapes (a wrong rank is a ShapeMismatchError naming expected vs got);
-3. the target writes into a staging folder next to the output;
-4. the artifact runs in its own runtime against the source at min/opt/max (``parity``); past
-   tolerance it is moved aside as ``OUT.failed`` and ParityError (exit 2) is raised;
-5. the files are renamed into place and the sidecar is written.
+4. ``writers.write_model`` writes the artifact into a temporary folder and reloads it in its own
+   runtime against the source at min/opt/max; past tolerance ParityError (exit 2) is raised, and
+   with ``output=`` the files are kept aside as ``OUT.failed``;
+5. ``.model`` is that reloaded file; ``.save(path)`` copies the checked files into place and writes
+   the sidecar.
 """
 
 from __future__ import annotations
@@ -24,246 +31,222 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.artifact import Artifact
-from ptopt.core.config import Config, register_config
-from ptopt.core.errors import ParityError, UsageError
-from ptopt.core.inputspec import InputSpec, make_inputs
+from ptopt.core.errors import UsageError
+from ptopt.core.inputspec import InputSpec
+from ptopt.core.result import Result
+from ptopt.export.config import CONVERTS, PRECISIONS, TARGETS, ExportConfig, settle_config
+from ptopt.export.shapes import settle_specs
 
-#: target → (artifact format, file suffix it conventionally gets)
-TARGETS: dict[str, tuple[str, str]] = {
-    "torchscript": ("torchscript", ".pt"),
-    "onnx": ("onnx", ".onnx"),
-    "tensorrt": ("tensorrt", ".ep"),
-    "exported_program": ("exported_program", ".pt2"),
-}
-PRECISIONS = ("fp32", "fp16", "int8")
-#: precisions a target can convert to (besides keeping the source's precision)
-CONVERTS: dict[str, tuple[str, ...]] = {
-    "torchscript": (),
-    "exported_program": (),
-    "onnx": ("int8",),
-    "tensorrt": ("fp16", "int8"),
-}
-
-
-@register_config
-@dataclasses.dataclass(frozen=True)
-class ExportConfig(Config):
-    """What an export was asked to do (recorded in the sidecar; replayable)."""
-
-    type_name = "export"
-    target: str = "onnx"
-    precision: str = "fp32"
-    opset: int | None = None
-    optimize: bool = False
-    script: bool = False
-    atol: float | None = None
-    rtol: float | None = None
-    int8_method: str | None = None
-    calib_data: str | None = None
+__all__ = ["CONVERTS", "PRECISIONS", "TARGETS", "ExportConfig", "export"]
 
 
 def export(
     model: Any,
-    target: str,
-    output: str | os.PathLike,
+    target: str | None = None,
+    output: str | os.PathLike | None = None,
     *,
+    config: ExportConfig | None = None,
+    input_shapes: Any = None,
     min_shape: Any = None,
     opt_shape: Any = None,
     max_shape: Any = None,
     dynamic_batch: Any = None,
     input_specs: Sequence[InputSpec | dict] | None = None,
-    precision: str | None = None,
-    opset: int | None = None,
-    optimize: bool = False,
-    script: bool = False,
-    atol: float | None = None,
-    rtol: float | None = None,
     data: Any = None,
     weights: Any = None,
     allow_pickle: bool = False,
-    int8_method: str = "auto",
     external_data: bool | None = None,
-) -> Artifact:
-    """Export ``model`` to ``target`` at ``output``; returns the written Artifact.
+    precision: str | None = None,
+    opset: int | None = None,
+    optimize: bool | None = None,
+    script: bool | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    int8_method: str | None = None,
+) -> Result:
+    """Export ``model`` to ``target``; returns a Result (``.model`` runs the checked artifact here,
+    ``.save(path)`` writes it with its sidecar); ``output=`` also saves it there.
 
-    - ``min_shape/opt_shape/max_shape``: ``"1x1x32x32"``, ``["input_ids=1x16", ...]`` or
+    - ``model``: an ``nn.Module`` or a MODEL reference (``model.pt``, ``pkg.module:factory`` with
+      ``weights=``, ``zoo:NAME``); ``target``: torchscript | onnx | exported_program | tensorrt.
+    - ``config``: an ExportConfig instead of ``target`` and the loose options precision, opset,
+      optimize, script, atol, rtol, int8_method (a loose option contradicting it is refused).
+    - ``input_shapes``: ``"1x3x32x32"`` (or one NAME=SHAPE per input; batch dynamic in [1, 64]),
+      InputSpecs, or an example batch (tensor, tuple or dict of tensors).
+      ``min_shape/opt_shape/max_shape``: ``"1x1x32x32"``, ``["input_ids=1x16", ...]`` or
       ``{"input_ids": (1, 16)}``; ``dynamic_batch``: ``"1:8:64"`` (dimension 0 of every input).
       Without any, the model's declared inputs (or ``data``'s) are used, batch dynamic in [1, 64].
     - ``precision``: default the source's (an int8 artifact stays int8). ``onnx`` converts fp32 →
       int8 with ``data`` as calibration; ``tensorrt`` builds fp16/int8 engines.
-    - ``data``: DATA reference or Dataset: input shapes when the model declares none, and int8
-      calibration (overrides what an int8 source's sidecar records).
+    - ``data``: a DATA reference or in-memory data (tensor, tuple/dict of tensors, Dataset,
+      DataLoader, list of batches): input shapes when the model declares none, and int8 calibration
+      (overrides what an int8 source's sidecar records).
     - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``).
     - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.export.onnx_int8``).
     """
-    if target not in TARGETS:
-        raise UsageError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
-    if precision is not None and precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-    if precision is not None and precision != "fp32" and not CONVERTS[target]:
-        raise UsageError(
-            f"--precision {precision} is not available for --target {target}: it keeps the source's "
-            f"precision; quantize first (ptopt quantize) or export to onnx/tensorrt"
-        )
-    if precision is not None and precision not in ("fp32", *CONVERTS[target]):
-        raise UsageError(
-            f"--precision {precision} is not available for --target {target} "
-            f"(it can build: fp32, {', '.join(CONVERTS[target])})"
-        )
-    if target == "tensorrt":
-        from ptopt.export.tensorrt import check_available
-
-        check_available()
-    fmt, _ = TARGETS[target]
-    out = Path(output)
-    if out.is_dir():
-        raise UsageError(
-            f"output {out} is a folder; give a file path, e.g. {out / ('model' + TARGETS[target][1])}"
-        )
-
-    from ptopt.core.modelref import as_loaded
-    from ptopt.export import onnx_int8
-
-    loaded = as_loaded(model, weights, allow_pickle)
-    if loaded.format == "onnx":
-        raise UsageError(f"{loaded.ref} is already ONNX; export starts from a PyTorch model")
-    module = loaded.require_module(f"--target {target}")
-    src_precision = (
-        "int8"
-        if onnx_int8.is_int8_source(loaded)
-        else (loaded.artifact.precision if loaded.artifact is not None else "fp32")
-    )
-    want = precision or src_precision
-    if want != src_precision and want not in CONVERTS[target]:
-        raise UsageError(
-            f"--precision {want}: the source is {src_precision} and --target {target} cannot "
-            f"convert it; export its fp32 parent instead"
-        )
-    if target == "tensorrt" and src_precision == "int8":
-        raise UsageError(
-            "--target tensorrt takes an fp32 model: export the int8 artifact's fp32 parent with "
-            "--precision int8 --data CALIB"
-        )
-
-    calib, calib_ref = _calibration(data, loaded, want, src_precision, target)
-    specs, style = _settle(loaded, calib, input_specs, min_shape, opt_shape, max_shape, dynamic_batch)
-    _source_runs(loaded, specs, style)
-
-    config = ExportConfig(
-        target=target,
-        precision=want,
-        opset=opset,
-        optimize=optimize,
-        script=script,
-        atol=atol,
-        rtol=rtol,
-        calib_data=calib_ref,
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # absolute: ORT's quantization tools run in a temporary working directory
-    stage = Path(tempfile.mkdtemp(prefix=".ptopt-export-", dir=out.parent)).resolve()
-    try:
-        tmp = stage / out.name
-        info = _write(
-            target,
-            loaded,
-            module,
-            specs,
-            style,
-            tmp,
-            want,
-            src_precision,
-            calib,
-            opset=opset,
-            optimize=optimize,
-            script=script,
-            int8_method=int8_method,
-            external_data=external_data,
-            allow_pickle=allow_pickle,
-        )
-        if info.get("int8_method"):
-            config = config.replace(int8_method=info["int8_method"])
-        metrics = _parity(
-            loaded, module, tmp, fmt, specs, style, want, atol, rtol, stage, out, info["files"], samples=calib
-        )
-        for f in info["files"]:
-            os.replace(stage / f, out.parent / f)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-
-    extra = {k: v for k, v in info.items() if k != "files"}
-    if target == "onnx":
-        from ptopt.export.shapes import trtexec_shapes
-
-        extra["trtexec_shapes"] = trtexec_shapes(specs, info.get("input_names"))
-    outputs = [{"name": n} for n in info.get("output_names", [])]
-    return Artifact(
-        path=out,
-        format=fmt,
-        inputs=specs,
-        input_style=style,
-        outputs=outputs,
-        config=config.to_dict(),
-        parent=loaded.parent_record(),
-        precision=want,
-        files=info["files"],
-        metrics={"parity": metrics},
-        extra=extra,
-    ).finalize()
-
-
-def _calibration(
-    data: Any, loaded: Any, want: str, src_precision: str, target: str
-) -> tuple[Any, str | None]:
-    """The Dataset to calibrate with (None when not needed/known) and its reference string."""
-    from ptopt.core.data import load_data
-    from ptopt.export.onnx_int8 import recorded_calib_data
-
-    needs = want == "int8" and (src_precision != "int8" or target == "onnx")
-    ref = data if isinstance(data, (str, os.PathLike)) else None
-    if data is None and needs and src_precision == "int8":
-        ref = recorded_calib_data(loaded)
-        data = ref
-    if needs and data is None and src_precision != "int8":
-        raise UsageError(
-            f"--precision int8 for --target {target} needs calibration data: pass --data CALIB "
-            f"(e.g. builtin:digits32:train)"
-        )
-    ds = load_data(data) if data is not None else None
-    return ds, (str(ref) if ref is not None else None)
-
-
-def _settle(
-    loaded: Any,
-    data: Any,
-    input_specs: Any,
-    min_shape: Any,
-    opt_shape: Any,
-    max_shape: Any,
-    dynamic_batch: Any,
-) -> tuple[list[InputSpec], str]:
-    from ptopt.core.inputspec import input_style
-    from ptopt.export.shapes import settle_specs
-
-    style = loaded.input_style
-    if input_specs:
-        base = [s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in input_specs]
-        style = _infer_style(loaded.module, base, style)
-    elif loaded.input_specs:
-        base = list(loaded.input_specs)
-    elif data is not None:
-        base = data.input_specs()
-        style = input_style(data.first_batch(1).x)
-    else:
-        base = []
+    loose = dict(precision=precision, opset=opset, optimize=optimize, script=script)
+    config = settle_config(target, config, **loose, atol=atol, rtol=rtol, int8_method=int8_method)
+    _check_target(config, output)
+    source = _load_source(model, weights, allow_pickle, config)
+    want = _resolve_precision(source, config)
+    calib, calib_ref = _calibration(data, config, source, want)
+    base, style = _settle(source.loaded, calib, input_shapes, input_specs)
     specs = settle_specs(
         base, min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch
     )
     if not base:
-        style = _infer_style(loaded.module, specs, style)
+        style = _infer_style(source.module, specs, style)
     if style == "keyword":
-        specs = _forward_order(loaded.module, specs)
-    return specs, style
+        specs = _forward_order(source.module, specs)
+    _source_runs(source.loaded, specs, style)
+    config = config.replace(calib_data=calib_ref)
+    built = _build(source, config, specs, style, calib, external_data, allow_pickle, output)
+    result = Result(
+        built.model, built.template(source, config, want), built.save_to, inputs_paths=(source.path,)
+    )
+    if output is not None:
+        result.save(output)
+    return result
+
+
+# -- 1. options and the model ------------------------------------------------------------------
+
+
+def _check_target(config: ExportConfig, output: Any) -> None:
+    if config.target == "tensorrt":
+        from ptopt.export.tensorrt import check_available
+
+        check_available()
+    if output is not None and Path(output).is_dir():
+        out = Path(output)
+        raise UsageError(
+            f"output {out} is a folder; give a file path, e.g. {out / ('model' + config.suffix)}"
+        )
+
+
+@dataclasses.dataclass
+class _Source:
+    loaded: Any
+    module: Any
+    precision: str
+
+    @property
+    def path(self) -> Path | None:
+        return self.loaded.path
+
+
+def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportConfig) -> _Source:
+    from ptopt.core.modelref import as_loaded
+    from ptopt.export.onnx_int8 import is_int8_source
+
+    loaded = as_loaded(model, weights, allow_pickle)
+    if loaded.format == "onnx":
+        raise UsageError(f"{loaded.ref} is already ONNX; export starts from a PyTorch model")
+    module = loaded.require_module(f"--target {config.target}")
+    if is_int8_source(loaded):
+        precision = "int8"
+    else:
+        precision = loaded.artifact.precision if loaded.artifact is not None else "fp32"
+    return _Source(loaded, module, precision)
+
+
+def _resolve_precision(source: _Source, config: ExportConfig) -> str:
+    want = config.precision or source.precision
+    if want != source.precision and want not in CONVERTS[config.target]:
+        raise UsageError(
+            f"--precision {want}: the source is {source.precision} and --target {config.target} cannot "
+            f"convert it; export its fp32 parent instead"
+        )
+    if config.target == "tensorrt" and source.precision == "int8":
+        raise UsageError(
+            "--target tensorrt takes an fp32 model: export the int8 artifact's fp32 parent with "
+            "--precision int8 --data CALIB"
+        )
+    return want
+
+
+def _calibration(data: Any, config: ExportConfig, source: _Source, want: str) -> tuple[Any, str | None]:
+    """The Dataset given or needed for calibration (None when neither) and its reference string."""
+    from ptopt.export.onnx_int8 import recorded_calib_data
+
+    needs = want == "int8" and (source.precision != "int8" or config.target == "onnx")
+    ref = data if isinstance(data, (str, os.PathLike)) else None
+    if data is None and needs:
+        # a replayed config names its calibration data; an int8 source's sidecar records its own
+        ref = data = config.calib_data or (
+            recorded_calib_data(source.loaded) if source.precision == "int8" else None
+        )
+    if needs and data is None and source.precision != "int8":
+        raise UsageError(
+            f"--precision int8 for --target {config.target} needs calibration data: pass --data CALIB "
+            f"(e.g. builtin:digits32:train)"
+        )
+    ds = _dataset(data) if data is not None else None
+    return ds, (str(ref) if ref is not None else None)
+
+
+def _dataset(data: Any) -> Any:
+    """A DATA reference or in-memory data → a Dataset with finite values (NaN/inf is a DataError)."""
+    import torch
+
+    from ptopt.core.data import Dataset, from_batches, load_data
+
+    if isinstance(data, (str, os.PathLike, Dataset)):
+        ds = load_data(data)
+    elif isinstance(data, (torch.Tensor, dict, tuple)):
+        ds = Dataset(data, name="data")
+    else:
+        ds = from_batches(data, "data")  # a DataLoader, a list of batches
+    ds.check_finite()
+    return ds
+
+
+# -- 2. input specs ----------------------------------------------------------------------------------
+
+
+def _settle(loaded: Any, data: Any, input_shapes: Any, input_specs: Any) -> tuple[list[InputSpec], str]:
+    """The base specs before min/opt/max: given specs, ``input_shapes``, the model's own, the data's."""
+    from ptopt.core.inputspec import input_style, specs_from_example
+
+    specs_arg, example = _split_input_shapes(input_shapes, input_specs)
+    if example is not None:
+        return specs_from_example(example), input_style(example)
+    if specs_arg:
+        base = [s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in specs_arg]
+        return base, _infer_style(loaded.module, base, loaded.input_style)
+    if isinstance(input_shapes, (str, list)) and input_shapes:
+        from ptopt.core.inputspec import parse_named_shapes
+        from ptopt.core.modelref import resolve_inputs
+
+        shapes = [input_shapes] if isinstance(input_shapes, str) else list(input_shapes)
+        resolve_inputs(loaded, input_shapes=parse_named_shapes(shapes))
+    if loaded.input_specs:
+        return list(loaded.input_specs), loaded.input_style
+    if data is not None:
+        return data.input_specs(), input_style(data.first_batch(1).x)
+    return [], loaded.input_style
+
+
+def _split_input_shapes(input_shapes: Any, input_specs: Any) -> tuple[Any, Any]:
+    """(InputSpecs, example batch) from ``input_shapes``/``input_specs``; shape strings are neither."""
+    import torch
+
+    if input_shapes is not None and input_specs is not None:
+        raise UsageError("give input_shapes or input_specs, not both")
+    value = input_shapes if input_specs is None else input_specs
+    if isinstance(value, InputSpec):
+        return [value], None
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (InputSpec, dict)) for v in value):
+        return list(value), None
+    tensors = value.values() if isinstance(value, dict) else (value if isinstance(value, tuple) else [value])
+    if value is not None and all(isinstance(t, torch.Tensor) for t in tensors):
+        return None, value
+    if value is not None and not isinstance(value, (str, list)):
+        raise UsageError(
+            f"input_shapes: expected '1x3x32x32', a list of NAME=SHAPE, InputSpecs or an example tensor, "
+            f"got {type(value).__name__}"
+        )
+    return None, None
 
 
 def _forward_order(module: Any, specs: list[InputSpec]) -> list[InputSpec]:
@@ -291,110 +274,143 @@ def _infer_style(module: Any, specs: Sequence[InputSpec], default: str) -> str:
 
 
 def _source_runs(loaded: Any, specs: list[InputSpec], style: str) -> None:
-    """The source must accept the min and max shapes before any export work starts."""
+    """The source must accept the min and max shapes, and return tensors, before any export work."""
+    from ptopt.core.inputspec import make_inputs
     from ptopt.core.modelref import run_checked
+    from ptopt.export.parity import flatten_outputs
 
     for which in ("min", "max"):
-        run_checked(loaded, make_inputs(specs, style, which=which), what=f"the {which} shape")
+        # outputs must be tensors (or nested tuples/lists/dicts of them): every format carries only those
+        flatten_outputs(
+            run_checked(loaded, make_inputs(specs, style, which=which), what=f"the {which} shape")
+        )
 
 
-def _write(
-    target: str,
-    loaded: Any,
-    module: Any,
+# -- 3. write, check, reload ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Built:
+    """The checked artifact in a temporary folder (kept while the Result lives) and its reload."""
+
+    folder: tempfile.TemporaryDirectory
+    path: Path
+    facts: dict[str, Any]
+    model: Any
+    specs: list[InputSpec]
+    style: str
+    quantized_from: dict | None = None
+
+    def template(self, source: _Source, config: ExportConfig, precision: str) -> Artifact:
+        extra = dict(self.facts["extra"])
+        if self.quantized_from is not None:
+            extra["quantized_from"] = self.quantized_from
+        return Artifact(
+            path=self.path,
+            format=config.format,
+            inputs=self.specs,
+            input_style=self.style,
+            outputs=self.facts["outputs"],
+            # the sidecar records what was resolved: the precision kept or made, the int8 method used
+            config={**config.to_dict(), "precision": precision, "int8_method": extra.get("int8_method")},
+            parent=source.loaded.parent_record(),
+            precision=precision,
+            files=self.facts["files"],
+            metrics=self.facts.get("metrics", {}),
+            extra=extra,
+        )
+
+    def save_to(self, dest: Path) -> dict[str, Any]:
+        """``Result``'s writer: the checked files under ``dest``'s name (ONNX external data is
+        re-pointed at the new name; its bytes are the checked ones)."""
+        files = self.facts["files"]
+        if len(files) > 1 and dest.name != self.path.name and self.facts["extra"].get("external_data"):
+            from ptopt.export.onnx import relocate_external_data
+
+            return {"files": relocate_external_data(self.path, dest)}
+        renamed = [dest.name + f[len(self.path.name) :] for f in files]
+        for old, new in zip(files, renamed, strict=True):
+            shutil.copyfile(self.path.parent / old, dest.parent / new)
+        return {"files": renamed}
+
+
+def _build(
+    source: _Source,
+    config: ExportConfig,
     specs: list[InputSpec],
     style: str,
-    tmp: Path,
-    want: str,
-    src_precision: str,
     calib: Any,
-    *,
-    opset: Any,
-    optimize: bool,
-    script: bool,
-    int8_method: str,
     external_data: Any,
     allow_pickle: bool,
-) -> dict:
-    fmt = loaded.format
-    if target == "torchscript":
-        from ptopt.export.torchscript import export_torchscript
+    output: Any,
+) -> _Built:
+    from ptopt.export.writers import check_reload, reload, write_model
 
-        return export_torchscript(module, specs, style, tmp, script=script, source_format=fmt)
-    if target == "exported_program":
-        from ptopt.export.exported_program import export_exported_program
-
-        return export_exported_program(module, specs, style, tmp, source_format=fmt)
-    if target == "tensorrt":
-        from ptopt.export.tensorrt import export_tensorrt
-
-        return export_tensorrt(module, specs, style, tmp, precision=want, calib=calib)
-    if want == "int8":
-        from ptopt.export import onnx_int8
-
-        method = onnx_int8.choose_method(int8_method, loaded, calib is not None)
-        if method == "qdq_export":
-            return onnx_int8.qdq_export(module, specs, style, tmp, opset=opset, source_format=fmt)
-        if src_precision == "int8":
-            parent = onnx_int8.fp32_parent(loaded, allow_pickle)
-            fp32_module, parent_fmt = parent.require_module("ORT static quantization"), parent.format
-        else:
-            fp32_module, parent_fmt = module, fmt
-        info = onnx_int8.ort_static_quantize(
-            fp32_module, specs, style, tmp, calib, opset=opset, source_format=parent_fmt
-        )
-        info["quantized_from"] = parent.parent_record() if src_precision == "int8" else loaded.parent_record()
-        return info
-    from ptopt.export.onnx import export_onnx
-
-    return export_onnx(
-        module,
-        specs,
-        style,
-        tmp,
-        opset=opset,
-        optimize=optimize,
-        external_data=external_data,
-        source_format=fmt,
+    options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
+    folder = tempfile.TemporaryDirectory(prefix="ptopt-export-")
+    # absolute: ORT's quantization tools run in a temporary working directory
+    path = Path(folder.name).resolve() / (
+        Path(output).name if output is not None else "model" + config.suffix
     )
-
-
-def _parity(
-    loaded: Any,
-    module: Any,
-    tmp: Path,
-    fmt: str,
-    specs: list[InputSpec],
-    style: str,
-    precision: str,
-    atol: Any,
-    rtol: Any,
-    stage: Path,
-    out: Path,
-    files: list[str],
-    samples: Any = None,
-) -> dict:
-    from ptopt.export.parity import artifact_runner, check_parity, torch_runner
-
     try:
-        return check_parity(
-            torch_runner(module),
-            artifact_runner(tmp, fmt, specs),
+        precision = config.precision or source.precision
+        facts = write_model(
+            source.module,
+            config.format,
+            path,
+            specs=specs,
+            style=style,
+            source_format=source.loaded.format,
+            precision=precision,
+            check=False,
+            **options,
+        )
+        # the check runs on the very object .model returns (one reload, not two)
+        model = reload(
+            path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu"
+        )
+        parity = check_reload(
+            path,
+            config.format,
+            source.module,
             specs,
             style,
             precision=precision,
-            atol=atol,
-            rtol=rtol,
-            what=f"the exported {fmt} model",
-            samples=samples,
+            atol=config.atol,
+            rtol=config.rtol,
+            samples=calib,
+            files=facts["files"],
+            keep_failed_as=output,
+            model=model,
         )
-    except ParityError as e:
-        kept = []
-        for f in files:
-            dest = out.parent / (f + ".failed")
-            os.replace(stage / f, dest)
-            kept.append(str(dest))
-        raise ParityError(
-            f"{e}; the artifact is kept aside for inspection as {', '.join(kept)} "
-            f"(loosen with --atol/--rtol if this drift is acceptable)"
-        ) from None
+        facts["metrics"] = {"parity": parity}
+    except BaseException:
+        folder.cleanup()
+        raise
+    return _Built(folder, path, facts, model, specs, style, quantized_from)
+
+
+def _format_options(
+    source: _Source, config: ExportConfig, calib: Any, external_data: Any, allow_pickle: bool
+) -> tuple[dict[str, Any], dict | None]:
+    """The writer's per-format options; for int8 ONNX also the record of what ORT quantized."""
+    if config.target == "torchscript":
+        return {"script": config.script}, None
+    if config.target == "exported_program":
+        return {}, None
+    if config.target == "tensorrt":
+        return {"calib": calib}, None
+    options: dict[str, Any] = {"opset": config.opset}
+    if (config.precision or source.precision) != "int8":
+        return {**options, "optimize": config.optimize, "external_data": external_data}, None
+    from ptopt.export import onnx_int8
+
+    method = onnx_int8.choose_method(config.int8_method or "auto", source.loaded, calib is not None)
+    if method == "qdq_export":
+        return {**options, "int8_method": method}, None
+    parent = source.loaded
+    if source.precision == "int8":
+        parent = onnx_int8.fp32_parent(source.loaded, allow_pickle)
+    fp32 = parent.require_module("ORT static quantization")
+    options.update(int8_method=method, calib=calib, fp32_module=fp32, fp32_source_format=parent.format)
+    return options, parent.parent_record()

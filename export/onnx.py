@@ -14,142 +14,29 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import re
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, make_inputs
-from ptopt.export.shapes import onnx_dim_names, torch_export_dynamic_shapes
+from ptopt.export.shapes import onnx_dim_names
+from ptopt.export.tracing import (
+    count_outputs,
+    example_for_export,
+    export_program,
+    failing_op,
+    first_lines,
+    output_names,
+    quiet_export,
+    weight_bytes,
+)
 
 #: Above this many bytes of weights, write external data (protobuf files cannot exceed 2 GiB).
 EXTERNAL_DATA_BYTES = 1 << 30
 #: opset of the TorchScript exporter (dynamo=False) when none is asked: what eager/FX int8 needs.
 TORCHSCRIPT_EXPORTER_OPSET = 17
-
-
-@contextlib.contextmanager
-def quiet_export() -> Iterator[None]:
-    """The exporters print progress and log warnings (missing torchvision ops, opset conversion)."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    sink = io.StringIO()
-    try:
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, lv in zip(loggers, levels, strict=False):
-            lg.setLevel(lv)
-
-
-def output_names(n: int) -> list[str]:
-    return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
-
-
-def count_outputs(module: Any, x: Any) -> int:
-    import torch
-
-    from ptopt.core.inputspec import call_model
-    from ptopt.export.parity import flatten_outputs
-
-    with torch.inference_mode():
-        return len(flatten_outputs(call_model(module, x)))
-
-
-def weight_bytes(module: Any) -> int:
-    total = 0
-    for t in list(module.parameters()) + list(module.buffers()):
-        total += t.numel() * t.element_size()
-    return total
-
-
-def example_for_export(specs: Sequence[InputSpec], style: str) -> Any:
-    """Sample inputs at the opt shape, except that a dynamic dim of size 1 becomes 2: torch.export
-    specializes sizes 0 and 1 to constants, which would contradict the dynamic Dim."""
-    import dataclasses
-
-    fixed = []
-    for s in specs:
-        opt = tuple(
-            min(2, hi) if (d == 1 and lo != hi) else d
-            for d, lo, hi in zip(s.opt_shape, s.min_shape, s.max_shape, strict=False)
-        )
-        fixed.append(dataclasses.replace(s, opt_shape=opt))
-    return make_inputs(fixed, style, which="opt")
-
-
-def export_program(module: Any, specs: Sequence[InputSpec], style: str, device: str = "cpu") -> Any:
-    """``torch.export.export`` with the specs' Dims; a failure names what torch.export could not trace."""
-    import torch
-
-    x = example_for_export(specs, style)
-    args, kwargs = ((), dict(x)) if style == "keyword" else ((x,) if not isinstance(x, tuple) else x, {})
-    args = tuple(a.to(device) for a in args)
-    kwargs = {k: v.to(device) for k, v in kwargs.items()}
-    dyn = torch_export_dynamic_shapes(specs, style)
-    try:
-        with quiet_export():
-            return torch.export.export(module, args, kwargs or None, dynamic_shapes=dyn, strict=False)
-    except Exception as e:  # noqa: BLE001 - torch.export raises many kinds (UserError, GuardOnDataDependent...)
-        msg = _first_lines(str(e), 3)
-        raise UnsupportedModelError(
-            f"torch.export cannot capture the model with inputs {', '.join(s.describe() for s in specs)}: "
-            f"{type(e).__name__}: {msg}. If a dimension must stay fixed, give the same min/opt/max for it; "
-            f"a model torch.export cannot trace can still go to --target torchscript"
-        ) from None
-
-
-def _first_lines(text: str, n: int) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return " ".join(lines[:n])[:400]
-
-
-def failing_op(error: BaseException, ep: Any = None) -> str:
-    """'op aten.linalg_eigh in module inner.solver (Solver)' from an exporter error, as far as it says."""
-    text = str(error)
-    m = (
-        re.search(r"OpOverload\(op='([\w.]+)', overload='(\w+)'\)", text)
-        or re.search(r"target=torch\.ops\.([\w.]+)\]", text)
-        or re.search(r"operator '([\w:.]+)'", text)
-    )
-    if not m:
-        return ""
-    op = m.group(1)
-    where = ""
-    if ep is not None:
-        key = _op_key(op)
-        for node in ep.graph.nodes:
-            if node.op == "call_function" and _op_key(str(node.target)) == key:
-                stack = node.meta.get("nn_module_stack") or {}
-                if stack:
-                    path, typ = list(stack.values())[-1]
-                    typ_name = (
-                        typ.rsplit(".", 1)[-1] if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
-                    )
-                    where = (
-                        f" in module {path!r} ({typ_name})"
-                        if path
-                        else f" in the top-level module ({typ_name})"
-                    )
-                else:
-                    where = " in the top-level module"
-                break
-    return f"op {op}{where}"
-
-
-def _op_key(target: str) -> str:
-    """'aten._linalg_eigh.default' and 'aten.linalg_eigh.default' → 'linalg_eigh'."""
-    parts = target.replace("::", ".").split(".")
-    parts = [p for p in parts if p not in ("aten", "torch", "ops", "default", "prims", "Tensor")]
-    return parts[0].lstrip("_") if parts else target
 
 
 def rename_dims(model: Any, specs: Sequence[InputSpec], input_names: Sequence[str]) -> None:
@@ -187,16 +74,16 @@ def export_onnx(
     outs = output_names(count_outputs(module, x))
     big = weight_bytes(module) >= EXTERNAL_DATA_BYTES if external_data is None else bool(external_data)
     if source_format == "torchscript":
-        exporter = _export_torchscript_exporter(module, specs, style, path, names, outs, opset)
+        exporter = torchscript_exporter(module, specs, style, path, names, outs, opset)
     else:
         exporter = _export_dynamo(module, specs, style, path, names, outs, opset)
     model = onnx.load(str(path))
     rename_dims(model, specs, names)
-    _save(model, path, big)
-    _check(path)
+    save_onnx(model, path, big)
+    check_onnx(path)
     if optimize:
         _optimize(path, big)
-        _check(path)
+        check_onnx(path)
     final = onnx.load(str(path), load_external_data=False)
     files = [path.name] + (
         [path.name + ".data"] if big and (path.parent / (path.name + ".data")).exists() else []
@@ -252,10 +139,10 @@ def _export_dynamo(
 def _summary(e: BaseException) -> str:
     text = str(e)
     m = re.search(r"DispatchError'>: (.*)", text)
-    return _first_lines(m.group(1) if m else text, 1)
+    return first_lines(m.group(1) if m else text, 1)
 
 
-def _export_torchscript_exporter(
+def torchscript_exporter(
     module: Any,
     specs: Sequence[InputSpec],
     style: str,
@@ -288,12 +175,12 @@ def _export_torchscript_exporter(
     except Exception as e:  # noqa: BLE001
         op = failing_op(e)
         raise UnsupportedModelError(
-            f"the ONNX exporter (TorchScript path) cannot translate {op or 'the model'}: {_first_lines(str(e), 1)}"
+            f"the ONNX exporter (TorchScript path) cannot translate {op or 'the model'}: {first_lines(str(e), 1)}"
         ) from None
     return f"torch.onnx (dynamo=False, TorchScript exporter), torch {torch.__version__}"
 
 
-def _save(model: Any, path: Path, external: bool) -> None:
+def save_onnx(model: Any, path: Path, external: bool) -> None:
     import onnx
 
     data = path.parent / (path.name + ".data")
@@ -312,14 +199,14 @@ def _save(model: Any, path: Path, external: bool) -> None:
         onnx.save_model(model, str(path))
 
 
-def _check(path: Path) -> None:
+def check_onnx(path: Path) -> None:
     import onnx
 
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
         raise UnsupportedModelError(
-            f"the exported ONNX model fails onnx.checker: {_first_lines(str(e), 2)}"
+            f"the exported ONNX model fails onnx.checker: {first_lines(str(e), 2)}"
         ) from None
 
 
@@ -343,4 +230,14 @@ def _optimize(path: Path, external: bool) -> None:
     for p in (tmp, tmp.parent / (tmp.name + ".data")):
         if p.exists():
             p.unlink()
-    _save(model, path, external)
+    save_onnx(model, path, external)
+
+
+def relocate_external_data(src: Path, dest: Path) -> list[str]:
+    """Write the ONNX model at ``src`` (with external data) as ``dest`` + ``dest.data``: the same
+    graph and weight bytes, the external-data location pointing at the new name. Returns the files."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=True)
+    save_onnx(model, dest, True)
+    return [dest.name, dest.name + ".data"]

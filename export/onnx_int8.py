@@ -148,7 +148,8 @@ def ort_static_quantize(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from ptopt.core.data import load_data
-    from ptopt.export.onnx import _check, export_onnx, quiet_export
+    from ptopt.export.onnx import check_onnx, export_onnx
+    from ptopt.export.tracing import quiet_export
 
     calib = load_data(calib)
     calib.check_finite()
@@ -178,7 +179,7 @@ def ort_static_quantize(
                 f"ORT static quantization failed: {type(e).__name__}: "
                 f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
             ) from None
-    _check(path)
+    check_onnx(path)
     info.update(
         {
             "files": [path.name],
@@ -207,12 +208,13 @@ def qdq_export(
     source_format: str = "eager",
 ) -> dict:
     from ptopt.core.inputspec import make_inputs
-    from ptopt.export.onnx import _check, _export_torchscript_exporter, count_outputs, output_names
+    from ptopt.export.onnx import check_onnx, torchscript_exporter
+    from ptopt.export.tracing import count_outputs, output_names
 
     names = [s.name for s in specs]
     outs = output_names(count_outputs(int8_module, make_inputs(specs, style, which="opt")))
     try:
-        exporter = _export_torchscript_exporter(int8_module, specs, style, path, names, outs, opset)
+        exporter = torchscript_exporter(int8_module, specs, style, path, names, outs, opset)
     except UnsupportedModelError as e:
         hint = (
             " (an int8 TorchScript archive keeps its weights packed; use the ort_static method)"
@@ -220,7 +222,7 @@ def qdq_export(
             else ""
         )
         raise UnsupportedModelError(f"{e}{hint}") from None
-    _check(path)
+    check_onnx(path)
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import ParityError
+from ptopt.core.errors import ParityError, UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, call_args, format_shape, make_inputs
 
 #: (atol, rtol) by precision of the exported artifact.
@@ -59,7 +59,13 @@ def flatten_outputs(out: Any) -> list[Any]:
                 t = t.dequantize()
             arrays.append(t.cpu().to(torch.float64).numpy())
         else:
-            arrays.append(np.asarray(o, dtype=np.float64))
+            try:
+                arrays.append(np.asarray(o, dtype=np.float64))
+            except (TypeError, ValueError):
+                raise UnsupportedModelError(
+                    f"the model returns a {type(o).__name__} ({str(o)[:40]!r}); ptopt exports models whose "
+                    f"outputs are tensors, or tuples, lists or dicts of tensors"
+                ) from None
     return arrays
 
 
@@ -214,17 +220,10 @@ def onnx_runner(
 
 
 def artifact_runner(path: str | Path, fmt: str, specs: Sequence[InputSpec]) -> Callable[[Any], Any]:
-    """A callable running the artifact at ``path`` the way a user would load it."""
-    import torch
+    """A callable running the artifact at ``path`` the way a user would load it
+    (``ptopt.export.writers.reload``), taking a batch in the model's calling style."""
+    from ptopt.export.writers import reload
 
     if fmt == "onnx":
         return onnx_runner(path, specs)
-    if fmt == "torchscript":
-        return torch_runner(torch.jit.load(str(path), map_location="cpu").eval())
-    if fmt == "exported_program":
-        return torch_runner(torch.export.load(str(path)).module())
-    if fmt == "tensorrt":
-        import torch_tensorrt  # noqa: F401 - registers the TensorRT runtime ops the program calls
-
-        return torch_runner(torch.export.load(str(path)).module(), device="cuda")
-    raise ValueError(f"no runner for format {fmt!r}")
+    return torch_runner(reload(path, fmt), device="cuda" if fmt == "tensorrt" else "cpu")

@@ -83,7 +83,7 @@ def export_tensorrt(
     import torch
     import torch_tensorrt
 
-    from ptopt.export.onnx import example_for_export, export_program
+    from ptopt.export.tracing import example_for_export, export_program
 
     check_available()
     module = module.cuda().eval()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ptopt import _schemes as _schemes  # registers SCHEME:NAME loaders (zoo:) with core; imports no stage
 from ptopt.commands import lazy_api
 
 __version__ = "0.1.0"

@@ -22,11 +22,14 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptopt.core.artifact import Artifact, atomic_path, sidecar_path
 from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
 from ptopt.core.inputspec import InputSpec
+
+if TYPE_CHECKING:
+    from ptopt.core.modelref import LoadedModel
 
 FORMATS = ("mar", "triton")
 #: How long TorchServe waits to fill a batch (ms) when batch_size > 1.
@@ -86,34 +89,10 @@ def package(
     ``batch_size``/``max_batch_delay_ms`` configure the server's request batching, ``workers`` its
     worker processes (TorchServe) or instances (Triton), ``threads`` the intra-op threads per worker.
     """
-    if any(isinstance(v, str) for v in input_shapes):  # as the CLI and recipes spell them
-        from ptopt.core.inputspec import parse_named_shapes
-
-        input_shapes = [
-            v for s in input_shapes for v in (parse_named_shapes([s]) if isinstance(s, str) else [s])
-        ]
-    if format not in FORMATS:
-        raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
-    for opt, v, lo in (
-        ("--batch-size", batch_size, 1),
-        ("--workers", workers, 1),
-        ("--max-batch-delay", max_batch_delay_ms, 0),
-        ("--response-timeout", response_timeout_s, 1),
-    ):
-        if int(v) < lo:
-            raise UsageError(f"{opt} must be >= {lo}, got {v}")
-    if threads is not None and int(threads) < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
-    output = Path(output)
-    if format == "mar" and output.suffix != ".mar":
-        raise UsageError(f"-o {output}: a TorchServe archive must end in .mar")
-    if output.is_dir() and format == "mar":
-        raise UsageError(f"-o {output} is a folder; give a file name ending in .mar")
-    if format == "triton" and output.exists() and not output.is_dir():
-        raise UsageError(f"-o {output}: a Triton model repository is a folder, and this is a file")
-    name = model_name or model_name_for(output if format == "mar" else _triton_default_name(artifact))
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
-        raise UsageError(f"model name {name!r}: use letters, digits, '_' and '-', starting with a letter")
+    input_shapes = _parsed_shapes(input_shapes)
+    _check_options(format, batch_size, workers, max_batch_delay_ms, response_timeout_s, threads)
+    output = _checked_output(format, Path(output))
+    name = _checked_model_name(model_name or _default_model_name(format, output, artifact))
     if format == "mar":
         from ptopt.core.features import require
 
@@ -122,14 +101,7 @@ def package(
         prep = prepare(
             artifact, Path(tmp), input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle
         )
-        if (
-            batch_size > prep.inputs[0].max_shape[0]
-            and prep.inputs[0].max_shape[0] != prep.inputs[0].min_shape[0]
-        ):
-            raise UsageError(
-                f"--batch-size {batch_size} is larger than the model's max batch "
-                f"{prep.inputs[0].max_shape[0]} ({prep.inputs[0].describe()})"
-            )
+        _check_batch_fits(batch_size, prep)
         config = {
             "type": "package",
             "format": format,
@@ -144,6 +116,68 @@ def package(
 
             return write_repository(prep, output, name, config)
         return _write_mar(prep, output, name, config, response_timeout_s, Path(tmp))
+
+
+def _parsed_shapes(input_shapes: Sequence) -> Sequence:
+    """``[(name | None, shape)]`` from the CLI's and recipes' spelling (``"input_ids=1x128"``) too."""
+    if not any(isinstance(v, str) for v in input_shapes):
+        return input_shapes
+    from ptopt.core.inputspec import parse_named_shapes
+
+    return [v for s in input_shapes for v in (parse_named_shapes([s]) if isinstance(s, str) else [s])]
+
+
+def _check_options(
+    format: str,
+    batch_size: int,
+    workers: int,
+    max_batch_delay_ms: int,
+    response_timeout_s: int,
+    threads: int | None,
+) -> None:
+    if format not in FORMATS:
+        raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
+    for opt, v, lo in (
+        ("--batch-size", batch_size, 1),
+        ("--workers", workers, 1),
+        ("--max-batch-delay", max_batch_delay_ms, 0),
+        ("--response-timeout", response_timeout_s, 1),
+    ):
+        if int(v) < lo:
+            raise UsageError(f"{opt} must be >= {lo}, got {v}")
+    if threads is not None and int(threads) < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+
+
+def _checked_output(format: str, output: Path) -> Path:
+    """A ``.mar`` file name for TorchServe, a folder (or a new name) for Triton."""
+    if format == "mar" and output.suffix != ".mar":
+        raise UsageError(f"-o {output}: a TorchServe archive must end in .mar")
+    if output.is_dir() and format == "mar":
+        raise UsageError(f"-o {output} is a folder; give a file name ending in .mar")
+    if format == "triton" and output.exists() and not output.is_dir():
+        raise UsageError(f"-o {output}: a Triton model repository is a folder, and this is a file")
+    return output
+
+
+def _default_model_name(format: str, output: Path, artifact: Any) -> str:
+    return model_name_for(output if format == "mar" else _triton_default_name(artifact))
+
+
+def _checked_model_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+        raise UsageError(f"model name {name!r}: use letters, digits, '_' and '-', starting with a letter")
+    return name
+
+
+def _check_batch_fits(batch_size: int, prep: Prepared) -> None:
+    """The server's batch must fit the model's dynamic batch range (a fixed batch is not checked here)."""
+    first = prep.inputs[0]
+    if batch_size > first.max_shape[0] and first.max_shape[0] != first.min_shape[0]:
+        raise UsageError(
+            f"--batch-size {batch_size} is larger than the model's max batch "
+            f"{first.max_shape[0]} ({first.describe()})"
+        )
 
 
 def _triton_default_name(artifact: Any) -> str:
@@ -168,51 +202,64 @@ def prepare(
 
     if isinstance(artifact, Artifact):
         artifact = artifact.path
+    _refuse_missing_file(artifact)
+    loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
+    if input_shapes:
+        resolve_inputs(loaded, input_shapes=input_shapes)
+    if loaded.format in _SERVABLE and loaded.path is not None:
+        return _prepare_servable(loaded)
+    return _prepare_by_export(loaded, tmp)
+
+
+def _refuse_missing_file(artifact: Any) -> None:
+    """What looks like a file name and is not there: say so, rather than "cannot import" a factory."""
     if (
         isinstance(artifact, (str, os.PathLike))
         and not Path(artifact).exists()
         and (str(artifact).endswith((".pt", ".onnx", ".ts", ".pt2", ".mar")) or os.sep in str(artifact))
     ):
         raise ModelLoadError(f"artifact {artifact}: no such file")
-    loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
-    if input_shapes:
-        resolve_inputs(loaded, input_shapes=input_shapes)
-    if loaded.format in _SERVABLE and loaded.path is not None:
-        if not loaded.input_specs:
-            raise ModelLoadError(
-                f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "
-                "pass --input-shape, e.g. --input-shape 1x3x224x224 (the first dimension is the batch)"
-            )
-        art = loaded.artifact
-        side = art.to_dict() if art is not None else {}
-        files = art.file_paths if art is not None else [loaded.path]
-        if loaded.format == "onnx":
-            data = Path(str(loaded.path) + ".data")
-            if data.is_file() and data not in files:
-                files.append(data)
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ModelLoadError(f"{loaded.ref}: file(s) of the artifact are missing: {', '.join(missing)}")
-        side.update(
-            format=loaded.format,
-            inputs=[s.to_dict() for s in loaded.input_specs],
-            input_style=loaded.input_style,
-            path=loaded.path.name,
-            files=[f.name for f in files],
+
+
+def _prepare_servable(loaded: LoadedModel) -> Prepared:
+    """A TorchScript/ONNX file served as is, with all its files (ONNX external data too)."""
+    if not loaded.input_specs:
+        raise ModelLoadError(
+            f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "
+            "pass --input-shape, e.g. --input-shape 1x3x224x224 (the first dimension is the batch)"
         )
-        side.setdefault("precision", "fp32")
-        parent = loaded.parent_record()
-        return Prepared(
-            loaded.path,
-            loaded.format,
-            side["precision"],
-            list(loaded.input_specs),
-            loaded.input_style,
-            files,
-            parent,
-            side,
-        )
-    # anything else: export to TorchScript first
+    art = loaded.artifact
+    side = art.to_dict() if art is not None else {}
+    files = art.file_paths if art is not None else [loaded.path]
+    if loaded.format == "onnx":
+        data = Path(str(loaded.path) + ".data")
+        if data.is_file() and data not in files:
+            files.append(data)
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ModelLoadError(f"{loaded.ref}: file(s) of the artifact are missing: {', '.join(missing)}")
+    side.update(
+        format=loaded.format,
+        inputs=[s.to_dict() for s in loaded.input_specs],
+        input_style=loaded.input_style,
+        path=loaded.path.name,
+        files=[f.name for f in files],
+    )
+    side.setdefault("precision", "fp32")
+    return Prepared(
+        loaded.path,
+        loaded.format,
+        side["precision"],
+        list(loaded.input_specs),
+        loaded.input_style,
+        files,
+        loaded.parent_record(),
+        side,
+    )
+
+
+def _prepare_by_export(loaded: LoadedModel, tmp: Path) -> Prepared:
+    """Any other MODEL: exported to TorchScript into ``tmp`` by the export stage first."""
     if not loaded.input_specs:
         raise ModelLoadError(
             f"{loaded.ref}: input shape unknown; pass --input-shape, e.g. --input-shape 1x3x224x224"
@@ -265,13 +312,45 @@ def model_config_yaml(
 def _write_mar(
     prep: Prepared, output: Path, name: str, config: dict[str, Any], response_timeout_s: int, tmp: Path
 ) -> Artifact:
-    from model_archiver.model_archiver_config import ModelArchiverConfig
-    from model_archiver.model_packaging import package_model
-    from model_archiver.model_packaging_utils import ModelExportUtils
+    """Stage the files, run torch-model-archiver, move the .mar into place, write its sidecar."""
+    staged = _stage_mar_files(prep, tmp / "stage", config, response_timeout_s)
+    built = _run_archiver(staged, name, tmp)
+    with atomic_path(output) as dest:
+        shutil.copyfile(built, dest)
+    art = Artifact(
+        output,
+        "mar",
+        inputs=prep.inputs,
+        input_style=prep.input_style,
+        config=config,
+        parent=prep.parent,
+        precision=prep.precision,
+        extra={
+            "model_name": name,
+            "model_format": prep.format,
+            "model_file": prep.path.name,
+            "response_timeout_s": response_timeout_s,
+        },
+    )
+    return art.finalize()
 
-    stage = tmp / "stage"
+
+@dataclasses.dataclass
+class _MarFiles:
+    """What goes into the archive, staged in one folder."""
+
+    model_file: Path
+    extra: list[Path]
+    handler: Path
+    model_config: Path
+
+
+def _stage_mar_files(
+    prep: Prepared, stage: Path, config: dict[str, Any], response_timeout_s: int
+) -> _MarFiles:
+    """The model's files, its sidecar (the handler reads the inputs from it), the handler and the
+    model-config.yaml, copied into ``stage``."""
     stage.mkdir()
-    model_file = stage / prep.path.name
     extra: list[Path] = []
     for f in prep.files:
         shutil.copy2(f, stage / f.name)
@@ -293,18 +372,27 @@ def _write_mar(
         ),
         encoding="utf-8",
     )
+    return _MarFiles(stage / prep.path.name, extra, handler, model_cfg)
+
+
+def _run_archiver(files: _MarFiles, name: str, tmp: Path) -> Path:
+    """torch-model-archiver, kept inside ``tmp``; returns the built ``<name>.mar``."""
+    from model_archiver.model_archiver_config import ModelArchiverConfig
+    from model_archiver.model_packaging import package_model
+    from model_archiver.model_packaging_utils import ModelExportUtils
+
     export_dir = tmp / "out"
     export_dir.mkdir()
     archiver_tmp = tmp / "archiver"
     archiver_tmp.mkdir()
     cfg = ModelArchiverConfig(
         model_name=name,
-        handler=str(handler),
+        handler=str(files.handler),
         version="1.0",
-        serialized_file=str(model_file),
-        extra_files=",".join(str(p) for p in extra),
+        serialized_file=str(files.model_file),
+        extra_files=",".join(str(p) for p in files.extra),
         export_path=str(export_dir),
-        config_file=str(model_cfg),
+        config_file=str(files.model_config),
         force=True,
     )
     with _ARCHIVER_LOCK:
@@ -317,22 +405,4 @@ def _write_mar(
             raise ModelLoadError(f"torch-model-archiver failed: {type(e).__name__}: {e}") from None
         finally:
             tempfile.tempdir = saved
-    built = export_dir / f"{name}.mar"
-    with atomic_path(output) as dest:
-        shutil.copyfile(built, dest)
-    art = Artifact(
-        output,
-        "mar",
-        inputs=prep.inputs,
-        input_style=prep.input_style,
-        config=config,
-        parent=prep.parent,
-        precision=prep.precision,
-        extra={
-            "model_name": name,
-            "model_format": prep.format,
-            "model_file": prep.path.name,
-            "response_timeout_s": response_timeout_s,
-        },
-    )
-    return art.finalize()
+    return export_dir / f"{name}.mar"

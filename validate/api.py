@@ -27,7 +27,6 @@ from typing import Any
 
 from ptopt.core.data import Dataset, load_data
 from ptopt.core.errors import (
-    DataError,
     GateFailedError,
     MissingDependencyError,
     PtoptError,
@@ -403,38 +402,8 @@ def _model_ref(obj: Any) -> Any:
 
 def _load_data(data: Any) -> tuple[Dataset, str]:
     """A DATA reference or in-memory data as a Dataset, and the name reports give it."""
-    if isinstance(data, (str, os.PathLike)):
-        return load_data(data), str(data)
-    if isinstance(data, Dataset):
-        return data, data.name
-    return _in_memory_data(data), "in-memory data"
-
-
-def _in_memory_data(data: Any) -> Dataset:
-    # TODO(merge): ptopt.core.data.load_data takes in-memory data after the compress branch; call it then
-    import torch
-
-    from ptopt.core.data import from_batches
-
-    name = "in-memory data"
-    if isinstance(data, torch.Tensor):
-        return Dataset(data, None, name)
-    if isinstance(data, dict) and "x" in data:
-        return Dataset(data["x"], data.get("y"), name)
-    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[1], torch.Tensor):
-        if data[1].dim() == 1 and not data[1].is_floating_point():
-            return Dataset(data[0], data[1], name)
-    if isinstance(data, torch.utils.data.Dataset) and not isinstance(data, torch.utils.data.IterableDataset):
-        data = torch.utils.data.DataLoader(data, batch_size=DEFAULT_EVAL_BATCH_SIZE)
-    if isinstance(data, tuple) and all(isinstance(t, torch.Tensor) for t in data):
-        return Dataset(data, None, name)
-    try:
-        return from_batches(iter(data), name)
-    except TypeError:
-        raise DataError(
-            f"data of type {type(data).__name__}: give a DATA reference, a tensor, (x, y), "
-            "{'x', 'y'}, a Dataset, a DataLoader or a list of batches"
-        ) from None
+    ds = load_data(data)
+    return ds, str(data) if isinstance(data, (str, os.PathLike)) else ds.name
 
 
 # -- 3. every model loads and takes the data (one small batch each) --------------------------------

@@ -5,6 +5,7 @@ import pytest
 from ptopt.core.artifact import Artifact, atomic_path, parent_record, sidecar_path, staged_dir
 from ptopt.core.errors import ModelLoadError
 from ptopt.core.inputspec import InputSpec
+from tests.helpers import assert_refused
 
 
 def test_sidecar_roundtrip(tmp_path):
@@ -38,8 +39,7 @@ def test_sidecar_roundtrip(tmp_path):
 def test_load_without_sidecar(tmp_path):
     f = tmp_path / "m.pt"
     f.write_bytes(b"")
-    with pytest.raises(ModelLoadError, match="no sidecar"):
-        Artifact.load(f)
+    assert_refused(Artifact.load, f, match="no sidecar", where=tmp_path, error=ModelLoadError)
     assert Artifact.maybe_load(f) is None
 
 

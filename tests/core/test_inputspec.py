@@ -10,6 +10,7 @@ from ptopt.core.inputspec import (
     parse_shape,
     specs_from_example,
 )
+from tests.helpers import assert_refused
 
 
 @pytest.mark.parametrize("text,shape", [("1x1x32x32", (1, 1, 32, 32)), ("8,3", (8, 3)), (" 4X7 ", (4, 7))])
@@ -17,23 +18,26 @@ def test_parse_shape(text, shape):
     assert parse_shape(text) == shape
 
 
-@pytest.mark.parametrize("text", ["", "1xax3", "0x3", "-1x3"])
-def test_parse_shape_rejects(text):
-    with pytest.raises(UsageError):
-        parse_shape(text)
+@pytest.mark.parametrize("text", ["", "1xax3", "0x3", "-1x3"], ids=["empty", "letter", "zero", "negative"])
+def test_parse_shape_rejects(tmp_path, text):
+    assert_refused(parse_shape, text, match=repr(text), where=tmp_path, error=UsageError)
 
 
 def test_named_shapes():
     assert parse_named_shapes(["input_ids=1x128", "2x3"]) == [("input_ids", (1, 128)), (None, (2, 3))]
 
 
-def test_min_opt_max_order_and_rank():
-    with pytest.raises(UsageError, match="min > opt at dimension 0"):
-        InputSpec("x", (8, 3), (4, 3), (16, 3))
-    with pytest.raises(UsageError, match="opt > max"):
-        InputSpec("x", (1, 3), (32, 3), (16, 3))
-    with pytest.raises(UsageError, match="same rank"):
-        InputSpec("x", (1, 3), (2, 3, 1), (4, 3))
+@pytest.mark.parametrize(
+    "shapes,match",
+    [
+        (((8, 3), (4, 3), (16, 3)), "min > opt at dimension 0"),
+        (((1, 3), (32, 3), (16, 3)), "opt > max"),
+        (((1, 3), (2, 3, 1), (4, 3)), "same rank"),
+    ],
+    ids=["min-above-opt", "opt-above-max", "ranks-differ"],
+)
+def test_min_opt_max_order_and_rank(tmp_path, shapes, match):
+    assert_refused(InputSpec, "x", *shapes, match=match, where=tmp_path, error=UsageError)
 
 
 def test_roundtrip_and_dynamic_dims():
@@ -61,10 +65,19 @@ def test_specs_from_example_tuple():
     assert isinstance(make_inputs(specs), tuple)
 
 
-def test_check_inputs_reports_expected_and_got():
+def test_check_inputs_accepts_another_batch_size():
     specs = specs_from_example(torch.zeros(2, 1, 32, 32))
-    check_inputs(specs, torch.zeros(7, 1, 32, 32))  # another batch size is fine
-    with pytest.raises(ShapeMismatchError, match=r"expected input: \[1\.\.64\]x1x32x32 float32, got 7x1x8x8"):
-        check_inputs(specs, torch.zeros(7, 1, 8, 8))
-    with pytest.raises(ShapeMismatchError, match="wrong dtype"):
-        check_inputs(specs, torch.zeros(7, 1, 32, 32, dtype=torch.long))
+    check_inputs(specs, torch.zeros(7, 1, 32, 32))
+
+
+@pytest.mark.parametrize(
+    "x,match",
+    [
+        (torch.zeros(7, 1, 8, 8), "expected input: [1..64]x1x32x32 float32, got 7x1x8x8"),
+        (torch.zeros(7, 1, 32, 32, dtype=torch.long), "wrong dtype"),
+    ],
+    ids=["shape", "dtype"],
+)
+def test_check_inputs_reports_expected_and_got(tmp_path, x, match):
+    specs = specs_from_example(torch.zeros(2, 1, 32, 32))
+    assert_refused(check_inputs, specs, x, match=match, where=tmp_path, error=ShapeMismatchError)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
+from ptopt.core.errors import ModelLoadError, ShapeMismatchError, UnsafePickleError, WeightsMismatchError
 from ptopt.core.modelref import load_model, run_checked
-from tests.helpers import TinyCNN, tiny_cnn
+from tests.helpers import TinyCNN, assert_refused, tiny_cnn
 
 FACTORY = "tests.helpers:tiny_cnn"
 
@@ -41,11 +41,13 @@ def test_factory_with_weights(tmp_path, suffix):
 def test_weights_that_dont_fit_name_the_keys(tmp_path):
     path = tmp_path / "w.pt"
     torch.save(TinyCNN(width=4).state_dict() | {"extra.weight": torch.zeros(1)}, path)
-    with pytest.raises(WeightsMismatchError) as e:
-        load_model(FACTORY, weights=path)
-    msg = str(e.value)
-    assert (
-        "unexpected keys: extra.weight" in msg and "bn1.weight (4,) vs model (8,)" in msg and "more)" in msg
+    assert_refused(
+        load_model,
+        FACTORY,
+        weights=path,
+        match=("unexpected keys: extra.weight", "bn1.weight (4,) vs model (8,)", "more)"),
+        where=tmp_path,
+        error=WeightsMismatchError,
     )
 
 
@@ -70,45 +72,71 @@ def test_exported_program(tmp_path):
 def test_pickled_module_needs_allow_pickle(tmp_path):
     path = tmp_path / "full.pt"
     torch.save(tiny_cnn(), path)
-    with pytest.raises(UnsafePickleError, match="--allow-pickle"):
-        load_model(path)
+    assert_refused(load_model, path, match="--allow-pickle", where=tmp_path, error=UnsafePickleError)
     lm = load_model(path, allow_pickle=True)
     assert lm.format == "pickle" and isinstance(lm.module, TinyCNN)
 
 
-def test_state_dict_as_model_says_use_factory(tmp_path):
-    path = tmp_path / "sd.pt"
-    torch.save(tiny_cnn().state_dict(), path)
-    with pytest.raises(ModelLoadError, match="is a state_dict"):
-        load_model(path)
+def _state_dict_file(tmp_path):
+    torch.save(tiny_cnn().state_dict(), tmp_path / "sd.pt")
+    return tmp_path / "sd.pt"
+
+
+def _text_file(tmp_path):
+    (tmp_path / "model.pt").write_text("this is not a model\n")
+    return tmp_path / "model.pt"
+
+
+def _folder(tmp_path):
+    (tmp_path / "m.pt").mkdir()
+    return tmp_path / "m.pt"
+
+
+def _torchscript_file(tmp_path):
+    path = tmp_path / "m.pt"
+    torch.jit.save(torch.jit.trace(tiny_cnn().eval(), torch.randn(2, 1, 8, 8)), str(path))
+    return path
 
 
 @pytest.mark.parametrize(
-    "ref,match",
+    "ref,kwargs,match",
     [
-        ("missing.pt", "no such file"),
-        ("no_such_pkg.mod:factory", "cannot import 'no_such_pkg.mod'"),
-        ("tests.helpers:nope", "has no callable 'nope'"),
-        ("tests.helpers:broken_factory", "the factory failed: RuntimeError"),
-        ("zoo:nope", "unknown zoo model 'nope'"),
+        ("missing.pt", {}, "no such file"),
+        ("no_such_pkg.mod:factory", {}, "cannot import 'no_such_pkg.mod'"),
+        ("tests.helpers:nope", {}, "has no callable 'nope'"),
+        ("tests.helpers:broken_factory", {}, "the factory failed: RuntimeError"),
+        ("zoo:nope", {}, "unknown zoo model 'nope'"),
+        (_state_dict_file, {}, "is a state_dict"),
+        (_text_file, {}, "not a PyTorch model file"),
+        (_folder, {}, "is a folder, not a model file"),
+        (_torchscript_file, {"weights": "w.pt"}, "is already a model file"),
+        (FACTORY, {"weights": "nope.safetensors"}, "weights nope.safetensors: no such file"),
+    ],
+    ids=[
+        "missing",
+        "no-module",
+        "no-factory",
+        "factory-fails",
+        "unknown-zoo",
+        "state-dict",
+        "text-file",
+        "folder",
+        "file-with-weights",
+        "missing-weights",
     ],
 )
-def test_bad_references(ref, match):
-    with pytest.raises(ModelLoadError, match=match):
-        load_model(ref)
-
-
-def test_text_file_named_model_pt(tmp_path):
-    path = tmp_path / "model.pt"
-    path.write_text("this is not a model\n")
-    with pytest.raises(ModelLoadError, match="not a PyTorch model file"):
-        load_model(path)
+def test_bad_references(tmp_path, monkeypatch, ref, kwargs, match):
+    monkeypatch.chdir(tmp_path)
+    ref = ref(tmp_path) if callable(ref) else ref
+    assert_refused(load_model, ref, match=match, where=tmp_path, error=ModelLoadError, **kwargs)
 
 
 def test_run_checked_names_expected_and_got():
     lm = load_model(FACTORY)
-    with pytest.raises(ModelLoadError.__mro__[1]) as e:  # PtoptError
-        run_checked(lm, torch.randn(2, 3, 8, 8))
-    assert "expected input: [1..64]x1x8x8 float32" in str(e.value) and "got input: 2x3x8x8 float32" in str(
-        e.value
+    assert_refused(
+        run_checked,
+        lm,
+        torch.randn(2, 3, 8, 8),
+        match=("expected input: [1..64]x1x8x8 float32", "got input: 2x3x8x8 float32"),
+        error=ShapeMismatchError,
     )

@@ -49,3 +49,42 @@ class BatchBaked(nn.Module):
 def batch_baked() -> BatchBaked:
     torch.manual_seed(0)
     return BatchBaked()
+
+
+class StrOutput(nn.Module):
+    """Runs in Python but returns a string beside its logits: no model format carries that."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor):
+        return self.fc(torch.flatten(x, 1)), "label"
+
+    def example_inputs(self) -> torch.Tensor:
+        return torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def str_output() -> StrOutput:
+    torch.manual_seed(0)
+    return StrOutput()
+
+
+class NumpyForward(nn.Module):
+    """Leaves torch for numpy inside forward: torch.export cannot capture it, a trace bakes it in."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        side = torch.from_numpy(x.detach().numpy().sum(axis=(1, 2, 3))).float()
+        return self.fc(torch.flatten(x, 1)) + side[:, None]
+
+    def example_inputs(self) -> torch.Tensor:
+        return torch.randn(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def numpy_forward() -> NumpyForward:
+    torch.manual_seed(0)
+    return NumpyForward()

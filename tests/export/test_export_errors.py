@@ -1,10 +1,17 @@
-"""Bad input to `ptopt export`: exit 2, one clear line, nothing written."""
+"""Bad input to `ptopt export` and to `ptopt.export(...)`: exit 2 / a typed PtoptError, one clear
+line, nothing written."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-CASES = [
+from ptopt.core.errors import DataError, ShapeMismatchError, UnsupportedModelError, UsageError
+from tests.helpers import assert_refused, tiny_cnn
+
+MODELS = "tests.export.export_models"
+
+CLI_CASES = [
     (["--target", "onnx", "--min-shape", "8x1x8x8", "--opt-shape", "4x1x8x8"], "min > opt at dimension 0"),
     (["--target", "onnx", "--opt-shape", "4x1x8x8", "--max-shape", "2x1x8x8"], "opt > max at dimension 0"),
     (["--target", "torchscript", "--opt-shape", "4x8x8"], "has rank 3, but the model takes rank 4"),
@@ -15,36 +22,94 @@ CASES = [
     ),
     (["--target", "onnx", "--precision", "int8"], "needs calibration data: pass --data"),
     (["--target", "onnx", "--dynamic-batch", "4:2:8"], "min > opt"),
+    (["--target", "onnx", "--int8-method", "magic"], "unknown int8 ONNX method 'magic'"),
 ]
 
 
 @pytest.mark.parametrize(
     "args, message",
-    CASES,
-    ids=["min>opt", "opt>max", "rank", "target", "int8-torchscript", "int8-no-data", "batch"],
+    CLI_CASES,
+    ids=["min>opt", "opt>max", "rank", "target", "int8-torchscript", "int8-no-data", "batch", "int8-method"],
 )
-def test_bad_input_exit_2_nothing_written(cli, tmp_path, tiny_cnn_factory, args, message):
+def test_bad_options_exit_2_nothing_written(cli, tmp_path, tiny_cnn_factory, args, message):
     out = tmp_path / "out" / "m.bin"
-    code, stdout, err = cli("export", tiny_cnn_factory, *args, "-o", out)
-    assert code == 2, (stdout, err)
-    assert message in err and "Traceback" not in err and err.startswith("error:")
-    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+    assert_refused(cli, "export", tiny_cnn_factory, *args, "-o", out, match=message, where=tmp_path)
 
 
-def test_unsupported_op_names_op_and_module(cli, tmp_path):
-    out = tmp_path / "s.onnx"
-    code, _, err = cli("export", "tests.export.export_models:with_solver", "--target", "onnx", "-o", out)
-    assert code == 2
-    assert "linalg_eigh" in err and "module 'solver' (Solver)" in err
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize(
+    "model, target, message",
+    [
+        (f"{MODELS}:with_solver", "onnx", ("linalg_eigh", "module 'solver' (Solver)")),
+        (f"{MODELS}:str_output", "torchscript", "returns a str"),
+        (f"{MODELS}:str_output", "exported_program", "returns a str"),
+        (f"{MODELS}:numpy_forward", "exported_program", "torch.export cannot capture"),
+        (f"{MODELS}:numpy_forward", "onnx", "torch.export cannot capture"),
+    ],
+    ids=["unsupported-op", "str-output-ts", "str-output-pt2", "numpy-pt2", "numpy-onnx"],
+)
+def test_model_that_cannot_be_captured(cli, tmp_path, model, target, message):
+    assert_refused(
+        cli, "export", model, "--target", target, "-o", tmp_path / "m.out", match=message, where=tmp_path
+    )
 
 
-def test_python_twin_raises_typed_errors(tmp_path, tiny_cnn_factory):
-    from ptopt.core.errors import ShapeMismatchError, UsageError
+def test_nan_data_is_refused(cli, tmp_path, tiny_cnn_factory):
+    x = torch.randn(16, 1, 8, 8)
+    x[3, 0, 2, 2] = float("nan")
+    torch.save({"x": x}, tmp_path / "nan.pt")
+    args = (
+        "--target",
+        "onnx",
+        "--precision",
+        "int8",
+        "--data",
+        tmp_path / "nan.pt",
+        "-o",
+        tmp_path / "m.onnx",
+    )
+    assert_refused(cli, "export", tiny_cnn_factory, *args, match="NaN", where=tmp_path)
+
+
+def _nan_batch() -> torch.Tensor:
+    x = torch.randn(8, 1, 8, 8)
+    x[0, 0, 0, 0] = float("nan")
+    return x
+
+
+PY_CASES = [
+    (dict(target="coreml"), UsageError, "unknown target"),
+    (dict(target="onnx", min_shape="1x8", max_shape="4x8"), ShapeMismatchError, "rank"),
+    (dict(target="onnx", input_shapes=torch.randn(2, 3, 8, 8)), ShapeMismatchError, "does not fit model"),
+    (dict(target="torchscript", input_shapes="2x3x8x8"), ShapeMismatchError, "does not fit model"),
+    (dict(target="onnx", data=_nan_batch()), DataError, "NaN"),
+    (dict(target="onnx", precision="int8", data=[_nan_batch()]), DataError, "NaN"),
+    (dict(target="onnx", input_shapes=3.5), UsageError, "input_shapes"),
+    (dict(target="onnx", input_shapes="1x1x8x8", input_specs=[]), UsageError, "not both"),
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    PY_CASES,
+    ids=["target", "rank", "wrong-tensor", "wrong-shape-string", "nan", "nan-calib", "bad-type", "both"],
+)
+def test_python_api_refuses_bad_input(tmp_path, kwargs, error, message):
     from ptopt.export.api import export
 
-    with pytest.raises(UsageError, match="unknown target"):
-        export(tiny_cnn_factory, "coreml", tmp_path / "x")
-    with pytest.raises(ShapeMismatchError, match="rank"):
-        export(tiny_cnn_factory, "onnx", tmp_path / "x.onnx", min_shape="1x8", max_shape="4x8")
-    assert list(tmp_path.iterdir()) == []
+    out = tmp_path / "m.out"
+    assert_refused(export, tiny_cnn(), output=out, **kwargs, match=message, where=tmp_path, error=error)
+
+
+@pytest.mark.parametrize(
+    "factory, target",
+    [("str_output", "onnx"), ("numpy_forward", "exported_program")],
+    ids=["str-output", "numpy"],
+)
+def test_python_api_refuses_a_module_it_cannot_capture(tmp_path, factory, target):
+    from ptopt.export.api import export
+    from tests.export import export_models
+
+    module = getattr(export_models, factory)()
+    assert_refused(
+        export, module, target, input_shapes="2x1x8x8", where=tmp_path, error=UnsupportedModelError
+    )

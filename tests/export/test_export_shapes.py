@@ -111,7 +111,7 @@ def test_the_graph_tensorrt_consumes_accepts_min_opt_max():
     import torch
 
     from ptopt.core.inputspec import make_inputs
-    from ptopt.export.onnx import export_program
+    from ptopt.export.tracing import export_program
     from tests.helpers import two_input
 
     model = two_input()

@@ -9,6 +9,7 @@ from ptopt.core.data import load_data
 from ptopt.core.inputspec import call_model, check_inputs
 from ptopt.core.modelref import load_model
 from ptopt.models import ZOO
+from tests.helpers import assert_refused
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
@@ -54,6 +55,14 @@ def test_cnn_reaches_97_percent_and_is_cached(name, monkeypatch):
         assert torch.equal(lm.module(x), again.module(x))
 
 
-def test_unknown_zoo_model(cli):
-    code, _, err = cli("inspect", "zoo:nope")
-    assert code == 2 and "unknown zoo model 'nope' (known: lstm, mobilenet, resnet, transformer)" in err
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("inspect", "zoo:nope"), "unknown zoo model 'nope' (known: lstm, mobilenet, resnet, transformer)"),
+        (("inspect", "zoo:"), "unknown zoo model ''"),
+        (("inspect", "zoo:resnet", "--weights", "w.pt"), "--weights goes with a pkg.module:factory model"),
+    ],
+    ids=["unknown-name", "no-name", "with-weights"],
+)
+def test_bad_zoo_references(cli, tmp_path, args, match):
+    assert_refused(cli, *args, match=match, where=tmp_path)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ptopt.core.artifact import Artifact
+from tests.helpers import assert_refused
 from tests.serve.conftest import torchserve_missing
 
 needs_archiver = pytest.mark.skipif(
@@ -85,9 +86,17 @@ def test_no_sidecar_needs_input_shape(cli, tmp_path, serve_artifacts):
     bare = tmp_path / "bare.pt"
     shutil.copy2(serve_artifacts["fp32"], bare)
     out = tmp_path / "bare.mar"
-    code, _, stderr = cli("package", bare, "--format", "mar", "-o", out)
-    assert code == 2 and "--input-shape" in stderr and "no sidecar" in stderr
-    assert not out.exists() and not list(tmp_path.glob("*.mar*"))
+    assert_refused(
+        cli,
+        "package",
+        bare,
+        "--format",
+        "mar",
+        "-o",
+        out,
+        match=("--input-shape", "no sidecar"),
+        where=tmp_path,
+    )
     code, stdout, stderr = cli("package", bare, "--format", "mar", "-o", out, "--input-shape", "1x1x8x8")
     assert code == 0, stderr
     assert "input: [1..64]x1x8x8 float32" in stdout
@@ -102,32 +111,57 @@ def test_no_sidecar_needs_input_shape(cli, tmp_path, serve_artifacts):
     "args, message",
     [
         (["missing.pt", "--format", "mar", "-o", "x.mar"], "no such file"),
-        (["{fp32}", "--format", "zip", "-o", "x.mar"], "'zip' is not one of"),
         (["{fp32}", "--format", "mar", "-o", "x.zip"], "must end in .mar"),
         (["{fp32}", "--format", "mar", "-o", "x.mar", "--batch-size", "0"], "--batch-size must be >= 1"),
+        (["{fp32}", "--format", "mar", "-o", "x.mar", "--workers", "0"], "--workers must be >= 1, got 0"),
+        (["{fp32}", "--format", "mar", "-o", "x.mar", "--threads", "0"], "--threads must be >= 1, got 0"),
         (
             ["{fp32}", "--format", "mar", "-o", "x.mar", "--batch-size", "100"],
             "larger than the model's max batch",
         ),
         (["{fp32}", "--format", "mar", "-o", "x.mar", "--model-name", "9 bad"], "model name"),
     ],
-    ids=["missing", "unknown-format", "not-mar", "batch-0", "batch-too-big", "bad-name"],
+    ids=["missing", "not-mar", "batch-0", "workers-0", "threads-0", "batch-too-big", "bad-name"],
 )
 def test_bad_input_exits_2_and_writes_nothing(cli, tmp_path, serve_artifacts, args, message):
     args = [a.format(fp32=serve_artifacts["fp32"]) for a in args]
-    code, _, stderr = cli("package", *args)
-    assert code == 2
-    assert message in stderr
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith("x.")]
+    assert_refused(cli, "package", *args, match=message, where=tmp_path)
 
 
-def test_python_twin_unknown_format_is_a_usage_error(tmp_path, serve_artifacts):
+def test_unknown_format_is_refused_by_the_cli(cli, tmp_path, serve_artifacts):
+    """click checks --format's choices itself (its usage error, exit 2), before ptopt runs."""
+    code, _, stderr = cli("package", serve_artifacts["fp32"], "--format", "zip", "-o", "x.mar")
+    assert code == 2 and "'zip' is not one of" in stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "fmt, output, kwargs, message",
+    [
+        ("zip", "x.mar", {}, "unknown --format 'zip': choose one of mar, triton"),
+        ("mar", "x.zip", {}, "-o {tmp}/x.zip: a TorchServe archive must end in .mar"),
+        ("mar", "x.mar", {"max_batch_delay_ms": -1}, "--max-batch-delay must be >= 0, got -1"),
+        ("mar", "x.mar", {"response_timeout_s": 0}, "--response-timeout must be >= 1, got 0"),
+        ("mar", "x.mar", {"model_name": "_m"}, "model name '_m': use letters, digits"),
+        ("triton", "file.txt", {}, "a Triton model repository is a folder, and this is a file"),
+    ],
+    ids=["unknown-format", "not-mar", "delay-negative", "timeout-0", "bad-name", "triton-into-a-file"],
+)
+def test_python_twin_refuses_bad_options(tmp_path, serve_artifacts, fmt, output, kwargs, message):
     from ptopt.core.errors import UsageError
     from ptopt.serve.package import package
 
-    with pytest.raises(UsageError, match="unknown --format 'zip'"):
-        package(serve_artifacts["fp32"], "zip", tmp_path / "x.mar")
-    assert not list(tmp_path.iterdir())
+    (tmp_path / "file.txt").write_text("not a folder\n")
+    assert_refused(
+        package,
+        serve_artifacts["fp32"],
+        fmt,
+        tmp_path / output,
+        match=message.format(tmp=tmp_path),
+        where=tmp_path,
+        error=UsageError,
+        **kwargs,
+    )
 
 
 @needs_archiver

@@ -1,0 +1,113 @@
+"""``ExportConfig``: what an export is asked to do, validated once, recorded in the sidecar, replayable.
+
+``ptopt.export(model, config=ExportConfig(target="onnx", precision="int8"), data=calib)`` is the same
+as passing the loose options; passing a config *and* a loose option that contradicts it is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ptopt.core.config import Config, register_config
+from ptopt.core.errors import UsageError
+
+#: target → (artifact format, file suffix it conventionally gets)
+TARGETS: dict[str, tuple[str, str]] = {
+    "torchscript": ("torchscript", ".pt"),
+    "onnx": ("onnx", ".onnx"),
+    "tensorrt": ("tensorrt", ".ep"),
+    "exported_program": ("exported_program", ".pt2"),
+}
+PRECISIONS = ("fp32", "fp16", "int8")
+#: precisions a target can convert to (besides keeping the source's precision)
+CONVERTS: dict[str, tuple[str, ...]] = {
+    "torchscript": (),
+    "exported_program": (),
+    "onnx": ("int8",),
+    "tensorrt": ("fp16", "int8"),
+}
+INT8_METHODS = ("auto", "ort_static", "qdq_export")
+#: the options a config carries that ``export()`` also takes loose
+LOOSE_OPTIONS = ("precision", "opset", "optimize", "script", "atol", "rtol", "int8_method")
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class ExportConfig(Config):
+    """What an export was asked to do (recorded in the sidecar with what was resolved: the
+    precision and int8 method actually used, the calibration data's reference).
+
+    ``precision`` None keeps the source's (an int8 artifact stays int8); ``int8_method`` None is
+    ``auto`` (see ``ptopt.export.onnx_int8``); ``atol``/``rtol`` None are the parity defaults.
+    """
+
+    type_name = "export"
+    target: str = "onnx"
+    precision: str | None = None
+    opset: int | None = None
+    optimize: bool = False
+    script: bool = False
+    atol: float | None = None
+    rtol: float | None = None
+    int8_method: str | None = None
+    calib_data: str | None = None
+
+    def __post_init__(self) -> None:
+        target, precision = self.target, self.precision
+        if target not in TARGETS:
+            raise UsageError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+        if precision is not None and precision not in PRECISIONS:
+            raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+        if precision not in (None, "fp32") and not CONVERTS[target]:
+            raise UsageError(
+                f"--precision {precision} is not available for --target {target}: it keeps the source's "
+                f"precision; quantize first (ptopt quantize) or export to onnx/tensorrt"
+            )
+        if precision not in (None, "fp32", *CONVERTS[target]):
+            raise UsageError(
+                f"--precision {precision} is not available for --target {target} "
+                f"(it can build: fp32, {', '.join(CONVERTS[target])})"
+            )
+        if self.int8_method is not None and self.int8_method not in INT8_METHODS:
+            raise UsageError(
+                f"unknown int8 ONNX method {self.int8_method!r} (choose from {', '.join(INT8_METHODS)})"
+            )
+        if self.opset is not None and (not isinstance(self.opset, int) or self.opset <= 0):
+            raise UsageError(f"opset must be a positive integer, got {self.opset!r}")
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise UsageError(f"{name} must be >= 0, got {value!r}")
+
+    @property
+    def format(self) -> str:
+        return TARGETS[self.target][0]
+
+    @property
+    def suffix(self) -> str:
+        return TARGETS[self.target][1]
+
+
+def settle_config(target: str | None, config: ExportConfig | None, **loose: object) -> ExportConfig:
+    """One source of truth: the config, or one built from ``target`` and the loose options.
+
+    A loose option given with a config must agree with it (else UsageError naming both values)."""
+    given = {k: v for k, v in loose.items() if v is not None}
+    if config is None:
+        if target is None:
+            raise UsageError(f"export needs a target (choose from {', '.join(TARGETS)}) or config=")
+        if given.get("int8_method") == "auto":
+            given.pop("int8_method")
+        return ExportConfig(target=target, **given)  # type: ignore[arg-type]
+    if not isinstance(config, ExportConfig):
+        raise UsageError(f"config must be an ExportConfig, got {type(config).__name__}")
+    if target is not None and target != config.target:
+        raise UsageError(f"target {target!r} contradicts the config's target {config.target!r}; pass one")
+    for name, value in given.items():
+        have = getattr(config, name)
+        if have != value and not (name == "int8_method" and value == "auto" and have is None):
+            raise UsageError(
+                f"{name}={value!r} contradicts the config's {name}={have!r}; pass the option in the "
+                f"config or loose, not both"
+            )
+    return config

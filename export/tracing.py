@@ -1,0 +1,200 @@
+"""Capturing a model as a graph, shared by every writer: sample inputs for tracing, ``torch.export``
+with the specs' ``Dim``s, ``torch.jit.trace`` / ``torch.jit.script``, and quieting the exporters.
+
+A capture failure is an UnsupportedModelError that says what could not be captured (and, for the
+ONNX exporter, which op in which module), never a traceback from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import logging
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ptopt.core.errors import UnsupportedModelError
+from ptopt.core.inputspec import InputSpec, call_args, flatten_inputs, make_inputs
+from ptopt.export.shapes import torch_export_dynamic_shapes
+
+
+@contextlib.contextmanager
+def quiet_export() -> Iterator[None]:
+    """The exporters print progress and log warnings (missing torchvision ops, opset conversion)."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    sink = io.StringIO()
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lv in zip(loggers, levels, strict=False):
+            lg.setLevel(lv)
+
+
+def first_lines(text: str, n: int) -> str:
+    """The first ``n`` non-empty lines of an error message, joined (at most 400 characters)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " ".join(lines[:n])[:400]
+
+
+def output_names(n: int) -> list[str]:
+    return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
+
+
+def count_outputs(module: Any, x: Any) -> int:
+    import torch
+
+    from ptopt.core.inputspec import call_model
+    from ptopt.export.parity import flatten_outputs
+
+    with torch.inference_mode():
+        return len(flatten_outputs(call_model(module, x)))
+
+
+def weight_bytes(module: Any) -> int:
+    total = 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        total += t.numel() * t.element_size()
+    return total
+
+
+def example_for_export(specs: Sequence[InputSpec], style: str) -> Any:
+    """Sample inputs at the opt shape, except that a dynamic dim of size 1 becomes 2: torch.export
+    specializes sizes 0 and 1 to constants, which would contradict the dynamic Dim."""
+    fixed = []
+    for s in specs:
+        opt = tuple(
+            min(2, hi) if (d == 1 and lo != hi) else d
+            for d, lo, hi in zip(s.opt_shape, s.min_shape, s.max_shape, strict=False)
+        )
+        fixed.append(dataclasses.replace(s, opt_shape=opt))
+    return make_inputs(fixed, style, which="opt")
+
+
+def fits_for_export(specs: Sequence[InputSpec], x: Any) -> bool:
+    """Whether a given example batch can stand in for ``example_for_export``: one tensor per spec of
+    the spec's rank, every dim within [min, max], and no dynamic dim of size 0 or 1."""
+    got = flatten_inputs(x)
+    if len(got) != len(specs):
+        return False
+    for s, (_, t) in zip(specs, got, strict=False):
+        if len(t.shape) != s.rank:
+            return False
+        for i, d in enumerate(t.shape):
+            if not s.min_shape[i] <= d <= s.max_shape[i] or (i in s.dynamic_dims and d < 2):
+                return False
+    return True
+
+
+def export_program(
+    module: Any, specs: Sequence[InputSpec], style: str, device: str = "cpu", example: Any = None
+) -> Any:
+    """``torch.export.export`` with the specs' Dims; a failure names what torch.export could not trace.
+
+    ``example``: the batch to capture with (default ``example_for_export(specs, style)``)."""
+    import torch
+
+    x = example if example is not None else example_for_export(specs, style)
+    args, kwargs = call_args(x)
+    args = tuple(a.to(device) for a in args)
+    kwargs = {k: v.to(device) for k, v in kwargs.items()}
+    dyn = torch_export_dynamic_shapes(specs, style)
+    try:
+        with quiet_export():
+            return torch.export.export(module, args, kwargs or None, dynamic_shapes=dyn, strict=False)
+    except Exception as e:  # noqa: BLE001 - torch.export raises many kinds (UserError, GuardOnDataDependent...)
+        raise UnsupportedModelError(
+            f"torch.export cannot capture the model with inputs {', '.join(s.describe() for s in specs)}: "
+            f"{type(e).__name__}: {first_lines(str(e), 3)}. If a dimension must stay fixed, give the same "
+            f"min/opt/max for it; a model torch.export cannot trace can still go to --target torchscript"
+        ) from None
+
+
+def trace(module: Any, x: Any, style: str) -> tuple[Any, list[str]]:
+    """``torch.jit.trace`` on the batch ``x``; returns the ScriptModule and the tracer's warnings
+    (data-dependent control flow baked in), which the reload check then judges."""
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                if style == "keyword":
+                    sm = torch.jit.trace(
+                        module, example_kwarg_inputs=dict(x), check_trace=False, strict=False
+                    )
+                else:
+                    args = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+                    sm = torch.jit.trace(module, args, check_trace=False, strict=False)
+        except Exception as e:  # noqa: BLE001 - the tracer raises whatever the model's code raises
+            raise UnsupportedModelError(
+                f"torch.jit.trace cannot trace {type(module).__name__}: {type(e).__name__}: "
+                f"{first_lines(str(e), 1)[:300]}; try --script"
+            ) from None
+    notes = sorted(
+        {
+            str(w.message).splitlines()[0][:200]
+            for w in caught
+            if issubclass(w.category, torch.jit.TracerWarning)
+        }
+    )
+    return sm, notes
+
+
+def script(module: Any) -> Any:
+    """``torch.jit.script``: control flow kept; an unsupported construct is an UnsupportedModelError."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.jit.script(module)
+    except Exception as e:  # noqa: BLE001 - the TorchScript compiler raises frontend errors of many kinds
+        raise UnsupportedModelError(
+            f"torch.jit.script cannot compile {type(module).__name__}: {first_lines(str(e), 2)[:300]}. "
+            f"Export without --script (tracing) instead"
+        ) from None
+
+
+def failing_op(error: BaseException, ep: Any = None) -> str:
+    """'op aten.linalg_eigh in module inner.solver (Solver)' from an exporter error, as far as it says."""
+    text = str(error)
+    m = (
+        re.search(r"OpOverload\(op='([\w.]+)', overload='(\w+)'\)", text)
+        or re.search(r"target=torch\.ops\.([\w.]+)\]", text)
+        or re.search(r"operator '([\w:.]+)'", text)
+    )
+    if not m:
+        return ""
+    op = m.group(1)
+    return f"op {op}{_op_location(op, ep) if ep is not None else ''}"
+
+
+def _op_location(op: str, ep: Any) -> str:
+    """' in module 'solver' (Solver)': where the ExportedProgram's ``nn_module_stack`` puts ``op``."""
+    key = _op_key(op)
+    for node in ep.graph.nodes:
+        if node.op == "call_function" and _op_key(str(node.target)) == key:
+            stack = node.meta.get("nn_module_stack") or {}
+            if not stack:
+                return " in the top-level module"
+            path, typ = list(stack.values())[-1]
+            name = typ.rsplit(".", 1)[-1] if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+            return f" in module {path!r} ({name})" if path else f" in the top-level module ({name})"
+    return ""
+
+
+def _op_key(target: str) -> str:
+    """'aten._linalg_eigh.default' and 'aten.linalg_eigh.default' → 'linalg_eigh'."""
+    parts = target.replace("::", ".").split(".")
+    parts = [p for p in parts if p not in ("aten", "torch", "ops", "default", "prims", "Tensor")]
+    return parts[0].lstrip("_") if parts else target
