@@ -288,7 +288,9 @@ def test_in_memory_models_results_and_data(artifacts, tmp_path):
         latency=QUICK,
         threads=1,
     )
-    assert res.passed and res.data["data"]["ref"].startswith("in-memory") and res.data["data"]["samples"] == 24
+    assert (
+        res.passed and res.data["data"]["ref"].startswith("in-memory") and res.data["data"]["samples"] == 24
+    )
     a, b = res.entries
     assert (
         a["name"] == "tiny.res.pt"
