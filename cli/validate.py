@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_option
+from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, save_recipe_option
 
 
 @click.command("validate")
@@ -117,6 +117,22 @@ from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_opti
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @save_recipe_option
+@guard_paths(
+    {
+        "reference": "REFERENCE",
+        "artifacts": "ARTIFACT",
+        "data": "--data",
+        "baseline": "--baseline",
+        "weights": "--weights",
+    },
+    {
+        "json_path": "--json",
+        "junit_path": "--junit",
+        "markdown_path": "--markdown",
+        "report_path": "--report",
+        "save_recipe": "--save-recipe",
+    },
+)
 def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch

@@ -26,6 +26,35 @@ def model_pt(tmp_path, cli):
 
 
 CASES = {
+    "validate --json onto an artifact": (
+        "validate",
+        "tests.helpers:tiny_cnn",
+        "m.pt",
+        "--data",
+        "d.pt",
+        "--json",
+        "m.pt",
+    ),
+    "validate --report onto the data": (
+        "validate",
+        "tests.helpers:tiny_cnn",
+        "m.pt",
+        "--data",
+        "d.pt",
+        "--report",
+        "d.pt",
+    ),
+    "validate --markdown onto --junit": (
+        "validate",
+        "tests.helpers:tiny_cnn",
+        "m.pt",
+        "--data",
+        "d.pt",
+        "--junit",
+        "r.txt",
+        "--markdown",
+        "r.txt",
+    ),  # fmt: skip
     "quantize -o onto the model": ("quantize", "m.pt", "--mode", "dynamic", "-o", "m.pt"),
     "quantize -o onto the model's sidecar": (
         "quantize",
