@@ -344,6 +344,7 @@ def _prepare(
             raise UsageError(f"--max-samples must be >= 1, got {max_samples}")
         ds = ds.take(int(max_samples))
     ds.check_finite()
+    _check_batch_memory(sizes, ds)
     names = _unique_names([display_name(r) for _, r, _ in refs], [r for _, r, _ in refs])
     run = _Run(
         models=_Models(refs, names, int(threads), **models),
@@ -409,6 +410,31 @@ def _load_data(data: Any) -> tuple[Dataset, str]:
 # -- 3. every model loads and takes the data (one small batch each) --------------------------------
 
 
+def _check_batch_memory(sizes: list[int], ds: Dataset) -> None:
+    """Refuse batch sizes whose inputs alone would take more than half the memory available now
+    (the outputs and the model's activations come on top)."""
+    per_sample = sum(t[:1].numel() * t.element_size() for _, t in flatten_inputs(ds.first_batch(1).x))
+    available = _available_memory_bytes()
+    need = max(sizes) * per_sample
+    if available and need > available // 2:
+        raise UsageError(
+            f"--batch-sizes {max(sizes)}: the inputs alone need {need / 2**30:.1f} GiB "
+            f"({per_sample:,} bytes a sample), and {available / 2**30:.1f} GiB are available; "
+            f"use at most {max(1, available // 2 // max(per_sample, 1)):,}"
+        )
+
+
+def _available_memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
     """Probe every model; returns whether the reference's outputs are classification logits."""
     shapes = []
@@ -419,6 +445,8 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
             out, labels = _probe(runner, run.ds, run.data_name)
             shapes.append(tuple(out.shape))
             if role == "reference" and run.metric_measured:
+                if run.metric.name in ("top1", "top5"):  # labels must index the classes: never 0% PASSED
+                    run.ds.check_labels(out, name)
                 compute_metric(
                     run.metric, out, labels
                 )  # a metric that can't work fails now, not after timing
