@@ -119,6 +119,12 @@ BAD_RECIPES = {
     "not-yaml": ("steps: [unclosed", "not valid YAML"),
     "no-steps": ("version: 1\nsteps: []\n", "no steps"),
     "step-not-a-mapping": ("version: 1\nsteps: [validate]\n", "step 1 must be one mapping"),
+    "unknown-top-level-key": (
+        "version: 1\nstep: []\nsteps: [{validate: {}}]\n",
+        "unknown top-level key(s) step",
+    ),
+    "future-version": ("version: 99\nsteps: [{validate: {}}]\n", "version 99 is not one this ptopt reads"),
+    "not-utf8": (b"version: 1\nsteps: []  # caf\xe9\n", "not UTF-8 text"),
 }
 
 
@@ -126,9 +132,9 @@ BAD_RECIPES = {
 def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monkeypatch, case):
     make, expect = BAD_RECIPES[case]
     ok = _validate_step(artifacts, json_path=str(tmp_path / "ran.json"))  # fine, but must never run
-    if isinstance(make, str):
+    if isinstance(make, (str, bytes)):
         path = tmp_path / "recipe.yaml"
-        path.write_text(make)
+        path.write_bytes(make if isinstance(make, bytes) else make.encode())
     else:
         path = _recipe(
             tmp_path, make(ok, artifacts, monkeypatch), {"ref": FACTORY, "art": str(artifacts["onnx"])}
