@@ -98,6 +98,10 @@ def inspect_model(
     elif input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
     report["inputs"] = [s.to_dict() | {"describe": s.describe()} for s in loaded.input_specs]
+    if not loaded.input_specs:
+        from ptopt.core.input_infer import suggest_input_shapes
+
+        report["suggested_input_shapes"] = suggest_input_shapes(loaded.module)
     report["input_style"] = loaded.input_style
 
     if loaded.module is not None:

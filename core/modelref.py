@@ -78,7 +78,9 @@ class LoadedModel:
         from ptopt.core.inputspec import make_inputs
 
         if not self.input_specs:
-            raise ModelLoadError(f"{self.ref}: input shape unknown; pass --data or --input-shape")
+            from ptopt.core.input_infer import input_shape_unknown
+
+            raise input_shape_unknown(self.ref, self.module)
         return make_inputs(self.input_specs, self.input_style, which=which, batch=batch)
 
 
@@ -271,14 +273,10 @@ def _specs_from_onnx(model: Any) -> list[InputSpec]:
 
 
 def _declared_inputs(module: Any) -> tuple[list[InputSpec], str]:
-    """Specs from a model's own ``example_inputs()`` method, when it has one."""
-    fn = getattr(module, "example_inputs", None)
-    if not callable(fn):
-        return [], "positional"
-    from ptopt.core.inputspec import input_style
+    """Specs from the model itself: its ``example_inputs()``, or a Hugging Face model's config."""
+    from ptopt.core.input_infer import declared_inputs
 
-    x = fn()
-    return specs_from_example(x), input_style(x)
+    return declared_inputs(module)
 
 
 def _load_factory(ref: str, weights: str | os.PathLike | None) -> LoadedModel:
@@ -370,31 +368,68 @@ def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()
     """Settle ``loaded.input_specs``: ``--input-shape`` first, then the data, then what the model declares.
 
     ``input_shapes`` is ``[(name | None, shape), ...]`` (see ``parse_named_shapes``); a given shape's
-    first dimension is the batch (dynamic from 1 to 64). ``data`` is a Dataset.
+    first dimension is the batch (dynamic from 1 to 64). Its dtype is the one written
+    (``input_ids=1x32:int64``), else the model's declared one for that input, else int64 for an input
+    that an ``nn.Embedding`` receives (with ids below its ``num_embeddings``) or is named
+    ``attention_mask`` (all ones, as Hugging Face tokenizers make it), else float32. ``data`` is a
+    Dataset.
     """
-    from ptopt.core.inputspec import DEFAULT_MAX_BATCH, input_style
+    from ptopt.core.inputspec import input_style
 
     if input_shapes:
-        known = loaded.input_specs
-        specs = []
-        for i, (name, shape) in enumerate(input_shapes):
-            base = known[i] if i < len(known) else None
-            name = name or (base.name if base else ("input" if len(input_shapes) == 1 else f"input_{i}"))
-            dtype = base.dtype if base else "float32"
-            vr = base.value_range if base else None
-            specs.append(
-                InputSpec.static(name, shape, dtype, value_range=vr).with_batch(
-                    1, shape[0], max(DEFAULT_MAX_BATCH, shape[0])
-                )
-            )
-        loaded.input_specs = specs
+        loaded.input_specs, untyped = _specs_from_shapes(loaded, list(input_shapes))
         if any(n for n, _ in input_shapes):
             loaded.input_style = "keyword"
+        _infer_token_inputs(loaded, untyped)
     elif data is not None:
         x = data.first_batch(min(len(data), 32)).x
         loaded.input_specs = specs_from_example(x)
         loaded.input_style = input_style(x)
     return loaded
+
+
+def _specs_from_shapes(loaded: LoadedModel, input_shapes: list) -> tuple[list[InputSpec], set[str]]:
+    """One spec per given shape: its name and dtype, else the declared input's (by name, else by
+    order); and the names whose dtype neither gave (float32 for now)."""
+    from ptopt.core.inputspec import DEFAULT_MAX_BATCH, dtype_of
+
+    known = loaded.input_specs
+    by_name = {s.name: s for s in known}
+    specs, untyped = [], set()
+    for i, (name, shape) in enumerate(input_shapes):
+        base = by_name.get(name) if name else (known[i] if i < len(known) else None)
+        name = name or (base.name if base else ("input" if len(input_shapes) == 1 else f"input_{i}"))
+        if dtype_of(shape) is None and base is None:
+            untyped.add(name)
+        dtype = dtype_of(shape) or (base.dtype if base else "float32")
+        vr = base.value_range if base and base.dtype == dtype else None
+        specs.append(
+            InputSpec.static(name, shape, dtype, value_range=vr).with_batch(
+                1, shape[0], max(DEFAULT_MAX_BATCH, shape[0])
+            )
+        )
+    return specs, untyped
+
+
+def _infer_token_inputs(loaded: LoadedModel, untyped: set[str]) -> None:
+    """Integer dtype and id range for given shapes that nothing typed (see ``resolve_inputs``)."""
+    from ptopt.core.input_infer import embedding_inputs
+
+    unranged = {
+        s.name for s in loaded.input_specs if s.dtype != "bool" and not s.is_float and not s.value_range
+    }
+    if not (untyped or unranged):
+        return
+    vocab = embedding_inputs(loaded.module, loaded.input_specs, loaded.input_style, untyped)
+    specs = []
+    for s in loaded.input_specs:
+        if s.name in vocab and (s.name in untyped or s.name in unranged):
+            dtype = "int64" if s.name in untyped else s.dtype
+            s = dataclasses.replace(s, dtype=dtype, value_range=(0, vocab[s.name]))
+        elif s.name in untyped and s.name == "attention_mask":
+            s = dataclasses.replace(s, dtype="int64", value_range=(1, 2))
+        specs.append(s)
+    loaded.input_specs = specs
 
 
 def expected_input(loaded: LoadedModel) -> str | None:
