@@ -146,9 +146,9 @@ def settle_inputs(loaded: Any, ds: Any, input_shapes: Any, data_hint: str = "dat
             input_shapes = parse_named_shapes(input_shapes)
         resolve_inputs(loaded, input_shapes=input_shapes)
     if not loaded.input_specs:
-        raise UsageError(
-            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. 1x3x224x224) or {data_hint}"
-        )
+        from ptopt.core.input_infer import input_shape_unknown
+
+        raise input_shape_unknown(loaded.ref, loaded.module, data_hint)
     x = loaded.example_inputs(which="opt", batch=2)
     run_checked(loaded, x, what="sample input")
     return x
