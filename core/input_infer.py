@@ -1,8 +1,8 @@
 """What a model takes when nobody said: its declared inputs, integer (token id) inputs, a suggested shape.
 
-- :func:`declared_inputs`: a model's own ``example_inputs()``; else, for a Hugging Face model, its
-  ``dummy_inputs`` sized by its config (``max_position_embeddings`` for the sequence,
-  ``vocab_size`` for the id range).
+- :func:`declared_inputs`: a model's own ``example_inputs()``; :func:`implied_inputs`: for a
+  Hugging Face model, its ``dummy_inputs`` sized by its config (``max_position_embeddings`` for
+  the sequence, ``vocab_size`` for the id range), when nothing else is known.
 - :func:`embedding_inputs`: which inputs feed an ``nn.Embedding`` unchanged (so they are token ids,
   not floats), found by running the model once at batch 1 with forward pre-hooks on its embeddings.
 - :func:`suggest_input_shapes`: when nothing is known, an ``--input-shape`` built from the first
@@ -27,11 +27,18 @@ DEFAULT_IMAGE = 224
 
 
 def declared_inputs(module: Any) -> tuple[list[InputSpec], str]:
-    """Specs from the model itself: ``example_inputs()``, else a Hugging Face model's config."""
+    """Specs the model declares with its own ``example_inputs()`` (data must fit them)."""
     fn = getattr(module, "example_inputs", None)
     if callable(fn):
         x = fn()
         return specs_from_example(x), input_style(x)
+    return [], "positional"
+
+
+def implied_inputs(module: Any) -> tuple[list[InputSpec], str]:
+    """Specs a model implies without declaring them (a Hugging Face model's config): used only
+    when neither data nor ``--input-shape`` says more, never to refuse data (which may add
+    ``attention_mask`` or ``token_type_ids``)."""
     return hf_inputs(module)
 
 

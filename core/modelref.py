@@ -77,10 +77,7 @@ class LoadedModel:
     def example_inputs(self, which: str = "opt", batch: int | None = None):
         from ptopt.core.inputspec import make_inputs
 
-        if not self.input_specs:
-            from ptopt.core.input_infer import input_shape_unknown
-
-            raise input_shape_unknown(self.ref, self.module)
+        require_input_specs(self)
         return make_inputs(self.input_specs, self.input_style, which=which, batch=batch)
 
 
@@ -273,10 +270,27 @@ def _specs_from_onnx(model: Any) -> list[InputSpec]:
 
 
 def _declared_inputs(module: Any) -> tuple[list[InputSpec], str]:
-    """Specs from the model itself: its ``example_inputs()``, or a Hugging Face model's config."""
+    """Specs from the model's own ``example_inputs()`` method, when it has one."""
     from ptopt.core.input_infer import declared_inputs
 
     return declared_inputs(module)
+
+
+def require_input_specs(
+    loaded: LoadedModel, data_hint: str = "--data", flag: str = "--input-shape"
+) -> list[InputSpec]:
+    """``loaded.input_specs``; when none is known, the ones the model implies (a Hugging Face
+    model's config, see ``ptopt.core.input_infer.implied_inputs``); else a UsageError that ends in
+    a shape to paste, built from the first layer (``flag``: the command's shape option)."""
+    from ptopt.core.input_infer import implied_inputs, input_shape_unknown
+
+    if not loaded.input_specs and loaded.module is not None:
+        specs, style = implied_inputs(loaded.module)
+        if specs:
+            loaded.input_specs, loaded.input_style = specs, style
+    if not loaded.input_specs:
+        raise input_shape_unknown(loaded.ref, loaded.module, data_hint, flag)
+    return loaded.input_specs
 
 
 def _load_factory(ref: str, weights: str | os.PathLike | None) -> LoadedModel:

@@ -10,7 +10,7 @@ from torch import nn
 from ptopt.core.errors import UsageError
 from ptopt.core.input_infer import embedding_inputs, suggest_input_shapes
 from ptopt.core.inputspec import InputSpec, parse_named_shapes
-from ptopt.core.modelref import as_loaded, resolve_inputs, run_checked
+from ptopt.core.modelref import as_loaded, require_input_specs, resolve_inputs, run_checked
 from tests.compat.models import pooled_cnn, token_classifier
 from tests.helpers import assert_refused, tiny_cnn, two_input
 
@@ -132,27 +132,29 @@ def test_the_dtype_reaches_onnx_torch_export_and_the_sidecar(tmp_path):
 # -- Hugging Face models: the config says what they take -----------------------------------------------
 
 
-def test_hugging_face_models_declare_token_inputs_from_their_config():
+def test_hugging_face_models_imply_token_inputs_from_their_config():
     pytest.importorskip("transformers")
     from tests.compat.models import VOCAB, bert, gpt2
 
     for model in (bert(), gpt2()):
         loaded = as_loaded(model)
-        (spec,) = loaded.input_specs
+        assert loaded.input_specs == []  # implied, not declared: data may bring attention_mask too
+        (spec,) = require_input_specs(loaded)
         assert loaded.input_style == "keyword"
         assert (spec.name, spec.dtype, spec.value_range) == ("input_ids", "int64", (0, VOCAB))
         assert (spec.min_shape, spec.max_shape) == ((1, 64), (64, 64))  # max_position_embeddings=64 < 128
         run_checked(loaded, loaded.example_inputs("opt", batch=2))
 
 
-def test_hugging_face_shapes_keep_the_declared_dtype():
+def test_hugging_face_shapes_get_token_dtypes():
     pytest.importorskip("transformers")
-    from tests.compat.models import bert
+    from tests.compat.models import VOCAB, bert
 
-    loaded = _resolved(bert(), "input_ids=2x16", "attention_mask=2x16")
-    assert [(s.name, s.dtype) for s in loaded.input_specs] == [
-        ("input_ids", "int64"),
-        ("attention_mask", "int64"),
+    loaded = _resolved(bert(), "input_ids=2x16", "attention_mask=2x16", "token_type_ids=2x16")
+    assert [(s.name, s.dtype, s.value_range) for s in loaded.input_specs] == [
+        ("input_ids", "int64", (0, VOCAB)),
+        ("attention_mask", "int64", (1, 2)),
+        ("token_type_ids", "int64", (0, 2)),
     ]
     run_checked(loaded, loaded.example_inputs("max"))
 
