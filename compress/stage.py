@@ -145,10 +145,9 @@ def settle_inputs(loaded: Any, ds: Any, input_shapes: Any, data_hint: str = "dat
         if isinstance(next(iter(input_shapes)), str):
             input_shapes = parse_named_shapes(input_shapes)
         resolve_inputs(loaded, input_shapes=input_shapes)
-    if not loaded.input_specs:
-        from ptopt.core.input_infer import input_shape_unknown
+    from ptopt.core.modelref import require_input_specs
 
-        raise input_shape_unknown(loaded.ref, loaded.module, data_hint)
+    require_input_specs(loaded, data_hint)
     x = loaded.example_inputs(which="opt", batch=2)
     run_checked(loaded, x, what="sample input")
     return x
