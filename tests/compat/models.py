@@ -39,13 +39,30 @@ def ensure_torchvision_ops() -> None:
             return
         except OSError:
             break
-    lib = torch.library.Library("torchvision", "DEF")  # noqa: TID251 - kept alive below
+    lib = torch.library.Library("torchvision", "DEF")
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
     _LIBS.append(lib)
 
 
 _LIBS: list = []  # a Library deregisters its ops when garbage-collected
+
+
+def settle_batchnorm(model: nn.Module, batches: int = 4) -> nn.Module:
+    """Give BatchNorm the statistics of its inputs, as training would (random-init running stats
+    make MobileNetV3 and EfficientNet output ~1e-10: nothing to compare). Returns it in eval mode."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the batches below
+    g = torch.Generator().manual_seed(1)
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(16, 3, IMAGE, IMAGE, generator=g))
+    for m in norms:
+        m.momentum = 0.1
+    return model.eval()
 
 
 def _torchvision():
@@ -57,17 +74,17 @@ def _torchvision():
 
 def resnet18() -> nn.Module:
     torch.manual_seed(0)
-    return _torchvision().models.resnet18(num_classes=10).eval()
+    return settle_batchnorm(_torchvision().models.resnet18(num_classes=10))
 
 
 def mobilenet_v3_small() -> nn.Module:
     torch.manual_seed(0)
-    return _torchvision().models.mobilenet_v3_small(num_classes=10).eval()
+    return settle_batchnorm(_torchvision().models.mobilenet_v3_small(num_classes=10))
 
 
 def efficientnet_b0() -> nn.Module:
     torch.manual_seed(0)
-    return _torchvision().models.efficientnet_b0(num_classes=10).eval()
+    return settle_batchnorm(_torchvision().models.efficientnet_b0(num_classes=10))
 
 
 def vit_tiny() -> nn.Module:
