@@ -385,8 +385,7 @@ def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()
     first dimension is the batch (dynamic from 1 to 64). Its dtype is the one written
     (``input_ids=1x32:int64``), else the model's declared one for that input, else int64 for an input
     that an ``nn.Embedding`` receives (with ids below its ``num_embeddings``) or is named
-    ``attention_mask`` (all ones, as Hugging Face tokenizers make it), else float32. ``data`` is a
-    Dataset.
+    ``attention_mask`` (0/1, as Hugging Face tokenizers make it), else float32. ``data`` is a Dataset.
     """
     from ptopt.core.inputspec import input_style
 
@@ -440,8 +439,8 @@ def _infer_token_inputs(loaded: LoadedModel, untyped: set[str]) -> None:
         if s.name in vocab and (s.name in untyped or s.name in unranged):
             dtype = "int64" if s.name in untyped else s.dtype
             s = dataclasses.replace(s, dtype=dtype, value_range=(0, vocab[s.name]))
-        elif s.name in untyped and s.name == "attention_mask":
-            s = dataclasses.replace(s, dtype="int64", value_range=(1, 2))
+        elif s.name == "attention_mask" and s.name in untyped:
+            s = dataclasses.replace(s, dtype="int64")  # random 0/1 masks: padding must not be traced away
         specs.append(s)
     loaded.input_specs = specs
 
