@@ -45,7 +45,11 @@ def command(
     for s in report["inputs"]:
         click.echo(f"input:      {s['describe']}")
     if not report["inputs"]:
-        click.echo("input:      unknown (pass --data or --input-shape)")
+        guess = " ".join(f"--input-shape {s}" for s in report.get("suggested_input_shapes", []))
+        click.echo(
+            "input:      unknown (pass --data or --input-shape"
+            + (f"; its first layer suggests {guess})" if guess else ")")
+        )
     for o in report.get("outputs", []):
         click.echo(f"output:     {o['name']}: {'x'.join(map(str, o['shape']))} {o['dtype']}")
     if "data" in report:

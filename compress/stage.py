@@ -145,10 +145,9 @@ def settle_inputs(loaded: Any, ds: Any, input_shapes: Any, data_hint: str = "dat
         if isinstance(next(iter(input_shapes)), str):
             input_shapes = parse_named_shapes(input_shapes)
         resolve_inputs(loaded, input_shapes=input_shapes)
-    if not loaded.input_specs:
-        raise UsageError(
-            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. 1x3x224x224) or {data_hint}"
-        )
+    from ptopt.core.modelref import require_input_specs
+
+    require_input_specs(loaded, data_hint)
     x = loaded.example_inputs(which="opt", batch=2)
     run_checked(loaded, x, what="sample input")
     return x

@@ -91,6 +91,13 @@ def export(
     want = _resolve_precision(source, config)
     calib, calib_ref = _calibration(data, config, source, want)
     base, style = _settle(source.loaded, calib, input_shapes, input_specs)
+    if not base and not (min_shape or opt_shape or max_shape):
+        from ptopt.core.modelref import require_input_specs
+
+        base, style = (
+            list(require_input_specs(source.loaded, "--data", "--opt-shape")),
+            source.loaded.input_style,
+        )
     specs = settle_specs(
         base, min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch
     )
