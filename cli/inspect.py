@@ -40,6 +40,9 @@ def command(
     click.echo(f"model:      {report['model']} ({report['format']})")
     if size is not None:
         click.echo(f"size:       {size:,} bytes")
+    side = report.get("sidecar")
+    if side:  # a stale sidecar (its sha256 no longer matches the file) is ignored: say so
+        click.echo(f"sidecar:    {side['state']}" + (f" ({side['reason']})" if side["reason"] else ""))
     if report.get("parameters") is not None:
         click.echo(f"parameters: {report['parameters']:,} ({report['parameter_bytes']:,} bytes)")
     for s in report["inputs"]:
