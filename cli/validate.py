@@ -136,9 +136,9 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
 def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
-    size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input."""
-    from ptopt.core.errors import GateFailedError
-    from ptopt.validate.api import failure_message, validate
+    size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input, 3 when no gate failed but
+    a latency gate was within the timing noise (inconclusive)."""
+    from ptopt.validate.api import raise_for_status, validate
     from ptopt.validate.reports import terminal
 
     def progress(msg: str) -> None:
@@ -151,8 +151,7 @@ def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     terminal.print_report(result.data)
     for key, path in result.report_paths.items():
         click.echo(f"{key}: {path}", err=True)
-    if not result.passed:
-        raise GateFailedError(failure_message(result))
+    raise_for_status(result)
 
 
 def twin_options(params: dict[str, Any]) -> dict[str, Any]:

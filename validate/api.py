@@ -78,7 +78,13 @@ class ValidationResult:
 
     @property
     def failed_gates(self) -> list[dict[str, Any]]:
-        return [g for g in self.data["gate_results"] if not g["passed"]]
+        """Gates that failed (not those left inconclusive by the timing noise)."""
+        return [g for g in self.data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
+
+    @property
+    def inconclusive_gates(self) -> list[dict[str, Any]]:
+        """Latency gates within the timing noise: neither passed nor failed."""
+        return [g for g in self.data["gate_results"] if g.get("inconclusive")]
 
     def entry(self, name: str) -> dict[str, Any]:
         for e in self.entries:
@@ -262,7 +268,8 @@ def validate(
     reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
     torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
     options (not both). Every report asked for is written before a failed gate is reported; returns a
-    ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1).
+    ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
+    when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 3).
     """
     t_start = time.perf_counter()
     gates = _gates.Gates.from_options(
@@ -287,8 +294,8 @@ def validate(
     entries = _measure(run, progress or (lambda msg: None))
     result = ValidationResult(_report(run, entries, t_start))
     write_reports(result, **reports.as_options())
-    if raise_on_failure and not result.passed:
-        raise GateFailedError(failure_message(result))
+    if raise_on_failure:
+        raise_for_status(result)
     return result
 
 
@@ -452,7 +459,7 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
                 )  # a metric that can't work fails now, not after timing
         finally:
             runner.close()
-    return len(shapes[0]) == 2 and shapes[0][1] >= 2
+    return len(shapes[0]) in (2, 3) and shapes[0][-1] >= 2
 
 
 # -- 4. load, evaluate, size and peak memory: one model at a time ----------------------------------
@@ -583,6 +590,7 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "passed": all(r.passed for r in gate_results),
+        "inconclusive": sum(1 for r in gate_results if r.inconclusive),
         "best": best,
         "best_rule": BEST_RULE,
         "machine": machine_summary(),
@@ -619,9 +627,25 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
 
 def failure_message(result: ValidationResult) -> str:
     failed = result.failed_gates
+    if not failed:
+        undecided = result.inconclusive_gates
+        return (
+            f"{len(undecided)} latency gate(s) inconclusive (the timing noise exceeds the margin; re-run on "
+            "a quieter machine or with more --rounds/--min-seconds): "
+            + "; ".join(f"{g['artifact']}: {g['gate']}" for g in undecided)
+        )
     return f"{len(failed)} gate(s) failed: " + "; ".join(
         f"{g['artifact']}: {g['gate']}: {g['message']}" for g in failed
     )
+
+
+def raise_for_status(result: ValidationResult) -> None:
+    """GateFailedError (exit 1) when a gate failed; else GateInconclusiveError (exit 3) when a latency
+    gate was within the timing noise; else nothing."""
+    if result.failed_gates:
+        raise GateFailedError(failure_message(result))
+    if result.inconclusive_gates:
+        raise _gates.GateInconclusiveError(failure_message(result))
 
 
 def write_reports(
