@@ -87,13 +87,7 @@ def render(data: dict[str, Any]) -> str:
             + [fmt_mem(e.get("peak_memory_mb")), gate_status(e)]
         )
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    failed = [g for g in data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
-    if failed:
-        out += ["", "**Failed gates**", ""]
-        out += [f"- `{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed]
-    noise = noise_notes(data)
-    if noise:
-        out += ["", "**Timing noise**", ""] + [f"- ⚠️ {n}" for n in noise]
+    out += _gate_lines(data)
     out += ["", f"Accuracy drop, {data['accuracy_drop']['definition']}", ""]
     for n in data.get("notes", []):
         out.append(f"> note: {n}")
@@ -117,3 +111,16 @@ def render(data: dict[str, Any]) -> str:
 
 def write(data: dict[str, Any], path: str | os.PathLike) -> None:
     write_text_atomic(path, render(data))
+
+
+def _gate_lines(data: dict[str, Any]) -> list[str]:
+    """The failed gates, then the timing noise (noisy latencies, inconclusive gates)."""
+    out = []
+    failed = [g for g in data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
+    if failed:
+        out += ["", "**Failed gates**", ""]
+        out += [f"- `{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed]
+    noise = noise_notes(data)
+    if noise:
+        out += ["", "**Timing noise**", ""] + [f"- ⚠️ {n}" for n in noise]
+    return out
