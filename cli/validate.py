@@ -32,7 +32,10 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
 )
 @click.option("--max-samples", type=int, help="Use only the first N samples of the data.")
 @click.option(
-    "--eval-batch-size", type=int, default=64, show_default=True, help="Batch size for the accuracy pass."
+    "--eval-batch-size",
+    type=int,
+    help="Batch size for the accuracy pass (one pass per artifact; default: the larger of 64 and the "
+    "largest --batch-sizes).",
 )
 @click.option(
     "--min-iters", type=int, help="Timed iterations per artifact and batch size, at least (default 20)."
@@ -45,6 +48,12 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     type=int,
     help="Interleaved timing rounds: each artifact's timing is split into this many slices, taken in "
     "turn with the others', so all see the same machine (default 15).",
+)
+@click.option(
+    "--stable-pct",
+    type=float,
+    help="Stop an artifact's rounds at a batch size once its median is stable within this %, after at "
+    "least half of them (default 2; 0: always run every round).",
 )
 @click.option(
     "--provider",

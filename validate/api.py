@@ -245,7 +245,7 @@ def validate(
     allow_pickle: bool = False,
     providers: Sequence[str] | None = None,
     max_samples: int | None = None,
-    eval_batch_size: int = DEFAULT_EVAL_BATCH_SIZE,
+    eval_batch_size: int | None = None,
     raise_on_failure: bool = False,
     progress: Callable[[str], None] | None = None,
     # the CLI's spellings of `gates` (see Gates.from_options) and of `latency`
@@ -260,6 +260,7 @@ def validate(
     min_iters: int | None = None,
     min_seconds: float | None = None,
     rounds: int | None = None,
+    stable_pct: float | None = None,
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
@@ -284,7 +285,7 @@ def validate(
         regression_on=regression_on,
     )
     latency = LatencyOptions.from_options(
-        latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds
+        latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds, stable_pct=stable_pct
     )
     reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
@@ -330,9 +331,11 @@ def _prepare(
     metric: Any,
     baseline: Any,
     max_samples: int | None,
-    eval_batch_size: int,
+    eval_batch_size: int | None,
 ) -> _Run:
     sizes = parse_batch_sizes(batch_sizes)
+    if eval_batch_size is None:  # one accuracy pass, in batches at least as large as the largest timed
+        eval_batch_size = max(DEFAULT_EVAL_BATCH_SIZE, sizes[-1])
     if threads is None:
         from ptopt.core.system import cpu_info
 
@@ -514,9 +517,17 @@ def _time(run: _Run, entries: list[Entry], say: Callable[[str], None]) -> None:
     finally:
         for r in runners:
             r.close()
+    early = []
     for entry, lat in zip(entries, lats, strict=True):
         entry.latency = {str(bs): st for bs, st in lat.items()}
         entry.elapsed_s["latency"] = round((time.perf_counter() - t1) / len(entries), 2)
+        early += [
+            f"{entry.name} @{bs} after {st['rounds']}"
+            for bs, st in lat.items()
+            if st.get("rounds", run.latency.rounds) < run.latency.rounds
+        ]
+    if early:
+        say(f"stable early (median within {run.latency.stable_pct:g}%): {', '.join(early)} rounds")
 
 
 # -- 6. compare, gate, pick the best; the report --------------------------------------------------

@@ -153,3 +153,59 @@ def test_cli_exit_status_of_an_inconclusive_gate(artifacts, monkeypatch, cli):
     )  # fmt: skip
     assert code == 3, out + err
     assert "INCONCLUSIVE" in out and "inconclusive" in err and "Traceback" not in err
+
+
+def test_median_stable_needs_half_the_rounds_and_a_steady_median():
+    from ptopt.validate.latency import median_stable, min_stable_rounds
+
+    opts = LatencyOptions(min_iters=4, rounds=12, stable_pct=2.0)
+    steady = [[1.0, 1.01]] * 12
+    assert min_stable_rounds(12) == 6
+    assert not median_stable(steady[:5], opts) and median_stable(steady[:6], opts)
+    drifting = [[1.0 + 0.1 * r, 1.0 + 0.1 * r] for r in range(8)]
+    assert not median_stable(drifting, opts)
+    assert not median_stable(steady[:6], dataclasses_replace(opts, stable_pct=0.0))
+    assert not median_stable(steady[:6], dataclasses_replace(opts, min_iters=100))
+
+
+def dataclasses_replace(obj, **kw):
+    import dataclasses
+
+    return dataclasses.replace(obj, **kw)
+
+
+def test_a_stopped_key_leaves_the_others_interleaved():
+    from ptopt.core.timing import measure_interleaved
+
+    calls = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "abc"}
+    stats = measure_interleaved(
+        fns, rounds=6, min_iters=6, min_seconds=0.0, warmup_iters=0, warmup_seconds=0.0,
+        stop=lambda key, slices: key == "a" and len(slices) == 2,
+    )  # fmt: skip
+    assert stats["a"]["rounds"] == 2 and len(stats["a"]["round_p50_ms"]) == 2
+    assert stats["b"]["rounds"] == stats["c"]["rounds"] == 6
+    assert stats["a"]["iterations"] == 2 and stats["b"]["iterations"] == stats["c"]["iterations"] == 6
+    # a's calls (warm-up and timed) all come in the first two rounds; b and c take turns to the end
+    last_a = max(i for i, k in enumerate(calls) if k == "a")
+    assert last_a < len(calls) // 2 and {"b", "c"} <= set(calls[last_a + 1 :])
+
+
+def test_validate_stops_stable_rounds_early_and_evaluates_once_at_the_largest_batch(artifacts):
+    said = []
+    ref = tiny_cnn().eval()
+    common = dict(batch_sizes=(1, 100), threads=1, progress=said.append)
+    quick = LatencyOptions(min_iters=3, min_seconds=0.01, warmup_iters=1, warmup_seconds=0.0, rounds=12)
+    loose = dataclasses_replace(quick, stable_pct=1000.0)  # any median is "stable": stops at the minimum
+    res = validate(ref, [copy.deepcopy(ref)], artifacts["data"], latency=loose, **common)
+    for e in [res.reference, *res.entries]:
+        assert e["eval_batch_size"] == 100
+        for st in e["latency"].values():
+            assert st["rounds"] == 6 == len(st["round_p50_ms"]) and st["iterations"] >= 3
+    assert any(m.startswith("stable early") for m in said)
+    said.clear()
+    never = dataclasses_replace(quick, stable_pct=0.0)
+    res = validate(ref, [copy.deepcopy(ref)], artifacts["data"], latency=never, eval_batch_size=7, **common)
+    assert res.reference["eval_batch_size"] == 7
+    assert all(st["rounds"] == 12 for st in res.entries[0]["latency"].values())
+    assert not any(m.startswith("stable early") for m in said)
