@@ -352,7 +352,7 @@ def evaluate(
         ok = mb is not None and mb <= gates.max_size_mb
         out.append(GateResult(entry["name"], "max-size-mb", gates.max_size_mb, mb, ok, message))
     if gates.max_regression is not None:
-        out += _regressions(gates, entry, metric, baseline_entry)
+        out += _regressions(gates, entry, metric, baseline_entry, reference)
     return out
 
 
@@ -409,8 +409,15 @@ def _latency_gates(gates: Gates, entry: dict[str, Any], reference: dict[str, Any
 
 
 def _regressions(
-    gates: Gates, entry: dict[str, Any], metric: dict[str, Any], old: dict[str, Any] | None
+    gates: Gates,
+    entry: dict[str, Any],
+    metric: dict[str, Any],
+    old: dict[str, Any] | None,
+    reference: dict[str, Any] | None = None,
 ) -> list[GateResult]:
+    """Regressions against the baseline's entry; latency and speedup ones within the timing noise
+    (this run's round spreads, and the baseline's for latency) are inconclusive."""
+    reference = reference or {}
     name, pct = entry["name"], gates.max_regression
     if old is None:
         return [
@@ -442,17 +449,15 @@ def _regressions(
             before = (old.get("speedup") or {}).get(bs_key)
             if before:
                 reg = 100.0 * (before - sp) / before
-                out.append(
-                    GateResult(
-                        name,
-                        f"max-regression:speedup@bs{bs_key}",
-                        pct,
-                        reg,
-                        reg <= pct,
-                        f"speedup {before:.2f}x -> {sp:.2f}x at batch {bs_key}: {0.0 - reg:+.1f}% "
-                        f"(max -{_fmt(pct)}%)",
-                    )
+                message = (
+                    f"speedup {before:.2f}x -> {sp:.2f}x at batch {bs_key}: {0.0 - reg:+.1f}% "
+                    f"(max -{_fmt(pct)}%)"
                 )
+                lat = (entry.get("latency") or {}).get(bs_key)
+                spread = spread_of(lat, (reference.get("latency") or {}).get(bs_key))
+                result = _timed(name, "", before * (1 - pct / 100), sp, reg <= pct, message, spread)
+                gate = f"max-regression:speedup@bs{bs_key}"
+                out.append(dataclasses.replace(result, gate=gate, threshold=pct, value=reg))
     if (
         "accuracy" in gates.regression_on
         and entry.get("metric") is not None

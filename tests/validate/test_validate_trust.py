@@ -209,3 +209,27 @@ def test_validate_stops_stable_rounds_early_and_evaluates_once_at_the_largest_ba
     assert res.reference["eval_batch_size"] == 7
     assert all(st["rounds"] == 12 for st in res.entries[0]["latency"].values())
     assert not any(m.startswith("stable early") for m in said)
+
+
+@pytest.mark.parametrize(
+    "kind, spread, want", [("latency", 40.0, True), ("latency", 1.0, False), ("speedup", 40.0, True)],
+    ids=["latency-noisy", "latency-quiet", "speedup-noisy"],
+)  # fmt: skip
+def test_regression_gates_within_the_noise_are_inconclusive(
+    artifacts, monkeypatch, tmp_path, kind, spread, want
+):
+    ref = tiny_cnn().eval()
+    run = dict(batch_sizes=(1,), threads=1, latency=QUICK)
+    monkeypatch.setattr(validate_api, "measure_runners", _fake_latency({0: 1.0, 1: 1.0}, {0: 10.0, 1: 5.0}))
+    validate(ref, [copy.deepcopy(ref)], artifacts["data"], json_path=tmp_path / "base.json", **run)
+    # 5 -> 6 ms: +20% against a 10% limit, a failure unless the rounds spread more than the margin
+    monkeypatch.setattr(
+        validate_api, "measure_runners", _fake_latency({0: 1.0, 1: spread}, {0: 10.0, 1: 6.0})
+    )
+    res = validate(
+        ref, [copy.deepcopy(ref)], artifacts["data"], baseline=tmp_path / "base.json", max_regression=10,
+        regression_on=kind, **run,
+    )  # fmt: skip
+    (g,) = res.entries[0]["gates"]
+    assert g["gate"] == f"max-regression:{kind}@bs1" and g["inconclusive"] is want and not g["passed"]
+    assert bool(res.failed_gates) is not want
