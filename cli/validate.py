@@ -32,7 +32,10 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
 )
 @click.option("--max-samples", type=int, help="Use only the first N samples of the data.")
 @click.option(
-    "--eval-batch-size", type=int, default=64, show_default=True, help="Batch size for the accuracy pass."
+    "--eval-batch-size",
+    type=int,
+    help="Batch size for the accuracy pass (one pass per artifact; default: the larger of 64 and the "
+    "largest --batch-sizes).",
 )
 @click.option(
     "--min-iters", type=int, help="Timed iterations per artifact and batch size, at least (default 20)."
@@ -45,6 +48,12 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     type=int,
     help="Interleaved timing rounds: each artifact's timing is split into this many slices, taken in "
     "turn with the others', so all see the same machine (default 15).",
+)
+@click.option(
+    "--stable-pct",
+    type=float,
+    help="Stop an artifact's rounds at a batch size once its median is stable within this %, after at "
+    "least half of them (default 2; 0: always run every round).",
 )
 @click.option(
     "--provider",
@@ -136,9 +145,9 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
 def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
-    size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input."""
-    from ptopt.core.errors import GateFailedError
-    from ptopt.validate.api import failure_message, validate
+    size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input, 3 when no gate failed but
+    a latency gate was within the timing noise (inconclusive)."""
+    from ptopt.validate.api import raise_for_status, validate
     from ptopt.validate.reports import terminal
 
     def progress(msg: str) -> None:
@@ -151,8 +160,7 @@ def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     terminal.print_report(result.data)
     for key, path in result.report_paths.items():
         click.echo(f"{key}: {path}", err=True)
-    if not result.passed:
-        raise GateFailedError(failure_message(result))
+    raise_for_status(result)
 
 
 def twin_options(params: dict[str, Any]) -> dict[str, Any]:

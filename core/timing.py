@@ -103,6 +103,7 @@ def measure_interleaved(
     warmup_iters: int = WARMUP_ITERS,
     warmup_seconds: float = WARMUP_SECONDS,
     guard: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
+    stop: Callable[[Hashable, list[list[float]]], bool] | None = None,
 ) -> dict[Hashable, dict[str, Any]]:
     """Time several callables in ``rounds`` interleaved slices; {key: statistics of the pooled samples}.
 
@@ -111,7 +112,9 @@ def measure_interleaved(
     before every later one, since the other keys' slices evict its caches. Statistics are
     ``summarize``'s, plus ``rounds``, ``round_p50_ms`` (each slice's median) and
     ``round_spread_pct`` (``round_spread``: how much the machine drifted during the measurement).
-    ``guard(key)`` wraps each slice (e.g. to name a failure).
+    ``guard(key)`` wraps each slice (e.g. to name a failure). ``stop(key, slices)`` (the samples of
+    each slice so far) is asked after each of the key's slices: True ends that key's rounds early
+    (its ``rounds`` says how many it got); the other keys go on interleaved among themselves.
     Python's garbage collector is paused during each slice; its young generations are collected
     between slices, so garbage cannot pile up over a long measurement.
     """
@@ -124,6 +127,8 @@ def measure_interleaved(
     per_max = max(1, max_iters // rounds)
     samples: dict[Hashable, list[float]] = {k: [] for k in keys}
     round_p50: dict[Hashable, list[float]] = {k: [] for k in keys}
+    slices: dict[Hashable, list[list[float]]] = {k: [] for k in keys}
+    done: set[Hashable] = set()
     enabled = gc.isenabled()
     try:
         for r in range(rounds):
@@ -131,7 +136,7 @@ def measure_interleaved(
             order = keys[r % len(keys) :] + keys[: r % len(keys)] if keys else []
             if r % 2:
                 order.reverse()
-            for k in order:
+            for k in (k for k in order if k not in done):
                 if enabled:
                     gc.collect(1)  # young generations only (a full pass costs ~0.15 s with torch loaded)
                 gc.disable()
@@ -147,12 +152,19 @@ def measure_interleaved(
                         gc.enable()
                 samples[k] += t
                 round_p50[k].append(statistics.median(t))
+                slices[k].append(t)
+                if stop is not None and stop(k, slices[k]):
+                    done.add(k)
     finally:
         if enabled:
             gc.enable()
     return {
         k: summarize(samples[k], sizes.get(k, 1))
-        | {"rounds": rounds, "round_p50_ms": round_p50[k], "round_spread_pct": round_spread(round_p50[k])}
+        | {
+            "rounds": len(round_p50[k]),
+            "round_p50_ms": round_p50[k],
+            "round_spread_pct": round_spread(round_p50[k]),
+        }
         for k in keys
     }
 

@@ -78,7 +78,13 @@ class ValidationResult:
 
     @property
     def failed_gates(self) -> list[dict[str, Any]]:
-        return [g for g in self.data["gate_results"] if not g["passed"]]
+        """Gates that failed (not those left inconclusive by the timing noise)."""
+        return [g for g in self.data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
+
+    @property
+    def inconclusive_gates(self) -> list[dict[str, Any]]:
+        """Latency gates within the timing noise: neither passed nor failed."""
+        return [g for g in self.data["gate_results"] if g.get("inconclusive")]
 
     def entry(self, name: str) -> dict[str, Any]:
         for e in self.entries:
@@ -239,7 +245,7 @@ def validate(
     allow_pickle: bool = False,
     providers: Sequence[str] | None = None,
     max_samples: int | None = None,
-    eval_batch_size: int = DEFAULT_EVAL_BATCH_SIZE,
+    eval_batch_size: int | None = None,
     raise_on_failure: bool = False,
     progress: Callable[[str], None] | None = None,
     # the CLI's spellings of `gates` (see Gates.from_options) and of `latency`
@@ -254,6 +260,7 @@ def validate(
     min_iters: int | None = None,
     min_seconds: float | None = None,
     rounds: int | None = None,
+    stable_pct: float | None = None,
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
@@ -262,7 +269,8 @@ def validate(
     reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
     torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
     options (not both). Every report asked for is written before a failed gate is reported; returns a
-    ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1).
+    ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
+    when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 3).
     """
     t_start = time.perf_counter()
     gates = _gates.Gates.from_options(
@@ -277,7 +285,7 @@ def validate(
         regression_on=regression_on,
     )
     latency = LatencyOptions.from_options(
-        latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds
+        latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds, stable_pct=stable_pct
     )
     reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
@@ -287,8 +295,8 @@ def validate(
     entries = _measure(run, progress or (lambda msg: None))
     result = ValidationResult(_report(run, entries, t_start))
     write_reports(result, **reports.as_options())
-    if raise_on_failure and not result.passed:
-        raise GateFailedError(failure_message(result))
+    if raise_on_failure:
+        raise_for_status(result)
     return result
 
 
@@ -323,9 +331,11 @@ def _prepare(
     metric: Any,
     baseline: Any,
     max_samples: int | None,
-    eval_batch_size: int,
+    eval_batch_size: int | None,
 ) -> _Run:
     sizes = parse_batch_sizes(batch_sizes)
+    if eval_batch_size is None:  # one accuracy pass, in batches at least as large as the largest timed
+        eval_batch_size = max(DEFAULT_EVAL_BATCH_SIZE, sizes[-1])
     if threads is None:
         from ptopt.core.system import cpu_info
 
@@ -452,7 +462,7 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
                 )  # a metric that can't work fails now, not after timing
         finally:
             runner.close()
-    return len(shapes[0]) == 2 and shapes[0][1] >= 2
+    return len(shapes[0]) in (2, 3) and shapes[0][-1] >= 2
 
 
 # -- 4. load, evaluate, size and peak memory: one model at a time ----------------------------------
@@ -507,9 +517,17 @@ def _time(run: _Run, entries: list[Entry], say: Callable[[str], None]) -> None:
     finally:
         for r in runners:
             r.close()
+    early = []
     for entry, lat in zip(entries, lats, strict=True):
         entry.latency = {str(bs): st for bs, st in lat.items()}
         entry.elapsed_s["latency"] = round((time.perf_counter() - t1) / len(entries), 2)
+        early += [
+            f"{entry.name} @{bs} after {st['rounds']}"
+            for bs, st in lat.items()
+            if st.get("rounds", run.latency.rounds) < run.latency.rounds
+        ]
+    if early:
+        say(f"stable early (median within {run.latency.stable_pct:g}%): {', '.join(early)} rounds")
 
 
 # -- 6. compare, gate, pick the best; the report --------------------------------------------------
@@ -583,6 +601,7 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "passed": all(r.passed for r in gate_results),
+        "inconclusive": sum(1 for r in gate_results if r.inconclusive),
         "best": best,
         "best_rule": BEST_RULE,
         "machine": machine_summary(),
@@ -619,9 +638,25 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
 
 def failure_message(result: ValidationResult) -> str:
     failed = result.failed_gates
+    if not failed:
+        undecided = result.inconclusive_gates
+        return (
+            f"{len(undecided)} latency gate(s) inconclusive (the timing noise exceeds the margin; re-run on "
+            "a quieter machine or with more --rounds/--min-seconds): "
+            + "; ".join(f"{g['artifact']}: {g['gate']}" for g in undecided)
+        )
     return f"{len(failed)} gate(s) failed: " + "; ".join(
         f"{g['artifact']}: {g['gate']}: {g['message']}" for g in failed
     )
+
+
+def raise_for_status(result: ValidationResult) -> None:
+    """GateFailedError (exit 1) when a gate failed; else GateInconclusiveError (exit 3) when a latency
+    gate was within the timing noise; else nothing."""
+    if result.failed_gates:
+        raise GateFailedError(failure_message(result))
+    if result.inconclusive_gates:
+        raise _gates.GateInconclusiveError(failure_message(result))
 
 
 def write_reports(

@@ -16,7 +16,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import UsageError
+from ptopt.core.errors import PtoptError, UsageError
+
+#: exit status of a run whose only undecided gates are latency gates within the timing noise
+EXIT_INCONCLUSIVE = 3
+
+
+class GateInconclusiveError(PtoptError):
+    """No gate failed, but a latency gate could not be decided: the machine's drift while timing
+    (``round_spread_pct``) is larger than the margin to the gate's threshold (exit 3)."""
+
+    exit_code = EXIT_INCONCLUSIVE
+
 
 #: what ``--max-regression`` can compare against the baseline: ``latency`` (each p50, in ms), ``accuracy``
 #: (the metric) and ``speedup`` (reference p50 / artifact p50, both from the same run): what an artifact
@@ -177,9 +188,44 @@ class GateResult:
     value: float | None
     passed: bool
     message: str
+    #: a latency gate whose margin to its threshold is within the timing noise: neither passed nor
+    #: failed (``passed`` is False, and the run is not FAILED because of it)
+    inconclusive: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def failed(self) -> bool:
+        return not self.passed and not self.inconclusive
+
+
+def spread_of(*stats: dict[str, Any] | None) -> float | None:
+    """The combined round spread (%) of latencies divided or compared: the root of the sum of
+    squares of each one's ``round_spread_pct`` (None when none of them has one)."""
+    spreads = [float(st["round_spread_pct"]) for st in stats if st and st.get("round_spread_pct") is not None]
+    return None if not spreads else sum(v * v for v in spreads) ** 0.5
+
+
+def within_noise(value: float, threshold: float, spread_pct: float | None) -> bool:
+    """Whether ``value``'s distance to ``threshold`` (in % of the threshold) is no larger than the
+    timing spread: the measurement cannot say on which side of the threshold the truth is."""
+    if spread_pct is None or threshold == 0:
+        return False
+    return 100.0 * abs(value - threshold) / abs(threshold) <= spread_pct
+
+
+def _timed(
+    name: str, gate: str, threshold: float, value: float, ok: bool, message: str, spread: float | None
+) -> GateResult:
+    """A latency gate's result: inconclusive when ``value`` is within ``spread`` % of ``threshold``."""
+    if within_noise(value, threshold, spread):
+        return GateResult(
+            name, gate, threshold, value, False,
+            f"{message}: inconclusive, the timing rounds spread {spread:.0f}% (more than the margin)",
+            inconclusive=True,
+        )  # fmt: skip
+    return GateResult(name, gate, threshold, value, ok, message)
 
 
 def check_measurable(
@@ -212,7 +258,8 @@ def check_measurable(
         raise UsageError("--baseline needs --max-regression PCT (the regression that fails the run)")
     if gates.min_agreement is not None and classification is False:
         raise UsageError(
-            "--min-agreement is top-1 agreement, which needs classification outputs [N, classes]; "
+            "--min-agreement is top-1 agreement, which needs classification outputs [N, classes] "
+            "or language-model logits [N, tokens, vocab]; "
             "these outputs are not"
         )
     if gates.max_regression is not None and baseline is not None:
@@ -305,7 +352,7 @@ def evaluate(
         ok = mb is not None and mb <= gates.max_size_mb
         out.append(GateResult(entry["name"], "max-size-mb", gates.max_size_mb, mb, ok, message))
     if gates.max_regression is not None:
-        out += _regressions(gates, entry, metric, baseline_entry)
+        out += _regressions(gates, entry, metric, baseline_entry, reference)
     return out
 
 
@@ -344,11 +391,14 @@ def _latency_gates(gates: Gates, entry: dict[str, Any], reference: dict[str, Any
         for limit_bs, ms in gates.max_latency_ms:
             if limit_bs is None or limit_bs == bs:
                 message = f"p50 {_fmt(p50)} ms at batch {bs} (max {_fmt(ms)} ms)"
-                out.append(GateResult(name, f"max-latency-ms@bs{bs}", ms, p50, p50 <= ms, message))
+                out.append(
+                    _timed(name, f"max-latency-ms@bs{bs}", ms, p50, p50 <= ms, message, spread_of(stats))
+                )
         if gates.min_speedup is not None and "p50_ms" in ref_lat.get(bs_key, {}):
             sp, limit = ref_lat[bs_key]["p50_ms"] / p50, gates.min_speedup
             message = f"speedup {sp:.2f}x at batch {bs} (min {limit:.2f}x)"
-            out.append(GateResult(name, f"min-speedup@bs{bs}", limit, sp, sp >= limit, message))
+            spread = spread_of(stats, ref_lat[bs_key])
+            out.append(_timed(name, f"min-speedup@bs{bs}", limit, sp, sp >= limit, message, spread))
     for limit_bs, ms in gates.max_latency_ms:
         if limit_bs is not None and "p50_ms" not in lat.get(str(limit_bs), {}):
             why = lat.get(str(limit_bs), {}).get("skipped", "not measured")
@@ -359,8 +409,15 @@ def _latency_gates(gates: Gates, entry: dict[str, Any], reference: dict[str, Any
 
 
 def _regressions(
-    gates: Gates, entry: dict[str, Any], metric: dict[str, Any], old: dict[str, Any] | None
+    gates: Gates,
+    entry: dict[str, Any],
+    metric: dict[str, Any],
+    old: dict[str, Any] | None,
+    reference: dict[str, Any] | None = None,
 ) -> list[GateResult]:
+    """Regressions against the baseline's entry; latency and speedup ones within the timing noise
+    (this run's round spreads, and the baseline's for latency) are inconclusive."""
+    reference = reference or {}
     name, pct = entry["name"], gates.max_regression
     if old is None:
         return [
@@ -374,15 +431,17 @@ def _regressions(
             before = (old.get("latency") or {}).get(bs_key, {})
             if "p50_ms" in stats and "p50_ms" in before:
                 reg = 100.0 * (stats["p50_ms"] - before["p50_ms"]) / before["p50_ms"]
+                message = (
+                    f"p50 {_fmt(before['p50_ms'])} -> {_fmt(stats['p50_ms'])} ms at batch {bs_key}: "
+                    f"{reg:+.1f}% (max +{_fmt(pct)}%)"
+                )
+                limit_ms = before["p50_ms"] * (1 + pct / 100)
+                result = _timed(
+                    name, "", limit_ms, stats["p50_ms"], reg <= pct, message, spread_of(stats, before)
+                )
                 out.append(
-                    GateResult(
-                        name,
-                        f"max-regression:latency@bs{bs_key}",
-                        pct,
-                        reg,
-                        reg <= pct,
-                        f"p50 {_fmt(before['p50_ms'])} -> {_fmt(stats['p50_ms'])} ms at batch {bs_key}: "
-                        f"{reg:+.1f}% (max +{_fmt(pct)}%)",
+                    dataclasses.replace(
+                        result, gate=f"max-regression:latency@bs{bs_key}", threshold=pct, value=reg
                     )
                 )
     if "speedup" in gates.regression_on:
@@ -390,17 +449,15 @@ def _regressions(
             before = (old.get("speedup") or {}).get(bs_key)
             if before:
                 reg = 100.0 * (before - sp) / before
-                out.append(
-                    GateResult(
-                        name,
-                        f"max-regression:speedup@bs{bs_key}",
-                        pct,
-                        reg,
-                        reg <= pct,
-                        f"speedup {before:.2f}x -> {sp:.2f}x at batch {bs_key}: {0.0 - reg:+.1f}% "
-                        f"(max -{_fmt(pct)}%)",
-                    )
+                message = (
+                    f"speedup {before:.2f}x -> {sp:.2f}x at batch {bs_key}: {0.0 - reg:+.1f}% "
+                    f"(max -{_fmt(pct)}%)"
                 )
+                lat = (entry.get("latency") or {}).get(bs_key)
+                spread = spread_of(lat, (reference.get("latency") or {}).get(bs_key))
+                result = _timed(name, "", before * (1 - pct / 100), sp, reg <= pct, message, spread)
+                gate = f"max-regression:speedup@bs{bs_key}"
+                out.append(dataclasses.replace(result, gate=gate, threshold=pct, value=reg))
     if (
         "accuracy" in gates.regression_on
         and entry.get("metric") is not None

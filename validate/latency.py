@@ -5,7 +5,9 @@ samples per second at the median.
 Every (artifact, batch size) is timed in ``rounds`` interleaved slices
 (``ptopt.core.timing.measure_interleaved``) and its samples pooled, so all artifacts see the same
 drift of a shared machine, and speedups compare like with like. All artifacts are loaded while
-they are timed.
+they are timed. An (artifact, batch size) whose median is stable stops its rounds early
+(``median_stable``), after at least half of them, so the time goes where the noise is; the others
+go on interleaved among themselves.
 
 Inputs for batch size B are the data's first B samples (repeated when the data has fewer), so
 every artifact is timed on identical tensors. Python's garbage collector is paused during each
@@ -29,6 +31,11 @@ from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_i
 #: these defaults, median 3-4% and max 13-24% (torch at batch 1), batch 32 and ONNX Runtime within 9%.
 MIN_SECONDS = 3.0
 ROUNDS = 15
+#: an (artifact, batch size) stops its rounds early once its median is stable: the median of its last
+#: STABLE_WINDOW rounds' samples and that of the rounds before them both within STABLE_PCT % of the
+#: pooled median, after at least half the rounds (and at least 5) and min_iters samples
+STABLE_PCT = 2.0
+STABLE_WINDOW = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +51,15 @@ class LatencyOptions:
     warmup_iters: int = WARMUP_ITERS
     warmup_seconds: float = WARMUP_SECONDS
     rounds: int = ROUNDS
+    #: stop an (artifact, batch size)'s rounds once its median is stable within this % (0: never)
+    stable_pct: float = STABLE_PCT
 
     def __post_init__(self) -> None:
         for opt, value, low in (
             ("--min-iters", self.min_iters, 1),
             ("--min-seconds", self.min_seconds, 0),
             ("--rounds", self.rounds, 1),
+            ("--stable-pct", self.stable_pct, 0),
         ):
             if value < low:
                 raise UsageError(f"{opt} must be >= {low}, got {value}")
@@ -62,8 +72,9 @@ class LatencyOptions:
         min_iters: int | None = None,
         min_seconds: float | None = None,
         rounds: int | None = None,
+        stable_pct: float | None = None,
     ) -> LatencyOptions:
-        """``latency`` as given, or the defaults with the CLI's ``--min-iters/--min-seconds/--rounds``;
+        """``latency`` as given, or the defaults with the CLI's ``--min-iters/--min-seconds/--rounds/--stable-pct``;
         giving both is a usage error (one source of truth). ``latency`` may be a mapping of its fields."""
         if isinstance(latency, dict):
             unknown = sorted(set(latency) - {f.name for f in dataclasses.fields(cls)})
@@ -72,7 +83,12 @@ class LatencyOptions:
             latency = cls(**latency)
         given = {
             k: v
-            for k, v in (("min_iters", min_iters), ("min_seconds", min_seconds), ("rounds", rounds))
+            for k, v in (
+                ("min_iters", min_iters),
+                ("min_seconds", min_seconds),
+                ("rounds", rounds),
+                ("stable_pct", stable_pct),
+            )
             if v is not None
         }
         if latency is not None and given:
@@ -81,8 +97,29 @@ class LatencyOptions:
             )
         if latency is not None:
             return latency
-        kinds = {"min_iters": int, "min_seconds": float, "rounds": int}
+        kinds = {"min_iters": int, "min_seconds": float, "rounds": int, "stable_pct": float}
         return cls(**{k: kinds[k](v) for k, v in given.items()})
+
+
+def min_stable_rounds(rounds: int) -> int:
+    """How many rounds an (artifact, batch size) gets before it may stop early."""
+    return max(5, -(-rounds // 2))
+
+
+def median_stable(slices: list[list[float]], options: LatencyOptions) -> bool:
+    """Whether the samples of ``slices`` (one list per round so far) have a stable median: see
+    ``STABLE_PCT``. Never before ``min_stable_rounds`` rounds or ``min_iters`` samples."""
+    import statistics
+
+    if options.stable_pct <= 0 or len(slices) < min_stable_rounds(options.rounds):
+        return False
+    pooled = [t for s in slices for t in s]
+    if len(pooled) < options.min_iters:
+        return False
+    mid = statistics.median(pooled)
+    last = statistics.median([t for s in slices[-STABLE_WINDOW:] for t in s])
+    before = statistics.median([t for s in slices[:-STABLE_WINDOW] for t in s])
+    return mid > 0 and max(abs(last - mid), abs(before - mid)) <= options.stable_pct / 100 * mid
 
 
 def batch_inputs(data: Dataset, batch_size: int) -> Any:
@@ -137,6 +174,7 @@ def measure_runners(
         warmup_iters=options.warmup_iters,
         warmup_seconds=options.warmup_seconds,
         guard=None if guard is None else (lambda key: guard(runners[key[0]], key[1])),
+        stop=lambda key, slices: median_stable(slices, options),
     )
     for (i, bs), st in stats.items():
         out[i][bs] = st

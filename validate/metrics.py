@@ -47,14 +47,17 @@ class Metric:
 
 
 def topk_accuracy(outputs: Any, labels: Any, k: int = 1) -> float:
-    """Fraction of samples whose label is among the k highest outputs."""
+    """Fraction of samples whose label is among the k highest outputs; for [N, tokens, vocab]
+    outputs with [N, tokens] labels, the fraction of token positions."""
     import torch
 
+    if outputs.dim() == 3 and tuple(labels.shape) == tuple(outputs.shape[:2]):
+        outputs, labels = outputs.reshape(-1, outputs.shape[-1]), labels.reshape(-1)
     if outputs.dim() != 2:
         raise UsageError(f"top-{k} accuracy needs outputs of shape [N, classes], got {tuple(outputs.shape)}")
     k = min(k, outputs.shape[1])
     top = outputs.topk(k, dim=1).indices
-    return float((top == labels.view(-1, 1).to(top.device)).any(dim=1).to(torch.float64).mean())
+    return float((top == labels.reshape(-1, 1).to(top.device)).any(dim=1).to(torch.float64).mean())
 
 
 def _top1(o: Any, y: Any) -> float:
@@ -129,15 +132,18 @@ def compute_metric(metric: Metric, outputs: Any, labels: Any) -> float:
 
 
 def is_classification(outputs: Any) -> bool:
-    return outputs.dim() == 2 and outputs.shape[1] >= 2
+    """[N, classes] logits, or [N, tokens, vocab] (a language model's: classes per token)."""
+    return outputs.dim() in (2, 3) and outputs.shape[-1] >= 2
 
 
 def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
     """How closely ``outputs`` follow the reference's on the same samples.
 
-    ``top1_agreement``: fraction of samples whose arg-max class matches the reference's (None unless
-    outputs are [N, classes]); ``cosine``: mean per-sample cosine similarity of the flattened outputs;
-    ``max_abs_diff``: the largest element-wise difference.
+    ``top1_agreement``: fraction of samples whose arg-max class matches the reference's, for
+    [N, classes] outputs; for [N, tokens, vocab] (language-model logits) the fraction of all token
+    positions whose arg-max matches (``top1_per`` says which); None for other outputs.
+    ``cosine``: mean per-sample cosine similarity of the flattened outputs; ``min_cosine``: the worst
+    sample's; ``max_abs_diff``: the largest element-wise difference.
     """
     import torch
 
@@ -145,16 +151,22 @@ def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
         return {
             "top1_agreement": None,
             "cosine": None,
+            "min_cosine": None,
             "max_abs_diff": None,
             "note": f"output shape {tuple(outputs.shape)} differs from the reference's {tuple(reference.shape)}",
         }
     a = reference.reshape(reference.shape[0], -1).double()
     b = outputs.reshape(outputs.shape[0], -1).double()
     cos = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12)
-    top1 = None
+    top1, per = None, None
     if is_classification(reference):
-        top1 = float((reference.argmax(1) == outputs.argmax(1)).double().mean())
-    return {"top1_agreement": top1, "cosine": float(cos.mean()), "max_abs_diff": float((a - b).abs().max())}
+        top1 = float((reference.argmax(-1) == outputs.argmax(-1)).double().mean())
+        per = "sample" if reference.dim() == 2 else "token"
+    out = {"top1_agreement": top1, "cosine": float(cos.mean()), "min_cosine": float(cos.min())}
+    out["max_abs_diff"] = float((a - b).abs().max())
+    if per == "token":
+        out["top1_per"] = "token"
+    return out
 
 
 def size_info(files: list[Path], module: Any = None) -> dict[str, Any]:

@@ -47,12 +47,39 @@ def fmt_mb(nbytes: Any) -> str:
     return "—" if nbytes is None else f"{nbytes / 1e6:.3f}"
 
 
+#: a latency whose timing rounds spread more than this (IQR of the round medians, % of their median) is
+#: marked NOISY_MARK in the tables: speedups from it are not meaningful
+NOISY_SPREAD_PCT = 25.0
+NOISY_MARK = "~"
+
+
+def is_noisy(stats: dict[str, Any] | None) -> bool:
+    return bool(stats) and (stats.get("round_spread_pct") or 0.0) > NOISY_SPREAD_PCT
+
+
 def fmt_ms(stats: dict[str, Any] | None) -> str:
     if not stats:
         return "—"
     if "p50_ms" not in stats:
         return "n/a"
-    return f"{stats['p50_ms']:.3f}"
+    return f"{stats['p50_ms']:.3f}" + (NOISY_MARK if is_noisy(stats) else "")
+
+
+def noise_notes(data: dict[str, Any]) -> list[str]:
+    """One line per noisy latency and per inconclusive gate, for every report's footer."""
+    out = []
+    for e in rows(data):
+        for bs, st in e["latency"].items():
+            if is_noisy(st):
+                out.append(
+                    f"{NOISY_MARK} noisy: {e['name']} at batch {bs}: the timing rounds spread "
+                    f"{st['round_spread_pct']:.0f}% (IQR of the round medians): speedups at this batch "
+                    "size are not meaningful"
+                )
+    for g in data["gate_results"]:
+        if g.get("inconclusive"):
+            out.append(f"INCONCLUSIVE {g['artifact']}: {g['gate']}: {g['message']}")
+    return out
 
 
 def fmt_speedup(entry: dict[str, Any], bs: Any) -> str:
@@ -72,8 +99,11 @@ def gate_status(entry: dict[str, Any]) -> str:
     gates = entry.get("gates") or []
     if not gates:
         return "no gates"
-    failed = [g["gate"] for g in gates if not g["passed"]]
-    return "PASS" if not failed else "FAIL: " + ", ".join(failed)
+    failed = [g["gate"] for g in gates if not g["passed"] and not g.get("inconclusive")]
+    undecided = [g["gate"] for g in gates if g.get("inconclusive")]
+    if failed:
+        return "FAIL: " + ", ".join(failed) + ("; ?: " + ", ".join(undecided) if undecided else "")
+    return "PASS" if not undecided else "INCONCLUSIVE: " + ", ".join(undecided)
 
 
 def machine_line(data: dict[str, Any]) -> str:
@@ -91,8 +121,12 @@ def versions_line(data: dict[str, Any]) -> str:
 
 
 def summary_line(data: dict[str, Any]) -> str:
-    n_failed = sum(1 for g in data["gate_results"] if not g["passed"])
+    n_undecided = sum(1 for g in data["gate_results"] if g.get("inconclusive"))
+    n_failed = sum(1 for g in data["gate_results"] if not g["passed"]) - n_undecided
     verdict = "PASSED" if data["passed"] else f"FAILED ({n_failed} gate(s))"
+    if n_undecided:
+        what = f"INCONCLUSIVE ({n_undecided} latency gate(s) within the timing noise)"
+        verdict = what if not n_failed else f"{verdict}, {what}"
     best = f"; best: {data['best']}" if data.get("best") else ""
     return f"{verdict}{best}"
 

@@ -26,6 +26,7 @@ from ptopt.validate.reports.common import (
     gate_status,
     machine_line,
     metric_header,
+    noise_notes,
     rows,
     summary_line,
     versions_line,
@@ -132,7 +133,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
 def _head(data: dict[str, Any]) -> list[str]:
     sizes = data["batch_sizes"]
     return (
-        ["", "artifact", "runtime", "precision", metric_header(data), "drop", "top-1 agree", "cosine",
+        ["", "artifact", "runtime", "precision", metric_header(data), "drop", "top-1 agree", "cosine", "min cosine",
          "max abs diff", "size MB", "gzip MB"]
         + [f"p50 ms @{bs}" for bs in sizes]
         + [f"p90 / p99 ms @{bs}" for bs in sizes]
@@ -162,6 +163,7 @@ def _cells(data: dict[str, Any], e: dict[str, Any]) -> list[Any]:
             fmt_drop(data, e),
             fmt_frac(agr.get("top1_agreement")),
             fmt_cos(agr.get("cosine")),
+            fmt_cos(agr.get("min_cosine")),
             fmt_diff(agr.get("max_abs_diff")),
             fmt_mb(size.get("bytes")),
             fmt_mb(size.get("gzip_bytes")),
@@ -192,11 +194,15 @@ def _table(data: dict[str, Any]) -> str:
     return "<table>" + "".join(trs) + "</table>"
 
 
+def _result_word(g: dict[str, Any]) -> str:
+    return "pass" if g["passed"] else ("INCONCLUSIVE" if g.get("inconclusive") else "FAIL")
+
+
 def _gates_table(data: dict[str, Any]) -> str:
     e_ = html.escape
     gate_rows = "".join(
         f"<tr><td class='l'>{e_(g['artifact'])}</td><td class='l'>{e_(g['gate'])}</td>"
-        f"<td class='l {'pass' if g['passed'] else 'fail'}'>{'pass' if g['passed'] else 'FAIL'}</td>"
+        f"<td class='l {'pass' if g['passed'] else 'fail'}'>{_result_word(g)}</td>"
         f"<td class='l'>{e_(g['message'])}</td></tr>"
         for g in data["gate_results"]
     )
@@ -209,6 +215,7 @@ def render(data: dict[str, Any]) -> str:
     imgs = "".join(f"<img alt='{e_(t)}' title='{e_(t)}' src='{uri}'>" for t, uri in plots(data).items())
     verdict_cls = "pass" if data["passed"] else "fail"
     notes = "".join(f"<p class='dim'>note: {e_(n)}</p>" for n in data.get("notes", []))
+    notes += "".join(f"<p class='fail'>{e_(n)}</p>" for n in noise_notes(data))
     baseline = (
         f"<p class='dim'>Baseline: {e_(data['baseline']['path'])} ({e_(str(data['baseline'].get('created')))})</p>"
         if data.get("baseline")

@@ -20,6 +20,7 @@ from ptopt.validate.reports.common import (
     gate_status,
     machine_line,
     metric_header,
+    noise_notes,
     rows,
     summary_line,
     versions_line,
@@ -31,7 +32,11 @@ def _cell(text: str) -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    icon = "✅" if data["passed"] else "❌"
+    icon = (
+        "✅"
+        if data["passed"]
+        else ("⚠️" if data.get("inconclusive") and "FAILED" not in summary_line(data) else "❌")
+    )
     out = [
         f"### {icon} ptopt validate: {summary_line(data)}",
         "",
@@ -48,6 +53,7 @@ def render(data: dict[str, Any]) -> str:
             "drop",
             "top-1 agree",
             "cosine",
+            "min cosine",
             "max abs diff",
             "size MB",
             "gzip MB",
@@ -71,6 +77,7 @@ def render(data: dict[str, Any]) -> str:
                 fmt_drop(data, e),
                 fmt_frac(agr.get("top1_agreement")),
                 fmt_cos(agr.get("cosine")),
+                fmt_cos(agr.get("min_cosine")),
                 fmt_diff(agr.get("max_abs_diff")),
                 fmt_mb(size.get("bytes")),
                 fmt_mb(size.get("gzip_bytes")),
@@ -80,10 +87,7 @@ def render(data: dict[str, Any]) -> str:
             + [fmt_mem(e.get("peak_memory_mb")), gate_status(e)]
         )
         out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    failed = [g for g in data["gate_results"] if not g["passed"]]
-    if failed:
-        out += ["", "**Failed gates**", ""]
-        out += [f"- `{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed]
+    out += _gate_lines(data)
     out += ["", f"Accuracy drop, {data['accuracy_drop']['definition']}", ""]
     for n in data.get("notes", []):
         out.append(f"> note: {n}")
@@ -99,10 +103,24 @@ def render(data: dict[str, Any]) -> str:
     if data.get("baseline"):
         out.append(f"- Baseline: `{data['baseline']['path']}` ({data['baseline'].get('created')})")
     for g in data["gate_results"]:
-        out.append(f"- {'✅' if g['passed'] else '❌'} `{g['artifact']}` {g['gate']}: {g['message']}")
+        icon = "✅" if g["passed"] else ("⚠️" if g.get("inconclusive") else "❌")
+        out.append(f"- {icon} `{g['artifact']}` {g['gate']}: {g['message']}")
     out += ["", "</details>", ""]
     return "\n".join(out)
 
 
 def write(data: dict[str, Any], path: str | os.PathLike) -> None:
     write_text_atomic(path, render(data))
+
+
+def _gate_lines(data: dict[str, Any]) -> list[str]:
+    """The failed gates, then the timing noise (noisy latencies, inconclusive gates)."""
+    out = []
+    failed = [g for g in data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
+    if failed:
+        out += ["", "**Failed gates**", ""]
+        out += [f"- `{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed]
+    noise = noise_notes(data)
+    if noise:
+        out += ["", "**Timing noise**", ""] + [f"- ⚠️ {n}" for n in noise]
+    return out

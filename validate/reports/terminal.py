@@ -7,6 +7,7 @@ from typing import Any
 
 from ptopt.validate.reports.common import (
     data_line,
+    fmt_cos,
     fmt_diff,
     fmt_drop,
     fmt_frac,
@@ -18,6 +19,7 @@ from ptopt.validate.reports.common import (
     gate_status,
     machine_line,
     metric_header,
+    noise_notes,
     rows,
     summary_line,
     versions_line,
@@ -44,7 +46,7 @@ def render(data: dict[str, Any]) -> Any:
     t.add_column("", no_wrap=True)
     t.add_column("artifact", overflow="fold", max_width=28)
     t.add_column("runtime", overflow="fold", max_width=22)
-    for col in [metric_header(data), "drop", "agree", "max|Δ|", "MB"]:
+    for col in [metric_header(data), "drop", "agree", "cos min", "max|Δ|", "MB"]:
         t.add_column(col, justify="right", no_wrap=True)
     for bs in sizes:
         t.add_column(f"p50 ms @{bs}", justify="right", no_wrap=True)
@@ -55,6 +57,7 @@ def render(data: dict[str, Any]) -> Any:
         size = e.get("size") or {}
         status = gate_status(e)
         style = "bold green" if e.get("best") else ("red" if status.startswith("FAIL") else None)
+        style = "yellow" if status.startswith("INCONCLUSIVE") else style
         mark = "★" if e.get("best") else ("ref" if e["role"] == "reference" else "")
         lat = []
         for bs in sizes:
@@ -69,6 +72,7 @@ def render(data: dict[str, Any]) -> Any:
             fmt_metric(data, e.get("metric")),
             fmt_drop(data, e),
             fmt_frac(agr.get("top1_agreement")),
+            fmt_cos(agr.get("min_cosine")),
             fmt_diff(agr.get("max_abs_diff")),
             fmt_mb(size.get("bytes")),
             *lat,
@@ -82,15 +86,17 @@ def render(data: dict[str, Any]) -> Any:
     )
     foot_lines = [
         "p50 ms: median latency per batch, with the speedup over the reference; agree: top-1 agreement "
-        "with the reference; max|Δ|: largest output difference",
+        "with the reference (per token for [N, tokens, vocab] outputs); cos min: the worst sample's cosine "
+        "of its outputs with the reference's; max|Δ|: largest output difference",
         f"accuracy drop, {data['accuracy_drop']['definition']}",
     ]
     for g in data["gate_results"]:
-        if not g["passed"]:
+        if not g["passed"] and not g.get("inconclusive"):
             foot_lines.append(f"FAILED {g['artifact']}: {g['gate']}: {g['message']}")
     for e in rows(data):
         for bs, st in e["latency"].items():
             if "skipped" in st:
                 foot_lines.append(f"n/a: {e['name']} at batch {bs}: {st['skipped']}")
+    foot_lines += noise_notes(data)
     foot_lines += [f"note: {n}" for n in data.get("notes", [])]
     return Group(head, t, Text("\n".join(foot_lines)))
