@@ -52,7 +52,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     MODEL:  model.pt (TorchScript; pickled modules need --allow-pickle), model.pt2 (ExportedProgram),
             model.onnx, pkg.module:factory [--weights W.pt|W.safetensors], zoo:NAME
     DATA:   data.pt / data.npz (x, optional y), builtin:digits32[:train|test], pkg.module:function
-    Exit codes: 0 ok, 1 a gate failed, 2 bad usage or input.
+    Exit codes: 0 ok, 1 a gate failed, 2 bad usage or input, 4 (validate) a latency gate within the timing noise.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug

@@ -145,7 +145,7 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
 def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
-    size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input, 3 when no gate failed but
+    size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input, 4 when no gate failed but
     a latency gate was within the timing noise (inconclusive)."""
     from ptopt.validate.api import raise_for_status, validate
     from ptopt.validate.reports import terminal

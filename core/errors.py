@@ -9,6 +9,8 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
+#: validate: no gate failed, but a latency gate was within the timing noise (3 is an internal error)
+EXIT_INCONCLUSIVE = 4
 
 
 class PtoptError(Exception):

@@ -270,7 +270,7 @@ def validate(
     torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
     options (not both). Every report asked for is written before a failed gate is reported; returns a
     ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
-    when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 3).
+    when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 4).
     """
     t_start = time.perf_counter()
     gates = _gates.Gates.from_options(
@@ -651,7 +651,7 @@ def failure_message(result: ValidationResult) -> str:
 
 
 def raise_for_status(result: ValidationResult) -> None:
-    """GateFailedError (exit 1) when a gate failed; else GateInconclusiveError (exit 3) when a latency
+    """GateFailedError (exit 1) when a gate failed; else GateInconclusiveError (exit 4) when a latency
     gate was within the timing noise; else nothing."""
     if result.failed_gates:
         raise GateFailedError(failure_message(result))

@@ -16,15 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import PtoptError, UsageError
-
-#: exit status of a run whose only undecided gates are latency gates within the timing noise
-EXIT_INCONCLUSIVE = 3
+# EXIT_INCONCLUSIVE: the exit status of a run whose only undecided gates are latency gates within
+# the timing noise (re-exported here for callers)
+from ptopt.core.errors import EXIT_INCONCLUSIVE, PtoptError, UsageError
 
 
 class GateInconclusiveError(PtoptError):
     """No gate failed, but a latency gate could not be decided: the machine's drift while timing
-    (``round_spread_pct``) is larger than the margin to the gate's threshold (exit 3)."""
+    (``round_spread_pct``) is larger than the margin to the gate's threshold (exit 4)."""
 
     exit_code = EXIT_INCONCLUSIVE
 

@@ -135,7 +135,7 @@ def test_latency_gates_never_decide_on_noise(artifacts, monkeypatch, tmp_path, g
         assert "⚠️" in (tmp_path / "r.md").read_text()
         with pytest.raises(GateInconclusiveError) as info:
             validate_api.raise_for_status(res)
-        assert info.value.exit_code == EXIT_INCONCLUSIVE == 3
+        assert info.value.exit_code == EXIT_INCONCLUSIVE == 4
     elif want == "fail":
         assert res.failed_gates == [g] and "INCONCLUSIVE" not in out
     else:
@@ -151,7 +151,7 @@ def test_cli_exit_status_of_an_inconclusive_gate(artifacts, monkeypatch, cli):
         "validate", "tests.helpers:tiny_cnn", str(artifacts["torchscript"]), "--data", str(artifacts["data"]),
         "--batch-sizes", "1", "--threads", "1", "--min-speedup", "1.1",
     )  # fmt: skip
-    assert code == 3, out + err
+    assert code == 4, out + err
     assert "INCONCLUSIVE" in out and "inconclusive" in err and "Traceback" not in err
 
 
