@@ -132,7 +132,10 @@ def compile_package(ep: Any, path: Path, options: dict[str, Any], compiler: str)
     with tempfile.TemporaryDirectory(prefix="ptopt-aoti-") as d, _quiet_inductor():
         out = Path(d) / "model.pt2"
         try:
-            torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=configs)
+            # freezing applies only with autograd off (torch._inductor.compile_fx): under grad the
+            # package silently keeps plain aten convolutions instead of oneDNN's packed/int8 kernels
+            with torch.no_grad():
+                torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=configs)
         except Exception as e:  # noqa: BLE001 - Inductor lowering / the C++ build raise many kinds
             text = str(e)
             where = (

@@ -142,8 +142,9 @@ def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportCon
     from ptopt.export.onnx_int8 import is_int8_source
 
     loaded = as_loaded(model, weights, allow_pickle)
-    if loaded.format == "onnx":
-        raise UsageError(f"{loaded.ref} is already ONNX; export starts from a PyTorch model")
+    if loaded.format in ("onnx", "aoti_package"):
+        what = "ONNX" if loaded.format == "onnx" else "an AOTInductor package (compiled code)"
+        raise UsageError(f"{loaded.ref} is already {what}; export starts from a PyTorch model")
     module = loaded.require_module(f"--target {config.target}")
     if is_int8_source(loaded):
         precision = "int8"
