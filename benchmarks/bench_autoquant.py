@@ -20,7 +20,7 @@ from common import md_table, setup, write_result
 
 
 def _rebatch(x, n):
-    from ptopt.compress.autoquant import _rebatch as rebatch
+    from ptopt.core.data import rebatch
 
     return rebatch(x, n)
 

@@ -40,7 +40,8 @@ def main() -> None:
     threads = setup(2)
     import torch
 
-    from ptopt.compress.prune import count_parameters, prune, save_dense
+    from ptopt.compress.prune import prune, save_dense
+    from ptopt.compress.stage import count_parameters
     from ptopt.compress.trainer import evaluate_accuracy
     from ptopt.core.data import load_data
     from ptopt.core.modelref import load_model
@@ -74,7 +75,7 @@ def main() -> None:
             save_dense(loaded.module, loaded.example_inputs(batch=2), path, "torchscript", loaded.input_specs)
             ts = torch.jit.load(str(path))
             b = {
-                "params": count_parameters(loaded.module)[0],
+                "params": count_parameters(loaded.module),
                 "bytes": path.stat().st_size,
                 "gzip": gz(path),
                 "acc": evaluate_accuracy(ts, test),

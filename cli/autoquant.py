@@ -74,6 +74,10 @@ def run(
                 f"--{k.replace('_', '-')} does not apply to accuracy-aware quantization "
                 "(static or dynamic search)"
             )
+    if not analyze and opts.get("output") is None:
+        from ptopt.core.errors import UsageError
+
+        raise UsageError("missing -o/--output for the quantized model (or use --analyze to write nothing)")
     if analyze and opts.get("output") is not None:
         click.echo(f"--analyze writes nothing: {opts['output']} is not written", err=True)
     res = autoquantize(

@@ -31,7 +31,13 @@ from ptopt.cli.options import maybe_save_recipe, output_option, save_recipe_opti
     "--eval-data", metavar="DATA", help="Labelled held-out data: accuracy each epoch, best weights kept."
 )
 @click.option(
-    "--temperature", "-T", type=float, default=4.0, show_default=True, help="Softmax temperature T."
+    "--temperature",
+    "-T",
+    type=float,
+    default=4.0,
+    show_default=True,
+    help="Softmax temperature T (the textbook default; benchmarks/bench_distill.py chose 1 with "
+    "--alpha 0.1 for a 4-epoch budget, on a validation split).",
 )
 @click.option(
     "--alpha",
@@ -120,11 +126,17 @@ def command(
     from ptopt.compress.trainer import TrainConfig
 
     tcfg = TrainConfig(
+        epochs=epochs,
+        lr=lr,
+        batch_size=batch_size,
+        precision=precision,
+        device=device,
+        seed=seed,
         weight_decay=weight_decay,
         grad_accum_steps=grad_accum_steps,
         grad_clip=grad_clip if grad_clip > 0 else None,
     )
-    art = distill(
+    res = distill(
         teacher,
         student,
         train_data,
@@ -132,17 +144,11 @@ def command(
         eval_data=eval_data,
         temperature=temperature,
         alpha=alpha,
-        epochs=epochs,
         feature_pairs=feature_pairs,
         feature_weight=feature_weight,
         teacher_weights=teacher_weights,
         student_weights=student_weights,
         allow_pickle=allow_pickle,
-        lr=lr,
-        batch_size=batch_size,
-        precision=precision,
-        device=device,
-        seed=seed,
         train_config=tcfg,
         checkpoint_dir=checkpoint_dir,
         resume=resume,
@@ -150,8 +156,17 @@ def command(
         metrics_file=metrics_file,
         progress=not no_progress,
     )
-    if art is None:  # a torchrun rank other than 0: rank 0 reports
+    if res is None:  # a torchrun rank other than 0: rank 0 reports
         return
+    _print_report(res)
+    recipe = dict(teacher=teacher, student=student, train_data=train_data, eval_data=eval_data)
+    recipe |= dict(temperature=temperature, alpha=alpha, feature_pairs=list(feature_pairs), epochs=epochs)
+    recipe |= dict(lr=lr, batch_size=batch_size, precision=precision, seed=seed, output=output)
+    maybe_save_recipe(save_recipe, "distill", recipe)
+
+
+def _print_report(art) -> None:
+    """The saved student: parameters against the teacher's, the loss and accuracy of each epoch."""
     m = art.metrics
     ratio = m["teacher_parameters"] / max(m["student_parameters"], 1)
     click.echo(
@@ -166,22 +181,3 @@ def command(
             f"eval accuracy: {m['eval_accuracy']:.4f} (best epoch {m['best_epoch']}; "
             f"teacher {m['teacher_eval_accuracy']:.4f})"
         )
-    maybe_save_recipe(
-        save_recipe,
-        "distill",
-        {
-            "teacher": teacher,
-            "student": student,
-            "train_data": train_data,
-            "eval_data": eval_data,
-            "temperature": temperature,
-            "alpha": alpha,
-            "feature_pairs": list(feature_pairs),
-            "epochs": epochs,
-            "lr": lr,
-            "batch_size": batch_size,
-            "precision": precision,
-            "seed": seed,
-            "output": output,
-        },
-    )

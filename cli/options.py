@@ -67,3 +67,34 @@ def maybe_save_recipe(path: str | None, command: str, options: dict[str, Any]) -
 
         save_recipe(path, [recipe_step(command, options)])
         click.echo(f"recipe: {path}", err=True)
+
+
+def guard_paths(inputs: dict[str, str], outputs: dict[str, str]) -> Callable[[F], F]:
+    """Refuse (exit 2, before anything loads or is written) an output that would overwrite an input
+    or another output of the same command, through ``ptopt.core.outputs.check_outputs``.
+
+    ``inputs`` / ``outputs``: ``{parameter name: option label}``; a parameter holding a list (e.g.
+    ARTIFACT...) contributes every item. Put it right above ``def command`` (below the options).
+    """
+    import functools
+
+    def paths(kwargs: dict[str, Any], names: dict[str, str]) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for param, label in names.items():
+            value = kwargs.get(param)
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if item is not None and item != "":
+                    out.append((label, item))
+        return out
+
+    def deco(f: F) -> F:
+        @functools.wraps(f)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from ptopt.core.outputs import check_outputs
+
+            check_outputs(paths(kwargs, inputs), paths(kwargs, outputs))
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    return deco

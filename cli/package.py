@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from ptopt.cli.options import input_shape_option, maybe_save_recipe, model_options, save_recipe_option
+from ptopt.cli.options import (
+    guard_paths,
+    input_shape_option,
+    maybe_save_recipe,
+    model_options,
+    save_recipe_option,
+)
 
 
 @click.command("package")
@@ -53,6 +59,9 @@ from ptopt.cli.options import input_shape_option, maybe_save_recipe, model_optio
 @input_shape_option
 @model_options
 @save_recipe_option
+@guard_paths(
+    {"artifact": "ARTIFACT", "weights": "--weights"}, {"output": "-o", "save_recipe": "--save-recipe"}
+)
 def command(
     artifact: str,
     fmt: str,

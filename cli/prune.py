@@ -70,7 +70,13 @@ from ptopt.cli.options import (
     help="Fine-tune by distillation from this MODEL ('self': the unpruned model).",
 )
 @click.option("--temperature", type=float, default=4.0, show_default=True, help="Distillation temperature.")
-@click.option("--alpha", type=float, default=0.5, show_default=True, help="Weight of the distillation loss.")
+@click.option(
+    "--alpha",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="Weight of the label loss when distilling; 1-alpha weighs the teacher's soft targets.",
+)
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Fine-tuning learning rate.")
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Fine-tuning batch size.")
 @model_options

@@ -132,11 +132,16 @@ def command(
         return
     if output is None:
         raise click.UsageError("Missing option '-o' / '--output'.")
-    art = quantize(**options, progress=not no_progress)
+    res = quantize(**options, progress=not no_progress)
     maybe_save_recipe(save_recipe, "quantize", options)
     if as_json:
-        click.echo(json.dumps(art.to_dict(), indent=2, default=str))
-        return
+        click.echo(json.dumps(res.to_dict(), indent=2, default=str))
+    else:
+        _print_report(res, mode)
+
+
+def _print_report(art, mode: str) -> None:
+    """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
     click.echo(
         f"wrote {art.path} (TorchScript int8, {mode}, backend {art.config['backend']}): "

@@ -54,7 +54,7 @@ from ptopt.compress.autoquant_result import (  # noqa: F401 - re-exported: DEFAU
     parse_tuning_budget,
 )
 from ptopt.compress.autoquant_search import LATENCY_TIE, Search  # noqa: F401
-from ptopt.compress.quantize import _rebatch
+from ptopt.core.data import rebatch
 from ptopt.core.errors import UsageError
 from ptopt.core.timing import torch_threads
 
@@ -91,7 +91,7 @@ class _Tuner:
         with torch.no_grad():
             self.ref = self._outputs(module, evald)
         self.fp32_acc = self._accuracy(self.ref, evald)
-        self.latency_x = _rebatch(
+        self.latency_x = rebatch(
             evald.first_batch(min(len(evald), goal.latency_batch_size)).x, goal.latency_batch_size
         )
         self.fp32_latency = self.latency(module)
@@ -306,7 +306,7 @@ def _as_matrix(y: Any) -> Any:
 def autoquantize(
     model: Any,
     mode: str,
-    output: str | os.PathLike | None,
+    output: str | os.PathLike | None = None,
     *,
     eval_data: Any,
     calib_data: Any = None,
@@ -318,40 +318,56 @@ def autoquantize(
     latency_batch_size: int = 32,
     sensitivity_samples: int = 256,
     threads: int | None = None,
-    backend: str = "x86",
+    config: Any = None,
+    backend: str | None = None,
     observer: str | None = None,
-    per_channel: bool = True,
+    per_channel: bool | None = None,
     calibration_batches: int | None = None,
     batch_size: int | None = None,
-    exclude: Any = (),
+    exclude: Any = None,
     layers: Any = None,
     input_shapes: Any = (),
     weights: Any = None,
     allow_pickle: bool = False,
     progress: bool = True,
 ) -> AutoQuantResult:
-    """Accuracy-aware int8 (see the module docstring); writes ``output`` unless ``analyze``.
+    """Accuracy-aware int8 (see the module docstring); saves at ``output`` when given (never with
+    ``analyze``). ``config`` (a static or dynamic quantization config) is the base scheme the search
+    varies; the loose options (backend ... layers) are the same as ``quantize``'s.
 
-    Returns an :class:`AutoQuantResult` (``.artifact``, ``.candidates``, ``.sensitivity``, ``.met``);
-    when no candidate meets the goal the most accurate one is still written and ``.met`` is False
+    Returns an :class:`AutoQuantResult` (``.result`` the chosen model's Result, ``.artifact`` its
+    saved Artifact, ``.candidates``, ``.sensitivity``, ``.met``); when no candidate meets the goal
+    the most accurate one is still chosen (and saved) and ``.met`` is False
     (``result.raise_if_missed()`` raises GateFailedError, exit code 1).
     """
-    from pathlib import Path
-
-    from ptopt.compress.quantize import (
-        _check_fits,
-        _data,
-        _quantize_context,
-        _settle_inputs,
-        make_config,
-        quantize,
-    )
-    from ptopt.core.modelref import as_loaded
+    from ptopt.compress.quant_steps import prepare, require_data, resolve_config
+    from ptopt.compress.stage import check_output
 
     trials, seconds = parse_tuning_budget(tuning_budget)
     goal = AccuracyGoal(
         max_accuracy_drop, min_cosine, trials, seconds, sensitivity, latency_batch_size, sensitivity_samples
     )
+    _check_request(mode, goal, eval_data, analyze)
+    loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
+    loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
+    base = resolve_config(mode, config, **loose)
+    if not analyze:
+        check_output(output, hint=" such as model.int8.pt")
+    require_data(base, calib_data, None)
+    prep = prepare(base, model, weights, allow_pickle, input_shapes, calib_data, None, eval_data)
+    if goal.max_accuracy_drop is not None:
+        prep.evald.require_labels("--max-accuracy-drop (use --min-cosine to compare outputs without labels)")
+    found, search, tuner = _search(prep, base, goal, threads, analyze, _logger(progress))
+    if analyze:
+        return found
+    refs = {"calib_data": calib_data, "eval_data": eval_data}
+    found.result = _chosen_result(found, search, tuner, base, prep, refs)
+    if output is not None:
+        found.artifact = found.result.save(output)
+    return found
+
+
+def _check_request(mode: str, goal: AccuracyGoal, eval_data: Any, analyze: bool) -> None:
     if mode not in ("static", "dynamic"):
         raise UsageError(
             f"accuracy-aware quantization searches --mode static or dynamic, not {mode!r} "
@@ -363,103 +379,61 @@ def autoquantize(
         raise UsageError(
             "accuracy-aware quantization measures on --eval-data DATA (e.g. builtin:digits32:test)"
         )
-    if not analyze:
-        if output is None:
-            raise UsageError(
-                "missing -o/--output for the quantized model (or use --analyze to write nothing)"
-            )
-        if Path(output).is_dir():
-            raise UsageError(f"output {output} is a folder; give a file name such as model.int8.pt")
-    if mode == "static" and calib_data is None:
-        raise UsageError(
-            "static quantization needs calibration data: pass --calib-data DATA "
-            "(e.g. builtin:digits32:train), or use --mode dynamic"
-        )
-    opts: dict[str, Any] = {
-        "backend": backend,
-        "per_channel": per_channel,
-        "float_modules": tuple(exclude or ()),
-    }
-    if mode == "static":
-        opts |= {"observer": observer, "calibration_batches": calibration_batches, "batch_size": batch_size}
-    else:
-        if observer is not None:
-            raise UsageError("--observer applies to static quantization (dynamic mode observes every batch)")
-        opts |= {"layers": tuple(layers) if layers else None}
-    base = make_config(mode, **opts)
 
-    evald = _data(eval_data, "evaluation", finite=True)
-    if goal.max_accuracy_drop is not None:
-        evald.require_labels("--max-accuracy-drop (use --min-cosine to compare outputs without labels)")
-    calib = _data(calib_data, "calibration", finite=True)
-    loaded = as_loaded(model, weights, allow_pickle)
-    module = loaded.require_module("quantization")
-    if loaded.format in ("torchscript", "exported_program"):
-        from ptopt.core.errors import UnsupportedModelError
 
-        raise UnsupportedModelError(
-            f"{loaded.ref} is a {loaded.format} model; quantization needs the eager "
-            "nn.Module (pkg.module:factory --weights W, a zoo:NAME, or --allow-pickle)"
-        )
+def _search(
+    prep: Any, base: Any, goal: AccuracyGoal, threads: int | None, analyze: bool, log: Callable[[str], None]
+) -> tuple[AutoQuantResult, Any, _Tuner]:
+    """Sensitivity of every quantizable layer, then (unless ``analyze``) the search for a candidate."""
     from ptopt.compress import quant_engine as engine
+    from ptopt.core.errors import UnsupportedModelError
 
-    engine.check_backend(base.backend)
-    if base.float_modules:
-        engine.check_module_names(module, base.float_modules)
-    example = _settle_inputs(loaded, calib or evald, input_shapes)
-    if calib is not None:
-        _check_fits(loaded, evald)
-
-    log = _logger(progress)
-    with _quantize_context(base):
-        tuner = _Tuner(module, base, calib, evald, example, goal, threads, log)
+    with engine.quantize_context(base.backend):
+        tuner = _Tuner(prep.module, base, prep.calib, prep.evald, prep.example, goal, threads, log)
         names = tuner.quantizable_layers()
         if not names:
-            from ptopt.core.errors import UnsupportedModelError
-
             raise UnsupportedModelError(
-                f"{loaded.ref}: no layer becomes int8 in --mode {mode}; nothing to tune"
+                f"{prep.loaded.ref}: no layer becomes int8 in --mode {base.mode}; nothing to tune"
             )
-        sens = tuner.sensitivity(names)
         fp32 = {
             "accuracy": tuner.fp32_acc,
             "latency_ms": round(tuner.fp32_latency, 4),
             "latency_batch_size": goal.latency_batch_size,
-            "eval_samples": len(evald),
+            "eval_samples": len(prep.evald),
             "sensitivity_samples": len(tuner.sens_eval),
             "threads": threads,
         }
-        result = AutoQuantResult(goal, mode, fp32, sens)
+        found = AutoQuantResult(goal, base.mode, fp32, tuner.sensitivity(names))
         if analyze:
-            result.seconds = tuner.elapsed()
-            return result
-        search = Search(tuner, names, sens, goal)
+            found.seconds = tuner.elapsed()
+            return found, None, tuner
+        search = Search(tuner, names, found.sensitivity, goal)
         search.run()
-        result.candidates, result.chosen = search.candidates, search.choose()
-        result.budget_exhausted = search.exhausted
-        result.met = bool(search.holding())
-    best = result.best
-    assert best is not None  # the first candidate is always tried
-    result.reason = _explain(result, names)
-    result.seconds = tuner.elapsed()
+        found.candidates, found.chosen = search.candidates, search.choose()
+        found.budget_exhausted = search.exhausted
+        found.met = bool(search.holding())
+    assert found.best is not None  # the first candidate is always tried
+    found.reason = _explain(found, names)
+    found.seconds = tuner.elapsed()
+    return found, search, tuner
+
+
+def _chosen_result(
+    found: AutoQuantResult, search: Any, tuner: _Tuner, base: Any, prep: Any, refs: dict[str, Any]
+) -> Any:
+    """The chosen candidate quantized for good (a Result), its search recorded in the sidecar."""
+    from ptopt.compress import quant_engine as engine
+    from ptopt.compress.quant_steps import quantize_prepared
+
+    best = found.best
     final = search.config(best.scheme_key, best.float_layers)
     if best.smooth:
-        with _quantize_context(base):
-            loaded = dataclasses.replace(loaded, module=tuner.smoothed(final, best.smooth).eval())
-    # the fused attention fast path reads linear1.weight, which a SmoothedLinear wrapper does not have
-    with engine.mha_fastpath_disabled():
-        art = quantize(
-            loaded,
-            mode,
-            output,
-            config=final,
-            calib_data=calib_data,
-            eval_data=eval_data,
-            input_shapes=input_shapes,
-            progress=False,
-        )
-    art.config["accuracy_goal"] = goal.to_dict()
-    art.extra["autoquant"] = result.to_dict()
+        with engine.quantize_context(base.backend):
+            prep = dataclasses.replace(prep, module=tuner.smoothed(final, best.smooth).eval())
+    res = quantize_prepared(final, prep, refs, progress=False)
+    art = res.template
+    art.config["accuracy_goal"] = found.goal.to_dict()
+    art.extra["autoquant"] = found.to_dict()
     if best.smooth:
         art.extra["smoothquant"] = {
             "alpha": best.smooth,
@@ -472,12 +446,11 @@ def autoquantize(
     art.metrics |= {
         "min_cosine": best.measurement.min_cosine,
         "mean_cosine": best.measurement.mean_cosine,
-        "goal_met": result.met,
+        "goal_met": found.met,
         "search_latency_ms": best.latency_ms,
-        "fp32_search_latency_ms": fp32["latency_ms"],
+        "fp32_search_latency_ms": found.fp32["latency_ms"],
     }
-    result.artifact = art.finalize()
-    return result
+    return res
 
 
 def _logger(progress: bool) -> Callable[[str], None]:

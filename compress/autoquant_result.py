@@ -155,7 +155,9 @@ class Candidate:
 
 @dataclasses.dataclass
 class AutoQuantResult:
-    """What the search found. ``artifact`` is None for ``analyze`` (nothing written)."""
+    """What the search found. ``result`` is the chosen int8 model's :class:`~ptopt.core.result.Result`
+    and ``artifact`` its saved Artifact: both None for ``analyze``; ``artifact`` None when no
+    output was given (``result.save(path)`` writes it later)."""
 
     goal: AccuracyGoal
     mode: str
@@ -168,6 +170,7 @@ class AutoQuantResult:
     breaking_layers: list[str] = dataclasses.field(default_factory=list)
     budget_exhausted: bool = False
     seconds: float = 0.0
+    result: Any = None
     artifact: Any = None
 
     @property
@@ -195,8 +198,9 @@ class AutoQuantResult:
         }
 
     def raise_if_missed(self) -> None:
-        """GateFailedError (exit 1) when no candidate met the goal (the best one is already written)."""
-        if not self.met and self.goal.has_target and self.artifact is not None:
+        """GateFailedError (exit 1) when no candidate met the goal (the best one is already written
+        when an output was given; ``err.result.result`` holds it in memory)."""
+        if not self.met and self.goal.has_target and self.result is not None:
             err = GateFailedError(self.reason)
             err.result = self  # type: ignore[attr-defined]
             raise err

@@ -1,4 +1,4 @@
-"""Pruning: ``prune(model, method, amount, output)`` and its configs.
+"""Pruning: ``prune(model, method, amount)`` and its configs.
 
 Three methods, one config each (frozen, registered, round-tripping through dicts):
 
@@ -10,9 +10,16 @@ Recovery: ``fine_tune_data`` + ``epochs`` fine-tunes with the shared trainer aft
 ``teacher``: distillation from it; ``"self"`` means the unpruned model); ``steps=K`` prunes gradually,
 round k reaching ``amount * k / K``, each round followed by ``epochs`` of fine-tuning.
 
-The artifact is a dense model that loads with plain torch: TorchScript for ``.pt``, an
-ExportedProgram for ``.pt2``. Its sidecar records the config, the per-layer sparsity or channels
-before → after, parameter counts, raw and gzip bytes, and the parent model.
+``prune`` returns a :class:`~ptopt.core.result.Result`: ``.model`` is the pruned dense
+``nn.Module`` (masks folded into the weights; for structured pruning a smaller model of the same
+class, or its rewritten graph), in eval mode; the model given is never modified. ``.metrics``
+(parameter counts, sparsity, raw/gzip weight bytes, accuracy before/after) exist before any save.
+``.save(path)`` (or ``output=``) writes a dense model that loads with plain torch: TorchScript for
+``.pt``, an ExportedProgram for ``.pt2``, and a sidecar with the config, the per-layer sparsity or
+channels before → after, and the parent model::
+
+    pr = ptopt.prune(model, "structured", 0.5, input_shapes=("1x3x224x224",))
+    pr.model(x); pr.save("model.pruned.pt")
 """
 
 from __future__ import annotations
@@ -27,10 +34,24 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
+from ptopt.compress.stage import (
+    UNSAVED,
+    check_output,
+    count_nonzero_parameters,
+    count_parameters,
+    finish,
+    input_files,
+    load_dataset,
+    load_eager,
+    reconcile,
+    ref_name,
+)
 from ptopt.core.config import Config, register_config
-from ptopt.core.errors import UnsupportedModelError, UsageError
+from ptopt.core.errors import UsageError
 
 METHODS = ("l1-unstructured", "structured", "global")
+#: output suffix -> format of the saved dense model
+OUTPUT_FORMATS = {".pt": "torchscript", ".pt2": "exported_program"}
 CRITERIA = ("l1", "l2")
 #: the unpruned model as distillation teacher
 TEACHER_SELF = "self"
@@ -169,15 +190,6 @@ def unmatched_patterns(model: Any, patterns: Iterable[str]) -> list[str]:
 # -- measuring ---------------------------------------------------------------------------------------
 
 
-def count_parameters(model: Any) -> tuple[int, int]:
-    """(all parameters, non-zero parameters)."""
-    total = nonzero = 0
-    for p in model.parameters():
-        total += p.numel()
-        nonzero += int((p.detach() != 0).sum())
-    return total, nonzero
-
-
 def state_dict_bytes(model: Any) -> tuple[int, int]:
     """(raw, gzip) bytes of the model's weights as ``torch.save(state_dict)``: zeros only help gzip."""
     import torch
@@ -192,122 +204,182 @@ def state_dict_bytes(model: Any) -> tuple[int, int]:
 
 
 def output_format(output: str | os.PathLike) -> str:
-    suffix = os.path.splitext(str(output))[1].lower()
-    if suffix == ".pt":
-        return "torchscript"
-    if suffix == ".pt2":
-        return "exported_program"
-    raise UsageError(
-        f"output {output}: use .pt (TorchScript) or .pt2 (ExportedProgram); the pruned model is "
-        "saved so that plain torch loads it"
-    )
+    """``torchscript`` for ``.pt``, ``exported_program`` for ``.pt2``; else a UsageError."""
+    return check_output(output, OUTPUT_FORMATS)
 
 
-def save_dense(model: Any, example_inputs: Any, path: str | os.PathLike, fmt: str, specs: list[Any]) -> None:
-    """Write ``model`` as TorchScript (trace) or an ExportedProgram with a dynamic batch dimension."""
-    import torch
+def save_dense(
+    model: Any,
+    example_inputs: Any,
+    path: str | os.PathLike,
+    fmt: str,
+    specs: list[Any],
+    style: str | None = None,
+) -> dict[str, Any]:
+    """Write ``model`` as TorchScript (trace) or an ExportedProgram (the specs' dynamic dims) through
+    the one writer (``ptopt.export.writers``), reloaded and compared; returns the sidecar facts."""
+    from ptopt.export.writers import write_model
 
-    from ptopt.core.inputspec import call_args
-
-    args, kwargs = call_args(example_inputs)
-    model = model.eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        if fmt == "torchscript":
-            with torch.no_grad():
-                if kwargs:
-                    traced = torch.jit.trace(model, example_kwarg_inputs=kwargs)
-                else:
-                    traced = torch.jit.trace(model, args if len(args) > 1 else args[0])
-            torch.jit.save(traced, str(path))
-            return
-        dyn = _dynamic_shapes(specs, args, kwargs)
-        ep = torch.export.export(model, args, kwargs or None, dynamic_shapes=dyn)
-        buf = io.BytesIO()  # torch.export.save insists on a .pt2 name; the atomic temp file has another
-        torch.export.save(ep, buf)
-        with open(path, "wb") as fh:
-            fh.write(buf.getvalue())
-
-
-def _dynamic_shapes(specs: list[Any], args: tuple, kwargs: dict) -> Any:
-    from torch.export import Dim
-
-    dynamic = [s for s in specs if s.min_shape and s.min_shape[0] != s.max_shape[0]]
-    if not dynamic:
-        return None
-    batch = Dim("batch", min=1, max=max(s.max_shape[0] for s in dynamic))
-    if kwargs:
-        return {k: {0: batch} for k in kwargs}
-    return tuple({0: batch} for _ in args)
+    # unfrozen: the saved model keeps its layers and state_dict (per-layer sparsity stays readable)
+    opts = {"freeze": False} if fmt == "torchscript" else {}
+    facts = write_model(model, fmt, path, specs=specs or None, style=style, example=example_inputs, **opts)
+    return facts | {"format": fmt}
 
 
 # -- the Python twin -------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class FineTune:
+    """Recovery after each pruning round: ``epochs`` on ``data`` (with ``teacher``: distillation)."""
+
+    epochs: int
+    data: Any
+    teacher: Any
+    temperature: float
+    alpha: float
+    train: Any  # TrainConfig
+
+
 def prune(
     model: Any,
-    method: str,
-    amount: float,
-    output: str | os.PathLike,
+    method: str | None = None,
+    amount: float | None = None,
+    output: str | os.PathLike | None = None,
     *,
     fine_tune_data: Any = None,
     eval_data: Any = None,
     epochs: int = 0,
     teacher: Any = None,
-    steps: int = 1,
-    exclude: Iterable[str] = (),
-    criterion: str = "l1",
-    prune_first_last: bool = False,
+    steps: int | None = None,
+    exclude: Iterable[str] | None = None,
+    criterion: str | None = None,
+    prune_first_last: bool | None = None,
     temperature: float = 4.0,
     alpha: float = 0.5,
     lr: float = 1e-3,
     batch_size: int = 64,
     seed: int = 0,
+    config: PruneConfig | None = None,
     input_shapes: Iterable[str] = (),
     weights: Any = None,
     allow_pickle: bool = False,
     progress: bool = False,
 ) -> Any:
-    """Prune ``model`` with ``method`` ("l1-unstructured" | "structured" | "global") and write ``output``.
+    """Prune ``model`` with ``method`` ("l1-unstructured" | "structured" | "global"); returns a Result.
 
-    ``exclude`` patterns that match no layer raise a ``UserWarning`` (not an error). Returns the
-    ``Artifact``; its ``metrics`` hold parameter counts, sparsity, raw/gzip bytes and accuracy
-    before/after (with ``eval_data``), its ``extra["layers"]`` the per-layer table.
+    ``model``: an nn.Module (never modified), a MODEL reference or a LoadedModel. ``fine_tune_data``
+    / ``eval_data``: DATA references or in-memory data (tensor, (x, y), Dataset, DataLoader, list of
+    batches). ``config`` (an ``L1UnstructuredConfig`` / ``GlobalPruneConfig`` /
+    ``StructuredPruneConfig``) replaces ``method``, ``amount``, ``steps``, ``exclude``,
+    ``criterion`` and ``prune_first_last``; one of them contradicting it is a UsageError.
+    ``exclude`` patterns that match no layer raise a ``PruneWarning`` (not an error). ``.metrics``
+    hold parameter counts, sparsity, raw/gzip bytes and accuracy before/after (with ``eval_data``),
+    ``.extra["layers"]`` the per-layer table. ``output``: also save there (.pt or .pt2).
     """
-    import torch
+    config = resolve_config(method, amount, config, steps, exclude, criterion, prune_first_last)
+    check_output(output, OUTPUT_FORMATS)
+    plan = _fine_tune_plan(fine_tune_data, epochs, teacher, temperature, alpha, lr, batch_size, seed)
+    why = "pruning rewrites an eager nn.Module, and a {format} model cannot be rewritten"
+    loaded = load_eager(model, weights, allow_pickle, "pruning", why=why)
+    ft, ev, example = _prepare_data(loaded, plan, eval_data, input_shapes)
+    plan = dataclasses.replace(plan, data=ft, teacher=_teacher(teacher, loaded.module))
+    for pattern in unmatched_patterns(loaded.module, config.exclude):
+        warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
+    pruner = make_pruner(config, loaded.module, example)
+    work, report, history = _run_rounds(pruner, config, loaded.module, plan, ev, progress)
+    metrics = _measure(loaded.module, work, report, ev)
+    record = config.to_dict() | {
+        "fine_tune_data": ref_name(fine_tune_data),
+        "eval_data": ref_name(eval_data),
+        "epochs": epochs,
+        "teacher": ref_name(teacher),
+        "temperature": temperature if teacher is not None else None,
+        "alpha": alpha if teacher is not None else None,
+        "train": plan.train.to_dict() if epochs else None,
+    }
+    extra = {k: v for k, v in report.items() if k != "sparsity"}
+    extra.update(method=config_method(config), fine_tune_history=history)
+    result = _build_result(loaded, work, example, pruner.precision, record, metrics, extra)
+    return finish(result, output)
 
-    from ptopt.compress.trainer import TrainConfig, evaluate_accuracy, train
-    from ptopt.core.artifact import Artifact, atomic_path
-    from ptopt.core.data import load_data
-    from ptopt.core.inputspec import parse_named_shapes
-    from ptopt.core.modelref import as_loaded, resolve_inputs, run_checked
 
-    # validate everything before any long work
-    config = make_config(
-        method, amount, exclude=exclude, steps=steps, criterion=criterion, prune_first_last=prune_first_last
-    )
-    fmt = output_format(output)
+# -- the steps -------------------------------------------------------------------------------------------
+
+
+def config_method(config: PruneConfig) -> str:
+    """The method name of a config (``l1-unstructured`` | ``global`` | ``structured``)."""
+    return next(m for m, cls in CONFIGS.items() if type(config) is cls)
+
+
+def resolve_config(
+    method: str | None,
+    amount: float | None,
+    config: PruneConfig | None,
+    steps: int | None = None,
+    exclude: Iterable[str] | None = None,
+    criterion: str | None = None,
+    prune_first_last: bool | None = None,
+) -> PruneConfig:
+    """One config from ``config`` or the loose options (a contradiction between them is refused)."""
+    exclude = tuple(exclude) if exclude else None
+    if config is None:
+        if method is None or amount is None:
+            raise UsageError("pruning needs a method and an amount (or a config=)")
+        loose = {
+            "exclude": exclude,
+            "steps": steps,
+            "criterion": criterion,
+            "prune_first_last": prune_first_last,
+        }
+        return make_config(method, amount, **{k: v for k, v in loose.items() if v is not None})
+    if method is not None and method != config_method(config):
+        raise UsageError(
+            f"method {method!r} contradicts the given {type(config).__name__} "
+            f"(method {config_method(config)!r})"
+        )
+    options = {"amount": amount, "steps": steps, "exclude": exclude}
+    if isinstance(config, StructuredPruneConfig):
+        options |= {"criterion": criterion, "prune_first_last": prune_first_last}
+    elif criterion not in (None, "l1") or prune_first_last:
+        raise UsageError("criterion and prune_first_last apply to structured pruning")
+    reconcile(config, options)
+    return config
+
+
+def _fine_tune_plan(
+    data: Any,
+    epochs: int,
+    teacher: Any,
+    temperature: float,
+    alpha: float,
+    lr: float,
+    batch_size: int,
+    seed: int,
+) -> FineTune:
+    """Validate the recovery options before any long work."""
+    from ptopt.compress.trainer import TrainConfig
+
     if not isinstance(epochs, int) or epochs < 0:
         raise UsageError(f"--epochs must be an integer >= 0, got {epochs!r}")
-    if epochs and fine_tune_data is None:
+    if epochs and data is None:
         raise UsageError("--epochs needs --fine-tune-data (the data to fine-tune on)")
-    if fine_tune_data is not None and not epochs:
+    if data is not None and not epochs:
         raise UsageError("--fine-tune-data needs --epochs N (N >= 1)")
-    if teacher is not None and fine_tune_data is None:
+    if teacher is not None and data is None:
         raise UsageError("--teacher distills while fine-tuning: give --fine-tune-data and --epochs too")
-    train_config = TrainConfig(epochs=max(epochs, 1), lr=lr, batch_size=batch_size, seed=seed)
+    train = TrainConfig(epochs=max(epochs, 1), lr=lr, batch_size=batch_size, seed=seed)
+    return FineTune(epochs, data, teacher, temperature, alpha, train)
 
-    loaded = as_loaded(model, weights=weights, allow_pickle=allow_pickle)
-    module = loaded.require_module("pruning")
-    if loaded.format not in ("eager", "pickle") or isinstance(module, torch.jit.ScriptModule):
-        raise UnsupportedModelError(
-            f"{loaded.ref}: pruning rewrites an eager nn.Module, and a {loaded.format} model cannot be rewritten; "
-            "give the model as pkg.module:factory --weights W, zoo:NAME, or a pickled module (--allow-pickle)"
-        )
-    ft = load_data(fine_tune_data) if fine_tune_data is not None else None
-    ev = load_data(eval_data) if eval_data is not None else None
-    if ft is not None and teacher is None:
+
+def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any) -> tuple[Any, Any, Any]:
+    """(fine-tune Dataset, eval Dataset, example batch): labels and fit checked, input specs settled."""
+    from ptopt.core.inputspec import parse_named_shapes
+    from ptopt.core.modelref import resolve_inputs, run_checked
+
+    ft = load_dataset(plan.data, "fine-tuning")
+    ev = load_dataset(eval_data, "evaluation")
+    if ft is not None and plan.teacher is None:
         ft.require_labels("fine-tuning with cross-entropy (or give --teacher to distill)")
     if ev is not None:
         ev.require_labels("measuring accuracy before and after pruning")
@@ -318,45 +390,51 @@ def prune(
         if ds is not None:
             run_checked(loaded, ds.first_batch(2).x, what)
     example = loaded.example_inputs("opt", batch=2)
-    for pattern in unmatched_patterns(module, config.exclude):
-        warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
-    teacher_module = _teacher(teacher, module)
+    run_checked(loaded, example, "sample input")
+    return ft, ev, example
 
-    pruner = make_pruner(config, module, example)
-    original = module
-    work = copy.deepcopy(module).eval()
-    params_before, _ = count_parameters(original)
+
+def _run_rounds(
+    pruner: Any, config: PruneConfig, original: Any, plan: FineTune, ev: Any, progress: bool
+) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    """``config.steps`` rounds of pruning, each followed by fine-tuning when planned; returns
+    (pruned dense model in eval mode, the pruner's report, the fine-tuning history)."""
+    from ptopt.compress.trainer import train
+
+    work = copy.deepcopy(original).eval()
     history: list[dict[str, Any]] = []
-    acc_before = evaluate_accuracy(original, ev) if ev is not None else None
     for k in range(1, config.steps + 1):
         work = pruner.step(work, config.amount * k / config.steps)
-        if ft is not None:
-            loss_fn = None
-            if teacher_module is not None:
-                from ptopt.compress.distill import make_distill_loss
+        if plan.data is None:
+            continue
+        loss_fn = None
+        if plan.teacher is not None:
+            from ptopt.compress.distill import make_distill_loss
 
-                loss_fn = make_distill_loss(teacher_module, temperature=temperature, alpha=alpha)
-            desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
-            result = train(
-                work, ft, train_config, eval_data=ev, loss_fn=loss_fn, progress=progress, description=desc
-            )
-            if hasattr(loss_fn, "remove_hooks"):
-                loss_fn.remove_hooks()
-            history += [dict(h, round=k) for h in result.history]
+            loss_fn = make_distill_loss(plan.teacher, temperature=plan.temperature, alpha=plan.alpha)
+        desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
+        result = train(
+            work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress, description=desc
+        )
+        if hasattr(loss_fn, "remove_hooks"):
+            loss_fn.remove_hooks()
+        history += [dict(h, round=k) for h in result.history]
     work, report = pruner.finish(work)
-    work.eval()
-    params_after, nonzero_after = count_parameters(work)
-    acc_after = evaluate_accuracy(work, ev) if ev is not None else None
+    return work.eval(), report, history
+
+
+def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[str, Any]:
+    """Parameters, raw/gzip weight bytes and (with ``ev``) accuracy, before and after."""
+    from ptopt.compress.trainer import evaluate_accuracy
+
+    params_before, params_after = count_parameters(original), count_parameters(work)
     raw_before, gz_before = state_dict_bytes(original)
     raw_after, gz_after = state_dict_bytes(work)
-
-    with atomic_path(output) as tmp:
-        save_dense(work, example, tmp, fmt, loaded.input_specs)
     metrics: dict[str, Any] = {
         "parameters_before": params_before,
         "parameters_after": params_after,
         "parameter_ratio": params_after / max(params_before, 1),
-        "nonzero_parameters_after": nonzero_after,
+        "nonzero_parameters_after": count_nonzero_parameters(work),
         "weights_bytes_before": raw_before,
         "weights_bytes_after": raw_after,
         "weights_gzip_bytes_before": gz_before,
@@ -365,62 +443,56 @@ def prune(
     if "sparsity" in report:
         metrics["sparsity"] = report["sparsity"]
     if ev is not None:
+        before, after = evaluate_accuracy(original, ev), evaluate_accuracy(work, ev)
         metrics.update(
-            accuracy_before=acc_before,
-            accuracy_after=acc_after,
-            accuracy_drop_points=100 * (acc_before - acc_after),
+            accuracy_before=before, accuracy_after=after, accuracy_drop_points=100 * (before - after)
         )
-    record = config.to_dict()
-    record.update(
-        fine_tune_data=_ref(fine_tune_data),
-        eval_data=_ref(eval_data),
-        epochs=epochs,
-        teacher=_ref(teacher),
-        temperature=temperature if teacher is not None else None,
-        alpha=alpha if teacher is not None else None,
-        train=train_config.to_dict() if epochs else None,
-    )
-    extra = {k: v for k, v in report.items() if k != "sparsity"}
-    extra.update(method=method, fine_tune_history=history)
-    art = Artifact(
-        path=_path(output),
-        format=fmt,
+    return metrics
+
+
+def _build_result(
+    loaded: Any,
+    work: Any,
+    example: Any,
+    precision: str,
+    record: dict[str, Any],
+    metrics: dict[str, Any],
+    extra: dict[str, Any],
+) -> Any:
+    import functools
+
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.result import Result
+
+    template = Artifact(
+        path=UNSAVED,
+        format="torchscript",  # until saved: .pt2 makes it exported_program
         inputs=list(loaded.input_specs),
         input_style=loaded.input_style,
         config=record,
         parent=loaded.parent_record(),
-        precision=pruner.precision,
+        precision=precision,
         metrics=metrics,
         extra=extra,
     )
-    return art.finalize()
+    writer = functools.partial(_write, work, example, list(loaded.input_specs), loaded.input_style)
+    sources = input_files(
+        loaded.path, loaded.info.get("weights"), record["fine_tune_data"], record["eval_data"]
+    )
+    return Result(work, template, writer, inputs_paths=sources)
+
+
+def _write(model: Any, example: Any, specs: list[Any], style: str, path: Any) -> dict[str, Any]:
+    """The Result's writer: the format follows ``path``'s suffix."""
+    return save_dense(model, example, path, output_format(path), specs, style)
 
 
 def _teacher(teacher: Any, module: Any) -> Any:
+    """The distillation teacher as an eval-mode module (``"self"``: a copy of the unpruned model)."""
     if teacher is None:
         return None
-    try:
-        from ptopt.compress.distill import make_distill_loss  # noqa: F401
-    except ImportError:
-        raise UsageError(
-            "--teacher needs ptopt.compress.distill.make_distill_loss, which this installation lacks"
-        ) from None
     if isinstance(teacher, str) and teacher == TEACHER_SELF:
         return copy.deepcopy(module).eval()
     from ptopt.core.modelref import as_loaded
 
     return as_loaded(teacher).require_module("a distillation teacher").eval()
-
-
-def _ref(value: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, (str, os.PathLike)):
-        return os.fspath(value)
-    return f"<{type(value).__name__}>"
-
-
-def _path(output: str | os.PathLike) -> Any:
-    from pathlib import Path
-
-    return Path(output)

@@ -133,6 +133,32 @@ def structured_prune(
         )
     with torch.no_grad():
         ref = call_model(model, example_inputs)
+    layers = _prune_groups(modules, groups, amount, criterion, base_channels)
+    model = _runnable(model, graph, example_inputs, ref)
+    order = {n: i for i, n in enumerate(graph.producer_order)}
+    layers = dict(sorted(layers.items(), key=lambda kv: order.get(kv[0], len(order))))
+    return model, {
+        "layers": layers,
+        "default_excluded": list(defaults),
+        "groups": [
+            {"layers": g.producers, "channels": g.size, "kept_reason": "; ".join(g.frozen) or None}
+            for g in groups
+            if g.producers
+        ],
+    }
+
+
+def _prune_groups(
+    modules: dict[str, Any],
+    groups: list[ChannelGroup],
+    amount: float,
+    criterion: str,
+    base_channels: dict[str, int] | None,
+) -> dict[str, dict[str, Any]]:
+    """Rank each prunable group's channels and slice every layer that uses them; returns the
+    per-layer table (channels before / after, the group, why a group was kept)."""
+    import torch
+
     before = {n: _out_size(modules[n]) for g in groups for n in g.producers}
     layers: dict[str, dict[str, Any]] = {}
     for g in groups:
@@ -155,32 +181,29 @@ def structured_prune(
             _apply(modules[name], role, _expand(keep, inner))
         for n in g.producers:
             layers[n]["channels_after"] = n_keep
+    return layers
+
+
+def _runnable(model: Any, graph: ChannelGraph, example_inputs: Any, ref: Any) -> Any:
+    """The rewritten model, or its rewritten graph when the module's own forward cannot follow the
+    new sizes (hard-coded shapes); UnsupportedModelError when neither runs."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+
     with torch.no_grad():
         try:
             out = call_model(model, example_inputs)
         except Exception:  # noqa: BLE001 - e.g. a forward with hard-coded sizes
             out = None
-        if out is None or getattr(out, "shape", None) != getattr(ref, "shape", None):
-            # the module's own forward could not follow (hard-coded sizes): ship the rewritten graph
-            gm = graph.rewrite_flattens()
-            try:
-                out = call_model(gm, example_inputs)
-            except Exception as e:  # noqa: BLE001
-                raise UnsupportedModelError(
-                    f"structured pruning: the pruned model does not run: {e}"
-                ) from None
-            model = gm.eval()
-    order = {n: i for i, n in enumerate(graph.producer_order)}
-    layers = dict(sorted(layers.items(), key=lambda kv: order.get(kv[0], len(order))))
-    return model, {
-        "layers": layers,
-        "default_excluded": list(defaults),
-        "groups": [
-            {"layers": g.producers, "channels": g.size, "kept_reason": "; ".join(g.frozen) or None}
-            for g in groups
-            if g.producers
-        ],
-    }
+        if out is not None and getattr(out, "shape", None) == getattr(ref, "shape", None):
+            return model
+        gm = graph.rewrite_flattens()
+        try:
+            call_model(gm, example_inputs)
+        except Exception as e:  # noqa: BLE001
+            raise UnsupportedModelError(f"structured pruning: the pruned model does not run: {e}") from None
+        return gm.eval()
 
 
 def _out_size(mod: Any) -> int:

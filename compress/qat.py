@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptopt.compress import quant_engine as engine
-from ptopt.compress.quantize import QATConfig, QuantResult
+from ptopt.compress.quant_config import QATConfig, QuantResult
 from ptopt.compress.quantize_static import float_layers
 from ptopt.core.data import Batch, Dataset
 from ptopt.core.inputspec import call_args, call_model

@@ -7,7 +7,7 @@ DeprecationWarning on every call in torch 2.13 ("migrate to torchao"); :func:`_q
 this boundary so users never see them.
 
 A quantization *scheme* is any object with the attributes ``backend``, ``per_channel``,
-``float_modules`` and (optionally) ``observer``: the configs of ``ptopt.compress.quantize`` are such
+``float_modules`` and (optionally) ``observer``: the configs of ``ptopt.compress.quant_config`` are such
 objects, and so are the candidates of accuracy-aware quantization (some modules left float, per-tensor
 vs per-channel weights, another observer). :func:`build_qconfig_mapping` turns a scheme into the
 upstream ``QConfigMapping``.
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ptopt.compress.quantize import BACKENDS, OBSERVERS
+from ptopt.compress.quant_config import BACKENDS, OBSERVERS
 from ptopt.core.errors import UnsupportedModelError, UsageError
 
 # Activation observers for static calibration: "histogram" minimizes the quantization error over a
@@ -349,3 +349,11 @@ def quantize_dynamic(
             spec[name] = None
     with _quiet(), quantized_engine(backend):
         return tq.quantize_dynamic(copy.deepcopy(model).eval(), spec, dtype=torch.qint8, inplace=False)
+
+
+@contextlib.contextmanager
+def quantize_context(backend: str) -> Iterator[None]:
+    """Where int8 models are built, traced and measured: ``backend``'s kernels for packing and
+    running weights, and the MHA fast path off (see :func:`mha_fastpath_disabled`)."""
+    with quantized_engine(backend), mha_fastpath_disabled():
+        yield

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptopt.compress import quant_engine as engine
-from ptopt.compress.quantize import DynamicQuantConfig, QuantResult
+from ptopt.compress.quant_config import DynamicQuantConfig, QuantResult
 
 _CONV_REASON = "convolutions are never dynamically quantized (slower than fp32); use --mode static"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptopt.compress import quant_engine as engine
-from ptopt.compress.quantize import QuantResult, StaticQuantConfig
+from ptopt.compress.quant_config import QuantResult, StaticQuantConfig
 from ptopt.core.data import Dataset
 from ptopt.core.inputspec import batch_size_of, call_args, call_model
 

@@ -1,32 +1,67 @@
 """Artifacts: every file ptopt writes, with a ``<file>.ptopt.json`` sidecar describing it.
 
 The sidecar is enough to use an artifact: its format, input specs, the config that produced it,
-its parent (path + sha256), sizes of all its files, library versions and creation time. Writes are
-atomic: files are written under a temporary name in the destination folder and renamed into place
-only when everything succeeded, so a crash never leaves a half-written artifact.
+its parent (path + sha256), sizes and sha256 of all its files, library versions and creation time.
+
+**The file and its sidecar never disagree.** The sidecar records the sha256 of every file of the
+artifact (``hashes``; ``sha256`` is the main file's). A sidecar whose hashes do not match the files
+next to it is *stale* and counts as absent: :meth:`Artifact.sidecar_status` says ``ok``, ``missing``,
+``stale`` (with why) or ``unreadable``; :meth:`Artifact.maybe_load` returns None for a missing or
+stale one and :meth:`Artifact.load` refuses it. Writes go through ``ptopt.core.atomic``: files are
+written under temporary names and renamed into place, under an exclusive lock on the output, model
+file(s) first and the sidecar last, so at every instant the pair on disk is the old consistent pair,
+or new files whose old sidecar is stale, or the new consistent pair.
+
+**Hash cost.** A file is read once per write (sha256 and gzip size in one pass, from the staged
+copy). :func:`sha256_file` remembers a hash for the rest of the process only for a file whose
+inode, size, mtime and ctime are unchanged and were already two seconds old when it was read (so a
+later change cannot hide inside one timestamp tick); a fresh file is hashed again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
-import gzip
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+import time
+import zlib
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.atomic import (
+    atomic_path,
+    output_lock,
+    placed_by_us,
+    remove_stale_temps,
+    staged_dir,
+    write_text_atomic,
+)
 from ptopt.core.errors import ModelLoadError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.system import library_versions
 
+__all__ = [
+    "FORMATS",
+    "SIDECAR_SUFFIX",
+    "Artifact",
+    "SidecarStatus",
+    "atomic_path",
+    "gzip_size",
+    "parent_record",
+    "sha256_file",
+    "sidecar_path",
+    "staged_dir",
+    "write_text_atomic",
+]
+
 SIDECAR_SUFFIX = ".ptopt.json"
 SCHEMA_VERSION = 1
+_CHUNK = 1 << 20
+#: a hash is remembered only for files whose timestamps were at least this old when read
+_MEMO_MIN_AGE_NS = 2_000_000_000
+_sha_memo: dict[tuple, str] = {}
 
 #: Known artifact formats and the file suffixes that imply them.
 FORMATS = {
@@ -46,25 +81,79 @@ def sidecar_path(path: str | os.PathLike) -> Path:
     return Path(str(path) + SIDECAR_SUFFIX)
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+@dataclasses.dataclass(frozen=True)
+class FileFacts:
+    """One read of a file: its sha256, size, gzip size (level 6) and the stat of what was read."""
+
+    sha256: str
+    size: int
+    gzip_bytes: int | None
+    stat: os.stat_result
+
+
+def _stat_key(path: str | os.PathLike, st: os.stat_result) -> tuple:
+    return (os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def scan_file(path: str | os.PathLike, gzip: bool = True) -> FileFacts:
+    """Read ``path`` once (one open file, so one inode even if the name is replaced meanwhile):
+    sha256, and the gzip size when asked. Remembers the hash when that is safe (module doc)."""
+    started = time.time_ns()
     h = hashlib.sha256()
+    z = zlib.compressobj(6, zlib.DEFLATED, 31) if gzip else None  # what gzip.compress(mtime=0) makes
+    zbytes = 0
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
+        before = os.fstat(fh.fileno())
+        for block in iter(lambda: fh.read(_CHUNK), b""):
             h.update(block)
-    return h.hexdigest()
+            if z is not None:
+                zbytes += len(z.compress(block))
+        after = os.fstat(fh.fileno())
+    if z is not None:
+        zbytes += len(z.flush())
+    digest = h.hexdigest()
+    key = _stat_key(path, before)
+    if (
+        key == _stat_key(path, after)
+        and max(before.st_mtime_ns, before.st_ctime_ns) < started - _MEMO_MIN_AGE_NS
+    ):
+        _sha_memo[key] = digest
+    return FileFacts(digest, after.st_size, zbytes if z is not None else None, after)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
+    """The sha256 of a file (remembered for unchanged, settled files: see the module doc)."""
+    memo = _sha_memo.get(_stat_key(path, os.stat(path)))
+    return memo if memo is not None else scan_file(path, gzip=False).sha256
 
 
 def gzip_size(paths: list[Path]) -> int:
     """Bytes after gzip (level 6): what the artifact costs to ship; zeros from pruning compress."""
-    total = 0
-    for p in paths:
-        with open(p, "rb") as fh:
-            total += len(gzip.compress(fh.read(), compresslevel=6, mtime=0))
-    return total
+    return sum(scan_file(p).gzip_bytes or 0 for p in paths)
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+@dataclasses.dataclass(frozen=True)
+class SidecarStatus:
+    """What the sidecar of a file is worth: ``state`` is ``ok`` (``artifact`` is the loaded
+    Artifact), ``missing``, ``stale`` (it describes other bytes than the files next to it: an
+    interrupted or concurrent write, or the file was replaced) or ``unreadable``; ``reason`` is one
+    line saying why it is not ok. Truthy only when ok."""
+
+    state: str
+    reason: str = ""
+    artifact: Artifact | None = None
+
+    OK = "ok"
+    MISSING = "missing"
+    STALE = "stale"
+    UNREADABLE = "unreadable"
+
+    def __bool__(self) -> bool:
+        return self.state == self.OK
 
 
 @dataclasses.dataclass
@@ -83,7 +172,9 @@ class Artifact:
     #: all files of the artifact, the main one first (e.g. model.onnx and model.onnx.data)
     files: list[str] = dataclasses.field(default_factory=list)
     size_bytes: int = 0
+    #: sha256 of the main file; ``hashes``: of every file in ``files`` (what makes the sidecar trusted)
     sha256: str = ""
+    hashes: dict[str, str] = dataclasses.field(default_factory=dict)
     metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -91,21 +182,45 @@ class Artifact:
 
     # -- reading ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Artifact:
-        """Read an artifact from its sidecar alone."""
+    def sidecar_status(cls, path: str | os.PathLike) -> SidecarStatus:
+        """Whether ``path`` has a sidecar that describes the files next to it (see SidecarStatus)."""
         path = Path(path)
         side = sidecar_path(path)
         if not side.is_file():
-            raise ModelLoadError(f"{path}: no sidecar {side.name} (not written by ptopt?)")
+            return SidecarStatus(
+                SidecarStatus.MISSING, f"{path}: no sidecar {side.name} (not written by ptopt?)"
+            )
         try:
             data = json.loads(side.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"{side}: unreadable sidecar: {e}") from e
-        return cls.from_dict(path, data)
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+            art = cls.from_dict(path, data)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            return SidecarStatus(SidecarStatus.UNREADABLE, f"{side}: unreadable sidecar: {e}")
+        why = art.check_files()
+        if why:
+            return SidecarStatus(
+                SidecarStatus.STALE,
+                f"{side}: stale sidecar, ignored: {why} (an interrupted or concurrent write, or the file "
+                "was replaced since)",
+            )
+        return SidecarStatus(SidecarStatus.OK, "", art)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Artifact:
+        """Read an artifact from its sidecar alone; refuses a missing, stale or unreadable one."""
+        status = cls.sidecar_status(path)
+        if not status:
+            raise ModelLoadError(status.reason)
+        return status.artifact
 
     @classmethod
     def maybe_load(cls, path: str | os.PathLike) -> Artifact | None:
-        return cls.load(path) if sidecar_path(path).is_file() else None
+        """The artifact, or None when it has no sidecar or a stale one; refuses an unreadable one."""
+        status = cls.sidecar_status(path)
+        if status.state == SidecarStatus.UNREADABLE:
+            raise ModelLoadError(status.reason)
+        return status.artifact
 
     @classmethod
     def from_dict(cls, path: Path, data: dict[str, Any]) -> Artifact:
@@ -124,20 +239,64 @@ class Artifact:
     def file_paths(self) -> list[Path]:
         return [self.path.parent / f for f in (self.files or [self.path.name])]
 
+    def check_files(self) -> str:
+        """'' when the files next to the sidecar are the bytes it describes, else why not."""
+        expected = dict(self.hashes)
+        if self.sha256 and expected.setdefault(self.path.name, self.sha256) != self.sha256:
+            return f"it records two different sha256 for {self.path.name}"
+        if not expected and self.path.is_file():
+            return f"it records no sha256 for {self.path.name}"
+        for name, digest in expected.items():
+            f = self.path.parent / name
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                return f"it names a file outside its folder ({name})"
+            if not f.is_file():
+                return f"{f.name} is missing"
+            if sha256_file(f) != digest:
+                return f"the sha256 of {f.name} is not the one it records"
+        return ""
+
     # -- writing ---------------------------------------------------------------------------
-    def finalize(self) -> Artifact:
-        """Measure the files now in place, stamp versions and time, and write the sidecar atomically."""
+    def measure(self, root: str | os.PathLike | None = None) -> dict[str, FileFacts]:
+        """Fill sizes, sha256s, gzip bytes, versions and time from the files, reading each once.
+        ``root``: the folder they are staged in (else next to ``path``). Returns what was read."""
         if not self.files:
             self.files = [self.path.name]
-        paths = self.file_paths
-        self.size_bytes = sum(p.stat().st_size for p in paths)
-        self.sha256 = sha256_file(self.path) if self.path.is_file() else ""
+        read: dict[str, FileFacts] = {}
+        size = 0
+        for name in self.files:
+            f = Path(root) / name if root is not None else self.path.parent / name
+            if root is not None and not f.exists():
+                f = self.path.parent / name
+            if f.is_file():
+                read[name] = scan_file(f)
+                size += read[name].size
+            else:
+                size += f.stat().st_size  # a folder artifact's folder (or a missing file: an error)
+        self.size_bytes = size
+        self.hashes = {name: facts.sha256 for name, facts in read.items()}
+        self.sha256 = self.hashes.get(self.path.name, "")
         self.versions = library_versions()
         self.created = _now()
-        self.extra.setdefault("gzip_bytes", gzip_size([p for p in paths if p.is_file()]))
+        self.extra.setdefault("gzip_bytes", sum(facts.gzip_bytes or 0 for facts in read.values()))
+        return read
+
+    def write_sidecar(self) -> None:
         write_text_atomic(
             sidecar_path(self.path), json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
         )
+
+    def finalize(self) -> Artifact:
+        """Measure the files now in place and write the sidecar, under the output's lock.
+
+        When another writer replaced a file this process put in place, the sidecar is left to that
+        writer (its files, its sidecar): never this run's facts beside another run's bytes.
+        """
+        with output_lock(self.path):
+            remove_stale_temps(self.path)
+            read = self.measure()
+            if all(placed_by_us(self.path.parent / name, facts.stat) for name, facts in read.items()):
+                self.write_sidecar()
         return self
 
 
@@ -149,47 +308,5 @@ def parent_record(path: str | os.PathLike | None) -> dict[str, Any] | None:
     if not p.is_file():
         return {"path": str(path)}
     art = Artifact.maybe_load(p)
-    return {"path": str(p), "sha256": sha256_file(p), "format": art.format if art else None}
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    with atomic_path(path) as tmp:
-        Path(tmp).write_text(text, encoding="utf-8")
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it into place only if the block succeeds."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, path)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
-
-
-@contextlib.contextmanager
-def staged_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder; on success move each file it holds into ``final_dir``.
-
-    For writers that produce several files (ONNX + external data, a Triton repository): nothing
-    appears at the destination until every file was written. Existing files of the same names are
-    replaced.
-    """
-    final_dir = Path(final_dir)
-    final_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".ptopt-stage-", dir=final_dir))
-    try:
-        yield tmp
-        for item in sorted(tmp.rglob("*")):
-            if item.is_file():
-                dest = final_dir / item.relative_to(tmp)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(item, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    sha = art.sha256 if art is not None and art.sha256 else sha256_file(p)  # checked just now
+    return {"path": str(p), "sha256": sha, "format": art.format if art else None}

@@ -8,6 +8,18 @@ Forms (``--calib-data``, ``--train-data``, ``--eval-data``, ``--data``):
 - ``builtin:NAME[:SPLIT]``: bundled data (see ``ptopt.core.builtin_data``), SPLIT train|test|all.
 - ``package.module:function``: returns batches (tensors, ``(x, y)`` pairs or ``{"x", "y"}`` dicts),
   a ``{"x", "y"}`` mapping, or a ``Dataset``.
+
+In memory (the Python API: ``ptopt.quantize(model, "static", calib_data=x)``), ``load_data`` also takes:
+
+- a tensor (or numpy array): the inputs ``x``, first dimension the samples;
+- a tuple: ``(x, y)`` when its second item is a 1-D integer tensor with one label per sample,
+  else the inputs of a multi-input model (``(input_ids, attention_mask)``);
+- a dict: ``{"x": ..., "y": ...}``, else the keyword inputs of a model (``{"input_ids": ...}``);
+- a ``torch.utils.data.DataLoader``, a ``torch.utils.data.Dataset`` (items ``x`` or ``(x, y)``),
+  a list of batches or any iterable of batches (each a tensor, ``(x, y)`` or ``{"x", "y"}``).
+
+A *list* is always a list of batches (a tuple is one structured input): ``[b1, b2]`` concatenates.
+Batches are materialized in memory once, so every technique sees the same samples in the same order.
 """
 
 from __future__ import annotations
@@ -154,6 +166,21 @@ def _index(x: Any, idx: Any) -> Any:
     return x[idx]
 
 
+def rebatch(x: Any, n: int) -> Any:
+    """The inputs ``x`` (tensor / tuple / dict) with batch ``n``, repeating its samples."""
+    import torch
+
+    def r(t):
+        reps = -(-n // t.shape[0])
+        return torch.cat([t] * reps)[:n]
+
+    if isinstance(x, dict):
+        return {k: r(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return tuple(r(v) for v in x)
+    return r(x)
+
+
 def _concat(parts: list[Any]) -> Any:
     import torch
 
@@ -291,10 +318,66 @@ def _load_factory(ref: str) -> Dataset:
     return from_batches(obj, ref)
 
 
-def load_data(ref: str | os.PathLike | Dataset) -> Dataset:
-    """Load a DATA reference (see the module docstring) into a Dataset."""
+#: what a DATA argument may be, for error messages
+DATA_FORMS = (
+    "a DATA reference (file.pt, file.npz, builtin:digits, pkg.module:function), a tensor, a tuple or "
+    "dict of tensors, an (x, y) pair, a torch Dataset or DataLoader, or a list of batches"
+)
+
+
+def load_data(ref: Any, name: str | None = None) -> Dataset:
+    """A Dataset from a DATA reference or in-memory data (see the module docstring).
+
+    ``name`` labels in-memory data in messages and sidecars (references are named by themselves).
+    Raises DataError for data that is empty or of a form ptopt does not read.
+    """
     if isinstance(ref, Dataset):
         return ref
+    if isinstance(ref, (str, os.PathLike)):
+        ds = _load_reference(ref)
+    else:
+        ds = _from_memory(ref, name or f"in-memory {_kind(ref)}")
+    if len(ds) == 0:
+        raise DataError(f"data {ds.name!r} is empty")
+    return ds
+
+
+def _kind(obj: Any) -> str:
+    return {"Tensor": "tensor", "ndarray": "array"}.get(type(obj).__name__, type(obj).__name__)
+
+
+def _from_memory(obj: Any, name: str) -> Dataset:
+    """Tensors, tuples, dicts, torch Datasets / DataLoaders and iterables of batches → Dataset."""
+    import torch
+
+    if obj is None or isinstance(obj, (bytes, int, float, bool)):
+        raise DataError(f"data of type {type(obj).__name__}: expected {DATA_FORMS}")
+    if type(obj).__module__ == "numpy" and hasattr(obj, "dtype"):
+        obj = _cast_float64(torch.from_numpy(obj.copy()))
+    if isinstance(obj, torch.Tensor):
+        return Dataset(obj, None, name)
+    if isinstance(obj, dict):
+        return _from_mapping(obj, name) if "x" in obj else Dataset(obj, None, name)
+    if isinstance(obj, tuple):
+        return Dataset(*obj, name) if _is_xy_pair(obj) else Dataset(obj, None, name)
+    if isinstance(obj, torch.utils.data.Dataset) and not isinstance(obj, torch.utils.data.IterableDataset):
+        if not hasattr(obj, "__len__"):
+            raise DataError(f"{name}: a map-style torch Dataset needs __len__")
+        obj = torch.utils.data.DataLoader(obj, batch_size=256, shuffle=False)
+    if not hasattr(obj, "__iter__"):
+        raise DataError(f"data of type {type(obj).__name__}: expected {DATA_FORMS}")
+    try:
+        return from_batches(obj, name)
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's iterable or collate can fail in any way
+        raise DataError(
+            f"{name}: cannot read batches from it ({type(e).__name__}: {str(e).strip()[:200]})"
+        ) from None
+
+
+def _load_reference(ref: str | os.PathLike) -> Dataset:
+    """A DATA reference: builtin:NAME, a .pt / .npz file, or pkg.module:function."""
     text = str(ref)
     if text.startswith("builtin:"):
         from ptopt.core.builtin_data import load_builtin
@@ -304,16 +387,9 @@ def load_data(ref: str | os.PathLike | Dataset) -> Dataset:
     if path.exists():
         if path.is_dir():
             raise DataError(f"{path} is a folder; give a .pt or .npz file")
-        if path.suffix == ".npz":
-            ds = _load_npz(path)
-        else:
-            ds = _load_pt(path)
-    elif FACTORY_RE.match(text):
-        ds = _load_factory(text)
-    else:
-        raise DataError(
-            f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)"
-        )
-    if len(ds) == 0:
-        raise DataError(f"data {text!r} is empty")
-    return ds
+        return _load_npz(path) if path.suffix == ".npz" else _load_pt(path)
+    if FACTORY_RE.match(text):
+        return _load_factory(text)
+    raise DataError(
+        f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ptopt.core.artifact import Artifact
 from ptopt.core.inputspec import flatten_inputs, format_shape, parse_named_shapes
 from ptopt.core.modelref import load_model, resolve_inputs, run_checked
 
@@ -74,6 +75,10 @@ def inspect_model(
     declared = list(loaded.input_specs)
     ds = load_data(data) if data is not None else None
     report: dict[str, Any] = {"model": loaded.ref, "format": loaded.format, "size_bytes": loaded.size_bytes}
+    if loaded.path is not None and loaded.path.exists():
+        # ok / missing / stale (a sidecar whose sha256 does not match the file: ignored) + why
+        status = Artifact.sidecar_status(loaded.path)
+        report["sidecar"] = {"state": status.state, "reason": status.reason}
     if loaded.artifact is not None:
         a = loaded.artifact
         report["artifact"] = {

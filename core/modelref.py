@@ -28,6 +28,7 @@ from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE
 from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
 from ptopt.core.inputspec import InputSpec, specs_from_example
+from ptopt.core.safety import check_model_file, quiet_upstream
 from ptopt.core.schemes import ModelScheme, model_scheme, model_scheme_forms
 
 _PICKLE_HINT = (
@@ -71,7 +72,9 @@ class LoadedModel:
 
         rec: dict[str, Any] = {"path": str(self.path) if self.path else self.ref, "format": self.format}
         if self.path is not None and self.path.is_file():
-            rec["sha256"] = sha256_file(self.path)
+            # a sidecar that was trusted at load time was checked against these very bytes
+            trusted = self.artifact.sha256 if self.artifact is not None else ""
+            rec["sha256"] = trusted or sha256_file(self.path)
         if self.info.get("weights"):
             rec["weights"] = self.info["weights"]
         return rec
@@ -134,6 +137,7 @@ def _load_scheme(text: str, scheme: ModelScheme, name: str, weights: Any) -> Loa
 def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
     if path.is_dir():
         raise ModelLoadError(f"{path} is a folder, not a model file")
+    check_model_file(path, allow_pickle)  # before torch reads it: a .pt2 may ask torch to run code
     art = Artifact.maybe_load(path)
     specs = list(art.inputs) if art else []
     style = art.input_style if art else "positional"
@@ -208,7 +212,8 @@ def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
     import torch
 
     try:
-        ep = torch.export.load(str(path))
+        with quiet_upstream():  # torch logs a traceback before raising; ours is one line
+            ep = torch.export.load(str(path))
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"{path}: not a loadable ExportedProgram: {str(e).splitlines()[0]}") from None
     specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")

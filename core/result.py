@@ -22,8 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.artifact import Artifact, staged_dir
+from ptopt.core.artifact import Artifact
+from ptopt.core.atomic import output_lock, remove_stale_temps, staged_dir
 from ptopt.core.errors import UsageError
+from ptopt.core.outputs import check_outputs
 
 #: ``writer(path)`` writes the artifact's file(s) at ``path`` (inside a staging folder, under the final
 #: name) and returns facts to merge into the sidecar: any of ``files``, ``extra``, ``metrics``, ``outputs``.
@@ -41,20 +43,35 @@ class Result:
         self.template = template
         self.artifact: Artifact | None = None
         self._writer = writer
-        #: files this result was made from; ``save`` never writes over one of them
+        #: files this result was made from; ``save`` never writes over one of them (or their companions)
         self._inputs_paths = tuple(Path(p) for p in inputs_paths if p is not None)
 
     def save(self, path: str | os.PathLike) -> Artifact:
-        """Write the artifact and its sidecar at ``path`` (atomically); returns the saved Artifact."""
+        """Write the artifact and its sidecar at ``path``; returns the saved Artifact.
+
+        Refused (UsageError, nothing written) when ``path`` or a companion of it is one of the files
+        this result was made from (``ptopt.core.outputs.check_outputs``). Under the output's lock
+        (one writer at a time, the last wins whole): left-over temps of a killed writer are removed,
+        the files are written in a staging folder and hashed there, renamed into place, and the
+        sidecar, which records their sha256, is written last (see ``ptopt.core.artifact``).
+        """
         path = Path(path)
         if path.is_dir():
             raise UsageError(f"output {path} is a folder; give a file name")
-        for src in self._inputs_paths:
-            if src.exists() and path.exists() and os.path.samefile(src, path):
-                raise UsageError(f"output {path} is an input of this command; choose another file name")
-        with staged_dir(path.parent) as stage:
-            facts = self._writer(stage / path.name) or {}
+        check_outputs(self._inputs_paths, [path])
+        with output_lock(path):
+            remove_stale_temps(path)
+            with staged_dir(path.parent) as stage:
+                art = self._described(path, self._writer(stage / path.name) or {})
+                art.measure(stage)
+            art.write_sidecar()
+        self.artifact = art
+        return art
+
+    def _described(self, path: Path, facts: dict[str, Any]) -> Artifact:
+        """The template at ``path`` with what the writer reported merged in."""
         art = dataclasses.replace(self.template, path=path)
+        art.extra, art.metrics = dict(art.extra), dict(art.metrics)  # never the template's own dicts
         for key, value in facts.items():
             if key in _MERGED:
                 setattr(art, key, {**getattr(art, key), **value})
@@ -62,8 +79,7 @@ class Result:
                 setattr(art, key, value)
             else:
                 raise KeyError(f"a writer returned an unknown sidecar field {key!r}")
-        self.artifact = art.finalize()
-        return self.artifact
+        return art
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):

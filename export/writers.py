@@ -79,7 +79,7 @@ def write_model(
       batch of real inputs for the check (default ``example``); ``precision``: the artifact's, for the
       default tolerances (``ptopt.export.parity.DEFAULT_TOLERANCES``); ``atol``/``rtol`` override them.
     - ``source_format``: ``"torchscript"`` for a ScriptModule (detected when None), else eager.
-    - ``options`` by format: torchscript ``script=False``; onnx ``opset``, ``optimize``,
+    - ``options`` by format: torchscript ``script=False``, ``freeze=True``; onnx ``opset``, ``optimize``,
       ``external_data``, ``int8_method`` (None | ``"ort_static"`` | ``"qdq_export"``), ``calib``
       (a Dataset for ort_static), ``fp32_module`` (what ort_static quantizes; default ``module``),
       ``fp32_source_format``; aoti_package ``inductor_configs`` (on top of freezing); tensorrt
@@ -309,7 +309,7 @@ def _write(
 
 
 _OPTIONS: dict[str, set[str]] = {
-    "torchscript": {"script"},
+    "torchscript": {"script", "freeze"},
     "exported_program": set(),
     "aoti_package": {"inductor_configs"},
     "onnx": {
@@ -347,6 +347,7 @@ def _torchscript(
     example: Any,
     source_format: str,
     script: bool = False,
+    freeze: bool = True,
 ) -> dict[str, Any]:
     import torch
 
@@ -366,8 +367,9 @@ def _torchscript(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            sm = torch.jit.freeze(sm)
-            frozen = True
+            if freeze:  # freeze=False keeps the submodules and state_dict (e.g. a pruned model's weights)
+                sm = torch.jit.freeze(sm)
+                frozen = True
         except (RuntimeError, AttributeError) as e:
             # an already frozen archive has no attributes left to fold; keep it as it is
             notes.append(f"not frozen: {str(e).splitlines()[0][:200]}")

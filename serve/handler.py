@@ -15,6 +15,9 @@ Response ``{"outputs": Y}``: the model's output for that sample (batch dimension
 A request that doesn't fit the input spec answers 400 with ``{"error": ..., "expected": ...}`` (422
 when it fits the spec but the model itself rejects it); the other requests of the same batch are
 answered normally: the status is set per request, never by raising (TorchServe answers 503 then).
+NaN and infinities are refused in inputs (400) and never written as JSON (an output holding one
+answers 422). With ``PTOPT_SERVE_MAX_REQUEST_BYTES`` set (``ptopt serve --max-request-size``), a
+bigger body answers 413 with the limit.
 """
 
 import io
@@ -30,6 +33,26 @@ SIDECAR_SUFFIX = ".ptopt.json"
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
 _FLOAT = {"float32", "float16", "bfloat16", "float64"}
+#: set by ``ptopt serve``: the largest request body answered (bigger ones get 413 with this limit)
+MAX_REQUEST_BYTES_ENV = "PTOPT_SERVE_MAX_REQUEST_BYTES"
+
+
+def _max_request_bytes():
+    try:
+        return int(os.environ.get(MAX_REQUEST_BYTES_ENV, "")) or None
+    except ValueError:
+        return None
+
+
+def _body_size(row):
+    value = row.get("body")
+    if value is None:
+        value = row.get("data")
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "replace"))
+    return None
 
 
 def _describe(spec, sample=False):
@@ -65,7 +88,7 @@ def _decode_body(row):
         if raw.startswith(_NPY_MAGIC) or raw.startswith(_ZIP_MAGIC):
             return raw
         try:
-            return json.loads(raw.decode("utf-8"))
+            return json.loads(raw.decode("utf-8"))  # NaN / Infinity parse; _check_array refuses them
         except (UnicodeDecodeError, ValueError) as e:
             raise ValueError(f'malformed JSON body ({e}); send {{"inputs": ...}} or .npy bytes') from None
     if isinstance(value, str):
@@ -158,6 +181,10 @@ def _check_array(arr, spec):
         if arr.dtype.kind not in "biuf":
             raise ValueError("input {!r} has dtype {}".format(spec["name"], arr.dtype))
         arr = arr.astype(np.float32 if want == "bfloat16" else want, copy=False)
+        if not np.isfinite(arr).all():
+            raise ValueError(
+                "input {!r} has NaN or infinite values: inputs must be finite".format(spec["name"])
+            )
     elif want == "bool":
         if arr.dtype.kind not in "bi":
             raise ValueError("input {!r} has dtype {}, not bool/integer".format(spec["name"], arr.dtype))
@@ -266,7 +293,16 @@ class PtoptHandler:
             return None
         answers = [None] * len(data)
         good = []  # (idx, {name: batch array}, batch size, one sample?)
+        limit = _max_request_bytes()
         for idx, row in enumerate(data):
+            size = _body_size(row or {})
+            if limit and size is not None and size > limit:
+                message = (
+                    f"the request body is {size} bytes, over the limit of {limit} bytes "
+                    "(ptopt serve --max-request-size)"
+                )
+                self._reject(context, idx, answers, message, code=413, limit_bytes=limit)
+                continue
             try:
                 payload = _decode_body(row or {})
                 arrays = _arrays_from_payload(payload, self.specs, self.style)
@@ -317,12 +353,18 @@ class PtoptHandler:
             return
         pos = 0
         for idx, _, n, one in chunk:
-            answers[idx] = json.dumps({"outputs": _to_list(out, pos, pos + n, one)})
-            context.set_response_content_type(idx, "application/json")
+            try:
+                answers[idx] = json.dumps({"outputs": _to_list(out, pos, pos + n, one)}, allow_nan=False)
+                context.set_response_content_type(idx, "application/json")
+            except ValueError:  # NaN / inf: JSON has no such numbers
+                message = (
+                    "the model's output for this input has NaN or infinite values, which JSON cannot carry"
+                )
+                self._reject(context, idx, answers, message, code=422)
             pos += n
 
-    def _reject(self, context, idx, answers, message, code=400):
-        body = _request_error(message, self.specs)
+    def _reject(self, context, idx, answers, message, code=400, **extra):
+        body = dict(_request_error(message, self.specs), **extra)
         answers[idx] = json.dumps(body)
         context.set_response_content_type(idx, "application/json")
         context.set_response_status(code, message[:200], idx)

@@ -10,6 +10,7 @@ stopping it can make sure no worker is left behind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -27,10 +28,21 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
+from ptopt.serve.handler import MAX_REQUEST_BYTES_ENV
 
 #: seconds to wait for the model to be READY and answer a real prediction
 DEFAULT_START_TIMEOUT_S = 180.0
 LOOPBACK = "127.0.0.1"
+#: requests TorchServe holds per model while every worker is busy (its default, 100, answers 503 to
+#: the 101st of many concurrent clients). Memory bound: about queue size x largest request.
+DEFAULT_QUEUE_SIZE = 1024
+#: the largest request body answered (MB); bigger ones get 413 with the limit in a JSON body
+DEFAULT_MAX_REQUEST_MB = 16.0
+#: a body this much over the limit still reaches the handler, which answers 413 in JSON; beyond it
+#: TorchServe's own 413 (no body) answers, and closes the connection if the client asked to
+TRANSPORT_SLACK_BYTES = 16 << 20
+#: "--workers auto" never starts more worker processes than this (each holds a copy of the model)
+MAX_AUTO_WORKERS = 4
 
 
 class ServerError(PtoptError):
@@ -144,6 +156,99 @@ def _http(
         return e.code, e.read()
 
 
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """How TorchServe serves the archives. None keeps what the archive's model-config.yaml says
+    (``ptopt package --workers/--batch-size/--max-batch-delay``); a value overrides it."""
+
+    #: worker processes per model; "auto": one per usable core, at most MAX_AUTO_WORKERS
+    workers: int | str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    max_request_mb: float = DEFAULT_MAX_REQUEST_MB
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 1_000_000)
+
+    @property
+    def overrides_archive(self) -> bool:
+        return any(v is not None for v in (self.workers, self.batch_size, self.max_batch_delay_ms))
+
+    def resolved_workers(self) -> int | None:
+        if self.workers == "auto":
+            return max(1, min(MAX_AUTO_WORKERS, len(os.sched_getaffinity(0))))
+        return None if self.workers is None else int(self.workers)
+
+    def check(self, models: dict[str, tuple[Path, dict[str, Any] | None]]) -> None:
+        """Refuse values TorchServe would reject or misuse (UsageError, naming the option)."""
+        if self.workers is not None and self.workers != "auto":
+            if not isinstance(self.workers, int) or self.workers < 1:
+                raise UsageError(f"--workers {self.workers}: give a number >= 1 or 'auto'")
+        for option, value, low in (
+            ("--batch-size", self.batch_size, 1),
+            ("--max-batch-delay", self.max_batch_delay_ms, 0),
+            ("--queue-size", self.queue_size, 1),
+        ):
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise UsageError(f"{option} {value}: must be an integer >= {low}")
+        if not self.max_request_mb > 0:
+            raise UsageError(f"--max-request-size {self.max_request_mb}: must be > 0 (MB)")
+        for name, (_, sidecar) in models.items():
+            specs = (sidecar or {}).get("inputs") or []
+            max_batch = min((s["max_shape"][0] for s in specs), default=None)
+            if self.batch_size and max_batch and self.batch_size > max_batch:
+                raise UsageError(
+                    f"--batch-size {self.batch_size} is larger than model {name}'s max batch {max_batch}"
+                )
+
+    def place_archive(self, src: Path, dst: Path) -> None:
+        """Put an archive into the model store: a link, or a copy whose model-config.yaml says
+        what was overridden (TorchServe takes per-model settings from the archive only)."""
+        if not self.overrides_archive:
+            try:
+                os.symlink(src, dst)
+                return
+            except OSError:
+                pass
+        with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+            manifest = json.loads(zin.read("MAR-INF/MANIFEST.json"))
+            config_name = manifest.setdefault("model", {}).setdefault("configFile", "model-config.yaml")
+            names = set(zin.namelist())
+            config = _yaml_load(zin.read(config_name)) if config_name in names else {}
+            for info in zin.infolist():
+                if info.filename in (config_name, "MAR-INF/MANIFEST.json"):
+                    continue
+                with zin.open(info) as fin, zout.open(info, "w") as fout:
+                    shutil.copyfileobj(fin, fout, 1 << 20)
+            zout.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest, indent=2))
+            zout.writestr(config_name, self._model_config(config))
+
+    def _model_config(self, config: dict[str, Any]) -> str:
+        import yaml
+
+        workers = self.resolved_workers()
+        if workers is not None:
+            config["minWorkers"] = config["maxWorkers"] = workers
+            handler = config.setdefault("handler", {}) or {}
+            # workers share the cores: torch's default (all cores per worker) oversubscribes them
+            handler.setdefault("threads", max(1, len(os.sched_getaffinity(0)) // workers))
+            config["handler"] = handler
+        if self.batch_size is not None:
+            config["batchSize"] = self.batch_size
+        if self.max_batch_delay_ms is not None:
+            config["maxBatchDelay"] = self.max_batch_delay_ms
+        return yaml.safe_dump(config, sort_keys=False)
+
+
+def _yaml_load(data: bytes) -> dict[str, Any]:
+    import yaml
+
+    loaded = yaml.safe_load(data.decode("utf-8")) or {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
 class TorchServeServer:
     """A TorchServe serving one .mar (or several) on loopback. A context manager, or start()/stop().
 
@@ -158,6 +263,7 @@ class TorchServeServer:
         *,
         workdir: str | os.PathLike | None = None,
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        settings: ServeSettings | None = None,
     ):
         mars = [mar] if isinstance(mar, (str, os.PathLike)) else list(mar)
         #: model name -> (archive path, packaged sidecar or None)
@@ -179,9 +285,13 @@ class TorchServeServer:
                     f"port {port} on {LOOPBACK} is already in use; pick another with --port "
                     "or leave it out to use a free one"
                 )
+        self.settings = settings or ServeSettings()
+        self.settings.check(self.models)
         self.port = int(port) if port is not None else free_port()
-        self.management_port = free_port()
-        self.metrics_port = free_port()
+        # every port TorchServe opens, gRPC's too (7070/7071 by default), is a free one on loopback
+        self.management_port, self.metrics_port, self.grpc_port, self.grpc_management_port = (
+            free_port() for _ in range(4)
+        )
         self.start_timeout_s = start_timeout_s
         self._own_workdir = workdir is None
         self.workdir = (
@@ -235,6 +345,7 @@ class TorchServeServer:
         for k in list(env):
             if k.startswith("TS_") or k == "TS_CONFIG_FILE":
                 env.pop(k)
+        env[MAX_REQUEST_BYTES_ENV] = str(self.settings.max_request_bytes)  # the handler's 413
         return env
 
     def _cmd(self, *args: str) -> list[str]:
@@ -253,23 +364,30 @@ class TorchServeServer:
         for d in (store, self.workdir / "tmp", self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         for name, (path, _) in self.models.items():
-            try:
-                os.symlink(path, store / f"{name}.mar")
-            except OSError:
-                shutil.copy2(path, store / f"{name}.mar")
+            self.settings.place_archive(path, store / f"{name}.mar")
         cfg = self.workdir / "config.properties"
+        transport = self.settings.max_request_bytes + TRANSPORT_SLACK_BYTES
         cfg.write_text(
             "\n".join(
                 [
                     f"inference_address=http://{LOOPBACK}:{self.port}",
                     f"management_address=http://{LOOPBACK}:{self.management_port}",
                     f"metrics_address=http://{LOOPBACK}:{self.metrics_port}",
+                    f"grpc_inference_address={LOOPBACK}",
+                    f"grpc_management_address={LOOPBACK}",
+                    f"grpc_inference_port={self.grpc_port}",
+                    f"grpc_management_port={self.grpc_management_port}",
                     f"model_store={store}",
                     "load_models=" + ",".join(f"{n}={n}.mar" for n in self.models),
                     "disable_token_authorization=true",
                     "enable_envvars_config=false",
                     "install_py_dep_per_model=false",
                     "default_response_timeout=120",
+                    f"job_queue_size={self.settings.queue_size}",
+                    # the handler gets the raw body: it measures it, then parses it itself
+                    "decode_input_request=false",
+                    f"max_request_size={transport}",
+                    f"max_response_size={transport}",
                 ]
             )
             + "\n"
@@ -340,6 +458,13 @@ class TorchServeServer:
         raise ServerError(
             f"model {name} not ready after {self.start_timeout_s:.0f} s ({last}):\n{self.log_tail()}"
         )
+
+    def describe_model(self, model: str | None = None) -> dict[str, Any]:
+        """TorchServe's description of a served model (workers, batch size, delay, queue)."""
+        code, body = _http("GET", f"{self.management_url}/models/{model or self.model_name}", timeout=10)
+        if code != 200:
+            raise ServerError(f"management API answered {code}: {body[:200]!r}")
+        return json.loads(body)[0]
 
     def log_tail(self, lines: int = 30) -> str:
         texts = []

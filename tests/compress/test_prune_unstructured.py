@@ -16,6 +16,7 @@ from ptopt.compress.prune import (
 )
 from ptopt.core.config import config_from_dict
 from ptopt.core.errors import UsageError
+from tests.helpers import assert_refused
 
 TINY = "tests.helpers:tiny_cnn"
 
@@ -155,18 +156,22 @@ def test_cli_bad_options(cli, tmp_path, args, message):
     base = ["prune", TINY, "--method", "l1-unstructured", "-o", tmp_path / "x.pt"]
     if "--amount" not in args:
         base += ["--amount", "0.5"]
-    code, out, err = cli(*base, *args)
-    assert code == 2 and message in err
-    assert list(tmp_path.iterdir()) == []
+    assert_refused(cli, *base, *args, match=message, where=tmp_path)
 
 
 def test_cli_bad_output_suffix_and_torchscript_input(cli, tmp_path):
-    code, out, err = cli("prune", TINY, "--method", "global", "--amount", "0.5", "-o", tmp_path / "x.onnx")
-    assert code == 2 and "use .pt (TorchScript) or .pt2" in err
-    code, _, err = cli("prune", TINY, "--method", "global", "--amount", "0.5", "-o", tmp_path / "ts.pt")
+    args = ("prune", TINY, "--method", "global", "--amount", "0.5", "-o")
+    assert_refused(cli, *args, tmp_path / "x.onnx", match="use .pt (TorchScript) or .pt2", where=tmp_path)
+    code, _, err = cli(*args, tmp_path / "ts.pt")
     assert code == 0, err
-    code, out, err = cli(
-        "prune", tmp_path / "ts.pt", "--method", "global", "--amount", "0.5", "-o", tmp_path / "again.pt"
+    again = (
+        "prune",
+        tmp_path / "ts.pt",
+        "--method",
+        "global",
+        "--amount",
+        "0.5",
+        "-o",
+        tmp_path / "again.pt",
     )
-    assert code == 2 and "cannot be rewritten" in err
-    assert not (tmp_path / "again.pt").exists()
+    assert_refused(cli, *again, match="cannot be rewritten", where=tmp_path)

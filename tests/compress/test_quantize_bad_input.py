@@ -7,29 +7,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import assert_refused
+
 TINY = "tests.helpers:tiny_cnn"
 
 
-def _files(tmp_path: Path) -> set[str]:
-    return {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")}
-
-
 def _assert_clean_failure(cli, tmp_path: Path, args: tuple, *needles: str) -> None:
-    before = _files(tmp_path)
-    code, stdout, stderr = cli("quantize", *args, "-o", tmp_path / "out.pt")
-    assert code == 2, (stdout, stderr)
-    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
-    for n in needles:
-        assert n in stderr, stderr
-    assert _files(tmp_path) == before  # nothing written, not even a temp file
+    """exit 2, one ``error:`` line naming ``needles``, nothing written (not even a temp file)."""
+    assert_refused(cli, "quantize", *args, "-o", tmp_path / "out.pt", match=needles, where=tmp_path)
 
 
-def test_static_without_calibration_data(cli, tmp_path: Path) -> None:
-    _assert_clean_failure(cli, tmp_path, (TINY, "--mode", "static"), "--calib-data")
-
-
-def test_qat_without_training_data(cli, tmp_path: Path) -> None:
-    _assert_clean_failure(cli, tmp_path, (TINY, "--mode", "qat"), "--train-data")
+@pytest.mark.parametrize(
+    "args,needle",
+    [((TINY, "--mode", "static"), "--calib-data"), ((TINY, "--mode", "qat"), "--train-data")],
+    ids=["static-without-calibration-data", "qat-without-training-data"],
+)
+def test_missing_data(cli, tmp_path: Path, args: tuple, needle: str) -> None:
+    _assert_clean_failure(cli, tmp_path, args, needle)
 
 
 def test_data_that_does_not_fit(cli, tmp_path: Path) -> None:

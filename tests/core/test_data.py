@@ -81,3 +81,76 @@ def test_bad_contents(tmp_path):
     torch.save({"x": torch.zeros(0, 3)}, tmp_path / "empty.pt")
     with pytest.raises(DataError, match="empty"):
         load_data(tmp_path / "empty.pt")
+
+
+# -- in-memory data (the Python API) -------------------------------------------------------------------
+
+
+def _in_memory_forms():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x = torch.randn(10, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(10) % 3
+    return (
+        x,
+        y,
+        {
+            "tensor": (x, False),
+            "xy-pair": ((x, y), True),
+            "xy-mapping": ({"x": x, "y": y}, True),
+            "list-of-batches": ([x[:4], x[4:]], False),
+            "list-of-xy-batches": ([(x[:4], y[:4]), (x[4:], y[4:])], True),
+            "torch-dataset": (TensorDataset(x, y), True),
+            "dataloader": (DataLoader(TensorDataset(x, y), batch_size=3), True),
+            "generator": (((x[i : i + 5], y[i : i + 5]) for i in (0, 5)), True),
+            "numpy": (x.double().numpy(), False),
+        },
+    )
+
+
+@pytest.mark.parametrize("form", list(_in_memory_forms()[2]))
+def test_load_data_in_memory_forms(form: str) -> None:
+    import torch
+
+    x, y, forms = _in_memory_forms()
+    obj, labelled = forms[form]
+    ds = load_data(obj)
+    assert len(ds) == 10 and ds.x.dtype == torch.float32 and ds.name.startswith("in-memory")
+    assert torch.allclose(ds.x, x)
+    assert ds.has_labels is labelled
+    if labelled:
+        assert torch.equal(ds.y, y)
+
+
+def test_load_data_in_memory_multi_input() -> None:
+    import torch
+
+    ids = torch.randint(0, 9, (6, 5))
+    ds = load_data({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    assert isinstance(ds.x, dict) and set(ds.x) == {"input_ids", "attention_mask"} and not ds.has_labels
+    two = load_data((torch.randn(6, 3), torch.randn(6, 3)))  # a second float tensor is an input, not labels
+    assert isinstance(two.x, tuple) and len(two.x) == 2 and not two.has_labels
+
+
+@pytest.mark.parametrize(
+    "obj,needle",
+    [(None, "expected a DATA reference"), (3, "expected a DATA reference"), ([], "yielded no batches")],
+    ids=["none", "int", "empty-list"],
+)
+def test_load_data_refuses_what_is_not_data(obj, needle: str) -> None:
+    from ptopt.core.errors import DataError
+    from tests.helpers import assert_refused
+
+    assert_refused(load_data, obj, match=needle, error=DataError)
+
+
+def test_load_data_refuses_batches_that_do_not_stack() -> None:
+    import torch
+
+    from ptopt.core.errors import DataError
+    from tests.helpers import assert_refused
+
+    assert_refused(
+        load_data, [torch.randn(2, 3), torch.randn(2, 4)], match="cannot read batches", error=DataError
+    )

@@ -141,3 +141,68 @@ def test_initialize_without_sidecar_fails_clearly(tmp_path, serve_artifacts):
     shutil.copy2(serve_artifacts["fp32"], d / "cnn.pt")
     with pytest.raises(RuntimeError, match="no sidecar"):
         handler_mod.PtoptHandler().initialize(FakeContext(d, "cnn.pt"))
+
+
+def _nan_npy() -> bytes:
+    buf = io.BytesIO()
+    x = np.zeros((1, 1, 8, 8), np.float32)
+    x[0, 0, 3, 3] = np.nan
+    np.save(buf, x)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (_json({"inputs": [[[float("nan")] + [0.0] * 7] * 8]}), "NaN or infinite"),  # json writes NaN
+        (_json({"inputs": [[[0.0] * 7 + [float("-inf")]] * 8]}), "NaN or infinite"),  # -Infinity
+        ({"body": _nan_npy()}, "NaN or infinite"),
+        ({"data": {"inputs": [[[float("inf")] * 8] * 8]}}, "NaN or infinite"),  # decoded by TorchServe
+    ],
+    ids=["json-nan", "json-inf", "npy-nan", "decoded-inf"],
+)
+def test_non_finite_inputs_answer_400(tmp_path, serve_artifacts, row, message):
+    h, ctx = _handler(tmp_path, serve_artifacts["fp32"])
+    good = _json({"inputs": [[[0.5] * 8] * 8]})
+    answers = h.handle([row, good], ctx)
+    assert ctx.status[0][0] == 400 and 1 not in ctx.status
+    assert message in json.loads(answers[0])["error"]
+    assert len(json.loads(answers[1])["outputs"]) == 10  # the other request of the batch is answered
+
+
+def test_non_finite_outputs_are_never_written_as_json(tmp_path):
+    """A model that answers NaN for some finite inputs: that request gets 422, valid JSON, no NaN."""
+    import warnings
+
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.inputspec import specs_from_example
+
+    class Log(torch.nn.Module):
+        def forward(self, x):
+            return torch.log(x.flatten(1)[:, :4])
+
+    x = torch.ones(2, 1, 8, 8)
+    path = tmp_path / "log.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.jit.trace(Log(), x).save(str(path))
+    Artifact(path, "torchscript", inputs=specs_from_example(x)).finalize()
+    h, ctx = _handler(tmp_path, path)
+    answers = h.handle([_json({"inputs": [[[-1.0] * 8] * 8]}), _json({"inputs": [[[1.0] * 8] * 8]})], ctx)
+    assert ctx.status[0][0] == 422 and 1 not in ctx.status
+    assert "NaN or infinite" in json.loads(answers[0])["error"]
+    assert json.loads(answers[1])["outputs"] == [0.0] * 4
+    for a in answers:  # strict JSON: no NaN / Infinity tokens
+        json.loads(a, parse_constant=lambda c: pytest.fail(f"{c} in the answer"))
+
+
+def test_body_over_the_limit_answers_413_with_the_limit(tmp_path, serve_artifacts, monkeypatch):
+    monkeypatch.setenv(handler_mod.MAX_REQUEST_BYTES_ENV, "1000")
+    h, ctx = _handler(tmp_path, serve_artifacts["fp32"])
+    big = _json({"inputs": [[[0.12345678901234] * 8] * 8]})
+    small = _json({"inputs": [[[0] * 8] * 8]})
+    assert len(big["body"]) > 1000 >= len(small["body"])
+    answers = h.handle([big, small], ctx)
+    assert ctx.status[0][0] == 413 and 1 not in ctx.status
+    body = json.loads(answers[0])
+    assert body["limit_bytes"] == 1000 and "over the limit of 1000 bytes" in body["error"]

@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers import assert_refused
 from tests.serve.conftest import torchserve_missing
 
 
@@ -45,9 +46,11 @@ def _processes_mentioning(text: str) -> list[str]:
 
 @pytest.mark.torchserve
 def test_serve_prints_url_answers_and_stops_on_sigterm(mar, tmp_path):
+    """With the serving knobs overriding the archive's config (1 worker, no batching)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    knobs = ["--workers", "2", "--batch-size", "4", "--max-batch-delay", "7", "--queue-size", "300"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ptopt.cli.main", "serve", str(mar)],
+        [sys.executable, "-m", "ptopt.cli.main", "serve", str(mar), *knobs],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -68,6 +71,7 @@ def test_serve_prints_url_answers_and_stops_on_sigterm(mar, tmp_path):
         text = "".join(lines)
         assert "try: curl" in text, text + proc.stderr.read() if proc.poll() is not None else text
         url = re.search(r"serving digits at (\S+)", text).group(1)
+        assert "workers: 2, batch size 4 (max delay 7 ms), queue 300, max request 16 MB" in text
         logs = re.search(r"logs: (\S+)/logs", text).group(1)
         x = [[[0.5] * 8] * 8]
         req = urllib.request.Request(
@@ -90,13 +94,14 @@ def test_serve_prints_url_answers_and_stops_on_sigterm(mar, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written into the working directory (no logs/)
 
 
-def test_port_in_use_exits_2(cli, mar):
+def test_port_in_use_exits_2(cli, mar, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        code, _, stderr = cli("serve", mar, "--port", port)
-    assert code == 2 and f"port {port}" in stderr and "already in use" in stderr
+        assert_refused(
+            cli, "serve", mar, "--port", port, match=(f"port {port}", "already in use"), where=tmp_path
+        )
 
 
 @pytest.mark.parametrize(
@@ -108,5 +113,22 @@ def test_port_in_use_exits_2(cli, mar):
     ids=["missing", "not-a-zip"],
 )
 def test_bad_mar_exits_2(cli, tmp_path, make, message):
-    code, _, stderr = cli("serve", make(tmp_path))
-    assert code == 2 and message in stderr
+    path = make(tmp_path)
+    assert_refused(cli, "serve", path, match=message, where=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--workers", "0"), "--workers 0"),
+        (("--workers", "many"), "--workers many"),
+        (("--batch-size", "0"), "--batch-size 0"),
+        (("--batch-size", "65"), "larger than model digits's max batch 64"),
+        (("--max-batch-delay", "-1"), "--max-batch-delay -1"),
+        (("--queue-size", "0"), "--queue-size 0"),
+        (("--max-request-size", "0"), "--max-request-size 0"),
+    ],
+    ids=["workers-0", "workers-word", "batch-0", "batch-over-model", "delay", "queue", "request-size"],
+)
+def test_bad_serving_options_exit_2_before_starting(cli, mar, tmp_path, options, message):
+    assert_refused(cli, "serve", mar, *options, match=message, where=tmp_path)

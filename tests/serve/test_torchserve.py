@@ -1,10 +1,14 @@
 """Against a real TorchServe on 127.0.0.1, started here and always stopped (one server for the module,
-serving the fp32 (with request batching), int8, ONNX and keyword-input archives)."""
+serving the fp32 (with request batching), int8, ONNX and keyword-input archives, with a 1 MB body
+limit, started while TorchServe's default gRPC ports 7070/7071 are taken)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import io
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -39,13 +43,34 @@ def mars(serve_artifacts, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+def _occupy(port: int) -> socket.socket | None:
+    """Listen on ``port`` (loopback) if nobody does; None if it is taken already (just as good)."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
 @pytest.fixture(scope="module")
 def server(mars):
-    from ptopt.serve.server import TorchServeServer, group_alive
+    from ptopt.serve.server import ServeSettings, TorchServeServer, group_alive
 
-    srv = TorchServeServer([mars["fp32"], mars["int8"], mars["onnx"], mars["keyword"]])
+    srv = TorchServeServer(
+        [mars["fp32"], mars["int8"], mars["onnx"], mars["keyword"]],
+        settings=ServeSettings(max_request_mb=1.0),
+    )
     try:
-        srv.start()
+        # TorchServe's gRPC defaults: servers must start side by side, so these must not matter
+        with contextlib.ExitStack() as taken:
+            for port in (7070, 7071):
+                sock = _occupy(port)
+                if sock is not None:
+                    taken.enter_context(sock)
+            srv.start()
         yield srv
     finally:
         pgid = srv.pgid
@@ -212,4 +237,86 @@ def test_model_config_is_applied(server):
     assert desc["minWorkers"] == desc["maxWorkers"] == 1
     assert server.url.startswith("http://127.0.0.1:") and server.management_url.startswith(
         "http://127.0.0.1:"
+    )
+
+
+def test_every_port_is_its_own_and_on_loopback(server):
+    ports = {
+        server.port,
+        server.management_port,
+        server.metrics_port,
+        server.grpc_port,
+        server.grpc_management_port,
+    }
+    assert len(ports) == 5 and not ports & {7070, 7071, 8080, 8081, 8082}
+    for port in ports:  # TorchServe listens on each of them, on 127.0.0.1
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+def test_400_requests_over_200_concurrent_connections_all_answered(server, serve_artifacts):
+    """More concurrent clients than TorchServe's default queue (100): queued, never refused (503)."""
+    x = _samples(400, seed=11)
+    want = _reference(serve_artifacts["fp32"], x)
+    results: dict[int, tuple[int, object]] = {}
+    start = threading.Barrier(200, timeout=60)
+
+    def client(k: int) -> None:
+        start.wait()  # 200 connections open at once
+        for i in (k, k + 200):
+            try:
+                results[i] = server.predict(x[i].tolist(), timeout=240)
+            except OSError as e:
+                results[i] = (type(e).__name__, str(e))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(results) == 400
+    bad = {i: r for i, r in results.items() if r[0] != 200}
+    assert not bad, f"{len(bad)} of 400 failed, e.g. {list(bad.items())[:3]}"
+    got = np.array([results[i][1]["outputs"] for i in range(400)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _post_keep_alive(server, body: bytes) -> tuple[int, bytes, http.client.HTTPConnection]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request(
+        "POST", f"/predictions/{server.model_name}", body=body, headers={"Content-Type": "application/json"}
+    )
+    r = conn.getresponse()
+    return r.status, r.read(), conn
+
+
+def test_bad_requests_all_answer_4xx_and_the_server_keeps_serving(server, serve_artifacts):
+    limit = 1_000_000
+    over = b'{"inputs": [' + b"0.5," * (limit // 4) + b"0.5]}"  # ~1 MB over the limit
+    code, body = server.predict(body=over)
+    assert code == 413 and body["limit_bytes"] == limit and f"limit of {limit} bytes" in body["error"]
+
+    # far beyond the limit TorchServe answers 413 itself (no body) and the connection stays usable
+    huge = b'{"inputs": [' + b"0.5," * (20_000_000 // 4) + b"0.5]}"
+    code, _, conn = _post_keep_alive(server, huge)
+    assert code == 413
+    conn.request("POST", f"/predictions/{server.model_name}", body=json.dumps({"inputs": [[[0.0] * 8] * 8]}))
+    assert conn.getresponse().status == 200
+    conn.close()
+
+    nan = json.dumps({"inputs": [[[float("nan")] * 8] * 8]}).encode()  # Python's json writes NaN
+    code, body = server.predict(body=nan)
+    assert code == 400 and "NaN or infinite" in body["error"]
+    inf = json.dumps({"inputs": [[[1e400] * 8] * 8]}).encode()  # 1e400 is a finite-looking inf
+    code, body = server.predict(body=inf)
+    assert code == 400 and isinstance(body, dict)
+
+    for bad in (b"", b"\xff\xfe", b'{"inputs": ', b"[]", b'{"inputs": {"x": 1}}'):
+        code, body = server.predict(body=bad)
+        assert 400 <= code < 500, (bad, code, body)
+
+    x = _samples(3, seed=12)
+    code, body = server.predict(x.tolist())
+    assert code == 200
+    np.testing.assert_allclose(
+        np.array(body["outputs"]), _reference(serve_artifacts["fp32"], x), rtol=1e-5, atol=1e-5
     )

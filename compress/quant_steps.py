@@ -1,0 +1,291 @@
+"""The named steps of int8 quantization, shared by ``quantize`` and accuracy-aware search.
+
+resolve the config (``resolve_config``, ``require_data``) → load the model and data
+(``prepare``) → run the technique, trace the int8 TorchScript, measure and build the
+:class:`~ptopt.core.result.Result` (``quantize_prepared``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+from ptopt.compress.quant_config import ORT_CALIBRATION, QuantConfig, QuantResult, make_config
+from ptopt.compress.stage import (
+    UNSAVED,
+    check_fits,
+    input_files,
+    load_dataset,
+    load_eager,
+    reconcile,
+    settle_inputs,
+)
+from ptopt.core.errors import UsageError
+
+#: parity of the int8 TorchScript against the int8 module it was traced from
+TRACE_ATOL = 1e-3
+
+
+def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any) -> QuantConfig:
+    """One config from ``config`` or the loose ``options``; a config with a contradicting option (or
+    another ``mode``) is refused. Options of another mode are ignored (as ``ptopt quantize`` does)."""
+    for key in ("exclude", "layers"):  # an empty list means "not given"
+        options[key] = tuple(options[key]) if options.get(key) else None
+    if config is not None:
+        if mode is not None and mode != config.mode:
+            raise UsageError(
+                f"mode {mode!r} contradicts the given {type(config).__name__} (mode {config.mode!r})"
+            )
+        reconcile(config, options, {"exclude": "float_modules"})
+        return config
+    if mode == "dynamic" and options.get("observer") is not None:
+        raise UsageError("--observer applies to static quantization (dynamic mode observes every batch)")
+    keep = {
+        "static": ("observer", "calibration_batches", "batch_size"),
+        "qat": ("observer", "epochs", "lr", "batch_size"),
+        "dynamic": ("layers",),
+    }.get(mode or "", ())
+    opts = {k: options.get(k) for k in ("backend", "per_channel", *keep)}
+    return make_config(mode or "", float_modules=options.get("exclude"), **opts)
+
+
+def require_data(config: QuantConfig, calib_data: Any, train_data: Any) -> None:
+    """Fail on missing data before loading anything."""
+    if config.mode == "static" and calib_data is None:
+        raise UsageError(
+            "static quantization needs calibration data: pass --calib-data DATA "
+            "(e.g. builtin:digits32:train), or use --mode dynamic"
+        )
+    if config.mode == "qat" and train_data is None:
+        raise UsageError(
+            "QAT needs training data: pass --train-data DATA (labelled, e.g. builtin:digits32:train)"
+        )
+
+
+@dataclasses.dataclass
+class Prepared:
+    """The eager model, its data (Datasets or None) and one example batch it has run."""
+
+    loaded: Any
+    module: Any
+    calib: Any
+    train: Any
+    evald: Any
+    example: Any
+
+
+def prepare(
+    config: QuantConfig,
+    model: Any,
+    weights: Any,
+    allow_pickle: bool,
+    input_shapes: Any,
+    calib_data: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+) -> Prepared:
+    """Load the eager model and the data, check they fit (typed errors), settle the input specs."""
+    from ptopt.compress import quant_engine as engine
+
+    loaded = load_eager(model, weights, allow_pickle, "quantization")
+    engine.check_backend(config.backend)
+    if config.float_modules:
+        engine.check_module_names(loaded.module, config.float_modules)
+    calib = load_dataset(calib_data, "calibration")
+    train = load_dataset(train_data, "training")
+    evald = load_dataset(eval_data, "evaluation")
+    fit = calib or train
+    example = settle_inputs(loaded, fit or evald, input_shapes, "data (--calib-data / --eval-data)")
+    for ds in (calib, train, evald):
+        if ds is not None and ds is not (fit or evald):
+            check_fits(loaded, ds)
+    return Prepared(loaded, loaded.module, calib, train, evald, example)
+
+
+def run_technique(config: QuantConfig, prep: Prepared, progress: bool) -> QuantResult:
+    """The int8 module of ``config.mode`` (the fp32 module is left untouched)."""
+    if config.mode == "static":
+        from ptopt.compress.quantize_static import quantize_static
+
+        return quantize_static(prep.module, config, prep.calib, prep.example, progress=progress)
+    if config.mode == "dynamic":
+        from ptopt.compress.quantize_dynamic import quantize_dynamic
+
+        return quantize_dynamic(prep.module, config)
+    from ptopt.compress.qat import quantize_qat
+
+    return quantize_qat(
+        prep.module, config, prep.train, prep.example, eval_data=prep.evald, progress=progress
+    )
+
+
+def quantize_prepared(config: QuantConfig, prep: Prepared, refs: dict[str, Any], progress: bool) -> Any:
+    """Run the technique, write the int8 TorchScript and reload it (checked against the int8 module),
+    measure it, and return the unsaved Result. ``refs``: the ``calib_data`` / ``train_data`` /
+    ``eval_data`` arguments as given (references are recorded in the sidecar)."""
+    from ptopt.compress import quant_engine as engine
+
+    with engine.quantize_context(config.backend):
+        qres = run_technique(config, prep, progress)
+        scripted, int8_bytes = _checked_torchscript(qres.module, prep, config.backend)
+        metrics = measure(prep.module, scripted, int8_bytes, prep, refs.get("eval_data"))
+    return _build_result(config, prep, qres, scripted, metrics, refs)
+
+
+def _build_result(
+    config: QuantConfig,
+    prep: Prepared,
+    qres: QuantResult,
+    scripted: Any,
+    metrics: dict[str, Any],
+    refs: dict[str, Any],
+) -> Any:
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.result import Result
+
+    cfg = config.to_dict() | {"mode": config.mode}
+    for key, ref in refs.items():
+        if isinstance(ref, (str, os.PathLike)):
+            cfg[key] = str(ref)
+    parent = prep.loaded.parent_record()
+    data_ref = refs.get("calib_data") if config.mode == "static" else refs.get("train_data")
+    template = Artifact(
+        path=UNSAVED,
+        format="torchscript",
+        inputs=list(prep.loaded.input_specs),
+        input_style=prep.loaded.input_style,
+        config=cfg,
+        parent=parent,
+        precision="int8",
+        metrics=metrics,
+        extra={
+            "float_layers": qres.float_layers,
+            **qres.summary,
+            "onnx_quantization": _onnx_recipe(config, data_ref, parent),
+        },
+    )
+    writer = functools.partial(_write_torchscript, scripted, prep, config.backend)
+    sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *refs.values())
+    return Result(scripted, template, writer, inputs_paths=sources)
+
+
+# -- TorchScript (through the one writer, ptopt.export.writers) ------------------------------------------
+
+
+def _write_torchscript(module: Any, prep: Prepared, backend: str, path: Any) -> dict[str, Any]:
+    """``module`` (the int8 model, or its TorchScript) written at ``path`` as frozen TorchScript by
+    the one writer, reloaded and compared with ``module`` at the input specs' min/opt/max shapes.
+
+    Under ``backend``'s engine, where the int8 model was built: reloading repacks int8 weights for
+    the engine in use, and another engine's kernels round differently.
+    """
+    from ptopt.compress import quant_engine as engine
+    from ptopt.export.writers import write_model
+
+    with engine.quantize_context(backend):
+        return write_model(
+            module,
+            "torchscript",
+            path,
+            specs=prep.loaded.input_specs or None,
+            style=prep.loaded.input_style,
+            example=prep.example,
+            precision="int8",
+            atol=TRACE_ATOL,
+            rtol=TRACE_ATOL,
+        )
+
+
+def _checked_torchscript(int8: Any, prep: Prepared, backend: str) -> tuple[Any, int]:
+    """(the int8 TorchScript as its file loads back, that file's bytes): written in a temporary
+    folder, so what ``.model`` runs and ``.metrics`` measure is what ``.save`` writes."""
+    import tempfile
+    from pathlib import Path
+
+    from ptopt.export.writers import reload
+
+    with tempfile.TemporaryDirectory(prefix="ptopt-int8-") as tmp:
+        path = Path(tmp) / "model.int8.pt"
+        _write_torchscript(int8, prep, backend, path)
+        return reload(path, "torchscript", style=prep.loaded.input_style), path.stat().st_size
+
+
+# -- measuring -----------------------------------------------------------------------------------------
+
+
+def measure(fp32: Any, scripted: Any, int8_bytes: int, prep: Prepared, ref: Any) -> dict[str, Any]:
+    """Sizes (int8 vs fp32 TorchScript bytes) and, with eval data, fp32 vs int8 accuracy / agreement."""
+    from ptopt.export.writers import serialized_bytes
+
+    fp32_bytes = serialized_bytes(
+        fp32,
+        "torchscript",
+        prep.example,
+        specs=prep.loaded.input_specs or None,
+        style=prep.loaded.input_style,
+    )
+    metrics = _accuracy(fp32, scripted, prep.evald, ref)
+    metrics["fp32_torchscript_bytes"] = fp32_bytes
+    metrics["size_ratio_vs_fp32_torchscript"] = round(int8_bytes / fp32_bytes, 4)
+    return metrics
+
+
+def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
+    """fp32 vs int8 on ``ds``: top-1 accuracy with labels, else top-1 agreement with fp32."""
+    if ds is None:
+        return {}
+    import torch
+
+    from ptopt.core.inputspec import call_model
+
+    n = correct32 = correct8 = agree = 0
+    with torch.no_grad():
+        for b in ds.batches(256):
+            p32 = call_model(fp32, b.x).argmax(-1)
+            p8 = call_model(int8, b.x).argmax(-1)
+            n += int(p32.shape[0])
+            agree += int((p32 == p8).sum())
+            if b.y is not None:
+                correct32 += int((p32 == b.y).sum())
+                correct8 += int((p8 == b.y).sum())
+    out: dict[str, Any] = {
+        "eval_data": str(ref) if isinstance(ref, (str, os.PathLike)) else ds.name,
+        "eval_samples": n,
+        "top1_agreement": agree / n,
+    }
+    if ds.has_labels:
+        out |= {
+            "fp32_accuracy": correct32 / n,
+            "int8_accuracy": correct8 / n,
+            "accuracy_drop_points": round(100.0 * (correct32 - correct8) / n, 4),
+        }
+    return out
+
+
+def _onnx_recipe(config: QuantConfig, data_ref: Any, parent: dict[str, Any]) -> dict[str, Any]:
+    """What ``ptopt export --target onnx`` needs to quantize the fp32 parent with ONNX Runtime instead
+    of exporting this TorchScript (int8 TorchScript does not export with the dynamo exporter)."""
+    rec: dict[str, Any] = {
+        "fp32_parent": parent,
+        "method": "quantize_dynamic" if config.mode == "dynamic" else "quantize_static",
+        "per_channel": config.per_channel,
+        "exclude_modules": list(config.float_modules),
+        "weight_type": "QInt8",
+        "activation_type": "QUInt8",
+        "reduce_range": config.backend in ("x86", "fbgemm"),
+    }
+    if config.mode == "dynamic":
+        rec["layers"] = list(config.layers)  # type: ignore[attr-defined]
+    else:
+        rec["calib_data"] = str(data_ref) if isinstance(data_ref, (str, os.PathLike)) else None
+        rec["calibrate_method"] = ORT_CALIBRATION[config.observer]  # type: ignore[attr-defined]
+        rec["calibration_batches"] = getattr(config, "calibration_batches", None)
+        rec["batch_size"] = config.batch_size  # type: ignore[attr-defined]
+        rec["quant_format"] = "QDQ"
+        if config.mode == "qat":
+            rec["note"] = (
+                "re-quantizes the fp32 parent by calibration on train_data: QAT fine-tuning is not carried over"
+            )
+    return rec

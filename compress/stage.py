@@ -1,0 +1,174 @@
+"""What ``quantize``, ``prune`` and ``distill`` share around their technique.
+
+Each of them runs the same named steps: resolve the config (one source of truth: a config object
+*or* loose options, never both disagreeing) → load the eager model and the data (a MODEL/DATA
+reference or in-memory objects) → settle the inputs and an example batch → run the technique →
+measure → build a :class:`~ptopt.core.result.Result`. The helpers of those steps that are not
+specific to one technique live here, so no technique imports another's private helpers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import UnsupportedModelError, UsageError
+
+_FORMAT_NAMES = {"torchscript": "TorchScript", "exported_program": "ExportedProgram"}
+#: the placeholder path of an artifact template before ``Result.save``
+UNSAVED = Path("<unsaved>")
+
+
+# -- options ------------------------------------------------------------------------------------------
+
+
+def reconcile(config: Any, options: Mapping[str, Any], fields: Mapping[str, str] | None = None) -> None:
+    """Refuse loose ``options`` (not None) that contradict ``config``: a config replaces them.
+
+    ``fields`` maps an option's name to the config field it sets (``exclude`` → ``float_modules``).
+    An option equal to the config's value (after the config's own normalization) is accepted.
+    """
+    fields = fields or {}
+    known = {f.name for f in dataclasses.fields(config)}
+    for name, value in options.items():
+        if value is None:
+            continue
+        field = fields.get(name, name)
+        if field not in known:
+            raise UsageError(f"{name}= does not apply to a {type(config).__name__}")
+        if dataclasses.replace(config, **{field: value}) != config:
+            raise UsageError(
+                f"{name}={_show(value)} contradicts the given {type(config).__name__} "
+                f"({field}={_show(getattr(config, field))}); set it in the config or leave it out"
+            )
+
+
+def _show(value: Any) -> str:
+    return repr(tuple(value) if isinstance(value, list) else value)
+
+
+def ref_name(value: Any) -> str | None:
+    """A reference as the sidecar records it; None for None, ``<Type>`` for in-memory objects."""
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    return f"<{type(value).__name__}>"
+
+
+def check_output(output: Any, suffixes: Mapping[str, str] | None = None, hint: str = "") -> str | None:
+    """Refuse a folder (or a suffix not in ``suffixes``) before any long work; returns the format."""
+    if output is None:
+        return None
+    path = Path(output)
+    if path.is_dir():
+        raise UsageError(f"output {path} is a folder; give a file name{hint}")
+    if suffixes is None:
+        return None
+    fmt = suffixes.get(path.suffix.lower())
+    if fmt is None:
+        names = " or ".join(f"{s} ({_FORMAT_NAMES.get(f, f)})" for s, f in suffixes.items())
+        raise UsageError(f"output {path}: use {names}; the model is saved so that plain torch loads it")
+    return fmt
+
+
+def input_files(*refs: Any) -> tuple[Path, ...]:
+    """The references that are files: a Result never saves over one of them."""
+    return tuple(Path(r) for r in refs if isinstance(r, (str, os.PathLike)) and Path(r).is_file())
+
+
+# -- model and data -----------------------------------------------------------------------------------
+
+
+def load_eager(
+    model: Any, weights: Any, allow_pickle: bool, for_what: str, role: str = "", why: str = ""
+) -> Any:
+    """A LoadedModel holding an eager nn.Module that ``for_what`` can rewrite or train.
+
+    TorchScript and ExportedProgram models are refused (``why`` says why, ``{format}`` filled in),
+    naming the references that give an eager one.
+    """
+    from ptopt.core.modelref import as_loaded
+
+    loaded = as_loaded(model, weights, allow_pickle)
+    module = loaded.require_module(for_what)
+    if loaded.format in ("torchscript", "exported_program") or type(module).__name__ in (
+        "RecursiveScriptModule",
+        "ScriptModule",
+    ):
+        why = (why or "{for_what} needs the eager nn.Module").format(format=loaded.format, for_what=for_what)
+        raise UnsupportedModelError(
+            f"{role}{loaded.ref} is a {loaded.format} model; {why} "
+            "(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle)"
+        )
+    return loaded
+
+
+def load_dataset(data: Any, what: str, *, finite: bool = True) -> Any:
+    """``data`` (a DATA reference or in-memory data) as a Dataset, or None; NaN/Inf refused."""
+    if data is None:
+        return None
+    from ptopt.core.data import load_data
+
+    ds = load_data(data, name=f"in-memory {what} data")
+    if finite:
+        ds.check_finite()
+    return ds
+
+
+def check_fits(loaded: Any, ds: Any) -> Any:
+    """ShapeMismatchError (expected vs got) when ``ds`` does not fit the model; returns 2 samples."""
+    from ptopt.core.inputspec import check_inputs
+    from ptopt.core.modelref import run_checked
+
+    x = ds.first_batch(min(len(ds), 2)).x
+    if loaded.input_specs:
+        check_inputs(loaded.input_specs, x, what=ds.name)
+    run_checked(loaded, x, what=ds.name)
+    return x
+
+
+def settle_inputs(loaded: Any, ds: Any, input_shapes: Any, data_hint: str = "data") -> Any:
+    """Fix the artifact's input specs (data first, then ``input_shapes``, then the model's own) and
+    return an example batch (2 samples) that the model has run."""
+    from ptopt.core.inputspec import parse_named_shapes
+    from ptopt.core.modelref import resolve_inputs, run_checked
+
+    if ds is not None:
+        x = check_fits(loaded, ds)
+        resolve_inputs(loaded, data=ds)
+        return x
+    if input_shapes:
+        if isinstance(next(iter(input_shapes)), str):
+            input_shapes = parse_named_shapes(input_shapes)
+        resolve_inputs(loaded, input_shapes=input_shapes)
+    if not loaded.input_specs:
+        raise UsageError(
+            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. 1x3x224x224) or {data_hint}"
+        )
+    x = loaded.example_inputs(which="opt", batch=2)
+    run_checked(loaded, x, what="sample input")
+    return x
+
+
+def count_parameters(module: Any) -> int:
+    """All parameters of ``module`` (zeros included)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def count_nonzero_parameters(module: Any) -> int:
+    """Parameters of ``module`` that are not zero (what unstructured pruning leaves)."""
+    return sum(int((p.detach() != 0).sum()) for p in module.parameters())
+
+
+# -- result -------------------------------------------------------------------------------------------
+
+
+def finish(result: Any, output: Any) -> Any:
+    """Save ``result`` at ``output`` when one was given (the ``output=`` shortcut); returns it."""
+    if output is not None:
+        result.save(output)
+    return result
