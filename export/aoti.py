@@ -75,7 +75,7 @@ def write_aoti(
 
     from ptopt.export.tracing import export_program, fits_for_export
 
-    if source_format == "torchscript":
+    if source_format == "torchscript" or isinstance(module, torch.jit.ScriptModule):
         raise UnsupportedModelError(
             "a TorchScript model cannot go through torch.export; export the original nn.Module "
             "(pkg.module:factory --weights W, or zoo:NAME) to --target aoti"

@@ -188,3 +188,62 @@ def test_failing_batches_become_one_line_naming_what_works(monkeypatch, specs):
 
     msg = assert_refused(pt2e._probe, flaky, specs, "positional", error=UnsupportedModelError)
     assert "fails at batch size(s) 32, 63, 64" in msg and "runs at 1, 2, 3" in msg and "--engine fx" in msg
+
+
+# -- ptopt quantize --engine pt2e|auto ---------------------------------------------------------------
+
+
+def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path):
+    from ptopt.core.modelref import load_model
+
+    out = tmp_path / "tiny.int8.pt2"
+    code, stdout, err = cli(
+        "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e",
+        "--calib-data", "builtin:digits:train", "--eval-data", "builtin:digits:test",
+        "--calibration-batches", "4", "--no-progress", "-o", out,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "AOTInductor package int8" in stdout and "calibration: 4 batches" in stdout
+    art = load_model(out, allow_pickle=True).artifact
+    assert art.format == "aoti_package" and art.precision == "int8" and art.config["engine"] == "pt2e"
+    assert art.metrics["parity"]["passed"] and art.metrics["eval_samples"] > 0
+    assert art.metrics["size_ratio_vs_fp32_torchscript"] > 0
+    assert art.extra["pt2e"]["batches_probed"][0] == 1
+
+
+def test_auto_keeps_the_faster_engine_and_says_why(digits):
+    import ptopt
+
+    res = ptopt.quantize(
+        tiny_cnn(), "static", calib_data=torch.cat(digits[:4]), eval_data=torch.cat(digits[4:8]),
+        calibration_batches=2, engine="auto", progress=False,
+    )  # fmt: skip
+    choice = res.extra["engine_choice"]
+    assert choice["chosen"] in ("fx", "pt2e") and set(choice["p50_ms"]) == {"fx", "pt2e"}
+    assert res.format == ("aoti_package" if choice["chosen"] == "pt2e" else "torchscript")
+    x = digits[0]
+    assert res.model(x).shape == (32, 10)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--mode", "dynamic", "--engine", "pt2e"], ("--engine pt2e", "--mode dynamic runs on --engine fx")),
+        (["--mode", "static", "--engine", "pt2e", "--per-tensor", "--calib-data", "builtin:digits:train"],
+         ("per-channel", "--engine fx")),
+        (["--mode", "static", "--engine", "auto", "--backend", "qnnpack", "--calib-data", "builtin:digits:train"],
+         ("--backend qnnpack runs on --engine fx",)),
+    ],
+    ids=["dynamic", "per-tensor", "qnnpack"],
+)  # fmt: skip
+def test_cli_engine_refusals(cli, tmp_path, args, match):
+    assert_refused(
+        cli,
+        "quantize",
+        "tests.helpers:tiny_cnn",
+        *args,
+        "-o",
+        tmp_path / "m.pt2",
+        match=match,
+        where=tmp_path,
+    )

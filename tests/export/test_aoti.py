@@ -132,6 +132,7 @@ def _with_torch_version(src: Path, dest: Path, version: str | None) -> Path:
 
 @pytest.mark.parametrize("where", ["package", "sidecar"], ids=["in-package", "in-sidecar"])
 def test_package_from_another_torch_is_refused_naming_both(package, tmp_path, where):
+    from ptopt.core.artifact import sha256_file
     from ptopt.core.errors import ModelLoadError
     from ptopt.core.modelref import load_model
     from ptopt.export.writers import reload
@@ -144,6 +145,8 @@ def test_package_from_another_torch_is_refused_naming_both(package, tmp_path, wh
         _with_torch_version(path, other, None)
         side = json.loads(Path(str(path) + ".ptopt.json").read_text())
         side["extra"]["torch_version"] = "2.11.0+cu130"
+        digest = sha256_file(other)  # a sidecar counts only for the very bytes it describes
+        side.update(sha256=digest, hashes={other.name: digest}, path=other.name, files=[other.name])
         Path(str(other) + ".ptopt.json").write_text(json.dumps(side))
     needles = ("built by torch 2.11.0+cu130", f"this is torch {torch.__version__}")
     assert_refused(load_model, other, allow_pickle=True, match=needles, error=ModelLoadError)
