@@ -53,6 +53,12 @@ from ptopt.cli.options import (
 @click.option("--layers", help="Dynamic: comma-separated layer types to quantize [linear,lstm,gru].")
 @click.option("--epochs", type=int, help="QAT: fine-tuning epochs [1].")
 @click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
+@click.option(
+    "--engine",
+    type=click.Choice(["fx", "pt2e", "auto"]),
+    help="fx (default): torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by "
+    "AOTInductor into a .pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact's sidecar as JSON.")
 @autoquant.autoquant_options
@@ -75,6 +81,7 @@ def command(
     layers: str | None,
     epochs: int | None,
     lr: float | None,
+    engine: str | None,
     no_progress: bool,
     as_json: bool,
     weights: str | None,
@@ -115,6 +122,7 @@ def command(
         layers=tuple(t.strip() for t in layers.split(",") if t.strip()) if layers else None,
         epochs=epochs,
         lr=lr,
+        engine=engine,
         weights=weights,
         allow_pickle=allow_pickle,
         input_shapes=tuple(input_shapes),
@@ -143,8 +151,9 @@ def command(
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
+    kind = "AOTInductor package" if art.format == "aoti_package" else "TorchScript"
     click.echo(
-        f"wrote {art.path} (TorchScript int8, {mode}, backend {art.config['backend']}): "
+        f"wrote {art.path} ({kind} int8, {mode}, backend {art.config['backend']}): "
         f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "
         f"({m['fp32_torchscript_bytes']:,} bytes)"
     )
@@ -168,6 +177,9 @@ def _print_report(art, mode: str) -> None:
         )
     elif "top1_agreement" in m:
         click.echo(f"top-1 agreement with fp32 on {m['eval_data']}: {100 * m['top1_agreement']:.2f}%")
+    choice = art.extra.get("engine_choice")
+    if choice:
+        click.echo(f"engine: {choice['chosen']} ({choice['why']}; p50 ms {choice['p50_ms']})")
     floats = art.extra.get("float_layers") or {}
     if floats:
         click.echo(f"stayed float ({len(floats)}):")

@@ -77,6 +77,7 @@ def quantize(
     max_accuracy_drop: float | None = None,
     min_cosine: float | None = None,
     tuning_budget: str | int | None = None,
+    engine: str | None = None,
 ) -> Any:
     """Quantize ``model`` to int8; returns a :class:`~ptopt.core.result.Result` (see the module doc).
 
@@ -88,7 +89,9 @@ def quantize(
     (backend ... lr); a loose option that contradicts it is a UsageError. ``max_accuracy_drop`` /
     ``min_cosine`` (with ``eval_data``, ``tuning_budget``): accuracy-aware search
     (``ptopt.compress.autoquant``); raises GateFailedError (after saving the best model when
-    ``output`` is given) when no candidate holds.
+    ``output`` is given) when no candidate holds. ``engine``: fx (default, int8 TorchScript) | pt2e
+    (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5
+    accuracy points kept): see ``ptopt.compress.quantize_pt2e``.
     """
     loose = dict(
         backend=backend,
@@ -98,6 +101,7 @@ def quantize(
         batch_size=batch_size,
         exclude=exclude,
         layers=layers,
+        engine=engine,
     )
     if max_accuracy_drop is not None or min_cosine is not None:
         if epochs is not None or lr is not None or train_data is not None:
