@@ -176,7 +176,9 @@ def serialized_bytes(
 ) -> int:
     """Bytes on disk of ``module`` written as ``fmt`` (all its files), unchecked: for size
     comparisons (e.g. fp32 TorchScript vs its int8 artifact). Nothing is left behind."""
-    suffix = {"torchscript": ".pt", "exported_program": ".pt2", "aoti_package": ".pt2", "onnx": ".onnx"}.get(fmt, ".bin")
+    suffix = {"torchscript": ".pt", "exported_program": ".pt2", "aoti_package": ".pt2", "onnx": ".onnx"}.get(
+        fmt, ".bin"
+    )
     with tempfile.TemporaryDirectory(prefix="ptopt-size-") as d:
         path = Path(d) / f"model{suffix}"
         facts = write_model(
