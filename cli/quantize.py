@@ -142,10 +142,7 @@ def command(
         raise click.UsageError("Missing option '-o' / '--output'.")
     res = quantize(**options, progress=not no_progress)
     maybe_save_recipe(save_recipe, "quantize", options)
-    if as_json:
-        click.echo(json.dumps(res.to_dict(), indent=2, default=str))
-    else:
-        _print_report(res, mode)
+    click.echo(json.dumps(res.to_dict(), indent=2, default=str)) if as_json else _print_report(res, mode)
 
 
 def _print_report(art, mode: str) -> None:

@@ -101,11 +101,10 @@ def quantize(
         batch_size=batch_size,
         exclude=exclude,
         layers=layers,
-        engine=engine,
     )
     if max_accuracy_drop is not None or min_cosine is not None:
-        if epochs is not None or lr is not None or train_data is not None:
-            raise UsageError("epochs, lr and train_data do not apply to accuracy-aware quantization")
+        if epochs is not None or lr is not None or train_data is not None or engine is not None:
+            raise UsageError("epochs, lr, train_data and engine do not apply to accuracy-aware quantization")
         search = dict(
             eval_data=eval_data,
             calib_data=calib_data,
@@ -118,7 +117,7 @@ def quantize(
             progress=progress,
         )
         return _accuracy_aware(model, mode, output, config, search | loose)
-    config = resolve_config(mode, config, epochs=epochs, lr=lr, **loose)
+    config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, **loose)
     check_output(output, hint=" such as model.int8.pt")
     require_data(config, calib_data, train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
