@@ -247,3 +247,19 @@ def test_cli_engine_refusals(cli, tmp_path, args, match):
         match=match,
         where=tmp_path,
     )
+
+
+def test_only_the_pt2e_engine_imports_torchao():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    importers = set()
+    for folder in ("core", "compress", "export", "validate", "serve", "cli", "models", "ptopt"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                if any(n == "torchao" or n.startswith("torchao.") for n in names):
+                    importers.add(path.relative_to(root).as_posix())
+    assert importers == {"compress/quant_engine_pt2e.py"}
