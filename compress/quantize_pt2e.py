@@ -72,7 +72,7 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     converted, summary = _convert(config, prep, specs, style, progress)
     folder = tempfile.TemporaryDirectory(prefix="ptopt-pt2e-")
     path = Path(folder.name) / "model.int8.pt2"
-    facts = pt2e.compile_int8(converted, path, specs, style)
+    facts = pt2e.compile_int8(converted, path, specs, style, samples=prep.calib or prep.train)
     model = load_aoti(path)
     metrics = _accuracy(prep.module, model, prep.evald, refs.get("eval_data"))
     fp32_bytes = serialized_bytes(prep.module, "torchscript", prep.example, specs=specs or None, style=style)

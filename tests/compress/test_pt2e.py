@@ -45,7 +45,7 @@ def compiled(digits, specs, tmp_path_factory):
     source = tiny_cnn().eval()
     converted = pt2e.quantize_static(source, specs, "positional", _scheme(), digits[:8])
     path = tmp_path_factory.mktemp("pt2e") / "tiny.int8.pt2"
-    facts = pt2e.compile_int8(converted, path, specs, "positional")
+    facts = pt2e.compile_int8(converted, path, specs, "positional", samples=torch.cat(digits[8:12]))
     return source, converted, path, facts
 
 
