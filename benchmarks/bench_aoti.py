@@ -182,7 +182,16 @@ def main() -> None:
     md = (
         "### fp32: AOTInductor package vs eager and ONNX Runtime (p50 ms, same interleaved rounds)\n\n"
         + md_table(
-            ["model", "batch", "eager", "AOTInductor", "ORT", "AOTI vs eager", "AOTI vs ORT", "round spread"],
+            [
+                "model",
+                "batch",
+                "eager",
+                "AOTInductor",
+                "ORT",
+                "AOTI vs eager (p50 / min)",
+                "AOTI vs ORT (p50 / min)",
+                "round spread",
+            ],
             fp_rows,
         )  # fmt: skip
         + f"\n\nAOTInductor compile time (fp32, freezing on): {compile_s}.\n\n"
@@ -193,7 +202,7 @@ def main() -> None:
                 "engine",
                 "p50 ms",
                 "vs fp32 eager",
-                "vs FX int8",
+                "vs FX int8 (p50 / min)",
                 "fp32 acc %",
                 "int8 acc %",
                 "drop (pts)",
