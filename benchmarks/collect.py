@@ -10,6 +10,7 @@ ORDER = [
     "prune",
     "distill",
     "export",
+    "aoti",
     "validate",
     "serve",
     "overhead",

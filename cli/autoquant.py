@@ -65,8 +65,8 @@ def run(
     from ptopt.cli.options import echo_table
     from ptopt.compress.autoquant import autoquantize
 
-    opts = {k: v for k, v in options.items() if k not in ("epochs", "lr", "train_data")}
-    for k in ("epochs", "lr", "train_data"):
+    opts = {k: v for k, v in options.items() if k not in ("epochs", "lr", "train_data", "engine")}
+    for k in ("epochs", "lr", "train_data", "engine"):
         if options.get(k) is not None:
             from ptopt.core.errors import UsageError
 

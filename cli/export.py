@@ -1,4 +1,4 @@
-"""``ptopt export MODEL --target torchscript|onnx|tensorrt|exported_program -o OUT``."""
+"""``ptopt export MODEL --target torchscript|onnx|tensorrt|exported_program|aoti -o OUT``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from ptopt.cli.options import maybe_save_recipe, model_options, output_option, s
     "--target",
     required=True,
     metavar="TARGET",
-    help="torchscript | onnx | tensorrt | exported_program (.pt2).",
+    help="torchscript | onnx | tensorrt | exported_program (.pt2) | aoti (.pt2 AOTInductor package, "
+    "compiled for this CPU and this torch).",
 )
 @click.option(
     "--min-shape",
@@ -125,6 +126,11 @@ def command(
         click.echo(f"int8:    {art.extra['int8_method']}")
     for w in art.extra.get("trace_warnings") or []:
         click.echo(f"note:    tracer: {w}")
+    if art.extra.get("compile_seconds") is not None:
+        click.echo(
+            f"compile: AOTInductor ({art.extra.get('compiler')}, {art.extra.get('cpu_isa') or 'cpu'}) in "
+            f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
+        )
     if art.extra.get("trtexec_shapes"):
         click.echo(f"trtexec: trtexec --onnx={art.path} {art.extra['trtexec_shapes']}")
     maybe_save_recipe(save_recipe, "export", {"model": model, "output": output, **options})

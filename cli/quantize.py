@@ -56,6 +56,12 @@ from ptopt.cli.options import (
 )
 @click.option("--epochs", type=int, help="QAT: fine-tuning epochs [1].")
 @click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
+@click.option(
+    "--engine",
+    type=click.Choice(["fx", "pt2e", "auto"]),
+    help="fx (default): torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by "
+    "AOTInductor into a .pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact's sidecar as JSON.")
 @autoquant.autoquant_options
@@ -88,6 +94,7 @@ def command(
     layers: str | None,
     epochs: int | None,
     lr: float | None,
+    engine: str | None,
     no_progress: bool,
     as_json: bool,
     weights: str | None,
@@ -128,6 +135,7 @@ def command(
         layers=tuple(t.strip() for t in layers.split(",") if t.strip()) if layers else None,
         epochs=epochs,
         lr=lr,
+        engine=engine,
         weights=weights,
         allow_pickle=allow_pickle,
         input_shapes=tuple(input_shapes),
@@ -147,17 +155,15 @@ def command(
         raise click.UsageError("Missing option '-o' / '--output'.")
     res = quantize(**options, progress=not no_progress)
     maybe_save_recipe(save_recipe, "quantize", options)
-    if as_json:
-        click.echo(json.dumps(res.to_dict(), indent=2, default=str))
-    else:
-        _print_report(res, mode)
+    click.echo(json.dumps(res.to_dict(), indent=2, default=str)) if as_json else _print_report(res, mode)
 
 
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
+    kind = "AOTInductor package" if art.format == "aoti_package" else "TorchScript"
     click.echo(
-        f"wrote {art.path} (TorchScript int8, {mode}, backend {art.config['backend']}): "
+        f"wrote {art.path} ({kind} int8, {mode}, backend {art.config['backend']}): "
         f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "
         f"({m['fp32_torchscript_bytes']:,} bytes)"
     )
@@ -199,6 +205,9 @@ def _print_report(art, mode: str) -> None:
             f"{100 * share['parameters']:.1f}% of their parameters, "
             f"{100 * share['macs']:.1f}% of their multiply-accumulates"
         )
+    choice = art.extra.get("engine_choice")
+    if choice:
+        click.echo(f"engine: {choice['chosen']} ({choice['why']}; p50 ms {choice['p50_ms']})")
     floats = art.extra.get("float_layers") or {}
     if floats:
         click.echo(f"stayed float ({len(floats)}):")

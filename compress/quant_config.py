@@ -35,11 +35,16 @@ class QuantConfig(Config):
     backend: str = "x86"
     per_channel: bool = True
     float_modules: tuple[str, ...] = ()
+    #: fx (torch.ao, int8 TorchScript) | pt2e (torchao, AOTInductor package) | auto (see quantize_pt2e)
+    engine: str = "fx"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise UsageError(f"unknown backend {self.backend!r} (known: {', '.join(BACKENDS)})")
         object.__setattr__(self, "float_modules", tuple(self.float_modules))
+        from ptopt.compress.quantize_pt2e import check_engine
+
+        check_engine(self)
 
 
 @register_config

@@ -47,7 +47,7 @@ def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any)
         "qat": ("observer", "epochs", "lr", "batch_size"),
         "dynamic": ("layers",),
     }.get(mode or "", ())
-    opts = {k: options.get(k) for k in ("backend", "per_channel", *keep)}
+    opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", *keep)}
     return make_config(mode or "", float_modules=options.get("exclude"), **opts)
 
 
@@ -127,6 +127,10 @@ def quantize_prepared(config: QuantConfig, prep: Prepared, refs: dict[str, Any],
     ``eval_data`` arguments as given (references are recorded in the sidecar)."""
     from ptopt.compress import quant_engine as engine
 
+    if config.engine != "fx":  # torchao PT2E → AOTInductor package, or both measured (auto)
+        from ptopt.compress.quantize_pt2e import quantize_with_engine
+
+        return quantize_with_engine(config, prep, refs, progress)
     with engine.quantize_context(config.backend):
         qres = run_technique(config, prep, progress)
         scripted, int8_bytes = _checked_torchscript(qres.module, prep, config.backend)

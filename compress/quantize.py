@@ -90,6 +90,7 @@ def quantize(
     max_accuracy_drop: float | None = None,
     min_cosine: float | None = None,
     tuning_budget: str | int | None = None,
+    engine: str | None = None,
 ) -> Any:
     """Quantize ``model`` to int8; returns a :class:`~ptopt.core.result.Result` (see the module doc).
 
@@ -101,7 +102,9 @@ def quantize(
     (backend ... lr); a loose option that contradicts it is a UsageError. ``max_accuracy_drop`` /
     ``min_cosine`` (with ``eval_data``, ``tuning_budget``): accuracy-aware search
     (``ptopt.compress.autoquant``); raises GateFailedError (after saving the best model when
-    ``output`` is given) when no candidate holds.
+    ``output`` is given) when no candidate holds. ``engine``: fx (default, int8 TorchScript) | pt2e
+    (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5
+    accuracy points kept): see ``ptopt.compress.quantize_pt2e``.
     """
     loose = dict(
         backend=backend,
@@ -113,8 +116,8 @@ def quantize(
         layers=layers,
     )
     if max_accuracy_drop is not None or min_cosine is not None:
-        if epochs is not None or lr is not None or train_data is not None:
-            raise UsageError("epochs, lr and train_data do not apply to accuracy-aware quantization")
+        if epochs is not None or lr is not None or train_data is not None or engine is not None:
+            raise UsageError("epochs, lr, train_data and engine do not apply to accuracy-aware quantization")
         search = dict(
             eval_data=eval_data,
             calib_data=calib_data,
@@ -127,7 +130,7 @@ def quantize(
             progress=progress,
         )
         return _accuracy_aware(model, mode, output, config, search | loose)
-    config = resolve_config(mode, config, epochs=epochs, lr=lr, **loose)
+    config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, **loose)
     check_output(output, hint=" such as model.int8.pt")
     require_data(config, calib_data, train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)

@@ -67,6 +67,7 @@ _sha_memo: dict[tuple, str] = {}
 FORMATS = {
     "torchscript": (".pt", ".ts", ".torchscript"),
     "exported_program": (".pt2",),
+    "aoti_package": (),  # also .pt2: the sidecar (or the archive's data/aotinductor/) tells them apart
     "onnx": (".onnx",),
     "tensorrt": (".ep", ".trt"),
     "state_dict": (".safetensors",),

@@ -72,19 +72,18 @@ def check_onnx() -> Feature:
 
 
 def check_torchao() -> Feature:
-    """Only whether it is installed: no ptopt technique uses torchao yet (quantization runs on torch.ao)."""
+    """Whether torchao is installed: ``ptopt quantize --engine pt2e|auto`` needs it (the FX engine,
+    the default, runs on torch.ao)."""
     v = package_version("torchao")
     if v is None:
         return Feature(
             "torchao",
             False,
             None,
-            "not installed (optional; no ptopt technique uses it yet)",
+            "not installed (optional; needed by ptopt quantize --engine pt2e|auto)",
             "pip install 'ptopt[torchao]'",
         )
-    return Feature(
-        "torchao", True, v, "installed; no ptopt technique uses it yet (quantization runs on torch.ao)"
-    )
+    return Feature("torchao", True, v, "installed; used by ptopt quantize --engine pt2e|auto (PT2E int8)")
 
 
 def check_tensorrt() -> Feature:

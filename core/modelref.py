@@ -2,7 +2,8 @@
 
 - ``model.pt``: a TorchScript archive; or a full pickled ``nn.Module`` (``torch.save(model)``), which
   loads only with ``allow_pickle=True`` because unpickling runs arbitrary code.
-- ``model.pt2``: a ``torch.export`` ExportedProgram.
+- ``model.pt2``: a ``torch.export`` ExportedProgram, or an AOTInductor package (compiled code: loads
+  only with ``allow_pickle=True``, and only on the torch that built it; ``ptopt.core.aoti``).
 - ``model.onnx``: an ONNX model (runs in ONNX Runtime; no nn.Module).
 - ``package.module:factory`` with optional ``weights`` (state_dict ``.pt`` or ``.safetensors``);
   without weights the factory's fresh model is used (e.g. a student to train).
@@ -22,6 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.aoti import is_aoti_package, load_package
 from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE
 from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
@@ -41,7 +43,7 @@ class LoadedModel:
     """A loaded MODEL reference. ``module`` is None only for formats without one (ONNX)."""
 
     ref: str
-    format: str  # eager | torchscript | exported_program | onnx | pickle
+    format: str  # eager | torchscript | exported_program | aoti_package | onnx | pickle
     module: Any = None
     path: Path | None = None
     artifact: Artifact | None = None
@@ -141,6 +143,8 @@ def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
     suffix = path.suffix.lower()
     if suffix == ".onnx":
         return _load_onnx(path, art)
+    if (art is not None and art.format == "aoti_package") or (suffix == ".pt2" and is_aoti_package(path)):
+        return _load_aoti(path, art, allow_pickle)
     if suffix == ".pt2":
         return _load_exported(path, art)
     if not zipfile.is_zipfile(path):
@@ -217,6 +221,25 @@ def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
     return LoadedModel(
         str(path), "exported_program", ep.module(), path, art, specs, style, {"exported_program": ep}
     )
+
+
+def _load_aoti(path: Path, art: Artifact | None, allow_pickle: bool) -> LoadedModel:
+    """An AOTInductor package: its native code runs when it loads, so only with ``allow_pickle``."""
+    if not allow_pickle:
+        raise UnsafePickleError(
+            f"{path}: refusing to load: it is an AOTInductor package (compiled native code that runs when "
+            f"it is loaded). Pass --allow-pickle (allow_pickle=True) only if you trust where it came from"
+        )
+    try:
+        module = load_package(path, art.extra.get("torch_version") if art else None)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the package loader raises RuntimeError/OSError/...
+        raise ModelLoadError(
+            f"{path}: not a loadable AOTInductor package: {str(e).splitlines()[0]}"
+        ) from None
+    specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")
+    return LoadedModel(str(path), "aoti_package", module, path, art, specs, style)
 
 
 def _specs_from_exported(ep: Any) -> tuple[list[InputSpec], str]:

@@ -1,7 +1,8 @@
 """``ptopt.export``: a model in, an artifact that runs here out, checked for parity at creation.
 
     res = ptopt.export(model, "onnx", input_shapes="1x3x32x32")   # an nn.Module or a MODEL reference
-    res.model(x)              # the reloaded artifact: ScriptModule, ExportedProgram module, or ORT
+    res.model(x)              # the reloaded artifact: ScriptModule, ExportedProgram module, AOTInductor
+                              # package (aoti_load_package), or ORT
     res.metrics["parity"]     # how far it is from the source at the min/opt/max shapes
     res.save("model.onnx")    # exactly the files that were checked, plus the sidecar, atomically
     ptopt.export("zoo:resnet", "onnx", "resnet.onnx", dynamic_batch="1:8:64")   # output= : and save
@@ -68,7 +69,8 @@ def export(
     ``.save(path)`` writes it with its sidecar); ``output=`` also saves it there.
 
     - ``model``: an ``nn.Module`` or a MODEL reference (``model.pt``, ``pkg.module:factory`` with
-      ``weights=``, ``zoo:NAME``); ``target``: torchscript | onnx | exported_program | tensorrt.
+      ``weights=``, ``zoo:NAME``); ``target``: torchscript | onnx | exported_program | aoti (an
+      AOTInductor package, compiled for this CPU) | tensorrt.
     - ``config``: an ExportConfig instead of ``target`` and the loose options precision, opset,
       optimize, script, atol, rtol, int8_method (a loose option contradicting it is refused).
     - ``input_shapes``: ``"1x3x32x32"`` (or one NAME=SHAPE per input; batch dynamic in [1, 64]),
@@ -147,8 +149,9 @@ def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportCon
     from ptopt.export.onnx_int8 import is_int8_source
 
     loaded = as_loaded(model, weights, allow_pickle)
-    if loaded.format == "onnx":
-        raise UsageError(f"{loaded.ref} is already ONNX; export starts from a PyTorch model")
+    if loaded.format in ("onnx", "aoti_package"):
+        what = "ONNX" if loaded.format == "onnx" else "an AOTInductor package (compiled code)"
+        raise UsageError(f"{loaded.ref} is already {what}; export starts from a PyTorch model")
     module = loaded.require_module(f"--target {config.target}")
     if is_int8_source(loaded):
         precision = "int8"
@@ -405,7 +408,7 @@ def _format_options(
     """The writer's per-format options; for int8 ONNX also the record of what ORT quantized."""
     if config.target == "torchscript":
         return {"script": config.script}, None
-    if config.target == "exported_program":
+    if config.target in ("exported_program", "aoti"):
         return {}, None
     if config.target == "tensorrt":
         return {"calib": calib}, None

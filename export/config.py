@@ -17,12 +17,15 @@ TARGETS: dict[str, tuple[str, str]] = {
     "onnx": ("onnx", ".onnx"),
     "tensorrt": ("tensorrt", ".ep"),
     "exported_program": ("exported_program", ".pt2"),
+    # an AOTInductor package: the model compiled for this CPU with Inductor (ptopt.export.aoti)
+    "aoti": ("aoti_package", ".pt2"),
 }
 PRECISIONS = ("fp32", "fp16", "int8")
 #: precisions a target can convert to (besides keeping the source's precision)
 CONVERTS: dict[str, tuple[str, ...]] = {
     "torchscript": (),
     "exported_program": (),
+    "aoti": (),
     "onnx": ("int8",),
     "tensorrt": ("fp16", "int8"),
 }

@@ -15,6 +15,9 @@ quantize / prune / distill), so a format has one set of rules:
   external data for large weights, ``optimize``) and :mod:`ptopt.export.onnx_int8` (``int8_method``:
   ``ort_static`` quantizes ``fp32_module`` with ``calib``; ``qdq_export`` takes the TorchScript
   exporter path of an eager/FX int8 module).
+- ``aoti_package`` (``.pt2``): see :mod:`ptopt.export.aoti` (torch.export with the specs' ``Dim``s,
+  ``torch._inductor.aoti_compile_and_package`` with freezing on; loads with plain
+  ``torch._inductor.aoti_load_package``; refused on another torch version).
 - ``tensorrt``: see :mod:`ptopt.export.tensorrt` (needs torch_tensorrt, TensorRT and CUDA).
 
 **The reload check** (``check=True``, the default): the written file is loaded in its own runtime
@@ -40,7 +43,7 @@ from ptopt.core.errors import ParityError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
 
 #: formats ``write_model`` writes (tensorrt only where torch_tensorrt, TensorRT and CUDA are)
-FORMATS = ("torchscript", "exported_program", "onnx", "tensorrt")
+FORMATS = ("torchscript", "exported_program", "aoti_package", "onnx", "tensorrt")
 #: the sidecar fields ``write_model``'s facts may carry (what ``core.result.Result`` merges)
 FACT_KEYS = ("files", "extra", "metrics", "outputs")
 
@@ -81,7 +84,8 @@ def write_model(
     - ``options`` by format: torchscript ``script=False``, ``freeze=True``; onnx ``opset``, ``optimize``,
       ``external_data``, ``int8_method`` (None | ``"ort_static"`` | ``"qdq_export"``), ``calib``
       (a Dataset for ort_static), ``fp32_module`` (what ort_static quantizes; default ``module``),
-      ``fp32_source_format``; tensorrt ``calib``, and ``precision`` is the engine's.
+      ``fp32_source_format``; aoti_package ``inductor_configs`` (on top of freezing); tensorrt
+      ``calib``, and ``precision`` is the engine's.
 
     Raises UsageError (unknown format/option), UnsupportedModelError (cannot be captured),
     ParityError (the reloaded file drifts).
@@ -119,7 +123,8 @@ def write_model(
 def reload(path: str | os.PathLike, fmt: str, *, style: str = "positional", device: str = "cpu") -> Any:
     """The model file at ``path`` loaded the way a user loads it, callable like its source:
     a ScriptModule (``torch.jit.load``), the ExportedProgram's ``.module()`` (``torch.export.load``),
-    or for ONNX an :class:`~ptopt.export.onnx_model.OnnxModel` over an ONNX Runtime session (torch
+    an AOTInductor package (``torch._inductor.aoti_load_package``, refused when another torch built
+    it: ModelLoadError), or for ONNX an :class:`~ptopt.export.onnx_model.OnnxModel` over an ONNX Runtime session (torch
     tensors in, torch tensors out). The loaded model does not need the file afterwards.
 
     A file its runtime cannot load back (e.g. an ExportedProgram whose output is a string) is an
@@ -128,6 +133,10 @@ def reload(path: str | os.PathLike, fmt: str, *, style: str = "positional", devi
 
     if fmt not in FORMATS:
         raise UsageError(f"cannot load format {fmt!r} (formats: {', '.join(FORMATS)})")
+    if fmt == "aoti_package":
+        from ptopt.export.aoti import check_version
+
+        check_version(path)  # before any of its native code loads: a clear line naming both versions
     try:
         with quiet_export():  # the deserializers log whole tracebacks before raising
             return _load(Path(path), fmt, style, device)
@@ -146,6 +155,10 @@ def _load(path: Path, fmt: str, style: str, device: str) -> Any:
     if fmt == "exported_program":
         # through a buffer: torch.export.load warns about a file not named .pt2 (a temporary one)
         return torch.export.load(io.BytesIO(path.read_bytes())).module()
+    if fmt == "aoti_package":
+        from ptopt.export.aoti import load_aoti
+
+        return load_aoti(path)
     if fmt == "onnx":
         from ptopt.export.onnx_model import OnnxModel
 
@@ -166,7 +179,9 @@ def serialized_bytes(
 ) -> int:
     """Bytes on disk of ``module`` written as ``fmt`` (all its files), unchecked: for size
     comparisons (e.g. fp32 TorchScript vs its int8 artifact). Nothing is left behind."""
-    suffix = {"torchscript": ".pt", "exported_program": ".pt2", "onnx": ".onnx"}.get(fmt, ".bin")
+    suffix = {"torchscript": ".pt", "exported_program": ".pt2", "aoti_package": ".pt2", "onnx": ".onnx"}.get(
+        fmt, ".bin"
+    )
     with tempfile.TemporaryDirectory(prefix="ptopt-size-") as d:
         path = Path(d) / f"model{suffix}"
         facts = write_model(
@@ -292,6 +307,10 @@ def _write(
         return _torchscript(module, path, specs, style, example, source_format, **options)
     if fmt == "exported_program":
         return _exported_program(module, path, specs, style, example, source_format)
+    if fmt == "aoti_package":
+        from ptopt.export.aoti import write_aoti
+
+        return write_aoti(module, path, specs, style, example, source_format, **options)
     if fmt == "onnx":
         return _onnx(module, path, specs, style, source_format, **options)
     from ptopt.export.tensorrt import export_tensorrt
@@ -302,6 +321,7 @@ def _write(
 _OPTIONS: dict[str, set[str]] = {
     "torchscript": {"script", "freeze"},
     "exported_program": set(),
+    "aoti_package": {"inductor_configs"},
     "onnx": {
         "opset",
         "optimize",

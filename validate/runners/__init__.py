@@ -9,6 +9,7 @@ apart); MODEL references (``zoo:NAME``, ``pkg.mod:factory``) and ``nn.Module`` o
 | eager, pickle | ``eager.EagerRunner`` | torch eager |
 | torchscript | ``torchscript.TorchScriptRunner`` | torch.jit |
 | exported_program | ``exported_program.ExportedProgramRunner`` | torch.export |
+| aoti_package | ``aoti.AotiRunner`` | AOTInductor (compiled package) |
 | onnx | ``onnxruntime.OnnxRuntimeRunner`` | ONNX Runtime (CPU; CUDA/TensorRT providers when present) |
 | tensorrt | ``tensorrt.TensorRTRunner`` | TensorRT through torch_tensorrt (CUDA) |
 """
@@ -78,6 +79,10 @@ def runner_for_loaded(name: str, loaded: Any, providers: Sequence[str] | None = 
         return exported_program.ExportedProgramRunner.create(name, loaded)
     if fmt in onnxruntime.FORMATS:
         return onnxruntime.OnnxRuntimeRunner.create(name, loaded, providers=providers)
+    from ptopt.validate.runners import aoti
+
+    if fmt in aoti.FORMATS:
+        return aoti.AotiRunner.create(name, loaded)
     raise ModelLoadError(f"{name}: no runner for format {fmt!r}")
 
 

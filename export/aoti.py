@@ -1,0 +1,165 @@
+"""AOTInductor packages (``.pt2``): the model compiled ahead of time into native code for this CPU.
+
+Written by :func:`write_aoti` (``write_model(module, "aoti_package", path)``):
+``torch.export.export`` with the InputSpecs' ``Dim``s (the same [min, max] as every other format),
+then ``torch._inductor.aoti_compile_and_package`` with freezing on (weights folded into the
+compiled code as constants, which is what lets Inductor pick its fused/oneDNN kernels, and for a
+PT2E int8 graph its int8 kernels). Loaded with plain torch, no ptopt::
+
+    model = torch._inductor.aoti_load_package("model.pt2")
+    y = model(x)
+
+A package is tied to the torch that built it (the generated code calls torch's C++ ABI), so the
+torch version goes into the package's own metadata (``ptopt_torch_version``, readable without
+loading the library) and into the sidecar; :func:`load_aoti` refuses a package from another torch,
+naming both versions, before any of its native code is loaded. The CPU ISA it was compiled for
+(AVX2, AVX512...), the compiler, the compile options, threads and seconds are recorded as well.
+
+A ``.pt2`` is either this or a ``torch.export`` ExportedProgram; the sidecar's ``format``
+(``aoti_package`` vs ``exported_program``) says which, and ``is_aoti_package`` tells them apart
+from the archive alone (:mod:`ptopt.core.aoti`, shared with the model loaders).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.aoti import (
+    FORMAT,
+    VERSION_KEY,
+    check_version,
+    is_aoti_package,
+    load_package,
+    package_metadata,
+)
+from ptopt.core.errors import MissingDependencyError, UnsupportedModelError
+from ptopt.core.inputspec import InputSpec
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "FORMAT",
+    "check_compiler",
+    "check_version",
+    "is_aoti_package",
+    "load_aoti",
+    "package_metadata",
+    "write_aoti",
+]
+
+#: Inductor options every package is compiled with (recorded in the sidecar with what was added)
+DEFAULT_OPTIONS: dict[str, Any] = {"freezing": True}
+
+
+def write_aoti(
+    module: Any,
+    path: Path,
+    specs: Sequence[InputSpec],
+    style: str,
+    example: Any,
+    source_format: str,
+    *,
+    inductor_configs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Capture ``module`` with the specs' Dims and compile it into an AOTInductor package at ``path``.
+
+    ``inductor_configs``: extra Inductor options (on top of :data:`DEFAULT_OPTIONS`). Returns the
+    writer's info: files, method, compile options, torch version, compile seconds, CPU ISA."""
+    import torch
+
+    from ptopt.export.tracing import export_program, fits_for_export
+
+    if source_format == "torchscript" or isinstance(module, torch.jit.ScriptModule):
+        raise UnsupportedModelError(
+            "a TorchScript model cannot go through torch.export; export the original nn.Module "
+            "(pkg.module:factory --weights W, or zoo:NAME) to --target aoti"
+        )
+    compiler = check_compiler()
+    x = example if example is not None and fits_for_export(specs, example) else None
+    ep = export_program(module, specs, style, example=x)
+    options = {**DEFAULT_OPTIONS, **(inductor_configs or {})}
+    threads = torch.get_num_threads()
+    started = time.perf_counter()
+    compile_package(ep, path, options, compiler)
+    seconds = time.perf_counter() - started
+    meta = package_metadata(path)
+    return {
+        "files": [path.name],
+        "method": "torch.export.export (strict=False) + torch._inductor.aoti_compile_and_package",
+        "compile_options": options,
+        "compiler": compiler,
+        "compile_threads": threads,
+        "compile_seconds": round(seconds, 2),
+        "torch_version": torch.__version__,
+        "cpu_isa": meta.get("AOTI_CPU_ISA", ""),
+        "device": meta.get("AOTI_DEVICE_KEY", "cpu"),
+    }
+
+
+def check_compiler() -> str:
+    """The C++ compiler Inductor will use (its name), or MissingDependencyError naming the ones tried."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor import cpp_builder
+
+    try:
+        return str(cpp_builder.get_cpp_compiler())
+    except Exception:  # noqa: BLE001 - InvalidCxxCompiler, or an OSError from probing the compiler
+        tried = [c for c in _as_tuple(inductor_config.cpp.cxx) if c]
+        raise MissingDependencyError(
+            f"AOTInductor needs a C++ compiler and none works here (tried: {', '.join(tried) or 'g++'}); "
+            f"install g++ (e.g. apt-get install g++) or point CXX at one"
+        ) from None
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+def compile_package(ep: Any, path: Path, options: dict[str, Any], compiler: str) -> None:
+    """``aoti_compile_and_package`` into a temporary folder, then moved to ``path`` (any name: the
+    compiler wants a ``.pt2`` name and writes scratch files beside it)."""
+    import torch
+
+    from ptopt.export.tracing import first_lines
+
+    configs = {**options, "aot_inductor.metadata": {VERSION_KEY: torch.__version__}}
+    with tempfile.TemporaryDirectory(prefix="ptopt-aoti-") as d, _quiet_inductor():
+        out = Path(d) / "model.pt2"
+        try:
+            # freezing applies only with autograd off (torch._inductor.compile_fx): under grad the
+            # package silently keeps plain aten convolutions instead of oneDNN's packed/int8 kernels
+            with torch.no_grad():
+                torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=configs)
+        except Exception as e:  # noqa: BLE001 - Inductor lowering / the C++ build raise many kinds
+            text = str(e)
+            where = (
+                f" ({compiler} failed to build the generated code)"
+                if "CppCompileError" in (type(e).__name__ + text[:200])
+                else ""
+            )
+            raise UnsupportedModelError(
+                f"AOTInductor cannot compile the model{where}: {type(e).__name__}: {first_lines(text, 2)[:300]}"
+                f"; --target exported_program or onnx still work"
+            ) from None
+        shutil.move(str(out), path)
+
+
+@contextlib.contextmanager
+def _quiet_inductor() -> Iterator[None]:
+    from ptopt.export.tracing import quiet_export
+
+    with quiet_export():
+        yield
+
+
+def load_aoti(path: str | os.PathLike, recorded_version: str | None = None) -> Any:
+    """The package at ``path`` loaded with ``torch._inductor.aoti_load_package`` (callable like its
+    source), after the torch version check (:func:`ptopt.core.aoti.check_version`)."""
+    with _quiet_inductor():
+        return load_package(path, recorded_version)

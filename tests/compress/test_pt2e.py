@@ -1,0 +1,265 @@
+"""The PT2E engine (``ptopt.compress.quant_engine_pt2e``) in memory: torch.export → prepare_pt2e /
+prepare_qat_pt2e → calibrate / train → convert_pt2e with X86InductorQuantizer, then an AOTInductor
+package whose int8 kernels come from Inductor's lowering, accepted at every batch size of its range.
+
+One package is compiled (module fixture, ~20-60 s); the rest runs the converted graph eagerly."""
+
+from __future__ import annotations
+
+import sys
+import types
+import zipfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.helpers import assert_refused, tiny_cnn
+
+
+def _scheme(**kw):
+    base = dict(backend="x86", per_channel=True, float_modules=(), observer="histogram")
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from ptopt.core.data import load_data
+
+    ds = load_data("builtin:digits:test")
+    return [b.x for b in ds.batches(32)]
+
+
+@pytest.fixture(scope="module")
+def specs(digits):
+    from ptopt.core.inputspec import specs_from_example
+
+    return specs_from_example(digits[0])  # batch dynamic in [1, 64]
+
+
+@pytest.fixture(scope="module")
+def compiled(digits, specs, tmp_path_factory):
+    from ptopt.compress import quant_engine_pt2e as pt2e
+
+    source = tiny_cnn().eval()
+    converted = pt2e.quantize_static(source, specs, "positional", _scheme(), digits[:8])
+    path = tmp_path_factory.mktemp("pt2e") / "tiny.int8.pt2"
+    facts = pt2e.compile_int8(converted, path, specs, "positional", samples=torch.cat(digits[8:12]))
+    return source, converted, path, facts
+
+
+def test_converted_graph_is_int8_qdq_and_close_to_fp32(digits, specs):
+    from ptopt.compress import quant_engine_pt2e as pt2e
+
+    source = tiny_cnn().eval()
+    converted = pt2e.quantize_static(source, specs, "positional", _scheme(observer="minmax"), digits[:4])
+    ops = {str(n.target) for n in converted.graph.nodes if n.op == "call_function"}
+    assert any("quantize_per_tensor" in o for o in ops) and any("dequantize_per_channel" in o for o in ops)
+    x = digits[5]
+    with torch.no_grad():
+        cos = F.cosine_similarity(source(x).flatten(), converted(x).flatten(), dim=0)
+    assert cos > 0.98
+
+
+def test_compiled_package_has_int8_kernels_and_takes_batches_1_to_64(compiled, digits):
+    from ptopt.export.aoti import load_aoti
+
+    source, converted, path, facts = compiled
+    with zipfile.ZipFile(path) as z:
+        code = z.read(next(n for n in z.namelist() if n.endswith("wrapper.cpp"))).decode()
+    assert "qconv" in code and "qlinear" in code  # oneDNN int8 kernels, not fp32 convolutions
+    assert facts["metrics"]["parity"]["passed"]
+    assert facts["extra"]["pt2e"]["batches_probed"] == [1, 2, 3, 32, 63, 64]
+    model = load_aoti(path)
+    xs = torch.cat(digits)
+    for b in (1, 5, 17, 64):
+        x = xs[:b]
+        with torch.no_grad():
+            got, ref = model(x), source(x)
+        assert got.shape == (b, 10)
+        agree = (got.argmax(1) == ref.argmax(1)).float().mean()
+        assert agree >= 0.9, (b, agree)
+
+
+def test_qat_prepare_train_convert(digits, specs):
+    from ptopt.compress import quant_engine_pt2e as pt2e
+
+    source = tiny_cnn()
+    prepared = pt2e.prepare(source.train(), specs, "positional", _scheme(observer="minmax"), qat=True)
+    opt = torch.optim.SGD(prepared.parameters(), lr=1e-3)
+    for x in digits[:3]:
+        loss = prepared(x).logsumexp(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    pt2e.set_training(prepared, False)
+    converted = pt2e.convert(prepared)
+    with torch.no_grad():
+        out = converted(digits[4])
+    assert out.shape == (32, 10) and torch.isfinite(out).all()
+
+
+def test_exclude_keeps_module_float(digits, specs):
+    from ptopt.compress import quant_engine_pt2e as pt2e
+
+    converted = pt2e.quantize_static(
+        tiny_cnn().eval(), specs, "positional", _scheme(float_modules=("fc",)), digits[:2]
+    )
+    # the Linear's weight is no longer dequantized from int8: it stays a float parameter
+    linear = [n for n in converted.graph.nodes if n.target == torch.ops.aten.linear.default]
+    assert linear and "dequantize" not in str(linear[0].args[1].target)
+
+
+def test_no_upstream_noise(capfd, digits, specs):
+    from ptopt.compress import quant_engine_pt2e as pt2e
+
+    pt2e.quantize_static(tiny_cnn().eval(), specs, "positional", _scheme(), digits[:2])
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        if x.sum() > 0:  # torch.export cannot decide this branch from shapes
+            x = x * 2
+        return self.head(x.flatten(1))
+
+
+def _without_torchao(monkeypatch):
+    for name in [n for n in sys.modules if n == "torchao" or n.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchao", None)  # import torchao → ImportError
+
+
+@pytest.mark.parametrize(
+    "model, scheme, qat, setup, match, error",
+    [
+        ("tiny", _scheme(per_channel=False), False, None, ("per channel", "--engine fx"), "UsageError"),
+        ("tiny", _scheme(backend="qnnpack"), False, None, ("x86", "--engine fx"), "UsageError"),
+        ("tiny", _scheme(observer="mse"), False, None, "unknown observer", "UsageError"),
+        ("tiny", _scheme(float_modules=("nope",)), False, None, "--exclude nope", "UsageError"),
+        (
+            "datadep",
+            _scheme(),
+            False,
+            None,
+            ("torch.export cannot capture", "--engine fx"),
+            "UnsupportedModelError",
+        ),
+        ("tiny", _scheme(), True, _without_torchao, "ptopt[torchao]", "MissingDependencyError"),
+    ],
+    ids=["per-tensor", "qnnpack", "bad-observer", "bad-exclude", "uncapturable", "no-torchao"],
+)
+def test_bad_input_refused(monkeypatch, specs, model, scheme, qat, setup, match, error):
+    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.core import errors
+
+    if setup is not None:
+        setup(monkeypatch)
+    module = tiny_cnn().eval() if model == "tiny" else DataDependent().eval()
+    assert_refused(
+        pt2e.prepare, module, specs, "positional", scheme, qat=qat, match=match, error=getattr(errors, error)
+    )
+
+
+def test_dynamic_mode_refused():
+    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.core.errors import UsageError
+
+    assert_refused(
+        pt2e.check_scheme, _scheme(), "dynamic", match=("--engine fx", "static and qat"), error=UsageError
+    )
+
+
+def test_failing_batches_become_one_line_naming_what_works(monkeypatch, specs):
+    """A package that crashes at some batch sizes inside generated code is refused with the sizes."""
+    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.core.errors import UnsupportedModelError
+
+    def flaky(x):
+        if x.shape[0] > 3:
+            raise AssertionError("expected size 32==s77, stride 1024==1024 at dim=0 (assert_size_stride)")
+        return x.flatten(1)
+
+    msg = assert_refused(pt2e._probe, flaky, specs, "positional", error=UnsupportedModelError)
+    assert "fails at batch size(s) 32, 63, 64" in msg and "runs at 1, 2, 3" in msg and "--engine fx" in msg
+
+
+# -- ptopt quantize --engine pt2e|auto ---------------------------------------------------------------
+
+
+def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path):
+    from ptopt.core.modelref import load_model
+
+    out = tmp_path / "tiny.int8.pt2"
+    code, stdout, err = cli(
+        "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e",
+        "--calib-data", "builtin:digits:train", "--eval-data", "builtin:digits:test",
+        "--calibration-batches", "4", "--no-progress", "-o", out,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "AOTInductor package int8" in stdout and "calibration: 4 batches" in stdout
+    art = load_model(out, allow_pickle=True).artifact
+    assert art.format == "aoti_package" and art.precision == "int8" and art.config["engine"] == "pt2e"
+    assert art.metrics["parity"]["passed"] and art.metrics["eval_samples"] > 0
+    assert art.metrics["size_ratio_vs_fp32_torchscript"] > 0
+    assert art.extra["pt2e"]["batches_probed"][0] == 1
+
+
+def test_auto_keeps_the_faster_engine_and_says_why(digits):
+    import ptopt
+
+    res = ptopt.quantize(
+        tiny_cnn(), "static", calib_data=torch.cat(digits[:4]), eval_data=torch.cat(digits[4:8]),
+        calibration_batches=2, engine="auto", progress=False,
+    )  # fmt: skip
+    choice = res.extra["engine_choice"]
+    assert choice["chosen"] in ("fx", "pt2e") and set(choice["p50_ms"]) == {"fx", "pt2e"}
+    assert res.format == ("aoti_package" if choice["chosen"] == "pt2e" else "torchscript")
+    x = digits[0]
+    assert res.model(x).shape == (32, 10)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--mode", "dynamic", "--engine", "pt2e"], ("--engine pt2e", "--mode dynamic runs on --engine fx")),
+        (["--mode", "static", "--engine", "pt2e", "--per-tensor", "--calib-data", "builtin:digits:train"],
+         ("per-channel", "--engine fx")),
+        (["--mode", "static", "--engine", "auto", "--backend", "qnnpack", "--calib-data", "builtin:digits:train"],
+         ("--backend qnnpack runs on --engine fx",)),
+    ],
+    ids=["dynamic", "per-tensor", "qnnpack"],
+)  # fmt: skip
+def test_cli_engine_refusals(cli, tmp_path, args, match):
+    assert_refused(
+        cli,
+        "quantize",
+        "tests.helpers:tiny_cnn",
+        *args,
+        "-o",
+        tmp_path / "m.pt2",
+        match=match,
+        where=tmp_path,
+    )
+
+
+def test_only_the_pt2e_engine_imports_torchao():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    importers = set()
+    for folder in ("core", "compress", "export", "validate", "serve", "cli", "models", "ptopt"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                if any(n == "torchao" or n.startswith("torchao.") for n in names):
+                    importers.add(path.relative_to(root).as_posix())
+    assert importers == {"compress/quant_engine_pt2e.py"}

@@ -1,0 +1,239 @@
+"""``--target aoti``: an AOTInductor package (``.pt2``) compiled with freezing, a dynamic batch from
+the InputSpecs, checked at min/opt/max after ``aoti_load_package``, loadable with plain torch.
+
+Compiling takes ~20 s per model on a quiet machine: one package (the CLI's) is shared by the
+module, plus one in-memory export."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import assert_refused, tiny_cnn
+
+DATA = "builtin:digits:test"
+
+
+def _wrapper_code(path: Path) -> str:
+    with zipfile.ZipFile(path) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith("wrapper.cpp"))).decode()
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> tuple[Path, str]:
+    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16`` (its stdout too)."""
+    out = tmp_path_factory.mktemp("aoti") / "tiny.pt2"
+    repo = Path(__file__).resolve().parents[2]  # tests.helpers:tiny_cnn must import in the subprocess
+    run = subprocess.run(
+        [sys.executable, "-m", "ptopt.cli.main", "export", "tests.helpers:tiny_cnn", "--target", "aoti"]
+        + ["--dynamic-batch", "1:4:16", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=out.parent,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stderr.strip() == "", run.stderr[-3000:]  # no upstream noise reaches the user
+    return out, run.stdout
+
+
+def test_cli_writes_package_and_sidecar_with_compile_facts(package):
+    path, stdout = package
+    assert "compile: AOTInductor" in stdout and "parity:" in stdout
+    side = json.loads(Path(str(path) + ".ptopt.json").read_text())
+    assert side["format"] == "aoti_package" and side["config"]["target"] == "aoti"
+    extra = side["extra"]
+    assert extra["compile_options"] == {"freezing": True}
+    assert extra["torch_version"] == torch.__version__ and extra["compile_seconds"] > 0
+    assert extra["compiler"] and extra["cpu_isa"]
+    spec = side["inputs"][0]
+    assert spec["min_shape"][0] == 1 and spec["opt_shape"][0] == 4 and spec["max_shape"][0] == 16
+    parity = side["metrics"]["parity"]
+    assert parity["passed"] and set(parity["shapes"]) >= {"min", "opt", "max"}
+    # freezing took effect: the convolutions run as oneDNN kernels on pre-packed weights, not as
+    # plain aten convolutions on the weights passed in at run time
+    code = _wrapper_code(path)
+    assert "aoti_torch_cpu_convolution" not in code and "mkldnn" in code
+    with zipfile.ZipFile(path) as z:  # the torch version also travels inside the package
+        meta = json.loads(z.read(next(n for n in z.namelist() if n.endswith("wrapper_metadata.json"))))
+    assert meta["ptopt_torch_version"] == torch.__version__
+
+
+def test_package_runs_with_plain_torch(package, tmp_path):
+    """No ptopt in the loading process: ``torch._inductor.aoti_load_package`` and a call."""
+    path, _ = package
+    source = tiny_cnn().eval()
+    xs = [torch.randn(b, 1, 8, 8) for b in (1, 7, 16)]
+    with torch.no_grad():
+        torch.save({"xs": xs, "ys": [source(x) for x in xs]}, tmp_path / "io.pt")
+    script = (
+        "import sys, torch\n"
+        "m = torch._inductor.aoti_load_package(sys.argv[1])\n"
+        "d = torch.load(sys.argv[2])\n"
+        "for x, y in zip(d['xs'], d['ys']):\n"
+        "    torch.testing.assert_close(m(x), y, atol=1e-4, rtol=1e-4)\n"
+        "assert 'ptopt' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(path), str(tmp_path / "io.pt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_load_model_dispatches_on_format_and_needs_trust(package, tmp_path):
+    from ptopt.core.errors import UnsafePickleError
+    from ptopt.core.modelref import load_model
+
+    path, _ = package
+    assert_refused(load_model, path, match=("AOTInductor package", "--allow-pickle"), error=UnsafePickleError)
+    loaded = load_model(path, allow_pickle=True)
+    assert loaded.format == "aoti_package" and loaded.input_specs[0].max_shape[0] == 16
+    x = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(loaded.module(x), tiny_cnn().eval()(x), atol=1e-4, rtol=1e-4)
+    # without its sidecar the archive itself says what it is
+    bare = tmp_path / "bare.pt2"
+    shutil.copyfile(path, bare)
+    assert load_model(bare, allow_pickle=True).format == "aoti_package"
+    # an ExportedProgram .pt2 still loads as one
+    ep = torch.export.export(tiny_cnn().eval(), (torch.randn(2, 1, 8, 8),))
+    torch.export.save(ep, tmp_path / "ep.pt2")
+    assert load_model(tmp_path / "ep.pt2").format == "exported_program"
+
+
+def _with_torch_version(src: Path, dest: Path, version: str | None) -> Path:
+    """A copy of the package whose metadata names another torch (or none)."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item)
+            if item.filename.endswith("metadata.json"):
+                meta = json.loads(data)
+                meta.pop("ptopt_torch_version", None)
+                if version is not None:
+                    meta["ptopt_torch_version"] = version
+                data = json.dumps(meta).encode()
+            zout.writestr(item, data)
+    return dest
+
+
+@pytest.mark.parametrize("where", ["package", "sidecar"], ids=["in-package", "in-sidecar"])
+def test_package_from_another_torch_is_refused_naming_both(package, tmp_path, where):
+    from ptopt.core.artifact import sha256_file
+    from ptopt.core.errors import ModelLoadError
+    from ptopt.core.modelref import load_model
+    from ptopt.export.writers import reload
+
+    path, _ = package
+    other = tmp_path / "other.pt2"
+    if where == "package":
+        _with_torch_version(path, other, "2.11.0+cu130")
+    else:  # an older package without the key: the sidecar's record decides
+        _with_torch_version(path, other, None)
+        side = json.loads(Path(str(path) + ".ptopt.json").read_text())
+        side["extra"]["torch_version"] = "2.11.0+cu130"
+        digest = sha256_file(other)  # a sidecar counts only for the very bytes it describes
+        side.update(sha256=digest, hashes={other.name: digest}, path=other.name, files=[other.name])
+        Path(str(other) + ".ptopt.json").write_text(json.dumps(side))
+    needles = ("built by torch 2.11.0+cu130", f"this is torch {torch.__version__}")
+    assert_refused(load_model, other, allow_pickle=True, match=needles, error=ModelLoadError)
+    if where == "package":
+        assert_refused(reload, other, "aoti_package", match=needles, error=ModelLoadError)
+
+
+def test_validate_runner_times_and_scores_the_package(package):
+    from ptopt.validate.runners import open_runner
+
+    path, _ = package
+    runner = open_runner(str(path), allow_pickle=True)
+    assert type(runner).__name__ == "AotiRunner" and runner.runtime == "AOTInductor"
+    assert runner.format == "aoti_package" and runner.batch_range == (1, 16)
+    assert runner.accepts_batch(16) and not runner.accepts_batch(17)
+    runner.prepare(1)
+    x = torch.randn(5, 1, 8, 8)
+    torch.testing.assert_close(runner.predict(x), tiny_cnn().eval()(x).detach(), atol=1e-4, rtol=1e-4)
+    runner.timed_call(x)()
+    assert runner.info["cpu_isa"] and runner.info["torch_version"] == torch.__version__
+
+
+def test_validate_cli_scores_the_package(package, cli, tmp_path):
+    path, _ = package
+    code, out, err = cli(
+        "validate", "tests.helpers:tiny_cnn", str(path), "--data", DATA, "--allow-pickle",
+        "--batch-sizes", "1,8", "--min-iters", "3", "--min-seconds", "0.05", "--rounds", "2",
+        "--max-samples", "64", "--json", str(tmp_path / "r.json"),
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "r.json").read_text())
+    text = json.dumps(report)
+    assert "aoti_package" in text and "AOTInductor" in text
+
+
+def test_inmemory_model_runs_here_and_saves(tmp_path):
+    import ptopt
+
+    source = tiny_cnn().eval()
+    res = ptopt.export(source, "aoti", input_shapes="2x1x8x8", dynamic_batch="1:2:8")
+    assert list(tmp_path.iterdir()) == []  # nothing written before save
+    x = torch.randn(8, 1, 8, 8)
+    torch.testing.assert_close(res.model(x), source(x).detach(), atol=1e-4, rtol=1e-4)
+    assert res.format == "aoti_package" and res.metrics["parity"]["passed"]
+    art = res.save(tmp_path / "m.pt2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt2", "m.pt2.ptopt.json"]
+    assert art.extra["compile_options"] == {"freezing": True} and art.size_bytes > 0
+
+
+def _no_compiler():
+    import torch._inductor.config as inductor_config
+
+    # config.patch, not monkeypatch: undoing a monkeypatch on Inductor's config module deletes the key
+    return inductor_config.patch({"cpp.cxx": (None, "ptopt-no-such-cxx")})
+
+
+@pytest.mark.parametrize(
+    "setup, model, match",
+    [
+        (_no_compiler, "tiny", ("C++ compiler", "ptopt-no-such-cxx")),
+        (contextlib.nullcontext, "torchscript", ("TorchScript", "--target aoti")),
+    ],
+    ids=["no-compiler", "torchscript-source"],
+)
+def test_bad_input_refused_nothing_written(tmp_path, setup, model, match):
+    import ptopt
+
+    source = tiny_cnn().eval()
+    if model == "torchscript":
+        source = torch.jit.trace(source, torch.randn(2, 1, 8, 8))
+    with setup():
+        assert_refused(
+            ptopt.export,
+            source,
+            "aoti",
+            tmp_path / "m.pt2",
+            input_shapes="2x1x8x8",
+            match=match,
+            where=tmp_path,
+        )
+
+
+def test_package_as_export_source_refused(package, tmp_path):
+    import ptopt
+
+    path, _ = package
+    assert_refused(
+        ptopt.export, str(path), "onnx", tmp_path / "m.onnx", allow_pickle=True,
+        match="AOTInductor package", where=tmp_path,
+    )  # fmt: skip
