@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ptopt.cli.options import maybe_save_recipe, output_option, save_recipe_option
+from ptopt.cli.options import guard_paths, maybe_save_recipe, output_option, save_recipe_option
 
 
 @click.command("distill")
@@ -86,6 +86,17 @@ from ptopt.cli.options import maybe_save_recipe, output_option, save_recipe_opti
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @output_option()
 @save_recipe_option
+@guard_paths(
+    {
+        "teacher": "--teacher",
+        "teacher_weights": "--teacher-weights",
+        "student": "--student",
+        "student_weights": "--student-weights",
+        "train_data": "--train-data",
+        "eval_data": "--eval-data",
+    },
+    {"output": "-o", "save_recipe": "--save-recipe", "metrics_file": "--metrics-file"},
+)
 def command(
     teacher: str,
     teacher_weights: str | None,
@@ -181,3 +192,7 @@ def _print_report(art) -> None:
             f"eval accuracy: {m['eval_accuracy']:.4f} (best epoch {m['best_epoch']}; "
             f"teacher {m['teacher_eval_accuracy']:.4f})"
         )
+    if m.get("vs_teacher"):
+        from ptopt.compress.fidelity import describe
+
+        click.echo(f"vs teacher: {describe(m['vs_teacher'])}")

@@ -40,12 +40,19 @@ def command(
     click.echo(f"model:      {report['model']} ({report['format']})")
     if size is not None:
         click.echo(f"size:       {size:,} bytes")
+    side = report.get("sidecar")
+    if side:  # a stale sidecar (its sha256 no longer matches the file) is ignored: say so
+        click.echo(f"sidecar:    {side['state']}" + (f" ({side['reason']})" if side["reason"] else ""))
     if report.get("parameters") is not None:
         click.echo(f"parameters: {report['parameters']:,} ({report['parameter_bytes']:,} bytes)")
     for s in report["inputs"]:
         click.echo(f"input:      {s['describe']}")
     if not report["inputs"]:
-        click.echo("input:      unknown (pass --data or --input-shape)")
+        guess = " ".join(f"--input-shape {s}" for s in report.get("suggested_input_shapes", []))
+        click.echo(
+            "input:      unknown (pass --data or --input-shape"
+            + (f"; its first layer suggests {guess})" if guess else ")")
+        )
     for o in report.get("outputs", []):
         click.echo(f"output:     {o['name']}: {'x'.join(map(str, o['shape']))} {o['dtype']}")
     if "data" in report:

@@ -12,41 +12,23 @@ import sys
 
 import click
 
-#: command name -> (module, one-line help shown by `ptopt --help` without importing the module)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "quantize": (
-        "ptopt.cli.quantize",
-        "Quantize a model to int8 (dynamic, static with calibration, or QAT).",
-    ),
-    "prune": ("ptopt.cli.prune", "Prune a model: L1 unstructured, global, or structured channel removal."),
-    "distill": ("ptopt.cli.distill", "Train a student from a teacher by knowledge distillation."),
-    "export": ("ptopt.cli.export", "Export to TorchScript, ONNX or TensorRT, checked against its source."),
-    "validate": (
-        "ptopt.cli.validate",
-        "Compare artifacts on the same data: accuracy, size, latency; gate CI.",
-    ),
-    "package": ("ptopt.cli.package", "Package an artifact for serving (TorchServe .mar, Triton repository)."),
-    "serve": ("ptopt.cli.serve", "Serve a .mar with a local TorchServe on 127.0.0.1."),
-    "run": ("ptopt.cli.run", "Run a pipeline recipe (compress, export, validate with gates) from YAML."),
-    "demo": ("ptopt.cli.demo", "Run the whole pipeline on the zoo ResNet and bundled digits."),
-    "inspect": ("ptopt.cli.inspect", "Show what a model is: inputs, outputs, parameters, size, layers."),
-    "doctor": ("ptopt.cli.doctor", "Show which backends work here (ORT, TensorRT, CUDA, TorchServe, Java)."),
-}
+from ptopt.commands import COMMANDS
 
 
 class LazyGroup(click.Group):
-    """Lists every command from ``COMMANDS`` but imports a command's module only to run it."""
+    """Lists every command of the command table (``ptopt.commands``) but imports a command's module
+    only to run it."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(n for n, (mod, _) in COMMANDS.items() if _module_exists(mod))
+        return sorted(n for n, c in COMMANDS.items() if c.cli and _module_exists(c.cli))
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS or not _module_exists(COMMANDS[name][0]):
+        if name not in self.list_commands(ctx):
             return None
-        return importlib.import_module(COMMANDS[name][0]).command
+        return importlib.import_module(COMMANDS[name].cli).command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(n, COMMANDS[n][1]) for n in self.list_commands(ctx)]
+        rows = [(n, COMMANDS[n].help) for n in self.list_commands(ctx)]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)

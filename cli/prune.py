@@ -6,6 +6,7 @@ import click
 
 from ptopt.cli.options import (
     echo_table,
+    guard_paths,
     input_shape_option,
     maybe_save_recipe,
     model_options,
@@ -82,6 +83,16 @@ from ptopt.cli.options import (
 @model_options
 @input_shape_option
 @save_recipe_option
+@guard_paths(
+    {
+        "model": "MODEL",
+        "weights": "--weights",
+        "fine_tune_data": "--fine-tune-data",
+        "eval_data": "--eval-data",
+        "teacher": "--teacher",
+    },
+    {"output": "-o", "save_recipe": "--save-recipe"},
+)
 def command(
     model: str,
     method: str,
@@ -186,6 +197,10 @@ def _print_report(art, method: str) -> None:
             f"accuracy:   {100 * m['accuracy_before']:.2f}% → {100 * m['accuracy_after']:.2f}% "
             f"(drop {m['accuracy_drop_points']:.2f} points)"
         )
+    if m.get("vs_source"):
+        from ptopt.compress.fidelity import describe
+
+        click.echo(f"vs unpruned: {describe(m['vs_source'])}")
     if extra.get("note"):
         click.echo(f"note:       {extra['note']}")
     click.echo(

@@ -8,6 +8,7 @@ import click
 
 from ptopt.cli import autoquant
 from ptopt.cli.options import (
+    guard_paths,
     input_shape_option,
     maybe_save_recipe,
     model_options,
@@ -22,7 +23,7 @@ from ptopt.cli.options import (
     "--mode",
     type=click.Choice(["dynamic", "static", "qat"]),
     required=True,
-    help="dynamic: Linear/LSTM/GRU weights int8, no data; static: graph-mode int8 calibrated on "
+    help="dynamic: Linear/LSTM/GRU/Embedding weights int8, no calibration; static: graph-mode int8 calibrated on "
     "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8.",
 )
 @output_option(required=False)
@@ -50,7 +51,9 @@ from ptopt.cli.options import (
     metavar="MODULE",
     help="Keep this module (by name, e.g. layers.2.conv1) in float and don't trace into it (repeatable).",
 )
-@click.option("--layers", help="Dynamic: comma-separated layer types to quantize [linear,lstm,gru].")
+@click.option(
+    "--layers", help="Dynamic: comma-separated layer types to quantize [linear,lstm,gru,embedding]."
+)
 @click.option("--epochs", type=int, help="QAT: fine-tuning epochs [1].")
 @click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
 @click.option(
@@ -65,6 +68,16 @@ from ptopt.cli.options import (
 @model_options
 @input_shape_option
 @save_recipe_option
+@guard_paths(
+    {
+        "model": "MODEL",
+        "weights": "--weights",
+        "calib_data": "--calib-data",
+        "train_data": "--train-data",
+        "eval_data": "--eval-data",
+    },
+    {"output": "-o", "save_recipe": "--save-recipe"},
+)
 def command(
     model: str,
     mode: str,
@@ -154,6 +167,13 @@ def _print_report(art, mode: str) -> None:
         f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "
         f"({m['fp32_torchscript_bytes']:,} bytes)"
     )
+    if m.get("larger_than_fp32"):
+        floats = art.extra.get("float_layers") or {}
+        click.echo(
+            f"warning: this int8 file is LARGER than its fp32 source ({m['size_ratio_vs_fp32_torchscript']:.2f}x): "
+            f"{len(floats)} layer(s) with weights stayed float (listed below) and int8 packing adds overhead",
+            err=True,
+        )
     cal = art.extra.get("calibration")
     if cal:
         click.echo(
@@ -174,6 +194,17 @@ def _print_report(art, mode: str) -> None:
         )
     elif "top1_agreement" in m:
         click.echo(f"top-1 agreement with fp32 on {m['eval_data']}: {100 * m['top1_agreement']:.2f}%")
+    if m.get("vs_fp32"):
+        from ptopt.compress.fidelity import describe
+
+        click.echo(f"vs fp32: {describe(m['vs_fp32'])}")
+    share = art.extra.get("int8_share")
+    if share:
+        click.echo(
+            f"int8: {share['layers']} of {share['of_layers']} layers with weights, "
+            f"{100 * share['parameters']:.1f}% of their parameters, "
+            f"{100 * share['macs']:.1f}% of their multiply-accumulates"
+        )
     choice = art.extra.get("engine_choice")
     if choice:
         click.echo(f"engine: {choice['chosen']} ({choice['why']}; p50 ms {choice['p50_ms']})")

@@ -22,13 +22,18 @@ def command(recipe: str, variables: tuple[str, ...], dry_run: bool, quiet: bool)
     a validate step whose gates fail stops the run with exit 1 after writing its reports."""
     import yaml
 
-    from ptopt.validate.recipe import parse_vars, run_recipe
+    from ptopt.pipeline import parse_vars, run_recipe
 
     def progress(msg: str) -> None:
         if not quiet:
             click.echo(msg, err=True)
 
-    def on_result(res) -> None:
+    def on_event(event) -> None:
+        res = event.result
+        if event.kind == "skipped":
+            click.echo(f"{res.step.label}: skipped ({res.reason})")
+        if event.kind != "done":
+            return
         if res.step.command == "validate":
             from ptopt.validate.reports import terminal
 
@@ -37,9 +42,7 @@ def command(recipe: str, variables: tuple[str, ...], dry_run: bool, quiet: bool)
             out = res.outputs.get("output")
             click.echo(f"{res.step.label}: wrote {out}" if out else f"{res.step.label}: done")
 
-    results = run_recipe(
-        recipe, parse_vars(variables), dry_run=dry_run, progress=progress, on_result=on_result
-    )
+    results = run_recipe(recipe, parse_vars(variables), dry_run=dry_run, progress=progress, on_event=on_event)
     if dry_run:
         for r in results:
             click.echo(

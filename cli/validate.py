@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_option
+from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, save_recipe_option
 
 
 @click.command("validate")
@@ -115,37 +117,23 @@ from ptopt.cli.options import maybe_save_recipe, model_options, save_recipe_opti
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @save_recipe_option
-def command(
-    reference: str,
-    artifacts: tuple[str, ...],
-    data: str,
-    weights: str | None,
-    allow_pickle: bool,
-    batch_sizes: str,
-    threads: int | None,
-    metric: str,
-    max_samples: int | None,
-    eval_batch_size: int,
-    min_iters: int | None,
-    min_seconds: float | None,
-    rounds: int | None,
-    providers: tuple[str, ...],
-    max_accuracy_drop: float | None,
-    relative: bool,
-    min_agreement: float | None,
-    max_latency_ms: tuple[str, ...],
-    min_speedup: float | None,
-    max_size_mb: float | None,
-    baseline: str | None,
-    max_regression: float | None,
-    regression_on: str,
-    json_path: str | None,
-    junit_path: str | None,
-    markdown_path: str | None,
-    report_path: str | None,
-    quiet: bool,
-    save_recipe: str | None,
-) -> None:
+@guard_paths(
+    {
+        "reference": "REFERENCE",
+        "artifacts": "ARTIFACT",
+        "data": "--data",
+        "baseline": "--baseline",
+        "weights": "--weights",
+    },
+    {
+        "json_path": "--json",
+        "junit_path": "--junit",
+        "markdown_path": "--markdown",
+        "report_path": "--report",
+        "save_recipe": "--save-recipe",
+    },
+)
+def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
     size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input."""
@@ -157,35 +145,7 @@ def command(
         if not quiet:
             click.echo(msg, err=True)
 
-    options = dict(
-        reference=reference,
-        artifacts=list(artifacts),
-        data=data,
-        batch_sizes=batch_sizes,
-        threads=threads,
-        metric=metric,
-        max_accuracy_drop=max_accuracy_drop,
-        relative=relative or None,
-        min_agreement=min_agreement,
-        max_latency_ms=list(max_latency_ms),
-        min_speedup=min_speedup,
-        max_size_mb=max_size_mb,
-        baseline=baseline,
-        max_regression=max_regression,
-        regression_on=[s.strip() for s in regression_on.split(",") if s.strip()],
-        json_path=json_path,
-        junit_path=junit_path,
-        markdown_path=markdown_path,
-        report_path=report_path,
-        weights=weights,
-        allow_pickle=allow_pickle or None,
-        providers=list(providers) or None,
-        max_samples=max_samples,
-        eval_batch_size=eval_batch_size,
-        min_iters=min_iters,
-        min_seconds=min_seconds,
-        rounds=rounds,
-    )
+    options = twin_options(params)
     result = validate(**options, progress=progress)
     maybe_save_recipe(save_recipe, "validate", options)
     terminal.print_report(result.data)
@@ -193,3 +153,18 @@ def command(
         click.echo(f"{key}: {path}", err=True)
     if not result.passed:
         raise GateFailedError(failure_message(result))
+
+
+def twin_options(params: dict[str, Any]) -> dict[str, Any]:
+    """The command's options as ``ptopt.validate``'s keyword arguments (and a recipe step's options:
+    unset flags are None, so a saved recipe leaves them out)."""
+    options = dict(params)
+    options.update(
+        artifacts=list(params["artifacts"]),
+        relative=params["relative"] or None,
+        allow_pickle=params["allow_pickle"] or None,
+        max_latency_ms=list(params["max_latency_ms"]),
+        providers=list(params["providers"]) or None,
+        regression_on=[s.strip() for s in params["regression_on"].split(",") if s.strip()],
+    )
+    return options

@@ -39,6 +39,7 @@ result with its tables are in ``autoquant_result``, the order of the search in `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -94,12 +95,16 @@ class _Tuner:
         self.latency_x = rebatch(
             evald.first_batch(min(len(evald), goal.latency_batch_size)).x, goal.latency_batch_size
         )
-        self.fp32_latency = self.latency(module)
         self.params = {n: sum(p.numel() for p in m.parameters()) for n, m in module.named_modules() if n}
         self.types = {n: type(m).__name__ for n, m in module.named_modules() if n}
         self.cost = self._macs(module, example)
         self.layers: list[str] = []
         self._absmax: dict[str, Any] | None = None
+
+    @functools.cached_property
+    def fp32_latency(self) -> float:
+        """p50 ms of the fp32 model (timed on first use: a sensitivity ranking alone needs no timing)."""
+        return self.latency(self.module)
 
     @staticmethod
     def _macs(module: Any, example: Any) -> dict[str, float]:
@@ -140,14 +145,14 @@ class _Tuner:
         if smooth:
             from ptopt.compress.quantize_dynamic import quantize_dynamic
 
-            return quantize_dynamic(self.smoothed(config, smooth), config).module
+            return quantize_dynamic(self.smoothed(config, smooth), config, self.example).module
         if config.mode == "static":
             from ptopt.compress.quantize_static import quantize_static
 
             return quantize_static(self.module, config, self.calib, self.example, progress=False).module
         from ptopt.compress.quantize_dynamic import quantize_dynamic
 
-        return quantize_dynamic(self.module, config).module
+        return quantize_dynamic(self.module, config, self.example).module
 
     @property
     def smoothable(self) -> list[str]:
@@ -189,9 +194,17 @@ class _Tuner:
     def measure(self, model: Any, ds: Any) -> Measurement:
         import torch
 
-        with torch.no_grad(), torch_threads(self.threads):
-            outs = self._outputs(model, ds)
         ref = torch.cat(self.ref)[: len(ds)]
+        try:
+            with torch.no_grad(), torch_threads(self.threads):
+                outs = self._outputs(model, ds)
+        except (RuntimeError, NotImplementedError) as e:
+            # some float/int8 mixes do not run (graph mode hands a quantized tensor to a float
+            # layer): such a candidate is the worst there is, not the end of the search
+            self.log(f"candidate does not run: {str(e).splitlines()[0][:120]}")
+            return Measurement(
+                int(len(ref)), -1.0, -1.0, 0.0 if ds.has_labels else None, 100.0 if ds.has_labels else None
+            )
         got = torch.cat(outs)
         cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=1, eps=1e-12)
         acc = drop = None
@@ -236,13 +249,18 @@ class _Tuner:
 
     # layers and sensitivity ----------------------------------------------------------------------------
     def quantizable_layers(self) -> list[str]:
-        """Layers the base scheme turns int8 (user-excluded ones are not candidates)."""
+        """Layers the base scheme turns int8 (user-excluded ones are not candidates, and neither
+        are embeddings: weight-only int8 rows cost no accuracy to speak of and no time)."""
+        import torch
+
         from ptopt.compress import quant_engine as engine
 
         q = self.quantize(self.base)
         out = []
         for name, m in self.module.named_modules():
             if not name or not any(True for _ in m.parameters(recurse=False)):
+                continue
+            if isinstance(m, torch.nn.Embedding):
                 continue
             try:
                 qm = q.get_submodule(name)
@@ -289,6 +307,54 @@ class _Tuner:
         for r in rows:
             r.pop("_key")
         return rows
+
+
+def layer_macs(module: Any, example: Any) -> dict[str, float]:
+    """Multiply-accumulates per sample of each layer with a weight matrix (or recurrent weights), by
+    name: what keeping it float costs."""
+    return _Tuner._macs(module, example)
+
+
+#: a sensitivity ranking quantizes every layer once: past this many layers, only the search is suggested
+MAX_RANKED_LAYERS = 48
+
+
+def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8) -> Any:
+    """The layers to keep in float so that ``config``'s int8 model holds export's parity rule against
+    the fp32 model on ``data`` (``ptopt.compress.fidelity``): the layers ranked by sensitivity (each
+    quantized alone), most sensitive first, then added to ``float_modules`` one by one until the rule
+    holds. Returns ``(layers, fidelity record)``, or None when no quantizable layer can be ranked or
+    ``max_float`` float layers are not enough."""
+    from ptopt.compress import quant_engine as engine
+    from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
+
+    goal = AccuracyGoal(min_cosine=0.0, sensitivity_samples=max(len(data), 1), latency_batch_size=1)
+    with engine.quantize_context(config.backend):
+        tuner = _Tuner(prep.module, config, prep.calib, data, prep.example, goal, None, lambda msg: None)
+        names = tuner.quantizable_layers()
+        if not names or len(names) > MAX_RANKED_LAYERS:
+            return None
+        ranked = [row["layer"] for row in tuner.sensitivity(names)]
+
+        def holds(floats: list[str]) -> Any:
+            candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
+            try:
+                fid = measure_fidelity(prep.module, tuner.quantize(candidate), data, **INT8_VS_FP32)
+            except (RuntimeError, NotImplementedError):  # a float/int8 mix graph mode cannot run
+                return None
+            return fid if fid["passed"] else None
+
+        floats: list[str] = []
+        for name in ranked[: min(max_float, len(ranked) - 1)]:
+            floats.append(name)
+            fid = holds(floats)
+            if fid is not None:
+                for extra in list(floats[:-1]):  # then as few as hold: drop the ones not needed
+                    fewer = holds([n for n in floats if n != extra])
+                    if fewer is not None:
+                        floats, fid = [n for n in floats if n != extra], fewer
+                return floats, fid
+    return None
 
 
 def _as_matrix(y: Any) -> Any:

@@ -521,6 +521,33 @@ class ChannelGraph:
         return self.gm
 
     # -- results -------------------------------------------------------------------------------
+    def _refuse_unresolved(self) -> None:
+        """UnsupportedModelError naming *every* group whose channels reach an op the analysis does
+        not know, and one ``--exclude`` (a glob when the layers share a pattern) that keeps all of
+        them: excluding a group's first layer freezes the whole group, so the suggestion holds."""
+        stuck: dict[int, tuple[str, str, str]] = {}  # root -> (first layer, op, node)
+        for node_name, op, spaces in self._unresolved:
+            for s in spaces:
+                root = self._find(s)
+                sp = self._spaces[root]
+                if not sp.frozen and sp.producers and root not in stuck:
+                    stuck[root] = (sp.producers[0], op, node_name)
+        if not stuck:
+            return
+        firsts = [first for first, _, _ in stuck.values()]
+        kept = {n for r in stuck for n in self._spaces[r].producers}
+        where = "; ".join(
+            f"layer{'s' if len(self._spaces[r].producers) > 1 else ''} {', '.join(self._spaces[r].producers)}: "
+            f"channels reach {op!r} (graph node {node})"
+            for r, (_, op, node) in list(stuck.items())[:4]
+        )
+        more = f" and {len(stuck) - 4} more" if len(stuck) > 4 else ""
+        raise UnsupportedModelError(
+            f"structured pruning cannot resolve the channel dependencies of {len(stuck)} layer group(s): "
+            f"{where}{more}, which ptopt does not know how to shrink; keep them and prune the rest with "
+            f"{exclude_flags(firsts, self.producer_order, kept)}"
+        )
+
     def groups(
         self, exclude: Iterable[str] = (), reasons: dict[str, str] | None = None
     ) -> list[ChannelGroup]:
@@ -534,16 +561,7 @@ class ChannelGraph:
         for space, module, role, _ in self._users:
             if module in exclude and role in ("out", "depthwise", "norm"):
                 self._freeze(space, (reasons or {}).get(module, f"{module} excluded"))
-        for node_name, op, spaces in self._unresolved:
-            for s in spaces:
-                sp = self._spaces[self._find(s)]
-                if not sp.frozen and sp.producers:
-                    layers = ", ".join(sp.producers)
-                    raise UnsupportedModelError(
-                        f"structured pruning cannot resolve the channel dependencies of layer {layers}: its output "
-                        f"reaches {op!r} (graph node {node_name}), which ptopt does not know how to shrink; "
-                        f"exclude it with --exclude {sp.producers[0]}"
-                    )
+        self._refuse_unresolved()
         by_root: dict[int, ChannelGroup] = {}
         for i in range(len(self._spaces)):
             r = self._find(i)
@@ -555,3 +573,22 @@ class ChannelGraph:
         for space, module, role, inner in self._users:
             by_root[self._find(space)].users.append((module, role, inner))
         return [g for g in by_root.values() if g.producers or g.users]
+
+
+def exclude_flags(names: list[str], layers: Any = (), kept: Any = ()) -> str:
+    """``--exclude`` options covering ``names``: one glob when they share a pattern (same depth,
+    ``*`` where they differ, e.g. ``'features.*.*.block.3.0'``) that matches no layer of ``layers``
+    outside ``kept``; else one option per name."""
+    import fnmatch
+
+    if len(names) > 1 and len({n.count(".") for n in names}) == 1:
+        parts = [n.split(".") for n in names]
+        pattern = ".".join(p[0] if len(set(p)) == 1 else "*" for p in zip(*parts, strict=True))
+
+        def hit(layer: str) -> bool:
+            segs = layer.split(".")
+            return any(fnmatch.fnmatchcase(".".join(segs[:i]), pattern) for i in range(1, len(segs) + 1))
+
+        if not pattern.startswith("*") and not any(hit(n) for n in layers if n not in set(kept)):
+            return f"--exclude '{pattern}'"
+    return " ".join(f"--exclude {n}" for n in names)

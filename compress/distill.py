@@ -210,10 +210,7 @@ def _load_models(
             expected=f"teacher {_shape(t_out)}",
             got=f"student {_shape(s_out)}",
         )
-    if train_ds.has_labels and int(train_ds.y.max()) >= t_out.shape[-1]:
-        raise DataError(
-            f"{train_ds.name}: label {int(train_ds.y.max())} but the models have {t_out.shape[-1]} outputs"
-        )
+    train_ds.check_labels(t_out, "the teacher")
     return t_loaded, s_loaded, probe
 
 
@@ -315,6 +312,7 @@ def _build_result(
             "teacher_eval_accuracy": teacher_acc,
             "student_parameters": s_params,
             "teacher_parameters": t_params,
+            "vs_teacher": _vs_teacher(t_loaded.module, s_module, eval_ds or train_ds),
         },
         extra={
             "teacher": teacher_record,
@@ -332,6 +330,14 @@ def _build_result(
         functools.partial(_write_student, s_module, example, template.inputs, template.input_style),
         inputs_paths=sources,
     )
+
+
+def _vs_teacher(teacher: Any, student: Any, data: Any) -> dict[str, Any] | None:
+    """How closely the student follows the teacher on ``data`` (``compress.fidelity.vs_source``)."""
+    from ptopt.compress.fidelity import fidelity_data, vs_source
+
+    set_eval(teacher)
+    return vs_source(teacher, student, fidelity_data(data))
 
 
 def _shape(t: Any) -> str:

@@ -289,6 +289,7 @@ def prune(
     pruner = make_pruner(config, loaded.module, example)
     work, report, history = _run_rounds(pruner, config, loaded.module, plan, ev, progress)
     metrics = _measure(loaded.module, work, report, ev)
+    metrics["vs_source"] = _vs_source(loaded.module, work, ev or plan.data, example)
     record = config.to_dict() | {
         "fine_tune_data": ref_name(fine_tune_data),
         "eval_data": ref_name(eval_data),
@@ -388,7 +389,12 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
         resolve_inputs(loaded, data=ft or ev, input_shapes=shapes)
     for ds, what in ((ft, "fine-tune data"), (ev, "eval data")):
         if ds is not None:
-            run_checked(loaded, ds.first_batch(2).x, what)
+            ds.check_labels(run_checked(loaded, ds.first_batch(2).x, what), str(loaded.ref))
+    if not loaded.input_specs:  # prune has no --data: name the options it has
+        raise UsageError(
+            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. --input-shape 1x3x224x224), "
+            "or labelled data with --eval-data DATA (e.g. builtin:digits:test)"
+        )
     example = loaded.example_inputs("opt", batch=2)
     run_checked(loaded, example, "sample input")
     return ft, ev, example
@@ -448,6 +454,15 @@ def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[
             accuracy_before=before, accuracy_after=after, accuracy_drop_points=100 * (before - after)
         )
     return metrics
+
+
+def _vs_source(original: Any, work: Any, data: Any, example: Any) -> dict[str, Any] | None:
+    """How closely the pruned model follows the unpruned one (``compress.fidelity.vs_source``) on the
+    eval data, else the fine-tuning data, else the example batch: recorded, not gated (pruning
+    changes the function on purpose; ``accuracy_*`` says what it cost)."""
+    from ptopt.compress.fidelity import fidelity_data, vs_source
+
+    return vs_source(original, work, fidelity_data(data, example=example))
 
 
 def _build_result(

@@ -118,8 +118,14 @@ def structured_prune(
     excluded = {n for n in modules if matches(n, exclude)}
     defaults: dict[str, str] = {}
     if not prune_first_last and graph.producer_order:
-        first = graph.producer_order[0]
-        defaults[first] = f"{first} is the first layer (excluded by default; --prune-first-last prunes it)"
+        # the first layer the model *runs* (an LSTM/GRU/Embedding before the first prunable layer
+        # makes that one not the first), in execution order
+        executed = weighted_layers_in_order(graph)
+        first = graph.producer_order[0] if executed[:1] == graph.producer_order[:1] else None
+        if first is not None:
+            defaults[first] = (
+                f"{first} is the first layer (excluded by default; --prune-first-last prunes it)"
+            )
         linears = [n for n in graph.producer_order if type(modules[n]).__name__ == "Linear"]
         if linears and linears[-1] != first:
             defaults[linears[-1]] = f"{linears[-1]} is the last linear (excluded by default)"
@@ -146,6 +152,21 @@ def structured_prune(
             if g.producers
         ],
     }
+
+
+def weighted_layers_in_order(graph: ChannelGraph) -> list[str]:
+    """The modules with a weight matrix (conv, linear, recurrent, embedding) in the order the traced
+    graph runs them."""
+    import torch
+
+    out = []
+    for node in graph.gm.graph.nodes:
+        if node.op != "call_module" or node.target in out:
+            continue
+        m = graph.modules[node.target]
+        if isinstance(m, torch.nn.RNNBase) or any(p.dim() >= 2 for p in m.parameters(recurse=False)):
+            out.append(node.target)
+    return out
 
 
 def _prune_groups(

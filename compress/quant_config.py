@@ -16,7 +16,8 @@ from ptopt.core.errors import UsageError
 MODES = ("dynamic", "static", "qat")
 BACKENDS = ("x86", "fbgemm", "qnnpack")
 OBSERVERS = ("minmax", "histogram", "percentile")
-DYNAMIC_LAYERS = ("linear", "lstm", "gru")
+#: layer types dynamic int8 quantizes (``embedding``: weight-only int8 rows, each with its own scale)
+DYNAMIC_LAYERS = ("linear", "lstm", "gru", "embedding")
 #: ONNX Runtime's name for each observer (``CalibrationMethod``), for re-quantizing in ``ptopt export``
 ORT_CALIBRATION = {"minmax": "MinMax", "histogram": "Entropy", "percentile": "Percentile"}
 
@@ -94,7 +95,9 @@ class DynamicQuantConfig(QuantConfig):
                 f"(known: {', '.join(DYNAMIC_LAYERS)}){hint}"
             )
         if not layers:
-            raise UsageError("dynamic quantization needs at least one layer type (linear, lstm, gru)")
+            raise UsageError(
+                f"dynamic quantization needs at least one layer type ({', '.join(DYNAMIC_LAYERS)})"
+            )
         object.__setattr__(self, "layers", layers)
 
 

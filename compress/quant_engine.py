@@ -33,7 +33,7 @@ from ptopt.core.errors import UnsupportedModelError, UsageError
 # "percentile" clips the range to the 0.01th..99.99th percentile of the histogram.
 OBSERVER_ALIASES = {"entropy": "histogram", "min-max": "minmax"}
 #: layer types dynamic quantization acts on (never convolutions: ConvInteger is slower than fp32)
-DYNAMIC_TYPES = {"linear": nn.Linear, "lstm": nn.LSTM, "gru": nn.GRU}
+DYNAMIC_TYPES = {"linear": nn.Linear, "lstm": nn.LSTM, "gru": nn.GRU, "embedding": nn.Embedding}
 DEFAULT_PERCENTILE = 99.99
 
 
@@ -343,12 +343,61 @@ def quantize_dynamic(
         spec: dict[Any, Any] = {}
         for t in types:
             cls = DYNAMIC_TYPES[t]
-            # per-channel dynamic kernels exist for Linear only; recurrent layers stay per-tensor
-            spec[cls] = qconfig if cls is nn.Linear else tq.default_dynamic_qconfig
+            # per-channel dynamic kernels exist for Linear only; recurrent layers stay per-tensor;
+            # embeddings are looked up, not multiplied: int8 rows with a float scale each
+            if cls is nn.Embedding:
+                spec[cls] = tq.float_qparams_weight_only_qconfig
+            else:
+                spec[cls] = qconfig if cls is nn.Linear else tq.default_dynamic_qconfig
         for name in float_modules:
             spec[name] = None
+    work = copy.deepcopy(model).eval()
+    if "linear" in types:
+        linearize_conv1d(work, skip=float_modules)
     with _quiet(), quantized_engine(backend):
-        return tq.quantize_dynamic(copy.deepcopy(model).eval(), spec, dtype=torch.qint8, inplace=False)
+        return tq.quantize_dynamic(work, spec, dtype=torch.qint8, inplace=False)
+
+
+def is_conv1d_linear(m: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's attention and MLP): a linear layer whose weight is stored
+    transposed (in × out), despite its name. Recognized by shape, without importing transformers."""
+    w, b = getattr(m, "weight", None), getattr(m, "bias", None)
+    return (
+        type(m).__name__ == "Conv1D"
+        and not isinstance(m, nn.modules.conv._ConvNd)
+        and isinstance(w, torch.Tensor)
+        and w.dim() == 2
+        and getattr(m, "nf", w.shape[1]) == w.shape[1]
+        and (b is None or tuple(b.shape) == (w.shape[1],))
+    )
+
+
+def linearize_conv1d(model: nn.Module, skip: Any = ()) -> list[str]:
+    """Swap each transformers ``Conv1D`` in ``model`` (in place) for the ``nn.Linear`` it is (weight
+    transposed), checked numerically on a random input; names in ``skip`` (float modules, and what
+    is under them) are left alone. Returns the swapped names."""
+    skip = tuple(skip or ())
+    swapped = []
+    for name, m in list(model.named_modules()):
+        if not name or not is_conv1d_linear(m) or any(name == s or name.startswith(s + ".") for s in skip):
+            continue
+        w = m.weight.detach()
+        # built on the meta device: no random initialisation (the caller's random state stays as it was)
+        lin = nn.Linear(w.shape[0], w.shape[1], bias=m.bias is not None, dtype=w.dtype, device="meta")
+        lin = lin.to_empty(device=w.device)
+        with torch.no_grad():
+            lin.weight.copy_(w.t())
+            if m.bias is not None:
+                lin.bias.copy_(m.bias.detach())
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(3, 5, w.shape[0], generator=g).to(dtype=w.dtype, device=w.device)
+            if not torch.allclose(lin(x), m(x), rtol=1e-4, atol=1e-5):
+                continue  # not the linear layer it looks like: leave it as it is
+        lin.train(m.training)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, lin)
+        swapped.append(name)
+    return swapped
 
 
 @contextlib.contextmanager

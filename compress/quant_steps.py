@@ -113,7 +113,7 @@ def run_technique(config: QuantConfig, prep: Prepared, progress: bool) -> QuantR
     if config.mode == "dynamic":
         from ptopt.compress.quantize_dynamic import quantize_dynamic
 
-        return quantize_dynamic(prep.module, config)
+        return quantize_dynamic(prep.module, config, prep.example)
     from ptopt.compress.qat import quantize_qat
 
     return quantize_qat(
@@ -135,7 +135,60 @@ def quantize_prepared(config: QuantConfig, prep: Prepared, refs: dict[str, Any],
         qres = run_technique(config, prep, progress)
         scripted, int8_bytes = _checked_torchscript(qres.module, prep, config.backend)
         metrics = measure(prep.module, scripted, int8_bytes, prep, refs.get("eval_data"))
+    qres.summary["int8_share"] = int8_share(prep.module, prep.example, qres.float_layers)
     return _build_result(config, prep, qres, scripted, metrics, refs)
+
+
+def int8_share(module: Any, example: Any, float_layers: dict[str, str]) -> dict[str, Any]:
+    """What share of the model is int8: its layers with weights (modules with parameters of their
+    own), their parameters, and their multiply-accumulates per sample (``autoquant.layer_macs``),
+    each layer int8 unless ``float_layers`` lists it."""
+    from ptopt.compress.autoquant import layer_macs
+
+    own = {
+        n: sum(p.numel() for p in m.parameters(recurse=False))
+        for n, m in module.named_modules()
+        if n and any(True for _ in m.parameters(recurse=False))
+    }
+    int8 = [n for n in own if n not in float_layers]
+    macs = layer_macs(module, example)
+    total_params, total_macs = sum(own.values()), sum(macs.values())
+    return {
+        "layers": len(int8),
+        "of_layers": len(own),
+        "parameters": sum(own[n] for n in int8) / total_params if total_params else 0.0,
+        "macs": sum(macs.get(n, 0.0) for n in int8) / total_macs if total_macs else 0.0,
+    }
+
+
+#: static int8 below this share of the parameters is refused: the file would be about fp32's size
+MIN_STATIC_SHARE = 0.1
+#: layer kinds dynamic int8 quantizes, for pointing there
+_DYNAMIC_KINDS = ("Linear", "LSTM", "GRU", "Embedding", "Conv1D")
+
+
+def refuse_if_mostly_float(result: Any, prep: Prepared) -> None:
+    """Static int8 that leaves (nearly) every weight float is refused before anything is written,
+    pointing to ``--mode dynamic`` when that quantizes the layers static mode cannot."""
+    from ptopt.core.errors import UnsupportedModelError
+
+    share = result.extra["int8_share"]
+    if share["parameters"] >= MIN_STATIC_SHARE:
+        return
+    floats = result.extra["float_layers"]
+    kinds = {n: type(prep.module.get_submodule(n)).__name__ for n in floats}
+    movable = [n for n, k in kinds.items() if k in _DYNAMIC_KINDS]
+    why = "; ".join(f"{n}: {floats[n]}" for n in list(floats)[:3])
+    todo = (
+        f" Use --mode dynamic (the same command with --mode dynamic): it quantizes {', '.join(movable[:4])}"
+        if movable
+        else " int8 does not apply to this model's layers"
+    )
+    raise UnsupportedModelError(
+        f"static int8 would quantize only {100 * share['parameters']:.1f}% of the parameters "
+        f"({share['layers']} of {share['of_layers']} layers with weights): the file would be about as "
+        f"large as fp32 and no faster ({why}).{todo}"
+    )
 
 
 def _build_result(
@@ -233,7 +286,23 @@ def measure(fp32: Any, scripted: Any, int8_bytes: int, prep: Prepared, ref: Any)
     metrics = _accuracy(fp32, scripted, prep.evald, ref)
     metrics["fp32_torchscript_bytes"] = fp32_bytes
     metrics["size_ratio_vs_fp32_torchscript"] = round(int8_bytes / fp32_bytes, 4)
+    # an "int8" file larger than its source is said loudly (the CLI warns; here the flag)
+    metrics["larger_than_fp32"] = int8_bytes > fp32_bytes
+    metrics |= vs_fp32(fp32, scripted, prep)
     return metrics
+
+
+def vs_fp32(fp32: Any, scripted: Any, prep: Prepared) -> dict[str, Any]:
+    """The int8 model against its fp32 source under export's parity rule (``compress.fidelity``):
+    ``vs_fp32`` (the full record) and its headline numbers ``min_cosine`` / ``top1_agreement_vs_fp32``."""
+    from ptopt.compress.fidelity import INT8_VS_FP32, fidelity_data, measure_fidelity
+
+    data = fidelity_data(prep.evald, prep.calib, prep.train, example=prep.example)
+    fid = measure_fidelity(fp32, scripted, data, **INT8_VS_FP32)
+    out = {"vs_fp32": fid, "min_cosine": fid["min_cosine"]}
+    if fid["top1_agreement"] is not None:
+        out["top1_agreement_vs_fp32"] = fid["top1_agreement"]
+    return out
 
 
 def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
@@ -293,3 +362,27 @@ def _onnx_recipe(config: QuantConfig, data_ref: Any, parent: dict[str, Any]) -> 
                 "re-quantizes the fp32 parent by calibration on train_data: QAT fine-tuning is not carried over"
             )
     return rec
+
+
+# -- when the int8 model is not faithful -------------------------------------------------------------
+
+
+def suggest_float_layers(config: QuantConfig, prep: Prepared) -> str:
+    """What to do when the int8 model breaks the rule: the layers to keep in float, found by
+    autoquant's sensitivity ranking and verified (the rule holds with them float), else the search."""
+    from ptopt.compress.autoquant import float_layers_that_hold
+    from ptopt.compress.fidelity import fidelity_data
+
+    data = fidelity_data(prep.evald, prep.calib, prep.train, example=prep.example)
+    found = float_layers_that_hold(prep, config, data)
+    if found is None:
+        return (
+            " No set of float layers tried makes it hold; accuracy-aware quantization searches further: "
+            "add --eval-data DATA --min-cosine 0.99 (it writes the closest model and names the layers)"
+        )
+    layers, fid = found
+    flags = " ".join(f"--exclude {n}" for n in layers)
+    return (
+        f" Keep {', '.join(layers)} in float: rerun with {flags} (float_modules={tuple(layers)!r}); "
+        f"with them float the min cosine is {fid['min_cosine']:.4f}"
+    )

@@ -3,8 +3,10 @@
 =========  ==============================================================  ==========================
 mode       what                                                            needs
 =========  ==============================================================  ==========================
-dynamic    int8 weights of Linear / LSTM / GRU, activations quantized on   nothing (or data for specs)
-           the fly (never convolutions: ConvInteger is slower than fp32)
+dynamic    int8 weights of Linear / LSTM / GRU (and transformers' Conv1D,  no calibration; a shape or
+           as the Linear it is), int8 Embedding rows, activations          data when the model
+           quantized on the fly (never convolutions: ConvInteger is        declares no input shape
+           slower than fp32)
 static     graph-mode (FX) post-training int8: conv-bn(-relu) and          ``calib_data``
            linear-relu fused, observers calibrated on data
 qat        fake-quant fine-tuning with the shared trainer, then convert    ``train_data``
@@ -22,6 +24,10 @@ model and checked against it at three batch sizes, so it runs without any quanti
 (e.g. the MHA fast path, which int8 transformers must not take) and loads with plain
 ``torch.jit.load`` once saved. The sidecar records the config, the calibration, which layers stayed
 float and why, and what ``ptopt export`` needs to redo the quantization in ONNX Runtime.
+
+Before the Result is returned, the int8 model is judged against its fp32 source by export's parity
+rule (``ptopt.compress.fidelity``); a static or dynamic model that breaks it raises ParityError
+(with ``output``, the file is kept aside as ``<output>.failed``) naming the layers to keep float.
 
 The configs live in ``quant_config`` (re-exported here). Only ``ptopt.compress.quant_engine``
 touches ``torch.ao.quantization``; the technique files (``quantize_static``, ``quantize_dynamic``,
@@ -47,8 +53,15 @@ from ptopt.compress.quant_config import (  # noqa: F401 - re-exported: the confi
     StaticQuantConfig,
     make_config,
 )
-from ptopt.compress.quant_steps import prepare, quantize_prepared, require_data, resolve_config
-from ptopt.compress.stage import check_output, finish
+from ptopt.compress.quant_steps import (
+    prepare,
+    quantize_prepared,
+    refuse_if_mostly_float,
+    require_data,
+    resolve_config,
+    suggest_float_layers,
+)
+from ptopt.compress.stage import check_output, finish, refuse_if_unfaithful
 from ptopt.core.errors import UsageError
 
 
@@ -122,7 +135,12 @@ def quantize(
     require_data(config, calib_data, train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
     refs = {"calib_data": calib_data, "train_data": train_data, "eval_data": eval_data}
-    return finish(quantize_prepared(config, prep, refs, progress), output)
+    result = quantize_prepared(config, prep, refs, progress)
+    if config.mode == "static":
+        refuse_if_mostly_float(result, prep)
+    if config.mode in ("static", "dynamic"):  # QAT trains: its vs_fp32 numbers are recorded, not gated
+        refuse_if_unfaithful(result, output, lambda: suggest_float_layers(config, prep))
+    return finish(result, output)
 
 
 def _accuracy_aware(model: Any, mode: str | None, output: Any, config: Any, options: dict[str, Any]) -> Any:

@@ -1,4 +1,9 @@
-"""Dynamic int8: Linear / LSTM / GRU weights stored in int8, activations quantized per batch.
+"""Dynamic int8: Linear / LSTM / GRU weights stored in int8, activations quantized per batch;
+Embedding weights stored as int8 rows (one float scale per row), looked up and dequantized.
+
+transformers' ``Conv1D`` (GPT-2's attention and MLP projections) is a linear layer with its weight
+stored transposed: it is swapped for the equivalent ``nn.Linear`` (checked numerically) and quantized
+as one (``quant_engine.linearize_conv1d``).
 
 No calibration data. Never convolutions: ONNX/torch dynamic conv (ConvInteger) is several times
 slower than fp32, so convolutional models go through ``--mode static``. Transformer encoders work:
@@ -9,6 +14,7 @@ while the model is traced (see ``quant_engine.mha_fastpath_disabled``).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from ptopt.compress import quant_engine as engine
@@ -17,11 +23,18 @@ from ptopt.compress.quant_config import DynamicQuantConfig, QuantResult
 _CONV_REASON = "convolutions are never dynamically quantized (slower than fp32); use --mode static"
 
 
-def quantize_dynamic(model: Any, config: DynamicQuantConfig) -> QuantResult:
-    """Dynamic int8 of ``model`` (left untouched)."""
-    q = engine.quantize_dynamic(
-        model, config.layers, config.per_channel, config.backend, config.float_modules
-    )
+#: model -> its embeddings whose weight the model reads directly (they cannot become int8)
+_RAW_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RAW_REASON = "the model reads this Embedding's weight directly (not through the layer): it stays float"
+
+
+def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None) -> QuantResult:
+    """Dynamic int8 of ``model`` (left untouched). ``example`` (a batch): embeddings whose weight
+    the model reads directly (``self.typ.weight[0]``, which an int8 Embedding has not) are found by
+    running it, and stay float."""
+    raw = raw_embeddings(model, config, example)
+    floats = tuple(config.float_modules) + tuple(n for n in raw if n not in config.float_modules)
+    q = engine.quantize_dynamic(model, config.layers, config.per_channel, config.backend, floats)
     summary = {
         "dynamic": {
             "layers": list(config.layers),
@@ -32,7 +45,45 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig) -> QuantResult:
             ),
         }
     }
-    return QuantResult(q, float_layers(model, q, config), summary)
+    conv1d = [
+        n
+        for n, m in model.named_modules()
+        if n and engine.is_conv1d_linear(m) and engine.is_quantized_module(q.get_submodule(n))
+    ]
+    if conv1d:
+        summary["dynamic"]["conv1d_as_linear"] = conv1d
+    floats_why = float_layers(model, q, config)
+    floats_why.update({n: _RAW_REASON for n in raw if n not in config.float_modules})
+    return QuantResult(q, floats_why, summary)
+
+
+def raw_embeddings(model: Any, config: DynamicQuantConfig, example: Any) -> list[str]:
+    """The embeddings of ``model`` that do not run as int8 (see :func:`quantize_dynamic`); found
+    once per model: all embeddings int8 first, one at a time when that fails."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+
+    if "embedding" not in config.layers or example is None:
+        return []
+    if model in _RAW_EMBEDDINGS:
+        return _RAW_EMBEDDINGS[model]
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Embedding)]
+    names = [n for n in names if not any(n == f or n.startswith(f + ".") for f in config.float_modules)]
+
+    def runs(quantized: list[str]) -> bool:
+        others = tuple(n for n in names if n not in quantized)
+        q = engine.quantize_dynamic(model, ("embedding",), config.per_channel, config.backend, others)
+        try:
+            with torch.no_grad(), engine.mha_fastpath_disabled():
+                call_model(q, example)
+        except (TypeError, AttributeError, RuntimeError):
+            return False
+        return True
+
+    raw = [] if not names or runs(names) else [n for n in names if not runs([n])]
+    _RAW_EMBEDDINGS[model] = raw
+    return raw
 
 
 def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> dict[str, str]:
@@ -48,6 +99,8 @@ def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> d
         kind = type(m).__name__
         if any(name == e or name.startswith(e + ".") for e in excluded):
             out[name] = "excluded (--exclude / float_modules)"
+        elif kind == "Conv1D":
+            out[name] = "transformers Conv1D not selected (--layers linear quantizes it as the Linear it is)"
         elif kind.startswith("Conv"):
             out[name] = _CONV_REASON
         elif kind == "NonDynamicallyQuantizableLinear":
@@ -58,8 +111,10 @@ def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> d
             out[name] = f"{kind} not selected (--layers {','.join(config.layers)})"
         elif "Norm" in kind:
             out[name] = f"{kind} has no dynamic int8 kernel: runs in float"
+        elif kind == "Embedding":
+            out[name] = f"Embedding not selected (--layers {','.join(config.layers)})"
         elif kind.startswith("Embedding"):
-            out[name] = "embeddings stay float (weight-only int8 is not supported by this engine)"
+            out[name] = f"{kind} has no weight-only int8 kernel here: runs in float"
         else:
             out[name] = f"{kind} has no dynamic int8 kernel: runs in float"
     return out

@@ -98,6 +98,15 @@ def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
         if engine.is_quantized_module(q):
             continue
         kind = type(m).__name__
+        user_excluded = any(name == e or name.startswith(e + ".") for e in excluded)
+        if any(True for _ in m.children()) and kind not in _NO_STATIC_KERNEL and not user_excluded:
+            # a block with parameters of its own (ConvNeXt's layer_scale): the block is no layer, the
+            # layers inside it are judged by their own names; its parameters by the ops using them
+            if bare_parameters_quantized(graph, name, m) is not False:
+                continue
+            own = ", ".join(n for n, _ in m.named_parameters(recurse=False))
+            out[name] = f"its own parameter(s) {own} feed float ops (the layers inside it are listed by name)"
+            continue
         parts = name.split(".")
         opaque = next((p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in leaves), None)
         if any(name == e or name.startswith(e + ".") for e in excluded):
@@ -116,6 +125,19 @@ def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
         else:
             out[name] = f"no int8 {kind} pattern on backend {config.backend}: runs in float"
     return out
+
+
+def bare_parameters_quantized(graph: Any, name: str, module: Any) -> bool | None:
+    """Whether the parameters a module holds itself (not its layers') enter the converted graph
+    quantized (``quantize_per_tensor`` or a ``quantized::`` op reads them): True / False, None when the
+    graph does not read them (folded away, or not a graph)."""
+    if graph is None:
+        return None
+    targets = {f"{name}.{p}" for p, _ in module.named_parameters(recurse=False)}
+    uses = [u for n in graph.nodes if n.op == "get_attr" and str(n.target) in targets for u in n.users]
+    if not uses:
+        return None
+    return all("quantize" in str(u.target) for u in uses)
 
 
 class _bar:

@@ -127,7 +127,7 @@ def check_fits(loaded: Any, ds: Any) -> Any:
     x = ds.first_batch(min(len(ds), 2)).x
     if loaded.input_specs:
         check_inputs(loaded.input_specs, x, what=ds.name)
-    run_checked(loaded, x, what=ds.name)
+    ds.check_labels(run_checked(loaded, x, what=ds.name), str(loaded.ref))
     return x
 
 
@@ -145,10 +145,9 @@ def settle_inputs(loaded: Any, ds: Any, input_shapes: Any, data_hint: str = "dat
         if isinstance(next(iter(input_shapes)), str):
             input_shapes = parse_named_shapes(input_shapes)
         resolve_inputs(loaded, input_shapes=input_shapes)
-    if not loaded.input_specs:
-        raise UsageError(
-            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. 1x3x224x224) or {data_hint}"
-        )
+    from ptopt.core.modelref import require_input_specs
+
+    require_input_specs(loaded, data_hint)
     x = loaded.example_inputs(which="opt", batch=2)
     run_checked(loaded, x, what="sample input")
     return x
@@ -172,3 +171,42 @@ def finish(result: Any, output: Any) -> Any:
     if output is not None:
         result.save(output)
     return result
+
+
+def refuse_if_unfaithful(result: Any, output: Any, advice: Any = None, what: str = "the int8 model") -> None:
+    """ParityError (exit 2) when ``result.metrics["vs_fp32"]`` failed the parity rule: the worst output
+    and its numbers, what ``advice()`` suggests, and with ``output`` the file kept aside as
+    ``<output>.failed`` (nothing else written). The Result rides along as ``.result``."""
+    from ptopt.compress.fidelity import failure
+    from ptopt.core.errors import ParityError
+
+    fid = result.metrics.get("vs_fp32")
+    if fid is None or fid["passed"]:
+        return
+    hint = advice() if advice is not None else ""
+    kept = keep_failed(result, output)
+    where = f"; kept aside for inspection as {', '.join(kept)}" if kept else ""
+    err = ParityError(f"{failure(fid, what)}{where}.{hint}")
+    err.metrics = result.metrics  # type: ignore[attr-defined]
+    err.failed = kept  # type: ignore[attr-defined]
+    err.result = result  # type: ignore[attr-defined]
+    raise err
+
+
+def keep_failed(result: Any, output: Any) -> list[str]:
+    """Write ``result``'s file(s) as ``<output>.failed`` (no sidecar: it is not a good artifact)."""
+    if output is None:
+        return []
+    import tempfile
+
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kept = []
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".ptopt-failed-") as d:
+        path = Path(d) / out.name
+        facts = result._writer(path) or {}
+        for f in facts.get("files") or [path.name]:
+            dest = out.parent / (out.name + f[len(path.name) :] + ".failed")
+            os.replace(Path(d) / f, dest)
+            kept.append(str(dest))
+    return kept

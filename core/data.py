@@ -149,6 +149,23 @@ class Dataset:
         if not self.has_labels:
             raise DataError(f"{self.name} has no labels (y), which {why} needs")
 
+    def check_labels(self, output: Any, model: str = "the model") -> None:
+        """DataError when class labels cannot index ``output``'s classes: a classifier's (batch,
+        classes) output and integer labels in [0, classes). Other outputs are not checked."""
+        import torch
+
+        y = self.y
+        if y is None or not isinstance(output, torch.Tensor) or output.dim() != 2:
+            return
+        if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.dtype.is_floating_point or y.numel() == 0:
+            return
+        lo, hi, width = int(y.min()), int(y.max()), int(output.shape[-1])
+        if lo < 0 or hi >= width:
+            raise DataError(
+                f"{self.name}: labels run from {lo} to {hi}, but {model} has {width} outputs "
+                f"(classes 0..{width - 1}); accuracy and training need labels in that range"
+            )
+
     def save(self, path: str | os.PathLike) -> None:
         import torch
 

@@ -24,24 +24,76 @@ _FLOAT_DTYPES = {"float32", "float16", "bfloat16", "float64"}
 _INT_DTYPES = {"int64", "int32", "int8", "uint8", "bool"}
 
 
-def parse_shape(text: str) -> Shape:
-    """``"1x1x32x32"`` (or ``"1,1,32,32"``) → ``(1, 1, 32, 32)``."""
-    parts = [p for p in re.split(r"[x,×]", str(text).strip().lower()) if p != ""]
+#: what a user may write after ``:`` in a shape → the dtype name InputSpec uses
+DTYPE_ALIASES = {
+    **{d: d for d in sorted(_FLOAT_DTYPES | _INT_DTYPES)},
+    "float": "float32",
+    "half": "float16",
+    "double": "float64",
+    "long": "int64",
+    "int": "int32",
+}
+
+
+class TypedShape(tuple):
+    """A shape that also says its dtype (``1x32:int64``); equal to, and used as, the plain tuple.
+
+    ``dtype`` is None when the text gave none: the model's declared dtype, or inference (an input
+    whose first consumer is an ``nn.Embedding`` is integer), decides.
+    """
+
+    dtype: str | None
+
+    def __new__(cls, dims: Iterable[int], dtype: str | None = None) -> TypedShape:
+        obj = super().__new__(cls, dims)
+        obj.dtype = dtype
+        return obj
+
+    def __getnewargs__(self) -> tuple:
+        return (tuple(self), self.dtype)
+
+
+def dtype_of(shape: Sequence[int]) -> str | None:
+    """The dtype a shape was given with (``1x32:int64`` → ``"int64"``), None for a plain one."""
+    return getattr(shape, "dtype", None)
+
+
+def parse_dtype(text: str, where: str = "") -> str:
+    """``"int64"`` (or ``long``, ``half``...) → the InputSpec dtype name; UsageError naming the choices."""
+    name = str(text).strip().lower().removeprefix("torch.")
+    if name not in DTYPE_ALIASES:
+        ctx = f" in {where!r}" if where else ""
+        raise UsageError(
+            f"bad dtype {text!r}{ctx}: use one of {', '.join(sorted(_FLOAT_DTYPES | _INT_DTYPES))}, "
+            f"e.g. input_ids=1x128:int64"
+        )
+    return DTYPE_ALIASES[name]
+
+
+def parse_shape(text: str) -> TypedShape:
+    """``"1x1x32x32"`` (or ``"1,1,32,32"``) → ``(1, 1, 32, 32)``; ``"1x32:int64"`` also sets ``.dtype``."""
+    dims, sep, dtype = str(text).strip().partition(":")
+    parts = [p for p in re.split(r"[x,×]", dims.strip().lower()) if p != ""]
     try:
         shape = tuple(int(p) for p in parts)
     except ValueError:
-        raise UsageError(f"bad shape {text!r}: write dimensions separated by 'x', e.g. 1x3x224x224") from None
+        raise UsageError(
+            f"bad shape {text!r}: write dimensions separated by 'x', e.g. 1x3x224x224 (or 1x128:int64)"
+        ) from None
     if not shape or any(d <= 0 for d in shape):
         raise UsageError(f"bad shape {text!r}: dimensions must be positive integers, e.g. 1x3x224x224")
-    return shape
+    return TypedShape(shape, parse_dtype(dtype, text) if sep else None)
 
 
 def format_shape(shape: Sequence[int]) -> str:
     return "x".join(str(d) for d in shape)
 
 
-def parse_named_shapes(values: Iterable[str]) -> list[tuple[str | None, Shape]]:
-    """``["1x3x32x32"]`` or ``["input_ids=1x128", "attention_mask=1x128"]`` → [(name|None, shape)]."""
+def parse_named_shapes(values: Iterable[str]) -> list[tuple[str | None, TypedShape]]:
+    """``["1x3x32x32"]`` or ``["input_ids=1x128:int64", "attention_mask=1x128"]`` → [(name|None, shape)].
+
+    Each shape is a :class:`TypedShape`: ``dtype_of(shape)`` is the dtype written after ``:``, or None.
+    """
     out = []
     for v in values:
         name, sep, shape = str(v).rpartition("=")

@@ -59,6 +59,20 @@ def layer_table(module: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _implied_or_suggested(loaded: Any, report: dict[str, Any]) -> None:
+    """No specs yet: the ones the model implies (a Hugging Face config), else a suggested shape."""
+    from ptopt.core.errors import UsageError
+    from ptopt.core.input_infer import suggest_input_shapes
+    from ptopt.core.modelref import require_input_specs
+
+    if loaded.input_specs or loaded.module is None:
+        return
+    try:
+        require_input_specs(loaded)
+    except UsageError:
+        report["suggested_input_shapes"] = suggest_input_shapes(loaded.module)
+
+
 def inspect_model(
     model: str,
     data: Any = None,
@@ -102,6 +116,7 @@ def inspect_model(
         report["data"] = {"name": ds.name, "samples": len(ds), "labels": ds.has_labels}
     elif input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
+    _implied_or_suggested(loaded, report)
     report["inputs"] = [s.to_dict() | {"describe": s.describe()} for s in loaded.input_specs]
     report["input_style"] = loaded.input_style
 

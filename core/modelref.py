@@ -82,8 +82,7 @@ class LoadedModel:
     def example_inputs(self, which: str = "opt", batch: int | None = None):
         from ptopt.core.inputspec import make_inputs
 
-        if not self.input_specs:
-            raise ModelLoadError(f"{self.ref}: input shape unknown; pass --data or --input-shape")
+        require_input_specs(self)
         return make_inputs(self.input_specs, self.input_style, which=which, batch=batch)
 
 
@@ -299,14 +298,27 @@ def _specs_from_onnx(model: Any) -> list[InputSpec]:
 
 
 def _declared_inputs(module: Any) -> tuple[list[InputSpec], str]:
-    """Specs from a model's own ``example_inputs()`` method, when it has one."""
-    fn = getattr(module, "example_inputs", None)
-    if not callable(fn):
-        return [], "positional"
-    from ptopt.core.inputspec import input_style
+    """Specs from the model's own ``example_inputs()`` method, when it has one."""
+    from ptopt.core.input_infer import declared_inputs
 
-    x = fn()
-    return specs_from_example(x), input_style(x)
+    return declared_inputs(module)
+
+
+def require_input_specs(
+    loaded: LoadedModel, data_hint: str = "--data", flag: str = "--input-shape"
+) -> list[InputSpec]:
+    """``loaded.input_specs``; when none is known, the ones the model implies (a Hugging Face
+    model's config, see ``ptopt.core.input_infer.implied_inputs``); else a UsageError that ends in
+    a shape to paste, built from the first layer (``flag``: the command's shape option)."""
+    from ptopt.core.input_infer import implied_inputs, input_shape_unknown
+
+    if not loaded.input_specs and loaded.module is not None:
+        specs, style = implied_inputs(loaded.module)
+        if specs:
+            loaded.input_specs, loaded.input_style = specs, style
+    if not loaded.input_specs:
+        raise input_shape_unknown(loaded.ref, loaded.module, data_hint, flag)
+    return loaded.input_specs
 
 
 def _load_factory(ref: str, weights: str | os.PathLike | None) -> LoadedModel:
@@ -398,31 +410,67 @@ def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()
     """Settle ``loaded.input_specs``: ``--input-shape`` first, then the data, then what the model declares.
 
     ``input_shapes`` is ``[(name | None, shape), ...]`` (see ``parse_named_shapes``); a given shape's
-    first dimension is the batch (dynamic from 1 to 64). ``data`` is a Dataset.
+    first dimension is the batch (dynamic from 1 to 64). Its dtype is the one written
+    (``input_ids=1x32:int64``), else the model's declared one for that input, else int64 for an input
+    that an ``nn.Embedding`` receives (with ids below its ``num_embeddings``) or is named
+    ``attention_mask`` (0/1, as Hugging Face tokenizers make it), else float32. ``data`` is a Dataset.
     """
-    from ptopt.core.inputspec import DEFAULT_MAX_BATCH, input_style
+    from ptopt.core.inputspec import input_style
 
     if input_shapes:
-        known = loaded.input_specs
-        specs = []
-        for i, (name, shape) in enumerate(input_shapes):
-            base = known[i] if i < len(known) else None
-            name = name or (base.name if base else ("input" if len(input_shapes) == 1 else f"input_{i}"))
-            dtype = base.dtype if base else "float32"
-            vr = base.value_range if base else None
-            specs.append(
-                InputSpec.static(name, shape, dtype, value_range=vr).with_batch(
-                    1, shape[0], max(DEFAULT_MAX_BATCH, shape[0])
-                )
-            )
-        loaded.input_specs = specs
+        loaded.input_specs, untyped = _specs_from_shapes(loaded, list(input_shapes))
         if any(n for n, _ in input_shapes):
             loaded.input_style = "keyword"
+        _infer_token_inputs(loaded, untyped)
     elif data is not None:
         x = data.first_batch(min(len(data), 32)).x
         loaded.input_specs = specs_from_example(x)
         loaded.input_style = input_style(x)
     return loaded
+
+
+def _specs_from_shapes(loaded: LoadedModel, input_shapes: list) -> tuple[list[InputSpec], set[str]]:
+    """One spec per given shape: its name and dtype, else the declared input's (by name, else by
+    order); and the names whose dtype neither gave (float32 for now)."""
+    from ptopt.core.inputspec import DEFAULT_MAX_BATCH, dtype_of
+
+    known = loaded.input_specs
+    by_name = {s.name: s for s in known}
+    specs, untyped = [], set()
+    for i, (name, shape) in enumerate(input_shapes):
+        base = by_name.get(name) if name else (known[i] if i < len(known) else None)
+        name = name or (base.name if base else ("input" if len(input_shapes) == 1 else f"input_{i}"))
+        if dtype_of(shape) is None and base is None:
+            untyped.add(name)
+        dtype = dtype_of(shape) or (base.dtype if base else "float32")
+        vr = base.value_range if base and base.dtype == dtype else None
+        specs.append(
+            InputSpec.static(name, shape, dtype, value_range=vr).with_batch(
+                1, shape[0], max(DEFAULT_MAX_BATCH, shape[0])
+            )
+        )
+    return specs, untyped
+
+
+def _infer_token_inputs(loaded: LoadedModel, untyped: set[str]) -> None:
+    """Integer dtype and id range for given shapes that nothing typed (see ``resolve_inputs``)."""
+    from ptopt.core.input_infer import embedding_inputs
+
+    unranged = {
+        s.name for s in loaded.input_specs if s.dtype != "bool" and not s.is_float and not s.value_range
+    }
+    if not (untyped or unranged):
+        return
+    vocab = embedding_inputs(loaded.module, loaded.input_specs, loaded.input_style, untyped)
+    specs = []
+    for s in loaded.input_specs:
+        if s.name in vocab and (s.name in untyped or s.name in unranged):
+            dtype = "int64" if s.name in untyped else s.dtype
+            s = dataclasses.replace(s, dtype=dtype, value_range=(0, vocab[s.name]))
+        elif s.name == "attention_mask" and s.name in untyped:
+            s = dataclasses.replace(s, dtype="int64")  # random 0/1 masks: padding must not be traced away
+        specs.append(s)
+    loaded.input_specs = specs
 
 
 def expected_input(loaded: LoadedModel) -> str | None:

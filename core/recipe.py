@@ -14,6 +14,8 @@ from typing import Any
 from ptopt.core.errors import UsageError
 
 RECIPE_VERSION = 1
+#: the top-level keys a recipe may have (a typo in one must not be silently ignored)
+TOP_LEVEL_KEYS = ("version", "vars", "steps")
 
 
 def recipe_step(command: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -46,10 +48,37 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
         raise UsageError(f"recipe {p}: no such file")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"recipe {p}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8"
+        ) from None
     except yaml.YAMLError as e:
-        raise UsageError(f"recipe {p}: not valid YAML: {e}") from None
+        raise UsageError(f"recipe {p}: not valid YAML: {_yaml_problem(e)}") from None
+    return check_recipe(data, f"recipe {p}")
+
+
+def _yaml_problem(e: Exception) -> str:
+    """PyYAML's multi-line message as one line: the problem and where it is."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    return " ".join(str(e).split())
+
+
+def check_recipe(data: Any, source: str = "recipe") -> dict[str, Any]:
+    """The shape of a recipe: a mapping with a ``steps`` list, each step one ``{command: {options}}``."""
     if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
-        raise UsageError(f"recipe {p}: needs a top-level 'steps' list")
+        raise UsageError(f"{source}: needs a top-level 'steps' list")
+    unknown = sorted(str(k) for k in data if k not in TOP_LEVEL_KEYS)
+    if unknown:
+        raise UsageError(
+            f"{source}: unknown top-level key(s) {', '.join(unknown)} (known: {', '.join(TOP_LEVEL_KEYS)})"
+        )
+    version = data.get("version", RECIPE_VERSION)
+    if version != RECIPE_VERSION:
+        raise UsageError(
+            f"{source}: version {version!r} is not one this ptopt reads (it reads version {RECIPE_VERSION})"
+        )
     for i, step in enumerate(data["steps"]):
         if not (
             isinstance(step, dict)
@@ -57,6 +86,6 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
             and isinstance(next(iter(step.values())), (dict, type(None)))
         ):
             raise UsageError(
-                f"recipe {p}: step {i + 1} must be one mapping {{command: {{options}}}}, got {step!r}"
+                f"{source}: step {i + 1} must be one mapping {{command: {{options}}}}, got {step!r}"
             )
     return data

@@ -93,6 +93,13 @@ def export(
     want = _resolve_precision(source, config)
     calib, calib_ref = _calibration(data, config, source, want)
     base, style = _settle(source.loaded, calib, input_shapes, input_specs)
+    if not base and not (min_shape or opt_shape or max_shape):
+        from ptopt.core.modelref import require_input_specs
+
+        base, style = (
+            list(require_input_specs(source.loaded, "--data", "--opt-shape")),
+            source.loaded.input_style,
+        )
     specs = settle_specs(
         base, min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch
     )
@@ -217,7 +224,7 @@ def _settle(loaded: Any, data: Any, input_shapes: Any, input_specs: Any) -> tupl
     if specs_arg:
         base = [s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in specs_arg]
         return base, _infer_style(loaded.module, base, loaded.input_style)
-    if isinstance(input_shapes, (str, list)) and input_shapes:
+    if isinstance(input_shapes, (str, list, tuple)) and input_shapes:
         from ptopt.core.inputspec import parse_named_shapes
         from ptopt.core.modelref import resolve_inputs
 
@@ -237,6 +244,8 @@ def _split_input_shapes(input_shapes: Any, input_specs: Any) -> tuple[Any, Any]:
     if input_shapes is not None and input_specs is not None:
         raise UsageError("give input_shapes or input_specs, not both")
     value = input_shapes if input_specs is None else input_specs
+    if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+        value = list(value)  # ("1x3x32x32",), as the other stages take it
     if isinstance(value, InputSpec):
         return [value], None
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (InputSpec, dict)) for v in value):

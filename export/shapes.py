@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ptopt.core.errors import ShapeMismatchError, UsageError
-from ptopt.core.inputspec import InputSpec, Shape, format_shape, parse_named_shapes, parse_shape
+from ptopt.core.inputspec import InputSpec, Shape, dtype_of, format_shape, parse_named_shapes, parse_shape
 
 ShapeArg = Any  # "1x3x32x32" | ["input_ids=1x16", ...] | (1, 3, 32, 32) | {"input_ids": (1, 16)}
 
@@ -148,8 +148,8 @@ def settle_specs(
                         expected=spec.describe(),
                         got=format_shape(shape),
                     )
-            dtype = spec.dtype if spec else "float32"
-            vr = spec.value_range if spec else None
+            dtype = dtype_of(opt) or dtype_of(lo) or dtype_of(hi) or (spec.dtype if spec else "float32")
+            vr = spec.value_range if spec and spec.dtype == dtype else None
             spec = InputSpec(name, lo, opt, hi, dtype, vr)
         if spec is None:  # pragma: no cover - names come from base or given
             continue

@@ -64,6 +64,7 @@ def write_model(
     rtol: float | None = None,
     keep_failed_as: str | os.PathLike | None = None,
     source_format: str | None = None,
+    min_cosine: float | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Write ``module`` as ``fmt`` at ``path`` (exactly there; plus ``path.data`` for large ONNX
@@ -77,7 +78,8 @@ def write_model(
       with where it fits the specs.
     - ``reference``: what the file must reproduce (default ``module``); ``samples``: a Dataset or a
       batch of real inputs for the check (default ``example``); ``precision``: the artifact's, for the
-      default tolerances (``ptopt.export.parity.DEFAULT_TOLERANCES``); ``atol``/``rtol`` override them.
+      default tolerances (``ptopt.export.parity.DEFAULT_TOLERANCES`` and ``MIN_COSINE``);
+      ``atol``/``rtol``/``min_cosine`` override them.
     - ``source_format``: ``"torchscript"`` for a ScriptModule (detected when None), else eager.
     - ``options`` by format: torchscript ``script=False``, ``freeze=True``; onnx ``opset``, ``optimize``,
       ``external_data``, ``int8_method`` (None | ``"ort_static"`` | ``"qdq_export"``), ``calib``
@@ -112,6 +114,7 @@ def write_model(
                     samples=example if samples is None else samples,
                     files=facts["files"],
                     keep_failed_as=keep_failed_as,
+                    min_cosine=min_cosine,
                 )
             }
     return facts
@@ -201,12 +204,16 @@ def check_reload(
     files: Sequence[str] = (),
     keep_failed_as: str | os.PathLike | None = None,
     model: Any = None,
+    min_cosine: float | None = None,
 ) -> dict[str, Any]:
-    """The reload-and-compare check of a written file (see the module docstring); returns the
-    parity metrics or raises ParityError (with ``.metrics``, and ``.failed``: the kept files).
+    """The reload-and-compare check of a written file (see the module docstring and
+    :mod:`ptopt.export.parity` for the rule: per output, error within ``atol + rtol`` × its scale and
+    the worst sample's cosine at least ``min_cosine``, defaults by ``precision``); returns the parity
+    metrics or raises ParityError (with ``.metrics``, and ``.failed``: the kept files) naming the
+    worst output.
 
     ``model``: the file already loaded with :func:`reload` (default: load it here)."""
-    from ptopt.export.parity import artifact_runner, check_parity, torch_runner
+    from ptopt.export.parity import artifact_runner, check_parity, loosen_hint, torch_runner
 
     if model is not None:
         runner = torch_runner(model, device="cuda" if fmt == "tensorrt" else "cpu")
@@ -221,6 +228,7 @@ def check_reload(
             precision=precision,
             atol=atol,
             rtol=rtol,
+            min_cosine=min_cosine,
             what=f"the exported {fmt} model",
             samples=_as_samples(samples),
         )
@@ -228,7 +236,7 @@ def check_reload(
         kept = _keep_failed(path, files or [path.name], keep_failed_as)
         where = f"; the artifact is kept aside for inspection as {', '.join(kept)}" if kept else ""
         drift = getattr(e, "metrics", None) is not None  # else outputs differ in number or shape
-        hint = " (loosen with --atol/--rtol if this drift is acceptable)" if drift else ""
+        hint = loosen_hint(e.metrics) if drift else ""  # type: ignore[attr-defined]
         err = ParityError(f"{e if drift else f'the exported {fmt} model: {e}'}{where}{hint}")
         err.metrics = getattr(e, "metrics", None)  # type: ignore[attr-defined]
         err.failed = kept  # type: ignore[attr-defined]

@@ -4,9 +4,10 @@ Every CLI command has a Python twin, imported lazily (``import ptopt`` does not 
 
     ptopt.quantize(...)   ptopt.prune(...)    ptopt.distill(...)   ptopt.export(...)
     ptopt.validate(...)   ptopt.package(...)  ptopt.inspect(...)   ptopt.doctor()
-    ptopt.load_model(...) ptopt.load_data(...) ptopt.Artifact      ptopt.InputSpec
+    ptopt.load_model(...) ptopt.load_data(...) ptopt.Artifact      ptopt.InputSpec    ptopt.Result
 
-``ptopt.export`` and ``ptopt.validate`` are the stage packages and are callable themselves.
+``ptopt.export`` and ``ptopt.validate`` are the stage packages and are callable themselves. The names
+come from the one command table, ``ptopt.commands``.
 """
 
 from __future__ import annotations
@@ -15,25 +16,12 @@ import importlib
 from typing import Any
 
 from ptopt import _schemes as _schemes  # registers SCHEME:NAME loaders (zoo:) with core; imports no stage
+from ptopt.commands import lazy_api
 
 __version__ = "0.1.0"
 
-#: name -> "module:attribute" (a bare module name means the module itself)
-_LAZY = {
-    "quantize": "ptopt.compress.quantize:quantize",
-    "prune": "ptopt.compress.prune:prune",
-    "distill": "ptopt.compress.distill:distill",
-    "export": "ptopt.export",
-    "validate": "ptopt.validate",
-    "package": "ptopt.serve.package:package",
-    "inspect": "ptopt.core.inspect:inspect_model",
-    "doctor": "ptopt.core.doctor:doctor",
-    "load_model": "ptopt.core.modelref:load_model",
-    "load_data": "ptopt.core.data:load_data",
-    "Artifact": "ptopt.core.artifact:Artifact",
-    "InputSpec": "ptopt.core.inputspec:InputSpec",
-    "PtoptError": "ptopt.core.errors:PtoptError",
-}
+#: name -> "module:attribute" (a bare module name means the module itself), from the command table
+_LAZY = lazy_api()
 
 __all__ = sorted(_LAZY) + ["__version__"]
 

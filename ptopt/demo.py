@@ -5,7 +5,9 @@ pruning with distillation recovery, global pruning → TorchScript and ONNX expo
 TensorRT when available) → ``validate`` everything with gates → HTML report + Markdown summary →
 a TorchServe ``.mar`` of the best artifact within the accuracy budget.
 
-A second run reuses every artifact already in the output folder (``fresh=True`` rebuilds them).
+The demo is a built-in recipe (``demo_recipe``: steps and vars, as ``ptopt run`` reads them) run by
+``ptopt.pipeline``. A second run reuses every artifact already in the output folder (``fresh=True``
+rebuilds them).
 """
 
 from __future__ import annotations
@@ -16,14 +18,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.artifact import Artifact, sidecar_path
-
 CNN = "zoo:resnet"
 LSTM = "zoo:lstm"
 TRAIN, TEST = "builtin:digits32:train", "builtin:digits32:test"
 SEQ_TEST = "builtin:digits-seq:test"
 #: the accuracy budget the demo gates on (points of top-1 accuracy)
 MAX_ACCURACY_DROP = 1.0
+#: artifact steps of the CNN: (id, title, command, file name, options)
+CNN_STEPS: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
+    ("int8", "static int8", "quantize", "resnet.int8.pt",
+     {"model": CNN, "mode": "static", "calib_data": TRAIN, "eval_data": TEST, "progress": False}),
+    ("qat", "QAT int8 (1 epoch)", "quantize", "resnet.qat.pt",
+     {"model": CNN, "mode": "qat", "train_data": TRAIN, "eval_data": TEST, "epochs": 1, "progress": False}),
+    ("lstm8", "dynamic int8 LSTM", "quantize", "lstm.int8.pt",
+     {"model": LSTM, "mode": "dynamic", "eval_data": SEQ_TEST, "progress": False}),
+    ("pruned", "structured pruning 50% + distillation", "prune", "resnet.pruned.pt",
+     {"model": CNN, "method": "structured", "amount": 0.5, "fine_tune_data": TRAIN, "eval_data": TEST,
+      "epochs": 3, "teacher": "self", "temperature": 2.0, "alpha": 0.5, "lr": 2e-3}),
+    ("sparse", "global pruning 50% + 1 epoch", "prune", "resnet.sparse.pt",
+     {"model": CNN, "method": "global", "amount": 0.5, "fine_tune_data": TRAIN, "eval_data": TEST, "epochs": 1}),
+    ("ts", "export TorchScript fp32", "export", "resnet.ts.pt", {"model": CNN, "target": "torchscript"}),
+    ("onnx", "export ONNX fp32", "export", "resnet.onnx", {"model": CNN, "target": "onnx"}),
+    ("int8_onnx", "export ONNX int8", "export", "resnet.int8.onnx",
+     {"model": "${int8}", "target": "onnx", "data": TRAIN}),
+    ("trt", "export TensorRT fp16", "export", "resnet.trt.ep",
+     {"model": CNN, "target": "tensorrt", "precision": "fp16"}),
+)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -42,6 +62,87 @@ class DemoResult:
         return bool(self.validation.passed and self.lstm_validation.passed)
 
 
+def _tensorrt_missing(scope: dict[str, Any]) -> str | None:
+    from ptopt.core.features import CHECKS
+
+    check = CHECKS["torch_tensorrt"]()
+    return None if check.available else f"TensorRT: skipped ({check.detail}; needs CUDA)"
+
+
+def _best_not_packageable(scope: dict[str, Any]) -> str | None:
+    from ptopt.core.artifact import Artifact
+
+    best, path = scope["cnn"]["best"], scope["cnn"]["best_path"]
+    if best is None or path is None:
+        return "no artifact met the accuracy budget; no .mar written"
+    art = Artifact.maybe_load(path)
+    if art is None or art.format not in ("torchscript", "onnx"):
+        return f"best artifact {best} is not a TorchScript/ONNX file; no .mar written"
+    return None
+
+
+def demo_recipe(
+    *, threads: int | None = None, min_seconds: float = 0.5, tensorrt: bool = False
+) -> dict[str, Any]:
+    """The demo as a recipe: the artifact steps, two validations with gates, the best as a ``.mar``.
+    Set var ``out`` to the output folder. ``tensorrt``: whether the TensorRT export can run here (its
+    step is in the recipe either way, skipped where it cannot)."""
+    steps: list[dict[str, Any]] = []
+    for sid, title, command, filename, options in CNN_STEPS:
+        when = {"when": _tensorrt_missing} if sid == "trt" else {}
+        steps.append(
+            {command: {"id": sid, "title": title, **when, **options, "output": f"${{out}}/{filename}"}}
+        )
+    cnn_arts = [f"${{{s[0]}}}" for s in CNN_STEPS if s[0] != "lstm8" and (s[0] != "trt" or tensorrt)]
+    timing = {"batch_sizes": [1, 32], "threads": threads, "min_seconds": min_seconds}
+    gate = {"max_accuracy_drop": MAX_ACCURACY_DROP}
+    cnn_title = (
+        f"validate {len(cnn_arts)} artifacts against {CNN} on {TEST} "
+        f"(gate: accuracy drop <= {MAX_ACCURACY_DROP} points)"
+    )
+    cnn_reports = {k: f"${{out}}/{v}" for k, v in (
+        ("json_path", "report.json"), ("markdown_path", "summary.md"), ("report_path", "report.html"),
+        ("junit_path", "junit.xml"),
+    )}  # fmt: skip
+    lstm_reports = {"json_path": "${out}/lstm-report.json", "markdown_path": "${out}/lstm-summary.md"}
+    steps += [
+        {"validate": {"id": "cnn", "title": cnn_title, "reference": CNN, "artifacts": cnn_arts, "data": TEST,
+                      **timing, **gate, **cnn_reports}},
+        {"validate": {"id": "lstm_check", "title": f"validate the dynamic int8 LSTM against {LSTM} on {SEQ_TEST}",
+                      "reference": LSTM, "artifacts": ["${lstm8}"], "data": SEQ_TEST, **timing, **gate,
+                      **lstm_reports}},
+        {"package": {"id": "mar", "when": _best_not_packageable,
+                     "title": "package the best artifact within budget (${cnn.best}) as ${out}/resnet-best.mar",
+                     "artifact": "${cnn.best_path}", "format": "mar", "output": "${out}/resnet-best.mar"}},
+    ]  # fmt: skip
+    return {"version": 1, "vars": {"out": "ptopt-demo"}, "steps": steps}
+
+
+class _Progress:
+    """The demo's progress lines: ``[n/total] title ...`` and ``[n/total] title: path (s)`` per artifact;
+    a skipped step's reason under the number of the step before it."""
+
+    def __init__(self, total: int, log: Callable[[str], None]):
+        self.n, self.total, self.log = 0, total, log
+        self.reused: list[str] = []
+
+    def __call__(self, event: Any) -> None:
+        res = event.result
+        if event.kind in ("start", "reused"):
+            self.n += 1
+        tag = f"[{self.n}/{self.total}]"
+        producing = event.step.command not in ("validate", "package")
+        if event.kind == "skipped":
+            self.log(f"{tag} {res.reason}")
+        elif event.kind == "start":
+            self.log(f"{tag} {event.title} ..." if producing else f"{tag} {event.title}")
+        elif event.kind == "reused":
+            self.log(f"{tag} {event.title}: reusing {res.outputs['output']}")
+            self.reused.append(Path(res.outputs["output"]).name)
+        elif event.kind == "done" and producing:
+            self.log(f"{tag} {event.title}: {res.outputs['output']} ({res.seconds:.1f} s)")
+
+
 def demo(
     output: str | Path = "ptopt-demo",
     *,
@@ -50,136 +151,44 @@ def demo(
     log: Callable[[str], None] = print,
     min_seconds: float = 0.5,
 ) -> DemoResult:
-    """Run the pipeline into ``output``; returns what was written and the validation results."""
-    from ptopt.compress.prune import prune
-    from ptopt.compress.quantize import quantize
+    """Run the demo recipe into ``output``; returns what was written and the validation results."""
     from ptopt.core.features import CHECKS
     from ptopt.core.modelref import load_model
-    from ptopt.export.api import export
-    from ptopt.serve.package import package
-    from ptopt.validate.api import validate
+    from ptopt.pipeline import run_recipe
 
     t_start = time.perf_counter()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    arts: dict[str, Path] = {}
-    reused: list[str] = []
-    total = 11
-
-    def step(n: int, name: str, filename: str, make: Callable[[Path], Any]) -> Path:
-        path = out / filename
-        if not fresh and sidecar_path(path).is_file() and path.exists():
-            log(f"[{n}/{total}] {name}: reusing {path}")
-            reused.append(filename)
-        else:
-            t0 = time.perf_counter()
-            log(f"[{n}/{total}] {name} ...")
-            make(path)
-            log(f"[{n}/{total}] {name}: {path} ({time.perf_counter() - t0:.1f} s)")
-        arts[name] = path
-        return path
-
-    log(f"[0/{total}] fp32 models: {CNN} and {LSTM} (trained on bundled digits on first use, then cached)")
+    tensorrt = CHECKS["torch_tensorrt"]().available
+    recipe = demo_recipe(threads=threads, min_seconds=min_seconds, tensorrt=tensorrt)
+    progress = _Progress(len(recipe["steps"]) - (not tensorrt), log)
+    log(
+        f"[0/{progress.total}] fp32 models: {CNN} and {LSTM} (trained on bundled digits on first use, then cached)"
+    )
     load_model(CNN)
     load_model(LSTM)
-
-    int8 = step(
-        1,
-        "static int8",
-        "resnet.int8.pt",
-        lambda p: quantize(CNN, "static", p, calib_data=TRAIN, eval_data=TEST, progress=False),
+    results = run_recipe(
+        recipe,
+        {"out": str(out)},
+        source="demo",
+        reuse=() if fresh else [s[0] for s in CNN_STEPS],
+        stop_on_gate_failure=False,
+        on_event=progress,
     )
-    step(
-        2,
-        "QAT int8 (1 epoch)",
-        "resnet.qat.pt",
-        lambda p: quantize(CNN, "qat", p, train_data=TRAIN, eval_data=TEST, epochs=1, progress=False),
+    by_id = {r.step.id: r for r in results}
+    arts = {
+        r.title or r.step.command: Path(r.outputs["output"])
+        for r in results
+        if r.step.command != "validate" and r.step.id != "mar" and r.status != "skipped"
+    }
+    mar = by_id["mar"].outputs["output"]
+    return DemoResult(
+        out,
+        arts,
+        by_id["cnn"].value,
+        by_id["lstm_check"].value,
+        None if mar is None else Path(mar),
+        by_id["cnn"].outputs["best"],
+        time.perf_counter() - t_start,
+        progress.reused,
     )
-    lstm8 = step(
-        3,
-        "dynamic int8 LSTM",
-        "lstm.int8.pt",
-        lambda p: quantize(LSTM, "dynamic", p, eval_data=SEQ_TEST, progress=False),
-    )
-    step(
-        4,
-        "structured pruning 50% + distillation",
-        "resnet.pruned.pt",
-        lambda p: prune(
-            CNN,
-            "structured",
-            0.5,
-            p,
-            fine_tune_data=TRAIN,
-            eval_data=TEST,
-            epochs=3,
-            teacher="self",
-            temperature=2.0,
-            alpha=0.5,
-            lr=2e-3,
-        ),
-    )
-    step(
-        5,
-        "global pruning 50% + 1 epoch",
-        "resnet.sparse.pt",
-        lambda p: prune(CNN, "global", 0.5, p, fine_tune_data=TRAIN, eval_data=TEST, epochs=1),
-    )
-    step(6, "export TorchScript fp32", "resnet.ts.pt", lambda p: export(CNN, "torchscript", p))
-    step(7, "export ONNX fp32", "resnet.onnx", lambda p: export(CNN, "onnx", p))
-    step(8, "export ONNX int8", "resnet.int8.onnx", lambda p: export(int8, "onnx", p, data=TRAIN))
-    if CHECKS["torch_tensorrt"]().available:
-        step(
-            8, "export TensorRT fp16", "resnet.trt.ep", lambda p: export(CNN, "tensorrt", p, precision="fp16")
-        )
-    else:
-        log(f"[8/{total}] TensorRT: skipped ({CHECKS['torch_tensorrt']().detail}; needs CUDA)")
-
-    cnn_arts = [str(p) for k, p in arts.items() if k != "dynamic int8 LSTM"]
-    log(
-        f"[9/{total}] validate {len(cnn_arts)} artifacts against {CNN} on {TEST} "
-        f"(gate: accuracy drop <= {MAX_ACCURACY_DROP} points)"
-    )
-    result = validate(
-        CNN,
-        cnn_arts,
-        TEST,
-        batch_sizes=(1, 32),
-        threads=threads,
-        max_accuracy_drop=MAX_ACCURACY_DROP,
-        json_path=out / "report.json",
-        markdown_path=out / "summary.md",
-        report_path=out / "report.html",
-        junit_path=out / "junit.xml",
-        min_seconds=min_seconds,
-    )
-    log(f"[10/{total}] validate the dynamic int8 LSTM against {LSTM} on {SEQ_TEST}")
-    lstm_result = validate(
-        LSTM,
-        [str(lstm8)],
-        SEQ_TEST,
-        batch_sizes=(1, 32),
-        threads=threads,
-        max_accuracy_drop=MAX_ACCURACY_DROP,
-        json_path=out / "lstm-report.json",
-        markdown_path=out / "lstm-summary.md",
-        min_seconds=min_seconds,
-    )
-
-    mar = None
-    best = result.best
-    if best is not None:
-        best_path = next((p for p in cnn_arts if Path(p).name == Path(best).name or p == best), None)
-        if (
-            best_path is not None
-            and Artifact.maybe_load(best_path) is not None
-            and Artifact.load(best_path).format in ("torchscript", "onnx")
-        ):
-            mar = out / "resnet-best.mar"
-            log(f"[11/{total}] package the best artifact within budget ({Path(best_path).name}) as {mar}")
-            package(best_path, "mar", mar)
-        else:
-            log(f"[11/{total}] best artifact {best} is not a TorchScript/ONNX file; no .mar written")
-    else:
-        log(f"[11/{total}] no artifact met the accuracy budget; no .mar written")
-    return DemoResult(out, arts, result, lstm_result, mar, best, time.perf_counter() - t_start, reused)

@@ -175,7 +175,11 @@ def write_repository(prep: Any, output: Path, name: str, config: dict[str, Any])
         if prep.format == "onnx" and sum(f.stat().st_size for f in prep.files) < _INLINE_ONNX_LIMIT:
             import onnx
 
-            onnx.save(onnx.load(str(prep.path)), str(dest))  # weights inline: one self-contained file
+            from ptopt.export.onnx import save_onnx
+
+            save_onnx(
+                onnx.load(str(prep.path)), dest, external=False
+            )  # weights inline: one self-contained file
         else:
             shutil.copy2(prep.path, dest)
             for f in prep.files:  # external data keeps the name the graph refers to

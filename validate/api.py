@@ -7,6 +7,10 @@ loadability, whether the data fits each artifact, gates on what will be measured
 so a bad input exits 2 within seconds. Then each artifact is loaded, evaluated, sized and its peak
 memory taken, one at a time; last, all of them are loaded together and timed in interleaved rounds
 (``ptopt.validate.latency``), so memory during timing is the sum of the artifacts'.
+
+The steps, in order: ``_prepare`` (1-2: options, data, metric, baseline, report paths; a ``_Run``),
+``_check_models`` (3: one small batch through each model), ``_evaluate`` (4: an ``Entry`` per model),
+``_time`` (5), ``_compare`` and ``_report`` (6: gates, the best pick, the JSON report).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,9 +35,9 @@ from ptopt.core.errors import (
 )
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
-from ptopt.validate.latency import LatencyOptions, measure_runners
-from ptopt.validate.metrics import PeakMemory, agreement, compute_metric, resolve_metric, size_info
-from ptopt.validate.runners import Runner, display_name, open_runner
+from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runners
+from ptopt.validate.metrics import Metric, PeakMemory, agreement, compute_metric, resolve_metric, size_info
+from ptopt.validate.runners import ArtifactRunError, Runner, display_name, open_runner
 
 SCHEMA = "ptopt.validate/1"
 DEFAULT_BATCH_SIZES = (1, 32)
@@ -97,23 +102,135 @@ def parse_batch_sizes(value: Any) -> list[int]:
     return sizes
 
 
+@dataclasses.dataclass
+class Entry:
+    """One model's row of the report (the reference's or an artifact's); ``to_dict`` is its JSON form
+    (schema in docs/validate.md: the keys and their order are what users' CI parses)."""
+
+    name: str
+    ref: str
+    role: str  # "reference" | "artifact"
+    format: str
+    runtime: str
+    precision: str
+    parent: dict[str, Any] | None
+    config: dict[str, Any] | None
+    batch_range: list[int] | None
+    eval_batch_size: int
+    metric: float | None = None
+    accuracy_drop: float | None = None
+    agreement: dict[str, Any] | None = None
+    size: dict[str, Any] = dataclasses.field(default_factory=dict)
+    latency: dict[str, dict] = dataclasses.field(default_factory=dict)  # filled by the interleaved timing
+    speedup: dict[str, float] = dataclasses.field(default_factory=dict)
+    peak_memory_mb: float | None = None
+    peak_memory_delta_mb: float | None = None
+    gates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    passed: bool = True
+    best: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    elapsed_s: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class ReportPaths:
+    """Where the reports go (None: not written)."""
+
+    json: Any = None
+    junit: Any = None
+    markdown: Any = None
+    html: Any = None
+
+    def as_options(self) -> dict[str, Any]:
+        """As ``write_reports`` and ``validate`` spell them."""
+        return {"json_path": self.json, "junit_path": self.junit, "markdown_path": self.markdown,
+                "report_path": self.html}  # fmt: skip
+
+    def check(self) -> None:
+        """Every path writable, and matplotlib there for the HTML plots, before anything is measured."""
+        for label, p in (("json", self.json), ("junit", self.junit), ("markdown", self.markdown)):
+            if p is not None:
+                _check_writable(label, Path(p))
+        if self.html is not None:
+            _check_writable("report", Path(self.html))
+            import importlib.util
+
+            if importlib.util.find_spec("matplotlib") is None:
+                raise MissingDependencyError(
+                    "--report draws its plots with matplotlib: pip install 'ptopt[report]'"
+                )
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one validation works with, every user input checked (steps 1-2 of the module docstring)."""
+
+    models: _Models
+    ds: Dataset
+    data_name: str
+    metric: Metric
+    metric_measured: bool
+    sizes: list[int]
+    threads: int
+    eval_batch_size: int
+    gates: _gates.Gates
+    latency: LatencyOptions
+    baseline: dict[str, Any] | None
+    baseline_path: Any
+
+    def check_measurable(self, classification: bool | None) -> None:
+        _gates.check_measurable(
+            self.gates,
+            metric_measured=self.metric_measured,
+            metric_name=self.metric.name,
+            data_name=self.data_name,
+            batch_sizes=self.sizes,
+            baseline=self.baseline,
+            classification=classification,
+        )
+
+
+@dataclasses.dataclass
+class _Models:
+    """The reference and the artifacts, by role, each opened on demand into a prepared runner."""
+
+    refs: list[tuple[str, Any, Any]]  # (role, ref, weights)
+    names: list[str]
+    threads: int
+    allow_pickle: bool
+    providers: Sequence[str] | None
+
+    def __iter__(self) -> Iterator[tuple[str, Any, str]]:
+        """(role, ref, name) of every model, the reference first."""
+        return ((role, ref, name) for (role, ref, _), name in zip(self.refs, self.names, strict=True))
+
+    def open(self, i: int) -> Runner:
+        _, ref, weights = self.refs[i]
+        runner = open_runner(
+            ref, self.names[i], weights=weights, allow_pickle=self.allow_pickle, providers=self.providers
+        )
+        try:
+            runner.prepare(self.threads)
+        except BaseException:
+            runner.close()
+            raise
+        return runner
+
+
 def validate(
     reference: Any,
-    artifacts: Sequence[Any],
+    artifacts: Any,
     data: Any,
     *,
+    gates: _gates.Gates | None = None,
+    latency: LatencyOptions | None = None,
     batch_sizes: Any = DEFAULT_BATCH_SIZES,
     threads: int | None = None,
     metric: Any = "top1",
-    max_accuracy_drop: float | None = None,
-    relative: bool = False,
-    min_agreement: float | None = None,
-    max_latency_ms: Any = (),
-    min_speedup: float | None = None,
-    max_size_mb: float | None = None,
     baseline: Any = None,
-    max_regression: float | None = None,
-    regression_on: Sequence[str] | str = _gates.DEFAULT_REGRESSION_ON,
     json_path: Any = None,
     junit_path: Any = None,
     markdown_path: Any = None,
@@ -123,26 +240,91 @@ def validate(
     providers: Sequence[str] | None = None,
     max_samples: int | None = None,
     eval_batch_size: int = DEFAULT_EVAL_BATCH_SIZE,
-    latency: LatencyOptions | None = None,
+    raise_on_failure: bool = False,
+    progress: Callable[[str], None] | None = None,
+    # the CLI's spellings of `gates` (see Gates.from_options) and of `latency`
+    max_accuracy_drop: float | None = None,
+    relative: bool = False,
+    min_agreement: float | None = None,
+    max_latency_ms: Any = (),
+    min_speedup: float | None = None,
+    max_size_mb: float | None = None,
+    max_regression: float | None = None,
+    regression_on: Sequence[str] | str = _gates.DEFAULT_REGRESSION_ON,
     min_iters: int | None = None,
     min_seconds: float | None = None,
     rounds: int | None = None,
-    raise_on_failure: bool = False,
-    progress: Callable[[str], None] | None = None,
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
-    ``reference``/``artifacts``: MODEL references, artifact paths, nn.Modules or LoadedModels
-    (``weights``/``allow_pickle`` qualify the reference). ``data``: a DATA reference or a Dataset.
-    Gates: see ``ptopt.validate.gates.Gates``. Reports are written to the ``*_path`` given, all of
-    them before a failed gate is reported. Returns a ValidationResult (``.passed``); with
-    ``raise_on_failure`` a failed gate raises GateFailedError (exit code 1) after the reports.
+    ``reference``/``artifacts``: MODEL references, artifact paths, nn.Modules, LoadedModels or stage
+    ``Result``s (the saved file, else the in-memory ``.model``); ``weights``/``allow_pickle`` qualify the
+    reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
+    torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
+    options (not both). Every report asked for is written before a failed gate is reported; returns a
+    ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1).
     """
+    t_start = time.perf_counter()
+    gates = _gates.Gates.from_options(
+        gates,
+        max_accuracy_drop=max_accuracy_drop,
+        relative=relative,
+        min_agreement=min_agreement,
+        max_latency_ms=max_latency_ms,
+        min_speedup=min_speedup,
+        max_size_mb=max_size_mb,
+        max_regression=max_regression,
+        regression_on=regression_on,
+    )
+    latency = LatencyOptions.from_options(
+        latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds
+    )
+    reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
+    settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
+    settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size)
+    models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers)
+    run = _prepare(reference, artifacts, data, gates, latency, reports, models, **settings)
+    entries = _measure(run, progress or (lambda msg: None))
+    result = ValidationResult(_report(run, entries, t_start))
+    write_reports(result, **reports.as_options())
+    if raise_on_failure and not result.passed:
+        raise GateFailedError(failure_message(result))
+    return result
+
+
+def _measure(run: _Run, say: Callable[[str], None]) -> list[Entry]:
+    """Steps 3-5: probe every model, evaluate each alone, time them all together."""
     import torch
 
-    t_start = time.perf_counter()
-    say = progress or (lambda msg: None)
-    # -- 1. options --------------------------------------------------------------------------------
+    prev_threads = torch.get_num_threads()
+    try:
+        run.check_measurable(_check_models(run, say))
+        entries = _evaluate(run, say)
+        _time(run, entries, say)
+    finally:
+        torch.set_num_threads(prev_threads)
+    return entries
+
+
+# -- 1-2. options, data, metric, baseline: everything a user can get wrong, checked first ----------
+
+
+def _prepare(
+    reference: Any,
+    artifacts: Any,
+    data: Any,
+    gates: _gates.Gates,
+    latency: LatencyOptions,
+    reports: ReportPaths,
+    models: dict[str, Any],
+    *,
+    batch_sizes: Any,
+    threads: int | None,
+    metric: Any,
+    baseline: Any,
+    max_samples: int | None,
+    eval_batch_size: int,
+) -> _Run:
     sizes = parse_batch_sizes(batch_sizes)
     if threads is None:
         from ptopt.core.system import cpu_info
@@ -150,255 +332,289 @@ def validate(
         threads = int(cpu_info()["usable_cores"])
     if int(threads) < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
-    threads = int(threads)
     if eval_batch_size < 1:
         raise UsageError(f"--eval-batch-size must be >= 1, got {eval_batch_size}")
-    lat_opts = latency or LatencyOptions()
-    if min_iters is not None:
-        lat_opts = dataclasses.replace(lat_opts, min_iters=int(min_iters))
-    if min_seconds is not None:
-        lat_opts = dataclasses.replace(lat_opts, min_seconds=float(min_seconds))
-    if rounds is not None:
-        lat_opts = dataclasses.replace(lat_opts, rounds=int(rounds))
-    for opt, value, low in (
-        ("--min-iters", lat_opts.min_iters, 1),
-        ("--min-seconds", lat_opts.min_seconds, 0),
-        ("--rounds", lat_opts.rounds, 1),
-    ):
-        if value < low:
-            raise UsageError(f"{opt} must be >= {low}, got {value}")
-    if isinstance(regression_on, str):
-        regression_on = [k.strip() for k in regression_on.split(",") if k.strip()]
-    if isinstance(max_latency_ms, (int, float, str)):
-        max_latency_ms = [max_latency_ms]
-    gate_cfg = _gates.Gates(
-        max_accuracy_drop=max_accuracy_drop,
-        relative=relative,
-        min_agreement=min_agreement,
-        max_latency_ms=_gates.parse_latency_limits(max_latency_ms or ()),
-        min_speedup=min_speedup,
-        max_size_mb=max_size_mb,
-        max_regression=max_regression,
-        regression_on=tuple(regression_on),
-    )
-    if isinstance(artifacts, (str, os.PathLike)) or isinstance(artifacts, torch.nn.Module):
-        artifacts = [artifacts]
-    artifacts = list(artifacts)
-    for label, p in (
-        ("json", json_path),
-        ("junit", junit_path),
-        ("markdown", markdown_path),
-        ("report", report_path),
-    ):
-        if p is not None:
-            _check_writable(label, Path(p))
-    if report_path is not None:
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            raise MissingDependencyError(
-                "--report draws its plots with matplotlib: pip install 'ptopt[report]'"
-            )
-    # -- 2. data, metric, baseline ---------------------------------------------------------------
+    refs = [("reference", _model_ref(reference), models.pop("weights"))]
+    refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
+    reports.check()
     met = resolve_metric(metric)
-    ds = load_data(data)
+    ds, data_name = _load_data(data)
     if max_samples is not None:
         if max_samples < 1:
             raise UsageError(f"--max-samples must be >= 1, got {max_samples}")
         ds = ds.take(int(max_samples))
     ds.check_finite()
-    data_name = str(data) if isinstance(data, (str, os.PathLike)) else ds.name
-    metric_measured = ds.has_labels or not met.needs_labels
-    base = _gates.load_baseline(baseline) if baseline is not None else None
-    _gates.check_measurable(
-        gate_cfg,
-        metric_measured=metric_measured,
-        metric_name=met.name,
-        data_name=data_name,
-        batch_sizes=sizes,
-        baseline=base,
-        classification=None,
-    )
-    # -- 3. every artifact loads and takes the data (one small batch each) ------------------------
-    refs = [("reference", reference, weights)] + [("artifact", a, None) for a in artifacts]
+    _check_batch_memory(sizes, ds)
     names = _unique_names([display_name(r) for _, r, _ in refs], [r for _, r, _ in refs])
-    prev_threads = torch.get_num_threads()
+    run = _Run(
+        models=_Models(refs, names, int(threads), **models),
+        ds=ds,
+        data_name=data_name,
+        metric=met,
+        metric_measured=ds.has_labels or not met.needs_labels,
+        sizes=sizes,
+        threads=int(threads),
+        eval_batch_size=eval_batch_size,
+        gates=gates,
+        latency=latency,
+        baseline=_gates.load_baseline(baseline) if baseline is not None else None,
+        baseline_path=baseline,
+    )
+    run.check_measurable(None)
+    return run
 
-    def open_prepared(ref: Any, name: str, w: Any) -> Runner:
-        runner = open_runner(ref, name, weights=w, allow_pickle=allow_pickle, providers=providers)
-        try:
-            runner.prepare(threads)
-        except BaseException:
-            runner.close()
-            raise
-        return runner
 
+def _as_list(artifacts: Any) -> list[Any]:
+    import torch
+
+    from ptopt.core.result import Result
+
+    if isinstance(artifacts, (str, os.PathLike, torch.nn.Module, Result)):
+        return [artifacts]
+    return list(artifacts)
+
+
+def _model_ref(obj: Any) -> Any:
+    """A stage's ``Result``: the file it saved, else its in-process model, named by what it is."""
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.result import Result
+
+    if isinstance(obj, Artifact):
+        return obj.path
+    if not isinstance(obj, Result):
+        return obj
+    if obj.artifact is not None:
+        return obj.artifact.path
+    import torch
+
+    from ptopt.core.modelref import LoadedModel
+
+    t = obj.template
+    if not isinstance(obj.model, torch.nn.Module):
+        raise UsageError(
+            f"an unsaved {t.format} result runs here only as its file: save it first (res.save(path)) "
+            "and validate the file"
+        )
+    fmt = "torchscript" if isinstance(obj.model, torch.jit.ScriptModule) else "eager"
+    name = f"{t.format} {t.precision} (in memory)"
+    info = {"precision": t.precision}
+    return LoadedModel(name, fmt, obj.model, input_specs=list(t.inputs), input_style=t.input_style, info=info)
+
+
+def _load_data(data: Any) -> tuple[Dataset, str]:
+    """A DATA reference or in-memory data as a Dataset, and the name reports give it."""
+    ds = load_data(data)
+    return ds, str(data) if isinstance(data, (str, os.PathLike)) else ds.name
+
+
+# -- 3. every model loads and takes the data (one small batch each) --------------------------------
+
+
+def _check_batch_memory(sizes: list[int], ds: Dataset) -> None:
+    """Refuse batch sizes whose inputs alone would take more than half the memory available now
+    (the outputs and the model's activations come on top)."""
+    per_sample = sum(t[:1].numel() * t.element_size() for _, t in flatten_inputs(ds.first_batch(1).x))
+    available = _available_memory_bytes()
+    need = max(sizes) * per_sample
+    if available and need > available // 2:
+        raise UsageError(
+            f"--batch-sizes {max(sizes)}: the inputs alone need {need / 2**30:.1f} GiB "
+            f"({per_sample:,} bytes a sample), and {available / 2**30:.1f} GiB are available; "
+            f"use at most {max(1, available // 2 // max(per_sample, 1)):,}"
+        )
+
+
+def _available_memory_bytes() -> int | None:
     try:
-        shapes = []
-        for (role, ref, w), name in zip(refs, names, strict=False):
-            say(f"checking {name}")
-            runner = open_prepared(ref, name, w)
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
+    """Probe every model; returns whether the reference's outputs are classification logits."""
+    shapes = []
+    for i, (role, _, name) in enumerate(run.models):
+        say(f"checking {name}")
+        runner = run.models.open(i)
+        try:
+            out, labels = _probe(runner, run.ds, run.data_name)
+            shapes.append(tuple(out.shape))
+            if role == "reference" and run.metric_measured:
+                if run.metric.name in ("top1", "top5"):  # labels must index the classes: never 0% PASSED
+                    run.ds.check_labels(out, name)
+                compute_metric(
+                    run.metric, out, labels
+                )  # a metric that can't work fails now, not after timing
+        finally:
+            runner.close()
+    return len(shapes[0]) == 2 and shapes[0][1] >= 2
+
+
+# -- 4. load, evaluate, size and peak memory: one model at a time ----------------------------------
+
+
+def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
+    entries: list[Entry] = []
+    ref_outputs = None
+    for i, (role, ref, name) in enumerate(run.models):
+        say(f"evaluating {name} ({i + 1}/{len(run.models.refs)})")
+        t0 = time.perf_counter()
+        with PeakMemory() as mem:
+            runner = run.models.open(i)
             try:
-                out, labels = _probe(runner, ds, data_name)
-                shapes.append(tuple(out.shape))
-                if role == "reference" and metric_measured:
-                    compute_metric(met, out, labels)  # a metric that can't work fails now, not after timing
+                eval_bs = _eval_batch_size(runner, run.eval_batch_size, len(run.ds))
+                during = f"the accuracy pass (batch size {eval_bs})"
+                guard = functools.partial(_failures_named, runner, run.data_name, during)
+                outputs = evaluate_outputs(runner, run.ds, eval_bs, guard=guard)
+                size = size_info(runner.files, getattr(runner, "module", None))
             finally:
                 runner.close()
-        classification = len(shapes[0]) == 2 and shapes[0][1] >= 2
-        _gates.check_measurable(
-            gate_cfg,
-            metric_measured=metric_measured,
-            metric_name=met.name,
-            data_name=data_name,
-            batch_sizes=sizes,
-            baseline=base,
-            classification=classification,
-        )
-        # -- 4. load, evaluate, size and peak memory: one artifact at a time ------------------------
-        entries: list[dict[str, Any]] = []
-        ref_outputs = None
-        for i, ((role, ref, w), name) in enumerate(zip(refs, names, strict=False)):
-            say(f"evaluating {name} ({i + 1}/{len(refs)})")
-            t0 = time.perf_counter()
-            with PeakMemory() as mem:
-                runner = open_prepared(ref, name, w)
-                try:
-                    eval_bs = _eval_batch_size(runner, eval_batch_size, len(ds))
-                    with _failures_named(runner, data_name, f"the accuracy pass (batch size {eval_bs})"):
-                        outputs = evaluate_outputs(runner, ds, eval_bs)
-                    size = size_info(runner.files, getattr(runner, "module", None))
-                finally:
-                    runner.close()
-            entry = _entry(runner, role, ref, eval_bs, size, mem)
-            entry["elapsed_s"] = {"load_and_evaluate": round(time.perf_counter() - t0, 2)}
-            if metric_measured:
-                entry["metric"] = compute_metric(met, outputs, ds.y)
-            if ref_outputs is None:
-                ref_outputs = outputs
-            else:
-                entry["agreement"] = agreement(ref_outputs, outputs)
-            entries.append(entry)
-        # -- 5. latency: every artifact loaded, timed in interleaved rounds ----------------------------
-        say(
-            f"timing {len(refs)} models at batch sizes {', '.join(map(str, sizes))} "
-            f"({lat_opts.rounds} interleaved rounds)"
-        )
-        t1 = time.perf_counter()
-        runners = []
-        try:
-            for (_, ref, w), name in zip(refs, names, strict=False):
-                runners.append(open_prepared(ref, name, w))
-            lats = measure_runners(
-                runners, ds, sizes, lat_opts, guard=lambda r: _failures_named(r, data_name, "timing")
-            )
-        finally:
-            for r in runners:
-                r.close()
-        for entry, lat in zip(entries, lats, strict=False):
-            entry["latency"] = {str(bs): st for bs, st in lat.items()}
-            entry["elapsed_s"]["latency"] = round((time.perf_counter() - t1) / len(entries), 2)
-    finally:
-        torch.set_num_threads(prev_threads)
-    # -- 6. compare, gate, pick the best ---------------------------------------------------------
-    ref_entry, art_entries = entries[0], entries[1:]
-    metric_info = met.describe()
-    base_by_name = {e.get("name"): e for e in (base or {}).get("artifacts", [])}
-    gate_results: list[_gates.GateResult] = []
-    for e in art_entries:
-        if e["metric"] is not None and ref_entry["metric"] is not None:
-            e["accuracy_drop"] = _gates.accuracy_drop(
-                ref_entry["metric"], e["metric"], met.higher_is_better, met.scale(), relative
-            )
-        e["speedup"] = {
-            bs: ref_entry["latency"][bs]["p50_ms"] / st["p50_ms"]
-            for bs, st in e["latency"].items()
-            if "p50_ms" in st and "p50_ms" in ref_entry["latency"].get(bs, {})
-        }
-        results = _gates.evaluate(gate_cfg, e, ref_entry, metric_info, base_by_name.get(e["name"]))
-        e["gates"] = [r.to_dict() for r in results]
-        e["passed"] = all(r.passed for r in results)
-        gate_results += results
-    best = _pick_best(art_entries, gate_cfg, sizes)
-    for e in art_entries:
-        e["best"] = e["name"] == best
-    notes = []
-    if base is not None:
-        from ptopt.core.system import cpu_info
+        entry = _entry(runner, role, ref, eval_bs, size, mem)
+        entry.elapsed_s = {"load_and_evaluate": round(time.perf_counter() - t0, 2)}
+        if run.metric_measured:
+            entry.metric = compute_metric(run.metric, outputs, run.ds.y)
+        if ref_outputs is None:
+            ref_outputs = outputs
+        else:
+            entry.agreement = agreement(ref_outputs, outputs)
+        entries.append(entry)
+    return entries
 
-        if base.get("machine", {}).get("cpu", {}).get("model") != cpu_info()["model"]:
-            notes.append(
-                "the baseline ran on a different CPU model: latency regressions compare different machines"
+
+# -- 5. latency: every model loaded, timed in interleaved rounds -----------------------------------
+
+
+def _time(run: _Run, entries: list[Entry], say: Callable[[str], None]) -> None:
+    say(
+        f"timing {len(entries)} models at batch sizes {', '.join(map(str, run.sizes))} "
+        f"({run.latency.rounds} interleaved rounds)"
+    )
+    t1 = time.perf_counter()
+    runners: list[Runner] = []
+
+    def guard(runner: Runner, bs: int) -> Any:
+        return _failures_named(runner, run.data_name, "timing", lambda: batch_inputs(run.ds, bs))
+
+    try:
+        for i in range(len(entries)):
+            runners.append(run.models.open(i))
+        lats = measure_runners(runners, run.ds, run.sizes, run.latency, guard=guard)
+    finally:
+        for r in runners:
+            r.close()
+    for entry, lat in zip(entries, lats, strict=True):
+        entry.latency = {str(bs): st for bs, st in lat.items()}
+        entry.elapsed_s["latency"] = round((time.perf_counter() - t1) / len(entries), 2)
+
+
+# -- 6. compare, gate, pick the best; the report --------------------------------------------------
+
+
+def _compare(run: _Run, entries: list[Entry]) -> tuple[list[_gates.GateResult], str | None]:
+    ref, arts = entries[0], entries[1:]
+    metric_info = run.metric.describe()
+    base_by_name = {e.get("name"): e for e in (run.baseline or {}).get("artifacts", [])}
+    results: list[_gates.GateResult] = []
+    for e in arts:
+        if e.metric is not None and ref.metric is not None:
+            m = run.metric
+            e.accuracy_drop = _gates.accuracy_drop(
+                ref.metric, e.metric, m.higher_is_better, m.scale(), run.gates.relative
             )
-        if (
-            "speedup" in gate_cfg.regression_on
-            and (base.get("reference") or {}).get("name") != ref_entry["name"]
-        ):
-            notes.append(
-                f"the baseline's reference was {(base.get('reference') or {}).get('name')}, this run's "
-                f"{ref_entry['name']}: speedup regressions compare gains over different references"
-            )
-        if base.get("threads") != threads:
-            notes.append(f"the baseline ran with {base.get('threads')} threads, this run with {threads}")
-        base_opts = base.get("latency_options") or {}
-        if {k: base_opts.get(k) for k in ("min_seconds", "rounds")} != {
-            "min_seconds": lat_opts.min_seconds,
-            "rounds": lat_opts.rounds,
-        }:
-            notes.append(
-                f"the baseline was timed differently (min_seconds {base_opts.get('min_seconds')}, rounds "
-                f"{base_opts.get('rounds', 'none: one window per artifact')}), this run with min_seconds "
-                f"{lat_opts.min_seconds:g} in {lat_opts.rounds} interleaved rounds"
-            )
+        e.speedup = {
+            bs: ref.latency[bs]["p50_ms"] / st["p50_ms"]
+            for bs, st in e.latency.items()
+            if "p50_ms" in st and "p50_ms" in ref.latency.get(bs, {})
+        }
+        mine = _gates.evaluate(run.gates, e.to_dict(), ref.to_dict(), metric_info, base_by_name.get(e.name))
+        e.gates = [r.to_dict() for r in mine]
+        e.passed = all(r.passed for r in mine)
+        results += mine
+    best = _pick_best(arts, run.gates, run.sizes)
+    for e in arts:
+        e.best = e.name == best
+    return results, best
+
+
+def _baseline_notes(run: _Run, reference_name: str) -> list[str]:
+    """Where a comparison with the baseline compares unlike things."""
+    from ptopt.core.system import cpu_info
+
+    base, lat, notes = run.baseline, run.latency, []
+    if base is None:
+        return notes
+    if base.get("machine", {}).get("cpu", {}).get("model") != cpu_info()["model"]:
+        notes.append(
+            "the baseline ran on a different CPU model: latency regressions compare different machines"
+        )
+    base_ref = (base.get("reference") or {}).get("name")
+    if "speedup" in run.gates.regression_on and base_ref != reference_name:
+        notes.append(
+            f"the baseline's reference was {base_ref}, this run's {reference_name}: speedup regressions "
+            "compare gains over different references"
+        )
+    if base.get("threads") != run.threads:
+        notes.append(f"the baseline ran with {base.get('threads')} threads, this run with {run.threads}")
+    base_opts = base.get("latency_options") or {}
+    if {k: base_opts.get(k) for k in ("min_seconds", "rounds")} != {
+        "min_seconds": lat.min_seconds,
+        "rounds": lat.rounds,
+    }:
+        notes.append(
+            f"the baseline was timed differently (min_seconds {base_opts.get('min_seconds')}, rounds "
+            f"{base_opts.get('rounds', 'none: one window per artifact')}), this run with min_seconds "
+            f"{lat.min_seconds:g} in {lat.rounds} interleaved rounds"
+        )
+    return notes
+
+
+def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
+    """The JSON report (schema ``SCHEMA``, documented in docs/validate.md)."""
     from ptopt.core.system import machine_summary
 
-    report = {
+    gate_results, best = _compare(run, entries)
+    base, relative = run.baseline, run.gates.relative
+    return {
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "passed": all(r.passed for r in gate_results),
         "best": best,
         "best_rule": BEST_RULE,
         "machine": machine_summary(),
-        "threads": threads,
-        "batch_sizes": sizes,
+        "threads": run.threads,
+        "batch_sizes": run.sizes,
         "data": {
-            "ref": data_name,
-            "samples": len(ds),
-            "labels": ds.has_labels,
-            "inputs": {n: format_shape(t.shape[1:]) for n, t in flatten_inputs(ds.x)},
+            "ref": run.data_name,
+            "samples": len(run.ds),
+            "labels": run.ds.has_labels,
+            "inputs": {n: format_shape(t.shape[1:]) for n, t in flatten_inputs(run.ds.x)},
         },
-        "metric": metric_info | {"measured": metric_measured},
+        "metric": run.metric.describe() | {"measured": run.metric_measured},
         "accuracy_drop": {
             "relative": relative,
-            "unit": "%" if relative else ("pts" if met.percent else ""),
+            "unit": "%" if relative else ("pts" if run.metric.percent else ""),
             "definition": _gates.drop_definition(relative),
         },
-        "gates": gate_cfg.to_dict(),
+        "gates": run.gates.to_dict(),
         "baseline": None
         if base is None
         else {
-            "path": str(baseline),
+            "path": str(run.baseline_path),
             "created": base.get("created"),
             "cpu": base.get("machine", {}).get("cpu", {}).get("model"),
         },
-        "latency_options": dataclasses.asdict(lat_opts),
-        "reference": ref_entry,
-        "artifacts": art_entries,
+        "latency_options": dataclasses.asdict(run.latency),
+        "reference": entries[0].to_dict(),
+        "artifacts": [e.to_dict() for e in entries[1:]],
         "gate_results": [r.to_dict() for r in gate_results],
-        "notes": notes,
+        "notes": _baseline_notes(run, entries[0].name),
         "elapsed_s": round(time.perf_counter() - t_start, 2),
     }
-    result = ValidationResult(report)
-    write_reports(
-        result,
-        json_path=json_path,
-        junit_path=junit_path,
-        markdown_path=markdown_path,
-        report_path=report_path,
-    )
-    if raise_on_failure and not result.passed:
-        raise GateFailedError(failure_message(result))
-    return result
 
 
 def failure_message(result: ValidationResult) -> str:
@@ -434,18 +650,43 @@ def write_reports(
 
 
 @contextlib.contextmanager
-def _failures_named(runner: Runner, data_name: str, during: str) -> Iterator[None]:
-    """A runtime failure after the probe (e.g. a batch size the artifact rejects) still exits 2 with
-    the artifact's name, not with a traceback."""
+def _failures_named(runner: Runner, data_name: str, during: str, inputs: Callable[[], Any]) -> Iterator[None]:
+    """A runtime failure after the probe still exits 2 with the artifact's name, not a traceback.
+    ``inputs()`` gives the batch that was running: when its samples run in smaller batches, the
+    artifact does not take this batch size (ShapeMismatchError); when they fail there too, the
+    artifact fails on this data (ArtifactRunError)."""
     try:
         yield
     except PtoptError:
         raise
     except Exception as e:  # noqa: BLE001 - each runtime raises its own types
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-        raise ShapeMismatchError(
-            f"{runner.name} ({runner.runtime}) failed on {data_name} during {during}: {reason}"
-        ) from None
+        what = f"{runner.name} ({runner.runtime}) failed on {data_name} during {during}: {_first_line(e)}"
+        smaller = _runs_in_smaller_batches(runner, inputs())
+        if smaller:
+            raise ShapeMismatchError(
+                f"{what}; the same samples run in batches of {smaller}, so it does not take this batch size"
+            ) from None
+        raise ArtifactRunError(what) from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def _runs_in_smaller_batches(runner: Runner, x: Any) -> int | None:
+    """The smallest batch size ``runner`` takes, when every sample of ``x`` runs in batches of it."""
+    import torch
+
+    samples = Dataset(x)
+    small = runner.batch_range[0] if runner.batch_range else 1
+    if len(samples) <= small:
+        return None
+    try:
+        for start in range(0, len(samples) - small + 1, small):
+            runner.predict(samples.select(torch.arange(start, start + small)).x)
+    except Exception:  # noqa: BLE001 - any failure: not a batch-size problem
+        return None
+    return small
 
 
 def _check_writable(label: str, path: Path) -> None:
@@ -484,9 +725,12 @@ def _eval_batch_size(runner: Runner, wanted: int, n: int) -> int:
     return bs
 
 
-def evaluate_outputs(runner: Runner, ds: Dataset, batch_size: int) -> Any:
+def evaluate_outputs(
+    runner: Runner, ds: Dataset, batch_size: int, guard: Callable[[Callable[[], Any]], Any] | None = None
+) -> Any:
     """The primary outputs of every sample, in order. A fixed-batch artifact gets its last batch
-    padded with repeats of the last sample; the padding's outputs are dropped."""
+    padded with repeats of the last sample; the padding's outputs are dropped. ``guard(inputs)`` wraps
+    each batch (``inputs()`` gives it)."""
     import torch
 
     lo = runner.batch_range[0] if runner.batch_range else 1
@@ -497,7 +741,9 @@ def evaluate_outputs(runner: Runner, ds: Dataset, batch_size: int) -> Any:
         k = len(idx)
         if k < lo:
             idx = torch.cat([idx, idx[-1:].repeat(lo - k)])
-        outs.append(runner.predict(ds.select(idx).x)[:k])
+        x = ds.select(idx).x
+        with guard(lambda x=x: x) if guard else contextlib.nullcontext():
+            outs.append(runner.predict(x)[:k])
     return torch.cat(outs)
 
 
@@ -526,9 +772,8 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
     except PtoptError:
         raise
     except Exception as e:  # noqa: BLE001 - each runtime raises its own types for a bad input
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise ShapeMismatchError(
-            f"data {data_name} does not fit {runner.name} ({runner.runtime}): {reason}",
+            f"data {data_name} does not fit {runner.name} ({runner.runtime}): {_first_line(e)}",
             expected=expected,
             got=got,
         ) from None
@@ -540,7 +785,7 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
     return out, labels
 
 
-def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: PeakMemory) -> dict:
+def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: PeakMemory) -> Entry:
     art = None
     if runner.path is not None:
         from ptopt.core.artifact import Artifact
@@ -549,51 +794,43 @@ def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: P
             art = Artifact.maybe_load(runner.path)
         except PtoptError:
             art = None
-    return {
-        "name": runner.name,
-        "ref": runner.ref if not isinstance(ref, (str, os.PathLike)) else str(ref),
-        "role": role,
-        "format": runner.format,
-        "runtime": runner.runtime,
-        "precision": runner.precision,
-        "parent": art.parent if art else None,
-        "config": art.config if art else None,
-        "batch_range": list(runner.batch_range) if runner.batch_range else None,
-        "eval_batch_size": eval_bs,
-        "metric": None,
-        "accuracy_drop": None,
-        "agreement": None,
-        "size": size,
-        "latency": {},  # filled by the interleaved timing
-        "speedup": {},
-        "peak_memory_mb": None if mem.peak_mb is None else round(mem.peak_mb, 1),
-        "peak_memory_delta_mb": None if mem.delta_mb is None else round(mem.delta_mb, 1),
-        "gates": [],
-        "passed": True,
-        "best": False,
-        "info": {k: v for k, v in runner.info.items() if isinstance(v, (str, int, float, list))},
-    }
+    return Entry(
+        name=runner.name,
+        ref=runner.ref if not isinstance(ref, (str, os.PathLike)) else str(ref),
+        role=role,
+        format=runner.format,
+        runtime=runner.runtime,
+        precision=runner.precision,
+        parent=art.parent if art else None,
+        config=art.config if art else None,
+        batch_range=list(runner.batch_range) if runner.batch_range else None,
+        eval_batch_size=eval_bs,
+        size=size,
+        peak_memory_mb=None if mem.peak_mb is None else round(mem.peak_mb, 1),
+        peak_memory_delta_mb=None if mem.delta_mb is None else round(mem.delta_mb, 1),
+        info={k: v for k, v in runner.info.items() if isinstance(v, (str, int, float, list))},
+    )
 
 
-def _pick_best(entries: list[dict], gates: _gates.Gates, sizes: list[int]) -> str | None:
+def _pick_best(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> str | None:
     accuracy_gated = gates.max_accuracy_drop is not None or gates.min_agreement is not None
     eligible = []
     for e in entries:
-        if not e["passed"]:
+        if not e.passed:
             continue
         if not accuracy_gated:
-            if e["accuracy_drop"] is not None:
-                if e["accuracy_drop"] > BEST_MAX_DROP:
+            if e.accuracy_drop is not None:
+                if e.accuracy_drop > BEST_MAX_DROP:
                     continue
             else:
-                agr = (e.get("agreement") or {}).get("top1_agreement")
+                agr = (e.agreement or {}).get("top1_agreement")
                 if agr is not None and agr < 0.99:
                     continue
         eligible.append(e)
     if not eligible:
         return None
 
-    def key(e: dict) -> tuple:
-        return tuple(e["latency"].get(str(bs), {}).get("p50_ms", float("inf")) for bs in sizes)
+    def key(e: Entry) -> tuple:
+        return tuple(e.latency.get(str(bs), {}).get("p50_ms", float("inf")) for bs in sizes)
 
-    return min(eligible, key=key)["name"]
+    return min(eligible, key=key).name

@@ -97,6 +97,40 @@ class Gates:
                 f"(choose from {', '.join(REGRESSION_KINDS)})"
             )
 
+    @classmethod
+    def from_options(cls, gates: Gates | None = None, **options: Any) -> Gates:
+        """``gates`` as given, or built from the CLI's spellings (``max_latency_ms=["1=5"]``,
+        ``regression_on="latency,speedup"``, None for "not set"); giving both is a usage error (one
+        source of truth). ``gates`` may be a mapping of those options (as a recipe writes it)."""
+        if isinstance(gates, dict):
+            gates = cls.from_options(None, **gates)
+        unknown = sorted(set(options) - _FIELDS)
+        if unknown:
+            raise UsageError(f"unknown gate option(s): {', '.join(unknown)}")
+        given = {k: v for k, v in options.items() if v is not None}
+        regression_on = given.get("regression_on", DEFAULT_REGRESSION_ON)
+        if isinstance(regression_on, str):
+            regression_on = [k.strip() for k in regression_on.split(",") if k.strip()]
+        limits = given.get("max_latency_ms", ())
+        if isinstance(limits, (int, float, str)):
+            limits = [limits]
+        given.update(
+            relative=bool(given.get("relative")),
+            regression_on=tuple(regression_on),
+            max_latency_ms=parse_latency_limits(limits),
+        )
+        loose = cls(**given)
+        if gates is None:
+            return loose
+        changed = [
+            f.name for f in dataclasses.fields(cls) if getattr(loose, f.name) != getattr(cls(), f.name)
+        ]
+        if changed:
+            raise UsageError(
+                f"give the gates as gates=Gates(...) or as options, not both ({', '.join(changed)})"
+            )
+        return gates
+
     def active(self) -> list[str]:
         names = []
         for f in dataclasses.fields(self):
@@ -112,6 +146,9 @@ class Gates:
         d["max_latency_ms"] = [{"batch_size": bs, "ms": ms} for bs, ms in self.max_latency_ms]
         d["regression_on"] = list(self.regression_on)
         return d
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Gates)}
 
 
 def parse_latency_limits(values: Sequence[Any]) -> tuple[tuple[int | None, float], ...]:
@@ -257,93 +294,67 @@ def evaluate(
     baseline_entry: dict[str, Any] | None = None,
 ) -> list[GateResult]:
     """Every active gate on one artifact's entry (the JSON form; see docs/validate.md)."""
-    name = entry["name"]
-    out: list[GateResult] = []
+    out = _accuracy_gates(gates, entry, metric)
+    out += _latency_gates(gates, entry, reference)
+    if gates.max_size_mb is not None:
+        size = (entry.get("size") or {}).get("bytes")
+        mb = None if size is None else size / 1e6
+        message = (
+            f"size {_fmt(mb)} MB (max {_fmt(gates.max_size_mb)} MB)" if mb is not None else "size unknown"
+        )
+        ok = mb is not None and mb <= gates.max_size_mb
+        out.append(GateResult(entry["name"], "max-size-mb", gates.max_size_mb, mb, ok, message))
+    if gates.max_regression is not None:
+        out += _regressions(gates, entry, metric, baseline_entry)
+    return out
+
+
+def _accuracy_gates(gates: Gates, entry: dict[str, Any], metric: dict[str, Any]) -> list[GateResult]:
+    name, out = entry["name"], []
     unit = "%" if gates.relative else (" pts" if metric.get("unit") == "%" else "")
     if gates.max_accuracy_drop is not None:
-        drop = entry.get("accuracy_drop")
-        ok = drop is not None and drop <= gates.max_accuracy_drop + 1e-9
-        out.append(
-            GateResult(
-                name,
-                "max-accuracy-drop",
-                gates.max_accuracy_drop,
-                drop,
-                ok,
-                f"{metric['name']} drop {_fmt(drop)}{unit} (max {_fmt(gates.max_accuracy_drop)}{unit})"
-                if drop is not None
-                else "metric not measured",
-            )
+        drop, limit = entry.get("accuracy_drop"), gates.max_accuracy_drop
+        ok = drop is not None and drop <= limit + 1e-9
+        message = (
+            f"{metric['name']} drop {_fmt(drop)}{unit} (max {_fmt(limit)}{unit})"
+            if drop is not None
+            else "metric not measured"
         )
+        out.append(GateResult(name, "max-accuracy-drop", limit, drop, ok, message))
     if gates.min_agreement is not None:
-        agr = (entry.get("agreement") or {}).get("top1_agreement")
-        ok = agr is not None and agr >= gates.min_agreement - 1e-12
-        out.append(
-            GateResult(
-                name,
-                "min-agreement",
-                gates.min_agreement,
-                agr,
-                ok,
-                f"top-1 agreement {agr:.2%} (min {gates.min_agreement:.2%})"
-                if agr is not None
-                else "top-1 agreement not measurable",
-            )
+        agr, limit = (entry.get("agreement") or {}).get("top1_agreement"), gates.min_agreement
+        ok = agr is not None and agr >= limit - 1e-12
+        message = (
+            f"top-1 agreement {agr:.2%} (min {limit:.2%})"
+            if agr is not None
+            else "top-1 agreement not measurable"
         )
+        out.append(GateResult(name, "min-agreement", limit, agr, ok, message))
+    return out
+
+
+def _latency_gates(gates: Gates, entry: dict[str, Any], reference: dict[str, Any]) -> list[GateResult]:
+    name, out = entry["name"], []
     lat = entry.get("latency") or {}
     ref_lat = reference.get("latency") or {}
     for bs_key, stats in lat.items():
         if "p50_ms" not in stats:
             continue
-        bs = int(bs_key)
+        bs, p50 = int(bs_key), stats["p50_ms"]
         for limit_bs, ms in gates.max_latency_ms:
             if limit_bs is None or limit_bs == bs:
-                p50 = stats["p50_ms"]
-                out.append(
-                    GateResult(
-                        name,
-                        f"max-latency-ms@bs{bs}",
-                        ms,
-                        p50,
-                        p50 <= ms,
-                        f"p50 {_fmt(p50)} ms at batch {bs} (max {_fmt(ms)} ms)",
-                    )
-                )
+                message = f"p50 {_fmt(p50)} ms at batch {bs} (max {_fmt(ms)} ms)"
+                out.append(GateResult(name, f"max-latency-ms@bs{bs}", ms, p50, p50 <= ms, message))
         if gates.min_speedup is not None and "p50_ms" in ref_lat.get(bs_key, {}):
-            sp = ref_lat[bs_key]["p50_ms"] / stats["p50_ms"]
-            out.append(
-                GateResult(
-                    name,
-                    f"min-speedup@bs{bs}",
-                    gates.min_speedup,
-                    sp,
-                    sp >= gates.min_speedup,
-                    f"speedup {sp:.2f}x at batch {bs} (min {gates.min_speedup:.2f}x)",
-                )
-            )
+            sp, limit = ref_lat[bs_key]["p50_ms"] / p50, gates.min_speedup
+            message = f"speedup {sp:.2f}x at batch {bs} (min {limit:.2f}x)"
+            out.append(GateResult(name, f"min-speedup@bs{bs}", limit, sp, sp >= limit, message))
     for limit_bs, ms in gates.max_latency_ms:
         if limit_bs is not None and "p50_ms" not in lat.get(str(limit_bs), {}):
             why = lat.get(str(limit_bs), {}).get("skipped", "not measured")
             out.append(
                 GateResult(name, f"max-latency-ms@bs{limit_bs}", ms, None, False, f"batch {limit_bs}: {why}")
             )
-    if gates.max_size_mb is not None:
-        size = (entry.get("size") or {}).get("bytes")
-        mb = None if size is None else size / 1e6
-        out.append(
-            GateResult(
-                name,
-                "max-size-mb",
-                gates.max_size_mb,
-                mb,
-                mb is not None and mb <= gates.max_size_mb,
-                f"size {_fmt(mb)} MB (max {_fmt(gates.max_size_mb)} MB)"
-                if mb is not None
-                else "size unknown",
-            )
-        )
-    if gates.max_regression is not None:
-        out += _regressions(gates, entry, metric, baseline_entry)
     return out
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ptopt.core.data import Dataset
+from ptopt.core.errors import UsageError
 from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_interleaved
 
 #: validation defaults: 3 s per (artifact, batch size) in 15 slices of 0.2 s. On the shared 2-core
@@ -43,6 +44,45 @@ class LatencyOptions:
     warmup_iters: int = WARMUP_ITERS
     warmup_seconds: float = WARMUP_SECONDS
     rounds: int = ROUNDS
+
+    def __post_init__(self) -> None:
+        for opt, value, low in (
+            ("--min-iters", self.min_iters, 1),
+            ("--min-seconds", self.min_seconds, 0),
+            ("--rounds", self.rounds, 1),
+        ):
+            if value < low:
+                raise UsageError(f"{opt} must be >= {low}, got {value}")
+
+    @classmethod
+    def from_options(
+        cls,
+        latency: LatencyOptions | None = None,
+        *,
+        min_iters: int | None = None,
+        min_seconds: float | None = None,
+        rounds: int | None = None,
+    ) -> LatencyOptions:
+        """``latency`` as given, or the defaults with the CLI's ``--min-iters/--min-seconds/--rounds``;
+        giving both is a usage error (one source of truth). ``latency`` may be a mapping of its fields."""
+        if isinstance(latency, dict):
+            unknown = sorted(set(latency) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise UsageError(f"latency: unknown option(s) {', '.join(unknown)}")
+            latency = cls(**latency)
+        given = {
+            k: v
+            for k, v in (("min_iters", min_iters), ("min_seconds", min_seconds), ("rounds", rounds))
+            if v is not None
+        }
+        if latency is not None and given:
+            raise UsageError(
+                f"give latency=LatencyOptions(...) or {', '.join(given)}, not both (one source of truth)"
+            )
+        if latency is not None:
+            return latency
+        kinds = {"min_iters": int, "min_seconds": float, "rounds": int}
+        return cls(**{k: kinds[k](v) for k, v in given.items()})
 
 
 def batch_inputs(data: Dataset, batch_size: int) -> Any:
@@ -71,10 +111,10 @@ def measure_runners(
     data: Dataset,
     batch_sizes: list[int],
     options: LatencyOptions,
-    guard: Callable[[Any], Any] | None = None,
+    guard: Callable[[Any, int], Any] | None = None,
 ) -> list[dict[int, dict]]:
     """[{batch_size: stats}] per runner, timed interleaved; a batch size an artifact cannot take gets
-    {"skipped": why}. ``guard(runner)`` wraps every timed slice of that runner."""
+    {"skipped": why}. ``guard(runner, batch_size)`` wraps every timed slice of that runner."""
     inputs = {bs: batch_inputs(data, bs) for bs in batch_sizes}
     fns, sizes = {}, {}
     out: list[dict[int, dict]] = []
@@ -96,7 +136,7 @@ def measure_runners(
         min_seconds=options.min_seconds,
         warmup_iters=options.warmup_iters,
         warmup_seconds=options.warmup_seconds,
-        guard=None if guard is None else (lambda key: guard(runners[key[0]])),
+        guard=None if guard is None else (lambda key: guard(runners[key[0]], key[1])),
     )
     for (i, bs), st in stats.items():
         out[i][bs] = st

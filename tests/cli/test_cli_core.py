@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import tiny_cnn
+from tests.helpers import assert_refused, tiny_cnn
 
 
 def test_help_does_not_import_torch():
@@ -29,6 +29,27 @@ def test_version(cli):
 def test_unknown_command_is_usage_error(cli):
     code, _, err = cli("frobnicate")
     assert code == 2 and "No such command" in err
+
+
+def test_one_command_table_feeds_the_cli_the_api_and_the_pipeline(cli):
+    """ptopt.commands is the only list of commands: the CLI shows exactly its commands with their help
+    lines, ``ptopt.<name>`` is each twin, and recipe steps are the commands marked as steps."""
+    import ptopt
+    from ptopt.commands import COMMANDS, step_commands
+    from ptopt.pipeline import resolve_twin
+
+    code, out, _ = cli("--help")
+    listed = [
+        ln.split()[0] for ln in out.split("Commands:")[1].splitlines() if ln.startswith("  ") and ln[2] != " "
+    ]
+    assert code == 0 and listed == sorted(COMMANDS)
+    for name, command in COMMANDS.items():
+        assert command.help.split()[0] in out
+        if command.api_target:
+            assert name in dir(ptopt) and callable(getattr(ptopt, name))
+    assert set(step_commands()) == {"quantize", "prune", "distill", "export", "validate", "package"}
+    assert resolve_twin("validate", "test") is ptopt.validate.api.validate
+    assert ptopt.quantize is resolve_twin("quantize", "test")
 
 
 @pytest.fixture
@@ -84,53 +105,63 @@ def test_inspect_multi_input_keyword_model(cli, tmp_path):
 # -- bad input: one clear line, exit 2, no traceback ----------------------------------------------
 
 
-def _bad(cli, *args, match):
-    code, out, err = cli(*args)
-    assert code == 2, (code, out, err)
-    assert match in err, err
-    assert "Traceback" not in err and err.strip().count("\n") == 0, err
-    return err
-
-
-def test_missing_file(cli):
-    _bad(cli, "inspect", "nope.pt", match="no such file")
-
-
-def test_text_file_named_model_pt(cli, tmp_path):
+def _text_model(tmp_path):
     (tmp_path / "model.pt").write_text("hello")
-    _bad(cli, "inspect", tmp_path / "model.pt", match="not a PyTorch model file")
+    return [tmp_path / "model.pt"]
 
 
-def test_pickled_module_without_allow_pickle(cli, tmp_path):
+def _pickled(tmp_path):
     torch.save(tiny_cnn(), tmp_path / "full.pt")
-    err = _bad(cli, "inspect", tmp_path / "full.pt", match="--allow-pickle")
-    assert "arbitrary code" in err
-    code, out, err = cli("inspect", tmp_path / "full.pt", "--allow-pickle")
-    assert code == 0, err
+    return [tmp_path / "full.pt"]
 
 
-def test_factory_that_does_not_import(cli):
-    _bad(cli, "inspect", "not_a_module.sub:factory", match="cannot import 'not_a_module.sub'")
-
-
-def test_weights_that_dont_fit(cli, tmp_path):
+def _bad_weights(tmp_path):
     torch.save({"conv1.weight": torch.zeros(3, 3)}, tmp_path / "w.pt")
-    err = _bad(
-        cli, "inspect", "tests.helpers:tiny_cnn", "--weights", tmp_path / "w.pt", match="don't fit the model"
-    )
-    assert "missing keys: bn1.bias" in err and "conv1.weight (3, 3) vs model (8, 1, 3, 3)" in err
+    return ["tests.helpers:tiny_cnn", "--weights", tmp_path / "w.pt"]
 
 
-def test_data_that_does_not_fit(cli, tmp_path):
+def _data_32x32(tmp_path, model="tests.helpers:tiny_cnn"):
     torch.save({"x": torch.randn(4, 3, 32, 32)}, tmp_path / "d.pt")
-    err = _bad(cli, "inspect", "tests.helpers:tiny_cnn", "--data", tmp_path / "d.pt", match="does not fit")
-    assert "expected input: [1..64]x1x8x8 float32" in err and "got 4x3x32x32 float32" in err
+    return [model, "--data", tmp_path / "d.pt"]
 
 
-def test_data_that_does_not_fit_model_without_declared_inputs(cli, tmp_path, scripted):
-    torch.save({"x": torch.randn(4, 3, 32, 32)}, tmp_path / "d.pt")
-    err = _bad(cli, "inspect", scripted, "--data", tmp_path / "d.pt", match="does not fit model")
-    assert "got input: 4x3x32x32 float32" in err
+def _scripted_with_32x32_data(tmp_path):
+    path = tmp_path / "tiny.pt"
+    torch.jit.save(torch.jit.trace(tiny_cnn().eval(), torch.randn(2, 1, 8, 8)), str(path))
+    return _data_32x32(tmp_path, path)
+
+
+#: case -> (arguments of `ptopt inspect`, or a function of tmp_path making them; what the line says)
+BAD_INSPECT = {
+    "missing-file": (["nope.pt"], ("no such file",)),
+    "text-file-named-model-pt": (_text_model, ("not a PyTorch model file",)),
+    "pickled-module-without-allow-pickle": (_pickled, ("--allow-pickle", "arbitrary code")),
+    "factory-that-does-not-import": (["not_a_module.sub:factory"], ("cannot import 'not_a_module.sub'",)),
+    "weights-that-dont-fit": (
+        _bad_weights,
+        ("don't fit the model", "missing keys: bn1.bias", "conv1.weight (3, 3) vs model (8, 1, 3, 3)"),
+    ),
+    "data-that-does-not-fit": (
+        _data_32x32,
+        ("does not fit", "expected input: [1..64]x1x8x8 float32", "got 4x3x32x32 float32"),
+    ),
+    "data-that-does-not-fit-undeclared-inputs": (
+        _scripted_with_32x32_data,
+        ("does not fit model", "got input: 4x3x32x32 float32"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INSPECT), ids=list(BAD_INSPECT))
+def test_bad_input_is_one_line_exit_2(cli, tmp_path, case):
+    args, match = BAD_INSPECT[case]
+    args = args(tmp_path) if callable(args) else args
+    assert_refused(cli, "inspect", *args, match=match, where=tmp_path)
+
+
+def test_pickled_module_loads_with_allow_pickle(cli, tmp_path):
+    code, out, err = cli("inspect", *_pickled(tmp_path), "--allow-pickle")
+    assert code == 0, err
 
 
 def test_debug_shows_traceback(run_ptopt):
@@ -138,9 +169,9 @@ def test_debug_shows_traceback(run_ptopt):
     assert out.returncode != 0 and "Traceback" in out.stderr
 
 
-def test_subprocess_exit_code(run_ptopt):
-    out = run_ptopt("inspect", "nope.pt")
-    assert out.returncode == 2 and out.stderr.startswith("error: model 'nope.pt': no such file")
+def test_subprocess_exit_code(run_ptopt, tmp_path):
+    msg = assert_refused(run_ptopt, "inspect", "nope.pt", where=tmp_path)
+    assert msg.startswith("error: model 'nope.pt': no such file")
 
 
 def test_doctor(cli):

@@ -127,3 +127,58 @@ class LeNet(nn.Module):
 def lenet() -> LeNet:
     torch.manual_seed(0)
     return LeNet().eval()
+
+
+class GruClassifier(nn.Module):
+    """A GRU over 8 steps of 8 features, then a Linear head: the first layer that runs is the GRU,
+    not ``head.0``. Declares no input shape (a factory model: pruning needs ``--input-shape``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(8, 32, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(x)
+        return self.head(out[:, -1])
+
+
+def gru_classifier() -> GruClassifier:
+    torch.manual_seed(0)
+    return GruClassifier().eval()
+
+
+class Rolled(nn.Module):
+    """A block whose expanding conv's channels go through ``torch.roll`` (unknown to the pruner)."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.expand = nn.Conv2d(c, 2 * c, 1)
+        self.project = nn.Conv2d(2 * c, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.project(torch.roll(F.relu(self.expand(x)), 1, dims=1))
+
+
+class RolledStack(nn.Module):
+    """Stem, three ``Rolled`` blocks, a prunable conv, a classifier: three unresolvable groups that
+    share one name pattern (``blocks.*.expand``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 8, 3, padding=1)
+        self.blocks = nn.Sequential(Rolled(), Rolled(), Rolled())
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv(self.blocks(F.relu(self.stem(x)))))
+        return self.fc(x.mean((2, 3)))
+
+    def example_inputs(self, batch: int = 2) -> torch.Tensor:
+        return torch.rand(batch, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def rolled_stack() -> RolledStack:
+    torch.manual_seed(0)
+    return RolledStack().eval()

@@ -58,3 +58,82 @@ class Untraceable(nn.Module):
 def untraceable() -> Untraceable:
     torch.manual_seed(0)
     return Untraceable()
+
+
+class OutlierMLP(nn.Module):
+    """A transformer-style MLP block with one "massive activation" channel (as LLMs and ViTs have):
+    channel 0 of ``block.fc1`` is ~1000× the others, and ``block.fc2`` barely reads it. Per-tensor
+    int8 activations take their range from that channel, so every other channel rounds to zero:
+    the int8 model's outputs no longer follow fp32's. Keeping the block's two Linears float fixes it.
+    Takes N×16 features (``outlier_data``)."""
+
+    def __init__(self, dim: int = 16, hidden: int = 64):
+        super().__init__()
+        self.embed = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.block = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.head = nn.Linear(dim, 10)
+        with torch.no_grad():
+            self.block[0].weight[0] *= 1000.0
+            self.block[0].bias[0] = 2000.0
+            self.block[2].weight[:, 0] *= 1e-4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.embed(x))
+        return self.head(h + self.block(h))
+
+
+def outlier_mlp() -> OutlierMLP:
+    torch.manual_seed(0)
+    return OutlierMLP().eval()
+
+
+def outlier_data(n: int = 128) -> torch.Tensor:
+    return torch.randn(n, 16, generator=torch.Generator().manual_seed(1))
+
+
+def outlier_calib() -> dict:
+    """``outlier_data`` as a DATA reference (``tests.compress.quant_models:outlier_calib``)."""
+    return {"x": outlier_data()}
+
+
+def tiny_linear() -> nn.Module:
+    """One 4×4 Linear: its int8 file (packed weights and their metadata) is larger than the fp32 one."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4)).eval()
+
+
+def features4() -> dict:
+    """16 samples of 4 features (DATA for ``tiny_linear``)."""
+    return {"x": torch.randn(16, 4, generator=torch.Generator().manual_seed(0))}
+
+
+class ScaledBlock(nn.Module):
+    """A ConvNeXt-style residual block with a parameter of its own (``layer_scale``), used as a tensor."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, padding=1)
+        self.layer_scale = nn.Parameter(torch.full((c, 1, 1), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layer_scale * F.relu(self.conv(x))
+
+
+class ScaledNet(nn.Module):
+    """Stem conv, two ``ScaledBlock``s, global pool, Linear: N×1×8×8 digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 16, 3, padding=1)
+        self.blocks = nn.Sequential(ScaledBlock(16), ScaledBlock(16))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(F.relu(self.stem(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def scaled_net() -> ScaledNet:
+    torch.manual_seed(0)
+    return ScaledNet().eval()

@@ -101,8 +101,9 @@ def test_dynamic_two_input_model(cli, tmp_path: Path) -> None:
         tmp_path / "q.pt",
     )
     assert code == 0, stderr
-    assert "embeddings stay float" in stdout
     art = Artifact.load(tmp_path / "q.pt")
+    # embeddings are int8 too (weight-only rows); the printed report says what is float, if anything
+    assert "embed" in art.extra["dynamic"]["quantized_layers"] and "embed" not in art.extra["float_layers"]
     assert art.input_style == "keyword" and art.metrics["top1_agreement"] == 1.0
     m = _jit_load(tmp_path / "q.pt")
     assert m(input_ids=ids[:4], attention_mask=torch.ones_like(ids[:4])).shape == (4, 10)

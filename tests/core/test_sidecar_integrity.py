@@ -425,3 +425,18 @@ def test_inspect_reports_a_stale_sidecar_and_ignores_it(tmp_path):
     report = inspect_model(str(out))
     assert report["sidecar"]["state"] == "stale" and "sha256 of m.pt" in report["sidecar"]["reason"]
     assert report["inputs"] == [] and "artifact" not in report
+
+
+def test_inspect_cli_prints_the_sidecar_state(tmp_path, cli):
+    import torch
+
+    from tests.helpers import tiny_cnn
+
+    out = tmp_path / "m.pt"
+    scripted = torch.jit.script(tiny_cnn().eval())
+    Result(scripted, Artifact(path=None, format="torchscript"), scripted.save).save(out)
+    code, stdout, err = cli("inspect", out)
+    assert code == 0 and "sidecar:    ok" in stdout, err
+    torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), out)
+    code, stdout, err = cli("inspect", out)
+    assert code == 0 and "sidecar:    stale (" in stdout and "sha256 of m.pt" in stdout, err

@@ -37,3 +37,24 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path):
     code, stdout, err = cli("demo", "-o", out, "--threads", "2")
     assert code == 0, err[-3000:]
     assert err.count("reusing") == len(expected) and "reused 8 cached artifacts" in stdout
+
+
+@pytest.mark.parametrize("tensorrt", [False, True], ids=["cpu", "tensorrt"])
+def test_demo_is_a_built_in_recipe_the_pipeline_checks(tensorrt):
+    """The demo's steps pass the same pre-check as a recipe file: twins, options, ${...} references."""
+    from ptopt.demo import CNN_STEPS, demo_recipe
+    from ptopt.pipeline import plan
+
+    steps, scope = plan(demo_recipe(tensorrt=tensorrt), {"out": "somewhere"}, source="demo")
+    assert [s.command for s in steps] == ["quantize"] * 3 + ["prune"] * 2 + ["export"] * 4 + [
+        "validate",
+        "validate",
+        "package",
+    ]
+    assert scope["out"] == "somewhere" and [s.id for s in steps[: len(CNN_STEPS)]] == [
+        c[0] for c in CNN_STEPS
+    ]
+    cnn = next(s for s in steps if s.id == "cnn")
+    assert len(cnn.options["artifacts"]) == 7 + tensorrt and "${lstm8}" not in cnn.options["artifacts"]
+    assert cnn.title.startswith(f"validate {7 + tensorrt} artifacts against zoo:resnet")
+    assert callable(steps[-1].when) and steps[-1].options["artifact"] == "${cnn.best_path}"

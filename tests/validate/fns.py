@@ -30,3 +30,30 @@ def picky():
             return self.inner(x)
 
     return Picky()
+
+
+#: how many times ``breaks_after_first_load`` made a model
+LOADS = {"count": 0}
+
+
+def breaks_after_first_load():
+    """A model that runs when first loaded (the probe) and fails on every call after any later load:
+    a runtime failure that smaller batches do not avoid."""
+    import torch
+
+    from tests.helpers import tiny_cnn
+
+    LOADS["count"] += 1
+    broken = LOADS["count"] > 1
+
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny_cnn()
+
+        def forward(self, x):
+            if broken:
+                raise RuntimeError("the kernel crashed")
+            return self.inner(x)
+
+    return Breaks()

@@ -6,6 +6,7 @@ import json
 import pytest
 import yaml
 
+from tests.helpers import assert_refused
 from tests.validate.conftest import FACTORY
 
 
@@ -65,7 +66,7 @@ def test_recipe_gate_failure_exits_1_and_stops(cli, artifacts, tmp_path):
 
 
 def test_python_twin_run_recipe(artifacts, tmp_path):
-    from ptopt.validate.recipe import run_recipe
+    from ptopt.pipeline import run_recipe
 
     path = _recipe(
         tmp_path, [_validate_step(artifacts, id="v")], {"ref": FACTORY, "art": str(artifacts["onnx"])}
@@ -75,65 +76,70 @@ def test_python_twin_run_recipe(artifacts, tmp_path):
     assert results[0].options["artifacts"] == [str(artifacts["onnx"])]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "missing-twin",
-        "unknown-command",
-        "undefined-ref",
-        "bad-option",
-        "ref-to-later-step",
-        "bad-attr",
-        "not-yaml",
-        "no-steps",
-    ],
-)
-def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monkeypatch, case):
-    from ptopt.validate import recipe as recipe_mod
+def _missing_twin(ok, artifacts, monkeypatch):
+    """The step's twin is not installed (here: the command table points at a module that does not exist)."""
+    import dataclasses
 
-    ok = _validate_step(artifacts, json_path=str(tmp_path / "ran.json"))
-    vars_ = {"ref": FACTORY, "art": str(artifacts["onnx"])}
-    steps, expect = [ok], ""
-    if case == "missing-twin":
-        # the step's twin is not installed (here: pointed at a module that does not exist)
-        monkeypatch.setitem(recipe_mod.TWINS, "quantize", "ptopt.compress.no_such_module:quantize")
-        steps, expect = (
-            [ok, {"quantize": {"model": FACTORY, "mode": "dynamic", "output": "q.pt"}}],
-            "is not available in this installation",
+    from ptopt.commands import COMMANDS
+
+    broken = dataclasses.replace(COMMANDS["quantize"], twin="ptopt.compress.no_such_module:quantize")
+    monkeypatch.setitem(COMMANDS, "quantize", broken)
+    return [ok, {"quantize": {"model": FACTORY, "mode": "dynamic", "output": "q.pt"}}]
+
+
+#: case -> (steps of the recipe, or its text; what the one error line says)
+BAD_RECIPES = {
+    "missing-twin": (_missing_twin, "is not available in this installation"),
+    "unknown-command": (lambda ok, a, m: [ok, {"compile": {"model": FACTORY}}], "unknown command 'compile'"),
+    "undefined-ref": (
+        lambda ok, a, m: [ok, _validate_step(a, artifacts=["${nothing.output}"])],
+        "${nothing.output} is not defined",
+    ),
+    "bad-option": (lambda ok, a, m: [ok, _validate_step(a, max_acc_drop=1)], "max_acc_drop"),
+    "ref-to-later-step": (
+        lambda ok, a, m: [ok, _validate_step(a, artifacts=["${later}"]), {"validate": {"id": "later"}}],
+        "${later} is not defined",
+    ),
+    "bad-attr": (
+        lambda ok, a, m: [
+            {"validate": {**ok["validate"], "id": "v"}},
+            _validate_step(a, artifacts=["${v.output}"]),
+        ],
+        "a validate step offers passed",
+    ),
+    "duplicate-id": (
+        lambda ok, a, m: [{"validate": {**ok["validate"], "id": "ref"}}],
+        "id 'ref' is already used",
+    ),
+    "bad-when": (lambda ok, a, m: [{"validate": {**ok["validate"], "when": "yes"}}], "when: 'yes'"),
+    "undefined-ref-in-title": (
+        lambda ok, a, m: [{"validate": {**ok["validate"], "title": "${nope}"}}],
+        "${nope} is not defined",
+    ),
+    "not-yaml": ("steps: [unclosed", "not valid YAML"),
+    "no-steps": ("version: 1\nsteps: []\n", "no steps"),
+    "step-not-a-mapping": ("version: 1\nsteps: [validate]\n", "step 1 must be one mapping"),
+    "unknown-top-level-key": (
+        "version: 1\nstep: []\nsteps: [{validate: {}}]\n",
+        "unknown top-level key(s) step",
+    ),
+    "future-version": ("version: 99\nsteps: [{validate: {}}]\n", "version 99 is not one this ptopt reads"),
+    "not-utf8": (b"version: 1\nsteps: []  # caf\xe9\n", "not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECIPES), ids=list(BAD_RECIPES))
+def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monkeypatch, case):
+    make, expect = BAD_RECIPES[case]
+    ok = _validate_step(artifacts, json_path=str(tmp_path / "ran.json"))  # fine, but must never run
+    if isinstance(make, (str, bytes)):
+        path = tmp_path / "recipe.yaml"
+        path.write_bytes(make if isinstance(make, bytes) else make.encode())
+    else:
+        path = _recipe(
+            tmp_path, make(ok, artifacts, monkeypatch), {"ref": FACTORY, "art": str(artifacts["onnx"])}
         )
-    elif case == "unknown-command":
-        steps, expect = [ok, {"compile": {"model": FACTORY}}], "unknown command 'compile'"
-    elif case == "undefined-ref":
-        steps, expect = (
-            [ok, _validate_step(artifacts, artifacts=["${nothing.output}"])],
-            "${nothing.output} is not defined",
-        )
-    elif case == "bad-option":
-        steps, expect = [ok, _validate_step(artifacts, max_acc_drop=1)], "max_acc_drop"
-    elif case == "ref-to-later-step":
-        steps, expect = (
-            [ok, _validate_step(artifacts, artifacts=["${later}"]), {"validate": {"id": "later"}}],
-            "${later} is not defined",
-        )
-    elif case == "bad-attr":
-        steps, expect = (
-            [
-                {**ok, "validate": {**ok["validate"], "id": "v"}},
-                _validate_step(artifacts, artifacts=["${v.output}"]),
-            ],
-            "a validate step offers passed",
-        )
-    path = _recipe(tmp_path, steps, vars_)
-    if case == "not-yaml":
-        path.write_text("steps: [unclosed")
-        expect = "not valid YAML"
-    elif case == "no-steps":
-        path.write_text("version: 1\nsteps: []\n")
-        expect = "no steps"
-    code, out, err = cli("run", path)
-    assert code == 2, (out, err)
-    assert expect in err and "Traceback" not in err
-    assert not (tmp_path / "ran.json").exists()  # step 1 was fine but never ran
+    assert_refused(cli, "run", path, match=expect, where=tmp_path)
 
 
 def test_validate_save_recipe_replays(cli, artifacts, tmp_path):
@@ -181,7 +187,7 @@ def test_example_workflow_and_recipe_are_valid():
     """The GitHub Actions example parses and its recipe passes the static checks."""
     from pathlib import Path
 
-    from ptopt.validate.recipe import plan
+    from ptopt.pipeline import plan
 
     root = Path(__file__).resolve().parents[2] / "examples" / "github-actions"
     wf = yaml.safe_load((root / "ptopt-gate.yml").read_text())
@@ -195,3 +201,41 @@ def test_example_workflow_and_recipe_are_valid():
     recipe = yaml.safe_load((root / "validate-recipe.yaml").read_text())
     steps, _ = plan(recipe, {"artifacts": ["a.onnx"]})
     assert steps[0].command == "validate"
+
+
+def _readme_recipes():
+    """Every ```yaml block of the README that is a recipe (has `steps`)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)]
+    return [b for b in blocks if isinstance(b, dict) and "steps" in b]
+
+
+def test_readme_recipes_are_complete_and_pass_the_pre_check():
+    """The README's recipes parse and pass the runner's checks (commands, options, ${...}), so they
+    cannot rot; the pipeline one chains quantize -> export -> validate."""
+    from ptopt.core.recipe import check_recipe
+    from ptopt.pipeline import plan
+
+    recipes = _readme_recipes()
+    assert len(recipes) >= 2
+    for recipe in recipes:
+        steps, _ = plan(check_recipe(recipe, "README"))
+        assert steps and all(s.options for s in steps)
+    commands = [[s.command for s in plan(r)[0]] for r in recipes]
+    assert ["quantize"] in commands and ["quantize", "export", "validate"] in commands
+
+
+def test_when_skips_a_step_and_empties_its_outputs(cli, artifacts, tmp_path):
+    steps = [
+        _validate_step(artifacts, id="first", when="${run_first}", json_path=str(tmp_path / "first.json")),
+        _validate_step(artifacts, json_path=str(tmp_path / "second-${first.passed}.json")),
+    ]
+    vars_ = {"ref": FACTORY, "art": str(artifacts["onnx"]), "run_first": False}
+    code, out, err = cli("run", _recipe(tmp_path, steps, vars_))
+    assert code == 0, err
+    assert "step 1 (validate, id first): skipped (when: ${run_first} is False)" in out
+    assert not (tmp_path / "first.json").exists() and (tmp_path / "second-None.json").is_file()
+    assert "2 step(s) done" in out and out.count("ptopt validate — PASSED") == 1

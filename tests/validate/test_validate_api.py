@@ -1,16 +1,25 @@
 """The Python twin: every runner, the metrics against an independent evaluation, gates, best pick."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from ptopt.core.data import load_data
-from ptopt.core.errors import GateFailedError, MissingDependencyError, ShapeMismatchError, UsageError
+from ptopt.core.errors import (
+    DataError,
+    GateFailedError,
+    MissingDependencyError,
+    ShapeMismatchError,
+    UsageError,
+)
 from ptopt.validate.api import validate
 from ptopt.validate.gates import accuracy_drop, drop_definition
 from ptopt.validate.latency import LatencyOptions
+from tests.helpers import assert_refused
 from tests.validate.conftest import FACTORY
 
 QUICK = LatencyOptions(min_iters=3, min_seconds=0.01, warmup_iters=1, warmup_seconds=0.0, rounds=2)
@@ -185,8 +194,11 @@ def test_keyword_inputs_in_every_runtime(tmp_path):
 
 
 def test_runtime_failure_after_the_probe_names_the_artifact(artifacts):
+    """Picky takes batches of up to 2: failing at 64 while smaller batches of the same samples run is
+    a batch size it does not take (a shape problem)."""
     with pytest.raises(
-        ShapeMismatchError, match=r"tests.validate.fns:picky .*accuracy pass.*batch 64 is too large"
+        ShapeMismatchError,
+        match=r"tests.validate.fns:picky .*accuracy pass.*batch 64 is too large.*does not take this batch size",
     ):
         validate(FACTORY, ["tests.validate.fns:picky"], artifacts["data"], threads=1, latency=QUICK)
 
@@ -223,3 +235,121 @@ def test_runtime_failure_while_timing_names_the_artifact(artifacts, cli):
         "0.01",
     )
     assert code == 2 and "during timing" in err and "Traceback" not in err
+
+
+def test_runtime_failure_that_is_not_about_shapes_is_named_as_such(artifacts, monkeypatch):
+    """The same samples fail in batches of 1 too: not a ShapeMismatchError, an ArtifactRunError."""
+    from ptopt.validate.runners import ArtifactRunError
+    from tests.validate import fns
+
+    monkeypatch.setitem(fns.LOADS, "count", 0)
+    msg = assert_refused(
+        validate,
+        FACTORY,
+        ["tests.validate.fns:breaks_after_first_load"],
+        artifacts["data"],
+        threads=1,
+        latency=QUICK,
+        error=ArtifactRunError,
+        match=("accuracy pass", "the kernel crashed"),
+    )
+    assert "does not take this batch size" not in msg
+
+
+def _scripted_result(tmp_path=None):
+    """A stage-like Result of the tiny CNN as TorchScript (saved at tmp_path/tiny.res.pt when given)."""
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.inputspec import specs_from_example
+    from ptopt.core.result import Result
+    from tests.helpers import tiny_cnn
+
+    x = torch.randn(2, 1, 8, 8)
+    scripted = torch.jit.trace(tiny_cnn().eval(), x)
+    template = Artifact(Path("tiny.res.pt"), "torchscript", specs_from_example(x), precision="fp32")
+    res = Result(scripted, template, lambda p: torch.jit.save(scripted, str(p)))
+    if tmp_path is not None:
+        res.save(tmp_path / "tiny.res.pt")
+    return res
+
+
+def test_in_memory_models_results_and_data(artifacts, tmp_path):
+    """nn.Module reference, a saved Result (runs its file), an unsaved one (runs .model), (x, y) tensors;
+    gates and latency as objects."""
+    from ptopt.validate.gates import Gates
+    from tests.helpers import tiny_cnn
+
+    ds = load_data(artifacts["data"]).take(24)
+    saved, unsaved = _scripted_result(tmp_path), _scripted_result()
+    res = validate(
+        tiny_cnn(),
+        [saved, unsaved],
+        (ds.x, ds.y),
+        gates=Gates(max_accuracy_drop=0.5),
+        latency=QUICK,
+        threads=1,
+    )
+    assert (
+        res.passed and res.data["data"]["ref"].startswith("in-memory") and res.data["data"]["samples"] == 24
+    )
+    a, b = res.entries
+    assert (
+        a["name"] == "tiny.res.pt"
+        and a["ref"] == str(tmp_path / "tiny.res.pt")
+        and a["runtime"] == "torch.jit"
+    )
+    assert b["name"] == "torchscript fp32 (in memory)" and b["runtime"] == "torch.jit" and b["size"]["bytes"]
+    assert a["agreement"]["top1_agreement"] == 1.0 and b["agreement"]["top1_agreement"] == 1.0
+    assert res.data["gates"]["max_accuracy_drop"] == 0.5 and res.data["latency_options"]["rounds"] == 2
+    as_mappings = {
+        "gates": {"min_agreement": 0.99},
+        "latency": dataclasses.asdict(QUICK),
+    }  # as a recipe has them
+    tensor_only = validate(tiny_cnn(), tiny_cnn(), ds.x, threads=1, batch_sizes=1, **as_mappings)
+    assert tensor_only.data["gates"]["min_agreement"] == 0.99 and tensor_only.passed
+    assert tensor_only.data["data"]["labels"] is False and tensor_only.entries[0]["agreement"]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ds.x, ds.y), batch_size=10)
+    from_loader = validate(tiny_cnn(), tiny_cnn(), loader, latency=QUICK, threads=1, batch_sizes=1)
+    assert from_loader.data["data"]["samples"] == 24 and from_loader.data["data"]["labels"] is True
+
+
+def _onnx_like_result():
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.result import Result
+
+    return Result(lambda x: x, Artifact(Path("m.onnx"), "onnx"), lambda p: None)
+
+
+#: case -> (keyword arguments of validate(FACTORY, ...), the error, what its message says)
+BAD_PYTHON_INPUTS = {
+    "gates-twice": ({"gates": "Gates", "max_size_mb": 1.0}, UsageError, "not both (max_size_mb)"),
+    "latency-twice": ({"latency": QUICK, "rounds": 3}, UsageError, "not both"),
+    "bad-latency-options": ({"latency": "zero-rounds"}, UsageError, "--rounds must be >= 1"),
+    "unknown-gate-in-mapping": ({"gates": {"max_size": 1}}, UsageError, "unknown gate option(s): max_size"),
+    "unknown-latency-field": ({"latency": {"seconds": 1}}, UsageError, "unknown option(s) seconds"),
+    "unsaved-onnx-result": ({"artifacts": "onnx-result"}, UsageError, "save it first"),
+    "data-of-unknown-type": ({"data": object()}, DataError, "data of type object"),
+    "data-with-nan": ({"data": "nan"}, DataError, "NaN"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PYTHON_INPUTS), ids=list(BAD_PYTHON_INPUTS))
+def test_bad_python_input_is_refused(artifacts, tmp_path, case):
+    from ptopt.validate.gates import Gates
+
+    kwargs, error, match = BAD_PYTHON_INPUTS[case]
+    kwargs = dict(kwargs)
+    if kwargs.get("gates") == "Gates":
+        kwargs["gates"] = Gates(max_size_mb=2.0)
+    if kwargs.get("latency") == "zero-rounds":
+        kwargs["latency"] = None
+        kwargs["rounds"] = 0
+    if kwargs.get("artifacts") == "onnx-result":
+        kwargs["artifacts"] = [_onnx_like_result()]
+    if kwargs.get("data") == "nan":
+        x = torch.randn(4, 1, 8, 8)
+        x[1, 0, 0, 0] = float("nan")
+        kwargs["data"] = x
+    kwargs.setdefault("artifacts", [artifacts["onnx"]])
+    kwargs.setdefault("data", artifacts["data"])
+    kwargs.setdefault("latency", QUICK)
+    assert_refused(validate, FACTORY, threads=1, error=error, match=match, where=tmp_path, **kwargs)

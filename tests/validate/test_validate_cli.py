@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ptopt.core.timing import round_spread
+from tests.helpers import assert_refused
 from tests.validate.conftest import FACTORY, FAST
 
 REPORTS = ("r.json", "r.xml", "r.md", "r.html")
@@ -200,142 +201,146 @@ def test_speedup_regression_ignores_machine_speed(cli, artifacts, tmp_path):
     assert code == 1 and "max-regression:speedup@bs1" in err and "max-regression:latency" not in err
 
 
-def _bad(tmp_path, *more):
-    return [*more, "--data", tmp_path / "nodata"]
+def _before_measuring(cli):
+    """``cli`` for ``assert_refused``, asserting that no measurement started: the "checking NAME" lines
+    of the probe may come before the error, "evaluating" and "timing" may not."""
+
+    def run(*args):
+        code, out, err = cli(*args)
+        lines = err.strip().splitlines()
+        assert not any(ln.startswith(("evaluating ", "timing ")) for ln in lines), err
+        return code, out, "\n".join(ln for ln in lines if not ln.startswith("checking "))
+
+    run.is_cli = True
+    return run
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "missing",
-        "garbage",
-        "mar",
-        "state_dict",
-        "data-mismatch",
-        "accuracy-unlabeled",
-        "latency-bs-not-measured",
-        "baseline-without-pct",
-        "unknown-metric",
-        "regression-without-baseline",
-        "bad-batch-sizes",
-        "tensorrt",
-        "report-unwritable",
-        "metric-fails",
-        "zero-rounds",
-        "bad-regression-on",
-        "baseline-lacks-batch",
-        "regression-accuracy-unlabeled",
-    ],
-)
-def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
+def _baseline(tmp_path, **fields):
+    (tmp_path / "b.json").write_text(json.dumps({"schema": "ptopt.validate/1", "artifacts": [], **fields}))
+    return tmp_path / "b.json"
+
+
+def _regression_baseline(tmp_path):
+    """A baseline that times batch 32 only, with a labelled metric: a regression gate comparing nothing."""
+    return _baseline(tmp_path, batch_sizes=[32], metric={"name": "top1", "measured": True})
+
+
+def _garbage(tmp_path, artifacts):
+    (tmp_path / "junk.bin").write_bytes(b"not a model at all")
+    return {"art": tmp_path / "junk.bin"}
+
+
+def _mar(tmp_path, artifacts):
     from ptopt.core.artifact import Artifact
 
-    data, extra, art = artifacts["data"], [], artifacts["onnx"]
-    reference = FACTORY
-    expect = {
-        "missing": "no such file",
-        "garbage": "not a PyTorch model file",
-        "mar": "TorchServe .mar package",
-        "state_dict": "state_dict",
-        "data-mismatch": "does not fit tiny.onnx",
-        "accuracy-unlabeled": "needs labels",
-        "latency-bs-not-measured": "batch size 64 is not measured",
-        "baseline-without-pct": "--baseline needs --max-regression",
-        "unknown-metric": "unknown metric",
-        "regression-without-baseline": "--max-regression needs --baseline",
-        "bad-batch-sizes": "--batch-sizes",
-        "tensorrt": "torch_tensorrt is needed",
-        "report-unwritable": "cannot write there",
-        "metric-fails": "broken on purpose",
-        "zero-rounds": "--rounds must be >= 1",
-        "bad-regression-on": "--regression-on: unknown latncy",
-        "baseline-lacks-batch": "the baseline did not time batch size(s) 1",
-        "regression-accuracy-unlabeled": "--regression-on accuracy needs the metric",
-    }[case]
-    if case == "missing":
-        art = tmp_path / "nope.onnx"
-    elif case == "garbage":
-        art = tmp_path / "junk.bin"
-        art.write_bytes(b"not a model at all")
-    elif case == "mar":
-        art = tmp_path / "m.mar"
-        art.write_bytes(b"PK")
-        Artifact(art, "mar").finalize()
-    elif case == "state_dict":
-        import torch
+    (tmp_path / "m.mar").write_bytes(b"PK")
+    Artifact(tmp_path / "m.mar", "mar").finalize()
+    return {"art": tmp_path / "m.mar"}
 
-        from tests.helpers import tiny_cnn
 
-        art = tmp_path / "w.pt"
-        torch.save(tiny_cnn().state_dict(), art)
-    elif case == "data-mismatch":
-        reference, data = "zoo:resnet", artifacts["data32"]
-    elif case == "accuracy-unlabeled":
-        data, extra = artifacts["unlabeled"], ["--max-accuracy-drop", "1"]
-    elif case == "latency-bs-not-measured":
-        extra = ["--max-latency-ms", "64=5"]
-    elif case == "baseline-without-pct":
-        (tmp_path / "b.json").write_text(json.dumps({"schema": "ptopt.validate/1", "artifacts": []}))
-        extra = ["--baseline", tmp_path / "b.json"]
-    elif case == "unknown-metric":
-        extra = ["--metric", "f1-macro"]
-    elif case == "regression-without-baseline":
-        extra = ["--max-regression", "5"]
-    elif case == "bad-regression-on":
-        extra = ["--regression-on", "latncy"]
-    elif case in (
-        "baseline-lacks-batch",
-        "regression-accuracy-unlabeled",
-    ):  # a regression gate comparing nothing
-        (tmp_path / "b.json").write_text(
-            json.dumps(
-                {
-                    "schema": "ptopt.validate/1",
-                    "artifacts": [],
-                    "batch_sizes": [32],
-                    "metric": {"name": "top1", "measured": True},
-                }
-            )
-        )
-        extra = [
-            "--baseline",
-            tmp_path / "b.json",
-            "--max-regression",
-            "5",
-            "--regression-on",
-            "latency,speedup" if case == "baseline-lacks-batch" else "accuracy",
-        ]
-        if case == "regression-accuracy-unlabeled":
-            data = artifacts["unlabeled"]
-    elif case == "bad-batch-sizes":
-        extra = ["--batch-sizes", "1,x"]
-    elif case == "tensorrt":
-        art = tmp_path / "engine.ep"
-        art.write_bytes(artifacts["exported_program"].read_bytes())
-        Artifact(art, "tensorrt").finalize()
-    elif case == "metric-fails":
-        extra = ["--metric", "tests.validate.fns:broken"]
-    elif case == "zero-rounds":
-        extra = ["--rounds", "0"]
-    elif case == "report-unwritable":
-        (tmp_path / "file").write_text("")
-        extra = ["--report", tmp_path / "file" / "r.html"]  # a file is in the way
-    code, out, err = cli(
-        "validate",
-        reference,
-        art,
-        "--data",
-        data,
-        "--threads",
-        "1",
-        *FAST,
-        *extra,
-        *(_report_args(tmp_path)[:6] if case == "report-unwritable" else _report_args(tmp_path)),
-    )
-    assert code == 2, (out, err)
-    assert expect in err and "Traceback" not in err and err.count("\n") <= 8
-    assert "evaluating" not in err and "timing" not in err  # rejected before any measurement started
-    assert not any((tmp_path / r).exists() for r in REPORTS)
+def _state_dict(tmp_path, artifacts):
+    import torch
+
+    from tests.helpers import tiny_cnn
+
+    torch.save(tiny_cnn().state_dict(), tmp_path / "w.pt")
+    return {"art": tmp_path / "w.pt"}
+
+
+def _tensorrt(tmp_path, artifacts):
+    from ptopt.core.artifact import Artifact
+
+    art = tmp_path / "engine.ep"
+    art.write_bytes(artifacts["exported_program"].read_bytes())
+    Artifact(art, "tensorrt").finalize()
+    return {"art": art}
+
+
+def _report_unwritable(tmp_path, artifacts):
+    (tmp_path / "file").write_text("")
+    return {"extra": ["--report", tmp_path / "file" / "r.html"], "reports": 6}  # a file is in the way
+
+
+#: case -> (what changes from a good run: {"art", "reference", "data" (a key of `artifacts`), "extra",
+#: "reports" (how many report arguments)}, or a function of (tmp_path, artifacts) returning that;
+#: what the error line says)
+BAD_INPUTS = {
+    "missing": (lambda t, a: {"art": t / "nope.onnx"}, "no such file"),
+    "garbage": (_garbage, "not a PyTorch model file"),
+    "mar": (_mar, "TorchServe .mar package"),
+    "state_dict": (_state_dict, "state_dict"),
+    "data-mismatch": ({"reference": "zoo:resnet", "data": "data32"}, "does not fit tiny.onnx"),
+    "accuracy-unlabeled": ({"data": "unlabeled", "extra": ["--max-accuracy-drop", "1"]}, "needs labels"),
+    "latency-bs-not-measured": ({"extra": ["--max-latency-ms", "64=5"]}, "batch size 64 is not measured"),
+    "baseline-without-pct": (
+        lambda t, a: {"extra": ["--baseline", _baseline(t)]},
+        "--baseline needs --max-regression",
+    ),
+    "unknown-metric": ({"extra": ["--metric", "f1-macro"]}, "unknown metric"),
+    "regression-without-baseline": (
+        {"extra": ["--max-regression", "5"]},
+        "--max-regression needs --baseline",
+    ),
+    "bad-batch-sizes": ({"extra": ["--batch-sizes", "1,x"]}, "--batch-sizes"),
+    "zero-batch-size": ({"extra": ["--batch-sizes", "0"]}, "batch sizes must be positive"),
+    "tensorrt": (_tensorrt, "torch_tensorrt is needed"),
+    "report-unwritable": (_report_unwritable, "cannot write there"),
+    "metric-fails": ({"extra": ["--metric", "tests.validate.fns:broken"]}, "broken on purpose"),
+    "zero-rounds": ({"extra": ["--rounds", "0"]}, "--rounds must be >= 1"),
+    "zero-min-iters": ({"extra": ["--min-iters", "0"]}, "--min-iters must be >= 1"),
+    "zero-threads": ({"extra": ["--threads", "0"]}, "--threads must be >= 1"),
+    "zero-eval-batch-size": ({"extra": ["--eval-batch-size", "0"]}, "--eval-batch-size must be >= 1"),
+    "zero-max-samples": ({"extra": ["--max-samples", "0"]}, "--max-samples must be >= 1"),
+    "negative-size-gate": ({"extra": ["--max-size-mb", "-1"]}, "--max-size-mb must be >= 0"),
+    "agreement-over-1": ({"extra": ["--min-agreement", "99"]}, "--min-agreement is a fraction"),
+    "bad-latency-limit": ({"extra": ["--max-latency-ms", "fast"]}, "--max-latency-ms 'fast'"),
+    "bad-regression-on": ({"extra": ["--regression-on", "latncy"]}, "--regression-on: unknown latncy"),
+    "baseline-not-json": (
+        lambda t, a: (
+            (t / "b.json").write_text("{")
+            and {"extra": ["--baseline", t / "b.json", "--max-regression", "5"]}
+        ),
+        "not a JSON file",
+    ),
+    "baseline-lacks-batch": (
+        lambda t, a: {
+            "extra": [
+                "--baseline",
+                _regression_baseline(t),
+                "--max-regression",
+                "5",
+                "--regression-on",
+                "latency,speedup",
+            ]
+        },
+        "the baseline did not time batch size(s) 1",
+    ),
+    "regression-accuracy-unlabeled": (
+        lambda t, a: {
+            "data": "unlabeled",
+            "extra": [
+                "--baseline",
+                _regression_baseline(t),
+                "--max-regression",
+                "5",
+                "--regression-on",
+                "accuracy",
+            ],
+        },
+        "--regression-on accuracy needs the metric",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+def test_bad_input_exits_2_before_measuring(cli, artifacts, tmp_path, case):
+    setup, expect = BAD_INPUTS[case]
+    change = setup(tmp_path, artifacts) if callable(setup) else setup
+    data = artifacts[change.get("data", "data")]
+    args = [change.get("reference", FACTORY), change.get("art", artifacts["onnx"]), "--data", data]
+    reports = _report_args(tmp_path)[: change.get("reports", 8)]
+    args += ["--threads", "1", *FAST, *change.get("extra", []), *reports]
+    assert_refused(_before_measuring(cli), "validate", *args, match=expect, where=tmp_path)
 
 
 def test_bad_input_names_the_artifact_and_shapes(cli, artifacts, tmp_path):

@@ -129,77 +129,71 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def render(data: dict[str, Any]) -> str:
-    e_ = html.escape
+def _head(data: dict[str, Any]) -> list[str]:
     sizes = data["batch_sizes"]
-    head = (
-        [
-            "",
-            "artifact",
-            "runtime",
-            "precision",
-            metric_header(data),
-            "drop",
-            "top-1 agree",
-            "cosine",
-            "max abs diff",
-            "size MB",
-            "gzip MB",
-        ]
+    return (
+        ["", "artifact", "runtime", "precision", metric_header(data), "drop", "top-1 agree", "cosine",
+         "max abs diff", "size MB", "gzip MB"]
         + [f"p50 ms @{bs}" for bs in sizes]
         + [f"p90 / p99 ms @{bs}" for bs in sizes]
         + [f"samples/s @{bs}" for bs in sizes]
         + [f"speedup @{bs}" for bs in sizes]
         + ["peak MB", "gates"]
-    )
-    left = {1, 2, 3, len(head) - 1}
-    trs = [
-        "<tr>"
-        + "".join(f"<th class='{'l' if i in left else ''}'>{e_(h)}</th>" for i, h in enumerate(head))
-        + "</tr>"
+    )  # fmt: skip
+
+
+def _cells(data: dict[str, Any], e: dict[str, Any]) -> list[Any]:
+    """One row of the main table: the same columns as ``_head``."""
+    sizes = data["batch_sizes"]
+    agr = e.get("agreement") or {}
+    size = e.get("size") or {}
+    lat = {bs: e["latency"].get(str(bs), {}) for bs in sizes}
+    tails = [
+        f"{lat[bs]['p90_ms']:.3f} / {lat[bs]['p99_ms']:.3f}" if "p90_ms" in lat[bs] else "n/a" for bs in sizes
     ]
-    for e in rows(data):
-        agr = e.get("agreement") or {}
-        size = e.get("size") or {}
-        status = gate_status(e)
-        cls = "best" if e.get("best") else ("fail" if status.startswith("FAIL") else "")
-        tails = []
-        for bs in sizes:
-            st = e["latency"].get(str(bs), {})
-            tails.append(f"{st['p90_ms']:.3f} / {st['p99_ms']:.3f}" if "p90_ms" in st else "n/a")
-        thr = [
-            f"{e['latency'][str(bs)]['throughput_per_s']:.0f}"
-            if "throughput_per_s" in e["latency"].get(str(bs), {})
-            else "n/a"
-            for bs in sizes
+    thr = [f"{lat[bs]['throughput_per_s']:.0f}" if "throughput_per_s" in lat[bs] else "n/a" for bs in sizes]
+    return (
+        [
+            ("★" if e.get("best") else ("ref" if e["role"] == "reference" else "")),
+            e["name"],
+            e["runtime"],
+            e.get("precision", ""),
+            fmt_metric(data, e.get("metric")),
+            fmt_drop(data, e),
+            fmt_frac(agr.get("top1_agreement")),
+            fmt_cos(agr.get("cosine")),
+            fmt_diff(agr.get("max_abs_diff")),
+            fmt_mb(size.get("bytes")),
+            fmt_mb(size.get("gzip_bytes")),
         ]
-        cells = (
-            [
-                ("★" if e.get("best") else ("ref" if e["role"] == "reference" else "")),
-                e["name"],
-                e["runtime"],
-                e.get("precision", ""),
-                fmt_metric(data, e.get("metric")),
-                fmt_drop(data, e),
-                fmt_frac(agr.get("top1_agreement")),
-                fmt_cos(agr.get("cosine")),
-                fmt_diff(agr.get("max_abs_diff")),
-                fmt_mb(size.get("bytes")),
-                fmt_mb(size.get("gzip_bytes")),
-            ]
-            + [fmt_ms(e["latency"].get(str(bs))) for bs in sizes]
-            + tails
-            + thr
-            + [fmt_speedup(e, bs) for bs in sizes]
-            + [fmt_mem(e.get("peak_memory_mb")), status]
+        + [fmt_ms(e["latency"].get(str(bs))) for bs in sizes]
+        + tails
+        + thr
+        + [fmt_speedup(e, bs) for bs in sizes]
+        + [fmt_mem(e.get("peak_memory_mb")), gate_status(e)]
+    )
+
+
+def _table(data: dict[str, Any]) -> str:
+    e_ = html.escape
+    head = _head(data)
+    left = {1, 2, 3, len(head) - 1}
+
+    def tr(cells: list[Any], tag: str, cls: str = "") -> str:
+        tds = "".join(
+            f"<{tag} class='{'l' if i in left else ''}'>{e_(str(c))}</{tag}>" for i, c in enumerate(cells)
         )
-        trs.append(
-            f"<tr class='{cls}'>"
-            + "".join(
-                f"<td class='{'l' if i in left else ''}'>{e_(str(c))}</td>" for i, c in enumerate(cells)
-            )
-            + "</tr>"
-        )
+        return f"<tr class='{cls}'>{tds}</tr>" if cls or tag == "td" else f"<tr>{tds}</tr>"
+
+    trs = [tr(head, "th")]
+    for e in rows(data):
+        failed = gate_status(e).startswith("FAIL")
+        trs.append(tr(_cells(data, e), "td", "best" if e.get("best") else ("fail" if failed else "")))
+    return "<table>" + "".join(trs) + "</table>"
+
+
+def _gates_table(data: dict[str, Any]) -> str:
+    e_ = html.escape
     gate_rows = "".join(
         f"<tr><td class='l'>{e_(g['artifact'])}</td><td class='l'>{e_(g['gate'])}</td>"
         f"<td class='l {'pass' if g['passed'] else 'fail'}'>{'pass' if g['passed'] else 'FAIL'}</td>"
@@ -207,7 +201,11 @@ def render(data: dict[str, Any]) -> str:
         for g in data["gate_results"]
     )
     head = "".join(f'<th class="l">{h}</th>' for h in ("artifact", "gate", "result", "detail"))
-    gates_html = f"<table><tr>{head}</tr>{gate_rows}</table>" if gate_rows else "<p>No gates were set.</p>"
+    return f"<table><tr>{head}</tr>{gate_rows}</table>" if gate_rows else "<p>No gates were set.</p>"
+
+
+def render(data: dict[str, Any]) -> str:
+    e_ = html.escape
     imgs = "".join(f"<img alt='{e_(t)}' title='{e_(t)}' src='{uri}'>" for t, uri in plots(data).items())
     verdict_cls = "pass" if data["passed"] else "fail"
     notes = "".join(f"<p class='dim'>note: {e_(n)}</p>" for n in data.get("notes", []))
@@ -223,7 +221,7 @@ def render(data: dict[str, Any]) -> str:
 <p class="dim">Machine: {e_(machine_line(data))}<br>Versions: {e_(versions_line(data))}<br>
 Data: {e_(data_line(data))}<br>Reference: {e_(data["reference"]["name"])} ({e_(data["reference"]["runtime"])});
 created {e_(str(data.get("created")))}; {data.get("elapsed_s", 0):.1f} s</p>
-<table>{"".join(trs)}</table>
+{_table(data)}
 <p>Accuracy drop, {e_(data["accuracy_drop"]["definition"])}</p>
 <p class="dim">{e_(data["best_rule"])}. Latency: p50 per batch after warm-up, at least
 {data["latency_options"]["min_iters"]} iterations and {data["latency_options"]["min_seconds"]:g} s per artifact and
@@ -232,7 +230,7 @@ the same {data["threads"]} thread(s) for every runtime. Peak MB: the process's p
 artifact was loaded and run.</p>
 {notes}{baseline}
 <h2>Plots</h2><div>{imgs}</div>
-<h2>Gates</h2>{gates_html}
+<h2>Gates</h2>{_gates_table(data)}
 </body></html>
 """
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.errors import ModelLoadError, PtoptError
-from ptopt.validate.runners.base import Runner, primary_output
+from ptopt.validate.runners.base import ArtifactRunError, Runner, primary_output
 
-__all__ = ["Runner", "open_runner", "primary_output", "NOT_RUNNABLE"]
+__all__ = ["ArtifactRunError", "Runner", "open_runner", "primary_output", "NOT_RUNNABLE"]
 
 #: sidecar formats that are packages or weights, not something a runtime executes
 NOT_RUNNABLE = {

@@ -13,7 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.errors import PtoptError
 from ptopt.core.inputspec import InputSpec, call_model
+
+
+class ArtifactRunError(PtoptError):
+    """An artifact that loaded and took the data, then failed while running it (not a shape problem:
+    the same samples fail in smaller batches too). Names the artifact, the runtime and the phase."""
 
 
 def primary_output(out: Any) -> Any:
@@ -92,7 +98,7 @@ class TorchModuleRunner(Runner):
             input_style=loaded.input_style,
             path=loaded.path,
             files=list(files),
-            precision=art.precision if art else "fp32",
+            precision=art.precision if art else loaded.info.get("precision", "fp32"),
             batch_range=batch_range,
             module=loaded.module,
             info={k: v for k, v in loaded.info.items() if k != "exported_program"},

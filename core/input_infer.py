@@ -1,0 +1,201 @@
+"""What a model takes when nobody said: its declared inputs, integer (token id) inputs, a suggested shape.
+
+- :func:`declared_inputs`: a model's own ``example_inputs()``; :func:`implied_inputs`: for a
+  Hugging Face model, its ``dummy_inputs`` sized by its config (``max_position_embeddings`` for
+  the sequence, ``vocab_size`` for the id range), when nothing else is known.
+- :func:`embedding_inputs`: which inputs feed an ``nn.Embedding`` unchanged (so they are token ids,
+  not floats), found by running the model once at batch 1 with forward pre-hooks on its embeddings.
+- :func:`suggest_input_shapes`: when nothing is known, an ``--input-shape`` built from the first
+  layer (``Conv2d(3, ...)`` → ``1x3x224x224``; ``Embedding`` → ``input_ids=1x128:int64``), for the
+  error message; :func:`input_shape_unknown` is that message.
+
+Torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ptopt.core.errors import UsageError
+from ptopt.core.inputspec import DEFAULT_MAX_BATCH, InputSpec, input_style, specs_from_example
+
+#: sequence length of token inputs when the model says none (capped by its position embeddings)
+DEFAULT_SEQ = 128
+#: image side of a suggested 2-D input
+DEFAULT_IMAGE = 224
+
+
+def declared_inputs(module: Any) -> tuple[list[InputSpec], str]:
+    """Specs the model declares with its own ``example_inputs()`` (data must fit them)."""
+    fn = getattr(module, "example_inputs", None)
+    if callable(fn):
+        x = fn()
+        return specs_from_example(x), input_style(x)
+    return [], "positional"
+
+
+def implied_inputs(module: Any) -> tuple[list[InputSpec], str]:
+    """Specs a model implies without declaring them (a Hugging Face model's config): used only
+    when neither data nor ``--input-shape`` says more, never to refuse data (which may add
+    ``attention_mask`` or ``token_type_ids``)."""
+    return hf_inputs(module)
+
+
+def _hf_config_int(config: Any, *names: str) -> int | None:
+    for name in names:
+        v = getattr(config, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def hf_inputs(module: Any) -> tuple[list[InputSpec], str]:
+    """Keyword specs of a Hugging Face ``PreTrainedModel`` from ``dummy_inputs`` and its config.
+
+    Token inputs get ``min(128, max_position_embeddings)`` positions and ids in ``[0, vocab_size)``;
+    other inputs (``pixel_values``) keep the dummy's shape. The batch is dynamic in [1, 64].
+    """
+    import torch
+
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(module, "dummy_inputs"):
+        return [], "positional"
+    try:
+        dummy = module.dummy_inputs
+    except Exception:  # noqa: BLE001 - a model's own property may fail in many ways; then say nothing
+        return [], "positional"
+    if not isinstance(dummy, dict) or not all(isinstance(t, torch.Tensor) for t in dummy.values()):
+        return [], "positional"
+    seq = min(DEFAULT_SEQ, _hf_config_int(config, "max_position_embeddings", "n_positions") or DEFAULT_SEQ)
+    vocab = _hf_config_int(config, "vocab_size")
+    specs = []
+    for name, t in dummy.items():
+        dtype = str(t.dtype).replace("torch.", "")
+        shape = tuple(t.shape)
+        vr = None
+        if not t.is_floating_point() and t.dim() == 2:
+            shape = (1, seq)
+            vr = (0, vocab) if vocab and name.endswith("input_ids") else (int(t.min()), int(t.max()) + 1)
+        spec = InputSpec.static(name, (1, *shape[1:]), dtype, value_range=vr)
+        specs.append(spec.with_batch(1, 1, DEFAULT_MAX_BATCH))
+    return specs, "keyword"
+
+
+def _embeddings(module: Any) -> list[Any]:
+    import torch
+    from torch import nn
+
+    if not isinstance(module, nn.Module) or isinstance(module, torch.jit.ScriptModule):
+        return []
+    return [m for m in module.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+
+
+def embedding_inputs(module: Any, specs: list[InputSpec], style: str, unknown: set[str]) -> dict[str, int]:
+    """``{input name: num_embeddings}`` for each input an ``nn.Embedding`` receives unchanged.
+
+    The model runs once, at batch 1, on zeros: inputs named in ``unknown`` (dtype not given) as
+    float32, the others in their dtype. A pre-hook on every embedding matches its input's storage
+    against the probes (so a ``view``/``reshape`` of an input still counts) and hands the embedding
+    an integer copy, so the run goes on to later embeddings (``token_type_ids``). Nothing else of the
+    model changes; a failure anywhere ends the run and keeps what was seen. Costs nothing for a model
+    without embeddings.
+    """
+    import torch
+
+    embeddings = _embeddings(module)
+    if not embeddings or not specs:
+        return {}
+    probes = []
+    for s in specs:
+        dtype = torch.float32 if s.name in unknown else getattr(torch, s.dtype)
+        probes.append(torch.zeros((1, *s.opt_shape[1:]) if s.rank else (), dtype=dtype))
+    owners = {p.untyped_storage().data_ptr(): s.name for p, s in zip(probes, specs, strict=True)}
+    found: dict[str, int] = {}
+
+    def hook(m: Any, args: tuple, kwargs: dict) -> Any:
+        if not args or not isinstance(args[0], torch.Tensor):
+            return None
+        name = owners.get(args[0].untyped_storage().data_ptr())
+        if name is None:
+            return None
+        found.setdefault(name, int(m.num_embeddings))
+        return (args[0].long(), *args[1:]), kwargs
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in embeddings]
+    modes = {m: m.training for m in module.modules()}
+    module.eval()  # batch statistics must not move
+    try:
+        with torch.no_grad():
+            if style == "keyword":
+                module(**{s.name: p for s, p in zip(specs, probes, strict=True)})
+            else:
+                module(*probes)
+    except Exception:  # noqa: BLE001 - the probe is a best effort; what ran before the failure counts
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+        for m, mode in modes.items():
+            m.training = mode
+    return found
+
+
+def forward_parameters(module: Any) -> list[str]:
+    """The required parameters of ``module.forward`` (those without a default), in order."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
+def suggest_input_shapes(module: Any) -> list[str]:
+    """``--input-shape`` values built from the model's first layer; empty when none fits.
+
+    ``Conv2d(3, ...)`` → ``1x3x224x224`` (``Conv1d``: ``1xCx128``, ``Conv3d``: ``1xCx16x112x112``);
+    ``Linear(F, ...)`` → ``1xF``; ``LSTM``/``GRU`` → ``1x32xF`` (batch-first) or ``32x1xF``;
+    ``Embedding`` → ``input_ids=1x128:int64``, named after ``forward``'s first parameter, plus one
+    ``NAME=1x128`` for each further required parameter (``attention_mask``: its dtype is inferred);
+    128 is capped by a position embedding's size.
+    """
+    from torch import nn
+
+    if not isinstance(module, nn.Module):
+        return []
+    for m in module.modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            spatial = {1: (128,), 2: (DEFAULT_IMAGE, DEFAULT_IMAGE), 3: (16, 112, 112)}[len(m.kernel_size)]
+            return ["x".join(str(d) for d in (1, m.in_channels, *spatial))]
+        if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+            positions = [
+                e.num_embeddings
+                for n, e in module.named_modules()
+                if isinstance(e, nn.Embedding) and "pos" in n
+            ]
+            seq = min([DEFAULT_SEQ, *positions])
+            names = forward_parameters(module) or ["input_ids"]
+            return [f"{names[0]}=1x{seq}:int64", *(f"{n}=1x{seq}" for n in names[1:])]
+        if isinstance(m, nn.Linear):
+            return [f"1x{m.in_features}"]
+        if isinstance(m, (nn.LSTM, nn.GRU, nn.RNN)):
+            return [f"1x32x{m.input_size}" if m.batch_first else f"32x1x{m.input_size}"]
+    return []
+
+
+def input_shape_unknown(
+    ref: str, module: Any, data_hint: str = "--data", flag: str = "--input-shape"
+) -> UsageError:
+    """The error for a model whose inputs nobody knows, ending in flags to paste when a shape can be
+    guessed (``flag``: the command's shape option, ``--opt-shape`` for export)."""
+    shapes = suggest_input_shapes(module)
+    if shapes:
+        flags = " ".join(f"{flag} {s}" for s in shapes)
+        return UsageError(
+            f"{ref}: input shape unknown; pass {data_hint}, or the shape its first layer suggests: {flags}"
+        )
+    return UsageError(
+        f"{ref}: input shape unknown; pass {data_hint}, or {flag} (e.g. 1x3x224x224; the first "
+        "dimension is the batch, NAME=SHAPE:DTYPE per input for keyword inputs: input_ids=1x128:int64)"
+    )

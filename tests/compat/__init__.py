@@ -1,0 +1,1 @@
+"""Compatibility suite: torchvision, timm and Hugging Face transformers models through every stage."""

@@ -1,0 +1,422 @@
+"""The compatibility matrix: real-world models × ptopt stages, each cell run through the Python API.
+
+A cell either **passes** (its artifact runs and its outputs are compared with the fp32 model's:
+cosine of the logits and top-1 agreement) or **refuses** with one line that names what ptopt
+cannot handle and the way out. ``tests/compat/test_matrix.py`` asserts every cell against
+``EXPECTED``; ``python -m tests.compat.matrix > docs/compat.md`` writes the table from a real run.
+
+Models (random weights, built from their libraries' configs, see ``tests.compat.models``):
+torchvision ResNet-18, MobileNetV3-Small, EfficientNet-B0 at 32×32; timm ViT-Tiny (32×32, patch 8,
+2 blocks); Hugging Face BERT classifier and GPT-2 LM (2 layers, hidden 64, 16 tokens, padded
+batches with an attention mask).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.compat import models as M
+
+#: samples per batch of every cell (calibration, comparison)
+BATCH = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    name: str
+    library: str
+    factory: Callable[[], Any]
+    kind: str  # image | text
+
+
+MODELS = [
+    Model("resnet18", "torchvision", M.resnet18, "image"),
+    Model("mobilenet_v3_small", "torchvision", M.mobilenet_v3_small, "image"),
+    Model("efficientnet_b0", "torchvision", M.efficientnet_b0, "image"),
+    Model("vit_tiny", "timm", M.vit_tiny, "image"),
+    Model("bert", "transformers", M.bert, "text"),
+    Model("gpt2", "transformers", M.gpt2, "text"),
+]
+BY_NAME = {m.name: m for m in MODELS}
+
+
+@dataclasses.dataclass
+class Cell:
+    """What one stage did to one model: ``passes`` with measurements, or ``refuses`` with a message."""
+
+    model: str
+    stage: str
+    status: str  # passes | refuses
+    detail: str
+    seconds: float
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    result: Any = None  # the Result (or path) a later cell may reuse
+
+
+# -- inputs and outputs ------------------------------------------------------------------------------
+
+
+def inputs(kind: str, batch: int = BATCH, seq: int = M.SEQ, seed: int = 0, left: bool = False) -> Any:
+    """A batch: images, or token ids with an attention mask (row i has i % 4 padded positions, at the
+    end, or at the start with ``left``: how decoder models are batched for generation)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "image":
+        return torch.randn(batch, 3, M.IMAGE, M.IMAGE, generator=g)
+    ids = torch.randint(1, M.VOCAB, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for i in range(batch):
+        if i % 4:
+            mask[i, seq - i % 4 :] = 0
+    if left:
+        mask = mask.flip(1)
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def logits(out: Any) -> torch.Tensor:
+    """The logits of a model's output: a tensor, a Hugging Face ModelOutput / dict, or a tuple."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        return out["logits"] if "logits" in out else next(iter(out.values()))
+    if isinstance(out, (tuple, list)):
+        return logits(out[0])
+    if hasattr(out, "logits"):
+        return out.logits
+    raise TypeError(f"no logits in a {type(out).__name__}")
+
+
+def run(model: Any, x: Any) -> torch.Tensor:
+    with torch.inference_mode():
+        out = model(**x) if isinstance(x, dict) else model(x)
+    return logits(out).float()
+
+
+def compare(ref: torch.Tensor, out: torch.Tensor, x: Any = None) -> dict[str, float]:
+    """Minimum cosine over positions and top-1 agreement (text: over unmasked tokens only for GPT-2's
+    per-token logits; a classifier's one row per sample)."""
+    a, b = ref.reshape(-1, ref.shape[-1]), out.reshape(-1, out.shape[-1])
+    keep = torch.ones(a.shape[0], dtype=torch.bool)
+    if isinstance(x, dict) and ref.dim() == 3:
+        keep = x["attention_mask"].reshape(-1).bool()
+    a, b = a[keep], b[keep]
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    return {"cosine": float(cos.min()), "top1": float((a.argmax(-1) == b.argmax(-1)).float().mean())}
+
+
+def onnx_outputs(path: Path, x: Any) -> torch.Tensor:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    feeds = x if isinstance(x, dict) else {sess.get_inputs()[0].name: x}
+    names = {i.name for i in sess.get_inputs()}
+    out = sess.run(None, {k: v.numpy() for k, v in feeds.items() if k in names})
+    return torch.from_numpy(out[0]).float()
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    parts = []
+    for k, v in metrics.items():
+        parts.append(f"{k} {v:.4f}" if k == "cosine" else f"{k} {v:.2f}")
+    return ", ".join(parts)
+
+
+# -- the stages ---------------------------------------------------------------------------------------
+
+
+class Matrix:
+    """Runs cells lazily and remembers them (validate reuses the artifacts of the cells before it)."""
+
+    STAGES = (
+        "quantize dynamic",
+        "quantize static",
+        "prune structured",
+        "prune global",
+        "export torchscript",
+        "export onnx",
+        "validate",
+    )
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.cells: dict[tuple[str, str], Cell] = {}
+        self._models: dict[str, tuple[Any, Any, torch.Tensor]] = {}
+
+    def fp32(self, name: str) -> tuple[Any, Any, torch.Tensor]:
+        """(model, batch, fp32 logits), built once."""
+        if name not in self._models:
+            spec = BY_NAME[name]
+            model, x = spec.factory(), inputs(spec.kind)
+            self._models[name] = (model, x, run(model, x))
+        return self._models[name]
+
+    def release(self, name: str) -> None:
+        """Forget a model's weights and results once its row is done (memory, not correctness)."""
+        self._models.pop(name, None)
+        for key, cell in self.cells.items():
+            if key[0] == name:
+                cell.result = None
+
+    def cell(self, name: str, stage: str) -> Cell:
+        from ptopt.core.errors import PtoptError
+
+        key = (name, stage)
+        if key not in self.cells:
+            fn = getattr(self, "_" + stage.replace(" ", "_"))
+            t0 = time.perf_counter()
+            try:
+                metrics, detail, result = fn(BY_NAME[name])
+                status = "passes"
+            except PtoptError as e:
+                metrics, result, status = {}, None, "refuses"
+                detail = str(e).replace(str(self.workdir), "WORKDIR")
+            self.cells[key] = Cell(name, stage, status, detail, time.perf_counter() - t0, metrics, result)
+        return self.cells[key]
+
+    def loaded(self, name: str) -> Any:
+        """The fp32 model with input specs of batch [1, BATCH] from the batch (not [1, 64]): the
+        stages' parity checks run at the largest batch, which is not what this suite measures."""
+        from ptopt.core.inputspec import input_style, specs_from_example
+        from ptopt.core.modelref import as_loaded
+
+        m, x, _ = self.fp32(name)
+        loaded = as_loaded(m)
+        loaded.input_specs, loaded.input_style = specs_from_example(x, max_batch=BATCH), input_style(x)
+        return loaded
+
+    def _out(self, model: Model, stage: str) -> Path:
+        path = self.workdir / model.name / stage.replace(" ", "-")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # each returns (metrics, detail, result)
+    def _quantize_dynamic(self, model: Model):
+        import ptopt
+
+        _, x, ref = self.fp32(model.name)
+        res = ptopt.quantize(self.loaded(model.name), "dynamic", progress=False)
+        res.save(self._out(model, "quantize dynamic") / "model.int8.pt")
+        metrics = compare(ref, run(res.model, x), x)
+        return metrics, _fmt(metrics), res
+
+    def _quantize_static(self, model: Model):
+        import ptopt
+
+        m, x, ref = self.fp32(model.name)
+        res = ptopt.quantize(m, "static", calib_data=x, progress=False)
+        metrics = compare(ref, run(res.model, x), x)
+        return metrics, _fmt(metrics), res
+
+    def _prune(self, model: Model, method: str, amount: float):
+        import ptopt
+        from ptopt.compress.stage import count_nonzero_parameters, count_parameters
+
+        m, x, ref = self.fp32(model.name)
+        res = ptopt.prune(self.loaded(model.name), method, amount)
+        before = count_parameters(m)
+        kept = count_parameters(res.model) if method == "structured" else count_nonzero_parameters(res.model)
+        metrics = {"kept": kept / before} | compare(ref, run(res.model, x), x)
+        return (
+            metrics,
+            f"keeps {kept / before:.2f} of the parameters; "
+            + _fmt({k: v for k, v in metrics.items() if k != "kept"}),
+            res,
+        )
+
+    def _prune_structured(self, model: Model):
+        return self._prune(model, "structured", 0.3)
+
+    def _prune_global(self, model: Model):
+        return self._prune(model, "global", 0.5)
+
+    def _export_torchscript(self, model: Model):
+        import ptopt
+
+        _, x, ref = self.fp32(model.name)
+        res = ptopt.export(self.loaded(model.name), "torchscript")
+        metrics = compare(ref, run(res.model, x), x)
+        return metrics, _fmt(metrics), res
+
+    def _export_onnx(self, model: Model):
+        """Dynamic batch (and sequence for text): ORT runs two other shapes than the export's."""
+        import ptopt
+
+        m, x, _ = self.fp32(model.name)
+        path = self._out(model, "export onnx") / "model.onnx"
+        if model.kind == "image":
+            side = f"3x{M.IMAGE}x{M.IMAGE}"
+            shapes = dict(min_shape=f"1x{side}", opt_shape=f"2x{side}", max_shape=f"{BATCH}x{side}")
+        else:
+            names = ("input_ids", "attention_mask")
+            shapes = {
+                f"{w}_shape": [f"{n}={b}x{s}:int64" for n in names]
+                for w, b, s in (("min", 1, 4), ("opt", 2, M.SEQ), ("max", BATCH, 2 * M.SEQ))
+            }
+        ptopt.export(m, "onnx", path, **shapes)
+        worst: dict[str, float] = {}
+        for batch, seq, left in ((3, M.SEQ, False), (BATCH, 2 * M.SEQ - 5, True)):
+            y = inputs(model.kind, batch=batch, seq=seq, seed=batch, left=left)
+            got = compare(run(m, y), onnx_outputs(path, y), y)
+            worst = {k: min(v, worst.get(k, math.inf)) for k, v in got.items()}
+        shown = (
+            "batch 3 and 8"
+            if model.kind == "image"
+            else f"batch×tokens 3×{M.SEQ} (right-padded) and 8×{2 * M.SEQ - 5} (left-padded)"
+        )
+        return worst, f"ORT at {shown}: " + _fmt(worst), path
+
+    def _validate(self, model: Model):
+        """The reference and the artifacts of the cells before (those that passed), at batch 1 and 8."""
+        import ptopt
+
+        m, x, _ = self.fp32(model.name)
+        paths = [self._out(model, "export onnx") / "model.onnx"]
+        paths.append(self._out(model, "quantize dynamic") / "model.int8.pt")
+        for stage in ("export onnx", "quantize dynamic"):
+            self.cell(model.name, stage)
+        paths = [p for p in paths if p.is_file()]
+        res = ptopt.validate(m, paths, x, batch_sizes=(BATCH,), min_iters=3, min_seconds=0.05, rounds=1)
+        agreements = [e["agreement"] or {} for e in res.entries]
+        metrics = {"cosine": min(a.get("cosine") or 0.0 for a in agreements)}
+        top1 = [a["top1_agreement"] for a in agreements if a.get("top1_agreement") is not None]
+        if top1:
+            metrics["top1"] = min(top1)
+        names = ", ".join(e["name"] for e in res.entries)
+        return metrics, f"{names} at batch {BATCH}: worst " + _fmt(metrics), res
+
+
+def run_matrix(names: list[str] | None = None, workdir: Path | None = None) -> list[Cell]:
+    """Every cell of the models ``names`` (default: all), in stage order."""
+    own = None
+    if workdir is None:
+        own = tempfile.TemporaryDirectory(prefix="ptopt-compat-")
+        workdir = Path(own.name)
+    matrix = Matrix(workdir)
+    cells = []
+    for name in names or list(BY_NAME):
+        for stage in Matrix.STAGES:
+            cells.append(matrix.cell(name, stage))
+        matrix.release(name)
+    if own is not None:
+        own.cleanup()
+    return cells
+
+
+# -- the report ---------------------------------------------------------------------------------------
+
+_DOC_HEAD = """# Compatibility: real-world models through every stage
+
+Written by `python -m tests.compat.matrix > docs/compat.md` from an actual run (do not edit by
+hand); `tests/compat/test_matrix.py` asserts the same cells in CI. Models have random weights and
+are built from their libraries' configs at small sizes (see `tests/compat/models.py`): torchvision
+ResNet-18, MobileNetV3-Small and EfficientNet-B0 at 3×{image}×{image} (BatchNorm statistics taken
+from 64 random images, as training would set them); timm ViT-Tiny at {image}×{image}
+(patch 8, 2 blocks); Hugging Face `BertForSequenceClassification` and `GPT2LMHeadModel` (2 layers,
+hidden 64, {seq} tokens, padded batches with an attention mask). Every cell runs through the Python
+API on a batch of {batch} and compares with the fp32 model: **cosine** is the minimum over samples
+(tokens for GPT-2, padding excluded), **top1** the arg-max agreement. A cell either passes or refuses
+with one line naming what ptopt cannot handle and the way out. Pruning is shown without
+fine-tuning: on random weights it moves the outputs a lot, so its cosine is reported, not bounded.
+
+| stage | what runs |
+| --- | --- |
+| quantize dynamic | `ptopt.quantize(model, "dynamic")`, saved as TorchScript |
+| quantize static | `ptopt.quantize(model, "static", calib_data=batch)` (torch.fx graph mode) |
+| prune structured | `ptopt.prune(model, "structured", 0.3)`; *kept*: parameters left |
+| prune global | `ptopt.prune(model, "global", 0.5)`; *kept*: non-zero parameters left |
+| export torchscript | `ptopt.export(model, "torchscript")` (its own parity check, then ours) |
+| export onnx | `ptopt.export(model, "onnx")`, dynamic batch (and sequence): ONNX Runtime at other shapes |
+| validate | `ptopt.validate` of the fp32 model, the ONNX and the dynamic int8 artifacts at batch {batch} |
+
+## torchvision beside the CPU torch
+
+PyPI's torchvision 0.28.0 (the release for torch 2.13) is a CUDA build: its C++ ops cannot load
+beside the CPU torch and `import torchvision` fails (`operator torchvision::nms does not exist`);
+transformers and timm import torchvision when it is installed, so they fail too. The
+classification models need none of those ops. Install it without letting pip touch torch
+(`pip install --no-deps torchvision==0.28.0`), then define the two op names before the first import:
+
+```python
+import torch
+
+lib = torch.library.Library("torchvision", "DEF")  # keep a reference: the ops live as long as it
+lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+import torchvision  # now imports; detection ops (nms) are not usable
+```
+
+`tests.compat.models.ensure_torchvision_ops()` does this only when the extension does not load.
+"""
+
+
+def markdown(cells: list[Cell], seconds: float) -> str:
+    """The matrix as Markdown: one summary table, then every cell's measurement or message."""
+    import platform
+
+    import ptopt
+
+    stages = list(Matrix.STAGES)
+    rows = {}
+    for c in cells:
+        rows.setdefault(c.model, {})[c.stage] = c
+    out = [_DOC_HEAD.format(image=M.IMAGE, seq=M.SEQ, batch=BATCH).rstrip(), "", "## The matrix", ""]
+    out.append("| model | library | " + " | ".join(stages) + " |")
+    out.append("| --- | --- | " + " | ".join("---" for _ in stages) + " |")
+    for name, row in rows.items():
+        marks = [
+            ("passes" if row[s].status == "passes" else "**refuses**") if s in row else "" for s in stages
+        ]
+        out.append(f"| {name} | {BY_NAME[name].library} | " + " | ".join(marks) + " |")
+    out += ["", "## Every cell", ""]
+    for name, row in rows.items():
+        out += [f"### {name}", ""]
+        for s in stages:
+            if s in row:
+                c = row[s]
+                detail = c.detail.replace("|", "/")
+                out.append(f"- **{s}** {c.status} ({c.seconds:.1f} s): {detail}")
+        out.append("")
+    versions = {"ptopt": ptopt.__version__, "torch": torch.__version__}
+    for lib in ("torchvision", "timm", "transformers", "onnxruntime"):
+        try:
+            versions[lib] = __import__(lib).__version__
+        except ImportError:
+            versions[lib] = "not installed"
+    out += [
+        "## Where it ran",
+        "",
+        f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+        + f". The whole matrix took {seconds:.0f} s.",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+    import sys
+    import warnings
+
+    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    argv = sys.argv[1:] if argv is None else argv
+    M.ensure_torchvision_ops()
+    torch.set_num_threads(2)  # the CI machine's cores
+    warnings.simplefilter("ignore")  # the deprecations listed in pyproject's filterwarnings
+    t0 = time.perf_counter()
+    cells = run_matrix(argv or None)
+    sys.stdout.write(markdown(cells, time.perf_counter() - t0))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""A few cells through the CLI, with ``pkg.module:factory`` references to tests/compat/models.py,
+as a user would type them (no --input-shape where the model's config says what it takes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers import assert_refused
+
+pytestmark = pytest.mark.compat
+
+
+def _needs(module: str) -> None:
+    pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[compat]')")
+
+
+def test_bert_dynamic_int8_without_a_shape(cli, tmp_path):
+    """A Hugging Face model needs no --input-shape: its config gives input_ids (int64, its vocab)."""
+    _needs("transformers")
+    code, out, err = cli("quantize", "tests.compat.models:bert", "--mode", "dynamic", "-o", "bert.int8.pt")
+    assert code == 0, err
+    code, out, err = cli("inspect", "bert.int8.pt")
+    assert code == 0, err
+    assert "input_ids: [1..64]x64 int64" in out
+
+
+def test_gpt2_torchscript_with_typed_shapes(cli, tmp_path):
+    _needs("transformers")
+    code, out, err = cli(
+        "export",
+        "tests.compat.models:gpt2",
+        "--target",
+        "torchscript",
+        "--min-shape",
+        "input_ids=1x8:int64",
+        "--opt-shape",
+        "input_ids=2x16:int64",
+        "--max-shape",
+        "input_ids=4x32:int64",
+        "-o",
+        "gpt2.pt",
+    )
+    assert code == 0, err
+    assert "input_ids: [1..4]x[8..32] int64" in out
+
+
+def test_efficientnet_structured_pruning_refuses_in_one_line(cli, tmp_path):
+    _needs("torchvision")
+    assert_refused(
+        cli,
+        "prune",
+        "tests.compat.models:efficientnet_b0",
+        "--method",
+        "structured",
+        "--amount",
+        "0.3",
+        "--input-shape",
+        "1x3x32x32",
+        "-o",
+        "e.pt",
+        match=("stochastic_depth", "--exclude features."),
+        where=tmp_path,
+    )
+
+
+def test_resnet_suggests_a_shape_in_a_fresh_process(run_ptopt, tmp_path):
+    """The factory module makes torchvision importable by itself (a subprocess has no conftest)."""
+    _needs("torchvision")
+    proc = run_ptopt("inspect", "tests.compat.models:resnet18", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "its first layer suggests --input-shape 1x3x224x224" in proc.stdout

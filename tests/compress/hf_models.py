@@ -1,0 +1,33 @@
+"""Hugging Face models for the quantization tests (need ``transformers``), random weights, tiny sizes:
+``tests.compress.hf_models:gpt2`` and its DATA ``tests.compress.hf_models:gpt2_tokens``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LMLogits(nn.Module):
+    """A causal LM called with ``input_ids``, returning its logits (transformers 5 returns a
+    ModelOutput with caches, which ``torch.jit.trace`` cannot take)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=input_ids, use_cache=False).logits
+
+
+def gpt2() -> nn.Module:
+    """GPT-2 (2 layers, d=128, vocab 1000): its attention and MLP are transformers' ``Conv1D``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, bos_token_id=0, eos_token_id=0)
+    return LMLogits(GPT2LMHeadModel(cfg)).eval()
+
+
+def gpt2_tokens(n: int = 32, seq: int = 16) -> dict:
+    """Token ids for ``gpt2``."""
+    return {"x": {"input_ids": torch.randint(0, 1000, (n, seq), generator=torch.Generator().manual_seed(0))}}

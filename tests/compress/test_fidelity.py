@@ -1,0 +1,80 @@
+"""Every compress step checks its result against its fp32 source before writing (``compress.fidelity``):
+an int8 model that does not follow fp32 is refused (exit 2, ``.failed`` kept, worst output named),
+and the layers to keep in float are named and really fix it. Real failures, not mocked: a model
+with a "massive activation" channel (``quant_models.OutlierMLP``) breaks per-tensor int8."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import ptopt
+from ptopt.core.errors import ParityError
+from tests.compress.quant_models import outlier_data, outlier_mlp
+from tests.helpers import assert_refused
+
+MODEL = "tests.compress.quant_models:outlier_mlp"
+DATA = "tests.compress.quant_models:outlier_calib"
+
+
+def _suggested_excludes(message: str) -> list[str]:
+    m = re.search(r"rerun with ((?:--exclude \S+ ?)+)", message)
+    assert m, message
+    return m.group(1).split()
+
+
+def test_dynamic_int8_that_breaks_is_refused_and_the_suggested_command_works(cli, tmp_path):
+    out = tmp_path / "o.int8.pt"
+    args = ("quantize", MODEL, "--mode", "dynamic", "--calib-data", DATA, "-o", out)
+    message = assert_refused(
+        cli, *args, match=("does not compute what its fp32 source computes", "output 0", "o.int8.pt.failed")
+    )
+    assert re.search(r"worst-sample cosine 0\.\d+ < 0\.99", message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.int8.pt.failed"]  # no sidecar: not an artifact
+    flags = _suggested_excludes(message)
+    assert flags == ["--exclude", "block.2"]
+    # the suggestion, pasted: it holds
+    code, stdout, err = cli(*args, *flags)
+    assert code == 0, err
+    assert "vs fp32: min cosine 0.99" in stdout
+    side = json.loads((tmp_path / "o.int8.pt.ptopt.json").read_text())
+    assert side["metrics"]["vs_fp32"]["passed"] and side["metrics"]["min_cosine"] >= 0.99
+    assert 0.9 <= side["metrics"]["top1_agreement_vs_fp32"] <= 1.0
+
+
+def test_static_int8_that_breaks_names_the_layers_to_keep_float():
+    x = outlier_data()
+    with pytest.raises(ParityError) as err:
+        ptopt.quantize(outlier_mlp(), "static", calib_data=x)
+    message = str(err.value)
+    assert "output 0" in message and "worst-sample cosine" in message
+    fid = err.value.metrics["vs_fp32"]
+    assert not fid["passed"] and fid["min_cosine"] < 0.99 and fid["worst_output"]["output"] == "0"
+    assert err.value.result.model is not None  # the refused model is there to inspect
+    floats = _suggested_excludes(message)[1::2]
+    assert set(floats) <= {"block.0", "block.2", "embed", "norm", "head"} and floats
+    res = ptopt.quantize(outlier_mlp(), "static", calib_data=x, exclude=floats)
+    assert res.metrics["vs_fp32"]["passed"] and res.metrics["min_cosine"] >= 0.99
+
+
+def test_a_faithful_int8_model_records_its_numbers(tmp_path):
+    from tests.compress.quant_models import tiny_lstm
+
+    model = tiny_lstm()
+    x = model.example_inputs(64)
+    res = ptopt.quantize(model, "dynamic", calib_data=x, output=tmp_path / "l.pt")
+    fid = res.metrics["vs_fp32"]
+    assert fid["passed"] and fid["samples"] == 64 and fid["rule"]["min_cosine"] == 0.99
+    assert res.metrics["min_cosine"] == fid["min_cosine"] >= 0.99
+
+
+def test_prune_records_how_far_it_moved_from_the_source():
+    from tests.helpers import tiny_cnn
+
+    model = tiny_cnn().eval()
+    res = ptopt.prune(model, "l1-unstructured", 0.3)
+    vs = res.metrics["vs_source"]
+    assert vs["data"] == "the example batch" and vs["samples"] == 2
+    assert -1.0 <= vs["min_cosine"] < 1.0 and vs["top1_agreement"] is not None

@@ -1,0 +1,57 @@
+"""Dynamic int8 of Hugging Face GPT-2 (random weights, tiny): transformers' ``Conv1D`` is quantized
+as the linear layer it is, and an int8 file larger than its source is said loudly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+MODEL = "tests.compress.hf_models:gpt2"
+DATA = "tests.compress.hf_models:gpt2_tokens"
+
+
+def test_conv1d_becomes_the_linear_it_is():
+    pytest.importorskip("transformers")
+    from transformers.pytorch_utils import Conv1D
+
+    from ptopt.compress.quant_engine import is_conv1d_linear, linearize_conv1d
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Conv1D(24, 8), torch.nn.GELU(), Conv1D(8, 24))
+    x = torch.randn(2, 5, 8)
+    before = model(x)
+    state = torch.random.get_rng_state()
+    assert all(is_conv1d_linear(m) for m in model if isinstance(m, Conv1D))
+    assert linearize_conv1d(model, skip=("2",)) == ["0"]
+    assert torch.equal(torch.random.get_rng_state(), state)  # the caller's random state is untouched
+    assert type(model[0]) is torch.nn.Linear and isinstance(model[2], Conv1D)
+    torch.testing.assert_close(model(x), before, rtol=1e-5, atol=1e-6)
+
+
+def test_gpt2_dynamic_int8_is_a_third_of_the_fp32_file(cli, tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "gpt2.int8.pt"
+    code, stdout, err = cli("quantize", MODEL, "--mode", "dynamic", "--calib-data", DATA, "-o", out)
+    assert code == 0, err
+    side = json.loads((tmp_path / "gpt2.int8.pt.ptopt.json").read_text())
+    m, extra = side["metrics"], side["extra"]
+    assert m["size_ratio_vs_fp32_torchscript"] <= 0.35 and not m["larger_than_fp32"]
+    assert len(extra["dynamic"]["conv1d_as_linear"]) == 8  # c_attn, c_proj, c_fc, mlp.c_proj × 2 layers
+    assert not any("Conv1D" in why or "convolution" in why for why in extra["float_layers"].values())
+    assert m["vs_fp32"]["passed"] and m["top1_agreement_vs_fp32"] > 0.95  # per token
+    assert "LARGER" not in err and "Failed to load" not in err + stdout and "_pytree" not in err + stdout
+    lm = torch.jit.load(str(out))
+    assert lm(torch.randint(0, 1000, (3, 16))).shape == (3, 16, 1000)
+
+
+def test_an_int8_file_larger_than_its_source_is_said_loudly(cli, tmp_path):
+    args = ("quantize", "tests.compress.quant_models:tiny_linear", "--mode", "dynamic")
+    code, stdout, err = cli(
+        *args, "--calib-data", "tests.compress.quant_models:features4", "-o", tmp_path / "l.pt"
+    )
+    assert code == 0, err
+    assert "warning: this int8 file is LARGER than its fp32 source" in err
+    side = json.loads((tmp_path / "l.pt.ptopt.json").read_text())
+    assert side["metrics"]["larger_than_fp32"] and side["metrics"]["size_ratio_vs_fp32_torchscript"] > 1

@@ -1,0 +1,123 @@
+"""The parity rule (``ptopt.export.parity``): per output, an error within a tolerance relative to that
+output's scale AND a minimum worst-sample cosine, for every format and precision."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ptopt.core.errors import ParityError
+from ptopt.core.inputspec import specs_from_example
+from ptopt.export.parity import MIN_COSINE, check_parity, compare, judge, torch_runner
+from ptopt.export.writers import write_model
+from tests.helpers import tiny_cnn
+
+
+class Scaled(nn.Module):
+    """A classifier whose outputs are ~1e-9 (what a badly scaled int8 model once returned)."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.fc(x) * 1e-9
+
+
+def _check(source, artifact, x, precision):
+    specs = specs_from_example(x)
+    return check_parity(
+        torch_runner(source), torch_runner(artifact), specs, "positional", precision=precision, samples=None
+    )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_tiny_outputs_of_a_garbage_model_fail_at_every_precision(precision):
+    """The old absolute tolerance (0.1 for int8) passed this: outputs ~1e-9, cosine ~0."""
+    x = torch.randn(4, 16)
+    with pytest.raises(ParityError, match=r"worst-sample cosine .* < ") as err:
+        _check(Scaled(0).eval(), Scaled(1).eval(), x, precision)
+    m = err.value.metrics
+    assert not m["passed"] and m["worst_output"]["cosine"] < MIN_COSINE[precision]
+    assert m["worst_output"]["max_abs_ref"] < 1e-7  # the numbers of the worst output are reported
+    assert "output 0" in str(err.value) and "no tolerance makes this artifact right" not in str(err.value)
+
+
+def test_tiny_outputs_of_the_same_model_pass():
+    x = torch.randn(4, 16)
+    m = _check(Scaled(0).eval(), Scaled(0).eval(), x, "fp32")
+    assert m["passed"] and m["cosine"] > 0.9999999
+
+
+def test_the_tolerance_follows_each_outputs_own_scale():
+    """A small second output drifting by 50 % of its own scale fails, though it is tiny next to the
+    first output (one tolerance over all outputs would have passed it)."""
+    big = np.full((2, 4), 100.0)
+    small = np.array([[1e-3, 2e-3], [3e-3, 1e-3]])
+    m = compare([big, small], [big, small * 1.5], ["logits", "aux"])
+    assert [o["output"] for o in m["outputs"]] == ["logits", "aux"]
+    reasons = judge(m, atol=1e-6, rtol=0.1, min_cosine=0.99)
+    assert len(reasons) == 1 and reasons[0].startswith("output aux")
+    assert m["outputs"][1]["cosine"] == pytest.approx(1.0)  # same direction: only the tolerance catches it
+
+
+def test_worst_sample_counts_not_the_average():
+    ref = np.eye(8)[:, :4] + 0.01
+    got = ref.copy()
+    got[3] = -got[3]  # one sample of eight points the other way
+    m = compare([ref], [got])
+    assert m["outputs"][0]["worst_sample"] == 3 and m["cosine"] < 0
+    assert m["outputs"][0]["mean_cosine"] > 0.5
+
+
+def test_zero_samples_are_judged_by_the_tolerance_only():
+    ref = np.array([[0.0, 0.0], [3.0, 4.0]])
+    got = np.array([[1e-9, -1e-9], [3.0, 4.0]])
+    m = compare([ref], [got])
+    assert m["cosine"] == pytest.approx(1.0)
+    assert not judge(m, atol=1e-6, rtol=1e-4, min_cosine=0.9999)
+
+
+def test_a_faithful_int8_model_passes_the_int8_rule(tmp_path):
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    module = tiny_cnn().eval()
+    calib = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    torch.backends.quantized.engine = "x86"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_fx(copy.deepcopy(module), get_default_qconfig_mapping("x86"), (calib[:2],))
+        prepared(calib)
+        q = convert_fx(prepared)
+    # the int8 file against the fp32 source, on the calibration data: the int8 rule holds
+    facts = write_model(
+        q,
+        "torchscript",
+        tmp_path / "q.pt",
+        example=calib[:2],
+        reference=module,
+        samples=calib,
+        precision="int8",
+    )
+    parity = facts["metrics"]["parity"]
+    assert parity["passed"] and parity["min_cosine"] == MIN_COSINE["int8"] and parity["cosine"] > 0.99
+    # ...and the fp32 rule, much tighter, does not: precision picks the rule
+    with pytest.raises(ParityError, match="cosine|max abs diff"):
+        write_model(q, "torchscript", tmp_path / "q32.pt", example=calib[:2], reference=module, samples=calib)
+
+
+def test_a_drift_within_the_cosine_minimum_suggests_looser_tolerances(tmp_path):
+    module = tiny_cnn().eval()
+    other = copy.deepcopy(module)
+    with torch.no_grad():
+        other.fc.weight.mul_(1.001)  # same direction, 0.1 % larger
+    x = module.example_inputs(2)
+    with pytest.raises(ParityError, match=r"loosen with --atol/--rtol"):
+        write_model(module, "torchscript", tmp_path / "a.pt", example=x, reference=other)
