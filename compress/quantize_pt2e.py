@@ -61,7 +61,7 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     """PT2E int8 of ``prep.module`` compiled into an AOTInductor package (in a temporary folder kept
     while the Result lives); ``.model`` is that package loaded, ``.save`` copies it."""
     from ptopt.compress import quant_engine_pt2e as pt2e
-    from ptopt.compress.quant_steps import _accuracy
+    from ptopt.compress.quant_steps import _accuracy, int8_share, vs_fp32
     from ptopt.compress.stage import input_files
     from ptopt.core.artifact import Artifact
     from ptopt.core.result import Result
@@ -79,8 +79,10 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     metrics |= {
         "fp32_torchscript_bytes": fp32_bytes,
         "size_ratio_vs_fp32_torchscript": round(path.stat().st_size / fp32_bytes, 4),
+        "larger_than_fp32": path.stat().st_size > fp32_bytes,  # the package carries compiled code
         **facts["metrics"],
     }
+    metrics |= vs_fp32(prep.module, model, prep)
     cfg = config.to_dict() | {"mode": config.mode, "engine": "pt2e"}
     cfg |= {k: str(v) for k, v in refs.items() if isinstance(v, (str, os.PathLike))}
     excluded = {n: "excluded (--exclude)" for n in config.float_modules}
@@ -93,7 +95,12 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
         parent=prep.loaded.parent_record(),
         precision="int8",
         metrics=metrics,
-        extra={"float_layers": excluded, **summary, **facts["extra"]},
+        extra={
+            "float_layers": excluded,
+            "int8_share": int8_share(prep.module, prep.example, excluded),
+            **summary,
+            **facts["extra"],
+        },
     )
 
     def write(dest: Path) -> dict[str, Any]:
