@@ -376,7 +376,7 @@ def _fine_tune_plan(
 def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any) -> tuple[Any, Any, Any]:
     """(fine-tune Dataset, eval Dataset, example batch): labels and fit checked, input specs settled."""
     from ptopt.core.inputspec import parse_named_shapes
-    from ptopt.core.modelref import resolve_inputs, run_checked
+    from ptopt.core.modelref import require_input_specs, resolve_inputs, run_checked
 
     ft = load_dataset(plan.data, "fine-tuning")
     ev = load_dataset(eval_data, "evaluation")
@@ -390,11 +390,8 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
     for ds, what in ((ft, "fine-tune data"), (ev, "eval data")):
         if ds is not None:
             ds.check_labels(run_checked(loaded, ds.first_batch(2).x, what), str(loaded.ref))
-    if not loaded.input_specs:  # prune has no --data: name the options it has
-        raise UsageError(
-            f"{loaded.ref}: input shape unknown; pass --input-shape (e.g. --input-shape 1x3x224x224), "
-            "or labelled data with --eval-data DATA (e.g. builtin:digits:test)"
-        )
+    # prune has no --data: name the options it has; the shape to paste comes from the first layer
+    require_input_specs(loaded, data_hint="labelled data with --eval-data DATA (e.g. builtin:digits:test)")
     example = loaded.example_inputs("opt", batch=2)
     run_checked(loaded, example, "sample input")
     return ft, ev, example

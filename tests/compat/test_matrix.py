@@ -40,17 +40,19 @@ EXPECTED = {
     # Random weights with BatchNorm statistics from random images: int8 costs MobileNetV3 and
     # EfficientNet-B0 much more than ResNet-18 (dynamic touches only their classifier Linear).
     # Bounds sit below the measured values (docs/compat.md); a drop below them is a regression.
-    ("resnet18", "quantize static"): (PASS, {"cosine": 0.9, "top1": 0.75}),
     ("mobilenet_v3_small", "quantize dynamic"): (PASS, {"cosine": 0.9, "top1": 0.75}),
-    ("mobilenet_v3_small", "quantize static"): (PASS, {"cosine": 0.6, "top1": 0.37}),
     ("efficientnet_b0", "quantize dynamic"): (PASS, {"cosine": 0.75, "top1": 0.5}),
-    ("efficientnet_b0", "quantize static"): (PASS, {"cosine": 0.1}),
     ("efficientnet_b0", "validate"): (PASS, {"cosine": 0.85}),
     **{(m, "prune structured"): (PASS, {"kept": 0.85}) for m in ("resnet18", "mobilenet_v3_small")},
     ("efficientnet_b0", "prune structured"): _refuses("stochastic_depth", "features.", "--exclude features."),
-    ("vit_tiny", "quantize static"): (PASS, {"cosine": 0.5}),
+    # static int8 of these random-weight models misses the int8 rule (worst-sample cosine >= 0.99;
+    # measured 0.96 / 0.71 / 0.22 / 0.62): ptopt refuses to write it and names the way out
+    **{
+        (m, "quantize static"): _refuses("does not compute what its fp32 source computes", "--min-cosine")
+        for m in ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "vit_tiny")
+    },
     ("vit_tiny", "prune structured"): _refuses(
-        "blocks.0.attn.qkv", "'reshape'", "--exclude blocks.0.attn.qkv"
+        "blocks.0.attn.qkv", "'reshape'", "--exclude 'blocks.*.attn.qkv'"
     ),
     **{
         (m, "quantize static"): _refuses("cannot trace the model", "--mode dynamic") for m in ("bert", "gpt2")

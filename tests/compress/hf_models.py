@@ -21,6 +21,9 @@ class LMLogits(nn.Module):
 
 def gpt2() -> nn.Module:
     """GPT-2 (2 layers, d=128, vocab 1000): its attention and MLP are transformers' ``Conv1D``."""
+    from tests.compat.models import ensure_torchvision_ops
+
+    ensure_torchvision_ops()  # transformers imports torchvision when installed (REFERENCE.md: CUDA build)
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
