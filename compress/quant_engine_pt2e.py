@@ -34,16 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
-import logging
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import MissingDependencyError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
+from ptopt.core.quiet import silenced
 
 MODES = ("static", "qat")
 OBSERVERS = ("histogram", "minmax", "percentile")
@@ -55,18 +53,8 @@ _NOISY_LOGGERS = ("torch.utils._pytree", "torchao", "torch._inductor", "torch.ex
 def _quiet() -> Iterator[None]:
     """torchao's import prints ("Skipping import of cpp extensions"), torch's pytree logs Enum
     registration deprecations, and prepare/convert warn about internals: none reaches the user."""
-    loggers = [logging.getLogger(n) for n in _NOISY_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    sink = io.StringIO()
-    try:
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, lv in zip(loggers, levels, strict=True):
-            lg.setLevel(lv)
+    with silenced(_NOISY_LOGGERS, streams=True):
+        yield
 
 
 def _torchao() -> Any:

@@ -31,13 +31,13 @@ import json
 import logging
 import pickletools
 import re
-import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import ModelLoadError, UnsafePickleError
+from ptopt.core.quiet import silenced
 
 HINT = (
     "loading it would run code from the file. Pass --allow-pickle (allow_pickle=True) only if you "
@@ -340,13 +340,5 @@ def quiet_upstream(*loggers: str) -> Iterator[None]:
     exception into one ``error:`` line, so the log is noise.
     """
     names = loggers or ("torch.export", "torch._export", "torch.fx.experimental.symbolic_shapes")
-    saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in names]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for lg, _ in saved:
-            lg.setLevel(logging.CRITICAL)
-        try:
-            yield
-        finally:
-            for lg, level in saved:
-                lg.setLevel(level)
+    with silenced(names, level=logging.CRITICAL):
+        yield

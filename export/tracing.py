@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
-import logging
 import re
 import warnings
 from collections.abc import Iterator, Sequence
@@ -18,24 +16,15 @@ from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, call_args, flatten_inputs, make_inputs
+from ptopt.core.quiet import silenced
 from ptopt.export.shapes import torch_export_dynamic_shapes
 
 
 @contextlib.contextmanager
 def quiet_export() -> Iterator[None]:
     """The exporters print progress and log warnings (missing torchvision ops, opset conversion)."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    sink = io.StringIO()
-    try:
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, lv in zip(loggers, levels, strict=False):
-            lg.setLevel(lv)
+    with silenced(("torch.onnx", "torch.export", "torch._export", "onnxscript"), streams=True):
+        yield
 
 
 def first_lines(text: str, n: int) -> str:
