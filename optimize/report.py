@@ -200,8 +200,16 @@ def artifact_path(report: dict[str, Any], directory: str | os.PathLike) -> str |
     c = best_candidate(report)
     if c is None:
         return None
+    if report.get("best_path"):
+        return str(Path(directory) / report["best_path"])
     ext = Path(c["path"]).suffix if c.get("path") else EXTENSIONS.get(c.get("format") or "")
     return None if not ext else str(Path(directory) / f"best{ext}")
+
+
+def packageable(c: dict[str, Any]) -> bool:
+    """``ptopt package`` serves the file as it is (else it exports it to TorchScript first)."""
+    flag = c.get("packageable")
+    return bool(flag) if flag is not None else c.get("format") in SERVABLE_FORMATS
 
 
 def package_command(report: dict[str, Any], directory: str | os.PathLike) -> str | None:
@@ -236,7 +244,7 @@ def winner_lines(report: dict[str, Any], directory: str | os.PathLike) -> list[s
         )
         return out
     out.append(f"Package it for TorchServe: `{cmd}` (or `--format triton -o model_repository`).")
-    if c.get("format") not in SERVABLE_FORMATS:
+    if not packageable(c):
         out.append(
             f"Note: `ptopt package` serves TorchScript and ONNX; it exports this {c.get('format')} artifact "
             "to TorchScript first, so the served model is not the one timed here."
@@ -282,8 +290,8 @@ def write_markdown(report: dict[str, Any], path: str | os.PathLike) -> None:
 def render_terminal(
     report: dict[str, Any], directory: str | os.PathLike | None = None, width: int = 200
 ) -> str:
-    """The candidates table, the verdict and the package command, as plain text for the CLI
-    (``directory``: the output folder the command names; "DIR" when not given)."""
+    """The candidates table and the verdict, as plain text for the CLI; with ``directory`` (the output
+    folder), also the winner's file and the command that packages it."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -309,7 +317,9 @@ def render_terminal(
         f"machine: {machine_line(report)}\nsearch:  {search_line(report)}", markup=False, soft_wrap=True
     )
     console.print(t)
-    lines = [headline(report)] + [x.replace("`", "") for x in winner_lines(report, directory or "DIR")]
+    lines = [headline(report)]
+    if directory is not None:
+        lines += [x.replace("`", "") for x in winner_lines(report, directory)]
     lines += noise_notes(report)
     console.print("\n".join(lines), markup=False, soft_wrap=True)
     return buf.getvalue()

@@ -92,6 +92,8 @@ def test_terminal_table_exact_numbers_status_and_noise():
     assert "~ noisy: fp32-onnx at batch 1, 32" in out
     assert "ptopt package out/best.onnx --format mar -o model.mar" in out
     assert "\x1b[" not in out  # plain text: the CLI decides about colour
+    bare = R.render_terminal(winner_report())  # the CLI may print the package line itself
+    assert "ptopt package" not in bare and bare.count("int8-onnx-qdq") == 2  # its row and the verdict
 
 
 @pytest.mark.parametrize("best_found", [True, False], ids=["best-found", "nothing-kept"])
@@ -154,6 +156,10 @@ def test_single_candidate_and_an_aoti_winner(tmp_path):
     md = R.render_markdown(report, "out")
     assert "`ptopt package out/best.pt2 --format mar -o model.mar`" in md
     assert "exports this aoti artifact to TorchScript first" in md
+    report["best_path"] = "best.pt2"  # the engine names the file it wrote: that name wins
+    report["candidates"][0]["packageable"] = True
+    md = R.render_markdown(report, "out")
+    assert "`ptopt package out/best.pt2 --format mar" in md and "TorchScript first" not in md
 
 
 def test_json_is_the_report_with_non_finite_numbers_as_null(tmp_path):
