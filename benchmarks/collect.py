@@ -16,6 +16,7 @@ ORDER = [
     "overhead",
     "int8_ceiling",
     "autoquant",
+    "optimize",
 ]
 
 
