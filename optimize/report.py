@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +60,32 @@ def latency(c: dict[str, Any], bs: str) -> float | None:
     return ((c.get("latency_ms") or {}).get(bs) or {}).get("median")
 
 
-def is_noisy(c: dict[str, Any], bs: str) -> bool:
-    """The candidate's speedup at ``bs`` is within the timing noise: the engine's ``noisy`` flag (for the
-    candidate, or per batch size), or its timing rounds spread more than validate's threshold."""
+def reference_candidate(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The candidate every speedup divides by (``report["reference"]`` names it)."""
+    ref = report.get("reference")
+    return next((c for c in candidates(report) if c.get("name") == ref or c.get("label") == ref), None)
+
+
+def _spread(c: dict[str, Any] | None, bs: str) -> float:
+    return (((c or {}).get("latency_ms") or {}).get(bs) or {}).get("spread_pct") or 0.0
+
+
+def is_noisy(report: dict[str, Any], c: dict[str, Any], bs: str) -> bool:
+    """The candidate's speedup at ``bs`` is within the timing noise. The engine flags a candidate
+    (``noisy``: true, or per batch size); a candidate-wide flag is placed on the batch sizes where the
+    engine's rule holds (|speedup − 1| within the combined spread of its and the reference's rounds).
+    Rounds that spread more than validate's threshold are noisy whatever the flag."""
+    if _spread(c, bs) > NOISY_SPREAD_PCT:
+        return True
     flag = c.get("noisy")
     if isinstance(flag, dict):
-        flag = flag.get(bs)
-    spread = ((c.get("latency_ms") or {}).get(bs) or {}).get("spread_pct") or 0.0
-    return bool(flag) or spread > NOISY_SPREAD_PCT
+        return bool(flag.get(bs))
+    if not flag:
+        return False
+    sp = (c.get("speedup") or {}).get(bs)
+    if sp is None:
+        return True
+    return abs(sp - 1.0) * 100.0 <= math.hypot(_spread(c, bs), _spread(reference_candidate(report), bs))
 
 
 def y_value(report: dict[str, Any], c: dict[str, Any]) -> float | None:
@@ -132,14 +152,16 @@ def fmt_drop(v: Any) -> str:
     return "—" if v is None else f"{v:+.2f}"
 
 
-def fmt_latency(c: dict[str, Any], bs: str) -> str:
+def fmt_latency(report: dict[str, Any], c: dict[str, Any], bs: str) -> str:
     ms = latency(c, bs)
-    return "—" if ms is None else f"{ms:.3f}" + (NOISY_MARK if is_noisy(c, bs) else "")
+    return "—" if ms is None else f"{ms:.3f}" + (NOISY_MARK if is_noisy(report, c, bs) else "")
 
 
-def fmt_speedup(c: dict[str, Any], bs: str) -> str:
+def fmt_speedup(report: dict[str, Any], c: dict[str, Any], bs: str) -> str:
+    if c is reference_candidate(report):
+        return "ref"
     v = (c.get("speedup") or {}).get(bs)
-    return "—" if v is None else f"{v:.2f}x" + (NOISY_MARK if is_noisy(c, bs) else "")
+    return "—" if v is None else f"{v:.2f}x" + (NOISY_MARK if is_noisy(report, c, bs) else "")
 
 
 def fmt_status(c: dict[str, Any]) -> str:
@@ -172,12 +194,12 @@ def table_row(report: dict[str, Any], c: dict[str, Any]) -> list[str]:
         else [fmt_acc(c.get("accuracy")), fmt_drop(c.get("accuracy_drop")), fmt_cos(c.get("cosine_min"))]
     )
     sizes = batch_sizes(report)
-    mark = "★" if c.get("name") == report.get("best") else ""
+    mark = "★" if c.get("name") == report.get("best") else ("ref" if c is reference_candidate(report) else "")
     return (
         [mark, c.get("name") or "?", where(c), c.get("precision") or "—", fmt_mb(c.get("size_bytes"))]
         + acc
-        + [fmt_latency(c, bs) for bs in sizes]
-        + [fmt_speedup(c, bs) for bs in sizes]
+        + [fmt_latency(report, c, bs) for bs in sizes]
+        + [fmt_speedup(report, c, bs) for bs in sizes]
         + [fmt_status(c)]
     )
 
@@ -185,7 +207,7 @@ def table_row(report: dict[str, Any], c: dict[str, Any]) -> list[str]:
 def noise_notes(report: dict[str, Any]) -> list[str]:
     out = []
     for c in candidates(report):
-        noisy = [bs for bs in batch_sizes(report) if latency(c, bs) is not None and is_noisy(c, bs)]
+        noisy = [bs for bs in batch_sizes(report) if latency(c, bs) is not None and is_noisy(report, c, bs)]
         if noisy:
             out.append(
                 f"{NOISY_MARK} noisy: {c.get('name')} at batch {', '.join(noisy)}: its speedup is within "
@@ -195,15 +217,19 @@ def noise_notes(report: dict[str, Any]) -> list[str]:
 
 
 # -- the verdict and the package command -----------------------------------------------------------
-def artifact_path(report: dict[str, Any], directory: str | os.PathLike) -> str | None:
-    """``DIR/best.<ext>`` of the best candidate, or None when it has no file to serve."""
+def artifact_path(report: dict[str, Any], directory: str | os.PathLike | None) -> str | None:
+    """``DIR/best.<ext>`` of the best candidate (``best.<ext>`` when ``directory`` is None: relative to
+    the output folder), or None when it has no file to serve."""
     c = best_candidate(report)
     if c is None:
         return None
-    if report.get("best_path"):
-        return str(Path(directory) / report["best_path"])
-    ext = Path(c["path"]).suffix if c.get("path") else EXTENSIONS.get(c.get("format") or "")
-    return None if not ext else str(Path(directory) / f"best{ext}")
+    name = report.get("best_path")
+    if not name:
+        ext = Path(c["path"]).suffix if c.get("path") else EXTENSIONS.get(c.get("format") or "")
+        name = f"best{ext}" if ext else None
+    if name is None or directory is None:
+        return name
+    return str(Path(directory) / name)
 
 
 def packageable(c: dict[str, Any]) -> bool:
@@ -212,7 +238,7 @@ def packageable(c: dict[str, Any]) -> bool:
     return bool(flag) if flag is not None else c.get("format") in SERVABLE_FORMATS
 
 
-def package_command(report: dict[str, Any], directory: str | os.PathLike) -> str | None:
+def package_command(report: dict[str, Any], directory: str | os.PathLike | None) -> str | None:
     path = artifact_path(report, directory)
     return None if path is None else f"ptopt package {path} --format mar -o model.mar"
 
@@ -229,8 +255,9 @@ def headline(report: dict[str, Any]) -> str:
     return f"NO CANDIDATE MEETS THE BUDGET ({budget_line(report)}){found} (exit 1)"
 
 
-def winner_lines(report: dict[str, Any], directory: str | os.PathLike) -> list[str]:
-    """The winner (or the best found) and the command that packages it."""
+def winner_lines(report: dict[str, Any], directory: str | os.PathLike | None) -> list[str]:
+    """The winner (or the best found) and the command that packages it; ``directory``: the output
+    folder the command names, or None for paths relative to it (a report inside the folder)."""
     c = best_candidate(report)
     if c is None:
         return ["No artifact to package: no candidate was kept."]
@@ -243,7 +270,8 @@ def winner_lines(report: dict[str, Any], directory: str | os.PathLike) -> list[s
             f"It is the {c.get('format')} model itself: `ptopt package MODEL` exports it to TorchScript."
         )
         return out
-    out.append(f"Package it for TorchServe: `{cmd}` (or `--format triton -o model_repository`).")
+    where_ = "" if directory else " (from the output folder)"
+    out.append(f"Package it for TorchServe{where_}: `{cmd}` (or `--format triton -o model_repository`).")
     if not packageable(c):
         out.append(
             f"Note: `ptopt package` serves TorchScript and ONNX; it exports this {c.get('format')} artifact "
@@ -263,7 +291,7 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(report: dict[str, Any], directory: str | os.PathLike = ".") -> str:
+def render_markdown(report: dict[str, Any], directory: str | os.PathLike | None = None) -> str:
     icon = "✅" if has_winner(report) else "❌"
     head = table_head(report)
     out = [f"### {icon} ptopt optimize: {headline(report)}", "", f"<sub>{machine_line(report)}</sub>", ""]
@@ -272,7 +300,7 @@ def render_markdown(report: dict[str, Any], directory: str | os.PathLike = ".") 
     for c in candidates(report):
         name = f"`{c.get('name')}`"
         cells = table_row(report, c)
-        cells[1] = f"**{name}**" if cells[0] else name
+        cells[1] = f"**{name}**" if cells[0] == "★" else name
         out.append("| " + " | ".join(_md_cell(x) for x in cells) + " |")
     out += [""] + winner_lines(report, directory) + [""]
     notes = noise_notes(report)
@@ -281,9 +309,13 @@ def render_markdown(report: dict[str, Any], directory: str | os.PathLike = ".") 
     return "\n".join(out)
 
 
-def write_markdown(report: dict[str, Any], path: str | os.PathLike) -> None:
-    """``summary.md``; the package command names the folder the summary is written to."""
-    write_text_atomic(path, render_markdown(report, Path(path).parent))
+def write_markdown(
+    report: dict[str, Any], path: str | os.PathLike, directory: str | os.PathLike | None = None
+) -> None:
+    """``summary.md``. The package command names ``directory`` (the output folder as the user gave it);
+    without it, the artifact's path relative to the folder (reports are often written into a staging
+    folder that is renamed afterwards, so the folder they are written to is not the one to name)."""
+    write_text_atomic(path, render_markdown(report, directory))
 
 
 # -- terminal --------------------------------------------------------------------------------------
@@ -440,7 +472,12 @@ def _html_table(report: dict[str, Any]) -> str:
     return "<table>" + "".join(trs) + "</table>"
 
 
-def render_html(report: dict[str, Any], directory: str | os.PathLike = ".") -> str:
+def _code(text: str) -> str:
+    """Markdown's `code` spans as HTML ``<code>``."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
+
+
+def render_html(report: dict[str, Any], directory: str | os.PathLike | None = None) -> str:
     e_ = html.escape
     rbs = ranking_batch_size(report)
     uri = pareto_plot(report)
@@ -462,7 +499,7 @@ def render_html(report: dict[str, Any], directory: str | os.PathLike = ".") -> s
         if has_winner(report)
         else f"<h1 class='loud'>ptopt optimize: {e_(headline(report))}</h1>"
     )
-    winner = "".join(f"<p>{e_(x)}</p>" for x in winner_lines(report, directory))
+    winner = "".join(f"<p>{_code(e_(x))}</p>" for x in winner_lines(report, directory))
     notes = "".join(f"<p class='fail'>{e_(n)}</p>" for n in noise_notes(report))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>ptopt optimize — {e_(headline(report))}</title>
@@ -482,6 +519,9 @@ speedup vs {e_(report.get("reference") or "fp32 eager")}; {e_(NOISY_MARK)}: with
 """
 
 
-def write_html(report: dict[str, Any], path: str | os.PathLike) -> None:
-    """``report.html``: one self-contained file (the plot is an embedded PNG)."""
-    write_text_atomic(path, render_html(report, Path(path).parent))
+def write_html(
+    report: dict[str, Any], path: str | os.PathLike, directory: str | os.PathLike | None = None
+) -> None:
+    """``report.html``: one self-contained file (the plot is an embedded PNG); ``directory`` as in
+    ``write_markdown``."""
+    write_text_atomic(path, render_html(report, directory))

@@ -44,13 +44,14 @@ def test_html_has_the_plot_every_candidate_and_the_budget(tmp_path):
     assert "best: int8-onnx-qdq" in page and "2.64x fp32 eager at batch 32" in page
     # the failed and the skipped candidate have no numbers: named under the plot, not drawn
     assert "Not in the plot (no numbers): dynamic-int8, int8-autoquant" in page
-    assert f"ptopt package {tmp_path / 'best.onnx'} --format mar -o model.mar" in page
+    # written inside the output folder (often a staging folder renamed afterwards): a relative path
+    assert "(from the output folder): <code>ptopt package best.onnx --format mar -o model.mar</code>" in page
     assert not [p for p in tmp_path.iterdir() if p.name != "report.html"]  # no temp file left
 
 
 def test_markdown_table_and_winner_line(tmp_path):
     report = winner_report()
-    R.write_markdown(report, tmp_path / "summary.md")
+    R.write_markdown(report, tmp_path / "summary.md", directory="runs/opt")
     text = (tmp_path / "summary.md").read_text(encoding="utf-8")
     rows = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(report["candidates"])  # the header + one row per candidate
@@ -65,7 +66,7 @@ def test_markdown_table_and_winner_line(tmp_path):
     assert "failed: RuntimeError: cannot fuse conv \\| relu" in text  # a | in a reason does not break the row
     assert text.startswith("### ✅ ptopt optimize: best: int8-onnx-qdq")
     line = next(x for x in text.splitlines() if x.startswith("Package it"))
-    assert f"`ptopt package {tmp_path / 'best.onnx'} --format mar -o model.mar`" in line
+    assert "`ptopt package runs/opt/best.onnx --format mar -o model.mar`" in line
     assert "Winner: `int8-onnx-qdq`" in text
     assert "quantize --mode static --engine ort → export --target onnx --precision int8" in text
 
@@ -92,6 +93,9 @@ def test_terminal_table_exact_numbers_status_and_noise():
     assert "~ noisy: fp32-onnx at batch 1, 32" in out
     assert "ptopt package out/best.onnx --format mar -o model.mar" in out
     assert "\x1b[" not in out  # plain text: the CLI decides about colour
+    ref_row = [x.strip() for x in next(line for line in out.splitlines() if "fp32-eager" in line).split("│")]
+    # the reference: marked, and no speedup of its own
+    assert ref_row[1] == "ref" and ref_row[-4:-2] == ["ref", "ref"]
     bare = R.render_terminal(winner_report())  # the CLI may print the package line itself
     assert "ptopt package" not in bare and bare.count("int8-onnx-qdq") == 2  # its row and the verdict
 
@@ -111,7 +115,7 @@ def test_exit_1_is_said_loudly_everywhere(tmp_path, best_found):
     if best_found:
         assert "the best found, int8-fx, does NOT meet it (exit 1)" in term
         assert "Best found (outside the budget: check it before you ship it): `int8-fx`" in md
-        assert f"ptopt package {tmp_path / 'best.pt'} --format mar" in md
+        assert "`ptopt package best.pt --format mar" in md
     else:
         assert "No artifact to package" in md and "No artifact to package" in term
         assert "ptopt package" not in md
@@ -183,3 +187,19 @@ def test_json_is_the_report_with_non_finite_numbers_as_null(tmp_path):
 )
 def test_pareto_front(points, front):
     assert [p[2] for p in R.pareto_front(points)] == front
+
+
+def test_a_candidate_wide_noisy_flag_lands_where_the_speedup_is_within_the_spread():
+    """The engine flags a candidate; the tables mark the batch sizes where |speedup - 1| is within the
+    combined spread of the candidate's and the reference's rounds (and any spread over 25 %)."""
+    report = winner_report()
+    c = next(c for c in report["candidates"] if c["name"] == "int8-fx")
+    c["noisy"] = True
+    c["latency_ms"]["1"]["spread_pct"] = 20.0  # 4.35x: far outside 20 % → not noisy at batch 1
+    c["latency_ms"]["32"]["spread_pct"] = 24.0
+    c["speedup"]["32"] = 1.2  # 1.2x: within hypot(24, 4) % → noisy at batch 32
+    assert not R.is_noisy(report, c, "1") and R.is_noisy(report, c, "32")
+    row = R.table_row(report, c)
+    assert "0.828" in row and "20.200~" in row and "1.20x~" in row
+    c["noisy"] = {"1": True, "32": False}  # a per-batch-size flag is taken as it is
+    assert R.is_noisy(report, c, "1") and not R.is_noisy(report, c, "32")
