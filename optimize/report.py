@@ -331,7 +331,7 @@ def render_terminal(
     t = Table(title=f"ptopt optimize — {budget_line(report)}", title_justify="left")
     for col in table_head(report):
         status = col == "status"  # the one column that wraps: names and numbers stay whole
-        left = status or col in ("candidate", "format / runtime", "precision")
+        left = status or col in ("", "candidate", "format / runtime", "precision")
         t.add_column(
             col,
             justify="left" if left else "right",
