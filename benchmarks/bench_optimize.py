@@ -18,6 +18,7 @@ under 10 minutes.
 
     PTOPT_CACHE_DIR=/work/notes/zoo-cache python benchmarks/bench_optimize.py
     python benchmarks/bench_optimize.py --baselines-only   # the raw baselines alone: prints, writes nothing
+    python benchmarks/bench_optimize.py --smoke --models resnet --rounds 2 --seconds 0.2   # does it run?
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ def load_chosen(path: Path, threads: int, fallback: Any) -> Any:
     return fallback
 
 
-def run_optimize(model, work: Path, threads: int) -> tuple[Any, float]:
+def run_optimize(model, work: Path, args) -> tuple[Any, float]:
     import ptopt
 
+    quick = dict(rounds=3, min_seconds=0.2) if args.smoke else {}
     t0 = time.perf_counter()
     res = ptopt.optimize(
         model,
@@ -98,6 +100,9 @@ def run_optimize(model, work: Path, threads: int) -> tuple[Any, float]:
         batch_sizes=(1, BATCH),
         time_budget=TARGET_SEARCH_S,
         output=work / "optimize",
+        threads=args.threads,
+        skip=args.skip.split(",") if args.skip else None,
+        **quick,
     )
     return res, time.perf_counter() - t0
 
@@ -124,7 +129,7 @@ def bench_model(label: str, model, args, work: Path) -> tuple[list[list], dict]:
     data: dict[str, Any] = {}
     chosen = None
     if not args.baselines_only:
-        res, wall = run_optimize(model, work, args.threads)
+        res, wall = run_optimize(model, work, args)
         report = res.report
         data.update(search_seconds=wall, exit_code=res.exit_code, report=report)
         if report.get("best") and report.get("best_path"):
@@ -186,6 +191,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=0.5, help="seconds per candidate and round")
     ap.add_argument("--models", default="resnet,user", help="comma-separated: resnet, user")
     ap.add_argument("--baselines-only", action="store_true", help="skip ptopt.optimize; print, write nothing")
+    ap.add_argument("--skip", default="", help="candidates the search leaves out, e.g. fp32-aoti,int8-pt2e")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a check that the script runs: short timings; print, write nothing",
+    )
     args = ap.parse_args()
     setup(args.threads)
     load = os.getloadavg()
@@ -216,7 +227,7 @@ def main() -> None:
         f"{end[0]:.1f} / {end[1]:.1f} / {end[2]:.1f} (the CPU may be shared with other work: the ratios come "
         "from the same interleaved rounds, the absolute milliseconds do not transfer).\n"
     )
-    if args.baselines_only:
+    if args.baselines_only or args.smoke:
         print(md)
         return
     write_result("optimize", "ptopt optimize vs the raw-library baselines", md, data, args.threads)
