@@ -28,14 +28,13 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import DataError, UsageError
 from ptopt.optimize.candidates import REFERENCE, RUNTIME_FILTERS, Candidate, Context, select
-from ptopt.optimize.search import Clock, Costs, Evaluator, Search, Settings, check_budget, measure_costs
+from ptopt.optimize.search import Clock, Evaluator, Search, Settings, check_budget, measure_costs
 
 SCHEMA = "ptopt.optimize/1"
 DEVICES = ("cpu", "cuda")

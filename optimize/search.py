@@ -157,11 +157,13 @@ class Evaluator:
 
         return evaluate_outputs(runner, ds, _eval_batch_size(runner, self.eval_bs, len(ds)))
 
-    def prescreen(self, runner: Any) -> str | None:
-        """Why the candidate is rejected on the subset already, or None."""
+    def prescreen(self, cand: Candidate, runner: Any) -> str | None:
+        """Why the candidate is rejected on the subset already (its figures are then the subset's),
+        or None."""
         if len(self.subset) == len(self.evald):
             return None
-        _, drop, cos = self._judge(self.outputs(runner, self.subset), self.subset)
+        acc, drop, cos = self._judge(self.outputs(runner, self.subset), self.subset)
+        cand.accuracy, cand.accuracy_drop, cand.cosine_min, cand.within_budget = acc, drop, cos, False
         n, s = len(self.subset), self.settings
         if s.metric == "cosine" and cos is not None and cos < s.min_cosine:
             return f"pre-screen on {n} samples: worst cosine {cos:.4f} < {s.min_cosine:g}"
@@ -279,7 +281,7 @@ class Search:
     def _screen(self, cand: Candidate) -> None:
         runner = open_candidate(cand, self.settings.threads)
         try:
-            why = self.evaluator.prescreen(runner)
+            why = self.evaluator.prescreen(cand, runner)
             if why:
                 cand.status, cand.reason = "rejected", why
                 return
