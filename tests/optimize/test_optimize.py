@@ -264,3 +264,27 @@ def test_bad_input_python_api(tmp_path, data, options, match):
     assert_refused(
         ptopt.optimize, tiny_cnn(), **options, output=tmp_path / "opt", match=match, where=tmp_path
     )
+
+
+def test_train_data_adds_pruned_candidates_built_by_prune_then_quantize(tmp_path, data):
+    """With ``train_data``: structured pruning 30% + a one-epoch fine-tune, and that model in int8."""
+    import ptopt
+    from tests.compress.prune_models import lenet
+
+    res = ptopt.optimize(
+        lenet(),
+        calib_data=data["calib"],
+        eval_data=data["eval-unlabelled"],
+        train_data=data["train"],
+        min_cosine=0.5,
+        candidates=["pruned30-ft", "pruned30-ft-int8"],
+        **FAST,
+    )
+    rows = {c.name: c for c in res.candidates}
+    assert [rows[n].status for n in ("pruned30-ft", "pruned30-ft-int8")] == ["kept", "kept"], [
+        (c.name, c.reason) for c in res.candidates
+    ]
+    pruned = rows["pruned30-ft"].model
+    assert pruned.conv2.out_channels < 16  # channels really removed
+    assert rows["pruned30-ft-int8"].steps[0].startswith("prune --method structured")
+    assert res.exit_code == 0 and res.best.name in rows
