@@ -89,6 +89,6 @@ def command(quiet: bool, **params: Any) -> None:
         click.echo(f"best: {out / result.report['best_path']} ({result.best.label})")
         click.echo(f"package it: ptopt package {out / result.report['best_path']} --format mar -o model.mar")
     if result.exit_code == 1:
-        raise GateFailedError(
-            f"no candidate meets the accuracy budget; the closest ({result.report['best']}) is in {out}"
-        )
+        closest = result.report["best"]
+        where = f"the closest ({closest}) is in {out}" if closest else f"nothing to write as best; see {out}"
+        raise GateFailedError(f"no candidate meets the accuracy budget within the time budget; {where}")

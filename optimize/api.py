@@ -157,8 +157,13 @@ def render(report: dict[str, Any]) -> str:
             f"{'' if drop is None else f'{drop:.2f}':>6} {'' if cos is None else f'{cos:.4f}':>8} "
             f"{'' if lat is None else f'{lat:.3f}':>9} {'' if sp is None else f'{sp:.2f}':>5}"
         )
-    verdict = "within the budget" if report["best_within_budget"] else "NOT within the budget (best found)"
-    lines.append(f"best: {report['best']} ({verdict})")
+    if report["best"] is None:
+        lines.append("best: none (no packageable candidate was built and evaluated)")
+    else:
+        verdict = (
+            "within the budget" if report["best_within_budget"] else "NOT within the budget (closest found)"
+        )
+        lines.append(f"best: {report['best']} ({verdict})")
     return "\n".join(lines)
 
 
@@ -205,22 +210,27 @@ def optimize(
     if output is not None:
         check_output_dir(Path(output), inputs_paths)
     loaded, data = _load(model, weights, allow_pickle, calib_data, eval_data, train_data, settings)
+    from ptopt.core.timing import torch_threads
     from ptopt.validate.runners import runner_for_loaded
 
-    ref_runner = runner_for_loaded(REFERENCE, loaded)
-    ref_runner.prepare(settings.threads)
-    costs = measure_costs(ref_runner, data["eval"], settings)
-    check_budget(costs, settings)
-    ctx = Context(
-        loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
-        settings.max_accuracy_drop, settings.min_cosine, clock.left,
-    )  # fmt: skip
-    search = Search(ctx, specs, settings, costs, clock)
-    try:
-        _run(search, ref_runner, settings, say)
-    finally:
-        ref_runner.close()
-        search.close()
+    # the runners set the thread count for the whole process: restored afterwards
+    with torch_threads(None):
+        ref_runner = runner_for_loaded(REFERENCE, loaded)
+        search = None
+        try:
+            ref_runner.prepare(settings.threads)
+            costs = measure_costs(ref_runner, data["eval"], settings)
+            check_budget(costs, settings)
+            ctx = Context(
+                loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
+                settings.max_accuracy_drop, settings.min_cosine, clock.left,
+            )  # fmt: skip
+            search = Search(ctx, specs, settings, costs, clock)
+            _run(search, ref_runner, settings, say)
+        finally:
+            ref_runner.close()
+            if search is not None:
+                search.close()
     best, within = _choose(search.candidates, settings)
     report = _report(search.candidates, best, within, settings, loaded, clock)
     result = OptimizeResult(search.candidates, best, report, inputs_paths)
@@ -235,7 +245,6 @@ def _run(search: Search, ref_runner: Any, settings: Settings, say: Callable[[str
     search.evaluator = Evaluator(ref_runner, search.ctx.evald, settings)
     ref.status, ref.within_budget = "kept", True
     ref.accuracy, ref.accuracy_drop, ref.cosine_min = search.evaluator.ref_acc, 0.0, 1.0
-    ref.reason = "the reference: runs as the Python model, not a file ptopt package takes"
     search.run(say)
     search.time_kept(ref_runner, say)
 

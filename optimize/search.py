@@ -37,6 +37,8 @@ from ptopt.validate.latency import LatencyOptions
 PRESCREEN_SAMPLES = 128
 #: the least seconds per (artifact, batch size) the timing is shrunk to when the budget runs short
 MIN_TIMING_SECONDS = 0.2
+#: the fewest interleaved rounds the timing is cut to when the budget runs short
+MIN_ROUNDS = 5
 #: a build's estimate when no build was timed yet (seconds, before the model-size scaling)
 UNIT_FLOOR_S = 0.5
 
@@ -82,21 +84,34 @@ class Costs:
     #: one fp32 TorchScript-sized build (measured once the first build ran)
     unit_s: float = UNIT_FLOOR_S
 
-    def timing_s(self, settings: Settings, seconds: float | None = None) -> float:
-        """Timing one artifact at every batch size (warm-ups included)."""
-        lat = settings.latency
-        each = lat.min_seconds if seconds is None else seconds
+    def timing_s(self, lat: LatencyOptions) -> float:
+        """Timing one artifact at every batch size with ``lat`` (warm-ups included; no early stop)."""
+        per_round_warmup = max(1, lat.warmup_iters // 10)
         return sum(
-            max(each, lat.min_iters * t) * 1.1 + 1.9 * lat.warmup_seconds + 2 * lat.warmup_iters * t
+            max(lat.min_seconds, lat.min_iters * t) * 1.1
+            + lat.warmup_seconds * (1 + (lat.rounds - 1) / 10)
+            + (lat.warmup_iters + per_round_warmup * (lat.rounds - 1)) * t
             for t in self.batch_s.values()
         )
 
     def reference_s(self, settings: Settings) -> float:
         """Evaluating and timing the fp32 reference alone (the least budget that gives an answer)."""
-        return self.eval_s + self.timing_s(settings, MIN_TIMING_SECONDS)
+        return self.eval_s + self.timing_s(minimal(settings.latency))
 
     def build_s(self, spec: Spec) -> float:
         return spec.fixed + spec.cost * self.unit_s
+
+
+def minimal(lat: LatencyOptions) -> LatencyOptions:
+    """The least timing the search settles for when the budget is short: few, short rounds."""
+    return dataclasses.replace(
+        lat,
+        min_seconds=min(lat.min_seconds, MIN_TIMING_SECONDS),
+        min_iters=min(lat.min_iters, 5),
+        rounds=min(lat.rounds, MIN_ROUNDS),
+        warmup_iters=min(lat.warmup_iters, 2),
+        warmup_seconds=min(lat.warmup_seconds, 0.05),
+    )
 
 
 def measure_costs(runner: Any, evald: Any, settings: Settings) -> Costs:
@@ -223,7 +238,7 @@ class Search:
     def promised_s(self) -> float:
         """Timing already promised: the reference and every kept candidate."""
         kept = sum(1 for c in self.candidates if c.status == "kept")
-        return self.costs.timing_s(self.settings) * (kept + 1)
+        return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1)
 
     def _why_not(self, spec: Spec) -> str | None:
         allowed = RUNTIME_FILTERS[self.settings.runtime]
@@ -232,7 +247,9 @@ class Search:
         why = spec.not_applicable(self.ctx)
         if why:
             return why
-        need = self.costs.build_s(spec) + self.costs.eval_s + self.costs.timing_s(self.settings)
+        need = (
+            self.costs.build_s(spec) + self.costs.eval_s + self.costs.timing_s(minimal(self.settings.latency))
+        )
         left = self.clock.left() - self.promised_s()
         if need > left:
             return f"time budget: needs about {need:.0f} s, {max(left, 0):.0f} s left"
@@ -315,15 +332,20 @@ class Search:
         self._speedups(kept)
 
     def _latency(self, n_runners: int) -> LatencyOptions:
-        """The settings' latency options, their seconds shrunk to what is left of the budget."""
-        lat = self.settings.latency
-        per = self.costs.timing_s(self.settings) * n_runners
-        left = self.clock.left()
-        if per <= left:
+        """The settings' latency options when they fit in what is left of the budget; else the minimal
+        ones with their seconds stretched to fill it."""
+        lat, left = self.settings.latency, self.clock.left()
+        if self.costs.timing_s(lat) * n_runners <= left:
             return lat
-        scale = max(left, 0) / per
-        seconds = max(MIN_TIMING_SECONDS, lat.min_seconds * scale)
-        return dataclasses.replace(lat, min_seconds=seconds, min_iters=min(lat.min_iters, 5))
+        low = minimal(lat)
+        spare = left / n_runners - self.costs.timing_s(low)
+        if spare <= 0:
+            return low
+        per_second = self.costs.timing_s(dataclasses.replace(low, min_seconds=low.min_seconds + 1)) - (
+            self.costs.timing_s(low)
+        )
+        seconds = min(lat.min_seconds, low.min_seconds + spare / max(per_second, 1e-9))
+        return dataclasses.replace(low, min_seconds=seconds)
 
     def _speedups(self, kept: list[Candidate]) -> None:
         ref = self.candidates[0].latency_ms
