@@ -210,7 +210,9 @@ def open_candidate(cand: Candidate, threads: int) -> Any:
     """Validate's runner for the candidate's written artifact, ready to run."""
     from ptopt.validate.runners import open_runner
 
-    runner = open_runner(str(cand.work_path), cand.name)
+    # allow_pickle: an AOTInductor package loads native code; this one was compiled by this very run,
+    # into its own temporary folder, so it is trusted (a user's files never go through here)
+    runner = open_runner(str(cand.work_path), cand.name, allow_pickle=True)
     try:
         runner.prepare(threads)
     except BaseException:
