@@ -83,11 +83,8 @@ def command(quiet: bool, **params: Any) -> None:
 
     params["input_shapes"] = list(params["input_shapes"]) or None
     result = optimize(params.pop("model"), **params, progress=progress)
-    click.echo(render(result.report))
     out = result.directory
-    if result.best is not None:
-        click.echo(f"best: {out / result.report['best_path']} ({result.best.label})")
-        click.echo(f"package it: ptopt package {out / result.report['best_path']} --format mar -o model.mar")
+    click.echo(render(result.report, out))
     if result.exit_code == 1:
         closest = result.report["best"]
         where = f"the closest ({closest}) is in {out}" if closest else f"nothing to write as best; see {out}"

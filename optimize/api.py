@@ -53,6 +53,7 @@ class OptimizeResult:
     #: the model and data the search ran on (never written over by ``save``)
     inputs_paths: tuple[Path, ...] = ()
     directory: Path | None = None
+    _final: Path | None = dataclasses.field(default=None, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -81,6 +82,7 @@ class OptimizeResult:
         directory.parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{directory.name}.stage-", dir=directory.parent))
         try:
+            self._final = directory
             self._write(stage)
             if directory.exists():
                 directory.rmdir()  # empty: check_output_dir said so
@@ -106,7 +108,7 @@ class OptimizeResult:
             _mark(self.best, "report.json")
             self.best.result.save(stage / f"best{self.best.suffix}")
             self.report["best_path"] = f"best{self.best.suffix}"
-        _write_reports(self.report, stage)
+        _write_reports(self.report, stage, self._final)
 
 
 def _mark(cand: Candidate, report: str | None) -> None:
@@ -117,18 +119,19 @@ def _mark(cand: Candidate, report: str | None) -> None:
     cand.result.template.extra["optimize"] = record
 
 
-def _write_reports(report: dict[str, Any], directory: Path) -> None:
-    """report.json, and report.html / summary.md when ``ptopt.optimize.report`` is installed."""
+def _write_reports(report: dict[str, Any], stage: Path, directory: Path) -> None:
+    """report.json, and report.html / summary.md when ``ptopt.optimize.report`` is installed, written
+    into ``stage`` (renamed to ``directory`` afterwards, the folder the reports name)."""
     try:
         from ptopt.optimize import report as reports
     except ImportError:
         reports = None
     if reports is None:
-        _write_json(report, directory / "report.json")
+        _write_json(report, stage / "report.json")
         return
-    reports.write_json(report, directory / "report.json")
-    reports.write_html(report, directory / "report.html")
-    reports.write_markdown(report, directory / "summary.md")
+    reports.write_json(report, stage / "report.json")
+    reports.write_html(report, stage / "report.html", directory=directory)
+    reports.write_markdown(report, stage / "summary.md", directory=directory)
 
 
 def _write_json(report: dict[str, Any], path: Path) -> None:
@@ -137,14 +140,15 @@ def _write_json(report: dict[str, Any], path: Path) -> None:
     write_text_atomic(path, json.dumps(report, indent=2, default=str) + "\n")
 
 
-def render(report: dict[str, Any]) -> str:
-    """The terminal summary: ``ptopt.optimize.report.render_terminal`` when installed, else a few lines."""
+def render(report: dict[str, Any], directory: Path | None = None) -> str:
+    """The terminal summary (with ``directory``, the output folder: the winner's file and the command that
+    packages it): ``ptopt.optimize.report.render_terminal`` when installed, else a few lines."""
     try:
         from ptopt.optimize.report import render_terminal
     except ImportError:
         render_terminal = None
     if render_terminal is not None:
-        return render_terminal(report)
+        return render_terminal(report, directory=directory)
     bs = str(report["ranking_batch_size"])
     lines = [
         f"{'candidate':<24} {'status':<9} {'bytes':>10} {'drop':>6} {'cos min':>8} {'ms@' + bs:>9} {'x':>5}"
@@ -164,6 +168,9 @@ def render(report: dict[str, Any]) -> str:
             "within the budget" if report["best_within_budget"] else "NOT within the budget (closest found)"
         )
         lines.append(f"best: {report['best']} ({verdict})")
+        if directory is not None and report.get("best_path"):
+            best = Path(directory) / report["best_path"]
+            lines.append(f"written: {best}; package it: ptopt package {best} --format mar -o model.mar")
     return "\n".join(lines)
 
 

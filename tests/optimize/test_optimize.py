@@ -101,7 +101,7 @@ def test_cli_writes_the_folder_and_the_best_loads(cli, tmp_path, data):
     assert report["metric"] == "cosine" and report["best"] in ("fp32-onnx", "int8-dynamic")
     for name in ("fp32-onnx", "int8-dynamic"):  # a progress line per candidate, a row per candidate
         assert f"{name}: " in err and name in out
-    assert "best:" in out and "ptopt package" in out
+    assert "ptopt package" in out and f"opt/{report['best_path']}" in out
     best = tmp_path / "opt" / report["best_path"]
     loaded = ptopt.load_model(best)
     assert loaded.format in ("onnx", "torchscript")
