@@ -288,3 +288,23 @@ def test_train_data_adds_pruned_candidates_built_by_prune_then_quantize(tmp_path
     assert pruned.conv2.out_channels < 16  # channels really removed
     assert rows["pruned30-ft-int8"].steps[0].startswith("prune --method structured")
     assert res.exit_code == 0 and res.best.name in rows
+
+
+def test_int8_with_float_layers_when_plain_int8_is_rejected(data):
+    """Plain static int8 misses a tight cosine goal; autoquant keeps the layers that must stay float."""
+    import ptopt
+    from ptopt.core.data import load_data
+
+    res = ptopt.optimize(
+        tiny_cnn(),
+        calib_data=data["calib"],
+        eval_data=load_data(data["eval"]).take(64),
+        min_cosine=0.9996,
+        candidates=["int8-fx", "int8-fx-float-layers"],
+        **FAST,
+    )
+    rows = {c.name: c for c in res.candidates}
+    assert rows["int8-fx"].status == "rejected" and "worst cosine" in rows["int8-fx"].reason
+    assert rows["int8-fx-float-layers"].status == "kept", rows["int8-fx-float-layers"].reason
+    assert rows["int8-fx-float-layers"].cosine_min >= 0.9996
+    assert res.best.name == "int8-fx-float-layers" and res.exit_code == 0
