@@ -235,7 +235,11 @@ class Search:
         self.unit_measured = False
 
     def close(self) -> None:
+        """Remove the working copies; the Results forget them (``OptimizeResult.save`` writes anew)."""
         shutil.rmtree(self.work, ignore_errors=True)
+        for c in self.candidates:
+            if c.result is not None:
+                c.result.artifact = None
 
     def promised_s(self) -> float:
         """Timing already promised: the reference and every kept candidate."""
