@@ -304,20 +304,27 @@ def _real_inputs(samples: Any, specs: Sequence[InputSpec], which: str) -> Any:
 # -- runners: each artifact in its own runtime -------------------------------------------------
 
 
-def torch_runner(module: Any, device: str = "cpu") -> Callable[[Any], Any]:
+def torch_runner(module: Any, device: str = "cpu", dtype: Any = None) -> Callable[[Any], Any]:
+    """Run ``module`` on a batch: inputs moved to ``device`` and their floating-point tensors cast to
+    ``dtype`` (a half-precision artifact's; None: as given), outputs back on the host."""
     import torch
 
+    from ptopt.core.device import to_device, to_host
+
     def run(x: Any) -> Any:
-        args, kwargs = call_args(x)
-        args = tuple(a.to(device) for a in args)
-        kwargs = {k: v.to(device) for k, v in kwargs.items()}
+        args, kwargs = call_args(to_device(x, device, dtype))
         with torch.inference_mode():
-            return module(*args, **kwargs)
+            return to_host(module(*args, **kwargs))
 
     return run
 
 
-def onnx_session(path: str | Path, threads: int | None = None, optimization: str | None = None):
+def onnx_session(
+    path: str | Path,
+    threads: int | None = None,
+    optimization: str | None = None,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -325,7 +332,7 @@ def onnx_session(path: str | Path, threads: int | None = None, optimization: str
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), so, providers=list(providers))
 
 
 def onnx_runner(
@@ -350,11 +357,15 @@ def onnx_runner(
     return run
 
 
-def artifact_runner(path: str | Path, fmt: str, specs: Sequence[InputSpec]) -> Callable[[Any], Any]:
+def artifact_runner(
+    path: str | Path, fmt: str, specs: Sequence[InputSpec], device: str = "cpu", dtype: Any = None
+) -> Callable[[Any], Any]:
     """A callable running the artifact at ``path`` the way a user would load it
     (``ptopt.export.writers.reload``), taking a batch in the model's calling style."""
     from ptopt.export.writers import reload
 
     if fmt == "onnx":
         return onnx_runner(path, specs)
-    return torch_runner(reload(path, fmt), device="cuda" if fmt == "tensorrt" else "cpu")
+    if fmt == "tensorrt":
+        device = "cuda" if device == "cpu" else device
+    return torch_runner(reload(path, fmt, device=device), device=device, dtype=dtype)
