@@ -380,9 +380,8 @@ def _build(
     allow_pickle: bool,
     output: Any,
 ) -> _Built:
-    from ptopt.export.writers import check_reload, reload, write_model
-
     from ptopt.core.device import half_dtype, resolve_device
+    from ptopt.export.writers import check_reload, reload, write_model
 
     options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
     device = str(resolve_device(config.device or ("cuda" if config.target == "tensorrt" else None)))

@@ -105,8 +105,8 @@ class ExportConfig(Config):
             raise UsageError(f"--device is not available for --target {self.target}")
         if self.precision == "fp16" and not on_cuda and self.target != "tensorrt":
             raise UsageError(
-                f"--precision fp16 on the CPU: CPU kernels for float16 are missing or slow and nothing "
-                f"deploys fp16 there; use --precision bf16 on the CPU, or fp16 with --device cuda"
+                "--precision fp16 on the CPU: CPU kernels for float16 are missing or slow and nothing "
+                "deploys fp16 there; use --precision bf16 on the CPU, or fp16 with --device cuda"
             )
         if self.precision == "bf16" and self.target == "onnx" and not on_cuda:
             raise UsageError(

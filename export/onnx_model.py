@@ -70,7 +70,9 @@ class OnnxModel:
 
         self.path = Path(path)
         self.style = style
-        self.session = onnx_session(self.path, threads or torch.get_num_threads(), providers=providers_for(device))
+        self.session = onnx_session(
+            self.path, threads or torch.get_num_threads(), providers=providers_for(device)
+        )
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 

@@ -12,7 +12,9 @@ from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import InputSpec
 from tests.helpers import assert_refused
 
-needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+needs_no_cuda = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal where CUDA is absent"
+)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +44,11 @@ def test_cuda_without_cuda_says_what_torch_sees(spec):
 
 @pytest.mark.parametrize(
     "spec, message",
-    [("tpu", "unknown device 'tpu'"), ("gpu0", "unknown device 'gpu0'"), ("meta", "runs models on cpu or cuda")],
+    [
+        ("tpu", "unknown device 'tpu'"),
+        ("gpu0", "unknown device 'gpu0'"),
+        ("meta", "runs models on cpu or cuda"),
+    ],
     ids=["tpu", "gpu0", "meta"],
 )
 def test_unknown_device_strings(spec, message):
