@@ -278,7 +278,8 @@ def validate(
     ``Result``s (the saved file, else the in-memory ``.model``); ``weights``/``allow_pickle`` qualify the
     reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
     torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
-    options (not both). Every report asked for is written before a failed gate is reported; returns a
+    options (not both). ``device``: ``cpu`` / ``cuda[:N]`` for every model (None: each runtime's own;
+    see docs/gpu.md). Every report asked for is written before a failed gate is reported; returns a
     ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
     when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 4).
     """

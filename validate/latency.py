@@ -174,7 +174,7 @@ def measure_runners(
     stats = measure_interleaved(
         fns,
         sizes,
-        devices={key: runners[key[0]].device for key in fns},
+        devices={key: runners[key[0]].timer_device for key in fns},
         rounds=options.rounds,
         min_iters=options.min_iters,
         min_seconds=options.min_seconds,

@@ -129,7 +129,7 @@ def test_runner_is_placed_on_the_gpu_and_timed_with_cuda_events(fake_trt, monkey
     )
     monkeypatch.setattr(trt_runner, "require", lambda *a, **k: None)
     runner = trt_runner.TensorRTRunner.create("m.ep", tmp_path / "m.ep", None)
-    assert runner.device == "cuda:0" and runner.input_dtype is None
+    assert runner.device == runner.timer_device == "cuda:0" and runner.input_dtype is None
     with pytest.raises(UsageError, match="runs on a GPU"):
         runner.place("cpu")
     seen = {}

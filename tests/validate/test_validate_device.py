@@ -95,6 +95,7 @@ def test_onnx_runtime_without_gpu_providers_says_so(artifacts, monkeypatch):
     runner.prepare(1)
     note = runner.info["device_note"]
     assert "no CUDA/TensorRT execution provider" in note and "runs on the CPU, not cuda:0" in note
+    assert runner.timer_device == "cpu"  # session.run is synchronous: host time, never CUDA events
     assert runner.runtime == "onnxruntime (CPU)" and runner.predict(torch.randn(2, 1, 8, 8)).shape == (2, 10)
 
 

@@ -73,8 +73,14 @@ class Runner:
         """The dtype floating-point inputs are cast to (a half-precision artifact's), or None."""
         return half_dtype(self.precision)
 
+    @property
+    def timer_device(self) -> str:
+        """Where the timed call's work runs, for the latency timer (CUDA events on a GPU): the
+        runner's device, unless its runtime's calls are synchronous (ONNX Runtime: the host)."""
+        return self.device
+
     def place(self, device: str) -> None:
-        """Put the artifact on ``device`` (called once, after ``prepare``). This runtime runs on the
+        """Put the artifact on ``device`` (called once, before ``prepare``). This runtime runs on the
         CPU only: another device is a UsageError naming it."""
         if device != "cpu":
             raise UsageError(f"{self.name}: {self.runtime} runs on the CPU only, not on {device}")

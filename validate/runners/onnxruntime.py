@@ -130,6 +130,12 @@ class OnnxRuntimeRunner(Runner):
         self.device = device
         self.placed = True
 
+    @property
+    def timer_device(self) -> str:
+        # session.run returns once the outputs are numpy arrays on the host (its GPU work runs on
+        # ORT's own stream, which torch's CUDA events would not see): host time is the call's time
+        return "cpu"
+
     def _on_device(self, providers: list[Any], available: list[str]) -> list[Any]:
         gpu = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
         if not self.placed:
