@@ -93,7 +93,7 @@ def main() -> None:
     rows += _measure("tiny CNN (random weights)", tiny_cnn(), {"random": torch.randn(64, 1, 8, 8)})
     rows += _measure("MLP block (random weights)", _mlp(), {"random": torch.randn(64, 16, 32)})
     table = md_table(
-        ["model", "inputs", "rel error (max |diff| / max |fp32|)", "worst-sample cosine"],
+        ["model", "inputs", "rel error (max abs diff / max abs fp32)", "worst-sample cosine"],
         [[r["model"], r["inputs"], f"{r['rel_error']:.4f}", f"{r['cosine']:.5f}"] for r in rows],
     )
     worst_rel = max(r["rel_error"] for r in rows)
