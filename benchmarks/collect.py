@@ -11,6 +11,8 @@ ORDER = [
     "distill",
     "export",
     "aoti",
+    "half_parity",
+    "gpu",
     "validate",
     "serve",
     "overhead",

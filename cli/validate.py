@@ -56,6 +56,12 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     "least half of them (default 2; 0: always run every round).",
 )
 @click.option(
+    "--device",
+    default=None,
+    help="cpu | cuda | cuda:N: run every artifact there (models moved once, each batch moved once, "
+    "latency from CUDA events, peak GPU memory). Default: each runtime's own (the CPU; TensorRT a GPU).",
+)
+@click.option(
     "--provider",
     "providers",
     multiple=True,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.data import Dataset, load_data
+from ptopt.core.device import GpuPeakMemory
 from ptopt.core.errors import (
     GateFailedError,
     MissingDependencyError,
@@ -131,6 +132,10 @@ class Entry:
     speedup: dict[str, float] = dataclasses.field(default_factory=dict)
     peak_memory_mb: float | None = None
     peak_memory_delta_mb: float | None = None
+    #: on a CUDA device: the most GPU memory torch allocated while loading and evaluating it
+    #: (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``); None on the CPU
+    peak_gpu_memory_mb: float | None = None
+    device: str = "cpu"
     gates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     passed: bool = True
     best: bool = False
@@ -208,6 +213,8 @@ class _Models:
     threads: int
     allow_pickle: bool
     providers: Sequence[str] | None
+    #: ``cpu`` / ``cuda:N`` as given (checked), or None: each runtime's own (the CPU; TensorRT a GPU)
+    device: str | None = None
 
     def __iter__(self) -> Iterator[tuple[str, Any, str]]:
         """(role, ref, name) of every model, the reference first."""
@@ -219,6 +226,8 @@ class _Models:
             ref, self.names[i], weights=weights, allow_pickle=self.allow_pickle, providers=self.providers
         )
         try:
+            if self.device is not None:
+                runner.place(self.device)  # the model moves once
             runner.prepare(self.threads)
         except BaseException:
             runner.close()
@@ -244,6 +253,7 @@ def validate(
     weights: Any = None,
     allow_pickle: bool = False,
     providers: Sequence[str] | None = None,
+    device: Any = None,
     max_samples: int | None = None,
     eval_batch_size: int | None = None,
     raise_on_failure: bool = False,
@@ -268,7 +278,8 @@ def validate(
     ``Result``s (the saved file, else the in-memory ``.model``); ``weights``/``allow_pickle`` qualify the
     reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
     torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
-    options (not both). Every report asked for is written before a failed gate is reported; returns a
+    options (not both). ``device``: ``cpu`` / ``cuda[:N]`` for every model (None: each runtime's own;
+    see docs/gpu.md). Every report asked for is written before a failed gate is reported; returns a
     ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
     when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 4).
     """
@@ -290,7 +301,7 @@ def validate(
     reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
     settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size)
-    models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers)
+    models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers, device=device)
     run = _prepare(reference, artifacts, data, gates, latency, reports, models, **settings)
     entries = _measure(run, progress or (lambda msg: None))
     result = ValidationResult(_report(run, entries, t_start))
@@ -344,6 +355,10 @@ def _prepare(
         raise UsageError(f"--threads must be >= 1, got {threads}")
     if eval_batch_size < 1:
         raise UsageError(f"--eval-batch-size must be >= 1, got {eval_batch_size}")
+    if models.get("device") is not None:
+        from ptopt.core.device import resolve_device
+
+        models["device"] = str(resolve_device(models["device"], allow_auto=False))
     refs = [("reference", _model_ref(reference), models.pop("weights"))]
     refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
     reports.check()
@@ -451,6 +466,8 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
     for i, (role, _, name) in enumerate(run.models):
         say(f"checking {name}")
         runner = run.models.open(i)
+        if runner.info.get("device_note"):
+            say(runner.info["device_note"])
         try:
             out, labels = _probe(runner, run.ds, run.data_name)
             shapes.append(tuple(out.shape))
@@ -474,7 +491,7 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
     for i, (role, ref, name) in enumerate(run.models):
         say(f"evaluating {name} ({i + 1}/{len(run.models.refs)})")
         t0 = time.perf_counter()
-        with PeakMemory() as mem:
+        with PeakMemory() as mem, GpuPeakMemory(run.models.device or "cpu") as gpu_mem:
             runner = run.models.open(i)
             try:
                 eval_bs = _eval_batch_size(runner, run.eval_batch_size, len(run.ds))
@@ -485,6 +502,7 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
             finally:
                 runner.close()
         entry = _entry(runner, role, ref, eval_bs, size, mem)
+        entry.peak_gpu_memory_mb = None if gpu_mem.peak_mb is None else round(gpu_mem.peak_mb, 1)
         entry.elapsed_s = {"load_and_evaluate": round(time.perf_counter() - t0, 2)}
         if run.metric_measured:
             entry.metric = compute_metric(run.metric, outputs, run.ds.y)
@@ -606,6 +624,7 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "best_rule": BEST_RULE,
         "machine": machine_summary(),
         "threads": run.threads,
+        "device": run.models.device or "cpu",
         "batch_sizes": run.sizes,
         "data": {
             "ref": run.data_name,
@@ -843,6 +862,7 @@ def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: P
         size=size,
         peak_memory_mb=None if mem.peak_mb is None else round(mem.peak_mb, 1),
         peak_memory_delta_mb=None if mem.delta_mb is None else round(mem.delta_mb, 1),
+        device=runner.device,
         info={k: v for k, v in runner.info.items() if isinstance(v, (str, int, float, list))},
     )
 
