@@ -1,8 +1,12 @@
-"""ptopt's TorchServe handler: runs a TorchScript (fp32 or int8) or ONNX artifact inside a worker.
+"""ptopt's TorchServe handler: runs a TorchScript (fp32 or int8), ONNX, AOTInductor package (``.pt2``,
+``torch._inductor.aoti_load_package``) or ExportedProgram (``.pt2``, fp32 or PT2E int8,
+``torch.export.load``) artifact inside a worker.
 
 Self-contained on purpose: it is copied into the .mar and runs where ptopt is not installed, so it
-imports only the standard library, numpy, torch and (for ONNX) onnxruntime. What the model takes
-comes from the artifact's sidecar (``<model file>.ptopt.json``), packaged next to it.
+imports only the standard library, numpy, torch, (for ONNX) onnxruntime and (for a PT2E int8
+ExportedProgram, when installed) torchao. What the model takes comes from the artifact's sidecar
+(``<model file>.ptopt.json``), packaged next to it. An AOTInductor package runs only on the torch
+that compiled it: a worker on another torch refuses to load it, naming both versions.
 
 Requests (one per HTTP call; TorchServe may hand several to one ``handle`` call when batching):
 
@@ -20,6 +24,7 @@ answers 422). With ``PTOPT_SERVE_MAX_REQUEST_BYTES`` set (``ptopt serve --max-re
 bigger body answers 413 with the limit.
 """
 
+import importlib
 import io
 import json
 import logging
@@ -256,7 +261,7 @@ class PtoptHandler:
 
             if threads:
                 torch.set_num_threads(int(threads))
-            self.model = torch.jit.load(model_path, map_location="cpu").eval()
+            self.model = _load_torch(model_path, self.format, meta)
         self.initialized = True
         logger.info(
             "ptopt handler ready: %s %s, inputs %s",
@@ -368,6 +373,27 @@ class PtoptHandler:
         answers[idx] = json.dumps(body)
         context.set_response_content_type(idx, "application/json")
         context.set_response_status(code, message[:200], idx)
+
+
+def _load_torch(model_path, fmt, meta):
+    """A callable torch model for a TorchScript file, an AOTInductor package or an ExportedProgram."""
+    import torch
+
+    if fmt == "aoti_package":
+        built = (meta.get("extra") or {}).get("torch_version")
+        if built and built != torch.__version__:
+            raise RuntimeError(
+                f"{os.path.basename(model_path)}: AOTInductor package built by torch {built}, but this "
+                f"worker has torch {torch.__version__}; a package runs only on the torch that compiled it"
+            )
+        return torch._inductor.aoti_load_package(model_path)
+    if fmt == "exported_program":
+        try:  # a PT2E int8 program calls the quantize/dequantize ops torchao registers
+            importlib.import_module("torchao.quantization.pt2e")
+        except ImportError:
+            pass
+        return torch.export.load(model_path).module()
+    return torch.jit.load(model_path, map_location="cpu").eval()
 
 
 def _outputs_to_numpy(out):
