@@ -1,14 +1,18 @@
 """``ptopt package``: turn an artifact into something a model server loads.
 
 - ``format="mar"``: a TorchServe model archive built by torch-model-archiver: the model file
-  (TorchScript fp32/int8, or ONNX run by ONNX Runtime in the worker), ptopt's self-contained handler
+  (TorchScript fp32/int8, ONNX run by ONNX Runtime in the worker, an AOTInductor package ``.pt2``
+  or an ExportedProgram ``.pt2``, fp32 or PT2E int8), ptopt's self-contained handler
   (``serve/handler.py``), a ``model-config.yaml`` (batch size, max batch delay, workers, threads) and
   the artifact's sidecar, which tells the handler what inputs to accept.
 - ``format="triton"``: a Triton Inference Server model repository (see ``ptopt.serve.triton``).
 
-ARTIFACT is a TorchScript ``.pt`` or ``.onnx`` file (with or without a ptopt sidecar), or any MODEL
-reference (eager, ``pkg.module:factory``, ``zoo:NAME``, ``.pt2``...), which is exported to TorchScript
-first with ``ptopt.export``.
+ARTIFACT is a TorchScript ``.pt`` or ``.onnx`` file (with or without a ptopt sidecar), a ``.pt2``
+(served as is in a .mar; for Triton an AOTInductor package goes to the PyTorch backend's
+``torch_aoti`` platform), or any other MODEL reference (eager, ``pkg.module:factory``, ``zoo:NAME``),
+which is exported to TorchScript first with ``ptopt.export``. An AOTInductor package is compiled
+native code that runs when it loads: packaging one needs ``allow_pickle`` (``--allow-pickle``), as
+loading it does anywhere else in ptopt (``ptopt.core.modelref``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ DEFAULT_RESPONSE_TIMEOUT_S = 120
 HANDLER_FILE = Path(__file__).with_name("handler.py")
 #: name of the handler inside the .mar (a unique module name in the worker)
 HANDLER_NAME = "ptopt_handler.py"
-_SERVABLE = ("torchscript", "onnx")
+#: formats each server runs as they are (anything else is exported to TorchScript first)
+_SERVABLE = {
+    "mar": ("torchscript", "onnx", "aoti_package", "exported_program"),
+    "triton": ("torchscript", "onnx", "aoti_package"),
+}
 #: torch-model-archiver stages files in tempfile.gettempdir()/<model name>; one packaging at a time
 _ARCHIVER_LOCK = threading.Lock()
 
@@ -99,9 +107,19 @@ def package(
         require("torchserve", "packaging a .mar")  # torch-model-archiver comes with it (the serve extra)
     with tempfile.TemporaryDirectory(prefix="ptopt-package-") as tmp:
         prep = prepare(
-            artifact, Path(tmp), input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle
+            artifact,
+            Path(tmp),
+            input_shapes=input_shapes,
+            weights=weights,
+            allow_pickle=allow_pickle,
+            servable=_SERVABLE[format],
         )
         _check_batch_fits(batch_size, prep)
+        if format == "triton" and prep.format == "aoti_package" and batch_size > 1:
+            raise UsageError(
+                f"--batch-size {batch_size}: Triton's torch_aoti platform does not batch requests yet "
+                "(its max_batch_size is 0; a client sends whole batches); use --batch-size 1"
+            )
         config = {
             "type": "package",
             "format": format,
@@ -191,12 +209,19 @@ def _triton_default_name(artifact: Any) -> str:
 
 
 def prepare(
-    artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: Any = None, allow_pickle: bool = False
+    artifact: Any,
+    tmp: Path,
+    *,
+    input_shapes: Sequence = (),
+    weights: Any = None,
+    allow_pickle: bool = False,
+    servable: Sequence[str] = _SERVABLE["mar"],
 ) -> Prepared:
-    """The servable model file (TorchScript or ONNX) for ``artifact``, with a sidecar dict for it.
+    """The servable model file for ``artifact``, with a sidecar dict for it.
 
-    A TorchScript/ONNX file is used as is (its sidecar, or ``input_shapes``, or for ONNX the graph's
-    inputs say what it takes); any other MODEL is exported to TorchScript into ``tmp`` first.
+    A file in one of the ``servable`` formats is used as is (its sidecar, or ``input_shapes``, or for
+    ONNX the graph's inputs say what it takes); any other MODEL is exported to TorchScript into
+    ``tmp`` first.
     """
     from ptopt.core.modelref import as_loaded, resolve_inputs
 
@@ -206,7 +231,7 @@ def prepare(
     loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
     if input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
-    if loaded.format in _SERVABLE and loaded.path is not None:
+    if loaded.format in servable and loaded.path is not None:
         return _prepare_servable(loaded)
     return _prepare_by_export(loaded, tmp)
 
@@ -222,7 +247,7 @@ def _refuse_missing_file(artifact: Any) -> None:
 
 
 def _prepare_servable(loaded: LoadedModel) -> Prepared:
-    """A TorchScript/ONNX file served as is, with all its files (ONNX external data too)."""
+    """A model file served as is, with all its files (ONNX external data too)."""
     if not loaded.input_specs:
         raise ModelLoadError(
             f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "
