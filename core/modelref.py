@@ -210,6 +210,9 @@ def _load_pickle(path: Path, allow_pickle: bool, art: Artifact | None) -> Loaded
 def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
     import torch
 
+    # the quantize/dequantize ops a PT2E int8 program calls (quantized_decomposed.*): defined by
+    # this module of torch itself (no torchao needed, no deprecation warning on import)
+    importlib.import_module("torch.ao.quantization.fx._decomposed")
     try:
         with quiet_upstream():  # torch logs a traceback before raising; ours is one line
             ep = torch.export.load(str(path))

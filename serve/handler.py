@@ -3,10 +3,10 @@
 ``torch.export.load``) artifact inside a worker.
 
 Self-contained on purpose: it is copied into the .mar and runs where ptopt is not installed, so it
-imports only the standard library, numpy, torch, (for ONNX) onnxruntime and (for a PT2E int8
-ExportedProgram, when installed) torchao. What the model takes comes from the artifact's sidecar
-(``<model file>.ptopt.json``), packaged next to it. An AOTInductor package runs only on the torch
-that compiled it: a worker on another torch refuses to load it, naming both versions.
+imports only the standard library, numpy, torch and (for ONNX) onnxruntime. What the model takes
+comes from the artifact's sidecar (``<model file>.ptopt.json``), packaged next to it. An
+AOTInductor package runs only on the torch that compiled it: a worker on another torch refuses to
+load it, naming both versions.
 
 Requests (one per HTTP call; TorchServe may hand several to one ``handle`` call when batching):
 
@@ -388,10 +388,8 @@ def _load_torch(model_path, fmt, meta):
             )
         return torch._inductor.aoti_load_package(model_path)
     if fmt == "exported_program":
-        try:  # a PT2E int8 program calls the quantize/dequantize ops torchao registers
-            importlib.import_module("torchao.quantization.pt2e")
-        except ImportError:
-            pass
+        # a PT2E int8 program calls quantized_decomposed.* ops, defined by this module of torch
+        importlib.import_module("torch.ao.quantization.fx._decomposed")
         return torch.export.load(model_path).module()
     return torch.jit.load(model_path, map_location="cpu").eval()
 
