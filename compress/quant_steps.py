@@ -47,7 +47,7 @@ def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any)
         "qat": ("observer", "epochs", "lr", "batch_size"),
         "dynamic": ("layers",),
     }.get(mode or "", ())
-    opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", *keep)}
+    opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", "compile", *keep)}
     return make_config(mode or "", float_modules=options.get("exclude"), **opts)
 
 
@@ -305,8 +305,9 @@ def vs_fp32(fp32: Any, scripted: Any, prep: Prepared) -> dict[str, Any]:
     return out
 
 
-def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
-    """fp32 vs int8 on ``ds``: top-1 accuracy with labels, else top-1 agreement with fp32."""
+def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[str, Any]:
+    """fp32 vs int8 on ``ds`` (in batches of ``batch``): top-1 accuracy with labels, else top-1
+    agreement with fp32."""
     if ds is None:
         return {}
     import torch
@@ -315,7 +316,7 @@ def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
 
     n = correct32 = correct8 = agree = 0
     with torch.no_grad():
-        for b in ds.batches(256):
+        for b in ds.batches(batch):
             p32 = call_model(fp32, b.x).argmax(-1)
             p8 = call_model(int8, b.x).argmax(-1)
             n += int(p32.shape[0])
