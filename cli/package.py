@@ -45,10 +45,10 @@ from ptopt.cli.options import (
 )
 @click.option(
     "--workers",
-    type=int,
-    default=1,
+    default="1",
     show_default=True,
-    help="Worker processes (TorchServe) or model instances (Triton).",
+    help="Worker processes (TorchServe) or model instances (Triton); 'auto': one per physical core, "
+    "each with one thread (unless --threads).",
 )
 @click.option(
     "--threads", type=int, default=None, help="Intra-op threads per worker (default: the runtime's)."
@@ -68,7 +68,7 @@ def command(
     output: str,
     batch_size: int,
     max_batch_delay_ms: int | None,
-    workers: int,
+    workers: str,
     threads: int | None,
     model_name: str | None,
     input_shapes: tuple[str, ...],
@@ -91,7 +91,7 @@ def command(
     options = dict(
         batch_size=batch_size,
         max_batch_delay_ms=DEFAULT_MAX_BATCH_DELAY_MS if max_batch_delay_ms is None else max_batch_delay_ms,
-        workers=workers,
+        workers=int(workers) if workers.strip().isdigit() else workers,
         threads=threads,
         model_name=model_name,
         weights=weights,
@@ -108,6 +108,8 @@ def command(
     click.echo(
         f"batching: up to {art.config['batch_size']} request(s), {art.config['max_batch_delay_ms']} ms delay; "
         f"workers: {art.config['workers']}"
+        + (f" ({workers}: physical cores)" if workers == "auto" else "")
+        + (f", {art.config['threads']} thread(s) each" if art.config["threads"] else "")
     )
     if fmt == "mar":
         click.echo(f"serve it: ptopt serve {art.path}")

@@ -82,7 +82,7 @@ def package(
     *,
     batch_size: int = 1,
     max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS,
-    workers: int = 1,
+    workers: int | str = 1,
     threads: int | None = None,
     model_name: str | None = None,
     input_shapes: Sequence[tuple[str | None, tuple[int, ...]]] = (),
@@ -96,8 +96,11 @@ def package(
     the first dim is the batch) stand in for a missing sidecar.
     ``batch_size``/``max_batch_delay_ms`` configure the server's request batching, ``workers`` its
     worker processes (TorchServe) or instances (Triton), ``threads`` the intra-op threads per worker.
+    ``workers="auto"``: one worker per physical core this process may use, each with one thread
+    (unless ``threads`` says otherwise), so the workers together use every core once.
     """
     input_shapes = _parsed_shapes(input_shapes)
+    workers, threads = resolve_workers(workers, threads)
     _check_options(format, batch_size, workers, max_batch_delay_ms, response_timeout_s, threads)
     output = _checked_output(format, Path(output))
     name = _checked_model_name(model_name or _default_model_name(format, output, artifact))
@@ -134,6 +137,41 @@ def package(
 
             return write_repository(prep, output, name, config)
         return _write_mar(prep, output, name, config, response_timeout_s, Path(tmp))
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (hyper-threads counted once), from
+    /proc/cpuinfo's (physical id, core id) pairs; the usable CPU count where that is not available."""
+    try:
+        usable = os.sched_getaffinity(0)
+    except AttributeError:
+        usable = set(range(os.cpu_count() or 1))
+    cores, cpu, phys = set(), None, "0"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key == "processor":
+                    cpu, phys = int(value), "0"
+                elif key == "physical id":
+                    phys = value
+                elif key == "core id" and cpu in usable:
+                    cores.add((phys, value))
+    except (OSError, ValueError):
+        cores = set()
+    return max(1, len(cores) or len(usable))
+
+
+def resolve_workers(workers: int | str, threads: int | None) -> tuple[int, int | None]:
+    """``(workers, threads)`` with ``"auto"`` resolved (see :func:`package`); other text is refused."""
+    if isinstance(workers, str):
+        if workers.strip().lower() == "auto":
+            return physical_cores(), 1 if threads is None else threads
+        try:
+            workers = int(workers)
+        except ValueError:
+            raise UsageError(f"--workers {workers!r}: give a number of workers or 'auto'") from None
+    return int(workers), threads
 
 
 def _parsed_shapes(input_shapes: Sequence) -> Sequence:
