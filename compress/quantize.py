@@ -118,8 +118,8 @@ def quantize(
         layers=layers,
     )
     if max_accuracy_drop is not None or min_cosine is not None:
-        if epochs is not None or lr is not None or train_data is not None or engine is not None:
-            raise UsageError("epochs, lr, train_data and engine do not apply to accuracy-aware quantization")
+        if epochs is not None or lr is not None or train_data is not None:
+            raise UsageError("epochs, lr and train_data do not apply to accuracy-aware quantization")
         search = dict(
             eval_data=eval_data,
             calib_data=calib_data,
@@ -130,6 +130,8 @@ def quantize(
             weights=weights,
             allow_pickle=allow_pickle,
             progress=progress,
+            engine=engine,
+            compile=compile,
         )
         return _accuracy_aware(model, mode, output, config, search | loose)
     config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, compile=compile, **loose)
