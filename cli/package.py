@@ -100,7 +100,8 @@ def command(
     art = package(artifact, fmt, output, input_shapes=list(input_shapes), **options)
     name = art.extra["model_name"]
     click.echo(
-        f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of a {art.extra['model_format']} "
+        f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of "
+        f"{'an' if art.extra['model_format'][0] in 'aeiou' else 'a'} {art.extra['model_format']} "
         f"{art.precision} model, served as {name!r}"
     )
     for s in art.inputs:
