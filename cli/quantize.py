@@ -147,9 +147,8 @@ def command(
         weights=weights,
         allow_pickle=allow_pickle,
         input_shapes=tuple(input_shapes),
+        **({} if compile_ is None else {"compile": compile_}),  # only when given: recipes stay as they were
     )
-    if compile_ is not None:  # only when given: recipes and accuracy-aware search stay as they were
-        options["compile"] = compile_
     if autoquant.wanted(max_accuracy_drop, min_cosine, analyze):  # accuracy-aware search (cli/autoquant.py)
         goal = dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget)
         found = autoquant.run(

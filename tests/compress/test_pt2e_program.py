@@ -62,7 +62,11 @@ def test_cli_no_compile_then_validate_and_export(cli, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     row = json.loads((tmp_path / "r.json").read_text())["artifacts"][0]
-    assert row["format"] == "exported_program" and row["runtime"] == "torch.export" and row["precision"] == "int8"
+    assert (
+        row["format"] == "exported_program"
+        and row["runtime"] == "torch.export"
+        and row["precision"] == "int8"
+    )
     assert row["agreement"]["top1_agreement"] > 0.9
     code, stdout, err = cli("export", out, "--target", "onnx", "-o", "m.int8.onnx")
     assert code == 0, err
