@@ -78,9 +78,11 @@ def command(
 ) -> None:
     """Package ARTIFACT for a model server.
 
-    ARTIFACT is a TorchScript .pt (fp32 or int8) or an .onnx file, best with its ptopt sidecar, which
+    ARTIFACT is a TorchScript .pt (fp32 or int8), an .onnx file or a .pt2 (AOTInductor package:
+    needs --allow-pickle; ExportedProgram: fp32 or PT2E int8), best with its ptopt sidecar, which
     says what inputs the server accepts (else give --input-shape); any other MODEL reference is
-    exported to TorchScript first.
+    exported to TorchScript first. Triton takes AOTInductor packages (platform torch_aoti) but not
+    ExportedPrograms, which are exported to TorchScript for it.
 
     \b
       ptopt package model.int8.pt --format mar -o model.mar --batch-size 8
