@@ -1,8 +1,12 @@
-"""ptopt's TorchServe handler: runs a TorchScript (fp32 or int8) or ONNX artifact inside a worker.
+"""ptopt's TorchServe handler: runs a TorchScript (fp32 or int8), ONNX, AOTInductor package (``.pt2``,
+``torch._inductor.aoti_load_package``) or ExportedProgram (``.pt2``, fp32 or PT2E int8,
+``torch.export.load``) artifact inside a worker.
 
 Self-contained on purpose: it is copied into the .mar and runs where ptopt is not installed, so it
 imports only the standard library, numpy, torch and (for ONNX) onnxruntime. What the model takes
-comes from the artifact's sidecar (``<model file>.ptopt.json``), packaged next to it.
+comes from the artifact's sidecar (``<model file>.ptopt.json``), packaged next to it. An
+AOTInductor package runs only on the torch that compiled it: a worker on another torch refuses to
+load it, naming both versions.
 
 Requests (one per HTTP call; TorchServe may hand several to one ``handle`` call when batching):
 
@@ -26,6 +30,7 @@ logs one line saying so. A half-precision artifact (the sidecar's ``precision`` 
 its floating-point inputs cast to that dtype; outputs come back as float32.
 """
 
+import importlib
 import io
 import json
 import logging
@@ -259,7 +264,7 @@ class PtoptHandler:
 
             if threads:
                 torch.set_num_threads(int(threads))
-            self.model = torch.jit.load(model_path, map_location=self.device).eval()
+            self.model = _load_torch(model_path, self.format, meta, self.device)
         self.initialized = True
         logger.info(
             "ptopt handler ready: %s %s on %s%s, inputs %s",
@@ -411,6 +416,26 @@ def _worker_device(gpu_id):
         )
         return "cpu"
     return f"cuda:{int(gpu_id)}"
+
+
+def _load_torch(model_path, fmt, meta, device="cpu"):
+    """A callable torch model for a TorchScript file, an AOTInductor package or an ExportedProgram."""
+    import torch
+
+    if fmt == "aoti_package":
+        built = (meta.get("extra") or {}).get("torch_version")
+        if built and built != torch.__version__:
+            raise RuntimeError(
+                f"{os.path.basename(model_path)}: AOTInductor package built by torch {built}, but this "
+                f"worker has torch {torch.__version__}; a package runs only on the torch that compiled it"
+            )
+        return torch._inductor.aoti_load_package(model_path)
+    if fmt == "exported_program":
+        # a PT2E int8 program calls quantized_decomposed.* ops, defined by this module of torch
+        importlib.import_module("torch.ao.quantization.fx._decomposed")
+        module = torch.export.load(model_path).module()
+        return module if device == "cpu" else module.to(device)
+    return torch.jit.load(model_path, map_location=device).eval()
 
 
 def _outputs_to_numpy(out):

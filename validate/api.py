@@ -191,6 +191,10 @@ class _Run:
     latency: LatencyOptions
     baseline: dict[str, Any] | None
     baseline_path: Any
+    #: --compile: also run each eager / ExportedProgram model through torch.compile (runners.compiled)
+    compile: bool = False
+    #: each model's runner format, in order (filled while the models are checked)
+    formats: list[str] = dataclasses.field(default_factory=list)
 
     def check_measurable(self, classification: bool | None) -> None:
         _gates.check_measurable(
@@ -271,6 +275,7 @@ def validate(
     min_seconds: float | None = None,
     rounds: int | None = None,
     stable_pct: float | None = None,
+    compile: bool = False,
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
@@ -282,6 +287,8 @@ def validate(
     see docs/gpu.md). Every report asked for is written before a failed gate is reported; returns a
     ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
     when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 4).
+    ``compile``: also time every eager / ExportedProgram model (the reference too) through
+    ``torch.compile``, as an extra row named ``NAME (torch.compile)`` with ``info["compile_seconds"]``.
     """
     t_start = time.perf_counter()
     gates = _gates.Gates.from_options(
@@ -300,7 +307,7 @@ def validate(
     )
     reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
-    settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size)
+    settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size, compile=bool(compile))
     models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers, device=device)
     run = _prepare(reference, artifacts, data, gates, latency, reports, models, **settings)
     entries = _measure(run, progress or (lambda msg: None))
@@ -318,6 +325,8 @@ def _measure(run: _Run, say: Callable[[str], None]) -> list[Entry]:
     prev_threads = torch.get_num_threads()
     try:
         run.check_measurable(_check_models(run, say))
+        if run.compile:
+            _add_compiled(run, say)
         entries = _evaluate(run, say)
         _time(run, entries, say)
     finally:
@@ -343,6 +352,7 @@ def _prepare(
     baseline: Any,
     max_samples: int | None,
     eval_batch_size: int | None,
+    compile: bool = False,
 ) -> _Run:
     sizes = parse_batch_sizes(batch_sizes)
     if eval_batch_size is None:  # one accuracy pass, in batches at least as large as the largest timed
@@ -359,6 +369,10 @@ def _prepare(
         from ptopt.core.device import resolve_device
 
         models["device"] = str(resolve_device(models["device"], allow_auto=False))
+    if compile:
+        from ptopt.validate.runners.compiled import check_compiler
+
+        check_compiler()
     refs = [("reference", _model_ref(reference), models.pop("weights"))]
     refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
     reports.check()
@@ -384,6 +398,7 @@ def _prepare(
         latency=latency,
         baseline=_gates.load_baseline(baseline) if baseline is not None else None,
         baseline_path=baseline,
+        compile=compile,
     )
     run.check_measurable(None)
     return run
@@ -468,6 +483,7 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
         runner = run.models.open(i)
         if runner.info.get("device_note"):
             say(runner.info["device_note"])
+        run.formats.append(runner.format)
         try:
             out, labels = _probe(runner, run.ds, run.data_name)
             shapes.append(tuple(out.shape))
@@ -480,6 +496,26 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
         finally:
             runner.close()
     return len(shapes[0]) in (2, 3) and shapes[0][-1] >= 2
+
+
+def _add_compiled(run: _Run, say: Callable[[str], None]) -> None:
+    """--compile: a ``NAME (torch.compile)`` artifact right after each eager / ExportedProgram model."""
+    from ptopt.validate.runners.compiled import FORMATS, SUFFIX, CompiledRef
+
+    refs, names = [], []
+    for i, ((role, ref, weights), name) in enumerate(zip(run.models.refs, run.models.names, strict=True)):
+        refs.append((role, ref, weights))
+        names.append(name)
+        if run.formats[i] in FORMATS:
+            refs.append(("artifact", CompiledRef(ref), weights))
+            names.append(name + SUFFIX)
+    if len(refs) == len(run.models.refs):
+        found = ", ".join(sorted(set(run.formats)))
+        raise UsageError(
+            f"--compile runs eager and ExportedProgram models through torch.compile; none here ({found})"
+        )
+    say(f"--compile: {', '.join(n for n in names if n.endswith(SUFFIX))} added")
+    run.models.refs, run.models.names = refs, _unique_names(names)
 
 
 # -- 4. load, evaluate, size and peak memory: one model at a time ----------------------------------
