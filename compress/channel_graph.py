@@ -16,6 +16,7 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
+from ptopt.compress.prune_attention import attention_unit
 from ptopt.core.errors import UnsupportedModelError
 
 # -- what the analysis knows about ops ------------------------------------------------------------
@@ -395,7 +396,10 @@ class ChannelGraph:
             return None
         if shape is None:  # not one tensor: sizes (recomputed at run time, fine), tuples (unknown layout)
             if node.op == "call_module":
-                return self._unknown(node, type(self.modules[node.target]).__name__)
+                mod = self.modules[node.target]
+                if type(mod).__name__ == "MultiheadAttention":  # returns (output, weights)
+                    return self._keep_whole(node, node.target, attention_unit(node.target, mod).reason)
+                return self._unknown(node, type(mod).__name__)
             if _op_name(node) not in _SIZE_NAMES:
                 return self._unknown(node, _op_name(node))
             return None
@@ -568,6 +572,15 @@ class ChannelGraph:
         if kind in ("Flatten", "Unflatten"):
             return self._reshape(node, shape)
         return self._unknown(node, kind)
+
+    def _keep_whole(self, node: Any, name: str, reason: str) -> None:
+        """A structure kept whole: the channels it reads stay, what it returns is no layer's output."""
+        for space in self._live(node):
+            self._freeze(space, f"read by {name}, kept whole")
+        note = f"{name} kept whole: {reason}"
+        if note not in self.notes:
+            self.notes.append(note)
+        return None
 
     def _visit_norm(self, node: Any, name: str, mod: Any, kind: str, src: Any, info: _Info | None):
         """BatchNorm (channel axis 1), LayerNorm over the channel (last) axis, GroupNorm (axis 1, whole

@@ -89,7 +89,6 @@ class ATenChannelGraph(ChannelGraph):
         self.modules = dict(model.named_modules())
         self._units: dict[str, AttentionUnit | None] = {}
         self._heads: dict[str, int] = {}  # unit path -> its head space
-        self._noted: set[str] = set()
         self._analyse()
 
     # -- mapping ops back to modules ---------------------------------------------------------------
@@ -240,18 +239,13 @@ class ATenChannelGraph(ChannelGraph):
         if leaves and shape and len(shape) >= 2 and shape[-1] == unit.width:
             return _Info(self._head_space(unit), len(shape) - 1)  # the context, to the next module
         if leaves and shape is not None:
-            self._freeze(self._head_space(unit), f"attention internals of {unit.path} leave it at {node.name}")
+            self._freeze(
+                self._head_space(unit), f"attention internals of {unit.path} leave it at {node.name}"
+            )
         outside = [n for n in self._tensor_inputs(node) if self._unit_of(n) is not unit]
         if any(self._info.get(n) is not None for n in outside):
             return self._unknown(node, op)  # the unit's input read by something else than q/k/v
         return super()._visit(node)
 
     def _visit_whole(self, node: Any, unit: AttentionUnit) -> None:
-        """A unit kept whole: the channels it reads stay, what it returns is no layer's output."""
-        live = self._live(node)
-        for space in live:
-            self._freeze(space, f"read by {unit.path}, kept whole")
-        if unit.path not in self._noted:
-            self._noted.add(unit.path)
-            self.notes.append(f"{unit.path} kept whole: {unit.reason}")
-        return None
+        return self._keep_whole(node, unit.path, unit.reason)

@@ -186,13 +186,14 @@ def structured_prune(
     g, groups, defaults = analyse(model, example_inputs, exclude, prune_first_last, graph)
     modules = g.modules
     if not any(grp.prunable for grp in groups):
+        why = [
+            f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen
+        ]
+        why = why + list(g.notes) or [
+            "the model has no conv or linear layer whose outputs another layer reads"
+        ]
         raise UnsupportedModelError(
-            "structured pruning found no layer whose output channels can be removed: "
-            + "; ".join(
-                f"{', '.join(grp.producers)}: {grp.frozen[0]}"
-                for grp in groups
-                if grp.producers and grp.frozen
-            )[:600]
+            "structured pruning found no layer whose output channels can be removed: " + "; ".join(why)[:600]
         )
     for note in g.notes:
         warnings.warn(note, PruneWarning, stacklevel=2)
