@@ -270,10 +270,12 @@ class ChannelGraph:
             self.gm = torch.fx.symbolic_trace(model)
         except Exception as e:  # noqa: BLE001 - tracing fails in many ways (control flow on values, ...)
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UnsupportedModelError(
+            err = UnsupportedModelError(
                 f"structured pruning needs the model's graph, but torch.fx cannot trace {type(model).__name__}: "
                 f"{reason[:300]} (l1-unstructured and global pruning need no graph)"
-            ) from None
+            )
+            err.capture_reason = reason[:300]
+            raise err from None
         args, kwargs = call_args(example_inputs)
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         if kwargs:

@@ -61,14 +61,17 @@ def export_graph(model: Any, example_inputs: Any) -> Any:
 
     args, kwargs = call_args(example_inputs)
     try:
-        with silenced(["torch._export", "torch.export", "torch._dynamo", "torch.fx"]):
+        # a failed export logs the partial graph (and warns) through torch's loggers: ptopt says why
+        with silenced(["torch"], streams=True):
             return torch.export.export(model, tuple(args), kwargs=kwargs, strict=False)
     except Exception as e:  # noqa: BLE001 - export fails in many ways (data-dependent control flow, ...)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UnsupportedModelError(
+        err = UnsupportedModelError(
             f"structured pruning needs the model's graph, but torch.export cannot capture "
             f"{type(model).__name__}: {reason[:300]} (l1-unstructured and global pruning need no graph)"
-        ) from None
+        )
+        err.capture_reason = reason[:300]
+        raise err from None
 
 
 class ATenChannelGraph(ChannelGraph):
@@ -82,10 +85,8 @@ class ATenChannelGraph(ChannelGraph):
         self.gm = ep.graph_module
         sig = ep.graph_signature
         #: graph input (placeholder) name -> the module owning that parameter / buffer
-        self._owner = {
-            ph: fqn.rpartition(".")[0]
-            for ph, fqn in {**sig.inputs_to_parameters, **sig.inputs_to_buffers}.items()
-        }
+        self._fqn = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+        self._owner = {ph: fqn.rpartition(".")[0] for ph, fqn in self._fqn.items()}
         self.modules = dict(model.named_modules())
         self._units: dict[str, AttentionUnit | None] = {}
         self._heads: dict[str, int] = {}  # unit path -> its head space
@@ -160,7 +161,24 @@ class ATenChannelGraph(ChannelGraph):
             return self._spatial(node, shape)
         if name in _RESHAPE_OPS:
             return self._reshape_or_squeeze(node, shape)
+        if name != "embedding":
+            self._note_weights(node, name)
         return super()._visit_function(node, shape)
+
+    def _note_weights(self, node: Any, op: str) -> None:
+        """A weight matrix read by an op the rules do not prune (GPT-2's ``Conv1D`` via ``addmm``):
+        say so once per module type, since its channels are silently kept."""
+        for arg in node.all_input_nodes:
+            name = self._module_of(arg)
+            mod = self.modules.get(name) if name is not None else None
+            weight = getattr(mod, "weight", None)
+            if weight is None or weight.dim() < 2 or self._fqn.get(arg.name) != f"{name}.weight":
+                continue
+            kind = type(mod).__name__
+            if not any(n.startswith(f"{kind} layers") for n in self.notes):
+                self.notes.append(
+                    f"{kind} layers (e.g. {name}) are read by {op!r}, which ptopt does not prune"
+                )
 
     def _visit_aten_layer(self, node: Any, op: str, shape: tuple[int, ...]) -> _Info | None:
         name = self._module_of(node.args[1])

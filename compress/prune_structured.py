@@ -139,8 +139,13 @@ def analyse(
             return g, g.groups(excluded | set(defaults), defaults), defaults
         except UnsupportedModelError as e:
             errors.append(e)
-    if len(errors) == 2 and "cannot trace" in str(errors[0]) and "cannot capture" in str(errors[1]):
-        raise UnsupportedModelError(f"{errors[1]}; and {str(errors[0])[0].lower()}{str(errors[0])[1:]}")
+    fx, ep = (getattr(e, "capture_reason", None) for e in (errors + errors)[:2])
+    if len(errors) == 2 and fx and ep:
+        raise UnsupportedModelError(
+            f"structured pruning needs the model's graph, but torch.fx cannot trace "
+            f"{type(model).__name__} ({fx}) and torch.export cannot capture it ({ep}); "
+            "l1-unstructured and global pruning need no graph"
+        )
     raise errors[-1]
 
 
