@@ -131,14 +131,20 @@ def analyse(
 
     kinds = {"fx": [ChannelGraph], "export": [ATenChannelGraph], "auto": [ChannelGraph, ATenChannelGraph]}
     errors: list[UnsupportedModelError] = []
+    found = None
     for cls in kinds[graph]:
         try:
             g = cls(model, example_inputs)
             defaults = _default_excluded(g, prune_first_last)
             excluded = {n for n in g.modules if matches(n, exclude)}
-            return g, g.groups(excluded | set(defaults), defaults), defaults
+            found = (g, g.groups(excluded | set(defaults), defaults), defaults)
         except UnsupportedModelError as e:
             errors.append(e)
+            continue
+        if any(grp.prunable for grp in found[1]):
+            return found  # else the next graph may see more (fx sees a fused attention op as one module)
+    if found is not None:
+        return found
     fx, ep = (getattr(e, "capture_reason", None) for e in (errors + errors)[:2])
     if len(errors) == 2 and fx and ep:
         raise UnsupportedModelError(
