@@ -37,7 +37,6 @@ from ptopt.optimize.candidates import REFERENCE, RUNTIME_FILTERS, Candidate, Con
 from ptopt.optimize.search import Clock, Evaluator, Search, Settings, check_budget, measure_costs
 
 SCHEMA = "ptopt.optimize/1"
-DEVICES = ("cpu", "cuda")
 DEFAULT_TIME_BUDGET_S = 600.0
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -369,17 +368,13 @@ def _check_runtime(runtime: str) -> None:
 
 
 def _check_device(device: str) -> None:
-    if device not in DEVICES:
-        raise UsageError(f"--device {device!r}: choose one of {', '.join(DEVICES)}")
-    if device == "cuda":
-        import torch
+    from ptopt.core.device import resolve_device
 
-        if not torch.cuda.is_available():
-            why = "torch is a CPU build" if torch.version.cuda is None else "no CUDA device is visible"
-            raise UsageError(f"--device cuda: no CUDA here ({why}); use --device cpu")
+    if resolve_device(device, allow_auto=False).type == "cuda":
         raise UsageError(
-            "--device cuda: optimize measures CPU artifacts in this version (validate's runners run on the "
-            "CPU); use --device cpu"
+            f"--device {device}: optimize searches CPU artifacts in this version (the GPU candidates, fp16/bf16 "
+            "AOTInductor and TensorRT, are not in its catalogue yet); use --device cpu, and compare GPU "
+            "artifacts with ptopt validate --device cuda"
         )
 
 

@@ -223,7 +223,14 @@ def test_bad_input_cuda_without_cuda(cli, tmp_path, data):
         pytest.skip("CUDA is available here")
     args = ["--eval-data", data["eval"], "--min-cosine", "0.9", "--device", "cuda", "-o", "opt"]
     assert_refused(
-        cli, "optimize", FACTORY, "--calib-data", data["calib"], *args, match="no CUDA", where=tmp_path
+        cli,
+        "optimize",
+        FACTORY,
+        "--calib-data",
+        data["calib"],
+        *args,
+        match="CUDA is not available here",
+        where=tmp_path,
     )
 
 
