@@ -14,7 +14,8 @@ too short to evaluate and time the fp32 reference is refused saying how long tha
 search (``ptopt.optimize.search``) builds the catalogue's candidates (``ptopt.optimize.candidates``),
 pre-screens, evaluates and times them. ``best`` is the fastest candidate within the accuracy budget
 at the largest requested batch size (ties: the smaller file) among those ``ptopt package`` takes as
-they are (TorchScript, ONNX); the others are reported with their speed. ``save(directory)`` writes
+they are (TorchScript, ONNX, ExportedProgram and AOTInductor ``.pt2``; the fp32 eager reference is
+reported, never chosen). ``save(directory)`` writes
 ``best.<ext>``, ``candidates/``, ``report.json`` (+ ``report.html``, ``summary.md``) into a folder
 staged beside the destination and renamed into place.
 """
@@ -168,8 +169,10 @@ def render(report: dict[str, Any], directory: Path | None = None) -> str:
         )
         lines.append(f"best: {report['best']} ({verdict})")
         if directory is not None and report.get("best_path"):
+            from ptopt.optimize.report import package_command
+
             best = Path(directory) / report["best_path"]
-            lines.append(f"written: {best}; package it: ptopt package {best} --format mar -o model.mar")
+            lines.append(f"written: {best}; package it: {package_command(report, directory)}")
     return "\n".join(lines)
 
 
@@ -370,7 +373,11 @@ def _check_runtime(runtime: str) -> None:
 def _check_device(device: str) -> None:
     from ptopt.core.device import resolve_device
 
-    if resolve_device(device, allow_auto=False).type == "cuda":
+    try:
+        kind = resolve_device(device, allow_auto=False).type
+    except UsageError as e:
+        raise UsageError(f"--device: {e}") from None
+    if kind == "cuda":
         raise UsageError(
             f"--device {device}: optimize searches CPU artifacts in this version (the GPU candidates, fp16/bf16 "
             "AOTInductor and TensorRT, are not in its catalogue yet); use --device cpu, and compare GPU "

@@ -41,8 +41,8 @@ FINE_TUNE_EPOCHS = 1
 STAGES = ("fp32 formats", "int8", "training")
 #: candidate format -> file suffix of its artifact
 SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx", "exported_program": ".pt2", "aoti": ".pt2"}
-#: formats ``ptopt package`` takes as they are (the others would be re-exported first, or cannot be)
-PACKAGEABLE = ("torchscript", "onnx")
+#: formats ``ptopt package`` takes as they are (an AOTInductor package with --allow-pickle)
+PACKAGEABLE = ("torchscript", "onnx", "exported_program", "aoti")
 #: --runtime value -> the candidate runtimes it admits (AOTInductor is PyTorch's own runtime)
 RUNTIME_FILTERS = {"any": None, "torch": ("torch", "aoti"), "onnxruntime": ("onnxruntime",)}
 

@@ -23,8 +23,9 @@ from ptopt.validate.reports.json_report import dumps
 
 #: the file extension of each artifact format (``best.<ext>``), when a candidate's path does not say
 EXTENSIONS = {"onnx": ".onnx", "torchscript": ".pt", "exported_program": ".pt2", "aoti": ".pt2"}
-#: formats ``ptopt package`` serves as they are; any other is exported to TorchScript first
-SERVABLE_FORMATS = ("torchscript", "onnx")
+#: formats ``ptopt package`` serves as they are (an AOTInductor package with ``--allow-pickle``: it
+#: loads native code); any other is exported to TorchScript first
+SERVABLE_FORMATS = ("torchscript", "onnx", "exported_program", "aoti")
 
 
 # -- the facts every report shows ------------------------------------------------------------------
@@ -239,8 +240,14 @@ def packageable(c: dict[str, Any]) -> bool:
 
 
 def package_command(report: dict[str, Any], directory: str | os.PathLike | None) -> str | None:
+    """The ``ptopt package`` command for the best artifact (``--allow-pickle`` for an AOTInductor package,
+    whose native code runs when it loads, as ``ptopt package`` requires)."""
     path = artifact_path(report, directory)
-    return None if path is None else f"ptopt package {path} --format mar -o model.mar"
+    if path is None:
+        return None
+    c = best_candidate(report) or {}
+    consent = " --allow-pickle" if c.get("format") == "aoti" else ""
+    return f"ptopt package {path} --format mar -o model.mar{consent}"
 
 
 def headline(report: dict[str, Any]) -> str:
@@ -274,8 +281,8 @@ def winner_lines(report: dict[str, Any], directory: str | os.PathLike | None) ->
     out.append(f"Package it for TorchServe{where_}: `{cmd}` (or `--format triton -o model_repository`).")
     if not packageable(c):
         out.append(
-            f"Note: `ptopt package` serves TorchScript and ONNX; it exports this {c.get('format')} artifact "
-            "to TorchScript first, so the served model is not the one timed here."
+            "Note: `ptopt package` serves TorchScript, ONNX and .pt2 files as they are; it exports this "
+            f"{c.get('format')} artifact to TorchScript first, so the served model is not the one timed here."
         )
     return out
 

@@ -158,12 +158,13 @@ def test_single_candidate_and_an_aoti_winner(tmp_path):
     assert "It is the eager model itself" in md  # an eager winner has no file of its own to serve
     report["candidates"][0].update(format="aoti", runtime="aoti", path="candidates/fp32-aoti.pt2")
     md = R.render_markdown(report, "out")
-    assert "`ptopt package out/best.pt2 --format mar -o model.mar`" in md
-    assert "exports this aoti artifact to TorchScript first" in md
-    report["best_path"] = "best.pt2"  # the engine names the file it wrote: that name wins
-    report["candidates"][0]["packageable"] = True
+    # an AOTInductor package is served as it is, with the consent its native code needs
+    assert "`ptopt package out/best.pt2 --format mar -o model.mar --allow-pickle`" in md
+    assert "TorchScript first" not in md
+    report["candidates"][0].update(format="mystery", packageable=False)
     md = R.render_markdown(report, "out")
-    assert "`ptopt package out/best.pt2 --format mar" in md and "TorchScript first" not in md
+    assert "exports this mystery artifact to TorchScript first" in md
+    assert "--allow-pickle" not in md
 
 
 def test_json_is_the_report_with_non_finite_numbers_as_null(tmp_path):
