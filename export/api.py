@@ -356,8 +356,6 @@ def _build(
     allow_pickle: bool,
     output: Any,
 ) -> _Built:
-    from ptopt.export.writers import check_reload, reload, write_model
-
     options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
     folder = tempfile.TemporaryDirectory(prefix="ptopt-export-")
     # absolute: ORT's quantization tools run in a temporary working directory
@@ -365,41 +363,72 @@ def _build(
         Path(output).name if output is not None else "model" + config.suffix
     )
     try:
-        precision = config.precision or source.precision
-        facts = write_model(
-            source.module,
-            config.format,
-            path,
-            specs=specs,
-            style=style,
-            source_format=source.loaded.format,
-            precision=precision,
-            check=False,
-            **options,
-        )
-        # the check runs on the very object .model returns (one reload, not two)
-        model = reload(
-            path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu"
-        )
-        parity = check_reload(
-            path,
-            config.format,
-            source.module,
-            specs,
-            style,
-            precision=precision,
-            atol=config.atol,
-            rtol=config.rtol,
-            samples=calib,
-            files=facts["files"],
-            keep_failed_as=output,
-            model=model,
-        )
-        facts["metrics"] = {"parity": parity}
+        with _attention(source, config) as attention:
+            facts, model = _write_and_check(source, config, specs, style, calib, path, options, output)
+        if attention:
+            facts["extra"]["attention"] = (
+                f"{attention} (the source's sdpa masks fully padded rows unlike ONNX)"
+            )
     except BaseException:
         folder.cleanup()
         raise
     return _Built(folder, path, facts, model, specs, style, quantized_from)
+
+
+def _attention(source: _Source, config: ExportConfig) -> Any:
+    """ONNX: a Hugging Face model's attention as eager while exported and checked (``onnx_attention``)."""
+    import contextlib
+
+    if config.target != "onnx" or source.module is None:
+        return contextlib.nullcontext(None)
+    from ptopt.export.onnx import onnx_attention
+
+    return onnx_attention(source.module)
+
+
+def _write_and_check(
+    source: _Source,
+    config: ExportConfig,
+    specs: list[InputSpec],
+    style: str,
+    calib: Any,
+    path: Path,
+    options: dict[str, Any],
+    output: Any,
+) -> tuple[dict[str, Any], Any]:
+    """Write the artifact, reload it and check it against the source: (facts, reloaded model)."""
+    from ptopt.export.writers import check_reload, reload, write_model
+
+    precision = config.precision or source.precision
+    facts = write_model(
+        source.module,
+        config.format,
+        path,
+        specs=specs,
+        style=style,
+        source_format=source.loaded.format,
+        precision=precision,
+        check=False,
+        **options,
+    )
+    # the check runs on the very object .model returns (one reload, not two)
+    model = reload(path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu")
+    parity = check_reload(
+        path,
+        config.format,
+        source.module,
+        specs,
+        style,
+        precision=precision,
+        atol=config.atol,
+        rtol=config.rtol,
+        samples=calib,
+        files=facts["files"],
+        keep_failed_as=output,
+        model=model,
+    )
+    facts["metrics"] = {"parity": parity}
+    return facts, model
 
 
 def _format_options(
