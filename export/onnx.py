@@ -7,7 +7,8 @@
 - ``onnx.checker`` must pass; ``--optimize`` saves ORT's offline graph optimization (level
   "extended": fusions that stay portable across CPUs) instead of the raw export.
 - A TorchScript source cannot go through torch.export: it takes the TorchScript exporter
-  (``dynamo=False``) with ``dynamic_axes`` from the same specs.
+  (``dynamo=False``) with ``dynamic_axes`` from the same specs; so does a model with an LSTM / GRU
+  (torch.export unrolls it at one sequence length, the TorchScript exporter writes ONNX's RNN ops).
 - An op the exporter cannot translate is an UnsupportedModelError naming the op and the module
   (from the ExportedProgram's ``nn_module_stack``) it is in.
 """
@@ -95,7 +96,7 @@ def export_onnx(
     x = make_inputs(specs, style, which="opt")
     outs = output_names(count_outputs(module, x))
     big = weight_bytes(module) >= EXTERNAL_DATA_BYTES if external_data is None else bool(external_data)
-    if source_format == "torchscript":
+    if source_format == "torchscript" or has_rnn(module):
         exporter = torchscript_exporter(module, specs, style, path, names, outs, opset)
     else:
         exporter = _export_dynamo(module, specs, style, path, names, outs, opset)
@@ -119,6 +120,15 @@ def export_onnx(
         "external_data": big,
         "optimized": bool(optimize),
     }
+
+
+def has_rnn(module: Any) -> bool:
+    """An eager module with an LSTM / GRU / RNN layer: torch.export unrolls its time loop, fixing the
+    sequence length (``dim1 ... specialized to be a constant``); the TorchScript exporter writes
+    ONNX's own LSTM / GRU / RNN op, which takes any length."""
+    from torch import nn
+
+    return isinstance(module, nn.Module) and any(isinstance(m, nn.RNNBase) for m in module.modules())
 
 
 def _export_dynamo(
