@@ -28,7 +28,7 @@ def _refuses(*needles: str) -> tuple[str, tuple[str, ...]]:
 EXPECTED = {
     **{
         (m, s): (PASS, bounds)
-        for m in BY_NAME
+        for m in ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "vit_tiny", "bert", "gpt2")
         for s, bounds in (
             ("quantize dynamic", QUANTIZED),
             ("export torchscript", EXACT),
@@ -63,11 +63,18 @@ EXPECTED = {
     ("gpt2", "prune structured"): _refuses(
         "torch.fx cannot trace GPT2LMHeadModel", "global pruning need no graph"
     ),
-    ("gpt2", "export onnx"): _refuses("drifts from its source beyond tolerance"),
 }
 
-_LIBRARY_MODULE = {"torchvision": "torchvision", "timm": "timm", "transformers": "transformers"}
-CELLS = [(m.name, s) for m in MODELS for s in Matrix.STAGES]
+_LIBRARY_MODULE = {
+    "torchvision": "torchvision",
+    "timm": "timm",
+    "transformers": "transformers",
+    "torch": "torch",
+}
+#: the LSTM / GRU rows are only partly in CI (the cheap cells); ConvNeXt and ResNet-50 not at all
+#: (``python -m tests.compat.matrix`` runs every cell of every row)
+_CI_STAGES = {name: ("quantize dynamic", "quantize static", "export onnx") for name in ("lstm", "gru")}
+CELLS = [(m.name, s) for m in MODELS if m.ci for s in _CI_STAGES.get(m.name, Matrix.STAGES)]
 
 
 def test_every_cell_is_expected():
@@ -80,7 +87,7 @@ def test_cell(matrix, name, stage):
     if importlib.util.find_spec(_LIBRARY_MODULE[library]) is None:
         pytest.skip(f"{library} is not installed (pip install -e '.[compat]')")
     cell = matrix.cell(name, stage)
-    if stage == Matrix.STAGES[-1]:
+    if stage == _CI_STAGES.get(name, Matrix.STAGES)[-1]:
         matrix.release(name)
     want, what = EXPECTED[(name, stage)]
     if want == PASS:
