@@ -222,20 +222,15 @@ class Matrix:
         name, stage, d = cell.model, cell.stage, cell.detail
         m, x, ref = self.fp32(name)
         excludes = [e.strip("'\"").rstrip(";,)") for e in re.findall(r"--exclude ('[^']+'|\S+)", d)]
-        if stage == "quantize static" and "--min-cosine" in d:
+        mode = stage.split()[-1]
+        data = {"calib_data": x} if mode == "static" else {}
+        model = m if mode == "static" else self.loaded(name)
+        if stage.startswith("quantize") and "--min-cosine" in d:
             what = "--eval-data (the batch) --min-cosine 0.99"
-            fn, args, kw = (
-                ptopt.quantize,
-                (m, "static"),
-                {"calib_data": x, "eval_data": x, "min_cosine": 0.99, "progress": False},
-            )
-        elif stage == "quantize static" and excludes:
+            fn, args, kw = ptopt.quantize, (model, mode), {**data, "eval_data": x, "min_cosine": 0.99}
+        elif stage.startswith("quantize") and excludes:
             what = " ".join(f"--exclude {e}" for e in excludes)
-            fn, args, kw = (
-                ptopt.quantize,
-                (m, "static"),
-                {"calib_data": x, "exclude": excludes, "progress": False},
-            )
+            fn, args, kw = ptopt.quantize, (model, mode), {**data, "exclude": excludes}
         elif stage == "prune structured" and excludes:
             what = " ".join(f"--exclude {e}" for e in excludes)
             fn, args, kw = ptopt.prune, (self.loaded(name), "structured", 0.3), {"exclude": excludes}
@@ -245,6 +240,8 @@ class Matrix:
             return self._cell_outcome("--method global", self.cell(name, "prune global"))
         else:
             return ""
+        if fn is ptopt.quantize:
+            kw["progress"] = False
         try:
             res = fn(*args, **kw)
         except PtoptError as e:
