@@ -489,11 +489,16 @@ def markdown(
         except ImportError:
             versions[lib] = "not installed"
     out += [
-        "## Where it ran",
+        "## Matrix re-run",
         "",
-        f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}; "
+        f"Last re-run {when or 'at an unrecorded time'} with `{command}` ({seconds:.0f} s for the rows above). "
+        f"{platform.machine()}, {_machine()}, torch at {torch.get_num_threads()} threads; the machine is "
+        "shared with other jobs (other agents' builds and tests), so the seconds per cell are those of a "
+        "loaded machine, not a benchmark. Python "
+        + platform.python_version()
+        + "; "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
-        + f". The whole matrix took {seconds:.0f} s. {_machine()}",
+        + ".",
         "",
     ]
     return "\n".join(out)
@@ -526,7 +531,7 @@ def _machine() -> str:
         pass
     isa = [f for f in ("avx512f", "avx2") if f" {f}" in flags]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{os.cpu_count()} cores ({', '.join(isa) or 'no AVX2'}); load average {load:.1f} at the end."
+    return f"{os.cpu_count()} cores ({', '.join(isa) or 'no AVX2'}; load average {load:.1f} at the end)"
 
 
 def main(argv: list[str] | None = None) -> int:
