@@ -370,7 +370,10 @@ class Matrix:
 
 
 def run_matrix(
-    names: list[str] | None = None, workdir: Path | None = None, follow: bool = True
+    names: list[str] | None = None,
+    workdir: Path | None = None,
+    follow: bool = True,
+    after_row: Callable[[list[Cell]], None] | None = None,
 ) -> list[Cell]:
     """Every cell of the models ``names`` (default: all), in stage order; with ``follow``, each
     refusal's suggested way out is run too (``Cell.suggestion``)."""
@@ -384,6 +387,8 @@ def run_matrix(
         for stage in Matrix.STAGES:
             cells.append(matrix.cell(name, stage))
         matrix.release(name)
+        if after_row is not None:
+            after_row(cells)
     if own is not None:
         own.cleanup()
     return cells
@@ -545,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.compat.matrix", description=__doc__.split("\n")[0])
     parser.add_argument("--models", help=f"comma-separated rows to run (default all: {','.join(BY_NAME)})")
     parser.add_argument("--no-follow", action="store_true", help="do not run the refusals' suggestions")
+    parser.add_argument(
+        "--out", help="write the page there after every row (a long run leaves the rows done)"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()] if args.models else None
     unknown = sorted(set(names or ()) - set(BY_NAME))
@@ -554,15 +562,25 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)  # the CI machine's cores
     warnings.simplefilter("ignore")  # the deprecations listed in pyproject's filterwarnings
     t0 = time.perf_counter()
-    cells = run_matrix(names, follow=not args.no_follow)
     nice = os.nice(0) if hasattr(os, "nice") else 0
     command = (
         (f"nice -n {nice} " if nice else "")
         + "python -m tests.compat.matrix"
         + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+        + ("" if args.out else " > docs/compat.md")
     )
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    sys.stdout.write(markdown(cells, time.perf_counter() - t0, command + " > docs/compat.md", when))
+
+    def page(cells: list[Cell]) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        return markdown(cells, time.perf_counter() - t0, command, when)
+
+    def write(cells: list[Cell]) -> None:
+        if args.out:
+            Path(args.out).write_text(page(cells), encoding="utf-8")
+
+    cells = run_matrix(names, follow=not args.no_follow, after_row=write)
+    if not args.out:
+        sys.stdout.write(page(cells))
     return 0
 
 
