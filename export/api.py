@@ -376,8 +376,7 @@ def _build(
     allow_pickle: bool,
     output: Any,
 ) -> _Built:
-    from ptopt.core.device import half_dtype, resolve_device
-    from ptopt.export.writers import check_reload, reload, write_model
+    from ptopt.core.device import resolve_device
 
     options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
     device = str(resolve_device(config.device or ("cuda" if config.target == "tensorrt" else None)))
@@ -387,43 +386,78 @@ def _build(
         Path(output).name if output is not None else "model" + config.suffix
     )
     try:
-        precision = config.precision or source.precision
-        facts = write_model(
-            source.module,
-            config.format,
-            path,
-            specs=specs,
-            style=style,
-            source_format=source.loaded.format,
-            precision=precision,
-            check=False,
-            device=device,
-            **options,
-        )
-        # the check runs on the very object .model returns (one reload, not two)
-        cuda_graphs = config.cuda_graphs
-        model = reload(path, config.format, style=style, device=device, cuda_graphs=cuda_graphs)
-        parity = check_reload(
-            path,
-            config.format,
-            source.module,
-            specs,
-            style,
-            precision=precision,
-            atol=config.atol,
-            rtol=config.rtol,
-            samples=calib,
-            files=facts["files"],
-            keep_failed_as=output,
-            model=model,
-            device=device,
-            dtype=half_dtype(precision) if config.target != "tensorrt" else None,
-        )
-        facts["metrics"] = {"parity": parity}
+        with _attention(source, config) as attention:
+            facts, model = _write_and_check(source, config, specs, style, calib, path, options, output, device)
+        if attention:
+            facts["extra"]["attention"] = (
+                f"{attention} (the source's sdpa masks fully padded rows unlike ONNX)"
+            )
     except BaseException:
         folder.cleanup()
         raise
     return _Built(folder, path, facts, model, specs, style, quantized_from)
+
+
+def _attention(source: _Source, config: ExportConfig) -> Any:
+    """ONNX: a Hugging Face model's attention as eager while exported and checked (``onnx_attention``)."""
+    import contextlib
+
+    if config.target != "onnx" or source.module is None:
+        return contextlib.nullcontext(None)
+    from ptopt.export.onnx import onnx_attention
+
+    return onnx_attention(source.module)
+
+
+def _write_and_check(
+    source: _Source,
+    config: ExportConfig,
+    specs: list[InputSpec],
+    style: str,
+    calib: Any,
+    path: Path,
+    options: dict[str, Any],
+    output: Any,
+    device: str,
+) -> tuple[dict[str, Any], Any]:
+    """Write the artifact, reload it and check it against the source on ``device``: (facts, reloaded
+    model)."""
+    from ptopt.core.device import half_dtype
+    from ptopt.export.writers import check_reload, reload, write_model
+
+    precision = config.precision or source.precision
+    facts = write_model(
+        source.module,
+        config.format,
+        path,
+        specs=specs,
+        style=style,
+        source_format=source.loaded.format,
+        precision=precision,
+        check=False,
+        device=device,
+        **options,
+    )
+    # the check runs on the very object .model returns (one reload, not two)
+    model = reload(path, config.format, style=style, device=device, cuda_graphs=config.cuda_graphs)
+    parity = check_reload(
+        path,
+        config.format,
+        source.module,
+        specs,
+        style,
+        precision=precision,
+        atol=config.atol,
+        rtol=config.rtol,
+        samples=calib,
+        files=facts["files"],
+        keep_failed_as=output,
+        model=model,
+        device=device,
+        dtype=half_dtype(precision) if config.target != "tensorrt" else None,
+    )
+    facts["metrics"] = {"parity": parity}
+    return facts, model
 
 
 def _format_options(

@@ -111,7 +111,9 @@ def trace(module: Any, x: Any, style: str) -> tuple[Any, list[str]]:
     (data-dependent control flow baked in), which the reload check then judges."""
     import torch
 
-    with warnings.catch_warnings(record=True) as caught:
+    # the tracer reads every attribute of every module: transformers' properties log as it does
+    # (GPT-2's ``loss_function``: "`loss_type=None` was set in the config but it is unrecognized")
+    with silenced(("transformers",)), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)

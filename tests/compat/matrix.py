@@ -34,7 +34,10 @@ class Model:
     name: str
     library: str
     factory: Callable[[], Any]
-    kind: str  # image | text
+    kind: str  # image | text (ids + attention mask) | tokens (one tensor of ids)
+    image: int = M.IMAGE
+    #: in the pytest suite (tests/compat/test_matrix.py); the others only in this script
+    ci: bool = True
 
 
 MODELS = [
@@ -44,6 +47,10 @@ MODELS = [
     Model("vit_tiny", "timm", M.vit_tiny, "image"),
     Model("bert", "transformers", M.bert, "text"),
     Model("gpt2", "transformers", M.gpt2, "text"),
+    Model("lstm", "torch", M.lstm_classifier, "tokens"),
+    Model("gru", "torch", M.gru_classifier, "tokens"),
+    Model("convnext_tiny", "torchvision", M.convnext_tiny, "image", M.LARGE_IMAGE, ci=False),
+    Model("resnet50", "torchvision", M.resnet50, "image", M.LARGE_IMAGE, ci=False),
 ]
 BY_NAME = {m.name: m for m in MODELS}
 
@@ -59,18 +66,25 @@ class Cell:
     seconds: float
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     result: Any = None  # the Result (or path) a later cell may reuse
+    #: a refusal's suggested way out, run: "what was run → what it did" ("" when none is named)
+    suggestion: str = ""
 
 
 # -- inputs and outputs ------------------------------------------------------------------------------
 
 
-def inputs(kind: str, batch: int = BATCH, seq: int = M.SEQ, seed: int = 0, left: bool = False) -> Any:
-    """A batch: images, or token ids with an attention mask (row i has i % 4 padded positions, at the
-    end, or at the start with ``left``: how decoder models are batched for generation)."""
+def inputs(
+    kind: str, batch: int = BATCH, seq: int = M.SEQ, seed: int = 0, left: bool = False, image: int = M.IMAGE
+) -> Any:
+    """A batch: images, token ids alone (``tokens``), or token ids with an attention mask (row i has
+    i % 4 padded positions, at the end, or at the start with ``left``: how decoder models are batched
+    for generation)."""
     g = torch.Generator().manual_seed(seed)
     if kind == "image":
-        return torch.randn(batch, 3, M.IMAGE, M.IMAGE, generator=g)
+        return torch.randn(batch, 3, image, image, generator=g)
     ids = torch.randint(1, M.VOCAB, (batch, seq), generator=g)
+    if kind == "tokens":
+        return ids
     mask = torch.ones(batch, seq, dtype=torch.long)
     for i in range(batch):
         if i % 4:
@@ -130,6 +144,17 @@ def _fmt(metrics: dict[str, float]) -> str:
     return ", ".join(parts)
 
 
+def _size(res: Any) -> str:
+    """The int8 file against the fp32 TorchScript, and the share of parameters that is int8."""
+    ratio = res.metrics.get("size_ratio_vs_fp32_torchscript")
+    share = (res.extra.get("int8_share") or {}).get("parameters")
+    parts = [
+        f"{ratio:.2f}× the fp32 file" if ratio else "",
+        f"{100 * share:.0f}% of parameters int8" if share is not None else "",
+    ]
+    return "".join(f"; {p}" for p in parts if p)
+
+
 # -- the stages ---------------------------------------------------------------------------------------
 
 
@@ -146,8 +171,9 @@ class Matrix:
         "validate",
     )
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, follow: bool = False):
         self.workdir = Path(workdir)
+        self.follow = follow  # run each refusal's suggested way out (``Cell.suggestion``)
         self.cells: dict[tuple[str, str], Cell] = {}
         self._models: dict[str, tuple[Any, Any, torch.Tensor]] = {}
 
@@ -155,7 +181,7 @@ class Matrix:
         """(model, batch, fp32 logits), built once."""
         if name not in self._models:
             spec = BY_NAME[name]
-            model, x = spec.factory(), inputs(spec.kind)
+            model, x = spec.factory(), inputs(spec.kind, image=spec.image)
             self._models[name] = (model, x, run(model, x))
         return self._models[name]
 
@@ -180,7 +206,53 @@ class Matrix:
                 metrics, result, status = {}, None, "refuses"
                 detail = str(e).replace(str(self.workdir), "WORKDIR")
             self.cells[key] = Cell(name, stage, status, detail, time.perf_counter() - t0, metrics, result)
+            if status == "refuses" and self.follow:
+                self.cells[key].suggestion = self.follow_suggestion(self.cells[key])
         return self.cells[key]
+
+    def follow_suggestion(self, cell: Cell) -> str:
+        """Run the way out a refusal names, as its CLI flags' keyword arguments in the Python API
+        (``--exclude A`` → ``exclude=["A"]``...): ``"what was run → passes (numbers) | refuses: ..."``,
+        or "" when the message names nothing this knows how to run."""
+        import re
+
+        import ptopt
+        from ptopt.core.errors import PtoptError
+
+        name, stage, d = cell.model, cell.stage, cell.detail
+        m, x, ref = self.fp32(name)
+        excludes = [e.strip("'\"").rstrip(";,)") for e in re.findall(r"--exclude ('[^']+'|\S+)", d)]
+        mode = stage.split()[-1]
+        data = {"calib_data": x} if mode == "static" else {}
+        model = m if mode == "static" else self.loaded(name)
+        if stage.startswith("quantize") and "--min-cosine" in d:
+            what = "--eval-data (the batch) --min-cosine 0.99"
+            fn, args, kw = ptopt.quantize, (model, mode), {**data, "eval_data": x, "min_cosine": 0.99}
+        elif stage.startswith("quantize") and excludes:
+            what = " ".join(f"--exclude {e}" for e in excludes)
+            fn, args, kw = ptopt.quantize, (model, mode), {**data, "exclude": excludes}
+        elif stage == "prune structured" and excludes:
+            what = " ".join(f"--exclude {e}" for e in excludes)
+            fn, args, kw = ptopt.prune, (self.loaded(name), "structured", 0.3), {"exclude": excludes}
+        elif "--mode dynamic" in d:
+            return self._cell_outcome("--mode dynamic", self.cell(name, "quantize dynamic"))
+        elif "global pruning need no graph" in d:
+            return self._cell_outcome("--method global", self.cell(name, "prune global"))
+        else:
+            return ""
+        if fn is ptopt.quantize:
+            kw["progress"] = False
+        try:
+            res = fn(*args, **kw)
+        except PtoptError as e:
+            return f"`{what}` → refuses: {str(e).replace(str(self.workdir), 'WORKDIR')}"
+        return f"`{what}` → passes ({_fmt(compare(ref, run(res.model, x), x))})"
+
+    @staticmethod
+    def _cell_outcome(what: str, other: Cell) -> str:
+        if other.status == "passes":
+            return f"`{what}` → passes ({other.detail})"
+        return f"`{what}` → refuses: {other.detail}"
 
     def loaded(self, name: str) -> Any:
         """The fp32 model with input specs of batch [1, BATCH] from the batch (not [1, 64]): the
@@ -206,7 +278,7 @@ class Matrix:
         res = ptopt.quantize(self.loaded(model.name), "dynamic", progress=False)
         res.save(self._out(model, "quantize dynamic") / "model.int8.pt")
         metrics = compare(ref, run(res.model, x), x)
-        return metrics, _fmt(metrics), res
+        return metrics, _fmt(metrics) + _size(res), res
 
     def _quantize_static(self, model: Model):
         import ptopt
@@ -214,7 +286,7 @@ class Matrix:
         m, x, ref = self.fp32(model.name)
         res = ptopt.quantize(m, "static", calib_data=x, progress=False)
         metrics = compare(ref, run(res.model, x), x)
-        return metrics, _fmt(metrics), res
+        return metrics, _fmt(metrics) + _size(res), res
 
     def _prune(self, model: Model, method: str, amount: float):
         import ptopt
@@ -253,8 +325,12 @@ class Matrix:
         m, x, _ = self.fp32(model.name)
         path = self._out(model, "export onnx") / "model.onnx"
         if model.kind == "image":
-            side = f"3x{M.IMAGE}x{M.IMAGE}"
+            side = f"3x{model.image}x{model.image}"
             shapes = dict(min_shape=f"1x{side}", opt_shape=f"2x{side}", max_shape=f"{BATCH}x{side}")
+        elif model.kind == "tokens":
+            shapes = dict(
+                min_shape="1x4:int64", opt_shape=f"2x{M.SEQ}:int64", max_shape=f"{BATCH}x{2 * M.SEQ}:int64"
+            )
         else:
             names = ("input_ids", "attention_mask")
             shapes = {
@@ -264,14 +340,13 @@ class Matrix:
         ptopt.export(m, "onnx", path, **shapes)
         worst: dict[str, float] = {}
         for batch, seq, left in ((3, M.SEQ, False), (BATCH, 2 * M.SEQ - 5, True)):
-            y = inputs(model.kind, batch=batch, seq=seq, seed=batch, left=left)
+            y = inputs(model.kind, batch=batch, seq=seq, seed=batch, left=left, image=model.image)
             got = compare(run(m, y), onnx_outputs(path, y), y)
             worst = {k: min(v, worst.get(k, math.inf)) for k, v in got.items()}
-        shown = (
-            "batch 3 and 8"
-            if model.kind == "image"
-            else f"batch×tokens 3×{M.SEQ} (right-padded) and 8×{2 * M.SEQ - 5} (left-padded)"
-        )
+        shown = {
+            "image": "batch 3 and 8",
+            "tokens": f"batch×tokens 3×{M.SEQ} and 8×{2 * M.SEQ - 5}",
+        }.get(model.kind, f"batch×tokens 3×{M.SEQ} (right-padded) and 8×{2 * M.SEQ - 5} (left-padded)")
         return worst, f"ORT at {shown}: " + _fmt(worst), path
 
     def _validate(self, model: Model):
@@ -294,18 +369,26 @@ class Matrix:
         return metrics, f"{names} at batch {BATCH}: worst " + _fmt(metrics), res
 
 
-def run_matrix(names: list[str] | None = None, workdir: Path | None = None) -> list[Cell]:
-    """Every cell of the models ``names`` (default: all), in stage order."""
+def run_matrix(
+    names: list[str] | None = None,
+    workdir: Path | None = None,
+    follow: bool = True,
+    after_row: Callable[[list[Cell]], None] | None = None,
+) -> list[Cell]:
+    """Every cell of the models ``names`` (default: all), in stage order; with ``follow``, each
+    refusal's suggested way out is run too (``Cell.suggestion``)."""
     own = None
     if workdir is None:
         own = tempfile.TemporaryDirectory(prefix="ptopt-compat-")
         workdir = Path(own.name)
-    matrix = Matrix(workdir)
+    matrix = Matrix(workdir, follow=follow)
     cells = []
     for name in names or list(BY_NAME):
         for stage in Matrix.STAGES:
             cells.append(matrix.cell(name, stage))
         matrix.release(name)
+        if after_row is not None:
+            after_row(cells)
     if own is not None:
         own.cleanup()
     return cells
@@ -315,17 +398,24 @@ def run_matrix(names: list[str] | None = None, workdir: Path | None = None) -> l
 
 _DOC_HEAD = """# Compatibility: real-world models through every stage
 
-Written by `python -m tests.compat.matrix > docs/compat.md` from an actual run (do not edit by
-hand); `tests/compat/test_matrix.py` asserts the same cells in CI. Models have random weights and
-are built from their libraries' configs at small sizes (see `tests/compat/models.py`): torchvision
-ResNet-18, MobileNetV3-Small and EfficientNet-B0 at 3×{image}×{image} (BatchNorm statistics taken
+Written by `{command}` from an actual run ({when}, {seconds:.0f} s; do not edit by hand; `--models
+a,b` re-runs single rows). `tests/compat/test_matrix.py` asserts the same cells in CI, except the
+rows of ConvNeXt-Tiny and ResNet-50 (too slow for CI's 2 cores: this script only). Models have
+random weights and are built from their libraries' configs at small sizes (see
+`tests/compat/models.py`): torchvision ResNet-18, MobileNetV3-Small and EfficientNet-B0 at
+3×{image}×{image}, ResNet-50 and ConvNeXt-Tiny at 3×{large}×{large} (BatchNorm statistics taken
 from 64 random images, as training would set them); timm ViT-Tiny at {image}×{image}
 (patch 8, 2 blocks); Hugging Face `BertForSequenceClassification` and `GPT2LMHeadModel` (2 layers,
-hidden 64, {seq} tokens, padded batches with an attention mask). Every cell runs through the Python
+hidden 64, {seq} tokens, padded batches with an attention mask); LSTM and GRU classifiers
+(embedding 32 → one LSTM / GRU layer of 64 → Linear-ReLU-Linear head, {seq} token ids, no mask).
+Every cell runs through the Python
 API on a batch of {batch} and compares with the fp32 model: **cosine** is the minimum over samples
 (tokens for GPT-2, padding excluded), **top1** the arg-max agreement. A cell either passes or refuses
-with one line naming what ptopt cannot handle and the way out. Pruning is shown without
-fine-tuning: on random weights it moves the outputs a lot, so its cosine is reported, not bounded.
+with one line naming what ptopt cannot handle and the way out; that way out is then run (its
+CLI flags as the Python API's keyword arguments) and what it did is listed under
+[Refusals and their way out](#refusals-and-their-way-out). Pruning is shown without
+fine-tuning: on random weights it moves the outputs a lot, so its cosine is reported, not bounded
+(ptopt records it as `vs_source` in the sidecar and prints it, never as a faithful copy).
 
 | stage | what runs |
 | --- | --- |
@@ -358,7 +448,9 @@ import torchvision  # now imports; detection ops (nms) are not usable
 """
 
 
-def markdown(cells: list[Cell], seconds: float) -> str:
+def markdown(
+    cells: list[Cell], seconds: float, command: str = "python -m tests.compat.matrix", when: str = ""
+) -> str:
     """The matrix as Markdown: one summary table, then every cell's measurement or message."""
     import platform
 
@@ -368,7 +460,16 @@ def markdown(cells: list[Cell], seconds: float) -> str:
     rows = {}
     for c in cells:
         rows.setdefault(c.model, {})[c.stage] = c
-    out = [_DOC_HEAD.format(image=M.IMAGE, seq=M.SEQ, batch=BATCH).rstrip(), "", "## The matrix", ""]
+    head = _DOC_HEAD.format(
+        image=M.IMAGE,
+        large=M.LARGE_IMAGE,
+        seq=M.SEQ,
+        batch=BATCH,
+        command=command,
+        when=when,
+        seconds=seconds,
+    )
+    out = [head.rstrip(), "", "## The matrix", ""]
     out.append("| model | library | " + " | ".join(stages) + " |")
     out.append("| --- | --- | " + " | ".join("---" for _ in stages) + " |")
     for name, row in rows.items():
@@ -385,6 +486,7 @@ def markdown(cells: list[Cell], seconds: float) -> str:
                 detail = c.detail.replace("|", "/")
                 out.append(f"- **{s}** {c.status} ({c.seconds:.1f} s): {detail}")
         out.append("")
+    out += _suggestions(cells)
     versions = {"ptopt": ptopt.__version__, "torch": torch.__version__}
     for lib in ("torchvision", "timm", "transformers", "onnxruntime"):
         try:
@@ -392,14 +494,49 @@ def markdown(cells: list[Cell], seconds: float) -> str:
         except ImportError:
             versions[lib] = "not installed"
     out += [
-        "## Where it ran",
+        "## Matrix re-run",
         "",
-        f"{platform.machine()}, {torch.get_num_threads()} threads, Python {platform.python_version()}; "
+        f"Last re-run {when or 'at an unrecorded time'} with `{command}` ({seconds:.0f} s for the rows above). "
+        f"{platform.machine()}, {_machine()}, torch at {torch.get_num_threads()} threads; the machine is "
+        "shared with other jobs (other agents' builds and tests), so the seconds per cell are those of a "
+        "loaded machine, not a benchmark. Python "
+        + platform.python_version()
+        + "; "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
-        + f". The whole matrix took {seconds:.0f} s.",
+        + ".",
         "",
     ]
     return "\n".join(out)
+
+
+def _suggestions(cells: list[Cell]) -> list[str]:
+    """The refusals, each with the way out its message names and what running it did."""
+    refused = [c for c in cells if c.status == "refuses"]
+    if not refused:
+        return []
+    out = ["## Refusals and their way out", "", "| model | stage | the suggestion, run | its result |"]
+    out.append("| --- | --- | --- | --- |")
+    for c in refused:
+        what, _, result = c.suggestion.partition(" → ")
+        out.append(
+            f"| {c.model} | {c.stage} | {what or 'none runnable'} | {result.replace('|', '/') or '-'} |"
+        )
+    return [*out, ""]
+
+
+def _machine() -> str:
+    """The CPU's vector extensions and the load while it ran (other jobs share the machine)."""
+    import os
+
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    isa = [f for f in ("avx512f", "avx2") if f" {f}" in flags]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{os.cpu_count()} cores ({', '.join(isa) or 'no AVX2'}; load average {load:.1f} at the end)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,13 +545,42 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
 
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    argv = sys.argv[1:] if argv is None else argv
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.compat.matrix", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", help=f"comma-separated rows to run (default all: {','.join(BY_NAME)})")
+    parser.add_argument("--no-follow", action="store_true", help="do not run the refusals' suggestions")
+    parser.add_argument(
+        "--out", help="write the page there after every row (a long run leaves the rows done)"
+    )
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()] if args.models else None
+    unknown = sorted(set(names or ()) - set(BY_NAME))
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
     M.ensure_torchvision_ops()
     torch.set_num_threads(2)  # the CI machine's cores
     warnings.simplefilter("ignore")  # the deprecations listed in pyproject's filterwarnings
     t0 = time.perf_counter()
-    cells = run_matrix(argv or None)
-    sys.stdout.write(markdown(cells, time.perf_counter() - t0))
+    nice = os.nice(0) if hasattr(os, "nice") else 0
+    command = (
+        (f"nice -n {nice} " if nice else "")
+        + "python -m tests.compat.matrix"
+        + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
+        + ("" if args.out else " > docs/compat.md")
+    )
+
+    def page(cells: list[Cell]) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        return markdown(cells, time.perf_counter() - t0, command, when)
+
+    def write(cells: list[Cell]) -> None:
+        if args.out:
+            Path(args.out).write_text(page(cells), encoding="utf-8")
+
+    cells = run_matrix(names, follow=not args.no_follow, after_row=write)
+    if not args.out:
+        sys.stdout.write(page(cells))
     return 0
 
 

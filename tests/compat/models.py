@@ -17,6 +17,8 @@ from torch import nn
 
 #: image side of the vision models (keeps every stage of the suite fast on 2 cores)
 IMAGE = 32
+#: image side of the bigger vision models (ResNet-50, ConvNeXt-Tiny)
+LARGE_IMAGE = 64
 #: sequence length and vocabulary of the text models
 SEQ = 16
 VOCAB = 512
@@ -48,7 +50,7 @@ def ensure_torchvision_ops() -> None:
 _LIBS: list = []  # a Library deregisters its ops when garbage-collected
 
 
-def settle_batchnorm(model: nn.Module, batches: int = 4) -> nn.Module:
+def settle_batchnorm(model: nn.Module, batches: int = 4, image: int = IMAGE) -> nn.Module:
     """Give BatchNorm the statistics of its inputs, as training would (random-init running stats
     make MobileNetV3 and EfficientNet output ~1e-10: nothing to compare). Returns it in eval mode."""
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
@@ -59,7 +61,7 @@ def settle_batchnorm(model: nn.Module, batches: int = 4) -> nn.Module:
     model.train()
     with torch.no_grad():
         for _ in range(batches):
-            model(torch.randn(16, 3, IMAGE, IMAGE, generator=g))
+            model(torch.randn(16, 3, image, image, generator=g))
     for m in norms:
         m.momentum = 0.1
     return model.eval()
@@ -85,6 +87,18 @@ def mobilenet_v3_small() -> nn.Module:
 def efficientnet_b0() -> nn.Module:
     torch.manual_seed(0)
     return settle_batchnorm(_torchvision().models.efficientnet_b0(num_classes=10))
+
+
+def resnet50() -> nn.Module:
+    """torchvision's ResNet-50, run at ``LARGE_IMAGE`` px (matrix script only: too slow for CI)."""
+    torch.manual_seed(0)
+    return settle_batchnorm(_torchvision().models.resnet50(num_classes=10), image=LARGE_IMAGE)
+
+
+def convnext_tiny() -> nn.Module:
+    """torchvision's ConvNeXt-Tiny (LayerNorm, no BatchNorm), run at ``LARGE_IMAGE`` px."""
+    torch.manual_seed(0)
+    return _torchvision().models.convnext_tiny(num_classes=10).eval()
 
 
 def vit_tiny() -> nn.Module:
@@ -133,6 +147,31 @@ def gpt2() -> nn.Module:
         use_cache=False,
     )
     return GPT2LMHeadModel(cfg).eval()
+
+
+class RNNClassifier(nn.Module):
+    """Token ids → embedding → one LSTM or GRU layer → a two-layer head on the last step: the text
+    classifier people write by hand (a plain tensor of ids in, no attention mask)."""
+
+    def __init__(self, cell: str = "lstm", vocab: int = VOCAB, dim: int = 32, hidden: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(dim, hidden, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 3))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(ids))
+        return self.head(out[:, -1])
+
+
+def lstm_classifier() -> nn.Module:
+    torch.manual_seed(0)
+    return RNNClassifier("lstm").eval()
+
+
+def gru_classifier() -> nn.Module:
+    torch.manual_seed(0)
+    return RNNClassifier("gru").eval()
 
 
 # -- small models of the same shapes, for the shape-inference tests -----------------------------------

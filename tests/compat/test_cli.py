@@ -77,3 +77,26 @@ def test_resnet_suggests_a_shape_in_a_fresh_process(run_ptopt, tmp_path):
     proc = run_ptopt("inspect", "tests.compat.models:resnet18", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "its first layer suggests --input-shape 1x3x224x224" in proc.stdout
+
+
+def test_lstm_onnx_with_a_dynamic_sequence_length(cli, tmp_path):
+    """torch.export fixes an LSTM's length; ptopt exports it with ONNX's LSTM op (TorchScript exporter)."""
+    code, out, err = cli(
+        "export",
+        "tests.compat.models:lstm_classifier",
+        "--target",
+        "onnx",
+        "--min-shape",
+        "1x4:int64",
+        "--opt-shape",
+        "2x16:int64",
+        "--max-shape",
+        "8x32:int64",
+        "-o",
+        "lstm.onnx",
+    )
+    assert code == 0, err
+    assert (
+        "[1..8]x[4..32] int64" in out
+        and "TorchScript exporter" in (tmp_path / "lstm.onnx.ptopt.json").read_text()
+    )

@@ -28,7 +28,7 @@ def _refuses(*needles: str) -> tuple[str, tuple[str, ...]]:
 EXPECTED = {
     **{
         (m, s): (PASS, bounds)
-        for m in BY_NAME
+        for m in ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "vit_tiny", "bert", "gpt2")
         for s, bounds in (
             ("quantize dynamic", QUANTIZED),
             ("export torchscript", EXACT),
@@ -37,12 +37,22 @@ EXPECTED = {
             ("prune global", {"kept": 0.9}),
         )
     },
-    # Random weights with BatchNorm statistics from random images: int8 costs MobileNetV3 and
-    # EfficientNet-B0 much more than ResNet-18 (dynamic touches only their classifier Linear).
-    # Bounds sit below the measured values (docs/compat.md); a drop below them is a regression.
-    ("mobilenet_v3_small", "quantize dynamic"): (PASS, {"cosine": 0.9, "top1": 0.75}),
-    ("efficientnet_b0", "quantize dynamic"): (PASS, {"cosine": 0.75, "top1": 0.5}),
-    ("efficientnet_b0", "validate"): (PASS, {"cosine": 0.85}),
+    # Random weights with BatchNorm statistics from random images: int8 of the classifier Linear
+    # (all dynamic touches) costs MobileNetV3 and EfficientNet-B0 much more than ResNet-18: their
+    # worst-sample cosine on 16 random inputs (0.96 / 0.85) misses the int8 rule, so ptopt refuses
+    # (it passed on the 2-sample example batch until issue 21's re-run). MobileNetV3's way out holds.
+    ("mobilenet_v3_small", "quantize dynamic"): _refuses(
+        "does not compute what its fp32 source computes", "--exclude classifier.0"
+    ),
+    ("efficientnet_b0", "quantize dynamic"): _refuses(
+        "does not compute what its fp32 source computes", "--min-cosine"
+    ),
+    # the two text RNN classifiers: dynamic int8 (LSTM/GRU/Linear) and ONNX with a dynamic length
+    **{
+        (m, s): (PASS, bounds)
+        for m in ("lstm", "gru")
+        for s, bounds in (("quantize dynamic", QUANTIZED), ("export onnx", {"cosine": 0.999, "top1": 1.0}))
+    },
     # structured 30%: torch.fx's graph for the torchvision models, torch.export's ATen graph for BERT
     # (fx cannot trace it) and ViT (attention heads); issue 18's bound: at most 0.85 of the parameters
     **{
@@ -60,11 +70,18 @@ EXPECTED = {
     },
     # GPT-2's layers are transformers' Conv1D (addmm on a transposed weight), not nn.Linear
     ("gpt2", "prune structured"): _refuses("no layer whose output channels can be removed", "Conv1D layers"),
-    ("gpt2", "export onnx"): _refuses("drifts from its source beyond tolerance"),
 }
 
-_LIBRARY_MODULE = {"torchvision": "torchvision", "timm": "timm", "transformers": "transformers"}
-CELLS = [(m.name, s) for m in MODELS for s in Matrix.STAGES]
+_LIBRARY_MODULE = {
+    "torchvision": "torchvision",
+    "timm": "timm",
+    "transformers": "transformers",
+    "torch": "torch",
+}
+#: the LSTM / GRU rows are only partly in CI (the cheap cells); ConvNeXt and ResNet-50 not at all
+#: (``python -m tests.compat.matrix`` runs every cell of every row)
+_CI_STAGES = {name: ("quantize dynamic", "export onnx") for name in ("lstm", "gru")}
+CELLS = [(m.name, s) for m in MODELS if m.ci for s in _CI_STAGES.get(m.name, Matrix.STAGES)]
 
 
 def test_every_cell_is_expected():
@@ -77,7 +94,7 @@ def test_cell(matrix, name, stage):
     if importlib.util.find_spec(_LIBRARY_MODULE[library]) is None:
         pytest.skip(f"{library} is not installed (pip install -e '.[compat]')")
     cell = matrix.cell(name, stage)
-    if stage == Matrix.STAGES[-1]:
+    if stage == _CI_STAGES.get(name, Matrix.STAGES)[-1]:
         matrix.release(name)
     want, what = EXPECTED[(name, stage)]
     if want == PASS:
@@ -93,3 +110,36 @@ def test_cell(matrix, name, stage):
     assert "\n" not in cell.detail.strip() and "Traceback" not in cell.detail, cell.detail
     for needle in what:
         assert needle in cell.detail, f"{needle!r} not in {cell.detail!r}"
+
+
+def test_gpt2_onnx_records_its_eager_attention(matrix):
+    """GPT-2's ONNX passes its parity check at random (left-padded) masks: the export ran attention as
+    eager, said so in the sidecar, and left the model's own sdpa in place."""
+    import json
+
+    pytest.importorskip("transformers")
+    cell = matrix.cell("gpt2", "export onnx")
+    assert cell.status == PASS, cell.detail
+    side = json.loads(cell.result.with_name(cell.result.name + ".ptopt.json").read_text())
+    assert side["extra"]["attention"].startswith("eager")
+
+
+def test_onnx_attention_is_restored_even_when_the_export_fails():
+    from types import SimpleNamespace
+
+    from ptopt.export.onnx import onnx_attention
+
+    class Fake:
+        def __init__(self, impl):
+            self.config = SimpleNamespace(_attn_implementation=impl)
+
+        def set_attn_implementation(self, impl):
+            self.config._attn_implementation = impl
+
+    sdpa, other = Fake("sdpa"), Fake("flash_attention_2")
+    with pytest.raises(RuntimeError), onnx_attention(sdpa) as used:
+        assert used == "eager" and sdpa.config._attn_implementation == "eager"
+        raise RuntimeError("export failed")
+    assert sdpa.config._attn_implementation == "sdpa"
+    with onnx_attention(other) as used:
+        assert used is None and other.config._attn_implementation == "flash_attention_2"
