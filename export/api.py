@@ -387,7 +387,9 @@ def _build(
     )
     try:
         with _attention(source, config) as attention:
-            facts, model = _write_and_check(source, config, specs, style, calib, path, options, output, device)
+            facts, model = _write_and_check(
+                source, config, specs, style, calib, path, options, output, device
+            )
         if attention:
             facts["extra"]["attention"] = (
                 f"{attention} (the source's sdpa masks fully padded rows unlike ONNX)"
