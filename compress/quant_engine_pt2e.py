@@ -187,13 +187,16 @@ def prepare(
     *,
     qat: bool = False,
     example: Any = None,
+    graph: Any = None,
 ) -> Any:
-    """Capture ``module`` (eval mode; train mode for QAT) and insert observers / fake quantization."""
+    """Capture ``module`` (eval mode; train mode for QAT) and insert observers / fake quantization.
+    ``graph``: a :func:`capture` of ``module`` to use instead (prepare changes it in place)."""
     check_scheme(scheme, "qat" if qat else "static")
     ao = _torchao()
     quantizer = build_quantizer(scheme, qat)
     _check_names(module, getattr(scheme, "float_modules", ()) or ())
-    graph = capture(module, specs, style, example)
+    if graph is None:
+        graph = capture(module, specs, style, example)
     with _quiet():
         prepared = (ao.flow.prepare_qat_pt2e if qat else ao.flow.prepare_pt2e)(graph, quantizer)
         (ao.to_train if qat else ao.to_eval)(prepared)
@@ -248,12 +251,27 @@ def quantize_static(
     scheme: Any,
     batches: Iterable[Any],
     example: Any = None,
+    graph: Any = None,
 ) -> Any:
-    """prepare → calibrate → convert: the int8 q/dq GraphModule (run it fast through :func:`compile_int8`)."""
-    prepared = prepare(module, specs, style, scheme, example=example)
+    """prepare → calibrate → convert: the int8 q/dq GraphModule (run it fast through :func:`compile_int8`).
+    ``graph``: a :func:`capture` of ``module`` to reuse (consumed)."""
+    prepared = prepare(module, specs, style, scheme, example=example, graph=graph)
     if calibrate(prepared, batches) == 0:
         raise UsageError("--engine pt2e: no calibration batches")
     return convert(prepared)
+
+
+def int8_modules(converted: Any) -> set[str]:
+    """The modules whose weights the converted graph dequantizes from int8 (the conv / linear layers
+    the quantizer annotated; weights are per channel), by their names in the source model."""
+    int8 = set()
+    for node in converted.graph.nodes:
+        weight = node.args[1] if node.op == "call_function" and len(node.args) > 1 else None
+        if "dequantize_per_channel" in str(getattr(weight, "target", "")):
+            stack = node.meta.get("nn_module_stack") or {}
+            if stack:
+                int8.add(list(stack.values())[-1][0])
+    return int8
 
 
 # -- compile --------------------------------------------------------------------------------------
@@ -370,21 +388,27 @@ def _runtime_checks() -> Iterator[None]:
 
 
 def _probe(model: Any, specs: Sequence[InputSpec], style: str) -> list[int]:
-    """Run the package at every probe batch; refuse (one line) when some fail in generated code."""
+    """Run the package at every probe batch (and, where other dims are dynamic, such as a token
+    sequence, at the specs' min and max shapes); refuse (one line) when some fail in generated code."""
     import torch
 
     from ptopt.core.inputspec import call_model, make_inputs
     from ptopt.export.tracing import first_lines
 
     sizes = probe_batches(specs[0])
+    shapes: list[tuple[str, int | None]] = [("opt", b) for b in sizes]
+    if any(i for s in specs for i in s.dynamic_dims):
+        shapes += [("min", None), ("max", None)]
     works, fails, why = [], [], ""
-    for b in sizes:
+    for which, b in shapes:
+        x = make_inputs(specs, style, which=which, batch=b)
+        shown = str(b) if which == "opt" else _shape_text(specs, which)
         try:
             with torch.no_grad(), _quiet():
-                call_model(model, make_inputs(specs, style, which="opt", batch=b))
-            works.append(b)
+                call_model(model, x)
+            works.append(shown)
         except Exception as e:  # noqa: BLE001 - a failure inside Inductor's generated code
-            fails.append(b)
+            fails.append(shown)
             why = why or f"{type(e).__name__}: {first_lines(str(e), 1)[:160]}"
     if fails:
         raise UnsupportedModelError(
@@ -393,6 +417,10 @@ def _probe(model: Any, specs: Sequence[InputSpec], style: str) -> list[int]:
             f"size that works, or use --engine fx"
         )
     return sizes
+
+
+def _shape_text(specs: Sequence[InputSpec], which: str) -> str:
+    return "shape " + "x".join(str(d) for d in specs[0].shape(which))
 
 
 def _sizes(values: Sequence[int]) -> str:
