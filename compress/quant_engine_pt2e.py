@@ -203,6 +203,15 @@ def prepare(
     return prepared
 
 
+def copy_graph(graph: Any) -> Any:
+    """A copy of a captured graph to prepare again (prepare changes its graph in place); quiet:
+    copying an exported module warns about pytree internals."""
+    import copy
+
+    with _quiet():
+        return copy.deepcopy(graph)
+
+
 def _check_names(module: Any, names: Iterable[str]) -> None:
     known = {n for n, _ in module.named_modules() if n}
     bad = [n for n in names if n not in known]

@@ -301,8 +301,6 @@ def suggest_float_layers(config: Any, prep: Any) -> str:
     layers nearest the output (a task head: classifier, pooler) that, kept float, make the converted
     q/dq graph hold it. Judged eagerly (no compile) on the same data: with 7-bit activations the q/dq
     graph rounds more coarsely than the compiled kernels, so what holds there holds in the package."""
-    import copy
-
     import torch
 
     from ptopt.compress import quant_engine_pt2e as pt2e
@@ -322,7 +320,7 @@ def suggest_float_layers(config: Any, prep: Any) -> str:
         floats = layers[-k:]
         candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
         converted = pt2e.quantize_static(
-            prep.module, specs, style, candidate, batches, graph=copy.deepcopy(graph)
+            prep.module, specs, style, candidate, batches, graph=pt2e.copy_graph(graph)
         )
         fid = measure_fidelity(prep.module, converted, data, **INT8_VS_FP32)
         if fid["passed"]:
