@@ -333,7 +333,7 @@ fine-tuning: on random weights it moves the outputs a lot, so its cosine is repo
 | stage | what runs |
 | --- | --- |
 | quantize dynamic | `ptopt.quantize(model, "dynamic")`, saved as TorchScript |
-| quantize static | `ptopt.quantize(model, "static", calib_data=batch)` (torch.fx graph mode; transformers: `engine="pt2e"`, torch.export → PT2E → AOTInductor package) |
+| quantize static | `ptopt.quantize(model, "static", calib_data=batch)` (torch.fx; transformers: `engine="pt2e"`) |
 | prune structured | `ptopt.prune(model, "structured", 0.3)`; *kept*: parameters left |
 | prune global | `ptopt.prune(model, "global", 0.5)`; *kept*: non-zero parameters left |
 | export torchscript | `ptopt.export(model, "torchscript")` (its own parity check, then ours) |
