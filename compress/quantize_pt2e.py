@@ -78,6 +78,7 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     from ptopt.compress.quant_steps import _accuracy, int8_share, vs_fp32
     from ptopt.compress.stage import input_files
     from ptopt.core.artifact import Artifact
+    from ptopt.core.quiet import silenced
     from ptopt.core.result import Result
     from ptopt.export.aoti import load_aoti
     from ptopt.export.writers import serialized_bytes
@@ -90,7 +91,10 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     facts = pt2e.compile_int8(converted, path, specs, style, samples=prep.calib or prep.train)
     model = load_aoti(path)
     metrics = _accuracy(prep.module, model, prep.evald, refs.get("eval_data"))
-    fp32_bytes = serialized_bytes(prep.module, "torchscript", prep.example, specs=specs or None, style=style)
+    with silenced(("transformers",)):  # tracing reads every attribute: HF's loss_function warns
+        fp32_bytes = serialized_bytes(
+            prep.module, "torchscript", prep.example, specs=specs or None, style=style
+        )
     metrics |= {
         "fp32_torchscript_bytes": fp32_bytes,
         "size_ratio_vs_fp32_torchscript": round(path.stat().st_size / fp32_bytes, 4),

@@ -54,9 +54,9 @@ EXPECTED = {
     ("vit_tiny", "prune structured"): _refuses(
         "blocks.0.attn.qkv", "'reshape'", "--exclude 'blocks.*.attn.qkv'"
     ),
-    **{
-        (m, "quantize static"): _refuses("cannot trace the model", "--mode dynamic") for m in ("bert", "gpt2")
-    },
+    # torch.fx cannot trace transformers; the matrix runs them on engine="pt2e" (torch.export), as
+    # fx's refusal advises: measured 0.9997 / 0.9993 (docs/compat.md)
+    **{(m, "quantize static"): (PASS, QUANTIZED) for m in ("bert", "gpt2")},
     ("bert", "prune structured"): _refuses(
         "torch.fx cannot trace BertForSequenceClassification", "global pruning need no graph"
     ),
