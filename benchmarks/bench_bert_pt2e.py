@@ -14,7 +14,8 @@ refusal names these two layers). Measured here:
 1. fidelity: the worst-sample cosine of the logits against fp32 on padded batches the model was not
    calibrated on (batch × tokens 1×32, 5×17, 8×64, 3×9, 16×32), and the quantize step's own check;
 2. size: the package's bytes against the fp32 TorchScript's (the package carries compiled code);
-3. speed: fp32 eager, the int8 package and dynamic int8 (``--mode dynamic``, TorchScript) at batch
+3. speed: fp32 eager, the int8 package and dynamic int8 (``--mode dynamic``, TorchScript, the same
+   head float) at batch
    1 and 8 × 32 tokens (padded), timed in the same interleaved rounds, 2 threads.
 
 Run: PYTHONPATH=. python benchmarks/bench_bert_pt2e.py
@@ -68,7 +69,9 @@ def main() -> None:
         fp32, "static", tmp / "bert.int8.pt2", calib_data=calib, engine="pt2e", exclude=HEAD, progress=False
     )
     build_s = time.perf_counter() - t0
-    dyn = ptopt.quantize(fp32, "dynamic", tmp / "bert.dyn.pt", calib_data=calib, progress=False)
+    dyn = ptopt.quantize(fp32, "dynamic", tmp / "bert.dyn.pt", calib_data=calib, exclude=HEAD, progress=False)
+    ts = ptopt.export(fp32, "torchscript", tmp / "bert.pt", data=calib)
+    aoti = ptopt.export(fp32, "aoti", tmp / "bert.pt2", data=calib)
     m = int8.metrics
     rows_fid = [
         ["static int8 (pt2e)", f"{worst_cosine(fp32, int8.model):.4f}", f"{m['min_cosine']:.4f}",
@@ -89,6 +92,8 @@ def main() -> None:
 
         fns = {
             "fp32 eager": run(fp32),
+            "fp32 TorchScript": run(ts.model),
+            "fp32 AOTInductor": run(aoti.model),
             "static int8 (pt2e)": run(int8.model),
             "dynamic int8 (fx)": run(dyn.model),
         }

@@ -319,6 +319,7 @@ def compile_int8(
     # Dim's (Inductor narrows it while lowering), so it is left out: the probe's calls decide
     configs = {"aot_inductor.check_lowerbound": False, **(write_options.pop("inductor_configs", None) or {})}
     write_options["inductor_configs"] = configs
+    converted = plain_outputs(converted)
     with _quiet(), int8_conv_layout():
         facts = write_model(
             converted, "aoti_package", path, specs=specs, style=style, check=False, **write_options
@@ -337,6 +338,31 @@ def compile_int8(
         "int8_conv_layout_fix": True,
     }
     return facts
+
+
+def _plain(out: Any) -> Any:
+    """Hugging Face ModelOutputs (dict subclasses) → plain dicts of their set fields, recursively."""
+    if isinstance(out, dict):
+        return {k: _plain(v) for k, v in out.items() if v is not None}
+    if isinstance(out, (tuple, list)) and not hasattr(out, "_fields"):
+        return type(out)(_plain(v) for v in out)
+    return out
+
+
+def plain_outputs(graph: Any) -> Any:
+    """``graph`` returning plain containers: a package records its output's pytree type, and one of
+    transformers' ModelOutput classes would not load where transformers is not imported."""
+    import torch
+
+    class _PlainOutputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.graph = graph
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return _plain(self.graph(*args, **kwargs))
+
+    return _PlainOutputs()
 
 
 @contextlib.contextmanager

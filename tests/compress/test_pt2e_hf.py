@@ -92,6 +92,24 @@ def test_api_bert_static_int8_with_masks(api_result):
     assert res.extra["pt2e"]["batches_probed"][0] == 1
 
 
+def test_package_loads_and_runs_without_transformers(api_result):
+    """The package returns a plain dict (not transformers' ModelOutput), so it loads where
+    transformers is not imported, at a batch and length it was not calibrated on."""
+    import subprocess
+    import sys
+
+    _, out = api_result
+    code = (
+        "import sys, torch; from ptopt.export.aoti import load_aoti; m = load_aoti(sys.argv[1]); "
+        "ids = torch.randint(1, 1000, (3, 40)); mask = torch.ones(3, 40, dtype=torch.long); mask[1, 30:] = 0; "
+        "y = m(input_ids=ids, attention_mask=mask); assert 'transformers' not in sys.modules; "
+        "print(type(y).__name__, sorted(y), tuple(y['logits'].shape))"
+    )
+    run = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "dict ['logits'] (3, 3)"
+
+
 def test_cli_fx_refusal_names_pt2e_and_its_suggestion_runs(cli, tmp_path):
     from ptopt.core.modelref import load_model
     from tests.compress.hf_models import bert
