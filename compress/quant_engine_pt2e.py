@@ -352,16 +352,23 @@ def _plain(out: Any) -> Any:
 def plain_outputs(graph: Any) -> Any:
     """``graph`` returning plain containers: a package records its output's pytree type, and one of
     transformers' ModelOutput classes would not load where transformers is not imported."""
+    import inspect
+
     import torch
 
     class _PlainOutputs(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.graph = graph
+            self.inner = graph  # not "graph": a GraphModule's own attribute of that name would shadow it
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return _plain(self.graph(*args, **kwargs))
+            return _plain(self.inner(*args, **kwargs))
 
+    # torch.export binds inputs (and their dynamic shapes) by the forward's parameter names
+    sig = inspect.signature(graph.forward)
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [this, *sig.parameters.values()]
+    _PlainOutputs.forward.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
     return _PlainOutputs()
 
 
