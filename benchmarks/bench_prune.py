@@ -1,4 +1,9 @@
-"""Pruning on digits (1×32×32): what each method really changes in size, speed and accuracy.
+"""Pruning on digits (1×32×32): what each method really changes in size, speed and accuracy; and
+ptopt's structured pruning beside Torch-Pruning on real-world architectures.
+
+``python benchmarks/bench_prune.py [zoo|torch-pruning|all]`` (default ``all``):
+
+``zoo`` (results/prune.md):
 
 - structured `--amount 0.5` + 2 epochs of fine-tuning on `builtin:digits32:train` for zoo:resnet and
   zoo:mobilenet: parameters, latency at batch 1 and 32, held-out accuracy on `builtin:digits32:test`
@@ -37,6 +42,16 @@ ROUNDS, SECONDS = 5, 0.5
 
 
 def main() -> None:
+    which = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if which not in ("zoo", "torch-pruning", "all"):
+        raise SystemExit("usage: python benchmarks/bench_prune.py [zoo|torch-pruning|all]")
+    if which in ("zoo", "all"):
+        zoo()
+    if which in ("torch-pruning", "all"):
+        vs_torch_pruning()
+
+
+def zoo() -> None:
     threads = setup(2)
     import torch
 
@@ -185,6 +200,269 @@ def main() -> None:
         "others not."
     )
     write_result("prune", "Pruning (ptopt prune)", md, data, threads)
+
+
+# -- ptopt vs Torch-Pruning (results/prune_torch_pruning.md) ------------------------------------------
+
+#: the same fraction for both tools (ptopt: of each group's channels / heads; Torch-Pruning: its
+#: ``pruning_ratio`` and, for transformers, ``head_pruning_ratio``)
+TP_RATIO = 0.3
+TP_ROUNDS = 5
+#: batch of every timed call (small: the 2-core machine is shared with other jobs)
+TP_BATCH = 2
+
+
+def _vision(name: str):
+    from tests.compat import models as M
+
+    M.ensure_torchvision_ops()
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(num_classes=10)
+    old, M.IMAGE = M.IMAGE, 64
+    try:
+        model = M.settle_batchnorm(model)  # BN statistics of 64×64 random images, as training sets them
+    finally:
+        M.IMAGE = old
+    x = torch.randn(TP_BATCH, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    return model, x, lambda m: [m.fc if name == "resnet18" else m.classifier[1]]
+
+
+def _bert():
+    from tests.compat.models import ensure_torchvision_ops
+
+    ensure_torchvision_ops()
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=128,
+        num_labels=3,
+    )
+    model = BertForSequenceClassification(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 1000, (TP_BATCH, 64), generator=g)
+    mask = torch.ones(TP_BATCH, 64, dtype=torch.long)
+    mask[1::2, 48:] = 0  # every other row padded
+    return model, {"input_ids": ids * mask, "attention_mask": mask}, lambda m: [m.classifier]
+
+
+def _vit():
+    from tests.compat.models import ensure_torchvision_ops
+
+    ensure_torchvision_ops()
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    model = timm.create_model(
+        "vit_small_patch16_224", pretrained=False, img_size=64, patch_size=8, depth=4, num_classes=10
+    ).eval()
+    x = torch.randn(TP_BATCH, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    return model, x, lambda m: [m.head]
+
+
+TP_MODELS = {
+    "torchvision resnet18 (64×64)": lambda: _vision("resnet18"),
+    "torchvision efficientnet_b0 (64×64)": lambda: _vision("efficientnet_b0"),
+    "HF BERT 4×256, 4 heads (64 tokens, masked)": _bert,
+    "timm ViT-S 4 blocks (64×64, patch 8)": _vit,
+}
+
+
+def _call(model, x):
+    return model(**x) if isinstance(x, dict) else model(x)
+
+
+def _logits(out):
+    return out.logits if hasattr(out, "logits") else out
+
+
+def _torch_pruning(model, x, ignored):
+    """Torch-Pruning 1.6's own recipes (examples/transformers): L1 magnitude, uniform ratio, the
+    classifier ignored; attention: ``num_heads`` of the q/k/v layers, whole heads removed at the same
+    ratio, the modules' head attributes set afterwards as its examples do."""
+    import torch_pruning as tp
+
+    num_heads, attn = {}, []
+    for m in model.modules():
+        if hasattr(m, "num_attention_heads") and hasattr(m, "query"):
+            num_heads.update({m.query: m.num_attention_heads, m.key: m.num_attention_heads})
+            num_heads[m.value] = m.num_attention_heads
+            attn.append(("hf", m))
+        elif hasattr(m, "qkv") and hasattr(m, "num_heads"):
+            num_heads[m.qkv] = m.num_heads
+            attn.append(("timm", m))
+    kw = {}
+    if num_heads:
+        kw = dict(
+            num_heads=num_heads, prune_num_heads=True, prune_head_dims=False, head_pruning_ratio=TP_RATIO
+        )
+    pruner = tp.pruner.BasePruner(
+        model,
+        x,
+        importance=tp.importance.MagnitudeImportance(p=1),
+        pruning_ratio=TP_RATIO,
+        ignored_layers=ignored(model),
+        global_pruning=False,
+        output_transform=lambda out: _logits(out).sum(),
+        **kw,
+    )
+    pruner.step()
+    for kind, m in attn:
+        if kind == "hf":
+            m.num_attention_heads = pruner.num_heads[m.query]
+            m.attention_head_size = m.query.out_features // m.num_attention_heads
+            m.all_head_size = m.query.out_features
+        else:
+            m.num_heads = pruner.num_heads[m.qkv]
+            m.head_dim = m.qkv.out_features // (3 * m.num_heads)
+            m.attn_dim = m.num_heads * m.head_dim
+    return model
+
+
+def _timed(models: dict, x) -> dict[str, float]:
+    """Median over TP_ROUNDS rounds of each model's p50 (ms), the models interleaved within a round,
+    and the median per-round ratio of the dense p50 to each other's."""
+    import torch
+
+    from ptopt.core.timing import measure_latency
+
+    rounds: dict[str, list[float]] = {k: [] for k in models}
+    with torch.inference_mode():
+        for _ in range(TP_ROUNDS):
+            for k, m in models.items():
+                rounds[k].append(
+                    measure_latency(lambda m=m: _call(m, x), TP_BATCH, min_iters=3, min_seconds=0.2)["p50_ms"]
+                )
+    out = {f"{k}_ms": statistics.median(v) for k, v in rounds.items()}
+    for k in models:
+        if k != "dense":
+            out[f"{k}_speedup"] = statistics.median(
+                d / p for d, p in zip(rounds["dense"], rounds[k], strict=True)
+            )
+    return out
+
+
+def vs_torch_pruning() -> None:
+    threads = setup(2)
+    import copy
+    import importlib.util
+    import time
+
+    import torch
+
+    from ptopt.compress.prune_structured import structured_prune
+    from ptopt.compress.stage import count_parameters
+
+    have_tp = importlib.util.find_spec("torch_pruning") is not None
+    rows, data = [], {}
+    for label, factory in TP_MODELS.items():
+        model, x, ignored = factory()
+        with torch.no_grad():
+            ref = _logits(_call(model, x))
+        n0 = count_parameters(model)
+        r: dict = {"params": n0}
+        timed = {"dense": model}
+        for tool in ("ptopt", "torch-pruning"):
+            if tool == "torch-pruning" and not have_tp:
+                r[tool] = {"status": "not installed"}
+                continue
+            t0 = time.perf_counter()
+            try:
+                if tool == "ptopt":
+                    pruned, rep = structured_prune(model, x, TP_RATIO)
+                    extra = {"graph": rep["graph"]}
+                else:
+                    pruned, extra = _torch_pruning(copy.deepcopy(model), x, ignored), {}
+                with torch.no_grad():
+                    out = _logits(_call(pruned, x))
+                assert out.shape == ref.shape, f"output {tuple(out.shape)} vs {tuple(ref.shape)}"
+            except Exception as e:  # noqa: BLE001 - a tool failing on a model is a result here
+                r[tool] = {"status": f"fails: {type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+                continue
+            r[tool] = {
+                "status": "runs",
+                "kept": count_parameters(pruned) / n0,
+                "seconds": time.perf_counter() - t0,
+            }
+            r[tool] |= extra
+            timed[tool] = pruned
+        r |= _timed(timed, x)
+        data[label] = r
+        rows.append(_tp_row(label, r))
+        print(rows[-1], flush=True)
+    headers = [
+        f"model (batch {TP_BATCH})",
+        "params",
+        "ptopt: kept / runs",
+        "Torch-Pruning: kept / runs",
+        "p50 ms dense / ptopt / Torch-Pruning",
+        "speed-up ptopt",
+        "speed-up Torch-Pruning",
+        "ptopt vs Torch-Pruning",
+    ]
+    note = (
+        ""
+        if have_tp
+        else "\n\nTorch-Pruning is not installed here: its columns are empty (pip install torch-pruning)."
+    )
+    md = (
+        md_table(headers, rows)
+        + note
+        + "\n\n"
+        + TP_TEXT.format(ratio=TP_RATIO, rounds=TP_ROUNDS, batch=TP_BATCH)
+    )
+    write_result(
+        "prune_torch_pruning",
+        "Structured pruning: ptopt vs Torch-Pruning",
+        md,
+        data,
+        threads,
+        command="python benchmarks/bench_prune.py torch-pruning",
+    )
+
+
+def _tp_row(label: str, r: dict) -> list:
+    def cell(tool):
+        t = r.get(tool, {})
+        return f"{t['kept']:.2f} / yes" if t.get("status") == "runs" else t.get("status", "-")
+
+    ms = " / ".join(f"{r[k]:.2f}" if k in r else "-" for k in ("dense_ms", "ptopt_ms", "torch-pruning_ms"))
+    both = "ptopt_ms" in r and "torch-pruning_ms" in r
+    return [
+        label,
+        f"{r['params']:,}",
+        cell("ptopt"),
+        cell("torch-pruning"),
+        ms,
+        f"{r['ptopt_speedup']:.2f}×" if "ptopt_speedup" in r else "-",
+        f"{r['torch-pruning_speedup']:.2f}×" if "torch-pruning_speedup" in r else "-",
+        f"{r['torch-pruning_ms'] / r['ptopt_ms']:.2f}×" if both else "-",
+    ]
+
+
+TP_TEXT = """Both tools at the same ratio ({ratio}): ptopt's `structured_prune(model, x, {ratio})` (defaults: the
+first layer and the last linear kept; attention: whole heads; channels coupled through residuals,
+embeddings or model outputs kept) and Torch-Pruning 1.6's `BasePruner` with L1 magnitude importance,
+a uniform ratio, the classifier ignored and, for transformers, its own recipe (`num_heads`,
+`prune_num_heads=True`, `head_pruning_ratio={ratio}`, head attributes set afterwards as its examples
+do). Torch-Pruning also shrinks the channels that residual connections, embeddings and LayerNorms
+share (the transformers' hidden size), which ptopt keeps: it removes more parameters at the same
+ratio, and changes the model's width. *runs*: the pruned model's own forward gives the original's
+output shape. Random weights, no fine-tuning: only size and speed are compared. Speed: batch {batch},
+2 threads, the dense model and both pruned ones timed in turn within each of {rounds} rounds; a
+speed-up is the median of the per-round ratios of the dense p50 to the pruned one's; the last column
+is Torch-Pruning's p50 over ptopt's (above 1: ptopt's model is faster). The machine is shared with
+other jobs, so single figures move; the same-round ratios are the comparable ones."""
 
 
 if __name__ == "__main__":

@@ -11,11 +11,14 @@ ORDER = [
     "distill",
     "export",
     "aoti",
+    "half_parity",
+    "gpu",
     "validate",
     "serve",
     "overhead",
     "int8_ceiling",
     "autoquant",
+    "optimize",
 ]
 
 

@@ -65,8 +65,8 @@ def run(
     from ptopt.cli.options import echo_table
     from ptopt.compress.autoquant import autoquantize
 
-    opts = {k: v for k, v in options.items() if k not in ("epochs", "lr", "train_data", "engine")}
-    for k in ("epochs", "lr", "train_data", "engine"):
+    opts = {k: v for k, v in options.items() if k not in ("epochs", "lr", "train_data")}
+    for k in ("epochs", "lr", "train_data"):
         if options.get(k) is not None:
             from ptopt.core.errors import UsageError
 
@@ -108,8 +108,14 @@ def run(
         if res.artifact is not None:
             art = res.artifact
             best = res.best
+            kind = {"aoti_package": "AOTInductor package", "exported_program": "ExportedProgram"}
+            choice = art.extra.get("engine_choice")
+            if choice:
+                click.echo(
+                    f"engine: {choice['chosen']} ({choice['why']}; search p50 ms {choice['search_latency_ms']})"
+                )
             click.echo(
-                f"wrote {art.path} (TorchScript int8, {res.mode}, {best.scheme}, "
+                f"wrote {art.path} ({kind.get(art.format, 'TorchScript')} int8, {res.mode}, {best.scheme}, "
                 f"{len(best.float_layers)} of {len(res.sensitivity)} tuned layers float): "
                 f"{art.size_bytes:,} bytes; search {len(res.candidates)} candidates in {res.seconds:.1f}s"
             )

@@ -14,7 +14,7 @@ from ptopt.cli.options import maybe_save_recipe, model_options, output_option, s
     required=True,
     metavar="TARGET",
     help="torchscript | onnx | tensorrt | exported_program (.pt2) | aoti (.pt2 AOTInductor package, "
-    "compiled for this CPU and this torch).",
+    "compiled for this CPU, or the GPU of --device, and this torch).",
 )
 @click.option(
     "--min-shape",
@@ -38,8 +38,19 @@ from ptopt.cli.options import maybe_save_recipe, model_options, output_option, s
     "--precision",
     type=str,
     default=None,
-    help="fp32 | fp16 | int8 (default: the source's). onnx: int8 via ORT static quantization; "
-    "tensorrt: fp16/int8 engines.",
+    help="fp32 | fp16 | bf16 | int8 (default: the source's). fp16/bf16: weights and activations in "
+    "half precision (torchscript, exported_program, aoti, onnx; fp16 needs --device cuda); onnx: int8 "
+    "via ORT static quantization; tensorrt: fp16/bf16/int8 engines.",
+)
+@click.option(
+    "--device",
+    default=None,
+    help="cpu (default) | cuda | cuda:N: trace / export / compile and check the artifact on that GPU.",
+)
+@click.option(
+    "--cuda-graphs",
+    is_flag=True,
+    help="aoti on --device cuda: replay the package through CUDA graphs (one capture per input shape).",
 )
 @click.option("--data", help="DATA: input shapes when the model declares none, and int8 calibration.")
 @click.option("--opset", type=int, help="ONNX opset (default: the exporter's).")
@@ -73,6 +84,8 @@ def command(
     atol: float | None,
     rtol: float | None,
     int8_method: str,
+    device: str | None,
+    cuda_graphs: bool,
     weights: str | None,
     allow_pickle: bool,
     output: str,
@@ -106,10 +119,18 @@ def command(
         weights=weights,
         allow_pickle=allow_pickle or None,
         int8_method=None if int8_method == "auto" else int8_method,
+        device=device,
+        cuda_graphs=cuda_graphs or None,
     )
     art = export(
         model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None}
     )
+    _print_result(art)
+    maybe_save_recipe(save_recipe, "export", {"model": model, "output": output, **options})
+
+
+def _print_result(art) -> None:
+    """What was written, its inputs, the parity numbers and the target's own facts."""
     p = art.metrics["parity"]
     click.echo(
         f"wrote {art.path} ({art.format}, {art.precision}, {art.size_bytes:,} bytes"
@@ -127,10 +148,14 @@ def command(
     for w in art.extra.get("trace_warnings") or []:
         click.echo(f"note:    tracer: {w}")
     if art.extra.get("compile_seconds") is not None:
+        target = art.extra.get("cpu_isa") or "cpu"
+        if str(art.extra.get("device", "cpu")).startswith("cuda"):
+            target = str(art.extra["device"]) + (", CUDA graphs" if art.extra.get("cuda_graphs") else "")
         click.echo(
-            f"compile: AOTInductor ({art.extra.get('compiler')}, {art.extra.get('cpu_isa') or 'cpu'}) in "
+            f"compile: AOTInductor ({art.extra.get('compiler')}, {target}) in "
             f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
         )
+    if str(art.extra.get("device", "cpu")).startswith("cuda") or art.extra.get("dtype"):
+        click.echo(f"device:  {art.extra.get('device', 'cpu')}, {art.extra.get('dtype', 'float32')}")
     if art.extra.get("trtexec_shapes"):
         click.echo(f"trtexec: trtexec --onnx={art.path} {art.extra['trtexec_shapes']}")
-    maybe_save_recipe(save_recipe, "export", {"model": model, "output": output, **options})

@@ -45,10 +45,10 @@ from ptopt.cli.options import (
 )
 @click.option(
     "--workers",
-    type=int,
-    default=1,
+    default="1",
     show_default=True,
-    help="Worker processes (TorchServe) or model instances (Triton).",
+    help="Worker processes (TorchServe) or model instances (Triton); 'auto': one per physical core, "
+    "each with one thread (unless --threads).",
 )
 @click.option(
     "--threads", type=int, default=None, help="Intra-op threads per worker (default: the runtime's)."
@@ -68,7 +68,7 @@ def command(
     output: str,
     batch_size: int,
     max_batch_delay_ms: int | None,
-    workers: int,
+    workers: str,
     threads: int | None,
     model_name: str | None,
     input_shapes: tuple[str, ...],
@@ -78,9 +78,11 @@ def command(
 ) -> None:
     """Package ARTIFACT for a model server.
 
-    ARTIFACT is a TorchScript .pt (fp32 or int8) or an .onnx file, best with its ptopt sidecar, which
+    ARTIFACT is a TorchScript .pt (fp32 or int8), an .onnx file or a .pt2 (AOTInductor package:
+    needs --allow-pickle; ExportedProgram: fp32 or PT2E int8), best with its ptopt sidecar, which
     says what inputs the server accepts (else give --input-shape); any other MODEL reference is
-    exported to TorchScript first.
+    exported to TorchScript first. Triton takes AOTInductor packages (platform torch_aoti) but not
+    ExportedPrograms, which are exported to TorchScript for it.
 
     \b
       ptopt package model.int8.pt --format mar -o model.mar --batch-size 8
@@ -91,7 +93,7 @@ def command(
     options = dict(
         batch_size=batch_size,
         max_batch_delay_ms=DEFAULT_MAX_BATCH_DELAY_MS if max_batch_delay_ms is None else max_batch_delay_ms,
-        workers=workers,
+        workers=int(workers) if workers.strip().isdigit() else workers,
         threads=threads,
         model_name=model_name,
         weights=weights,
@@ -100,7 +102,8 @@ def command(
     art = package(artifact, fmt, output, input_shapes=list(input_shapes), **options)
     name = art.extra["model_name"]
     click.echo(
-        f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of a {art.extra['model_format']} "
+        f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of "
+        f"{'an' if art.extra['model_format'][0] in 'aeiou' else 'a'} {art.extra['model_format']} "
         f"{art.precision} model, served as {name!r}"
     )
     for s in art.inputs:
@@ -108,6 +111,8 @@ def command(
     click.echo(
         f"batching: up to {art.config['batch_size']} request(s), {art.config['max_batch_delay_ms']} ms delay; "
         f"workers: {art.config['workers']}"
+        + (f" ({workers}: physical cores)" if workers == "auto" else "")
+        + (f", {art.config['threads']} thread(s) each" if art.config["threads"] else "")
     )
     if fmt == "mar":
         click.echo(f"serve it: ptopt serve {art.path}")

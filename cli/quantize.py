@@ -62,6 +62,13 @@ from ptopt.cli.options import (
     help="fx (default): torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by "
     "AOTInductor into a .pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points.",
 )
+@click.option(
+    "--compile/--no-compile",
+    "compile_",
+    default=None,
+    help="pt2e: compile the int8 graph into an AOTInductor package (default), or with --no-compile "
+    "write the int8 ExportedProgram .pt2 (run it with torch.compile, or ptopt export --target aoti later).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact's sidecar as JSON.")
 @autoquant.autoquant_options
@@ -95,6 +102,7 @@ def command(
     epochs: int | None,
     lr: float | None,
     engine: str | None,
+    compile_: bool | None,
     no_progress: bool,
     as_json: bool,
     weights: str | None,
@@ -139,6 +147,7 @@ def command(
         weights=weights,
         allow_pickle=allow_pickle,
         input_shapes=tuple(input_shapes),
+        **({} if compile_ is None else {"compile": compile_}),  # only when given: recipes stay as they were
     )
     if autoquant.wanted(max_accuracy_drop, min_cosine, analyze):  # accuracy-aware search (cli/autoquant.py)
         goal = dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget)
@@ -161,7 +170,9 @@ def command(
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
-    kind = "AOTInductor package" if art.format == "aoti_package" else "TorchScript"
+    kind = {"aoti_package": "AOTInductor package", "exported_program": "ExportedProgram"}.get(
+        art.format, "TorchScript"
+    )
     click.echo(
         f"wrote {art.path} ({kind} int8, {mode}, backend {art.config['backend']}): "
         f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "

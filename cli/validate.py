@@ -56,6 +56,12 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     "least half of them (default 2; 0: always run every round).",
 )
 @click.option(
+    "--device",
+    default=None,
+    help="cpu | cuda | cuda:N: run every artifact there (models moved once, each batch moved once, "
+    "latency from CUDA events, peak GPU memory). Default: each runtime's own (the CPU; TensorRT a GPU).",
+)
+@click.option(
     "--provider",
     "providers",
     multiple=True,
@@ -124,6 +130,13 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     type=click.Path(dir_okay=False),
     help="Write a self-contained HTML report with plots.",
 )
+@click.option(
+    "--compile",
+    "compile_",
+    is_flag=True,
+    help="Also run every eager / ExportedProgram model (the reference too) through torch.compile, "
+    "as an extra row 'NAME (torch.compile)'; its compile time is reported. Needs a C++ compiler.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @save_recipe_option
 @guard_paths(
@@ -158,6 +171,9 @@ def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     result = validate(**options, progress=progress)
     maybe_save_recipe(save_recipe, "validate", options)
     terminal.print_report(result.data)
+    for e in result.data["artifacts"]:
+        if "compile_seconds" in e.get("info", {}):
+            click.echo(f"torch.compile: {e['name']} compiled in {e['info']['compile_seconds']:.1f} s")
     for key, path in result.report_paths.items():
         click.echo(f"{key}: {path}", err=True)
     raise_for_status(result)
@@ -174,5 +190,6 @@ def twin_options(params: dict[str, Any]) -> dict[str, Any]:
         max_latency_ms=list(params["max_latency_ms"]),
         providers=list(params["providers"]) or None,
         regression_on=[s.strip() for s in params["regression_on"].split(",") if s.strip()],
+        compile=options.pop("compile_") or None,
     )
     return options

@@ -100,6 +100,9 @@ class _Tuner:
         self.cost = self._macs(module, example)
         self.layers: list[str] = []
         self._absmax: dict[str, Any] | None = None
+        #: the model's input specs and calling style (the pt2e engine captures the graph with them)
+        self.specs: list[Any] = []
+        self.style = "positional"
 
     @functools.cached_property
     def fp32_latency(self) -> float:
@@ -142,6 +145,15 @@ class _Tuner:
 
     # quantize / measure ---------------------------------------------------------------------------
     def quantize(self, config: Any, smooth: float | None = None) -> Any:
+        if config.engine == "pt2e":  # the converted q/dq graph: measured eagerly, timed compiled
+            from ptopt.compress import quant_engine_pt2e as pt2e
+
+            batches = []
+            for b in self.calib.batches(config.batch_size, shuffle=True, seed=0):
+                if len(batches) >= config.calibration_batches:
+                    break
+                batches.append(b.x)
+            return pt2e.quantize_static(self.module, self.specs, self.style, config, batches)
         if smooth:
             from ptopt.compress.quantize_dynamic import quantize_dynamic
 
@@ -229,6 +241,8 @@ class _Tuner:
 
         x = self.latency_x
         with torch.no_grad(), torch_threads(self.threads):
+            if model is not self.module and self.base.engine == "pt2e":
+                model = _compiled_int8(model, x)
             if model is self.module:
                 return measure_latency(
                     lambda: call_model(model, x),
@@ -255,6 +269,13 @@ class _Tuner:
 
         from ptopt.compress import quant_engine as engine
 
+        if self.base.engine == "pt2e":  # what X86InductorQuantizer annotates, by module name
+            kinds = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
+            floats = set(self.base.float_modules)
+            self.layers = [
+                n for n, m in self.module.named_modules() if n and isinstance(m, kinds) and n not in floats
+            ]
+            return self.layers
         q = self.quantize(self.base)
         out = []
         for name, m in self.module.named_modules():
@@ -307,6 +328,24 @@ class _Tuner:
         for r in rows:
             r.pop("_key")
         return rows
+
+
+def _compiled_int8(converted: Any, x: Any) -> Any:
+    """A PT2E candidate the way it is deployed: Inductor with freezing (int8 kernels from its
+    lowering; the q/dq graph run eagerly is slower than fp32), compiled here by one call at ``x``'s
+    (fixed) batch, so the timing that follows measures no compilation."""
+    import torch
+    from torch._inductor import config as inductor_config
+
+    from ptopt.compress.quant_engine_pt2e import int8_conv_layout
+    from ptopt.core.inputspec import call_model
+    from ptopt.core.quiet import silenced
+
+    compiled = torch.compile(converted)
+    with inductor_config.patch(freezing=True), int8_conv_layout(), silenced(("torch._inductor", "torchao")):
+        for _ in range(3):  # the first call compiles; the next ones settle (constants, allocations)
+            call_model(compiled, x)
+    return compiled
 
 
 def layer_macs(module: Any, example: Any) -> dict[str, float]:
@@ -396,10 +435,16 @@ def autoquantize(
     weights: Any = None,
     allow_pickle: bool = False,
     progress: bool = True,
+    engine: str | None = None,
+    compile: bool | None = None,
 ) -> AutoQuantResult:
     """Accuracy-aware int8 (see the module docstring); saves at ``output`` when given (never with
     ``analyze``). ``config`` (a static or dynamic quantization config) is the base scheme the search
-    varies; the loose options (backend ... layers) are the same as ``quantize``'s.
+    varies; the loose options (backend ... layers) are the same as ``quantize``'s. ``engine``: fx
+    (default), pt2e (static: layers left float through X86InductorQuantizer's module-name config,
+    candidates timed compiled by Inductor; the answer is an AOTInductor package, or with
+    ``compile=False`` the int8 ExportedProgram) or auto (the search runs on both engines, the tuning
+    budget each, and the faster answer that meets the goal is kept: ``extra["engine_choice"]``).
 
     Returns an :class:`AutoQuantResult` (``.result`` the chosen model's Result, ``.artifact`` its
     saved Artifact, ``.candidates``, ``.sensitivity``, ``.met``); when no candidate meets the goal
@@ -416,18 +461,26 @@ def autoquantize(
     _check_request(mode, goal, eval_data, analyze)
     loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
     loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
-    base = resolve_config(mode, config, **loose)
+    base = resolve_config(mode, config, engine=engine, compile=compile, **loose)
+    if base.engine == "auto" and analyze:
+        raise UsageError("--analyze ranks the layers of one engine: give --engine fx or --engine pt2e")
     if not analyze:
         check_output(output, hint=" such as model.int8.pt")
     require_data(base, calib_data, None)
     prep = prepare(base, model, weights, allow_pickle, input_shapes, calib_data, None, eval_data)
     if goal.max_accuracy_drop is not None:
         prep.evald.require_labels("--max-accuracy-drop (use --min-cosine to compare outputs without labels)")
-    found, search, tuner = _search(prep, base, goal, threads, analyze, _logger(progress))
+    if base.engine == "auto":
+        found, search, tuner, base, choice = _search_both(prep, base, goal, threads, _logger(progress))
+    else:
+        found, search, tuner = _search(prep, base, goal, threads, analyze, _logger(progress))
+        choice = None
     if analyze:
         return found
     refs = {"calib_data": calib_data, "eval_data": eval_data}
     found.result = _chosen_result(found, search, tuner, base, prep, refs)
+    if choice is not None:
+        found.result.template.extra["engine_choice"] = choice
     if output is not None:
         found.artifact = found.result.save(output)
     return found
@@ -456,6 +509,7 @@ def _search(
 
     with engine.quantize_context(base.backend):
         tuner = _Tuner(prep.module, base, prep.calib, prep.evald, prep.example, goal, threads, log)
+        tuner.specs, tuner.style = list(prep.loaded.input_specs), prep.loaded.input_style
         names = tuner.quantizable_layers()
         if not names:
             raise UnsupportedModelError(
@@ -482,6 +536,31 @@ def _search(
     found.reason = _explain(found, names)
     found.seconds = tuner.elapsed()
     return found, search, tuner
+
+
+def _search_both(
+    prep: Any, base: Any, goal: AccuracyGoal, threads: int | None, log: Callable[[str], None]
+) -> tuple[AutoQuantResult, Any, _Tuner, Any, dict[str, Any]]:
+    """``engine="auto"``: the search on fx, then on pt2e; the faster answer meeting the goal (else
+    the one meeting it, else fx's) with its search, tuner and base, and why it was chosen."""
+    runs = {}
+    for name in ("fx", "pt2e"):
+        log(f"engine {name}")
+        one = base.replace(engine=name)
+        runs[name] = (*_search(prep, one, goal, threads, False, log), one)
+    met = {k: r[0].met for k, r in runs.items()}
+    ms = {k: r[0].best.latency_ms for k, r in runs.items()}
+    holding = [k for k in runs if met[k]] or list(runs)
+    chosen = min(holding, key=lambda k: ms[k])
+    why = (
+        f"faster at batch {goal.latency_batch_size} within the goal"
+        if all(met.values())
+        else ("the only engine meeting the goal" if any(met.values()) else "neither meets the goal; faster")
+    )
+    choice = {"chosen": chosen, "why": why, "search_latency_ms": ms, "goal_met": met}
+    found, search, tuner, chosen_base = runs[chosen]
+    found.reason = f"engine {chosen} ({why}; search p50 ms {ms}). {found.reason}"
+    return found, search, tuner, chosen_base, choice
 
 
 def _chosen_result(

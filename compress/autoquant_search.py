@@ -40,7 +40,8 @@ SMOOTH_ALPHAS = (0.75, 0.6)
 
 def _schemes(base: Any, smoothable: bool = False) -> list[tuple[bool, str | None, float | None]]:
     """(per_channel, observer, smoothing alpha) triples, the user's own first."""
-    pcs = [base.per_channel, not base.per_channel]
+    # the pt2e engine (X86InductorQuantizer) quantizes weights per channel only
+    pcs = [base.per_channel, not base.per_channel] if base.engine == "fx" else [base.per_channel]
     if base.mode != "static":
         alphas = (None,) + (SMOOTH_ALPHAS if smoothable else ())
         return [(pc, None, a) for a in alphas for pc in pcs]

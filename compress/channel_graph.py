@@ -16,6 +16,7 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
+from ptopt.compress.prune_attention import attention_unit
 from ptopt.core.errors import UnsupportedModelError
 
 # -- what the analysis knows about ops ------------------------------------------------------------
@@ -92,6 +93,18 @@ _ELEMENTWISE_NAMES = {
     "sin",
     "cos",
     "reciprocal",
+    # torchvision's stochastic depth drops whole samples (rows), never single channels
+    "stochastic_depth",
+    # ATen spellings (torch.export graphs) of the same channel-preserving ops
+    "alias",
+    "to_copy",
+    "lift_fresh_copy",
+    "feature_dropout",
+    "rsub",
+    "masked_fill",
+    "expand",
+    "expand_as",
+    "gelu_",
 }
 #: ops that only touch spatial / sequence dims when the channel dim keeps its size
 _SPATIAL_NAMES = {
@@ -117,7 +130,20 @@ _RESHAPE_NAMES = {"flatten", "view", "reshape"}
 _REDUCE_NAMES = {"mean", "sum", "amax", "amin"}
 _CONCAT_NAMES = {"cat", "concat", "concatenate"}
 #: ops returning sizes: recomputed when the pruned model runs, so they need nothing
-_SIZE_NAMES = {"size", "dim", "getattr", "numel", "shape", "ndimension"}
+_SIZE_NAMES = {
+    "size",
+    "dim",
+    "getattr",
+    "numel",
+    "shape",
+    "ndimension",
+    "sym_size",
+    "sym_numel",
+    "assert_tensor_metadata",
+    "assert_scalar",
+}
+#: ops that move the channel axis (handled by ``_move_axis``)
+_AXIS_NAMES = {"transpose", "permute", "unsqueeze", "squeeze", "select", "slice", "t"}
 
 _PASSTHROUGH_MODULES = {
     "ReLU",
@@ -137,6 +163,7 @@ _PASSTHROUGH_MODULES = {
     "Softplus",
     "PReLU_never",
     "Identity",
+    "StochasticDepth",
     "Dropout",
     "Dropout1d",
     "Dropout2d",
@@ -170,9 +197,12 @@ _BN_TYPES = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
 
 
 def _op_name(node: Any) -> str:
+    """``add`` for ``operator.add``, ``x.add_``, ``torch.add`` and ATen's ``aten.add_.Tensor`` alike."""
     t = node.target
     if isinstance(t, str):
         return t
+    if hasattr(t, "_opname"):  # an ATen OpOverload: the op without its overload name
+        return t._opname.strip("_")
     return getattr(t, "__name__", str(t)).strip("_")
 
 
@@ -187,6 +217,10 @@ class _Space:
     )  # layers whose output rows are these channels
     frozen: list[str] = dataclasses.field(default_factory=list)  # why these channels must stay
     parent: int = -1
+    #: channels are removed in whole blocks of this many (attention heads, GroupNorm groups)
+    block: int = 1
+    #: (module, kind) whose attributes follow the kept count (``prune_attention.set_count``)
+    updates: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,16 +239,24 @@ class ChannelGroup:
     producers: list[str]
     size: int
     frozen: list[str]
-    #: (module name, role, features per channel) of every module whose weights are sliced by this group
-    users: list[tuple[str, str, int]]
+    #: (module name, role, features per channel, channel offset) of every module whose weights are
+    #: sliced by this group; the offset places a concatenated (or fused q/k/v) part in the dimension
+    users: list[tuple[str, str, int, int]]
+    #: channels go in whole blocks of this many (attention heads, GroupNorm groups)
+    block: int = 1
+    #: (module, kind): attributes to set from the kept count (heads, groups)
+    updates: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def prunable(self) -> bool:
-        return not self.frozen and bool(self.producers)
+        return not self.frozen and bool(self.producers) and self.size // self.block > 1
 
 
 class ChannelGraph:
     """Channel dependencies of a traced model (see the module docstring)."""
+
+    #: the graph the analysis read (``fx`` here, ``export`` for ``prune_graph.ATenChannelGraph``)
+    kind = "fx"
 
     def __init__(self, model: Any, example_inputs: Any, input_style: str = "positional"):
         import torch
@@ -228,10 +270,12 @@ class ChannelGraph:
             self.gm = torch.fx.symbolic_trace(model)
         except Exception as e:  # noqa: BLE001 - tracing fails in many ways (control flow on values, ...)
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UnsupportedModelError(
+            err = UnsupportedModelError(
                 f"structured pruning needs the model's graph, but torch.fx cannot trace {type(model).__name__}: "
                 f"{reason[:300]} (l1-unstructured and global pruning need no graph)"
-            ) from None
+            )
+            err.capture_reason = reason[:300]
+            raise err from None
         args, kwargs = call_args(example_inputs)
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         if kwargs:
@@ -244,21 +288,31 @@ class ChannelGraph:
                 f"structured pruning: running the traced graph failed: {str(e).strip().splitlines()[0][:300]}"
             ) from None
         self.modules = dict(self.gm.named_modules())
+        self._analyse()
+
+    def _analyse(self) -> None:
+        """Visit every node of ``self.gm.graph`` once, in order (``self.modules`` set)."""
         self._spaces: list[_Space] = []
-        self._users: list[tuple[int, str, str, int]] = []  # (space, module, role, inner)
+        self._users: list[tuple[int, str, str, int, int]] = []  # (space, module, role, inner, offset)
         self._unresolved: list[tuple[str, str, list[int]]] = []  # (node, op, spaces)
         self._module_out: dict[str, int] = {}
         self._module_in: dict[str, int] = {}
         self.producer_order: list[str] = []
+        #: structures kept whole by themselves (printed, the rest is pruned)
+        self.notes: list[str] = []
         #: view/reshape nodes that flatten channels into features: node name -> start dim
         self.flatten_nodes: dict[str, int] = {}
         self._info: dict[Any, _Info | None] = {}
+        #: concatenation space -> its parts (space or None for channels no layer made, offset, size)
+        self._parts: dict[int, list[tuple[int | None, int, int]]] = {}
         for node in self.gm.graph.nodes:
             self._info[node] = self._visit(node)
 
     # -- union-find ----------------------------------------------------------------------------
-    def _new(self, size: int, producer: str | None = None, frozen: str | None = None) -> int:
-        self._spaces.append(_Space(size, [producer] if producer else [], [frozen] if frozen else []))
+    def _new(self, size: int, producer: str | None = None, frozen: str | None = None, block: int = 1) -> int:
+        self._spaces.append(
+            _Space(size, [producer] if producer else [], [frozen] if frozen else [], block=block)
+        )
         return len(self._spaces) - 1
 
     def _find(self, i: int) -> int:
@@ -276,13 +330,34 @@ class ChannelGraph:
                 f"structured pruning: channels of different sizes ({sa.size} vs {sb.size}) "
                 f"meet at {where}; cannot resolve the dependency"
             )
+        if ra in self._parts or rb in self._parts:
+            # a concatenation meeting other channels elementwise: its parts keep every channel
+            self._freeze(ra, f"concatenated channels meet other channels at {where}")
+            self._freeze(rb, f"concatenated channels meet other channels at {where}")
+            return ra
         sb.parent = ra
         sa.producers += sb.producers
         sa.frozen += sb.frozen
+        sa.updates += sb.updates
+        block = math.lcm(sa.block, sb.block)
+        if sa.size % block:
+            sa.frozen.append(f"blocks of {sa.block} and {sb.block} channels meet at {where}")
+        sa.block = block
         return ra
 
     def _freeze(self, i: int, reason: str) -> None:
-        self._spaces[self._find(i)].frozen.append(reason)
+        root = self._find(i)
+        self._spaces[root].frozen.append(reason)
+        for part, _, _ in self._parts.get(root, ()):
+            if part is not None:
+                self._freeze(part, reason)
+
+    def _expand_parts(self, i: int) -> list[int]:
+        """The spaces behind ``i``: its concatenated parts, or itself."""
+        root = self._find(i)
+        if root not in self._parts:
+            return [root]
+        return [p for p, _, _ in self._parts[root] if p is not None]
 
     # -- per-node rules ------------------------------------------------------------------------
     @staticmethod
@@ -302,7 +377,8 @@ class ChannelGraph:
 
     def _live(self, node: Any) -> list[int]:
         """Spaces carried by the node's tensor inputs."""
-        return [self._info[n].space for n in self._tensor_inputs(node) if self._info.get(n) is not None]
+        infos = [self._info.get(n) for n in self._tensor_inputs(node)]
+        return [s for i in infos if i is not None for s in self._expand_parts(i.space)]
 
     def _unknown(self, node: Any, what: str) -> None:
         spaces = self._live(node)
@@ -322,15 +398,23 @@ class ChannelGraph:
             return None
         if shape is None:  # not one tensor: sizes (recomputed at run time, fine), tuples (unknown layout)
             if node.op == "call_module":
-                return self._unknown(node, type(self.modules[node.target]).__name__)
+                mod = self.modules[node.target]
+                if type(mod).__name__ == "MultiheadAttention":  # returns (output, weights)
+                    return self._keep_whole(node, node.target, attention_unit(node.target, mod).reason)
+                return self._unknown(node, type(mod).__name__)
             if _op_name(node) not in _SIZE_NAMES:
                 return self._unknown(node, _op_name(node))
             return None
         if node.op == "call_module":
             return self._visit_module(node, shape)
+        return self._visit_function(node, shape)
+
+    def _visit_function(self, node: Any, shape: tuple[int, ...]) -> _Info | None:
         name = _op_name(node)
         if name in _CONCAT_NAMES:
             return self._concat(node, shape)
+        if name in _AXIS_NAMES:
+            return self._move_axis(node, name, shape)
         if name in _RESHAPE_NAMES:
             return self._reshape(node, shape)
         if name in _REDUCE_NAMES:
@@ -387,16 +471,60 @@ class ChannelGraph:
         return _Info(space, axis, ref.inner)
 
     def _concat(self, node: Any, shape: tuple[int, ...]) -> _Info | None:
-        infos = [self._info.get(n) for n in self._tensor_inputs(node)]
-        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
-        for info in infos:
-            if info is None:
-                continue
-            if dim % len(shape) == info.axis:
-                self._freeze(info.space, f"concatenated at {node.name}")
+        """Along the channel axis: a new space made of its inputs' channels at their offsets (a layer
+        consuming it slices each part where it sits); along another axis: elementwise."""
+        ins = self._tensor_inputs(node)
+        infos = [self._info.get(n) for n in ins]
+        known = [i for i in infos if i is not None]
+        if not known:
+            return None
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0) % len(shape)
+        if dim != known[0].axis:
+            return self._elementwise(node, shape)
+        parts: list[tuple[int | None, int, int]] = []
+        offset = 0
+        for n, info in zip(ins, infos, strict=True):
+            size = self._shape(n)[dim]
+            if info is not None and (info.axis != dim or info.inner != 1):
+                return self._unknown(node, _op_name(node))
+            root = self._find(info.space) if info is not None else None
+            if root in self._parts:  # a concatenation of concatenations: flatten it
+                parts += [(p, offset + o, k) for p, o, k in self._parts[root]]
             else:
-                return self._elementwise(node, shape)
-        return None
+                parts.append((root, offset, size))
+            offset += size
+        space = self._new(offset)
+        self._parts[space] = parts
+        return _Info(space, dim)
+
+    def _move_axis(self, node: Any, name: str, shape: tuple[int, ...]) -> _Info | None:
+        """transpose / permute / (un)squeeze / select / slice: where the channel axis goes (an op along
+        the channel axis itself is unknown)."""
+        src, info = self._first_info(node)
+        if info is None:
+            return None
+        s, a = self._shape(src), info.axis
+        args = [x for x in node.args[1:] if isinstance(x, (int, list, tuple))]
+        flat = [int(v) for x in args for v in (x if isinstance(x, (list, tuple)) else [x])]
+        dims = [d % max(len(s), 1) for d in flat]
+        new_axis = None
+        if name in ("transpose", "t"):
+            d0, d1 = dims[:2] if len(dims) >= 2 else (0, 1)
+            new_axis = d1 if a == d0 else d0 if a == d1 else a
+        elif name == "permute" and len(dims) == len(s):
+            new_axis = dims.index(a)
+        elif name == "unsqueeze" and flat:
+            d = flat[0] % (len(s) + 1)
+            new_axis = a + (d <= a)
+        elif name == "squeeze":
+            removed = [d for d in (dims or range(len(s))) if s[d] == 1]
+            new_axis = None if a in removed else a - sum(d < a for d in removed)
+        elif name in ("select", "slice") and dims and dims[0] != a:
+            keep = name == "slice" or dims[0] > a
+            new_axis = a if keep else a - 1
+        if new_axis is None or new_axis >= len(shape) or shape[new_axis] != s[a]:
+            return self._unknown(node, name)
+        return _Info(info.space, new_axis, info.inner)
 
     def _reshape(self, node: Any, shape: tuple[int, ...]) -> _Info | None:
         src, info = self._first_info(node)
@@ -437,25 +565,8 @@ class ChannelGraph:
         src, info = self._first_info(node)
         if kind in _CONV_TYPES or kind == "Linear":
             return self._visit_layer(node, name, mod, kind, src, info, shape)
-        if kind in _BN_TYPES:
-            if info is not None:
-                if info.axis != 1:
-                    return self._unknown(node, kind)
-                self._users.append((info.space, name, "norm", info.inner))
-                self._remember_input(name, info.space)
-            return info
-        if kind == "LayerNorm":
-            if info is None:
-                return None
-            ndim = len(mod.normalized_shape)
-            rank = len(self._shape(src))
-            if info.axis < rank - ndim:
-                return info
-            if ndim == 1 and info.axis == rank - 1 and mod.elementwise_affine:
-                self._users.append((info.space, name, "norm", info.inner))
-                self._remember_input(name, info.space)
-                return info
-            return self._unknown(node, kind)
+        if kind in _BN_TYPES or kind in ("LayerNorm", "GroupNorm"):
+            return self._visit_norm(node, name, mod, kind, src, info)
         if kind in _PASSTHROUGH_MODULES:
             return info
         if kind in _SPATIAL_MODULES:
@@ -463,6 +574,46 @@ class ChannelGraph:
         if kind in ("Flatten", "Unflatten"):
             return self._reshape(node, shape)
         return self._unknown(node, kind)
+
+    def _keep_whole(self, node: Any, name: str, reason: str) -> None:
+        """A structure kept whole: the channels it reads stay, what it returns is no layer's output."""
+        for space in self._live(node):
+            self._freeze(space, f"read by {name}, kept whole")
+        note = f"{name} kept whole: {reason}"
+        if note not in self.notes:
+            self.notes.append(note)
+        return None
+
+    def _visit_norm(self, node: Any, name: str, mod: Any, kind: str, src: Any, info: _Info | None):
+        """BatchNorm (channel axis 1), LayerNorm over the channel (last) axis, GroupNorm (axis 1, whole
+        groups: the space is pruned in blocks of channels-per-group, ``num_groups`` follows)."""
+        if info is None:
+            return None
+        rank = len(self._shape(src))
+        if kind == "LayerNorm":
+            ndim = len(mod.normalized_shape)
+            if info.axis < rank - ndim:
+                return info
+            if not (ndim == 1 and info.axis == rank - 1 and mod.elementwise_affine):
+                return self._unknown(node, kind)
+        elif info.axis != 1 or (kind == "GroupNorm" and info.inner != 1):
+            return self._unknown(node, kind)
+        if kind == "GroupNorm":
+            if not mod.affine:
+                return self._unknown(node, kind)
+            self._block(info.space, mod.num_channels // mod.num_groups, name)
+        self._users.append((info.space, name, "norm", info.inner, 0))
+        self._remember_input(name, info.space)
+        return info
+
+    def _block(self, space: int, block: int, where: str) -> None:
+        """Channels of ``space`` go in whole blocks of ``block`` (GroupNorm groups, conv groups)."""
+        sp = self._spaces[self._find(space)]
+        new = math.lcm(sp.block, block)
+        if sp.size % new:
+            self._freeze(space, f"blocks of {sp.block} and {block} channels meet at {where}")
+        else:
+            sp.block = new
 
     def _remember_input(self, name: str, space: int) -> None:
         if name in self._module_in:  # a layer called twice: both inputs must be sliced alike
@@ -487,7 +638,14 @@ class ChannelGraph:
             if groups == mod.in_channels == mod.out_channels:  # depthwise: keeps its input's channels
                 if info is None:
                     return None
-                self._users.append((info.space, name, "depthwise", 1))
+                self._users.append((info.space, name, "depthwise", 1, 0))
+                self._remember_input(name, info.space)
+                return info
+            if info is not None and mod.in_channels == mod.out_channels and info.inner == 1:
+                # grouped, channels in = out: output group j reads input group j, so whole groups
+                # go together and the conv keeps its input's channel space
+                self._block(info.space, mod.in_channels // groups, name)
+                self._users.append((info.space, name, "grouped", 1, 0))
                 self._remember_input(name, info.space)
                 return info
             if info is not None:
@@ -497,13 +655,27 @@ class ChannelGraph:
                 out_axis,
             )
         if info is not None:
-            self._users.append((info.space, name, "in", info.inner))
+            self._users.append((info.space, name, "in", info.inner, 0))
             self._remember_input(name, info.space)
         if name not in self._module_out:
             self._module_out[name] = self._new(out_size, producer=name)
-            self._users.append((self._module_out[name], name, "out", 1))
+            self._users.append((self._module_out[name], name, "out", 1, 0))
             self.producer_order.append(name)
         return _Info(self._module_out[name], out_axis)
+
+    def executed_layers(self) -> list[str]:
+        """The modules with a weight matrix (conv, linear, recurrent, embedding) in the order the
+        traced graph runs them."""
+        import torch
+
+        out = []
+        for node in self.gm.graph.nodes:
+            if node.op != "call_module" or node.target in out:
+                continue
+            m = self.modules[node.target]
+            if isinstance(m, torch.nn.RNNBase) or any(p.dim() >= 2 for p in m.parameters(recurse=False)):
+                out.append(node.target)
+        return out
 
     def rewrite_flattens(self) -> Any:
         """The traced module with every channel-flattening view/reshape (``x.view(-1, 400)``, whose
@@ -558,8 +730,8 @@ class ChannelGraph:
         understand touches channels that would otherwise be pruned.
         """
         exclude = set(exclude)
-        for space, module, role, _ in self._users:
-            if module in exclude and role in ("out", "depthwise", "norm"):
+        for space, module, role, _, _ in self._users:
+            if module in exclude and role in ("out", "depthwise", "norm", "grouped"):
                 self._freeze(space, (reasons or {}).get(module, f"{module} excluded"))
         self._refuse_unresolved()
         by_root: dict[int, ChannelGroup] = {}
@@ -568,10 +740,18 @@ class ChannelGraph:
             if r not in by_root:
                 sp = self._spaces[r]
                 by_root[r] = ChannelGroup(
-                    list(dict.fromkeys(sp.producers)), sp.size, list(dict.fromkeys(sp.frozen)), []
+                    list(dict.fromkeys(sp.producers)),
+                    sp.size,
+                    list(dict.fromkeys(sp.frozen)),
+                    [],
+                    sp.block,
+                    list(dict.fromkeys(sp.updates)),
                 )
-        for space, module, role, inner in self._users:
-            by_root[self._find(space)].users.append((module, role, inner))
+        for space, module, role, inner, offset in self._users:
+            root = self._find(space)
+            for part, at, _ in self._parts.get(root, [(root, 0, 0)]):
+                if part is not None:
+                    by_root[self._find(part)].users.append((module, role, inner, offset + at))
         return [g for g in by_root.values() if g.producers or g.users]
 
 

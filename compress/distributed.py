@@ -46,21 +46,13 @@ def world_size() -> int:
 
 
 def resolve_device(name: str) -> Any:
-    """``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun CUDA means cuda:LOCAL_RANK."""
-    import torch
+    """``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``, checked by
+    ``ptopt.core.device.resolve_device``; under torchrun a plain ``cuda`` means cuda:LOCAL_RANK."""
+    from ptopt.core.device import resolve_device as resolve
 
-    from ptopt.core.errors import UsageError
-
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"device {name!r}: CUDA is not available here (use --device cpu)")
-        if name == "cuda" and env_world_size() > 1:
-            name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    elif name != "cpu":
-        raise UsageError(f"unknown device {name!r} (use auto, cpu, cuda or cuda:N)")
-    return torch.device(name)
+    if str(name).strip().lower() == "cuda" and env_world_size() > 1:
+        name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return resolve(name)
 
 
 @contextlib.contextmanager

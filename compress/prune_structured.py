@@ -22,23 +22,32 @@ The analysis is ``ptopt.compress.channel_graph``; this module ranks channels and
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
 from ptopt.compress.channel_graph import _CONV_TYPES, ChannelGraph, ChannelGroup
-from ptopt.compress.prune import StructuredPruneConfig, matches, register_pruner
+from ptopt.compress.prune import PruneWarning, StructuredPruneConfig, matches, register_pruner
 from ptopt.core.errors import UnsupportedModelError
 
 # -- pruning ---------------------------------------------------------------------------------------
 
+#: which graph the channel analysis reads: ``auto`` tries torch.fx first (milliseconds) and falls
+#: back to torch.export's ATen graph (seconds) when fx cannot trace the model or meets an op it does
+#: not know; ``fx`` / ``export`` force one
+GRAPHS = ("auto", "fx", "export")
+
 
 def channel_importance(modules: dict[str, Any], group: ChannelGroup, criterion: str = "l1") -> Any:
-    """One score per channel of the group: the sum over its producers of each filter's L1 or L2 norm."""
+    """One score per channel of the group: the sum over its producing rows (every ``out`` use: a
+    layer's filters, or the q, k and v rows of a fused projection) of each row's L1 or L2 norm."""
     import torch
 
     score = torch.zeros(group.size)
-    for name in group.producers:
-        w = modules[name].weight.detach().flatten(1)
+    for name, role, _, offset in group.users:
+        if role != "out":
+            continue
+        w = modules[name].weight.detach()[offset : offset + group.size].flatten(1)
         score += w.abs().sum(1) if criterion == "l1" else w.pow(2).sum(1).sqrt()
     return score
 
@@ -64,6 +73,14 @@ def _slice_param(mod: Any, attr: str, dim: int, idx: Any) -> None:
         setattr(mod, attr, new)
 
 
+def _dim_size(mod: Any, role: str) -> int:
+    """Length of the dimension ``role`` slices (before slicing)."""
+    if role == "in":
+        return mod.weight.shape[1]
+    t = mod.weight if getattr(mod, "weight", None) is not None else mod.running_mean
+    return t.shape[0]
+
+
 def _apply(mod: Any, role: str, idx: Any) -> None:
     kind = type(mod).__name__
     if role == "out":
@@ -79,17 +96,79 @@ def _apply(mod: Any, role: str, idx: Any) -> None:
             mod.in_features = len(idx)
         else:
             mod.in_channels = len(idx)
-    elif role == "depthwise":
+    elif role in ("depthwise", "grouped"):
+        per_group = mod.in_channels // mod.groups
         _slice_param(mod, "weight", 0, idx)
         _slice_param(mod, "bias", 0, idx)
-        mod.in_channels = mod.out_channels = mod.groups = len(idx)
+        mod.in_channels = mod.out_channels = len(idx)
+        mod.groups = len(idx) // per_group
     elif role == "norm":
         for attr in ("weight", "bias", "running_mean", "running_var"):
             _slice_param(mod, attr, 0, idx)
         if kind == "LayerNorm":
             mod.normalized_shape = (len(idx),)
+        elif kind == "GroupNorm":
+            mod.num_groups = len(idx) // (mod.num_channels // mod.num_groups)
+            mod.num_channels = len(idx)
         else:
             mod.num_features = len(idx)
+
+
+def analyse(
+    model: Any,
+    example_inputs: Any,
+    exclude: Iterable[str] = (),
+    prune_first_last: bool = False,
+    graph: str = "auto",
+) -> tuple[Any, list[ChannelGroup], dict[str, str]]:
+    """(channel graph, its groups, default exclusions with their reasons) of ``model``.
+
+    ``graph="auto"``: the torch.fx analysis when it traces the model and knows every op; else the
+    ATen graph of ``torch.export`` (``ptopt.compress.prune_graph``), which also captures models fx
+    cannot trace and knows attention heads. An UnsupportedModelError names why neither works.
+    """
+    from ptopt.compress.prune_graph import ATenChannelGraph
+
+    kinds = {"fx": [ChannelGraph], "export": [ATenChannelGraph], "auto": [ChannelGraph, ATenChannelGraph]}
+    errors: list[UnsupportedModelError] = []
+    found = None
+    for cls in kinds[graph]:
+        try:
+            g = cls(model, example_inputs)
+            defaults = _default_excluded(g, prune_first_last)
+            excluded = {n for n in g.modules if matches(n, exclude)}
+            found = (g, g.groups(excluded | set(defaults), defaults), defaults)
+        except UnsupportedModelError as e:
+            errors.append(e)
+            continue
+        if any(grp.prunable for grp in found[1]):
+            return found  # else the next graph may see more (fx sees a fused attention op as one module)
+    if found is not None:
+        return found
+    fx, ep = (getattr(e, "capture_reason", None) for e in (errors + errors)[:2])
+    if len(errors) == 2 and fx and ep:
+        raise UnsupportedModelError(
+            f"structured pruning needs the model's graph, but torch.fx cannot trace "
+            f"{type(model).__name__} ({fx}) and torch.export cannot capture it ({ep}); "
+            "l1-unstructured and global pruning need no graph"
+        )
+    raise errors[-1]
+
+
+def _default_excluded(graph: Any, prune_first_last: bool) -> dict[str, str]:
+    """The first layer the model *runs* (an LSTM/GRU/Embedding before the first prunable layer
+    makes that one not the first) and the last linear, with the reason each is kept."""
+    defaults: dict[str, str] = {}
+    if prune_first_last or not graph.producer_order:
+        return defaults
+    executed = graph.executed_layers()
+    first = graph.producer_order[0] if executed[:1] == graph.producer_order[:1] else None
+    if first is not None:
+        defaults[first] = f"{first} is the first layer (excluded by default; --prune-first-last prunes it)"
+    linears = [n for n in graph.producer_order if type(graph.modules[n]).__name__ == "Linear"]
+    if linears and linears[-1] != first:
+        defaults[linears[-1]] = f"{linears[-1]} is the last linear (excluded by default)"
+    return defaults
 
 
 def structured_prune(
@@ -101,72 +180,72 @@ def structured_prune(
     exclude: Iterable[str] = (),
     prune_first_last: bool = False,
     base_channels: dict[str, int] | None = None,
+    graph: str = "auto",
 ) -> tuple[Any, dict[str, Any]]:
     """Remove ``amount`` of the output channels of every prunable group; returns (new model, report).
 
     ``amount`` is a fraction of ``base_channels[layer]`` (the channels before the first of several
-    gradual rounds) or of the current channels. The model is deep-copied; the result is the same
-    module class with smaller layers, an ordinary dense nn.Module.
+    gradual rounds) or of the current channels; attention heads and GroupNorm groups go whole. The
+    model is deep-copied; the result is the same module class with smaller layers (and fewer heads),
+    an ordinary dense nn.Module. ``graph``: see :data:`GRAPHS`.
     """
     import torch
 
     from ptopt.core.inputspec import call_model
 
     model = copy.deepcopy(model).eval()
-    graph = ChannelGraph(model, example_inputs)
-    modules = graph.modules
-    excluded = {n for n in modules if matches(n, exclude)}
-    defaults: dict[str, str] = {}
-    if not prune_first_last and graph.producer_order:
-        # the first layer the model *runs* (an LSTM/GRU/Embedding before the first prunable layer
-        # makes that one not the first), in execution order
-        executed = weighted_layers_in_order(graph)
-        first = graph.producer_order[0] if executed[:1] == graph.producer_order[:1] else None
-        if first is not None:
-            defaults[first] = (
-                f"{first} is the first layer (excluded by default; --prune-first-last prunes it)"
-            )
-        linears = [n for n in graph.producer_order if type(modules[n]).__name__ == "Linear"]
-        if linears and linears[-1] != first:
-            defaults[linears[-1]] = f"{linears[-1]} is the last linear (excluded by default)"
-    groups = graph.groups(excluded | set(defaults), defaults)
-    if not any(g.prunable for g in groups):
+    g, groups, defaults = analyse(model, example_inputs, exclude, prune_first_last, graph)
+    modules = g.modules
+    if not any(grp.prunable for grp in groups):
+        why = [
+            f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen
+        ]
+        why = why + list(g.notes) or [
+            "the model has no conv or linear layer whose outputs another layer reads"
+        ]
         raise UnsupportedModelError(
-            "structured pruning found no layer whose output channels can be removed: "
-            + "; ".join(
-                f"{', '.join(g.producers)}: {g.frozen[0]}" for g in groups if g.producers and g.frozen
-            )[:600]
+            "structured pruning found no layer whose output channels can be removed: " + "; ".join(why)[:600]
         )
+    for note in g.notes:
+        warnings.warn(note, PruneWarning, stacklevel=2)
     with torch.no_grad():
         ref = call_model(model, example_inputs)
     layers = _prune_groups(modules, groups, amount, criterion, base_channels)
-    model = _runnable(model, graph, example_inputs, ref)
-    order = {n: i for i, n in enumerate(graph.producer_order)}
+    model = _runnable(model, g, example_inputs, ref)
+    order = {n: i for i, n in enumerate(g.producer_order)}
     layers = dict(sorted(layers.items(), key=lambda kv: order.get(kv[0], len(order))))
     return model, {
         "layers": layers,
         "default_excluded": list(defaults),
+        "graph": g.kind,
+        "notes": list(g.notes),
         "groups": [
-            {"layers": g.producers, "channels": g.size, "kept_reason": "; ".join(g.frozen) or None}
-            for g in groups
-            if g.producers
+            {"layers": grp.producers, "channels": grp.size, "kept_reason": "; ".join(grp.frozen) or None}
+            for grp in groups
+            if grp.producers
         ],
     }
 
 
-def weighted_layers_in_order(graph: ChannelGraph) -> list[str]:
-    """The modules with a weight matrix (conv, linear, recurrent, embedding) in the order the traced
+def weighted_layers_in_order(graph: Any) -> list[str]:
+    """The modules with a weight matrix (conv, linear, recurrent, embedding) in the order the
     graph runs them."""
+    return graph.executed_layers()
+
+
+def _keep(modules: dict[str, Any], g: ChannelGroup, amount: float, criterion: str, base: dict) -> Any:
+    """The channels of ``g`` to keep (whole blocks), or None when none go."""
     import torch
 
-    out = []
-    for node in graph.gm.graph.nodes:
-        if node.op != "call_module" or node.target in out:
-            continue
-        m = graph.modules[node.target]
-        if isinstance(m, torch.nn.RNNBase) or any(p.dim() >= 2 for p in m.parameters(recurse=False)):
-            out.append(node.target)
-    return out
+    # the group's size when the first round started: a producer's base output size, scaled to
+    # the part of its rows this group owns (a fused q/k/v projection owns a third per group)
+    start = max(base.get(n, _out_size(modules[n])) * g.size // _out_size(modules[n]) for n in g.producers)
+    blocks, base_blocks = g.size // g.block, max(1, start // g.block)
+    n_keep = min(blocks, max(1, base_blocks - int(round(amount * base_blocks))))
+    if n_keep >= blocks:
+        return None
+    score = channel_importance(modules, g, criterion).view(blocks, g.block).sum(1)
+    return _expand(torch.sort(torch.topk(score, n_keep).indices).values, g.block)
 
 
 def _prune_groups(
@@ -176,36 +255,44 @@ def _prune_groups(
     criterion: str,
     base_channels: dict[str, int] | None,
 ) -> dict[str, dict[str, Any]]:
-    """Rank each prunable group's channels and slice every layer that uses them; returns the
-    per-layer table (channels before / after, the group, why a group was kept)."""
+    """Rank each prunable group's channels and slice every layer that uses them (each layer's
+    dimension once, from the kept channels of every group with a part in it); returns the per-layer
+    table (channels before / after, the group, why a group was kept)."""
     import torch
 
-    before = {n: _out_size(modules[n]) for g in groups for n in g.producers}
+    from ptopt.compress.prune_attention import set_count
+
     layers: dict[str, dict[str, Any]] = {}
+    cuts: dict[tuple[str, str], list[tuple[int, int, int, Any]]] = {}
+    counts: list[tuple[ChannelGroup, int]] = []
     for g in groups:
         for n in g.producers:
             layers[n] = {
-                "channels_before": before[n],
-                "channels_after": before[n],
+                "channels_before": _out_size(modules[n]),
                 "group": g.producers,
                 "kept_reason": "; ".join(g.frozen) or None,
             }
-        if not g.prunable:
+        keep = _keep(modules, g, amount, criterion, base_channels or {}) if g.prunable else None
+        if keep is None:
             continue
-        base = max((base_channels or {}).get(n, g.size) for n in g.producers)
-        n_keep = min(g.size, max(1, base - int(round(amount * base))))
-        if n_keep >= g.size:
-            continue
-        score = channel_importance(modules, g, criterion)
-        keep = torch.sort(torch.topk(score, n_keep).indices).values
-        for name, role, inner in g.users:
-            _apply(modules[name], role, _expand(keep, inner))
-        for n in g.producers:
-            layers[n]["channels_after"] = n_keep
+        counts.append((g, len(keep) // g.block))
+        for name, role, inner, offset in g.users:
+            cuts.setdefault((name, role), []).append((offset, inner, g.size, keep))
+    for (name, role), parts in cuts.items():
+        mask = torch.ones(_dim_size(modules[name], role), dtype=torch.bool)
+        for offset, inner, size, keep in parts:
+            mask[offset * inner : (offset + size) * inner] = False
+            mask[offset * inner + _expand(keep, inner)] = True
+        _apply(modules[name], role, mask.nonzero().flatten())
+    for g, count in counts:
+        for module, kind in g.updates:
+            set_count(modules[module], kind, count)
+    for n, row in layers.items():
+        row["channels_after"] = _out_size(modules[n])
     return layers
 
 
-def _runnable(model: Any, graph: ChannelGraph, example_inputs: Any, ref: Any) -> Any:
+def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> Any:
     """The rewritten model, or its rewritten graph when the module's own forward cannot follow the
     new sizes (hard-coded shapes); UnsupportedModelError when neither runs."""
     import torch
@@ -217,7 +304,7 @@ def _runnable(model: Any, graph: ChannelGraph, example_inputs: Any, ref: Any) ->
             out = call_model(model, example_inputs)
         except Exception:  # noqa: BLE001 - e.g. a forward with hard-coded sizes
             out = None
-        if out is not None and getattr(out, "shape", None) == getattr(ref, "shape", None):
+        if out is not None and _same_shapes(out, ref):
             return model
         gm = graph.rewrite_flattens()
         try:
@@ -225,6 +312,17 @@ def _runnable(model: Any, graph: ChannelGraph, example_inputs: Any, ref: Any) ->
         except Exception as e:  # noqa: BLE001
             raise UnsupportedModelError(f"structured pruning: the pruned model does not run: {e}") from None
         return gm.eval()
+
+
+def _same_shapes(out: Any, ref: Any) -> bool:
+    """The pruned model's outputs have the shapes of the original's (tensors, tuples, dicts and
+    Hugging Face ModelOutputs alike)."""
+    import torch
+
+    a = torch.utils._pytree.tree_leaves(out)
+    b = torch.utils._pytree.tree_leaves(ref)
+    shapes = [tuple(getattr(t, "shape", ())) for t in a], [tuple(getattr(t, "shape", ())) for t in b]
+    return len(a) == len(b) and shapes[0] == shapes[1]
 
 
 def _out_size(mod: Any) -> int:

@@ -37,6 +37,8 @@ class QuantConfig(Config):
     float_modules: tuple[str, ...] = ()
     #: fx (torch.ao, int8 TorchScript) | pt2e (torchao, AOTInductor package) | auto (see quantize_pt2e)
     engine: str = "fx"
+    #: pt2e: compile into an AOTInductor package (True) or keep the int8 ExportedProgram (False)
+    compile: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

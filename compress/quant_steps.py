@@ -47,7 +47,7 @@ def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any)
         "qat": ("observer", "epochs", "lr", "batch_size"),
         "dynamic": ("layers",),
     }.get(mode or "", ())
-    opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", *keep)}
+    opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", "compile", *keep)}
     return make_config(mode or "", float_modules=options.get("exclude"), **opts)
 
 
@@ -138,10 +138,10 @@ def quantize_prepared(config: QuantConfig, prep: Prepared, refs: dict[str, Any],
             from ptopt.compress.quantize_pt2e import fx_cannot_trace
 
             raise fx_cannot_trace(config, prep, e) from None
-        scripted, int8_bytes = _checked_torchscript(qres.module, prep, config.backend)
+        scripted, int8_bytes, made = _checked_torchscript(qres.module, prep, config.backend)
         metrics = measure(prep.module, scripted, int8_bytes, prep, refs.get("eval_data"))
     qres.summary["int8_share"] = int8_share(prep.module, prep.example, qres.float_layers)
-    return _build_result(config, prep, qres, scripted, metrics, refs)
+    return _build_result(config, prep, qres, scripted, metrics, refs, made)
 
 
 def int8_share(module: Any, example: Any, float_layers: dict[str, str]) -> dict[str, Any]:
@@ -203,6 +203,7 @@ def _build_result(
     scripted: Any,
     metrics: dict[str, Any],
     refs: dict[str, Any],
+    made: dict[str, Any] | None = None,
 ) -> Any:
     from ptopt.core.artifact import Artifact
     from ptopt.core.result import Result
@@ -228,7 +229,7 @@ def _build_result(
             "onnx_quantization": _onnx_recipe(config, data_ref, parent),
         },
     )
-    writer = functools.partial(_write_torchscript, scripted, prep, config.backend)
+    writer = functools.partial(_write_torchscript, scripted, prep, config.backend, made=made)
     sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *refs.values())
     return Result(scripted, template, writer, inputs_paths=sources)
 
@@ -236,9 +237,13 @@ def _build_result(
 # -- TorchScript (through the one writer, ptopt.export.writers) ------------------------------------------
 
 
-def _write_torchscript(module: Any, prep: Prepared, backend: str, path: Any) -> dict[str, Any]:
+def _write_torchscript(
+    module: Any, prep: Prepared, backend: str, path: Any, made: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``module`` (the int8 model, or its TorchScript) written at ``path`` as frozen TorchScript by
     the one writer, reloaded and compared with ``module`` at the input specs' min/opt/max shapes.
+    ``made``: how ``module``, a TorchScript written before (``_checked_torchscript``), was made; the
+    sidecar says that (traced, frozen), not "re-saved".
 
     Under ``backend``'s engine, where the int8 model was built: reloading repacks int8 weights for
     the engine in use, and another engine's kernels round differently.
@@ -247,7 +252,7 @@ def _write_torchscript(module: Any, prep: Prepared, backend: str, path: Any) -> 
     from ptopt.export.writers import write_model
 
     with engine.quantize_context(backend):
-        return write_model(
+        facts = write_model(
             module,
             "torchscript",
             path,
@@ -258,11 +263,16 @@ def _write_torchscript(module: Any, prep: Prepared, backend: str, path: Any) -> 
             atol=TRACE_ATOL,
             rtol=TRACE_ATOL,
         )
+    if made:
+        method = made["method"] + (" + torch.jit.freeze" if made["frozen"] else "")
+        facts["extra"].update(made, method=f"{method} of the int8 model")
+    return facts
 
 
-def _checked_torchscript(int8: Any, prep: Prepared, backend: str) -> tuple[Any, int]:
-    """(the int8 TorchScript as its file loads back, that file's bytes): written in a temporary
-    folder, so what ``.model`` runs and ``.metrics`` measure is what ``.save`` writes."""
+def _checked_torchscript(int8: Any, prep: Prepared, backend: str) -> tuple[Any, int, dict[str, Any]]:
+    """(the int8 TorchScript as its file loads back, that file's bytes, how it was made: method,
+    frozen, trace warnings): written in a temporary folder, so what ``.model`` runs and ``.metrics``
+    measure is what ``.save`` writes."""
     import tempfile
     from pathlib import Path
 
@@ -270,8 +280,9 @@ def _checked_torchscript(int8: Any, prep: Prepared, backend: str) -> tuple[Any, 
 
     with tempfile.TemporaryDirectory(prefix="ptopt-int8-") as tmp:
         path = Path(tmp) / "model.int8.pt"
-        _write_torchscript(int8, prep, backend, path)
-        return reload(path, "torchscript", style=prep.loaded.input_style), path.stat().st_size
+        extra = _write_torchscript(int8, prep, backend, path)["extra"]
+        made = {k: extra[k] for k in ("method", "frozen", "trace_warnings") if k in extra}
+        return reload(path, "torchscript", style=prep.loaded.input_style), path.stat().st_size, made
 
 
 # -- measuring -----------------------------------------------------------------------------------------
@@ -310,8 +321,9 @@ def vs_fp32(fp32: Any, scripted: Any, prep: Prepared) -> dict[str, Any]:
     return out
 
 
-def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
-    """fp32 vs int8 on ``ds``: top-1 accuracy with labels, else top-1 agreement with fp32."""
+def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[str, Any]:
+    """fp32 vs int8 on ``ds`` (in batches of ``batch``): top-1 accuracy with labels, else top-1
+    agreement with fp32."""
     if ds is None:
         return {}
     import torch
@@ -320,7 +332,7 @@ def _accuracy(fp32: Any, int8: Any, ds: Any, ref: Any) -> dict[str, Any]:
 
     n = correct32 = correct8 = agree = 0
     with torch.no_grad():
-        for b in ds.batches(256):
+        for b in ds.batches(batch):
             p32 = call_model(fp32, b.x).argmax(-1)
             p8 = call_model(int8, b.x).argmax(-1)
             n += int(p32.shape[0])

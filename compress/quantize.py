@@ -91,6 +91,7 @@ def quantize(
     min_cosine: float | None = None,
     tuning_budget: str | int | None = None,
     engine: str | None = None,
+    compile: bool | None = None,
 ) -> Any:
     """Quantize ``model`` to int8; returns a :class:`~ptopt.core.result.Result` (see the module doc).
 
@@ -104,7 +105,8 @@ def quantize(
     (``ptopt.compress.autoquant``); raises GateFailedError (after saving the best model when
     ``output`` is given) when no candidate holds. ``engine``: fx (default, int8 TorchScript) | pt2e
     (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5
-    accuracy points kept): see ``ptopt.compress.quantize_pt2e``.
+    accuracy points kept): see ``ptopt.compress.quantize_pt2e``. ``compile=False`` (pt2e): the int8
+    ExportedProgram ``.pt2`` instead of an AOTInductor package.
     """
     loose = dict(
         backend=backend,
@@ -116,8 +118,8 @@ def quantize(
         layers=layers,
     )
     if max_accuracy_drop is not None or min_cosine is not None:
-        if epochs is not None or lr is not None or train_data is not None or engine is not None:
-            raise UsageError("epochs, lr, train_data and engine do not apply to accuracy-aware quantization")
+        if epochs is not None or lr is not None or train_data is not None:
+            raise UsageError("epochs, lr and train_data do not apply to accuracy-aware quantization")
         search = dict(
             eval_data=eval_data,
             calib_data=calib_data,
@@ -128,9 +130,11 @@ def quantize(
             weights=weights,
             allow_pickle=allow_pickle,
             progress=progress,
+            engine=engine,
+            compile=compile,
         )
         return _accuracy_aware(model, mode, output, config, search | loose)
-    config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, **loose)
+    config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, compile=compile, **loose)
     check_output(output, hint=" such as model.int8.pt")
     require_data(config, calib_data, train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
@@ -145,7 +149,7 @@ def quantize(
 
 def _advice(config: QuantConfig, prep: Any, result: Any) -> str:
     """The layers to keep float, found by the engine that built ``result``."""
-    if result.format == "aoti_package":
+    if result.config.get("engine") == "pt2e":
         from ptopt.compress.quantize_pt2e import suggest_float_layers as suggest_pt2e
 
         return suggest_pt2e(config, prep)

@@ -6,7 +6,10 @@ engine   what ``quantize`` returns / writes
 fx       (default) torch.ao FX graph mode → frozen int8 TorchScript (``quantize_steps``)
 pt2e     ``quant_engine_pt2e``: torch.export → prepare_pt2e / prepare_qat_pt2e → calibrate / train
          → convert_pt2e → an AOTInductor package (``.pt2``, sidecar format ``aoti_package``) whose
-         int8 kernels come from Inductor's lowering; loads with ``torch._inductor.aoti_load_package``
+         int8 kernels come from Inductor's lowering; loads with ``torch._inductor.aoti_load_package``.
+         With ``compile=False`` (``--no-compile``): the int8 ExportedProgram itself (``.pt2``, format
+         ``exported_program``, q/dq ops; slower than fp32 when run eagerly, the input to
+         ``ptopt export --target aoti`` or ``torch.compile`` later)
 auto     both; each timed at the opt batch in the same interleaved rounds; the faster one is kept
          when its accuracy drop (with ``eval_data``) stays within ``AUTO_MAX_DROP`` points of fp32
          (else the other); the choice and both measurements go into the sidecar (``engine_choice``)
@@ -51,6 +54,10 @@ def check_engine(config: Any) -> None:
     engine = config.engine
     if engine not in ENGINES:
         raise UsageError(f"unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
+    if not config.compile and engine != "pt2e":
+        raise UsageError(
+            f"--no-compile keeps the int8 ExportedProgram of --engine pt2e; --engine {engine} has none"
+        )
     if engine == "fx":
         return
     if config.mode == "dynamic":
@@ -88,9 +95,14 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     converted, summary = _convert(config, prep, specs, style, progress)
     folder = tempfile.TemporaryDirectory(prefix="ptopt-pt2e-")
     path = Path(folder.name) / "model.int8.pt2"
-    facts = pt2e.compile_int8(converted, path, specs, style, samples=prep.calib or prep.train)
-    model = load_aoti(path)
-    metrics = _accuracy(prep.module, model, prep.evald, refs.get("eval_data"))
+    if config.compile:
+        fmt = "aoti_package"
+        facts = pt2e.compile_int8(converted, path, specs, style, samples=prep.calib or prep.train)
+        model = load_aoti(path)
+    else:
+        fmt, facts, model = "exported_program", *_int8_program(converted, path, specs, style, prep)
+    batch = min(256, specs[0].max_shape[0]) if specs else 256  # a program guards its batch range
+    metrics = _accuracy(prep.module, model, prep.evald, refs.get("eval_data"), batch)
     with silenced(("transformers",)):  # tracing reads every attribute: HF's loss_function warns
         fp32_bytes = serialized_bytes(
             prep.module, "torchscript", prep.example, specs=specs or None, style=style
@@ -107,7 +119,7 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     excluded = float_layers(prep.module, converted, config.float_modules)
     template = Artifact(
         path=path,
-        format="aoti_package",
+        format=fmt,
         inputs=specs,
         input_style=style,
         config=cfg,
@@ -129,6 +141,18 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
 
     sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *refs.values())
     return Result(model, template, write, inputs_paths=sources)
+
+
+def _int8_program(converted: Any, path: Path, specs: list, style: str, prep: Any) -> tuple[dict, Any]:
+    """The converted q/dq graph saved as an ExportedProgram, reloaded and compared with it (facts,
+    the reloaded program's module)."""
+    from ptopt.export.writers import reload, write_model
+
+    samples = prep.calib or prep.train
+    facts = write_model(converted, "exported_program", path, specs=specs, style=style, precision="int8",
+                        samples=samples)  # fmt: skip
+    facts["extra"]["pt2e"] = {"quantizer": "X86InductorQuantizer", "compiled": False}
+    return facts, reload(path, "exported_program", style=style)
 
 
 def _convert(config: Any, prep: Any, specs: list, style: str, progress: bool) -> tuple[Any, dict[str, Any]]:

@@ -64,10 +64,31 @@ def check_version(path: str | os.PathLike, recorded: str | None = None) -> None:
         )
 
 
-def load_package(path: str | os.PathLike, recorded_version: str | None = None) -> Any:
-    """The package loaded with ``torch._inductor.aoti_load_package`` (callable like its source, on
-    the CPU), after :func:`check_version`."""
+def load_package(
+    path: str | os.PathLike, recorded_version: str | None = None, device: str | None = None
+) -> Any:
+    """The package loaded with ``torch._inductor.aoti_load_package`` (callable like its source),
+    after :func:`check_version`. A package runs on the device kind it was compiled for
+    (``AOTI_DEVICE_KEY``): ``device`` (None: that kind) must match it (ModelLoadError otherwise);
+    ``cuda:N`` loads it onto GPU N."""
     import torch
 
     check_version(path, recorded_version)
+    built = package_device(path)
+    device = built if device is None else str(device)
+    wanted = device.split(":")[0]
+    if built != wanted:
+        raise ModelLoadError(
+            f"{Path(path).name}: AOTInductor package compiled for {built}, asked to run on {device}: a "
+            f"package runs only on the device kind it was compiled for; export it again with "
+            f"--device {device} (ptopt export MODEL --target aoti --device {device})"
+        )
+    if wanted == "cuda":
+        index = int(str(device).partition(":")[2] or torch.cuda.current_device())
+        return torch._inductor.aoti_load_package(str(path), device_index=index)
     return torch._inductor.aoti_load_package(str(path))
+
+
+def package_device(path: str | os.PathLike) -> str:
+    """The device kind a package was compiled for (``cpu`` or ``cuda``; ``cpu`` when unrecorded)."""
+    return package_metadata(path).get("AOTI_DEVICE_KEY", "cpu") or "cpu"

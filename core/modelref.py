@@ -28,6 +28,7 @@ from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE
 from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
 from ptopt.core.inputspec import InputSpec, specs_from_example
+from ptopt.core.quiet import silenced
 from ptopt.core.safety import check_model_file, quiet_upstream
 from ptopt.core.schemes import ModelScheme, model_scheme, model_scheme_forms
 
@@ -159,7 +160,9 @@ def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
         import torch
 
         try:
-            module = torch.jit.load(str(path), map_location="cpu")
+            # an int8 archive makes quantized tensors as it loads: torch's C++ deprecation warning
+            with silenced((), native=True):
+                module = torch.jit.load(str(path), map_location="cpu")
         except Exception as e:  # noqa: BLE001 - a corrupt archive raises many types
             raise ModelLoadError(f"{path}: corrupt TorchScript archive: {str(e).splitlines()[0]}") from None
         return LoadedModel(str(path), "torchscript", module.eval(), path, art, specs, style)
@@ -210,6 +213,9 @@ def _load_pickle(path: Path, allow_pickle: bool, art: Artifact | None) -> Loaded
 def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
     import torch
 
+    # the quantize/dequantize ops a PT2E int8 program calls (quantized_decomposed.*): defined by
+    # this module of torch itself (no torchao needed, no deprecation warning on import)
+    importlib.import_module("torch.ao.quantization.fx._decomposed")
     try:
         with quiet_upstream():  # torch logs a traceback before raising; ours is one line
             ep = torch.export.load(str(path))

@@ -1,19 +1,35 @@
 """Upstream noise stops at ptopt's boundary: the one helper that silences a library's loggers,
-warnings and (optionally) its prints while ptopt calls it and reports the outcome itself."""
+warnings and (optionally) its prints while ptopt calls it and reports the outcome itself.
+
+C++ warnings (``TORCH_WARN``: ``[W1123 03:12:18.29 Quantizer.cpp:111] Warning: ...``) are written
+by libtorch straight to file descriptor 2, past Python's ``warnings`` filters and ``sys.stderr``;
+``silenced(native=True)`` catches them at the descriptor and drops only those warning lines, so a
+genuine error printed there in the meantime still reaches the user.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
+import os
+import re
+import sys
+import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 
+#: one line of a C++ warning from c10 (``TORCH_WARN`` / ``TORCH_WARN_ONCE``)
+NATIVE_WARNING = re.compile(r"^\[W\d{4} [0-9:.]+ [^\]]*\] Warning: ")
+
 
 @contextlib.contextmanager
-def silenced(loggers: Iterable[str], *, streams: bool = False, level: int = logging.ERROR) -> Iterator[None]:
+def silenced(
+    loggers: Iterable[str], *, streams: bool = False, level: int = logging.ERROR, native: bool = False
+) -> Iterator[None]:
     """Raise ``loggers`` to ``level``, ignore warnings and, with ``streams``, swallow stdout/stderr
-    for the block; every logger gets its own level back afterwards."""
+    for the block; with ``native``, drop C++ warning lines written to file descriptor 2 too (see the
+    module docstring). Every logger gets its own level back afterwards."""
     saved = [(lg, lg.level) for lg in map(logging.getLogger, loggers)]
     sink = io.StringIO()
     try:
@@ -21,6 +37,8 @@ def silenced(loggers: Iterable[str], *, streams: bool = False, level: int = logg
             lg.setLevel(level)
         with warnings.catch_warnings(), contextlib.ExitStack() as stack:
             warnings.simplefilter("ignore")
+            if native:
+                stack.enter_context(_native_warnings_dropped())
             if streams:
                 stack.enter_context(contextlib.redirect_stdout(sink))
                 stack.enter_context(contextlib.redirect_stderr(sink))
@@ -28,3 +46,36 @@ def silenced(loggers: Iterable[str], *, streams: bool = False, level: int = logg
     finally:
         for lg, lv in saved:
             lg.setLevel(lv)
+
+
+@contextlib.contextmanager
+def _native_warnings_dropped() -> Iterator[None]:
+    """File descriptor 2 into a temporary file for the block; afterwards every line but the C++
+    warnings goes on to the real stderr. A no-op where stderr is no file descriptor (a test runner's
+    captured stream): nothing native reaches it there anyway."""
+    try:
+        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else -1
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        fd = -1
+    if fd < 0:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [
+                ln
+                for ln in tmp.read().decode("utf-8", "replace").splitlines(keepends=True)
+                if not NATIVE_WARNING.match(ln)
+            ]
+            if kept:
+                os.write(fd, "".join(kept).encode("utf-8"))

@@ -10,6 +10,13 @@ Two ways to time:
   frequency): a contiguous window catches one state of the machine, so two runs can disagree by
   more than the difference being measured. Interleaving spreads every candidate over the whole
   measurement, so each sees the same mix of states, and a second run sees nearly the same mix.
+
+What one sample is depends on where the work runs (``timer_for(device)``): on the CPU, host time
+around the call (``time.perf_counter``); on a CUDA device, the time between two CUDA events recorded
+on the current stream before and after the call (``torch.cuda.Event(enable_timing=True)``), read
+after the end event has completed. A host timer around asynchronous kernel launches measures the
+launches, not the work; the events measure the work on the GPU, and the synchronization on the end
+event keeps launches from queuing up across samples. Warm-up ends with ``torch.cuda.synchronize``.
 """
 
 from __future__ import annotations
@@ -57,21 +64,74 @@ def summarize(times_ms: list[float], batch_size: int = 1) -> dict[str, float]:
     }
 
 
-def _warm_up(fn: Callable[[], Any], iters: int, seconds: float) -> None:
+class HostTimer:
+    """Host wall time around one call (``time.perf_counter``): for work that is done when it returns."""
+
+    kind = "host"
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    def sync(self) -> None:
+        """Wait for outstanding work (none on the host)."""
+
+
+class CudaEventTimer:
+    """GPU time of one call on ``device``: CUDA events recorded on the current stream before and after
+    it, read once the end event completed (so no launch queue builds up between samples)."""
+
+    kind = "cuda_events"
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.device = device
+        with torch.cuda.device(device):
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def time_ms(self, fn: Callable[[], Any]) -> float:
+        import torch
+
+        with torch.cuda.device(self.device):
+            self._start.record()
+            fn()
+            self._end.record()
+            self._end.synchronize()
+        return float(self._start.elapsed_time(self._end))
+
+    def sync(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
+
+def timer_for(device: Any = None) -> HostTimer | CudaEventTimer:
+    """The timer for work on ``device`` (a ``torch.device`` or its name; None: the host)."""
+    kind = getattr(device, "type", str(device).split(":")[0]) if device is not None else "cpu"
+    return CudaEventTimer(device) if kind == "cuda" else HostTimer()
+
+
+def _warm_up(fn: Callable[[], Any], iters: int, seconds: float, timer: Any = None) -> None:
     t_end = time.perf_counter() + seconds
     i = 0
     while i < iters or time.perf_counter() < t_end:
         fn()
         i += 1
+    if timer is not None:
+        timer.sync()  # the warm-up's queued GPU work must not land in the first timed sample
 
 
-def _timed(fn: Callable[[], Any], min_iters: int, min_seconds: float, max_iters: int) -> list[float]:
+def _timed(
+    fn: Callable[[], Any], min_iters: int, min_seconds: float, max_iters: int, timer: Any = None
+) -> list[float]:
+    timer = timer or HostTimer()
     times: list[float] = []
-    start = time.perf_counter()
+    start = time.perf_counter()  # how long to go on: wall time, whatever each sample measures
     while len(times) < max_iters and (len(times) < min_iters or time.perf_counter() - start < min_seconds):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append(timer.time_ms(fn))
     return times
 
 
@@ -83,13 +143,16 @@ def measure_latency(
     max_iters: int = MAX_ITERS,
     warmup_iters: int = WARMUP_ITERS,
     warmup_seconds: float = WARMUP_SECONDS,
+    device: Any = None,
 ) -> dict[str, float]:
     """Time ``fn()`` (one batch): warm up, then run until both ``min_iters`` and ``min_seconds`` are met.
+    ``device``: where ``fn`` runs its work (see :func:`timer_for`; None: the host).
 
     Returns ``summarize``'s statistics of the timed iterations.
     """
-    _warm_up(fn, warmup_iters, warmup_seconds)
-    return summarize(_timed(fn, min_iters, min_seconds, max_iters), batch_size)
+    timer = timer_for(device)
+    _warm_up(fn, warmup_iters, warmup_seconds, timer)
+    return summarize(_timed(fn, min_iters, min_seconds, max_iters, timer), batch_size)
 
 
 def measure_interleaved(
@@ -104,6 +167,7 @@ def measure_interleaved(
     warmup_seconds: float = WARMUP_SECONDS,
     guard: Callable[[Hashable], contextlib.AbstractContextManager] | None = None,
     stop: Callable[[Hashable, list[list[float]]], bool] | None = None,
+    devices: Mapping[Hashable, Any] | None = None,
 ) -> dict[Hashable, dict[str, Any]]:
     """Time several callables in ``rounds`` interleaved slices; {key: statistics of the pooled samples}.
 
@@ -116,7 +180,8 @@ def measure_interleaved(
     each slice so far) is asked after each of the key's slices: True ends that key's rounds early
     (its ``rounds`` says how many it got); the other keys go on interleaved among themselves.
     Python's garbage collector is paused during each slice; its young generations are collected
-    between slices, so garbage cannot pile up over a long measurement.
+    between slices, so garbage cannot pile up over a long measurement. ``devices[key]``: where that
+    key's work runs (:func:`timer_for`: CUDA events on a GPU; default the host).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
@@ -129,6 +194,7 @@ def measure_interleaved(
     round_p50: dict[Hashable, list[float]] = {k: [] for k in keys}
     slices: dict[Hashable, list[list[float]]] = {k: [] for k in keys}
     done: set[Hashable] = set()
+    timers = {k: timer_for((devices or {}).get(k)) for k in keys}
     enabled = gc.isenabled()
     try:
         for r in range(rounds):
@@ -143,10 +209,10 @@ def measure_interleaved(
                 try:
                     with guard(k) if guard is not None else contextlib.nullcontext():
                         if r == 0:
-                            _warm_up(fns[k], warmup_iters, warmup_seconds)
+                            _warm_up(fns[k], warmup_iters, warmup_seconds, timers[k])
                         else:
-                            _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10)
-                        t = _timed(fns[k], per_iters, per_seconds, per_max)
+                            _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10, timers[k])
+                        t = _timed(fns[k], per_iters, per_seconds, per_max, timers[k])
                 finally:
                     if enabled:
                         gc.enable()
@@ -164,6 +230,7 @@ def measure_interleaved(
             "rounds": len(round_p50[k]),
             "round_p50_ms": round_p50[k],
             "round_spread_pct": round_spread(round_p50[k]),
+            "timer": timers[k].kind,
         }
         for k in keys
     }

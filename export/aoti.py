@@ -15,6 +15,15 @@ loading the library) and into the sidecar; :func:`load_aoti` refuses a package f
 naming both versions, before any of its native code is loaded. The CPU ISA it was compiled for
 (AVX2, AVX512...), the compiler, the compile options, threads and seconds are recorded as well.
 
+On CUDA (``device="cuda:N"``, ``ptopt export --target aoti --device cuda``) the program is captured
+with the model and inputs on that GPU and Inductor generates Triton kernels plus a C++ wrapper that
+launches them; the package then loads with ``aoti_load_package(path, device_index=N)``.
+``cuda_graphs=True`` (``--cuda-graphs``) does not change the compile options: AOTInductor packages
+carry no CUDA graphs (torch's ``compile_fx`` returns the AOT-compiled library before Inductor's
+``triton.cudagraphs`` step, which wraps only JIT-compiled code), so the wish is recorded in the
+package metadata (:data:`CUDA_GRAPHS_KEY`) and the sidecar, and ptopt's loaders replay the loaded
+package through CUDA graphs (:mod:`ptopt.core.cudagraph`).
+
 A ``.pt2`` is either this or a ``torch.export`` ExportedProgram; the sidecar's ``format``
 (``aoti_package`` vs ``exported_program``) says which, and ``is_aoti_package`` tells them apart
 from the archive alone (:mod:`ptopt.core.aoti`, shared with the model loaders).
@@ -43,6 +52,7 @@ from ptopt.core.errors import MissingDependencyError, UnsupportedModelError
 from ptopt.core.inputspec import InputSpec
 
 __all__ = [
+    "CUDA_GRAPHS_KEY",
     "DEFAULT_OPTIONS",
     "FORMAT",
     "check_compiler",
@@ -55,6 +65,8 @@ __all__ = [
 
 #: Inductor options every package is compiled with (recorded in the sidecar with what was added)
 DEFAULT_OPTIONS: dict[str, Any] = {"freezing": True}
+#: package metadata key: "1" when ptopt's loaders should replay the package through CUDA graphs
+CUDA_GRAPHS_KEY = "ptopt_cuda_graphs"
 
 
 def write_aoti(
@@ -66,11 +78,15 @@ def write_aoti(
     source_format: str,
     *,
     inductor_configs: dict[str, Any] | None = None,
+    device: str = "cpu",
+    cuda_graphs: bool = False,
 ) -> dict[str, Any]:
     """Capture ``module`` with the specs' Dims and compile it into an AOTInductor package at ``path``.
 
-    ``inductor_configs``: extra Inductor options (on top of :data:`DEFAULT_OPTIONS`). Returns the
-    writer's info: files, method, compile options, torch version, compile seconds, CPU ISA."""
+    ``inductor_configs``: extra Inductor options (on top of :data:`DEFAULT_OPTIONS`). ``device``:
+    where ``module`` is and the package runs (``cpu`` or ``cuda:N``); ``cuda_graphs``: replay it
+    through CUDA graphs when loaded by ptopt (CUDA only). Returns the writer's info: files, method,
+    compile options, torch version, compile seconds, CPU ISA, device."""
     import torch
 
     from ptopt.export.tracing import export_program, fits_for_export
@@ -82,11 +98,12 @@ def write_aoti(
         )
     compiler = check_compiler()
     x = example if example is not None and fits_for_export(specs, example) else None
-    ep = export_program(module, specs, style, example=x)
-    options = {**DEFAULT_OPTIONS, **(inductor_configs or {})}
+    ep = export_program(module, specs, style, device=device, example=x)
+    options = compile_options(inductor_configs)
+    metadata = {CUDA_GRAPHS_KEY: "1"} if cuda_graphs else {}
     threads = torch.get_num_threads()
     started = time.perf_counter()
-    compile_package(ep, path, options, compiler)
+    compile_package(ep, path, options, compiler, metadata)
     seconds = time.perf_counter() - started
     meta = package_metadata(path)
     return {
@@ -98,8 +115,14 @@ def write_aoti(
         "compile_seconds": round(seconds, 2),
         "torch_version": torch.__version__,
         "cpu_isa": meta.get("AOTI_CPU_ISA", ""),
-        "device": meta.get("AOTI_DEVICE_KEY", "cpu"),
+        "device": meta.get("AOTI_DEVICE_KEY", device.split(":")[0]),
+        "cuda_graphs": bool(cuda_graphs),
     }
+
+
+def compile_options(inductor_configs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Inductor options a package is compiled with: :data:`DEFAULT_OPTIONS` and the caller's."""
+    return {**DEFAULT_OPTIONS, **(inductor_configs or {})}
 
 
 def check_compiler() -> str:
@@ -121,14 +144,16 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
-def compile_package(ep: Any, path: Path, options: dict[str, Any], compiler: str) -> None:
+def compile_package(
+    ep: Any, path: Path, options: dict[str, Any], compiler: str, metadata: dict[str, str] | None = None
+) -> None:
     """``aoti_compile_and_package`` into a temporary folder, then moved to ``path`` (any name: the
     compiler wants a ``.pt2`` name and writes scratch files beside it)."""
     import torch
 
     from ptopt.export.tracing import first_lines
 
-    configs = {**options, "aot_inductor.metadata": {VERSION_KEY: torch.__version__}}
+    configs = {**options, "aot_inductor.metadata": {VERSION_KEY: torch.__version__, **(metadata or {})}}
     with tempfile.TemporaryDirectory(prefix="ptopt-aoti-") as d, _quiet_inductor():
         out = Path(d) / "model.pt2"
         try:
@@ -158,8 +183,9 @@ def _quiet_inductor() -> Iterator[None]:
         yield
 
 
-def load_aoti(path: str | os.PathLike, recorded_version: str | None = None) -> Any:
+def load_aoti(path: str | os.PathLike, recorded_version: str | None = None, device: str = "cpu") -> Any:
     """The package at ``path`` loaded with ``torch._inductor.aoti_load_package`` (callable like its
-    source), after the torch version check (:func:`ptopt.core.aoti.check_version`)."""
+    source; on ``cuda:N`` onto that GPU), after the torch version check
+    (:func:`ptopt.core.aoti.check_version`)."""
     with _quiet_inductor():
-        return load_package(path, recorded_version)
+        return load_package(path, recorded_version, device=device)

@@ -35,7 +35,7 @@ from ptopt.core.artifact import Artifact
 from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.result import Result
-from ptopt.export.config import CONVERTS, PRECISIONS, TARGETS, ExportConfig, settle_config
+from ptopt.export.config import CONVERTS, HALF, PRECISIONS, TARGETS, ExportConfig, settle_config
 from ptopt.export.shapes import settle_specs
 
 __all__ = ["CONVERTS", "PRECISIONS", "TARGETS", "ExportConfig", "export"]
@@ -64,6 +64,8 @@ def export(
     atol: float | None = None,
     rtol: float | None = None,
     int8_method: str | None = None,
+    device: str | None = None,
+    cuda_graphs: bool | None = None,
 ) -> Result:
     """Export ``model`` to ``target``; returns a Result (``.model`` runs the checked artifact here,
     ``.save(path)`` writes it with its sidecar); ``output=`` also saves it there.
@@ -85,8 +87,11 @@ def export(
       (overrides what an int8 source's sidecar records).
     - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``).
     - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.export.onnx_int8``).
+    - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
+      ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
     """
     loose = dict(precision=precision, opset=opset, optimize=optimize, script=script)
+    loose |= dict(device=device, cuda_graphs=cuda_graphs)
     config = settle_config(target, config, **loose, atol=atol, rtol=rtol, int8_method=int8_method)
     _check_target(config, output)
     source = _load_source(model, weights, allow_pickle, config)
@@ -122,10 +127,17 @@ def export(
 
 
 def _check_target(config: ExportConfig, output: Any) -> None:
+    from ptopt.core.device import resolve_device
+
+    resolve_device(config.device, allow_auto=False)  # CUDA asked for and absent: refused before any work
     if config.target == "tensorrt":
         from ptopt.export.tensorrt import check_available
 
         check_available()
+    if config.target == "onnx" and config.on_cuda:
+        from ptopt.export.onnx_model import providers_for
+
+        providers_for(str(config.device))
     if output is not None and Path(output).is_dir():
         out = Path(output)
         raise UsageError(
@@ -166,6 +178,11 @@ def _resolve_precision(source: _Source, config: ExportConfig) -> str:
         raise UsageError(
             f"--precision {want}: the source is {source.precision} and --target {config.target} cannot "
             f"convert it; export its fp32 parent instead"
+        )
+    if want in HALF and want != source.precision and source.precision != "fp32":
+        raise UsageError(
+            f"--precision {want}: the source is {source.precision}; half precision starts from an fp32 "
+            f"model: export its fp32 parent instead"
         )
     if config.target == "tensorrt" and source.precision == "int8":
         raise UsageError(
@@ -314,13 +331,16 @@ class _Built:
     quantized_from: dict | None = None
 
     def template(self, source: _Source, config: ExportConfig, precision: str) -> Artifact:
+        from ptopt.core.device import half_specs
+
         extra = dict(self.facts["extra"])
         if self.quantized_from is not None:
             extra["quantized_from"] = self.quantized_from
         return Artifact(
             path=self.path,
             format=config.format,
-            inputs=self.specs,
+            # a half-precision artifact takes half-precision floats (TensorRT keeps fp32 inputs)
+            inputs=self.specs if config.target == "tensorrt" else half_specs(self.specs, precision),
             input_style=self.style,
             outputs=self.facts["outputs"],
             # the sidecar records what was resolved: the precision kept or made, the int8 method used
@@ -356,9 +376,11 @@ def _build(
     allow_pickle: bool,
     output: Any,
 ) -> _Built:
+    from ptopt.core.device import half_dtype, resolve_device
     from ptopt.export.writers import check_reload, reload, write_model
 
     options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
+    device = str(resolve_device(config.device or ("cuda" if config.target == "tensorrt" else None)))
     folder = tempfile.TemporaryDirectory(prefix="ptopt-export-")
     # absolute: ORT's quantization tools run in a temporary working directory
     path = Path(folder.name).resolve() / (
@@ -375,12 +397,12 @@ def _build(
             source_format=source.loaded.format,
             precision=precision,
             check=False,
+            device=device,
             **options,
         )
         # the check runs on the very object .model returns (one reload, not two)
-        model = reload(
-            path, config.format, style=style, device="cuda" if config.target == "tensorrt" else "cpu"
-        )
+        cuda_graphs = config.cuda_graphs
+        model = reload(path, config.format, style=style, device=device, cuda_graphs=cuda_graphs)
         parity = check_reload(
             path,
             config.format,
@@ -394,6 +416,8 @@ def _build(
             files=facts["files"],
             keep_failed_as=output,
             model=model,
+            device=device,
+            dtype=half_dtype(precision) if config.target != "tensorrt" else None,
         )
         facts["metrics"] = {"parity": parity}
     except BaseException:
@@ -408,8 +432,10 @@ def _format_options(
     """The writer's per-format options; for int8 ONNX also the record of what ORT quantized."""
     if config.target == "torchscript":
         return {"script": config.script}, None
-    if config.target in ("exported_program", "aoti"):
+    if config.target == "exported_program":
         return {}, None
+    if config.target == "aoti":
+        return ({"cuda_graphs": True} if config.cuda_graphs else {}), None
     if config.target == "tensorrt":
         return {"calib": calib}, None
     options: dict[str, Any] = {"opset": config.opset}

@@ -20,18 +20,33 @@ TARGETS: dict[str, tuple[str, str]] = {
     # an AOTInductor package: the model compiled for this CPU with Inductor (ptopt.export.aoti)
     "aoti": ("aoti_package", ".pt2"),
 }
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+#: half precisions: weights and floating-point activations in float16 / bfloat16 (model.to(dtype),
+#: inputs cast at the boundary); TensorRT instead enables them as kernel precisions
+HALF = ("fp16", "bf16")
 #: precisions a target can convert to (besides keeping the source's precision)
 CONVERTS: dict[str, tuple[str, ...]] = {
-    "torchscript": (),
-    "exported_program": (),
-    "aoti": (),
-    "onnx": ("int8",),
-    "tensorrt": ("fp16", "int8"),
+    "torchscript": HALF,
+    "exported_program": HALF,
+    "aoti": HALF,
+    "onnx": ("int8", *HALF),
+    "tensorrt": ("fp16", "bf16", "int8"),
 }
+#: targets that take ``--device`` (the model is traced / compiled on it and checked there)
+DEVICE_TARGETS = ("torchscript", "exported_program", "aoti", "onnx", "tensorrt")
 INT8_METHODS = ("auto", "ort_static", "qdq_export")
 #: the options a config carries that ``export()`` also takes loose
-LOOSE_OPTIONS = ("precision", "opset", "optimize", "script", "atol", "rtol", "int8_method")
+LOOSE_OPTIONS = (
+    "precision",
+    "opset",
+    "optimize",
+    "script",
+    "atol",
+    "rtol",
+    "int8_method",
+    "device",
+    "cuda_graphs",
+)
 
 
 @register_config
@@ -42,6 +57,9 @@ class ExportConfig(Config):
 
     ``precision`` None keeps the source's (an int8 artifact stays int8); ``int8_method`` None is
     ``auto`` (see ``ptopt.export.onnx_int8``); ``atol``/``rtol`` None are the parity defaults.
+    ``device``: ``cpu`` (None) or ``cuda[:N]``, where the model is traced/compiled and checked
+    (``ptopt.core.device.resolve_device`` checks it exists when the export runs); ``cuda_graphs``:
+    an AOTInductor package on CUDA run through CUDA graphs (``ptopt.core.cudagraph``).
     """
 
     type_name = "export"
@@ -54,6 +72,8 @@ class ExportConfig(Config):
     rtol: float | None = None
     int8_method: str | None = None
     calib_data: str | None = None
+    device: str | None = None
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         target, precision = self.target, self.precision
@@ -61,16 +81,12 @@ class ExportConfig(Config):
             raise UsageError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
         if precision is not None and precision not in PRECISIONS:
             raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-        if precision not in (None, "fp32") and not CONVERTS[target]:
-            raise UsageError(
-                f"--precision {precision} is not available for --target {target}: it keeps the source's "
-                f"precision; quantize first (ptopt quantize) or export to onnx/tensorrt"
-            )
         if precision not in (None, "fp32", *CONVERTS[target]):
             raise UsageError(
                 f"--precision {precision} is not available for --target {target} "
-                f"(it can build: fp32, {', '.join(CONVERTS[target])})"
+                f"(it can build: fp32, {', '.join(CONVERTS[target])}; for int8 quantize first: ptopt quantize)"
             )
+        self._check_device()
         if self.int8_method is not None and self.int8_method not in INT8_METHODS:
             raise UsageError(
                 f"unknown int8 ONNX method {self.int8_method!r} (choose from {', '.join(INT8_METHODS)})"
@@ -81,6 +97,33 @@ class ExportConfig(Config):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise UsageError(f"{name} must be >= 0, got {value!r}")
+
+    def _check_device(self) -> None:
+        """What the device string alone decides (whether that device exists is checked at export)."""
+        on_cuda = str(self.device or "cpu").strip().lower().startswith("cuda")
+        if self.device is not None and self.target not in DEVICE_TARGETS:
+            raise UsageError(f"--device is not available for --target {self.target}")
+        if self.precision == "fp16" and not on_cuda and self.target != "tensorrt":
+            raise UsageError(
+                "--precision fp16 on the CPU: CPU kernels for float16 are missing or slow and nothing "
+                "deploys fp16 there; use --precision bf16 on the CPU, or fp16 with --device cuda"
+            )
+        if self.precision == "bf16" and self.target == "onnx" and not on_cuda:
+            raise UsageError(
+                "--target onnx --precision bf16 on the CPU: ONNX Runtime's CPU provider has no bfloat16 "
+                "kernels (MatMul, Conv, Add), so the artifact cannot be checked or run here; use "
+                "--target torchscript/exported_program/aoti for bf16 on the CPU, or --device cuda with "
+                "onnxruntime-gpu"
+            )
+        if self.cuda_graphs and (self.target != "aoti" or not on_cuda):
+            raise UsageError(
+                "--cuda-graphs needs --target aoti --device cuda: CUDA graphs replay GPU kernel launches, "
+                f"and this export is --target {self.target} on {self.device or 'cpu'}"
+            )
+
+    @property
+    def on_cuda(self) -> bool:
+        return str(self.device or "cpu").strip().lower().startswith("cuda")
 
     @property
     def format(self) -> str:

@@ -11,20 +11,68 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import ShapeMismatchError
+from ptopt.core.errors import MissingDependencyError, ShapeMismatchError
+
+
+def providers_for(device: str = "cpu") -> list[Any]:
+    """ONNX Runtime providers for ``device``: the CPU provider; on ``cuda:N`` the CUDA provider on
+    that GPU first. MissingDependencyError when this onnxruntime build has no CUDA provider."""
+    if not str(device).startswith("cuda"):
+        return ["CPUExecutionProvider"]
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise MissingDependencyError(
+            f"ONNX on {device} needs onnxruntime's CUDA provider, and this onnxruntime "
+            f"{ort.__version__} has only {', '.join(available)}: pip install onnxruntime-gpu"
+        )
+    index = int(str(device).partition(":")[2] or 0)
+    return [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+
+
+def to_numpy(t: Any) -> Any:
+    """A torch tensor as numpy; bfloat16 (which numpy lacks) as ``ml_dtypes.bfloat16``, the type
+    ONNX Runtime takes for ``tensor(bfloat16)``."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def from_numpy_bf16(a: Any) -> Any:
+    """An ORT output as an array torch can take (``ml_dtypes.bfloat16`` → float32)."""
+    import numpy as np
+
+    return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
 class OnnxModel:
-    """A callable over an ONNX Runtime CPU session (the file is read once, at construction)."""
+    """A callable over an ONNX Runtime session (the file is read once, at construction): the CPU
+    provider, or on ``device="cuda[:N]"`` the CUDA provider (MissingDependencyError when this
+    onnxruntime build has none)."""
 
-    def __init__(self, path: str | os.PathLike, *, style: str = "positional", threads: int | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        style: str = "positional",
+        threads: int | None = None,
+        device: str = "cpu",
+    ):
         import torch
 
         from ptopt.export.parity import onnx_session
 
         self.path = Path(path)
         self.style = style
-        self.session = onnx_session(self.path, threads or torch.get_num_threads())
+        self.session = onnx_session(
+            self.path, threads or torch.get_num_threads(), providers=providers_for(device)
+        )
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
 
@@ -32,8 +80,8 @@ class OnnxModel:
         import torch
 
         feed = self._feed(args, kwargs)
-        outs = self.session.run(None, {n: t.detach().cpu().numpy() for n, t in feed.items()})
-        tensors = tuple(torch.from_numpy(o) for o in outs)
+        outs = self.session.run(None, {n: to_numpy(t) for n, t in feed.items()})
+        tensors = tuple(torch.from_numpy(from_numpy_bf16(o)) for o in outs)
         return tensors[0] if len(tensors) == 1 else tensors
 
     def _feed(self, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -11,6 +11,10 @@ takes int8 from explicit Q/DQ nodes); calibration uses ``data``.
 
 Written against the documented torch_tensorrt API (2.x); it cannot run where TensorRT, torch_tensorrt
 or CUDA is missing: ``check_available`` then raises MissingDependencyError before anything is written.
+**It has never run on hardware here**: TensorRT cannot be installed on any machine this project
+reaches. What runs before ``torch_tensorrt.dynamo.compile`` (the ExportedProgram it gets, the Input
+profiles, the precision sets, the save arguments) is tested on the CPU with a stand-in
+``torch_tensorrt`` module (tests/export/test_tensorrt_fake.py).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from ptopt.core.errors import MissingDependencyError, UnsupportedModelError
 from ptopt.core.inputspec import InputSpec
 from ptopt.export.shapes import tensorrt_inputs, torch_export_dynamic_shapes
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 INSTALL_HINT = "pip install 'ptopt[tensorrt]' on a machine with an NVIDIA GPU and CUDA"
 
 
@@ -39,16 +43,19 @@ def check_available() -> None:
 
 
 def enabled_precisions(precision: str) -> set:
+    """The kernel precisions TensorRT may choose from for ``--precision`` (fp32 always among them:
+    layers without a faster kernel, and the engine's inputs and outputs, stay fp32)."""
     import torch
 
     return {
         "fp32": {torch.float32},
         "fp16": {torch.float16, torch.float32},
+        "bf16": {torch.bfloat16, torch.float32},
         "int8": {torch.int8, torch.float32},
     }[precision]
 
 
-def _modelopt_quantize(module: Any, calib: Any, style: str) -> Any:
+def _modelopt_quantize(module: Any, calib: Any, style: str, device: str = "cuda") -> Any:
     try:
         import modelopt.torch.quantization as mtq
     except ImportError:
@@ -56,17 +63,12 @@ def _modelopt_quantize(module: Any, calib: Any, style: str) -> Any:
             "--target tensorrt --precision int8 needs NVIDIA ModelOpt to insert Q/DQ nodes: "
             "pip install nvidia-modelopt"
         ) from None
+    from ptopt.core.device import to_device
     from ptopt.core.inputspec import call_model
 
     def forward_loop(model: Any) -> None:
         for b in calib.batches(32):
-            x = b.x
-            x = (
-                {k: v.cuda() for k, v in x.items()}
-                if isinstance(x, dict)
-                else (tuple(t.cuda() for t in x) if isinstance(x, tuple) else x.cuda())
-            )
-            call_model(model, x)
+            call_model(model, to_device(b.x, device))
 
     return mtq.quantize(module, mtq.INT8_DEFAULT_CFG, forward_loop)
 
@@ -79,58 +81,62 @@ def export_tensorrt(
     *,
     precision: str = "fp32",
     calib: Any = None,
+    device: str = "cuda",
 ) -> dict:
+    """Compile ``module`` into a TensorRT engine embedded in an ExportedProgram at ``path``:
+    ``torch.export`` on ``device`` with the specs' Dims, ``torch_tensorrt.dynamo.compile`` with one
+    ``Input(min_shape, opt_shape, max_shape)`` per spec and :func:`enabled_precisions`, then
+    ``torch_tensorrt.save`` with the same Dims (the engine's dynamic profile survives the reload)."""
     import torch
     import torch_tensorrt
 
-    from ptopt.export.tracing import example_for_export, export_program
+    from ptopt.export.tracing import export_program
 
     check_available()
-    module = module.cuda().eval()
+    module = module.to(device).eval()
     if precision == "int8":
         if calib is None:
             raise UnsupportedModelError("--target tensorrt --precision int8 needs --data for calibration")
-        module = _modelopt_quantize(module, calib, style)
+        module = _modelopt_quantize(module, calib, style, device)
     with torch.no_grad():
-        ep = export_program(module, specs, style, device="cuda")
-        trt_inputs = tensorrt_inputs(specs)
-        kw = (
-            {"kwarg_inputs": dict(zip([s.name for s in specs], trt_inputs, strict=False))}
-            if style == "keyword"
-            else {"arg_inputs": trt_inputs}
-        )
+        ep = export_program(module, specs, style, device=device)
         try:
-            trt = torch_tensorrt.dynamo.compile(
-                ep, enabled_precisions=enabled_precisions(precision), min_block_size=1, **kw
-            )
+            trt = torch_tensorrt.dynamo.compile(ep, **compile_kwargs(specs, style, precision))
         except Exception as e:  # noqa: BLE001
             raise UnsupportedModelError(
                 f"torch_tensorrt cannot compile the model: {type(e).__name__}: "
                 f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
             ) from None
-        # saving with the same Dims keeps the engine's dynamic profile in the reloaded program
-        x = example_for_export(specs, style)
-        dyn = torch_export_dynamic_shapes(specs, style)
-        if style == "keyword":
-            torch_tensorrt.save(
-                trt,
-                str(path),
-                output_format="exported_program",
-                kwarg_inputs={k: v.cuda() for k, v in x.items()},
-                dynamic_shapes=dyn,
-            )
-        else:
-            args = x if isinstance(x, tuple) else (x,)
-            torch_tensorrt.save(
-                trt,
-                str(path),
-                output_format="exported_program",
-                arg_inputs=[a.cuda() for a in args],
-                dynamic_shapes=dyn,
-            )
+        torch_tensorrt.save(trt, str(path), **save_kwargs(specs, style, device))
     return {
         "files": [path.name],
         "method": "torch_tensorrt.dynamo.compile",
-        "torch_tensorrt": torch_tensorrt.__version__,
+        "torch_tensorrt": getattr(torch_tensorrt, "__version__", "?"),
         "enabled_precisions": sorted(map(str, enabled_precisions(precision))),
     }
+
+
+def compile_kwargs(specs: Sequence[InputSpec], style: str, precision: str) -> dict[str, Any]:
+    """``torch_tensorrt.dynamo.compile``'s keyword arguments: the Input profiles (``arg_inputs``, or
+    ``kwarg_inputs`` by name for a keyword model), the enabled precisions, ``min_block_size=1``."""
+    trt_inputs = tensorrt_inputs(specs)
+    if style == "keyword":
+        where: dict[str, Any] = {"kwarg_inputs": dict(zip([s.name for s in specs], trt_inputs, strict=True))}
+    else:
+        where = {"arg_inputs": trt_inputs}
+    return {"enabled_precisions": enabled_precisions(precision), "min_block_size": 1, **where}
+
+
+def save_kwargs(specs: Sequence[InputSpec], style: str, device: str) -> dict[str, Any]:
+    """``torch_tensorrt.save``'s keyword arguments: an ExportedProgram, example inputs on ``device``
+    at the export shape, and the same Dims as the export (else the reload fixes the batch)."""
+    from ptopt.core.device import to_device
+    from ptopt.export.tracing import example_for_export
+
+    x = to_device(example_for_export(specs, style), device)
+    dyn = torch_export_dynamic_shapes(specs, style)
+    if style == "keyword":
+        inputs: dict[str, Any] = {"kwarg_inputs": dict(x)}
+    else:
+        inputs = {"arg_inputs": list(x) if isinstance(x, tuple) else [x]}
+    return {"output_format": "exported_program", **inputs, "dynamic_shapes": dyn}

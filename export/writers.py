@@ -20,6 +20,14 @@ quantize / prune / distill), so a format has one set of rules:
   ``torch._inductor.aoti_load_package``; refused on another torch version).
 - ``tensorrt``: see :mod:`ptopt.export.tensorrt` (needs torch_tensorrt, TensorRT and CUDA).
 
+**Precision and device.** ``precision="fp16"|"bf16"`` writes the model in half precision: a copy of
+the module is cast (``module.to(dtype)``: weights and, through them, activations), floating-point
+inputs are cast at the boundary, and the InputSpecs the file is captured with carry the half dtype
+(integer inputs such as token ids keep theirs). TensorRT instead keeps fp32 weights and enables
+the half precision as a kernel precision. ``device="cuda[:N]"``: the copy is traced / exported /
+compiled on that GPU (ONNX is exported on the CPU and checked in ONNX Runtime's CUDA provider).
+The check always compares with the fp32 ``reference`` on the host, at the precision's tolerance.
+
 **The reload check** (``check=True``, the default): the written file is loaded in its own runtime
 (:func:`reload`) and compared with ``reference`` (default: ``module``) at the InputSpecs' min, opt
 and max shapes (:func:`ptopt.export.parity.check_parity`; real samples where ``samples`` has them,
@@ -39,6 +47,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.device import half_dtype, half_specs, program_on, to_device
 from ptopt.core.errors import ParityError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
 
@@ -65,6 +74,7 @@ def write_model(
     keep_failed_as: str | os.PathLike | None = None,
     source_format: str | None = None,
     min_cosine: float | None = None,
+    device: Any = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Write ``module`` as ``fmt`` at ``path`` (exactly there; plus ``path.data`` for large ONNX
@@ -79,7 +89,8 @@ def write_model(
     - ``reference``: what the file must reproduce (default ``module``); ``samples``: a Dataset or a
       batch of real inputs for the check (default ``example``); ``precision``: the artifact's, for the
       default tolerances (``ptopt.export.parity.DEFAULT_TOLERANCES`` and ``MIN_COSINE``);
-      ``atol``/``rtol``/``min_cosine`` override them.
+      ``atol``/``rtol``/``min_cosine`` override them; ``fp16``/``bf16`` write the model in that half
+      precision (see the module docstring). ``device``: cpu (default) or ``cuda[:N]``.
     - ``source_format``: ``"torchscript"`` for a ScriptModule (detected when None), else eager.
     - ``options`` by format: torchscript ``script=False``, ``freeze=True``; onnx ``opset``, ``optimize``,
       ``external_data``, ``int8_method`` (None | ``"ort_static"`` | ``"qdq_export"``), ``calib``
@@ -95,37 +106,73 @@ def write_model(
     if source_format is None:
         source_format = _source_format(module)
     reference = module if reference is None else reference
+    dev = _device_name(fmt, device)
+    half = half_dtype(precision) if fmt != "tensorrt" else None
     # trace, export and compare in inference mode (BatchNorm statistics, no dropout); the caller's
     # modules get their training flags back afterwards
     with _eval_mode(module, reference):
-        info = _write(module, fmt, path, specs, style, example, source_format, precision, options)
-        facts = _facts(fmt, info, specs)
+        placed = _placed(module, "cpu" if fmt == "onnx" else dev, half)
+        wspecs = half_specs(specs, precision) if half is not None else specs
+        wexample = None if example is None else to_device(example, None, half)
+        info = _write(placed, fmt, path, wspecs, style, wexample, source_format, precision, options, dev)
+        facts = _facts(fmt, info, wspecs)
+        if dev != "cpu" or half is not None:
+            facts["extra"].update(device=dev, dtype=str(half or "torch.float32").replace("torch.", ""))
         if check:
-            facts["metrics"] = {
-                "parity": check_reload(
-                    path,
-                    fmt,
-                    reference,
-                    specs,
-                    style,
-                    precision=precision,
-                    atol=atol,
-                    rtol=rtol,
-                    samples=example if samples is None else samples,
-                    files=facts["files"],
-                    keep_failed_as=keep_failed_as,
-                    min_cosine=min_cosine,
-                )
-            }
+            tolerance = dict(precision=precision, atol=atol, rtol=rtol, min_cosine=min_cosine)
+            parity = check_reload(
+                path,
+                fmt,
+                reference,
+                specs,
+                style,
+                **tolerance,
+                samples=example if samples is None else samples,
+                files=facts["files"],
+                keep_failed_as=keep_failed_as,
+                device=dev,
+                dtype=half,
+                cuda_graphs=bool(options.get("cuda_graphs")),
+            )
+            facts["metrics"] = {"parity": parity}
     return facts
 
 
-def reload(path: str | os.PathLike, fmt: str, *, style: str = "positional", device: str = "cpu") -> Any:
+def _device_name(fmt: str, device: Any) -> str:
+    """``cpu``, or the checked ``cuda:N`` (TensorRT: always CUDA)."""
+    from ptopt.core.device import resolve_device
+
+    if fmt == "tensorrt" and device is None:
+        device = "cuda"
+    return str(resolve_device(device, allow_auto=False))
+
+
+def _placed(module: Any, device: str, dtype: Any) -> Any:
+    """``module`` on ``device`` in ``dtype`` (None: as it is): a copy when either changes, so the
+    caller's fp32 model (the parity reference) stays as it was."""
+    if device == "cpu" and dtype is None:
+        return module
+    import copy
+
+    placed = copy.deepcopy(module)
+    return placed.to(device=device, dtype=dtype) if dtype is not None else placed.to(device)
+
+
+def reload(
+    path: str | os.PathLike,
+    fmt: str,
+    *,
+    style: str = "positional",
+    device: str = "cpu",
+    cuda_graphs: bool = False,
+) -> Any:
     """The model file at ``path`` loaded the way a user loads it, callable like its source:
     a ScriptModule (``torch.jit.load``), the ExportedProgram's ``.module()`` (``torch.export.load``),
     an AOTInductor package (``torch._inductor.aoti_load_package``, refused when another torch built
     it: ModelLoadError), or for ONNX an :class:`~ptopt.export.onnx_model.OnnxModel` over an ONNX Runtime session (torch
     tensors in, torch tensors out). The loaded model does not need the file afterwards.
+    ``device``: where it runs (ONNX: the CUDA provider for ``cuda``); ``cuda_graphs``: an AOTInductor
+    package on CUDA wrapped in :class:`ptopt.core.cudagraph.CudaGraphed`.
 
     A file its runtime cannot load back (e.g. an ExportedProgram whose output is a string) is an
     UnsupportedModelError."""
@@ -139,7 +186,12 @@ def reload(path: str | os.PathLike, fmt: str, *, style: str = "positional", devi
         check_version(path)  # before any of its native code loads: a clear line naming both versions
     try:
         with quiet_export():  # the deserializers log whole tracebacks before raising
-            return _load(Path(path), fmt, style, device)
+            model = _load(Path(path), fmt, style, device)
+            if cuda_graphs and fmt == "aoti_package" and device.startswith("cuda"):
+                from ptopt.core.cudagraph import CudaGraphed
+
+                model = CudaGraphed(model, device)
+            return model
     except Exception as e:  # noqa: BLE001 - each runtime's loader raises its own kinds
         raise UnsupportedModelError(
             f"the written {fmt} file does not load back in its runtime: {type(e).__name__}: "
@@ -154,15 +206,16 @@ def _load(path: Path, fmt: str, style: str, device: str) -> Any:
         return torch.jit.load(str(path), map_location=device).eval()
     if fmt == "exported_program":
         # through a buffer: torch.export.load warns about a file not named .pt2 (a temporary one)
-        return torch.export.load(io.BytesIO(path.read_bytes())).module()
+        ep = torch.export.load(io.BytesIO(path.read_bytes()))
+        return program_on(ep, device).module()
     if fmt == "aoti_package":
         from ptopt.export.aoti import load_aoti
 
-        return load_aoti(path)
+        return load_aoti(path, device=device)
     if fmt == "onnx":
         from ptopt.export.onnx_model import OnnxModel
 
-        return OnnxModel(path, style=style)
+        return OnnxModel(path, style=style, device=device)
     import torch_tensorrt  # noqa: F401 - registers the TensorRT runtime ops the program calls
 
     return torch.export.load(str(path)).module()
@@ -205,6 +258,9 @@ def check_reload(
     keep_failed_as: str | os.PathLike | None = None,
     model: Any = None,
     min_cosine: float | None = None,
+    device: str = "cpu",
+    dtype: Any = None,
+    cuda_graphs: bool = False,
 ) -> dict[str, Any]:
     """The reload-and-compare check of a written file (see the module docstring and
     :mod:`ptopt.export.parity` for the rule: per output, error within ``atol + rtol`` × its scale and
@@ -212,13 +268,14 @@ def check_reload(
     metrics or raises ParityError (with ``.metrics``, and ``.failed``: the kept files) naming the
     worst output.
 
-    ``model``: the file already loaded with :func:`reload` (default: load it here)."""
-    from ptopt.export.parity import artifact_runner, check_parity, loosen_hint, torch_runner
+    ``model``: the file already loaded with :func:`reload` (default: load it here). ``device``: where
+    the artifact runs; ``dtype``: the half dtype its floating-point inputs are cast to (the reference
+    always runs in fp32 on the CPU, and outputs are compared there in float64)."""
+    from ptopt.export.parity import check_parity, loosen_hint, torch_runner
 
-    if model is not None:
-        runner = torch_runner(model, device="cuda" if fmt == "tensorrt" else "cpu")
-    else:
-        runner = artifact_runner(path, fmt, specs)
+    if model is None:
+        model = reload(path, fmt, style=style, device=device, cuda_graphs=cuda_graphs)
+    runner = torch_runner(model, device=device, dtype=dtype)
     try:
         return check_parity(
             torch_runner(reference),
@@ -295,6 +352,7 @@ def _write(
     source_format: str,
     precision: str,
     options: dict[str, Any],
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Dispatch to the format's writer."""
     allowed = _OPTIONS.get(fmt)
@@ -304,24 +362,24 @@ def _write(
     if unknown:
         raise UsageError(f"format {fmt} takes no option(s) {', '.join(unknown)}")
     if fmt == "torchscript":
-        return _torchscript(module, path, specs, style, example, source_format, **options)
+        return _torchscript(module, path, specs, style, example, source_format, device=device, **options)
     if fmt == "exported_program":
-        return _exported_program(module, path, specs, style, example, source_format)
+        return _exported_program(module, path, specs, style, example, source_format, device)
     if fmt == "aoti_package":
         from ptopt.export.aoti import write_aoti
 
-        return write_aoti(module, path, specs, style, example, source_format, **options)
+        return write_aoti(module, path, specs, style, example, source_format, device=device, **options)
     if fmt == "onnx":
         return _onnx(module, path, specs, style, source_format, **options)
     from ptopt.export.tensorrt import export_tensorrt
 
-    return export_tensorrt(module, specs, style, path, precision=precision, **options)
+    return export_tensorrt(module, specs, style, path, precision=precision, device=device, **options)
 
 
 _OPTIONS: dict[str, set[str]] = {
     "torchscript": {"script", "freeze"},
     "exported_program": set(),
-    "aoti_package": {"inductor_configs"},
+    "aoti_package": {"inductor_configs", "cuda_graphs"},
     "onnx": {
         "opset",
         "optimize",
@@ -358,9 +416,11 @@ def _torchscript(
     source_format: str,
     script: bool = False,
     freeze: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     import torch
 
+    from ptopt.core.device import to_device
     from ptopt.export import tracing
 
     notes: list[str] = []
@@ -370,7 +430,7 @@ def _torchscript(
         sm, how = tracing.script(module), "torch.jit.script"
     else:
         x = example if example is not None else tracing.example_for_export(specs, style)
-        sm, notes = tracing.trace(module, x, style)
+        sm, notes = tracing.trace(module, to_device(x, device), style)
         how = "torch.jit.trace"
     sm = sm.eval()
     frozen = False
@@ -388,7 +448,13 @@ def _torchscript(
 
 
 def _exported_program(
-    module: Any, path: Path, specs: Sequence[InputSpec], style: str, example: Any, source_format: str
+    module: Any,
+    path: Path,
+    specs: Sequence[InputSpec],
+    style: str,
+    example: Any,
+    source_format: str,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     import torch
 
@@ -400,7 +466,7 @@ def _exported_program(
             "(pkg.module:factory --weights W, or zoo:NAME) to --target exported_program"
         )
     x = example if example is not None and fits_for_export(specs, example) else None
-    ep = export_program(module, specs, style, example=x)
+    ep = export_program(module, specs, style, device=device, example=x)
     buf = io.BytesIO()  # torch.export.save insists on a .pt2 name; the caller's (temporary) path may differ
     with quiet_export():
         torch.export.save(ep, buf)

@@ -169,11 +169,19 @@ def load_zoo_model(name: str, progress: bool = True):
 
     e = get_entry(name)
     path = weights_path(name)
-    if path.is_file():
-        model = e.build()
-        model.load_state_dict(load_file(str(path)))
-        model.eval()
-    else:
-        model, _ = train_zoo_model(name, progress=progress)
+    if not path.is_file():
+        # one trainer per cache: a second process (another shell, a parallel test worker) waits for the
+        # first one's weights instead of training the same model again
+        from filelock import FileLock
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(path) + ".lock"):
+            if not path.is_file():
+                model, _ = train_zoo_model(name, progress=progress)
+                x = model.example_inputs()
+                return model, specs_from_example(x), input_style(x)
+    model = e.build()
+    model.load_state_dict(load_file(str(path)))
+    model.eval()
     x = model.example_inputs()
     return model, specs_from_example(x), input_style(x)

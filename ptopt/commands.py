@@ -56,7 +56,7 @@ _TABLE = (
         "ptopt.compress.distill:distill",
         step=True,
     ),
-    # ptopt.export / ptopt.validate are the stage packages themselves (callable modules)
+    # ptopt.export / ptopt.validate / ptopt.optimize are the stage packages themselves (callable modules)
     Command(
         "export",
         "Export to TorchScript, ONNX or TensorRT, checked against its source.",
@@ -76,6 +76,13 @@ _TABLE = (
         "Package an artifact for serving (TorchServe .mar, Triton repository).",
         "ptopt.serve.package:package",
         step=True,
+    ),
+    Command(
+        "optimize",
+        "Find the fastest artifact within an accuracy budget: techniques x formats x runtimes.",
+        "ptopt.optimize.api:optimize",
+        step=True,
+        api="ptopt.optimize",
     ),
     Command("serve", "Serve a .mar with a local TorchServe on 127.0.0.1.", api=None),
     Command(

@@ -32,7 +32,13 @@ relative to the working directory.
 Before any step runs, every step is checked: known command, its twin importable, its options
 accepted by the twin's signature, every ``${...}`` defined by a var or an earlier step. A validate
 step whose gates fail stops the pipeline with exit 1 (its reports are written first), unless the
-run is asked to go on (the demo reports every gate at the end).
+run is asked to go on (the demo reports every gate at the end); so does an optimize step in which no
+candidate meets the accuracy budget (its folder is written first). An optimize step's ``${ID}`` /
+``${ID.output}`` is its best artifact (``DIR/best.<ext>``)::
+
+    - optimize: {id: opt, model: "${model}", calib_data: builtin:digits32:train,
+                 eval_data: builtin:digits32:test, max_accuracy_drop: 1.0, output: "${out}/opt"}
+    - package:  {artifact: "${opt}", format: mar, output: "${out}/model.mar"}
 """
 
 from __future__ import annotations
@@ -342,6 +348,11 @@ def run_steps(
             from ptopt.validate.api import failure_message
 
             raise GateFailedError(f"{step.label}: {failure_message(res.value)}")
+        if stop_on_gate_failure and step.command == "optimize" and getattr(res.value, "exit_code", 0) == 1:
+            raise GateFailedError(
+                f"{step.label}: no candidate meets the accuracy budget (the closest, "
+                f"{res.value.report['best']}, is written in {res.value.directory})"
+            )
     return results
 
 

@@ -1,8 +1,12 @@
-"""ptopt's TorchServe handler: runs a TorchScript (fp32 or int8) or ONNX artifact inside a worker.
+"""ptopt's TorchServe handler: runs a TorchScript (fp32 or int8), ONNX, AOTInductor package (``.pt2``,
+``torch._inductor.aoti_load_package``) or ExportedProgram (``.pt2``, fp32 or PT2E int8,
+``torch.export.load``) artifact inside a worker.
 
 Self-contained on purpose: it is copied into the .mar and runs where ptopt is not installed, so it
 imports only the standard library, numpy, torch and (for ONNX) onnxruntime. What the model takes
-comes from the artifact's sidecar (``<model file>.ptopt.json``), packaged next to it.
+comes from the artifact's sidecar (``<model file>.ptopt.json``), packaged next to it. An
+AOTInductor package runs only on the torch that compiled it: a worker on another torch refuses to
+load it, naming both versions.
 
 Requests (one per HTTP call; TorchServe may hand several to one ``handle`` call when batching):
 
@@ -18,8 +22,15 @@ answered normally: the status is set per request, never by raising (TorchServe a
 NaN and infinities are refused in inputs (400) and never written as JSON (an output holding one
 answers 422). With ``PTOPT_SERVE_MAX_REQUEST_BYTES`` set (``ptopt serve --max-request-size``), a
 bigger body answers 413 with the limit.
+
+Devices: TorchServe gives each worker a GPU (``context.system_properties["gpu_id"]``, when the
+server has GPUs). Where torch sees CUDA the model is loaded onto ``cuda:<gpu_id>`` and each batch is
+moved there once; where it does not (a CPU-only torch, no driver), the worker runs on the CPU and
+logs one line saying so. A half-precision artifact (the sidecar's ``precision`` fp16 / bf16) gets
+its floating-point inputs cast to that dtype; outputs come back as float32.
 """
 
+import importlib
 import io
 import json
 import logging
@@ -222,6 +233,8 @@ class PtoptHandler:
         self.model = None
         self.session = None
         self.max_batch = None
+        self.device = "cpu"
+        self.half = None  # "float16" / "bfloat16" for a half-precision artifact
 
     # -- loading ---------------------------------------------------------------------------
     def initialize(self, context):
@@ -242,28 +255,43 @@ class PtoptHandler:
         self.max_batch = min(s["max_shape"][0] for s in self.specs)
         options = (getattr(context, "model_yaml_config", None) or {}).get("handler") or {}
         threads = options.get("threads")
+        self.device = _worker_device(props.get("gpu_id"))
+        self.half = {"fp16": "float16", "bf16": "bfloat16"}.get(meta.get("precision"))
         if self.format == "onnx":
-            import onnxruntime as ort
-
-            so = ort.SessionOptions()
-            if threads:
-                so.intra_op_num_threads = int(threads)
-                so.inter_op_num_threads = 1
-            self.session = ort.InferenceSession(model_path, so, providers=["CPUExecutionProvider"])
-            self.onnx_inputs = [i.name for i in self.session.get_inputs()]
+            self._load_onnx(model_path, threads)
         else:
             import torch
 
             if threads:
                 torch.set_num_threads(int(threads))
-            self.model = torch.jit.load(model_path, map_location="cpu").eval()
+            self.model = _load_torch(model_path, self.format, meta, self.device)
         self.initialized = True
         logger.info(
-            "ptopt handler ready: %s %s, inputs %s",
+            "ptopt handler ready: %s %s on %s%s, inputs %s",
             self.format,
             serialized,
+            self.device,
+            f" ({self.half})" if self.half else "",
             "; ".join(_describe(s) for s in self.specs),
         )
+
+    def _load_onnx(self, model_path, threads):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        if threads:
+            so.intra_op_num_threads = int(threads)
+            so.inter_op_num_threads = 1
+        providers = ["CPUExecutionProvider"]
+        if self.device != "cpu":
+            if "CUDAExecutionProvider" in ort.get_available_providers():
+                index = int(self.device.partition(":")[2] or 0)
+                providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+            else:
+                logger.info("onnxruntime here has no CUDA provider: the ONNX model runs on the CPU")
+                self.device = "cpu"
+        self.session = ort.InferenceSession(model_path, so, providers=providers)
+        self.onnx_inputs = [i.name for i in self.session.get_inputs()]
 
     # -- running ---------------------------------------------------------------------------
     def _run(self, arrays):
@@ -280,7 +308,9 @@ class PtoptHandler:
         tensors = {}
         for s in self.specs:
             t = torch.from_numpy(arrays[s["name"]])
-            tensors[s["name"]] = t.to(torch.bfloat16) if s["dtype"] == "bfloat16" else t
+            if t.is_floating_point() and (self.half or s["dtype"] == "bfloat16"):
+                t = t.to(getattr(torch, self.half or "bfloat16"))
+            tensors[s["name"]] = t.to(self.device)  # once per batch
         with torch.inference_mode():
             if self.style == "keyword":
                 out = self.model(**tensors)
@@ -370,6 +400,44 @@ class PtoptHandler:
         context.set_response_status(code, message[:200], idx)
 
 
+def _worker_device(gpu_id):
+    """``cuda:<gpu_id>`` when TorchServe gave this worker a GPU and torch sees CUDA, else ``cpu`` (with
+    a log line when a GPU was given but CUDA is not available here)."""
+    if gpu_id is None or gpu_id == "":
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        logger.info(
+            "TorchServe gave this worker gpu_id %s, but torch %s sees no CUDA "
+            "(torch.cuda.is_available() is False): running on the CPU",
+            gpu_id,
+            torch.__version__,
+        )
+        return "cpu"
+    return f"cuda:{int(gpu_id)}"
+
+
+def _load_torch(model_path, fmt, meta, device="cpu"):
+    """A callable torch model for a TorchScript file, an AOTInductor package or an ExportedProgram."""
+    import torch
+
+    if fmt == "aoti_package":
+        built = (meta.get("extra") or {}).get("torch_version")
+        if built and built != torch.__version__:
+            raise RuntimeError(
+                f"{os.path.basename(model_path)}: AOTInductor package built by torch {built}, but this "
+                f"worker has torch {torch.__version__}; a package runs only on the torch that compiled it"
+            )
+        return torch._inductor.aoti_load_package(model_path)
+    if fmt == "exported_program":
+        # a PT2E int8 program calls quantized_decomposed.* ops, defined by this module of torch
+        importlib.import_module("torch.ao.quantization.fx._decomposed")
+        module = torch.export.load(model_path).module()
+        return module if device == "cpu" else module.to(device)
+    return torch.jit.load(model_path, map_location=device).eval()
+
+
 def _outputs_to_numpy(out):
     if isinstance(out, dict):
         return {k: _outputs_to_numpy(v) for k, v in out.items()}
@@ -379,7 +447,7 @@ def _outputs_to_numpy(out):
         t = out.detach()
         if t.is_quantized:
             t = t.dequantize()
-        if str(t.dtype) == "torch.bfloat16":
+        if str(t.dtype) in ("torch.bfloat16", "torch.float16"):
             t = t.float()
         return t.cpu().numpy()
     return np.asarray(out)

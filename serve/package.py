@@ -1,14 +1,18 @@
 """``ptopt package``: turn an artifact into something a model server loads.
 
 - ``format="mar"``: a TorchServe model archive built by torch-model-archiver: the model file
-  (TorchScript fp32/int8, or ONNX run by ONNX Runtime in the worker), ptopt's self-contained handler
+  (TorchScript fp32/int8, ONNX run by ONNX Runtime in the worker, an AOTInductor package ``.pt2``
+  or an ExportedProgram ``.pt2``, fp32 or PT2E int8), ptopt's self-contained handler
   (``serve/handler.py``), a ``model-config.yaml`` (batch size, max batch delay, workers, threads) and
   the artifact's sidecar, which tells the handler what inputs to accept.
 - ``format="triton"``: a Triton Inference Server model repository (see ``ptopt.serve.triton``).
 
-ARTIFACT is a TorchScript ``.pt`` or ``.onnx`` file (with or without a ptopt sidecar), or any MODEL
-reference (eager, ``pkg.module:factory``, ``zoo:NAME``, ``.pt2``...), which is exported to TorchScript
-first with ``ptopt.export``.
+ARTIFACT is a TorchScript ``.pt`` or ``.onnx`` file (with or without a ptopt sidecar), a ``.pt2``
+(served as is in a .mar; for Triton an AOTInductor package goes to the PyTorch backend's
+``torch_aoti`` platform), or any other MODEL reference (eager, ``pkg.module:factory``, ``zoo:NAME``),
+which is exported to TorchScript first with ``ptopt.export``. An AOTInductor package is compiled
+native code that runs when it loads: packaging one needs ``allow_pickle`` (``--allow-pickle``), as
+loading it does anywhere else in ptopt (``ptopt.core.modelref``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ DEFAULT_RESPONSE_TIMEOUT_S = 120
 HANDLER_FILE = Path(__file__).with_name("handler.py")
 #: name of the handler inside the .mar (a unique module name in the worker)
 HANDLER_NAME = "ptopt_handler.py"
-_SERVABLE = ("torchscript", "onnx")
+#: formats each server runs as they are (anything else is exported to TorchScript first)
+_SERVABLE = {
+    "mar": ("torchscript", "onnx", "aoti_package", "exported_program"),
+    "triton": ("torchscript", "onnx", "aoti_package"),
+}
 #: torch-model-archiver stages files in tempfile.gettempdir()/<model name>; one packaging at a time
 _ARCHIVER_LOCK = threading.Lock()
 
@@ -74,7 +82,7 @@ def package(
     *,
     batch_size: int = 1,
     max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS,
-    workers: int = 1,
+    workers: int | str = 1,
     threads: int | None = None,
     model_name: str | None = None,
     input_shapes: Sequence[tuple[str | None, tuple[int, ...]]] = (),
@@ -88,8 +96,11 @@ def package(
     the first dim is the batch) stand in for a missing sidecar.
     ``batch_size``/``max_batch_delay_ms`` configure the server's request batching, ``workers`` its
     worker processes (TorchServe) or instances (Triton), ``threads`` the intra-op threads per worker.
+    ``workers="auto"``: one worker per physical core this process may use, each with one thread
+    (unless ``threads`` says otherwise), so the workers together use every core once.
     """
     input_shapes = _parsed_shapes(input_shapes)
+    workers, threads = resolve_workers(workers, threads)
     _check_options(format, batch_size, workers, max_batch_delay_ms, response_timeout_s, threads)
     output = _checked_output(format, Path(output))
     name = _checked_model_name(model_name or _default_model_name(format, output, artifact))
@@ -99,9 +110,19 @@ def package(
         require("torchserve", "packaging a .mar")  # torch-model-archiver comes with it (the serve extra)
     with tempfile.TemporaryDirectory(prefix="ptopt-package-") as tmp:
         prep = prepare(
-            artifact, Path(tmp), input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle
+            artifact,
+            Path(tmp),
+            input_shapes=input_shapes,
+            weights=weights,
+            allow_pickle=allow_pickle,
+            servable=_SERVABLE[format],
         )
         _check_batch_fits(batch_size, prep)
+        if format == "triton" and prep.format == "aoti_package" and batch_size > 1:
+            raise UsageError(
+                f"--batch-size {batch_size}: Triton's torch_aoti platform does not batch requests yet "
+                "(its max_batch_size is 0; a client sends whole batches); use --batch-size 1"
+            )
         config = {
             "type": "package",
             "format": format,
@@ -116,6 +137,41 @@ def package(
 
             return write_repository(prep, output, name, config)
         return _write_mar(prep, output, name, config, response_timeout_s, Path(tmp))
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (hyper-threads counted once), from
+    /proc/cpuinfo's (physical id, core id) pairs; the usable CPU count where that is not available."""
+    try:
+        usable = os.sched_getaffinity(0)
+    except AttributeError:
+        usable = set(range(os.cpu_count() or 1))
+    cores, cpu, phys = set(), None, "0"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key == "processor":
+                    cpu, phys = int(value), "0"
+                elif key == "physical id":
+                    phys = value
+                elif key == "core id" and cpu in usable:
+                    cores.add((phys, value))
+    except (OSError, ValueError):
+        cores = set()
+    return max(1, len(cores) or len(usable))
+
+
+def resolve_workers(workers: int | str, threads: int | None) -> tuple[int, int | None]:
+    """``(workers, threads)`` with ``"auto"`` resolved (see :func:`package`); other text is refused."""
+    if isinstance(workers, str):
+        if workers.strip().lower() == "auto":
+            return physical_cores(), 1 if threads is None else threads
+        try:
+            workers = int(workers)
+        except ValueError:
+            raise UsageError(f"--workers {workers!r}: give a number of workers or 'auto'") from None
+    return int(workers), threads
 
 
 def _parsed_shapes(input_shapes: Sequence) -> Sequence:
@@ -191,12 +247,19 @@ def _triton_default_name(artifact: Any) -> str:
 
 
 def prepare(
-    artifact: Any, tmp: Path, *, input_shapes: Sequence = (), weights: Any = None, allow_pickle: bool = False
+    artifact: Any,
+    tmp: Path,
+    *,
+    input_shapes: Sequence = (),
+    weights: Any = None,
+    allow_pickle: bool = False,
+    servable: Sequence[str] = _SERVABLE["mar"],
 ) -> Prepared:
-    """The servable model file (TorchScript or ONNX) for ``artifact``, with a sidecar dict for it.
+    """The servable model file for ``artifact``, with a sidecar dict for it.
 
-    A TorchScript/ONNX file is used as is (its sidecar, or ``input_shapes``, or for ONNX the graph's
-    inputs say what it takes); any other MODEL is exported to TorchScript into ``tmp`` first.
+    A file in one of the ``servable`` formats is used as is (its sidecar, or ``input_shapes``, or for
+    ONNX the graph's inputs say what it takes); any other MODEL is exported to TorchScript into
+    ``tmp`` first.
     """
     from ptopt.core.modelref import as_loaded, resolve_inputs
 
@@ -206,7 +269,7 @@ def prepare(
     loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
     if input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
-    if loaded.format in _SERVABLE and loaded.path is not None:
+    if loaded.format in servable and loaded.path is not None:
         return _prepare_servable(loaded)
     return _prepare_by_export(loaded, tmp)
 
@@ -222,7 +285,7 @@ def _refuse_missing_file(artifact: Any) -> None:
 
 
 def _prepare_servable(loaded: LoadedModel) -> Prepared:
-    """A TorchScript/ONNX file served as is, with all its files (ONNX external data too)."""
+    """A model file served as is, with all its files (ONNX external data too)."""
     if not loaded.input_specs:
         raise ModelLoadError(
             f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "

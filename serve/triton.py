@@ -3,11 +3,20 @@
     OUT/                       (the repository: point tritonserver --model-repository at it)
       NAME/config.pbtxt        inputs/outputs (names, dims, data types), max_batch_size, dynamic batching
       NAME/1/model.onnx        platform onnxruntime_onnx, or
-      NAME/1/model.pt          platform pytorch_libtorch (inputs NAME__i, outputs output__i)
+      NAME/1/model.pt          platform pytorch_libtorch (inputs NAME__i, outputs output__i), or
+      NAME/1/model.pt2         an AOTInductor package: backend pytorch, platform torch_aoti
+                               (inputs INPUT__i, outputs OUTPUT__i; max_batch_size 0)
 
 Dims and the batch come from the InputSpec: a dynamic batch dimension becomes ``max_batch_size``
 (the spec's max batch) and leaves the dims; other dynamic dimensions become -1. For ONNX the graph's
 own inputs and outputs decide names and dims, so the config always matches the model file.
+
+AOTInductor packages: Triton's PyTorch backend loads them with ``platform: "torch_aoti"`` since
+Triton 26.03 (beta; ordinal ``INPUT__i``/``OUTPUT__i`` names resolved from the package's call spec
+since 26.05), and its README says request batching (batch sizes above 1, sequence batching) is not
+done for them yet. So the repository sets ``max_batch_size: 0`` (the batch is the first of the
+dims, -1 when dynamic: a client sends whole batches) and ``--batch-size`` above 1 is refused. An
+ExportedProgram ``.pt2`` is not a format Triton loads; it is exported to TorchScript first.
 """
 
 from __future__ import annotations
@@ -32,7 +41,11 @@ TRITON_DTYPES = {
     "uint8": "TYPE_UINT8",
     "bool": "TYPE_BOOL",
 }
-PLATFORMS = {"onnx": ("onnxruntime_onnx", "model.onnx"), "torchscript": ("pytorch_libtorch", "model.pt")}
+PLATFORMS = {
+    "onnx": ("onnxruntime_onnx", "model.onnx"),
+    "torchscript": ("pytorch_libtorch", "model.pt"),
+    "aoti_package": ("torch_aoti", "model.pt2"),
+}
 #: ONNX files up to this size are rewritten with their weights inside (one self-contained model.onnx)
 _INLINE_ONNX_LIMIT = 1 << 30
 
@@ -72,16 +85,24 @@ def _onnx_io(path: Path, specs: list[InputSpec]) -> tuple[list[dict], list[dict]
     return inputs, outputs, max_batch
 
 
-def _torchscript_io(path: Path, specs: list[InputSpec], style: str) -> tuple[list[dict], list[dict], int]:
-    """Inputs from the specs; outputs (count, dims, dtypes) from running the model once."""
+def _torchscript_io(
+    path: Path, specs: list[InputSpec], style: str, aoti: bool = False
+) -> tuple[list[dict], list[dict], int]:
+    """Inputs from the specs; outputs (count, dims, dtypes) from running the model once.
+
+    ``aoti``: an AOTInductor package (torch_aoti): no server-side batching, ordinal names."""
     import torch
 
     from ptopt.core.inputspec import call_model
 
-    batched = _batched(specs)
+    batched = _batched(specs) and not aoti
     max_batch = min(s.max_shape[0] for s in specs) if batched else 0
-    inputs = [_tensor(f"{s.name}__{i}", s.dtype, _spec_io(s, batched)) for i, s in enumerate(specs)]
-    model = torch.jit.load(str(path), map_location="cpu").eval()
+    names = [f"INPUT__{i}" if aoti else f"{s.name}__{i}" for i, s in enumerate(specs)]
+    inputs = [_tensor(n, s.dtype, _spec_io(s, batched)) for n, s in zip(names, specs, strict=True)]
+    if aoti:
+        model = torch._inductor.aoti_load_package(str(path))  # trusted: prepare() asked for allow_pickle
+    else:
+        model = torch.jit.load(str(path), map_location="cpu").eval()
     x = make_inputs(specs, style, which="opt")
     with torch.inference_mode():
         out = call_model(model, x)
@@ -99,7 +120,10 @@ def _torchscript_io(path: Path, specs: list[InputSpec], style: str) -> tuple[lis
         dims = list(t.shape)
         if batched:
             dims = dims[1:]
-        outputs.append(_tensor(f"output__{i}", str(t.dtype).replace("torch.", ""), dims))
+        elif aoti and _batched(specs) and dims:
+            dims[0] = -1  # the package's batch is dynamic: so is its output's
+        name = f"OUTPUT__{i}" if aoti else f"output__{i}"
+        outputs.append(_tensor(name, str(t.dtype).replace("torch.", ""), dims))
     return inputs, outputs, max_batch
 
 
@@ -128,7 +152,10 @@ def config_pbtxt(
             ]
         return lines + ["]"]
 
-    lines = [f'name: "{name}"', f'platform: "{platform}"', f"max_batch_size: {max_batch_size}"]
+    lines = [f'name: "{name}"']
+    if platform == "torch_aoti":  # the PyTorch backend's AOTInductor loader
+        lines.append('backend: "pytorch"')
+    lines += [f'platform: "{platform}"', f"max_batch_size: {max_batch_size}"]
     lines += block("input", inputs) + block("output", outputs)
     if max_batch_size > 0:
         lines += ["dynamic_batching {"]
@@ -153,7 +180,8 @@ def write_repository(prep: Any, output: Path, name: str, config: dict[str, Any])
         inputs, outputs, max_batch = _onnx_io(prep.path, prep.inputs)
         param = "intra_op_thread_count"
     else:
-        inputs, outputs, max_batch = _torchscript_io(prep.path, prep.inputs, prep.input_style)
+        aoti = prep.format == "aoti_package"
+        inputs, outputs, max_batch = _torchscript_io(prep.path, prep.inputs, prep.input_style, aoti)
         param = "INTRA_OP_THREAD_COUNT"
     text = config_pbtxt(
         name,

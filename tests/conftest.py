@@ -19,7 +19,12 @@ def _zoo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Zoo weights: $PTOPT_CACHE_DIR if the caller set one, else a folder for this session."""
     if os.environ.get("PTOPT_CACHE_DIR"):
         return Path(os.environ["PTOPT_CACHE_DIR"])
-    path = tmp_path_factory.mktemp("ptopt-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # parallel workers share one cache (the zoo trains each model once, under a file lock)
+        path = tmp_path_factory.getbasetemp().parent / "ptopt-cache"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("ptopt-cache")
     os.environ["PTOPT_CACHE_DIR"] = str(path)
     return path
 

@@ -33,7 +33,7 @@ def test_wheel_installs_only_ptopt(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"ptopt", "ptopt-0.1.0.dist-info"}, tops
-    for stage in ("core", "compress", "export", "validate", "serve", "cli", "models"):
+    for stage in ("core", "compress", "export", "validate", "serve", "cli", "models", "optimize"):
         # every (sub)package of the tree must ship, e.g. validate/runners
         for init in (REPO / stage).rglob("__init__.py"):
             assert f"ptopt/{init.relative_to(REPO).as_posix()}" in names, f"{init} is not in the wheel"
@@ -47,7 +47,7 @@ def test_core_imports_no_stage():
     """core is shared by every stage and must not depend on one."""
     import re
 
-    pattern = re.compile(r"^\s*(from|import)\s+ptopt\.(compress|export|validate|serve|cli)\b", re.M)
+    pattern = re.compile(r"^\s*(from|import)\s+ptopt\.(compress|export|validate|serve|cli|optimize)\b", re.M)
     for path in (REPO / "core").glob("*.py"):
         hit = pattern.search(path.read_text())
         assert hit is None, f"{path.name} imports ptopt.{hit.group(2)}"

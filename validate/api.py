@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.data import Dataset, load_data
+from ptopt.core.device import GpuPeakMemory
 from ptopt.core.errors import (
     GateFailedError,
     MissingDependencyError,
@@ -131,6 +132,10 @@ class Entry:
     speedup: dict[str, float] = dataclasses.field(default_factory=dict)
     peak_memory_mb: float | None = None
     peak_memory_delta_mb: float | None = None
+    #: on a CUDA device: the most GPU memory torch allocated while loading and evaluating it
+    #: (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``); None on the CPU
+    peak_gpu_memory_mb: float | None = None
+    device: str = "cpu"
     gates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     passed: bool = True
     best: bool = False
@@ -186,6 +191,10 @@ class _Run:
     latency: LatencyOptions
     baseline: dict[str, Any] | None
     baseline_path: Any
+    #: --compile: also run each eager / ExportedProgram model through torch.compile (runners.compiled)
+    compile: bool = False
+    #: each model's runner format, in order (filled while the models are checked)
+    formats: list[str] = dataclasses.field(default_factory=list)
 
     def check_measurable(self, classification: bool | None) -> None:
         _gates.check_measurable(
@@ -208,6 +217,8 @@ class _Models:
     threads: int
     allow_pickle: bool
     providers: Sequence[str] | None
+    #: ``cpu`` / ``cuda:N`` as given (checked), or None: each runtime's own (the CPU; TensorRT a GPU)
+    device: str | None = None
 
     def __iter__(self) -> Iterator[tuple[str, Any, str]]:
         """(role, ref, name) of every model, the reference first."""
@@ -219,6 +230,8 @@ class _Models:
             ref, self.names[i], weights=weights, allow_pickle=self.allow_pickle, providers=self.providers
         )
         try:
+            if self.device is not None:
+                runner.place(self.device)  # the model moves once
             runner.prepare(self.threads)
         except BaseException:
             runner.close()
@@ -244,6 +257,7 @@ def validate(
     weights: Any = None,
     allow_pickle: bool = False,
     providers: Sequence[str] | None = None,
+    device: Any = None,
     max_samples: int | None = None,
     eval_batch_size: int | None = None,
     raise_on_failure: bool = False,
@@ -261,6 +275,7 @@ def validate(
     min_seconds: float | None = None,
     rounds: int | None = None,
     stable_pct: float | None = None,
+    compile: bool = False,
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
@@ -268,9 +283,12 @@ def validate(
     ``Result``s (the saved file, else the in-memory ``.model``); ``weights``/``allow_pickle`` qualify the
     reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
     torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
-    options (not both). Every report asked for is written before a failed gate is reported; returns a
+    options (not both). ``device``: ``cpu`` / ``cuda[:N]`` for every model (None: each runtime's own;
+    see docs/gpu.md). Every report asked for is written before a failed gate is reported; returns a
     ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
     when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 4).
+    ``compile``: also time every eager / ExportedProgram model (the reference too) through
+    ``torch.compile``, as an extra row named ``NAME (torch.compile)`` with ``info["compile_seconds"]``.
     """
     t_start = time.perf_counter()
     gates = _gates.Gates.from_options(
@@ -289,8 +307,8 @@ def validate(
     )
     reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
-    settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size)
-    models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers)
+    settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size, compile=bool(compile))
+    models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers, device=device)
     run = _prepare(reference, artifacts, data, gates, latency, reports, models, **settings)
     entries = _measure(run, progress or (lambda msg: None))
     result = ValidationResult(_report(run, entries, t_start))
@@ -307,6 +325,8 @@ def _measure(run: _Run, say: Callable[[str], None]) -> list[Entry]:
     prev_threads = torch.get_num_threads()
     try:
         run.check_measurable(_check_models(run, say))
+        if run.compile:
+            _add_compiled(run, say)
         entries = _evaluate(run, say)
         _time(run, entries, say)
     finally:
@@ -332,6 +352,7 @@ def _prepare(
     baseline: Any,
     max_samples: int | None,
     eval_batch_size: int | None,
+    compile: bool = False,
 ) -> _Run:
     sizes = parse_batch_sizes(batch_sizes)
     if eval_batch_size is None:  # one accuracy pass, in batches at least as large as the largest timed
@@ -344,6 +365,14 @@ def _prepare(
         raise UsageError(f"--threads must be >= 1, got {threads}")
     if eval_batch_size < 1:
         raise UsageError(f"--eval-batch-size must be >= 1, got {eval_batch_size}")
+    if models.get("device") is not None:
+        from ptopt.core.device import resolve_device
+
+        models["device"] = str(resolve_device(models["device"], allow_auto=False))
+    if compile:
+        from ptopt.validate.runners.compiled import check_compiler
+
+        check_compiler()
     refs = [("reference", _model_ref(reference), models.pop("weights"))]
     refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
     reports.check()
@@ -369,6 +398,7 @@ def _prepare(
         latency=latency,
         baseline=_gates.load_baseline(baseline) if baseline is not None else None,
         baseline_path=baseline,
+        compile=compile,
     )
     run.check_measurable(None)
     return run
@@ -451,6 +481,9 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
     for i, (role, _, name) in enumerate(run.models):
         say(f"checking {name}")
         runner = run.models.open(i)
+        if runner.info.get("device_note"):
+            say(runner.info["device_note"])
+        run.formats.append(runner.format)
         try:
             out, labels = _probe(runner, run.ds, run.data_name)
             shapes.append(tuple(out.shape))
@@ -465,6 +498,26 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
     return len(shapes[0]) in (2, 3) and shapes[0][-1] >= 2
 
 
+def _add_compiled(run: _Run, say: Callable[[str], None]) -> None:
+    """--compile: a ``NAME (torch.compile)`` artifact right after each eager / ExportedProgram model."""
+    from ptopt.validate.runners.compiled import FORMATS, SUFFIX, CompiledRef
+
+    refs, names = [], []
+    for i, ((role, ref, weights), name) in enumerate(zip(run.models.refs, run.models.names, strict=True)):
+        refs.append((role, ref, weights))
+        names.append(name)
+        if run.formats[i] in FORMATS:
+            refs.append(("artifact", CompiledRef(ref), weights))
+            names.append(name + SUFFIX)
+    if len(refs) == len(run.models.refs):
+        found = ", ".join(sorted(set(run.formats)))
+        raise UsageError(
+            f"--compile runs eager and ExportedProgram models through torch.compile; none here ({found})"
+        )
+    say(f"--compile: {', '.join(n for n in names if n.endswith(SUFFIX))} added")
+    run.models.refs, run.models.names = refs, _unique_names(names)
+
+
 # -- 4. load, evaluate, size and peak memory: one model at a time ----------------------------------
 
 
@@ -474,7 +527,7 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
     for i, (role, ref, name) in enumerate(run.models):
         say(f"evaluating {name} ({i + 1}/{len(run.models.refs)})")
         t0 = time.perf_counter()
-        with PeakMemory() as mem:
+        with PeakMemory() as mem, GpuPeakMemory(run.models.device or "cpu") as gpu_mem:
             runner = run.models.open(i)
             try:
                 eval_bs = _eval_batch_size(runner, run.eval_batch_size, len(run.ds))
@@ -485,6 +538,7 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
             finally:
                 runner.close()
         entry = _entry(runner, role, ref, eval_bs, size, mem)
+        entry.peak_gpu_memory_mb = None if gpu_mem.peak_mb is None else round(gpu_mem.peak_mb, 1)
         entry.elapsed_s = {"load_and_evaluate": round(time.perf_counter() - t0, 2)}
         if run.metric_measured:
             entry.metric = compute_metric(run.metric, outputs, run.ds.y)
@@ -606,6 +660,7 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "best_rule": BEST_RULE,
         "machine": machine_summary(),
         "threads": run.threads,
+        "device": run.models.device or "cpu",
         "batch_sizes": run.sizes,
         "data": {
             "ref": run.data_name,
@@ -843,6 +898,7 @@ def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: P
         size=size,
         peak_memory_mb=None if mem.peak_mb is None else round(mem.peak_mb, 1),
         peak_memory_delta_mb=None if mem.delta_mb is None else round(mem.delta_mb, 1),
+        device=runner.device,
         info={k: v for k, v in runner.info.items() if isinstance(v, (str, int, float, list))},
     )
 

@@ -12,6 +12,12 @@ go on interleaved among themselves.
 Inputs for batch size B are the data's first B samples (repeated when the data has fewer), so
 every artifact is timed on identical tensors. Python's garbage collector is paused during each
 timed slice.
+
+On a GPU (a runner placed on ``cuda:N``), each batch is moved to the device once, before timing,
+and every sample is the time between two CUDA events around the call, read after the end event
+completed (``ptopt.core.timing.CudaEventTimer``; warm-up ends with ``torch.cuda.synchronize``): a
+host timer around asynchronous kernel launches would time the launches, not the work. The stats
+say which timer measured them (``"timer": "host" | "cuda_events"``).
 """
 
 from __future__ import annotations
@@ -168,6 +174,7 @@ def measure_runners(
     stats = measure_interleaved(
         fns,
         sizes,
+        devices={key: runners[key[0]].timer_device for key in fns},
         rounds=options.rounds,
         min_iters=options.min_iters,
         min_seconds=options.min_seconds,

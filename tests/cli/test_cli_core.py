@@ -47,7 +47,15 @@ def test_one_command_table_feeds_the_cli_the_api_and_the_pipeline(cli):
         assert command.help.split()[0] in out
         if command.api_target:
             assert name in dir(ptopt) and callable(getattr(ptopt, name))
-    assert set(step_commands()) == {"quantize", "prune", "distill", "export", "validate", "package"}
+    assert set(step_commands()) == {
+        "quantize",
+        "prune",
+        "distill",
+        "export",
+        "validate",
+        "package",
+        "optimize",
+    }
     assert resolve_twin("validate", "test") is ptopt.validate.api.validate
     assert ptopt.quantize is resolve_twin("quantize", "test")
 

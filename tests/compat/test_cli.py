@@ -44,21 +44,29 @@ def test_gpt2_torchscript_with_typed_shapes(cli, tmp_path):
     assert "input_ids: [1..4]x[8..32] int64" in out
 
 
-def test_efficientnet_structured_pruning_refuses_in_one_line(cli, tmp_path):
-    _needs("torchvision")
+def test_bert_structured_pruning_without_a_shape(cli, tmp_path):
+    """torch.fx cannot trace BERT: the channel analysis reads torch.export's graph (heads, FFN)."""
+    _needs("transformers")
+    code, out, err = cli(
+        "prune", "tests.compat.models:bert", "--method", "structured", "--amount", "0.3", "-o", "b.pt"
+    )
+    assert code == 0, err
+    assert "64 → 32" in out and "128 → 90" in out  # 2 heads → 1; FFN neurons 128 → 90
+
+
+def test_gpt2_structured_pruning_refuses_in_one_line(cli, tmp_path):
+    _needs("transformers")
     assert_refused(
         cli,
         "prune",
-        "tests.compat.models:efficientnet_b0",
+        "tests.compat.models:gpt2",
         "--method",
         "structured",
         "--amount",
         "0.3",
-        "--input-shape",
-        "1x3x32x32",
         "-o",
-        "e.pt",
-        match=("stochastic_depth", "--exclude features."),
+        "g.pt",
+        match=("no layer whose output channels can be removed", "Conv1D layers"),
         where=tmp_path,
     )
 

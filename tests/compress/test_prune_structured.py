@@ -76,15 +76,6 @@ def test_never_removes_every_channel():
     assert pruned(model.example_inputs()).shape == (2, 10)
 
 
-def test_concatenated_channels_are_kept():
-    model = prune_models.concat()
-    pruned, report = structured_prune(model, model.example_inputs(), 0.5, prune_first_last=True)
-    assert pruned.a.out_channels == 6 and pruned.b.out_channels == 6
-    assert "concatenated" in report["layers"]["a"]["kept_reason"]
-    assert pruned.mix.out_channels == 6 and pruned.mix.in_channels == 12 and pruned.stem.out_channels == 4
-    assert pruned(model.example_inputs()).shape == (2, 10)
-
-
 def test_hard_coded_flatten_size_is_rewritten(tmp_path):
     model = prune_models.lenet()
     pruned, _ = structured_prune(model, model.example_inputs(), 0.5)

@@ -15,7 +15,7 @@ from ptopt.core.modelref import load_model
 from tests.helpers import assert_refused, tiny_cnn
 
 CORE = Path(__file__).resolve().parents[2] / "core"
-STAGES = ("compress", "export", "validate", "serve", "models", "cli")
+STAGES = ("compress", "export", "validate", "serve", "models", "cli", "optimize")
 
 
 def _stage_of(module: str) -> str | None:

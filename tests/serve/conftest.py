@@ -87,3 +87,46 @@ def torchserve_missing() -> str | None:
         if not f.available:
             return f"{f.name}: {f.detail}"
     return None
+
+
+@pytest.fixture(scope="session")
+def pt2_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny CNN as ``.pt2`` files with sidecars, built with plain torch: an AOTInductor package
+    (batch 1..16, freezing on, ~10-20 s to compile), an fp32 ExportedProgram and a PT2E int8
+    ExportedProgram (torchao's X86InductorQuantizer, calibrated on random batches)."""
+    from tests.helpers import tiny_cnn
+
+    d = tmp_path_factory.mktemp("pt2-artifacts")
+    model = tiny_cnn().eval()
+    x = model.example_inputs(4)
+    batch = torch.export.Dim("batch", min=1, max=16)
+    specs = specs_from_example(x, max_batch=16)  # the package's batch range: 1..16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}})
+        aoti = d / "cnn.aoti.pt2"
+        torch._inductor.aoti_compile_and_package(
+            ep, package_path=str(aoti), inductor_configs={"freezing": True}
+        )
+        fp32 = d / "cnn.ep.pt2"
+        torch.export.save(ep, str(fp32))
+        int8 = d / "cnn.int8.pt2"
+        torch.export.save(_pt2e_int8(model, x, batch), str(int8))
+    Artifact(aoti, "aoti_package", inputs=specs, extra={"torch_version": torch.__version__}).finalize()
+    Artifact(fp32, "exported_program", inputs=specs).finalize()
+    Artifact(int8, "exported_program", inputs=specs, precision="int8").finalize()
+    return {"aoti": aoti, "ep": fp32, "int8_ep": int8}
+
+
+def _pt2e_int8(model, x, batch):
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    graph = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}}).module()
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(graph, quantizer)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        prepared(torch.randn(8, 1, 8, 8, generator=g))
+    converted = convert_pt2e(prepared)
+    return torch.export.export(converted, (x,), dynamic_shapes={"x": {0: batch}})

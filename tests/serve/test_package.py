@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import zipfile
 
@@ -246,3 +247,24 @@ def test_model_reference_goes_through_the_export_contract(tmp_path, monkeypatch)
     assert {"model.pt", "model.pt.ptopt.json"} <= names
     assert art.inputs[0].opt_shape[1:] == (1, 8, 8)
     assert art.parent["path"] == "tests.helpers:tiny_cnn"
+
+
+def test_workers_auto_is_one_per_physical_core(cli, tmp_path, serve_artifacts):
+    from ptopt.serve.package import physical_cores
+
+    cores = physical_cores()
+    assert 1 <= cores <= (os.cpu_count() or 1)
+    code, stdout, stderr = cli(
+        "package", serve_artifacts["fp32"], "--format", "mar", "-o", "a.mar", "--workers", "auto"
+    )
+    assert code == 0, stderr
+    assert f"workers: {cores} (auto: physical cores), 1 thread(s) each" in stdout
+    with zipfile.ZipFile(tmp_path / "a.mar") as z:
+        cfg = yaml.safe_load(z.read("model-config.yaml"))
+    assert cfg["minWorkers"] == cfg["maxWorkers"] == cores and cfg["handler"] == {"threads": 1}
+    # the batching defaults are always written down
+    assert cfg["batchSize"] == 1 and cfg["maxBatchDelay"] == 5 and cfg["responseTimeout"] == 120
+    assert_refused(
+        cli, "package", serve_artifacts["fp32"], "--format", "mar", "-o", "b.mar", "--workers", "many",
+        match="--workers 'many'", where=tmp_path,
+    )  # fmt: skip

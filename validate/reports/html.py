@@ -39,7 +39,22 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}tr.best{background:#e8f7e8;font-
 code{background:#f3f3f3;padding:1px 4px}"""
 
 
-def _png(fig: Any) -> str:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display needed), or the instruction to install it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError(
+            "the HTML report draws plots with matplotlib: pip install 'ptopt[report]'"
+        ) from None
+    return plt
+
+
+def png_data_uri(fig: Any) -> str:
+    """The figure as a base64 PNG data URI (the HTML stays one self-contained file); closes it."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -50,15 +65,7 @@ def _png(fig: Any) -> str:
 
 def plots(data: dict[str, Any]) -> dict[str, str]:
     """{title: data URI} of the three plots."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingDependencyError(
-            "the HTML report draws plots with matplotlib: pip install 'ptopt[report]'"
-        ) from None
+    plt = pyplot()
     entries = rows(data)
     names = [e["name"] for e in entries]
     sizes = data["batch_sizes"]
@@ -96,7 +103,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     ax.set_ylabel(y_label)
     ax.set_title("Accuracy vs latency")
     ax.grid(alpha=0.3)
-    out["Accuracy vs latency"] = _png(fig)
+    out["Accuracy vs latency"] = png_data_uri(fig)
     # size per artifact
     fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(entries) + 1.5))
     raw = [(e.get("size") or {}).get("bytes") or 0 for e in entries]
@@ -109,7 +116,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     ax.set_xlabel("MB")
     ax.set_title("Size per artifact")
     ax.legend()
-    out["Size per artifact"] = _png(fig)
+    out["Size per artifact"] = png_data_uri(fig)
     # latency per batch size
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for e in entries:
@@ -126,7 +133,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     ax.set_title("Latency per batch size")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    out["Latency per batch size"] = _png(fig)
+    out["Latency per batch size"] = png_data_uri(fig)
     return out
 
 

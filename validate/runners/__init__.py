@@ -12,6 +12,9 @@ apart); MODEL references (``zoo:NAME``, ``pkg.mod:factory``) and ``nn.Module`` o
 | aoti_package | ``aoti.AotiRunner`` | AOTInductor (compiled package) |
 | onnx | ``onnxruntime.OnnxRuntimeRunner`` | ONNX Runtime (CPU; CUDA/TensorRT providers when present) |
 | tensorrt | ``tensorrt.TensorRTRunner`` | TensorRT through torch_tensorrt (CUDA) |
+
+``validate --compile`` adds ``compiled.CompiledRunner`` rows: an eager / ExportedProgram model behind
+``torch.compile`` (a ``compiled.CompiledRef`` wraps the reference it opens).
 """
 
 from __future__ import annotations
@@ -44,8 +47,11 @@ def open_runner(
 ) -> Runner:
     """Load ``ref`` (a path, MODEL reference, nn.Module or LoadedModel) into the runner for its format."""
     from ptopt.core.modelref import LoadedModel, as_loaded
+    from ptopt.validate.runners.compiled import CompiledRef
 
     name = name or display_name(ref)
+    if isinstance(ref, CompiledRef):
+        return _open_compiled(ref, name, weights=weights, allow_pickle=allow_pickle)
     path = None if isinstance(ref, LoadedModel) or not isinstance(ref, (str, Path)) else Path(str(ref))
     if path is not None and path.exists() and path.is_file():
         try:
@@ -65,6 +71,18 @@ def open_runner(
         msg = str(e)
         raise type(e)(msg if name in msg else f"{name}: {msg}") from None
     return runner_for_loaded(name, loaded, providers=providers)
+
+
+def _open_compiled(ref: Any, name: str, **options: Any) -> Runner:
+    from ptopt.validate.runners.compiled import FORMATS, CompiledRunner
+
+    base = open_runner(ref.base, name, **options)
+    if base.format not in FORMATS:
+        base.close()
+        raise ModelLoadError(
+            f"{name}: torch.compile takes eager and ExportedProgram models, not {base.format}"
+        )
+    return CompiledRunner.wrap(base, name)
 
 
 def runner_for_loaded(name: str, loaded: Any, providers: Sequence[str] | None = None) -> Runner:

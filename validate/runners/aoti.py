@@ -1,6 +1,8 @@
 """AOTInductor packages (``.pt2`` whose sidecar format is ``aoti_package``), loaded with
-``torch._inductor.aoti_load_package`` and run as compiled native code on the CPU, the way a
-deployment runs them (Python, or the C++ runtime without Python).
+``torch._inductor.aoti_load_package`` and run as compiled native code, the way a deployment runs
+them (Python, or the C++ runtime without Python). A package runs only on the device kind it was
+compiled for (``--device`` must match it); a CUDA package exported with ``--cuda-graphs`` is replayed
+through CUDA graphs (``ptopt.core.cudagraph``), one capture per batch size.
 
 A package was compiled for the batch range of its InputSpecs (a ``Dim``'s [min, max]); the generated
 code checks every call against it, so the accepted batch sizes are the sidecar's [min, max]. Loading
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ptopt.core.artifact import Artifact
 from ptopt.validate.runners.base import TorchModuleRunner
 
 FORMATS = ("aoti_package",)
@@ -23,10 +26,31 @@ class AotiRunner(TorchModuleRunner):
         runner = cls.from_loaded(name, loaded, "AOTInductor", package_batch_range(loaded))
         art = loaded.artifact
         if art is not None:
-            runner.info.update(
-                {k: art.extra[k] for k in ("cpu_isa", "compile_seconds", "torch_version") if k in art.extra}
-            )
+            keys = ("cpu_isa", "compile_seconds", "torch_version", "cuda_graphs")
+            runner.info.update({k: art.extra[k] for k in keys if k in art.extra})
         return runner
+
+    def place(self, device: str) -> None:
+        """Reload the package onto ``device`` (a CPU package on the CPU stays as loaded)."""
+        from ptopt.core.aoti import package_device
+
+        if device == "cpu" and (self.path is None or package_device(self.path) == "cpu"):
+            return
+        self.module = self._move(device)
+        self.device = device
+
+    def _move(self, device: str) -> Any:
+        from ptopt.core.aoti import load_package
+
+        art = Artifact.maybe_load(self.path) if self.path else None
+        # a package is compiled for one device kind: load_package refuses another, naming both
+        module = load_package(self.path, art.extra.get("torch_version") if art else None, device=device)
+        if self.info.get("cuda_graphs") and device.startswith("cuda"):
+            from ptopt.core.cudagraph import CudaGraphed
+
+            module = CudaGraphed(module, device)
+            self.runtime = "AOTInductor (CUDA graphs)"
+        return module
 
 
 def package_batch_range(loaded: Any) -> tuple[int, int] | None:

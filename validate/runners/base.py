@@ -2,8 +2,15 @@
 
 A runner owns one loaded artifact. ``predict(x)`` returns the primary output as a CPU float tensor
 (for metrics); ``timed_call(x)`` returns a zero-argument function that runs one batch in the
-artifact's runtime, including what a deployment pays per call (host/device copies, numpy
-conversion for ONNX Runtime), for the latency benchmark.
+artifact's runtime, including what a deployment pays per call (numpy conversion for ONNX Runtime),
+for the latency benchmark.
+
+Devices: ``place(device)`` puts the loaded artifact on ``cpu`` or ``cuda:N`` once (the model moves
+once); every batch then moves to that device once (``timed_call`` moves its batch before timing, so
+the timed call is the model's work only), its floating-point inputs cast to a half-precision
+artifact's dtype (fp16 / bf16, from the sidecar's precision) at the boundary. Outputs are compared
+on the host in float32 (``predict``). The latency benchmark times a CUDA runner with CUDA events
+(``ptopt.core.timing.timer_for(runner.device)``).
 """
 
 from __future__ import annotations
@@ -13,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import PtoptError
+from ptopt.core.device import half_dtype, to_device
+from ptopt.core.errors import PtoptError, UsageError
 from ptopt.core.inputspec import InputSpec, call_model
 
 
@@ -57,6 +65,25 @@ class Runner:
     batch_range: tuple[int, int] | None = None
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     threads: int | None = None
+    #: where the artifact runs (``place``): ``cpu`` or ``cuda:N``
+    device: str = "cpu"
+
+    @property
+    def input_dtype(self) -> Any:
+        """The dtype floating-point inputs are cast to (a half-precision artifact's), or None."""
+        return half_dtype(self.precision)
+
+    @property
+    def timer_device(self) -> str:
+        """Where the timed call's work runs, for the latency timer (CUDA events on a GPU): the
+        runner's device, unless its runtime's calls are synchronous (ONNX Runtime: the host)."""
+        return self.device
+
+    def place(self, device: str) -> None:
+        """Put the artifact on ``device`` (called once, before ``prepare``). This runtime runs on the
+        CPU only: another device is a UsageError naming it."""
+        if device != "cpu":
+            raise UsageError(f"{self.name}: {self.runtime} runs on the CPU only, not on {device}")
 
     def accepts_batch(self, batch: int) -> bool:
         return self.batch_range is None or self.batch_range[0] <= batch <= self.batch_range[1]
@@ -110,16 +137,27 @@ class TorchModuleRunner(Runner):
         super().prepare(threads)
         torch.set_num_threads(threads)
 
+    def place(self, device: str) -> None:
+        """The module moved to ``device`` once (parameters, buffers); subclasses whose artifact
+        cannot simply ``.to()`` override ``_move``."""
+        if device != self.device:
+            self.module = self._move(device)
+            self.device = device
+
+    def _move(self, device: str) -> Any:
+        return self.module.to(device)
+
     def call(self, x: Any) -> Any:
         import torch
 
         with torch.inference_mode():
-            return call_model(self.module, x)
+            return call_model(self.module, to_device(x, self.device, self.input_dtype))
 
     def timed_call(self, x: Any) -> Callable[[], Any]:
         import torch
 
         module = self.module
+        x = to_device(x, self.device, self.input_dtype)  # once per batch, outside the timed call
 
         def run() -> Any:
             with torch.inference_mode():

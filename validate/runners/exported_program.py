@@ -1,4 +1,5 @@
-"""``torch.export`` ExportedPrograms (``.pt2``), run as ``ExportedProgram.module()`` on the CPU.
+"""``torch.export`` ExportedPrograms (``.pt2``), run as ``ExportedProgram.module()`` on the CPU, or
+on a GPU after ``torch.export.passes.move_to_device_pass`` (weights, buffers and constants moved).
 
 The accepted batch sizes are read from the program itself: a symbolic batch dimension ranges over
 its range constraint, a concrete one is fixed (export without a ``Dim`` bakes the batch in).
@@ -14,10 +15,26 @@ FORMATS = ("exported_program",)
 
 
 class ExportedProgramRunner(TorchModuleRunner):
+    program: Any = None
+
     @classmethod
     def create(cls, name: str, loaded: Any) -> ExportedProgramRunner:
-        batch_range = exported_batch_range(loaded.info.get("exported_program"))
-        return cls.from_loaded(name, loaded, "torch.export", batch_range or sidecar_batch_range(loaded))
+        ep = loaded.info.get("exported_program")
+        batch_range = exported_batch_range(ep)
+        runner = cls.from_loaded(name, loaded, "torch.export", batch_range or sidecar_batch_range(loaded))
+        runner.program = ep
+        return runner
+
+    def _move(self, device: str) -> Any:
+        from ptopt.core.device import program_on
+
+        if self.program is None:
+            return super()._move(device)
+        return program_on(self.program, device).module()
+
+    def close(self) -> None:
+        super().close()
+        self.program = None
 
 
 def exported_batch_range(ep: Any) -> tuple[int, int] | None:

@@ -1,7 +1,10 @@
 """ONNX models run in ONNX Runtime, as they are deployed: an ``InferenceSession`` with full graph
 optimization, ``intra_op_num_threads = threads`` (the same count torch runners get), sequential
 execution, and numpy in/out. The CPU provider always; the CUDA and TensorRT providers too when this
-onnxruntime build has them (or exactly the ``providers`` asked for)."""
+onnxruntime build has them (or exactly the ``providers`` asked for). With ``--device cuda:N`` the
+GPU providers get that device id; an onnxruntime build without them (the CPU-only ``onnxruntime``
+wheel) runs the model on the CPU and says so in one line (``info["device_note"]``). Half-precision
+graphs take their inputs in the graph's dtype (fp16; bf16 through ``ml_dtypes``)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CP
 _NP_TYPES = {
     "tensor(float)": "float32",
     "tensor(float16)": "float16",
+    "tensor(bfloat16)": "bfloat16",
     "tensor(double)": "float64",
     "tensor(int64)": "int64",
     "tensor(int32)": "int32",
@@ -56,6 +60,7 @@ class OnnxRuntimeRunner(Runner):
     session: Any = None
     input_names: list[str] = dataclasses.field(default_factory=list)
     input_types: list[str] = dataclasses.field(default_factory=list)
+    placed: bool = False
 
     @classmethod
     def create(cls, name: str, loaded: Any, providers: Sequence[str] | None = None) -> OnnxRuntimeRunner:
@@ -94,6 +99,7 @@ class OnnxRuntimeRunner(Runner):
             providers = list(self.providers)
         else:
             providers = [p for p in PREFERRED_PROVIDERS if p in available]
+        providers = self._on_device(providers, available)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -116,6 +122,38 @@ class OnnxRuntimeRunner(Runner):
         if isinstance(d0, int) and d0 > 0:
             self.batch_range = (d0, d0)
 
+    def place(self, device: str) -> None:
+        """ORT places the session's work itself (called before ``prepare``, which picks the providers):
+        ``cpu`` keeps it on the CPU provider; a GPU device gives the GPU providers its index, or, where
+        this build has none, a note that it runs on the CPU. Without ``place`` every provider this
+        build has is used, best first."""
+        self.device = device
+        self.placed = True
+
+    @property
+    def timer_device(self) -> str:
+        # session.run returns once the outputs are numpy arrays on the host (its GPU work runs on
+        # ORT's own stream, which torch's CUDA events would not see): host time is the call's time
+        return "cpu"
+
+    def _on_device(self, providers: list[Any], available: list[str]) -> list[Any]:
+        gpu = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+        if not self.placed:
+            return providers
+        if self.device == "cpu":
+            return [p for p in providers if p not in gpu] or ["CPUExecutionProvider"]
+        if not any(p in available for p in gpu):
+            import onnxruntime as ort
+
+            self.info["device_note"] = (
+                f"{self.name}: onnxruntime {ort.__version__} here has no CUDA/TensorRT execution provider "
+                f"(only {', '.join(available)}): it runs on the CPU, not {self.device}; "
+                f"pip install onnxruntime-gpu for the GPU"
+            )
+            return providers
+        index = int(self.device.partition(":")[2] or 0)
+        return [(p, {"device_id": index}) if p in gpu else p for p in providers]
+
     def feed(self, x: Any) -> dict[str, Any]:
         """torch batch → ORT feed: by name for keyword inputs, by position otherwise; cast to the graph's types."""
         pairs = flatten_inputs(x)
@@ -129,15 +167,16 @@ class OnnxRuntimeRunner(Runner):
                 )
             arrays = [t for _, t in pairs]
         return {
-            n: t.detach().cpu().numpy().astype(dt, copy=False)
-            for n, t, dt in zip(self.input_names, arrays, self.input_types, strict=False)
+            n: _as_numpy(t, dt) for n, t, dt in zip(self.input_names, arrays, self.input_types, strict=False)
         }
 
     def call(self, x: Any) -> Any:
         import torch
 
-        outs = self.session.run(None, self.feed(x))
-        return torch.from_numpy(outs[0])
+        out = self.session.run(None, self.feed(x))[0]
+        if out.dtype.name == "bfloat16":  # numpy has no bfloat16: ml_dtypes' type, which torch can't take
+            out = out.astype("float32")
+        return torch.from_numpy(out)
 
     def timed_call(self, x: Any) -> Callable[[], Any]:
         # the conversion to numpy is part of what a deployment pays per request
@@ -150,3 +189,12 @@ class OnnxRuntimeRunner(Runner):
 
     def close(self) -> None:
         self.session = None
+
+
+def _as_numpy(t: Any, dtype: str) -> Any:
+    """A torch input as the numpy array the graph input takes (bf16 through ``ml_dtypes``)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return t.detach().cpu().float().numpy().astype(ml_dtypes.bfloat16)
+    return t.detach().cpu().numpy().astype(dtype, copy=False)

@@ -1,18 +1,18 @@
 """TensorRT artifacts written by ``torch_tensorrt.save`` (an ExportedProgram with embedded engines,
-or a TorchScript module), run on the GPU. Inputs are copied to the device and the output back, and
-every timed call synchronizes: what a deployment pays. Needs torch_tensorrt and CUDA; elsewhere a
-clean MissingDependencyError (exit 2)."""
+or a TorchScript module), run on the GPU. As every CUDA runner (``TorchModuleRunner``): each batch
+is moved to the device once, outputs come back to the host for the metrics, and the latency
+benchmark times each call with CUDA events (``ptopt.core.timing.CudaEventTimer``). Needs
+torch_tensorrt and CUDA; elsewhere a clean MissingDependencyError (exit 2). Never run on hardware
+here (TensorRT cannot be installed on any machine this project reaches)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.artifact import Artifact
-from ptopt.core.errors import ModelLoadError
+from ptopt.core.errors import ModelLoadError, UsageError
 from ptopt.core.features import require
-from ptopt.core.inputspec import call_model
 from ptopt.core.modelref import LoadedModel
 from ptopt.validate.runners.base import TorchModuleRunner, sidecar_batch_range
 
@@ -47,33 +47,23 @@ class TensorRTRunner(TorchModuleRunner):
             list(art.inputs) if art else [],
             art.input_style if art else "positional",
         )
-        return cls.from_loaded(
+        runner = cls.from_loaded(
             name, lm, f"TensorRT {_trt_version()} (torch_tensorrt)", sidecar_batch_range(lm)
         )
+        runner.device = "cuda:0"
+        # the engine keeps fp32 inputs whatever kernel precisions it enabled: no cast at the boundary
+        runner.info["engine_precision"] = runner.precision
+        return runner
 
-    def _to_device(self, x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: v.cuda() for k, v in x.items()}
-        if isinstance(x, (tuple, list)):
-            return tuple(v.cuda() for v in x)
-        return x.cuda()
+    @property
+    def input_dtype(self) -> Any:
+        return None
 
-    def call(self, x: Any) -> Any:
-        return self.timed_call(x)()
-
-    def timed_call(self, x: Any) -> Callable[[], Any]:
-        import torch
-        from torch.utils._pytree import tree_map
-
-        module, to_device = self.module, self._to_device
-
-        def run() -> Any:
-            with torch.inference_mode():
-                out = call_model(module, to_device(x))
-            torch.cuda.synchronize()
-            return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)  # back to the host
-
-        return run
+    def place(self, device: str) -> None:
+        """TensorRT engines run on the GPU they were built for: ``--device cuda[:N]`` only."""
+        if not device.startswith("cuda"):
+            raise UsageError(f"{self.name}: a TensorRT engine runs on a GPU: pass --device cuda")
+        self.device = device
 
 
 def _trt_version() -> str:

@@ -1,0 +1,423 @@
+"""``ptopt.optimize``: the fastest deployable artifact within an accuracy budget, across techniques,
+formats and runtimes, measured on this machine.
+
+    res = ptopt.optimize("zoo:resnet", calib_data="builtin:digits32:train",
+                         eval_data="builtin:digits32:test", max_accuracy_drop=1.0, output="opt")
+    res.best.name, res.best.speedup      # e.g. "int8-onnx-qdq", {"1": 1.8, "32": 2.6}
+    res.model(x)                         # the best candidate, in this process
+    res.exit_code                        # 0: a winner; 1: nothing within the budget (best found named)
+    res.report                           # the report.json dict (schema ``ptopt.optimize/1``)
+
+Order of work: every option and input a user can get wrong is checked before anything is built
+(exit 2, nothing written); the model and data load; one reference batch is timed, and a time budget
+too short to evaluate and time the fp32 reference is refused saying how long that takes; then the
+search (``ptopt.optimize.search``) builds the catalogue's candidates (``ptopt.optimize.candidates``),
+pre-screens, evaluates and times them. ``best`` is the fastest candidate within the accuracy budget
+at the largest requested batch size (ties: the smaller file) among those ``ptopt package`` takes as
+they are (TorchScript, ONNX); the others are reported with their speed. ``save(directory)`` writes
+``best.<ext>``, ``candidates/``, ``report.json`` (+ ``report.html``, ``summary.md``) into a folder
+staged beside the destination and renamed into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import DataError, UsageError
+from ptopt.optimize.candidates import REFERENCE, RUNTIME_FILTERS, Candidate, Context, select
+from ptopt.optimize.search import Clock, Evaluator, Search, Settings, check_budget, measure_costs
+
+SCHEMA = "ptopt.optimize/1"
+DEVICES = ("cpu", "cuda")
+DEFAULT_TIME_BUDGET_S = 600.0
+_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
+_UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+@dataclasses.dataclass
+class OptimizeResult:
+    """What ``optimize`` found (see the module docstring)."""
+
+    candidates: list[Candidate]
+    best: Candidate | None
+    report: dict[str, Any]
+    #: the model and data the search ran on (never written over by ``save``)
+    inputs_paths: tuple[Path, ...] = ()
+    directory: Path | None = None
+    _final: Path | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.report["exit_code"])
+
+    @property
+    def model(self) -> Any:
+        """The best candidate's in-memory callable, or None."""
+        return None if self.best is None else self.best.model
+
+    @property
+    def artifact(self) -> Any:
+        """The saved ``best.<ext>`` Artifact (after ``save``), else None."""
+        if self.best is None or self.best.result is None:
+            return None
+        return self.best.result.artifact if self.directory is not None else None
+
+    def candidate(self, name: str) -> Candidate:
+        return next(c for c in self.candidates if c.name == name)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the folder (``best.<ext>``, ``candidates/``, reports), staged and renamed into place;
+        refused (nothing written) when ``directory`` is a file, a non-empty folder or an input."""
+        directory = Path(directory)
+        check_output_dir(directory, self.inputs_paths)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{directory.name}.stage-", dir=directory.parent))
+        try:
+            self._final = directory
+            self._write(stage)
+            if directory.exists():
+                directory.rmdir()  # empty: check_output_dir said so
+            os.rename(stage, directory)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        self.directory = directory
+        if self.best is not None and self.best.result is not None:  # point at the renamed files
+            from ptopt.core.artifact import Artifact
+
+            self.best.result.artifact = Artifact.load(directory / f"best{self.best.suffix}")
+        return directory
+
+    def _write(self, stage: Path) -> None:
+        for cand in self.candidates:
+            if cand.status == "kept" and cand.result is not None:
+                cand.path = f"candidates/{cand.name}{cand.suffix}"
+                _mark(cand, None)
+                cand.size_bytes = cand.result.save(stage / cand.path).size_bytes
+        self.report["candidates"] = [c.to_dict() for c in self.candidates]
+        if self.best is not None and self.best.result is not None:
+            _mark(self.best, "report.json")
+            self.best.result.save(stage / f"best{self.best.suffix}")
+            self.report["best_path"] = f"best{self.best.suffix}"
+        _write_reports(self.report, stage, self._final)
+
+
+def _mark(cand: Candidate, report: str | None) -> None:
+    """The sidecar names the whole path that produced the artifact."""
+    record = {"candidate": cand.name, "label": cand.label, "steps": list(cand.steps)}
+    if report:
+        record["report"] = report
+    cand.result.template.extra["optimize"] = record
+
+
+def _write_reports(report: dict[str, Any], stage: Path, directory: Path) -> None:
+    """report.json, and report.html / summary.md when ``ptopt.optimize.report`` is installed, written
+    into ``stage`` (renamed to ``directory`` afterwards, the folder the reports name)."""
+    try:
+        from ptopt.optimize import report as reports
+    except ImportError:
+        reports = None
+    if reports is None:
+        _write_json(report, stage / "report.json")
+        return
+    reports.write_json(report, stage / "report.json")
+    reports.write_html(report, stage / "report.html", directory=directory)
+    reports.write_markdown(report, stage / "summary.md", directory=directory)
+
+
+def _write_json(report: dict[str, Any], path: Path) -> None:
+    from ptopt.core.atomic import write_text_atomic
+
+    write_text_atomic(path, json.dumps(report, indent=2, default=str) + "\n")
+
+
+def render(report: dict[str, Any], directory: Path | None = None) -> str:
+    """The terminal summary (with ``directory``, the output folder: the winner's file and the command that
+    packages it): ``ptopt.optimize.report.render_terminal`` when installed, else a few lines."""
+    try:
+        from ptopt.optimize.report import render_terminal
+    except ImportError:
+        render_terminal = None
+    if render_terminal is not None:
+        return render_terminal(report, directory=directory)
+    bs = str(report["ranking_batch_size"])
+    lines = [
+        f"{'candidate':<24} {'status':<9} {'bytes':>10} {'drop':>6} {'cos min':>8} {'ms@' + bs:>9} {'x':>5}"
+    ]
+    for c in report["candidates"]:
+        lat = (c["latency_ms"].get(bs) or {}).get("median")
+        drop, cos, sp = c["accuracy_drop"], c["cosine_min"], c["speedup"].get(bs)
+        lines.append(
+            f"{c['name']:<24} {c['status']:<9} {c['size_bytes'] or 0:>10,} "
+            f"{'' if drop is None else f'{drop:.2f}':>6} {'' if cos is None else f'{cos:.4f}':>8} "
+            f"{'' if lat is None else f'{lat:.3f}':>9} {'' if sp is None else f'{sp:.2f}':>5}"
+        )
+    if report["best"] is None:
+        lines.append("best: none (no packageable candidate was built and evaluated)")
+    else:
+        verdict = (
+            "within the budget" if report["best_within_budget"] else "NOT within the budget (closest found)"
+        )
+        lines.append(f"best: {report['best']} ({verdict})")
+        if directory is not None and report.get("best_path"):
+            best = Path(directory) / report["best_path"]
+            lines.append(f"written: {best}; package it: ptopt package {best} --format mar -o model.mar")
+    return "\n".join(lines)
+
+
+def optimize(
+    model: Any,
+    *,
+    calib_data: Any = None,
+    eval_data: Any = None,
+    max_accuracy_drop: float | None = None,
+    min_cosine: float | None = None,
+    batch_sizes: Any = (1, 32),
+    runtime: str = "any",
+    device: str = "cpu",
+    time_budget: float | str = DEFAULT_TIME_BUDGET_S,
+    train_data: Any = None,
+    input_shapes: Any = None,
+    allow_pickle: bool = False,
+    weights: Any = None,
+    output: str | os.PathLike | None = None,
+    candidates: Any = None,
+    skip: Any = None,
+    threads: int | None = None,
+    rounds: int | None = None,
+    min_seconds: float | None = None,
+    latency: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> OptimizeResult:
+    """Search the candidates for the fastest artifact within the accuracy budget (module docstring).
+
+    ``model``: an nn.Module, a MODEL reference (``weights``/``allow_pickle`` qualify it) or a stage
+    Result; ``calib_data``/``eval_data``/``train_data``: DATA references or in-memory data.
+    ``max_accuracy_drop``: points of top-1 on the labelled ``eval_data`` (validate's definition);
+    ``min_cosine``: the worst sample's cosine with the fp32 outputs (unlabelled data); exactly one.
+    ``runtime``: any | torch | onnxruntime. ``time_budget``: seconds, or ``"10m"``/``"90s"``.
+    ``candidates``/``skip``: catalogue names to try only / to leave out (``ptopt.optimize.candidates``).
+    ``threads``, ``rounds``, ``min_seconds`` or ``latency`` (a validate ``LatencyOptions``): how the
+    survivors are timed. ``output``: also ``save`` there (a new or empty folder).
+    """
+    clock = Clock(0.0)
+    say = progress or (lambda msg: None)
+    settings, specs = _check_options(locals())
+    clock.budget = settings.time_budget
+    inputs_paths = _input_paths(model, weights, calib_data, eval_data, train_data)
+    if output is not None:
+        check_output_dir(Path(output), inputs_paths)
+    loaded, data = _load(model, weights, allow_pickle, calib_data, eval_data, train_data, settings)
+    from ptopt.core.timing import torch_threads
+    from ptopt.validate.runners import runner_for_loaded
+
+    # the runners set the thread count for the whole process: restored afterwards
+    with torch_threads(None):
+        ref_runner = runner_for_loaded(REFERENCE, loaded)
+        search = None
+        try:
+            ref_runner.prepare(settings.threads)
+            costs = measure_costs(ref_runner, data["eval"], settings)
+            check_budget(costs, settings)
+            ctx = Context(
+                loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
+                settings.max_accuracy_drop, settings.min_cosine, clock.left,
+            )  # fmt: skip
+            search = Search(ctx, specs, settings, costs, clock)
+            _run(search, ref_runner, settings, say)
+        finally:
+            ref_runner.close()
+            if search is not None:
+                search.close()
+    best, within = _choose(search.candidates, settings)
+    report = _report(search.candidates, best, within, settings, loaded, clock)
+    result = OptimizeResult(search.candidates, best, report, inputs_paths)
+    if output is not None:
+        result.save(output)
+    return result
+
+
+def _run(search: Search, ref_runner: Any, settings: Settings, say: Callable[[str], None]) -> None:
+    ref = search.candidates[0]
+    say(f"evaluating the fp32 reference on {len(search.ctx.evald)} samples")
+    search.evaluator = Evaluator(ref_runner, search.ctx.evald, settings)
+    ref.status, ref.within_budget = "kept", True
+    ref.accuracy, ref.accuracy_drop, ref.cosine_min = search.evaluator.ref_acc, 0.0, 1.0
+    search.run(say)
+    search.time_kept(ref_runner, say)
+
+
+def _choose(cands: list[Candidate], settings: Settings) -> tuple[Candidate | None, bool]:
+    """The fastest packageable candidate within the budget at the largest batch size (ties: the smaller
+    file); when none is, the packageable built one closest to the goal (not within the budget)."""
+    bs = str(settings.batch_sizes[-1])
+
+    def median(c: Candidate) -> float:
+        return (c.latency_ms.get(bs) or {}).get("median", float("inf"))
+
+    ok = [c for c in cands if c.status == "kept" and c.within_budget and c.packageable]
+    if ok:
+        return min(ok, key=lambda c: (median(c), c.size_bytes or 0)), True
+    built = [c for c in cands if c.result is not None and c.packageable and c.cosine_min is not None]
+    if not built:
+        return None, False
+    if settings.metric == "top1":
+        return min(built, key=lambda c: (c.accuracy_drop, median(c))), False
+    return max(built, key=lambda c: (c.cosine_min, -median(c))), False
+
+
+def _report(
+    cands: list[Candidate],
+    best: Candidate | None,
+    within: bool,
+    settings: Settings,
+    loaded: Any,
+    clock: Clock,
+) -> dict[str, Any]:
+    import torch
+
+    from ptopt import __version__
+    from ptopt.core.system import cpu_info
+
+    cpu = cpu_info()
+    isa = [k for k, v in cpu["isa"].items() if v]
+    return {
+        "schema": SCHEMA,
+        "ptopt_version": __version__,
+        "torch_version": torch.__version__,
+        "machine": {"cpu": cpu["model"], "isa": ",".join(isa), "threads": settings.threads, "device": "cpu"},
+        "model": loaded.ref,
+        "budget": {"max_accuracy_drop": settings.max_accuracy_drop, "min_cosine": settings.min_cosine},
+        "batch_sizes": settings.batch_sizes,
+        "runtime": settings.runtime,
+        "time_budget_s": settings.time_budget,
+        "elapsed_s": round(clock.elapsed(), 2),
+        "metric": settings.metric,
+        "reference": REFERENCE,
+        "candidates": [c.to_dict() for c in cands],
+        "best": None if best is None else best.name,
+        "best_within_budget": within,
+        "best_path": None,
+        "ranking_batch_size": settings.batch_sizes[-1],
+        "exit_code": 0 if within else 1,
+    }
+
+
+# -- bad input: checked before anything loads ---------------------------------------------------------
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``600``, ``"90s"``, ``"10m"``, ``"1h"``; a negative budget is a UsageError."""
+    m = _DURATION.match(str(value)) if not isinstance(value, (int, float)) else None
+    if m is None and not isinstance(value, (int, float)):
+        raise UsageError(f"--time-budget {value!r}: write seconds or a duration such as 90s, 10m, 1h")
+    seconds = float(value) if m is None else float(m.group(1)) * _UNIT_S[m.group(2)]
+    if seconds < 0:
+        raise UsageError(f"--time-budget {value}: a time budget cannot be below zero")
+    return seconds
+
+
+def _check_options(opts: dict[str, Any]) -> tuple[Settings, list[Any]]:
+    from ptopt.validate.api import parse_batch_sizes
+    from ptopt.validate.latency import LatencyOptions
+
+    drop, cos = opts["max_accuracy_drop"], opts["min_cosine"]
+    if (drop is None) == (cos is None):
+        raise UsageError(
+            "give exactly one accuracy budget: --max-accuracy-drop PTS (labelled eval data) or "
+            "--min-cosine C (outputs compared with the fp32 model's)"
+        )
+    if drop is not None and drop < 0:
+        raise UsageError(f"--max-accuracy-drop {drop}: a budget cannot be below zero")
+    if cos is not None and not -1 <= cos <= 1:
+        raise UsageError(f"--min-cosine {cos}: a cosine lies in [-1, 1]")
+    for option, value in (("--eval-data", opts["eval_data"]), ("--calib-data", opts["calib_data"])):
+        if value is None:
+            raise UsageError(
+                f"{option} is required: optimize measures every candidate on data (e.g. builtin:digits32:test)"
+            )
+    budget = parse_duration(opts["time_budget"])
+    _check_runtime(opts["runtime"])
+    _check_device(opts["device"])
+    lat = LatencyOptions.from_options(opts["latency"], rounds=opts["rounds"], min_seconds=opts["min_seconds"])
+    threads = opts["threads"]
+    if threads is None:
+        from ptopt.core.system import cpu_info
+
+        threads = int(cpu_info()["usable_cores"])
+    if int(threads) < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    sizes = parse_batch_sizes(opts["batch_sizes"])
+    settings = Settings(sizes, opts["runtime"], budget, lat, int(threads), drop, cos)
+    return settings, select(opts["candidates"], opts["skip"])
+
+
+def _check_runtime(runtime: str) -> None:
+    if runtime not in RUNTIME_FILTERS:
+        raise UsageError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIME_FILTERS)}")
+    if runtime == "onnxruntime" and importlib.util.find_spec("onnxruntime") is None:
+        raise UsageError("--runtime onnxruntime: onnxruntime is not installed here (pip install onnxruntime)")
+
+
+def _check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise UsageError(f"--device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            why = "torch is a CPU build" if torch.version.cuda is None else "no CUDA device is visible"
+            raise UsageError(f"--device cuda: no CUDA here ({why}); use --device cpu")
+        raise UsageError(
+            "--device cuda: optimize measures CPU artifacts in this version (validate's runners run on the "
+            "CPU); use --device cpu"
+        )
+
+
+def _input_paths(*refs: Any) -> tuple[Path, ...]:
+    return tuple(Path(r) for r in refs if isinstance(r, (str, os.PathLike)) and Path(r).exists())
+
+
+def check_output_dir(directory: Path, inputs: tuple[Path, ...]) -> None:
+    """The output folder: new, or empty; never a file or one of the inputs."""
+    for p in inputs:
+        if directory.resolve() == p.resolve():
+            raise UsageError(f"-o {directory} is an input of this run; give a new folder")
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"-o {directory} is a file; give a new (or empty) folder")
+    if directory.is_dir() and any(directory.iterdir()):
+        raise UsageError(f"-o {directory} is a folder that is not empty; give a new (or empty) folder")
+
+
+def _load(
+    model: Any, weights: Any, allow_pickle: bool, calib: Any, evald: Any, train: Any, settings: Settings
+) -> tuple[Any, dict[str, Any]]:
+    """The fp32 source as a LoadedModel with a module, and the data as Datasets (finite values)."""
+    from ptopt.core.data import load_data
+    from ptopt.core.modelref import as_loaded
+    from ptopt.validate.api import _model_ref
+
+    loaded = as_loaded(_model_ref(model), weights=weights, allow_pickle=allow_pickle)
+    loaded.require_module("optimize")
+    data = {}
+    for key, value in (("calib", calib), ("eval", evald), ("train", train)):
+        data[key] = None if value is None else load_data(value)
+        if data[key] is not None:
+            data[key].check_finite()
+    if settings.max_accuracy_drop is not None and not data["eval"].has_labels:
+        raise DataError(
+            f"--eval-data {data['eval'].name} has no labels, which --max-accuracy-drop needs; "
+            "use --min-cosine C to compare outputs with the fp32 model's instead"
+        )
+    if data["train"] is not None and not data["train"].has_labels:
+        raise DataError(f"--train-data {data['train'].name} has no labels, which the fine-tune needs")
+    return loaded, data

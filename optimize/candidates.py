@@ -1,0 +1,475 @@
+"""The candidate catalogue of ``ptopt optimize``: every artifact it may build, cheapest first.
+
+Each candidate is built by the stages' own functions (``ptopt.export``, ``ptopt.quantize``,
+``ptopt.prune``, ``autoquantize``): no second implementation of any technique lives here. A
+:class:`Spec` says what a candidate is (technique, format, runtime, engine, precision), when it
+applies, roughly what it costs to build, and how to build it into a stage ``Result``.
+
+======================  ==========================================================  ==================
+name                    built by                                                    when
+======================  ==========================================================  ==================
+fp32-eager              the model itself (the reference every speedup divides)      always
+fp32-torchscript        ``export(target="torchscript")``                            always
+fp32-exported-program   ``export(target="exported_program")``                       always
+fp32-onnx               ``export(target="onnx")``                                   always
+fp32-aoti               ``export(target="aoti")``                                   a C++ compiler
+int8-fx                 ``quantize(mode="static", engine="fx")``                    always
+int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
+int8-dynamic            ``quantize(mode="dynamic")``                                Linear/LSTM/GRU
+int8-pt2e               ``quantize(mode="static", engine="pt2e")`` (AOTInductor)    torchao, compiler
+int8-fx-float-layers    ``autoquantize`` (int8 with the layers that must stay       int8-fx rejected
+                        float kept float)
+pruned30-ft             ``prune("structured", 0.3, fine_tune_data=train)``          ``train_data``
+pruned30-ft-int8        the above, then ``quantize(mode="static")``                 ``train_data``
+======================  ==========================================================  ==================
+
+A build that breaks the accuracy rule raises :class:`Rejected` (the stage's own fidelity check, a
+ParityError, or autoquant finding nothing within the goal); a missing optional backend
+(MissingDependencyError) makes the candidate *skipped*; any other error makes it *failed*.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+#: the structured-pruning amount and the fine-tune epochs of the training candidates
+PRUNE_AMOUNT = 0.3
+FINE_TUNE_EPOCHS = 1
+#: stages of the search: candidates are built in this order (cheap before expensive)
+STAGES = ("fp32 formats", "int8", "training")
+#: candidate format -> file suffix of its artifact
+SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx", "exported_program": ".pt2", "aoti": ".pt2"}
+#: formats ``ptopt package`` takes as they are (the others would be re-exported first, or cannot be)
+PACKAGEABLE = ("torchscript", "onnx")
+#: --runtime value -> the candidate runtimes it admits (AOTInductor is PyTorch's own runtime)
+RUNTIME_FILTERS = {"any": None, "torch": ("torch", "aoti"), "onnxruntime": ("onnxruntime",)}
+
+
+class Rejected(Exception):
+    """A built candidate that the accuracy rule turned down while it was being built."""
+
+
+@dataclasses.dataclass
+class Context:
+    """What every build reads: the fp32 source, the data (as given, for the sidecars), the goal."""
+
+    module: Any
+    calib: Any
+    evald: Any
+    train: Any
+    input_shapes: Any
+    max_accuracy_drop: float | None
+    min_cosine: float | None
+    #: seconds left in the time budget (autoquant's tuning budget)
+    seconds_left: Callable[[], float]
+    #: name -> status of the candidates seen so far
+    status: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: name -> Result of built candidates (a chain builds on an earlier one)
+    built: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One candidate of the catalogue (see the module docstring)."""
+
+    name: str
+    label: str
+    technique: str
+    format: str
+    runtime: str
+    engine: str | None
+    precision: str
+    stage: int
+    steps: tuple[str, ...]
+    build: Callable[[Context], Any] | None
+    #: estimated build cost, in units of the fp32 TorchScript build (``fixed`` seconds on top); set from
+    #: builds of the zoo ResNet on the shared 2-core machine (TorchScript 2.3 s, ONNX 26 s, FX int8 28 s,
+    #: ONNX QDQ 37 s, AOTInductor ~3 min while other jobs loaded it)
+    cost: float = 1.0
+    fixed: float = 0.0
+    #: why the candidate does not apply to this model / these inputs (None: it applies)
+    when: Callable[[Context], str | None] | None = None
+
+    @property
+    def suffix(self) -> str:
+        return SUFFIXES.get(self.format, "")
+
+    @property
+    def packageable(self) -> bool:
+        return self.format in PACKAGEABLE
+
+    def not_applicable(self, ctx: Context) -> str | None:
+        return None if self.when is None else self.when(ctx)
+
+
+# -- builds: one call into a stage each ------------------------------------------------------------
+
+
+def _export(target: str, precision: str | None = None) -> Callable[[Context], Any]:
+    def build(ctx: Context) -> Any:
+        from ptopt.export.api import export
+
+        shapes = ctx.input_shapes or None
+        return export(ctx.module, target, data=ctx.calib, input_shapes=shapes, precision=precision)
+
+    return build
+
+
+def _quantize(mode: str, engine: str | None = None, source: str | None = None) -> Callable[[Context], Any]:
+    def build(ctx: Context) -> Any:
+        from ptopt.compress.quantize import quantize
+
+        module = ctx.module if source is None else ctx.built[source].model
+        # dynamic int8 reads the calibration data only as the example its fidelity check runs on
+        return quantize(
+            module,
+            mode,
+            calib_data=ctx.calib,
+            engine=engine,
+            input_shapes=ctx.input_shapes or (),
+            progress=False,
+        )
+
+    return build
+
+
+def _autoquant(ctx: Context) -> Any:
+    from ptopt.compress.autoquant import autoquantize
+
+    seconds = max(10, int(ctx.seconds_left() * 0.5))
+    found = autoquantize(
+        ctx.module,
+        "static",
+        eval_data=ctx.evald,
+        calib_data=ctx.calib,
+        max_accuracy_drop=ctx.max_accuracy_drop,
+        min_cosine=ctx.min_cosine,
+        tuning_budget=f"{seconds}s",
+        input_shapes=ctx.input_shapes or (),
+        progress=False,
+    )
+    if not found.met:
+        raise Rejected(f"no int8 configuration with float layers met the goal ({found.reason})")
+    return found.result
+
+
+def _prune(ctx: Context) -> Any:
+    from ptopt.compress.prune import prune
+
+    return prune(
+        ctx.module,
+        "structured",
+        PRUNE_AMOUNT,
+        fine_tune_data=ctx.train,
+        epochs=FINE_TUNE_EPOCHS,
+        input_shapes=ctx.input_shapes or (),
+        progress=False,
+    )
+
+
+# -- when a candidate applies ----------------------------------------------------------------------
+
+
+def _has_dynamic_layers(ctx: Context) -> str | None:
+    from torch import nn
+
+    kinds = (nn.Linear, nn.LSTM, nn.GRU)
+    if any(isinstance(m, kinds) for m in ctx.module.modules()):
+        return None
+    return "no Linear/LSTM/GRU layer: dynamic int8 has nothing to quantize"
+
+
+def _compiler(ctx: Context) -> str | None:
+    from ptopt.core.errors import MissingDependencyError
+    from ptopt.export.aoti import check_compiler
+
+    try:
+        check_compiler()
+    except MissingDependencyError as e:
+        return str(e)
+    return None
+
+
+def _pt2e(ctx: Context) -> str | None:
+    from ptopt.core.features import check_torchao
+
+    feature = check_torchao()
+    if not feature.available:
+        return f"torchao is not installed ({feature.fix})"
+    return _compiler(ctx)
+
+
+def _after_fx_rejected(ctx: Context) -> str | None:
+    status = ctx.status.get("int8-fx")
+    if status == "rejected":
+        return None
+    return f"plain static int8 (int8-fx) was {status or 'not tried'}, not rejected: no float layers needed"
+
+
+def _needs_train(ctx: Context) -> str | None:
+    return None if ctx.train is not None else "no --train-data: pruning needs a fine-tune"
+
+
+def _after_pruned(ctx: Context) -> str | None:
+    return None if "pruned30-ft" in ctx.built else "pruned30-ft was not built"
+
+
+_PRUNE_STEP = f"prune --method structured --amount {PRUNE_AMOUNT} --epochs {FINE_TUNE_EPOCHS}"
+
+CATALOGUE: tuple[Spec, ...] = (
+    Spec("fp32-eager", "fp32 eager (reference)", "fp32", "eager", "torch", None, "fp32", 0, (), None, 0),
+    Spec(
+        "fp32-torchscript",
+        "fp32 TorchScript",
+        "fp32",
+        "torchscript",
+        "torch",
+        None,
+        "fp32",
+        0,
+        ("export --target torchscript",),
+        _export("torchscript"),
+    ),
+    Spec(
+        "fp32-exported-program",
+        "fp32 ExportedProgram",
+        "fp32",
+        "exported_program",
+        "torch",
+        None,
+        "fp32",
+        0,
+        ("export --target exported_program",),
+        _export("exported_program"),
+        8,
+    ),
+    Spec(
+        "fp32-onnx",
+        "fp32 ONNX Runtime",
+        "fp32",
+        "onnx",
+        "onnxruntime",
+        None,
+        "fp32",
+        0,
+        ("export --target onnx",),
+        _export("onnx"),
+        10,
+    ),
+    Spec(
+        "fp32-aoti",
+        "fp32 AOTInductor",
+        "fp32",
+        "aoti",
+        "aoti",
+        None,
+        "fp32",
+        0,
+        ("export --target aoti",),
+        _export("aoti"),
+        30,
+        60,
+        _compiler,
+    ),
+    Spec(
+        "int8-fx",
+        "static int8, torch.ao FX (TorchScript)",
+        "static-int8",
+        "torchscript",
+        "torch",
+        "fx",
+        "int8",
+        1,
+        ("quantize --mode static --engine fx",),
+        _quantize("static", "fx"),
+        10,
+    ),
+    Spec(
+        "int8-onnx-qdq",
+        "static int8, ONNX Runtime QDQ",
+        "static-int8",
+        "onnx",
+        "onnxruntime",
+        "ort",
+        "int8",
+        1,
+        ("export --target onnx --precision int8 --data CALIB",),
+        _export("onnx", "int8"),
+        15,
+    ),
+    Spec(
+        "int8-dynamic",
+        "dynamic int8 (Linear/LSTM/GRU), TorchScript",
+        "dynamic-int8",
+        "torchscript",
+        "torch",
+        "fx",
+        "int8",
+        1,
+        ("quantize --mode dynamic",),
+        _quantize("dynamic"),
+        3,
+        0,
+        _has_dynamic_layers,
+    ),
+    Spec(
+        "int8-pt2e",
+        "static int8, torchao PT2E (AOTInductor)",
+        "static-int8",
+        "aoti",
+        "aoti",
+        "pt2e",
+        "int8",
+        1,
+        ("quantize --mode static --engine pt2e",),
+        _quantize("static", "pt2e"),
+        40,
+        60,
+        _pt2e,
+    ),
+    Spec(
+        "int8-fx-float-layers",
+        "static int8 with float layers (autoquant), TorchScript",
+        "autoquant-int8",
+        "torchscript",
+        "torch",
+        "fx",
+        "int8",
+        1,
+        ("quantize --mode static --max-accuracy-drop/--min-cosine (autoquant)",),
+        _autoquant,
+        40,
+        10,
+        _after_fx_rejected,
+    ),
+    Spec(
+        "pruned30-ft",
+        f"structured prune {PRUNE_AMOUNT:.0%} + fine-tune, fp32 TorchScript",
+        "pruned",
+        "torchscript",
+        "torch",
+        None,
+        "fp32",
+        2,
+        (_PRUNE_STEP,),
+        _prune,
+        20,
+        5,
+        _needs_train,
+    ),
+    Spec(
+        "pruned30-ft-int8",
+        f"structured prune {PRUNE_AMOUNT:.0%} + fine-tune + static int8 FX",
+        "pruned",
+        "torchscript",
+        "torch",
+        "fx",
+        "int8",
+        2,
+        (_PRUNE_STEP, "quantize --mode static --engine fx"),
+        _quantize("static", "fx", source="pruned30-ft"),
+        3,
+        0,
+        _after_pruned,
+    ),
+)
+
+#: name -> Spec
+SPECS: dict[str, Spec] = {s.name: s for s in CATALOGUE}
+REFERENCE = "fp32-eager"
+
+
+def select(names: Any = None, skip: Any = None) -> list[Spec]:
+    """The catalogue filtered by ``names`` (only these, plus the reference) and ``skip``; unknown
+    names are a UsageError listing the known ones."""
+    from ptopt.core.errors import UsageError
+
+    def as_list(value: Any) -> list[str]:
+        if value is None:
+            return []
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return [str(v).strip() for v in items if str(v).strip()]
+
+    wanted, skipped = as_list(names), as_list(skip)
+    for option, given in (("--candidates", wanted), ("--skip", skipped)):
+        unknown = [n for n in given if n not in SPECS]
+        if unknown:
+            raise UsageError(
+                f"{option}: unknown candidate(s) {', '.join(unknown)} (known: {', '.join(SPECS)})"
+            )
+    if REFERENCE in skipped:
+        raise UsageError(f"--skip {REFERENCE}: the fp32 reference is always measured (speedups divide by it)")
+    keep = set(wanted) | {REFERENCE} if wanted else set(SPECS)
+    return [s for s in CATALOGUE if s.name in keep and s.name not in skipped]
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One candidate as the search saw it: its :class:`Spec`, what happened to it, what it measured.
+
+    ``status``: kept | rejected (accuracy) | failed (build error) | skipped (budget, runtime, not
+    applicable); ``reason`` one line when not kept. ``result`` is the stage's in-memory Result (None for
+    the reference, and when nothing was built); ``path`` the artifact's file relative to the output
+    folder once saved. The rest are the report's fields (see ``to_dict``).
+    """
+
+    spec: Spec
+    status: str = "pending"
+    reason: str | None = None
+    result: Any = None
+    path: str | None = None
+    size_bytes: int | None = None
+    accuracy: float | None = None
+    accuracy_drop: float | None = None
+    cosine_min: float | None = None
+    #: "1" -> {"median": ms, "spread_pct": %, "rounds": n}
+    latency_ms: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    speedup: dict[str, float] = dataclasses.field(default_factory=dict)
+    noisy: bool = False
+    within_budget: bool | None = None
+    build_seconds: float | None = None
+    #: where the artifact was written while searching (the runners load it from there)
+    work_path: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        # name, label, technique, format, runtime, engine, precision, steps, packageable, suffix
+        if name.startswith("_") or name == "spec":
+            raise AttributeError(name)
+        return getattr(self.spec, name)
+
+    @property
+    def model(self) -> Any:
+        """The candidate's in-memory callable (the reference's module for fp32-eager), or None."""
+        return None if self.result is None else self.result.model
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "name": s.name,
+            "label": s.label,
+            "technique": s.technique,
+            "format": s.format,
+            "runtime": s.runtime,
+            "engine": s.engine,
+            "precision": s.precision,
+            "status": self.status,
+            "reason": self.reason,
+            "path": self.path,
+            "size_bytes": self.size_bytes,
+            "accuracy": _rounded(self.accuracy, 6),
+            "accuracy_drop": _rounded(self.accuracy_drop, 4),
+            "cosine_min": _rounded(self.cosine_min, 6),
+            "latency_ms": self.latency_ms,
+            "speedup": self.speedup,
+            "noisy": self.noisy,
+            "within_budget": self.within_budget,
+            "packageable": s.packageable,
+            "build_seconds": self.build_seconds,
+            "steps": list(s.steps),
+        }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(float(value), digits)

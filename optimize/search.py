@@ -1,0 +1,393 @@
+"""The search of ``ptopt optimize``: build cheap before expensive, reject early on accuracy, time the
+survivors together, and finish within the time budget.
+
+1. **Cost model.** One reference batch at the largest batch size is timed first (``Costs``); from
+   it come the cost of evaluating any candidate and of timing it, and the budget the fp32
+   reference alone needs (less than that is refused up front, saying how long it takes).
+2. **Build** each candidate in catalogue order (fp32 formats, then int8, then training), skipping
+   one (status ``skipped``, with the estimate in the reason) when its build, evaluation and timing
+   would not fit in what is left after the timing already promised to the kept ones and the
+   reference.
+3. **Pre-screen** on a subset of the eval data (``prescreen_samples``): a candidate clearly outside
+   the accuracy budget is rejected there (for ``min_cosine`` exactly: a subset's worst cosine can
+   only be higher than the whole set's; for an accuracy drop with a margin of 100/sqrt(n) points,
+   the subset's sampling error); survivors are evaluated on all of it. Every candidate runs in its
+   own runtime through validate's runners (``evaluate_outputs``).
+4. **Time** the reference and every kept candidate in shared interleaved rounds at the requested
+   batch sizes with validate's ``measure_runners``; the per-candidate seconds shrink to what is
+   left of the budget, so the search always ends with an answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, UsageError
+from ptopt.optimize.candidates import RUNTIME_FILTERS, Candidate, Context, Rejected, Spec
+from ptopt.validate.latency import LatencyOptions
+
+#: the pre-screen's subset of the eval data (the whole set when it is not larger)
+PRESCREEN_SAMPLES = 128
+#: the least seconds per (artifact, batch size) the timing is shrunk to when the budget runs short
+MIN_TIMING_SECONDS = 0.2
+#: the fewest interleaved rounds the timing is cut to when the budget runs short
+MIN_ROUNDS = 5
+#: a build's estimate when no build was timed yet (seconds, before the model-size scaling)
+UNIT_FLOOR_S = 0.5
+
+
+@dataclasses.dataclass
+class Settings:
+    """The checked options of one search."""
+
+    batch_sizes: list[int]
+    runtime: str
+    time_budget: float
+    latency: LatencyOptions
+    threads: int
+    max_accuracy_drop: float | None
+    min_cosine: float | None
+    prescreen_samples: int = PRESCREEN_SAMPLES
+
+    @property
+    def metric(self) -> str:
+        return "top1" if self.max_accuracy_drop is not None else "cosine"
+
+
+class Clock:
+    """Seconds since the search began, and what is left of the budget."""
+
+    def __init__(self, budget: float):
+        self.start = time.perf_counter()
+        self.budget = budget
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def left(self) -> float:
+        return self.budget - self.elapsed()
+
+
+@dataclasses.dataclass
+class Costs:
+    """Seconds of one reference batch per batch size, and what evaluating and timing cost."""
+
+    batch_s: dict[int, float]
+    eval_s: float
+    #: one fp32 TorchScript-sized build (measured once the first build ran)
+    unit_s: float = UNIT_FLOOR_S
+
+    def timing_s(self, lat: LatencyOptions) -> float:
+        """Timing one artifact at every batch size with ``lat`` (warm-ups included; no early stop)."""
+        per_round_warmup = max(1, lat.warmup_iters // 10)
+        return sum(
+            max(lat.min_seconds, lat.min_iters * t) * 1.1
+            + lat.warmup_seconds * (1 + (lat.rounds - 1) / 10)
+            + (lat.warmup_iters + per_round_warmup * (lat.rounds - 1)) * t
+            for t in self.batch_s.values()
+        )
+
+    def reference_s(self, settings: Settings) -> float:
+        """Evaluating and timing the fp32 reference alone (the least budget that gives an answer)."""
+        return self.eval_s + self.timing_s(minimal(settings.latency))
+
+    def build_s(self, spec: Spec) -> float:
+        return spec.fixed + spec.cost * self.unit_s
+
+
+def minimal(lat: LatencyOptions) -> LatencyOptions:
+    """The least timing the search settles for when the budget is short: few, short rounds."""
+    return dataclasses.replace(
+        lat,
+        min_seconds=min(lat.min_seconds, MIN_TIMING_SECONDS),
+        min_iters=min(lat.min_iters, 5),
+        rounds=min(lat.rounds, MIN_ROUNDS),
+        warmup_iters=min(lat.warmup_iters, 2),
+        warmup_seconds=min(lat.warmup_seconds, 0.05),
+    )
+
+
+def measure_costs(runner: Any, evald: Any, settings: Settings) -> Costs:
+    """Time one reference batch at the largest batch size (after one warm-up call) and scale."""
+    from ptopt.validate.latency import batch_inputs
+
+    largest = settings.batch_sizes[-1]
+    x = batch_inputs(evald, largest)
+    runner.predict(x)
+    t0 = time.perf_counter()
+    runner.predict(x)
+    per_sample = (time.perf_counter() - t0) / largest
+    batch_s = {bs: per_sample * bs for bs in settings.batch_sizes}
+    return Costs(batch_s, eval_s=per_sample * len(evald) * 1.5)
+
+
+def check_budget(costs: Costs, settings: Settings) -> None:
+    """Refuse a time budget too short to evaluate and time the fp32 reference (exit 2)."""
+    need = costs.reference_s(settings)
+    if settings.time_budget < need:
+        largest = settings.batch_sizes[-1]
+        raise UsageError(
+            f"--time-budget {settings.time_budget:g}s is too short: evaluating and timing the fp32 reference "
+            f"alone takes about {need:.1f} s here (one batch of {largest}: "
+            f"{costs.batch_s[largest] * 1e3:.1f} ms); give at least {math.ceil(need) + 1}s"
+        )
+
+
+class Evaluator:
+    """The reference's outputs on the eval data, and how a candidate's compare (validate's runners)."""
+
+    def __init__(self, ref_runner: Any, evald: Any, settings: Settings):
+        from ptopt.validate.api import evaluate_outputs
+
+        self.evald, self.settings = evald, settings
+        self.eval_bs = min(max(64, settings.batch_sizes[-1]), len(evald))
+        self.subset = evald.take(min(settings.prescreen_samples, len(evald)))
+        self.ref_out = evaluate_outputs(ref_runner, evald, self.eval_bs)
+        self.ref_acc = self._top1(self.ref_out, evald)
+
+    def _top1(self, out: Any, ds: Any) -> float | None:
+        from ptopt.validate.metrics import compute_metric, resolve_metric
+
+        return None if ds.y is None else compute_metric(resolve_metric("top1"), out, ds.y)
+
+    def _judge(self, out: Any, ds: Any) -> tuple[float | None, float | None, float | None]:
+        from ptopt.validate.gates import accuracy_drop
+        from ptopt.validate.metrics import agreement
+
+        acc = self._top1(out, ds)
+        ref = self.ref_out[: len(ds)]
+        ref_acc = self.ref_acc if len(ds) == len(self.evald) else self._top1(ref, ds)
+        drop = None if acc is None else accuracy_drop(ref_acc, acc)
+        return acc, drop, agreement(ref, out)["min_cosine"]
+
+    def outputs(self, runner: Any, ds: Any) -> Any:
+        from ptopt.validate.api import _eval_batch_size, evaluate_outputs
+
+        return evaluate_outputs(runner, ds, _eval_batch_size(runner, self.eval_bs, len(ds)))
+
+    def prescreen(self, cand: Candidate, runner: Any) -> str | None:
+        """Why the candidate is rejected on the subset already (its figures are then the subset's),
+        or None."""
+        if len(self.subset) == len(self.evald):
+            return None
+        acc, drop, cos = self._judge(self.outputs(runner, self.subset), self.subset)
+        cand.accuracy, cand.accuracy_drop, cand.cosine_min, cand.within_budget = acc, drop, cos, False
+        n, s = len(self.subset), self.settings
+        if s.metric == "cosine" and cos is not None and cos < s.min_cosine:
+            return f"pre-screen on {n} samples: worst cosine {cos:.4f} < {s.min_cosine:g}"
+        margin = 100.0 / math.sqrt(n)
+        if s.metric == "top1" and drop is not None and drop > s.max_accuracy_drop + margin:
+            return (
+                f"pre-screen on {n} samples: accuracy drop {drop:.1f} pts > {s.max_accuracy_drop:g} "
+                f"(+{margin:.1f} sampling margin)"
+            )
+        return None
+
+    def evaluate(self, cand: Candidate, runner: Any) -> None:
+        """The full evaluation: accuracy, drop, worst cosine, and whether they meet the goal."""
+        cand.accuracy, cand.accuracy_drop, cand.cosine_min = self._judge(
+            self.outputs(runner, self.evald), self.evald
+        )
+        s = self.settings
+        if s.metric == "top1":
+            cand.within_budget = cand.accuracy_drop is not None and cand.accuracy_drop <= s.max_accuracy_drop
+            why = f"accuracy drop {cand.accuracy_drop:.2f} pts > {s.max_accuracy_drop:g}"
+        else:
+            cand.within_budget = cand.cosine_min is not None and cand.cosine_min >= s.min_cosine
+            why = f"worst cosine {cand.cosine_min:.5f} < {s.min_cosine:g}"
+        if not cand.within_budget:
+            cand.status, cand.reason = "rejected", why
+
+
+def open_candidate(cand: Candidate, threads: int) -> Any:
+    """Validate's runner for the candidate's written artifact, ready to run."""
+    from ptopt.validate.runners import open_runner
+
+    # allow_pickle: an AOTInductor package loads native code; this one was compiled by this very run,
+    # into its own temporary folder, so it is trusted (a user's files never go through here)
+    runner = open_runner(str(cand.work_path), cand.name, allow_pickle=True)
+    try:
+        runner.prepare(threads)
+    except BaseException:
+        runner.close()
+        raise
+    return runner
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+class Search:
+    """Steps 2-4 of the module docstring over ``specs``; ``candidates`` holds every one's record."""
+
+    def __init__(self, ctx: Context, specs: list[Spec], settings: Settings, costs: Costs, clock: Clock):
+        self.ctx, self.settings, self.costs, self.clock = ctx, settings, costs, clock
+        self.candidates = [Candidate(s) for s in specs]
+        self.work = Path(tempfile.mkdtemp(prefix="ptopt-optimize-"))
+        self.unit_measured = False
+
+    def close(self) -> None:
+        """Remove the working copies; the Results forget them (``OptimizeResult.save`` writes anew)."""
+        shutil.rmtree(self.work, ignore_errors=True)
+        for c in self.candidates:
+            if c.result is not None:
+                c.result.artifact = None
+
+    def promised_s(self) -> float:
+        """Timing already promised: the reference and every kept candidate."""
+        kept = sum(1 for c in self.candidates if c.status == "kept")
+        return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1)
+
+    def _why_not(self, spec: Spec) -> str | None:
+        allowed = RUNTIME_FILTERS[self.settings.runtime]
+        if allowed is not None and spec.runtime not in allowed:
+            return f"--runtime {self.settings.runtime}: runs on {spec.runtime}"
+        why = spec.not_applicable(self.ctx)
+        if why:
+            return why
+        need = (
+            self.costs.build_s(spec) + self.costs.eval_s + self.costs.timing_s(minimal(self.settings.latency))
+        )
+        left = self.clock.left() - self.promised_s()
+        if need > left:
+            return f"time budget: needs about {need:.0f} s, {max(left, 0):.0f} s left"
+        return None
+
+    def run(self, say: Callable[[str], None]) -> None:
+        for cand in self.candidates[1:]:
+            why = self._why_not(cand.spec)
+            if why:
+                cand.status, cand.reason = "skipped", why
+            else:
+                self._try(cand, say)
+            self.ctx.status[cand.name] = cand.status
+            say(_progress_line(cand))
+
+    def _try(self, cand: Candidate, say: Callable[[str], None]) -> None:
+        say(f"building {cand.name}: {cand.label}")
+        t0 = time.perf_counter()
+        try:
+            with _quiet():
+                cand.result = cand.spec.build(self.ctx)
+            cand.build_seconds = round(time.perf_counter() - t0, 2)
+            self._calibrate_costs(cand)
+            self.ctx.built[cand.name] = cand.result
+            cand.work_path = self.work / f"{cand.name}{cand.suffix}"
+            art = cand.result.save(cand.work_path)
+            cand.size_bytes = art.size_bytes
+            self._screen(cand)
+        except (Rejected, ParityError) as e:
+            cand.status, cand.reason = "rejected", _first_line(e)
+        except MissingDependencyError as e:
+            cand.status, cand.reason = "skipped", _first_line(e)
+        except PtoptError as e:
+            cand.status, cand.reason = "failed", _first_line(e)
+        except Exception as e:  # noqa: BLE001 - a stage or a runtime can fail in any way on a user's model
+            cand.status, cand.reason = "failed", f"{type(e).__name__}: {_first_line(e)}"
+        if cand.build_seconds is None:
+            cand.build_seconds = round(time.perf_counter() - t0, 2)
+
+    def _calibrate_costs(self, cand: Candidate) -> None:
+        """The first timed build sets the unit every other estimate scales."""
+        if not self.unit_measured and cand.spec.cost > 0:
+            self.costs.unit_s = max(UNIT_FLOOR_S / 5, (cand.build_seconds - cand.spec.fixed) / cand.spec.cost)
+            self.unit_measured = True
+
+    def _screen(self, cand: Candidate) -> None:
+        runner = open_candidate(cand, self.settings.threads)
+        try:
+            why = self.evaluator.prescreen(cand, runner)
+            if why:
+                cand.status, cand.reason = "rejected", why
+                return
+            self.evaluator.evaluate(cand, runner)
+        finally:
+            runner.close()
+        if cand.status == "pending":
+            cand.status = "kept"
+
+    def time_kept(self, ref_runner: Any, say: Callable[[str], None]) -> None:
+        """Step 4: the reference and every kept candidate in shared interleaved rounds."""
+        from ptopt.validate.latency import measure_runners
+
+        kept = [c for c in self.candidates[1:] if c.status == "kept"]
+        lat = self._latency(len(kept) + 1)
+        sizes = self.settings.batch_sizes
+        say(
+            f"timing {len(kept) + 1} artifacts at batch sizes {', '.join(map(str, sizes))} "
+            f"({lat.rounds} interleaved rounds, {lat.min_seconds:.1f} s each per batch size)"
+        )
+        runners = [ref_runner]
+        try:
+            for c in kept:
+                runners.append(open_candidate(c, self.settings.threads))
+            stats = measure_runners(runners, self.ctx.evald, sizes, lat)
+        finally:
+            for r in runners[1:]:
+                r.close()
+        for cand, lat_bs in zip([self.candidates[0], *kept], stats, strict=True):
+            cand.latency_ms = {str(bs): _latency_entry(st) for bs, st in lat_bs.items()}
+        self._speedups(kept)
+
+    def _latency(self, n_runners: int) -> LatencyOptions:
+        """The settings' latency options when they fit in what is left of the budget; else the minimal
+        ones with their seconds stretched to fill it."""
+        lat, left = self.settings.latency, self.clock.left()
+        if self.costs.timing_s(lat) * n_runners <= left:
+            return lat
+        low = minimal(lat)
+        spare = left / n_runners - self.costs.timing_s(low)
+        if spare <= 0:
+            return low
+        per_second = self.costs.timing_s(dataclasses.replace(low, min_seconds=low.min_seconds + 1)) - (
+            self.costs.timing_s(low)
+        )
+        seconds = min(lat.min_seconds, low.min_seconds + spare / max(per_second, 1e-9))
+        return dataclasses.replace(low, min_seconds=seconds)
+
+    def _speedups(self, kept: list[Candidate]) -> None:
+        ref = self.candidates[0].latency_ms
+        for c in kept:
+            for bs, st in c.latency_ms.items():
+                base = ref.get(bs, {})
+                if "median" in st and "median" in base:
+                    c.speedup[bs] = round(base["median"] / st["median"], 3)
+                    spread = math.hypot(st.get("spread_pct") or 0, base.get("spread_pct") or 0)
+                    if abs(c.speedup[bs] - 1.0) * 100 <= spread:
+                        c.noisy = True
+
+
+def _latency_entry(st: dict[str, Any]) -> dict[str, Any]:
+    if "p50_ms" not in st:
+        return {"skipped": st.get("skipped")}
+    return {
+        "median": round(st["p50_ms"], 4),
+        "spread_pct": round(st.get("round_spread_pct", 0.0), 2),
+        "rounds": st.get("rounds"),
+    }
+
+
+def _progress_line(cand: Candidate) -> str:
+    if cand.status == "kept":
+        figures = [f"{cand.size_bytes or 0:,} bytes"]
+        if cand.accuracy_drop is not None:
+            figures.append(f"drop {cand.accuracy_drop:.2f} pts")
+        if cand.cosine_min is not None:
+            figures.append(f"cos min {cand.cosine_min:.5f}")
+        return f"  {cand.name}: kept ({', '.join(figures)}; built in {cand.build_seconds:.1f} s)"
+    return f"  {cand.name}: {cand.status}: {cand.reason}"
+
+
+def _quiet() -> Any:
+    from ptopt.core.quiet import silenced
+
+    # the stages report what matters; upstream loggers and warnings of a build are not the user's business
+    return silenced(("torch", "onnxscript", "onnxruntime", "torchao"))

@@ -1,0 +1,197 @@
+"""Structured pruning beyond torch.fx (issue 18): the torch.export ATen graph, squeeze-excitation,
+stochastic depth, GroupNorm / grouped convs (whole groups), concatenation offsets, attention heads
+and FFN neurons in Hugging Face BERT and timm ViT, ``nn.MultiheadAttention`` kept whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ptopt.compress.prune import PruneWarning, prune
+from ptopt.compress.prune_structured import analyse, structured_prune
+from ptopt.core.errors import UnsupportedModelError
+from tests.compress import prune_graph_models as G
+from tests.compress import prune_models
+from tests.helpers import assert_refused
+
+BERT = "tests.compress.prune_graph_models:tiny_bert"
+
+
+def _needs(module: str) -> None:
+    from tests.compat.models import ensure_torchvision_ops
+
+    ensure_torchvision_ops()  # transformers and timm import torchvision, a CUDA build here
+    pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[compat]')")
+
+
+def _partition(model, x, graph):
+    _, groups, _ = analyse(model, x, prune_first_last=True, graph=graph)
+    return sorted((tuple(sorted(g.producers)), g.size, g.block, g.prunable) for g in groups if g.producers)
+
+
+@pytest.mark.parametrize("factory", [G.se_block, prune_models.tiny_mobile, prune_models.concat], ids=str)
+def test_fx_and_export_graphs_agree(factory):
+    """Where torch.fx can trace, the ATen analysis finds the same groups (the auto choice is sound)."""
+    _needs("torchvision")
+    model = factory()
+    x = model.example_inputs()
+    assert _partition(model, x, "fx") == _partition(model, x, "export")
+
+
+@pytest.mark.parametrize("graph", ["fx", "export"])
+def test_squeeze_excitation_stochastic_depth_groupnorm_grouped(graph):
+    _needs("torchvision")
+    model = G.se_block()
+    x = model.example_inputs()
+    pruned, report = structured_prune(model, x, 0.5, prune_first_last=True, graph=graph)
+    assert report["graph"] == graph
+    # expand's channels run through depthwise and the SE gate (x * scale): one group, pruned together
+    assert pruned.expand.out_channels == pruned.se_expand.out_channels == pruned.dw.groups == 8
+    assert pruned.se_reduce.in_channels == pruned.project.in_channels == 8
+    assert pruned.se_reduce.out_channels == 2
+    # GroupNorm (2 channels per group) and the grouped conv (4 per group) go in whole groups of 4
+    assert pruned.stem.out_channels == pruned.project.out_channels == 4
+    assert (pruned.gn.num_groups, pruned.gn.num_channels) == (2, 4)
+    assert (pruned.grouped.groups, pruned.grouped.in_channels, pruned.grouped.out_channels) == (1, 4, 4)
+    assert pruned.fc.in_features == 4 and pruned.fc.out_features == 10
+    assert pruned(x).shape == (2, 10)
+
+
+def _zero_half(model, skip):
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if name not in skip and isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+                c = m.weight.shape[0] // 2
+                m.weight[:c] = 0
+                m.bias[:c] = 0
+    return model
+
+
+def test_concatenated_channels_are_pruned_at_their_offsets():
+    model = _zero_half(prune_models.concat(), {"fc"})
+    x = model.example_inputs()
+    pruned, report = structured_prune(model, x, 0.5, prune_first_last=True)
+    assert pruned.a.out_channels == 3 and pruned.b.out_channels == 3
+    # mix reads a's kept channels at offset 0 and b's at offset 6
+    assert pruned.mix.in_channels == 6 and pruned.mix.out_channels == 6 and pruned.stem.out_channels == 4
+    assert report["layers"]["a"]["kept_reason"] is None
+    torch.testing.assert_close(pruned(x), model(x))
+
+
+def _zero_heads_and_neurons(layers, heads, head_dim, width):
+    """Head 0 of every attention (q, k and v rows) and the first quarter of every FFN's neurons
+    are exactly zero: pruning 25% must remove exactly them and leave the outputs unchanged."""
+    with torch.no_grad():
+        for qkv, fc1 in layers:
+            for lin, offset in qkv:
+                lin.weight[offset : offset + head_dim] = 0
+                lin.bias[offset : offset + head_dim] = 0
+            fc1.weight[: fc1.out_features // 4] = 0
+            fc1.bias[: fc1.out_features // 4] = 0
+
+
+def test_bert_heads_and_ffn_neurons_exact():
+    _needs("transformers")
+    model = G.tiny_bert()
+    layers = []
+    for layer in model.bert.encoder.layer:
+        s = layer.attention.self
+        layers.append((((s.query, 0), (s.key, 0), (s.value, 0)), layer.intermediate.dense))
+    _zero_heads_and_neurons(layers, 4, 8, 32)
+    with torch.no_grad():
+        model.bert.pooler.dense.weight[:8] = 0
+        model.bert.pooler.dense.bias[:8] = 0
+    x = G.token_batch()
+    pruned, report = structured_prune(model, x, 0.25)
+    assert report["graph"] == "export"  # torch.fx cannot trace BERT
+    s = pruned.bert.encoder.layer[0].attention.self
+    assert (s.num_attention_heads, s.all_head_size, s.query.out_features, s.value.out_features) == (
+        3,
+        24,
+        24,
+        24,
+    )
+    assert pruned.bert.encoder.layer[0].attention.output.dense.in_features == 24
+    assert pruned.bert.encoder.layer[1].intermediate.dense.out_features == 48
+    assert pruned.bert.encoder.layer[1].output.dense.in_features == 48
+    assert pruned.bert.pooler.dense.out_features == 24 and pruned.classifier.in_features == 24
+    assert pruned.bert.embeddings.word_embeddings.embedding_dim == 32  # the hidden size stays
+    torch.testing.assert_close(pruned(**x).logits, model(**x).logits)
+
+
+def test_timm_vit_heads_and_mlp_exact():
+    _needs("timm")
+    model = G.tiny_vit()
+    layers = [(((b.attn.qkv, 0), (b.attn.qkv, 32), (b.attn.qkv, 64)), b.mlp.fc1) for b in model.blocks]
+    _zero_heads_and_neurons(layers, 4, 8, 32)
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    pruned, report = structured_prune(model, x, 0.25)
+    a = pruned.blocks[0].attn
+    assert (a.num_heads, a.attn_dim, a.qkv.out_features, a.proj.in_features) == (3, 24, 72, 24)
+    assert pruned.blocks[1].mlp.fc1.out_features == 48 and pruned.blocks[1].mlp.fc2.in_features == 48
+    assert "patch_embed.proj" in report["default_excluded"]
+    torch.testing.assert_close(pruned(x), model(x))
+
+
+@pytest.mark.parametrize("graph", ["fx", "export"])
+def test_multihead_attention_is_kept_whole_with_a_note(graph):
+    model = G.mha_encoder()
+    x = model.example_inputs()
+    with pytest.warns(PruneWarning, match="attn kept whole: nn.MultiheadAttention derives head_dim"):
+        pruned, report = structured_prune(model, x, 0.5, graph=graph)
+    assert pruned.attn.in_proj_weight.shape == (48, 16)
+    assert pruned.fc1.out_features == 16 and pruned.fc2.in_features == 16
+    assert pruned(x).shape == (2, 3)
+    assert report["notes"] and report["graph"] == graph
+
+
+def test_bert_python_api_and_gradual_rounds():
+    _needs("transformers")
+    res = prune(G.tiny_bert(), "structured", 0.5, steps=2, input_shapes=("input_ids=2x8:int64",))
+    rows = {r["layer"]: r for r in res.extra["layers"]}
+    # two rounds (to 0.25, then 0.5 of the heads the model started with) end where one would
+    assert rows["bert.encoder.layer.0.attention.self.query"]["channels_after"] == 16
+    assert rows["bert.encoder.layer.0.intermediate.dense"]["channels_after"] == 32
+    assert res.metrics["parameter_ratio"] < 0.85
+    x = G.token_batch()
+    assert res.model(**x).logits.shape == (3, 3)
+
+
+def test_cli_bert_structured(cli, tmp_path):
+    _needs("transformers")
+    code, out, err = cli("prune", BERT, "--method", "structured", "--amount", "0.3", "-o", tmp_path / "b.pt")
+    assert code == 0, err
+    assert "64 → 45" in out and "32 → 24" in out and "parameters:" in out
+    loaded = torch.jit.load(str(tmp_path / "b.pt"))
+    x = G.token_batch()
+    assert loaded(x["input_ids"])["logits"].shape == (3, 3)  # the spec from its config: input_ids
+
+
+# -- refused: one line, exit 2 ------------------------------------------------------------------------
+
+
+def test_fx_forced_on_bert_refuses():
+    _needs("transformers")
+    assert_refused(
+        structured_prune, G.tiny_bert(), G.token_batch(), 0.3, graph="fx", match="torch.fx cannot trace"
+    )
+
+
+def test_nothing_prunable_names_why(tmp_path):
+    class OnlyAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    assert_refused(
+        structured_prune,
+        OnlyAttention().eval(),
+        torch.randn(2, 4, 8),
+        0.5,
+        match=("no layer whose output channels can be removed", "attn kept whole"),
+        where=tmp_path,
+        error=UnsupportedModelError,
+    )

@@ -1,0 +1,310 @@
+"""``ptopt optimize`` / ``ptopt.optimize``: the search on a tiny CNN with tiny data, through the Python
+API, the CLI and a recipe step; exit 1 when nothing meets the budget; every bad input refused.
+
+Kept fast: 1×8×8 digits, a few dozen samples, batch sizes 1 and 4, one thread, three short timing
+rounds, and only the cheap candidates (``candidates=``); the AOTInductor ones compile C++ for ~20 s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_refused, tiny_cnn
+
+FAST = dict(batch_sizes=(1, 4), threads=1, rounds=3, min_seconds=0.2, time_budget=300)
+FAST_CLI = ("--batch-size", "1,4", "--threads", "1", "--rounds", "3", "--min-seconds", "0.2")
+FACTORY = "tests.helpers:tiny_cnn"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    """calib (64), eval (160 labelled: more than the pre-screen's 128), eval without labels."""
+    from ptopt.core.data import Dataset, load_data
+
+    d = tmp_path_factory.mktemp("optimize-data")
+    train, test = load_data("builtin:digits:train"), load_data("builtin:digits:test")
+    train.take(64).save(d / "calib.pt")
+    test.take(160).save(d / "eval.pt")
+    Dataset(test.take(64).x).save(d / "eval-unlabelled.pt")
+    train.take(128).save(d / "train.pt")
+    return {k: d / f"{k}.pt" for k in ("calib", "eval", "eval-unlabelled", "train")}
+
+
+def _package_or_skip(artifact: Path, out: Path) -> None:
+    from ptopt.core.features import check_torchserve
+    from ptopt.serve.package import package
+
+    feature = check_torchserve()
+    if not feature.available:
+        pytest.skip(f"torch-model-archiver unavailable: {feature.detail}")
+    mar = package(artifact, "mar", out)
+    assert Path(mar.path).is_file()
+
+
+def test_python_api_finds_the_fastest_within_budget_and_it_packages(tmp_path, data):
+    import torch
+
+    import ptopt
+
+    out = tmp_path / "opt"
+    names = ["fp32-torchscript", "int8-fx", "int8-onnx-qdq"]
+    res = ptopt.optimize(
+        tiny_cnn(),
+        calib_data=data["calib"],
+        eval_data=data["eval"],
+        max_accuracy_drop=5.0,
+        candidates=names,
+        output=out,
+        **FAST,
+    )
+    rep = res.report
+    assert (
+        rep["schema"] == "ptopt.optimize/1" and rep["metric"] == "top1" and rep["reference"] == "fp32-eager"
+    )
+    assert [c["name"] for c in rep["candidates"]] == ["fp32-eager", *names]
+    assert res.exit_code == 0 and rep["best_within_budget"] is True
+    kept = [c for c in res.candidates[1:] if c.status == "kept"]
+    assert kept, [(c.name, c.status, c.reason) for c in res.candidates]
+    # the winner: the fastest kept candidate at the largest batch size, and it is what .model runs
+    assert res.best.name == min(kept, key=lambda c: c.latency_ms["4"]["median"]).name
+    assert set(res.best.speedup) == {"1", "4"} and res.candidates[0].latency_ms["4"]["median"] > 0
+    x = torch.randn(2, 1, 8, 8)
+    assert res.model(x).shape == (2, 10)
+    # the folder: best.<ext> whose sidecar names the path, every kept candidate, report.json = .report
+    best = out / f"best{res.best.suffix}"
+    side = json.loads(Path(f"{best}.ptopt.json").read_text())
+    assert side["extra"]["optimize"] == {
+        "candidate": res.best.name,
+        "label": res.best.label,
+        "steps": list(res.best.steps),
+        "report": "report.json",
+    }
+    for c in kept:
+        assert (out / c.path).is_file() and c.path == f"candidates/{c.name}{c.suffix}"
+    assert json.loads((out / "report.json").read_text())["best"] == res.best.name
+    assert rep["best_path"] == best.name and not list(tmp_path.glob(".opt.stage-*"))
+    _package_or_skip(best, tmp_path / "best.mar")
+
+
+def test_cli_writes_the_folder_and_the_best_loads(cli, tmp_path, data):
+    import ptopt
+
+    code, out, err = cli(
+        "optimize", FACTORY, "--calib-data", data["calib"], "--eval-data", data["eval-unlabelled"],
+        "--min-cosine", "0.99", "--candidates", "fp32-onnx,int8-dynamic", *FAST_CLI, "-o", "opt",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "opt" / "report.json").read_text())
+    assert report["metric"] == "cosine" and report["best"] in ("fp32-onnx", "int8-dynamic")
+    for name in ("fp32-onnx", "int8-dynamic"):  # a progress line per candidate, a row per candidate
+        assert f"{name}: " in err and name in out
+    assert "ptopt package" in out and f"opt/{report['best_path']}" in out
+    best = tmp_path / "opt" / report["best_path"]
+    loaded = ptopt.load_model(best)
+    assert loaded.format in ("onnx", "torchscript")
+
+
+def test_exit_1_when_nothing_meets_the_budget_best_found_still_written(cli, tmp_path, data):
+    code, out, err = cli(
+        "optimize", FACTORY, "--calib-data", data["calib"], "--eval-data", data["eval"],
+        "--min-cosine", "1.0", "--candidates", "int8-dynamic,int8-fx", *FAST_CLI, "-o", "opt",
+    )  # fmt: skip
+    assert code == 1, err
+    report = json.loads((tmp_path / "opt" / "report.json").read_text())
+    assert report["exit_code"] == 1 and report["best_within_budget"] is False
+    assert (
+        report["best"] in ("int8-dynamic", "int8-fx") and (tmp_path / "opt" / report["best_path"]).is_file()
+    )
+    rows = {c["name"]: c for c in report["candidates"]}
+    assert all(rows[n]["status"] == "rejected" for n in ("int8-dynamic", "int8-fx"))
+    # 160 eval samples > the pre-screen's 128: rejected there, not after a full evaluation
+    assert all(rows[n]["reason"].startswith("pre-screen on 128 samples") for n in ("int8-dynamic", "int8-fx"))
+    assert "no candidate meets the accuracy budget" in err
+
+
+def test_recipe_step_optimize_then_package(tmp_path, data):
+    from ptopt.core.features import check_torchserve
+    from ptopt.pipeline import run_recipe
+
+    steps = [
+        {
+            "optimize": {
+                "id": "opt", "model": FACTORY, "calib_data": str(data["calib"]), "eval_data": str(data["eval"]),
+                "max_accuracy_drop": 5.0, "candidates": ["int8-dynamic"], "output": str(tmp_path / "opt"),
+                "batch_sizes": [1, 4], "threads": 1, "rounds": 3, "min_seconds": 0.2,
+            }
+        }
+    ]  # fmt: skip
+    if check_torchserve().available:
+        steps.append({"package": {"artifact": "${opt}", "format": "mar", "output": str(tmp_path / "m.mar")}})
+    results = run_recipe({"version": 1, "steps": steps})
+    assert results[0].outputs["output"] == str(tmp_path / "opt" / "best.pt")
+    assert results[0].value.best.name == "int8-dynamic"
+    if len(results) > 1:
+        assert (tmp_path / "m.mar").is_file()
+
+
+def test_budget_skips_what_does_not_fit_and_keeps_the_reference(tmp_path, data):
+    """A budget that fits the reference but not the AOTInductor compile: skipped, with the estimate."""
+    import ptopt
+
+    res = ptopt.optimize(
+        tiny_cnn(),
+        calib_data=data["calib"],
+        eval_data=data["eval"],
+        max_accuracy_drop=5.0,
+        candidates=["fp32-aoti", "int8-pt2e"],
+        **(FAST | {"time_budget": 8}),
+    )
+    rows = {c.name: c for c in res.candidates}
+    assert rows["fp32-eager"].latency_ms["4"]["median"] > 0
+    for name in ("fp32-aoti", "int8-pt2e"):
+        assert rows[name].status == "skipped", (rows[name].status, rows[name].reason)
+    assert res.exit_code == 1 and res.best is None and res.report["elapsed_s"] < 30
+
+
+# -- bad input: exit 2, one line, nothing written ---------------------------------------------------
+
+BAD_CLI = [
+    ("no-eval-data", ["--max-accuracy-drop", "1"], "--eval-data is required"),
+    ("unlabelled-with-drop", ["--eval-data", "{eval-unlabelled}", "--max-accuracy-drop", "1"], "--min-cosine"),
+    ("both-budgets", ["--eval-data", "{eval}", "--max-accuracy-drop", "1", "--min-cosine", "0.9"], "exactly one"),
+    ("no-budget", ["--eval-data", "{eval}"], "exactly one"),
+    ("negative-drop", ["--eval-data", "{eval}", "--max-accuracy-drop", "-1"], "below zero"),
+    ("negative-time", ["--eval-data", "{eval}", "--min-cosine", "0.9", "--time-budget", "-5"], "below zero"),
+    ("too-short", ["--eval-data", "{eval}", "--min-cosine", "0.9", "--time-budget", "0.01"], ("too short", "takes about")),
+    ("unknown-candidate", ["--eval-data", "{eval}", "--min-cosine", "0.9", "--candidates", "int4"], "unknown candidate"),
+    ("bad-device", ["--eval-data", "{eval}", "--min-cosine", "0.9", "--device", "tpu"], "--device"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("args, match", [(a, m) for _, a, m in BAD_CLI], ids=[i for i, _, _ in BAD_CLI])
+def test_bad_input_cli(cli, tmp_path, data, args, match):
+    args = [a.format(**{k: str(v) for k, v in data.items()}) for a in args]
+    assert_refused(
+        cli,
+        "optimize",
+        FACTORY,
+        "--calib-data",
+        data["calib"],
+        *args,
+        "-o",
+        "opt",
+        match=match,
+        where=tmp_path,
+    )
+    assert not (tmp_path / "opt").exists()
+
+
+def test_bad_input_output_is_an_input_or_not_empty(cli, tmp_path, data):
+    base = [
+        "optimize",
+        FACTORY,
+        "--calib-data",
+        data["calib"],
+        "--eval-data",
+        data["eval"],
+        "--min-cosine",
+        "0.9",
+    ]
+    assert_refused(cli, *base, "-o", data["eval"], match="-o", where=data["eval"].parent)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    assert_refused(cli, *base, "-o", "full", match="not empty", where=tmp_path)
+
+
+def test_bad_input_cuda_without_cuda(cli, tmp_path, data):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    args = ["--eval-data", data["eval"], "--min-cosine", "0.9", "--device", "cuda", "-o", "opt"]
+    assert_refused(
+        cli, "optimize", FACTORY, "--calib-data", data["calib"], *args, match="no CUDA", where=tmp_path
+    )
+
+
+def test_bad_input_onnxruntime_missing(cli, tmp_path, data, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a)
+    )
+    args = ["--eval-data", data["eval"], "--min-cosine", "0.9", "--runtime", "onnxruntime", "-o", "opt"]
+    assert_refused(
+        cli,
+        "optimize",
+        FACTORY,
+        "--calib-data",
+        data["calib"],
+        *args,
+        match="onnxruntime is not installed",
+        where=tmp_path,
+    )
+
+
+BAD_API = [
+    ("no-eval-data", dict(eval_data=None, max_accuracy_drop=1.0), "--eval-data is required"),
+    ("no-budget", dict(), "exactly one"),
+    ("negative-time", dict(min_cosine=0.9, time_budget=-1), "below zero"),
+    ("bad-runtime", dict(min_cosine=0.9, runtime="tensorrt"), "--runtime"),
+    ("skip-reference", dict(min_cosine=0.9, skip=["fp32-eager"]), "always measured"),
+]
+
+
+@pytest.mark.parametrize("options, match", [(o, m) for _, o, m in BAD_API], ids=[i for i, _, _ in BAD_API])
+def test_bad_input_python_api(tmp_path, data, options, match):
+    import ptopt
+
+    options = {"calib_data": data["calib"], "eval_data": data["eval"], **options}
+    assert_refused(
+        ptopt.optimize, tiny_cnn(), **options, output=tmp_path / "opt", match=match, where=tmp_path
+    )
+
+
+def test_train_data_adds_pruned_candidates_built_by_prune_then_quantize(tmp_path, data):
+    """With ``train_data``: structured pruning 30% + a one-epoch fine-tune, and that model in int8."""
+    import ptopt
+    from tests.compress.prune_models import lenet
+
+    res = ptopt.optimize(
+        lenet(),
+        calib_data=data["calib"],
+        eval_data=data["eval-unlabelled"],
+        train_data=data["train"],
+        min_cosine=0.5,
+        candidates=["pruned30-ft", "pruned30-ft-int8"],
+        **FAST,
+    )
+    rows = {c.name: c for c in res.candidates}
+    assert [rows[n].status for n in ("pruned30-ft", "pruned30-ft-int8")] == ["kept", "kept"], [
+        (c.name, c.reason) for c in res.candidates
+    ]
+    pruned = rows["pruned30-ft"].model
+    assert pruned.conv2.out_channels < 16  # channels really removed
+    assert rows["pruned30-ft-int8"].steps[0].startswith("prune --method structured")
+    assert res.exit_code == 0 and res.best.name in rows
+
+
+def test_int8_with_float_layers_when_plain_int8_is_rejected(data):
+    """Plain static int8 misses a tight cosine goal; autoquant keeps the layers that must stay float."""
+    import ptopt
+    from ptopt.core.data import load_data
+
+    res = ptopt.optimize(
+        tiny_cnn(),
+        calib_data=data["calib"],
+        eval_data=load_data(data["eval"]).take(64),
+        min_cosine=0.9996,
+        candidates=["int8-fx", "int8-fx-float-layers"],
+        **FAST,
+    )
+    rows = {c.name: c for c in res.candidates}
+    assert rows["int8-fx"].status == "rejected" and "worst cosine" in rows["int8-fx"].reason
+    assert rows["int8-fx-float-layers"].status == "kept", rows["int8-fx-float-layers"].reason
+    assert rows["int8-fx-float-layers"].cosine_min >= 0.9996
+    assert res.best.name == "int8-fx-float-layers" and res.exit_code == 0

@@ -1,0 +1,205 @@
+"""The optimize reports (report.json, report.html, summary.md, the terminal table) on hand-built report
+dicts: no model is built, so these run in a couple of seconds."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import re
+import shlex
+
+import pytest
+
+from ptopt.optimize import report as R
+from tests.optimize.report_fixtures import cosine_report, no_winner_report, single_report, winner_report
+
+NO_WINNER = "NO CANDIDATE MEETS THE BUDGET"
+
+
+def _png_of(page: str) -> bytes:
+    m = re.search(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert m, "no embedded PNG"
+    return base64.b64decode(m.group(1))
+
+
+def _names(report):
+    return [c["name"] for c in report["candidates"]]
+
+
+def test_html_has_the_plot_every_candidate_and_the_budget(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    report = winner_report()
+    R.write_html(report, tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    png = _png_of(page)
+    img = matplotlib.image.imread(io.BytesIO(png), format="png")
+    assert img.shape[0] > 200 and img.shape[1] > 300
+    for name in _names(report):
+        assert f">{name}<" in page
+    assert "accuracy drop ≤ 1 points of top-1" in page
+    assert "best: int8-onnx-qdq" in page and "2.64x fp32 eager at batch 32" in page
+    # the failed and the skipped candidate have no numbers: named under the plot, not drawn
+    assert "Not in the plot (no numbers): dynamic-int8, int8-autoquant" in page
+    # written inside the output folder (often a staging folder renamed afterwards): a relative path
+    assert "(from the output folder): <code>ptopt package best.onnx --format mar -o model.mar</code>" in page
+    assert not [p for p in tmp_path.iterdir() if p.name != "report.html"]  # no temp file left
+
+
+def test_markdown_table_and_winner_line(tmp_path):
+    report = winner_report()
+    R.write_markdown(report, tmp_path / "summary.md", directory="runs/opt")
+    text = (tmp_path / "summary.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(report["candidates"])  # the header + one row per candidate
+    assert rows[0].split(" | ")[1:4] == ["candidate", "format / runtime", "precision"]
+    winner_row = next(r for r in rows if "int8-onnx-qdq" in r)
+    assert winner_row.startswith(
+        "| ★ | **`int8-onnx-qdq`** | onnx / onnxruntime (ort) | int8 | 0.339 | 99.11 | +0.33 |"
+    )
+    assert "13.830 | 2.64x" not in winner_row  # per-batch columns: ms @1, ms @32, then speedups
+    assert "| 0.590 | 13.830 | 6.10x | 2.64x | kept |" in winner_row
+    assert "rejected: accuracy drop 2.10 points > 1 allowed" in text
+    assert "failed: RuntimeError: cannot fuse conv \\| relu" in text  # a | in a reason does not break the row
+    assert text.startswith("### ✅ ptopt optimize: best: int8-onnx-qdq")
+    line = next(x for x in text.splitlines() if x.startswith("Package it"))
+    assert "`ptopt package runs/opt/best.onnx --format mar -o model.mar`" in line
+    assert "Winner: `int8-onnx-qdq`" in text
+    assert "quantize --mode static --engine ort → export --target onnx --precision int8" in text
+
+
+def test_the_package_command_is_one_ptopt_package_accepts(tmp_path):
+    """The line names the real command's options: ARTIFACT, --format mar, -o OUT.mar."""
+    from ptopt.cli.package import command
+
+    cmd = R.package_command(winner_report(), tmp_path)
+    argv = shlex.split(cmd)[2:]
+    ctx = command.make_context("package", argv, resilient_parsing=True)
+    assert ctx.params["artifact"] == str(tmp_path / "best.onnx")
+    assert ctx.params["fmt"] == "mar" and ctx.params["output"] == "model.mar"
+
+
+def test_terminal_table_exact_numbers_status_and_noise():
+    out = R.render_terminal(winner_report(), "out", width=300)  # wide: no status wraps
+    for name in _names(winner_report()):
+        assert name in out
+    assert "13.830" in out and "2.64x" in out and "0.590" in out
+    assert "rejected: accuracy drop 2.10 points > 1 allowed" in out
+    assert "skipped: the model has no Linear/LSTM/GRU layer worth it" in out
+    assert "21.210~" in out  # noisy: flagged by the engine (and its rounds spread 31 %)
+    assert "~ noisy: fp32-onnx at batch 1, 32" in out
+    assert "ptopt package out/best.onnx --format mar -o model.mar" in out
+    assert "\x1b[" not in out  # plain text: the CLI decides about colour
+    ref_row = [x.strip() for x in next(line for line in out.splitlines() if "fp32-eager" in line).split("│")]
+    # the reference: marked, and no speedup of its own
+    assert ref_row[1] == "ref" and ref_row[-4:-2] == ["ref", "ref"]
+    bare = R.render_terminal(winner_report())  # the CLI may print the package line itself
+    assert "ptopt package" not in bare and bare.count("int8-onnx-qdq") == 2  # its row and the verdict
+
+
+@pytest.mark.parametrize("best_found", [True, False], ids=["best-found", "nothing-kept"])
+def test_exit_1_is_said_loudly_everywhere(tmp_path, best_found):
+    pytest.importorskip("matplotlib")
+    report = no_winner_report(best_found)
+    R.write_html(report, tmp_path / "report.html")
+    R.write_markdown(report, tmp_path / "summary.md")
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    md = (tmp_path / "summary.md").read_text(encoding="utf-8")
+    term = R.render_terminal(report, tmp_path)
+    for text in (page, md, term):
+        assert NO_WINNER in text and "accuracy drop ≤ 0.1 points of top-1" in text
+    assert "<h1 class='loud'>" in page and md.startswith("### ❌")
+    if best_found:
+        assert "the best found, int8-fx, does NOT meet it (exit 1)" in term
+        assert "Best found (outside the budget: check it before you ship it): `int8-fx`" in md
+        assert "`ptopt package best.pt --format mar" in md
+    else:
+        assert "No artifact to package" in md and "No artifact to package" in term
+        assert "ptopt package" not in md
+
+
+def test_cosine_budget_reports(tmp_path):
+    pytest.importorskip("matplotlib")
+    report = cosine_report()
+    R.write_html(report, tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "min cosine vs fp32" in page and _png_of(page).startswith(b"\x89PNG")
+    assert "worst-sample cosine vs fp32 ≥ 0.99" in page
+    assert R.budget_threshold(report) == 0.99
+    head = R.table_head(report)
+    assert "top-1 %" not in head and "cos min" in head
+    assert "0.997800" in R.render_terminal(report)
+
+
+def test_null_numbers_everywhere_do_not_crash(tmp_path):
+    report = no_winner_report(best_found=False)
+    for c in report["candidates"]:
+        for k in ("latency_ms", "speedup", "accuracy", "accuracy_drop", "cosine_min", "size_bytes", "steps"):
+            c[k] = None
+    report["elapsed_s"] = report["time_budget_s"] = report["ranking_batch_size"] = None
+    R.write_html(report, tmp_path / "report.html")  # nothing to plot: no matplotlib needed
+    R.write_markdown(report, tmp_path / "summary.md")
+    R.write_json(report, tmp_path / "report.json")
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "Nothing to plot" in page and "data:image/png" not in page
+    assert "| — |" in (tmp_path / "summary.md").read_text(encoding="utf-8")
+    assert "—" in R.render_terminal(report)
+
+
+def test_single_candidate_and_an_aoti_winner(tmp_path):
+    pytest.importorskip("matplotlib")
+    report = single_report()
+    R.write_html(report, tmp_path / "report.html")
+    assert _png_of((tmp_path / "report.html").read_text(encoding="utf-8")).startswith(b"\x89PNG")
+    md = R.render_markdown(report, "out")
+    assert "It is the eager model itself" in md  # an eager winner has no file of its own to serve
+    report["candidates"][0].update(format="aoti", runtime="aoti", path="candidates/fp32-aoti.pt2")
+    md = R.render_markdown(report, "out")
+    assert "`ptopt package out/best.pt2 --format mar -o model.mar`" in md
+    assert "exports this aoti artifact to TorchScript first" in md
+    report["best_path"] = "best.pt2"  # the engine names the file it wrote: that name wins
+    report["candidates"][0]["packageable"] = True
+    md = R.render_markdown(report, "out")
+    assert "`ptopt package out/best.pt2 --format mar" in md and "TorchScript first" not in md
+
+
+def test_json_is_the_report_with_non_finite_numbers_as_null(tmp_path):
+    report = winner_report()
+    report["candidates"][0]["speedup"]["1"] = math.inf
+    R.write_json(report, tmp_path / "report.json")
+    back = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert back["candidates"][0]["speedup"]["1"] is None
+    back["candidates"][0]["speedup"]["1"] = math.inf
+    assert back == report
+
+
+@pytest.mark.parametrize(
+    ("points", "front"),
+    [
+        ([(1.0, 90.0, "a")], ["a"]),
+        ([(1.0, 90.0, "a"), (2.0, 95.0, "b"), (3.0, 94.0, "c"), (0.5, 80.0, "d")], ["d", "a", "b"]),
+        ([(1.0, 90.0, "a"), (1.0, 92.0, "b")], ["b"]),
+    ],
+    ids=["one", "dominated-dropped", "same-latency"],
+)
+def test_pareto_front(points, front):
+    assert [p[2] for p in R.pareto_front(points)] == front
+
+
+def test_a_candidate_wide_noisy_flag_lands_where_the_speedup_is_within_the_spread():
+    """The engine flags a candidate; the tables mark the batch sizes where |speedup - 1| is within the
+    combined spread of the candidate's and the reference's rounds (and any spread over 25 %)."""
+    report = winner_report()
+    c = next(c for c in report["candidates"] if c["name"] == "int8-fx")
+    c["noisy"] = True
+    c["latency_ms"]["1"]["spread_pct"] = 20.0  # 4.35x: far outside 20 % → not noisy at batch 1
+    c["latency_ms"]["32"]["spread_pct"] = 24.0
+    c["speedup"]["32"] = 1.2  # 1.2x: within hypot(24, 4) % → noisy at batch 32
+    assert not R.is_noisy(report, c, "1") and R.is_noisy(report, c, "32")
+    row = R.table_row(report, c)
+    assert "0.828" in row and "20.200~" in row and "1.20x~" in row
+    c["noisy"] = {"1": True, "32": False}  # a per-batch-size flag is taken as it is
+    assert R.is_noisy(report, c, "1") and not R.is_noisy(report, c, "32")

@@ -1,0 +1,70 @@
+"""``ptopt validate --compile``: an eager or ExportedProgram model also run through ``torch.compile``
+(Inductor, on the CPU), as one more row a user can compare, e.g. ``fp32 eager (torch.compile)``.
+
+The compiled row is the same model in another runtime: the accuracy pass and the latency benchmark
+treat it as an artifact. Compiling happens on the first call (and once more at a new batch size:
+dynamo specializes sizes 0/1 and marks the batch dynamic at the second size it sees), so
+:meth:`CompiledRunner.prepare` makes that first call at the opt batch and records its seconds as
+``compile_seconds``; the timed iterations come after the latency benchmark's warm-up, never
+including compilation. Inductor's CPU backend compiles C++: without a working compiler,
+:func:`check_compiler` refuses ``--compile`` in one line before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from ptopt.core.errors import MissingDependencyError
+from ptopt.validate.runners.base import TorchModuleRunner
+
+#: formats whose model is a Python-callable graph torch.compile can take
+FORMATS = ("eager", "pickle", "exported_program")
+SUFFIX = " (torch.compile)"
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledRef:
+    """A model reference to run through ``torch.compile`` (``base``: what ``open_runner`` opens)."""
+
+    base: Any
+
+    def __str__(self) -> str:
+        return f"{getattr(self.base, 'ref', self.base)}{SUFFIX}"
+
+
+def check_compiler() -> str:
+    """The C++ compiler Inductor's CPU backend uses, or MissingDependencyError naming what to install."""
+    from torch._inductor import cpp_builder
+
+    try:
+        return str(cpp_builder.get_cpp_compiler())
+    except Exception:  # noqa: BLE001 - InvalidCxxCompiler, or an OSError probing the compiler
+        raise MissingDependencyError(
+            "--compile: torch.compile (Inductor) needs a C++ compiler and none works here; "
+            "install g++ (e.g. apt-get install g++) or point CXX at one, or leave out --compile"
+        ) from None
+
+
+class CompiledRunner(TorchModuleRunner):
+    """The base runner's module behind ``torch.compile``; ``info["compile_seconds"]`` after prepare."""
+
+    @classmethod
+    def wrap(cls, base: TorchModuleRunner, name: str) -> CompiledRunner:
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        fields.update(name=name, runtime=f"{base.runtime} + torch.compile (inductor)")
+        fields["info"] = dict(base.info, compiled_from=base.format)
+        return cls(**fields)
+
+    def prepare(self, threads: int) -> None:
+        import torch
+
+        from ptopt.core.inputspec import make_inputs
+
+        super().prepare(threads)
+        self.module = torch.compile(self.module)
+        started = time.perf_counter()
+        if self.input_specs:  # compile now, at the opt batch, so the seconds are compile time
+            self.call(make_inputs(self.input_specs, self.input_style, which="opt"))
+        self.info["compile_seconds"] = round(time.perf_counter() - started, 2)
