@@ -256,7 +256,7 @@ def _qat(config: Any, prep: Any, specs: list, style: str, progress: bool) -> tup
             self.graph = graph
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return self.graph(*args, **kwargs)
+            return _logits(self.graph(*args, **kwargs))
 
         def train(self, mode: bool = True) -> Trainable:
             self.training = mode
@@ -270,12 +270,20 @@ def _qat(config: Any, prep: Any, specs: list, style: str, progress: bool) -> tup
         weight_decay=config.weight_decay, seed=config.seed, keep_best=False,
     )  # fmt: skip
     data = prep.train
-    loss = cross_entropy_loss if data.has_labels else distill_loss(prep.module.eval())
+    teacher = prep.module.eval()
+    loss = cross_entropy_loss if data.has_labels else distill_loss(lambda *a, **k: _logits(teacher(*a, **k)))
     result = train(prepared, data, tcfg, loss_fn=loss, progress=progress, description="QAT (pt2e)")
     pt2e.set_training(prepared.graph, False)
     converted = pt2e.convert(prepared.graph)
     summary = {"data": data.name, "samples": len(data), "epochs": config.epochs, "history": result.history}
     return converted, {"training": summary | {"engine": "pt2e"}, "conv1d_as_linear": swapped}
+
+
+def _logits(out: Any) -> Any:
+    """The tensor the trainer's losses take: a Hugging Face ModelOutput's (or dict's) ``logits``."""
+    if isinstance(out, dict) and "logits" in out:
+        return out["logits"]
+    return out
 
 
 def _auto(config: Any, prep: Any, refs: dict[str, Any], progress: bool) -> Any:
