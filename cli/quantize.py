@@ -218,7 +218,8 @@ def _print_report(art, mode: str) -> None:
         )
     choice = art.extra.get("engine_choice")
     if choice:
-        click.echo(f"engine: {choice['chosen']} ({choice['why']}; p50 ms {choice['p50_ms']})")
+        timed = f"; p50 ms {choice['p50_ms']}" if choice.get("p50_ms") else ""
+        click.echo(f"engine: {choice['chosen']} ({choice['why']}{timed})")
     floats = art.extra.get("float_layers") or {}
     if floats:
         click.echo(f"stayed float ({len(floats)}):")

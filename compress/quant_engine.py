@@ -199,6 +199,10 @@ def check_module_names(model: nn.Module, names: Any, option: str = "--exclude") 
 # -- graph mode (FX): static and QAT ---------------------------------------------------------------
 
 
+class FxTraceError(UnsupportedModelError):
+    """torch.fx cannot trace the model (graph-mode static int8 / QAT); the message says where."""
+
+
 def _trace_failure(model: nn.Module, err: BaseException, qat: bool) -> UnsupportedModelError:
     """Name the module and source line where symbolic tracing stopped, and what the user can do."""
     ids = {id(m): n for n, m in model.named_modules()}
@@ -213,7 +217,7 @@ def _trace_failure(model: nn.Module, err: BaseException, qat: bool) -> Unsupport
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     mode = "QAT" if qat else "static quantization"
     if where is None:
-        return UnsupportedModelError(
+        return FxTraceError(
             f"graph mode ({mode}) cannot trace the model: {reason[:300]}. "
             "Use --mode dynamic (Linear/LSTM/GRU only), or make the model "
             "symbolically traceable (torch.fx)"
@@ -226,7 +230,7 @@ def _trace_failure(model: nn.Module, err: BaseException, qat: bool) -> Unsupport
         else "use --mode dynamic, or move that code into a submodule and --exclude it"
     )
     src = f" at `{line}`" if line else ""
-    return UnsupportedModelError(
+    return FxTraceError(
         f"graph mode ({mode}) cannot trace the model: tracing stopped in {at}{src}: "
         f"{reason[:200]}. {todo[0].upper() + todo[1:]}"
     )

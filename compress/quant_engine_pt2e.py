@@ -187,17 +187,29 @@ def prepare(
     *,
     qat: bool = False,
     example: Any = None,
+    graph: Any = None,
 ) -> Any:
-    """Capture ``module`` (eval mode; train mode for QAT) and insert observers / fake quantization."""
+    """Capture ``module`` (eval mode; train mode for QAT) and insert observers / fake quantization.
+    ``graph``: a :func:`capture` of ``module`` to use instead (prepare changes it in place)."""
     check_scheme(scheme, "qat" if qat else "static")
     ao = _torchao()
     quantizer = build_quantizer(scheme, qat)
     _check_names(module, getattr(scheme, "float_modules", ()) or ())
-    graph = capture(module, specs, style, example)
+    if graph is None:
+        graph = capture(module, specs, style, example)
     with _quiet():
         prepared = (ao.flow.prepare_qat_pt2e if qat else ao.flow.prepare_pt2e)(graph, quantizer)
         (ao.to_train if qat else ao.to_eval)(prepared)
     return prepared
+
+
+def copy_graph(graph: Any) -> Any:
+    """A copy of a captured graph to prepare again (prepare changes its graph in place); quiet:
+    copying an exported module warns about pytree internals."""
+    import copy
+
+    with _quiet():
+        return copy.deepcopy(graph)
 
 
 def _check_names(module: Any, names: Iterable[str]) -> None:
@@ -248,12 +260,27 @@ def quantize_static(
     scheme: Any,
     batches: Iterable[Any],
     example: Any = None,
+    graph: Any = None,
 ) -> Any:
-    """prepare → calibrate → convert: the int8 q/dq GraphModule (run it fast through :func:`compile_int8`)."""
-    prepared = prepare(module, specs, style, scheme, example=example)
+    """prepare → calibrate → convert: the int8 q/dq GraphModule (run it fast through :func:`compile_int8`).
+    ``graph``: a :func:`capture` of ``module`` to reuse (consumed)."""
+    prepared = prepare(module, specs, style, scheme, example=example, graph=graph)
     if calibrate(prepared, batches) == 0:
         raise UsageError("--engine pt2e: no calibration batches")
     return convert(prepared)
+
+
+def int8_modules(converted: Any) -> set[str]:
+    """The modules whose weights the converted graph dequantizes from int8 (the conv / linear layers
+    the quantizer annotated; weights are per channel), by their names in the source model."""
+    int8 = set()
+    for node in converted.graph.nodes:
+        weight = node.args[1] if node.op == "call_function" and len(node.args) > 1 else None
+        if "dequantize_per_channel" in str(getattr(weight, "target", "")):
+            stack = node.meta.get("nn_module_stack") or {}
+            if stack:
+                int8.add(list(stack.values())[-1][0])
+    return int8
 
 
 # -- compile --------------------------------------------------------------------------------------
@@ -292,6 +319,7 @@ def compile_int8(
     # Dim's (Inductor narrows it while lowering), so it is left out: the probe's calls decide
     configs = {"aot_inductor.check_lowerbound": False, **(write_options.pop("inductor_configs", None) or {})}
     write_options["inductor_configs"] = configs
+    converted = plain_outputs(converted)
     with _quiet(), int8_conv_layout():
         facts = write_model(
             converted, "aoti_package", path, specs=specs, style=style, check=False, **write_options
@@ -310,6 +338,38 @@ def compile_int8(
         "int8_conv_layout_fix": True,
     }
     return facts
+
+
+def _plain(out: Any) -> Any:
+    """Hugging Face ModelOutputs (dict subclasses) → plain dicts of their set fields, recursively."""
+    if isinstance(out, dict):
+        return {k: _plain(v) for k, v in out.items() if v is not None}
+    if isinstance(out, (tuple, list)) and not hasattr(out, "_fields"):
+        return type(out)(_plain(v) for v in out)
+    return out
+
+
+def plain_outputs(graph: Any) -> Any:
+    """``graph`` returning plain containers: a package records its output's pytree type, and one of
+    transformers' ModelOutput classes would not load where transformers is not imported."""
+    import inspect
+
+    import torch
+
+    class _PlainOutputs(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = graph  # not "graph": a GraphModule's own attribute of that name would shadow it
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return _plain(self.inner(*args, **kwargs))
+
+    # torch.export binds inputs (and their dynamic shapes) by the forward's parameter names
+    sig = inspect.signature(graph.forward)
+    this = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    params = [this, *sig.parameters.values()]
+    _PlainOutputs.forward.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return _PlainOutputs()
 
 
 @contextlib.contextmanager
@@ -370,21 +430,27 @@ def _runtime_checks() -> Iterator[None]:
 
 
 def _probe(model: Any, specs: Sequence[InputSpec], style: str) -> list[int]:
-    """Run the package at every probe batch; refuse (one line) when some fail in generated code."""
+    """Run the package at every probe batch (and, where other dims are dynamic, such as a token
+    sequence, at the specs' min and max shapes); refuse (one line) when some fail in generated code."""
     import torch
 
     from ptopt.core.inputspec import call_model, make_inputs
     from ptopt.export.tracing import first_lines
 
     sizes = probe_batches(specs[0])
+    shapes: list[tuple[str, int | None]] = [("opt", b) for b in sizes]
+    if any(i for s in specs for i in s.dynamic_dims):
+        shapes += [("min", None), ("max", None)]
     works, fails, why = [], [], ""
-    for b in sizes:
+    for which, b in shapes:
+        x = make_inputs(specs, style, which=which, batch=b)
+        shown = str(b) if which == "opt" else _shape_text(specs, which)
         try:
             with torch.no_grad(), _quiet():
-                call_model(model, make_inputs(specs, style, which="opt", batch=b))
-            works.append(b)
+                call_model(model, x)
+            works.append(shown)
         except Exception as e:  # noqa: BLE001 - a failure inside Inductor's generated code
-            fails.append(b)
+            fails.append(shown)
             why = why or f"{type(e).__name__}: {first_lines(str(e), 1)[:160]}"
     if fails:
         raise UnsupportedModelError(
@@ -393,6 +459,10 @@ def _probe(model: Any, specs: Sequence[InputSpec], style: str) -> list[int]:
             f"size that works, or use --engine fx"
         )
     return sizes
+
+
+def _shape_text(specs: Sequence[InputSpec], which: str) -> str:
+    return "shape " + "x".join(str(d) for d in specs[0].shape(which))
 
 
 def _sizes(values: Sequence[int]) -> str:

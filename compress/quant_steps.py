@@ -132,7 +132,12 @@ def quantize_prepared(config: QuantConfig, prep: Prepared, refs: dict[str, Any],
 
         return quantize_with_engine(config, prep, refs, progress)
     with engine.quantize_context(config.backend):
-        qres = run_technique(config, prep, progress)
+        try:
+            qres = run_technique(config, prep, progress)
+        except engine.FxTraceError as e:  # name --engine pt2e when torch.export captures the model
+            from ptopt.compress.quantize_pt2e import fx_cannot_trace
+
+            raise fx_cannot_trace(config, prep, e) from None
         scripted, int8_bytes, made = _checked_torchscript(qres.module, prep, config.backend)
         metrics = measure(prep.module, scripted, int8_bytes, prep, refs.get("eval_data"))
     qres.summary["int8_share"] = int8_share(prep.module, prep.example, qres.float_layers)

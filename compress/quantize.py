@@ -143,8 +143,17 @@ def quantize(
     if config.mode == "static":
         refuse_if_mostly_float(result, prep)
     if config.mode in ("static", "dynamic"):  # QAT trains: its vs_fp32 numbers are recorded, not gated
-        refuse_if_unfaithful(result, output, lambda: suggest_float_layers(config, prep))
+        refuse_if_unfaithful(result, output, lambda: _advice(config, prep, result))
     return finish(result, output)
+
+
+def _advice(config: QuantConfig, prep: Any, result: Any) -> str:
+    """The layers to keep float, found by the engine that built ``result``."""
+    if result.config.get("engine") == "pt2e":
+        from ptopt.compress.quantize_pt2e import suggest_float_layers as suggest_pt2e
+
+        return suggest_pt2e(config, prep)
+    return suggest_float_layers(config, prep)
 
 
 def _accuracy_aware(model: Any, mode: str | None, output: Any, config: Any, options: dict[str, Any]) -> Any:

@@ -34,3 +34,32 @@ def gpt2() -> nn.Module:
 def gpt2_tokens(n: int = 32, seq: int = 16) -> dict:
     """Token ids for ``gpt2``."""
     return {"x": {"input_ids": torch.randint(0, 1000, (n, seq), generator=torch.Generator().manual_seed(0))}}
+
+
+def bert() -> nn.Module:
+    """BertForSequenceClassification (2 layers, hidden 128, 4 heads, vocab 1000, 3 labels): fx cannot
+    trace it; the PT2E engine (torch.export) captures it with its attention mask."""
+    from tests.compat.models import ensure_torchvision_ops
+
+    ensure_torchvision_ops()
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=256, max_position_embeddings=64, num_labels=3,
+    )  # fmt: skip
+    return BertForSequenceClassification(cfg).eval()
+
+
+def bert_tokens(n: int = 64, seq: int = 32, seed: int = 0) -> dict:
+    """Padded token batches for ``bert``: ``input_ids`` and an ``attention_mask`` whose rows end in
+    0 to seq/2 - 1 padded positions (ids 0 there), as a tokenizer pads a batch."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 1000, (n, seq), generator=g)
+    mask = torch.ones(n, seq, dtype=torch.long)
+    for i in range(n):
+        pad = (i * 7) % (seq // 2)
+        if pad:
+            mask[i, seq - pad :] = 0
+    return {"x": {"input_ids": ids * mask, "attention_mask": mask}}

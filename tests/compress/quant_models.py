@@ -137,3 +137,28 @@ class ScaledNet(nn.Module):
 def scaled_net() -> ScaledNet:
     torch.manual_seed(0)
     return ScaledNet().eval()
+
+
+class RankBranch(nn.Module):
+    """Branches on its input's rank: torch.fx cannot follow that (``x.dim()`` is a Proxy), torch.export
+    can (the rank is static), so static int8 runs on ``--engine pt2e`` only."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:
+            x = x.flatten(1)
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def rank_branch() -> RankBranch:
+    torch.manual_seed(0)
+    return RankBranch().eval()
+
+
+def features16() -> dict:
+    """64 samples of 16 features (DATA for ``rank_branch``)."""
+    return {"x": torch.randn(64, 16, generator=torch.Generator().manual_seed(0))}
