@@ -29,8 +29,18 @@ def _zoo_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _worker_threads():
+    import torch
+
+    from tests.helpers import worker_threads
+
+    if worker_threads() is not None:
+        torch.set_num_threads(worker_threads())
+
+
 @pytest.fixture(autouse=True)
-def _seed_and_threads():
+def _seed_and_threads(_worker_threads):
     import torch
 
     torch.manual_seed(0)

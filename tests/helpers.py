@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -115,3 +117,12 @@ def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> s
     new = _files_under(where) - before
     assert not new, f"a refused command wrote {sorted(map(str, new))}"
     return message
+
+
+def worker_threads() -> int | None:
+    """Torch threads per test process when pytest-xdist runs several (``-n N``): the cores split
+    between the workers, so N processes never oversubscribe them (OpenMP spins on a busy core)."""
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if n < 2:
+        return None
+    return max(1, len(os.sched_getaffinity(0)) // n)

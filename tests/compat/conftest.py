@@ -27,4 +27,6 @@ def _two_threads():
     """Two threads, as on CI's machine (the session's conftest restores the count after)."""
     import torch
 
-    torch.set_num_threads(2)
+    from tests.helpers import worker_threads
+
+    torch.set_num_threads(worker_threads() or 2)
