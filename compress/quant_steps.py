@@ -409,8 +409,15 @@ def suggest_float_layers(config: QuantConfig, prep: Prepared) -> str:
     autoquant's sensitivity ranking and verified (the rule holds with them float), else the search."""
     from ptopt.compress.autoquant import float_layers_that_hold
 
-    found = float_layers_that_hold(prep, config, check_data(prep))
+    data = check_data(prep)
+    found = float_layers_that_hold(prep, config, data)
     if found is None:
+        dynamic = _dynamic_holds(prep, config, data) if config.mode != "dynamic" else None
+        if dynamic is not None:  # verified here, so the suggestion is one that works when pasted
+            return (
+                " No set of float layers tried makes static int8 hold, but dynamic int8 of its Linear/LSTM/GRU "
+                f"layers does (min cosine {dynamic['min_cosine']:.4f}): rerun with --mode dynamic"
+            )
         return (
             " No set of float layers tried makes it hold; accuracy-aware quantization searches further: "
             "add --eval-data DATA --min-cosine 0.99 (it writes the closest model and names the layers)"
@@ -421,3 +428,27 @@ def suggest_float_layers(config: QuantConfig, prep: Prepared) -> str:
         f" Keep {', '.join(layers)} in float: rerun with {flags} (float_modules={tuple(layers)!r}); "
         f"with them float the min cosine is {fid['min_cosine']:.4f}"
     )
+
+
+def _dynamic_holds(prep: Prepared, config: QuantConfig, data: Any) -> dict[str, Any] | None:
+    """The fidelity record of dynamic int8 (Linear/LSTM/GRU weights, activations on the fly) when it
+    holds the int8 rule on ``data``; None when the model has no such layer or it does not hold."""
+    import torch
+
+    from ptopt.compress import quant_engine as engine
+    from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
+
+    kinds = {torch.nn.Linear: "linear", torch.nn.LSTM: "lstm", torch.nn.GRU: "gru"}
+    layers = [m for m in prep.module.modules() if type(m) in kinds or engine.is_conv1d_linear(m)]
+    covered = sum(p.numel() for m in layers for p in m.parameters(recurse=False))
+    total = sum(p.numel() for p in prep.module.parameters())
+    if not total or covered < 0.5 * total:  # a CNN's classifier alone: dynamic would barely change it
+        return None
+    types = sorted({kinds[type(m)] for m in layers if type(m) in kinds}) or ["linear"]
+    try:
+        with engine.quantize_context(config.backend):
+            q = engine.quantize_dynamic(prep.module, types, True, config.backend)
+            fid = measure_fidelity(prep.module, q, data, **INT8_VS_FP32)
+    except (RuntimeError, NotImplementedError):
+        return None
+    return fid if fid["passed"] else None

@@ -63,8 +63,12 @@ EXPECTED = {
     # measured 0.96 / 0.71 / 0.22 / 0.62): ptopt refuses to write it and names the way out
     **{
         (m, "quantize static"): _refuses("does not compute what its fp32 source computes", "--min-cosine")
-        for m in ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "vit_tiny")
+        for m in ("resnet18", "mobilenet_v3_small", "efficientnet_b0")
     },
+    # ViT is mostly Linear: no float layers make static hold, dynamic int8 (verified) does
+    ("vit_tiny", "quantize static"): _refuses(
+        "does not compute what its fp32 source computes", "--mode dynamic"
+    ),
     # torch.fx cannot trace transformers; the matrix runs them on engine="pt2e" (torch.export), as
     # fx's refusal advises: measured 0.9997 / 0.9993 (docs/compat.md)
     **{(m, "quantize static"): (PASS, QUANTIZED) for m in ("bert", "gpt2")},
