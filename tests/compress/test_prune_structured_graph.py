@@ -29,7 +29,9 @@ def _partition(model, x, graph):
     return sorted((tuple(sorted(g.producers)), g.size, g.block, g.prunable) for g in groups if g.producers)
 
 
-@pytest.mark.parametrize("factory", [G.se_block, prune_models.tiny_mobile, prune_models.concat], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "factory", [G.se_block, prune_models.tiny_mobile, prune_models.concat], ids=lambda f: f.__name__
+)
 def test_fx_and_export_graphs_agree(factory):
     """Where torch.fx can trace, the ATen analysis finds the same groups (the auto choice is sound)."""
     _needs("torchvision")
