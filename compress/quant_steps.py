@@ -26,6 +26,11 @@ from ptopt.core.errors import UsageError
 
 #: parity of the int8 TorchScript against the int8 module it was traced from
 TRACE_ATOL = 1e-3
+#: ... and relative to the output scale: dynamic int8 re-quantizes activations per batch, so a float
+#: summation order that differs (threads, ops fused by freezing) moves a scale and the rounding with
+#: it; measured 0.11 % of the output scale on random-weight EfficientNet-B0 at 1 thread. A broken file
+#: is off by far more.
+TRACE_RTOL = 1e-2
 
 
 def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any) -> QuantConfig:
@@ -261,7 +266,7 @@ def _write_torchscript(
             example=prep.example,
             precision="int8",
             atol=TRACE_ATOL,
-            rtol=TRACE_ATOL,
+            rtol=TRACE_RTOL,
         )
     if made:
         method = made["method"] + (" + torch.jit.freeze" if made["frozen"] else "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -189,7 +190,7 @@ class Matrix:
         """Forget a model's weights and results once its row is done (memory, not correctness)."""
         self._models.pop(name, None)
         for key, cell in self.cells.items():
-            if key[0] == name:
+            if key[0] == name and not isinstance(cell.result, os.PathLike):  # a file's path costs nothing
                 cell.result = None
 
     def cell(self, name: str, stage: str) -> Cell:
