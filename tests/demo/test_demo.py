@@ -5,13 +5,15 @@ import json
 import pytest
 
 from ptopt.core.artifact import Artifact
+from tests.helpers import worker_threads
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # trains zoo:resnet and zoo:lstm from scratch (~2.5 min of the ~4.5 min here)
 def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path):
     out = tmp_path / "demo"
-    code, stdout, err = cli("demo", "-o", out, "--threads", "2")
+    threads = str(worker_threads() or 2)  # the cores this test process has (pytest-xdist splits them)
+    code, stdout, err = cli("demo", "-o", out, "--threads", threads)
     assert code == 0, err[-3000:]
     expected = [
         "resnet.int8.pt",
@@ -34,7 +36,7 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path):
     assert "<img" in (out / "report.html").read_text() and (out / "summary.md").read_text().strip()
     assert "ptopt validate — PASSED" in stdout and "resnet-best.mar" in stdout
 
-    code, stdout, err = cli("demo", "-o", out, "--threads", "2")
+    code, stdout, err = cli("demo", "-o", out, "--threads", threads)
     assert code == 0, err[-3000:]
     assert err.count("reusing") == len(expected) and "reused 8 cached artifacts" in stdout
 
