@@ -21,6 +21,7 @@ from typing import Any
 from ptopt.compress.channel_graph import (
     _BN_TYPES,
     _CONV_TYPES,
+    _SPATIAL_NAMES,
     ChannelGraph,
     _Info,
     _op_name,
@@ -30,16 +31,9 @@ from ptopt.core.errors import UnsupportedModelError
 
 _LAYER_OPS = {"conv1d", "conv2d", "conv3d", "convolution", "linear"}
 _NORM_OPS = {"batch_norm", "layer_norm", "group_norm"}
-_SPATIAL_OPS = {
-    "max_pool1d",
-    "max_pool2d",
-    "max_pool3d",
-    "avg_pool1d",
-    "avg_pool2d",
-    "avg_pool3d",
-    "adaptive_avg_pool1d",
-    "adaptive_avg_pool2d",
-    "adaptive_avg_pool3d",
+#: ops that only touch spatial / sequence dims: the fx graph's names plus the ATen spellings of
+#: padding and upsampling (and ``expand``/``gelu_``, which keep the channel dim)
+_SPATIAL_OPS = _SPATIAL_NAMES | {
     "upsample_nearest1d",
     "upsample_nearest2d",
     "upsample_bilinear2d",
@@ -48,6 +42,9 @@ _SPATIAL_OPS = {
     "reflection_pad2d",
     "replication_pad2d",
     "pad",
+    "expand",
+    "expand_as",
+    "gelu_",
 }
 _RESHAPE_OPS = {"view", "reshape", "flatten", "unsafe_view"}
 
