@@ -14,6 +14,7 @@ ORDER = [
     "half_parity",
     "gpu",
     "validate",
+    "validate_time",
     "serve",
     "overhead",
     "int8_ceiling",
