@@ -424,8 +424,10 @@ def suggest_float_layers(config: QuantConfig, prep: Prepared) -> str:
                 f"layers does (min cosine {dynamic['min_cosine']:.4f}): rerun with --mode dynamic"
             )
         return (
-            " No set of float layers tried makes it hold; accuracy-aware quantization searches further: "
-            "add --eval-data DATA --min-cosine 0.99 (it writes the closest model and names the layers)"
+            " No set of float layers tried makes it hold (up to 8, most sensitive first), so int8 may not suit "
+            "this model as it is: keep it in fp32 (e.g. ptopt export MODEL --target onnx), or let "
+            "accuracy-aware quantization search further with --eval-data DATA --min-cosine 0.99 (it writes "
+            "the closest model it finds and names the layers; on some models none holds)"
         )
     layers, fid = found
     flags = " ".join(f"--exclude {n}" for n in layers)
