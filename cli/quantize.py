@@ -16,6 +16,9 @@ from ptopt.cli.options import (
     save_recipe_option,
 )
 
+#: below this share of int8 parameters the CLI warns (static mode refuses, see compress.quant_steps)
+MOSTLY_FLOAT = 0.1
+
 
 @click.command("quantize")
 @click.argument("model")
@@ -216,6 +219,17 @@ def _print_report(art, mode: str) -> None:
             f"{100 * share['parameters']:.1f}% of their parameters, "
             f"{100 * share['macs']:.1f}% of their multiply-accumulates"
         )
+        if share["parameters"] < MOSTLY_FLOAT:  # said loudly: an "int8" file that is nearly all fp32
+            click.echo(
+                f"warning: only {100 * share['parameters']:.1f}% of the parameters are int8: the file is about "
+                "fp32's size and no faster"
+                + (
+                    " (dynamic int8 quantizes Linear/LSTM/GRU; for convolutions use --mode static)"
+                    if art.config.get("mode") == "dynamic"
+                    else ""
+                ),
+                err=True,
+            )
     choice = art.extra.get("engine_choice")
     if choice:
         timed = f"; p50 ms {choice['p50_ms']}" if choice.get("p50_ms") else ""

@@ -66,3 +66,16 @@ def test_the_torchao_notices_would_be_printed_without_the_boundary(tmp_path):
     code = "import torchao"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert "Failed to load" in out.stderr or "_pytree.py" in out.stderr
+
+
+def test_dynamic_int8_of_a_cnn_warns_it_is_nearly_all_fp32(cli, tmp_path):
+    """Dynamic int8 of a CNN touches only its Linear head: written, but said loudly (issue 21)."""
+    code, out, err = cli("quantize", "zoo:resnet", "--mode", "dynamic", "-o", tmp_path / "m.pt")
+    assert code == 0, err
+    assert "warning: only 0.4% of the parameters are int8" in err and "use --mode static" in err
+    data = "builtin:digits-seq:test"
+    code, out, err = cli(
+        "quantize", "zoo:lstm", "--mode", "dynamic", "--eval-data", data, "-o", tmp_path / "l.pt"
+    )
+    assert code == 0, err
+    assert "warning: only" not in err
