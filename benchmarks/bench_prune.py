@@ -231,23 +231,11 @@ def _vision(name: str):
 
 
 def _bert():
-    from tests.compat.models import ensure_torchvision_ops
-
-    ensure_torchvision_ops()
     import torch
-    from transformers import BertConfig, BertForSequenceClassification
 
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=1000,
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=1024,
-        max_position_embeddings=128,
-        num_labels=3,
-    )
-    model = BertForSequenceClassification(cfg).eval()
+    from tests.compat.models import bert_classifier
+
+    model = bert_classifier(1000, hidden=256, layers=4, heads=4, ffn=1024, positions=128)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 1000, (TP_BATCH, 64), generator=g)
     mask = torch.ones(TP_BATCH, 64, dtype=torch.long)

@@ -112,22 +112,30 @@ def vit_tiny() -> nn.Module:
     ).eval()
 
 
-def bert() -> nn.Module:
-    """A 2-layer BertForSequenceClassification, hidden 64."""
+def bert_classifier(
+    vocab: int, hidden: int, layers: int, heads: int, ffn: int, positions: int, labels: int = 3
+) -> nn.Module:
+    """A random-weight Hugging Face BertForSequenceClassification of these sizes (seed 0), in eval mode:
+    the one BERT builder of the tests and benchmarks."""
     ensure_torchvision_ops()
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
     cfg = BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        num_labels=3,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        max_position_embeddings=positions,
+        num_labels=labels,
     )
     return BertForSequenceClassification(cfg).eval()
+
+
+def bert() -> nn.Module:
+    """A 2-layer BertForSequenceClassification, hidden 64."""
+    return bert_classifier(VOCAB, hidden=64, layers=2, heads=2, ffn=128, positions=64)
 
 
 def gpt2() -> nn.Module:

@@ -39,17 +39,9 @@ def gpt2_tokens(n: int = 32, seq: int = 16) -> dict:
 def bert() -> nn.Module:
     """BertForSequenceClassification (2 layers, hidden 128, 4 heads, vocab 1000, 3 labels): fx cannot
     trace it; the PT2E engine (torch.export) captures it with its attention mask."""
-    from tests.compat.models import ensure_torchvision_ops
+    from tests.compat.models import bert_classifier
 
-    ensure_torchvision_ops()
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=256, max_position_embeddings=64, num_labels=3,
-    )  # fmt: skip
-    return BertForSequenceClassification(cfg).eval()
+    return bert_classifier(1000, hidden=128, layers=2, heads=4, ffn=256, positions=64)
 
 
 def bert_tokens(n: int = 64, seq: int = 32, seed: int = 0) -> dict:

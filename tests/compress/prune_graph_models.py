@@ -78,22 +78,9 @@ def mha_encoder() -> MHAEncoder:
 
 def tiny_bert() -> nn.Module:
     """BertForSequenceClassification: 2 layers, hidden 32, 4 heads, FFN 64."""
-    from tests.compat.models import ensure_torchvision_ops
+    from tests.compat.models import bert_classifier
 
-    ensure_torchvision_ops()
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    cfg = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        num_labels=3,
-    )
-    return BertForSequenceClassification(cfg).eval()
+    return bert_classifier(100, hidden=32, layers=2, heads=4, ffn=64, positions=32)
 
 
 def tiny_vit() -> nn.Module:
