@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -120,60 +119,21 @@ def _mark(cand: Candidate, report: str | None) -> None:
 
 
 def _write_reports(report: dict[str, Any], stage: Path, directory: Path) -> None:
-    """report.json, and report.html / summary.md when ``ptopt.optimize.report`` is installed, written
-    into ``stage`` (renamed to ``directory`` afterwards, the folder the reports name)."""
-    try:
-        from ptopt.optimize import report as reports
-    except ImportError:
-        reports = None
-    if reports is None:
-        _write_json(report, stage / "report.json")
-        return
+    """report.json, report.html and summary.md, written into ``stage`` (renamed to ``directory``
+    afterwards, the folder the reports name)."""
+    from ptopt.optimize import report as reports
+
     reports.write_json(report, stage / "report.json")
     reports.write_html(report, stage / "report.html", directory=directory)
     reports.write_markdown(report, stage / "summary.md", directory=directory)
 
 
-def _write_json(report: dict[str, Any], path: Path) -> None:
-    from ptopt.core.atomic import write_text_atomic
-
-    write_text_atomic(path, json.dumps(report, indent=2, default=str) + "\n")
-
-
 def render(report: dict[str, Any], directory: Path | None = None) -> str:
     """The terminal summary (with ``directory``, the output folder: the winner's file and the command that
-    packages it): ``ptopt.optimize.report.render_terminal`` when installed, else a few lines."""
-    try:
-        from ptopt.optimize.report import render_terminal
-    except ImportError:
-        render_terminal = None
-    if render_terminal is not None:
-        return render_terminal(report, directory=directory)
-    bs = str(report["ranking_batch_size"])
-    lines = [
-        f"{'candidate':<24} {'status':<9} {'bytes':>10} {'drop':>6} {'cos min':>8} {'ms@' + bs:>9} {'x':>5}"
-    ]
-    for c in report["candidates"]:
-        lat = (c["latency_ms"].get(bs) or {}).get("median")
-        drop, cos, sp = c["accuracy_drop"], c["cosine_min"], c["speedup"].get(bs)
-        lines.append(
-            f"{c['name']:<24} {c['status']:<9} {c['size_bytes'] or 0:>10,} "
-            f"{'' if drop is None else f'{drop:.2f}':>6} {'' if cos is None else f'{cos:.4f}':>8} "
-            f"{'' if lat is None else f'{lat:.3f}':>9} {'' if sp is None else f'{sp:.2f}':>5}"
-        )
-    if report["best"] is None:
-        lines.append("best: none (no packageable candidate was built and evaluated)")
-    else:
-        verdict = (
-            "within the budget" if report["best_within_budget"] else "NOT within the budget (closest found)"
-        )
-        lines.append(f"best: {report['best']} ({verdict})")
-        if directory is not None and report.get("best_path"):
-            from ptopt.optimize.report import package_command
+    packages it)."""
+    from ptopt.optimize.report import render_terminal
 
-            best = Path(directory) / report["best_path"]
-            lines.append(f"written: {best}; package it: {package_command(report, directory)}")
-    return "\n".join(lines)
+    return render_terminal(report, directory=directory)
 
 
 def optimize(
