@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ptopt.compress.quant_config import BACKENDS, OBSERVERS
+from ptopt.compress.quant_tied import INT8_MARK, tie_int8, tied_pairs
 from ptopt.core.errors import UnsupportedModelError, UsageError
 
 # Activation observers for static calibration: "histogram" minimizes the quantization error over a
@@ -312,6 +313,8 @@ def freeze_bn_stats(model: nn.Module) -> None:
 
 
 def is_quantized_module(m: nn.Module) -> bool:
+    if getattr(m, INT8_MARK, False):
+        return True
     mod = type(m).__module__
     return ".quantized" in mod and not mod.endswith(".reference") and "fake" not in mod
 
@@ -358,8 +361,13 @@ def quantize_dynamic(
     work = copy.deepcopy(model).eval()
     if "linear" in types:
         linearize_conv1d(work, skip=float_modules)
+    # a tied embedding + output layer (one matrix) becomes one int8 table, stored once
+    pairs = tied_pairs(work, float_modules) if {"linear", "embedding"} <= set(types) else []
+    spec.update({name: None for pair in pairs for name in pair})
     with _quiet(), quantized_engine(backend):
-        return tq.quantize_dynamic(work, spec, dtype=torch.qint8, inplace=False)
+        q = tq.quantize_dynamic(work, spec, dtype=torch.qint8, inplace=False)
+        tie_int8(q, pairs)
+    return q
 
 
 def is_conv1d_linear(m: nn.Module) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 from ptopt.compress import quant_engine as engine
 from ptopt.compress.quant_config import DynamicQuantConfig, QuantResult
+from ptopt.compress.quant_tied import tied_pairs
 
 _CONV_REASON = "convolutions are never dynamically quantized (slower than fp32); use --mode static"
 
@@ -52,6 +53,11 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None
     ]
     if conv1d:
         summary["dynamic"]["conv1d_as_linear"] = conv1d
+    if {"linear", "embedding"} <= set(config.layers):
+        # one int8 matrix for both, stored once (quant_tied)
+        tied = [f"{e} + {lin}" for e, lin in tied_pairs(model, floats)]
+        if tied:
+            summary["dynamic"]["tied_int8_stored_once"] = tied
     floats_why = float_layers(model, q, config)
     floats_why.update({n: _RAW_REASON for n in raw if n not in config.float_modules})
     return QuantResult(q, floats_why, summary)

@@ -438,13 +438,23 @@ def _torchscript(
         warnings.simplefilter("ignore")
         try:
             if freeze:  # freeze=False keeps the submodules and state_dict (e.g. a pruned model's weights)
-                sm = torch.jit.freeze(sm)
+                sm = torch.jit.freeze(sm, preserved_attrs=_self_serializing(sm))
                 frozen = True
         except (RuntimeError, AttributeError) as e:
             # an already frozen archive has no attributes left to fold; keep it as it is
             notes.append(f"not frozen: {str(e).splitlines()[0][:200]}")
         torch.jit.save(sm, str(path))
     return {"files": [path.name], "method": how, "frozen": frozen, "trace_warnings": notes}
+
+
+def _self_serializing(module: Any) -> list[str]:
+    """Every path to a submodule of a TorchScript ``module`` that writes its own state
+    (``__setstate__``: the int8 table of a tied embedding and output layer, ``compress.quant_tied``).
+    Freezing keeps them as they are: folded, the table would be stored once per path."""
+    if not hasattr(getattr(module, "_c", None), "_has_method"):
+        return []
+    mods = module.named_modules(remove_duplicate=False)
+    return [n for n, m in mods if n and m._c._has_method("__setstate__")]
 
 
 def _exported_program(

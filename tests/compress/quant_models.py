@@ -162,3 +162,28 @@ def rank_branch() -> RankBranch:
 def features16() -> dict:
     """64 samples of 16 features (DATA for ``rank_branch``)."""
     return {"x": torch.randn(64, 16, generator=torch.Generator().manual_seed(0))}
+
+
+class TiedLM(nn.Module):
+    """A tiny language model whose output layer is its embedding (``lm_head.weight is embed.weight``),
+    as GPT-2, BERT's MLM head and most decoders tie them."""
+
+    def __init__(self, vocab: int = 600, dim: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        return self.lm_head(h + self.mlp(h))
+
+
+def tied_lm() -> TiedLM:
+    torch.manual_seed(0)
+    return TiedLM().eval()
+
+
+def tied_tokens(n: int = 16, seq: int = 12) -> dict:
+    return {"x": torch.randint(0, 600, (n, seq), generator=torch.Generator().manual_seed(1))}
