@@ -6,7 +6,8 @@ Two models, both on builtin:digits32 (1×32×32, 10 classes), both trained:
   residuals, ``torch.flatten``, no QuantStubs (trained here for 3 epochs with the shared trainer).
 
 1. fp32: eager vs the AOTInductor package (``ptopt.export(model, "aoti")``, dynamic batch 1..64,
-   freezing) vs ONNX Runtime (``ptopt.export(model, "onnx")``), at batch 1 and 32, timed in the same
+   freezing), the same with fixed-batch models for 1 and 32 inside (``static_batches=(1, 32)``,
+   ``--static-batch 1,32``) vs ONNX Runtime (``ptopt.export(model, "onnx")``), at batch 1 and 32, timed in the same
    interleaved rounds (2 threads everywhere; ORT intra-op 2). Compile time of the package.
 2. int8 at batch 32: ``ptopt.quantize(..., "static", engine="fx")`` (int8 TorchScript) vs
    ``engine="pt2e"`` (torchao PT2E + X86InductorQuantizer compiled by AOTInductor), fp32 eager as
@@ -101,16 +102,22 @@ def fp32(name: str, module: nn.Module, specs: list, work: Path) -> tuple[list[li
     t0 = time.perf_counter()
     aoti = ptopt.export(module, "aoti", work / "fp32.pt2", input_specs=specs, dynamic_batch="1:32:64")
     wall = time.perf_counter() - t0
+    fixed = ptopt.export(
+        module, "aoti", work / "fixed.pt2", input_specs=specs, dynamic_batch="1:32:64", static_batches=(1, 32)
+    )
     onnx = ptopt.export(module, "onnx", work / "fp32.onnx", input_specs=specs, dynamic_batch="1:32:64")
     sess = onnx_session(onnx.path, THREADS)
     in_name = sess.get_inputs()[0].name
     rows, data = [], {"compile_seconds": aoti.extra["compile_seconds"], "export_wall_seconds": wall}
+    data["fixed_batch_compile_seconds"] = fixed.extra["compile_seconds"]
+    data["bytes"] = {"aoti": aoti.size_bytes, "aoti_fixed_1_32": fixed.size_bytes}
     for b in (1, 32):
         x = make_inputs(specs, "positional", which="opt", batch=b, seed=b)
         xn = x.numpy()
         fns = {
             "eager": _torch_fn(module, x),
             "aoti": _torch_fn(aoti.model, x),
+            "aoti fixed": _torch_fn(fixed.model, x),
             "ort": lambda s=sess, xn=xn: s.run(None, {in_name: xn}),
         }
         st = measure_interleaved(fns, {k: b for k in fns}, rounds=ROUNDS, min_seconds=MIN_SECONDS)
@@ -119,9 +126,10 @@ def fp32(name: str, module: nn.Module, specs: list, work: Path) -> tuple[list[li
                              for k, v in st.items()}  # fmt: skip
         best = {k: v["min_ms"] for k, v in st.items()}
         rows.append(
-            [name, b, f"{p50['eager']:.3f}", f"{p50['aoti']:.3f}", f"{p50['ort']:.3f}",
+            [name, b, f"{p50['eager']:.3f}", f"{p50['aoti']:.3f}", f"{p50['aoti fixed']:.3f}", f"{p50['ort']:.3f}",
              f"{p50['eager'] / p50['aoti']:.2f}× / {best['eager'] / best['aoti']:.2f}×",
              f"{p50['ort'] / p50['aoti']:.2f}× / {best['ort'] / best['aoti']:.2f}×",
+             f"{p50['ort'] / p50['aoti fixed']:.2f}× / {best['ort'] / best['aoti fixed']:.2f}×",
              f"{max(st[k]['round_spread_pct'] for k in st):.0f} %"]
         )  # fmt: skip
     return rows, data
@@ -177,7 +185,11 @@ def main() -> None:
     end = os.getloadavg()
     data["load_avg_at_end"] = end
     compile_s = ", ".join(
-        f"{n}: {data[n]['fp32']['compile_seconds']:.0f} s" for n in data if not n.startswith("load")
+        f"{n}: {data[n]['fp32']['compile_seconds']:.0f} s dynamic batch only, "
+        f"{data[n]['fp32']['fixed_batch_compile_seconds']:.0f} s with the two fixed-batch models "
+        f"({data[n]['fp32']['bytes']['aoti'] / 1e6:.1f} MB → {data[n]['fp32']['bytes']['aoti_fixed_1_32'] / 1e6:.1f} MB)"
+        for n in data
+        if not n.startswith("load")
     )
     md = (
         "### fp32: AOTInductor package vs eager and ONNX Runtime (p50 ms, same interleaved rounds)\n\n"
@@ -187,9 +199,11 @@ def main() -> None:
                 "batch",
                 "eager",
                 "AOTInductor",
+                "AOTI + --static-batch 1,32",
                 "ORT",
                 "AOTI vs eager (p50 / min)",
                 "AOTI vs ORT (p50 / min)",
+                "AOTI fixed batch vs ORT (p50 / min)",
                 "round spread",
             ],
             fp_rows,

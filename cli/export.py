@@ -52,6 +52,13 @@ from ptopt.cli.options import maybe_save_recipe, model_options, output_option, s
     is_flag=True,
     help="aoti on --device cuda: replay the package through CUDA graphs (one capture per input shape).",
 )
+@click.option(
+    "--static-batch",
+    "static_batch",
+    metavar="B[,B...]",
+    help="aoti: also compile a fixed-batch model for each of these batch sizes into the package (run "
+    "for a batch of exactly that size; faster: Inductor prepacks conv weights only at a fixed batch).",
+)
 @click.option("--data", help="DATA: input shapes when the model declares none, and int8 calibration.")
 @click.option("--opset", type=int, help="ONNX opset (default: the exporter's).")
 @click.option("--optimize", is_flag=True, help="onnx: save ORT's offline graph optimization of the model.")
@@ -86,6 +93,7 @@ def command(
     int8_method: str,
     device: str | None,
     cuda_graphs: bool,
+    static_batch: str | None,
     weights: str | None,
     allow_pickle: bool,
     output: str,
@@ -121,6 +129,7 @@ def command(
         int8_method=None if int8_method == "auto" else int8_method,
         device=device,
         cuda_graphs=cuda_graphs or None,
+        static_batches=static_batch,
     )
     art = export(
         model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None}
@@ -155,6 +164,10 @@ def _print_result(art) -> None:
             f"compile: AOTInductor ({art.extra.get('compiler')}, {target}) in "
             f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
         )
+    fixed = p.get("static_batches") or {}
+    if fixed:
+        each = ", ".join(f"{b} (cosine {v['cosine']:.6f})" for b, v in fixed.items())
+        click.echo(f"fixed:   batch-size models {each}; other batches run the dynamic-batch model")
     if str(art.extra.get("device", "cpu")).startswith("cuda") or art.extra.get("dtype"):
         click.echo(f"device:  {art.extra.get('device', 'cpu')}, {art.extra.get('dtype', 'float32')}")
     if art.extra.get("trtexec_shapes"):

@@ -25,6 +25,43 @@ from ptopt.core.errors import ModelLoadError
 FORMAT = "aoti_package"
 #: the package metadata key holding the torch version that built it
 VERSION_KEY = "ptopt_torch_version"
+#: the model ``aoti_load_package(path)`` loads: the dynamic-batch one
+DEFAULT_MODEL = "model"
+
+
+def static_model_name(batch: int) -> str:
+    """The name of a package's fixed-batch model for ``batch`` (``--static-batch``)."""
+    return f"batch_{int(batch)}"
+
+
+def package_models(path: str | os.PathLike) -> list[str]:
+    """The model names inside a package (``model``, and ``batch_B`` for each fixed batch)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            parts = (n.split("/") for n in z.namelist())
+            return sorted({p[p.index("aotinductor") + 1] for p in parts if "aotinductor" in p[:-2]})
+    except (OSError, zipfile.BadZipFile):
+        return []
+
+
+class FixedBatchDispatch:
+    """A package loaded with its fixed-batch models: a call whose batch (dimension 0 of its first
+    tensor) is one of theirs runs on that model, any other on the dynamic one. Everything else
+    (``loader``, ``get_metadata``...) is the dynamic model's."""
+
+    def __init__(self, default: Any, fixed: dict[int, Any]):
+        self.default, self.fixed = default, fixed
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+        model = self.fixed.get(int(first.shape[0]), self.default) if first is not None else self.default
+        return model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.default, name)
 
 
 def is_aoti_package(path: str | os.PathLike) -> bool:
@@ -68,7 +105,8 @@ def load_package(
     path: str | os.PathLike, recorded_version: str | None = None, device: str | None = None
 ) -> Any:
     """The package loaded with ``torch._inductor.aoti_load_package`` (callable like its source),
-    after :func:`check_version`. A package runs on the device kind it was compiled for
+    after :func:`check_version`; with fixed-batch models in it (``--static-batch``), a
+    :class:`FixedBatchDispatch` over all of them. A package runs on the device kind it was compiled for
     (``AOTI_DEVICE_KEY``): ``device`` (None: that kind) must match it (ModelLoadError otherwise);
     ``cuda:N`` loads it onto GPU N."""
     import torch
@@ -83,10 +121,17 @@ def load_package(
             f"package runs only on the device kind it was compiled for; export it again with "
             f"--device {device} (ptopt export MODEL --target aoti --device {device})"
         )
+    index = -1
     if wanted == "cuda":
         index = int(str(device).partition(":")[2] or torch.cuda.current_device())
-        return torch._inductor.aoti_load_package(str(path), device_index=index)
-    return torch._inductor.aoti_load_package(str(path))
+    default = torch._inductor.aoti_load_package(str(path), device_index=index)
+    names = [n for n in package_models(path) if n.startswith("batch_")]
+    if not names:
+        return default
+    from torch._inductor.package import load_package as load_model
+
+    fixed = {int(n.removeprefix("batch_")): load_model(str(path), n, device_index=index) for n in names}
+    return FixedBatchDispatch(default, fixed)
 
 
 def package_device(path: str | os.PathLike) -> str:

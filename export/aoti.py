@@ -41,14 +41,16 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.aoti import (
+    DEFAULT_MODEL,
     FORMAT,
     VERSION_KEY,
     check_version,
     is_aoti_package,
     load_package,
     package_metadata,
+    static_model_name,
 )
-from ptopt.core.errors import MissingDependencyError, UnsupportedModelError
+from ptopt.core.errors import MissingDependencyError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
 
 __all__ = [
@@ -80,12 +82,15 @@ def write_aoti(
     inductor_configs: dict[str, Any] | None = None,
     device: str = "cpu",
     cuda_graphs: bool = False,
+    static_batches: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Capture ``module`` with the specs' Dims and compile it into an AOTInductor package at ``path``.
 
     ``inductor_configs``: extra Inductor options (on top of :data:`DEFAULT_OPTIONS`). ``device``:
     where ``module`` is and the package runs (``cpu`` or ``cuda:N``); ``cuda_graphs``: replay it
-    through CUDA graphs when loaded by ptopt (CUDA only). Returns the writer's info: files, method,
+    through CUDA graphs when loaded by ptopt (CUDA only); ``static_batches``: batch sizes that also
+    get a fixed-batch model in the package (``batch_B``, picked by ptopt's loader for a batch of
+    exactly B; :func:`ptopt.core.aoti.load_package`). Returns the writer's info: files, method,
     compile options, torch version, compile seconds, CPU ISA, device."""
     import torch
 
@@ -99,11 +104,12 @@ def write_aoti(
     compiler = check_compiler()
     x = example if example is not None and fits_for_export(specs, example) else None
     ep = export_program(module, specs, style, device=device, example=x)
+    statics = _fixed_batch_programs(module, specs, style, device, static_batches)
     options = compile_options(inductor_configs)
     metadata = {CUDA_GRAPHS_KEY: "1"} if cuda_graphs else {}
     threads = torch.get_num_threads()
     started = time.perf_counter()
-    compile_package(ep, path, options, compiler, metadata)
+    compile_package(ep, path, options, compiler, metadata, statics)
     seconds = time.perf_counter() - started
     meta = package_metadata(path)
     return {
@@ -117,7 +123,29 @@ def write_aoti(
         "cpu_isa": meta.get("AOTI_CPU_ISA", ""),
         "device": meta.get("AOTI_DEVICE_KEY", device.split(":")[0]),
         "cuda_graphs": bool(cuda_graphs),
+        "static_batches": sorted(int(b) for b in static_batches),
     }
+
+
+def _fixed_batch_programs(
+    module: Any, specs: Sequence[InputSpec], style: str, device: str, batches: Sequence[int]
+) -> dict[str, Any]:
+    """``{batch_B: the program captured with batch B fixed}`` for each of ``batches`` (other
+    dimensions stay as the specs say). A fixed batch lets Inductor prepack convolution weights for
+    oneDNN, which it skips under a dynamic batch (``mkldnn_ir``: no weight prepack for Conv with
+    dynamic shapes): 1.7-1.9x faster here (docs/benchmarks.md)."""
+    from ptopt.export.tracing import export_program
+
+    lo, hi = min(s.min_shape[0] for s in specs), max(s.max_shape[0] for s in specs)
+    out = {}
+    for b in sorted(set(int(b) for b in batches)):
+        if not lo <= b <= hi:
+            raise UsageError(
+                f"--static-batch {b}: outside the package's batch range [{lo}, {hi}] (--dynamic-batch)"
+            )
+        fixed = [s.with_batch(b, b, b) for s in specs]
+        out[static_model_name(b)] = export_program(module, fixed, style, device=device)
+    return out
 
 
 def compile_options(inductor_configs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -145,10 +173,17 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 
 
 def compile_package(
-    ep: Any, path: Path, options: dict[str, Any], compiler: str, metadata: dict[str, str] | None = None
+    ep: Any,
+    path: Path,
+    options: dict[str, Any],
+    compiler: str,
+    metadata: dict[str, str] | None = None,
+    statics: dict[str, Any] | None = None,
 ) -> None:
     """``aoti_compile_and_package`` into a temporary folder, then moved to ``path`` (any name: the
-    compiler wants a ``.pt2`` name and writes scratch files beside it)."""
+    compiler wants a ``.pt2`` name and writes scratch files beside it). ``statics``: more programs
+    (``{model name: ExportedProgram}``, the fixed-batch ones) compiled into the same package beside
+    ``ep``, which stays the package's default model (``model``)."""
     import torch
 
     from ptopt.export.tracing import first_lines
@@ -160,7 +195,12 @@ def compile_package(
             # freezing applies only with autograd off (torch._inductor.compile_fx): under grad the
             # package silently keeps plain aten convolutions instead of oneDNN's packed/int8 kernels
             with torch.no_grad():
-                torch._inductor.aoti_compile_and_package(ep, package_path=str(out), inductor_configs=configs)
+                if statics:
+                    _compile_models(out, {DEFAULT_MODEL: ep, **statics}, configs)
+                else:
+                    torch._inductor.aoti_compile_and_package(
+                        ep, package_path=str(out), inductor_configs=configs
+                    )
         except Exception as e:  # noqa: BLE001 - Inductor lowering / the C++ build raise many kinds
             text = str(e)
             where = (
@@ -173,6 +213,21 @@ def compile_package(
                 f"; --target exported_program or onnx still work"
             ) from None
         shutil.move(str(out), path)
+
+
+def _compile_models(out: Path, programs: dict[str, Any], configs: dict[str, Any]) -> None:
+    """Several programs into one package, one model name each: ``torch._inductor.aot_compile`` per
+    program, then ``package_aoti`` (the multi-model recipe of ``aoti_compile_and_package``'s docs)."""
+    import torch
+    from torch._inductor.package import package_aoti
+
+    files = {}
+    for name, program in programs.items():
+        args, kwargs = program.example_inputs
+        gm = program.module(check_guards=False)
+        opts = {**configs, "aot_inductor.package": True}
+        files[name] = torch._inductor.aot_compile(gm, args, kwargs, options=opts)
+    package_aoti(str(out), files)
 
 
 @contextlib.contextmanager

@@ -66,6 +66,7 @@ def export(
     int8_method: str | None = None,
     device: str | None = None,
     cuda_graphs: bool | None = None,
+    static_batches: Any = None,
 ) -> Result:
     """Export ``model`` to ``target``; returns a Result (``.model`` runs the checked artifact here,
     ``.save(path)`` writes it with its sidecar); ``output=`` also saves it there.
@@ -89,9 +90,12 @@ def export(
     - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.export.onnx_int8``).
     - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
       ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
+    - ``static_batches``: aoti only, ``(1, 32)`` or ``"1,32"``: a fixed-batch model per size in the
+      same package beside the dynamic one, run for a batch of exactly that size (Inductor prepacks
+      convolution weights only at a fixed batch; see docs/export.md).
     """
     loose = dict(precision=precision, opset=opset, optimize=optimize, script=script)
-    loose |= dict(device=device, cuda_graphs=cuda_graphs)
+    loose |= dict(device=device, cuda_graphs=cuda_graphs, static_batches=static_batches)
     config = settle_config(target, config, **loose, atol=atol, rtol=rtol, int8_method=int8_method)
     _check_target(config, output)
     source = _load_source(model, weights, allow_pickle, config)
@@ -458,6 +462,25 @@ def _write_and_check(
         device=device,
         dtype=half_dtype(precision) if config.target != "tensorrt" else None,
     )
+    for b in config.static_batches:  # each fixed-batch model of an AOTInductor package, at its batch
+        fixed = [s.with_batch(b, b, b) for s in specs]
+        at_b = check_reload(
+            path,
+            config.format,
+            source.module,
+            fixed,
+            style,
+            precision=precision,
+            atol=config.atol,
+            rtol=config.rtol,
+            samples=calib,
+            files=facts["files"],
+            keep_failed_as=output,
+            model=model,
+        )
+        parity.setdefault("static_batches", {})[str(b)] = {
+            k: at_b[k] for k in ("cosine", "max_abs_diff", "passed") if k in at_b
+        }
     facts["metrics"] = {"parity": parity}
     return facts, model
 
@@ -471,7 +494,8 @@ def _format_options(
     if config.target == "exported_program":
         return {}, None
     if config.target == "aoti":
-        return ({"cuda_graphs": True} if config.cuda_graphs else {}), None
+        options = {"static_batches": config.static_batches} if config.static_batches else {}
+        return ({"cuda_graphs": True} if config.cuda_graphs else {}) | options, None
     if config.target == "tensorrt":
         return {"calib": calib}, None
     options: dict[str, Any] = {"opset": config.opset}

@@ -7,6 +7,7 @@ as passing the loose options; passing a config *and* a loose option that contrad
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import UsageError
@@ -46,6 +47,7 @@ LOOSE_OPTIONS = (
     "int8_method",
     "device",
     "cuda_graphs",
+    "static_batches",
 )
 
 
@@ -59,7 +61,8 @@ class ExportConfig(Config):
     ``auto`` (see ``ptopt.export.onnx_int8``); ``atol``/``rtol`` None are the parity defaults.
     ``device``: ``cpu`` (None) or ``cuda[:N]``, where the model is traced/compiled and checked
     (``ptopt.core.device.resolve_device`` checks it exists when the export runs); ``cuda_graphs``:
-    an AOTInductor package on CUDA run through CUDA graphs (``ptopt.core.cudagraph``).
+    an AOTInductor package on CUDA run through CUDA graphs (``ptopt.core.cudagraph``);
+    ``static_batches``: batch sizes that get a fixed-batch model in an AOTInductor package.
     """
 
     type_name = "export"
@@ -74,8 +77,15 @@ class ExportConfig(Config):
     calib_data: str | None = None
     device: str | None = None
     cuda_graphs: bool = False
+    static_batches: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
+        if self.static_batches and self.target != "aoti":
+            raise UsageError(
+                f"--static-batch is for --target aoti (fixed-batch models inside one AOTInductor package), "
+                f"not --target {self.target}"
+            )
         target, precision = self.target, self.precision
         if target not in TARGETS:
             raise UsageError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
@@ -157,3 +167,15 @@ def settle_config(target: str | None, config: ExportConfig | None, **loose: obje
                 f"config or loose, not both"
             )
     return config
+
+
+def _batch_list(value: Any) -> tuple[int, ...]:
+    """``"1,32"`` / ``[1, 32]`` / ``()`` as a sorted tuple of positive batch sizes (UsageError otherwise)."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    try:
+        batches = sorted({int(str(b).strip()) for b in items if str(b).strip()})
+    except ValueError:
+        raise UsageError(f"--static-batch {value!r}: give batch sizes as integers, e.g. 1,32") from None
+    if any(b <= 0 for b in batches):
+        raise UsageError(f"--static-batch {value!r}: batch sizes must be positive")
+    return tuple(batches)

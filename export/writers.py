@@ -95,7 +95,7 @@ def write_model(
     - ``options`` by format: torchscript ``script=False``, ``freeze=True``; onnx ``opset``, ``optimize``,
       ``external_data``, ``int8_method`` (None | ``"ort_static"`` | ``"qdq_export"``), ``calib``
       (a Dataset for ort_static), ``fp32_module`` (what ort_static quantizes; default ``module``),
-      ``fp32_source_format``; aoti_package ``inductor_configs`` (on top of freezing); tensorrt
+      ``fp32_source_format``; aoti_package ``inductor_configs`` (on top of freezing), ``static_batches``; tensorrt
       ``calib``, and ``precision`` is the engine's.
 
     Raises UsageError (unknown format/option), UnsupportedModelError (cannot be captured),
@@ -379,7 +379,7 @@ def _write(
 _OPTIONS: dict[str, set[str]] = {
     "torchscript": {"script", "freeze"},
     "exported_program": set(),
-    "aoti_package": {"inductor_configs", "cuda_graphs"},
+    "aoti_package": {"inductor_configs", "cuda_graphs", "static_batches"},
     "onnx": {
         "opset",
         "optimize",

@@ -418,6 +418,18 @@ def _worker_device(gpu_id):
     return f"cuda:{int(gpu_id)}"
 
 
+def _by_batch(default, fixed):
+    """A package with fixed-batch models (``--static-batch``): a batch of one of their sizes (dimension
+    0 of the first tensor) runs there, any other on the dynamic-batch model."""
+    import torch
+
+    def run(*args, **kwargs):
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+        return fixed.get(int(first.shape[0]) if first is not None else -1, default)(*args, **kwargs)
+
+    return run
+
+
 def _load_torch(model_path, fmt, meta, device="cpu"):
     """A callable torch model for a TorchScript file, an AOTInductor package or an ExportedProgram."""
     import torch
@@ -429,7 +441,13 @@ def _load_torch(model_path, fmt, meta, device="cpu"):
                 f"{os.path.basename(model_path)}: AOTInductor package built by torch {built}, but this "
                 f"worker has torch {torch.__version__}; a package runs only on the torch that compiled it"
             )
-        return torch._inductor.aoti_load_package(model_path)
+        model = torch._inductor.aoti_load_package(model_path)
+        batches = (meta.get("extra") or {}).get("static_batches") or ()
+        if not batches:
+            return model
+        from torch._inductor.package import load_package
+
+        return _by_batch(model, {int(b): load_package(model_path, f"batch_{int(b)}") for b in batches})
     if fmt == "exported_program":
         # a PT2E int8 program calls quantized_decomposed.* ops, defined by this module of torch
         importlib.import_module("torch.ao.quantization.fx._decomposed")

@@ -1,0 +1,103 @@
+"""``--static-batch``: fixed-batch models compiled into the same AOTInductor package beside the
+dynamic-batch one (Inductor prepacks convolution weights only at a fixed batch), each checked at its
+batch, picked by ptopt's loaders for a batch of exactly that size; plain torch still loads the
+dynamic model by default, and each fixed one by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers import assert_refused, tiny_cnn
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:2:8 --static-batch 4``
+    through the CLI (two compiles: ~25 s here)."""
+    from click.testing import CliRunner
+
+    from ptopt.cli.main import cli
+
+    out = tmp_path_factory.mktemp("aoti-static") / "tiny.pt2"
+    args = ["export", "tests.helpers:tiny_cnn", "--target", "aoti", "--dynamic-batch", "1:2:8"]
+    res = CliRunner().invoke(cli, [*args, "--static-batch", "4", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out, res.output
+
+
+def test_cli_records_and_checks_each_fixed_batch(package):
+    path, stdout = package
+    side = json.loads(path.with_name(path.name + ".ptopt.json").read_text())
+    assert side["extra"]["static_batches"] == [4]
+    fixed = side["metrics"]["parity"]["static_batches"]
+    assert list(fixed) == ["4"] and fixed["4"]["passed"] and fixed["4"]["cosine"] > 0.9999
+    assert "fixed:   batch-size models 4 (cosine" in stdout
+    from ptopt.core.aoti import package_models
+
+    assert package_models(path) == ["batch_4", "model"]
+
+
+def test_loader_runs_a_batch_of_four_on_the_fixed_model(package):
+    from ptopt.core.aoti import FixedBatchDispatch, load_package
+
+    path, _ = package
+    model = load_package(path)
+    assert isinstance(model, FixedBatchDispatch) and set(model.fixed) == {4}
+    calls = []
+    fixed = model.fixed[4]
+    model.fixed[4] = lambda *a: calls.append(a[0].shape[0]) or fixed(*a)
+    src = tiny_cnn().eval()
+    for b in (3, 4, 8):
+        x = torch.randn(b, 1, 8, 8, generator=torch.Generator().manual_seed(b))
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), src(x), rtol=1e-4, atol=1e-5)
+    assert calls == [4]  # only the batch of 4 ran on the fixed-batch model
+
+
+def test_plain_torch_loads_the_dynamic_model_and_the_fixed_one_by_name(package):
+    from torch._inductor.package import load_package
+
+    path, _ = package
+    dynamic = torch._inductor.aoti_load_package(str(path))
+    assert dynamic(torch.randn(5, 1, 8, 8)).shape == (5, 10)
+    assert load_package(str(path), "batch_4")(torch.randn(4, 1, 8, 8)).shape == (4, 10)
+
+
+def test_handler_dispatches_by_batch():
+    from ptopt.serve.handler import _by_batch
+
+    run = _by_batch(lambda x: ("dynamic", x.shape[0]), {4: lambda x: ("fixed", x.shape[0])})
+    assert run(torch.zeros(4, 2)) == ("fixed", 4) and run(torch.zeros(3, 2)) == ("dynamic", 3)
+    assert run(x=torch.zeros(4, 2)) == ("fixed", 4)
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--static-batch", "16"], ("--static-batch 16", "[1, 8]")),
+        (["--static-batch", "two"], ("integers",)),
+        (["--static-batch", "0"], ("positive",)),
+    ],
+    ids=["outside-range", "not-a-number", "zero"],
+)
+def test_bad_static_batches_refused(cli, tmp_path, extra, match):
+    args = ["export", "tests.helpers:tiny_cnn", "--target", "aoti", "--dynamic-batch", "1:2:8"]
+    assert_refused(cli, *args, *extra, "-o", tmp_path / "m.pt2", match=match, where=tmp_path)
+
+
+def test_static_batch_is_for_aoti_only(tmp_path):
+    import ptopt
+
+    assert_refused(
+        ptopt.export,
+        tiny_cnn(),
+        "onnx",
+        tmp_path / "m.onnx",
+        input_shapes="2x1x8x8",
+        static_batches="4",
+        match=("--static-batch is for --target aoti",),
+        where=tmp_path,
+    )
