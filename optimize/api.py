@@ -193,6 +193,7 @@ def optimize(
             ctx = Context(
                 loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
                 settings.max_accuracy_drop, settings.min_cosine, clock.left,
+                batch_sizes=tuple(settings.batch_sizes),
             )  # fmt: skip
             search = Search(ctx, specs, settings, costs, clock)
             _run(search, ref_runner, settings, say)

@@ -12,7 +12,7 @@ fp32-eager              the model itself (the reference every speedup divides)  
 fp32-torchscript        ``export(target="torchscript")``                            always
 fp32-exported-program   ``export(target="exported_program")``                       always
 fp32-onnx               ``export(target="onnx")``                                   always
-fp32-aoti               ``export(target="aoti")``                                   a C++ compiler
+fp32-aoti               ``export(target="aoti", static_batches=batch sizes)``       a C++ compiler
 int8-fx                 ``quantize(mode="static", engine="fx")``                    always
 int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
 int8-dynamic            ``quantize(mode="dynamic")``                                Linear/LSTM/GRU
@@ -68,6 +68,9 @@ class Context:
     status: dict[str, str] = dataclasses.field(default_factory=dict)
     #: name -> Result of built candidates (a chain builds on an earlier one)
     built: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the batch sizes the search times (``--batch-size``): the AOTInductor package gets a fixed-batch
+    #: model for each (``export --static-batch``)
+    batch_sizes: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +112,14 @@ class Spec:
 
 def _export(target: str, precision: str | None = None) -> Callable[[Context], Any]:
     def build(ctx: Context) -> Any:
+        from ptopt.core.inputspec import DEFAULT_MAX_BATCH
         from ptopt.export.api import export
 
         shapes = ctx.input_shapes or None
-        return export(ctx.module, target, data=ctx.calib, input_shapes=shapes, precision=precision)
+        extra = {}
+        if target == "aoti":  # a fixed-batch model per timed batch size (in the default batch range)
+            extra["static_batches"] = [b for b in ctx.batch_sizes if b <= DEFAULT_MAX_BATCH]
+        return export(ctx.module, target, data=ctx.calib, input_shapes=shapes, precision=precision, **extra)
 
     return build
 
@@ -267,10 +274,10 @@ CATALOGUE: tuple[Spec, ...] = (
         None,
         "fp32",
         0,
-        ("export --target aoti",),
+        ("export --target aoti --static-batch (each --batch-size)",),
         _export("aoti"),
-        30,
-        60,
+        60,  # the dynamic-batch model and one fixed-batch model per timed batch size: ~3 compiles
+        120,
         _compiler,
     ),
     Spec(
