@@ -230,6 +230,8 @@ def _print_report(art, mode: str) -> None:
                 ),
                 err=True,
             )
+    for pair in (art.extra.get("dynamic") or {}).get("tied_int8_stored_once") or ():
+        click.echo(f"tied:  {pair} share one int8 matrix, stored once (as in the fp32 model)")
     choice = art.extra.get("engine_choice")
     if choice:
         timed = f"; p50 ms {choice['p50_ms']}" if choice.get("p50_ms") else ""

@@ -24,8 +24,9 @@ def _int8_vocab_tensors(path) -> int:
 
 def test_tied_matrix_is_stored_once_through_the_cli(cli, tmp_path):
     out = tmp_path / "lm.int8.pt"
-    code, _, err = cli("quantize", MODEL, "--mode", "dynamic", "--calib-data", DATA, "-o", out)
+    code, stdout, err = cli("quantize", MODEL, "--mode", "dynamic", "--calib-data", DATA, "-o", out)
     assert code == 0, err
+    assert "tied:  embed + lm_head share one int8 matrix, stored once" in stdout
     side = json.loads((tmp_path / "lm.int8.pt.ptopt.json").read_text())
     assert side["extra"]["dynamic"]["tied_int8_stored_once"] == ["embed + lm_head"]
     assert side["extra"]["frozen"] and side["metrics"]["vs_fp32"]["passed"]
