@@ -279,7 +279,9 @@ class Matrix:
         res = ptopt.quantize(self.loaded(model.name), "dynamic", progress=False)
         res.save(self._out(model, "quantize dynamic") / "model.int8.pt")
         metrics = compare(ref, run(res.model, x), x)
-        return metrics, _fmt(metrics) + _size(res), res
+        detail = _fmt(metrics) + _size(res)
+        metrics["size"] = res.metrics["size_ratio_vs_fp32_torchscript"]  # the int8 file / the fp32 one
+        return metrics, detail, res
 
     def _quantize_static(self, model: Model):
         """torch.fx graph mode; transformers (fx cannot trace them) through the PT2E engine, as fx's

@@ -72,6 +72,8 @@ EXPECTED = {
     # torch.fx cannot trace transformers; the matrix runs them on engine="pt2e" (torch.export), as
     # fx's refusal advises: measured 0.9997 / 0.9993 (docs/compat.md)
     **{(m, "quantize static"): (PASS, QUANTIZED) for m in ("bert", "gpt2")},
+    # issue 21: GPT-2's dynamic int8 file at most 0.35x the fp32 one (its tied wte / lm_head stored once)
+    ("gpt2", "quantize dynamic"): (PASS, {**QUANTIZED, "size": 0.35}),
     # GPT-2's layers are transformers' Conv1D (addmm on a transposed weight), not nn.Linear
     ("gpt2", "prune structured"): _refuses("no layer whose output channels can be removed", "Conv1D layers"),
 }
@@ -105,7 +107,7 @@ def test_cell(matrix, name, stage):
         assert cell.status == PASS, f"{name} / {stage} refused: {cell.detail}"
         for key, bound in what.items():
             got = cell.metrics[key]
-            ok = got <= bound if key == "kept" else got >= bound
+            ok = got <= bound if key in ("kept", "size") else got >= bound
             assert ok, f"{name} / {stage}: {key} {got:.4f} vs bound {bound} ({cell.detail})"
         return
     assert cell.status == "refuses", (
