@@ -90,33 +90,17 @@ def export(
     - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.export.onnx_int8``).
     - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
       ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
-    - ``static_batches``: aoti only, ``(1, 32)`` or ``"1,32"``: a fixed-batch model per size in the
-      same package beside the dynamic one, run for a batch of exactly that size (Inductor prepacks
-      convolution weights only at a fixed batch; see docs/export.md).
+    - ``static_batches``: aoti, ``(1, 32)`` or ``"1,32"``: fixed-batch models in the same package (docs/export.md).
     """
-    loose = dict(precision=precision, opset=opset, optimize=optimize, script=script)
-    loose |= dict(device=device, cuda_graphs=cuda_graphs, static_batches=static_batches)
+    loose = dict(precision=precision, opset=opset, optimize=optimize, script=script, device=device)
+    loose |= dict(cuda_graphs=cuda_graphs, static_batches=static_batches)
     config = settle_config(target, config, **loose, atol=atol, rtol=rtol, int8_method=int8_method)
     _check_target(config, output)
     source = _load_source(model, weights, allow_pickle, config)
     want = _resolve_precision(source, config)
     calib, calib_ref = _calibration(data, config, source, want)
-    base, style = _settle(source.loaded, calib, input_shapes, input_specs)
-    if not base and not (min_shape or opt_shape or max_shape):
-        from ptopt.core.modelref import require_input_specs
-
-        base, style = (
-            list(require_input_specs(source.loaded, "--data", "--opt-shape")),
-            source.loaded.input_style,
-        )
-    specs = settle_specs(
-        base, min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch
-    )
-    if not base:
-        style = _infer_style(source.module, specs, style)
-    if style == "keyword":
-        specs = _forward_order(source.module, specs)
-    _source_runs(source.loaded, specs, style)
+    shapes = dict(min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch)
+    specs, style = _input_specs(source, calib, input_shapes, input_specs, shapes)
     config = config.replace(calib_data=calib_ref)
     built = _build(source, config, specs, style, calib, external_data, allow_pickle, output)
     result = Result(
@@ -125,6 +109,28 @@ def export(
     if output is not None:
         result.save(output)
     return result
+
+
+def _input_specs(
+    source: Any, calib: Any, input_shapes: Any, input_specs: Any, shapes: dict[str, Any]
+) -> tuple[list[InputSpec], str]:
+    """The InputSpecs and calling style of the export: given, from the data or the model's declared
+    inputs, then ``shapes`` (min/opt/max, dynamic batch) applied; checked to run on the source."""
+    base, style = _settle(source.loaded, calib, input_shapes, input_specs)
+    if not base and not any(shapes[k] for k in ("min_shape", "opt_shape", "max_shape")):
+        from ptopt.core.modelref import require_input_specs
+
+        base, style = (
+            list(require_input_specs(source.loaded, "--data", "--opt-shape")),
+            source.loaded.input_style,
+        )
+    specs = settle_specs(base, **shapes)
+    if not base:
+        style = _infer_style(source.module, specs, style)
+    if style == "keyword":
+        specs = _forward_order(source.module, specs)
+    _source_runs(source.loaded, specs, style)
+    return specs, style
 
 
 # -- 1. options and the model ------------------------------------------------------------------
