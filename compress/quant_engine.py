@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ptopt.compress.quant_config import BACKENDS, OBSERVERS
-from ptopt.compress.quant_tied import INT8_MARK, tie_int8, tied_pairs
+from ptopt.compress.quant_tied import INT8_MARK, tie_int8, tied_groups
 from ptopt.core.errors import UnsupportedModelError, UsageError
 
 # Activation observers for static calibration: "histogram" minimizes the quantization error over a
@@ -362,11 +362,11 @@ def quantize_dynamic(
     if "linear" in types:
         linearize_conv1d(work, skip=float_modules)
     # a tied embedding + output layer (one matrix) becomes one int8 table, stored once
-    pairs = tied_pairs(work, float_modules) if {"linear", "embedding"} <= set(types) else []
-    spec.update({name: None for pair in pairs for name in pair})
+    groups = tied_groups(work, float_modules) if {"linear", "embedding"} <= set(types) else []
+    spec.update({name: None for embs, lins in groups for name in embs + lins})
     with _quiet(), quantized_engine(backend):
         q = tq.quantize_dynamic(work, spec, dtype=torch.qint8, inplace=False)
-        tie_int8(q, pairs)
+        tie_int8(q, groups, per_channel)
     return q
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ptopt.compress import quant_engine as engine
 from ptopt.compress.quant_config import DynamicQuantConfig, QuantResult
-from ptopt.compress.quant_tied import tied_pairs
+from ptopt.compress.quant_tied import tied_names, tied_partners
 
 _CONV_REASON = "convolutions are never dynamically quantized (slower than fp32); use --mode static"
 
@@ -35,6 +35,9 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None
     running it, and stay float."""
     raw = raw_embeddings(model, config, example)
     floats = tuple(config.float_modules) + tuple(n for n in raw if n not in config.float_modules)
+    # a layer tied to a float one stays float with it: their one matrix is stored once
+    partners = tied_partners(model, floats) if {"linear", "embedding"} <= set(config.layers) else {}
+    floats += tuple(partners)
     q = engine.quantize_dynamic(model, config.layers, config.per_channel, config.backend, floats)
     summary = {
         "dynamic": {
@@ -53,13 +56,17 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None
     ]
     if conv1d:
         summary["dynamic"]["conv1d_as_linear"] = conv1d
-    if {"linear", "embedding"} <= set(config.layers):
-        # one int8 matrix for both, stored once (quant_tied)
-        tied = [f"{e} + {lin}" for e, lin in tied_pairs(model, floats)]
-        if tied:
-            summary["dynamic"]["tied_int8_stored_once"] = tied
+    tied = tied_names(q)  # one int8 matrix for the layers that share it, stored once (quant_tied)
+    if tied:
+        summary["dynamic"]["tied_int8_stored_once"] = tied
     floats_why = float_layers(model, q, config)
     floats_why.update({n: _RAW_REASON for n in raw if n not in config.float_modules})
+    floats_why.update(
+        {
+            n: f"tied to {held} (float): stays float so their one matrix is stored once"
+            for n, held in partners.items()
+        }
+    )
     return QuantResult(q, floats_why, summary)
 
 

@@ -187,3 +187,25 @@ def tied_lm() -> TiedLM:
 
 def tied_tokens(n: int = 16, seq: int = 12) -> dict:
     return {"x": torch.randint(0, 600, (n, seq), generator=torch.Generator().manual_seed(1))}
+
+
+class SharedVocab(nn.Module):
+    """One matrix held by three embeddings and the output layer, as T5 ties ``shared``, the encoder's
+    and the decoder's ``embed_tokens`` and ``lm_head``."""
+
+    def __init__(self, vocab: int = 600, dim: int = 64):
+        super().__init__()
+        self.shared = nn.Embedding(vocab, dim)
+        self.enc_embed = nn.Embedding(vocab, dim)
+        self.dec_embed = nn.Embedding(vocab, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.enc_embed.weight = self.dec_embed.weight = self.lm_head.weight = self.shared.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.mix(self.enc_embed(ids) + self.dec_embed(ids.flip(1))))
+
+
+def shared_vocab() -> SharedVocab:
+    torch.manual_seed(0)
+    return SharedVocab().eval()

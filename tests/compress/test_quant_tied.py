@@ -51,12 +51,60 @@ def test_tied_int8_runs_in_memory_and_from_plain_torch(tmp_path):
     assert _int8_vocab_tensors(art.path) == 1
 
 
-def test_an_untied_copy_keeps_two_matrices():
-    from ptopt.compress.quant_tied import tied_pairs
-    from tests.compress.quant_models import tied_lm
+def test_groups_follow_the_shared_weight():
+    from ptopt.compress.quant_tied import tied_groups
+    from tests.compress.quant_models import shared_vocab, tied_lm
 
     m = tied_lm()
-    assert tied_pairs(m) == [("embed", "lm_head")]
-    assert tied_pairs(m, float_modules=("lm_head",)) == []
+    assert tied_groups(m) == [(["embed"], ["lm_head"])]
+    assert tied_groups(m, float_modules=("lm_head",)) == []
+    assert tied_groups(shared_vocab()) == [(["shared", "enc_embed", "dec_embed"], ["lm_head"])]
     m.lm_head.weight = torch.nn.Parameter(m.embed.weight.detach().clone())
-    assert tied_pairs(m) == []
+    assert tied_groups(m) == []
+
+
+def test_one_matrix_for_three_embeddings_and_the_head(tmp_path):
+    import ptopt
+    from tests.compress.quant_models import shared_vocab
+
+    fp32 = shared_vocab()
+    res = ptopt.quantize(fp32, "dynamic", calib_data=DATA, progress=False)
+    assert res.extra["dynamic"]["tied_int8_stored_once"] == ["shared + enc_embed + dec_embed + lm_head"]
+    ids = torch.randint(0, 600, (2, 7), generator=torch.Generator().manual_seed(3))
+    cos = torch.nn.functional.cosine_similarity(res.model(ids).flatten(), fp32(ids).flatten(), 0)
+    assert cos > 0.99
+    assert _int8_vocab_tensors(res.save(tmp_path / "s.int8.pt").path) == 1
+
+
+def test_a_half_kept_float_keeps_its_partner_float(cli, tmp_path):
+    out = tmp_path / "lm.int8.pt"
+    code, _, err = cli(
+        "quantize", MODEL, "--mode", "dynamic", "--calib-data", DATA, "--exclude", "lm_head", "-o", out
+    )
+    assert code == 0, err
+    side = json.loads((tmp_path / "lm.int8.pt.ptopt.json").read_text())
+    assert "tied to lm_head" in side["extra"]["float_layers"]["embed"]
+    assert "tied_int8_stored_once" not in side["extra"]["dynamic"]
+    assert _int8_vocab_tensors(out) == 0  # the matrix is float, once
+
+
+def test_table_numerics_and_reload_of_new_weights():
+    import torch.ao.nn.quantized.dynamic as nnqd
+    import torch.ao.quantization as tq
+
+    from ptopt.compress.quant_engine import quantize_dynamic
+    from ptopt.compress.quant_tied import Int8Table
+    from tests.compress.quant_models import TiedLM, tied_lm
+
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))
+    lin = torch.nn.Linear(64, 600).eval()
+    for per_channel, qconfig in ((True, tq.per_channel_dynamic_qconfig), (False, tq.default_dynamic_qconfig)):
+        lin.qconfig = qconfig
+        ref = nnqd.Linear.from_float(lin)  # torch's own dynamic int8 Linear: the same int8 kernel
+        torch.testing.assert_close(Int8Table(lin.weight, lin.bias, per_channel)(x), ref(x), rtol=0, atol=0)
+    ids = torch.randint(0, 600, (2, 5), generator=torch.Generator().manual_seed(5))
+    q = quantize_dynamic(tied_lm(), ("linear", "embedding"), True, "x86")
+    torch.manual_seed(1)
+    other = quantize_dynamic(TiedLM().eval(), ("linear", "embedding"), True, "x86")
+    q.load_state_dict(other.state_dict())  # new int8 rows reach the packed output layer too
+    torch.testing.assert_close(q(ids), other(ids))
