@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -56,11 +57,15 @@ class FixedBatchDispatch:
         import torch
         from torch.utils._pytree import tree_leaves
 
-        first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+        first = next(
+            (t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim()), None
+        )
         model = self.fixed.get(int(first.shape[0]), self.default) if first is not None else self.default
         return model(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "default" not in self.__dict__:  # copy/pickle probe before __init__
+            raise AttributeError(name)
         return getattr(self.default, name)
 
 
@@ -125,7 +130,7 @@ def load_package(
     if wanted == "cuda":
         index = int(str(device).partition(":")[2] or torch.cuda.current_device())
     default = torch._inductor.aoti_load_package(str(path), device_index=index)
-    names = [n for n in package_models(path) if n.startswith("batch_")]
+    names = [n for n in package_models(path) if re.fullmatch(r"batch_\d+", n)]
     if not names:
         return default
     from torch._inductor.package import load_package as load_model

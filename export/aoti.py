@@ -103,8 +103,14 @@ def write_aoti(
         )
     compiler = check_compiler()
     x = example if example is not None and fits_for_export(specs, example) else None
+    batches = _fixed_batches(specs, static_batches)  # refused before anything is captured
     ep = export_program(module, specs, style, device=device, example=x)
-    statics = _fixed_batch_programs(module, specs, style, device, static_batches)
+    statics = {
+        static_model_name(b): export_program(
+            module, [s.with_batch(b, b, b) for s in specs], style, device=device
+        )
+        for b in batches
+    }
     options = compile_options(inductor_configs)
     metadata = {CUDA_GRAPHS_KEY: "1"} if cuda_graphs else {}
     threads = torch.get_num_threads()
@@ -123,28 +129,29 @@ def write_aoti(
         "cpu_isa": meta.get("AOTI_CPU_ISA", ""),
         "device": meta.get("AOTI_DEVICE_KEY", device.split(":")[0]),
         "cuda_graphs": bool(cuda_graphs),
-        "static_batches": sorted(int(b) for b in static_batches),
+        "static_batches": batches,
     }
 
 
-def _fixed_batch_programs(
-    module: Any, specs: Sequence[InputSpec], style: str, device: str, batches: Sequence[int]
-) -> dict[str, Any]:
-    """``{batch_B: the program captured with batch B fixed}`` for each of ``batches`` (other
-    dimensions stay as the specs say). A fixed batch lets Inductor prepack convolution weights for
-    oneDNN, which it skips under a dynamic batch (``mkldnn_ir``: no weight prepack for Conv with
-    dynamic shapes): 1.7-1.9x faster here (docs/benchmarks.md)."""
-    from ptopt.export.tracing import export_program
+def _fixed_batches(specs: Sequence[InputSpec], batches: Sequence[int]) -> list[int]:
+    """The batch sizes that get a fixed-batch model (``--static-batch``): each must lie in the specs'
+    batch range (UsageError otherwise); one the dynamic model already fixes (``1:1:1``) is skipped.
 
+    A fixed batch lets Inductor prepack convolution weights for oneDNN, which it skips under a
+    dynamic batch (``mkldnn_ir``: no weight prepack for Conv with dynamic shapes): docs/benchmarks.md."""
+    if not batches:
+        return []
+    if any(len(s.min_shape) == 0 for s in specs):
+        raise UsageError("--static-batch: an input has no batch dimension (a 0-d tensor)")
     lo, hi = min(s.min_shape[0] for s in specs), max(s.max_shape[0] for s in specs)
-    out = {}
-    for b in sorted(set(int(b) for b in batches)):
+    out = []
+    for b in sorted({int(b) for b in batches}):
         if not lo <= b <= hi:
             raise UsageError(
                 f"--static-batch {b}: outside the package's batch range [{lo}, {hi}] (--dynamic-batch)"
             )
-        fixed = [s.with_batch(b, b, b) for s in specs]
-        out[static_model_name(b)] = export_program(module, fixed, style, device=device)
+        if lo != hi:
+            out.append(b)
     return out
 
 

@@ -452,12 +452,7 @@ def _write_and_check(
     )
     # the check runs on the very object .model returns (one reload, not two)
     model = reload(path, config.format, style=style, device=device, cuda_graphs=config.cuda_graphs)
-    parity = check_reload(
-        path,
-        config.format,
-        source.module,
-        specs,
-        style,
+    check = dict(
         precision=precision,
         atol=config.atol,
         rtol=config.rtol,
@@ -468,22 +463,10 @@ def _write_and_check(
         device=device,
         dtype=half_dtype(precision) if config.target != "tensorrt" else None,
     )
+    parity = check_reload(path, config.format, source.module, specs, style, **check)
     for b in config.static_batches:  # each fixed-batch model of an AOTInductor package, at its batch
         fixed = [s.with_batch(b, b, b) for s in specs]
-        at_b = check_reload(
-            path,
-            config.format,
-            source.module,
-            fixed,
-            style,
-            precision=precision,
-            atol=config.atol,
-            rtol=config.rtol,
-            samples=calib,
-            files=facts["files"],
-            keep_failed_as=output,
-            model=model,
-        )
+        at_b = check_reload(path, config.format, source.module, fixed, style, **check)
         parity.setdefault("static_batches", {})[str(b)] = {
             k: at_b[k] for k in ("cosine", "max_abs_diff", "passed") if k in at_b
         }

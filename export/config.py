@@ -161,6 +161,8 @@ def settle_config(target: str | None, config: ExportConfig | None, **loose: obje
         raise UsageError(f"target {target!r} contradicts the config's target {config.target!r}; pass one")
     for name, value in given.items():
         have = getattr(config, name)
+        if name == "static_batches":
+            value = _batch_list(value)
         if have != value and not (name == "int8_method" and value == "auto" and have is None):
             raise UsageError(
                 f"{name}={value!r} contradicts the config's {name}={have!r}; pass the option in the "
@@ -171,10 +173,12 @@ def settle_config(target: str | None, config: ExportConfig | None, **loose: obje
 
 def _batch_list(value: Any) -> tuple[int, ...]:
     """``"1,32"`` / ``[1, 32]`` / ``()`` as a sorted tuple of positive batch sizes (UsageError otherwise)."""
+    if isinstance(value, int):
+        value = [value]
     items = value.split(",") if isinstance(value, str) else list(value or ())
     try:
         batches = sorted({int(str(b).strip()) for b in items if str(b).strip()})
-    except ValueError:
+    except (TypeError, ValueError):
         raise UsageError(f"--static-batch {value!r}: give batch sizes as integers, e.g. 1,32") from None
     if any(b <= 0 for b in batches):
         raise UsageError(f"--static-batch {value!r}: batch sizes must be positive")

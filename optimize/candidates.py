@@ -112,14 +112,20 @@ class Spec:
 
 def _export(target: str, precision: str | None = None) -> Callable[[Context], Any]:
     def build(ctx: Context) -> Any:
+        from ptopt.core.errors import UsageError
         from ptopt.core.inputspec import DEFAULT_MAX_BATCH
         from ptopt.export.api import export
 
         shapes = ctx.input_shapes or None
-        extra = {}
+        kwargs = dict(data=ctx.calib, input_shapes=shapes, precision=precision)
         if target == "aoti":  # a fixed-batch model per timed batch size (in the default batch range)
-            extra["static_batches"] = [b for b in ctx.batch_sizes if b <= DEFAULT_MAX_BATCH]
-        return export(ctx.module, target, data=ctx.calib, input_shapes=shapes, precision=precision, **extra)
+            fixed = [b for b in ctx.batch_sizes if b <= DEFAULT_MAX_BATCH]
+            try:
+                return export(ctx.module, target, static_batches=fixed, **kwargs)
+            except UsageError as e:  # the model declares a narrower batch range: dynamic model only
+                if "--static-batch" not in str(e):
+                    raise
+        return export(ctx.module, target, **kwargs)
 
     return build
 

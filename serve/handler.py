@@ -424,7 +424,8 @@ def _by_batch(default, fixed):
     import torch
 
     def run(*args, **kwargs):
-        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)), None)
+        # the rule of ptopt.core.aoti.FixedBatchDispatch: dimension 0 of the first tensor with one
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim()), None)
         return fixed.get(int(first.shape[0]) if first is not None else -1, default)(*args, **kwargs)
 
     return run

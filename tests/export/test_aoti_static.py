@@ -101,3 +101,33 @@ def test_static_batch_is_for_aoti_only(tmp_path):
         match=("--static-batch is for --target aoti",),
         where=tmp_path,
     )
+
+
+def test_bf16_package_checks_its_fixed_batch_in_bf16(tmp_path):
+    import ptopt
+
+    res = ptopt.export(
+        tiny_cnn(), "aoti", tmp_path / "h.pt2", input_shapes="2x1x8x8", dynamic_batch="1:2:8",
+        static_batches=4, precision="bf16",
+    )  # fmt: skip
+    assert res.metrics["parity"]["static_batches"]["4"]["passed"]
+    assert res.model(torch.randn(4, 1, 8, 8).bfloat16()).dtype == torch.bfloat16
+
+
+def test_static_batch_options_compare_as_sets_of_sizes():
+    from ptopt.export.config import ExportConfig, settle_config
+
+    assert ExportConfig(target="aoti", static_batches=4).static_batches == (4,)
+    config = ExportConfig(target="aoti", static_batches="32,1")
+    assert settle_config(None, config, static_batches=[1, 32]) is not None  # the same sizes: no contradiction
+
+
+def test_dispatch_copes_with_scalars_and_copies():
+    import copy
+
+    from ptopt.core.aoti import FixedBatchDispatch
+
+    d = FixedBatchDispatch(lambda *a: "dynamic", {2: lambda *a: "fixed"})
+    assert d(torch.tensor(1.0), torch.zeros(2, 3)) == "fixed"  # a 0-d tensor has no batch: skipped
+    assert d(torch.tensor(1.0)) == "dynamic"
+    assert copy.copy(d)(torch.zeros(2, 3)) == "fixed"
