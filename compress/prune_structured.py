@@ -204,7 +204,9 @@ def structured_prune(
             "the model has no conv or linear layer whose outputs another layer reads"
         ]
         raise UnsupportedModelError(
-            "structured pruning found no layer whose output channels can be removed: " + "; ".join(why)[:600]
+            "structured pruning found no layer whose output channels can be removed: "
+            + "; ".join(why)[:600]
+            + " (use --method global or l1-unstructured: they zero weights and need no graph)"
         )
     for note in g.notes:
         warnings.warn(note, PruneWarning, stacklevel=2)

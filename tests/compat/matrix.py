@@ -237,7 +237,7 @@ class Matrix:
             fn, args, kw = ptopt.prune, (self.loaded(name), "structured", 0.3), {"exclude": excludes}
         elif "--mode dynamic" in d:
             return self._cell_outcome("--mode dynamic", self.cell(name, "quantize dynamic"))
-        elif "global pruning need no graph" in d:
+        elif "global pruning need no graph" in d or "use --method global" in d:
             return self._cell_outcome("--method global", self.cell(name, "prune global"))
         else:
             return ""
