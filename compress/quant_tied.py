@@ -70,6 +70,11 @@ class Int8Table(nn.Module):
         self.repack()
 
     @torch.jit.export
+    def ptopt_self_serializing(self) -> bool:
+        """The marker ptopt's TorchScript writer looks for: freezing must keep this module as it is."""
+        return True
+
+    @torch.jit.export
     def repack(self) -> None:
         """Pack the int8 rows again for the linear kernel (after a load or a ``load_state_dict``)."""
         self.packed = torch.ops.quantized.linear_prepack(self._qweight(), self.bias)

@@ -448,13 +448,14 @@ def _torchscript(
 
 
 def _self_serializing(module: Any) -> list[str]:
-    """Every path to a submodule of a TorchScript ``module`` that writes its own state
-    (``__setstate__``: the int8 table of a tied embedding and output layer, ``compress.quant_tied``).
-    Freezing keeps them as they are: folded, the table would be stored once per path."""
+    """Every path to a submodule of a TorchScript ``module`` that stores its own state once and says
+    so with a ``ptopt_self_serializing`` method (the int8 table of a tied embedding and output layer,
+    ``compress.quant_tied``). Freezing keeps them as they are: folded, the table would be stored once
+    per path. (torch's quantized modules have a ``__setstate__`` too, and must be frozen.)"""
     if not hasattr(getattr(module, "_c", None), "_has_method"):
         return []
     mods = module.named_modules(remove_duplicate=False)
-    return [n for n, m in mods if n and m._c._has_method("__setstate__")]
+    return [n for n, m in mods if n and m._c._has_method("ptopt_self_serializing")]
 
 
 def _exported_program(

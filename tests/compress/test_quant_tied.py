@@ -108,3 +108,18 @@ def test_table_numerics_and_reload_of_new_weights():
     other = quantize_dynamic(TiedLM().eval(), ("linear", "embedding"), True, "x86")
     q.load_state_dict(other.state_dict())  # new int8 rows reach the packed output layer too
     torch.testing.assert_close(q(ids), other(ids))
+
+
+def test_only_the_table_is_kept_out_of_freezing(tmp_path):
+    """torch's own int8 modules have a ``__setstate__`` too: they must still be frozen (folded)."""
+    import ptopt
+    from ptopt.export.writers import _self_serializing
+    from tests.helpers import tiny_cnn
+
+    static = ptopt.quantize(tiny_cnn(), "static", calib_data="builtin:digits:train", progress=False)
+    assert _self_serializing(static.model) == []
+    with zipfile.ZipFile(static.save(tmp_path / "c.int8.pt").path) as z:
+        assert not any("/data/" in n for n in z.namelist())  # every tensor a frozen constant
+    tied = ptopt.quantize(MODEL, "dynamic", calib_data=DATA, progress=False)
+    kept = _self_serializing(torch.jit.load(str(tied.save(tmp_path / "t.int8.pt").path)))
+    assert kept and all(k.endswith("table") for k in kept)
