@@ -35,6 +35,12 @@ def static_model_name(batch: int) -> str:
     return f"batch_{int(batch)}"
 
 
+def static_model_batch(name: str) -> int | None:
+    """The batch of a fixed-batch model's name (:func:`static_model_name`), None for any other name."""
+    m = re.fullmatch(r"batch_(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
 def package_models(path: str | os.PathLike) -> list[str]:
     """The model names inside a package (``model``, and ``batch_B`` for each fixed batch)."""
     try:
@@ -130,12 +136,13 @@ def load_package(
     if wanted == "cuda":
         index = int(str(device).partition(":")[2] or torch.cuda.current_device())
     default = torch._inductor.aoti_load_package(str(path), device_index=index)
-    names = [n for n in package_models(path) if re.fullmatch(r"batch_\d+", n)]
-    if not names:
+    batches = {n: static_model_batch(n) for n in package_models(path)}
+    fixed_names = {n: b for n, b in batches.items() if b is not None}
+    if not fixed_names:
         return default
     from torch._inductor.package import load_package as load_model
 
-    fixed = {int(n.removeprefix("batch_")): load_model(str(path), n, device_index=index) for n in names}
+    fixed = {b: load_model(str(path), n, device_index=index) for n, b in fixed_names.items()}
     return FixedBatchDispatch(default, fixed)
 
 

@@ -122,9 +122,8 @@ def _export(target: str, precision: str | None = None) -> Callable[[Context], An
             fixed = [b for b in ctx.batch_sizes if b <= DEFAULT_MAX_BATCH]
             try:
                 return export(ctx.module, target, static_batches=fixed, **kwargs)
-            except UsageError as e:  # the model declares a narrower batch range: dynamic model only
-                if "--static-batch" not in str(e):
-                    raise
+            except UsageError:  # e.g. the model declares a narrower batch range: the dynamic model alone
+                pass  # (any other bad input is refused again just below)
         return export(ctx.module, target, **kwargs)
 
     return build

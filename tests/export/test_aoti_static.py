@@ -125,8 +125,10 @@ def test_static_batch_options_compare_as_sets_of_sizes():
 def test_dispatch_copes_with_scalars_and_copies():
     import copy
 
-    from ptopt.core.aoti import FixedBatchDispatch
+    from ptopt.core.aoti import FixedBatchDispatch, static_model_batch, static_model_name
 
+    assert static_model_batch(static_model_name(32)) == 32
+    assert static_model_batch("batch_x") is None and static_model_batch("model") is None
     d = FixedBatchDispatch(lambda *a: "dynamic", {2: lambda *a: "fixed"})
     assert d(torch.tensor(1.0), torch.zeros(2, 3)) == "fixed"  # a 0-d tensor has no batch: skipped
     assert d(torch.tensor(1.0)) == "dynamic"
