@@ -39,7 +39,7 @@ from ptopt.core.data import load_data  # noqa: E402
 from ptopt.core.inputspec import make_inputs  # noqa: E402
 from ptopt.core.modelref import load_model  # noqa: E402
 from ptopt.core.timing import measure_interleaved  # noqa: E402
-from ptopt.export.parity import onnx_session  # noqa: E402
+from ptopt.formats.onnx_session import onnx_session  # noqa: E402
 
 CALIB, TEST, TRAIN = "builtin:digits32:train", "builtin:digits32:test", "builtin:digits32:train"
 ROUNDS, MIN_SECONDS = 9, 4.5

@@ -31,9 +31,11 @@ from ptopt.core.artifact import Artifact  # noqa: E402
 from ptopt.core.data import load_data  # noqa: E402
 from ptopt.core.inputspec import make_inputs  # noqa: E402
 from ptopt.core.modelref import load_model  # noqa: E402
+from ptopt.core.tensors import flatten_outputs  # noqa: E402
 from ptopt.core.timing import measure_interleaved  # noqa: E402
 from ptopt.export.api import export  # noqa: E402
-from ptopt.export.parity import artifact_runner, compare, flatten_outputs, onnx_session, torch_runner  # noqa: E402
+from ptopt.export.parity import artifact_runner, compare, torch_runner  # noqa: E402
+from ptopt.formats.onnx_session import onnx_session  # noqa: E402
 
 BATCHES = (1, 7, 64)
 

@@ -117,8 +117,8 @@ def runtimes(name: str, module, factory: str, batch_range: str, work: Path) -> t
     """{runtime: callable on a device batch} and {runtime: why it is missing}."""
     import torch
 
-    from ptopt.core.aoti import load_package
     from ptopt.core.cudagraph import CudaGraphed
+    from ptopt.formats.aoti import load_package
 
     fp32 = module.cuda().eval()
     half = torch.compile(copy.deepcopy(module).half().cuda().eval())
@@ -142,8 +142,9 @@ def measure(name: str, fns: dict, inputs: dict) -> list[dict]:
 
     from ptopt.core.device import to_device
     from ptopt.core.inputspec import call_model
+    from ptopt.core.tensors import flatten_outputs
     from ptopt.core.timing import measure_interleaved
-    from ptopt.export.parity import compare, flatten_outputs
+    from ptopt.export.parity import compare
 
     calls, sizes, rows = {}, {}, []
     for bs, x in inputs.items():

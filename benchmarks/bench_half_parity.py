@@ -36,7 +36,8 @@ def _measure(name: str, module, batches: dict) -> list[dict]:
 
     from ptopt.core.device import to_device, to_host
     from ptopt.core.inputspec import call_model
-    from ptopt.export.parity import compare, flatten_named_outputs, flatten_outputs
+    from ptopt.core.tensors import flatten_named_outputs, flatten_outputs
+    from ptopt.export.parity import compare
 
     half = copy.deepcopy(module).to(torch.bfloat16).eval()
     rows = []

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from ptopt.cli.options import guard_paths, input_shape_option, model_options
+from ptopt.optimize.candidates import runtime_filters
 
 
 @click.command("optimize")
@@ -36,7 +37,7 @@ from ptopt.cli.options import guard_paths, input_shape_option, model_options
 )
 @click.option(
     "--runtime",
-    type=click.Choice(["any", "torch", "onnxruntime"]),
+    type=click.Choice(list(runtime_filters())),
     default="any",
     show_default=True,
     help="Only candidates that run on this runtime (torch includes AOTInductor).",

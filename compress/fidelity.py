@@ -58,7 +58,8 @@ def measure_fidelity(
     import torch
 
     from ptopt.core.inputspec import call_model
-    from ptopt.export.parity import compare, flatten_named_outputs, flatten_outputs, judge, min_cosine_for
+    from ptopt.core.tensors import flatten_named_outputs, flatten_outputs
+    from ptopt.export.parity import compare, judge, min_cosine_for
     from ptopt.export.parity import tolerances as default_tolerances
 
     refs: list[list[Any]] = []

@@ -10,7 +10,7 @@ boundary::
 The converted graph run eagerly is SLOWER than fp32 (every q/dq is a separate op); its speed comes
 from Inductor with freezing, which matches ``dequant → conv/linear → quant`` patterns into oneDNN
 int8 kernels (``qconv2d_pointwise``, ``qlinear_pointwise``; a ``+`` residual and a ReLU fused in).
-That happens only with autograd off (``ptopt.export.aoti`` compiles under ``no_grad``).
+That happens only with autograd off (``ptopt.formats.aoti_compile`` compiles under ``no_grad``).
 
 The quantizer is X86InductorQuantizer: uint8 per-tensor affine activations, int8 per-channel
 symmetric weights. The scheme's ``observer`` picks the activation observer (histogram, minmax,
@@ -160,8 +160,8 @@ def capture(module: Any, specs: Sequence[InputSpec], style: str, example: Any = 
     import torch
 
     from ptopt.core.inputspec import call_args
-    from ptopt.export.shapes import torch_export_dynamic_shapes
-    from ptopt.export.tracing import example_for_export, failing_op, first_lines, quiet_export
+    from ptopt.formats.capture import example_for_export, failing_op, first_lines, quiet_export
+    from ptopt.formats.shapes import torch_export_dynamic_shapes
 
     args, kwargs = call_args(example if example is not None else example_for_export(specs, style))
     try:
@@ -310,8 +310,8 @@ def compile_int8(
     reference clamps requantized values to [0, 127] and Inductor's fused int8 kernels do not, so on
     out-of-distribution random inputs the two part (cosine ~0.95 on zoo:resnet) while on data like
     the calibration data they agree to ~1e-5 (the kernel is then the closer one to fp32)."""
-    from ptopt.export.aoti import load_aoti
     from ptopt.export.writers import check_reload, write_model
+    from ptopt.formats.aoti import load_aoti
 
     path = Path(path)
     write_options.setdefault("precision", "int8")
@@ -435,7 +435,7 @@ def _probe(model: Any, specs: Sequence[InputSpec], style: str) -> list[int]:
     import torch
 
     from ptopt.core.inputspec import call_model, make_inputs
-    from ptopt.export.tracing import first_lines
+    from ptopt.formats.capture import first_lines
 
     sizes = probe_batches(specs[0])
     shapes: list[tuple[str, int | None]] = [("opt", b) for b in sizes]

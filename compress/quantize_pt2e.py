@@ -87,8 +87,8 @@ def quantize_pt2e(config: Any, prep: Any, refs: dict[str, Any], progress: bool) 
     from ptopt.core.artifact import Artifact
     from ptopt.core.quiet import silenced
     from ptopt.core.result import Result
-    from ptopt.export.aoti import load_aoti
     from ptopt.export.writers import serialized_bytes
+    from ptopt.formats.aoti import load_aoti
 
     style = prep.loaded.input_style
     specs = token_sequence_specs(prep.module, list(prep.loaded.input_specs), style)

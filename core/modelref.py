@@ -1,10 +1,10 @@
 """MODEL references: the one way every command turns its MODEL argument into something to run.
 
-- ``model.pt``: a TorchScript archive; or a full pickled ``nn.Module`` (``torch.save(model)``), which
-  loads only with ``allow_pickle=True`` because unpickling runs arbitrary code.
-- ``model.pt2``: a ``torch.export`` ExportedProgram, or an AOTInductor package (compiled code: loads
-  only with ``allow_pickle=True``, and only on the torch that built it; ``ptopt.core.aoti``).
-- ``model.onnx``: an ONNX model (runs in ONNX Runtime; no nn.Module).
+- a model file, in any format of the table ``ptopt.core.formats`` (``model.pt`` TorchScript or a
+  pickled ``nn.Module``, ``model.pt2`` ExportedProgram or AOTInductor package, ``model.onnx``, ...):
+  its trusted sidecar's ``format``, else the first format that recognizes the file, loads it. Formats
+  whose loading runs code from the file (a pickled module, compiled native code) load only with
+  ``allow_pickle=True``.
 - ``package.module:factory`` with optional ``weights`` (state_dict ``.pt`` or ``.safetensors``);
   without weights the factory's fresh model is used (e.g. a student to train).
 - ``SCHEME:NAME``: a scheme a stage registered (``ptopt.core.schemes``); ``zoo:NAME``, a model of
@@ -19,24 +19,16 @@ import dataclasses
 import importlib
 import os
 import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.aoti import is_aoti_package, load_package
 from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE
-from ptopt.core.errors import ModelLoadError, UnsafePickleError, WeightsMismatchError
+from ptopt.core.errors import ModelLoadError, WeightsMismatchError
+from ptopt.core.formats import file_suffixes, find_format, sniff_file
 from ptopt.core.inputspec import InputSpec, specs_from_example
-from ptopt.core.quiet import silenced
-from ptopt.core.safety import check_model_file, quiet_upstream
+from ptopt.core.safety import check_model_file
 from ptopt.core.schemes import ModelScheme, model_scheme, model_scheme_forms
-
-_PICKLE_HINT = (
-    "it holds a pickled nn.Module, and unpickling runs arbitrary code from the file. Pass "
-    "--allow-pickle (allow_pickle=True) if you trust it, or save it as TorchScript, an ExportedProgram "
-    "(.pt2), or a state_dict used with a factory: pkg.module:factory --weights FILE"
-)
 
 
 @dataclasses.dataclass
@@ -120,7 +112,8 @@ def load_model(
         return _load_file(path, allow_pickle)
     if FACTORY_RE.match(text):
         return _load_factory(text, weights)
-    forms = ", ".join(["model.pt", "model.pt2", "model.onnx", "pkg.module:factory", *model_scheme_forms()])
+    files = [f"model{s}" for s in file_suffixes()]
+    forms = ", ".join([*files, "pkg.module:factory", *model_scheme_forms()])
     raise ModelLoadError(f"model {text!r}: no such file (forms: {forms})")
 
 
@@ -135,172 +128,19 @@ def _load_scheme(text: str, scheme: ModelScheme, name: str, weights: Any) -> Loa
 
 
 def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
+    """A model file through its format's row (``ptopt.core.formats``): the trusted sidecar's format,
+    else the first format whose ``sniff`` recognizes the file."""
     if path.is_dir():
         raise ModelLoadError(f"{path} is a folder, not a model file")
     check_model_file(path, allow_pickle)  # before torch reads it: a .pt2 may ask torch to run code
     art = Artifact.maybe_load(path)
-    specs = list(art.inputs) if art else []
-    style = art.input_style if art else "positional"
-    suffix = path.suffix.lower()
-    if suffix == ".onnx":
-        return _load_onnx(path, art)
-    if (art is not None and art.format == "aoti_package") or (suffix == ".pt2" and is_aoti_package(path)):
-        return _load_aoti(path, art, allow_pickle)
-    if suffix == ".pt2":
-        return _load_exported(path, art)
-    if not zipfile.is_zipfile(path):
-        if _is_legacy_torch_pickle(path):
-            return _load_pickle(path, allow_pickle, art)
+    fmt = find_format(art.format) if art is not None else sniff_file(path)
+    if fmt is None:
         raise ModelLoadError(
-            f"{path}: not a PyTorch model file (neither a TorchScript archive nor torch.save output)"
+            f"{path}: not a PyTorch model file (neither a TorchScript archive nor torch.save output) nor "
+            f"another model file ptopt knows ({', '.join(file_suffixes())})"
         )
-    with zipfile.ZipFile(path) as z:
-        names = z.namelist()
-    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
-        import torch
-
-        try:
-            # an int8 archive makes quantized tensors as it loads: torch's C++ deprecation warning
-            with silenced((), native=True):
-                module = torch.jit.load(str(path), map_location="cpu")
-        except Exception as e:  # noqa: BLE001 - a corrupt archive raises many types
-            raise ModelLoadError(f"{path}: corrupt TorchScript archive: {str(e).splitlines()[0]}") from None
-        return LoadedModel(str(path), "torchscript", module.eval(), path, art, specs, style)
-    if (
-        any(n.endswith("/serialized_exported_program.json") or "/models/" in n for n in names)
-        and suffix != ".pt"
-    ):
-        return _load_exported(path, art)
-    return _load_pickle(path, allow_pickle, art)
-
-
-def _is_legacy_torch_pickle(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(2)
-    return head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
-
-
-def _load_pickle(path: Path, allow_pickle: bool, art: Artifact | None) -> LoadedModel:
-    import torch
-
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        obj = None  # holds more than tensors: a pickled module (or something else)
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"{path}: not a PyTorch model file ({str(e).splitlines()[0]})") from None
-    else:
-        if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-            raise ModelLoadError(
-                f"{path} is a state_dict (weights only, no architecture): load it with the model's factory, "
-                f"e.g. `pkg.module:factory --weights {path}`"
-            )
-        raise ModelLoadError(f"{path}: holds a {type(obj).__name__}, not a model")
-    if not allow_pickle:
-        raise UnsafePickleError(f"{path}: refusing to load: {_PICKLE_HINT}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - a missing class raises AttributeError/ModuleNotFoundError...
-        raise ModelLoadError(f"{path}: cannot unpickle: {type(e).__name__}: {e}") from None
-    if not isinstance(obj, torch.nn.Module):
-        raise ModelLoadError(f"{path}: holds a {type(obj).__name__}, not an nn.Module")
-    specs, style = _declared_inputs(obj)
-    if art:
-        specs, style = list(art.inputs) or specs, art.input_style
-    return LoadedModel(str(path), "pickle", obj.eval(), path, art, specs, style)
-
-
-def _load_exported(path: Path, art: Artifact | None) -> LoadedModel:
-    import torch
-
-    # the quantize/dequantize ops a PT2E int8 program calls (quantized_decomposed.*): defined by
-    # this module of torch itself (no torchao needed, no deprecation warning on import)
-    importlib.import_module("torch.ao.quantization.fx._decomposed")
-    try:
-        with quiet_upstream():  # torch logs a traceback before raising; ours is one line
-            ep = torch.export.load(str(path))
-    except Exception as e:  # noqa: BLE001
-        raise ModelLoadError(f"{path}: not a loadable ExportedProgram: {str(e).splitlines()[0]}") from None
-    specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")
-    if not specs:
-        specs, style = _specs_from_exported(ep)
-    return LoadedModel(
-        str(path), "exported_program", ep.module(), path, art, specs, style, {"exported_program": ep}
-    )
-
-
-def _load_aoti(path: Path, art: Artifact | None, allow_pickle: bool) -> LoadedModel:
-    """An AOTInductor package: its native code runs when it loads, so only with ``allow_pickle``."""
-    if not allow_pickle:
-        raise UnsafePickleError(
-            f"{path}: refusing to load: it is an AOTInductor package (compiled native code that runs when "
-            f"it is loaded). Pass --allow-pickle (allow_pickle=True) only if you trust where it came from"
-        )
-    try:
-        module = load_package(path, art.extra.get("torch_version") if art else None)
-    except ModelLoadError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the package loader raises RuntimeError/OSError/...
-        raise ModelLoadError(
-            f"{path}: not a loadable AOTInductor package: {str(e).splitlines()[0]}"
-        ) from None
-    specs, style = (list(art.inputs), art.input_style) if art else ([], "positional")
-    return LoadedModel(str(path), "aoti_package", module, path, art, specs, style)
-
-
-def _specs_from_exported(ep: Any) -> tuple[list[InputSpec], str]:
-    """Input specs of an ExportedProgram from its example inputs / fake tensors (batch left static)."""
-    import torch
-
-    args, kwargs = getattr(ep, "example_inputs", None) or ((), {})
-    if kwargs:
-        return specs_from_example(
-            {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}, dynamic_batch=False
-        ), "keyword"
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if tensors:
-        return specs_from_example(
-            tensors[0] if len(tensors) == 1 else tuple(tensors), dynamic_batch=False
-        ), "positional"
-    return [], "positional"
-
-
-def _load_onnx(path: Path, art: Artifact | None) -> LoadedModel:
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf decode errors
-        raise ModelLoadError(f"{path}: not a readable ONNX model: {str(e).splitlines()[0]}") from None
-    specs, style = (list(art.inputs), art.input_style) if art else (_specs_from_onnx(model), "positional")
-    return LoadedModel(
-        str(path),
-        "onnx",
-        None,
-        path,
-        art,
-        specs,
-        style,
-        {"onnx_opset": model.opset_import[0].version if model.opset_import else None},
-    )
-
-
-def _specs_from_onnx(model: Any) -> list[InputSpec]:
-    import onnx
-
-    inits = {i.name for i in model.graph.initializer}
-    specs = []
-    for inp in model.graph.input:
-        if inp.name in inits:
-            continue
-        t = inp.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
-        lo = tuple(d if d > 0 else 1 for d in dims)
-        opt = tuple(d if d > 0 else 1 for d in dims)
-        hi = tuple(d if d > 0 else 64 for d in dims)
-        specs.append(InputSpec(inp.name, lo, opt, hi, dtype if dtype != "bool" else "bool"))
-    return specs
+    return fmt.load(path, art, allow_pickle)
 
 
 def _declared_inputs(module: Any) -> tuple[list[InputSpec], str]:

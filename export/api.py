@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,10 +34,10 @@ from ptopt.core.artifact import Artifact
 from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.result import Result
-from ptopt.export.config import CONVERTS, HALF, PRECISIONS, TARGETS, ExportConfig, settle_config
-from ptopt.export.shapes import settle_specs
+from ptopt.export.config import HALF, PRECISIONS, ExportConfig, settle_config
+from ptopt.formats.shapes import settle_specs
 
-__all__ = ["CONVERTS", "PRECISIONS", "TARGETS", "ExportConfig", "export"]
+__all__ = ["PRECISIONS", "ExportConfig", "export"]
 
 
 def export(
@@ -87,7 +86,7 @@ def export(
       DataLoader, list of batches): input shapes when the model declares none, and int8 calibration
       (overrides what an int8 source's sidecar records).
     - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``).
-    - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.export.onnx_int8``).
+    - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.formats.onnx_int8``).
     - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
       ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
     - ``static_batches``: aoti, ``(1, 32)`` or ``"1,32"``: fixed-batch models in the same package (docs/export.md).
@@ -140,14 +139,7 @@ def _check_target(config: ExportConfig, output: Any) -> None:
     from ptopt.core.device import resolve_device
 
     resolve_device(config.device, allow_auto=False)  # CUDA asked for and absent: refused before any work
-    if config.target == "tensorrt":
-        from ptopt.export.tensorrt import check_available
-
-        check_available()
-    if config.target == "onnx" and config.on_cuda:
-        from ptopt.export.onnx_model import providers_for
-
-        providers_for(str(config.device))
+    config.row.check_available(config)
     if output is not None and Path(output).is_dir():
         out = Path(output)
         raise UsageError(
@@ -167,13 +159,14 @@ class _Source:
 
 
 def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportConfig) -> _Source:
+    from ptopt.core.formats import find_format
     from ptopt.core.modelref import as_loaded
-    from ptopt.export.onnx_int8 import is_int8_source
+    from ptopt.formats.onnx_int8 import is_int8_source
 
     loaded = as_loaded(model, weights, allow_pickle)
-    if loaded.format in ("onnx", "aoti_package"):
-        what = "ONNX" if loaded.format == "onnx" else "an AOTInductor package (compiled code)"
-        raise UsageError(f"{loaded.ref} is already {what}; export starts from a PyTorch model")
+    row = find_format(loaded.format)
+    if row is not None and not row.reexportable:
+        raise UsageError(f"{loaded.ref} is already {row.label}; export starts from a PyTorch model")
     module = loaded.require_module(f"--target {config.target}")
     if is_int8_source(loaded):
         precision = "int8"
@@ -184,7 +177,7 @@ def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportCon
 
 def _resolve_precision(source: _Source, config: ExportConfig) -> str:
     want = config.precision or source.precision
-    if want != source.precision and want not in CONVERTS[config.target]:
+    if want != source.precision and want not in config.row.converts:
         raise UsageError(
             f"--precision {want}: the source is {source.precision} and --target {config.target} cannot "
             f"convert it; export its fp32 parent instead"
@@ -194,9 +187,9 @@ def _resolve_precision(source: _Source, config: ExportConfig) -> str:
             f"--precision {want}: the source is {source.precision}; half precision starts from an fp32 "
             f"model: export its fp32 parent instead"
         )
-    if config.target == "tensorrt" and source.precision == "int8":
+    if source.precision == "int8" and "int8" in config.row.converts and not config.row.requantizes_int8:
         raise UsageError(
-            "--target tensorrt takes an fp32 model: export the int8 artifact's fp32 parent with "
+            f"--target {config.target} takes an fp32 model: export the int8 artifact's fp32 parent with "
             "--precision int8 --data CALIB"
         )
     return want
@@ -204,9 +197,9 @@ def _resolve_precision(source: _Source, config: ExportConfig) -> str:
 
 def _calibration(data: Any, config: ExportConfig, source: _Source, want: str) -> tuple[Any, str | None]:
     """The Dataset given or needed for calibration (None when neither) and its reference string."""
-    from ptopt.export.onnx_int8 import recorded_calib_data
+    from ptopt.formats.onnx_int8 import recorded_calib_data
 
-    needs = want == "int8" and (source.precision != "int8" or config.target == "onnx")
+    needs = want == "int8" and (source.precision != "int8" or config.row.requantizes_int8)
     ref = data if isinstance(data, (str, os.PathLike)) else None
     if data is None and needs:
         # a replayed config names its calibration data; an int8 source's sidecar records its own
@@ -316,7 +309,7 @@ def _source_runs(loaded: Any, specs: list[InputSpec], style: str) -> None:
     """The source must accept the min and max shapes, and return tensors, before any export work."""
     from ptopt.core.inputspec import make_inputs
     from ptopt.core.modelref import run_checked
-    from ptopt.export.parity import flatten_outputs
+    from ptopt.core.tensors import flatten_outputs
 
     for which in ("min", "max"):
         # outputs must be tensors (or nested tuples/lists/dicts of them): every format carries only those
@@ -339,6 +332,7 @@ class _Built:
     specs: list[InputSpec]
     style: str
     quantized_from: dict | None = None
+    format: str = ""
 
     def template(self, source: _Source, config: ExportConfig, precision: str) -> Artifact:
         from ptopt.core.device import half_specs
@@ -350,7 +344,7 @@ class _Built:
             path=self.path,
             format=config.format,
             # a half-precision artifact takes half-precision floats (TensorRT keeps fp32 inputs)
-            inputs=self.specs if config.target == "tensorrt" else half_specs(self.specs, precision),
+            inputs=half_specs(self.specs, precision) if config.row.half_weights else self.specs,
             input_style=self.style,
             outputs=self.facts["outputs"],
             # the sidecar records what was resolved: the precision kept or made, the int8 method used
@@ -366,14 +360,9 @@ class _Built:
         """``Result``'s writer: the checked files under ``dest``'s name (ONNX external data is
         re-pointed at the new name; its bytes are the checked ones)."""
         files = self.facts["files"]
-        if len(files) > 1 and dest.name != self.path.name and self.facts["extra"].get("external_data"):
-            from ptopt.export.onnx import relocate_external_data
+        from ptopt.core.formats import get_format
 
-            return {"files": relocate_external_data(self.path, dest)}
-        renamed = [dest.name + f[len(self.path.name) :] for f in files]
-        for old, new in zip(files, renamed, strict=True):
-            shutil.copyfile(self.path.parent / old, dest.parent / new)
-        return {"files": renamed}
+        return {"files": get_format(self.format).relocate(self.path, dest, files)}
 
 
 def _build(
@@ -389,7 +378,7 @@ def _build(
     from ptopt.core.device import resolve_device
 
     options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
-    device = str(resolve_device(config.device or ("cuda" if config.target == "tensorrt" else None)))
+    device = str(resolve_device(config.device or (None if "cpu" in config.row.devices else "cuda")))
     folder = tempfile.TemporaryDirectory(prefix="ptopt-export-")
     # absolute: ORT's quantization tools run in a temporary working directory
     path = Path(folder.name).resolve() / (
@@ -407,18 +396,12 @@ def _build(
     except BaseException:
         folder.cleanup()
         raise
-    return _Built(folder, path, facts, model, specs, style, quantized_from)
+    return _Built(folder, path, facts, model, specs, style, quantized_from, config.format)
 
 
 def _attention(source: _Source, config: ExportConfig) -> Any:
-    """ONNX: a Hugging Face model's attention as eager while exported and checked (``onnx_attention``)."""
-    import contextlib
-
-    if config.target != "onnx" or source.module is None:
-        return contextlib.nullcontext(None)
-    from ptopt.export.onnx import onnx_attention
-
-    return onnx_attention(source.module)
+    """The context the format exports and checks in (ONNX: a Hugging Face model's attention as eager)."""
+    return config.row.export_context(source.module)
 
 
 def _write_and_check(
@@ -461,7 +444,7 @@ def _write_and_check(
         keep_failed_as=output,
         model=model,
         device=device,
-        dtype=half_dtype(precision) if config.target != "tensorrt" else None,
+        dtype=half_dtype(precision) if config.row.half_weights else None,
     )
     parity = check_reload(path, config.format, source.module, specs, style, **check)
     for b in config.static_batches:  # each fixed-batch model of an AOTInductor package, at its batch
@@ -478,26 +461,6 @@ def _format_options(
     source: _Source, config: ExportConfig, calib: Any, external_data: Any, allow_pickle: bool
 ) -> tuple[dict[str, Any], dict | None]:
     """The writer's per-format options; for int8 ONNX also the record of what ORT quantized."""
-    if config.target == "torchscript":
-        return {"script": config.script}, None
-    if config.target == "exported_program":
-        return {}, None
-    if config.target == "aoti":
-        options = {"static_batches": config.static_batches} if config.static_batches else {}
-        return ({"cuda_graphs": True} if config.cuda_graphs else {}) | options, None
-    if config.target == "tensorrt":
-        return {"calib": calib}, None
-    options: dict[str, Any] = {"opset": config.opset}
-    if (config.precision or source.precision) != "int8":
-        return {**options, "optimize": config.optimize, "external_data": external_data}, None
-    from ptopt.export import onnx_int8
-
-    method = onnx_int8.choose_method(config.int8_method or "auto", source.loaded, calib is not None)
-    if method == "qdq_export":
-        return {**options, "int8_method": method}, None
-    parent = source.loaded
-    if source.precision == "int8":
-        parent = onnx_int8.fp32_parent(source.loaded, allow_pickle)
-    fp32 = parent.require_module("ORT static quantization")
-    options.update(int8_method=method, calib=calib, fp32_module=fp32, fp32_source_format=parent.format)
-    return options, parent.parent_record()
+    return config.row.export_options(
+        source, config, calib, external_data=external_data, allow_pickle=allow_pickle
+    )

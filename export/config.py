@@ -11,44 +11,17 @@ from typing import Any
 
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import UsageError
+from ptopt.core.formats import format_for_target, targets
+from ptopt.formats.base import HALF, PRECISIONS
 
-#: target → (artifact format, file suffix it conventionally gets)
-TARGETS: dict[str, tuple[str, str]] = {
-    "torchscript": ("torchscript", ".pt"),
-    "onnx": ("onnx", ".onnx"),
-    "tensorrt": ("tensorrt", ".ep"),
-    "exported_program": ("exported_program", ".pt2"),
-    # an AOTInductor package: the model compiled for this CPU with Inductor (ptopt.export.aoti)
-    "aoti": ("aoti_package", ".pt2"),
-}
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-#: half precisions: weights and floating-point activations in float16 / bfloat16 (model.to(dtype),
-#: inputs cast at the boundary); TensorRT instead enables them as kernel precisions
-HALF = ("fp16", "bf16")
-#: precisions a target can convert to (besides keeping the source's precision)
-CONVERTS: dict[str, tuple[str, ...]] = {
-    "torchscript": HALF,
-    "exported_program": HALF,
-    "aoti": HALF,
-    "onnx": ("int8", *HALF),
-    "tensorrt": ("fp16", "bf16", "int8"),
-}
-#: targets that take ``--device`` (the model is traced / compiled on it and checked there)
-DEVICE_TARGETS = ("torchscript", "exported_program", "aoti", "onnx", "tensorrt")
+__all__ = ["HALF", "INT8_METHODS", "PRECISIONS", "ExportConfig", "settle_config"]
+
 INT8_METHODS = ("auto", "ort_static", "qdq_export")
-#: the options a config carries that ``export()`` also takes loose
-LOOSE_OPTIONS = (
-    "precision",
-    "opset",
-    "optimize",
-    "script",
-    "atol",
-    "rtol",
-    "int8_method",
-    "device",
-    "cuda_graphs",
-    "static_batches",
-)
+#: config fields that only some formats take -> (the CLI option, the write option that takes it)
+_FORMAT_OPTIONS = {
+    "static_batches": ("--static-batch", "static_batches"),
+    "cuda_graphs": ("--cuda-graphs", "cuda_graphs"),
+}
 
 
 @register_config
@@ -58,7 +31,7 @@ class ExportConfig(Config):
     precision and int8 method actually used, the calibration data's reference).
 
     ``precision`` None keeps the source's (an int8 artifact stays int8); ``int8_method`` None is
-    ``auto`` (see ``ptopt.export.onnx_int8``); ``atol``/``rtol`` None are the parity defaults.
+    ``auto`` (see ``ptopt.formats.onnx_int8``); ``atol``/``rtol`` None are the parity defaults.
     ``device``: ``cpu`` (None) or ``cuda[:N]``, where the model is traced/compiled and checked
     (``ptopt.core.device.resolve_device`` checks it exists when the export runs); ``cuda_graphs``:
     an AOTInductor package on CUDA run through CUDA graphs (``ptopt.core.cudagraph``);
@@ -81,22 +54,20 @@ class ExportConfig(Config):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
-        if self.static_batches and self.target != "aoti":
-            raise UsageError(
-                f"--static-batch is for --target aoti (fixed-batch models inside one AOTInductor package), "
-                f"not --target {self.target}"
-            )
-        target, precision = self.target, self.precision
-        if target not in TARGETS:
-            raise UsageError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+        row = format_for_target(self.target)
+        for name, (option, write_option) in _FORMAT_OPTIONS.items():
+            if getattr(self, name) and write_option not in row.write_options:
+                takers = [t for t, f in targets().items() if write_option in f.write_options]
+                raise UsageError(f"{option} is for --target {' / '.join(takers)}, not --target {self.target}")
+        precision = self.precision
         if precision is not None and precision not in PRECISIONS:
             raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-        if precision not in (None, "fp32", *CONVERTS[target]):
+        if precision not in (None, "fp32", *row.converts):
             raise UsageError(
-                f"--precision {precision} is not available for --target {target} "
-                f"(it can build: fp32, {', '.join(CONVERTS[target])}; for int8 quantize first: ptopt quantize)"
+                f"--precision {precision} is not available for --target {self.target} "
+                f"(it can build: fp32, {', '.join(row.converts)}; for int8 quantize first: ptopt quantize)"
             )
-        self._check_device()
+        row.check_config(self)
         if self.int8_method is not None and self.int8_method not in INT8_METHODS:
             raise UsageError(
                 f"unknown int8 ONNX method {self.int8_method!r} (choose from {', '.join(INT8_METHODS)})"
@@ -108,40 +79,22 @@ class ExportConfig(Config):
             if value is not None and not value >= 0:
                 raise UsageError(f"{name} must be >= 0, got {value!r}")
 
-    def _check_device(self) -> None:
-        """What the device string alone decides (whether that device exists is checked at export)."""
-        on_cuda = str(self.device or "cpu").strip().lower().startswith("cuda")
-        if self.device is not None and self.target not in DEVICE_TARGETS:
-            raise UsageError(f"--device is not available for --target {self.target}")
-        if self.precision == "fp16" and not on_cuda and self.target != "tensorrt":
-            raise UsageError(
-                "--precision fp16 on the CPU: CPU kernels for float16 are missing or slow and nothing "
-                "deploys fp16 there; use --precision bf16 on the CPU, or fp16 with --device cuda"
-            )
-        if self.precision == "bf16" and self.target == "onnx" and not on_cuda:
-            raise UsageError(
-                "--target onnx --precision bf16 on the CPU: ONNX Runtime's CPU provider has no bfloat16 "
-                "kernels (MatMul, Conv, Add), so the artifact cannot be checked or run here; use "
-                "--target torchscript/exported_program/aoti for bf16 on the CPU, or --device cuda with "
-                "onnxruntime-gpu"
-            )
-        if self.cuda_graphs and (self.target != "aoti" or not on_cuda):
-            raise UsageError(
-                "--cuda-graphs needs --target aoti --device cuda: CUDA graphs replay GPU kernel launches, "
-                f"and this export is --target {self.target} on {self.device or 'cpu'}"
-            )
-
     @property
     def on_cuda(self) -> bool:
         return str(self.device or "cpu").strip().lower().startswith("cuda")
 
     @property
+    def row(self) -> Any:
+        """The format this export writes (its row of ``ptopt.core.formats``)."""
+        return format_for_target(self.target)
+
+    @property
     def format(self) -> str:
-        return TARGETS[self.target][0]
+        return self.row.name
 
     @property
     def suffix(self) -> str:
-        return TARGETS[self.target][1]
+        return self.row.suffix
 
 
 def settle_config(target: str | None, config: ExportConfig | None, **loose: object) -> ExportConfig:
@@ -151,7 +104,7 @@ def settle_config(target: str | None, config: ExportConfig | None, **loose: obje
     given = {k: v for k, v in loose.items() if v is not None}
     if config is None:
         if target is None:
-            raise UsageError(f"export needs a target (choose from {', '.join(TARGETS)}) or config=")
+            raise UsageError(f"export needs a target (choose from {', '.join(targets())}) or config=")
         if given.get("int8_method") == "auto":
             given.pop("int8_method")
         return ExportConfig(target=target, **given)  # type: ignore[arg-type]

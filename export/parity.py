@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import ParityError, UnsupportedModelError
+from ptopt.core.errors import ParityError
 from ptopt.core.inputspec import InputSpec, call_args, format_shape, make_inputs
+from ptopt.core.tensors import flatten_named_outputs, flatten_outputs
 
 #: (atol, rtol) by precision of the artifact: the absolute term is only a floor for outputs that are
 #: (numerically) zero; what matters is rtol × the output's own scale
@@ -63,44 +64,6 @@ def min_cosine_for(precision: str, min_cosine: float | None = None) -> float:
     if min_cosine is not None:
         return float(min_cosine)
     return MIN_COSINE.get(precision, MIN_COSINE["int8"])
-
-
-def flatten_outputs(out: Any) -> list[Any]:
-    """Model outputs (tensor, tuple/list, dict, numpy) → a list of float64 numpy arrays."""
-    return [a for _, a in flatten_named_outputs(out)]
-
-
-def flatten_named_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Like :func:`flatten_outputs`, each array with a name: its dict key or its position
-    (``"logits"``, ``"0"``, ``"1.hidden"``)."""
-    import numpy as np
-    import torch
-
-    if isinstance(out, dict):
-        items: Sequence[tuple[str, Any]] = [(str(k), v) for k, v in out.items()]
-    elif isinstance(out, (tuple, list)):
-        items = [(str(i), v) for i, v in enumerate(out)]
-    else:
-        items = [("", out)]
-    arrays: list[tuple[str, Any]] = []
-    for key, o in items:
-        name = ".".join(p for p in (prefix, key) if p) or "0"
-        if isinstance(o, (tuple, list, dict)):
-            arrays += flatten_named_outputs(o, name)
-        elif isinstance(o, torch.Tensor):
-            t = o.detach()
-            if t.is_quantized:
-                t = t.dequantize()
-            arrays.append((name, t.cpu().to(torch.float64).numpy()))
-        else:
-            try:
-                arrays.append((name, np.asarray(o, dtype=np.float64)))
-            except (TypeError, ValueError):
-                raise UnsupportedModelError(
-                    f"the model returns a {type(o).__name__} ({str(o)[:40]!r}); ptopt exports models whose "
-                    f"outputs are tensors, or tuples, lists or dicts of tensors"
-                ) from None
-    return arrays
 
 
 def sample_cosines(ref: Any, got: Any) -> tuple[float, int, float]:
@@ -324,53 +287,14 @@ def torch_runner(module: Any, device: str = "cpu", dtype: Any = None) -> Callabl
     return run
 
 
-def onnx_session(
-    path: str | Path,
-    threads: int | None = None,
-    optimization: str | None = None,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
-):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if threads:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=list(providers))
-
-
-def onnx_runner(
-    path: str | Path, specs: Sequence[InputSpec], threads: int | None = None
-) -> Callable[[Any], Any]:
-    """Run an ONNX file in ONNX Runtime; inputs are matched by name, else in order."""
-    import torch
-
-    sess = onnx_session(path, threads or torch.get_num_threads())
-    names = [i.name for i in sess.get_inputs()]
-
-    def run(x: Any) -> Any:
-        from ptopt.core.inputspec import flatten_inputs
-
-        pairs = flatten_inputs(x)
-        if isinstance(x, dict) and all(n in x for n in names):
-            feed = {n: x[n] for n in names}
-        else:
-            feed = {n: t for n, (_, t) in zip(names, pairs, strict=False)}
-        return sess.run(None, {n: t.detach().cpu().numpy() for n, t in feed.items()})
-
-    return run
-
-
 def artifact_runner(
     path: str | Path, fmt: str, specs: Sequence[InputSpec], device: str = "cpu", dtype: Any = None
 ) -> Callable[[Any], Any]:
-    """A callable running the artifact at ``path`` the way a user would load it
-    (``ptopt.export.writers.reload``), taking a batch in the model's calling style."""
-    from ptopt.export.writers import reload
+    """A callable running the artifact at ``path`` the way a user would load it (its format's
+    ``reload``), taking a batch in the model's calling style."""
+    from ptopt.core.formats import get_format
 
-    if fmt == "onnx":
-        return onnx_runner(path, specs)
     if fmt == "tensorrt":
         device = "cuda" if device == "cpu" else device
-    return torch_runner(reload(path, fmt, device=device), device=device, dtype=dtype)
+    style = "keyword" if len(specs) > 1 else "positional"
+    return torch_runner(get_format(fmt).reload(Path(path), style=style, device=device), device, dtype)

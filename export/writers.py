@@ -3,22 +3,9 @@
 Every stage writes models through :func:`write_model` (``ptopt.export`` and, through it, compress's
 quantize / prune / distill), so a format has one set of rules:
 
-- ``torchscript``: ``torch.jit.trace`` (default; on ``example``, else on the specs' opt shape) or
-  ``torch.jit.script`` (``script=True``), then ``torch.jit.freeze``. A TorchScript source (e.g. an int8
-  archive) is re-saved as it is, frozen when it can be. Tracer warnings (control flow baked in) go
-  to ``extra["trace_warnings"]``; the reload check decides whether the trace holds.
-- ``exported_program`` (``.pt2``): ``torch.export.export`` with the InputSpecs' ``Dim``s (the specs'
-  [min, max], one ``Dim`` shared by inputs with the same range), ``torch.export.save``; loads with
-  plain ``torch.export.load(path).module()``. Written through a buffer: ``torch.export.save``
-  insists on a ``.pt2`` name and the caller's path may be a temporary one.
-- ``onnx``: see :mod:`ptopt.export.onnx` (dynamo exporter, symbolic dims named after the specs,
-  external data for large weights, ``optimize``) and :mod:`ptopt.export.onnx_int8` (``int8_method``:
-  ``ort_static`` quantizes ``fp32_module`` with ``calib``; ``qdq_export`` takes the TorchScript
-  exporter path of an eager/FX int8 module).
-- ``aoti_package`` (``.pt2``): see :mod:`ptopt.export.aoti` (torch.export with the specs' ``Dim``s,
-  ``torch._inductor.aoti_compile_and_package`` with freezing on; loads with plain
-  ``torch._inductor.aoti_load_package``; refused on another torch version).
-- ``tensorrt``: see :mod:`ptopt.export.tensorrt` (needs torch_tensorrt, TensorRT and CUDA).
+Each format's own rules (how it is captured, saved and loaded back) live in its module of
+``ptopt.formats`` (``FORMAT.write`` / ``FORMAT.reload``); this module is the one path every stage
+takes through them, and the check every written file gets.
 
 **Precision and device.** ``precision="fp16"|"bf16"`` writes the model in half precision: a copy of
 the module is cast (``module.to(dtype)``: weights and, through them, activations), floating-point
@@ -39,20 +26,17 @@ moved beside it as ``<file>.failed`` (listed in ``.failed``) for inspection.
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import tempfile
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.device import half_dtype, half_specs, program_on, to_device
-from ptopt.core.errors import ParityError, UnsupportedModelError, UsageError
+from ptopt.core.device import half_dtype, half_specs, to_device
+from ptopt.core.errors import ModelLoadError, ParityError, UnsupportedModelError, UsageError
+from ptopt.core.formats import get_format
 from ptopt.core.inputspec import InputSpec
 
-#: formats ``write_model`` writes (tensorrt only where torch_tensorrt, TensorRT and CUDA are)
-FORMATS = ("torchscript", "exported_program", "aoti_package", "onnx", "tensorrt")
 #: the sidecar fields ``write_model``'s facts may carry (what ``core.result.Result`` merges)
 FACT_KEYS = ("files", "extra", "metrics", "outputs")
 
@@ -106,15 +90,27 @@ def write_model(
     if source_format is None:
         source_format = _source_format(module)
     reference = module if reference is None else reference
-    dev = _device_name(fmt, device)
-    half = half_dtype(precision) if fmt != "tensorrt" else None
+    row = get_format(fmt)
+    dev = _device_name(row, device)
+    half = half_dtype(precision) if row.half_weights else None
     # trace, export and compare in inference mode (BatchNorm statistics, no dropout); the caller's
     # modules get their training flags back afterwards
     with _eval_mode(module, reference):
-        placed = _placed(module, "cpu" if fmt == "onnx" else dev, half)
+        placed = _placed(module, "cpu" if row.captured_on_cpu else dev, half)
         wspecs = half_specs(specs, precision) if half is not None else specs
         wexample = None if example is None else to_device(example, None, half)
-        info = _write(placed, fmt, path, wspecs, style, wexample, source_format, precision, options, dev)
+        info = _write(
+            placed,
+            fmt,
+            path,
+            specs=wspecs,
+            style=style,
+            example=wexample,
+            source_format=source_format,
+            precision=precision,
+            device=dev,
+            options=options,
+        )
         facts = _facts(fmt, info, wspecs)
         if dev != "cpu" or half is not None:
             facts["extra"].update(device=dev, dtype=str(half or "torch.float32").replace("torch.", ""))
@@ -138,11 +134,11 @@ def write_model(
     return facts
 
 
-def _device_name(fmt: str, device: Any) -> str:
-    """``cpu``, or the checked ``cuda:N`` (TensorRT: always CUDA)."""
+def _device_name(row: Any, device: Any) -> str:
+    """``cpu``, or the checked ``cuda:N`` (a format built only on CUDA: always CUDA)."""
     from ptopt.core.device import resolve_device
 
-    if fmt == "tensorrt" and device is None:
+    if "cpu" not in row.devices and device is None:
         device = "cuda"
     return str(resolve_device(device, allow_auto=False))
 
@@ -169,56 +165,26 @@ def reload(
     """The model file at ``path`` loaded the way a user loads it, callable like its source:
     a ScriptModule (``torch.jit.load``), the ExportedProgram's ``.module()`` (``torch.export.load``),
     an AOTInductor package (``torch._inductor.aoti_load_package``, refused when another torch built
-    it: ModelLoadError), or for ONNX an :class:`~ptopt.export.onnx_model.OnnxModel` over an ONNX Runtime session (torch
+    it: ModelLoadError), or for ONNX an :class:`~ptopt.formats.onnx_session.OnnxModel` over an ONNX Runtime session (torch
     tensors in, torch tensors out). The loaded model does not need the file afterwards.
     ``device``: where it runs (ONNX: the CUDA provider for ``cuda``); ``cuda_graphs``: an AOTInductor
     package on CUDA wrapped in :class:`ptopt.core.cudagraph.CudaGraphed`.
 
     A file its runtime cannot load back (e.g. an ExportedProgram whose output is a string) is an
     UnsupportedModelError."""
-    from ptopt.export.tracing import first_lines, quiet_export
+    from ptopt.formats.capture import first_lines, quiet_export
 
-    if fmt not in FORMATS:
-        raise UsageError(f"cannot load format {fmt!r} (formats: {', '.join(FORMATS)})")
-    if fmt == "aoti_package":
-        from ptopt.export.aoti import check_version
-
-        check_version(path)  # before any of its native code loads: a clear line naming both versions
+    row = get_format(fmt)
     try:
         with quiet_export():  # the deserializers log whole tracebacks before raising
-            model = _load(Path(path), fmt, style, device)
-            if cuda_graphs and fmt == "aoti_package" and device.startswith("cuda"):
-                from ptopt.core.cudagraph import CudaGraphed
-
-                model = CudaGraphed(model, device)
-            return model
+            return row.reload(Path(path), style=style, device=device, cuda_graphs=cuda_graphs)
+    except ModelLoadError:
+        raise  # said in one line already (e.g. an AOTInductor package built by another torch)
     except Exception as e:  # noqa: BLE001 - each runtime's loader raises its own kinds
         raise UnsupportedModelError(
             f"the written {fmt} file does not load back in its runtime: {type(e).__name__}: "
             f"{first_lines(str(e), 1)[:300]}"
         ) from None
-
-
-def _load(path: Path, fmt: str, style: str, device: str) -> Any:
-    import torch
-
-    if fmt == "torchscript":
-        return torch.jit.load(str(path), map_location=device).eval()
-    if fmt == "exported_program":
-        # through a buffer: torch.export.load warns about a file not named .pt2 (a temporary one)
-        ep = torch.export.load(io.BytesIO(path.read_bytes()))
-        return program_on(ep, device).module()
-    if fmt == "aoti_package":
-        from ptopt.export.aoti import load_aoti
-
-        return load_aoti(path, device=device)
-    if fmt == "onnx":
-        from ptopt.export.onnx_model import OnnxModel
-
-        return OnnxModel(path, style=style, device=device)
-    import torch_tensorrt  # noqa: F401 - registers the TensorRT runtime ops the program calls
-
-    return torch.export.load(str(path)).module()
 
 
 def serialized_bytes(
@@ -232,9 +198,7 @@ def serialized_bytes(
 ) -> int:
     """Bytes on disk of ``module`` written as ``fmt`` (all its files), unchecked: for size
     comparisons (e.g. fp32 TorchScript vs its int8 artifact). Nothing is left behind."""
-    suffix = {"torchscript": ".pt", "exported_program": ".pt2", "aoti_package": ".pt2", "onnx": ".onnx"}.get(
-        fmt, ".bin"
-    )
+    suffix = get_format(fmt).suffix or ".bin"
     with tempfile.TemporaryDirectory(prefix="ptopt-size-") as d:
         path = Path(d) / f"model{suffix}"
         facts = write_model(
@@ -342,186 +306,25 @@ def _source_format(module: Any) -> str:
     return "torchscript" if isinstance(module, torch.jit.ScriptModule) else "eager"
 
 
-def _write(
-    module: Any,
-    fmt: str,
-    path: Path,
-    specs: list[InputSpec],
-    style: str,
-    example: Any,
-    source_format: str,
-    precision: str,
-    options: dict[str, Any],
-    device: str = "cpu",
-) -> dict[str, Any]:
-    """Dispatch to the format's writer."""
-    allowed = _OPTIONS.get(fmt)
-    if allowed is None:
-        raise UsageError(f"unknown model format {fmt!r} (formats: {', '.join(FORMATS)})")
-    unknown = sorted(set(options) - allowed)
+def _write(module: Any, fmt: str, path: Path, **kw: Any) -> dict[str, Any]:
+    """Dispatch to the format's writer, refusing options it does not take."""
+    row = get_format(fmt)
+    unknown = sorted(set(kw["options"]) - row.write_options)
     if unknown:
         raise UsageError(f"format {fmt} takes no option(s) {', '.join(unknown)}")
-    if fmt == "torchscript":
-        return _torchscript(module, path, specs, style, example, source_format, device=device, **options)
-    if fmt == "exported_program":
-        return _exported_program(module, path, specs, style, example, source_format, device)
-    if fmt == "aoti_package":
-        from ptopt.export.aoti import write_aoti
-
-        return write_aoti(module, path, specs, style, example, source_format, device=device, **options)
-    if fmt == "onnx":
-        return _onnx(module, path, specs, style, source_format, **options)
-    from ptopt.export.tensorrt import export_tensorrt
-
-    return export_tensorrt(module, specs, style, path, precision=precision, device=device, **options)
-
-
-_OPTIONS: dict[str, set[str]] = {
-    "torchscript": {"script", "freeze"},
-    "exported_program": set(),
-    "aoti_package": {"inductor_configs", "cuda_graphs", "static_batches"},
-    "onnx": {
-        "opset",
-        "optimize",
-        "external_data",
-        "int8_method",
-        "calib",
-        "fp32_module",
-        "fp32_source_format",
-    },
-    "tensorrt": {"calib"},
-}
+    options = kw.pop("options")
+    return row.write(module, path, **kw, **options)
 
 
 def _facts(fmt: str, info: dict[str, Any], specs: Sequence[InputSpec]) -> dict[str, Any]:
     """A writer's info dict → sidecar facts: files, outputs, and everything else as extra."""
     extra = {k: v for k, v in info.items() if k != "files"}
-    if fmt == "onnx":
-        from ptopt.export.shapes import trtexec_shapes
-
-        extra["trtexec_shapes"] = trtexec_shapes(specs, info.get("input_names"))
+    extra.update(get_format(fmt).extra_facts(info, specs))
     return {
         "files": list(info["files"]),
         "extra": extra,
         "outputs": [{"name": n} for n in info.get("output_names", [])],
     }
-
-
-def _torchscript(
-    module: Any,
-    path: Path,
-    specs: Sequence[InputSpec],
-    style: str,
-    example: Any,
-    source_format: str,
-    script: bool = False,
-    freeze: bool = True,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    import torch
-
-    from ptopt.core.device import to_device
-    from ptopt.export import tracing
-
-    notes: list[str] = []
-    if source_format == "torchscript":
-        sm, how = module, "re-saved TorchScript"
-    elif script:
-        sm, how = tracing.script(module), "torch.jit.script"
-    else:
-        x = example if example is not None else tracing.example_for_export(specs, style)
-        sm, notes = tracing.trace(module, to_device(x, device), style)
-        how = "torch.jit.trace"
-    sm = sm.eval()
-    frozen = False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            if freeze:  # freeze=False keeps the submodules and state_dict (e.g. a pruned model's weights)
-                sm = torch.jit.freeze(sm, preserved_attrs=_self_serializing(sm))
-                frozen = True
-        except (RuntimeError, AttributeError) as e:
-            # an already frozen archive has no attributes left to fold; keep it as it is
-            notes.append(f"not frozen: {str(e).splitlines()[0][:200]}")
-        torch.jit.save(sm, str(path))
-    return {"files": [path.name], "method": how, "frozen": frozen, "trace_warnings": notes}
-
-
-def _self_serializing(module: Any) -> list[str]:
-    """Every path to a submodule of a TorchScript ``module`` that stores its own state once and says
-    so with a ``ptopt_self_serializing`` method (the int8 table of a tied embedding and output layer,
-    ``compress.quant_tied``). Freezing keeps them as they are: folded, the table would be stored once
-    per path. (torch's quantized modules have a ``__setstate__`` too, and must be frozen.)"""
-    if not hasattr(getattr(module, "_c", None), "_has_method"):
-        return []
-    mods = module.named_modules(remove_duplicate=False)
-    return [n for n, m in mods if n and m._c._has_method("ptopt_self_serializing")]
-
-
-def _exported_program(
-    module: Any,
-    path: Path,
-    specs: Sequence[InputSpec],
-    style: str,
-    example: Any,
-    source_format: str,
-    device: str = "cpu",
-) -> dict[str, Any]:
-    import torch
-
-    from ptopt.export.tracing import export_program, fits_for_export, quiet_export
-
-    if source_format == "torchscript":
-        raise UnsupportedModelError(
-            "a TorchScript model cannot go through torch.export; export the original nn.Module "
-            "(pkg.module:factory --weights W, or zoo:NAME) to --target exported_program"
-        )
-    x = example if example is not None and fits_for_export(specs, example) else None
-    ep = export_program(module, specs, style, device=device, example=x)
-    buf = io.BytesIO()  # torch.export.save insists on a .pt2 name; the caller's (temporary) path may differ
-    with quiet_export():
-        torch.export.save(ep, buf)
-    path.write_bytes(buf.getvalue())
-    return {"files": [path.name], "method": "torch.export.export (strict=False)"}
-
-
-def _onnx(
-    module: Any,
-    path: Path,
-    specs: Sequence[InputSpec],
-    style: str,
-    source_format: str,
-    *,
-    opset: int | None = None,
-    optimize: bool = False,
-    external_data: bool | None = None,
-    int8_method: str | None = None,
-    calib: Any = None,
-    fp32_module: Any = None,
-    fp32_source_format: str | None = None,
-) -> dict[str, Any]:
-    from ptopt.export import onnx, onnx_int8
-
-    if int8_method == "qdq_export":
-        return onnx_int8.qdq_export(module, specs, style, path, opset=opset, source_format=source_format)
-    if int8_method == "ort_static":
-        parent = module if fp32_module is None else fp32_module
-        fmt = fp32_source_format or _source_format(parent)
-        return onnx_int8.ort_static_quantize(
-            parent, specs, style, path, calib, opset=opset, source_format=fmt
-        )
-    if int8_method is not None:
-        raise UsageError(f"unknown int8 ONNX method {int8_method!r} (choose from ort_static, qdq_export)")
-    return onnx.export_onnx(
-        module,
-        specs,
-        style,
-        path,
-        opset=opset,
-        optimize=optimize,
-        external_data=external_data,
-        source_format=source_format,
-    )
 
 
 def _as_samples(samples: Any) -> Any:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import DataError, UsageError
-from ptopt.optimize.candidates import REFERENCE, RUNTIME_FILTERS, Candidate, Context, select
+from ptopt.optimize.candidates import REFERENCE, Candidate, Context, runtime_filters, select
 from ptopt.optimize.search import Clock, Evaluator, Search, Settings, check_budget, measure_costs
 
 SCHEMA = "ptopt.optimize/1"
@@ -325,8 +325,8 @@ def _check_options(opts: dict[str, Any]) -> tuple[Settings, list[Any]]:
 
 
 def _check_runtime(runtime: str) -> None:
-    if runtime not in RUNTIME_FILTERS:
-        raise UsageError(f"--runtime {runtime!r}: choose one of {', '.join(RUNTIME_FILTERS)}")
+    if runtime not in runtime_filters():
+        raise UsageError(f"--runtime {runtime!r}: choose one of {', '.join(runtime_filters())}")
     if runtime == "onnxruntime" and importlib.util.find_spec("onnxruntime") is None:
         raise UsageError("--runtime onnxruntime: onnxruntime is not installed here (pip install onnxruntime)")
 

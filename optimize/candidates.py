@@ -39,12 +39,16 @@ PRUNE_AMOUNT = 0.3
 FINE_TUNE_EPOCHS = 1
 #: stages of the search: candidates are built in this order (cheap before expensive)
 STAGES = ("fp32 formats", "int8", "training")
-#: candidate format -> file suffix of its artifact
-SUFFIXES = {"torchscript": ".pt", "onnx": ".onnx", "exported_program": ".pt2", "aoti": ".pt2"}
-#: formats ``ptopt package`` takes as they are (an AOTInductor package with --allow-pickle)
-PACKAGEABLE = ("torchscript", "onnx", "exported_program", "aoti")
-#: --runtime value -> the candidate runtimes it admits (AOTInductor is PyTorch's own runtime)
-RUNTIME_FILTERS = {"any": None, "torch": ("torch", "aoti"), "onnxruntime": ("onnxruntime",)}
+
+
+def runtime_filters() -> dict[str, tuple[str, ...] | None]:
+    """``--runtime`` value -> the candidate runtimes it admits: ``any``, and each runtime family of the
+    catalogue's formats (``torch`` admits AOTInductor, PyTorch's own compiled runtime)."""
+    families: dict[str, tuple[str, ...] | None] = {"any": None}
+    for spec in CATALOGUE:
+        family = spec.row.runtime
+        families[family] = tuple(dict.fromkeys([*(families.get(family) or ()), spec.runtime]))
+    return families
 
 
 class Rejected(Exception):
@@ -80,8 +84,8 @@ class Spec:
     name: str
     label: str
     technique: str
+    #: the ``export --target`` its artifact is (``eager`` for the reference)
     format: str
-    runtime: str
     engine: str | None
     precision: str
     stage: int
@@ -96,12 +100,24 @@ class Spec:
     when: Callable[[Context], str | None] | None = None
 
     @property
+    def row(self) -> Any:
+        """The artifact's format (its row of ``ptopt.core.formats``)."""
+        from ptopt.core.formats import format_for_target, get_format
+
+        return get_format("eager") if self.format == "eager" else format_for_target(self.format)
+
+    @property
+    def runtime(self) -> str:
+        return self.row.runs_on
+
+    @property
     def suffix(self) -> str:
-        return SUFFIXES.get(self.format, "")
+        return self.row.suffix
 
     @property
     def packageable(self) -> bool:
-        return self.format in PACKAGEABLE
+        """``ptopt package`` takes the artifact as it is (TorchServe runs its format)."""
+        return "torchserve" in self.row.servers
 
     def not_applicable(self, ctx: Context) -> str | None:
         return None if self.when is None else self.when(ctx)
@@ -195,7 +211,7 @@ def _has_dynamic_layers(ctx: Context) -> str | None:
 
 def _compiler(ctx: Context) -> str | None:
     from ptopt.core.errors import MissingDependencyError
-    from ptopt.export.aoti import check_compiler
+    from ptopt.formats.aoti_compile import check_compiler
 
     try:
         check_compiler()
@@ -231,13 +247,12 @@ def _after_pruned(ctx: Context) -> str | None:
 _PRUNE_STEP = f"prune --method structured --amount {PRUNE_AMOUNT} --epochs {FINE_TUNE_EPOCHS}"
 
 CATALOGUE: tuple[Spec, ...] = (
-    Spec("fp32-eager", "fp32 eager (reference)", "fp32", "eager", "torch", None, "fp32", 0, (), None, 0),
+    Spec("fp32-eager", "fp32 eager (reference)", "fp32", "eager", None, "fp32", 0, (), None, 0),
     Spec(
         "fp32-torchscript",
         "fp32 TorchScript",
         "fp32",
         "torchscript",
-        "torch",
         None,
         "fp32",
         0,
@@ -249,7 +264,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "fp32 ExportedProgram",
         "fp32",
         "exported_program",
-        "torch",
         None,
         "fp32",
         0,
@@ -262,7 +276,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "fp32 ONNX Runtime",
         "fp32",
         "onnx",
-        "onnxruntime",
         None,
         "fp32",
         0,
@@ -274,7 +287,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "fp32-aoti",
         "fp32 AOTInductor",
         "fp32",
-        "aoti",
         "aoti",
         None,
         "fp32",
@@ -290,7 +302,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "static int8, torch.ao FX (TorchScript)",
         "static-int8",
         "torchscript",
-        "torch",
         "fx",
         "int8",
         1,
@@ -303,7 +314,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "static int8, ONNX Runtime QDQ",
         "static-int8",
         "onnx",
-        "onnxruntime",
         "ort",
         "int8",
         1,
@@ -316,7 +326,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "dynamic int8 (Linear/LSTM/GRU), TorchScript",
         "dynamic-int8",
         "torchscript",
-        "torch",
         "fx",
         "int8",
         1,
@@ -330,7 +339,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "int8-pt2e",
         "static int8, torchao PT2E (AOTInductor)",
         "static-int8",
-        "aoti",
         "aoti",
         "pt2e",
         "int8",
@@ -346,7 +354,6 @@ CATALOGUE: tuple[Spec, ...] = (
         "static int8 with float layers (autoquant), TorchScript",
         "autoquant-int8",
         "torchscript",
-        "torch",
         "fx",
         "int8",
         1,
@@ -361,7 +368,6 @@ CATALOGUE: tuple[Spec, ...] = (
         f"structured prune {PRUNE_AMOUNT:.0%} + fine-tune, fp32 TorchScript",
         "pruned",
         "torchscript",
-        "torch",
         None,
         "fp32",
         2,
@@ -376,7 +382,6 @@ CATALOGUE: tuple[Spec, ...] = (
         f"structured prune {PRUNE_AMOUNT:.0%} + fine-tune + static int8 FX",
         "pruned",
         "torchscript",
-        "torch",
         "fx",
         "int8",
         2,

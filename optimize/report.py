@@ -21,12 +21,6 @@ from ptopt.core.atomic import write_text_atomic
 from ptopt.validate.reports.common import NOISY_MARK, NOISY_SPREAD_PCT, fmt_cos, fmt_mb
 from ptopt.validate.reports.json_report import dumps
 
-#: the file extension of each artifact format (``best.<ext>``), when a candidate's path does not say
-EXTENSIONS = {"onnx": ".onnx", "torchscript": ".pt", "exported_program": ".pt2", "aoti": ".pt2"}
-#: formats ``ptopt package`` serves as they are (an AOTInductor package with ``--allow-pickle``: it
-#: loads native code); any other is exported to TorchScript first
-SERVABLE_FORMATS = ("torchscript", "onnx", "exported_program", "aoti")
-
 
 # -- the facts every report shows ------------------------------------------------------------------
 def candidates(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -226,7 +220,7 @@ def artifact_path(report: dict[str, Any], directory: str | os.PathLike | None) -
         return None
     name = report.get("best_path")
     if not name:
-        ext = Path(c["path"]).suffix if c.get("path") else EXTENSIONS.get(c.get("format") or "")
+        ext = Path(c["path"]).suffix if c.get("path") else _target_row(c).suffix
         name = f"best{ext}" if ext else None
     if name is None or directory is None:
         return name
@@ -236,7 +230,15 @@ def artifact_path(report: dict[str, Any], directory: str | os.PathLike | None) -
 def packageable(c: dict[str, Any]) -> bool:
     """``ptopt package`` serves the file as it is (else it exports it to TorchScript first)."""
     flag = c.get("packageable")
-    return bool(flag) if flag is not None else c.get("format") in SERVABLE_FORMATS
+    return bool(flag) if flag is not None else "torchserve" in _target_row(c).servers
+
+
+def _target_row(c: dict[str, Any]) -> Any:
+    """The format row of a candidate's ``format`` (an export target; the base row when unknown)."""
+    from ptopt.core.formats import targets
+    from ptopt.formats.base import Format
+
+    return targets().get(c.get("format") or "") or Format()
 
 
 def package_command(report: dict[str, Any], directory: str | os.PathLike | None) -> str | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, UsageError
-from ptopt.optimize.candidates import RUNTIME_FILTERS, Candidate, Context, Rejected, Spec
+from ptopt.optimize.candidates import Candidate, Context, Rejected, Spec, runtime_filters
 from ptopt.validate.latency import LatencyOptions
 
 #: the pre-screen's subset of the eval data (the whole set when it is not larger)
@@ -247,7 +247,7 @@ class Search:
         return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1)
 
     def _why_not(self, spec: Spec) -> str | None:
-        allowed = RUNTIME_FILTERS[self.settings.runtime]
+        allowed = runtime_filters()[self.settings.runtime]
         if allowed is not None and spec.runtime not in allowed:
             return f"--runtime {self.settings.runtime}: runs on {spec.runtime}"
         why = spec.not_applicable(self.ctx)

@@ -16,6 +16,7 @@ import importlib
 from typing import Any
 
 from ptopt import _schemes as _schemes  # registers SCHEME:NAME loaders (zoo:) with core; imports no stage
+from ptopt import formats as formats  # registers every artifact format's row with core's table
 from ptopt.commands import lazy_api
 
 __version__ = "0.1.0"

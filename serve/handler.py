@@ -424,7 +424,7 @@ def _by_batch(default, fixed):
     import torch
 
     def run(*args, **kwargs):
-        # the rule of ptopt.core.aoti.FixedBatchDispatch: dimension 0 of the first tensor with one
+        # the rule of ptopt.formats.aoti.FixedBatchDispatch: dimension 0 of the first tensor with one
         first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim()), None)
         return fixed.get(int(first.shape[0]) if first is not None else -1, default)(*args, **kwargs)
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ptopt.core.artifact import Artifact, atomic_path, sidecar_path
 from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
+from ptopt.core.formats import file_suffixes, formats, get_format
 from ptopt.core.inputspec import InputSpec
 
 if TYPE_CHECKING:
@@ -42,11 +43,8 @@ DEFAULT_RESPONSE_TIMEOUT_S = 120
 HANDLER_FILE = Path(__file__).with_name("handler.py")
 #: name of the handler inside the .mar (a unique module name in the worker)
 HANDLER_NAME = "ptopt_handler.py"
-#: formats each server runs as they are (anything else is exported to TorchScript first)
-_SERVABLE = {
-    "mar": ("torchscript", "onnx", "aoti_package", "exported_program"),
-    "triton": ("torchscript", "onnx", "aoti_package"),
-}
+#: --format -> the server it packages for (a format row's ``servers`` say which run it as it is)
+_SERVER = {"mar": "torchserve", "triton": "triton"}
 #: torch-model-archiver stages files in tempfile.gettempdir()/<model name>; one packaging at a time
 _ARCHIVER_LOCK = threading.Lock()
 
@@ -115,10 +113,10 @@ def package(
             input_shapes=input_shapes,
             weights=weights,
             allow_pickle=allow_pickle,
-            servable=_SERVABLE[format],
+            servable=servable_formats(format),
         )
         _check_batch_fits(batch_size, prep)
-        if format == "triton" and prep.format == "aoti_package" and batch_size > 1:
+        if format == "triton" and get_format(prep.format).triton_platform == "torch_aoti" and batch_size > 1:
             raise UsageError(
                 f"--batch-size {batch_size}: Triton's torch_aoti platform does not batch requests yet "
                 "(its max_batch_size is 0; a client sends whole batches); use --batch-size 1"
@@ -253,7 +251,7 @@ def prepare(
     input_shapes: Sequence = (),
     weights: Any = None,
     allow_pickle: bool = False,
-    servable: Sequence[str] = _SERVABLE["mar"],
+    servable: Sequence[str] | None = None,
 ) -> Prepared:
     """The servable model file for ``artifact``, with a sidecar dict for it.
 
@@ -269,9 +267,14 @@ def prepare(
     loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
     if input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
-    if loaded.format in servable and loaded.path is not None:
+    if loaded.format in (servable_formats("mar") if servable is None else servable) and loaded.path:
         return _prepare_servable(loaded)
     return _prepare_by_export(loaded, tmp)
+
+
+def servable_formats(format: str) -> list[str]:
+    """The artifact formats the server of ``--format`` runs as they are (the rest become TorchScript)."""
+    return [f.name for f in formats() if _SERVER[format] in f.servers]
 
 
 def _refuse_missing_file(artifact: Any) -> None:
@@ -279,7 +282,7 @@ def _refuse_missing_file(artifact: Any) -> None:
     if (
         isinstance(artifact, (str, os.PathLike))
         and not Path(artifact).exists()
-        and (str(artifact).endswith((".pt", ".onnx", ".ts", ".pt2", ".mar")) or os.sep in str(artifact))
+        and (str(artifact).endswith((*file_suffixes(), ".mar")) or os.sep in str(artifact))
     ):
         raise ModelLoadError(f"artifact {artifact}: no such file")
 
@@ -294,10 +297,7 @@ def _prepare_servable(loaded: LoadedModel) -> Prepared:
     art = loaded.artifact
     side = art.to_dict() if art is not None else {}
     files = art.file_paths if art is not None else [loaded.path]
-    if loaded.format == "onnx":
-        data = Path(str(loaded.path) + ".data")
-        if data.is_file() and data not in files:
-            files.append(data)
+    files += [f for f in get_format(loaded.format).files(loaded.path) if f not in files]  # ONNX's .data
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise ModelLoadError(f"{loaded.ref}: file(s) of the artifact are missing: {', '.join(missing)}")

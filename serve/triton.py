@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.artifact import Artifact, staged_dir
+from ptopt.core.formats import get_format
 from ptopt.core.inputspec import InputSpec, make_inputs
 
 TRITON_DTYPES = {
@@ -40,11 +41,6 @@ TRITON_DTYPES = {
     "int8": "TYPE_INT8",
     "uint8": "TYPE_UINT8",
     "bool": "TYPE_BOOL",
-}
-PLATFORMS = {
-    "onnx": ("onnxruntime_onnx", "model.onnx"),
-    "torchscript": ("pytorch_libtorch", "model.pt"),
-    "aoti_package": ("torch_aoti", "model.pt2"),
 }
 #: ONNX files up to this size are rewritten with their weights inside (one self-contained model.onnx)
 _INLINE_ONNX_LIMIT = 1 << 30
@@ -175,12 +171,13 @@ def config_pbtxt(
 
 def write_repository(prep: Any, output: Path, name: str, config: dict[str, Any]) -> Artifact:
     """Write the repository for a prepared model (see ``ptopt.serve.package.prepare``)."""
-    platform, filename = PLATFORMS[prep.format]
-    if prep.format == "onnx":
+    row = get_format(prep.format)
+    platform, filename = row.triton_platform, "model" + row.suffix
+    if row.runtime == "onnxruntime":
         inputs, outputs, max_batch = _onnx_io(prep.path, prep.inputs)
         param = "intra_op_thread_count"
     else:
-        aoti = prep.format == "aoti_package"
+        aoti = platform == "torch_aoti"  # no server-side batching, ordinal names
         inputs, outputs, max_batch = _torchscript_io(prep.path, prep.inputs, prep.input_style, aoti)
         param = "INTRA_OP_THREAD_COUNT"
     text = config_pbtxt(
@@ -200,10 +197,10 @@ def write_repository(prep: Any, output: Path, name: str, config: dict[str, Any])
         (stage / name / "1").mkdir(parents=True)
         (stage / name / "config.pbtxt").write_text(text, encoding="utf-8")
         dest = stage / name / "1" / filename
-        if prep.format == "onnx" and sum(f.stat().st_size for f in prep.files) < _INLINE_ONNX_LIMIT:
+        if row.runtime == "onnxruntime" and sum(f.stat().st_size for f in prep.files) < _INLINE_ONNX_LIMIT:
             import onnx
 
-            from ptopt.export.onnx import save_onnx
+            from ptopt.formats.onnx_export import save_onnx
 
             save_onnx(
                 onnx.load(str(prep.path)), dest, external=False

@@ -135,7 +135,7 @@ def test_gpt2_onnx_records_its_eager_attention(matrix):
 def test_onnx_attention_is_restored_even_when_the_export_fails():
     from types import SimpleNamespace
 
-    from ptopt.export.onnx import onnx_attention
+    from ptopt.formats.onnx_export import onnx_attention
 
     class Fake:
         def __init__(self, impl):

@@ -63,7 +63,7 @@ def test_converted_graph_is_int8_qdq_and_close_to_fp32(digits, specs):
 
 
 def test_compiled_package_has_int8_kernels_and_takes_batches_1_to_64(compiled, digits):
-    from ptopt.export.aoti import load_aoti
+    from ptopt.formats.aoti import load_aoti
 
     source, converted, path, facts = compiled
     with zipfile.ZipFile(path) as z:

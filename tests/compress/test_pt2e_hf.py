@@ -100,7 +100,7 @@ def test_package_loads_and_runs_without_transformers(api_result):
 
     _, out = api_result
     code = (
-        "import sys, torch; from ptopt.export.aoti import load_aoti; m = load_aoti(sys.argv[1]); "
+        "import sys, torch; from ptopt.formats.aoti import load_aoti; m = load_aoti(sys.argv[1]); "
         "ids = torch.randint(1, 1000, (3, 40)); mask = torch.ones(3, 40, dtype=torch.long); mask[1, 30:] = 0; "
         "y = m(input_ids=ids, attention_mask=mask); assert 'transformers' not in sys.modules; "
         "print(type(y).__name__, sorted(y), tuple(y['logits'].shape))"

@@ -113,7 +113,7 @@ def test_table_numerics_and_reload_of_new_weights():
 def test_only_the_table_is_kept_out_of_freezing(tmp_path):
     """torch's own int8 modules have a ``__setstate__`` too: they must still be frozen (folded)."""
     import ptopt
-    from ptopt.export.writers import _self_serializing
+    from ptopt.formats.torchscript import self_serializing as _self_serializing
     from tests.helpers import tiny_cnn
 
     static = ptopt.quantize(tiny_cnn(), "static", calib_data="builtin:digits:train", progress=False)

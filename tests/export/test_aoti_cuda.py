@@ -10,10 +10,10 @@ import zipfile
 import pytest
 import torch
 
-from ptopt.core.aoti import VERSION_KEY, load_package, package_device
 from ptopt.core.errors import ModelLoadError
 from ptopt.core.inputspec import specs_from_example
-from ptopt.export import aoti
+from ptopt.formats import aoti_compile as aoti
+from ptopt.formats.aoti import VERSION_KEY, load_package, package_device
 from tests.helpers import tiny_cnn
 
 
@@ -34,7 +34,7 @@ def compile_calls(monkeypatch):
         return package_path
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", fake)
-    monkeypatch.setattr(aoti, "check_compiler", lambda: "g++")
+    monkeypatch.setattr(aoti, "check_compiler", lambda *a: "g++")
     return calls
 
 
@@ -42,7 +42,7 @@ def compile_calls(monkeypatch):
 def test_compile_options(compile_calls, tmp_path, graphs):
     specs = specs_from_example(torch.randn(2, 1, 8, 8), max_batch=8)
     info = aoti.write_aoti(
-        tiny_cnn(), tmp_path / "m.pt2", specs, "positional", None, "eager", cuda_graphs=graphs
+        tiny_cnn(), tmp_path / "m.pt2", specs=specs, style="positional", cuda_graphs=graphs
     )
     ((ep, configs),) = compile_calls
     assert isinstance(ep, torch.export.ExportedProgram)

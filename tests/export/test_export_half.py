@@ -62,7 +62,7 @@ def test_bf16_cli(cli, tmp_path):
 def test_bf16_aoti_package(tmp_path):
     """AOTInductor compiles the bf16 program for this CPU (a one-Linear model: the C++ build of the
     wrapper dominates; 1-6 min on the loaded 2-core VM)."""
-    from ptopt.export.aoti import check_compiler
+    from ptopt.formats.aoti_compile import check_compiler
 
     try:
         check_compiler()
@@ -93,7 +93,10 @@ REFUSED = [
     (["--target", "onnx", "--precision", "bf16"], ("no bfloat16 kernels", "--device cuda")),
     (["--target", "onnx", "--precision", "fp16"], "--precision fp16 on the CPU"),
     (["--target", "aoti", "--cuda-graphs"], "--cuda-graphs needs --target aoti --device cuda"),
-    (["--target", "torchscript", "--device", "cuda", "--cuda-graphs"], "this export is --target torchscript"),
+    (
+        ["--target", "torchscript", "--device", "cuda", "--cuda-graphs"],
+        "--cuda-graphs is for --target aoti, not --target torchscript",
+    ),
     (["--target", "torchscript", "--device", "tpu"], "unknown device 'tpu'"),
     (["--target", "torchscript", "--precision", "bf8"], "unknown precision 'bf8'"),
 ]

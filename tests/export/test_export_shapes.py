@@ -6,7 +6,7 @@ import pytest
 
 from ptopt.core.errors import MissingDependencyError, ShapeMismatchError, UsageError
 from ptopt.core.inputspec import InputSpec
-from ptopt.export.shapes import (
+from ptopt.formats.shapes import (
     onnx_dim_names,
     parse_dynamic_batch,
     settle_specs,
@@ -111,7 +111,7 @@ def test_the_graph_tensorrt_consumes_accepts_min_opt_max():
     import torch
 
     from ptopt.core.inputspec import make_inputs
-    from ptopt.export.tracing import export_program
+    from ptopt.formats.capture import export_program
     from tests.helpers import two_input
 
     model = two_input()

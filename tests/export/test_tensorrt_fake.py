@@ -14,7 +14,7 @@ import torch
 
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, specs_from_example
-from ptopt.export import tensorrt
+from ptopt.formats import tensorrt
 from tests.helpers import tiny_cnn, two_input
 
 
@@ -53,7 +53,9 @@ def _specs():
 def test_compile_and_save_arguments(fake_trt, tmp_path, precision):
     specs = [_specs()[0].with_batch(1, 8, 32)]
     out = tmp_path / "m.ep"
-    info = tensorrt.export_tensorrt(tiny_cnn(), specs, "positional", out, precision=precision, device="cpu")
+    info = tensorrt.export_tensorrt(
+        tiny_cnn(), out, specs=specs, style="positional", precision=precision, device="cpu"
+    )
     ep, kw = fake_trt["compile"]
     # the ExportedProgram: captured with a dynamic batch over the specs' [min, max]
     assert isinstance(ep, torch.export.ExportedProgram)
@@ -85,7 +87,7 @@ def test_compile_and_save_arguments(fake_trt, tmp_path, precision):
 def test_keyword_model_gets_named_profiles(fake_trt, tmp_path):
     ids = InputSpec("input_ids", (1, 4), (2, 4), (16, 4), "int64", value_range=(0, 100))
     mask = InputSpec("attention_mask", (1, 4), (2, 4), (16, 4), "int64", value_range=(0, 2))
-    tensorrt.export_tensorrt(two_input(), [ids, mask], "keyword", tmp_path / "t.ep", device="cpu")
+    tensorrt.export_tensorrt(two_input(), tmp_path / "t.ep", specs=[ids, mask], style="keyword", device="cpu")
     _, kw = fake_trt["compile"]
     assert set(kw["kwarg_inputs"]) == {"input_ids", "attention_mask"} and "arg_inputs" not in kw
     assert kw["kwarg_inputs"]["input_ids"].kwargs["dtype"] == torch.int64
@@ -105,14 +107,16 @@ def test_compile_failure_is_one_clear_error(fake_trt, tmp_path):
         match="torch_tensorrt cannot compile the model: RuntimeError: "
         "Unsupported operator: aten.linalg_eigh$",
     ):
-        tensorrt.export_tensorrt(tiny_cnn(), _specs(), "positional", tmp_path / "m.ep", device="cpu")
+        tensorrt.export_tensorrt(
+            tiny_cnn(), tmp_path / "m.ep", specs=_specs(), style="positional", device="cpu"
+        )
     assert not (tmp_path / "m.ep").exists()
 
 
 def test_int8_needs_calibration(fake_trt, tmp_path):
     with pytest.raises(UnsupportedModelError, match="needs --data for calibration"):
         tensorrt.export_tensorrt(
-            tiny_cnn(), _specs(), "positional", tmp_path / "m.ep", precision="int8", device="cpu"
+            tiny_cnn(), tmp_path / "m.ep", specs=_specs(), style="positional", precision="int8", device="cpu"
         )
 
 
@@ -122,13 +126,14 @@ def test_runner_is_placed_on_the_gpu_and_timed_with_cuda_events(fake_trt, monkey
     from ptopt.core.data import Dataset
     from ptopt.core.errors import UsageError
     from ptopt.validate import latency
-    from ptopt.validate.runners import tensorrt as trt_runner
+    from ptopt.core import features
 
     sys.modules["torch_tensorrt"].load = lambda path: torch.jit.trace(
         tiny_cnn().eval(), torch.randn(2, 1, 8, 8)
     )
-    monkeypatch.setattr(trt_runner, "require", lambda *a, **k: None)
-    runner = trt_runner.TensorRTRunner.create("m.ep", tmp_path / "m.ep", None)
+    monkeypatch.setattr(features, "require", lambda *a, **k: None)
+    loaded = tensorrt.FORMAT.load(tmp_path / "m.ep", None, False)
+    runner = tensorrt.FORMAT.runner("m.ep", loaded)
     assert runner.device == runner.timer_device == "cuda:0" and runner.input_dtype is None
     with pytest.raises(UsageError, match="runs on a GPU"):
         runner.place("cpu")

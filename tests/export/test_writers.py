@@ -130,7 +130,7 @@ def test_serialized_bytes_is_what_write_model_writes_and_leaves_nothing(tmp_path
 @pytest.mark.parametrize(
     "fmt, kwargs, message",
     [
-        ("coreml", {}, "unknown model format 'coreml'"),
+        ("coreml", {}, "unknown artifact format 'coreml'"),
         ("torchscript", {"opset": 17}, "format torchscript takes no option(s) opset"),
         ("onnx", {"int8_method": "magic"}, "unknown int8 ONNX method"),
         ("onnx", {"example": None}, "needs the input specs or an example batch"),

@@ -100,7 +100,7 @@ def test_onnx_runtime_without_gpu_providers_says_so(artifacts, monkeypatch):
 
 
 def test_cpu_only_runtime_refuses_a_gpu():
-    from ptopt.validate.runners.base import Runner
+    from ptopt.formats.runner import Runner
 
     r = Runner(name="x", ref="x", format="custom", runtime="some runtime", input_specs=[])
     with pytest.raises(UsageError, match="some runtime runs on the CPU only, not on cuda:0"):

@@ -16,11 +16,11 @@ import dataclasses
 import time
 from typing import Any
 
-from ptopt.core.errors import MissingDependencyError
-from ptopt.validate.runners.base import TorchModuleRunner
+from ptopt.core.formats import formats
+from ptopt.formats.runner import TorchModuleRunner
 
 #: formats whose model is a Python-callable graph torch.compile can take
-FORMATS = ("eager", "pickle", "exported_program")
+FORMATS = tuple(f.name for f in formats() if f.compilable)
 SUFFIX = " (torch.compile)"
 
 
@@ -36,15 +36,9 @@ class CompiledRef:
 
 def check_compiler() -> str:
     """The C++ compiler Inductor's CPU backend uses, or MissingDependencyError naming what to install."""
-    from torch._inductor import cpp_builder
+    from ptopt.formats.aoti_compile import check_compiler as compiler
 
-    try:
-        return str(cpp_builder.get_cpp_compiler())
-    except Exception:  # noqa: BLE001 - InvalidCxxCompiler, or an OSError probing the compiler
-        raise MissingDependencyError(
-            "--compile: torch.compile (Inductor) needs a C++ compiler and none works here; "
-            "install g++ (e.g. apt-get install g++) or point CXX at one, or leave out --compile"
-        ) from None
+    return compiler("--compile: torch.compile (Inductor)")
 
 
 class CompiledRunner(TorchModuleRunner):

@@ -75,6 +75,22 @@ def fp32_parent(loaded: Any, allow_pickle: bool = False) -> Any:
         raise ModelLoadError(f"{loaded.ref}: cannot load its fp32 parent {parent['path']!r}: {e}") from None
 
 
+def int8_options(
+    options: dict[str, Any], source: Any, config: Any, calib: Any, allow_pickle: bool
+) -> tuple[dict[str, Any], dict | None]:
+    """The ONNX writer's options for an int8 export (``options``: the common ones), and the record of
+    the fp32 model ORT quantized (None for ``qdq_export``, which exports the int8 model itself)."""
+    method = choose_method(config.int8_method or "auto", source.loaded, calib is not None)
+    if method == "qdq_export":
+        return {**options, "int8_method": method}, None
+    parent = source.loaded
+    if source.precision == "int8":
+        parent = fp32_parent(source.loaded, allow_pickle)
+    fp32 = parent.require_module("ORT static quantization")
+    options.update(int8_method=method, calib=calib, fp32_module=fp32, fp32_source_format=parent.format)
+    return options, parent.parent_record()
+
+
 def choose_method(method: str, loaded: Any, have_calib: bool) -> str:
     if method not in METHODS:
         raise UsageError(f"unknown int8 ONNX method {method!r} (choose from {', '.join(METHODS)})")
@@ -148,8 +164,8 @@ def ort_static_quantize(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from ptopt.core.data import load_data
-    from ptopt.export.onnx import check_onnx, export_onnx
-    from ptopt.export.tracing import quiet_export
+    from ptopt.formats.capture import quiet_export
+    from ptopt.formats.onnx_export import check_onnx, export_onnx
 
     calib = load_data(calib)
     calib.check_finite()
@@ -208,8 +224,8 @@ def qdq_export(
     source_format: str = "eager",
 ) -> dict:
     from ptopt.core.inputspec import make_inputs
-    from ptopt.export.onnx import check_onnx, torchscript_exporter
-    from ptopt.export.tracing import count_outputs, output_names
+    from ptopt.formats.capture import count_outputs, output_names
+    from ptopt.formats.onnx_export import check_onnx, torchscript_exporter
 
     names = [s.name for s in specs]
     outs = output_names(count_outputs(int8_module, make_inputs(specs, style, which="opt")))

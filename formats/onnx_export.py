@@ -23,8 +23,7 @@ from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, make_inputs
-from ptopt.export.shapes import onnx_dim_names
-from ptopt.export.tracing import (
+from ptopt.formats.capture import (
     count_outputs,
     example_for_export,
     export_program,
@@ -34,6 +33,7 @@ from ptopt.export.tracing import (
     quiet_export,
     weight_bytes,
 )
+from ptopt.formats.shapes import onnx_dim_names
 
 #: Above this many bytes of weights, write external data (protobuf files cannot exceed 2 GiB).
 EXTERNAL_DATA_BYTES = 1 << 30

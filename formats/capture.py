@@ -17,7 +17,7 @@ from typing import Any
 from ptopt.core.errors import UnsupportedModelError
 from ptopt.core.inputspec import InputSpec, call_args, flatten_inputs, make_inputs
 from ptopt.core.quiet import silenced
-from ptopt.export.shapes import torch_export_dynamic_shapes
+from ptopt.formats.shapes import torch_export_dynamic_shapes
 
 
 @contextlib.contextmanager
@@ -41,7 +41,7 @@ def count_outputs(module: Any, x: Any) -> int:
     import torch
 
     from ptopt.core.inputspec import call_model
-    from ptopt.export.parity import flatten_outputs
+    from ptopt.core.tensors import flatten_outputs
 
     with torch.inference_mode():
         return len(flatten_outputs(call_model(module, x)))

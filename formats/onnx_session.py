@@ -8,6 +8,7 @@ by input name) and returns torch tensors: one output → a tensor, several → a
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,22 @@ def from_numpy_bf16(a: Any) -> Any:
     return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
+def onnx_session(
+    path: str | os.PathLike,
+    threads: int | None = None,
+    providers: Sequence[Any] = ("CPUExecutionProvider",),
+) -> Any:
+    """An ONNX Runtime session over ``path``: ``threads`` intra-op threads (one inter-op), quiet logs."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=list(providers))
+
+
 class OnnxModel:
     """A callable over an ONNX Runtime session (the file is read once, at construction): the CPU
     provider, or on ``device="cuda[:N]"`` the CUDA provider (MissingDependencyError when this
@@ -65,8 +82,6 @@ class OnnxModel:
         device: str = "cpu",
     ):
         import torch
-
-        from ptopt.export.parity import onnx_session
 
         self.path = Path(path)
         self.style = style

@@ -1,10 +1,19 @@
-"""ONNX models run in ONNX Runtime, as they are deployed: an ``InferenceSession`` with full graph
-optimization, ``intra_op_num_threads = threads`` (the same count torch runners get), sequential
-execution, and numpy in/out. The CPU provider always; the CUDA and TensorRT providers too when this
-onnxruntime build has them (or exactly the ``providers`` asked for). With ``--device cuda:N`` the
-GPU providers get that device id; an onnxruntime build without them (the CPU-only ``onnxruntime``
-wheel) runs the model on the CPU and says so in one line (``info["device_note"]``). Half-precision
-graphs take their inputs in the graph's dtype (fp16; bf16 through ``ml_dtypes``)."""
+"""ONNX models (``.onnx``, plus ``.onnx.data`` for external weights), run in ONNX Runtime.
+
+Written by the dynamo exporter (``ptopt.formats.onnx_export``: symbolic dims named after the specs,
+external data for large weights, ``optimize``) or, for int8, by ``ptopt.formats.onnx_int8``
+(``ort_static``: ONNX Runtime's static quantization of the fp32 model with the calibration data;
+``qdq_export``: the TorchScript exporter path of an eager/FX int8 module). Reloaded as an
+:class:`~ptopt.formats.onnx_session.OnnxModel` (torch tensors in and out) for the parity check.
+
+Run by validate as deployed: an ``InferenceSession`` with full graph optimization,
+``intra_op_num_threads = threads`` (the same count torch runners get), sequential execution, and
+numpy in/out. The CPU provider always; the CUDA and TensorRT providers too when this onnxruntime
+build has them (or exactly the ``providers`` asked for). With ``--device cuda:N`` the GPU providers
+get that device id; an onnxruntime build without them (the CPU-only ``onnxruntime`` wheel) runs the
+model on the CPU and says so in one line (``info["device_note"]``). Half-precision graphs take their
+inputs in the graph's dtype (fp16; bf16 through ``ml_dtypes``).
+"""
 
 from __future__ import annotations
 
@@ -13,11 +22,166 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import MissingDependencyError, ModelLoadError
-from ptopt.core.inputspec import flatten_inputs
-from ptopt.validate.runners.base import Runner
+from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
+from ptopt.core.inputspec import InputSpec, flatten_inputs
+from ptopt.formats.base import Format, loaded_model
+from ptopt.formats.runner import Runner
 
-FORMATS = ("onnx",)
+
+class Onnx(Format):
+    name = "onnx"
+    label = "ONNX"
+    suffixes = (".onnx",)
+    target = "onnx"
+    runtime = "onnxruntime"
+    converts = ("int8", "fp16", "bf16")
+    servers = ("torchserve", "triton")
+    triton_platform = "onnxruntime_onnx"
+    captured_on_cpu = True
+    requantizes_int8 = True
+    reexportable = False
+    write_options = frozenset(
+        {"opset", "optimize", "external_data", "int8_method", "calib", "fp32_module", "fp32_source_format"}
+    )
+    sniff_rank = 1
+    target_order = 20
+
+    def sniff(self, path: Path) -> bool:
+        return path.suffix.lower() == ".onnx"
+
+    def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
+        import onnx
+
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as e:  # noqa: BLE001 - protobuf decode errors
+            raise ModelLoadError(f"{path}: not a readable ONNX model: {str(e).splitlines()[0]}") from None
+        info = {"onnx_opset": model.opset_import[0].version if model.opset_import else None}
+        return loaded_model(path, self.name, None, path, art, specs=specs_from_onnx(model), info=info)
+
+    def files(self, path: Path) -> list[Path]:
+        return onnx_files(path)
+
+    def write(self, module: Any, path: Path, **kw: Any) -> dict[str, Any]:
+        return write_onnx(module, path, **kw)
+
+    def extra_facts(self, info: dict[str, Any], specs: Any) -> dict[str, Any]:
+        from ptopt.formats.shapes import trtexec_shapes
+
+        return {"trtexec_shapes": trtexec_shapes(specs, info.get("input_names"))}
+
+    def reload(self, path: Path, *, style: str = "positional", device: str = "cpu", **kw: Any) -> Any:
+        from ptopt.formats.onnx_session import OnnxModel
+
+        return OnnxModel(path, style=style, device=device)
+
+    def relocate(self, path: Path, dest: Path, files: list[str]) -> list[str]:
+        if len(files) > 1 and dest.name != path.name:
+            from ptopt.formats.onnx_export import relocate_external_data
+
+            return relocate_external_data(path, dest)  # the location inside points at the new name
+        return super().relocate(path, dest, files)
+
+    def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
+        return OnnxRuntimeRunner.create(name, loaded, providers=kw.get("providers"))
+
+    def check_config(self, config: Any) -> None:
+        super().check_config(config)
+        if config.precision == "bf16" and not config.on_cuda:
+            raise UsageError(
+                "--target onnx --precision bf16 on the CPU: ONNX Runtime's CPU provider has no bfloat16 "
+                "kernels (MatMul, Conv, Add), so the artifact cannot be checked or run here; use "
+                "--target torchscript/exported_program/aoti for bf16 on the CPU, or --device cuda with "
+                "onnxruntime-gpu"
+            )
+
+    def check_available(self, config: Any) -> None:
+        if config.on_cuda:
+            from ptopt.formats.onnx_session import providers_for
+
+            providers_for(str(config.device))
+
+    def export_options(self, source: Any, config: Any, calib: Any, **kw: Any) -> tuple[dict, dict | None]:
+        from ptopt.formats.onnx_int8 import int8_options
+
+        options: dict[str, Any] = {"opset": config.opset}
+        if (config.precision or source.precision) != "int8":
+            return {**options, "optimize": config.optimize, "external_data": kw.get("external_data")}, None
+        return int8_options(options, source, config, calib, kw.get("allow_pickle", False))
+
+    def export_context(self, module: Any) -> Any:
+        """A Hugging Face model's attention as eager while exported and checked (``onnx_attention``)."""
+        from ptopt.formats.onnx_export import onnx_attention
+
+        return super().export_context(module) if module is None else onnx_attention(module)
+
+
+FORMAT = Onnx()
+
+
+def write_onnx(
+    module: Any,
+    path: Path,
+    *,
+    specs: Sequence[InputSpec],
+    style: str,
+    source_format: str = "eager",
+    opset: int | None = None,
+    optimize: bool = False,
+    external_data: bool | None = None,
+    int8_method: str | None = None,
+    calib: Any = None,
+    fp32_module: Any = None,
+    fp32_source_format: str | None = None,
+    **_: Any,
+) -> dict[str, Any]:
+    from ptopt.formats import onnx_export, onnx_int8
+
+    if int8_method == "qdq_export":
+        return onnx_int8.qdq_export(module, specs, style, path, opset=opset, source_format=source_format)
+    if int8_method == "ort_static":
+        parent = module if fp32_module is None else fp32_module
+        fmt = fp32_source_format or source_format_of(parent)
+        return onnx_int8.ort_static_quantize(
+            parent, specs, style, path, calib, opset=opset, source_format=fmt
+        )
+    if int8_method is not None:
+        raise UsageError(f"unknown int8 ONNX method {int8_method!r} (choose from ort_static, qdq_export)")
+    return onnx_export.export_onnx(
+        module,
+        specs,
+        style,
+        path,
+        opset=opset,
+        optimize=optimize,
+        external_data=external_data,
+        source_format=source_format,
+    )
+
+
+def source_format_of(module: Any) -> str:
+    import torch
+
+    return "torchscript" if isinstance(module, torch.jit.ScriptModule) else "eager"
+
+
+def specs_from_onnx(model: Any) -> list[InputSpec]:
+    """Input specs read from an ONNX graph's inputs (symbolic dims: 1 at min/opt, 64 at max)."""
+    import onnx
+
+    inits = {i.name for i in model.graph.initializer}
+    specs = []
+    for inp in model.graph.input:
+        if inp.name in inits:
+            continue
+        t = inp.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+        lo = tuple(d if d > 0 else 1 for d in dims)
+        hi = tuple(d if d > 0 else 64 for d in dims)
+        specs.append(InputSpec(inp.name, lo, lo, hi, dtype))
+    return specs
+
 
 #: providers used when present, best first
 PREFERRED_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")

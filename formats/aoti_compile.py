@@ -26,13 +26,12 @@ package through CUDA graphs (:mod:`ptopt.core.cudagraph`).
 
 A ``.pt2`` is either this or a ``torch.export`` ExportedProgram; the sidecar's ``format``
 (``aoti_package`` vs ``exported_program``) says which, and ``is_aoti_package`` tells them apart
-from the archive alone (:mod:`ptopt.core.aoti`, shared with the model loaders).
+from the archive alone (:mod:`ptopt.formats.aoti`, shared with the model loaders).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import time
@@ -40,30 +39,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.aoti import (
-    DEFAULT_MODEL,
-    FORMAT,
-    VERSION_KEY,
-    check_version,
-    is_aoti_package,
-    load_package,
-    package_metadata,
-    static_model_name,
-)
 from ptopt.core.errors import MissingDependencyError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
+from ptopt.formats.aoti import DEFAULT_MODEL, VERSION_KEY, package_metadata, static_model_name
 
-__all__ = [
-    "CUDA_GRAPHS_KEY",
-    "DEFAULT_OPTIONS",
-    "FORMAT",
-    "check_compiler",
-    "check_version",
-    "is_aoti_package",
-    "load_aoti",
-    "package_metadata",
-    "write_aoti",
-]
+__all__ = ["CUDA_GRAPHS_KEY", "DEFAULT_OPTIONS", "check_compiler", "write_aoti"]
 
 #: Inductor options every package is compiled with (recorded in the sidecar with what was added)
 DEFAULT_OPTIONS: dict[str, Any] = {"freezing": True}
@@ -74,15 +54,16 @@ CUDA_GRAPHS_KEY = "ptopt_cuda_graphs"
 def write_aoti(
     module: Any,
     path: Path,
+    *,
     specs: Sequence[InputSpec],
     style: str,
-    example: Any,
-    source_format: str,
-    *,
+    example: Any = None,
+    source_format: str = "eager",
     inductor_configs: dict[str, Any] | None = None,
     device: str = "cpu",
     cuda_graphs: bool = False,
     static_batches: Sequence[int] = (),
+    **_: Any,
 ) -> dict[str, Any]:
     """Capture ``module`` with the specs' Dims and compile it into an AOTInductor package at ``path``.
 
@@ -90,11 +71,11 @@ def write_aoti(
     where ``module`` is and the package runs (``cpu`` or ``cuda:N``); ``cuda_graphs``: replay it
     through CUDA graphs when loaded by ptopt (CUDA only); ``static_batches``: batch sizes that also
     get a fixed-batch model in the package (``batch_B``, picked by ptopt's loader for a batch of
-    exactly B; :func:`ptopt.core.aoti.load_package`). Returns the writer's info: files, method,
+    exactly B; :func:`ptopt.formats.aoti.load_package`). Returns the writer's info: files, method,
     compile options, torch version, compile seconds, CPU ISA, device."""
     import torch
 
-    from ptopt.export.tracing import export_program, fits_for_export
+    from ptopt.formats.capture import export_program, fits_for_export
 
     if source_format == "torchscript" or isinstance(module, torch.jit.ScriptModule):
         raise UnsupportedModelError(
@@ -160,8 +141,9 @@ def compile_options(inductor_configs: dict[str, Any] | None = None) -> dict[str,
     return {**DEFAULT_OPTIONS, **(inductor_configs or {})}
 
 
-def check_compiler() -> str:
-    """The C++ compiler Inductor will use (its name), or MissingDependencyError naming the ones tried."""
+def check_compiler(what: str = "AOTInductor") -> str:
+    """The C++ compiler Inductor will use (its name), or MissingDependencyError naming the ones tried
+    (``what``: the feature that needs it, first in the message)."""
     import torch._inductor.config as inductor_config
     from torch._inductor import cpp_builder
 
@@ -170,7 +152,7 @@ def check_compiler() -> str:
     except Exception:  # noqa: BLE001 - InvalidCxxCompiler, or an OSError from probing the compiler
         tried = [c for c in _as_tuple(inductor_config.cpp.cxx) if c]
         raise MissingDependencyError(
-            f"AOTInductor needs a C++ compiler and none works here (tried: {', '.join(tried) or 'g++'}); "
+            f"{what} needs a C++ compiler and none works here (tried: {', '.join(tried) or 'g++'}); "
             f"install g++ (e.g. apt-get install g++) or point CXX at one"
         ) from None
 
@@ -193,7 +175,7 @@ def compile_package(
     ``ep``, which stays the package's default model (``model``)."""
     import torch
 
-    from ptopt.export.tracing import first_lines
+    from ptopt.formats.capture import first_lines
 
     configs = {**options, "aot_inductor.metadata": {VERSION_KEY: torch.__version__, **(metadata or {})}}
     with tempfile.TemporaryDirectory(prefix="ptopt-aoti-") as d, _quiet_inductor():
@@ -239,15 +221,7 @@ def _compile_models(out: Path, programs: dict[str, Any], configs: dict[str, Any]
 
 @contextlib.contextmanager
 def _quiet_inductor() -> Iterator[None]:
-    from ptopt.export.tracing import quiet_export
+    from ptopt.formats.capture import quiet_export
 
     with quiet_export():
         yield
-
-
-def load_aoti(path: str | os.PathLike, recorded_version: str | None = None, device: str = "cpu") -> Any:
-    """The package at ``path`` loaded with ``torch._inductor.aoti_load_package`` (callable like its
-    source; on ``cuda:N`` onto that GPU), after the torch version check
-    (:func:`ptopt.core.aoti.check_version`)."""
-    with _quiet_inductor():
-        return load_package(path, recorded_version, device=device)

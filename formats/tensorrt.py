@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import MissingDependencyError, UnsupportedModelError
+from ptopt.core.errors import MissingDependencyError, ModelLoadError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
-from ptopt.export.shapes import tensorrt_inputs, torch_export_dynamic_shapes
+from ptopt.formats.base import Format, loaded_model
+from ptopt.formats.runner import TorchModuleRunner, sidecar_batch_range
+from ptopt.formats.shapes import tensorrt_inputs, torch_export_dynamic_shapes
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 INSTALL_HINT = "pip install 'ptopt[tensorrt]' on a machine with an NVIDIA GPU and CUDA"
 
 
@@ -73,15 +74,103 @@ def _modelopt_quantize(module: Any, calib: Any, style: str, device: str = "cuda"
     return mtq.quantize(module, mtq.INT8_DEFAULT_CFG, forward_loop)
 
 
+class TensorRT(Format):
+    name = "tensorrt"
+    label = "TensorRT"
+    suffixes = (".ep", ".trt")
+    target = "tensorrt"
+    runtime = "tensorrt"
+    converts = ("fp16", "bf16", "int8")
+    devices = ("cuda",)
+    half_weights = False
+    reexportable = False
+    write_options = frozenset({"calib"})
+    sniff_rank = 2
+    target_order = 30
+
+    def sniff(self, path: Path) -> bool:
+        return path.suffix.lower() in self.suffixes
+
+    def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
+        from ptopt.core.features import require
+
+        require("torch_tensorrt", f"loading the TensorRT artifact {path.name}")
+        import torch
+        import torch_tensorrt
+
+        try:
+            loaded = torch_tensorrt.load(str(path))
+        except Exception as e:  # noqa: BLE001
+            raise ModelLoadError(
+                f"{path.name}: torch_tensorrt cannot load it: {str(e).strip().splitlines()[0][:300]}"
+            ) from None
+        is_program = hasattr(loaded, "module") and not isinstance(loaded, torch.nn.Module)
+        return loaded_model(path, self.name, loaded.module() if is_program else loaded, path, art)
+
+    def write(self, module: Any, path: Path, **kw: Any) -> dict[str, Any]:
+        return export_tensorrt(module, path, **kw)
+
+    def reload(self, path: Path, *, style: str = "positional", device: str = "cpu", **kw: Any) -> Any:
+        import torch
+        import torch_tensorrt  # noqa: F401 - registers the TensorRT runtime ops the program calls
+
+        return torch.export.load(str(path)).module()
+
+    def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
+        runner = TensorRTRunner.from_loaded(
+            name, loaded, f"TensorRT {_trt_version()} (torch_tensorrt)", sidecar_batch_range(loaded)
+        )
+        runner.device = "cuda:0"
+        # the engine keeps fp32 inputs whatever kernel precisions it enabled: no cast at the boundary
+        runner.info["engine_precision"] = runner.precision
+        return runner
+
+    def check_config(self, config: Any) -> None:
+        if config.device is not None and not config.on_cuda:
+            raise UsageError(f"--device {config.device} is not available for --target tensorrt")
+
+    def check_available(self, config: Any) -> None:
+        check_available()
+
+    def export_options(self, source: Any, config: Any, calib: Any, **kw: Any) -> tuple[dict, None]:
+        return {"calib": calib}, None
+
+
+FORMAT = TensorRT()
+
+
+class TensorRTRunner(TorchModuleRunner):
+    """A ``torch_tensorrt.save`` artifact (an ExportedProgram with embedded engines, or a TorchScript
+    module) run on the GPU: each batch moved to the device once, outputs back on the host, timed with
+    CUDA events. Never run on hardware here."""
+
+    @property
+    def input_dtype(self) -> Any:
+        return None
+
+    def place(self, device: str) -> None:
+        """TensorRT engines run on the GPU they were built for: ``--device cuda[:N]`` only."""
+        if not device.startswith("cuda"):
+            raise UsageError(f"{self.name}: a TensorRT engine runs on a GPU: pass --device cuda")
+        self.device = device
+
+
+def _trt_version() -> str:
+    from ptopt.core.system import package_version
+
+    return package_version("tensorrt") or package_version("tensorrt-cu12") or "?"
+
+
 def export_tensorrt(
     module: Any,
-    specs: Sequence[InputSpec],
-    style: str,
     path: Path,
     *,
+    specs: Sequence[InputSpec],
+    style: str,
     precision: str = "fp32",
     calib: Any = None,
     device: str = "cuda",
+    **_: Any,
 ) -> dict:
     """Compile ``module`` into a TensorRT engine embedded in an ExportedProgram at ``path``:
     ``torch.export`` on ``device`` with the specs' Dims, ``torch_tensorrt.dynamo.compile`` with one
@@ -90,7 +179,7 @@ def export_tensorrt(
     import torch
     import torch_tensorrt
 
-    from ptopt.export.tracing import export_program
+    from ptopt.formats.capture import export_program
 
     check_available()
     module = module.to(device).eval()
@@ -131,7 +220,7 @@ def save_kwargs(specs: Sequence[InputSpec], style: str, device: str) -> dict[str
     """``torch_tensorrt.save``'s keyword arguments: an ExportedProgram, example inputs on ``device``
     at the export shape, and the same Dims as the export (else the reload fixes the batch)."""
     from ptopt.core.device import to_device
-    from ptopt.export.tracing import example_for_export
+    from ptopt.formats.capture import example_for_export
 
     x = to_device(example_for_export(specs, style), device)
     dyn = torch_export_dynamic_shapes(specs, style)
