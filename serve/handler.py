@@ -418,6 +418,13 @@ def _worker_device(gpu_id):
     return f"cuda:{int(gpu_id)}"
 
 
+#: the formats this handler loads (``ptopt.serve.package`` puts no other in a .mar); a test checks it
+#: against the format table (the rows whose servers include torchserve)
+FORMATS = ("torchscript", "exported_program", "aoti_package", "onnx")
+#: the name of an AOTInductor package's fixed-batch model (``ptopt.formats.aoti.static_model_name``)
+STATIC_MODEL = "batch_{}"
+
+
 def _by_batch(default, fixed):
     """A package with fixed-batch models (``--static-batch``): a batch of one of their sizes (dimension
     0 of the first tensor) runs there, any other on the dynamic-batch model."""
@@ -448,7 +455,7 @@ def _load_torch(model_path, fmt, meta, device="cpu"):
             return model
         from torch._inductor.package import load_package
 
-        return _by_batch(model, {int(b): load_package(model_path, f"batch_{int(b)}") for b in batches})
+        return _by_batch(model, {int(b): load_package(model_path, STATIC_MODEL.format(int(b))) for b in batches})
     if fmt == "exported_program":
         # a PT2E int8 program calls quantized_decomposed.* ops, defined by this module of torch
         importlib.import_module("torch.ao.quantization.fx._decomposed")

@@ -309,7 +309,7 @@ def validate(
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
     settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size, compile=bool(compile))
     models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers, device=device)
-    run = _prepare(reference, artifacts, data, gates, latency, reports, models, **settings)
+    run = _prepare(reference, artifacts, data, gates, latency, reports, models, settings)
     entries = _measure(run, progress or (lambda msg: None))
     result = ValidationResult(_report(run, entries, t_start))
     write_reports(result, **reports.as_options())
@@ -345,16 +345,13 @@ def _prepare(
     latency: LatencyOptions,
     reports: ReportPaths,
     models: dict[str, Any],
-    *,
-    batch_sizes: Any,
-    threads: int | None,
-    metric: Any,
-    baseline: Any,
-    max_samples: int | None,
-    eval_batch_size: int | None,
-    compile: bool = False,
+    settings: dict[str, Any],
 ) -> _Run:
-    sizes = parse_batch_sizes(batch_sizes)
+    """Everything a user can get wrong, checked before anything runs. ``settings``: batch_sizes,
+    threads, metric, baseline, max_samples, eval_batch_size, compile (``validate``'s keywords)."""
+    sizes = parse_batch_sizes(settings["batch_sizes"])
+    threads, eval_batch_size = settings["threads"], settings["eval_batch_size"]
+    max_samples, baseline, compile = settings["max_samples"], settings["baseline"], settings["compile"]
     if eval_batch_size is None:  # one accuracy pass, in batches at least as large as the largest timed
         eval_batch_size = max(DEFAULT_EVAL_BATCH_SIZE, sizes[-1])
     if threads is None:
@@ -376,7 +373,7 @@ def _prepare(
     refs = [("reference", _model_ref(reference), models.pop("weights"))]
     refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
     reports.check()
-    met = resolve_metric(metric)
+    met = resolve_metric(settings["metric"])
     ds, data_name = _load_data(data)
     if max_samples is not None:
         if max_samples < 1:

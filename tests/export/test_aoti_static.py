@@ -133,3 +133,26 @@ def test_dispatch_copes_with_scalars_and_copies():
     assert d(torch.tensor(1.0), torch.zeros(2, 3)) == "fixed"  # a 0-d tensor has no batch: skipped
     assert d(torch.tensor(1.0)) == "dynamic"
     assert copy.copy(d)(torch.zeros(2, 3)) == "fixed"
+
+
+def test_torchserve_handler_agrees_with_the_format_table(package):
+    """The TorchServe handler keeps a self-contained copy of the loaders (it runs without ptopt): it
+    loads exactly the formats the table says TorchServe serves, names fixed-batch models as the
+    AOTInductor row does, and its package loader gives the row's outputs, batch for batch."""
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.formats import get_format
+    from ptopt.formats.aoti import static_model_batch, static_model_name
+    from ptopt.serve import handler
+    from ptopt.serve.package import servable_formats
+
+    assert set(handler.FORMATS) == set(servable_formats("mar"))
+    assert all(handler.STATIC_MODEL.format(b) == static_model_name(b) for b in (1, 4, 32))
+    assert static_model_batch(handler.STATIC_MODEL.format(7)) == 7
+    path, _ = package
+    meta = Artifact.load(path).to_dict()
+    ours = handler._load_torch(str(path), "aoti_package", meta)
+    table = get_format("aoti_package").reload(path)
+    for b in (3, 4):
+        x = torch.randn(b, 1, 8, 8, generator=torch.Generator().manual_seed(b))
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), table(x), rtol=0, atol=0)

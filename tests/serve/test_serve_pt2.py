@@ -5,7 +5,6 @@ The package fixture compiles one tiny CNN (~10-20 s); one TorchServe serves both
 
 from __future__ import annotations
 
-import importlib
 import json
 import zipfile
 
@@ -23,12 +22,11 @@ def _samples(n: int, seed: int) -> torch.Tensor:
 
 
 def _want(path, x) -> np.ndarray:
-    if path.name.endswith(".aoti.pt2"):
-        model = torch._inductor.aoti_load_package(str(path))
-    else:
-        importlib.import_module("torchao.quantization.pt2e")  # registers the int8 q/dq ops
+    """What the format table's loader gives: the handler's self-contained copy must agree with it."""
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.formats import get_format
 
-        model = torch.export.load(str(path)).module()
+    model = get_format(Artifact.load(path).format).reload(path)
     with torch.no_grad():
         return model(x).numpy()
 
