@@ -7,20 +7,18 @@ import os
 import platform
 from importlib import metadata
 
-#: Distributions whose versions every sidecar and report records.
-TRACKED_LIBRARIES = (
-    "ptopt",
-    "torch",
-    "numpy",
-    "onnx",
-    "onnxruntime",
-    "onnxscript",
-    "torchao",
-    "torch-tensorrt",
-    "tensorrt",
-    "torchserve",
-    "torch-model-archiver",
-)
+#: Distributions whose versions every sidecar and report records (with, between the two groups, the
+#: runtime packages each artifact format of the table names: ``Format.packages``).
+TRACKED_LIBRARIES = ("ptopt", "torch", "numpy")
+TRACKED_AFTER_FORMATS = ("torchao", "torchserve", "torch-model-archiver")
+
+
+def tracked_libraries() -> list[str]:
+    from ptopt.core.formats import targets
+
+    runtimes = [p for row in targets().values() for p in row.packages]
+    return list(dict.fromkeys([*TRACKED_LIBRARIES, *runtimes, *TRACKED_AFTER_FORMATS]))
+
 
 #: CPU features that decide int8 speed (VNNI / AMX run int8 dot products natively).
 ISA_FLAGS = (
@@ -46,7 +44,7 @@ def package_version(dist: str) -> str | None:
 def library_versions() -> dict[str, str]:
     """Installed versions of the libraries that matter to an artifact (missing ones are left out)."""
     out = {"python": platform.python_version()}
-    for dist in TRACKED_LIBRARIES:
+    for dist in tracked_libraries():
         v = package_version(dist)
         if v is not None:
             out[dist] = v

@@ -62,6 +62,7 @@ def export(
     script: bool | None = None,
     atol: float | None = None,
     rtol: float | None = None,
+    min_cosine: float | None = None,
     int8_method: str | None = None,
     device: str | None = None,
     cuda_graphs: bool | None = None,
@@ -85,7 +86,9 @@ def export(
     - ``data``: a DATA reference or in-memory data (tensor, tuple/dict of tensors, Dataset,
       DataLoader, list of batches): input shapes when the model declares none, and int8 calibration
       (overrides what an int8 source's sidecar records).
-    - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``).
+    - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``);
+      ``min_cosine``: the worst sample's cosine the artifact must keep (your budget; default by precision,
+      ``ptopt.export.parity.MIN_COSINE``).
     - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.formats.onnx_int8``).
     - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
       ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
@@ -93,7 +96,8 @@ def export(
     """
     loose = dict(precision=precision, opset=opset, optimize=optimize, script=script, device=device)
     loose |= dict(cuda_graphs=cuda_graphs, static_batches=static_batches)
-    config = settle_config(target, config, **loose, atol=atol, rtol=rtol, int8_method=int8_method)
+    loose |= dict(atol=atol, rtol=rtol, min_cosine=min_cosine, int8_method=int8_method)
+    config = settle_config(target, config, **loose)
     _check_target(config, output)
     source = _load_source(model, weights, allow_pickle, config)
     want = _resolve_precision(source, config)
@@ -200,6 +204,7 @@ def _calibration(data: Any, config: ExportConfig, source: _Source, want: str) ->
     from ptopt.formats.onnx_int8 import recorded_calib_data
 
     needs = want == "int8" and (source.precision != "int8" or config.row.requantizes_int8)
+    needs = needs and config.row.needs_calibration(config)
     ref = data if isinstance(data, (str, os.PathLike)) else None
     if data is None and needs:
         # a replayed config names its calibration data; an int8 source's sidecar records its own
@@ -439,6 +444,7 @@ def _write_and_check(
         precision=precision,
         atol=config.atol,
         rtol=config.rtol,
+        min_cosine=config.min_cosine,
         samples=calib,
         files=facts["files"],
         keep_failed_as=output,

@@ -16,7 +16,7 @@ from ptopt.formats.base import HALF, PRECISIONS
 
 __all__ = ["HALF", "INT8_METHODS", "PRECISIONS", "ExportConfig", "settle_config"]
 
-INT8_METHODS = ("auto", "ort_static", "qdq_export")
+INT8_METHODS = ("auto", "ort_static", "ort_dynamic", "qdq_export")
 #: config fields that only some formats take -> (the CLI option, the write option that takes it)
 _FORMAT_OPTIONS = {
     "static_batches": ("--static-batch", "static_batches"),
@@ -31,7 +31,8 @@ class ExportConfig(Config):
     precision and int8 method actually used, the calibration data's reference).
 
     ``precision`` None keeps the source's (an int8 artifact stays int8); ``int8_method`` None is
-    ``auto`` (see ``ptopt.formats.onnx_int8``); ``atol``/``rtol`` None are the parity defaults.
+    ``auto`` (see ``ptopt.formats.onnx_int8``); ``atol``/``rtol``/``min_cosine`` None are the parity
+    defaults (``min_cosine``: the worst sample's cosine with the source that the artifact must keep).
     ``device``: ``cpu`` (None) or ``cuda[:N]``, where the model is traced/compiled and checked
     (``ptopt.core.device.resolve_device`` checks it exists when the export runs); ``cuda_graphs``:
     an AOTInductor package on CUDA run through CUDA graphs (``ptopt.core.cudagraph``);
@@ -46,6 +47,7 @@ class ExportConfig(Config):
     script: bool = False
     atol: float | None = None
     rtol: float | None = None
+    min_cosine: float | None = None
     int8_method: str | None = None
     calib_data: str | None = None
     device: str | None = None
@@ -78,6 +80,8 @@ class ExportConfig(Config):
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise UsageError(f"{name} must be >= 0, got {value!r}")
+        if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
+            raise UsageError(f"--min-cosine is a cosine in [-1, 1], got {self.min_cosine!r}")
 
     @property
     def on_cuda(self) -> bool:

@@ -186,7 +186,9 @@ def check_parity(
     shape: an int8 model is calibrated for real data, and random inputs outside that range only
     measure how two quantizations clip differently.
     """
-    atol, rtol = tolerances(precision, atol, rtol)
+    budget = min_cosine is not None and atol is None and rtol is None
+    # the user's budget is the rule: a cosine they set alone replaces the default tolerances too
+    atol, rtol = (math.inf, 0.0) if budget else tolerances(precision, atol, rtol)
     min_cos = min_cosine_for(precision, min_cosine)
     per_shape: dict[str, Any] = {}
     failures = []
@@ -203,6 +205,7 @@ def check_parity(
             failures.append(which)
         per_shape[which] = m
     metrics = summarize(per_shape, atol, rtol, min_cos)
+    metrics["rule"] = "your budget (min cosine)" if budget else f"default for {precision}"
     if failures:
         err = ParityError(f"{what} drifts from its source beyond tolerance at {failure_text(metrics)}")
         err.metrics = metrics  # type: ignore[attr-defined]
@@ -232,8 +235,8 @@ def summarize(per_shape: dict[str, Any], atol: float, rtol: float, min_cos: floa
         "max_abs_diff": max(m["max_abs_diff"] for m in per_shape.values()),
         "rel_error": max(m["rel_error"] for m in per_shape.values()),
         "cosine": min((m["cosine"] for m in per_shape.values()), key=_nan_low),
-        "atol": atol,
-        "rtol": rtol,
+        "atol": None if math.isinf(atol) else atol,  # None: no tolerance rule (the user's cosine budget)
+        "rtol": None if math.isinf(atol) else rtol,
         "min_cosine": min_cos,
         "worst_output": worst_output(per_shape),
         "shapes": per_shape,
@@ -249,7 +252,10 @@ def loosen_hint(metrics: dict[str, Any] | None) -> str:
     ]
     if rows and all(o["cosine"] >= (metrics or {}).get("min_cosine", 1.0) for o in rows):
         return " (loosen with --atol/--rtol if this drift is acceptable)"
-    return " (the outputs no longer follow the source's: no tolerance makes this artifact right)"
+    return (
+        " (the outputs no longer follow the source's: no tolerance makes this artifact right; if a lower "
+        "worst-sample cosine is within your budget, say so with --min-cosine)"
+    )
 
 
 def _real_inputs(samples: Any, specs: Sequence[InputSpec], which: str) -> Any:

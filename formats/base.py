@@ -53,6 +53,8 @@ class Format:
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     #: servers that run the file as it is (``torchserve``, ``triton``); others get TorchScript first
     servers: ClassVar[tuple[str, ...]] = ()
+    #: the Python distributions its runtime needs (their versions go into every sidecar and report)
+    packages: ClassVar[tuple[str, ...]] = ()
     #: the Triton Inference Server platform that runs it (when ``triton`` is among ``servers``)
     triton_platform: ClassVar[str | None] = None
     #: load() gives a model (False: a package or weights, never run)
@@ -151,6 +153,10 @@ class Format:
     def export_options(self, source: Any, config: Any, calib: Any, **kw: Any) -> tuple[dict, dict | None]:
         """The writer's options for this export, and for int8 the record of the model quantized."""
         return {}, None
+
+    def needs_calibration(self, config: Any) -> bool:
+        """Whether an int8 export to this format needs calibration data (``--data``)."""
+        return True
 
     def export_context(self, module: Any) -> Any:
         """A context the export and its check run in (None as its value: nothing to record)."""

@@ -43,6 +43,7 @@ class Onnx(Format):
     write_options = frozenset(
         {"opset", "optimize", "external_data", "int8_method", "calib", "fp32_module", "fp32_source_format"}
     )
+    packages = ("onnx", "onnxruntime", "onnxscript")
     sniff_rank = 1
     target_order = 20
 
@@ -109,6 +110,9 @@ class Onnx(Format):
             return {**options, "optimize": config.optimize, "external_data": kw.get("external_data")}, None
         return int8_options(options, source, config, calib, kw.get("allow_pickle", False))
 
+    def needs_calibration(self, config: Any) -> bool:
+        return config.int8_method != "ort_dynamic"
+
     def export_context(self, module: Any) -> Any:
         """A Hugging Face model's attention as eager while exported and checked (``onnx_attention``)."""
         from ptopt.formats.onnx_export import onnx_attention
@@ -139,6 +143,10 @@ def write_onnx(
 
     if int8_method == "qdq_export":
         return onnx_int8.qdq_export(module, specs, style, path, opset=opset, source_format=source_format)
+    if int8_method == "ort_dynamic":
+        parent = module if fp32_module is None else fp32_module
+        fmt = fp32_source_format or source_format_of(parent)
+        return onnx_int8.ort_dynamic_quantize(parent, specs, style, path, opset=opset, source_format=fmt)
     if int8_method == "ort_static":
         parent = module if fp32_module is None else fp32_module
         fmt = fp32_source_format or source_format_of(parent)
@@ -146,7 +154,9 @@ def write_onnx(
             parent, specs, style, path, calib, opset=opset, source_format=fmt
         )
     if int8_method is not None:
-        raise UsageError(f"unknown int8 ONNX method {int8_method!r} (choose from ort_static, qdq_export)")
+        raise UsageError(
+            f"unknown int8 ONNX method {int8_method!r} (choose from {', '.join(onnx_int8.METHODS[1:])})"
+        )
     return onnx_export.export_onnx(
         module,
         specs,

@@ -29,10 +29,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import DataError, ModelLoadError, UnsupportedModelError, UsageError
+from ptopt.core.errors import ModelLoadError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec, flatten_inputs
 
-METHODS = ("auto", "ort_static", "qdq_export")
+METHODS = ("auto", "ort_static", "ort_dynamic", "qdq_export")
 #: chosen by measurement (see the module docstring)
 DEFAULT_METHOD = "ort_static"
 #: calibration samples ORT sees at most (MinMax over more changes nothing measurable here)
@@ -83,6 +83,8 @@ def int8_options(
     method = choose_method(config.int8_method or "auto", source.loaded, calib is not None)
     if method == "qdq_export":
         return {**options, "int8_method": method}, None
+    if method == "ort_dynamic" and source.precision != "int8":
+        return {**options, "int8_method": method, "fp32_module": source.module}, None
     parent = source.loaded
     if source.precision == "int8":
         parent = fp32_parent(source.loaded, allow_pickle)
@@ -95,6 +97,11 @@ def choose_method(method: str, loaded: Any, have_calib: bool) -> str:
     if method not in METHODS:
         raise UsageError(f"unknown int8 ONNX method {method!r} (choose from {', '.join(METHODS)})")
     source_int8 = is_int8_source(loaded)
+    if method == "ort_dynamic" and source_int8:
+        raise UsageError(
+            "int8 method ort_dynamic quantizes an fp32 model's matrix products; this source is already "
+            "int8: export its fp32 parent with --precision int8 --int8-method ort_dynamic"
+        )
     if method == "qdq_export" and not source_int8:
         raise UsageError(
             "int8 method qdq_export exports an already quantized model; this source is fp32 "
@@ -161,7 +168,6 @@ def ort_static_quantize(
     source_format: str = "eager",
 ) -> dict:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from ptopt.core.data import load_data
     from ptopt.formats.capture import quiet_export
@@ -175,10 +181,9 @@ def ort_static_quantize(
         info = export_onnx(
             fp32_module, specs, style, tmp / "fp32.onnx", opset=opset, source_format=source_format
         )
-        pre = tmp / "pre.onnx"
+        pre, info["pre_process"] = pre_process(tmp / "fp32.onnx", tmp)
         try:
             with quiet_export(), _in_dir(tmp):
-                quant_pre_process(str(tmp / "fp32.onnx"), str(pre), auto_merge=True)
                 quantize_static(
                     str(pre),
                     str(path),
@@ -190,11 +195,8 @@ def ort_static_quantize(
                     weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax,
                 )
-        except (ValueError, RuntimeError, KeyError) as e:
-            raise DataError(
-                f"ORT static quantization failed: {type(e).__name__}: "
-                f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-            ) from None
+        except (ValueError, RuntimeError, KeyError, TypeError, IndexError) as e:
+            raise ort_failure("static", e) from None
     check_onnx(path)
     info.update(
         {
@@ -212,6 +214,90 @@ def ort_static_quantize(
         }
     )
     return info
+
+
+#: the ops ORT's dynamic quantization makes int8: matrix products only (ConvInteger, the dynamic
+#: convolution, runs 7x slower than fp32 on the CPU: REFERENCE.md)
+DYNAMIC_OPS = ("MatMul", "Gemm", "Attention", "LSTM", "GRU")
+
+
+def ort_dynamic_quantize(
+    fp32_module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    path: Path,
+    *,
+    opset: int | None = None,
+    source_format: str = "eager",
+) -> dict:
+    """``onnxruntime.quantization.quantize_dynamic`` of the model's fp32 ONNX export: int8 weights
+    (per channel) for the matrix products, activations quantized per call; no calibration data."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from ptopt.formats.capture import quiet_export
+    from ptopt.formats.onnx_export import check_onnx, export_onnx
+
+    path = Path(path).resolve()
+    with tempfile.TemporaryDirectory(prefix="ptopt-int8-") as d:
+        tmp = Path(d)
+        info = export_onnx(
+            fp32_module, specs, style, tmp / "fp32.onnx", opset=opset, source_format=source_format
+        )
+        pre, info["pre_process"] = pre_process(tmp / "fp32.onnx", tmp)
+        try:
+            with quiet_export(), _in_dir(tmp):
+                quantize_dynamic(
+                    str(pre), str(path), per_channel=True, weight_type=QuantType.QInt8,
+                    op_types_to_quantize=list(DYNAMIC_OPS),
+                )  # fmt: skip
+        except (ValueError, RuntimeError, KeyError, TypeError, IndexError) as e:
+            raise ort_failure("dynamic", e) from None
+    check_onnx(path)
+    info.update(
+        files=[path.name],
+        int8_method="ort_dynamic",
+        quantization={
+            "format": "QOperator (dynamic)",
+            "per_channel": True,
+            "weights": "int8",
+            "ops": list(DYNAMIC_OPS),
+        },
+    )
+    return info
+
+
+def pre_process(src: Path, tmp: Path) -> tuple[Path, str]:
+    """ORT's ``quant_pre_process`` (shape inference, graph optimization) of ``src``, falling back when
+    its symbolic shape inference fails on a real graph (e.g. on an ``Expand``: ``TypeError ...
+    NoneType has no len()``) to the pass without it, and then to the graph as it is. Returns the file to
+    quantize and which pass it had (recorded in the sidecar)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from ptopt.formats.capture import quiet_export
+
+    out = tmp / "pre.onnx"
+    for how, options in (
+        ("full", {"auto_merge": True}),
+        ("no symbolic shapes", {"skip_symbolic_shape": True}),
+    ):
+        try:
+            with quiet_export(), _in_dir(tmp):
+                quant_pre_process(str(src), str(out), **options)
+            return out, how
+        except Exception:  # noqa: BLE001 - onnxruntime's shape inference raises whatever the graph provokes
+            continue
+    return src, "none (onnxruntime's pre-processing failed on this graph)"
+
+
+def ort_failure(kind: str, e: BaseException) -> Exception:
+    """A failure inside onnxruntime's quantization, naming it and its version."""
+    import onnxruntime
+
+    text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    return UnsupportedModelError(
+        f"onnxruntime {onnxruntime.__version__}'s {kind} quantization failed on this graph: "
+        f"{type(e).__name__}: {text}"
+    )
 
 
 def qdq_export(

@@ -85,6 +85,7 @@ class TensorRT(Format):
     half_weights = False
     reexportable = False
     write_options = frozenset({"calib"})
+    packages = ("torch-tensorrt", "tensorrt")
     sniff_rank = 2
     target_order = 30
 

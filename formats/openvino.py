@@ -1,0 +1,420 @@
+"""OpenVINO IR (``model.xml`` + ``model.bin``), run by OpenVINO's CPU plugin.
+
+Written from the model's ``torch.export`` ExportedProgram (the InputSpecs' ``Dim``s, as every other
+format) with ``openvino.convert_model``; when OpenVINO cannot convert the program, from the ONNX
+export of the same model instead (``extra["converted_from"]`` says which). The IR's inputs get the
+specs' bounds (``Dimension(min, max)`` on dynamic dims). Precisions:
+
+- ``fp32``: the IR as converted; compiled with ``INFERENCE_PRECISION_HINT=f32`` (OpenVINO's CPU plugin
+  otherwise runs bf16 on CPUs that have it);
+- ``bf16``: the same fp32 IR compiled with ``INFERENCE_PRECISION_HINT=bf16``: the CPU plugin's own bf16
+  kernels (weights stay fp32 on disk). Refused on a CPU whose plugin reports no ``BF16`` capability;
+- ``int8``: ``nncf.quantize`` of the IR with the calibration data (``--data``), as NNCF's
+  post-training quantization does for OpenVINO; a graph with attention (``Softmax`` or
+  ``ScaledDotProductAttention``) uses
+  ``model_type=TRANSFORMER`` (NNCF then applies SmoothQuant and keeps the attention's softmax path
+  float itself).
+
+The precision hint is written into the IR itself (``rt_info``: ``ptopt/inference_precision``), so
+ptopt's loaders compile it as it was checked. Plain OpenVINO loads the IR with
+``openvino.Core().read_model("model.xml")``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import MissingDependencyError, ModelLoadError, UnsupportedModelError, UsageError
+from ptopt.core.inputspec import InputSpec, flatten_inputs
+from ptopt.formats.base import Format, loaded_model
+from ptopt.formats.runner import Runner
+
+INSTALL_HINT = "pip install 'ptopt[openvino]'"
+#: the rt_info key of the inference precision ptopt checked the IR at
+HINT_KEY = ("ptopt", "inference_precision")
+_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+#: calibration samples NNCF sees (its default subset size)
+CALIB_SAMPLES = 300
+_CALIB_BATCH = 8
+
+
+class OpenVINO(Format):
+    name = "openvino"
+    label = "OpenVINO IR"
+    suffixes = (".xml",)
+    target = "openvino"
+    runtime = "openvino"
+    converts = ("bf16", "int8")
+    devices = ("cpu",)
+    half_weights = False
+    requantizes_int8 = True
+    reexportable = False
+    packages = ("openvino", "nncf")
+    write_options = frozenset({"calib", "fp32_module", "model_type"})
+    sniff_rank = 4
+    target_order = 25
+
+    def sniff(self, path: Path) -> bool:
+        if path.suffix.lower() != ".xml":
+            return False
+        try:
+            with open(path, "rb") as fh:
+                return b"<net" in fh.read(512)
+        except OSError:
+            return False
+
+    def files(self, path: Path) -> list[Path]:
+        return [path, path.with_suffix(".bin")]
+
+    def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
+        model = read_ir(path)
+        specs = specs_from_ir(model)
+        info = {"openvino_precision": precision_of(model)}
+        return loaded_model(path, self.name, None, path, art, specs=specs, info=info)
+
+    def write(self, module: Any, path: Path, **kw: Any) -> dict[str, Any]:
+        return write_ir(module, path, **kw)
+
+    def relocate(self, path: Path, dest: Path, files: list[str]) -> list[str]:
+        import shutil
+
+        shutil.copyfile(path, dest)  # the .xml names no file: the .bin is found beside it by name
+        shutil.copyfile(path.with_suffix(".bin"), dest.with_suffix(".bin"))
+        return [dest.name, dest.with_suffix(".bin").name]
+
+    def reload(self, path: Path, *, style: str = "positional", device: str = "cpu", **kw: Any) -> Any:
+        return OpenVINOModel(path, style=style)
+
+    def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
+        return OpenVINORunner.create(name, loaded)
+
+    def check_config(self, config: Any) -> None:
+        if config.device is not None and config.on_cuda:
+            raise UsageError("--target openvino runs on the CPU (OpenVINO's CPU plugin); drop --device")
+
+    def check_available(self, config: Any) -> None:
+        require_openvino(config.precision == "int8")
+        if config.precision == "bf16":
+            check_bf16()
+
+    def export_options(self, source: Any, config: Any, calib: Any, **kw: Any) -> tuple[dict, dict | None]:
+        if (config.precision or source.precision) != "int8":
+            return {}, None
+        parent = source.loaded
+        if source.precision == "int8":
+            from ptopt.formats.onnx_int8 import fp32_parent
+
+            parent = fp32_parent(source.loaded, kw.get("allow_pickle", False))
+        options = {"calib": calib, "fp32_module": parent.require_module("NNCF quantization")}
+        return options, (parent.parent_record() if parent is not source.loaded else None)
+
+
+FORMAT = OpenVINO()
+
+
+def require_openvino(nncf: bool = False) -> None:
+    """MissingDependencyError naming ``ptopt[openvino]`` when openvino (or, for int8, nncf) is missing."""
+    import importlib.util
+
+    missing = [m for m in ("openvino", *(["nncf"] if nncf else [])) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingDependencyError(
+            f"--target openvino needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+            f"not installed: {INSTALL_HINT}"
+        )
+
+
+def check_bf16() -> None:
+    """bf16 runs only where OpenVINO's CPU plugin has bf16 kernels: UsageError naming the flags seen."""
+    import openvino as ov
+
+    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if "BF16" not in caps:
+        from ptopt.core.system import cpu_info
+
+        isa = ", ".join(k for k, v in cpu_info().get("isa", {}).items() if v) or "none of the tracked"
+        raise UsageError(
+            f"--target openvino --precision bf16: this CPU has no bf16 kernels in OpenVINO (its CPU plugin "
+            f"reports {', '.join(caps)}; ISA flags seen: {isa}; bf16 needs avx512_bf16 or amx_bf16); use "
+            f"fp32 or int8"
+        )
+
+
+def read_ir(path: Path) -> Any:
+    """``openvino.Core().read_model`` of the IR at ``path``; ModelLoadError when it cannot be read."""
+    require_openvino()
+    import openvino as ov
+
+    try:
+        return ov.Core().read_model(str(path))
+    except Exception as e:  # noqa: BLE001 - OpenVINO raises RuntimeError with its own text
+        raise ModelLoadError(
+            f"{path}: not a readable OpenVINO IR: {str(e).strip().splitlines()[0][:300]}"
+        ) from None
+
+
+def precision_of(model: Any) -> str:
+    """The precision ptopt checked the IR at (``rt_info``), fp32 for an IR ptopt did not write."""
+    try:
+        return str(model.get_rt_info(list(HINT_KEY)).astype(str))
+    except Exception:  # noqa: BLE001 - no such rt_info entry
+        return "fp32"
+
+
+def compile_ir(model: Any, threads: int | None = None) -> Any:
+    """The IR compiled for the CPU at its precision, ``threads`` intra-op threads, latency hint."""
+    import openvino as ov
+
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": _HINTS[precision_of(model)]}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    return ov.Core().compile_model(model, "CPU", config)
+
+
+def specs_from_ir(model: Any) -> list[InputSpec]:
+    """Input specs read from the IR's inputs (a dynamic dim: its bounds, else 1 .. 64)."""
+    specs = []
+    for port in model.inputs:
+        lo, hi = [], []
+        for d in port.get_partial_shape():
+            lo.append(d.get_min_length() if d.is_dynamic else d.get_length())
+            top = d.get_max_length() if d.is_dynamic else d.get_length()
+            hi.append(top if top > 0 else 64)
+        lo = [max(1, v) for v in lo]
+        dtype = port.get_element_type().to_dtype().name
+        specs.append(InputSpec(port.get_any_name(), tuple(lo), tuple(lo), tuple(hi), dtype))
+    return specs
+
+
+# -- writing ---------------------------------------------------------------------------------------------
+
+
+def write_ir(
+    module: Any,
+    path: Path,
+    *,
+    specs: Sequence[InputSpec],
+    style: str,
+    precision: str = "fp32",
+    calib: Any = None,
+    fp32_module: Any = None,
+    model_type: str | None = None,
+    **_: Any,
+) -> dict[str, Any]:
+    """Convert ``module`` (``fp32_module`` for int8 from an int8 source) to an IR at ``path`` (+ .bin)."""
+    require_openvino(precision == "int8")
+    import openvino as ov
+
+    source = fp32_module if fp32_module is not None else module
+    model, converted_from = _convert(source, specs, style)
+    info: dict[str, Any] = {"method": f"openvino.convert_model ({converted_from})"}
+    if precision == "int8":
+        if calib is None:
+            raise UsageError("--target openvino --precision int8 needs calibration data: pass --data CALIB")
+        model, info["nncf"] = _quantize(model, calib, specs, style, model_type)
+        info["method"] += " + nncf.quantize"
+    model.set_rt_info(precision, list(HINT_KEY))
+    with _quiet():
+        ov.save_model(model, str(path), compress_to_fp16=False)
+    import openvino
+
+    info.update(
+        files=[path.name, path.with_suffix(".bin").name],
+        converted_from=converted_from,
+        openvino=openvino.__version__,
+        inference_precision=_HINTS[precision],
+        output_names=[o.get_any_name() for o in model.outputs],
+    )
+    return info
+
+
+def _convert(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, str]:
+    """The IR of ``module``: from its ExportedProgram, else (conversion failed) from its ONNX export."""
+    import openvino as ov
+
+    from ptopt.formats.capture import export_program, first_lines
+
+    ep = export_program(module, specs, style)
+    try:
+        with _quiet():
+            model = ov.convert_model(ep)
+        how = "ExportedProgram"
+    except Exception as e:  # noqa: BLE001 - the frontend raises OpConversionFailure & co.
+        first = first_lines(str(e), 1)
+        model = _convert_via_onnx(module, specs, style, first)
+        how = f"ONNX (the ExportedProgram failed to convert: {first[:200]})"
+    _bound_inputs(model, specs)
+    return model, how
+
+
+def _convert_via_onnx(module: Any, specs: Sequence[InputSpec], style: str, why: str) -> Any:
+    import openvino as ov
+
+    from ptopt.formats.onnx_export import export_onnx
+
+    with tempfile.TemporaryDirectory(prefix="ptopt-ov-") as d:
+        onnx_path = Path(d) / "model.onnx"
+        export_onnx(module, specs, style, onnx_path)
+        try:
+            with _quiet():
+                return ov.convert_model(str(onnx_path))
+        except Exception as e:  # noqa: BLE001
+            raise UnsupportedModelError(
+                f"OpenVINO cannot convert the model: from its ExportedProgram: {why}; from its ONNX export: "
+                f"{str(e).strip().splitlines()[0][:200]}"
+            ) from None
+
+
+def _bound_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
+    """Give each IR input the spec's shape: fixed dims fixed, dynamic ones bounded by [min, max]."""
+    import openvino as ov
+
+    shapes = {}
+    for port, spec in zip(model.inputs, specs, strict=False):
+        dims = [
+            ov.Dimension(lo) if lo == hi else ov.Dimension(lo, hi)
+            for lo, hi in zip(spec.min_shape, spec.max_shape, strict=True)
+        ]
+        shapes[port.get_any_name()] = ov.PartialShape(dims)
+    model.reshape(shapes)
+
+
+def _quantize(model: Any, calib: Any, specs: Sequence[InputSpec], style: str, model_type: str | None):
+    """``nncf.quantize`` with the calibration batches; returns the int8 IR and what NNCF was asked."""
+    import nncf
+
+    names = [p.get_any_name() for p in model.inputs]
+    items = [_feed(b.x, names) for b in calib.take(CALIB_SAMPLES).batches(_CALIB_BATCH)]
+    attention = any(op.get_type_name() in ("Softmax", "ScaledDotProductAttention") for op in model.get_ops())
+    kind = model_type or ("transformer" if attention else "default")
+    # a CNN gets the full bias correction, not the fast one (the zoo ResNet's worst-sample cosine on
+    # digits: 0.9907 -> 0.9977 for a few seconds more); a transformer keeps NNCF's fast one (the full
+    # one wrecks all-MiniLM-L6-v2: worst held-out cosine 0.973 -> 0.198)
+    transformer = kind == "transformer"
+    extra = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
+    with _quiet():
+        quantized = nncf.quantize(
+            model, nncf.Dataset(items), subset_size=len(items), fast_bias_correction=transformer, **extra
+        )
+    samples = sum(len(next(iter(i.values()))) for i in items)
+    return quantized, {
+        "version": nncf.__version__,
+        "model_type": kind,
+        "calibration_samples": samples,
+        "fast_bias_correction": transformer,
+    }
+
+
+def _feed(x: Any, names: Sequence[str]) -> dict[str, Any]:
+    """A torch batch as OpenVINO's input dict (by name for keyword inputs, else in order)."""
+    if isinstance(x, dict) and set(x) == set(names):
+        return {n: x[n].detach().cpu().numpy() for n in names}
+    return {n: t.detach().cpu().numpy() for n, (_, t) in zip(names, flatten_inputs(x), strict=False)}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """OpenVINO's converter and NNCF print progress bars and warnings: ptopt says what matters itself."""
+    import logging
+
+    from ptopt.core.quiet import silenced
+
+    nncf_log = logging.getLogger("nncf")
+    level = nncf_log.level
+    nncf_log.setLevel(logging.ERROR)
+    try:
+        with silenced(("nncf", "openvino"), streams=True):
+            yield
+    finally:
+        nncf_log.setLevel(level)
+
+
+# -- running ---------------------------------------------------------------------------------------------
+
+
+class OpenVINOModel:
+    """An IR compiled for the CPU, callable like the PyTorch model it came from (torch tensors in and
+    out; one output -> a tensor, several -> a tuple)."""
+
+    def __init__(self, path: str | Path, *, style: str = "positional", threads: int | None = None):
+        import torch
+
+        self.path = Path(path)
+        self.style = style
+        model = read_ir(self.path)
+        self.compiled = compile_ir(model, threads or torch.get_num_threads())
+        self.input_names = [p.get_any_name() for p in model.inputs]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        x = kwargs if kwargs and not args else (args[0] if len(args) == 1 else args)
+        outs = self.compiled(_feed(x, self.input_names))
+        tensors = tuple(torch.from_numpy(outs[o].copy()) for o in self.compiled.outputs)
+        return tensors[0] if len(tensors) == 1 else tensors
+
+    def eval(self) -> OpenVINOModel:
+        return self
+
+
+@dataclasses.dataclass
+class OpenVINORunner(Runner):
+    """An IR run as deployed: compiled by the CPU plugin at its precision hint, ``threads`` inference
+    threads, the latency hint; numpy in and out (the conversion is part of every timed call)."""
+
+    model: Any = None
+    compiled: Any = None
+    input_names: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def create(cls, name: str, loaded: Any) -> OpenVINORunner:
+        art = loaded.artifact
+        model = read_ir(loaded.path)
+        precision = art.precision if art else precision_of(model)
+        return cls(
+            name=name,
+            ref=loaded.ref,
+            format="openvino",
+            runtime="OpenVINO (CPU)",
+            input_specs=list(loaded.input_specs),
+            input_style=loaded.input_style,
+            path=loaded.path,
+            files=FORMAT.files(loaded.path),
+            precision=precision,
+            batch_range=_batch_range(loaded.input_specs),
+            info=dict(loaded.info),
+            model=model,
+        )
+
+    @property
+    def input_dtype(self) -> Any:
+        return None  # bf16 is the plugin's inference precision: inputs stay fp32
+
+    def prepare(self, threads: int) -> None:
+        super().prepare(threads)
+        self.compiled = compile_ir(self.model, threads)
+        self.input_names = [p.get_any_name() for p in self.model.inputs]
+
+    def call(self, x: Any) -> Any:
+        import torch
+
+        outs = self.compiled(_feed(x, self.input_names))
+        return torch.from_numpy(outs[self.compiled.outputs[0]].copy())
+
+    def timed_call(self, x: Any) -> Callable[[], Any]:
+        compiled, names = self.compiled, self.input_names
+        return lambda: compiled(_feed(x, names))
+
+    def close(self) -> None:
+        self.compiled = self.model = None
+
+
+def _batch_range(specs: Sequence[InputSpec]) -> tuple[int, int] | None:
+    if specs and specs[0].min_shape:
+        return (specs[0].min_shape[0], specs[0].max_shape[0])
+    return None

