@@ -300,23 +300,29 @@ def _specs_from_shapes(loaded: LoadedModel, input_shapes: list) -> tuple[list[In
 
 def _infer_token_inputs(loaded: LoadedModel, untyped: set[str]) -> None:
     """Integer dtype and id range for given shapes that nothing typed (see ``resolve_inputs``)."""
+    loaded.input_specs = typed_token_inputs(loaded.module, loaded.input_specs, loaded.input_style, untyped)
+
+
+def typed_token_inputs(module: Any, specs: list[InputSpec], style: str, untyped: set[str]) -> list[InputSpec]:
+    """``specs`` with the token inputs typed: an input that an ``nn.Embedding`` receives becomes int64
+    ids below its ``num_embeddings`` (when ``untyped``: no shape or declaration gave its dtype), an
+    untyped ``attention_mask`` int64 0/1 (as Hugging Face tokenizers make it). Every stage that builds
+    specs from shapes alone (``--input-shape``, ``--min/--opt/--max-shape``) types them this way."""
     from ptopt.core.input_infer import embedding_inputs
 
-    unranged = {
-        s.name for s in loaded.input_specs if s.dtype != "bool" and not s.is_float and not s.value_range
-    }
-    if not (untyped or unranged):
-        return
-    vocab = embedding_inputs(loaded.module, loaded.input_specs, loaded.input_style, untyped)
-    specs = []
-    for s in loaded.input_specs:
+    unranged = {s.name for s in specs if s.dtype != "bool" and not s.is_float and not s.value_range}
+    if not (untyped or unranged) or module is None:
+        return list(specs)
+    vocab = embedding_inputs(module, specs, style, untyped)
+    out = []
+    for s in specs:
         if s.name in vocab and (s.name in untyped or s.name in unranged):
             dtype = "int64" if s.name in untyped else s.dtype
             s = dataclasses.replace(s, dtype=dtype, value_range=(0, vocab[s.name]))
         elif s.name == "attention_mask" and s.name in untyped:
             s = dataclasses.replace(s, dtype="int64")  # random 0/1 masks: padding must not be traced away
-        specs.append(s)
-    loaded.input_specs = specs
+        out.append(s)
+    return out
 
 
 def expected_input(loaded: LoadedModel) -> str | None:

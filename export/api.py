@@ -130,6 +130,7 @@ def _input_specs(
     specs = settle_specs(base, **shapes)
     if not base:
         style = _infer_style(source.module, specs, style)
+        specs = _typed(source.module, specs, style, shapes)
     if style == "keyword":
         specs = _forward_order(source.module, specs)
     _source_runs(source.loaded, specs, style)
@@ -284,6 +285,18 @@ def _split_input_shapes(input_shapes: Any, input_specs: Any) -> tuple[Any, Any]:
             f"got {type(value).__name__}"
         )
     return None, None
+
+
+def _typed(module: Any, specs: list[InputSpec], style: str, shapes: dict[str, Any]) -> list[InputSpec]:
+    """Specs built from shapes alone: token inputs typed as every stage types them (int64 ids for an
+    ``nn.Embedding``, int64 masks), unless a shape wrote its dtype (``input_ids=1x8:int64``)."""
+    from ptopt.core.inputspec import dtype_of, parse_named_shapes
+    from ptopt.core.modelref import typed_token_inputs
+
+    given = [v for k in ("min_shape", "opt_shape", "max_shape") for v in (shapes[k] or [])]
+    written = {n for n, shape in parse_named_shapes(list(given)) if n and dtype_of(shape)}
+    untyped = {s.name for s in specs if s.name not in written}
+    return typed_token_inputs(module, specs, style, untyped)
 
 
 def _forward_order(module: Any, specs: list[InputSpec]) -> list[InputSpec]:

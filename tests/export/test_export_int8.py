@@ -117,3 +117,65 @@ def test_int8_torchscript_to_torchscript_stays_int8(tmp_path, int8_artifact):
     art = export(int8_artifact, "torchscript", tmp_path / "again.pt", dynamic_batch="1:4:16")
     assert art.precision == "int8" and art.extra["method"] == "re-saved TorchScript"
     assert art.metrics["parity"]["max_abs_diff"] == 0.0
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).eval()
+
+
+def test_ort_dynamic_int8_needs_no_calibration_data(tmp_path):
+    """``--int8-method ort_dynamic``: onnxruntime's quantize_dynamic of the fp32 export: int8 MatMul /
+    Gemm weights, no calibration data; the file is smaller and runs in ORT like its source."""
+    import ptopt
+
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    fp32 = ptopt.export(_mlp(), "onnx", tmp_path / "m.onnx", input_shapes=x)
+    res = ptopt.export(_mlp(), "onnx", tmp_path / "m.int8.onnx", input_shapes=x, precision="int8",
+                       int8_method="ort_dynamic")  # fmt: skip
+    assert res.precision == "int8" and res.extra["int8_method"] == "ort_dynamic"
+    assert res.extra["quantization"]["ops"] == ["MatMul", "Gemm", "Attention", "LSTM", "GRU"]
+    assert res.size_bytes < 0.5 * fp32.size_bytes, (res.size_bytes, fp32.size_bytes)
+    torch.testing.assert_close(res.model(x), _mlp()(x), rtol=0.05, atol=0.05)
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "m.int8.onnx")).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops, ops
+
+
+def test_cli_ort_dynamic_and_refusal_for_an_int8_source(cli, tmp_path, int8_artifact):
+    code, out, err = cli(
+        "export", "tests.helpers:two_input", "--target", "onnx", "--precision", "int8",
+        "--int8-method", "ort_dynamic", "--min-shape", "input_ids=1x6", "--min-shape", "attention_mask=1x6",
+        "-o", "t.int8.onnx",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "int8:    ort_dynamic" in out
+    side = json.loads((tmp_path / "t.int8.onnx.ptopt.json").read_text())
+    assert side["config"]["int8_method"] == "ort_dynamic" and side["config"]["calib_data"] is None
+    from tests.helpers import assert_refused
+
+    assert_refused(
+        cli, "export", int8_artifact, "--target", "onnx", "--int8-method", "ort_dynamic", "-o", "x.onnx",
+        match="ort_dynamic quantizes an fp32 model", where=tmp_path,
+    )  # fmt: skip
+
+
+def test_pre_processing_falls_back_when_shape_inference_fails(tmp_path, monkeypatch):
+    """onnxruntime's symbolic shape inference fails on some real graphs (MiniLM's Expand): the
+    quantization goes on without it and the sidecar says so."""
+    import onnxruntime.quantization.shape_inference as si
+
+    import ptopt
+
+    real = si.quant_pre_process
+
+    def flaky(src, dst, **kw):
+        if not kw.get("skip_symbolic_shape"):
+            raise TypeError("object of type 'NoneType' has no len()")
+        return real(src, dst, **kw)
+
+    monkeypatch.setattr(si, "quant_pre_process", flaky)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    res = ptopt.export(_mlp(), "onnx", precision="int8", data=x, input_shapes=x, min_cosine=0.9)
+    assert res.extra["pre_process"] == "no symbolic shapes" and res.extra["int8_method"] == "ort_static"
