@@ -55,6 +55,8 @@ class OpenVINO(Format):
     requantizes_int8 = True
     reexportable = False
     packages = ("openvino", "nncf")
+    #: TorchServe runs it through ptopt's handler (which needs openvino in the worker's environment)
+    servers = ("torchserve",)
     write_options = frozenset({"calib", "fp32_module", "model_type"})
     sniff_rank = 4
     target_order = 25

@@ -15,6 +15,10 @@ fp32-onnx               ``export(target="onnx")``                               
 fp32-aoti               ``export(target="aoti", static_batches=batch sizes)``       a C++ compiler
 int8-fx                 ``quantize(mode="static", engine="fx")``                    always
 int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
+fp32-openvino           ``export(target="openvino")``                               openvino + nncf
+int8-openvino           ``export(target="openvino", precision="int8", data=calib)`` openvino + nncf
+int8-onnx-dynamic       ``export(target="onnx", precision="int8",                   Linear-heavy
+                        int8_method="ort_dynamic")``
 int8-dynamic            ``quantize(mode="dynamic")``                                Linear/LSTM/GRU
 int8-pt2e               ``quantize(mode="static", engine="pt2e")`` (AOTInductor)    torchao, compiler
 int8-fx-float-layers    ``autoquantize`` (int8 with the layers that must stay       int8-fx rejected
@@ -126,14 +130,16 @@ class Spec:
 # -- builds: one call into a stage each ------------------------------------------------------------
 
 
-def _export(target: str, precision: str | None = None) -> Callable[[Context], Any]:
+def _export(target: str, precision: str | None = None, **options: Any) -> Callable[[Context], Any]:
     def build(ctx: Context) -> Any:
         from ptopt.core.errors import UsageError
         from ptopt.core.inputspec import DEFAULT_MAX_BATCH
         from ptopt.export.api import export
 
         shapes = ctx.input_shapes or None
-        kwargs = dict(data=ctx.calib, input_shapes=shapes, precision=precision)
+        kwargs = dict(data=ctx.calib, input_shapes=shapes, precision=precision, **options)
+        if precision not in (None, "fp32"):  # a lossy artifact is accepted by the user's budget
+            kwargs.update(_budget(ctx))
         if target == "aoti":  # a fixed-batch model per timed batch size (in the default batch range)
             fixed = [b for b in ctx.batch_sizes if b <= DEFAULT_MAX_BATCH]
             try:
@@ -198,6 +204,40 @@ def _prune(ctx: Context) -> Any:
 
 
 # -- when a candidate applies ----------------------------------------------------------------------
+
+
+def _budget(ctx: Context) -> dict[str, Any]:
+    """The build's own check of a lossy artifact under the user's budget: their worst-sample cosine, or
+    with an accuracy budget none at all (the search judges accuracy on the eval data); the parity
+    numbers are recorded either way, and the report shows the default rule's verdict beside."""
+    if ctx.min_cosine is not None:
+        return {"min_cosine": ctx.min_cosine}
+    return {"min_cosine": -1.0} if ctx.max_accuracy_drop is not None else {}
+
+
+def _linear_heavy(ctx: Context) -> str | None:
+    """Most parameters in Linear/LSTM/GRU layers: what dynamic int8 of the matrix products speeds up."""
+    from torch import nn
+
+    kinds = (nn.Linear, nn.LSTM, nn.GRU)
+    total = sum(p.numel() for p in ctx.module.parameters()) or 1
+    share = sum(p.numel() for m in ctx.module.modules() if isinstance(m, kinds) for p in m.parameters(False))
+    if share / total >= 0.5:
+        return None
+    return (
+        f"only {share / total:.0%} of the parameters are in Linear/LSTM/GRU layers: dynamic int8 gains little"
+    )
+
+
+def _openvino(ctx: Context) -> str | None:
+    from ptopt.core.errors import MissingDependencyError
+    from ptopt.formats.openvino import require_openvino
+
+    try:
+        require_openvino(nncf=True)
+    except MissingDependencyError as e:
+        return str(e)
+    return None
 
 
 def _has_dynamic_layers(ctx: Context) -> str | None:
@@ -298,6 +338,19 @@ CATALOGUE: tuple[Spec, ...] = (
         _compiler,
     ),
     Spec(
+        "fp32-openvino",
+        "fp32 OpenVINO",
+        "fp32",
+        "openvino",
+        None,
+        "fp32",
+        0,
+        ("export --target openvino",),
+        _export("openvino"),
+        6,
+        when=_openvino,
+    ),
+    Spec(
         "int8-fx",
         "static int8, torch.ao FX (TorchScript)",
         "static-int8",
@@ -320,6 +373,32 @@ CATALOGUE: tuple[Spec, ...] = (
         ("export --target onnx --precision int8 --data CALIB",),
         _export("onnx", "int8"),
         15,
+    ),
+    Spec(
+        "int8-openvino",
+        "static int8, NNCF (OpenVINO)",
+        "static-int8",
+        "openvino",
+        "nncf",
+        "int8",
+        1,
+        ("export --target openvino --precision int8 --data CALIB",),
+        _export("openvino", "int8"),
+        15,
+        when=_openvino,
+    ),
+    Spec(
+        "int8-onnx-dynamic",
+        "dynamic int8 (matrix products), ONNX Runtime",
+        "dynamic-int8",
+        "onnx",
+        "ort",
+        "int8",
+        1,
+        ("export --target onnx --precision int8 --int8-method ort_dynamic",),
+        _export("onnx", "int8", int8_method="ort_dynamic"),
+        12,
+        when=_linear_heavy,
     ),
     Spec(
         "int8-dynamic",

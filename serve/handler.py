@@ -259,6 +259,8 @@ class PtoptHandler:
         self.half = {"fp16": "float16", "bf16": "bfloat16"}.get(meta.get("precision"))
         if self.format == "onnx":
             self._load_onnx(model_path, threads)
+        elif self.format == "openvino":
+            self.session, self.onnx_inputs = _openvino_session(model_path, threads)
         else:
             import torch
 
@@ -290,8 +292,9 @@ class PtoptHandler:
             else:
                 logger.info("onnxruntime here has no CUDA provider: the ONNX model runs on the CPU")
                 self.device = "cpu"
-        self.session = ort.InferenceSession(model_path, so, providers=providers)
-        self.onnx_inputs = [i.name for i in self.session.get_inputs()]
+        session = ort.InferenceSession(model_path, so, providers=providers)
+        self.session = lambda feed: session.run(None, feed)  # the runtime's call, as for openvino
+        self.onnx_inputs = [i.name for i in session.get_inputs()]
 
     # -- running ---------------------------------------------------------------------------
     def _run(self, arrays):
@@ -301,7 +304,7 @@ class PtoptHandler:
                 feed = {o: arrays[s["name"]] for o, s in zip(self.onnx_inputs, self.specs, strict=False)}
             else:
                 feed = {n: arrays[n] for n in self.onnx_inputs}
-            outs = self.session.run(None, feed)
+            outs = self.session(feed)
             return outs[0] if len(outs) == 1 else list(outs)
         import torch
 
@@ -420,7 +423,36 @@ def _worker_device(gpu_id):
 
 #: the formats this handler loads (``ptopt.serve.package`` puts no other in a .mar); a test checks it
 #: against the format table (the rows whose servers include torchserve)
-FORMATS = ("torchscript", "exported_program", "aoti_package", "onnx")
+FORMATS = ("torchscript", "exported_program", "aoti_package", "onnx", "openvino")
+
+
+def _openvino_session(model_path, threads=None):
+    """An OpenVINO IR (``model.xml`` + ``model.bin`` beside it) compiled for the worker's CPU at the
+    inference precision ptopt checked it at (its ``rt_info``): ``(run(feed) -> outputs, input names)``.
+    Needs ``openvino`` where TorchServe runs (``pip install openvino``)."""
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(model_path)
+    try:
+        precision = str(model.get_rt_info(["ptopt", "inference_precision"]).astype(str))
+    except Exception:  # noqa: BLE001 - an IR without ptopt's entry: fp32
+        precision = "fp32"
+    config = {
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
+    }
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    compiled = core.compile_model(model, "CPU", config)
+
+    def run(feed):
+        outs = compiled(feed)
+        return [outs[o] for o in compiled.outputs]
+
+    return run, [p.get_any_name() for p in model.inputs]
+
+
 #: the name of an AOTInductor package's fixed-batch model (``ptopt.formats.aoti.static_model_name``)
 STATIC_MODEL = "batch_{}"
 

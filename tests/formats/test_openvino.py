@@ -166,3 +166,34 @@ def test_cuda_device_is_refused(tmp_path):
     assert_refused(
         ptopt.export, tiny_cnn(), "openvino", device="cuda", match="runs on the CPU", where=tmp_path
     )
+
+
+def test_torchserve_handler_answers_from_an_ir_as_openvino_does(tmp_path):
+    """The IR is servable as it is: the handler (with openvino in the worker) compiles it at the
+    precision recorded in it and answers what OpenVINO answers; ``ptopt package`` puts the .bin in the
+    .mar beside the .xml."""
+    import shutil
+
+    import ptopt
+    from ptopt.serve import handler as handler_mod
+    from tests.serve.test_handler import FakeContext, _json
+
+    res = ptopt.export(tiny_cnn(), "openvino", tmp_path / "m.xml", input_shapes=_calib(4))
+    model_dir = tmp_path / "model_dir"
+    model_dir.mkdir()
+    for f in [*res.files, "m.xml.ptopt.json"]:
+        shutil.copy2(tmp_path / f, model_dir / f)
+    h = handler_mod.PtoptHandler()
+    ctx = FakeContext(model_dir, "m.xml", {"handler": {"threads": 1}})
+    h.initialize(ctx)
+    x = _calib(3)
+    answer = json.loads(h.handle([_json({"inputs": x.tolist()})], ctx)[0])
+    np.testing.assert_allclose(answer["outputs"], res.model(x).numpy(), rtol=1e-5, atol=1e-5)
+    from ptopt.core.features import check_torchserve
+
+    if check_torchserve().available:
+        import zipfile
+
+        mar = ptopt.package(tmp_path / "m.xml", "mar", tmp_path / "m.mar")
+        names = zipfile.ZipFile(mar.path).namelist()
+        assert "m.xml" in names and "m.bin" in names, names
