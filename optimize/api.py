@@ -34,7 +34,15 @@ from typing import Any
 
 from ptopt.core.errors import DataError, UsageError
 from ptopt.optimize.candidates import REFERENCE, Candidate, Context, runtime_filters, select
-from ptopt.optimize.search import Clock, Evaluator, Search, Settings, check_budget, measure_costs
+from ptopt.optimize.search import (
+    Clock,
+    Evaluator,
+    Search,
+    Settings,
+    check_budget,
+    measure_costs,
+    split_eval,
+)
 
 SCHEMA = "ptopt.optimize/1"
 DEFAULT_TIME_BUDGET_S = 600.0
@@ -104,17 +112,20 @@ class OptimizeResult:
                 cand.size_bytes = cand.result.save(stage / cand.path).size_bytes
         self.report["candidates"] = [c.to_dict() for c in self.candidates]
         if self.best is not None and self.best.result is not None:
-            _mark(self.best, "report.json")
+            _mark(self.best, "report.json", self.report.get("split"))
             self.best.result.save(stage / f"best{self.best.suffix}")
             self.report["best_path"] = f"best{self.best.suffix}"
         _write_reports(self.report, stage, self._final)
 
 
-def _mark(cand: Candidate, report: str | None) -> None:
-    """The sidecar names the whole path that produced the artifact."""
+def _mark(cand: Candidate, report: str | None, split: dict[str, Any] | None = None) -> None:
+    """The sidecar names the whole path that produced the artifact (and, for the winner, how the eval
+    data was split between choosing it and accepting it)."""
     record = {"candidate": cand.name, "label": cand.label, "steps": list(cand.steps)}
     if report:
         record["report"] = report
+    if split:
+        record["split"] = split
     cand.result.template.extra["optimize"] = record
 
 
@@ -203,6 +214,7 @@ def optimize(
                 search.close()
     best, within = _choose(search.candidates, settings)
     report = _report(search.candidates, best, within, settings, loaded, clock)
+    report["split"] = search.split
     result = OptimizeResult(search.candidates, best, report, inputs_paths)
     if output is not None:
         result.save(output)
@@ -211,10 +223,14 @@ def optimize(
 
 def _run(search: Search, ref_runner: Any, settings: Settings, say: Callable[[str], None]) -> None:
     ref = search.candidates[0]
-    say(f"evaluating the fp32 reference on {len(search.ctx.evald)} samples")
-    search.evaluator = Evaluator(ref_runner, search.ctx.evald, settings)
+    select, heldout, search.split = split_eval(search.ctx.evald)
+    held = f", {len(heldout)} held out to accept on" if heldout is not None else ""
+    say(f"evaluating the fp32 reference on {len(select)} samples to choose on{held}")
+    search.evaluator = Evaluator(ref_runner, select, settings, heldout)
     ref.status, ref.within_budget = "kept", True
-    ref.accuracy, ref.accuracy_drop, ref.cosine_min = search.evaluator.ref_acc, 0.0, 1.0
+    ev = search.evaluator
+    ref_acc = ev.ref_acc if heldout is None else ev._top1(ev.held_ref, heldout)
+    ref.accuracy, ref.accuracy_drop, ref.cosine_min = ref_acc, 0.0, 1.0
     search.run(say)
     search.time_kept(ref_runner, say)
 

@@ -525,6 +525,8 @@ class Candidate:
     speedup: dict[str, float] = dataclasses.field(default_factory=dict)
     noisy: bool = False
     within_budget: bool | None = None
+    #: the figures on the samples the search chose on, when the headline ones are the held-out ones
+    search: dict[str, Any] | None = None
     build_seconds: float | None = None
     #: where the artifact was written while searching (the runners load it from there)
     work_path: Any = None
@@ -561,6 +563,7 @@ class Candidate:
             "speedup": self.speedup,
             "noisy": self.noisy,
             "within_budget": self.within_budget,
+            "search": None if self.search is None else {k: _rounded(v, 6) for k, v in self.search.items()},
             "packageable": s.packageable,
             "build_seconds": self.build_seconds,
             "steps": list(s.steps),

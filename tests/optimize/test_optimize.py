@@ -21,13 +21,14 @@ FACTORY = "tests.helpers:tiny_cnn"
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, Path]:
-    """calib (64), eval (160 labelled: more than the pre-screen's 128), eval without labels."""
+    """calib (64), eval (320 labelled: the search chooses on 160, more than the pre-screen's 128, and
+    accepts on the 160 others), eval without labels."""
     from ptopt.core.data import Dataset, load_data
 
     d = tmp_path_factory.mktemp("optimize-data")
     train, test = load_data("builtin:digits:train"), load_data("builtin:digits:test")
     train.take(64).save(d / "calib.pt")
-    test.take(160).save(d / "eval.pt")
+    test.take(320).save(d / "eval.pt")
     Dataset(test.take(64).x).save(d / "eval-unlabelled.pt")
     train.take(128).save(d / "train.pt")
     return {k: d / f"{k}.pt" for k in ("calib", "eval", "eval-unlabelled", "train")}
@@ -81,6 +82,7 @@ def test_python_api_finds_the_fastest_within_budget_and_it_packages(tmp_path, da
         "label": res.best.label,
         "steps": list(res.best.steps),
         "report": "report.json",
+        "split": {"search_samples": 160, "heldout_samples": 160, "seed": 0, "of": str(data["eval"])},
     }
     for c in kept:
         assert (out / c.path).is_file() and c.path == f"candidates/{c.name}{c.suffix}"
@@ -120,7 +122,7 @@ def test_exit_1_when_nothing_meets_the_budget_best_found_still_written(cli, tmp_
     )
     rows = {c["name"]: c for c in report["candidates"]}
     assert all(rows[n]["status"] == "rejected" for n in ("int8-dynamic", "int8-fx"))
-    # 160 eval samples > the pre-screen's 128: rejected there, not after a full evaluation
+    # 160 samples to choose on > the pre-screen's 128: rejected there, not after a full evaluation
     assert all(rows[n]["reason"].startswith("pre-screen on 128 samples") for n in ("int8-dynamic", "int8-fx"))
     assert "no candidate meets the accuracy budget" in err
 
@@ -356,11 +358,18 @@ def test_runtimes_users_pick_instead_are_candidates(cli, tmp_path, data):
     assert set(built) == {"fp32-eager", "fp32-openvino", "int8-openvino"}, built
 
 
-def test_onnx_dynamic_int8_is_skipped_for_a_cnn(tmp_path, data):
+def test_onnx_dynamic_int8_is_skipped_for_a_conv_heavy_cnn(tmp_path, data):
+    import torch
+
     import ptopt
 
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3, padding=1),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10),
+    )  # fmt: skip
     res = ptopt.optimize(
-        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=5.0,
+        conv, calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=100.0,
         candidates=["int8-onnx-dynamic"], **FAST,
     )  # fmt: skip
     row = next(c for c in res.candidates if c.name == "int8-onnx-dynamic")
