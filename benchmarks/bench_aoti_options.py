@@ -29,7 +29,7 @@ from ptopt.core.inputspec import make_inputs  # noqa: E402
 from ptopt.core.modelref import load_model  # noqa: E402
 from ptopt.core.timing import measure_interleaved  # noqa: E402
 from ptopt.export.writers import write_model  # noqa: E402
-from ptopt.formats.aoti import load_package  # noqa: E402
+from ptopt.formats.aoti_files import load_package  # noqa: E402
 from ptopt.formats.onnx_session import onnx_session  # noqa: E402
 
 ROUNDS, MIN_SECONDS = 9, 2.0

@@ -118,7 +118,7 @@ def runtimes(name: str, module, factory: str, batch_range: str, work: Path) -> t
     import torch
 
     from ptopt.core.cudagraph import CudaGraphed
-    from ptopt.formats.aoti import load_package
+    from ptopt.formats.aoti_files import load_package
 
     fp32 = module.cuda().eval()
     half = torch.compile(copy.deepcopy(module).half().cuda().eval())

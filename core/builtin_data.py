@@ -14,8 +14,8 @@ The split is a fixed seeded permutation, the same on every machine.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
-from ptopt.core.data import Dataset
 from ptopt.core.errors import DataError
 
 SPLIT_SEED = 0
@@ -60,7 +60,9 @@ def _variant(name: str):
     raise KeyError(name)
 
 
-def load_builtin(ref: str) -> Dataset:
+def load_builtin(ref: str) -> tuple[Any, Any, str]:
+    """``(x, y, name)`` of ``builtin:NAME[:SPLIT]`` (``ptopt.core.data`` makes the Dataset): the
+    variant's tensors, the split a seeded permutation's (``TRAIN_FRACTION`` train), order kept."""
     parts = ref.split(":")
     if len(parts) not in (2, 3) or parts[0] != "builtin":
         raise DataError(f"bad builtin data reference {ref!r}: write builtin:NAME[:SPLIT]")
@@ -72,12 +74,11 @@ def load_builtin(ref: str) -> Dataset:
     import torch
 
     x, y = _variant(name)
-    ds = Dataset(x, y, f"builtin:{name}:{split}")
     if split == "all":
-        return ds
-    perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(SPLIT_SEED))
-    k = int(round(len(ds) * TRAIN_FRACTION))
-    idx = perm[:k] if split == "train" else perm[k:]
-    out = ds.select(torch.sort(idx).values)
-    out.name = f"builtin:{name}:{split}"
-    return out
+        return x, y, f"builtin:{name}:{split}"
+    n = len(y)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED))
+    k = int(round(n * TRAIN_FRACTION))
+    idx = torch.sort(perm[:k] if split == "train" else perm[k:]).values
+    x = {key: v[idx] for key, v in x.items()} if isinstance(x, dict) else x[idx]
+    return x, y[idx], f"builtin:{name}:{split}"

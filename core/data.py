@@ -399,7 +399,8 @@ def _load_reference(ref: str | os.PathLike) -> Dataset:
     if text.startswith("builtin:"):
         from ptopt.core.builtin_data import load_builtin
 
-        return load_builtin(text)
+        x, y, name = load_builtin(text)
+        return Dataset(x, y, name)
     path = Path(text)
     if path.exists():
         if path.is_dir():

@@ -41,7 +41,7 @@ from typing import Any
 
 from ptopt.core.errors import MissingDependencyError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
-from ptopt.formats.aoti import DEFAULT_MODEL, VERSION_KEY, package_metadata, static_model_name
+from ptopt.formats.aoti_files import DEFAULT_MODEL, VERSION_KEY, package_metadata, static_model_name
 
 __all__ = ["CUDA_GRAPHS_KEY", "DEFAULT_OPTIONS", "check_compiler", "write_aoti"]
 

@@ -453,7 +453,7 @@ def _openvino_session(model_path, threads=None):
     return run, [p.get_any_name() for p in model.inputs]
 
 
-#: the name of an AOTInductor package's fixed-batch model (``ptopt.formats.aoti.static_model_name``)
+#: the name of an AOTInductor package's fixed-batch model (``ptopt.formats.aoti_files.static_model_name``)
 STATIC_MODEL = "batch_{}"
 
 
@@ -463,7 +463,7 @@ def _by_batch(default, fixed):
     import torch
 
     def run(*args, **kwargs):
-        # the rule of ptopt.formats.aoti.FixedBatchDispatch: dimension 0 of the first tensor with one
+        # the rule of ptopt.formats.aoti_files.FixedBatchDispatch: dimension 0 of the first tensor with one
         first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim()), None)
         return fixed.get(int(first.shape[0]) if first is not None else -1, default)(*args, **kwargs)
 

@@ -132,7 +132,7 @@ def test_scheme_registered_twice_with_another_loader_is_an_error(demo_scheme):
         (
             "nothing_here.pt",
             {},
-            "forms: model.pt, model.onnx, model.ep, model.pt2, pkg.module:factory, demo:NAME, zoo:NAME",
+            "forms: model.pt, model.onnx, model.xml, model.ep, model.pt2, pkg.module:factory, demo:NAME, zoo:NAME",
         ),
     ],
     ids=["unknown-zoo-name", "zoo-with-weights", "scheme-with-weights", "forms-list-schemes"],

@@ -13,7 +13,7 @@ import torch
 from ptopt.core.errors import ModelLoadError
 from ptopt.core.inputspec import specs_from_example
 from ptopt.formats import aoti_compile as aoti
-from ptopt.formats.aoti import VERSION_KEY, load_package, package_device
+from ptopt.formats.aoti_files import VERSION_KEY, load_package, package_device
 from tests.helpers import tiny_cnn
 
 

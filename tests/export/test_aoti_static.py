@@ -35,13 +35,13 @@ def test_cli_records_and_checks_each_fixed_batch(package):
     fixed = side["metrics"]["parity"]["static_batches"]
     assert list(fixed) == ["4"] and fixed["4"]["passed"] and fixed["4"]["cosine"] > 0.9999
     assert "fixed:   batch-size models 4 (cosine" in stdout
-    from ptopt.formats.aoti import package_models
+    from ptopt.formats.aoti_files import package_models
 
     assert package_models(path) == ["batch_4", "model"]
 
 
 def test_loader_runs_a_batch_of_four_on_the_fixed_model(package):
-    from ptopt.formats.aoti import FixedBatchDispatch, load_package
+    from ptopt.formats.aoti_files import FixedBatchDispatch, load_package
 
     path, _ = package
     model = load_package(path)
@@ -125,7 +125,7 @@ def test_static_batch_options_compare_as_sets_of_sizes():
 def test_dispatch_copes_with_scalars_and_copies():
     import copy
 
-    from ptopt.formats.aoti import FixedBatchDispatch, static_model_batch, static_model_name
+    from ptopt.formats.aoti_files import FixedBatchDispatch, static_model_batch, static_model_name
 
     assert static_model_batch(static_model_name(32)) == 32
     assert static_model_batch("batch_x") is None and static_model_batch("model") is None
@@ -141,7 +141,7 @@ def test_torchserve_handler_agrees_with_the_format_table(package):
     AOTInductor row does, and its package loader gives the row's outputs, batch for batch."""
     from ptopt.core.artifact import Artifact
     from ptopt.core.formats import get_format
-    from ptopt.formats.aoti import static_model_batch, static_model_name
+    from ptopt.formats.aoti_files import static_model_batch, static_model_name
     from ptopt.serve import handler
     from ptopt.serve.package import servable_formats
 

@@ -1,0 +1,147 @@
+"""AOTInductor packages as files: telling one from an ExportedProgram ``.pt2``, reading its metadata
+without loading it, refusing one built by another torch, and loading it.
+
+A ``.pt2`` is either a ``torch.export`` ExportedProgram or an AOTInductor package (compiled native
+code, ``data/aotinductor/`` in the archive). A ptopt sidecar says which (``format``:
+``exported_program`` / ``aoti_package``); without one the archive's contents decide.
+
+A package runs only on the torch that compiled it (the generated code calls torch's C++ ABI).
+ptopt writes the torch version into the package's own metadata (:data:`VERSION_KEY`, see
+``ptopt.formats.aoti_compile``) and into the sidecar; :func:`check_version` compares it with this torch
+before any of the package's code is loaded. Loading a package runs its native code, so model
+loaders ask for ``allow_pickle`` (trust in the file) first, as for a pickled module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import ModelLoadError
+from ptopt.formats.base import zip_names
+
+#: the package metadata key holding the torch version that built it
+VERSION_KEY = "ptopt_torch_version"
+#: the model ``aoti_load_package(path)`` loads: the dynamic-batch one
+DEFAULT_MODEL = "model"
+
+
+def static_model_name(batch: int) -> str:
+    """The name of a package's fixed-batch model for ``batch`` (``--static-batch``)."""
+    return f"batch_{int(batch)}"
+
+
+def static_model_batch(name: str) -> int | None:
+    """The batch of a fixed-batch model's name (:func:`static_model_name`), None for any other name."""
+    m = re.fullmatch(r"batch_(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def package_models(path: str | os.PathLike) -> list[str]:
+    """The model names inside a package (``model``, and ``batch_B`` for each fixed batch)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            parts = (n.split("/") for n in z.namelist())
+            return sorted({p[p.index("aotinductor") + 1] for p in parts if "aotinductor" in p[:-2]})
+    except (OSError, zipfile.BadZipFile):
+        return []
+
+
+class FixedBatchDispatch:
+    """A package loaded with its fixed-batch models: a call whose batch (dimension 0 of its first
+    tensor) is one of theirs runs on that model, any other on the dynamic one. Everything else
+    (``loader``, ``get_metadata``...) is the dynamic model's."""
+
+    def __init__(self, default: Any, fixed: dict[int, Any]):
+        self.default, self.fixed = default, fixed
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        first = next(
+            (t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim()), None
+        )
+        model = self.fixed.get(int(first.shape[0]), self.default) if first is not None else self.default
+        return model(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "default" not in self.__dict__:  # copy/pickle probe before __init__
+            raise AttributeError(name)
+        return getattr(self.default, name)
+
+
+def is_aoti_package(path: str | os.PathLike) -> bool:
+    """Whether the zip at ``path`` is an AOTInductor package (holds ``data/aotinductor/``)."""
+    return any("/data/aotinductor/" in "/" + n for n in zip_names(Path(path)))
+
+
+def package_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The package's metadata (``AOTI_CPU_ISA``, ``AOTI_DEVICE_KEY``, ``ptopt_torch_version``...),
+    read from the archive without loading its library; empty when it has none."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            for n in z.namelist():
+                if n.endswith("wrapper_metadata.json"):
+                    return {str(k): str(v) for k, v in json.loads(z.read(n)).items()}
+    except (OSError, zipfile.BadZipFile, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def check_version(path: str | os.PathLike, recorded: str | None = None) -> None:
+    """Refuse a package built by another torch: ModelLoadError naming both versions.
+
+    ``recorded``: the sidecar's torch version, used when the package's metadata has none."""
+    import torch
+
+    built = package_metadata(path).get(VERSION_KEY) or recorded
+    if built and built != torch.__version__:
+        raise ModelLoadError(
+            f"{Path(path).name}: AOTInductor package built by torch {built}, but this is torch "
+            f"{torch.__version__}; a package runs only on the torch that compiled it: export it again "
+            f"with this torch (ptopt export MODEL --target aoti)"
+        )
+
+
+def load_package(
+    path: str | os.PathLike, recorded_version: str | None = None, device: str | None = None
+) -> Any:
+    """The package loaded with ``torch._inductor.aoti_load_package`` (callable like its source),
+    after :func:`check_version`; with fixed-batch models in it (``--static-batch``), a
+    :class:`FixedBatchDispatch` over all of them. A package runs on the device kind it was compiled for
+    (``AOTI_DEVICE_KEY``): ``device`` (None: that kind) must match it (ModelLoadError otherwise);
+    ``cuda:N`` loads it onto GPU N."""
+    import torch
+
+    check_version(path, recorded_version)
+    built = package_device(path)
+    device = built if device is None else str(device)
+    wanted = device.split(":")[0]
+    if built != wanted:
+        raise ModelLoadError(
+            f"{Path(path).name}: AOTInductor package compiled for {built}, asked to run on {device}: a "
+            f"package runs only on the device kind it was compiled for; export it again with "
+            f"--device {device} (ptopt export MODEL --target aoti --device {device})"
+        )
+    index = -1
+    if wanted == "cuda":
+        index = int(str(device).partition(":")[2] or torch.cuda.current_device())
+    default = torch._inductor.aoti_load_package(str(path), device_index=index)
+    batches = {n: static_model_batch(n) for n in package_models(path)}
+    fixed_names = {n: b for n, b in batches.items() if b is not None}
+    if not fixed_names:
+        return default
+    from torch._inductor.package import load_package as load_model
+
+    fixed = {b: load_model(str(path), n, device_index=index) for n, b in fixed_names.items()}
+    return FixedBatchDispatch(default, fixed)
+
+
+def package_device(path: str | os.PathLike) -> str:
+    """The device kind a package was compiled for (``cpu`` or ``cuda``; ``cpu`` when unrecorded)."""
+    return package_metadata(path).get("AOTI_DEVICE_KEY", "cpu") or "cpu"
