@@ -455,7 +455,9 @@ def _load_torch(model_path, fmt, meta, device="cpu"):
             return model
         from torch._inductor.package import load_package
 
-        return _by_batch(model, {int(b): load_package(model_path, STATIC_MODEL.format(int(b))) for b in batches})
+        return _by_batch(
+            model, {int(b): load_package(model_path, STATIC_MODEL.format(int(b))) for b in batches}
+        )
     if fmt == "exported_program":
         # a PT2E int8 program calls quantized_decomposed.* ops, defined by this module of torch
         importlib.import_module("torch.ao.quantization.fx._decomposed")
