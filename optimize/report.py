@@ -64,6 +64,7 @@ def reference_candidate(report: dict[str, Any]) -> dict[str, Any] | None:
     return next((c for c in candidates(report) if c.get("name") == ref or c.get("label") == ref), None)
 
 
+# -- the timing noise (the rule: ptopt.validate.noise) ---------------------------------------------
 def _spread(c: dict[str, Any] | None, bs: str) -> float | None:
     return (((c or {}).get("latency_ms") or {}).get(bs) or {}).get("spread_pct")
 
@@ -103,6 +104,7 @@ def noise_notes(report: dict[str, Any]) -> list[str]:
     return out
 
 
+# -- what the budget is on, the machine, the search ------------------------------------------------
 def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
     """The points no other point beats on both latency (lower) and the y value (higher), by latency."""
     front: list[tuple[float, float, str]] = []

@@ -76,16 +76,11 @@ def machine_line(machine: dict[str, Any], threads: Any, device: str | None = Non
     dict lacks is left out."""
     cpu = machine.get("cpu") or {}
     isa = ", ".join(k for k, v in (cpu.get("isa") or {}).items() if v) or "none of the tracked"
-    cores = cpu.get("usable_cores") is not None and cpu.get("logical_cores") is not None
-    what = [
-        cpu.get("arch"),
-        f"{cpu['usable_cores']} usable of {cpu['logical_cores']} cores" if cores else None,
-    ]
-    what = ", ".join(str(x) for x in what if x)
-    parts = [f"{cpu.get('model') or '?'} ({what + '; ' if what else ''}ISA: {isa})", machine.get("os")]
-    parts.append(f"threads: {threads}")
-    if device and device != "cpu":
-        parts.append(f"device: {device}")
+    known = cpu.get("usable_cores") is not None and cpu.get("logical_cores") is not None
+    cores = f"{cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} cores" if known else None
+    inside = ", ".join(str(x) for x in (cpu.get("arch"), cores) if x)
+    parts = [f"{cpu.get('model') or '?'} ({inside + '; ' if inside else ''}ISA: {isa})", machine.get("os")]
+    parts += [f"threads: {threads}", f"device: {device}" if device and device != "cpu" else None]
     return "; ".join(str(p) for p in parts if p)
 
 

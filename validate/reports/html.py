@@ -1,6 +1,7 @@
-"""A self-contained HTML report: tables and three plots (accuracy vs latency, size per artifact,
-latency per batch size) drawn with matplotlib and embedded as base64 PNG, so the file opens in a
-browser offline and can be attached to a CI run as is."""
+"""Self-contained HTML reports: the primitives both commands' pages are made of (the page shell and
+its CSS, tables, footnotes, matplotlib on Agg and the embedded PNG), then validate's page: tables and
+three plots (accuracy vs latency, size per artifact, latency per batch size) embedded as base64 PNG, so
+the file opens in a browser offline and can be attached to a CI run as is."""
 
 from __future__ import annotations
 
