@@ -4,7 +4,8 @@ accuracy budget, on this machine.
 - ``api``: ``optimize(...)`` and ``OptimizeResult``;
 - ``candidates``: the catalogue (each candidate built by the stages' own functions);
 - ``search``: ordering, the accuracy pre-screen, interleaved timing, the time budget;
-- ``report``: report.json / report.html / summary.md and the terminal table.
+- ``report``: report.json / report.html / summary.md and the terminal table, over validate's report
+  stack (``ptopt.validate.reports``); ``pareto``: the Pareto plot of report.html.
 
 Imports no torch.
 """

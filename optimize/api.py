@@ -6,7 +6,7 @@ formats and runtimes, measured on this machine.
     res.best.name, res.best.speedup      # e.g. "int8-onnx-qdq", {"1": 1.8, "32": 2.6}
     res.model(x)                         # the best candidate, in this process
     res.exit_code                        # 0: a winner; 1: nothing within the budget (best found named)
-    res.report                           # the report.json dict (schema ``ptopt.optimize/1``)
+    res.report                           # the report.json dict (schema ``ptopt.optimize/2``)
 
 Order of work: every option and input a user can get wrong is checked before anything is built
 (exit 2, nothing written); the model and data load; one reference batch is timed, and a time budget
@@ -44,7 +44,7 @@ from ptopt.optimize.search import (
     split_eval,
 )
 
-SCHEMA = "ptopt.optimize/1"
+SCHEMA = "ptopt.optimize/2"
 DEFAULT_TIME_BUDGET_S = 600.0
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
@@ -265,15 +265,15 @@ def _report(
     import torch
 
     from ptopt import __version__
-    from ptopt.core.system import cpu_info
+    from ptopt.core.system import machine_summary
 
-    cpu = cpu_info()
-    isa = [k for k, v in cpu["isa"].items() if v]
     return {
         "schema": SCHEMA,
         "ptopt_version": __version__,
         "torch_version": torch.__version__,
-        "machine": {"cpu": cpu["model"], "isa": ",".join(isa), "threads": settings.threads, "device": "cpu"},
+        "machine": machine_summary(),  # as validate's report: the same machine line prints for both
+        "threads": settings.threads,
+        "device": "cpu",
         "model": loaded.ref,
         "budget": {"max_accuracy_drop": settings.max_accuracy_drop, "min_cosine": settings.min_cosine},
         "batch_sizes": settings.batch_sizes,

@@ -1,25 +1,28 @@
 """The reports of ``ptopt optimize``: ``report.json``, ``report.html`` (a Pareto plot and the candidates
-table), ``summary.md`` and the terminal table, all from the one report dict (schema ``ptopt.optimize/1``,
-docs/optimize.md).
+table), ``summary.md`` and the terminal table, all from the one report dict (schema ``ptopt.optimize/2``,
+docs/optimize.md; a ``ptopt.optimize/1`` report still renders).
 
-Every number has one spelling, shared with validate's reports (``ptopt.validate.reports.common``), and
-every file is written atomically. Any field of a candidate may be null (a failed build has no latency, a
-skipped one no accuracy): it shows as "—" and is left out of the plot.
+A thin layer over validate's report stack (``ptopt.validate.reports``): every number is spelled by its
+vocabulary (``common``), the machine and versions lines, the noise rule and its footnotes are validate's,
+and the pages, tables and writers are its markdown / html / terminal / JSON primitives. What is optimize's
+own is here: the candidates table's columns, the verdict and winner lines, the package command, and the
+Pareto plot (``pareto``). Any field of a candidate may be null (a failed build has no latency, a skipped
+one no accuracy): it shows as "—" and is left out of the plot.
 """
 
 from __future__ import annotations
 
 import html
-import io
-import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.atomic import write_text_atomic
-from ptopt.validate.reports.common import NOISY_MARK, NOISY_SPREAD_PCT, fmt_cos, fmt_mb
-from ptopt.validate.reports.json_report import dumps
+from ptopt.validate.noise import combined_spread, latency_noisy, speedup_noisy
+from ptopt.validate.reports import common, json_report
+from ptopt.validate.reports import html as H
+from ptopt.validate.reports import markdown as M
+from ptopt.validate.reports import terminal as T
 
 
 # -- the facts every report shows ------------------------------------------------------------------
@@ -61,16 +64,17 @@ def reference_candidate(report: dict[str, Any]) -> dict[str, Any] | None:
     return next((c for c in candidates(report) if c.get("name") == ref or c.get("label") == ref), None)
 
 
-def _spread(c: dict[str, Any] | None, bs: str) -> float:
-    return (((c or {}).get("latency_ms") or {}).get(bs) or {}).get("spread_pct") or 0.0
+# -- the timing noise (the rule: ptopt.validate.noise) ---------------------------------------------
+def _spread(c: dict[str, Any] | None, bs: str) -> float | None:
+    return (((c or {}).get("latency_ms") or {}).get(bs) or {}).get("spread_pct")
 
 
 def is_noisy(report: dict[str, Any], c: dict[str, Any], bs: str) -> bool:
-    """The candidate's speedup at ``bs`` is within the timing noise. The engine flags a candidate
-    (``noisy``: true, or per batch size); a candidate-wide flag is placed on the batch sizes where the
-    engine's rule holds (|speedup − 1| within the combined spread of its and the reference's rounds).
-    Rounds that spread more than validate's threshold are noisy whatever the flag."""
-    if _spread(c, bs) > NOISY_SPREAD_PCT:
+    """The candidate's latency or speedup at ``bs`` is within the timing noise (``ptopt.validate.noise``):
+    its rounds spread too much (rule 1, as in validate), or the engine flagged it (``noisy``: true, or per
+    batch size) and, for a candidate-wide flag, its speedup there is within the combined spread of its
+    and the reference's rounds of 1.0 (rule 2, the rule the engine flags by)."""
+    if latency_noisy(_spread(c, bs)):
         return True
     flag = c.get("noisy")
     if isinstance(flag, dict):
@@ -78,9 +82,36 @@ def is_noisy(report: dict[str, Any], c: dict[str, Any], bs: str) -> bool:
     if not flag:
         return False
     sp = (c.get("speedup") or {}).get(bs)
-    if sp is None:
-        return True
-    return abs(sp - 1.0) * 100.0 <= math.hypot(_spread(c, bs), _spread(reference_candidate(report), bs))
+    return sp is None or speedup_noisy(sp, _spread(c, bs), _spread(reference_candidate(report), bs))
+
+
+def noise_notes(report: dict[str, Any]) -> list[str]:
+    """A footnote per candidate and batch size marked noisy, saying which rule holds."""
+    out, ref = [], reference_candidate(report)
+    for c in candidates(report):
+        for bs in batch_sizes(report):
+            if latency(c, bs) is None or not is_noisy(report, c, bs):
+                continue
+            if latency_noisy(_spread(c, bs)):
+                out.append(common.spread_note(c.get("name"), bs, _spread(c, bs)))
+            else:
+                sp = (c.get("speedup") or {}).get(bs)
+                out.append(
+                    common.within_note(
+                        c.get("name"), bs, sp, combined_spread(_spread(c, bs), _spread(ref, bs))
+                    )
+                )
+    return out
+
+
+# -- what the budget is on, the machine, the search ------------------------------------------------
+def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The points no other point beats on both latency (lower) and the y value (higher), by latency."""
+    front: list[tuple[float, float, str]] = []
+    for p in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or p[1] > front[-1][1]:
+            front.append(p)
+    return front
 
 
 def y_value(report: dict[str, Any], c: dict[str, Any]) -> float | None:
@@ -118,13 +149,27 @@ def budget_threshold(report: dict[str, Any]) -> float | None:
     return None
 
 
-def machine_line(report: dict[str, Any]) -> str:
+def machine(report: dict[str, Any]) -> dict[str, Any]:
+    """``report["machine"]``: ``ptopt.core.system.machine_summary()``'s dict, as in validate's report. A
+    ``ptopt.optimize/1`` report's reduced one (``{"cpu": model, "isa": "avx2,fma", "threads", "device"}``,
+    the versions at the top level) is read into that shape."""
     m = report.get("machine") or {}
-    return (
-        f"{m.get('cpu', '?')} (ISA: {m.get('isa') or '?'}); {m.get('threads', '?')} thread(s); "
-        f"device {m.get('device', 'cpu')}; torch {report.get('torch_version', '?')}, "
-        f"ptopt {report.get('ptopt_version', '?')}"
-    )
+    if isinstance(m.get("cpu"), dict) or not m:
+        return m
+    isa = {flag: True for flag in str(m.get("isa") or "").split(",") if flag}
+    versions = {k: report[f"{k}_version"] for k in ("ptopt", "torch") if report.get(f"{k}_version")}
+    return {"cpu": {"model": m.get("cpu"), "isa": isa}, "versions": versions}
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    """Validate's machine line (``common.machine_line``) of the machine the candidates were timed on."""
+    old = report.get("machine") or {}  # a ptopt.optimize/1 report kept threads and device there
+    threads = report.get("threads", old.get("threads", "?"))
+    return common.machine_line(machine(report), threads, report.get("device", old.get("device")))
+
+
+def versions_line(report: dict[str, Any]) -> str:
+    return common.versions_line(machine(report))
 
 
 def search_line(report: dict[str, Any]) -> str:
@@ -138,39 +183,14 @@ def search_line(report: dict[str, Any]) -> str:
     )
 
 
-# -- cells -----------------------------------------------------------------------------------------
-def fmt_acc(v: Any) -> str:
-    return "—" if v is None else f"{100 * v:.2f}"
-
-
-def fmt_drop(v: Any) -> str:
-    return "—" if v is None else f"{v:+.2f}"
-
-
-def fmt_latency(report: dict[str, Any], c: dict[str, Any], bs: str) -> str:
-    ms = latency(c, bs)
-    return "—" if ms is None else f"{ms:.3f}" + (NOISY_MARK if is_noisy(report, c, bs) else "")
-
-
-def fmt_speedup(report: dict[str, Any], c: dict[str, Any], bs: str) -> str:
-    if c is reference_candidate(report):
-        return "ref"
-    v = (c.get("speedup") or {}).get(bs)
-    return "—" if v is None else f"{v:.2f}x" + (NOISY_MARK if is_noisy(report, c, bs) else "")
-
-
-def fmt_status(c: dict[str, Any]) -> str:
-    status = c.get("status") or "?"
-    return status if status == "kept" or not c.get("reason") else f"{status}: {c['reason']}"
-
-
+# -- the candidates table --------------------------------------------------------------------------
 def where(c: dict[str, Any]) -> str:
     engine = f" ({c['engine']})" if c.get("engine") else ""
     return f"{c.get('format') or '?'} / {c.get('runtime') or '?'}{engine}"
 
 
 def table_head(report: dict[str, Any]) -> list[str]:
-    acc = ["cos min"] if report.get("metric") == "cosine" else ["top-1 %", "drop (pts)", "cos min"]
+    acc = ["cos min"] if report.get("metric") == "cosine" else ["top-1 %", "drop", "cos min"]
     sizes = batch_sizes(report)
     return (
         ["", "candidate", "format / runtime", "precision", "MB"]
@@ -181,34 +201,46 @@ def table_head(report: dict[str, Any]) -> list[str]:
     )
 
 
+#: the columns of ``table_head`` that are text (left-aligned); "status" is the one that wraps
+TEXT_COLUMNS = ("", "candidate", "format / runtime", "precision")
+
+
 def table_row(report: dict[str, Any], c: dict[str, Any]) -> list[str]:
     """One candidate's cells, the columns of ``table_head``."""
+    ref = c is reference_candidate(report)
+    cos = common.fmt_cos(c.get("cosine_min"))
     acc = (
-        [fmt_cos(c.get("cosine_min"))]
+        [cos]
         if report.get("metric") == "cosine"
-        else [fmt_acc(c.get("accuracy")), fmt_drop(c.get("accuracy_drop")), fmt_cos(c.get("cosine_min"))]
+        else [
+            common.fmt_metric(c.get("accuracy"), percent=True),
+            common.fmt_drop(c.get("accuracy_drop"), "pts", ref),
+            cos,
+        ]
     )
     sizes = batch_sizes(report)
-    mark = "★" if c.get("name") == report.get("best") else ("ref" if c is reference_candidate(report) else "")
+    mark = "★" if c.get("name") == report.get("best") else (common.REF if ref else "")
+    speed = [
+        common.fmt_speedup((c.get("speedup") or {}).get(bs), is_noisy(report, c, bs), ref) for bs in sizes
+    ]
     return (
-        [mark, c.get("name") or "?", where(c), c.get("precision") or "—", fmt_mb(c.get("size_bytes"))]
+        [
+            mark,
+            c.get("name") or "?",
+            where(c),
+            c.get("precision") or common.NONE,
+            common.fmt_mb(c.get("size_bytes")),
+        ]
         + acc
-        + [fmt_latency(report, c, bs) for bs in sizes]
-        + [fmt_speedup(report, c, bs) for bs in sizes]
+        + [common.fmt_ms(latency(c, bs), is_noisy(report, c, bs)) for bs in sizes]
+        + speed
         + [fmt_status(c)]
     )
 
 
-def noise_notes(report: dict[str, Any]) -> list[str]:
-    out = []
-    for c in candidates(report):
-        noisy = [bs for bs in batch_sizes(report) if latency(c, bs) is not None and is_noisy(report, c, bs)]
-        if noisy:
-            out.append(
-                f"{NOISY_MARK} noisy: {c.get('name')} at batch {', '.join(noisy)}: its speedup is within "
-                "the spread of the timing rounds; the ranking there is not to be trusted"
-            )
-    return out
+def fmt_status(c: dict[str, Any]) -> str:
+    status = c.get("status") or "?"
+    return status if status == "kept" or not c.get("reason") else f"{status}: {c['reason']}"
 
 
 # -- the verdict and the package command -----------------------------------------------------------
@@ -289,33 +321,24 @@ def winner_lines(report: dict[str, Any], directory: str | os.PathLike | None) ->
     return out
 
 
-# -- JSON ------------------------------------------------------------------------------------------
+# -- the files and the terminal --------------------------------------------------------------------
 def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
     """``report.json``: the report as is (non-finite numbers as null, so any JSON parser reads it)."""
-    write_text_atomic(path, dumps(report))
-
-
-# -- Markdown --------------------------------------------------------------------------------------
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    json_report.write(report, path)
 
 
 def render_markdown(report: dict[str, Any], directory: str | os.PathLike | None = None) -> str:
-    icon = "✅" if has_winner(report) else "❌"
-    head = table_head(report)
-    out = [f"### {icon} ptopt optimize: {headline(report)}", "", f"<sub>{machine_line(report)}</sub>", ""]
+    title = f"ptopt optimize: {headline(report)}"
+    out = M.heading("✅" if has_winner(report) else "❌", title, machine_line(report), versions_line(report))
     out += [f"Budget: {budget_line(report)}; {search_line(report)}.", ""]
-    out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    rows = []
     for c in candidates(report):
-        name = f"`{c.get('name')}`"
         cells = table_row(report, c)
-        cells[1] = f"**{name}**" if cells[0] == "★" else name
-        out.append("| " + " | ".join(_md_cell(x) for x in cells) + " |")
-    out += [""] + winner_lines(report, directory) + [""]
-    notes = noise_notes(report)
-    if notes:
-        out += ["**Timing noise**", ""] + [f"- ⚠️ {n}" for n in notes] + [""]
-    return "\n".join(out)
+        cells[1] = f"**`{c.get('name')}`**" if cells[0] == "★" else f"`{c.get('name')}`"
+        rows.append(cells)
+    out += M.table(table_head(report), rows)
+    out += [""] + winner_lines(report, directory)
+    return "\n".join(out + M.noise_section(noise_notes(report)) + [""])
 
 
 def write_markdown(
@@ -327,205 +350,86 @@ def write_markdown(
     write_text_atomic(path, render_markdown(report, directory))
 
 
-# -- terminal --------------------------------------------------------------------------------------
 def render_terminal(
     report: dict[str, Any], directory: str | os.PathLike | None = None, width: int = 200
 ) -> str:
     """The candidates table and the verdict, as plain text for the CLI; with ``directory`` (the output
     folder), also the winner's file and the command that packages it."""
-    from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
-    t = Table(title=f"ptopt optimize — {budget_line(report)}", title_justify="left")
-    for col in table_head(report):
-        status = col == "status"  # the one column that wraps: names and numbers stay whole
-        left = status or col in ("", "candidate", "format / runtime", "precision")
-        t.add_column(
-            col,
-            justify="left" if left else "right",
-            overflow="fold",
-            no_wrap=not status,
-            min_width=24 if status else None,
-        )
+    wrap = {"status": {"min_width": 24}}
+    t = T.table(f"ptopt optimize — {budget_line(report)}", table_head(report), TEXT_COLUMNS, wrap)
     for c in candidates(report):
         style = "bold green" if c.get("name") == report.get("best") else None
         style = "dim" if c.get("status") not in ("kept", None) else style
         t.add_row(*(escape(x) for x in table_row(report, c)), style=style)
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, force_terminal=False, soft_wrap=False)
-    console.print(
-        f"machine: {machine_line(report)}\nsearch:  {search_line(report)}", markup=False, soft_wrap=True
-    )
-    console.print(t)
+    head = [
+        ("machine", machine_line(report)),
+        ("versions", versions_line(report)),
+        ("search", search_line(report)),
+    ]
     lines = [headline(report)]
     if directory is not None:
         lines += [x.replace("`", "") for x in winner_lines(report, directory)]
     lines += noise_notes(report)
-    console.print("\n".join(lines), markup=False, soft_wrap=True)
-    return buf.getvalue()
+    return T.to_text([T.head_lines(head), t, "\n".join(lines)], width)
 
 
-# -- HTML ------------------------------------------------------------------------------------------
-def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
-    """The points no other point beats on both latency (lower) and the y value (higher), by latency."""
-    front: list[tuple[float, float, str]] = []
-    for p in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not front or p[1] > front[-1][1]:
-            front.append(p)
-    return front
+def _plot_html(report: dict[str, Any]) -> str:
+    """The Pareto plot (or why there is none) and the candidates it leaves out."""
+    from ptopt.optimize.pareto import pareto_plot
 
-
-#: marker colour of a kept candidate, by runtime; every candidate that was not kept is grey
-RUNTIME_COLORS = {"torch": "tab:blue", "onnxruntime": "tab:orange", "aoti": "tab:green"}
-NOT_KEPT = "0.75"
-
-
-def _point_style(c: dict[str, Any], max_bytes: float) -> dict[str, Any]:
-    kept = c.get("status") == "kept"
-    size = c.get("size_bytes")
-    area = 60.0 if not size or not max_bytes else 30.0 + 470.0 * size / max_bytes  # marker area ∝ bytes
-    return {
-        "s": area,
-        "color": RUNTIME_COLORS.get(c.get("runtime"), "tab:purple") if kept else NOT_KEPT,
-        "edgecolors": "k" if kept else "0.6",
-        "alpha": 0.85 if kept else 0.6,
-        "zorder": 3 if kept else 2,
-    }
-
-
-def _draw_points(ax: Any, pts: list[tuple[float, float, dict[str, Any]]]) -> None:
-    """Every candidate with numbers, labelled (labels alternate above / below, by latency, so
-    neighbours do not print over each other), the Pareto front of the kept ones joined."""
-    max_bytes = max((c.get("size_bytes") or 0) for _, _, c in pts)
-    for i, (x, y, c) in enumerate(sorted(pts, key=lambda p: p[0])):
-        ax.scatter([x], [y], **_point_style(c, max_bytes))
-        ax.annotate(
-            c.get("name") or "?", (x, y), xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points",
-            fontsize=7,
-        )  # fmt: skip
-    front = pareto_front([(x, y, c.get("name")) for x, y, c in pts if c.get("status") == "kept"])
-    if front:
-        ax.plot(
-            [p[0] for p in front], [p[1] for p in front], "--", color="0.3", lw=1, label="Pareto front (kept)"
-        )
-    runtimes = sorted(
-        {c.get("runtime") for _, _, c in pts if c.get("status") == "kept"} & set(RUNTIME_COLORS)
-    )
-    for rt in runtimes:  # legend entries only: the colour of each runtime
-        ax.scatter([], [], color=RUNTIME_COLORS[rt], edgecolors="k", label=rt)
-    if any(c.get("status") != "kept" for _, _, c in pts):
-        ax.scatter([], [], color=NOT_KEPT, edgecolors="0.6", label="not kept")
-
-
-def pareto_plot(report: dict[str, Any]) -> str | None:
-    """The Pareto plot as a PNG data URI; None when no candidate has both a latency and a y value."""
-    from ptopt.validate.reports.html import png_data_uri, pyplot
-
-    rbs = ranking_batch_size(report)
-    pts = [(latency(c, rbs), y_value(report, c), c) for c in candidates(report)]
-    pts = [(x, y, c) for x, y, c in pts if x is not None and y is not None]
-    if not pts:
-        return None
-    plt = pyplot()
-    from matplotlib.ticker import FuncFormatter
-
-    fig, ax = plt.subplots(figsize=(7.5, 5.0))
-    _draw_points(ax, pts)
-    thr = budget_threshold(report)
-    if thr is not None:
-        ax.axhline(thr, color="tab:red", lw=1, ls=":", label=f"budget ({budget_line(report)})")
-    best = next(((x, y, c) for x, y, c in pts if c.get("name") == report.get("best")), None)
-    if best is not None:
-        ax.scatter([best[0]], [best[1]], s=900, facecolors="none", edgecolors="tab:red", lw=2, zorder=4)
-        ax.annotate(
-            ("best: " if has_winner(report) else "best found (outside budget): ") + (best[2].get("name") or "?"),
-            (best[0], best[1]), xytext=(14, -22), textcoords="offset points", fontsize=9, color="tab:red",
-            fontweight="bold",
-        )  # fmt: skip
-    ax.set_xscale("log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 13.8, not 1.38×10¹: the axis spans little
-    ax.xaxis.set_major_formatter(plain)
-    ax.xaxis.set_minor_formatter(plain)
-    ax.tick_params(axis="x", which="minor", labelsize=7)
-    ax.set_xlabel(f"median latency at batch {rbs} (ms, log scale)")
-    ax.set_ylabel(y_label(report))
-    ax.set_title("Latency vs accuracy (marker area ∝ file size)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="best")
-    return png_data_uri(fig)
-
-
-_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:14px}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
-th{background:#f3f3f3}td.l,th.l{text-align:left}tr.best{background:#e8f7e8;font-weight:bold}tr.out{color:#888}
-.pass{color:#1a7f37}.fail{color:#cf222e}.loud{color:#fff;background:#cf222e;padding:0.5em 1em}
-.dim{color:#666;font-size:13px}img{max-width:100%}code{background:#f3f3f3;padding:1px 4px}"""
-
-
-def _html_table(report: dict[str, Any]) -> str:
-    e_ = html.escape
-    head = table_head(report) + ["steps"]
-    left = {1, 2, 3, len(head) - 2, len(head) - 1}
-
-    def tr(cells: list[str], tag: str, cls: str = "") -> str:
-        tds = "".join(
-            f"<{tag} class='{'l' if i in left else ''}'>{e_(x)}</{tag}>" for i, x in enumerate(cells)
-        )
-        return f"<tr class='{cls}'>{tds}</tr>"
-
-    trs = [tr(head, "th")]
-    for c in candidates(report):
-        cls = "best" if c.get("name") == report.get("best") else ("" if c.get("status") == "kept" else "out")
-        trs.append(tr(table_row(report, c) + [" → ".join(c.get("steps") or [])], "td", cls))
-    return "<table>" + "".join(trs) + "</table>"
-
-
-def _code(text: str) -> str:
-    """Markdown's `code` spans as HTML ``<code>``."""
-    return re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
-
-
-def render_html(report: dict[str, Any], directory: str | os.PathLike | None = None) -> str:
-    e_ = html.escape
-    rbs = ranking_batch_size(report)
+    e_, rbs = html.escape, ranking_batch_size(report)
     uri = pareto_plot(report)
-    plot = (
-        f"<img alt='Pareto plot' title='latency at batch {e_(rbs)} vs {e_(y_label(report))}' src='{uri}'>"
-        if uri
-        else f"<p class='fail'>Nothing to plot: no candidate has both a latency at batch {e_(rbs)} and "
-        f"a {e_(y_label(report))}.</p>"
-    )
+    if not uri:
+        return (
+            f"<p class='fail'>Nothing to plot: no candidate has both a latency at batch {e_(rbs)} and "
+            f"a {e_(y_label(report))}.</p>"
+        )
+    out = f"<img alt='Pareto plot' title='latency at batch {e_(rbs)} vs {e_(y_label(report))}' src='{uri}'>"
     left_out = [
         c.get("name") or "?"
         for c in candidates(report)
         if latency(c, rbs) is None or y_value(report, c) is None
     ]
-    if uri and left_out:
-        plot += f"<p class='dim'>Not in the plot (no numbers): {e_(', '.join(left_out))}.</p>"
+    if left_out:
+        out += f"<p class='dim'>Not in the plot (no numbers): {e_(', '.join(left_out))}.</p>"
+    return out
+
+
+def _table_html(report: dict[str, Any]) -> str:
+    head = table_head(report) + ["steps"]
+    cands = candidates(report)
+    rows = [table_row(report, c) + [" → ".join(c.get("steps") or [])] for c in cands]
+    classes = [
+        "best" if c.get("name") == report.get("best") else ("" if c.get("status") == "kept" else "out")
+        for c in cands
+    ]
+    return H.table(head, rows, {1, 2, 3, len(head) - 2, len(head) - 1}, classes)
+
+
+def render_html(report: dict[str, Any], directory: str | os.PathLike | None = None) -> str:
+    e_, rbs, what = html.escape, ranking_batch_size(report), y_label(report)
     verdict = (
-        f"<h1 class='pass'>ptopt optimize: {e_(headline(report))}</h1>"
-        if has_winner(report)
-        else f"<h1 class='loud'>ptopt optimize: {e_(headline(report))}</h1>"
+        f"<h1 class='{'pass' if has_winner(report) else 'loud'}'>ptopt optimize: {e_(headline(report))}</h1>"
     )
-    winner = "".join(f"<p>{_code(e_(x))}</p>" for x in winner_lines(report, directory))
-    notes = "".join(f"<p class='fail'>{e_(n)}</p>" for n in noise_notes(report))
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ptopt optimize — {e_(headline(report))}</title>
-<style>{_CSS}</style></head><body>
-{verdict}
-<p class="dim">Machine: {e_(machine_line(report))}<br>Search: {e_(search_line(report))}</p>
-<h2>Budget</h2><p>{e_(budget_line(report))}; metric: {e_(y_label(report))}. Exit code {report.get("exit_code")}.</p>
+    winner = "".join(f"<p>{H.code_spans(e_(x))}</p>" for x in winner_lines(report, directory))
+    return H.page(
+        f"ptopt optimize — {headline(report)}",
+        f"""{verdict}
+<p class="dim">Machine: {e_(machine_line(report))}<br>Versions: {e_(versions_line(report))}<br>
+Search: {e_(search_line(report))}</p>
+<h2>Budget</h2><p>{e_(budget_line(report))}; metric: {e_(what)}. Exit code {report.get("exit_code")}.</p>
 {winner}
-<h2>Pareto plot</h2>{plot}
-<p class="dim">x: median latency at batch {e_(rbs)} (log scale); y: {e_(y_label(report))}; marker area ∝ file
+<h2>Pareto plot</h2>{_plot_html(report)}
+<p class="dim">x: median latency at batch {e_(rbs)} (log scale); y: {e_(what)}; marker area ∝ file
 size; dashed: the Pareto front (no other candidate is both faster and more accurate); dotted: the budget;
 circled: the best; grey: rejected, failed or skipped.</p>
-<h2>Candidates</h2>{_html_table(report)}
+<h2>Candidates</h2>{_table_html(report)}
 <p class="dim">ms: median of interleaved timing rounds in one process;
-speedup vs {e_(report.get("reference") or "fp32 eager")}; {e_(NOISY_MARK)}: within the timing noise.</p>{notes}
-</body></html>
-"""
+speedup vs {e_(report.get("reference") or "fp32 eager")}; {e_(common.NOISY_MARK)}: within the timing noise.</p>\
+{H.paragraphs(noise_notes(report), "fail")}""",
+    )
 
 
 def write_html(

@@ -32,6 +32,7 @@ from typing import Any
 from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, UsageError
 from ptopt.optimize.candidates import Candidate, Context, Rejected, Spec, runtime_filters
 from ptopt.validate.latency import LatencyOptions
+from ptopt.validate.noise import speedup_noisy
 
 #: the pre-screen's subset of the eval data (the whole set when it is not larger)
 PRESCREEN_SAMPLES = 128
@@ -397,9 +398,8 @@ class Search:
                 base = ref.get(bs, {})
                 if "median" in st and "median" in base:
                     c.speedup[bs] = round(base["median"] / st["median"], 3)
-                    spread = math.hypot(st.get("spread_pct") or 0, base.get("spread_pct") or 0)
-                    if abs(c.speedup[bs] - 1.0) * 100 <= spread:
-                        c.noisy = True
+                    if speedup_noisy(c.speedup[bs], st.get("spread_pct"), base.get("spread_pct")):
+                        c.noisy = True  # the report places it on the batch sizes where it holds
 
 
 def _latency_entry(st: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 # EXIT_INCONCLUSIVE: the exit status of a run whose only undecided gates are latency gates within
 # the timing noise (re-exported here for callers)
 from ptopt.core.errors import EXIT_INCONCLUSIVE, PtoptError, UsageError
+from ptopt.validate.noise import combined_spread, within_noise
 
 
 class GateInconclusiveError(PtoptError):
@@ -200,24 +201,16 @@ class GateResult:
 
 
 def spread_of(*stats: dict[str, Any] | None) -> float | None:
-    """The combined round spread (%) of latencies divided or compared: the root of the sum of
-    squares of each one's ``round_spread_pct`` (None when none of them has one)."""
-    spreads = [float(st["round_spread_pct"]) for st in stats if st and st.get("round_spread_pct") is not None]
-    return None if not spreads else sum(v * v for v in spreads) ** 0.5
-
-
-def within_noise(value: float, threshold: float, spread_pct: float | None) -> bool:
-    """Whether ``value``'s distance to ``threshold`` (in % of the threshold) is no larger than the
-    timing spread: the measurement cannot say on which side of the threshold the truth is."""
-    if spread_pct is None or threshold == 0:
-        return False
-    return 100.0 * abs(value - threshold) / abs(threshold) <= spread_pct
+    """The combined round spread (%) of latency entries divided or compared (``noise.combined_spread``
+    of their ``round_spread_pct``)."""
+    return combined_spread(*(st.get("round_spread_pct") for st in stats if st))
 
 
 def _timed(
     name: str, gate: str, threshold: float, value: float, ok: bool, message: str, spread: float | None
 ) -> GateResult:
-    """A latency gate's result: inconclusive when ``value`` is within ``spread`` % of ``threshold``."""
+    """A latency gate's result: inconclusive when ``value`` is within ``spread`` % of ``threshold``
+    (``noise.within_noise``, the timing-noise rule 2)."""
     if within_noise(value, threshold, spread):
         return GateResult(
             name, gate, threshold, value, False,

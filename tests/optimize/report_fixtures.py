@@ -1,4 +1,4 @@
-"""Hand-built ``ptopt.optimize/1`` report dicts (docs/optimize.md's schema) for the report tests: no model
+"""Hand-built ``ptopt.optimize/2`` report dicts (docs/optimize.md's schema) for the report tests: no model
 is built or timed, so the reports are tested on their own and fast."""
 
 from __future__ import annotations
@@ -13,6 +13,22 @@ def _lat(ms1: float | None, ms32: float | None, spread: float = 4.0) -> dict[str
         if ms is not None:
             out[bs] = {"median": ms, "spread_pct": spread, "rounds": 9}
     return out
+
+
+def machine() -> dict[str, Any]:
+    """``ptopt.core.system.machine_summary()``'s shape, as validate's report and optimize's (since /2) carry."""
+    return {
+        "cpu": {
+            "model": "AMD EPYC",
+            "arch": "x86_64",
+            "logical_cores": 2,
+            "usable_cores": 2,
+            "isa": {"avx2": True, "fma": True, "avx512_vnni": False, "amx_int8": False},
+        },
+        "os": "Linux 6.18.44",
+        "hostname": "ci-runner",
+        "versions": {"python": "3.11.7", "ptopt": "0.1.0", "torch": "2.13.0"},
+    }
 
 
 def candidate(name: str, **over: Any) -> dict[str, Any]:
@@ -90,10 +106,12 @@ def winner_report() -> dict[str, Any]:
         ),
     ]  # fmt: skip
     return {
-        "schema": "ptopt.optimize/1",
+        "schema": "ptopt.optimize/2",
         "ptopt_version": "0.1.0",
         "torch_version": "2.13.0",
-        "machine": {"cpu": "AMD EPYC", "isa": "avx2", "threads": 2, "device": "cpu"},
+        "machine": machine(),
+        "threads": 2,
+        "device": "cpu",
         "model": "zoo:resnet",
         "budget": {"max_accuracy_drop": 1.0, "min_cosine": None},
         "batch_sizes": [1, 32],
@@ -140,4 +158,14 @@ def single_report() -> dict[str, Any]:
     r["candidates"] = [r["candidates"][0]]
     r["batch_sizes"], r["ranking_batch_size"] = [32], 32
     r["best"] = "fp32-eager"
+    return r
+
+
+def v1_report() -> dict[str, Any]:
+    """A ``ptopt.optimize/1`` report: its reduced ``machine`` dict (CPU model, ISA flags as one string,
+    threads, device), the versions at the top level."""
+    r = copy.deepcopy(winner_report())
+    r["schema"] = "ptopt.optimize/1"
+    r["machine"] = {"cpu": "AMD EPYC", "isa": "avx2,fma", "threads": 2, "device": "cpu"}
+    del r["threads"], r["device"]
     return r

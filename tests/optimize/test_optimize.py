@@ -63,8 +63,11 @@ def test_python_api_finds_the_fastest_within_budget_and_it_packages(tmp_path, da
     )
     rep = res.report
     assert (
-        rep["schema"] == "ptopt.optimize/1" and rep["metric"] == "top1" and rep["reference"] == "fp32-eager"
+        rep["schema"] == "ptopt.optimize/2" and rep["metric"] == "top1" and rep["reference"] == "fp32-eager"
     )
+    # the machine as validate's report describes it (ptopt.core.system.machine_summary), threads beside it
+    assert rep["machine"]["cpu"]["model"] and rep["machine"]["versions"]["torch"] == torch.__version__
+    assert rep["threads"] == FAST["threads"] and rep["device"] == "cpu"
     assert [c["name"] for c in rep["candidates"]] == ["fp32-eager", *names]
     assert res.exit_code == 0 and rep["best_within_budget"] is True
     kept = [c for c in res.candidates[1:] if c.status == "kept"]

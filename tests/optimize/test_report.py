@@ -13,7 +13,13 @@ import shlex
 import pytest
 
 from ptopt.optimize import report as R
-from tests.optimize.report_fixtures import cosine_report, no_winner_report, single_report, winner_report
+from tests.optimize.report_fixtures import (
+    cosine_report,
+    no_winner_report,
+    single_report,
+    v1_report,
+    winner_report,
+)
 
 NO_WINNER = "NO CANDIDATE MEETS THE BUDGET"
 
@@ -57,8 +63,9 @@ def test_markdown_table_and_winner_line(tmp_path):
     assert len(rows) == 1 + len(report["candidates"])  # the header + one row per candidate
     assert rows[0].split(" | ")[1:4] == ["candidate", "format / runtime", "precision"]
     winner_row = next(r for r in rows if "int8-onnx-qdq" in r)
+    # the drop with its unit, as validate spells it
     assert winner_row.startswith(
-        "| ★ | **`int8-onnx-qdq`** | onnx / onnxruntime (ort) | int8 | 0.339 | 99.11 | +0.33 |"
+        "| ★ | **`int8-onnx-qdq`** | onnx / onnxruntime (ort) | int8 | 0.339 | 99.11 | +0.33 pts |"
     )
     assert "13.830 | 2.64x" not in winner_row  # per-batch columns: ms @1, ms @32, then speedups
     assert "| 0.590 | 13.830 | 6.10x | 2.64x | kept |" in winner_row
@@ -90,7 +97,11 @@ def test_terminal_table_exact_numbers_status_and_noise():
     assert "rejected: accuracy drop 2.10 points > 1 allowed" in out
     assert "skipped: the model has no Linear/LSTM/GRU layer worth it" in out
     assert "21.210~" in out  # noisy: flagged by the engine (and its rounds spread 31 %)
-    assert "~ noisy: fp32-onnx at batch 1, 32" in out
+    for bs in ("1", "32"):  # one footnote per batch size, validate's spelling
+        assert (
+            f"~ noisy: fp32-onnx at batch {bs}: the timing rounds spread 31% (IQR of the round medians)"
+            in out
+        )
     assert "ptopt package out/best.onnx --format mar -o model.mar" in out
     assert "\x1b[" not in out  # plain text: the CLI decides about colour
     ref_row = [x.strip() for x in next(line for line in out.splitlines() if "fp32-eager" in line).split("│")]
@@ -202,5 +213,38 @@ def test_a_candidate_wide_noisy_flag_lands_where_the_speedup_is_within_the_sprea
     assert not R.is_noisy(report, c, "1") and R.is_noisy(report, c, "32")
     row = R.table_row(report, c)
     assert "0.828" in row and "20.200~" in row and "1.20x~" in row
+    assert R.noise_notes(report)[-1] == (
+        "~ noisy: int8-fx at batch 32: its speedup 1.20x is within the combined spread of its and the "
+        "reference's timing rounds (24%): speedups at this batch size are not meaningful"
+    )
     c["noisy"] = {"1": True, "32": False}  # a per-batch-size flag is taken as it is
     assert R.is_noisy(report, c, "1") and not R.is_noisy(report, c, "32")
+
+
+def test_the_machine_is_described_as_validate_describes_it(tmp_path):
+    """One machine line and one versions line for both commands, from the same machine_summary() dict."""
+    pytest.importorskip("matplotlib")
+    from ptopt.validate.reports import facts
+
+    report = winner_report()
+    as_validate = {"machine": report["machine"], "threads": 2, "device": "cpu"}
+    line, versions = facts.machine_line(as_validate), facts.versions_line(as_validate)
+    assert line == "AMD EPYC (x86_64, 2 usable of 2 cores; ISA: avx2, fma); Linux 6.18.44; threads: 2"
+    assert R.machine_line(report) == line and R.versions_line(report) == versions
+    R.write_html(report, tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert f"Machine: {line}<br>Versions: {versions}<br>" in page
+    assert f"<sub>{line} · {versions}</sub>" in R.render_markdown(report)
+    term = R.render_terminal(report, width=300)
+    assert f"machine:  {line}\nversions: {versions}\nsearch:   model zoo:resnet" in term
+
+
+def test_a_v1_report_still_renders(tmp_path):
+    """report.json of ptopt.optimize/1 carried a reduced machine dict: its CPU, ISA, threads and versions
+    still print, in the same line."""
+    report = v1_report()
+    assert R.machine_line(report) == "AMD EPYC (ISA: avx2, fma); threads: 2"
+    assert R.versions_line(report) == "ptopt 0.1.0, torch 2.13.0"
+    term = R.render_terminal(report, width=300)
+    assert "machine:  AMD EPYC (ISA: avx2, fma); threads: 2\nversions: ptopt 0.1.0, torch 2.13.0" in term
+    assert "AMD EPYC (ISA: avx2, fma); threads: 2 · ptopt 0.1.0, torch 2.13.0" in R.render_markdown(report)

@@ -1,140 +1,111 @@
-"""Formatting shared by the reports: one spelling of every number."""
+"""The reports' vocabulary, one copy for ``ptopt validate`` and ``ptopt optimize``: one spelling of
+every number, the machine and versions lines, and the timing-noise mark and footnotes. Values in,
+strings out: each command reads its own report dict and spells what it finds with these, so a figure
+reads the same in every report of both commands. (The format primitives are in ``markdown``,
+``html`` and ``terminal``; the JSON writer is ``json_report``; the noise rule is ``ptopt.validate.noise``.)
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ptopt.validate.noise import NOISY_SPREAD_PCT as NOISY_SPREAD_PCT  # re-exported: the reports' threshold
 
-def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The reference first, then every artifact."""
-    return [data["reference"]] + list(data["artifacts"])
-
-
-def metric_header(data: dict[str, Any]) -> str:
-    m = data["metric"]
-    return f"{m['name']}" + (" %" if m.get("unit") == "%" else "")
-
-
-def fmt_metric(data: dict[str, Any], value: Any) -> str:
-    if value is None:
-        return "—"
-    return f"{100 * value:.2f}" if data["metric"].get("unit") == "%" else f"{value:.4g}"
-
-
-def fmt_drop(data: dict[str, Any], entry: dict[str, Any]) -> str:
-    if entry.get("role") == "reference":
-        return "ref"
-    d = entry.get("accuracy_drop")
-    if d is None:
-        return "—"
-    unit = data["accuracy_drop"]["unit"]
-    return f"{d:+.2f}{'%' if unit == '%' else (' pts' if unit == 'pts' else '')}"
-
-
-def fmt_frac(v: Any) -> str:
-    return "—" if v is None else f"{100 * v:.2f}%"
-
-
-def fmt_cos(v: Any) -> str:
-    return "—" if v is None else f"{v:.6f}"
-
-
-def fmt_diff(v: Any) -> str:
-    return "—" if v is None else f"{v:.3g}"
-
-
-def fmt_mb(nbytes: Any) -> str:
-    return "—" if nbytes is None else f"{nbytes / 1e6:.3f}"
-
-
-#: a latency whose timing rounds spread more than this (IQR of the round medians, % of their median) is
-#: marked NOISY_MARK in the tables: speedups from it are not meaningful
-NOISY_SPREAD_PCT = 25.0
+#: a figure that was not measured (or cannot be: a failed build, a skipped batch size)
+NONE = "—"
+#: a figure relative to the reference (its drop, its speedup) in the reference's own row
+REF = "ref"
+#: after a latency or speedup within the timing noise (``ptopt.validate.noise``)
 NOISY_MARK = "~"
 
 
-def is_noisy(stats: dict[str, Any] | None) -> bool:
-    return bool(stats) and (stats.get("round_spread_pct") or 0.0) > NOISY_SPREAD_PCT
+def fmt_metric(value: float | None, percent: bool) -> str:
+    """A task metric: a fraction as % with two decimals (the header says %), else four digits."""
+    if value is None:
+        return NONE
+    return f"{100 * value:.2f}" if percent else f"{value:.4g}"
 
 
-def fmt_ms(stats: dict[str, Any] | None) -> str:
-    if not stats:
-        return "—"
-    if "p50_ms" not in stats:
-        return "n/a"
-    return f"{stats['p50_ms']:.3f}" + (NOISY_MARK if is_noisy(stats) else "")
+def fmt_drop(value: float | None, unit: str, reference: bool = False) -> str:
+    """An accuracy drop with its unit: ``+0.33 pts`` (absolute, metric in %), ``+0.61%`` (relative),
+    ``+0.0012`` (absolute, a metric without a unit)."""
+    if reference:
+        return REF
+    if value is None:
+        return NONE
+    return f"{value:+.2f}{'%' if unit == '%' else (' pts' if unit == 'pts' else '')}"
 
 
-def noise_notes(data: dict[str, Any]) -> list[str]:
-    """One line per noisy latency and per inconclusive gate, for every report's footer."""
-    out = []
-    for e in rows(data):
-        for bs, st in e["latency"].items():
-            if is_noisy(st):
-                out.append(
-                    f"{NOISY_MARK} noisy: {e['name']} at batch {bs}: the timing rounds spread "
-                    f"{st['round_spread_pct']:.0f}% (IQR of the round medians): speedups at this batch "
-                    "size are not meaningful"
-                )
-    for g in data["gate_results"]:
-        if g.get("inconclusive"):
-            out.append(f"INCONCLUSIVE {g['artifact']}: {g['gate']}: {g['message']}")
-    return out
+def fmt_frac(v: float | None) -> str:
+    """A fraction as a percentage (top-1 agreement)."""
+    return NONE if v is None else f"{100 * v:.2f}%"
 
 
-def fmt_speedup(entry: dict[str, Any], bs: Any) -> str:
-    if entry.get("role") == "reference":
-        return "1.00x"
-    v = (entry.get("speedup") or {}).get(str(bs))
-    return "—" if v is None else f"{v:.2f}x"
+def fmt_cos(v: float | None) -> str:
+    return NONE if v is None else f"{v:.6f}"
 
 
-def fmt_mem(v: Any) -> str:
-    return "—" if v is None else f"{v:.0f}"
+def fmt_diff(v: float | None) -> str:
+    return NONE if v is None else f"{v:.3g}"
 
 
-def gate_status(entry: dict[str, Any]) -> str:
-    if entry.get("role") == "reference":
-        return ""
-    gates = entry.get("gates") or []
-    if not gates:
-        return "no gates"
-    failed = [g["gate"] for g in gates if not g["passed"] and not g.get("inconclusive")]
-    undecided = [g["gate"] for g in gates if g.get("inconclusive")]
-    if failed:
-        return "FAIL: " + ", ".join(failed) + ("; ?: " + ", ".join(undecided) if undecided else "")
-    return "PASS" if not undecided else "INCONCLUSIVE: " + ", ".join(undecided)
+def fmt_mb(nbytes: int | None) -> str:
+    """Bytes as MB (10^6), three decimals."""
+    return NONE if nbytes is None else f"{nbytes / 1e6:.3f}"
 
 
-def machine_line(data: dict[str, Any]) -> str:
-    m = data["machine"]
-    cpu = m["cpu"]
-    isa = ", ".join(k for k, v in cpu.get("isa", {}).items() if v) or "none of the tracked"
+def fmt_mem(mb: float | None) -> str:
+    return NONE if mb is None else f"{mb:.0f}"
+
+
+def fmt_ms(ms: float | None, noisy: bool = False) -> str:
+    """A latency in ms, three decimals, marked when it is noisy."""
+    return NONE if ms is None else f"{ms:.3f}" + (NOISY_MARK if noisy else "")
+
+
+def fmt_speedup(v: float | None, noisy: bool = False, reference: bool = False) -> str:
+    """A speedup over the reference (``2.64x``), marked when it is within the timing noise."""
+    if reference:
+        return REF
+    return NONE if v is None else f"{v:.2f}x" + (NOISY_MARK if noisy else "")
+
+
+def machine_line(machine: dict[str, Any], threads: Any, device: str | None = None) -> str:
+    """The machine a report was measured on, from ``ptopt.core.system.machine_summary()``'s dict:
+    CPU model (arch, cores; ISA flags); OS; threads; and the device when it is not the CPU. A part the
+    dict lacks is left out."""
+    cpu = machine.get("cpu") or {}
+    isa = ", ".join(k for k, v in (cpu.get("isa") or {}).items() if v) or "none of the tracked"
+    known = cpu.get("usable_cores") is not None and cpu.get("logical_cores") is not None
+    cores = f"{cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} cores" if known else None
+    inside = ", ".join(str(x) for x in (cpu.get("arch"), cores) if x)
+    parts = [f"{cpu.get('model') or '?'} ({inside + '; ' if inside else ''}ISA: {isa})", machine.get("os")]
+    parts += [f"threads: {threads}", f"device: {device}" if device and device != "cpu" else None]
+    return "; ".join(str(p) for p in parts if p)
+
+
+def versions_line(machine: dict[str, Any]) -> str:
+    """The library versions of ``machine_summary()`` (``python 3.11.7, ptopt 0.1.0, torch ...``)."""
+    return ", ".join(f"{k} {v}" for k, v in (machine.get("versions") or {}).items())
+
+
+_NOT_MEANINGFUL = "speedups at this batch size are not meaningful"
+
+
+def spread_note(name: str, bs: Any, spread_pct: float) -> str:
+    """The footnote of a noisy latency (the noise rule 1)."""
     return (
-        f"{cpu.get('model')} ({cpu.get('arch')}, {cpu.get('usable_cores')} usable of {cpu.get('logical_cores')} "
-        f"cores; ISA: {isa}); {m.get('os')}; threads: {data['threads']}"
+        f"{NOISY_MARK} noisy: {name} at batch {bs}: the timing rounds spread {spread_pct:.0f}% (IQR of "
+        f"the round medians): {_NOT_MEANINGFUL}"
     )
 
 
-def versions_line(data: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in data["machine"].get("versions", {}).items())
-
-
-def summary_line(data: dict[str, Any]) -> str:
-    n_undecided = sum(1 for g in data["gate_results"] if g.get("inconclusive"))
-    n_failed = sum(1 for g in data["gate_results"] if not g["passed"]) - n_undecided
-    verdict = "PASSED" if data["passed"] else f"FAILED ({n_failed} gate(s))"
-    if n_undecided:
-        what = f"INCONCLUSIVE ({n_undecided} latency gate(s) within the timing noise)"
-        verdict = what if not n_failed else f"{verdict}, {what}"
-    best = f"; best: {data['best']}" if data.get("best") else ""
-    return f"{verdict}{best}"
-
-
-def data_line(data: dict[str, Any]) -> str:
-    d = data["data"]
-    ins = ", ".join(f"{k} {v}" for k, v in d.get("inputs", {}).items())
+def within_note(name: str, bs: Any, speedup: float | None, spread_pct: float | None) -> str:
+    """The footnote of a speedup within the timing noise of 1.0 (the noise rule 2); ``spread_pct``:
+    the combined spread of its and the reference's rounds."""
+    sp = "its speedup" if speedup is None else f"its speedup {fmt_speedup(speedup)}"
+    of = "" if spread_pct is None else f" ({spread_pct:.0f}%)"
     return (
-        f"{d['ref']}: {d['samples']} samples ({ins}), labels: {'yes' if d['labels'] else 'no'}; "
-        f"batch sizes {', '.join(map(str, data['batch_sizes']))}"
+        f"{NOISY_MARK} noisy: {name} at batch {bs}: {sp} is within the combined spread of its and the "
+        f"reference's timing rounds{of}: {_NOT_MEANINGFUL}"
     )

@@ -1,6 +1,7 @@
-"""A self-contained HTML report: tables and three plots (accuracy vs latency, size per artifact,
-latency per batch size) drawn with matplotlib and embedded as base64 PNG, so the file opens in a
-browser offline and can be attached to a CI run as is."""
+"""Self-contained HTML reports: the primitives both commands' pages are made of (the page shell and
+its CSS, tables, footnotes, matplotlib on Agg and the embedded PNG), then validate's page: tables and
+three plots (accuracy vs latency, size per artifact, latency per batch size) embedded as base64 PNG, so
+the file opens in a browser offline and can be attached to a CI run as is."""
 
 from __future__ import annotations
 
@@ -8,35 +9,64 @@ import base64
 import html
 import io
 import os
+import re
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from ptopt.core.artifact import write_text_atomic
+from ptopt.core.atomic import write_text_atomic
 from ptopt.core.errors import MissingDependencyError
-from ptopt.validate.reports.common import (
-    data_line,
-    fmt_cos,
-    fmt_diff,
-    fmt_drop,
-    fmt_frac,
-    fmt_mb,
-    fmt_mem,
-    fmt_metric,
-    fmt_ms,
-    fmt_speedup,
-    gate_status,
-    machine_line,
-    metric_header,
-    noise_notes,
-    rows,
-    summary_line,
-    versions_line,
-)
+from ptopt.validate.reports import common
+from ptopt.validate.reports import facts as F
 
-_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em;color:#222}
+# -- primitives (optimize's report.html uses them too) ----------------------------------------------
+#: the style of every report page: tr.best the winner, tr.fail a failed artifact, tr.out a candidate
+#: not kept; .loud a verdict that must not be missed
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:14px}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3}td.l,th.l{text-align:left}tr.best{background:#e8f7e8;font-weight:bold}tr.fail{background:#fdecec}
-.pass{color:#1a7f37}.fail{color:#cf222e}.dim{color:#666;font-size:13px}img{max-width:100%;margin:0.5em 1em 0.5em 0}
-code{background:#f3f3f3;padding:1px 4px}"""
+tr.out{color:#888}.pass{color:#1a7f37}.fail{color:#cf222e}.loud{color:#fff;background:#cf222e;padding:0.5em 1em}
+.dim{color:#666;font-size:13px}img{max-width:100%;margin:0.5em 1em 0.5em 0}code{background:#f3f3f3;padding:1px 4px}"""
+
+
+def page(title: str, body: str) -> str:
+    """A whole self-contained page: ``title`` (plain text, escaped here) and ``body`` (HTML)."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{CSS}</style></head><body>
+{body}
+</body></html>
+"""
+
+
+def table(
+    head: Sequence[Any], rows: Sequence[Sequence[Any]], left: Collection[int], classes: Sequence[str]
+) -> str:
+    """A table of escaped text: columns in ``left`` left-aligned (numbers right), ``classes[i]`` the
+    class of row ``i`` ("best", "fail", "out" or "")."""
+
+    def tr(cells: Sequence[Any], tag: str, cls: str = "") -> str:
+        tds = "".join(
+            f"<{tag} class='{'l' if i in left else ''}'>{html.escape(str(c))}</{tag}>"
+            for i, c in enumerate(cells)
+        )
+        return f"<tr class='{cls}'>{tds}</tr>" if tag == "td" else f"<tr>{tds}</tr>"
+
+    return (
+        "<table>"
+        + tr(head, "th")
+        + "".join(tr(r, "td", c) for r, c in zip(rows, classes, strict=True))
+        + "</table>"
+    )
+
+
+def paragraphs(lines: Sequence[str], cls: str) -> str:
+    """One ``<p class=cls>`` per line of plain text (footnotes: ``dim`` notes, ``fail`` noise)."""
+    return "".join(f"<p class='{cls}'>{html.escape(x)}</p>" for x in lines)
+
+
+def code_spans(text: str) -> str:
+    """Markdown's `code` spans as HTML ``<code>`` (in text already escaped)."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", text)
 
 
 def pyplot() -> Any:
@@ -66,14 +96,14 @@ def png_data_uri(fig: Any) -> str:
 def plots(data: dict[str, Any]) -> dict[str, str]:
     """{title: data URI} of the three plots."""
     plt = pyplot()
-    entries = rows(data)
+    entries = F.rows(data)
     names = [e["name"] for e in entries]
     sizes = data["batch_sizes"]
     out = {}
     # accuracy (or agreement) vs latency at the smallest batch size with numbers
     bs0 = str(sizes[0])
     use_metric = data["metric"].get("measured")
-    y_label = metric_header(data) if use_metric else "top-1 agreement with the reference %"
+    y_label = F.metric_header(data) if use_metric else "top-1 agreement with the reference %"
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     xs = []
     for e in entries:
@@ -140,8 +170,8 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
 def _head(data: dict[str, Any]) -> list[str]:
     sizes = data["batch_sizes"]
     return (
-        ["", "artifact", "runtime", "precision", metric_header(data), "drop", "top-1 agree", "cosine", "min cosine",
-         "max abs diff", "size MB", "gzip MB"]
+        ["", "artifact", "runtime", "precision", F.metric_header(data), "drop", "top-1 agree", "cosine",
+         "min cosine", "max abs diff", "size MB", "gzip MB"]
         + [f"p50 ms @{bs}" for bs in sizes]
         + [f"p90 / p99 ms @{bs}" for bs in sizes]
         + [f"samples/s @{bs}" for bs in sizes]
@@ -162,43 +192,33 @@ def _cells(data: dict[str, Any], e: dict[str, Any]) -> list[Any]:
     thr = [f"{lat[bs]['throughput_per_s']:.0f}" if "throughput_per_s" in lat[bs] else "n/a" for bs in sizes]
     return (
         [
-            ("★" if e.get("best") else ("ref" if e["role"] == "reference" else "")),
+            F.mark(e),
             e["name"],
             e["runtime"],
             e.get("precision", ""),
-            fmt_metric(data, e.get("metric")),
-            fmt_drop(data, e),
-            fmt_frac(agr.get("top1_agreement")),
-            fmt_cos(agr.get("cosine")),
-            fmt_cos(agr.get("min_cosine")),
-            fmt_diff(agr.get("max_abs_diff")),
-            fmt_mb(size.get("bytes")),
-            fmt_mb(size.get("gzip_bytes")),
+            F.metric_cell(data, e.get("metric")),
+            F.drop_cell(data, e),
+            common.fmt_frac(agr.get("top1_agreement")),
+            common.fmt_cos(agr.get("cosine")),
+            common.fmt_cos(agr.get("min_cosine")),
+            common.fmt_diff(agr.get("max_abs_diff")),
+            common.fmt_mb(size.get("bytes")),
+            common.fmt_mb(size.get("gzip_bytes")),
         ]
-        + [fmt_ms(e["latency"].get(str(bs))) for bs in sizes]
+        + [F.ms_cell(e["latency"].get(str(bs))) for bs in sizes]
         + tails
         + thr
-        + [fmt_speedup(e, bs) for bs in sizes]
-        + [fmt_mem(e.get("peak_memory_mb")), gate_status(e)]
+        + [F.speedup_cell(e, bs) for bs in sizes]
+        + [common.fmt_mem(e.get("peak_memory_mb")), F.gate_status(e)]
     )
 
 
 def _table(data: dict[str, Any]) -> str:
-    e_ = html.escape
-    head = _head(data)
-    left = {1, 2, 3, len(head) - 1}
-
-    def tr(cells: list[Any], tag: str, cls: str = "") -> str:
-        tds = "".join(
-            f"<{tag} class='{'l' if i in left else ''}'>{e_(str(c))}</{tag}>" for i, c in enumerate(cells)
-        )
-        return f"<tr class='{cls}'>{tds}</tr>" if cls or tag == "td" else f"<tr>{tds}</tr>"
-
-    trs = [tr(head, "th")]
-    for e in rows(data):
-        failed = gate_status(e).startswith("FAIL")
-        trs.append(tr(_cells(data, e), "td", "best" if e.get("best") else ("fail" if failed else "")))
-    return "<table>" + "".join(trs) + "</table>"
+    head, entries = _head(data), F.rows(data)
+    classes = [
+        "best" if e.get("best") else ("fail" if F.gate_status(e).startswith("FAIL") else "") for e in entries
+    ]
+    return table(head, [_cells(data, e) for e in entries], {1, 2, 3, len(head) - 1}, classes)
 
 
 def _result_word(g: dict[str, Any]) -> str:
@@ -220,33 +240,31 @@ def _gates_table(data: dict[str, Any]) -> str:
 def render(data: dict[str, Any]) -> str:
     e_ = html.escape
     imgs = "".join(f"<img alt='{e_(t)}' title='{e_(t)}' src='{uri}'>" for t, uri in plots(data).items())
-    verdict_cls = "pass" if data["passed"] else "fail"
-    notes = "".join(f"<p class='dim'>note: {e_(n)}</p>" for n in data.get("notes", []))
-    notes += "".join(f"<p class='fail'>{e_(n)}</p>" for n in noise_notes(data))
-    baseline = (
-        f"<p class='dim'>Baseline: {e_(data['baseline']['path'])} ({e_(str(data['baseline'].get('created')))})</p>"
-        if data.get("baseline")
-        else ""
+    verdict = F.summary_line(data)
+    notes = paragraphs([f"note: {n}" for n in data.get("notes", [])], "dim") + paragraphs(
+        F.noise_notes(data), "fail"
     )
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ptopt validate — {e_(summary_line(data))}</title>
-<style>{_CSS}</style></head><body>
-<h1>ptopt validate: <span class="{verdict_cls}">{e_(summary_line(data))}</span></h1>
-<p class="dim">Machine: {e_(machine_line(data))}<br>Versions: {e_(versions_line(data))}<br>
-Data: {e_(data_line(data))}<br>Reference: {e_(data["reference"]["name"])} ({e_(data["reference"]["runtime"])});
+    base = data.get("baseline")
+    if base:
+        notes += paragraphs([f"Baseline: {base['path']} ({base.get('created')})"], "dim")
+    lat, ref = data["latency_options"], data["reference"]
+    return page(
+        f"ptopt validate — {verdict}",
+        f"""<h1>ptopt validate: <span class="{"pass" if data["passed"] else "fail"}">{e_(verdict)}</span></h1>
+<p class="dim">Machine: {e_(F.machine_line(data))}<br>Versions: {e_(F.versions_line(data))}<br>
+Data: {e_(F.data_line(data))}<br>Reference: {e_(ref["name"])} ({e_(ref["runtime"])});
 created {e_(str(data.get("created")))}; {data.get("elapsed_s", 0):.1f} s</p>
 {_table(data)}
 <p>Accuracy drop, {e_(data["accuracy_drop"]["definition"])}</p>
 <p class="dim">{e_(data["best_rule"])}. Latency: p50 per batch after warm-up, at least
-{data["latency_options"]["min_iters"]} iterations and {data["latency_options"]["min_seconds"]:g} s per artifact and
-batch size, in {data["latency_options"].get("rounds", 1)} interleaved rounds;
+{lat["min_iters"]} iterations and {lat["min_seconds"]:g} s per artifact and
+batch size, in {lat.get("rounds", 1)} interleaved rounds;
 the same {data["threads"]} thread(s) for every runtime. Peak MB: the process's peak resident memory while the
 artifact was loaded and run.</p>
-{notes}{baseline}
+{notes}
 <h2>Plots</h2><div>{imgs}</div>
-<h2>Gates</h2>{_gates_table(data)}
-</body></html>
-"""
+<h2>Gates</h2>{_gates_table(data)}""",
+    )
 
 
 def write(data: dict[str, Any], path: str | os.PathLike) -> None:

@@ -1,5 +1,6 @@
-"""The JSON report: one document per run, one entry per artifact (schema: docs/validate.md).
-Non-finite numbers become null so any JSON parser reads it."""
+"""The JSON report of either command (validate: one document per run, one entry per artifact, schema in
+docs/validate.md; optimize: ``report.json``, docs/optimize.md). Non-finite numbers become null so any
+JSON parser reads it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 import os
 from typing import Any
 
-from ptopt.core.artifact import write_text_atomic
+from ptopt.core.atomic import write_text_atomic
 
 
 def _clean(v: Any) -> Any:

@@ -8,8 +8,8 @@ import os
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from ptopt.core.artifact import write_text_atomic
-from ptopt.validate.reports.common import data_line, machine_line, versions_line
+from ptopt.core.atomic import write_text_atomic
+from ptopt.validate.reports.facts import data_line, machine_line, versions_line
 
 
 def render(data: dict[str, Any]) -> str:

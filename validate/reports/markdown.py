@@ -1,102 +1,101 @@
-"""Markdown for a pull-request comment: verdict first, the table, failed gates, then the details."""
+"""Markdown for a pull-request comment: the primitives both commands' ``summary.md`` are made of
+(heading, table, sections), then validate's: verdict first, the table, failed gates, then the details."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
-from ptopt.core.artifact import write_text_atomic
-from ptopt.validate.reports.common import (
-    data_line,
-    fmt_cos,
-    fmt_diff,
-    fmt_drop,
-    fmt_frac,
-    fmt_mb,
-    fmt_mem,
-    fmt_metric,
-    fmt_ms,
-    fmt_speedup,
-    gate_status,
-    machine_line,
-    metric_header,
-    noise_notes,
-    rows,
-    summary_line,
-    versions_line,
-)
+from ptopt.core.atomic import write_text_atomic
+from ptopt.validate.reports import common
+from ptopt.validate.reports import facts as F
 
 
-def _cell(text: str) -> str:
+# -- primitives (optimize's summary.md uses them too) -----------------------------------------------
+def cell(text: Any) -> str:
+    """A table cell: a ``|`` would end it and a newline the row."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render(data: dict[str, Any]) -> str:
-    icon = (
-        "✅"
-        if data["passed"]
-        else ("⚠️" if data.get("inconclusive") and "FAILED" not in summary_line(data) else "❌")
-    )
-    out = [
-        f"### {icon} ptopt validate: {summary_line(data)}",
-        "",
-        f"<sub>{machine_line(data)} · {versions_line(data)}</sub>",
-        "",
-    ]
+def heading(icon: str, title: str, machine: str, versions: str) -> list[str]:
+    """``### <icon> <title>`` and the machine and versions in small print."""
+    return [f"### {icon} {title}", "", f"<sub>{machine} · {versions}</sub>", ""]
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A table's lines: the header, the rule, one line per row (every cell escaped)."""
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return out + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+
+
+def section(title: str, items: Sequence[str], bullet: str = "- ") -> list[str]:
+    """A bold title and a list (nothing when the list is empty)."""
+    return ["", f"**{title}**", ""] + [f"{bullet}{x}" for x in items] if items else []
+
+
+def noise_section(notes: Sequence[str]) -> list[str]:
+    """The timing-noise footnotes (``common.spread_note`` ...), each flagged ⚠️."""
+    return section("Timing noise", notes, "- ⚠️ ")
+
+
+def write(data: dict[str, Any], path: str | os.PathLike) -> None:
+    write_text_atomic(path, render(data))
+
+
+# -- validate's summary ------------------------------------------------------------------------------
+def _head(data: dict[str, Any]) -> list[str]:
     sizes = data["batch_sizes"]
-    head = (
-        [
-            "",
-            "artifact",
-            "runtime",
-            metric_header(data),
-            "drop",
-            "top-1 agree",
-            "cosine",
-            "min cosine",
-            "max abs diff",
-            "size MB",
-            "gzip MB",
-        ]
+    return (
+        ["", "artifact", "runtime", F.metric_header(data), "drop", "top-1 agree", "cosine", "min cosine",
+         "max abs diff", "size MB", "gzip MB"]
         + [f"p50 ms @{bs}" for bs in sizes]
         + [f"speedup @{bs}" for bs in sizes]
         + ["peak MB", "gates"]
+    )  # fmt: skip
+
+
+def _cells(data: dict[str, Any], e: dict[str, Any]) -> list[str]:
+    agr = e.get("agreement") or {}
+    size = e.get("size") or {}
+    sizes = data["batch_sizes"]
+    return (
+        [
+            F.mark(e),
+            f"`{e['name']}`",
+            e["runtime"],
+            F.metric_cell(data, e.get("metric")),
+            F.drop_cell(data, e),
+            common.fmt_frac(agr.get("top1_agreement")),
+            common.fmt_cos(agr.get("cosine")),
+            common.fmt_cos(agr.get("min_cosine")),
+            common.fmt_diff(agr.get("max_abs_diff")),
+            common.fmt_mb(size.get("bytes")),
+            common.fmt_mb(size.get("gzip_bytes")),
+        ]
+        + [F.ms_cell(e["latency"].get(str(bs))) for bs in sizes]
+        + [F.speedup_cell(e, bs) for bs in sizes]
+        + [common.fmt_mem(e.get("peak_memory_mb")), F.gate_status(e)]
     )
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + "|".join("---" for _ in head) + "|")
-    for e in rows(data):
-        mark = "★" if e.get("best") else ("ref" if e["role"] == "reference" else "")
-        agr = e.get("agreement") or {}
-        size = e.get("size") or {}
-        cells = (
-            [
-                mark,
-                f"`{e['name']}`",
-                e["runtime"],
-                fmt_metric(data, e.get("metric")),
-                fmt_drop(data, e),
-                fmt_frac(agr.get("top1_agreement")),
-                fmt_cos(agr.get("cosine")),
-                fmt_cos(agr.get("min_cosine")),
-                fmt_diff(agr.get("max_abs_diff")),
-                fmt_mb(size.get("bytes")),
-                fmt_mb(size.get("gzip_bytes")),
-            ]
-            + [fmt_ms(e["latency"].get(str(bs))) for bs in sizes]
-            + [fmt_speedup(e, bs) for bs in sizes]
-            + [fmt_mem(e.get("peak_memory_mb")), gate_status(e)]
-        )
-        out.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    out += _gate_lines(data)
+
+
+def render(data: dict[str, Any]) -> str:
+    verdict = F.summary_line(data)
+    undecided = data.get("inconclusive") and "FAILED" not in verdict
+    icon = "✅" if data["passed"] else ("⚠️" if undecided else "❌")
+    out = heading(icon, f"ptopt validate: {verdict}", F.machine_line(data), F.versions_line(data))
+    out += table(_head(data), [_cells(data, e) for e in F.rows(data)])
+    failed = [g for g in data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
+    out += section("Failed gates", [f"`{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed])
+    out += noise_section(F.noise_notes(data))
     out += ["", f"Accuracy drop, {data['accuracy_drop']['definition']}", ""]
-    for n in data.get("notes", []):
-        out.append(f"> note: {n}")
+    out += [f"> note: {n}" for n in data.get("notes", [])]
     out += [
         "<details><summary>Machine, data and every gate</summary>",
         "",
-        f"- Machine: {machine_line(data)}",
-        f"- Versions: {versions_line(data)}",
-        f"- Data: {data_line(data)}",
+        f"- Machine: {F.machine_line(data)}",
+        f"- Versions: {F.versions_line(data)}",
+        f"- Data: {F.data_line(data)}",
         f"- Reference: `{data['reference']['name']}` ({data['reference']['runtime']})",
         f"- {data['best_rule']}",
     ]
@@ -107,20 +106,3 @@ def render(data: dict[str, Any]) -> str:
         out.append(f"- {icon} `{g['artifact']}` {g['gate']}: {g['message']}")
     out += ["", "</details>", ""]
     return "\n".join(out)
-
-
-def write(data: dict[str, Any], path: str | os.PathLike) -> None:
-    write_text_atomic(path, render(data))
-
-
-def _gate_lines(data: dict[str, Any]) -> list[str]:
-    """The failed gates, then the timing noise (noisy latencies, inconclusive gates)."""
-    out = []
-    failed = [g for g in data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
-    if failed:
-        out += ["", "**Failed gates**", ""]
-        out += [f"- `{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed]
-    noise = noise_notes(data)
-    if noise:
-        out += ["", "**Timing noise**", ""] + [f"- ⚠️ {n}" for n in noise]
-    return out

@@ -1,31 +1,53 @@
-"""The terminal report: a rich table, reference first, the best artifact marked ★, then the
-failed gates and the definition of the accuracy drop."""
+"""The terminal report: the primitives both commands' tables are made of, then validate's: a rich
+table, reference first, the best artifact marked ★, then the failed gates and the definition of the
+accuracy drop."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ptopt.validate.reports.common import (
-    data_line,
-    fmt_cos,
-    fmt_diff,
-    fmt_drop,
-    fmt_frac,
-    fmt_mb,
-    fmt_mem,
-    fmt_metric,
-    fmt_ms,
-    fmt_speedup,
-    gate_status,
-    machine_line,
-    metric_header,
-    noise_notes,
-    rows,
-    summary_line,
-    versions_line,
-)
+from ptopt.validate.reports import common
+from ptopt.validate.reports import facts as F
 
 
+# -- primitives (optimize's terminal table uses them too) -------------------------------------------
+def head_lines(pairs: Sequence[tuple[str, str]]) -> str:
+    """``machine:  ...`` / ``versions: ...``: one labelled line each, the texts aligned."""
+    return "\n".join(f"{label + ':':<9} {text}" for label, text in pairs)
+
+
+def table(
+    title: str, head: Sequence[str], left: Collection[str] = (), wrap: Mapping[str, dict] | None = None
+) -> Any:
+    """A rich table titled ``title``: numbers right-aligned and never wrapped; the columns in ``left``
+    left-aligned; the columns in ``wrap`` left-aligned and folded (their value: more ``add_column``
+    options, e.g. ``{"max_width": 44}``)."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in head:
+        opts = (wrap or {}).get(col)
+        if opts is not None:
+            t.add_column(col, overflow="fold", **opts)
+        else:
+            t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+    return t
+
+
+def to_text(renderables: Sequence[Any], width: int) -> str:
+    """Plain text (no colour, no markup: the caller decides), ``width`` columns wide."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, soft_wrap=False)
+    for r in renderables:
+        console.print(r, markup=False, soft_wrap=isinstance(r, str))
+    return buf.getvalue()
+
+
+# -- validate's table ------------------------------------------------------------------------------
 def print_report(data: dict[str, Any]) -> None:
     """Print to stdout, wide enough for the table (CI logs are not terminals)."""
     from rich.console import Console
@@ -34,57 +56,19 @@ def print_report(data: dict[str, Any]) -> None:
     Console(soft_wrap=False, width=max(width, 150)).print(render(data))
 
 
-def render(data: dict[str, Any]) -> Any:
-    """A rich renderable (a Group of the header, the table and the footer)."""
-    from rich.console import Group
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
+def _latency_cells(data: dict[str, Any], e: dict[str, Any]) -> list[str]:
+    """p50 per batch size, each with the artifact's speedup over the reference."""
+    out = []
+    for bs in data["batch_sizes"]:
+        cell = F.ms_cell(e["latency"].get(str(bs)))
+        if not F.is_reference(e) and str(bs) in (e.get("speedup") or {}):
+            cell += f" {F.speedup_cell(e, bs)}"
+        out.append(cell)
+    return out
 
-    sizes = data["batch_sizes"]
-    t = Table(title=f"ptopt validate — {summary_line(data)}", title_justify="left", show_lines=False)
-    t.add_column("", no_wrap=True)
-    t.add_column("artifact", overflow="fold", max_width=28)
-    t.add_column("runtime", overflow="fold", max_width=22)
-    for col in [metric_header(data), "drop", "agree", "cos min", "max|Δ|", "MB"]:
-        t.add_column(col, justify="right", no_wrap=True)
-    for bs in sizes:
-        t.add_column(f"p50 ms @{bs}", justify="right", no_wrap=True)
-    t.add_column("peak MB", justify="right", no_wrap=True)
-    t.add_column("gates", overflow="fold", max_width=44)
-    for e in rows(data):
-        agr = e.get("agreement") or {}
-        size = e.get("size") or {}
-        status = gate_status(e)
-        style = "bold green" if e.get("best") else ("red" if status.startswith("FAIL") else None)
-        style = "yellow" if status.startswith("INCONCLUSIVE") else style
-        mark = "★" if e.get("best") else ("ref" if e["role"] == "reference" else "")
-        lat = []
-        for bs in sizes:
-            cell = fmt_ms(e["latency"].get(str(bs)))
-            if e["role"] != "reference" and str(bs) in (e.get("speedup") or {}):
-                cell += f" {fmt_speedup(e, bs)}"
-            lat.append(cell)
-        t.add_row(
-            mark,
-            escape(e["name"]),
-            escape(e["runtime"]),
-            fmt_metric(data, e.get("metric")),
-            fmt_drop(data, e),
-            fmt_frac(agr.get("top1_agreement")),
-            fmt_cos(agr.get("min_cosine")),
-            fmt_diff(agr.get("max_abs_diff")),
-            fmt_mb(size.get("bytes")),
-            *lat,
-            fmt_mem(e.get("peak_memory_mb")),
-            escape(status),
-            style=style,
-        )
-    head = Text(
-        f"machine:  {machine_line(data)}\nversions: {versions_line(data)}\ndata:     {data_line(data)}",
-        style="dim",
-    )
-    foot_lines = [
+
+def _foot(data: dict[str, Any]) -> list[str]:
+    out = [
         "p50 ms: median latency per batch, with the speedup over the reference; agree: top-1 agreement "
         "with the reference (per token for [N, tokens, vocab] outputs); cos min: the worst sample's cosine "
         "of its outputs with the reference's; max|Δ|: largest output difference",
@@ -92,11 +76,50 @@ def render(data: dict[str, Any]) -> Any:
     ]
     for g in data["gate_results"]:
         if not g["passed"] and not g.get("inconclusive"):
-            foot_lines.append(f"FAILED {g['artifact']}: {g['gate']}: {g['message']}")
-    for e in rows(data):
+            out.append(f"FAILED {g['artifact']}: {g['gate']}: {g['message']}")
+    for e in F.rows(data):
         for bs, st in e["latency"].items():
             if "skipped" in st:
-                foot_lines.append(f"n/a: {e['name']} at batch {bs}: {st['skipped']}")
-    foot_lines += noise_notes(data)
-    foot_lines += [f"note: {n}" for n in data.get("notes", [])]
-    return Group(head, t, Text("\n".join(foot_lines)))
+                out.append(f"n/a: {e['name']} at batch {bs}: {st['skipped']}")
+    return out + F.noise_notes(data) + [f"note: {n}" for n in data.get("notes", [])]
+
+
+def render(data: dict[str, Any]) -> Any:
+    """A rich renderable (a Group of the header, the table and the footer)."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.text import Text
+
+    head = (
+        ["", "artifact", "runtime", F.metric_header(data), "drop", "agree", "cos min", "max|Δ|", "MB"]
+        + [f"p50 ms @{bs}" for bs in data["batch_sizes"]]
+        + ["peak MB", "gates"]
+    )
+    wrap = {"artifact": {"max_width": 28}, "runtime": {"max_width": 22}, "gates": {"max_width": 44}}
+    t = table(f"ptopt validate — {F.summary_line(data)}", head, left={""}, wrap=wrap)
+    for e in F.rows(data):
+        agr = e.get("agreement") or {}
+        status = F.gate_status(e)
+        style = "bold green" if e.get("best") else ("red" if status.startswith("FAIL") else None)
+        style = "yellow" if status.startswith("INCONCLUSIVE") else style
+        t.add_row(
+            F.mark(e),
+            escape(e["name"]),
+            escape(e["runtime"]),
+            F.metric_cell(data, e.get("metric")),
+            F.drop_cell(data, e),
+            common.fmt_frac(agr.get("top1_agreement")),
+            common.fmt_cos(agr.get("min_cosine")),
+            common.fmt_diff(agr.get("max_abs_diff")),
+            common.fmt_mb((e.get("size") or {}).get("bytes")),
+            *_latency_cells(data, e),
+            common.fmt_mem(e.get("peak_memory_mb")),
+            escape(status),
+            style=style,
+        )
+    lines = [
+        ("machine", F.machine_line(data)),
+        ("versions", F.versions_line(data)),
+        ("data", F.data_line(data)),
+    ]
+    return Group(Text(head_lines(lines), style="dim"), t, Text("\n".join(_foot(data))))
