@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-#: the model-level marker ``quant_engine.is_quantized_module`` reads
+#: the model-level marker ``engine_fx.is_quantized_module`` reads
 INT8_MARK = "ptopt_int8"
 
 
@@ -30,10 +30,9 @@ class Int8Table(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, per_channel: bool = True):
         super().__init__()
-        import torch.ao.quantization as tq
+        from ptopt.compress.quantize.engine_fx import dynamic_weight_observer
 
-        qconfig = tq.per_channel_dynamic_qconfig if per_channel else tq.default_dynamic_qconfig
-        obs = qconfig.weight()  # the observer torch's dynamic Linear would use: symmetric qint8
+        obs = dynamic_weight_observer(per_channel)  # what torch's dynamic Linear would use: symmetric qint8
         w = weight.detach().float()
         obs(w)
         scale, _ = obs.calculate_qparams()
