@@ -1,6 +1,7 @@
-"""The PT2E engine (``ptopt.compress.quantize.engine_pt2e``, packaged by ``pt2e_package``) in memory: torch.export → prepare_pt2e /
+"""The PT2E engine (``ptopt.compress.quantize.engine_pt2e``) in memory: torch.export → prepare_pt2e /
 prepare_qat_pt2e → calibrate / train → convert_pt2e with X86InductorQuantizer, then an AOTInductor
-package whose int8 kernels come from Inductor's lowering, accepted at every batch size of its range.
+package (``pt2e_package``) whose int8 kernels come from Inductor's lowering, accepted at every batch
+size of its range.
 
 One package is compiled (module fixture, ~20-60 s); the rest runs the converted graph eagerly."""
 

@@ -123,10 +123,10 @@ def test_int8_needs_calibration(fake_trt, tmp_path):
 def test_runner_is_placed_on_the_gpu_and_timed_with_cuda_events(fake_trt, monkeypatch, tmp_path):
     """The validate runner of a TensorRT artifact runs on cuda, and ``measure_runners`` hands each
     runner's device to the shared timer (CUDA events there)."""
+    from ptopt.core import features
     from ptopt.core.data import Dataset
     from ptopt.core.errors import UsageError
     from ptopt.validate import latency
-    from ptopt.core import features
 
     sys.modules["torch_tensorrt"].load = lambda path: torch.jit.trace(
         tiny_cnn().eval(), torch.randn(2, 1, 8, 8)
