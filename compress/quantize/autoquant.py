@@ -158,8 +158,7 @@ def _search(
     from ptopt.core.errors import UnsupportedModelError
 
     with quantize_context(base.backend):
-        tuner = Tuner(prep.module, base, prep.calib, prep.evald, prep.example, goal, threads, log)
-        tuner.specs, tuner.style = list(prep.loaded.input_specs), prep.loaded.input_style
+        tuner = Tuner(prep, base, prep.evald, goal, threads, log)
         names = tuner.quantizable_layers()
         if not names:
             raise UnsupportedModelError(

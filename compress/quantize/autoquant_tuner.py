@@ -1,18 +1,21 @@
-"""Accuracy-aware quantization: the tuner, which quantizes candidates through the technique functions
-(``techniques/static_fx``, ``dynamic_fx``; ``engine_pt2e`` for pt2e), measures them against cached
-fp32 outputs and times them (see ``ptopt.compress.quantize.autoquant``). Also what the fx rows'
-advice asks of it: the fewest float layers that make an int8 model hold (:func:`float_layers_that_hold`).
+"""Accuracy-aware quantization: the tuner, which quantizes candidates through the technique table
+(each row's ``candidate``: the eager int8 module alone), measures them against cached fp32 outputs
+and times them (see ``ptopt.compress.quantize.autoquant``). Also what the fx rows' advice asks of
+it: the fewest float layers that make an int8 model hold (:func:`float_layers_that_hold`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ptopt.compress.quantize.autoquant_result import AccuracyGoal, Measurement
+from ptopt.compress.quantize.base import Prepared
 from ptopt.compress.quantize.measure import layer_macs
+from ptopt.compress.quantize.table import technique
 from ptopt.core.data import rebatch
 from ptopt.core.timing import torch_threads
 
@@ -20,22 +23,22 @@ EVAL_BATCH = 64
 
 
 class Tuner:
-    """Quantizes candidates through the technique functions, measures them against cached fp32 outputs."""
+    """Quantizes candidates of ``prep``'s model through the technique table, measures them on
+    ``evald`` against cached fp32 outputs."""
 
     def __init__(
         self,
-        module: Any,
+        prep: Prepared,
         base: Any,
-        calib: Any,
         evald: Any,
-        example: Any,
         goal: AccuracyGoal,
         threads: int | None,
         log: Callable[[str], None],
     ):
         import torch
 
-        self.module, self.base, self.calib, self.example, self.goal = module, base, calib, example, goal
+        module = prep.module
+        self.prep, self.module, self.base, self.goal = prep, module, base, goal
         self.log, self.threads = log, threads
         self.eval = evald
         self.by_accuracy = goal.max_accuracy_drop is not None or (not goal.has_target and evald.has_labels)
@@ -51,12 +54,9 @@ class Tuner:
         )
         self.params = {n: sum(p.numel() for p in m.parameters()) for n, m in module.named_modules() if n}
         self.types = {n: type(m).__name__ for n, m in module.named_modules() if n}
-        self.cost = layer_macs(module, example)
+        self.cost = layer_macs(module, prep.example)
         self.layers: list[str] = []
         self._absmax: dict[str, Any] | None = None
-        #: the model's input specs and calling style (the pt2e engine captures the graph with them)
-        self.specs: list[Any] = []
-        self.style = "positional"
 
     @functools.cached_property
     def fp32_latency(self) -> float:
@@ -65,20 +65,12 @@ class Tuner:
 
     # quantize / measure ---------------------------------------------------------------------------
     def quantize(self, config: Any, smooth: float | None = None) -> Any:
-        if config.engine == "pt2e":  # the converted q/dq graph: measured eagerly, timed compiled
-            from ptopt.compress.quantize import engine_pt2e
-            from ptopt.compress.quantize.pt2e import calibration_batches
-
-            batches = calibration_batches(config, self.calib)
-            return engine_pt2e.quantize_static(self.module, self.specs, self.style, config, batches)
-        if config.mode == "static":
-            from ptopt.compress.quantize.techniques.static_fx import quantize_static
-
-            return quantize_static(self.module, config, self.calib, self.example, progress=False).module
-        from ptopt.compress.quantize.techniques.dynamic_fx import quantize_dynamic
-
-        module = self.smoothed(config, smooth) if smooth else self.module
-        return quantize_dynamic(module, config, self.example).module
+        """The eager int8 module of ``config`` (its row's ``candidate``; pt2e: the converted q/dq
+        graph, measured eagerly, timed compiled), of the model smoothed first with ``smooth``."""
+        src = (
+            self.prep if not smooth else dataclasses.replace(self.prep, module=self.smoothed(config, smooth))
+        )
+        return technique(config.mode, config.engine).candidate(config, src)
 
     @property
     def smoothable(self) -> list[str]:
@@ -277,7 +269,7 @@ def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8
 
     goal = AccuracyGoal(min_cosine=0.0, sensitivity_samples=max(len(data), 1), latency_batch_size=1)
     with quantize_context(config.backend):
-        tuner = Tuner(prep.module, config, prep.calib, data, prep.example, goal, None, lambda msg: None)
+        tuner = Tuner(prep, config, data, goal, None, lambda msg: None)
         names = tuner.quantizable_layers()
         if not names or len(names) > MAX_RANKED_LAYERS:
             return None

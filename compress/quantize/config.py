@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from ptopt.compress.quantize.table import DEFAULT_ENGINE
 from ptopt.compress.stage import reconcile
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import UsageError
@@ -24,8 +25,6 @@ OBSERVER_ALIASES = {"entropy": "histogram", "min-max": "minmax"}
 DYNAMIC_LAYERS = ("linear", "lstm", "gru", "embedding")
 #: ONNX Runtime's name for each observer (``CalibrationMethod``), for re-quantizing in ``ptopt export``
 ORT_CALIBRATION = {"minmax": "MinMax", "histogram": "Entropy", "percentile": "Percentile"}
-#: the engine a config runs on unless it says otherwise
-DEFAULT_ENGINE = "fx"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +38,8 @@ class QuantConfig(Config):
 
     type_name = "quantize"
     mode: ClassVar[str] = ""
+    #: where ``ptopt quantize --mode`` lists the mode
+    order: ClassVar[int] = 0
     #: the argument this mode cannot run without, and what to say when it is missing
     needs: ClassVar[tuple[str, str] | None] = None
     backend: str = "x86"
@@ -54,9 +55,9 @@ class QuantConfig(Config):
             raise UsageError(f"unknown backend {self.backend!r} (known: {', '.join(BACKENDS)})")
         object.__setattr__(self, "float_modules", tuple(self.float_modules))
         if self.mode:
-            from ptopt.compress.quantize import table
+            from ptopt.compress.quantize.table import check_config
 
-            table.check_config(self)
+            check_config(self)
 
 
 def normalize_observer(name: str) -> str:
@@ -74,6 +75,7 @@ class DynamicQuantConfig(QuantConfig):
 
     type_name = "quantize-dynamic"
     mode: ClassVar[str] = "dynamic"
+    order: ClassVar[int] = 1
     layers: tuple[str, ...] = DYNAMIC_LAYERS
 
     def __post_init__(self) -> None:
@@ -104,6 +106,7 @@ class StaticQuantConfig(QuantConfig):
 
     type_name = "quantize-static"
     mode: ClassVar[str] = "static"
+    order: ClassVar[int] = 2
     needs: ClassVar[tuple[str, str] | None] = (
         "calib_data",
         "static quantization needs calibration data: pass --calib-data DATA "
@@ -129,6 +132,7 @@ class QATConfig(QuantConfig):
 
     type_name = "quantize-qat"
     mode: ClassVar[str] = "qat"
+    order: ClassVar[int] = 3
     needs: ClassVar[tuple[str, str] | None] = (
         "train_data",
         "QAT needs training data: pass --train-data DATA (labelled, e.g. builtin:digits32:train)",

@@ -332,7 +332,7 @@ def quantize_dynamic(
     spec.update({name: None for embs, lins in groups for name in embs + lins})
     with _quiet(), quantized_engine(backend):
         q = tq.quantize_dynamic(work, spec, dtype=torch.qint8, inplace=False)
-        tie_int8(q, groups, per_channel)
+        tie_int8(q, groups, lambda: dynamic_weight_observer(per_channel))
     return q
 
 

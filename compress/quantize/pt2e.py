@@ -236,3 +236,12 @@ def advise(config: Any, prep: Prepared) -> str:
         f" Keeping the {MAX_HEAD_FLOAT} conv / linear layers nearest the output float does not make it hold: "
         "use --engine fx where torch.fx traces the model, or --mode dynamic"
     )
+
+
+def candidate(config: Any, prep: Prepared) -> Any:
+    """The converted q/dq graph of a static config (no package): what accuracy-aware search measures
+    eagerly and times compiled (``autoquant_tuner``)."""
+    from ptopt.compress.quantize import engine_pt2e
+
+    batches = calibration_batches(config, prep.calib)
+    return engine_pt2e.quantize_static(prep.module, prep.specs, prep.style, config, batches)

@@ -21,13 +21,16 @@ from typing import Any
 
 from ptopt.core.errors import UsageError
 
+#: the engine a config runs on unless it says otherwise (listed first)
+DEFAULT_ENGINE = "fx"
 #: an engine that runs other engines' rows and keeps one of them (listed last)
 CHOOSER = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class Technique:
-    """One row. ``handler(config, prep, progress) -> base.Quantized`` makes the int8 model.
+    """One row: ``config`` (the config class, whose ``mode`` the row is for) run by ``engine``.
+    ``handler(config, prep, progress) -> base.Quantized`` makes the int8 artifact.
 
     - ``check(config)``: refuses (UsageError) options this row cannot run; no torch, no engine.
     - ``requires(config)``: what this machine must offer, checked before any data is loaded.
@@ -37,9 +40,11 @@ class Technique:
     - ``captures(config, prep)``: whether this row takes a model another engine could not trace
       (tried for real); ``captures_hint`` is what the refusal then adds.
     - ``tracer``: what captures the model's graph (``torch.fx``, ``torch.export``), for messages.
+    - ``candidate(config, prep)``: the eager int8 module alone (no artifact, no measuring): what
+      accuracy-aware search quantizes its candidates with (None: the search does not run there).
     """
 
-    mode: str
+    config: type
     engine: str
     handler: Callable[..., Any]
     help: str = ""
@@ -51,6 +56,11 @@ class Technique:
     captures: Callable[[Any, Any], bool] | None = None
     captures_hint: str = ""
     tracer: str = ""
+    candidate: Callable[[Any, Any], Any] | None = None
+
+    @property
+    def mode(self) -> str:
+        return self.config.mode
 
 
 #: (mode, engine) -> Technique, filled by the handler files
@@ -58,14 +68,16 @@ TECHNIQUES: dict[tuple[str, str], Technique] = {}
 _loaded = False
 
 
-def register_technique(mode: str, engine: str, **fields: Any) -> Callable[[Callable], Callable]:
-    """Decorator of a handler: its row ``(mode, engine)`` (``fields``: the other Technique fields)."""
+def register_technique(config: type, engine: str, **fields: Any) -> Callable[[Callable], Callable]:
+    """Decorator of a handler: the row of ``config`` (a config class; the row is for its ``mode``)
+    run by ``engine`` (``fields``: the other Technique fields)."""
 
     def deco(handler: Callable) -> Callable:
-        old = TECHNIQUES.get((mode, engine))
+        key = (config.mode, engine)
+        old = TECHNIQUES.get(key)
         if old is not None and old.handler.__qualname__ != handler.__qualname__:
-            raise RuntimeError(f"quantization technique ({mode!r}, {engine!r}) registered twice")
-        TECHNIQUES[(mode, engine)] = Technique(mode, engine, handler, **fields)
+            raise RuntimeError(f"quantization technique {key!r} registered twice")
+        TECHNIQUES[key] = Technique(config, engine, handler, **fields)
         return handler
 
     return deco
@@ -84,17 +96,13 @@ def table() -> dict[tuple[str, str], Technique]:
 
 
 def modes() -> list[str]:
-    """The modes of the table, in the order of their configs (``config.MODES``)."""
-    from ptopt.compress.quantize.config import MODES
-
-    have = {m for m, _ in table()}
-    return [m for m in MODES if m in have] + sorted(have - set(MODES))
+    """The modes of the table, in the order their configs ask for (``order``)."""
+    order = {row.mode: getattr(row.config, "order", 0) for row in table().values()}
+    return sorted(order, key=lambda m: (order[m], m))
 
 
 def engines() -> list[str]:
     """The engines of the table: the default first, the chooser (``auto``) last."""
-    from ptopt.compress.quantize.config import DEFAULT_ENGINE
-
     have = {e for _, e in table()}
     return sorted(have, key=lambda e: (e != DEFAULT_ENGINE, e == CHOOSER, e))
 
@@ -109,8 +117,6 @@ def engines_of(mode: str) -> list[str]:
 
 def technique(mode: str, engine: str) -> Technique:
     """The row of ``(mode, engine)``; UsageError naming what exists otherwise."""
-    from ptopt.compress.quantize.config import DEFAULT_ENGINE
-
     rows = table()
     if engine not in engines():
         raise UsageError(f"unknown engine {engine!r} (choose from {', '.join(engines())})")

@@ -10,7 +10,7 @@ from typing import Any
 
 from ptopt.compress.quantize import fx_support, pt2e
 from ptopt.compress.quantize.base import Prepared, Quantized
-from ptopt.compress.quantize.config import refuse_no_compile
+from ptopt.compress.quantize.config import QATConfig, StaticQuantConfig, refuse_no_compile
 from ptopt.compress.quantize.flow import MIN_STATIC_SHARE
 from ptopt.compress.quantize.table import CHOOSER, engines_of, register_technique, technique
 
@@ -24,7 +24,7 @@ def _check(config: Any) -> None:
 
 
 @register_technique(
-    "static",
+    StaticQuantConfig,
     CHOOSER,
     help="both engines timed; the faster within 0.5 accuracy points",
     check=_check,
@@ -36,7 +36,7 @@ def static_auto(config: Any, prep: Prepared, progress: bool) -> Quantized:
 
 
 @register_technique(
-    "qat",
+    QATConfig,
     CHOOSER,
     help="both engines timed; the faster within 0.5 accuracy points",
     check=_check,

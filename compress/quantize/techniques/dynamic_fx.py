@@ -32,12 +32,13 @@ _RAW_REASON = "the model reads this Embedding's weight directly (not through the
 
 
 @register_technique(
-    "dynamic",
+    DynamicQuantConfig,
     "fx",
     help="torch.ao dynamic int8 of Linear/LSTM/GRU/Embedding; frozen int8 TorchScript (.pt)",
     check=refuse_no_compile,
     requires=fx_support.require_backend,
     advise=fx_support.advise,
+    candidate=lambda config, prep: quantize_dynamic(prep.module, config, prep.example).module,
 )
 def dynamic_fx(config: DynamicQuantConfig, prep: Prepared, progress: bool) -> Quantized:
     return fx_support.quantized(config, prep, lambda: quantize_dynamic(prep.module, config, prep.example))

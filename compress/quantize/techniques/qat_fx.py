@@ -23,7 +23,7 @@ from ptopt.core.inputspec import call_args, call_model
 
 # QAT trains: its numbers against fp32 are recorded, not gated
 @register_technique(
-    "qat",
+    QATConfig,
     "fx",
     help="torch.ao FX fake-quant fine-tuning, then int8; frozen int8 TorchScript (.pt)",
     check=refuse_no_compile,

@@ -14,7 +14,7 @@ from ptopt.compress.quantize.table import register_technique
 
 # QAT trains: its numbers against fp32 are recorded, not gated
 @register_technique(
-    "qat",
+    QATConfig,
     "pt2e",
     help="torchao PT2E fake-quant fine-tuning, then int8; AOTInductor package (.pt2)",
     check=pt2e.check_x86,

@@ -30,7 +30,7 @@ _NO_STATIC_KERNEL = {
 
 
 @register_technique(
-    "static",
+    StaticQuantConfig,
     "fx",
     help="torch.ao FX graph mode, calibrated; frozen int8 TorchScript (.pt)",
     check=refuse_no_compile,
@@ -38,6 +38,9 @@ _NO_STATIC_KERNEL = {
     tracer="torch.fx",
     min_int8_share=MIN_STATIC_SHARE,
     advise=fx_support.advise,
+    candidate=lambda config, prep: (
+        quantize_static(prep.module, config, prep.calib, prep.example, progress=False).module
+    ),
 )
 def static_fx(config: StaticQuantConfig, prep: Prepared, progress: bool) -> Quantized:
     return fx_support.quantized(

@@ -12,7 +12,7 @@ from ptopt.compress.quantize.table import register_technique
 
 
 @register_technique(
-    "static",
+    StaticQuantConfig,
     "pt2e",
     help="torchao PT2E (X86InductorQuantizer), calibrated; AOTInductor package (.pt2)",
     check=pt2e.check_x86,
@@ -21,6 +21,7 @@ from ptopt.compress.quantize.table import register_technique
     captures=pt2e.captures,
     captures_hint=pt2e.CAPTURES_HINT,
     tracer="torch.export",
+    candidate=pt2e.candidate,
 )
 def static_pt2e(config: StaticQuantConfig, prep: Prepared, progress: bool) -> Quantized:
     from ptopt.compress.quantize import engine_pt2e
