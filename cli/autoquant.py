@@ -63,7 +63,7 @@ def run(
     import json
 
     from ptopt.cli.options import echo_table
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
 
     opts = {k: v for k, v in options.items() if k not in ("epochs", "lr", "train_data")}
     for k in ("epochs", "lr", "train_data"):

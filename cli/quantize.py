@@ -15,8 +15,9 @@ from ptopt.cli.options import (
     output_option,
     save_recipe_option,
 )
+from ptopt.compress.quantize import table
 
-#: below this share of int8 parameters the CLI warns (static mode refuses, see compress.quant_steps)
+#: below this share of int8 parameters the CLI warns (static mode refuses, see compress.quantize.flow)
 MOSTLY_FLOAT = 0.1
 
 
@@ -24,7 +25,7 @@ MOSTLY_FLOAT = 0.1
 @click.argument("model")
 @click.option(
     "--mode",
-    type=click.Choice(["dynamic", "static", "qat"]),
+    type=click.Choice(table.modes()),
     required=True,
     help="dynamic: Linear/LSTM/GRU/Embedding weights int8, no calibration; static: graph-mode int8 calibrated on "
     "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8.",
@@ -61,7 +62,7 @@ MOSTLY_FLOAT = 0.1
 @click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
 @click.option(
     "--engine",
-    type=click.Choice(["fx", "pt2e", "auto"]),
+    type=click.Choice(table.engines()),
     help="fx (default): torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by "
     "AOTInductor into a .pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points.",
 )

@@ -9,10 +9,10 @@ the main output (per token for 3-D outputs such as language-model logits).
 
 ``quantize`` (post-training: static, dynamic) refuses a model that breaks the rule (ParityError,
 exit 2; with ``output`` the file is kept aside as ``<output>.failed``) and names the layers to keep
-in float when a search over the layers' sensitivity (``ptopt.compress.autoquant``) finds a set that holds. QAT, ``prune`` and
-``distill`` change the function on purpose (they train or remove weights): they record the same
-numbers (``metrics["vs_fp32"]``, ``["vs_source"]``, ``["vs_teacher"]``) without a gate; their
-accuracy on eval data says what the change cost.
+in float when a search over the layers' sensitivity (``ptopt.compress.quantize.autoquant``) finds a
+set that holds. QAT, ``prune`` and ``distill`` change the function on purpose (they train or remove
+weights): they record the same numbers (``metrics["vs_fp32"]``, ``["vs_source"]``,
+``["vs_teacher"]``) without a gate; their accuracy on eval data says what the change cost.
 """
 
 from __future__ import annotations

@@ -170,9 +170,12 @@ def require_input_specs(
 def _load_factory(ref: str, weights: str | os.PathLike | None) -> LoadedModel:
     import torch
 
+    from ptopt.core.quiet import quiet_imports
+
     module_name, _, attr = ref.partition(":")
     try:
-        mod = importlib.import_module(module_name)
+        with quiet_imports():  # a transformers model imports torchao as it is built: its notices
+            mod = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - any failure inside the user's module
         raise ModelLoadError(
             f"model {ref!r}: cannot import {module_name!r}: {type(e).__name__}: {e}"
@@ -181,7 +184,8 @@ def _load_factory(ref: str, weights: str | os.PathLike | None) -> LoadedModel:
     if not callable(factory):
         raise ModelLoadError(f"model {ref!r}: {module_name!r} has no callable {attr!r}")
     try:
-        model = factory()
+        with quiet_imports():
+            model = factory()
     except Exception as e:  # noqa: BLE001
         raise ModelLoadError(f"model {ref!r}: the factory failed: {type(e).__name__}: {e}") from None
     if not isinstance(model, torch.nn.Module):

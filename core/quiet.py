@@ -79,3 +79,39 @@ def _native_warnings_dropped() -> Iterator[None]:
             ]
             if kept:
                 os.write(fd, "".join(kept).encode("utf-8"))
+
+
+#: loggers of the libraries whose import prints notices that are not the user's business: torchao
+#: (``Failed to load ..._C_mxfp8...so`` on a machine without CUDA; ``Skipping import of cpp
+#: extensions``), torch's pytree (``register_constant() on Enum subclasses is deprecated``, as torchao
+#: registers its Enums) and transformers
+IMPORT_NOISE = ("torchao", "torch.utils._pytree", "transformers")
+#: torchao reads it once, at its import: don't try to load the CUDA kernels
+TORCHAO_SKIP_SO = "TORCHAO_FORCE_SKIP_LOADING_SO_FILES"
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """Around an import ptopt makes that may import torchao (the PT2E engine; a user's model factory
+    that builds a transformers model): their import notices are dropped (the loggers of
+    ``IMPORT_NOISE`` raised to ERROR, their warnings ignored) and, on a machine without CUDA only,
+    torchao is told not to load its CUDA kernels (``TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1``, unless
+    it is set already). The loggers and the environment are as they were afterwards; on a CUDA
+    machine the environment is never touched (torchao's kernels load there as they should)."""
+    import torch
+
+    skip = TORCHAO_SKIP_SO not in os.environ and not torch.cuda.is_available()
+    saved = [(lg, lg.level) for lg in map(logging.getLogger, IMPORT_NOISE)]
+    if skip:
+        os.environ[TORCHAO_SKIP_SO] = "1"
+    try:
+        for lg, _ in saved:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"(torchao|transformers|torch\.utils\._pytree)(\.|$)")
+            yield
+    finally:
+        for lg, lv in saved:
+            lg.setLevel(lv)
+        if skip:
+            os.environ.pop(TORCHAO_SKIP_SO, None)

@@ -118,7 +118,7 @@ def write_torchscript(
 def self_serializing(module: Any) -> list[str]:
     """Every path to a submodule of a TorchScript ``module`` that stores its own state once and says
     so with a ``ptopt_self_serializing`` method (the int8 table of a tied embedding and output layer,
-    ``compress.quant_tied``). Freezing keeps them as they are: folded, the table would be stored once
+    ``compress.quantize.tied``). Freezing keeps them as they are: folded, the table would be stored once
     per path. (torch's quantized modules have a ``__setstate__`` too, and must be frozen.)"""
     if not hasattr(getattr(module, "_c", None), "_has_method"):
         return []

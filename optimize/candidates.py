@@ -170,7 +170,7 @@ def _quantize(mode: str, engine: str | None = None, source: str | None = None) -
 
 
 def _autoquant(ctx: Context) -> Any:
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
 
     seconds = max(10, int(ctx.seconds_left() * 0.5))
     found = autoquantize(

@@ -19,7 +19,7 @@ def _files(path: Path) -> list[str]:
 
 
 def test_sensitivity_ranks_fragile_layer_first_and_writes_nothing(tmp_path: Path) -> None:
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
 
     res = autoquantize(
         FRAGILE,
@@ -174,7 +174,7 @@ def test_static_accuracy_budget_python_api(tmp_path: Path) -> None:
 
 
 def test_multi_input_encoder_min_cosine_without_labels(tmp_path: Path) -> None:
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
     from ptopt.core.data import Dataset
     from tests.compress.autoquant_models import tokens
 
@@ -205,7 +205,7 @@ def test_multi_input_encoder_min_cosine_without_labels(tmp_path: Path) -> None:
 
 
 def test_lstm_dynamic_with_seconds_budget(tmp_path: Path) -> None:
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
 
     res = autoquantize(
         "tests.compress.quant_models:tiny_lstm",
@@ -222,7 +222,7 @@ def test_lstm_dynamic_with_seconds_budget(tmp_path: Path) -> None:
 
 
 def test_tuning_budget_parsing() -> None:
-    from ptopt.compress.autoquant import DEFAULT_TRIALS, parse_tuning_budget
+    from ptopt.compress.quantize.autoquant import DEFAULT_TRIALS, parse_tuning_budget
     from ptopt.core.errors import UsageError
 
     assert parse_tuning_budget(None) == (DEFAULT_TRIALS, None)
@@ -282,7 +282,7 @@ def test_json_output_of_analyze(cli) -> None:
 
 
 def test_smoothquant_is_exact_in_float_and_traceable() -> None:
-    from ptopt.compress.smoothquant import SmoothedLinear, activation_absmax, smooth
+    from ptopt.compress.quantize.smoothquant import SmoothedLinear, activation_absmax, smooth
     from ptopt.core.data import load_data
     from tests.compress.autoquant_models import fragile_mlp
 

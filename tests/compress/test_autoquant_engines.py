@@ -12,7 +12,7 @@ DATA = dict(calib_data="builtin:digits:train", eval_data="builtin:digits:test")
 
 
 def test_api_pt2e_search_leaves_layers_float_by_module_name(tmp_path):
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
     from ptopt.core.modelref import load_model
 
     out = tmp_path / "m.int8.pt2"

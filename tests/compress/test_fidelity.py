@@ -83,7 +83,7 @@ def test_prune_records_how_far_it_moved_from_the_source():
 def test_dynamic_int8_without_data_is_checked_on_more_than_the_example_batch(cli, tmp_path):
     """No data given: the check runs on CHECK_SAMPLES random inputs of the model's shapes, not on the
     2-sample example batch (EfficientNet-B0's dynamic int8 passed on 2 and measured 0.85 on 8)."""
-    from ptopt.compress.quant_steps import CHECK_SAMPLES
+    from ptopt.compress.quantize.measure import CHECK_SAMPLES
     from tests.compress.quant_models import tiny_lstm
 
     res = ptopt.quantize(tiny_lstm(), "dynamic")

@@ -1,6 +1,7 @@
-"""The PT2E engine (``ptopt.compress.quant_engine_pt2e``) in memory: torch.export → prepare_pt2e /
+"""The PT2E engine (``ptopt.compress.quantize.engine_pt2e``) in memory: torch.export → prepare_pt2e /
 prepare_qat_pt2e → calibrate / train → convert_pt2e with X86InductorQuantizer, then an AOTInductor
-package whose int8 kernels come from Inductor's lowering, accepted at every batch size of its range.
+package (``pt2e_package``) whose int8 kernels come from Inductor's lowering, accepted at every batch
+size of its range.
 
 One package is compiled (module fixture, ~20-60 s); the rest runs the converted graph eagerly."""
 
@@ -40,17 +41,18 @@ def specs(digits):
 
 @pytest.fixture(scope="module")
 def compiled(digits, specs, tmp_path_factory):
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import engine_pt2e as pt2e
+    from ptopt.compress.quantize import pt2e_package
 
     source = tiny_cnn().eval()
     converted = pt2e.quantize_static(source, specs, "positional", _scheme(), digits[:8])
     path = tmp_path_factory.mktemp("pt2e") / "tiny.int8.pt2"
-    facts = pt2e.compile_int8(converted, path, specs, "positional", samples=torch.cat(digits[8:12]))
+    facts = pt2e_package.compile_int8(converted, path, specs, "positional", samples=torch.cat(digits[8:12]))
     return source, converted, path, facts
 
 
 def test_converted_graph_is_int8_qdq_and_close_to_fp32(digits, specs):
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import engine_pt2e as pt2e
 
     source = tiny_cnn().eval()
     converted = pt2e.quantize_static(source, specs, "positional", _scheme(observer="minmax"), digits[:4])
@@ -83,7 +85,7 @@ def test_compiled_package_has_int8_kernels_and_takes_batches_1_to_64(compiled, d
 
 
 def test_qat_prepare_train_convert(digits, specs):
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import engine_pt2e as pt2e
 
     source = tiny_cnn()
     prepared = pt2e.prepare(source.train(), specs, "positional", _scheme(observer="minmax"), qat=True)
@@ -101,7 +103,7 @@ def test_qat_prepare_train_convert(digits, specs):
 
 
 def test_exclude_keeps_module_float(digits, specs):
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import engine_pt2e as pt2e
 
     converted = pt2e.quantize_static(
         tiny_cnn().eval(), specs, "positional", _scheme(float_modules=("fc",)), digits[:2]
@@ -112,7 +114,7 @@ def test_exclude_keeps_module_float(digits, specs):
 
 
 def test_no_upstream_noise(capfd, digits, specs):
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import engine_pt2e as pt2e
 
     pt2e.quantize_static(tiny_cnn().eval(), specs, "positional", _scheme(), digits[:2])
     out, err = capfd.readouterr()
@@ -156,7 +158,7 @@ def _without_torchao(monkeypatch):
     ids=["per-tensor", "qnnpack", "bad-observer", "bad-exclude", "uncapturable", "no-torchao"],
 )
 def test_bad_input_refused(monkeypatch, specs, model, scheme, qat, setup, match, error):
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import engine_pt2e as pt2e
     from ptopt.core import errors
 
     if setup is not None:
@@ -168,7 +170,7 @@ def test_bad_input_refused(monkeypatch, specs, model, scheme, qat, setup, match,
 
 
 def test_dynamic_mode_refused():
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import engine_pt2e as pt2e
     from ptopt.core.errors import UsageError
 
     assert_refused(
@@ -178,7 +180,7 @@ def test_dynamic_mode_refused():
 
 def test_failing_batches_become_one_line_naming_what_works(monkeypatch, specs):
     """A package that crashes at some batch sizes inside generated code is refused with the sizes."""
-    from ptopt.compress import quant_engine_pt2e as pt2e
+    from ptopt.compress.quantize import pt2e_package
     from ptopt.core.errors import UnsupportedModelError
 
     def flaky(x):
@@ -186,7 +188,7 @@ def test_failing_batches_become_one_line_naming_what_works(monkeypatch, specs):
             raise AssertionError("expected size 32==s77, stride 1024==1024 at dim=0 (assert_size_stride)")
         return x.flatten(1)
 
-    msg = assert_refused(pt2e._probe, flaky, specs, "positional", error=UnsupportedModelError)
+    msg = assert_refused(pt2e_package._probe, flaky, specs, "positional", error=UnsupportedModelError)
     assert "fails at batch size(s) 32, 63, 64" in msg and "runs at 1, 2, 3" in msg and "--engine fx" in msg
 
 
@@ -262,4 +264,4 @@ def test_only_the_pt2e_engine_imports_torchao():
                 names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 if any(n == "torchao" or n.startswith("torchao.") for n in names):
                     importers.add(path.relative_to(root).as_posix())
-    assert importers == {"compress/quant_engine_pt2e.py"}
+    assert importers == {"compress/quantize/engine_pt2e.py"}

@@ -45,7 +45,7 @@ def _worst_cosine(fp32, int8) -> float:
 
 
 def test_token_inputs_get_a_dynamic_sequence_up_to_the_position_limit():
-    from ptopt.compress.quantize_pt2e import token_sequence_specs
+    from ptopt.compress.quantize.pt2e import token_sequence_specs
     from ptopt.core.inputspec import specs_from_example
     from tests.compress.hf_models import bert, bert_tokens
 
@@ -127,17 +127,46 @@ def test_cli_fx_refusal_names_pt2e_and_its_suggestion_runs(cli, tmp_path):
     assert _worst_cosine(bert(), load_model(out, allow_pickle=True).module) >= 0.95
 
 
-def test_pt2e_advice_keeps_the_head_float():
-    """A whole-int8 BERT breaks the 0.99 rule on random weights: the refusal names the layers that,
-    kept float, make it hold (judged on the q/dq graph, without compiling)."""
-    from ptopt.compress.quant_steps import prepare, resolve_config
-    from ptopt.compress.quantize_pt2e import suggest_float_layers
+def _holds(prep, config, floats) -> bool:
+    """Whether the converted int8 graph with ``floats`` kept float meets the int8 rule against fp32
+    on the data the advice judges on (eagerly, as the advice does)."""
+    from ptopt.compress.fidelity import INT8_VS_FP32, fidelity_data, measure_fidelity
+    from ptopt.compress.quantize import engine_pt2e, pt2e
+
+    module, _ = pt2e.linearized(prep.module, ())
+    candidate = config.replace(float_modules=tuple(floats))
+    batches = pt2e.calibration_batches(candidate, prep.calib)
+    converted = engine_pt2e.quantize_static(module, pt2e.specs_of(prep), prep.style, candidate, batches)
+    data = fidelity_data(prep.evald, prep.calib, prep.train, example=prep.example)
+    return measure_fidelity(prep.module, converted, data, **INT8_VS_FP32)["passed"]
+
+
+@pytest.mark.parametrize("seven_bit", [False, True], ids=["8-bit-activations", "7-bit-activations"])
+def test_pt2e_advice_keeps_the_head_float(monkeypatch, seven_bit):
+    """A whole-int8 BERT breaks the 0.99 rule on random weights: the refusal names the fewest layers
+    nearest the output (the task head) that, kept float, make it hold (judged on the q/dq graph,
+    without compiling), and doing what it says holds.
+
+    How many depends on the CPU: X86InductorQuantizer uses 7-bit activations where the CPU has no
+    VNNI (``engine_pt2e.reduce_range``), and there ``bert.pooler.dense`` must stay float with
+    ``classifier``; with 8 bits (AVX512-VNNI) ``classifier`` alone holds. Both quantizers run here."""
+    import re
+
+    from ptopt.compress.quantize import engine_pt2e
+    from ptopt.compress.quantize.config import resolve_config
+    from ptopt.compress.quantize.flow import prepare
+    from ptopt.compress.quantize.pt2e import advise
     from tests.compress.hf_models import bert, bert_tokens
 
+    monkeypatch.setattr(engine_pt2e, "reduce_range", lambda: seven_bit)
     config = resolve_config("static", None, engine="pt2e", exclude=None, layers=None)
     prep = prepare(config, bert(), None, False, (), bert_tokens()["x"])
-    advice = suggest_float_layers(config, prep)
-    assert "--exclude bert.pooler.dense --exclude classifier" in advice, advice
+    advice = advise(config, prep)
+    floats = re.findall(r"--exclude (\S+)", advice)
+    assert floats and tuple(floats) == HEAD[-len(floats) :], advice  # the head, nearest the output first
+    assert f"float_modules={tuple(floats)!r}" in advice
+    assert _holds(prep, config, floats), advice  # what it says holds
+    assert not _holds(prep, config, floats[1:]), advice  # and one layer fewer does not
 
 
 def test_fx_refusal_without_pt2e_when_export_cannot_capture(cli, tmp_path):

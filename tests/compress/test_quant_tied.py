@@ -52,7 +52,7 @@ def test_tied_int8_runs_in_memory_and_from_plain_torch(tmp_path):
 
 
 def test_groups_follow_the_shared_weight():
-    from ptopt.compress.quant_tied import tied_groups
+    from ptopt.compress.quantize.tied import tied_groups
     from tests.compress.quant_models import shared_vocab, tied_lm
 
     m = tied_lm()
@@ -92,8 +92,8 @@ def test_table_numerics_and_reload_of_new_weights():
     import torch.ao.nn.quantized.dynamic as nnqd
     import torch.ao.quantization as tq
 
-    from ptopt.compress.quant_engine import quantize_dynamic
-    from ptopt.compress.quant_tied import Int8Table
+    from ptopt.compress.quantize.engine_fx import dynamic_weight_observer, quantize_dynamic
+    from ptopt.compress.quantize.tied import Int8Table
     from tests.compress.quant_models import TiedLM, tied_lm
 
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))
@@ -101,7 +101,8 @@ def test_table_numerics_and_reload_of_new_weights():
     for per_channel, qconfig in ((True, tq.per_channel_dynamic_qconfig), (False, tq.default_dynamic_qconfig)):
         lin.qconfig = qconfig
         ref = nnqd.Linear.from_float(lin)  # torch's own dynamic int8 Linear: the same int8 kernel
-        torch.testing.assert_close(Int8Table(lin.weight, lin.bias, per_channel)(x), ref(x), rtol=0, atol=0)
+        table = Int8Table(lin.weight, lin.bias, dynamic_weight_observer(per_channel))
+        torch.testing.assert_close(table(x), ref(x), rtol=0, atol=0)
     ids = torch.randint(0, 600, (2, 5), generator=torch.Generator().manual_seed(5))
     q = quantize_dynamic(tied_lm(), ("linear", "embedding"), True, "x86")
     torch.manual_seed(1)

@@ -16,7 +16,7 @@ def test_conv1d_becomes_the_linear_it_is():
     pytest.importorskip("transformers")
     from transformers.pytorch_utils import Conv1D
 
-    from ptopt.compress.quant_engine import is_conv1d_linear, linearize_conv1d
+    from ptopt.compress.quantize.layers import is_conv1d_linear, linearize_conv1d
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(Conv1D(24, 8), torch.nn.GELU(), Conv1D(8, 24))

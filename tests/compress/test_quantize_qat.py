@@ -56,8 +56,8 @@ def test_qat_without_labels_matches_fp32(tmp_path: Path) -> None:
 
 
 def test_freeze_schedule_within_one_epoch() -> None:
-    from ptopt.compress.qat import FreezeSchedule
     from ptopt.compress.quantize import QATConfig
+    from ptopt.compress.quantize.techniques.qat_fx import FreezeSchedule
 
     s = FreezeSchedule(QATConfig(epochs=1), steps_per_epoch=10)
     assert (s.bn_step, s.observer_step) == (5, 7)

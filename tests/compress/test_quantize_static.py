@@ -171,8 +171,8 @@ def test_configs_round_trip() -> None:
 
 def test_qconfig_mapping_expresses_candidates() -> None:
     """What accuracy-aware search varies: float modules, per-tensor vs per-channel, observer."""
-    from ptopt.compress import quant_engine as engine
     from ptopt.compress.quantize import StaticQuantConfig
+    from ptopt.compress.quantize import engine_fx as engine
 
     cfg = StaticQuantConfig(observer="minmax", per_channel=False, float_modules=("layers.0", "fc"))
     mapping = engine.build_qconfig_mapping(cfg)

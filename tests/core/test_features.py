@@ -16,5 +16,5 @@ def test_torchao_names_the_engine_that_uses_it(monkeypatch, version, available, 
     monkeypatch.setattr(features, "package_version", lambda name: version if name == "torchao" else None)
     f = features.check_torchao()
     assert (f.available, f.version) == (available, version) and says in f.detail
-    assert "--engine pt2e" in f.detail  # the one place that uses it: compress/quant_engine_pt2e.py
+    assert "--engine pt2e" in f.detail  # the one place that uses it: compress/quantize/engine_pt2e.py
     assert f.fix == ("" if available else "pip install 'ptopt[torchao]'")

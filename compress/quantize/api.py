@@ -1,4 +1,4 @@
-"""Int8 quantization: the configs of the three modes and the Python twin of ``ptopt quantize``.
+"""``quantize``: the Python twin of ``ptopt quantize``.
 
 =========  ==============================================================  ==========================
 mode       what                                                            needs
@@ -20,18 +20,18 @@ In memory (the notebook form)::
     res.save("model.int8.pt")    # the same module written with its sidecar (or pass output=)
 
 ``res.model`` is exactly what the artifact holds: a frozen TorchScript module traced from the int8
-model and checked against it at three batch sizes, so it runs without any quantization context
-(e.g. the MHA fast path, which int8 transformers must not take) and loads with plain
-``torch.jit.load`` once saved. The sidecar records the config, the calibration, which layers stayed
-float and why, and what ``ptopt export`` needs to redo the quantization in ONNX Runtime.
+model, serialized once in memory and loaded back from those bytes, checked against the int8 model at
+three batch sizes, so it runs without any quantization context (e.g. the MHA fast path, which int8
+transformers must not take) and loads with plain ``torch.jit.load`` once saved. The sidecar records
+the config, the calibration, which layers stayed float and why, and what ``ptopt export`` needs to
+redo the quantization in ONNX Runtime.
 
 Before the Result is returned, the int8 model is judged against its fp32 source by export's parity
 rule (``ptopt.compress.fidelity``); a static or dynamic model that breaks it raises ParityError
 (with ``output``, the file is kept aside as ``<output>.failed``) naming the layers to keep float.
 
-The configs live in ``quant_config`` (re-exported here). Only ``ptopt.compress.quant_engine``
-touches ``torch.ao.quantization``; the technique files (``quantize_static``, ``quantize_dynamic``,
-``qat``) and this module go through it.
+Which engine makes the model is a row of the technique table (``table.py``); the steps around it
+are the engine-neutral flow (``flow.py``).
 """
 
 from __future__ import annotations
@@ -39,29 +39,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ptopt.compress.quant_config import (  # noqa: F401 - re-exported: the configs' public home stays here
-    BACKENDS,
-    CONFIGS,
-    DYNAMIC_LAYERS,
-    MODES,
-    OBSERVERS,
-    ORT_CALIBRATION,
-    DynamicQuantConfig,
-    QATConfig,
-    QuantConfig,
-    QuantResult,
-    StaticQuantConfig,
-    make_config,
-)
-from ptopt.compress.quant_steps import (
-    prepare,
-    quantize_prepared,
-    refuse_if_mostly_float,
-    require_data,
-    resolve_config,
-    suggest_float_layers,
-)
-from ptopt.compress.stage import check_output, finish, refuse_if_unfaithful
+from ptopt.compress.quantize.config import QuantConfig, require_data, resolve_config
+from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared
+from ptopt.compress.stage import check_output, finish
 from ptopt.core.errors import UsageError
 
 
@@ -102,11 +82,11 @@ def quantize(
     ``StaticQuantConfig`` / ``DynamicQuantConfig`` / ``QATConfig``) replaces the loose options
     (backend ... lr); a loose option that contradicts it is a UsageError. ``max_accuracy_drop`` /
     ``min_cosine`` (with ``eval_data``, ``tuning_budget``): accuracy-aware search
-    (``ptopt.compress.autoquant``); raises GateFailedError (after saving the best model when
+    (``ptopt.compress.quantize.autoquant``); raises GateFailedError (after saving the best model when
     ``output`` is given) when no candidate holds. ``engine``: fx (default, int8 TorchScript) | pt2e
     (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5
-    accuracy points kept): see ``ptopt.compress.quantize_pt2e``. ``compile=False`` (pt2e): the int8
-    ExportedProgram ``.pt2`` instead of an AOTInductor package.
+    accuracy points kept): the rows of ``ptopt.compress.quantize.table``. ``compile=False`` (pt2e):
+    the int8 ExportedProgram ``.pt2`` instead of an AOTInductor package.
     """
     loose = dict(
         backend=backend,
@@ -136,30 +116,17 @@ def quantize(
         return _accuracy_aware(model, mode, output, config, search | loose)
     config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, compile=compile, **loose)
     check_output(output, hint=" such as model.int8.pt")
-    require_data(config, calib_data, train_data)
+    require_data(config, calib_data=calib_data, train_data=train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
-    refs = {"calib_data": calib_data, "train_data": train_data, "eval_data": eval_data}
-    result = quantize_prepared(config, prep, refs, progress)
-    if config.mode == "static":
-        refuse_if_mostly_float(result, prep)
-    if config.mode in ("static", "dynamic"):  # QAT trains: its vs_fp32 numbers are recorded, not gated
-        refuse_if_unfaithful(result, output, lambda: _advice(config, prep, result))
+    result = quantize_prepared(config, prep, progress)
+    judged(result, config, prep, output)
     return finish(result, output)
-
-
-def _advice(config: QuantConfig, prep: Any, result: Any) -> str:
-    """The layers to keep float, found by the engine that built ``result``."""
-    if result.config.get("engine") == "pt2e":
-        from ptopt.compress.quantize_pt2e import suggest_float_layers as suggest_pt2e
-
-        return suggest_pt2e(config, prep)
-    return suggest_float_layers(config, prep)
 
 
 def _accuracy_aware(model: Any, mode: str | None, output: Any, config: Any, options: dict[str, Any]) -> Any:
     """``autoquantize`` for ``quantize(max_accuracy_drop=... | min_cosine=...)``: the chosen model's
     Result (saved at ``output`` when given); GateFailedError when no candidate met the goal."""
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
 
     found = autoquantize(model, mode or getattr(config, "mode", ""), output, config=config, **options)
     found.raise_if_missed()

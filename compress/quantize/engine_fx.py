@@ -1,16 +1,16 @@
-"""The quantization engine: the ONLY module of ptopt that imports ``torch.ao.quantization``.
+"""The torch.ao engine (FX graph mode and eager dynamic int8): the ONLY module of ptopt that imports
+``torch.ao`` (the structure test, ``tests/compress/test_structure.py``, holds every module to that).
 
-Everything the techniques (``quantize_static``, ``quantize_dynamic``, ``qat``) need from the
-upstream quantization stack goes through the functions here, so a torchao (PT2E) engine can replace
-this file without touching the CLI or the other stages. ``torch.ao.quantization`` raises a
-DeprecationWarning on every call in torch 2.13 ("migrate to torchao"); :func:`_quiet` handles them at
-this boundary so users never see them.
+Everything the fx handlers (``techniques/static_fx``, ``dynamic_fx``, ``qat_fx``) and the search
+need from the upstream quantization stack goes through the functions here. ``torch.ao.quantization``
+raises a DeprecationWarning on every call in torch 2.13 ("migrate to torchao"); :func:`_quiet`
+handles them at this boundary so users never see them.
 
 A quantization *scheme* is any object with the attributes ``backend``, ``per_channel``,
-``float_modules`` and (optionally) ``observer``: the configs of ``ptopt.compress.quant_config`` are such
-objects, and so are the candidates of accuracy-aware quantization (some modules left float, per-tensor
-vs per-channel weights, another observer). :func:`build_qconfig_mapping` turns a scheme into the
-upstream ``QConfigMapping``.
+``float_modules`` and (optionally) ``observer``: the configs of ``ptopt.compress.quantize.config``
+are such objects, and so are the candidates of accuracy-aware quantization (some modules left float,
+per-tensor vs per-channel weights, another observer). :func:`build_qconfig_mapping` turns a scheme
+into the upstream ``QConfigMapping``.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ptopt.compress.quant_config import BACKENDS, OBSERVERS
-from ptopt.compress.quant_tied import INT8_MARK, tie_int8, tied_groups
+from ptopt.compress.quantize.config import BACKENDS, normalize_observer
+from ptopt.compress.quantize.layers import linearize_conv1d, mha_fastpath_disabled
+from ptopt.compress.quantize.tied import INT8_MARK, tie_int8, tied_groups
 from ptopt.core.errors import UnsupportedModelError, UsageError
 
 # Activation observers for static calibration: "histogram" minimizes the quantization error over a
 # histogram (the entropy-style choice, upstream's default), "minmax" takes the full range, and
 # "percentile" clips the range to the 0.01th..99.99th percentile of the histogram.
-OBSERVER_ALIASES = {"entropy": "histogram", "min-max": "minmax"}
 #: layer types dynamic quantization acts on (never convolutions: ConvInteger is slower than fp32)
 DYNAMIC_TYPES = {"linear": nn.Linear, "lstm": nn.LSTM, "gru": nn.GRU, "embedding": nn.Embedding}
 DEFAULT_PERCENTILE = 99.99
@@ -57,13 +57,6 @@ with _quiet():
     from torch.ao.quantization import QConfig, QConfigMapping
     from torch.ao.quantization.observer import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx, prepare_qat_fx
-
-
-def normalize_observer(name: str) -> str:
-    name = OBSERVER_ALIASES.get(str(name).lower(), str(name).lower())
-    if name not in OBSERVERS:
-        raise UsageError(f"unknown observer {name!r} (known: {', '.join(OBSERVERS)}; 'entropy' = histogram)")
-    return name
 
 
 def check_backend(backend: str) -> str:
@@ -184,17 +177,6 @@ def build_qconfig_mapping(scheme: Any, qat: bool = False) -> QConfigMapping:
     for name in getattr(scheme, "float_modules", ()) or ():
         mapping.set_module_name(name, None)
     return mapping
-
-
-def check_module_names(model: nn.Module, names: Any, option: str = "--exclude") -> None:
-    """UsageError for a float-module name that is not a submodule of ``model``."""
-    known = {n for n, _ in model.named_modules() if n}
-    bad = [n for n in names if n not in known]
-    if bad:
-        sample = ", ".join(sorted(known, key=len)[:8])
-        raise UsageError(
-            f"{option} {', '.join(bad)}: no such module in the model (modules include: {sample})"
-        )
 
 
 # -- graph mode (FX): static and QAT ---------------------------------------------------------------
@@ -322,22 +304,6 @@ def is_quantized_module(m: nn.Module) -> bool:
 # -- dynamic -------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def mha_fastpath_disabled() -> Iterator[None]:
-    """Dynamic int8 replaces Linear weights by methods; the fused MultiheadAttention / encoder fast
-    path reads ``linear1.weight`` and crashes, so it must be off while the model runs or is traced."""
-    mha = getattr(torch.backends, "mha", None)
-    if mha is None or not hasattr(mha, "set_fastpath_enabled"):
-        yield
-        return
-    prev = mha.get_fastpath_enabled()
-    mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        mha.set_fastpath_enabled(prev)
-
-
 def quantize_dynamic(
     model: nn.Module, types: Any, per_channel: bool, backend: str, float_modules: Any = ()
 ) -> nn.Module:
@@ -366,50 +332,16 @@ def quantize_dynamic(
     spec.update({name: None for embs, lins in groups for name in embs + lins})
     with _quiet(), quantized_engine(backend):
         q = tq.quantize_dynamic(work, spec, dtype=torch.qint8, inplace=False)
-        tie_int8(q, groups, per_channel)
+        tie_int8(q, groups, lambda: dynamic_weight_observer(per_channel))
     return q
 
 
-def is_conv1d_linear(m: nn.Module) -> bool:
-    """transformers' ``Conv1D`` (GPT-2's attention and MLP): a linear layer whose weight is stored
-    transposed (in × out), despite its name. Recognized by shape, without importing transformers."""
-    w, b = getattr(m, "weight", None), getattr(m, "bias", None)
-    return (
-        type(m).__name__ == "Conv1D"
-        and not isinstance(m, nn.modules.conv._ConvNd)
-        and isinstance(w, torch.Tensor)
-        and w.dim() == 2
-        and getattr(m, "nf", w.shape[1]) == w.shape[1]
-        and (b is None or tuple(b.shape) == (w.shape[1],))
-    )
-
-
-def linearize_conv1d(model: nn.Module, skip: Any = ()) -> list[str]:
-    """Swap each transformers ``Conv1D`` in ``model`` (in place) for the ``nn.Linear`` it is (weight
-    transposed), checked numerically on a random input; names in ``skip`` (float modules, and what
-    is under them) are left alone. Returns the swapped names."""
-    skip = tuple(skip or ())
-    swapped = []
-    for name, m in list(model.named_modules()):
-        if not name or not is_conv1d_linear(m) or any(name == s or name.startswith(s + ".") for s in skip):
-            continue
-        w = m.weight.detach()
-        # built on the meta device: no random initialisation (the caller's random state stays as it was)
-        lin = nn.Linear(w.shape[0], w.shape[1], bias=m.bias is not None, dtype=w.dtype, device="meta")
-        lin = lin.to_empty(device=w.device)
-        with torch.no_grad():
-            lin.weight.copy_(w.t())
-            if m.bias is not None:
-                lin.bias.copy_(m.bias.detach())
-            g = torch.Generator().manual_seed(0)
-            x = torch.randn(3, 5, w.shape[0], generator=g).to(dtype=w.dtype, device=w.device)
-            if not torch.allclose(lin(x), m(x), rtol=1e-4, atol=1e-5):
-                continue  # not the linear layer it looks like: leave it as it is
-        lin.train(m.training)
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, lin)
-        swapped.append(name)
-    return swapped
+def dynamic_weight_observer(per_channel: bool) -> Any:
+    """The weight observer torch's dynamic int8 Linear uses (symmetric qint8; per output channel or
+    one scale): what the tied int8 table (``tied.Int8Table``) computes its scales with."""
+    with _quiet():
+        qconfig = tq.per_channel_dynamic_qconfig if per_channel else tq.default_dynamic_qconfig
+        return qconfig.weight()
 
 
 @contextlib.contextmanager

@@ -1,10 +1,10 @@
-"""Accuracy-aware quantization: the search over candidates (see ``ptopt.compress.autoquant``).
+"""Accuracy-aware quantization: the search over candidates (see ``ptopt.compress.quantize.autoquant``).
 
 Candidates are schemes with the ``k`` most sensitive layers left float: all-int8 first, then ``k``
 grows (doubling, then bisection) until the goal holds; within the tuning budget float layers are made
 int8 again one at a time and the other schemes are tried. ``choose`` picks the fastest candidate that
 holds (ties within ``LATENCY_TIE`` go to fewer float multiply-accumulates), else the most accurate.
-The tuner (``autoquant._Tuner``) quantizes and measures; this module only decides what to try.
+The tuner (``autoquant_tuner.Tuner``) quantizes and measures; this module only decides what to try.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ptopt.compress.autoquant_result import AccuracyGoal, Candidate
+from ptopt.compress.quantize.autoquant_result import AccuracyGoal, Candidate
 
 if TYPE_CHECKING:
-    from ptopt.compress.autoquant import _Tuner
+    from ptopt.compress.quantize.autoquant_tuner import Tuner
 
 #: two latencies within this fraction are a tie, broken by fewer float multiply-accumulates: a short
 #: timing on a shared CPU is good to ~10% (measured: the same candidate ±15% between searches), and
@@ -50,7 +50,7 @@ def _schemes(base: Any, smoothable: bool = False) -> list[tuple[bool, str | None
 
 
 class Search:
-    def __init__(self, tuner: _Tuner, layers: list[str], sens: list[dict[str, Any]], goal: AccuracyGoal):
+    def __init__(self, tuner: Tuner, layers: list[str], sens: list[dict[str, Any]], goal: AccuracyGoal):
         self.t, self.layers, self.sens, self.goal = tuner, layers, sens, goal
         self.ranked = [r["layer"] for r in sens]
         self.candidates: list[Candidate] = []

@@ -1,4 +1,5 @@
-"""Quantization-aware training: fake-quant fine-tuning in graph mode, then convert to int8.
+"""Row ``("qat", "fx")``: quantization-aware training, fake-quant fine-tuning in graph mode, then
+convert to int8, written as frozen int8 TorchScript.
 
 The model is traced and prepared for QAT (conv-bn kept as trainable fused modules, fake quantization
 on weights and activations), fine-tuned with the shared trainer (AdamW, warmup + cosine, evaluation
@@ -11,11 +12,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptopt.compress import quant_engine as engine
-from ptopt.compress.quant_config import QATConfig, QuantResult
-from ptopt.compress.quantize_static import float_layers
+from ptopt.compress.quantize import fx_support
+from ptopt.compress.quantize.base import Prepared, Quantized, QuantResult
+from ptopt.compress.quantize.config import QATConfig, refuse_no_compile
+from ptopt.compress.quantize.table import register_technique
+from ptopt.compress.quantize.techniques.static_fx import float_layers
 from ptopt.core.data import Batch, Dataset
 from ptopt.core.inputspec import call_args, call_model
+
+
+# QAT trains: its numbers against fp32 are recorded, not gated
+@register_technique(
+    QATConfig,
+    "fx",
+    help="torch.ao FX fake-quant fine-tuning, then int8; frozen int8 TorchScript (.pt)",
+    check=refuse_no_compile,
+    requires=fx_support.require_backend,
+    tracer="torch.fx",
+    gated=False,
+)
+def qat_fx(config: QATConfig, prep: Prepared, progress: bool) -> Quantized:
+    def technique() -> QuantResult:
+        return quantize_qat(prep.module, config, prep.train, prep.example, prep.evald, progress)
+
+    return fx_support.quantized(config, prep, technique)
 
 
 class FreezeSchedule:
@@ -37,6 +57,8 @@ class FreezeSchedule:
         self.observers_frozen_at: int | None = None
 
     def _apply(self, model: Any) -> None:
+        from ptopt.compress.quantize import engine_fx as engine
+
         if self.step >= self.bn_step:
             engine.freeze_bn_stats(model)
             if self.bn_frozen_at is None:
@@ -84,6 +106,7 @@ def quantize_qat(
     progress: bool = True,
 ) -> QuantResult:
     """QAT of ``model`` (left untouched) on ``train_data``; returns the converted int8 module."""
+    from ptopt.compress.quantize import engine_fx as engine
     from ptopt.compress.trainer import TrainConfig, cross_entropy_loss, train
 
     args, kwargs = call_args(example)

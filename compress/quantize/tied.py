@@ -15,12 +15,13 @@ such submodules out of freezing (``preserved_attrs``), which would fold a second
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-#: the model-level marker ``quant_engine.is_quantized_module`` reads
+#: the model-level marker ``engine_fx.is_quantized_module`` reads
 INT8_MARK = "ptopt_int8"
 
 
@@ -28,15 +29,14 @@ class Int8Table(nn.Module):
     """An int8 matrix ``[rows, dim]`` with a scale per row, read as an embedding (:meth:`lookup`)
     and as the weight of a linear layer (``forward``)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, per_channel: bool = True):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, observer: Any):
+        """``observer``: the weight observer torch's dynamic int8 Linear uses (symmetric qint8, per
+        output channel or one scale: ``engine_fx.dynamic_weight_observer``), so that the output layer
+        computes exactly what a dynamic int8 Linear would."""
         super().__init__()
-        import torch.ao.quantization as tq
-
-        qconfig = tq.per_channel_dynamic_qconfig if per_channel else tq.default_dynamic_qconfig
-        obs = qconfig.weight()  # the observer torch's dynamic Linear would use: symmetric qint8
         w = weight.detach().float()
-        obs(w)
-        scale, _ = obs.calculate_qparams()
+        observer(w)
+        scale, _ = observer.calculate_qparams()
         scale = scale.double().reshape(-1).expand(w.shape[0]).contiguous()  # per-tensor: one for every row
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         wq = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
@@ -142,12 +142,14 @@ def tied_partners(model: nn.Module, float_modules: Any) -> dict[str, str]:
     return out
 
 
-def tie_int8(model: nn.Module, groups: list[tuple[list[str], list[str]]], per_channel: bool = True) -> None:
+def tie_int8(
+    model: nn.Module, groups: list[tuple[list[str], list[str]]], observer: Callable[[], Any]
+) -> None:
     """Replace the layers of each group of ``model`` (in place, still float there) by the halves of
-    one scripted :class:`Int8Table`."""
+    one scripted :class:`Int8Table` (``observer()``: a fresh weight observer for each table)."""
     for embs, lins in groups:
         lin = model.get_submodule(lins[0])
-        table = torch.jit.script(Int8Table(lin.weight, lin.bias, per_channel))
+        table = torch.jit.script(Int8Table(lin.weight, lin.bias, observer()))
         for name in embs:
             model.set_submodule(name, TiedInt8Embedding(table))
         for name in lins:

@@ -1,4 +1,5 @@
-"""Static post-training int8 in graph mode (FX): trace → fuse + observe → calibrate → convert.
+"""Row ``("static", "fx")``: post-training int8 in graph mode (FX): trace → fuse + observe →
+calibrate → convert, written as frozen int8 TorchScript.
 
 Works on models written the way users write them (functional ``F.relu``, residual ``x + y``,
 ``torch.flatten``, no QuantStubs): the graph is traced, conv-bn(-relu) and linear-relu are fused
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptopt.compress import quant_engine as engine
-from ptopt.compress.quant_config import QuantResult, StaticQuantConfig
+from ptopt.compress.quantize import fx_support
+from ptopt.compress.quantize.base import Prepared, Quantized, QuantResult
+from ptopt.compress.quantize.config import StaticQuantConfig, refuse_no_compile
+from ptopt.compress.quantize.flow import MIN_STATIC_SHARE
+from ptopt.compress.quantize.table import register_technique
 from ptopt.core.data import Dataset
 from ptopt.core.inputspec import batch_size_of, call_args, call_model
 
@@ -25,10 +29,31 @@ _NO_STATIC_KERNEL = {
 }
 
 
+@register_technique(
+    StaticQuantConfig,
+    "fx",
+    help="torch.ao FX graph mode, calibrated; frozen int8 TorchScript (.pt)",
+    check=refuse_no_compile,
+    requires=fx_support.require_backend,
+    tracer="torch.fx",
+    min_int8_share=MIN_STATIC_SHARE,
+    advise=fx_support.advise,
+    candidate=lambda config, prep: (
+        quantize_static(prep.module, config, prep.calib, prep.example, progress=False).module
+    ),
+)
+def static_fx(config: StaticQuantConfig, prep: Prepared, progress: bool) -> Quantized:
+    return fx_support.quantized(
+        config, prep, lambda: quantize_static(prep.module, config, prep.calib, prep.example, progress)
+    )
+
+
 def quantize_static(
     model: Any, config: StaticQuantConfig, calib: Dataset, example: Any, progress: bool = True
 ) -> QuantResult:
     """Static int8 of ``model`` (left untouched) calibrated on ``calib``; ``example`` is one batch."""
+    from ptopt.compress.quantize import engine_fx as engine
+
     args, kwargs = call_args(example)
     prepared = engine.prepare_static(model, config, args, kwargs)
     summary = calibrate(prepared, calib, config.calibration_batches, config.batch_size, progress)
@@ -84,6 +109,8 @@ def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
 
     BatchNorms folded into their convolution are gone from ``converted`` and are not listed.
     """
+    from ptopt.compress.quantize.engine_fx import is_quantized_module
+
     excluded = tuple(getattr(config, "float_modules", ()) or ())
     graph = getattr(converted, "graph", None)
     leaves = {str(n.target) for n in graph.nodes if n.op == "call_module"} if graph is not None else set()
@@ -95,7 +122,7 @@ def float_layers(original: Any, converted: Any, config: Any) -> dict[str, str]:
             q = converted.get_submodule(name)
         except AttributeError:
             continue  # fused into a neighbour (conv-bn folding)
-        if engine.is_quantized_module(q):
+        if is_quantized_module(q):
             continue
         kind = type(m).__name__
         user_excluded = any(name == e or name.startswith(e + ".") for e in excluded)

@@ -1,15 +1,16 @@
-"""Dynamic int8: Linear / LSTM / GRU weights stored in int8, activations quantized per batch;
-Embedding weights stored as int8 rows (one float scale per row), looked up and dequantized.
+"""Row ``("dynamic", "fx")``: Linear / LSTM / GRU weights stored in int8, activations quantized per
+batch; Embedding weights stored as int8 rows (one float scale per row), looked up and dequantized;
+written as frozen int8 TorchScript.
 
 transformers' ``Conv1D`` (GPT-2's attention and MLP projections) is a linear layer with its weight
 stored transposed: it is swapped for the equivalent ``nn.Linear`` (checked numerically) and quantized
-as one (``quant_engine.linearize_conv1d``).
+as one (``layers.linearize_conv1d``).
 
 No calibration data. Never convolutions: ONNX/torch dynamic conv (ConvInteger) is several times
 slower than fp32, so convolutional models go through ``--mode static``. Transformer encoders work:
 their feed-forward Linears are quantized, while ``MultiheadAttention``'s packed in-projection and its
 ``out_proj`` (a NonDynamicallyQuantizableLinear) stay float; the fused attention fast path is off
-while the model is traced (see ``quant_engine.mha_fastpath_disabled``).
+while the model is traced (see ``layers.mha_fastpath_disabled``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ptopt.compress import quant_engine as engine
-from ptopt.compress.quant_config import DynamicQuantConfig, QuantResult
-from ptopt.compress.quant_tied import tied_names, tied_partners
+from ptopt.compress.quantize import fx_support
+from ptopt.compress.quantize.base import Prepared, Quantized, QuantResult
+from ptopt.compress.quantize.config import DynamicQuantConfig, refuse_no_compile
+from ptopt.compress.quantize.table import register_technique
 
 _CONV_REASON = "convolutions are never dynamically quantized (slower than fp32); use --mode static"
 
@@ -29,10 +31,27 @@ _RAW_EMBEDDINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _RAW_REASON = "the model reads this Embedding's weight directly (not through the layer): it stays float"
 
 
+@register_technique(
+    DynamicQuantConfig,
+    "fx",
+    help="torch.ao dynamic int8 of Linear/LSTM/GRU/Embedding; frozen int8 TorchScript (.pt)",
+    check=refuse_no_compile,
+    requires=fx_support.require_backend,
+    advise=fx_support.advise,
+    candidate=lambda config, prep: quantize_dynamic(prep.module, config, prep.example).module,
+)
+def dynamic_fx(config: DynamicQuantConfig, prep: Prepared, progress: bool) -> Quantized:
+    return fx_support.quantized(config, prep, lambda: quantize_dynamic(prep.module, config, prep.example))
+
+
 def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None) -> QuantResult:
     """Dynamic int8 of ``model`` (left untouched). ``example`` (a batch): embeddings whose weight
     the model reads directly (``self.typ.weight[0]``, which an int8 Embedding has not) are found by
     running it, and stay float."""
+    from ptopt.compress.quantize import engine_fx as engine
+    from ptopt.compress.quantize.layers import is_conv1d_linear
+    from ptopt.compress.quantize.tied import tied_names, tied_partners
+
     raw = raw_embeddings(model, config, example)
     floats = tuple(config.float_modules) + tuple(n for n in raw if n not in config.float_modules)
     # a layer tied to a float one stays float with it: their one matrix is stored once
@@ -52,11 +71,11 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None
     conv1d = [
         n
         for n, m in model.named_modules()
-        if n and engine.is_conv1d_linear(m) and engine.is_quantized_module(q.get_submodule(n))
+        if n and is_conv1d_linear(m) and engine.is_quantized_module(q.get_submodule(n))
     ]
     if conv1d:
         summary["dynamic"]["conv1d_as_linear"] = conv1d
-    tied = tied_names(q)  # one int8 matrix for the layers that share it, stored once (quant_tied)
+    tied = tied_names(q)  # one int8 matrix for the layers that share it, stored once (tied.py)
     if tied:
         summary["dynamic"]["tied_int8_stored_once"] = tied
     floats_why = float_layers(model, q, config)
@@ -75,6 +94,8 @@ def raw_embeddings(model: Any, config: DynamicQuantConfig, example: Any) -> list
     once per model: all embeddings int8 first, one at a time when that fails."""
     import torch
 
+    from ptopt.compress.quantize import engine_fx as engine
+    from ptopt.compress.quantize.layers import mha_fastpath_disabled
     from ptopt.core.inputspec import call_model
 
     if "embedding" not in config.layers or example is None:
@@ -88,7 +109,7 @@ def raw_embeddings(model: Any, config: DynamicQuantConfig, example: Any) -> list
         others = tuple(n for n in names if n not in quantized)
         q = engine.quantize_dynamic(model, ("embedding",), config.per_channel, config.backend, others)
         try:
-            with torch.no_grad(), engine.mha_fastpath_disabled():
+            with torch.no_grad(), mha_fastpath_disabled():
                 call_model(q, example)
         except (TypeError, AttributeError, RuntimeError):
             return False
@@ -101,6 +122,8 @@ def raw_embeddings(model: Any, config: DynamicQuantConfig, example: Any) -> list
 
 def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> dict[str, str]:
     """``{name: reason}`` for each layer with weights that stayed float."""
+    from ptopt.compress.quantize import engine_fx as engine
+
     excluded = tuple(config.float_modules)
     out: dict[str, str] = {}
     for name, m in original.named_modules():

@@ -9,7 +9,7 @@ Linear (``SmoothedLinear``), so it works after any op (GELU, residual LayerNorm)
 TorchScript; it costs one multiply per activation, small next to the matmul.
 
 ``activation_absmax`` collects ``max|x_j|`` on data; ``smooth`` returns a smoothed copy of a model.
-Used by accuracy-aware quantization (``ptopt.compress.autoquant``) as one more scheme to try.
+Used by accuracy-aware quantization (``ptopt.compress.quantize.autoquant``) as one more scheme to try.
 """
 
 from __future__ import annotations

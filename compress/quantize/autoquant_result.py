@@ -1,6 +1,6 @@
 """Accuracy-aware quantization: the goal, what each candidate measured, and the result with its tables.
 
-``ptopt.compress.autoquant`` runs the search; this module holds what it reports: ``AccuracyGoal``
+``ptopt.compress.quantize.autoquant`` runs the search; this module holds what it reports: ``AccuracyGoal``
 (the budget and the tuning budget), ``Measurement`` and ``Candidate`` (one evaluated candidate),
 ``AutoQuantResult`` (every candidate, the sensitivity ranking, the rich tables and the sidecar
 record) and the explanation printed when no candidate meets the goal.

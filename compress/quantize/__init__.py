@@ -1,0 +1,65 @@
+"""Int8 quantization: configs, a table from ``(mode, engine)`` to handler, one file per engine.
+
+=======================  =====================================================================
+module                   what it holds
+=======================  =====================================================================
+``api``                  ``quantize``, the Python twin of ``ptopt quantize``
+``config``               the configs (dynamic, static, QAT), validated without torch or an engine
+``table``                ``TECHNIQUES``: ``(mode, engine)`` -> handler (``register_technique``)
+``techniques/``          one handler file per row (``dynamic_fx``, ``static_fx``, ``qat_fx``,
+                         ``static_pt2e``, ``qat_pt2e``, ``auto``)
+``engine_fx``            torch.ao (FX graph mode, dynamic int8): its only importer
+``engine_pt2e``          torchao (PT2E): its only importer
+``flow``                 the engine-neutral flow: prepare, call the handler, measure, one Result
+``autoquant``            accuracy-aware search above the flow (``autoquantize``)
+=======================  =====================================================================
+
+The names below are imported lazily (``from ptopt.compress.quantize import quantize`` imports the
+flow, not the engines): the package itself imports nothing, so its modules import it freely.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> the module of this package that defines it
+_EXPORTS = {
+    "quantize": "api",
+    "autoquantize": "autoquant",
+    "AutoQuantResult": "autoquant_result",
+    "AccuracyGoal": "autoquant_result",
+    "QuantResult": "base",
+    **{
+        name: "config"
+        for name in (
+            "BACKENDS",
+            "CONFIGS",
+            "DYNAMIC_LAYERS",
+            "MODES",
+            "OBSERVERS",
+            "ORT_CALIBRATION",
+            "DynamicQuantConfig",
+            "QATConfig",
+            "QuantConfig",
+            "StaticQuantConfig",
+            "make_config",
+        )
+    },
+    "register_technique": "table",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,254 @@
+"""Accuracy-aware quantization: meet an accuracy budget with the fastest int8 model found, and explain it.
+
+``ptopt quantize MODEL --mode dynamic|static --max-accuracy-drop PTS --eval-data D`` (or ``--min-cosine C``
+when the data has no labels) runs three steps on the eval data:
+
+1. **Sensitivity**: each quantizable layer is quantized *alone* (every other layer float) and the error
+   it causes is measured (``method="float"``: each layer is left float while the rest is quantized,
+   and the error it saves is measured). The layers are ranked, most sensitive first.
+2. **Search**: candidates are schemes (per-channel vs per-tensor weights; for static mode also the
+   histogram / min-max / percentile observers; for dynamic mode also SmoothQuant, which moves
+   activation outliers into the weights, see ``smoothquant``) with the ``k`` most sensitive layers
+   left float. The
+   fastest kind (no float layer) is tried first, then ``k`` grows (doubling, then bisection) until
+   the budget holds; within ``tuning_budget`` (trials or seconds) the search then looks for a faster
+   candidate that still holds: it drops float layers one at a time (least sensitive first) and tries
+   the other schemes. Every candidate's error and latency is recorded. A candidate is timed in short
+   interleaved slices with the fp32 model, and its latency is (its p50 / the fp32 p50 of the same
+   slices) × the fp32 p50 measured at the start, so a CPU whose speed drifts during the search does
+   not reorder the candidates.
+3. **Always an answer**: the fastest candidate that holds is written (measured latency; within 10 %,
+   a short timing's noise here, the one with fewer float multiply-accumulates). When none holds, the
+   most accurate candidate is written, the layers that break the budget are named, and the result
+   says so (the CLI exits 1).
+
+Errors, measured against the fp32 model on the same samples:
+
+- **accuracy drop** (points) = 100 × (top-1 accuracy of fp32 − top-1 accuracy of int8), with labels;
+- **cosine**: cosine similarity between the flattened fp32 and int8 outputs of each sample; the goal
+  ``min_cosine`` holds when the *minimum* over the samples reaches it (the mean is reported too).
+
+Quantization itself goes through the technique functions of ``techniques/static_fx`` /
+``dynamic_fx`` (and so through ``engine_fx``; ``engine_pt2e`` for pt2e): a candidate is just their
+config with ``float_modules``, ``per_channel`` and ``observer`` set. The chosen candidate is made
+for good by the engine-neutral flow (``flow.quantize_prepared``), like any ``quantize``.
+
+This module holds ``autoquantize``; the tuner (quantize, measure, time) is in ``autoquant_tuner``,
+the goal, candidates and result with its tables in ``autoquant_result``, the order of the search in
+``autoquant_search``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ptopt.compress.quantize.autoquant_result import (  # noqa: F401 - re-exported: DEFAULT_TRIALS, SENSITIVITY_METHODS
+    DEFAULT_TRIALS,
+    SENSITIVITY_METHODS,
+    AccuracyGoal,
+    AutoQuantResult,
+    _explain,
+    parse_tuning_budget,
+)
+from ptopt.compress.quantize.autoquant_search import Search
+from ptopt.compress.quantize.autoquant_tuner import Tuner
+from ptopt.core.errors import UsageError
+
+
+def autoquantize(
+    model: Any,
+    mode: str,
+    output: str | os.PathLike | None = None,
+    *,
+    eval_data: Any,
+    calib_data: Any = None,
+    max_accuracy_drop: float | None = None,
+    min_cosine: float | None = None,
+    tuning_budget: str | int | None = None,
+    analyze: bool = False,
+    sensitivity: str = "alone",
+    latency_batch_size: int = 32,
+    sensitivity_samples: int = 256,
+    threads: int | None = None,
+    config: Any = None,
+    backend: str | None = None,
+    observer: str | None = None,
+    per_channel: bool | None = None,
+    calibration_batches: int | None = None,
+    batch_size: int | None = None,
+    exclude: Any = None,
+    layers: Any = None,
+    input_shapes: Any = (),
+    weights: Any = None,
+    allow_pickle: bool = False,
+    progress: bool = True,
+    engine: str | None = None,
+    compile: bool | None = None,
+) -> AutoQuantResult:
+    """Accuracy-aware int8 (see the module docstring); saves at ``output`` when given (never with
+    ``analyze``). ``config`` (a static or dynamic quantization config) is the base scheme the search
+    varies; the loose options (backend ... layers) are the same as ``quantize``'s. ``engine``: fx
+    (default), pt2e (static: layers left float through X86InductorQuantizer's module-name config,
+    candidates timed compiled by Inductor; the answer is an AOTInductor package, or with
+    ``compile=False`` the int8 ExportedProgram) or auto (the search runs on both engines, the tuning
+    budget each, and the faster answer that meets the goal is kept: ``extra["engine_choice"]``).
+
+    Returns an :class:`AutoQuantResult` (``.result`` the chosen model's Result, ``.artifact`` its
+    saved Artifact, ``.candidates``, ``.sensitivity``, ``.met``); when no candidate meets the goal
+    the most accurate one is still chosen (and saved) and ``.met`` is False
+    (``result.raise_if_missed()`` raises GateFailedError, exit code 1).
+    """
+    from ptopt.compress.quantize.config import require_data, resolve_config
+    from ptopt.compress.quantize.flow import prepare
+    from ptopt.compress.stage import check_output
+
+    trials, seconds = parse_tuning_budget(tuning_budget)
+    goal = AccuracyGoal(
+        max_accuracy_drop, min_cosine, trials, seconds, sensitivity, latency_batch_size, sensitivity_samples
+    )
+    _check_request(mode, goal, eval_data, analyze)
+    loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
+    loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
+    base = resolve_config(mode, config, engine=engine, compile=compile, **loose)
+    if base.engine == "auto" and analyze:
+        raise UsageError("--analyze ranks the layers of one engine: give --engine fx or --engine pt2e")
+    if not analyze:
+        check_output(output, hint=" such as model.int8.pt")
+    require_data(base, calib_data=calib_data)
+    prep = prepare(base, model, weights, allow_pickle, input_shapes, calib_data, None, eval_data)
+    if goal.max_accuracy_drop is not None:
+        prep.evald.require_labels("--max-accuracy-drop (use --min-cosine to compare outputs without labels)")
+    if base.engine == "auto":
+        found, search, tuner, base, choice = _search_both(prep, base, goal, threads, _logger(progress))
+    else:
+        found, search, tuner = _search(prep, base, goal, threads, analyze, _logger(progress))
+        choice = None
+    if analyze:
+        return found
+    found.result = _chosen_result(found, search, tuner, base, prep)
+    if choice is not None:
+        found.result.template.extra["engine_choice"] = choice
+    if output is not None:
+        found.artifact = found.result.save(output)
+    return found
+
+
+def _check_request(mode: str, goal: AccuracyGoal, eval_data: Any, analyze: bool) -> None:
+    if mode not in ("static", "dynamic"):
+        raise UsageError(
+            f"accuracy-aware quantization searches --mode static or dynamic, not {mode!r} "
+            "(QAT trains instead of searching)"
+        )
+    if not goal.has_target and not analyze:
+        raise UsageError("give --max-accuracy-drop PTS (labelled eval data) or --min-cosine C, or --analyze")
+    if eval_data is None:
+        raise UsageError(
+            "accuracy-aware quantization measures on --eval-data DATA (e.g. builtin:digits32:test)"
+        )
+
+
+def _search(
+    prep: Any, base: Any, goal: AccuracyGoal, threads: int | None, analyze: bool, log: Callable[[str], None]
+) -> tuple[AutoQuantResult, Any, Tuner]:
+    """Sensitivity of every quantizable layer, then (unless ``analyze``) the search for a candidate."""
+    from ptopt.compress.quantize.engine_fx import quantize_context
+    from ptopt.core.errors import UnsupportedModelError
+
+    with quantize_context(base.backend):
+        tuner = Tuner(prep, base, prep.evald, goal, threads, log)
+        names = tuner.quantizable_layers()
+        if not names:
+            raise UnsupportedModelError(
+                f"{prep.loaded.ref}: no layer becomes int8 in --mode {base.mode}; nothing to tune"
+            )
+        fp32 = {
+            "accuracy": tuner.fp32_acc,
+            "latency_ms": round(tuner.fp32_latency, 4),
+            "latency_batch_size": goal.latency_batch_size,
+            "eval_samples": len(prep.evald),
+            "sensitivity_samples": len(tuner.sens_eval),
+            "threads": threads,
+        }
+        found = AutoQuantResult(goal, base.mode, fp32, tuner.sensitivity(names))
+        if analyze:
+            found.seconds = tuner.elapsed()
+            return found, None, tuner
+        search = Search(tuner, names, found.sensitivity, goal)
+        search.run()
+        found.candidates, found.chosen = search.candidates, search.choose()
+        found.budget_exhausted = search.exhausted
+        found.met = bool(search.holding())
+    assert found.best is not None  # the first candidate is always tried
+    found.reason = _explain(found, names)
+    found.seconds = tuner.elapsed()
+    return found, search, tuner
+
+
+def _search_both(
+    prep: Any, base: Any, goal: AccuracyGoal, threads: int | None, log: Callable[[str], None]
+) -> tuple[AutoQuantResult, Any, Tuner, Any, dict[str, Any]]:
+    """``engine="auto"``: the search on fx, then on pt2e; the faster answer meeting the goal (else
+    the one meeting it, else fx's) with its search, tuner and base, and why it was chosen."""
+    runs = {}
+    for name in ("fx", "pt2e"):
+        log(f"engine {name}")
+        one = base.replace(engine=name)
+        runs[name] = (*_search(prep, one, goal, threads, False, log), one)
+    met = {k: r[0].met for k, r in runs.items()}
+    ms = {k: r[0].best.latency_ms for k, r in runs.items()}
+    holding = [k for k in runs if met[k]] or list(runs)
+    chosen = min(holding, key=lambda k: ms[k])
+    why = (
+        f"faster at batch {goal.latency_batch_size} within the goal"
+        if all(met.values())
+        else ("the only engine meeting the goal" if any(met.values()) else "neither meets the goal; faster")
+    )
+    choice = {"chosen": chosen, "why": why, "search_latency_ms": ms, "goal_met": met}
+    found, search, tuner, chosen_base = runs[chosen]
+    found.reason = f"engine {chosen} ({why}; search p50 ms {ms}). {found.reason}"
+    return found, search, tuner, chosen_base, choice
+
+
+def _chosen_result(found: AutoQuantResult, search: Any, tuner: Tuner, base: Any, prep: Any) -> Any:
+    """The chosen candidate quantized for good (a Result), its search recorded in the sidecar."""
+    from ptopt.compress.quantize.engine_fx import quantize_context
+    from ptopt.compress.quantize.flow import quantize_prepared
+
+    best = found.best
+    final = search.config(best.scheme_key, best.float_layers)
+    if best.smooth:
+        with quantize_context(base.backend):
+            prep = dataclasses.replace(prep, module=tuner.smoothed(final, best.smooth).eval())
+    res = quantize_prepared(final, prep, progress=False)
+    art = res.template
+    art.config["accuracy_goal"] = found.goal.to_dict()
+    art.extra["autoquant"] = found.to_dict()
+    if best.smooth:
+        art.extra["smoothquant"] = {
+            "alpha": best.smooth,
+            "layers": [n for n in tuner.smoothable if n not in best.float_layers],
+            "calibrated_on": len(tuner.sens_eval),
+        }
+        art.extra.get("onnx_quantization", {})["note"] = (
+            "re-quantizes the fp32 parent without SmoothQuant: accuracy differs from this artifact"
+        )
+    art.metrics |= {
+        "min_cosine": best.measurement.min_cosine,
+        "mean_cosine": best.measurement.mean_cosine,
+        "goal_met": found.met,
+        "search_latency_ms": best.latency_ms,
+        "fp32_search_latency_ms": found.fp32["latency_ms"],
+    }
+    return res
+
+
+def _logger(progress: bool) -> Callable[[str], None]:
+    if not progress:
+        return lambda msg: None
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    return lambda msg: console.print(f"[dim]autoquant:[/dim] {msg}")

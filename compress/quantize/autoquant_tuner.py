@@ -1,0 +1,308 @@
+"""Accuracy-aware quantization: the tuner, which quantizes candidates through the technique table
+(each row's ``candidate``: the eager int8 module alone), measures them against cached fp32 outputs
+and times them (see ``ptopt.compress.quantize.autoquant``). Also what the fx rows' advice asks of
+it: the fewest float layers that make an int8 model hold (:func:`float_layers_that_hold`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ptopt.compress.quantize.autoquant_result import AccuracyGoal, Measurement
+from ptopt.compress.quantize.base import Prepared
+from ptopt.compress.quantize.measure import layer_macs
+from ptopt.compress.quantize.table import technique
+from ptopt.core.data import rebatch
+from ptopt.core.timing import torch_threads
+
+EVAL_BATCH = 64
+
+
+class Tuner:
+    """Quantizes candidates of ``prep``'s model through the technique table, measures them on
+    ``evald`` against cached fp32 outputs."""
+
+    def __init__(
+        self,
+        prep: Prepared,
+        base: Any,
+        evald: Any,
+        goal: AccuracyGoal,
+        threads: int | None,
+        log: Callable[[str], None],
+    ):
+        import torch
+
+        module = prep.module
+        self.prep, self.module, self.base, self.goal = prep, module, base, goal
+        self.log, self.threads = log, threads
+        self.eval = evald
+        self.by_accuracy = goal.max_accuracy_drop is not None or (not goal.has_target and evald.has_labels)
+        self.sens_eval = (
+            evald.take(goal.sensitivity_samples) if len(evald) > goal.sensitivity_samples else evald
+        )
+        self.started = time.perf_counter()
+        with torch.no_grad():
+            self.ref = self._outputs(module, evald)
+        self.fp32_acc = self._accuracy(self.ref, evald)
+        self.latency_x = rebatch(
+            evald.first_batch(min(len(evald), goal.latency_batch_size)).x, goal.latency_batch_size
+        )
+        self.params = {n: sum(p.numel() for p in m.parameters()) for n, m in module.named_modules() if n}
+        self.types = {n: type(m).__name__ for n, m in module.named_modules() if n}
+        self.cost = layer_macs(module, prep.example)
+        self.layers: list[str] = []
+        self._absmax: dict[str, Any] | None = None
+
+    @functools.cached_property
+    def fp32_latency(self) -> float:
+        """p50 ms of the fp32 model (timed on first use: a sensitivity ranking alone needs no timing)."""
+        return self.latency(self.module)
+
+    # quantize / measure ---------------------------------------------------------------------------
+    def quantize(self, config: Any, smooth: float | None = None) -> Any:
+        """The eager int8 module of ``config`` (its row's ``candidate``; pt2e: the converted q/dq
+        graph, measured eagerly, timed compiled), of the model smoothed first with ``smooth``."""
+        src = (
+            self.prep if not smooth else dataclasses.replace(self.prep, module=self.smoothed(config, smooth))
+        )
+        return technique(config.mode, config.engine).candidate(config, src)
+
+    @property
+    def smoothable(self) -> list[str]:
+        """Quantizable Linears (dynamic mode): SmoothQuant candidates."""
+        import torch
+
+        if self.base.mode != "dynamic":
+            return []
+        return [n for n in self.layers if isinstance(self.module.get_submodule(n), torch.nn.Linear)]
+
+    def smoothed(self, config: Any, alpha: float) -> Any:
+        """The fp32 model with its int8-bound Linears smoothed (float layers stay as they are)."""
+        from ptopt.compress.quantize import smoothquant
+
+        if self._absmax is None:
+            self._absmax = smoothquant.activation_absmax(self.module, self.sens_eval, self.smoothable)
+        floats = set(config.float_modules)
+        return smoothquant.smooth(
+            self.module, self._absmax, alpha, [n for n in self.smoothable if n not in floats]
+        )
+
+    def _outputs(self, model: Any, ds: Any) -> list[Any]:
+        from ptopt.core.inputspec import call_model
+
+        outs = []
+        for b in ds.batches(EVAL_BATCH):
+            y = call_model(model, b.x)
+            outs.append(_as_matrix(y))
+        return outs
+
+    def _accuracy(self, outs: list[Any], ds: Any) -> float | None:
+        if not ds.has_labels:
+            return None
+        import torch
+
+        pred = torch.cat([o.argmax(-1) for o in outs])
+        return float((pred == ds.y[: len(pred)]).float().mean())
+
+    def measure(self, model: Any, ds: Any) -> Measurement:
+        import torch
+
+        ref = torch.cat(self.ref)[: len(ds)]
+        try:
+            with torch.no_grad(), torch_threads(self.threads):
+                outs = self._outputs(model, ds)
+        except (RuntimeError, NotImplementedError) as e:
+            # some float/int8 mixes do not run (graph mode hands a quantized tensor to a float
+            # layer): such a candidate is the worst there is, not the end of the search
+            self.log(f"candidate does not run: {str(e).splitlines()[0][:120]}")
+            return Measurement(
+                int(len(ref)), -1.0, -1.0, 0.0 if ds.has_labels else None, 100.0 if ds.has_labels else None
+            )
+        got = torch.cat(outs)
+        cos = torch.nn.functional.cosine_similarity(got.double(), ref.double(), dim=1, eps=1e-12)
+        acc = drop = None
+        if ds.has_labels and ref.shape[1] > 1:
+            acc = self._accuracy(outs, ds)
+            ref_acc = float((ref.argmax(-1) == ds.y[: len(ref)]).float().mean())
+            drop = round(100.0 * (ref_acc - acc), 6)
+        return Measurement(int(len(got)), float(cos.min()), float(cos.mean()), acc, drop)
+
+    def latency(self, model: Any) -> float:
+        """p50 ms of ``model`` at the goal's batch size.
+
+        The fp32 model is timed once, for 1 s. A candidate is timed in interleaved slices with the fp32
+        model and reported as (its p50 / the fp32 p50 of the same slices) × the fp32 p50: on a shared
+        CPU whose speed drifts over seconds, candidates timed minutes apart are then still ranked by
+        their speed relative to fp32, not by the machine's state when each was timed.
+        """
+        import torch
+
+        from ptopt.core.inputspec import call_model
+        from ptopt.core.timing import measure_interleaved, measure_latency
+
+        x = self.latency_x
+        with torch.no_grad(), torch_threads(self.threads):
+            if model is not self.module and self.base.engine == "pt2e":
+                model = _compiled_int8(model, x)
+            if model is self.module:
+                return measure_latency(
+                    lambda: call_model(model, x),
+                    batch_size=self.goal.latency_batch_size,
+                    min_iters=5,
+                    min_seconds=1.0,
+                    warmup_iters=2,
+                    warmup_seconds=0.0,
+                )["p50_ms"]
+            fns = {"fp32": lambda: call_model(self.module, x), "candidate": lambda: call_model(model, x)}
+            st = measure_interleaved(
+                fns, rounds=3, min_iters=6, min_seconds=0.3, warmup_iters=2, warmup_seconds=0.0
+            )
+        return st["candidate"]["p50_ms"] / st["fp32"]["p50_ms"] * self.fp32_latency
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    # layers and sensitivity ----------------------------------------------------------------------------
+    def quantizable_layers(self) -> list[str]:
+        """Layers the base scheme turns int8 (user-excluded ones are not candidates, and neither
+        are embeddings: weight-only int8 rows cost no accuracy to speak of and no time)."""
+        import torch
+
+        from ptopt.compress.quantize.engine_fx import is_quantized_module
+
+        if self.base.engine == "pt2e":  # what X86InductorQuantizer annotates, by module name
+            kinds = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
+            floats = set(self.base.float_modules)
+            self.layers = [
+                n for n, m in self.module.named_modules() if n and isinstance(m, kinds) and n not in floats
+            ]
+            return self.layers
+        q = self.quantize(self.base)
+        out = []
+        for name, m in self.module.named_modules():
+            if not name or not any(True for _ in m.parameters(recurse=False)):
+                continue
+            if isinstance(m, torch.nn.Embedding):
+                continue
+            try:
+                qm = q.get_submodule(name)
+            except AttributeError:
+                continue
+            if is_quantized_module(qm):
+                out.append(name)
+        self.layers = out
+        return out
+
+    def sensitivity(self, layers: list[str]) -> list[dict[str, Any]]:
+        base_float = tuple(self.base.float_modules)
+        rows = []
+        full = None
+        total = sum(self.cost.get(n, 0.0) for n in layers) or 1.0
+        if self.goal.sensitivity == "float":
+            full = self.measure(self.quantize(self.base), self.sens_eval)
+        for i, name in enumerate(layers):
+            if self.goal.sensitivity == "alone":
+                floats = base_float + tuple(n for n in layers if n != name)
+            else:
+                floats = base_float + (name,)
+            m = self.measure(self.quantize(self.base.replace(float_modules=floats)), self.sens_eval)
+            row = {
+                "layer": name,
+                "type": self.types.get(name, "?"),
+                "params": self.params.get(name, 0),
+                "macs_share": round(self.cost.get(name, 0.0) / total, 4),
+                **m.to_dict(),
+            }
+            if self.goal.sensitivity == "alone":
+                row["breaks_budget"] = self.goal.has_target and not m.holds(self.goal)
+                row["_key"] = m.error(self.by_accuracy)
+            else:
+                fe, me = full.error(self.by_accuracy), m.error(self.by_accuracy)
+                row["saves"] = round(fe[0] - me[0], 9)
+                row["_key"] = (fe[0] - me[0], fe[1] - me[1])
+            rows.append(row)
+            self.log(
+                f"sensitivity {i + 1}/{len(layers)}: {name}  min cos {m.min_cosine:.5f}"
+                + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else "")
+            )
+        rows.sort(key=lambda r: r["_key"], reverse=True)
+        for r in rows:
+            r.pop("_key")
+        return rows
+
+
+def _compiled_int8(converted: Any, x: Any) -> Any:
+    """A PT2E candidate the way it is deployed: Inductor with freezing (int8 kernels from its
+    lowering; the q/dq graph run eagerly is slower than fp32), compiled here by one call at ``x``'s
+    (fixed) batch, so the timing that follows measures no compilation."""
+    import torch
+    from torch._inductor import config as inductor_config
+
+    from ptopt.compress.quantize.pt2e_package import int8_conv_layout
+    from ptopt.core.inputspec import call_model
+    from ptopt.core.quiet import silenced
+
+    compiled = torch.compile(converted)
+    with inductor_config.patch(freezing=True), int8_conv_layout(), silenced(("torch._inductor", "torchao")):
+        for _ in range(3):  # the first call compiles; the next ones settle (constants, allocations)
+            call_model(compiled, x)
+    return compiled
+
+
+#: a sensitivity ranking quantizes every layer once: past this many layers, only the search is suggested
+MAX_RANKED_LAYERS = 48
+
+
+def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8) -> Any:
+    """The layers to keep in float so that ``config``'s int8 model holds export's parity rule against
+    the fp32 model on ``data`` (``ptopt.compress.fidelity``): the layers ranked by sensitivity (each
+    quantized alone), most sensitive first, then added to ``float_modules`` one by one until the rule
+    holds. Returns ``(layers, fidelity record)``, or None when no quantizable layer can be ranked or
+    ``max_float`` float layers are not enough."""
+    from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
+    from ptopt.compress.quantize.engine_fx import quantize_context
+
+    goal = AccuracyGoal(min_cosine=0.0, sensitivity_samples=max(len(data), 1), latency_batch_size=1)
+    with quantize_context(config.backend):
+        tuner = Tuner(prep, config, data, goal, None, lambda msg: None)
+        names = tuner.quantizable_layers()
+        if not names or len(names) > MAX_RANKED_LAYERS:
+            return None
+        ranked = [row["layer"] for row in tuner.sensitivity(names)]
+
+        def holds(floats: list[str]) -> Any:
+            candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
+            try:
+                fid = measure_fidelity(prep.module, tuner.quantize(candidate), data, **INT8_VS_FP32)
+            except (RuntimeError, NotImplementedError):  # a float/int8 mix graph mode cannot run
+                return None
+            return fid if fid["passed"] else None
+
+        floats: list[str] = []
+        for name in ranked[: min(max_float, len(ranked) - 1)]:
+            floats.append(name)
+            fid = holds(floats)
+            if fid is not None:
+                for extra in list(floats[:-1]):  # then as few as hold: drop the ones not needed
+                    fewer = holds([n for n in floats if n != extra])
+                    if fewer is not None:
+                        floats, fid = [n for n in floats if n != extra], fewer
+                return floats, fid
+    return None
+
+
+def _as_matrix(y: Any) -> Any:
+    """Model output → N × features float tensor (tuples/dicts of tensors are concatenated)."""
+    import torch
+
+    if isinstance(y, dict):
+        y = list(y.values())
+    if isinstance(y, (tuple, list)):
+        ts = [t for t in y if isinstance(t, torch.Tensor)]
+        return torch.cat([t.reshape(t.shape[0], -1).float() for t in ts], dim=1)
+    return y.reshape(y.shape[0], -1).float()

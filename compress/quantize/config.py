@@ -1,0 +1,224 @@
+"""Int8 quantization configs: one frozen dataclass per mode, validated in ``__post_init__``.
+
+A config validates itself without importing torch or an engine: its own fields here, and whether
+its ``engine`` runs its mode (and the options it was given) through the technique table
+(``ptopt.compress.quantize.table``, whose rows import their engines only when they run).
+``resolve_config`` turns the loose options of ``quantize`` / ``ptopt quantize`` into one config;
+``require_data`` fails on missing data before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+from ptopt.compress.quantize.table import DEFAULT_ENGINE
+from ptopt.compress.stage import reconcile
+from ptopt.core.config import Config, register_config
+from ptopt.core.errors import UsageError
+
+BACKENDS = ("x86", "fbgemm", "qnnpack")
+OBSERVERS = ("minmax", "histogram", "percentile")
+#: spellings of observers users know from other tools
+OBSERVER_ALIASES = {"entropy": "histogram", "min-max": "minmax"}
+#: layer types dynamic int8 quantizes (``embedding``: weight-only int8 rows, each with its own scale)
+DYNAMIC_LAYERS = ("linear", "lstm", "gru", "embedding")
+#: ONNX Runtime's name for each observer (``CalibrationMethod``), for re-quantizing in ``ptopt export``
+ORT_CALIBRATION = {"minmax": "MinMax", "histogram": "Entropy", "percentile": "Percentile"}
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantConfig(Config):
+    """What every mode shares: the backend, the weight granularity, and the modules left float.
+
+    ``float_modules`` are module names (``"layers.2.conv1"``) that stay fp32; in graph mode they are
+    also not traced into, so code FX cannot trace can be excluded this way. ``engine``: which row of
+    the technique table runs the mode (fx, pt2e, auto: ``ptopt.compress.quantize.table``).
+    """
+
+    type_name = "quantize"
+    mode: ClassVar[str] = ""
+    #: where ``ptopt quantize --mode`` lists the mode
+    order: ClassVar[int] = 0
+    #: the argument this mode cannot run without, and what to say when it is missing
+    needs: ClassVar[tuple[str, str] | None] = None
+    backend: str = "x86"
+    per_channel: bool = True
+    float_modules: tuple[str, ...] = ()
+    #: fx (torch.ao, int8 TorchScript) | pt2e (torchao, AOTInductor package) | auto (both, the faster)
+    engine: str = DEFAULT_ENGINE
+    #: pt2e: compile into an AOTInductor package (True) or keep the int8 ExportedProgram (False)
+    compile: bool = True
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise UsageError(f"unknown backend {self.backend!r} (known: {', '.join(BACKENDS)})")
+        object.__setattr__(self, "float_modules", tuple(self.float_modules))
+        if self.mode:
+            from ptopt.compress.quantize.table import check_config
+
+            check_config(self)
+
+
+def normalize_observer(name: str) -> str:
+    """``name`` as one of OBSERVERS (aliases accepted); UsageError otherwise."""
+    obs = OBSERVER_ALIASES.get(str(name).lower(), str(name).lower())
+    if obs not in OBSERVERS:
+        raise UsageError(f"unknown observer {name!r} (known: {', '.join(OBSERVERS)}; 'entropy' = histogram)")
+    return obs
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class DynamicQuantConfig(QuantConfig):
+    """Dynamic int8: weights int8 ahead of time, activations quantized per batch at run time."""
+
+    type_name = "quantize-dynamic"
+    mode: ClassVar[str] = "dynamic"
+    order: ClassVar[int] = 1
+    layers: tuple[str, ...] = DYNAMIC_LAYERS
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        layers = tuple(str(t).lower() for t in self.layers)
+        bad = [t for t in layers if t not in DYNAMIC_LAYERS]
+        if bad:
+            hint = (
+                " (convolutions: use --mode static; dynamic int8 convs are slower than fp32)"
+                if any(t.startswith("conv") for t in bad)
+                else ""
+            )
+            raise UsageError(
+                f"dynamic quantization does not handle {', '.join(bad)} "
+                f"(known: {', '.join(DYNAMIC_LAYERS)}){hint}"
+            )
+        if not layers:
+            raise UsageError(
+                f"dynamic quantization needs at least one layer type ({', '.join(DYNAMIC_LAYERS)})"
+            )
+        object.__setattr__(self, "layers", layers)
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class StaticQuantConfig(QuantConfig):
+    """Post-training static int8 (graph mode): prepare → calibrate → convert."""
+
+    type_name = "quantize-static"
+    mode: ClassVar[str] = "static"
+    order: ClassVar[int] = 2
+    needs: ClassVar[tuple[str, str] | None] = (
+        "calib_data",
+        "static quantization needs calibration data: pass --calib-data DATA "
+        "(e.g. builtin:digits32:train), or use --mode dynamic",
+    )
+    #: activation observer: histogram (error-minimizing, "entropy"), minmax, percentile (99.99)
+    observer: str = "histogram"
+    calibration_batches: int = 32
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "observer", normalize_observer(self.observer))
+        if self.calibration_batches < 1 or self.batch_size < 1:
+            raise UsageError("--calibration-batches and --batch-size must be >= 1")
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class QATConfig(QuantConfig):
+    """Quantization-aware training: fake-quant fine-tuning, freezing observers and BatchNorm
+    statistics late in training (fractions of all steps), then convert to int8."""
+
+    type_name = "quantize-qat"
+    mode: ClassVar[str] = "qat"
+    order: ClassVar[int] = 3
+    needs: ClassVar[tuple[str, str] | None] = (
+        "train_data",
+        "QAT needs training data: pass --train-data DATA (labelled, e.g. builtin:digits32:train)",
+    )
+    observer: str = "minmax"
+    epochs: int = 1
+    lr: float = 5e-5
+    batch_size: int = 64
+    weight_decay: float = 0.0
+    #: BatchNorm running statistics stop moving after this fraction of the steps
+    freeze_bn_after: float = 0.5
+    #: quantization ranges stop moving after this fraction of the steps
+    freeze_observers_after: float = 0.75
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.observer not in ("minmax", "min-max"):
+            raise UsageError(
+                f"QAT learns ranges with moving-average min-max fake quantization; observer "
+                f"{self.observer!r} applies to static calibration only"
+            )
+        object.__setattr__(self, "observer", "minmax")
+        if self.epochs < 1:
+            raise UsageError(f"--epochs must be >= 1 for QAT, got {self.epochs}")
+        if self.lr <= 0:
+            raise UsageError(f"--lr must be > 0, got {self.lr}")
+        for f in ("freeze_bn_after", "freeze_observers_after"):
+            if not 0 <= getattr(self, f) <= 1:
+                raise UsageError(f"{f} must be a fraction in [0, 1], got {getattr(self, f)}")
+
+
+#: mode -> its config, in the order ``ptopt quantize --mode`` lists them
+CONFIGS: dict[str, type[QuantConfig]] = {
+    c.mode: c for c in (DynamicQuantConfig, StaticQuantConfig, QATConfig)
+}
+MODES = tuple(CONFIGS)
+#: the loose options each mode takes besides the shared ones (backend, per_channel, engine, compile)
+MODE_OPTIONS = {
+    "static": ("observer", "calibration_batches", "batch_size"),
+    "qat": ("observer", "epochs", "lr", "batch_size"),
+    "dynamic": ("layers",),
+}
+
+
+def make_config(mode: str, **options: Any) -> QuantConfig:
+    """The config of ``mode`` from keyword options; options of other modes are ignored when None."""
+    if mode not in CONFIGS:
+        raise UsageError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    cls = CONFIGS[mode]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    given = {k: v for k, v in options.items() if v is not None}
+    wrong = sorted(set(given) - fields)
+    if wrong:
+        raise UsageError(f"--mode {mode} takes no option(s) {', '.join(wrong)}")
+    return cls(**given)
+
+
+def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any) -> QuantConfig:
+    """One config from ``config`` or the loose ``options``; a config with a contradicting option (or
+    another ``mode``) is refused. Options of another mode are ignored (as ``ptopt quantize`` does)."""
+    for key in ("exclude", "layers"):  # an empty list means "not given"
+        options[key] = tuple(options[key]) if options.get(key) else None
+    if config is not None:
+        if mode is not None and mode != config.mode:
+            raise UsageError(
+                f"mode {mode!r} contradicts the given {type(config).__name__} (mode {config.mode!r})"
+            )
+        reconcile(config, options, {"exclude": "float_modules"})
+        return config
+    if mode == "dynamic" and options.get("observer") is not None:
+        raise UsageError("--observer applies to static quantization (dynamic mode observes every batch)")
+    keep = MODE_OPTIONS.get(mode or "", ())
+    opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", "compile", *keep)}
+    return make_config(mode or "", float_modules=options.get("exclude"), **opts)
+
+
+def require_data(config: QuantConfig, **data: Any) -> None:
+    """Fail on missing data before loading anything (``data``: ``calib_data=...``, ``train_data=...``)."""
+    if config.needs is not None and data.get(config.needs[0]) is None:
+        raise UsageError(config.needs[1])
+
+
+def refuse_no_compile(config: QuantConfig) -> None:
+    """For engines without an ExportedProgram of their own: ``compile=False`` means nothing there."""
+    if not config.compile:
+        raise UsageError(
+            f"--no-compile keeps the int8 ExportedProgram of --engine pt2e; --engine {config.engine} has none"
+        )

@@ -1,0 +1,267 @@
+"""The PT2E engine: the ONLY module of ptopt that imports ``torchao`` (the structure test,
+``tests/compress/test_structure.py``, holds every module to that).
+
+torchao's PT2E flow, beside the torch.ao engine (``engine_fx``) behind the same kind of boundary::
+
+    torch.export (the InputSpecs' Dims) → prepare_pt2e / prepare_qat_pt2e (X86InductorQuantizer)
+      → calibrate (or train, for QAT) → convert_pt2e → an int8 q/dq graph (a GraphModule)
+      → ``pt2e_package.compile_int8``: an AOTInductor package whose int8 kernels come from
+        Inductor's lowering
+
+The converted graph run eagerly is SLOWER than fp32 (every q/dq is a separate op); its speed comes
+from Inductor with freezing, which matches ``dequant → conv/linear → quant`` patterns into oneDNN
+int8 kernels (``qconv2d_pointwise``, ``qlinear_pointwise``; a ``+`` residual and a ReLU fused in).
+
+The quantizer is X86InductorQuantizer: uint8 per-tensor affine activations, int8 per-channel
+symmetric weights. The scheme's ``observer`` picks the activation observer (histogram, minmax,
+percentile), as in the FX engine; ``float_modules`` stay float (``set_module_name_qconfig(name,
+None)``). Per-tensor weights and dynamic int8 are not offered by this quantizer's Inductor lowering:
+refused with the way out (``--engine fx``).
+
+torchao is imported lazily, inside ``core.quiet.quiet_imports``: on a machine without CUDA it is
+told not to load its CUDA kernels (``TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1`` for that import only),
+and its import notices are dropped; its warnings and log noise while it runs are filtered here
+(:func:`_quiet`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ptopt.core.errors import MissingDependencyError, UnsupportedModelError, UsageError
+from ptopt.core.inputspec import InputSpec
+from ptopt.core.quiet import quiet_imports, silenced
+
+MODES = ("static", "qat")
+OBSERVERS = ("histogram", "minmax", "percentile")
+DEFAULT_PERCENTILE = 99.99
+_NOISY_LOGGERS = ("torch.utils._pytree", "torchao", "torch._inductor", "torch.export", "torch._export")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torchao's import prints ("Skipping import of cpp extensions"), torch's pytree logs Enum
+    registration deprecations, and prepare/convert warn about internals: none reaches the user."""
+    with silenced(_NOISY_LOGGERS, streams=True):
+        yield
+
+
+def _torchao() -> Any:
+    """The torchao PT2E modules (a namespace), or MissingDependencyError naming the extra."""
+    try:
+        with quiet_imports(), _quiet():
+            from torchao.quantization.pt2e import (
+                move_exported_model_to_eval,
+                move_exported_model_to_train,
+                observer,
+            )
+            from torchao.quantization.pt2e import quantize_pt2e as flow
+            from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+    except ImportError as e:
+        raise MissingDependencyError(
+            f"--engine pt2e needs torchao (PT2E quantization): pip install 'ptopt[torchao]' ({e})"
+        ) from None
+    return _Torchao(observer, flow, x86, move_exported_model_to_train, move_exported_model_to_eval)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Torchao:
+    observer: Any
+    flow: Any
+    x86: Any
+    to_train: Any
+    to_eval: Any
+
+
+def check_scheme(scheme: Any, mode: str) -> None:
+    """Refuse what this engine cannot do, naming the way out (UsageError)."""
+    if mode not in MODES:
+        raise UsageError(
+            f"--engine pt2e does {' and '.join(MODES)} int8; --mode {mode} runs on --engine fx "
+            f"(X86InductorQuantizer's dynamic int8 has no Inductor int8 lowering for convolutions)"
+        )
+    if getattr(scheme, "backend", "x86") != "x86":
+        raise UsageError(f"--engine pt2e quantizes for x86 (X86InductorQuantizer); --backend {scheme.backend} "
+                         f"runs on --engine fx")  # fmt: skip
+    if not getattr(scheme, "per_channel", True):
+        raise UsageError(
+            "--engine pt2e quantizes weights per channel (X86InductorQuantizer); per-tensor weights "
+            "run on --engine fx"
+        )
+    observer = getattr(scheme, "observer", None) or "histogram"
+    if observer not in OBSERVERS:
+        raise UsageError(f"unknown observer {observer!r} for --engine pt2e (known: {', '.join(OBSERVERS)})")
+
+
+def reduce_range() -> bool:
+    """7-bit activations on CPUs without VNNI (their int8 dot products saturate 16-bit sums), as
+    torchao advises and the FX engine does for x86."""
+    from ptopt.core.system import cpu_info
+
+    isa = cpu_info()["isa"]
+    return not any(isa.get(f) for f in ("avx512_vnni", "avx_vnni", "amx_int8"))  # type: ignore[union-attr]
+
+
+def build_quantizer(scheme: Any, qat: bool = False) -> Any:
+    """X86InductorQuantizer for ``scheme``: its activation observer, its float modules."""
+    ao = _torchao()
+    with _quiet():
+        cfg = ao.x86.get_default_x86_inductor_quantization_config(is_qat=qat, reduce_range=reduce_range())
+        observer = getattr(scheme, "observer", None) or "histogram"
+        if not qat and observer != "histogram":
+            ctr = {"minmax": ao.observer.MinMaxObserver, "percentile": _percentile_observer(ao)}[observer]
+            act = dataclasses.replace(
+                cfg.input_activation, observer_or_fake_quant_ctr=ctr.with_args(eps=2**-12)
+            )
+            cfg = dataclasses.replace(cfg, input_activation=act, output_activation=act)
+        quantizer = ao.x86.X86InductorQuantizer().set_global(cfg)
+        for name in getattr(scheme, "float_modules", ()) or ():
+            quantizer.set_module_name_qconfig(name, None)
+    return quantizer
+
+
+def _percentile_observer(ao: Any) -> Any:
+    """torchao's HistogramObserver with its range clipped to [100-p, p] percentiles (as the FX
+    engine's PercentileObserver)."""
+    import torch
+
+    class PercentileObserver(ao.observer.HistogramObserver):
+        def calculate_qparams(self):  # type: ignore[override]
+            if self.min_val == float("inf") or float(self.histogram.sum()) == 0:
+                return super().calculate_qparams()
+            cdf = torch.cumsum(self.histogram, 0) / self.histogram.sum()
+            edges = torch.linspace(float(self.min_val), float(self.max_val), self.bins + 1)
+            lo = int(torch.searchsorted(cdf, torch.tensor((100.0 - DEFAULT_PERCENTILE) / 100.0)))
+            hi = int(torch.searchsorted(cdf, torch.tensor(DEFAULT_PERCENTILE / 100.0)))
+            lo_v, hi_v = edges[min(lo, self.bins - 1)], edges[min(hi + 1, self.bins)]
+            return self._calculate_qparams(lo_v.reshape(()), hi_v.reshape(()))
+
+    return PercentileObserver
+
+
+# -- capture, prepare, calibrate, convert ------------------------------------------------------------
+
+
+def capture(module: Any, specs: Sequence[InputSpec], style: str, example: Any = None) -> Any:
+    """``torch.export`` with the specs' Dims → its GraphModule (what prepare_pt2e takes). A model
+    torch.export cannot capture is one UnsupportedModelError naming the op/module and the ways out."""
+    import torch
+
+    from ptopt.core.inputspec import call_args
+    from ptopt.formats.capture import example_for_export, failing_op, first_lines, quiet_export
+    from ptopt.formats.shapes import torch_export_dynamic_shapes
+
+    args, kwargs = call_args(example if example is not None else example_for_export(specs, style))
+    try:
+        with quiet_export():
+            ep = torch.export.export(
+                module, tuple(args), kwargs or None, dynamic_shapes=torch_export_dynamic_shapes(specs, style),
+                strict=False,
+            )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - torch.export raises many kinds (UserError, GuardOnDataDependent...)
+        what = failing_op(e) or f"{type(e).__name__}: {first_lines(str(e), 2)[:240]}"
+        raise UnsupportedModelError(
+            f"--engine pt2e: torch.export cannot capture the model ({what}); PT2E quantizes the whole "
+            f"model as one graph: use --engine fx (with --exclude MODULE to keep that part float)"
+        ) from None
+    return ep.module()
+
+
+def prepare(
+    module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    scheme: Any,
+    *,
+    qat: bool = False,
+    example: Any = None,
+    graph: Any = None,
+) -> Any:
+    """Capture ``module`` (eval mode; train mode for QAT) and insert observers / fake quantization.
+    ``graph``: a :func:`capture` of ``module`` to use instead (prepare changes it in place)."""
+    from ptopt.compress.quantize.layers import check_module_names
+
+    check_scheme(scheme, "qat" if qat else "static")
+    ao = _torchao()
+    quantizer = build_quantizer(scheme, qat)
+    check_module_names(module, getattr(scheme, "float_modules", ()) or ())
+    if graph is None:
+        graph = capture(module, specs, style, example)
+    with _quiet():
+        prepared = (ao.flow.prepare_qat_pt2e if qat else ao.flow.prepare_pt2e)(graph, quantizer)
+        (ao.to_train if qat else ao.to_eval)(prepared)
+    return prepared
+
+
+def copy_graph(graph: Any) -> Any:
+    """A copy of a captured graph to prepare again (prepare changes its graph in place); quiet:
+    copying an exported module warns about pytree internals."""
+    import copy
+
+    with _quiet():
+        return copy.deepcopy(graph)
+
+
+def calibrate(prepared: Any, batches: Iterable[Any]) -> int:
+    """Run calibration batches (inputs in the model's calling style) through the observers; count."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+
+    n = 0
+    with torch.no_grad(), _quiet():
+        for x in batches:
+            call_model(prepared, x)
+            n += 1
+    return n
+
+
+def set_training(prepared: Any, training: bool) -> None:
+    """QAT: switch a prepared graph between train and eval behaviour (BatchNorm, dropout) — an
+    exported graph ignores ``.train()``."""
+    ao = _torchao()
+    with _quiet():
+        (ao.to_train if training else ao.to_eval)(prepared)
+
+
+def convert(prepared: Any) -> Any:
+    """Observed / fake-quant graph → the int8 q/dq graph (eval mode)."""
+    ao = _torchao()
+    with _quiet():
+        converted = ao.flow.convert_pt2e(prepared)
+        ao.to_eval(converted)
+    return converted
+
+
+def quantize_static(
+    module: Any,
+    specs: Sequence[InputSpec],
+    style: str,
+    scheme: Any,
+    batches: Iterable[Any],
+    example: Any = None,
+    graph: Any = None,
+) -> Any:
+    """prepare → calibrate → convert: the int8 q/dq GraphModule (run it fast through
+    ``pt2e_package.compile_int8``).
+    ``graph``: a :func:`capture` of ``module`` to reuse (consumed)."""
+    prepared = prepare(module, specs, style, scheme, example=example, graph=graph)
+    if calibrate(prepared, batches) == 0:
+        raise UsageError("--engine pt2e: no calibration batches")
+    return convert(prepared)
+
+
+def int8_modules(converted: Any) -> set[str]:
+    """The modules whose weights the converted graph dequantizes from int8 (the conv / linear layers
+    the quantizer annotated; weights are per channel), by their names in the source model."""
+    int8 = set()
+    for node in converted.graph.nodes:
+        weight = node.args[1] if node.op == "call_function" and len(node.args) > 1 else None
+        if "dequantize_per_channel" in str(getattr(weight, "target", "")):
+            stack = node.meta.get("nn_module_stack") or {}
+            if stack:
+                int8.add(list(stack.values())[-1][0])
+    return int8

@@ -1,0 +1,138 @@
+"""The engine-neutral flow of int8 quantization, shared by ``quantize`` and accuracy-aware search.
+
+load the model and the data (:func:`prepare`) → the technique table's row for ``(mode, engine)``
+makes the int8 artifact in memory (its handler returns a ``base.Quantized``) → measure it against
+fp32 (accuracy, fidelity, sizes: all in memory) and build the
+:class:`~ptopt.core.result.Result` once (:func:`quantize_prepared`) → the row's gates
+(:func:`judged`: too little int8, or not faithful to fp32, is refused with advice).
+
+Nothing here names an engine: what differs between engines is in their rows
+(``ptopt.compress.quantize.table``) and the handler files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptopt.compress.quantize import table
+from ptopt.compress.quantize.base import Prepared, Quantized
+from ptopt.compress.quantize.config import QuantConfig
+from ptopt.compress.stage import (
+    UNSAVED,
+    check_fits,
+    input_files,
+    load_dataset,
+    load_eager,
+    refuse_if_unfaithful,
+    settle_inputs,
+)
+
+#: static int8 below this share of the parameters is refused: the file would be about fp32's size
+MIN_STATIC_SHARE = 0.1
+#: layer kinds dynamic int8 quantizes, for pointing there
+_DYNAMIC_KINDS = ("Linear", "LSTM", "GRU", "Embedding", "Conv1D")
+
+
+def prepare(
+    config: QuantConfig,
+    model: Any,
+    weights: Any,
+    allow_pickle: bool,
+    input_shapes: Any,
+    calib_data: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+) -> Prepared:
+    """Load the eager model and the data, check they fit (typed errors), settle the input specs."""
+    loaded = load_eager(model, weights, allow_pickle, "quantization")
+    row = table.technique(config.mode, config.engine)
+    if row.requires is not None:
+        row.requires(config)
+    if config.float_modules:
+        from ptopt.compress.quantize.layers import check_module_names
+
+        check_module_names(loaded.module, config.float_modules)
+    calib = load_dataset(calib_data, "calibration")
+    train = load_dataset(train_data, "training")
+    evald = load_dataset(eval_data, "evaluation")
+    fit = calib or train
+    example = settle_inputs(loaded, fit or evald, input_shapes, "data (--calib-data / --eval-data)")
+    for ds in (calib, train, evald):
+        if ds is not None and ds is not (fit or evald):
+            check_fits(loaded, ds)
+    refs = {"calib_data": calib_data, "train_data": train_data, "eval_data": eval_data}
+    return Prepared(loaded, loaded.module, calib, train, evald, example, refs)
+
+
+def quantize_prepared(config: QuantConfig, prep: Prepared, progress: bool) -> Any:
+    """The unsaved Result of ``config``'s row for the prepared model and data: the handler makes the
+    int8 artifact in memory, the flow measures it and describes it (its sidecar-to-be) once."""
+    made = table.technique(config.mode, config.engine).handler(config, prep, progress)
+    return build_result(config, prep, made)
+
+
+def build_result(config: QuantConfig, prep: Prepared, q: Quantized) -> Any:
+    """``q`` measured against the fp32 model (accuracy with eval data, fidelity, sizes against the
+    fp32 TorchScript's, all in memory) and wrapped in a Result whose ``save`` runs ``q.write``."""
+    from ptopt.compress.quantize import measure
+    from ptopt.compress.quantize.scripted import torchscript_bytes
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.result import Result
+
+    with q.context():
+        metrics = measure.accuracy(prep.module, q.model, prep.evald, prep.refs.get("eval_data"), q.eval_batch)
+        metrics |= measure.sizes(q.size, torchscript_bytes(prep.module, prep.example, prep.style))
+        metrics |= q.metrics
+        metrics |= measure.vs_fp32(prep.module, q.model, prep)
+    share = measure.int8_share(prep.module, prep.example, q.float_layers)
+    template = Artifact(
+        path=UNSAVED,
+        format=q.format,
+        inputs=list(q.specs or prep.specs),
+        input_style=prep.style,
+        config=q.config.to_dict() | {"mode": config.mode} | prep.ref_names(),
+        parent=prep.loaded.parent_record(),
+        precision="int8",
+        metrics=metrics,
+        extra={"float_layers": q.float_layers, "int8_share": share, **q.summary},
+    )
+    sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *prep.refs.values())
+    return Result(q.model, template, q.write, inputs_paths=sources)
+
+
+def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any) -> None:
+    """The gates of ``config``'s row: too small an int8 share is refused (UnsupportedModelError), and
+    an int8 model that breaks export's parity rule against fp32 (ParityError, the file kept aside as
+    ``<output>.failed``) with the advice of the engine that made it (the layers to keep float)."""
+    row = table.technique(config.mode, config.engine)
+    if row.min_int8_share:
+        refuse_if_mostly_float(result, prep, row.min_int8_share)
+    if not row.gated:
+        return
+    made_by = config.replace(engine=result.config.get("engine", config.engine))
+    advise = table.technique(made_by.mode, made_by.engine).advise
+    refuse_if_unfaithful(result, output, (lambda: advise(made_by, prep)) if advise else None)
+
+
+def refuse_if_mostly_float(result: Any, prep: Prepared, minimum: float = MIN_STATIC_SHARE) -> None:
+    """Int8 that leaves (nearly) every weight float is refused before anything is written, pointing
+    to ``--mode dynamic`` when that quantizes the layers this mode cannot."""
+    from ptopt.core.errors import UnsupportedModelError
+
+    share = result.extra["int8_share"]
+    if share["parameters"] >= minimum:
+        return
+    floats = result.extra["float_layers"]
+    kinds = {n: type(prep.module.get_submodule(n)).__name__ for n in floats}
+    movable = [n for n, k in kinds.items() if k in _DYNAMIC_KINDS]
+    why = "; ".join(f"{n}: {floats[n]}" for n in list(floats)[:3])
+    todo = (
+        f" Use --mode dynamic (the same command with --mode dynamic): it quantizes {', '.join(movable[:4])}"
+        if movable
+        else " int8 does not apply to this model's layers"
+    )
+    raise UnsupportedModelError(
+        f"{result.config['mode']} int8 would quantize only {100 * share['parameters']:.1f}% of the parameters "
+        f"({share['layers']} of {share['of_layers']} layers with weights): the file would be about as "
+        f"large as fp32 and no faster ({why}).{todo}"
+    )

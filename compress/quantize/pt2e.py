@@ -1,0 +1,247 @@
+"""What the pt2e rows of the technique table share (``techniques/static_pt2e``, ``qat_pt2e``):
+torchao's PT2E flow compiled by AOTInductor.
+
+=======  ==========================================================================================
+engine   what ``quantize`` returns / writes
+=======  ==========================================================================================
+fx       (default) torch.ao FX graph mode → frozen int8 TorchScript (``techniques/*_fx``)
+pt2e     ``engine_pt2e``: torch.export → prepare_pt2e / prepare_qat_pt2e → calibrate / train
+         → convert_pt2e → an AOTInductor package (``.pt2``, sidecar format ``aoti_package``) whose
+         int8 kernels come from Inductor's lowering; loads with ``torch._inductor.aoti_load_package``.
+         With ``compile=False`` (``--no-compile``): the int8 ExportedProgram itself (``.pt2``, format
+         ``exported_program``, q/dq ops; slower than fp32 when run eagerly, the input to
+         ``ptopt export --target aoti`` or ``torch.compile`` later)
+auto     both; each timed at the opt batch in the same interleaved rounds; the faster one is kept
+         when its accuracy drop (with ``eval_data``) stays within ``AUTO_MAX_DROP`` points of fp32
+         (else the other); the choice and both measurements go into the sidecar (``engine_choice``)
+=======  ==========================================================================================
+
+``--engine pt2e`` does static and QAT int8 (dynamic int8 stays on fx). QAT on pt2e fine-tunes the
+prepared graph with the shared trainer (no BatchNorm/observer freeze schedule: the graph's
+BatchNorm is an op, not a module the FX freeze helpers reach).
+
+**Transformers** (Hugging Face encoders called with ``input_ids`` / ``attention_mask``): torch.fx
+cannot trace them, torch.export can. Their Linear layers become int8 (``qlinear`` kernels); the
+embeddings, LayerNorm, softmax/attention (``scaled_dot_product_attention``) and GELU stay float, as
+X86InductorQuantizer leaves them (``float_layers`` lists them). Token inputs get a dynamic sequence
+(:func:`token_sequence_specs`) besides the dynamic batch, so one package takes any padded batch up
+to the model's position limit.
+
+**When fx cannot trace** (engine ``fx``, the default): the refusal names ``--engine pt2e`` when
+torch.export captures the model (checked, :func:`captures`); ``auto`` falls back to pt2e and says so
+in ``engine_choice``. The default stays fx because the engines write different artifacts (int8
+TorchScript, which ``ptopt export`` re-quantizes for ONNX Runtime, vs an AOTInductor package
+compiled for this CPU, minutes to build): a default that switched silently would change the file a
+command writes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ptopt.compress.quantize.base import Prepared, Quantized
+from ptopt.core.errors import UsageError
+
+#: token inputs by the names Hugging Face tokenizers give them
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+#: layers nearest the output tried in float when the pt2e int8 model breaks the rule
+MAX_HEAD_FLOAT = 4
+#: what ``ptopt quantize`` adds when fx cannot trace a model this engine captures
+CAPTURES_HINT = (
+    "torch.export captures this model: add --engine pt2e (engine='pt2e'), which writes an int8 "
+    "AOTInductor package (e.g. -o model.int8.pt2)"
+)
+
+
+def check_x86(config: Any) -> None:
+    """X86InductorQuantizer makes x86 int8 with per-channel weights; anything else runs on fx."""
+    if config.backend != "x86" or not config.per_channel:
+        raise UsageError(
+            f"--engine {config.engine} quantizes for x86 with per-channel weights (X86InductorQuantizer); "
+            f"--backend {config.backend}{'' if config.per_channel else ' --per-tensor'} runs on --engine fx"
+        )
+
+
+def artifact(config: Any, prep: Prepared, converted: Any, summary: dict[str, Any], specs: list) -> Quantized:
+    """The converted q/dq graph compiled into an AOTInductor package (or, ``compile=False``, saved as
+    its ExportedProgram) in a temporary folder kept while the Result lives: ``model`` is that file
+    loaded back, ``write`` copies it."""
+    from ptopt.compress.quantize import pt2e_package
+    from ptopt.formats.aoti import load_aoti
+
+    style = prep.style
+    folder = tempfile.TemporaryDirectory(prefix="ptopt-pt2e-")
+    path = Path(folder.name) / "model.int8.pt2"
+    samples = prep.calib or prep.train
+    if config.compile:
+        fmt = "aoti_package"
+        facts = pt2e_package.compile_int8(converted, path, specs, style, samples=samples)
+        model = load_aoti(path)
+    else:
+        fmt, facts, model = "exported_program", *_int8_program(converted, path, specs, style, samples)
+
+    def write(dest: Path) -> dict[str, Any]:
+        _ = folder  # the compiled package lives as long as the Result
+        shutil.copyfile(path, dest)
+        return {"files": [dest.name]}
+
+    return Quantized(
+        model=model,
+        format=fmt,
+        size=path.stat().st_size,  # the package carries compiled code: it may outweigh fp32
+        write=write,
+        config=config.replace(engine="pt2e"),
+        float_layers=float_layers(prep.module, converted, config.float_modules),
+        summary={**summary, **facts["extra"]},
+        metrics=facts["metrics"],
+        specs=specs,
+        eval_batch=min(256, specs[0].max_shape[0]) if specs else 256,  # a program guards its batch range
+    )
+
+
+def _int8_program(converted: Any, path: Path, specs: list, style: str, samples: Any) -> tuple[dict, Any]:
+    """The converted q/dq graph saved as an ExportedProgram, reloaded and compared with it (facts,
+    the reloaded program's module)."""
+    from ptopt.export.writers import reload, write_model
+
+    facts = write_model(converted, "exported_program", path, specs=specs, style=style, precision="int8",
+                        samples=samples)  # fmt: skip
+    facts["extra"]["pt2e"] = {"quantizer": "X86InductorQuantizer", "compiled": False}
+    return facts, reload(path, "exported_program", style=style)
+
+
+def specs_of(prep: Prepared) -> list:
+    """The input specs the pt2e artifact is captured with (:func:`token_sequence_specs`)."""
+    return token_sequence_specs(prep.module, prep.specs, prep.style)
+
+
+def linearized(module: Any, float_modules: Any) -> tuple[Any, list[str]]:
+    """``module``, or a copy whose transformers ``Conv1D`` layers (GPT-2's attention and MLP) are the
+    ``nn.Linear`` they are (X86InductorQuantizer annotates linear ops, not Conv1D's ``addmm``), and
+    the names swapped; float modules are left alone."""
+    import copy
+
+    from ptopt.compress.quantize.layers import is_conv1d_linear, linearize_conv1d
+
+    if not any(is_conv1d_linear(m) for m in module.modules()):
+        return module, []
+    module = copy.deepcopy(module)
+    return module, linearize_conv1d(module, skip=float_modules)
+
+
+def calibration_batches(config: Any, calib: Any) -> list[Any]:
+    """The calibration batches (inputs only) of a static config, as the FX engine draws them."""
+    batches = []
+    for b in calib.batches(config.batch_size, shuffle=True, seed=0):
+        if len(batches) >= config.calibration_batches:
+            break
+        batches.append(b.x)
+    return batches
+
+
+def float_layers(module: Any, converted: Any, excluded: Any) -> dict[str, str]:
+    """The layers with weights that stay float in the converted graph, and why: ``--exclude``d, or
+    not a kind X86InductorQuantizer makes int8 (embeddings, LayerNorm...); BatchNorm folds into its
+    convolution."""
+    import torch
+
+    from ptopt.compress.quantize.engine_pt2e import int8_modules
+
+    int8 = int8_modules(converted)
+    out = {n: "excluded (--exclude)" for n in excluded}
+    for name, m in module.named_modules():
+        own = name and any(True for _ in m.parameters(recurse=False))
+        if not own or name in int8 or name in out or isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            continue
+        out[name] = f"{type(m).__name__}: float in PT2E (X86InductorQuantizer makes conv / linear int8)"
+    return out
+
+
+def token_sequence_specs(module: Any, specs: list, style: str) -> list:
+    """``specs`` with a dynamic sequence when every input is a Hugging Face token tensor (``input_ids``,
+    ``attention_mask``...: 2-D integers of one fixed length) and the model says its position limit
+    (``config.max_position_embeddings`` / ``n_positions``): the sequence then runs from 1 to that
+    limit, so a package takes any padded batch. Other specs are returned as they are."""
+    import dataclasses
+
+    config = getattr(module, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    seqs = {s.opt_shape[1] for s in specs if s.rank == 2}
+    tokens = style == "keyword" and all(
+        s.name in TOKEN_INPUTS and s.rank == 2 and s.dtype.startswith("int") and 1 not in s.dynamic_dims
+        for s in specs
+    )
+    if not (specs and tokens and isinstance(limit, int) and len(seqs) == 1 and max(seqs) <= limit):
+        return specs
+    return [
+        dataclasses.replace(s, min_shape=(s.min_shape[0], 1), max_shape=(s.max_shape[0], limit))
+        for s in specs
+    ]
+
+
+def logits(out: Any) -> Any:
+    """The tensor the trainer's losses take: a Hugging Face ModelOutput's (or dict's) ``logits``."""
+    if isinstance(out, dict) and "logits" in out:
+        return out["logits"]
+    return out
+
+
+def captures(config: Any, prep: Prepared) -> bool:
+    """Whether torch.export captures the model (so ``--engine pt2e`` runs where fx cannot trace)."""
+    from ptopt.compress.quantize import engine_pt2e
+    from ptopt.core.errors import PtoptError
+
+    try:
+        engine_pt2e.capture(prep.module, specs_of(prep), prep.style)
+    except PtoptError:
+        return False
+    return True
+
+
+def advise(config: Any, prep: Prepared) -> str:
+    """What to do when the pt2e int8 model breaks export's parity rule: the fewest conv / linear
+    layers nearest the output (a task head: classifier, pooler) that, kept float, make the converted
+    q/dq graph hold it. Judged eagerly (no compile: seconds, not minutes) on the same data; the
+    compiled kernels do not clamp 7-bit activations as the q/dq graph does and were the closer to
+    fp32 where measured (BERT: 0.9996 here, 0.9997 in the package)."""
+    import torch
+
+    from ptopt.compress.fidelity import INT8_VS_FP32, fidelity_data, measure_fidelity
+    from ptopt.compress.quantize import engine_pt2e
+
+    if config.mode != "static":
+        return ""
+    kinds = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    module, _ = linearized(prep.module, config.float_modules)
+    layers = [n for n, m in module.named_modules() if isinstance(m, kinds) and n not in config.float_modules]
+    specs, style = specs_of(prep), prep.style
+    data = fidelity_data(prep.evald, prep.calib, prep.train, example=prep.example)
+    batches, graph = calibration_batches(config, prep.calib), engine_pt2e.capture(module, specs, style)
+    for k in range(1, min(MAX_HEAD_FLOAT, len(layers) - 1) + 1):
+        floats = layers[-k:]
+        candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
+        graph_k = engine_pt2e.copy_graph(graph)
+        converted = engine_pt2e.quantize_static(module, specs, style, candidate, batches, graph=graph_k)
+        fid = measure_fidelity(prep.module, converted, data, **INT8_VS_FP32)
+        if fid["passed"]:
+            flags = " ".join(f"--exclude {n}" for n in floats)
+            return (
+                f" Keep {', '.join(floats)} in float: rerun with {flags} (float_modules={tuple(floats)!r}); "
+                f"with them float the min cosine is {fid['min_cosine']:.4f}"
+            )
+    return (
+        f" Keeping the {MAX_HEAD_FLOAT} conv / linear layers nearest the output float does not make it hold: "
+        "use --engine fx where torch.fx traces the model, or --mode dynamic"
+    )
+
+
+def candidate(config: Any, prep: Prepared) -> Any:
+    """The converted q/dq graph of a static config (no package): what accuracy-aware search measures
+    eagerly and times compiled (``autoquant_tuner``)."""
+    from ptopt.compress.quantize import engine_pt2e
+
+    batches = calibration_batches(config, prep.calib)
+    return engine_pt2e.quantize_static(prep.module, prep.specs, prep.style, config, batches)
