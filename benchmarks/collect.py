@@ -20,6 +20,9 @@ ORDER = [
     "int8_ceiling",
     "autoquant",
     "optimize",
+    "real_minilm",
+    "real_resnet",
+    "real_crepe",
 ]
 
 

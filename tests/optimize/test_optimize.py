@@ -377,3 +377,25 @@ def test_onnx_dynamic_int8_is_skipped_for_a_conv_heavy_cnn(tmp_path, data):
     )  # fmt: skip
     row = next(c for c in res.candidates if c.name == "int8-onnx-dynamic")
     assert row.status == "skipped" and "Linear/LSTM/GRU" in row.reason
+
+
+def test_onnx_dynamic_int8_applies_to_an_encoder_with_a_large_embedding_table():
+    """A sentence encoder keeps most parameters in its token table (a lookup: no matrix product), yet
+    spends its time in Linear layers: ONNX Runtime's dynamic int8 is a candidate for it (all-MiniLM-L6-v2
+    was skipped as '47% Linear' before, and lost to a one-call ``quantize_dynamic``)."""
+
+    import ptopt
+    from ptopt.core.data import Dataset
+    from ptopt.models.minilm import minilm_tiny
+    from tests.compress.autoquant_models import tokens
+
+    model = minilm_tiny()
+    table = model.tok.weight.numel()
+    assert table > sum(p.numel() for p in model.parameters()) / 2  # the case this test is about
+    res = ptopt.optimize(
+        model, calib_data=Dataset(tokens(16)), eval_data=Dataset(tokens(48)), min_cosine=-1.0,
+        candidates=["int8-onnx-dynamic"], **FAST,
+    )  # fmt: skip
+    row = next(c for c in res.candidates if c.name == "int8-onnx-dynamic")
+    assert row.status == "kept", row.reason
+    assert res.best is row and res.exit_code == 0  # the reference is never chosen

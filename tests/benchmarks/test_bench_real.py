@@ -1,0 +1,111 @@
+"""benchmarks/bench_real.py's pieces on tiny inputs: the sentence and tone data, the CREPE port, every
+peer's one-call path, ptopt's pick loaded back, judging, interleaved timing and the tables."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def bench():
+    name = "ptopt_bench_real_under_test"
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "bench_real.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_sentences_are_natural_disjoint_and_seeded(bench):
+    tune, unseen = bench.sentence_split(16, 32)
+    assert (tune, unseen) == bench.sentence_split(16, 32)
+    assert len(tune) == 16 and len(unseen) == 32 and not set(tune) & set(unseen)
+    for s in tune + unseen:
+        assert s[0].isupper() and s[-1] in ".!?" and 6 <= len(s.split()) <= 40
+        assert not bench._CODE.search(s), s
+
+
+def test_tones_are_labelled_normalized_frames(bench):
+    ds = bench.tones(8, seed=0)
+    assert tuple(ds.x.shape) == (8, 1024) and ds.y.min() >= 40 and ds.y.max() < 320
+    assert torch.allclose(ds.x.mean(1), torch.zeros(8), atol=1e-5)
+    assert torch.equal(ds.y, bench.tones(8, seed=0).y)
+
+
+def test_crepe_port_matches_the_wheel_layout(bench):
+    model = bench.crepe_tiny(weights=False)
+    with torch.no_grad():
+        out = model(bench.tones(3, seed=0).x)
+    assert tuple(out.shape) == (3, 360) and float(out.min()) >= 0 and float(out.max()) <= 1
+    path = bench.crepe_weights()
+    if path is not None:  # the real weights load strictly onto the same parameter names
+        assert bench.crepe_tiny() is not None
+        assert set(torch.load(path, weights_only=True)) == set(model.state_dict())
+
+
+class TinyCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _case(bench):
+    from ptopt.core.data import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    model = TinyCNN().eval()
+
+    def data(n):
+        x = torch.randn(n, 1, 8, 8, generator=g)
+        with torch.no_grad():
+            return Dataset(x, model(x).argmax(1))
+
+    return bench.Case("tiny", "tiny CNN", model, data(16), data(48), data(24), 8, "top1", 50.0, source="random")
+
+
+def test_every_peer_builds_and_the_tables_render(bench, tmp_path):
+    case = _case(bench)
+    args = argparse.Namespace(threads=1, rounds=1, seconds=0.01, quick=True, search_budget="120s")
+    rec = bench.bench_case(case, tmp_path, args, candidates=["fp32-torchscript"])
+    for name in bench.PEERS:
+        optional = name.startswith("OpenVINO") and importlib.util.find_spec("openvino") is None
+        assert rec["entries"][name]["error"] is None or optional, (name, rec["entries"][name])
+    pick = rec["pick"]
+    assert pick == "ptopt optimize -> fp32-torchscript"
+    assert rec["accuracy"][pick]["drop"] == 0.0 and rec["accuracy"][pick]["within"]
+    assert set(rec["latency"][pick]) == {1, 8}
+    assert rec["verdict"]["pick_within_budget"] and "bs8" in rec["verdict"]
+    md = bench.section(rec)
+    assert f"**{pick}**" in md and "fastest peer within the budget" in md and "fp32-torchscript" in md
+
+
+def test_a_failing_peer_is_reported_not_raised(bench, tmp_path, monkeypatch):
+    case = _case(bench)
+
+    def broken(case, work, threads):
+        raise RuntimeError("upstream said no\nsecond line")
+
+    monkeypatch.setitem(bench.PEERS, "ORT fp32", broken)
+    case.skip_peers = {"ORT quantize_static": "not for this model"}
+    entries = bench.build_peers(case, tmp_path, 1, ["fp32 eager", "ORT fp32", "ORT quantize_static"])
+    errors = {e.name: e.error for e in entries}
+    assert errors == {
+        "fp32 eager": None,
+        "ORT fp32": "RuntimeError: upstream said no",
+        "ORT quantize_static": "not run: not for this model",
+    }
