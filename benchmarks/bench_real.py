@@ -289,6 +289,12 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(lines or [''])[0][:240]}"
 
 
+def _torch_fn(module: Any) -> Callable[[Any], Any]:
+    from ptopt.core.inputspec import call_model
+
+    return lambda x: call_model(module, x)  # a dict batch is keyword arguments
+
+
 def _torch_bytes(module: Any, path: Path) -> int:
     import torch
 
@@ -297,7 +303,9 @@ def _torch_bytes(module: Any, path: Path) -> int:
 
 
 def peer_eager(case: Case, work: Path, threads: int) -> Entry:
-    return Entry(REFERENCE, case.model, _torch_bytes(case.model, work / "fp32.state.pt"), "state_dict")
+    return Entry(
+        REFERENCE, _torch_fn(case.model), _torch_bytes(case.model, work / "fp32.state.pt"), "state_dict"
+    )
 
 
 def peer_torch_dynamic(case: Case, work: Path, threads: int) -> Entry:
@@ -305,7 +313,9 @@ def peer_torch_dynamic(case: Case, work: Path, threads: int) -> Entry:
     from torch import nn
 
     q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(case.model), {nn.Linear}, dtype=torch.qint8)
-    return Entry("torch quantize_dynamic", q, _torch_bytes(q, work / "dyn.state.pt"), "nn.Linear, qint8")
+    return Entry(
+        "torch quantize_dynamic", _torch_fn(q), _torch_bytes(q, work / "dyn.state.pt"), "nn.Linear, qint8"
+    )
 
 
 def peer_torch_fx(case: Case, work: Path, threads: int) -> Entry:
@@ -322,7 +332,9 @@ def peer_torch_fx(case: Case, work: Path, threads: int) -> Entry:
         for b in case.tune.batches(32):
             call_model(prepared, b.x)
     q = convert_fx(prepared)
-    return Entry("torch.ao FX static int8", q, _torch_bytes(q, work / "fx.state.pt"), "x86 qconfig")
+    return Entry(
+        "torch.ao FX static int8", _torch_fn(q), _torch_bytes(q, work / "fx.state.pt"), "x86 qconfig"
+    )
 
 
 def export_onnx(case: Case, path: Path) -> list[str]:
@@ -551,7 +563,7 @@ def judge(entries: list[Entry], case: Case) -> dict[str, dict[str, float]]:
     """Each entry's figures on the unseen samples, against fp32 eager's outputs on them."""
     import torch.nn.functional as F
 
-    ref = outputs(case.model, case.unseen, case.batch)
+    ref = outputs(_torch_fn(case.model), case.unseen, case.batch)
     ref_top1 = (
         None if case.unseen.y is None else 100 * float((ref.argmax(-1) == case.unseen.y).float().mean())
     )

@@ -16,6 +16,7 @@ fp32-aoti               ``export(target="aoti", static_batches=batch sizes)``   
 int8-fx                 ``quantize(mode="static", engine="fx")``                    always
 int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
 fp32-openvino           ``export(target="openvino")``                               openvino + nncf
+bf16-openvino           ``export(target="openvino", precision="bf16")``             + bf16 kernels
 int8-openvino           ``export(target="openvino", precision="int8", data=calib)`` openvino + nncf
 int8-onnx-dynamic       ``export(target="onnx", precision="int8",                   Linear-heavy
                         int8_method="ort_dynamic")``
@@ -245,6 +246,20 @@ def _openvino(ctx: Context) -> str | None:
     return None
 
 
+def _openvino_bf16(ctx: Context) -> str | None:
+    """OpenVINO and a CPU plugin with bf16 kernels (avx512_bf16 or AMX)."""
+    from ptopt.core.errors import UsageError
+    from ptopt.formats.openvino import check_bf16
+
+    why = _openvino(ctx)
+    if why is None:
+        try:
+            check_bf16()
+        except UsageError as e:
+            why = str(e)
+    return why
+
+
 def _has_dynamic_layers(ctx: Context) -> str | None:
     from torch import nn
 
@@ -354,6 +369,19 @@ CATALOGUE: tuple[Spec, ...] = (
         _export("openvino"),
         6,
         when=_openvino,
+    ),
+    Spec(
+        "bf16-openvino",
+        "bf16 OpenVINO (the CPU plugin's bf16 kernels)",
+        "bf16",
+        "openvino",
+        None,
+        "bf16",
+        0,
+        ("export --target openvino --precision bf16",),
+        _export("openvino", "bf16"),
+        6,
+        when=_openvino_bf16,
     ),
     Spec(
         "int8-fx",

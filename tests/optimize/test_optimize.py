@@ -332,6 +332,12 @@ def mlp():
     )
 
 
+def _openvino_bf16(ctx):
+    from ptopt.optimize.candidates import _openvino_bf16 as why_not
+
+    return why_not(ctx)
+
+
 def test_runtimes_users_pick_instead_are_candidates(cli, tmp_path, data):
     """OpenVINO fp32, OpenVINO + NNCF int8 and ONNX Runtime's dynamic int8 are built, judged by the
     user's budget (not the fixed int8 rule) and timed beside the others; --runtime openvino keeps
@@ -358,7 +364,34 @@ def test_runtimes_users_pick_instead_are_candidates(cli, tmp_path, data):
     assert code == 0, err
     report = json.loads((tmp_path / "opt2" / "report.json").read_text())
     built = [c["name"] for c in report["candidates"] if c["status"] != "skipped"]
-    assert set(built) == {"fp32-eager", "fp32-openvino", "int8-openvino"}, built
+    expected = {"fp32-eager", "fp32-openvino", "int8-openvino"}
+    if _openvino_bf16(None) is None:  # this CPU's OpenVINO plugin has bf16 kernels
+        expected.add("bf16-openvino")
+    assert set(built) == expected, built
+
+
+def test_bf16_openvino_is_a_candidate_where_the_cpu_has_bf16_kernels(tmp_path, data, monkeypatch):
+    """OpenVINO's own bf16 kernels (what its plugin runs by default on such a CPU) are a candidate judged
+    by the user's budget; on a CPU without them it is skipped, saying why."""
+    pytest.importorskip("openvino")
+    import ptopt
+    from ptopt.core.errors import UsageError
+    from ptopt.formats import openvino
+
+    def search():
+        res = ptopt.optimize(
+            "tests.optimize.test_optimize:mlp", calib_data=data["calib"], eval_data=data["eval-unlabelled"],
+            min_cosine=0.9, candidates=["bf16-openvino"], **FAST,
+        )  # fmt: skip
+        return res.candidate("bf16-openvino")
+
+    if _openvino_bf16(None) is None:
+        row = search()
+        assert row.status == "kept" and row.precision == "bf16" and row.runtime == "openvino", row.reason
+        assert row.cosine_min >= 0.9
+    monkeypatch.setattr(openvino, "check_bf16", lambda: (_ for _ in ()).throw(UsageError("no bf16 kernels")))
+    row = search()
+    assert row.status == "skipped" and "no bf16 kernels" in row.reason
 
 
 def test_onnx_dynamic_int8_is_skipped_for_a_conv_heavy_cnn(tmp_path, data):
