@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -268,7 +269,8 @@ class Search:
         self.ctx, self.settings, self.costs, self.clock = ctx, settings, costs, clock
         self.candidates = [Candidate(s) for s in specs]
         self.work = Path(tempfile.mkdtemp(prefix="ptopt-optimize-"))
-        self.unit_measured = False
+        #: seconds per unit of cost of each build so far (``_calibrate_costs``)
+        self.unit_samples: list[float] = []
         #: how the eval data was split (``split_eval``): recorded in the report and the best's sidecar
         self.split: dict[str, Any] = {}
 
@@ -334,10 +336,15 @@ class Search:
             cand.build_seconds = round(time.perf_counter() - t0, 2)
 
     def _calibrate_costs(self, cand: Candidate) -> None:
-        """The first timed build sets the unit every other estimate scales."""
-        if not self.unit_measured and cand.spec.cost > 0:
-            self.costs.unit_s = max(UNIT_FLOOR_S / 5, (cand.build_seconds - cand.spec.fixed) / cand.spec.cost)
-            self.unit_measured = True
+        """Every timed build refines the unit the other estimates scale: the median over the builds so
+        far of seconds per unit of cost. One build alone misleads: all-MiniLM-L6-v2's fp32 TorchScript
+        (freeze + check of 90 MB) took 17 s, 17x its ResNet-calibrated share, and that first unit priced
+        NNCF int8 at ~300 s (it builds in ~25 s) and skipped it."""
+        if cand.spec.cost > 0:
+            self.unit_samples.append(
+                max(UNIT_FLOOR_S / 5, (cand.build_seconds - cand.spec.fixed) / cand.spec.cost)
+            )
+            self.costs.unit_s = statistics.median(self.unit_samples)
 
     def _screen(self, cand: Candidate) -> None:
         runner = open_candidate(cand, self.settings.threads)
