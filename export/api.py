@@ -293,7 +293,10 @@ def _typed(module: Any, specs: list[InputSpec], style: str, shapes: dict[str, An
     from ptopt.core.inputspec import dtype_of, parse_named_shapes
     from ptopt.core.modelref import typed_token_inputs
 
-    given = [v for k in ("min_shape", "opt_shape", "max_shape") for v in (shapes[k] or [])]
+    given = []
+    for k in ("min_shape", "opt_shape", "max_shape"):
+        value = shapes[k] or []
+        given += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]
     written = {n for n, shape in parse_named_shapes(list(given)) if n and dtype_of(shape)}
     untyped = {s.name for s in specs if s.name not in written}
     return typed_token_inputs(module, specs, style, untyped)
