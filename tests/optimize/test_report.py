@@ -13,6 +13,7 @@ import shlex
 import pytest
 
 from ptopt.optimize import report as R
+from ptopt.optimize.pareto import pareto_front
 from tests.optimize.report_fixtures import (
     cosine_report,
     no_winner_report,
@@ -198,7 +199,7 @@ def test_json_is_the_report_with_non_finite_numbers_as_null(tmp_path):
     ids=["one", "dominated-dropped", "same-latency"],
 )
 def test_pareto_front(points, front):
-    assert [p[2] for p in R.pareto_front(points)] == front
+    assert [p[2] for p in pareto_front(points)] == front
 
 
 def test_a_candidate_wide_noisy_flag_lands_where_the_speedup_is_within_the_spread():
