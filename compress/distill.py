@@ -254,9 +254,8 @@ def _train(
             tcfg,
             eval_data=eval_ds,
             loss_fn=loss,
-            description="distill",
             fingerprint_extra=fingerprint,
-            **run,
+            **{**run, "progress": run.get("progress", True) and "distill"},
         )
     finally:
         loss.remove_hooks()

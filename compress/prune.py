@@ -416,9 +416,7 @@ def _run_rounds(
 
             loss_fn = make_distill_loss(plan.teacher, temperature=plan.temperature, alpha=plan.alpha)
         desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
-        result = train(
-            work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress, description=desc
-        )
+        result = train(work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress and desc)
         if hasattr(loss_fn, "remove_hooks"):
             loss_fn.remove_hooks()
         history += [dict(h, round=k) for h in result.history]
