@@ -1,7 +1,9 @@
 """Frozen config dataclasses that round-trip through plain dicts with a ``type`` key.
 
-Every technique and target is a config plus one function. A recipe file is a list of such dicts,
-and a sidecar records the config that produced its artifact, so both can be replayed.
+Techniques and targets are configs (quantization, pruning, distillation, training, export). A
+sidecar records the config that produced its artifact (``Config.to_dict``), and a recipe step may
+give its twin's ``config=`` as such a mapping (``config: {type: prune-global, amount: 0.5}``), read
+back by :func:`config_from_dict` through the registry below (``ptopt.pipeline``).
 """
 
 from __future__ import annotations
