@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.choice import fastest_within
 from ptopt.core.errors import DataError, UsageError
 from ptopt.optimize.candidates import REFERENCE, Candidate, Context, runtime_filters, select
 from ptopt.optimize.search import (
@@ -243,9 +244,14 @@ def _choose(cands: list[Candidate], settings: Settings) -> tuple[Candidate | Non
     def median(c: Candidate) -> float:
         return (c.latency_ms.get(bs) or {}).get("median", float("inf"))
 
-    ok = [c for c in cands if c.status == "kept" and c.within_budget and c.packageable]
-    if ok:
-        return min(ok, key=lambda c: (median(c), c.size_bytes or 0)), True
+    best, within = fastest_within(
+        cands,
+        latency=median,
+        within=lambda c: c.status == "kept" and bool(c.within_budget) and c.packageable,
+        tiebreak=lambda c: c.size_bytes or 0,
+    )
+    if within:
+        return best, True
     built = [c for c in cands if c.result is not None and c.packageable and c.cosine_min is not None]
     if not built:
         return None, False

@@ -55,6 +55,7 @@ from ptopt.compress.quantize.autoquant_result import (  # noqa: F401 - re-export
 )
 from ptopt.compress.quantize.autoquant_search import Search
 from ptopt.compress.quantize.autoquant_tuner import Tuner
+from ptopt.core.choice import fastest_within
 from ptopt.core.errors import UsageError
 
 
@@ -199,8 +200,9 @@ def _search_both(
         runs[name] = (*_search(prep, one, goal, threads, False, log), one)
     met = {k: r[0].met for k, r in runs.items()}
     ms = {k: r[0].best.latency_ms for k, r in runs.items()}
-    holding = [k for k in runs if met[k]] or list(runs)
-    chosen = min(holding, key=lambda k: ms[k])
+    chosen, _ = fastest_within(runs, ms.get, met.get)
+    if chosen is None:  # neither meets the goal: the faster
+        chosen, _ = fastest_within(runs, ms.get, lambda k: True)
     why = (
         f"faster at batch {goal.latency_batch_size} within the goal"
         if all(met.values())
