@@ -45,8 +45,8 @@ from ptopt.compress.stage import (
     input_files,
     load_dataset,
     load_eager,
-    reconcile,
 )
+from ptopt.core.config import reconcile
 from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
 
 DEFAULT_EPOCHS = 4

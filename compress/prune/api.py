@@ -51,9 +51,9 @@ from ptopt.compress.stage import (
     input_files,
     load_dataset,
     load_eager,
-    reconcile,
     ref_name,
 )
+from ptopt.core.config import reconcile
 from ptopt.core.errors import UsageError
 
 

@@ -150,7 +150,7 @@ def test_config_replaces_the_loose_options():
     "kwargs, message",
     [
         (dict(target="onnx"), "target 'onnx' contradicts the config's target 'torchscript'"),
-        (dict(script=False), "script=False contradicts the config's script=True"),
+        (dict(script=False), "script=False contradicts the given ExportConfig (script=True)"),
         (dict(atol=1e-2), "atol=0.01 contradicts"),
         (dict(config={"target": "onnx"}), "config must be an ExportConfig"),
     ],
