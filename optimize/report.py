@@ -304,10 +304,11 @@ def winner_lines(report: dict[str, Any], directory: str | os.PathLike | None) ->
         )
         return out
     where_ = "" if directory else " (from the output folder)"
-    out.append(f"Package it for TorchServe{where_}: `{cmd}` (or `--format triton -o model_repository`).")
+    triton = " (or `--format triton -o model_repository`)" if "triton" in _target_row(c).servers else ""
+    out.append(f"Package it for TorchServe{where_}: `{cmd}`{triton}.")
     if not packageable(c):
         out.append(
-            "Note: `ptopt package` serves TorchScript, ONNX and .pt2 files as they are; it exports this "
+            "Note: `ptopt package` serves the formats whose rows name TorchServe as they are; it exports this "
             f"{c.get('format')} artifact to TorchScript first, so the served model is not the one timed here."
         )
     return out

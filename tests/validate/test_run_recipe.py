@@ -208,17 +208,20 @@ def test_example_workflow_and_recipe_are_valid():
 
 
 def _readme_recipes():
-    """Every ```yaml block of the README that is a recipe (has `steps`)."""
+    """Every ```yaml block of the README and docs/ that is a recipe (has `steps`)."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    root = Path(__file__).resolve().parents[2]
+    text = "\n".join(
+        p.read_text(encoding="utf-8") for p in [root / "README.md", *sorted(root.glob("docs/*.md"))]
+    )
     blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)]
     return [b for b in blocks if isinstance(b, dict) and "steps" in b]
 
 
 def test_readme_recipes_are_complete_and_pass_the_pre_check():
-    """The README's recipes parse and pass the runner's checks (commands, options, ${...}), so they
+    """The recipes of the README and docs parse and pass the runner's checks (commands, options, ${...}), so they
     cannot rot; the pipeline one chains quantize -> export -> validate."""
     from ptopt.core.recipe import check_recipe
     from ptopt.pipeline import plan
