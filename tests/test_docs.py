@@ -46,3 +46,14 @@ def test_relative_links_resolve(page):
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text) + re.findall(r"^\[[^\]]+\]: (\S+)$", text, re.M)
     missing = [link for link in links if not re.match(r"[a-z]+:", link) and not (page.parent / link).exists()]
     assert not missing, f"{page.name}: {missing}"
+
+
+def test_ptopt_help_names_every_export_target():
+    """`ptopt --help` says what export writes; a new format's row must show up there too."""
+    import ptopt  # noqa: F401 - registers the formats
+    from ptopt.commands import COMMANDS
+    from ptopt.core.formats import targets
+
+    line = COMMANDS["export"].help
+    for row in targets().values():
+        assert row.label.split()[0] in line, (row.label, line)

@@ -230,12 +230,6 @@ def structured_prune(
     }
 
 
-def weighted_layers_in_order(graph: Any) -> list[str]:
-    """The modules with a weight matrix (conv, linear, recurrent, embedding) in the order the
-    graph runs them."""
-    return graph.executed_layers()
-
-
 def _keep(modules: dict[str, Any], g: ChannelGroup, amount: float, criterion: str, base: dict) -> Any:
     """The channels of ``g`` to keep (whole blocks), or None when none go."""
     import torch
