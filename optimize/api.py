@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.choice import fastest_within
+from ptopt.core.data import split_eval
 from ptopt.core.errors import DataError, UsageError
 from ptopt.optimize.candidates import REFERENCE, Candidate, Context, runtime_filters, select
 from ptopt.optimize.search import (
@@ -42,7 +43,6 @@ from ptopt.optimize.search import (
     Settings,
     check_budget,
     measure_costs,
-    split_eval,
 )
 
 SCHEMA = "ptopt.optimize/2"
