@@ -119,6 +119,15 @@ def run(
                 f"{len(best.float_layers)} of {len(res.sensitivity)} tuned layers float): "
                 f"{art.size_bytes:,} bytes; search {len(res.candidates)} candidates in {res.seconds:.1f}s"
             )
+            split = art.extra.get("autoquant", {}).get("split") or {}
+            if res.unseen is not None:
+                click.echo(
+                    f"held out: min cosine {res.unseen.min_cosine:.4f} on {split['heldout_samples']} samples the "
+                    f"search never saw (search: {best.measurement.min_cosine:.4f} on its "
+                    f"{split['search_samples']}; seeded split of the eval data)"
+                )
+            elif split.get("note"):
+                click.echo(f"held out: none ({split['note']})")
             if res.met:
                 click.echo(res.reason)  # otherwise it is the error message (stderr, exit 1)
     return res

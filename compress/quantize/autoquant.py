@@ -56,6 +56,7 @@ from ptopt.compress.quantize.autoquant_result import (  # noqa: F401 - re-export
 from ptopt.compress.quantize.autoquant_search import Search
 from ptopt.compress.quantize.autoquant_tuner import Tuner
 from ptopt.core.choice import fastest_within
+from ptopt.core.data import split_eval
 from ptopt.core.errors import UsageError
 
 
@@ -122,6 +123,10 @@ def autoquantize(
     prep = prepare(base, model, weights, allow_pickle, input_shapes, calib_data, None, eval_data)
     if goal.max_accuracy_drop is not None:
         prep.evald.require_labels("--max-accuracy-drop (use --min-cosine to compare outputs without labels)")
+    # the search (sensitivity, SmoothQuant's alpha, float layers, scheme) fits on one half of the eval
+    # data; the answer is judged, and its figures reported, on the other half it never saw
+    search_data, heldout, split = split_eval(prep.evald) if not analyze else (prep.evald, None, None)
+    prep = dataclasses.replace(prep, evald=search_data)
     if base.engine == "auto":
         found, search, tuner, base, choice = _search_both(prep, base, goal, threads, _logger(progress))
     else:
@@ -130,6 +135,7 @@ def autoquantize(
     if analyze:
         return found
     found.result = _chosen_result(found, search, tuner, base, prep)
+    _judge_unseen(found, tuner, heldout, split)
     if choice is not None:
         found.result.template.extra["engine_choice"] = choice
     if output is not None:
@@ -245,6 +251,42 @@ def _chosen_result(found: AutoQuantResult, search: Any, tuner: Tuner, base: Any,
         "fp32_search_latency_ms": found.fp32["latency_ms"],
     }
     return res
+
+
+def _judge_unseen(found: AutoQuantResult, tuner: Tuner, heldout: Any, split: dict[str, Any]) -> None:
+    """The chosen model measured on the held-out samples: those figures are the result's headline
+    (``metrics``) and decide whether the goal is met; the search's own stay beside them."""
+    art = found.result.template
+    search = found.best.measurement
+    art.metrics |= {"search_min_cosine": search.min_cosine, "search_mean_cosine": search.mean_cosine}
+    if search.accuracy_drop is not None:
+        art.metrics["search_accuracy_drop_points"] = search.accuracy_drop
+    if heldout is None:
+        art.extra["autoquant"] = found.to_dict() | {"split": split}
+        return
+    unseen = found.unseen = tuner.measure_unseen(found.result.model, heldout)
+    art.metrics |= {"min_cosine": unseen.min_cosine, "mean_cosine": unseen.mean_cosine}
+    if unseen.accuracy_drop is not None:
+        art.metrics["heldout_accuracy_drop_points"] = unseen.accuracy_drop
+    held = unseen.holds(found.goal) if found.goal.has_target else True
+    if found.met and not held:
+        found.reason = (
+            f"the search's answer held on the {split['search_samples']} samples it was fitted on "
+            f"({_figure(search)}) but not on {split['heldout_samples']} held-out samples "
+            f"({_figure(unseen)}); goal: {found.goal.describe()}"
+        )
+    elif found.met:
+        found.reason = (
+            f"{found.reason.rstrip('. ')}; on {split['heldout_samples']} held-out samples: {_figure(unseen)}."
+        )
+    found.met = found.met and held
+    art.metrics["goal_met"] = found.met
+    art.extra["autoquant"] = found.to_dict() | {"split": split}
+
+
+def _figure(m: Any) -> str:
+    drop = f", accuracy drop {m.accuracy_drop:.2f} pts" if m.accuracy_drop is not None else ""
+    return f"min cosine {m.min_cosine:.4f}{drop}"
 
 
 def _logger(progress: bool) -> Callable[[str], None]:
