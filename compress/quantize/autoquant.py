@@ -105,7 +105,6 @@ def autoquantize(
     """
     from ptopt.compress.quantize.config import require_data, resolve_config
     from ptopt.compress.quantize.flow import prepare
-    from ptopt.compress.stage import check_output
 
     trials, seconds = parse_tuning_budget(tuning_budget)
     goal = AccuracyGoal(
@@ -115,10 +114,7 @@ def autoquantize(
     loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
     loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
     base = resolve_config(mode, config, engine=engine, compile=compile, **loose)
-    if base.engine == "auto" and analyze:
-        raise UsageError("--analyze ranks the layers of one engine: give --engine fx or --engine pt2e")
-    if not analyze:
-        check_output(output, hint=" such as model.int8.pt")
+    _check_base(base, analyze, output)
     require_data(base, calib_data=calib_data)
     prep = prepare(base, model, weights, allow_pickle, input_shapes, calib_data, None, eval_data)
     if goal.max_accuracy_drop is not None:
@@ -141,6 +137,15 @@ def autoquantize(
     if output is not None:
         found.artifact = found.result.save(output)
     return found
+
+
+def _check_base(base: Any, analyze: bool, output: Any) -> None:
+    from ptopt.compress.stage import check_output
+
+    if base.engine == "auto" and analyze:
+        raise UsageError("--analyze ranks the layers of one engine: give --engine fx or --engine pt2e")
+    if not analyze:
+        check_output(output, hint=" such as model.int8.pt")
 
 
 def _check_request(mode: str, goal: AccuracyGoal, eval_data: Any, analyze: bool) -> None:
