@@ -169,15 +169,25 @@ def _quantize(mode: str, engine: str | None = None, source: str | None = None) -
     return build
 
 
-def _autoquant(ctx: Context) -> Any:
+def _autoquant(mode: str) -> Callable[[Context], Any]:
+    """The accuracy-aware search of ``mode`` int8 (float layers; SmoothQuant in dynamic mode) under the
+    user's budget, fitted on part of the search's eval data (optimize accepts it on its held-out part)."""
+
+    def build(ctx: Context) -> Any:
+        return _search(ctx, mode)
+
+    return build
+
+
+def _search(ctx: Context, mode: str) -> Any:
     from ptopt.compress.quantize.autoquant import autoquantize
 
     seconds = max(10, int(ctx.seconds_left() * 0.5))
     found = autoquantize(
         ctx.module,
-        "static",
+        mode,
         eval_data=ctx.evald,
-        calib_data=ctx.calib,
+        calib_data=ctx.calib if mode == "static" else None,
         max_accuracy_drop=ctx.max_accuracy_drop,
         min_cosine=ctx.min_cosine,
         tuning_budget=f"{seconds}s",
@@ -185,7 +195,7 @@ def _autoquant(ctx: Context) -> Any:
         progress=False,
     )
     if not found.met:
-        raise Rejected(f"no int8 configuration with float layers met the goal ({found.reason})")
+        raise Rejected(f"no {mode} int8 configuration the search tried met the goal ({found.reason})")
     return found.result
 
 
@@ -274,6 +284,13 @@ def _after_fx_rejected(ctx: Context) -> str | None:
     if status == "rejected":
         return None
     return f"plain static int8 (int8-fx) was {status or 'not tried'}, not rejected: no float layers needed"
+
+
+def _after_dynamic_rejected(ctx: Context) -> str | None:
+    status = ctx.status.get("int8-dynamic")
+    if status == "rejected":
+        return None
+    return f"plain dynamic int8 (int8-dynamic) was {status or 'not tried'}, not rejected: no search needed"
 
 
 def _needs_train(ctx: Context) -> str | None:
@@ -437,10 +454,24 @@ CATALOGUE: tuple[Spec, ...] = (
         "int8",
         1,
         ("quantize --mode static --max-accuracy-drop/--min-cosine (autoquant)",),
-        _autoquant,
+        _autoquant("static"),
         40,
         10,
         _after_fx_rejected,
+    ),
+    Spec(
+        "int8-dynamic-search",
+        "dynamic int8 with SmoothQuant / float layers (autoquant), TorchScript",
+        "autoquant-int8",
+        "torchscript",
+        "fx",
+        "int8",
+        1,
+        ("quantize --mode dynamic --max-accuracy-drop/--min-cosine (autoquant)",),
+        _autoquant("dynamic"),
+        40,
+        10,
+        _after_dynamic_rejected,
     ),
     Spec(
         "pruned30-ft",
