@@ -27,6 +27,7 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -170,7 +171,7 @@ def optimize(
     rounds: int | None = None,
     min_seconds: float | None = None,
     latency: Any = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | bool | None = None,
 ) -> OptimizeResult:
     """Search the candidates for the fastest artifact within the accuracy budget (module docstring).
 
@@ -181,10 +182,11 @@ def optimize(
     ``runtime``: any | torch | onnxruntime. ``time_budget``: seconds, or ``"10m"``/``"90s"``.
     ``candidates``/``skip``: catalogue names to try only / to leave out (``ptopt.optimize.candidates``).
     ``threads``, ``rounds``, ``min_seconds`` or ``latency`` (a validate ``LatencyOptions``): how the
-    survivors are timed. ``output``: also ``save`` there (a new or empty folder).
+    survivors are timed. ``output``: also ``save`` there (a new or empty folder). ``progress``: a
+    callable taking each progress line, True for lines on stderr, None/False for silence.
     """
     clock = Clock(0.0)
-    say = progress or (lambda msg: None)
+    say = progress if callable(progress) else (_to_stderr if progress else (lambda msg: None))
     settings, specs = _check_options(locals())
     clock.budget = settings.time_budget
     inputs_paths = _input_paths(model, weights, calib_data, eval_data, train_data)
@@ -220,6 +222,10 @@ def optimize(
     if output is not None:
         result.save(output)
     return result
+
+
+def _to_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _run(search: Search, ref_runner: Any, settings: Settings, say: Callable[[str], None]) -> None:

@@ -401,3 +401,14 @@ def test_onnx_dynamic_int8_is_skipped_for_a_conv_heavy_cnn(tmp_path, data):
     )  # fmt: skip
     row = next(c for c in res.candidates if c.name == "int8-onnx-dynamic")
     assert row.status == "skipped" and "Linear/LSTM/GRU" in row.reason
+
+
+def test_progress_true_prints_the_search_on_stderr(data, capsys):
+    import ptopt
+
+    ptopt.optimize(
+        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=5.0,
+        candidates=["fp32-torchscript"], progress=True, **FAST,
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert "evaluating the fp32 reference" in err and "fp32-torchscript" in err
