@@ -412,3 +412,19 @@ def test_progress_true_prints_the_search_on_stderr(data, capsys):
     )  # fmt: skip
     err = capsys.readouterr().err
     assert "evaluating the fp32 reference" in err and "fp32-torchscript" in err
+
+
+def test_plain_int8_refused_by_the_default_rule_is_kept_within_the_users_budget(data):
+    """Dynamic int8 of the outlier MLP breaks the default int8 rule (worst cosine 0.99) but holds a
+    0.9 budget: the user's budget is the rule, and the sidecar says the default rule refused it."""
+    import ptopt
+    from ptopt.core.data import load_data
+    from tests.compress.autoquant_models import fragile_mlp
+
+    res = ptopt.optimize(
+        fragile_mlp(), calib_data=data["calib"], eval_data=load_data(data["eval"]).take(256),
+        min_cosine=0.9, candidates=["int8-dynamic"], **FAST,
+    )  # fmt: skip
+    (row,) = [c for c in res.candidates if c.name == "int8-dynamic"]
+    assert row.status == "kept" and 0.9 <= row.cosine_min < 0.99, (row.status, row.reason)
+    assert "the default int8 rule refused it" in row.result.template.extra["accepted_by"]
