@@ -76,6 +76,8 @@ class Context:
     status: dict[str, str] = dataclasses.field(default_factory=dict)
     #: name -> Result of built candidates (a chain builds on an earlier one)
     built: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: name -> seconds its build took (what the accuracy-aware search's cost is estimated from)
+    build_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     #: the batch sizes the search times (``--batch-size``): the AOTInductor package gets a fixed-batch
     #: model for each (``export --static-batch``)
     batch_sizes: tuple[int, ...] = ()
@@ -302,14 +304,30 @@ def _pt2e(ctx: Context) -> str | None:
 def _after_fx_rejected(ctx: Context) -> str | None:
     status = ctx.status.get("int8-fx")
     if status == "rejected":
-        return None
+        return _search_fits(ctx, "int8-fx", "static")
     return f"plain static int8 (int8-fx) was {status or 'not tried'}, not rejected: no float layers needed"
+
+
+def _search_fits(ctx: Context, plain: str, mode: str) -> str | None:
+    """The accuracy-aware search first quantizes each layer alone (its sensitivity): about one plain
+    int8 build per quantizable layer. Skipped, with the estimate, when that does not fit the time left."""
+    from torch import nn
+
+    kinds = (
+        (nn.Linear, nn.LSTM, nn.GRU) if mode == "dynamic" else (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    )
+    layers = sum(isinstance(m, kinds) for m in ctx.module.modules())
+    need = layers * ctx.build_seconds.get(plain, 0.0) / 2  # a candidate is quantized and measured, not saved
+    left = ctx.seconds_left()
+    if need <= left:
+        return None
+    return f"time budget: its sensitivity pass ({layers} layers) needs about {need:.0f} s, {left:.0f} s left"
 
 
 def _after_dynamic_rejected(ctx: Context) -> str | None:
     status = ctx.status.get("int8-dynamic")
     if status == "rejected":
-        return None
+        return _search_fits(ctx, "int8-dynamic", "dynamic")
     return f"plain dynamic int8 (int8-dynamic) was {status or 'not tried'}, not rejected: no search needed"
 
 
@@ -466,20 +484,6 @@ CATALOGUE: tuple[Spec, ...] = (
         _pt2e,
     ),
     Spec(
-        "int8-fx-float-layers",
-        "static int8 with float layers (autoquant), TorchScript",
-        "autoquant-int8",
-        "torchscript",
-        "fx",
-        "int8",
-        1,
-        ("quantize --mode static --max-accuracy-drop/--min-cosine (autoquant)",),
-        _autoquant("static"),
-        40,
-        10,
-        _after_fx_rejected,
-    ),
-    Spec(
         "int8-dynamic-search",
         "dynamic int8 with SmoothQuant / float layers (autoquant), TorchScript",
         "autoquant-int8",
@@ -492,6 +496,20 @@ CATALOGUE: tuple[Spec, ...] = (
         40,
         10,
         _after_dynamic_rejected,
+    ),
+    Spec(
+        "int8-fx-float-layers",
+        "static int8 with float layers (autoquant), TorchScript",
+        "autoquant-int8",
+        "torchscript",
+        "fx",
+        "int8",
+        1,
+        ("quantize --mode static --max-accuracy-drop/--min-cosine (autoquant)",),
+        _autoquant("static"),
+        40,
+        10,
+        _after_fx_rejected,
     ),
     Spec(
         "pruned30-ft",

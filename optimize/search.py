@@ -288,6 +288,8 @@ class Search:
             else:
                 self._try(cand, say)
             self.ctx.status[cand.name] = cand.status
+            if cand.build_seconds is not None:
+                self.ctx.build_seconds[cand.name] = cand.build_seconds
             say(_progress_line(cand))
 
     def _try(self, cand: Candidate, say: Callable[[str], None]) -> None:
