@@ -348,7 +348,7 @@ def vs_torch_pruning() -> None:
 
     import torch
 
-    from ptopt.compress.prune_structured import structured_prune
+    from ptopt.compress.prune.techniques.structured import structured_prune
     from ptopt.compress.stage import count_parameters
 
     have_tp = importlib.util.find_spec("torch_pruning") is not None

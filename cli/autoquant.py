@@ -106,19 +106,33 @@ def run(
         if res.candidates:
             echo_table(res.candidates_table())
         if res.artifact is not None:
-            art = res.artifact
-            best = res.best
-            kind = {"aoti_package": "AOTInductor package", "exported_program": "ExportedProgram"}
-            choice = art.extra.get("engine_choice")
-            if choice:
-                click.echo(
-                    f"engine: {choice['chosen']} ({choice['why']}; search p50 ms {choice['search_latency_ms']})"
-                )
-            click.echo(
-                f"wrote {art.path} ({kind.get(art.format, 'TorchScript')} int8, {res.mode}, {best.scheme}, "
-                f"{len(best.float_layers)} of {len(res.sensitivity)} tuned layers float): "
-                f"{art.size_bytes:,} bytes; search {len(res.candidates)} candidates in {res.seconds:.1f}s"
-            )
-            if res.met:
-                click.echo(res.reason)  # otherwise it is the error message (stderr, exit 1)
+            _print_written(res)
     return res
+
+
+def _print_written(res) -> None:
+    """What was written, the held-out figures beside the search's, and why it was chosen."""
+    art = res.artifact
+    best = res.best
+    kind = {"aoti_package": "AOTInductor package", "exported_program": "ExportedProgram"}
+    choice = art.extra.get("engine_choice")
+    if choice:
+        click.echo(
+            f"engine: {choice['chosen']} ({choice['why']}; search p50 ms {choice['search_latency_ms']})"
+        )
+    click.echo(
+        f"wrote {art.path} ({kind.get(art.format, 'TorchScript')} int8, {res.mode}, {best.scheme}, "
+        f"{len(best.float_layers)} of {len(res.sensitivity)} tuned layers float): "
+        f"{art.size_bytes:,} bytes; search {len(res.candidates)} candidates in {res.seconds:.1f}s"
+    )
+    split = art.extra.get("autoquant", {}).get("split") or {}
+    if res.unseen is not None:
+        click.echo(
+            f"held out: min cosine {res.unseen.min_cosine:.4f} on {split['heldout_samples']} samples the "
+            f"search never saw (search: {best.measurement.min_cosine:.4f} on its "
+            f"{split['search_samples']}; seeded split of the eval data)"
+        )
+    elif split.get("note"):
+        click.echo(f"held out: none ({split['note']})")
+    if res.met:
+        click.echo(res.reason)  # otherwise it is the error message (stderr, exit 1)

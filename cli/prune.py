@@ -1,4 +1,4 @@
-"""``ptopt prune MODEL --method l1-unstructured|structured|global --amount A -o OUT``."""
+"""``ptopt prune MODEL --method METHOD --amount A -o OUT`` (methods: the pruning table's rows)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ptopt.cli.options import (
     output_option,
     save_recipe_option,
 )
+from ptopt.compress.prune import table
 
 
 @click.command("prune")
@@ -20,7 +21,7 @@ from ptopt.cli.options import (
 @click.option(
     "--method",
     required=True,
-    type=click.Choice(["l1-unstructured", "structured", "global"]),
+    type=click.Choice(table.methods()),
     help="l1-unstructured: each layer to --amount sparsity; global: one ranking across layers; "
     "structured: remove whole channels (a smaller, faster model).",
 )

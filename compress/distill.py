@@ -45,8 +45,8 @@ from ptopt.compress.stage import (
     input_files,
     load_dataset,
     load_eager,
-    reconcile,
 )
+from ptopt.core.config import reconcile
 from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
 
 DEFAULT_EPOCHS = 4
@@ -254,9 +254,8 @@ def _train(
             tcfg,
             eval_data=eval_ds,
             loss_fn=loss,
-            description="distill",
             fingerprint_extra=fingerprint,
-            **run,
+            **{**run, "progress": run.get("progress", True) and "distill"},
         )
     finally:
         loss.remove_hooks()

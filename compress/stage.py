@@ -9,7 +9,6 @@ specific to one technique live here, so no technique imports another's private h
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,31 +22,6 @@ UNSAVED = Path("<unsaved>")
 
 
 # -- options ------------------------------------------------------------------------------------------
-
-
-def reconcile(config: Any, options: Mapping[str, Any], fields: Mapping[str, str] | None = None) -> None:
-    """Refuse loose ``options`` (not None) that contradict ``config``: a config replaces them.
-
-    ``fields`` maps an option's name to the config field it sets (``exclude`` → ``float_modules``).
-    An option equal to the config's value (after the config's own normalization) is accepted.
-    """
-    fields = fields or {}
-    known = {f.name for f in dataclasses.fields(config)}
-    for name, value in options.items():
-        if value is None:
-            continue
-        field = fields.get(name, name)
-        if field not in known:
-            raise UsageError(f"{name}= does not apply to a {type(config).__name__}")
-        if dataclasses.replace(config, **{field: value}) != config:
-            raise UsageError(
-                f"{name}={_show(value)} contradicts the given {type(config).__name__} "
-                f"({field}={_show(getattr(config, field))}); set it in the config or leave it out"
-            )
-
-
-def _show(value: Any) -> str:
-    return repr(tuple(value) if isinstance(value, list) else value)
 
 
 def ref_name(value: Any) -> str | None:

@@ -153,9 +153,7 @@ def train(
     eval_data: Dataset | None = None,
     loss_fn: LossFn | None = None,
     epoch_hooks: Sequence[EpochHook] = (),
-    progress: bool = True,
-    description: str = "train",
-    params: Sequence[Any] | None = None,
+    progress: bool | str = True,
     *,
     checkpoint_dir: str | os.PathLike | None = None,
     resume: bool = False,
@@ -165,8 +163,8 @@ def train(
 ) -> TrainResult:
     """Train ``model`` in place and return it with per-epoch history.
 
-    ``params`` (default: the model's trainable parameters plus those of an nn.Module ``loss_fn``) lets
-    callers add trainable parts outside the model, such as distillation projections.
+    Trained: the model's parameters plus those of an nn.Module ``loss_fn`` (distillation projections).
+    ``progress``: a rich bar named "train", or named by the string given; False: none.
     ``checkpoint_dir``: write a checkpoint there after every epoch; with ``resume``, continue from it
     (a missing checkpoint starts from scratch; another configuration's checkpoint is a UsageError).
     ``log_dir``: TensorBoard event files plus ``metrics.jsonl`` (or ``metrics_file``: one JSON record
@@ -186,7 +184,7 @@ def train(
         m.to(device)
 
     with dist_util.process_group(device) as distributed:
-        run = _Training(model, train_data, eval_data, config, loss_fn, params, device, distributed)
+        run = _Training(model, train_data, eval_data, config, loss_fn, device, distributed)
         if checkpoint_dir is not None:
             run.use_checkpoints(checkpoint_dir, fingerprint_extra)
         if resume:
@@ -197,7 +195,8 @@ def train(
             else None
         )
         try:
-            with _progress(progress and run.main) as bar:
+            with _progress(bool(progress) and run.main) as bar:
+                description = progress if isinstance(progress, str) else "train"
                 run.fit(epoch_hooks, logger, _EpochBar(bar, description, run))
         finally:
             if logger is not None:
@@ -237,7 +236,6 @@ class _Training:
         eval_data: Dataset | None,
         config: TrainConfig,
         loss_fn: Any,
-        params: Sequence[Any] | None,
         device: Any,
         distributed: bool,
     ):
@@ -248,7 +246,7 @@ class _Training:
         self.world = dist_util.world_size() if distributed else 1
         self.main = dist_util.rank() == 0
         torch.manual_seed(config.seed)
-        self.params = list(params) if params is not None else _trainable_params(model, loss_fn)
+        self.params = _trainable_params(model, loss_fn)
         own = {id(p) for p in model.parameters()}
         #: trained parts outside the model (distillation projections): checkpointed and averaged by hand
         self.extra_params = [p for p in self.params if id(p) not in own]

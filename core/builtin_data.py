@@ -22,7 +22,6 @@ SPLIT_SEED = 0
 TRAIN_FRACTION = 0.8
 #: digits-tokens: pixel p (0..63) with value v (0..16) is token 1 + 17·p + v, so a token carries
 #: both where and how bright; 0 is padding; 8 padded positions per sample.
-TOKEN_VOCAB = 1 + 64 * 17
 TOKEN_PAD = 8
 
 NAMES = ("digits", "digits32", "digits-seq", "digits-tokens")

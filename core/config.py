@@ -1,13 +1,16 @@
 """Frozen config dataclasses that round-trip through plain dicts with a ``type`` key.
 
-Every technique and target is a config plus one function. A recipe file is a list of such dicts,
-and a sidecar records the config that produced its artifact, so both can be replayed.
+Techniques and targets are configs (quantization, pruning, distillation, training, export). A
+sidecar records the config that produced its artifact (``Config.to_dict``), and a recipe step may
+give its twin's ``config=`` as such a mapping (``config: {type: prune-global, amount: 0.5}``), read
+back by :func:`config_from_dict` through the registry below (``ptopt.pipeline``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from ptopt.core.errors import UsageError
@@ -85,3 +88,28 @@ def _coerce(hint: Any, value: Any) -> Any:
             if typing.get_origin(arg) is tuple and isinstance(value, list):
                 return tuple(value)
     return value
+
+
+def reconcile(config: Any, options: Mapping[str, Any], fields: Mapping[str, str] | None = None) -> None:
+    """Refuse loose ``options`` (not None) that contradict ``config``: a config replaces them.
+
+    ``fields`` maps an option's name to the config field it sets (``exclude`` → ``float_modules``).
+    An option equal to the config's value (after the config's own normalization) is accepted.
+    """
+    fields = fields or {}
+    known = {f.name for f in dataclasses.fields(config)}
+    for name, value in options.items():
+        if value is None:
+            continue
+        field = fields.get(name, name)
+        if field not in known:
+            raise UsageError(f"{name}= does not apply to a {type(config).__name__}")
+        if dataclasses.replace(config, **{field: value}) != config:
+            raise UsageError(
+                f"{name}={_show(value)} contradicts the given {type(config).__name__} "
+                f"({field}={_show(getattr(config, field))}); set it in the config or leave it out"
+            )
+
+
+def _show(value: Any) -> str:
+    return repr(tuple(value) if isinstance(value, list) else value)

@@ -411,3 +411,26 @@ def _load_reference(ref: str | os.PathLike) -> Dataset:
     raise DataError(
         f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)"
     )
+
+
+# -- held-out data -----------------------------------------------------------------------------------
+
+#: the share of the eval data kept aside (seeded split): what a search fits or chooses on the rest is
+#: accepted, and reported, on these samples it never saw (optimize's candidates, quantize's search)
+HELDOUT_FRACTION = 0.5
+SPLIT_SEED = 0
+#: fewer eval samples than this: no held-out split (said where the figures are reported)
+MIN_SPLIT_SAMPLES = 32
+
+
+def split_eval(evald: Any) -> tuple[Any, Any | None, dict[str, Any]]:
+    """(samples the search chooses on, held-out samples it accepts on, the split's record): a seeded
+    split of the eval data (``HELDOUT_FRACTION`` held out); too small a set is not split."""
+    if len(evald) < MIN_SPLIT_SAMPLES:
+        note = f"not split: {len(evald)} eval samples < {MIN_SPLIT_SAMPLES}; the figures are the search's own"
+        return evald, None, {"search_samples": len(evald), "heldout_samples": 0, "note": note}
+    select, heldout = evald.split(1 - HELDOUT_FRACTION, seed=SPLIT_SEED)
+    return select, heldout, {
+        "search_samples": len(select), "heldout_samples": len(heldout), "seed": SPLIT_SEED,
+        "of": getattr(evald, "name", "eval data"),
+    }  # fmt: skip

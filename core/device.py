@@ -13,8 +13,6 @@ maps the half precisions to the torch dtype weights and floating-point inputs ar
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from ptopt.core.errors import UsageError
@@ -155,16 +153,3 @@ class GpuPeakMemory:
 
             torch.cuda.synchronize(self.device)
             self.peak_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
-
-
-@contextlib.contextmanager
-def on_device(device: Any) -> Iterator[None]:
-    """Make ``device`` the current CUDA device inside the block (no-op for cpu), so kernels and CUDA
-    events land on its streams."""
-    if is_cuda(device):
-        import torch
-
-        with torch.cuda.device(device):
-            yield
-    else:
-        yield

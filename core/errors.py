@@ -6,7 +6,6 @@ Exit codes: 0 success, 1 a gate failed, 2 bad usage or input.
 
 from __future__ import annotations
 
-EXIT_OK = 0
 EXIT_GATE_FAILED = 1
 EXIT_BAD_INPUT = 2
 #: validate: no gate failed, but a latency gate was within the timing noise (3 is an internal error)

@@ -82,9 +82,14 @@ class LoadedModel:
 def as_loaded(
     model: Any, weights: str | os.PathLike | None = None, allow_pickle: bool = False
 ) -> LoadedModel:
-    """Accept what a Python twin is given: a MODEL reference, an nn.Module, or a LoadedModel."""
+    """Accept what a Python twin is given: a MODEL reference, an nn.Module, a LoadedModel, or another
+    stage's Result (its model in memory, its artifact's facts, the model it was made from)."""
+    from ptopt.core.result import Result
+
     if isinstance(model, LoadedModel):
         return model
+    if isinstance(model, Result):
+        return _from_result(model)
     import torch
 
     if isinstance(model, torch.nn.Module):
@@ -93,6 +98,22 @@ def as_loaded(
             f"<{type(model).__name__}>", "eager", model.eval(), input_specs=specs, input_style=style
         )
     return load_model(model, weights=weights, allow_pickle=allow_pickle)
+
+
+def _from_result(res: Any) -> LoadedModel:
+    """A stage's Result as a loaded model: ``res.model`` as it runs here, the saved artifact's (else the
+    template's) format, specs and precision, and ``info["source"]``: the model it was made from."""
+    art = res.artifact or res.template
+    return LoadedModel(
+        str(art.path) if res.artifact is not None else f"<{art.precision} {art.format} Result, not saved>",
+        art.format,
+        res.model,
+        path=art.path if res.artifact is not None else None,
+        artifact=art,
+        input_specs=list(art.inputs),
+        input_style=art.input_style,
+        info={"source": res.source} if res.source is not None else {},
+    )
 
 
 def load_model(

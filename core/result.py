@@ -38,9 +38,14 @@ _REPLACED = ("files", "outputs", "inputs", "input_style", "precision", "format")
 class Result:
     """An in-memory stage result: ``.model`` runs here; ``.save(path)`` writes it (see module doc)."""
 
-    def __init__(self, model: Any, template: Artifact, writer: Writer, *, inputs_paths: tuple = ()):
+    def __init__(
+        self, model: Any, template: Artifact, writer: Writer, *, inputs_paths: tuple = (), source: Any = None
+    ):
         self.model = model
         self.template = template
+        #: the model this result was made from (a LoadedModel), kept in memory for the stages that need
+        #: it: ONNX int8 export of an int8 result quantizes its fp32 source with ORT, without a reload
+        self.source = source
         self.artifact: Artifact | None = None
         self._writer = writer
         #: files this result was made from; ``save`` never writes over one of them (or their companions)

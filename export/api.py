@@ -293,7 +293,10 @@ def _typed(module: Any, specs: list[InputSpec], style: str, shapes: dict[str, An
     from ptopt.core.inputspec import dtype_of, parse_named_shapes
     from ptopt.core.modelref import typed_token_inputs
 
-    given = [v for k in ("min_shape", "opt_shape", "max_shape") for v in (shapes[k] or [])]
+    given = []
+    for k in ("min_shape", "opt_shape", "max_shape"):
+        value = shapes[k] or []
+        given += [value] if isinstance(value, str) else [v for v in value if isinstance(v, str)]
     written = {n for n, shape in parse_named_shapes(list(given)) if n and dtype_of(shape)}
     untyped = {s.name for s in specs if s.name not in written}
     return typed_token_inputs(module, specs, style, untyped)
@@ -436,7 +439,7 @@ def _write_and_check(
     """Write the artifact, reload it and check it against the source on ``device``: (facts, reloaded
     model)."""
     from ptopt.core.device import half_dtype
-    from ptopt.export.writers import check_reload, reload, write_model
+    from ptopt.export.writers import Check, check_reload, reload, write_model
 
     precision = config.precision or source.precision
     facts = write_model(
@@ -453,22 +456,18 @@ def _write_and_check(
     )
     # the check runs on the very object .model returns (one reload, not two)
     model = reload(path, config.format, style=style, device=device, cuda_graphs=config.cuda_graphs)
+    rule = Check(source.module, calib, config.atol, config.rtol, config.min_cosine, keep_failed_as=output)
     check = dict(
         precision=precision,
-        atol=config.atol,
-        rtol=config.rtol,
-        min_cosine=config.min_cosine,
-        samples=calib,
         files=facts["files"],
-        keep_failed_as=output,
         model=model,
         device=device,
         dtype=half_dtype(precision) if config.row.half_weights else None,
     )
-    parity = check_reload(path, config.format, source.module, specs, style, **check)
+    parity = check_reload(path, config.format, specs, style, rule, **check)
     for b in config.static_batches:  # each fixed-batch model of an AOTInductor package, at its batch
         fixed = [s.with_batch(b, b, b) for s in specs]
-        at_b = check_reload(path, config.format, source.module, fixed, style, **check)
+        at_b = check_reload(path, config.format, fixed, style, rule, **check)
         parity.setdefault("static_batches", {})[str(b)] = {
             k: at_b[k] for k in ("cosine", "max_abs_diff", "passed") if k in at_b
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ptopt.core.config import Config, register_config
+from ptopt.core.config import Config, reconcile, register_config
 from ptopt.core.errors import UsageError
 from ptopt.core.formats import format_for_target, targets
 from ptopt.formats.base import HALF, PRECISIONS
@@ -56,6 +56,8 @@ class ExportConfig(Config):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
+        if self.int8_method == "auto":  # the default, said out loud
+            object.__setattr__(self, "int8_method", None)
         row = format_for_target(self.target)
         for name, (option, write_option) in _FORMAT_OPTIONS.items():
             if getattr(self, name) and write_option not in row.write_options:
@@ -109,22 +111,12 @@ def settle_config(target: str | None, config: ExportConfig | None, **loose: obje
     if config is None:
         if target is None:
             raise UsageError(f"export needs a target (choose from {', '.join(targets())}) or config=")
-        if given.get("int8_method") == "auto":
-            given.pop("int8_method")
         return ExportConfig(target=target, **given)  # type: ignore[arg-type]
     if not isinstance(config, ExportConfig):
         raise UsageError(f"config must be an ExportConfig, got {type(config).__name__}")
     if target is not None and target != config.target:
         raise UsageError(f"target {target!r} contradicts the config's target {config.target!r}; pass one")
-    for name, value in given.items():
-        have = getattr(config, name)
-        if name == "static_batches":
-            value = _batch_list(value)
-        if have != value and not (name == "int8_method" and value == "auto" and have is None):
-            raise UsageError(
-                f"{name}={value!r} contradicts the config's {name}={have!r}; pass the option in the "
-                f"config or loose, not both"
-            )
+    reconcile(config, given)
     return config
 
 

@@ -26,6 +26,7 @@ moved beside it as ``<file>.failed`` (listed in ``.failed``) for inspection.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,23 @@ from ptopt.core.device import half_dtype, half_specs, to_device
 from ptopt.core.errors import ModelLoadError, ParityError, UnsupportedModelError, UsageError
 from ptopt.core.formats import get_format
 from ptopt.core.inputspec import InputSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """How a written file is checked: reloaded and compared with ``reference`` (default: the module
+    written) on ``samples`` (a Dataset or a batch; default: the example, else seeded random inputs at
+    the specs' shapes) by the rule of :mod:`ptopt.export.parity`: ``atol``/``rtol``/``min_cosine``
+    (defaults by precision). ``keep_failed_as=FINAL_PATH``: a failing file is moved beside it as
+    ``<file>.failed`` first."""
+
+    reference: Any = None
+    samples: Any = None
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    keep_failed_as: str | os.PathLike | None = None
+
 
 #: the sidecar fields ``write_model``'s facts may carry (what ``core.result.Result`` merges)
 FACT_KEYS = ("files", "extra", "metrics", "outputs")
@@ -49,15 +67,9 @@ def write_model(
     specs: Sequence[InputSpec] | None = None,
     style: str | None = None,
     example: Any = None,
-    check: bool = True,
-    reference: Any = None,
-    samples: Any = None,
+    check: bool | Check = True,
     precision: str = "fp32",
-    atol: float | None = None,
-    rtol: float | None = None,
-    keep_failed_as: str | os.PathLike | None = None,
     source_format: str | None = None,
-    min_cosine: float | None = None,
     device: Any = None,
     **options: Any,
 ) -> dict[str, Any]:
@@ -70,11 +82,11 @@ def write_model(
       (batch dynamic in [1, 64]). ``style``: ``"positional"`` or ``"keyword"`` (default: from
       ``example``, else positional). ``example``: a batch (tensor, tuple or dict) to trace / capture
       with where it fits the specs.
-    - ``reference``: what the file must reproduce (default ``module``); ``samples``: a Dataset or a
-      batch of real inputs for the check (default ``example``); ``precision``: the artifact's, for the
-      default tolerances (``ptopt.export.parity.DEFAULT_TOLERANCES`` and ``MIN_COSINE``);
-      ``atol``/``rtol``/``min_cosine`` override them; ``fp16``/``bf16`` write the model in that half
-      precision (see the module docstring). ``device``: cpu (default) or ``cuda[:N]``.
+    - ``check``: False (no check), True (the default :class:`Check`) or a :class:`Check`: what the
+      file must reproduce (default ``module``), on which samples (default ``example``), by which rule.
+      ``precision``: the artifact's, for the default tolerances
+      (``ptopt.export.parity.DEFAULT_TOLERANCES`` and ``MIN_COSINE``); ``fp16``/``bf16`` write the
+      model in that half precision (see the module docstring). ``device``: cpu (default) or ``cuda[:N]``.
     - ``source_format``: ``"torchscript"`` for a ScriptModule (detected when None), else eager.
     - ``options`` by format: torchscript ``script=False``, ``freeze=True``; onnx ``opset``, ``optimize``,
       ``external_data``, ``int8_method`` (None | ``"ort_static"`` | ``"qdq_export"``), ``calib``
@@ -89,13 +101,19 @@ def write_model(
     path = Path(path)
     if source_format is None:
         source_format = _source_format(module)
-    reference = module if reference is None else reference
+    rule = Check() if check is True else check
+    if rule:
+        rule = dataclasses.replace(
+            rule,
+            reference=module if rule.reference is None else rule.reference,
+            samples=example if rule.samples is None else rule.samples,
+        )
     row = get_format(fmt)
     dev = _device_name(row, device)
     half = half_dtype(precision) if row.half_weights else None
     # trace, export and compare in inference mode (BatchNorm statistics, no dropout); the caller's
     # modules get their training flags back afterwards
-    with _eval_mode(module, reference):
+    with _eval_mode(module, rule.reference if rule else None):
         placed = _placed(module, "cpu" if row.captured_on_cpu else dev, half)
         wspecs = half_specs(specs, precision) if half is not None else specs
         wexample = None if example is None else to_device(example, None, half)
@@ -114,22 +132,11 @@ def write_model(
         facts = _facts(fmt, info, wspecs)
         if dev != "cpu" or half is not None:
             facts["extra"].update(device=dev, dtype=str(half or "torch.float32").replace("torch.", ""))
-        if check:
-            tolerance = dict(precision=precision, atol=atol, rtol=rtol, min_cosine=min_cosine)
+        if rule:
             parity = check_reload(
-                path,
-                fmt,
-                reference,
-                specs,
-                style,
-                **tolerance,
-                samples=example if samples is None else samples,
-                files=facts["files"],
-                keep_failed_as=keep_failed_as,
-                device=dev,
-                dtype=half,
-                cuda_graphs=bool(options.get("cuda_graphs")),
-            )
+                path, fmt, specs, style, rule, precision=precision, files=facts["files"], device=dev,
+                dtype=half, cuda_graphs=bool(options.get("cuda_graphs")),
+            )  # fmt: skip
             facts["metrics"] = {"parity": parity}
     return facts
 
@@ -210,25 +217,20 @@ def serialized_bytes(
 def check_reload(
     path: Path,
     fmt: str,
-    reference: Any,
     specs: Sequence[InputSpec],
     style: str,
+    rule: Check,
     *,
     precision: str = "fp32",
-    atol: float | None = None,
-    rtol: float | None = None,
-    samples: Any = None,
     files: Sequence[str] = (),
-    keep_failed_as: str | os.PathLike | None = None,
     model: Any = None,
-    min_cosine: float | None = None,
     device: str = "cpu",
     dtype: Any = None,
     cuda_graphs: bool = False,
 ) -> dict[str, Any]:
-    """The reload-and-compare check of a written file (see the module docstring and
-    :mod:`ptopt.export.parity` for the rule: per output, error within ``atol + rtol`` × its scale and
-    the worst sample's cosine at least ``min_cosine``, defaults by ``precision``); returns the parity
+    """The reload-and-compare check of a written file against ``rule.reference`` (see :class:`Check`
+    and :mod:`ptopt.export.parity` for the rule: per output, error within ``atol + rtol`` × its scale
+    and the worst sample's cosine at least ``min_cosine``, defaults by ``precision``); returns the parity
     metrics or raises ParityError (with ``.metrics``, and ``.failed``: the kept files) naming the
     worst output.
 
@@ -242,19 +244,19 @@ def check_reload(
     runner = torch_runner(model, device=device, dtype=dtype)
     try:
         return check_parity(
-            torch_runner(reference),
+            torch_runner(rule.reference),
             runner,
             specs,
             style,
             precision=precision,
-            atol=atol,
-            rtol=rtol,
-            min_cosine=min_cosine,
+            atol=rule.atol,
+            rtol=rule.rtol,
+            min_cosine=rule.min_cosine,
             what=f"the exported {fmt} model",
-            samples=_as_samples(samples),
+            samples=_as_samples(rule.samples),
         )
     except ParityError as e:
-        kept = _keep_failed(path, files or [path.name], keep_failed_as)
+        kept = _keep_failed(path, files or [path.name], rule.keep_failed_as)
         where = f"; the artifact is kept aside for inspection as {', '.join(kept)}" if kept else ""
         drift = getattr(e, "metrics", None) is not None  # else outputs differ in number or shape
         hint = loosen_hint(e.metrics) if drift else ""  # type: ignore[attr-defined]

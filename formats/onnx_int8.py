@@ -62,9 +62,12 @@ def recorded_calib_data(loaded: Any) -> str | None:
 
 
 def fp32_parent(loaded: Any, allow_pickle: bool = False) -> Any:
-    """The fp32 model an int8 artifact was made from (its sidecar's parent record)."""
+    """The fp32 model an int8 artifact was made from: in memory for a stage's Result (its source),
+    else loaded from its sidecar's parent record."""
     from ptopt.core.modelref import load_model
 
+    if loaded.info.get("source") is not None:
+        return loaded.info["source"]
     art = loaded.artifact
     parent = art.parent if art is not None else None
     if not parent or not parent.get("path"):

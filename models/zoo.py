@@ -122,8 +122,7 @@ def train_zoo_model(name: str, progress: bool = True):
             load_data(e.train_data),
             cfg,
             eval_data=load_data(e.test_data),
-            progress=progress,
-            description=f"training zoo:{name}",
+            progress=progress and f"training zoo:{name}",
         )
     path = weights_path(name)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}

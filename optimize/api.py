@@ -27,11 +27,14 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.choice import fastest_within
+from ptopt.core.data import split_eval
 from ptopt.core.errors import DataError, UsageError
 from ptopt.optimize.candidates import REFERENCE, Candidate, Context, runtime_filters, select
 from ptopt.optimize.search import (
@@ -41,7 +44,6 @@ from ptopt.optimize.search import (
     Settings,
     check_budget,
     measure_costs,
-    split_eval,
 )
 
 SCHEMA = "ptopt.optimize/2"
@@ -169,7 +171,7 @@ def optimize(
     rounds: int | None = None,
     min_seconds: float | None = None,
     latency: Any = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | bool | None = None,
 ) -> OptimizeResult:
     """Search the candidates for the fastest artifact within the accuracy budget (module docstring).
 
@@ -180,10 +182,11 @@ def optimize(
     ``runtime``: any | torch | onnxruntime. ``time_budget``: seconds, or ``"10m"``/``"90s"``.
     ``candidates``/``skip``: catalogue names to try only / to leave out (``ptopt.optimize.candidates``).
     ``threads``, ``rounds``, ``min_seconds`` or ``latency`` (a validate ``LatencyOptions``): how the
-    survivors are timed. ``output``: also ``save`` there (a new or empty folder).
+    survivors are timed. ``output``: also ``save`` there (a new or empty folder). ``progress``: a
+    callable taking each progress line, True for lines on stderr, None/False for silence.
     """
     clock = Clock(0.0)
-    say = progress or (lambda msg: None)
+    say = progress if callable(progress) else (_to_stderr if progress else (lambda msg: None))
     settings, specs = _check_options(locals())
     clock.budget = settings.time_budget
     inputs_paths = _input_paths(model, weights, calib_data, eval_data, train_data)
@@ -221,6 +224,10 @@ def optimize(
     return result
 
 
+def _to_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def _run(search: Search, ref_runner: Any, settings: Settings, say: Callable[[str], None]) -> None:
     ref = search.candidates[0]
     select, heldout, search.split = split_eval(search.ctx.evald)
@@ -243,9 +250,14 @@ def _choose(cands: list[Candidate], settings: Settings) -> tuple[Candidate | Non
     def median(c: Candidate) -> float:
         return (c.latency_ms.get(bs) or {}).get("median", float("inf"))
 
-    ok = [c for c in cands if c.status == "kept" and c.within_budget and c.packageable]
-    if ok:
-        return min(ok, key=lambda c: (median(c), c.size_bytes or 0)), True
+    best, within = fastest_within(
+        cands,
+        latency=median,
+        within=lambda c: c.status == "kept" and bool(c.within_budget) and c.packageable,
+        tiebreak=lambda c: c.size_bytes or 0,
+    )
+    if within:
+        return best, True
     built = [c for c in cands if c.result is not None and c.packageable and c.cosine_min is not None]
     if not built:
         return None, False

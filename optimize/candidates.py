@@ -82,6 +82,8 @@ class Context:
     status: dict[str, str] = dataclasses.field(default_factory=dict)
     #: name -> Result of built candidates (a chain builds on an earlier one)
     built: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: name -> seconds its build took (what the accuracy-aware search's cost is estimated from)
+    build_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     #: the batch sizes the search times (``--batch-size``): the AOTInductor package gets a fixed-batch
     #: model for each (``export --static-batch``)
     batch_sizes: tuple[int, ...] = ()
@@ -160,30 +162,54 @@ def _export(target: str, precision: str | None = None, **options: Any) -> Callab
 def _quantize(mode: str, engine: str | None = None, source: str | None = None) -> Callable[[Context], Any]:
     def build(ctx: Context) -> Any:
         from ptopt.compress.quantize import quantize
+        from ptopt.core.errors import ParityError
 
         module = ctx.module if source is None else ctx.built[source].model
-        # dynamic int8 reads the calibration data only as the example its fidelity check runs on
-        return quantize(
-            module,
-            mode,
-            calib_data=ctx.calib,
-            engine=engine,
-            input_shapes=ctx.input_shapes or (),
-            progress=False,
-        )
+        try:  # dynamic int8 reads the calibration data only as the example its fidelity check runs on
+            return quantize(
+                module, mode, calib_data=ctx.calib, engine=engine, input_shapes=ctx.input_shapes or (),
+                progress=False,
+            )  # fmt: skip
+        except ParityError as e:
+            return _within_budget(ctx, e)
 
     return build
 
 
-def _autoquant(ctx: Context) -> Any:
+def _within_budget(ctx: Context, err: Any) -> Any:
+    """An int8 model the default rule refused, kept when the user's own budget takes it (the search then
+    judges it on the held-out data like every candidate); else the refusal stands."""
+    result = getattr(err, "result", None)
+    fid = (result.metrics.get("vs_fp32") or {}) if result is not None else {}
+    budget = _budget(ctx).get("min_cosine")
+    if budget is None or fid.get("min_cosine") is None or fid["min_cosine"] < budget:
+        raise err
+    result.template.extra["accepted_by"] = (
+        f"the user's budget (worst-sample cosine {fid['min_cosine']:.4f} >= {budget}); the default int8 "
+        f"rule refused it: {str(err).split(';')[0][:200]}"
+    )
+    return result
+
+
+def _autoquant(mode: str) -> Callable[[Context], Any]:
+    """The accuracy-aware search of ``mode`` int8 (float layers; SmoothQuant in dynamic mode) under the
+    user's budget, fitted on part of the search's eval data (optimize accepts it on its held-out part)."""
+
+    def build(ctx: Context) -> Any:
+        return _search(ctx, mode)
+
+    return build
+
+
+def _search(ctx: Context, mode: str) -> Any:
     from ptopt.compress.quantize.autoquant import autoquantize
 
     seconds = max(10, int(ctx.seconds_left() * 0.5))
     found = autoquantize(
         ctx.module,
-        "static",
+        mode,
         eval_data=ctx.evald,
-        calib_data=ctx.calib,
+        calib_data=ctx.calib if mode == "static" else None,
         max_accuracy_drop=ctx.max_accuracy_drop,
         min_cosine=ctx.min_cosine,
         tuning_budget=f"{seconds}s",
@@ -191,7 +217,7 @@ def _autoquant(ctx: Context) -> Any:
         progress=False,
     )
     if not found.met:
-        raise Rejected(f"no int8 configuration with float layers met the goal ({found.reason})")
+        raise Rejected(f"no {mode} int8 configuration the search tried met the goal ({found.reason})")
     return found.result
 
 
@@ -222,20 +248,21 @@ def _budget(ctx: Context) -> dict[str, Any]:
 
 
 def _linear_heavy(ctx: Context) -> str | None:
-    """Most weights that do arithmetic are in Linear/LSTM/GRU layers: what dynamic int8 of the matrix
-    products speeds up. Embedding tables are left out of the count: a lookup does no matrix product
-    (all-MiniLM-L6-v2 keeps 52% of its parameters in its token table, yet spends its time in Linear)."""
+    """Most computing parameters in Linear/LSTM/GRU layers: what dynamic int8 of the matrix products
+    speeds up. Embedding tables are looked up, not multiplied: they are left out of the count (a
+    sentence encoder's vocabulary is as large as all its Linear layers together)."""
     from torch import nn
 
     kinds = (nn.Linear, nn.LSTM, nn.GRU)
-    tables = {id(p) for m in ctx.module.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
-              for p in m.parameters(False)}  # fmt: skip
-    total = sum(p.numel() for p in ctx.module.parameters() if id(p) not in tables) or 1
+    lookups = sum(
+        p.numel() for m in ctx.module.modules() if isinstance(m, nn.Embedding) for p in m.parameters(False)
+    )
+    total = (sum(p.numel() for p in ctx.module.parameters()) - lookups) or 1
     share = sum(p.numel() for m in ctx.module.modules() if isinstance(m, kinds) for p in m.parameters(False))
     if share / total >= 0.5:
         return None
     return (
-        f"only {share / total:.0%} of the weights outside embedding tables are in Linear/LSTM/GRU layers: "
+        f"only {share / total:.0%} of the parameters outside embedding tables are in Linear/LSTM/GRU layers: "
         "dynamic int8 gains little"
     )
 
@@ -297,8 +324,31 @@ def _pt2e(ctx: Context) -> str | None:
 def _after_fx_rejected(ctx: Context) -> str | None:
     status = ctx.status.get("int8-fx")
     if status == "rejected":
-        return None
+        return _search_fits(ctx, "int8-fx", "static")
     return f"plain static int8 (int8-fx) was {status or 'not tried'}, not rejected: no float layers needed"
+
+
+def _search_fits(ctx: Context, plain: str, mode: str) -> str | None:
+    """The accuracy-aware search first quantizes each layer alone (its sensitivity): about one plain
+    int8 build per quantizable layer. Skipped, with the estimate, when that does not fit the time left."""
+    from torch import nn
+
+    kinds = (
+        (nn.Linear, nn.LSTM, nn.GRU) if mode == "dynamic" else (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    )
+    layers = sum(isinstance(m, kinds) for m in ctx.module.modules())
+    need = layers * ctx.build_seconds.get(plain, 0.0) / 2  # a candidate is quantized and measured, not saved
+    left = ctx.seconds_left()
+    if need <= left:
+        return None
+    return f"time budget: its sensitivity pass ({layers} layers) needs about {need:.0f} s, {left:.0f} s left"
+
+
+def _after_dynamic_rejected(ctx: Context) -> str | None:
+    status = ctx.status.get("int8-dynamic")
+    if status == "rejected":
+        return _search_fits(ctx, "int8-dynamic", "dynamic")
+    return f"plain dynamic int8 (int8-dynamic) was {status or 'not tried'}, not rejected: no search needed"
 
 
 def _needs_train(ctx: Context) -> str | None:
@@ -467,6 +517,20 @@ CATALOGUE: tuple[Spec, ...] = (
         _pt2e,
     ),
     Spec(
+        "int8-dynamic-search",
+        "dynamic int8 with SmoothQuant / float layers (autoquant), TorchScript",
+        "autoquant-int8",
+        "torchscript",
+        "fx",
+        "int8",
+        1,
+        ("quantize --mode dynamic --max-accuracy-drop/--min-cosine (autoquant)",),
+        _autoquant("dynamic"),
+        40,
+        10,
+        _after_dynamic_rejected,
+    ),
+    Spec(
         "int8-fx-float-layers",
         "static int8 with float layers (autoquant), TorchScript",
         "autoquant-int8",
@@ -475,7 +539,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "int8",
         1,
         ("quantize --mode static --max-accuracy-drop/--min-cosine (autoquant)",),
-        _autoquant,
+        _autoquant("static"),
         40,
         10,
         _after_fx_rejected,

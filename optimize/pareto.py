@@ -5,10 +5,34 @@ plot"). Drawn with the report stack's matplotlib helpers and embedded as a PNG."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from ptopt.optimize import report as R
 from ptopt.validate.reports.html import png_data_uri, pyplot
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotData:
+    """What the plot shows, read off the report by ``optimize.report`` (this module reads no report):
+    ``points`` (latency, y value, candidate) with both numbers, at ``batch_size``."""
+
+    points: list[tuple[float, float, dict[str, Any]]]
+    batch_size: Any
+    y_label: str
+    threshold: float | None = None
+    budget_line: str = ""
+    best: str | None = None
+    has_winner: bool = False
+
+
+def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The points no other point beats on both latency (lower) and the y value (higher), by latency."""
+    front: list[tuple[float, float, str]] = []
+    for p in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or p[1] > front[-1][1]:
+            front.append(p)
+    return front
+
 
 #: marker colour of a kept candidate, by runtime; every candidate that was not kept is grey
 RUNTIME_COLORS = {"torch": "tab:blue", "onnxruntime": "tab:orange", "aoti": "tab:green"}
@@ -38,7 +62,7 @@ def _draw_points(ax: Any, pts: list[tuple[float, float, dict[str, Any]]]) -> Non
             c.get("name") or "?", (x, y), xytext=(6, 6 if i % 2 == 0 else -12), textcoords="offset points",
             fontsize=7,
         )  # fmt: skip
-    front = R.pareto_front([(x, y, c.get("name")) for x, y, c in pts if c.get("status") == "kept"])
+    front = pareto_front([(x, y, c.get("name")) for x, y, c in pts if c.get("status") == "kept"])
     if front:
         ax.plot(
             [p[0] for p in front], [p[1] for p in front], "--", color="0.3", lw=1, label="Pareto front (kept)"
@@ -52,11 +76,9 @@ def _draw_points(ax: Any, pts: list[tuple[float, float, dict[str, Any]]]) -> Non
         ax.scatter([], [], color=NOT_KEPT, edgecolors="0.6", label="not kept")
 
 
-def pareto_plot(report: dict[str, Any]) -> str | None:
+def pareto_plot(data: PlotData) -> str | None:
     """The Pareto plot as a PNG data URI; None when no candidate has both a latency and a y value."""
-    rbs = R.ranking_batch_size(report)
-    pts = [(R.latency(c, rbs), R.y_value(report, c), c) for c in R.candidates(report)]
-    pts = [(x, y, c) for x, y, c in pts if x is not None and y is not None]
+    pts, rbs = data.points, data.batch_size
     if not pts:
         return None
     plt = pyplot()
@@ -64,14 +86,13 @@ def pareto_plot(report: dict[str, Any]) -> str | None:
 
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
     _draw_points(ax, pts)
-    thr = R.budget_threshold(report)
-    if thr is not None:
-        ax.axhline(thr, color="tab:red", lw=1, ls=":", label=f"budget ({R.budget_line(report)})")
-    best = next(((x, y, c) for x, y, c in pts if c.get("name") == report.get("best")), None)
+    if data.threshold is not None:
+        ax.axhline(data.threshold, color="tab:red", lw=1, ls=":", label=f"budget ({data.budget_line})")
+    best = next(((x, y, c) for x, y, c in pts if c.get("name") == data.best), None)
     if best is not None:
         ax.scatter([best[0]], [best[1]], s=900, facecolors="none", edgecolors="tab:red", lw=2, zorder=4)
         ax.annotate(
-            ("best: " if R.has_winner(report) else "best found (outside budget): ") + (best[2].get("name") or "?"),
+            ("best: " if data.has_winner else "best found (outside budget): ") + (best[2].get("name") or "?"),
             (best[0], best[1]), xytext=(14, -22), textcoords="offset points", fontsize=9, color="tab:red",
             fontweight="bold",
         )  # fmt: skip
@@ -81,7 +102,7 @@ def pareto_plot(report: dict[str, Any]) -> str | None:
     ax.xaxis.set_minor_formatter(plain)
     ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel(f"median latency at batch {rbs} (ms, log scale)")
-    ax.set_ylabel(R.y_label(report))
+    ax.set_ylabel(data.y_label)
     ax.set_title("Latency vs accuracy (marker area ∝ file size)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="best")

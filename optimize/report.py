@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.atomic import write_text_atomic
+from ptopt.optimize.pareto import PlotData, pareto_plot
 from ptopt.validate.noise import combined_spread, latency_noisy, speedup_noisy
 from ptopt.validate.reports import common, json_report
 from ptopt.validate.reports import html as H
@@ -105,15 +106,6 @@ def noise_notes(report: dict[str, Any]) -> list[str]:
 
 
 # -- what the budget is on, the machine, the search ------------------------------------------------
-def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
-    """The points no other point beats on both latency (lower) and the y value (higher), by latency."""
-    front: list[tuple[float, float, str]] = []
-    for p in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not front or p[1] > front[-1][1]:
-            front.append(p)
-    return front
-
-
 def y_value(report: dict[str, Any], c: dict[str, Any]) -> float | None:
     """What the budget is on: top-1 in % (metric "top1"), or the worst sample's cosine vs fp32."""
     if report.get("metric") == "cosine":
@@ -312,10 +304,11 @@ def winner_lines(report: dict[str, Any], directory: str | os.PathLike | None) ->
         )
         return out
     where_ = "" if directory else " (from the output folder)"
-    out.append(f"Package it for TorchServe{where_}: `{cmd}` (or `--format triton -o model_repository`).")
+    triton = " (or `--format triton -o model_repository`)" if "triton" in _target_row(c).servers else ""
+    out.append(f"Package it for TorchServe{where_}: `{cmd}`{triton}.")
     if not packageable(c):
         out.append(
-            "Note: `ptopt package` serves TorchScript, ONNX and .pt2 files as they are; it exports this "
+            "Note: `ptopt package` serves the formats whose rows name TorchServe as they are; it exports this "
             f"{c.get('format')} artifact to TorchScript first, so the served model is not the one timed here."
         )
     return out
@@ -375,12 +368,25 @@ def render_terminal(
     return T.to_text([T.head_lines(head), t, "\n".join(lines)], width)
 
 
+def plot_data(report: dict[str, Any]) -> PlotData:
+    """What the Pareto plot shows: every candidate with a latency at the ranking batch size and a y value."""
+    rbs = ranking_batch_size(report)
+    pts = [(latency(c, rbs), y_value(report, c), c) for c in candidates(report)]
+    return PlotData(
+        points=[(x, y, c) for x, y, c in pts if x is not None and y is not None],
+        batch_size=rbs,
+        y_label=y_label(report),
+        threshold=budget_threshold(report),
+        budget_line=budget_line(report),
+        best=report.get("best"),
+        has_winner=has_winner(report),
+    )
+
+
 def _plot_html(report: dict[str, Any]) -> str:
     """The Pareto plot (or why there is none) and the candidates it leaves out."""
-    from ptopt.optimize.pareto import pareto_plot
-
     e_, rbs = html.escape, ranking_batch_size(report)
-    uri = pareto_plot(report)
+    uri = pareto_plot(plot_data(report))
     if not uri:
         return (
             f"<p class='fail'>Nothing to plot: no candidate has both a latency at batch {e_(rbs)} and "

@@ -37,12 +37,6 @@ from ptopt.validate.noise import speedup_noisy
 
 #: the pre-screen's subset of the eval data (the whole set when it is not larger)
 PRESCREEN_SAMPLES = 128
-#: the share of --eval-data kept aside (seeded split): candidates are chosen on the rest, and accepted,
-#: and reported, on these samples they were never chosen on
-HELDOUT_FRACTION = 0.5
-SPLIT_SEED = 0
-#: fewer eval samples than this: no held-out split (said in the report)
-MIN_SPLIT_SAMPLES = 32
 #: the least seconds per (artifact, batch size) the timing is shrunk to when the budget runs short
 MIN_TIMING_SECONDS = 0.2
 #: the fewest interleaved rounds the timing is cut to when the budget runs short
@@ -146,19 +140,6 @@ def check_budget(costs: Costs, settings: Settings) -> None:
             f"alone takes about {need:.1f} s here (one batch of {largest}: "
             f"{costs.batch_s[largest] * 1e3:.1f} ms); give at least {math.ceil(need) + 1}s"
         )
-
-
-def split_eval(evald: Any) -> tuple[Any, Any | None, dict[str, Any]]:
-    """(samples the search chooses on, held-out samples it accepts on, the split's record): a seeded
-    split of the eval data (``HELDOUT_FRACTION`` held out); too small a set is not split."""
-    if len(evald) < MIN_SPLIT_SAMPLES:
-        note = f"not split: {len(evald)} eval samples < {MIN_SPLIT_SAMPLES}; the figures are the search's own"
-        return evald, None, {"search_samples": len(evald), "heldout_samples": 0, "note": note}
-    select, heldout = evald.split(1 - HELDOUT_FRACTION, seed=SPLIT_SEED)
-    return select, heldout, {
-        "search_samples": len(select), "heldout_samples": len(heldout), "seed": SPLIT_SEED,
-        "of": getattr(evald, "name", "eval data"),
-    }  # fmt: skip
 
 
 class Evaluator:
@@ -309,6 +290,8 @@ class Search:
             else:
                 self._try(cand, say)
             self.ctx.status[cand.name] = cand.status
+            if cand.build_seconds is not None:
+                self.ctx.build_seconds[cand.name] = cand.build_seconds
             say(_progress_line(cand))
 
     def _try(self, cand: Candidate, say: Callable[[str], None]) -> None:

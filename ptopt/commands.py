@@ -59,7 +59,8 @@ _TABLE = (
     # ptopt.export / ptopt.validate / ptopt.optimize are the stage packages themselves (callable modules)
     Command(
         "export",
-        "Export to TorchScript, ONNX or TensorRT, checked against its source.",
+        "Export to TorchScript, ExportedProgram, AOTInductor, ONNX, OpenVINO or TensorRT, checked "
+        "against its source.",
         "ptopt.export.api:export",
         step=True,
         api="ptopt.export",

@@ -168,6 +168,7 @@ def plan(
         checked = [options, own.get("title"), None if callable(when) else when]
         _check_refs(checked, merged, kinds, where, previous=steps[-1].command if steps else None)
         _check_signature(twin, options, where)
+        _check_config(options.get("config"), where)
         steps.append(Step(i, command, options, step_id, twin, own.get("title"), when))
         if step_id is not None:
             kinds[step_id] = command
@@ -209,6 +210,38 @@ def _check_refs(options: Any, merged: dict, kinds: dict, where: str, previous: s
             allowed = VALIDATE_ATTRS if command == "validate" else ARTIFACT_ATTRS
             if attr and attr not in allowed:
                 raise UsageError(f"{where}: {m.group(0)}: a {command} step offers {', '.join(allowed)}")
+
+
+#: the modules whose configs a recipe step's ``config:`` mapping may name
+CONFIG_MODULES = (
+    "ptopt.compress.quantize.config",
+    "ptopt.compress.quantize.autoquant_result",
+    "ptopt.compress.prune.config",
+    "ptopt.compress.distill_loss",
+    "ptopt.compress.trainer",
+    "ptopt.export.config",
+)
+
+
+def _check_config(config: Any, where: str) -> None:
+    """A step's ``config:`` mapping (``{type: prune-structured, amount: 0.5}``, as ``Config.to_dict``
+    and sidecars write it) is checked now unless it holds ${...} references (checked when run)."""
+    if isinstance(config, dict) and not any(_REF.search(t) for t in _walk_strings(config)):
+        _as_config(config, where)
+
+
+def _as_config(config: Any, where: str) -> Any:
+    """A ``config:`` mapping as the Config its ``type`` names (the config registry); else as given."""
+    if not isinstance(config, dict):
+        return config
+    from ptopt.core.config import config_from_dict
+
+    for module in CONFIG_MODULES:  # each registers its configs on import (no torch)
+        importlib.import_module(module)
+    try:
+        return config_from_dict(config)
+    except UsageError as e:
+        raise UsageError(f"{where}: config: {e}") from None
 
 
 def _check_signature(twin: Callable, options: dict, where: str) -> None:
@@ -358,6 +391,8 @@ def run_steps(
 
 def _run_one(step: Step, options: dict[str, Any], title: str | None, progress: Any) -> StepResult:
     call = dict(options)
+    if "config" in call:
+        call["config"] = _as_config(call["config"], step.label)
     if progress is not None and "progress" not in call and step.command == "validate":
         call["progress"] = progress
     t0 = time.perf_counter()

@@ -530,10 +530,6 @@ class TorchServeServer:
 
 def group_alive(pgid: int) -> bool:
     """Whether any process of the process group ``pgid`` still exists."""
-    return _group_alive(pgid)
-
-
-def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -548,13 +544,13 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     pgid = proc.pid
     for sig in (signal.SIGTERM, signal.SIGKILL):
         proc.poll()  # reap the launcher: a zombie still counts as a member of its group
-        if not _group_alive(pgid):
+        if not group_alive(pgid):
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             proc.poll()
-            if not _group_alive(pgid):
+            if not group_alive(pgid):
                 return
             time.sleep(0.1)

@@ -15,16 +15,18 @@ qat        fake-quant fine-tuning with the shared trainer, then convert    ``tra
 In memory (the notebook form)::
 
     res = ptopt.quantize(model, "static", calib_data=calib_tensor)
-    res.model(x)                 # the frozen int8 TorchScript module, in this process
+    res.model(x)                 # the int8 model as the artifact holds it, in this process
     res.metrics                  # accuracy (with eval_data) and sizes, before any save
     res.save("model.int8.pt")    # the same module written with its sidecar (or pass output=)
 
-``res.model`` is exactly what the artifact holds: a frozen TorchScript module traced from the int8
-model, serialized once in memory and loaded back from those bytes, checked against the int8 model at
-three batch sizes, so it runs without any quantization context (e.g. the MHA fast path, which int8
-transformers must not take) and loads with plain ``torch.jit.load`` once saved. The sidecar records
-the config, the calibration, which layers stayed float and why, and what ``ptopt export`` needs to
-redo the quantization in ONNX Runtime.
+``res.model`` is exactly what the artifact holds. With ``engine="fx"`` (the default) that is a
+frozen TorchScript module traced from the int8 model, serialized once in memory and loaded back from
+those bytes, checked against the int8 model at three batch sizes, so it runs without any
+quantization context (e.g. the MHA fast path, which int8 transformers must not take) and loads with
+plain ``torch.jit.load`` once saved. The sidecar records the config, the calibration, which layers
+stayed float and why, and what ``ptopt export`` needs to redo the quantization in ONNX Runtime. With
+``engine="pt2e"`` it is the AOTInductor package's loaded model (``.pt2``), or with ``compile=False``
+the int8 ExportedProgram's module.
 
 Before the Result is returned, the int8 model is judged against its fp32 source by export's parity
 rule (``ptopt.compress.fidelity``); a static or dynamic model that breaks it raises ParityError

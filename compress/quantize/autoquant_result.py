@@ -172,6 +172,8 @@ class AutoQuantResult:
     seconds: float = 0.0
     result: Any = None
     artifact: Any = None
+    #: the chosen model on the held-out samples the search never saw (None: the data was not split)
+    unseen: Measurement | None = None
 
     @property
     def best(self) -> Candidate | None:
@@ -183,6 +185,7 @@ class AutoQuantResult:
             "mode": self.mode,
             "met": self.met,
             "reason": self.reason,
+            "unseen": None if self.unseen is None else self.unseen.to_dict(),
             "chosen": self.chosen,
             "breaking_layers": self.breaking_layers,
             "budget_exhausted": self.budget_exhausted,

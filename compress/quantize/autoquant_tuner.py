@@ -109,10 +109,12 @@ class Tuner:
         pred = torch.cat([o.argmax(-1) for o in outs])
         return float((pred == ds.y[: len(pred)]).float().mean())
 
-    def measure(self, model: Any, ds: Any) -> Measurement:
+    def measure(self, model: Any, ds: Any, ref_outputs: list[Any] | None = None) -> Measurement:
+        """``model`` against the fp32 model on ``ds`` (the search's data, whose fp32 outputs are
+        kept; for other data, such as the held-out samples, give ``ref_outputs``)."""
         import torch
 
-        ref = torch.cat(self.ref)[: len(ds)]
+        ref = torch.cat(self.ref if ref_outputs is None else ref_outputs)[: len(ds)]
         try:
             with torch.no_grad(), torch_threads(self.threads):
                 outs = self._outputs(model, ds)
@@ -131,6 +133,14 @@ class Tuner:
             ref_acc = float((ref.argmax(-1) == ds.y[: len(ref)]).float().mean())
             drop = round(100.0 * (ref_acc - acc), 6)
         return Measurement(int(len(got)), float(cos.min()), float(cos.mean()), acc, drop)
+
+    def measure_unseen(self, model: Any, ds: Any) -> Measurement:
+        """``model`` against the fp32 model on samples the search never saw (the held-out split)."""
+        import torch
+
+        with torch.no_grad(), torch_threads(self.threads):
+            ref = self._outputs(self.module, ds)
+        return self.measure(model, ds, ref)
 
     def latency(self, model: Any) -> float:
         """p50 ms of ``model`` at the goal's batch size.

@@ -13,8 +13,7 @@ import dataclasses
 from typing import Any, ClassVar
 
 from ptopt.compress.quantize.table import DEFAULT_ENGINE
-from ptopt.compress.stage import reconcile
-from ptopt.core.config import Config, register_config
+from ptopt.core.config import Config, reconcile, register_config
 from ptopt.core.errors import UsageError
 
 BACKENDS = ("x86", "fbgemm", "qnnpack")

@@ -97,7 +97,7 @@ def build_result(config: QuantConfig, prep: Prepared, q: Quantized) -> Any:
         extra={"float_layers": q.float_layers, "int8_share": share, **q.summary},
     )
     sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *prep.refs.values())
-    return Result(q.model, template, q.write, inputs_paths=sources)
+    return Result(q.model, template, q.write, inputs_paths=sources, source=prep.loaded)
 
 
 def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any) -> None:

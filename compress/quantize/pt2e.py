@@ -105,10 +105,10 @@ def artifact(config: Any, prep: Prepared, converted: Any, summary: dict[str, Any
 def _int8_program(converted: Any, path: Path, specs: list, style: str, samples: Any) -> tuple[dict, Any]:
     """The converted q/dq graph saved as an ExportedProgram, reloaded and compared with it (facts,
     the reloaded program's module)."""
-    from ptopt.export.writers import reload, write_model
+    from ptopt.export.writers import Check, reload, write_model
 
     facts = write_model(converted, "exported_program", path, specs=specs, style=style, precision="int8",
-                        samples=samples)  # fmt: skip
+                        check=Check(samples=samples))  # fmt: skip
     facts["extra"]["pt2e"] = {"quantizer": "X86InductorQuantizer", "compiled": False}
     return facts, reload(path, "exported_program", style=style)
 

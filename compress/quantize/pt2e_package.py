@@ -61,7 +61,7 @@ def compile_int8(
     out-of-distribution random inputs the two part (cosine ~0.95 on zoo:resnet) while on data like
     the calibration data they agree to ~1e-5 (the kernel is then the closer one to fp32)."""
     from ptopt.compress.quantize.engine_pt2e import reduce_range
-    from ptopt.export.writers import check_reload, write_model
+    from ptopt.export.writers import Check, check_reload, write_model
     from ptopt.formats.aoti import load_aoti
 
     path = Path(path)
@@ -78,9 +78,8 @@ def compile_int8(
     with _runtime_checks():
         model = load_aoti(path)
         probed = _probe(model, specs, style)
-    parity = check_reload(
-        path, "aoti_package", converted, specs, style, precision="int8", model=model, samples=samples
-    )
+    rule = Check(reference=converted, samples=samples)
+    parity = check_reload(path, "aoti_package", specs, style, rule, precision="int8", model=model)
     facts["metrics"] = {"parity": parity}
     facts["extra"]["pt2e"] = {
         "quantizer": "X86InductorQuantizer",

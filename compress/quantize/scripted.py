@@ -87,7 +87,7 @@ def int8_torchscript(config: Any, prep: Prepared, qres: QuantResult) -> Quantize
 
     from ptopt.compress.quantize.engine_fx import quantize_context
     from ptopt.core.inputspec import specs_from_example
-    from ptopt.export.writers import check_reload
+    from ptopt.export.writers import Check, check_reload
 
     specs = prep.specs or specs_from_example(prep.example)
     # under the backend the model was built with: loading repacks int8 weights for the engine in use
@@ -95,10 +95,10 @@ def int8_torchscript(config: Any, prep: Prepared, qres: QuantResult) -> Quantize
         scripted, made = frozen_torchscript(qres.module, prep.example, prep.style)
         data = saved_bytes(scripted)
         model = torch.jit.load(io.BytesIO(data), map_location="cpu").eval()
+        rule = Check(qres.module, prep.example, atol=TRACE_ATOL, rtol=TRACE_RTOL)
         parity = check_reload(
-            Path("model.int8.pt"), "torchscript", qres.module, specs, prep.style, precision="int8",
-            atol=TRACE_ATOL, rtol=TRACE_RTOL, samples=prep.example, model=model,
-        )  # fmt: skip
+            Path("model.int8.pt"), "torchscript", specs, prep.style, rule, precision="int8", model=model
+        )
     write = functools.partial(_write, model, specs, prep, config.backend, made)
     summary = {**qres.summary, "onnx_quantization": onnx_recipe(config, prep)}
     return Quantized(

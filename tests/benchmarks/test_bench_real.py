@@ -28,10 +28,11 @@ def bench():
 
 
 def test_sentences_are_natural_disjoint_and_seeded(bench):
-    tune, unseen = bench.sentence_split(16, 32)
-    assert (tune, unseen) == bench.sentence_split(16, 32)
-    assert len(tune) == 16 and len(unseen) == 32 and not set(tune) & set(unseen)
-    for s in tune + unseen:
+    tune, choose, unseen = bench.sentence_split(16, 24, 32)
+    assert (tune, choose, unseen) == bench.sentence_split(16, 24, 32)
+    assert [len(tune), len(choose), len(unseen)] == [16, 24, 32]
+    assert not set(tune) & set(choose) and not set(tune) & set(unseen) and not set(choose) & set(unseen)
+    for s in tune + choose + unseen:
         assert s[0].isupper() and s[-1] in ".!?" and 6 <= len(s.split()) <= 40
         assert not bench._CODE.search(s), s
 
@@ -75,7 +76,9 @@ def _case(bench):
         with torch.no_grad():
             return Dataset(x, model(x).argmax(1))
 
-    return bench.Case("tiny", "tiny CNN", model, data(16), data(48), data(24), 8, "top1", 50.0, source="random")
+    return bench.Case(
+        "tiny", "tiny CNN", model, data(16), data(48), data(24), 8, "top1", 50.0, source="random"
+    )
 
 
 def test_every_peer_builds_and_the_tables_render(bench, tmp_path):
@@ -92,6 +95,20 @@ def test_every_peer_builds_and_the_tables_render(bench, tmp_path):
     assert rec["verdict"]["pick_within_budget"] and "bs8" in rec["verdict"]
     md = bench.section(rec)
     assert f"**{pick}**" in md and "fastest peer within the budget" in md and "fp32-torchscript" in md
+
+
+def test_the_cosine_figure_is_the_worst_unseen_samples(bench):
+    """judge: the worst sample's cosine to fp32 eager (not the mean), and the budget read from it."""
+    from ptopt.core.data import Dataset
+
+    model = nn.Identity()
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    case = bench.Case("id", "identity", model, None, None, Dataset(x), 2, "cosine", 0.8)
+    skewed = bench.Entry("skewed", lambda b: b + torch.tensor([0.0, 1.0]))  # rows 1/2/3 -> 45, 0, 18 deg
+    acc = bench.judge([bench.Entry("same", lambda b: b), skewed], case)
+    assert acc["same"]["cos_min"] == pytest.approx(1.0) and acc["same"]["within"]
+    assert acc["skewed"]["cos_min"] == pytest.approx(2**-0.5) and not acc["skewed"]["within"]
+    assert acc["skewed"]["cos_mean"] > acc["skewed"]["cos_min"]
 
 
 def test_a_failing_peer_is_reported_not_raised(bench, tmp_path, monkeypatch):

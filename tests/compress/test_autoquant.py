@@ -100,6 +100,14 @@ def test_cli_budget_that_holds_keeps_fragile_float(cli, tmp_path: Path) -> None:
     assert aq["sensitivity"][0]["layer"] == "fragile"
     assert art.config["accuracy_goal"]["type"] == "accuracy-goal"
     assert art.metrics["goal_met"] is True and art.metrics["min_cosine"] >= 0.99
+    # the search fitted on one half of the eval data; the headline is the other half, never seen
+    split = aq["split"]
+    assert split["seed"] == 0 and split["search_samples"] + split["heldout_samples"] == 359
+    assert aq["unseen"]["samples"] == split["heldout_samples"]
+    assert art.metrics["min_cosine"] == aq["unseen"]["min_cosine"]
+    assert art.metrics["search_min_cosine"] == chosen["measurement"]["min_cosine"]
+    assert aq["fp32"]["eval_samples"] == split["search_samples"]
+    assert f"held out: min cosine {aq['unseen']['min_cosine']:.4f} on {split['heldout_samples']}" in out
     import warnings
 
     with warnings.catch_warnings():

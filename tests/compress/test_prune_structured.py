@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ptopt.compress.prune import prune
-from ptopt.compress.prune_structured import structured_prune
+from ptopt.compress.prune.techniques.structured import structured_prune
 from tests.compress import prune_models
 
 TINY = "tests.compress.prune_models:tiny_mobile"

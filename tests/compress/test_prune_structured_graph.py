@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ptopt.compress.prune import PruneWarning, prune
-from ptopt.compress.prune_structured import analyse, structured_prune
+from ptopt.compress.prune.techniques.structured import analyse, structured_prune
 from ptopt.core.errors import UnsupportedModelError
 from tests.compress import prune_graph_models as G
 from tests.compress import prune_models

@@ -163,7 +163,8 @@ def test_tensorboard_and_jsonl_logs(tmp_path, data):
 
 
 def test_old_call_signature_still_works(data):
-    """QAT and pruning call train() positionally with a TrainConfig of the original fields."""
+    """train() positionally (model, data, config, eval data, loss, hooks, progress) with a TrainConfig
+    of the original fields."""
     model = tiny_cnn()
     r = train(
         model,
@@ -173,8 +174,6 @@ def test_old_call_signature_still_works(data):
         None,
         (),
         False,
-        "old",
-        None,
     )
     assert r.model is model and len(r.history) == 1 and r.world_size == 1
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ptopt.core.artifact import Artifact, sha256_file
-from ptopt.core.errors import UsageError
+from ptopt.core.errors import PtoptError, UsageError
 from ptopt.core.inputspec import InputSpec
 from tests.helpers import assert_refused, tiny_cnn, two_input
 
@@ -150,7 +150,7 @@ def test_config_replaces_the_loose_options():
     "kwargs, message",
     [
         (dict(target="onnx"), "target 'onnx' contradicts the config's target 'torchscript'"),
-        (dict(script=False), "script=False contradicts the config's script=True"),
+        (dict(script=False), "script=False contradicts the given ExportConfig (script=True)"),
         (dict(atol=1e-2), "atol=0.01 contradicts"),
         (dict(config={"target": "onnx"}), "config must be an ExportConfig"),
     ],
@@ -202,3 +202,22 @@ def test_an_exported_program_file_exports_again(tmp_path):
     for target in ("onnx", "torchscript"):
         res = export(src.path, target)
         assert res.metrics["parity"]["passed"] and res.parent["path"] == str(src.path)
+
+
+def test_a_stage_result_exports_in_memory_int8_onnx_from_its_fp32_source(tmp_path):
+    """quantize -> export without files in between: ORT quantizes the fp32 model the int8 Result was
+    made from, held in memory (no parent file to reload; an unsaved fp32 parent has none)."""
+    import ptopt
+
+    x = torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    q = ptopt.quantize(tiny_cnn().eval(), "static", calib_data=x, progress=False)
+    res = ptopt.export(q, "onnx", data=x)
+    assert res.precision == "int8" and res.extra["int8_method"] == "ort_static"
+    out = res.model(x[:4])
+    assert out.shape == (4, 10) and torch.isfinite(out).all()
+    art = res.save(tmp_path / "q.onnx")
+    assert art.config["precision"] == "int8" and not list(tmp_path.glob("*.pt"))
+    # without a Result, an int8 file whose fp32 parent was never saved says so in one line
+    q.save(tmp_path / "q.pt")
+    with pytest.raises(PtoptError, match="parent"):
+        ptopt.export(tmp_path / "q.pt", "onnx", tmp_path / "q2.onnx", data=x)

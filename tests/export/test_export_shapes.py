@@ -160,3 +160,16 @@ def test_tensorrt_engine_with_dynamic_batch(tmp_path, tiny_cnn_factory, precisio
 
     art = export(tiny_cnn_factory, "tensorrt", tmp_path / "m.ep", dynamic_batch="1:8:64", precision=precision)
     assert art.format == "tensorrt" and art.precision == precision and art.metrics["parity"]["passed"]
+
+
+def test_export_takes_one_shape_string_or_a_tuple_per_bound(tmp_path):
+    """The Python twin's shapes as a user writes them: a plain string per bound, or a tuple of ints
+    (a str was once read character by character: 'bad shape x')."""
+    import torch
+
+    import ptopt
+
+    m = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(72, 2)).eval()
+    res = ptopt.export(m, "onnx", tmp_path / "m.onnx", min_shape="1x1x8x8", max_shape=(4, 1, 8, 8))
+    (spec,) = res.inputs
+    assert (spec.min_shape, spec.max_shape) == ((1, 1, 8, 8), (4, 1, 8, 8))

@@ -14,7 +14,7 @@ from torch import nn
 from ptopt.core.errors import ParityError
 from ptopt.core.inputspec import specs_from_example
 from ptopt.export.parity import MIN_COSINE, check_parity, compare, judge, torch_runner
-from ptopt.export.writers import write_model
+from ptopt.export.writers import Check, write_model
 from tests.helpers import tiny_cnn
 
 
@@ -102,15 +102,14 @@ def test_a_faithful_int8_model_passes_the_int8_rule(tmp_path):
         "torchscript",
         tmp_path / "q.pt",
         example=calib[:2],
-        reference=module,
-        samples=calib,
+        check=Check(reference=module, samples=calib),
         precision="int8",
     )
     parity = facts["metrics"]["parity"]
     assert parity["passed"] and parity["min_cosine"] == MIN_COSINE["int8"] and parity["cosine"] > 0.99
     # ...and the fp32 rule, much tighter, does not: precision picks the rule
     with pytest.raises(ParityError, match="cosine|max abs diff"):
-        write_model(q, "torchscript", tmp_path / "q32.pt", example=calib[:2], reference=module, samples=calib)
+        write_model(q, "torchscript", tmp_path / "q32.pt", example=calib[:2], check=Check(module, calib))
 
 
 def test_a_drift_within_the_cosine_minimum_suggests_looser_tolerances(tmp_path):
@@ -120,4 +119,4 @@ def test_a_drift_within_the_cosine_minimum_suggests_looser_tolerances(tmp_path):
         other.fc.weight.mul_(1.001)  # same direction, 0.1 % larger
     x = module.example_inputs(2)
     with pytest.raises(ParityError, match=r"loosen with --atol/--rtol"):
-        write_model(module, "torchscript", tmp_path / "a.pt", example=x, reference=other)
+        write_model(module, "torchscript", tmp_path / "a.pt", example=x, check=Check(other))

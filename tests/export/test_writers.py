@@ -7,7 +7,7 @@ import torch
 
 from ptopt.core.errors import ParityError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import specs_from_example
-from ptopt.export.writers import FACT_KEYS, reload, serialized_bytes, write_model
+from ptopt.export.writers import FACT_KEYS, Check, reload, serialized_bytes, write_model
 from tests.helpers import tiny_cnn, two_input
 
 FORMATS = ["torchscript", "exported_program", "onnx"]
@@ -52,19 +52,19 @@ def test_reload_check_catches_a_divergent_model(tmp_path):
         other.fc.bias += 0.5  # what the file must reproduce is not what was written
     x = module.example_inputs(2)
     with pytest.raises(ParityError, match="drifts from its source") as err:
-        write_model(module, "torchscript", tmp_path / "a.pt", example=x, reference=other)
+        write_model(module, "torchscript", tmp_path / "a.pt", example=x, check=Check(other))
     assert err.value.failed == [] and not err.value.metrics["passed"]
     final = tmp_path / "out" / "m.pt"
     with pytest.raises(ParityError, match="kept aside") as err:
         write_model(
-            module, "torchscript", tmp_path / "b.tmp", example=x, reference=other, keep_failed_as=final
+            module, "torchscript", tmp_path / "b.tmp", example=x, check=Check(other, keep_failed_as=final)
         )
     assert err.value.failed == [str(final.parent / "m.pt.failed")]
     assert sorted(p.name for p in final.parent.iterdir()) == ["m.pt.failed"]
     # the same drift within a looser rule passes: the caller's call (the bias shift turns the
     # logits, so the cosine minimum is the caller's to loosen too)
     facts = write_model(
-        module, "torchscript", tmp_path / "c.pt", example=x, reference=other, atol=1.0, min_cosine=-1.0
+        module, "torchscript", tmp_path / "c.pt", example=x, check=Check(other, atol=1.0, min_cosine=-1.0)
     )
     assert facts["metrics"]["parity"]["max_abs_diff"] > 0.4
 
@@ -98,7 +98,7 @@ def test_int8_module_and_a_torchscript_source(tmp_path):
         prepared(torch.randn(64, 1, 8, 8))
         q = convert_fx(prepared)
     facts = write_model(
-        q, "torchscript", tmp_path / "q.pt", example=x, precision="int8", atol=1e-3, rtol=1e-3
+        q, "torchscript", tmp_path / "q.pt", example=x, precision="int8", check=Check(atol=1e-3, rtol=1e-3)
     )
     assert facts["metrics"]["parity"]["max_abs_diff"] <= 1e-3 and facts["extra"]["frozen"]
     assert serialized_bytes(q, "torchscript", x) < serialized_bytes(module, "torchscript", x)

@@ -303,14 +303,16 @@ def test_train_data_adds_pruned_candidates_built_by_prune_then_quantize(tmp_path
 
 
 def test_int8_with_float_layers_when_plain_int8_is_rejected(data):
-    """Plain static int8 misses a tight cosine goal; autoquant keeps the layers that must stay float."""
+    """Plain static int8 misses a tight cosine goal; autoquant keeps the layers that must stay float
+    (its search fits on a quarter of the eval data and holds on the quarter it never saw; optimize
+    accepts it on the other half)."""
     import ptopt
     from ptopt.core.data import load_data
 
     res = ptopt.optimize(
         tiny_cnn(),
         calib_data=data["calib"],
-        eval_data=load_data(data["eval"]).take(64),
+        eval_data=load_data(data["eval"]).take(128),
         min_cosine=0.9996,
         candidates=["int8-fx", "int8-fx-float-layers"],
         **FAST,
@@ -320,6 +322,28 @@ def test_int8_with_float_layers_when_plain_int8_is_rejected(data):
     assert rows["int8-fx-float-layers"].status == "kept", rows["int8-fx-float-layers"].reason
     assert rows["int8-fx-float-layers"].cosine_min >= 0.9996
     assert res.best.name == "int8-fx-float-layers" and res.exit_code == 0
+
+
+def test_dynamic_int8_search_when_plain_dynamic_is_rejected(data):
+    """An activation outlier breaks plain dynamic int8; the accuracy-aware dynamic search (SmoothQuant,
+    float layers) is a candidate then, fitted inside the search's half and accepted on the other."""
+    import ptopt
+    from ptopt.core.data import load_data
+    from tests.compress.autoquant_models import fragile_mlp
+
+    res = ptopt.optimize(
+        fragile_mlp(),
+        calib_data=data["calib"],
+        eval_data=load_data(data["eval"]).take(256),
+        min_cosine=0.99,
+        candidates=["int8-dynamic", "int8-dynamic-search"],
+        **FAST,
+    )
+    rows = {c.name: c for c in res.candidates}
+    assert rows["int8-dynamic"].status == "rejected" and "cosine" in rows["int8-dynamic"].reason
+    assert rows["int8-dynamic-search"].status == "kept", rows["int8-dynamic-search"].reason
+    assert rows["int8-dynamic-search"].cosine_min >= 0.99
+    assert res.best.name == "int8-dynamic-search" and res.exit_code == 0
 
 
 def mlp():
@@ -432,3 +456,30 @@ def test_onnx_dynamic_int8_applies_to_an_encoder_with_a_large_embedding_table():
     row = next(c for c in res.candidates if c.name == "int8-onnx-dynamic")
     assert row.status == "kept", row.reason
     assert res.best is row and res.exit_code == 0  # the reference is never chosen
+
+
+def test_progress_true_prints_the_search_on_stderr(data, capsys):
+    import ptopt
+
+    ptopt.optimize(
+        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=5.0,
+        candidates=["fp32-torchscript"], progress=True, **FAST,
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert "evaluating the fp32 reference" in err and "fp32-torchscript" in err
+
+
+def test_plain_int8_refused_by_the_default_rule_is_kept_within_the_users_budget(data):
+    """Dynamic int8 of the outlier MLP breaks the default int8 rule (worst cosine 0.99) but holds a
+    0.9 budget: the user's budget is the rule, and the sidecar says the default rule refused it."""
+    import ptopt
+    from ptopt.core.data import load_data
+    from tests.compress.autoquant_models import fragile_mlp
+
+    res = ptopt.optimize(
+        fragile_mlp(), calib_data=data["calib"], eval_data=load_data(data["eval"]).take(256),
+        min_cosine=0.9, candidates=["int8-dynamic"], **FAST,
+    )  # fmt: skip
+    (row,) = [c for c in res.candidates if c.name == "int8-dynamic"]
+    assert row.status == "kept" and 0.9 <= row.cosine_min < 0.99, (row.status, row.reason)
+    assert "the default int8 rule refused it" in row.result.template.extra["accepted_by"]

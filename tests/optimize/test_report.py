@@ -13,6 +13,7 @@ import shlex
 import pytest
 
 from ptopt.optimize import report as R
+from ptopt.optimize.pareto import pareto_front
 from tests.optimize.report_fixtures import (
     cosine_report,
     no_winner_report,
@@ -171,7 +172,11 @@ def test_single_candidate_and_an_aoti_winner(tmp_path):
     md = R.render_markdown(report, "out")
     # an AOTInductor package is served as it is, with the consent its native code needs
     assert "`ptopt package out/best.pt2 --format mar -o model.mar --allow-pickle`" in md
-    assert "TorchScript first" not in md
+    assert "TorchScript first" not in md and "--format triton" in md
+    # Triton is offered only where the format's row serves there (an OpenVINO IR: TorchServe only)
+    report["candidates"][0].update(format="openvino", runtime="openvino", path="candidates/int8-openvino.xml")
+    md = R.render_markdown(report, "out")
+    assert "`ptopt package out/best.xml --format mar -o model.mar`" in md and "--format triton" not in md
     report["candidates"][0].update(format="mystery", packageable=False)
     md = R.render_markdown(report, "out")
     assert "exports this mystery artifact to TorchScript first" in md
@@ -198,7 +203,7 @@ def test_json_is_the_report_with_non_finite_numbers_as_null(tmp_path):
     ids=["one", "dominated-dropped", "same-latency"],
 )
 def test_pareto_front(points, front):
-    assert [p[2] for p in R.pareto_front(points)] == front
+    assert [p[2] for p in pareto_front(points)] == front
 
 
 def test_a_candidate_wide_noisy_flag_lands_where_the_speedup_is_within_the_spread():

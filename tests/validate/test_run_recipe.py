@@ -116,6 +116,10 @@ BAD_RECIPES = {
         lambda ok, a, m: [{"validate": {**ok["validate"], "title": "${nope}"}}],
         "${nope} is not defined",
     ),
+    "unknown-config-type": (
+        lambda ok, a, m: [{"prune": {"model": FACTORY, "config": {"type": "prune-random", "amount": 0.5}}}],
+        "config: unknown config type 'prune-random'",
+    ),
     "not-yaml": ("steps: [unclosed", "not valid YAML"),
     "no-steps": ("version: 1\nsteps: []\n", "no steps"),
     "step-not-a-mapping": ("version: 1\nsteps: [validate]\n", "step 1 must be one mapping"),
@@ -204,17 +208,20 @@ def test_example_workflow_and_recipe_are_valid():
 
 
 def _readme_recipes():
-    """Every ```yaml block of the README that is a recipe (has `steps`)."""
+    """Every ```yaml block of the README and docs/ that is a recipe (has `steps`)."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    root = Path(__file__).resolve().parents[2]
+    text = "\n".join(
+        p.read_text(encoding="utf-8") for p in [root / "README.md", *sorted(root.glob("docs/*.md"))]
+    )
     blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)]
     return [b for b in blocks if isinstance(b, dict) and "steps" in b]
 
 
 def test_readme_recipes_are_complete_and_pass_the_pre_check():
-    """The README's recipes parse and pass the runner's checks (commands, options, ${...}), so they
+    """The recipes of the README and docs parse and pass the runner's checks (commands, options, ${...}), so they
     cannot rot; the pipeline one chains quantize -> export -> validate."""
     from ptopt.core.recipe import check_recipe
     from ptopt.pipeline import plan
@@ -239,3 +246,15 @@ def test_when_skips_a_step_and_empties_its_outputs(cli, artifacts, tmp_path):
     assert "step 1 (validate, id first): skipped (when: ${run_first} is False)" in out
     assert not (tmp_path / "first.json").exists() and (tmp_path / "second-None.json").is_file()
     assert "2 step(s) done" in out and out.count("ptopt validate — PASSED") == 1
+
+
+def test_a_step_config_mapping_is_the_config_it_names(cli, tmp_path):
+    """``config: {type: ..., ...}`` (as Config.to_dict and sidecars write it) reaches the twin as
+    that Config: the config registry is what reads recipes' configs."""
+    out = tmp_path / "pruned.pt"
+    cfg = {"type": "prune-global", "amount": 0.25, "exclude": ["fc"]}
+    step = {"prune": {"model": FACTORY, "config": cfg, "input_shapes": ["2x1x8x8"], "output": str(out)}}
+    code, _, err = cli("run", _recipe(tmp_path, [step]))
+    assert code == 0, err
+    config = json.loads(out.with_name(out.name + ".ptopt.json").read_text())["config"]
+    assert (config["type"], config["amount"], config["exclude"]) == ("prune-global", 0.25, ["fc"])

@@ -52,6 +52,7 @@ def choose(config: Any, prep: Prepared, progress: bool) -> Quantized:
     ``summary["engine_choice"]`` saying why. The first engine (the default) may refuse the model
     (UnsupportedModelError: torch.fx cannot trace it): the next one is then the answer, and says so."""
     from ptopt.compress.quantize.measure import accuracy
+    from ptopt.core.choice import fastest_within
     from ptopt.core.errors import UnsupportedModelError
 
     batch = prep.specs[0].opt_shape[0] if prep.specs else 1
@@ -79,10 +80,15 @@ def choose(config: Any, prep: Prepared, progress: bool) -> Quantized:
         k: accuracy(prep.module, q.model, prep.evald, None, q.eval_batch).get("accuracy_drop_points")
         for k, q in made.items()
     }
-    fast, slow = sorted(ms, key=ms.get)  # type: ignore[arg-type]
-    ok = drop[fast] is None or drop[fast] <= AUTO_MAX_DROP
-    chosen = fast if ok else slow
-    why = f"faster at batch {batch}" if ok else f"{fast} drops {drop[fast]} points (> {AUTO_MAX_DROP})"
+    fast = min(ms, key=ms.get)  # type: ignore[arg-type]
+    chosen, ok = fastest_within(ms, ms.get, lambda k: drop[k] is None or drop[k] <= AUTO_MAX_DROP)
+    if chosen is None:  # neither holds: the one that drops least
+        chosen = min(drop, key=lambda k: drop[k])  # type: ignore[arg-type, return-value]
+    why = (
+        f"faster at batch {batch}"
+        if chosen == fast
+        else f"{fast} drops {drop[fast]} points (> {AUTO_MAX_DROP})"
+    )
     winner = made[chosen]
     winner.summary["engine_choice"] = {
         "chosen": chosen, "why": why, "p50_ms": ms, "accuracy_drop_points": drop, "batch": batch,

@@ -128,8 +128,7 @@ def quantize_qat(
         eval_data=eval_data if eval_data is not None and eval_data.has_labels else None,
         loss_fn=schedule.wrap(base_loss),
         epoch_hooks=[schedule.epoch_hook],
-        progress=progress,
-        description="QAT",
+        progress=progress and "QAT",
     )
     converted = engine.convert(result.model, config.backend)
     summary = {

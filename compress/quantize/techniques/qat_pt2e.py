@@ -47,7 +47,7 @@ def _train_and_convert(config: QATConfig, prep: Prepared, specs: list, progress:
     loss = (
         cross_entropy_loss if data.has_labels else distill_loss(lambda *a, **k: pt2e.logits(teacher(*a, **k)))
     )
-    result = train(prepared, data, tcfg, loss_fn=loss, progress=progress, description="QAT (pt2e)")
+    result = train(prepared, data, tcfg, loss_fn=loss, progress=progress and "QAT (pt2e)")
     engine_pt2e.set_training(graph, False)
     converted = engine_pt2e.convert(graph)
     summary = {"data": data.name, "samples": len(data), "epochs": config.epochs, "history": result.history}

@@ -9,7 +9,7 @@ name maps back to its module (``graph_signature.inputs_to_parameters``), and eve
 whose weights it reads, and nodes inside an attention module (``prune_attention``) are read as one
 unit whose heads go whole.
 
-The rules are ``ptopt.compress.channel_graph``'s (the same union-find of channel spaces); this
+The rules are ``ptopt.compress.prune.channel_graph``'s (the same union-find of channel spaces); this
 module adds the ATen spellings and the attention units. The analysis holds for the example's
 shapes: a model whose Python branches on shapes may take another path on other inputs.
 """
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ptopt.compress.channel_graph import (
+from ptopt.compress.prune.attention import AttentionUnit, attention_unit
+from ptopt.compress.prune.channel_graph import (
     _BN_TYPES,
     _CONV_TYPES,
     _SPATIAL_NAMES,
@@ -26,7 +27,6 @@ from ptopt.compress.channel_graph import (
     _Info,
     _op_name,
 )
-from ptopt.compress.prune_attention import AttentionUnit, attention_unit
 from ptopt.core.errors import UnsupportedModelError
 
 _LAYER_OPS = {"conv1d", "conv2d", "conv3d", "convolution", "linear"}

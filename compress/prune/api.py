@@ -1,10 +1,10 @@
-"""Pruning: ``prune(model, method, amount)`` and its configs.
+"""Pruning: ``prune(model, method, amount)``, the Python twin of ``ptopt prune``.
 
 Three methods, one config each (frozen, registered, round-tripping through dicts):
 
-- ``l1-unstructured`` (``prune_unstructured.py``): every conv/linear weight to ``amount`` sparsity;
-- ``global`` (``prune_unstructured.py``): one magnitude ranking across those weights;
-- ``structured`` (``prune_structured.py``): whole output channels removed, the model rewritten smaller.
+- ``l1-unstructured`` (``techniques/unstructured.py``): every conv/linear weight to ``amount`` sparsity;
+- ``global`` (``techniques/unstructured.py``): one magnitude ranking across those weights;
+- ``structured`` (``techniques/structured.py``): whole output channels removed, the model rewritten smaller.
 
 Recovery: ``fine_tune_data`` + ``epochs`` fine-tunes with the shared trainer after pruning (with
 ``teacher``: distillation from it; ``"self"`` means the unpruned model); ``steps=K`` prunes gradually,
@@ -26,14 +26,22 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fnmatch
 import gzip
 import io
 import os
 import warnings
-from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from collections.abc import Iterable
+from typing import Any
 
+from ptopt.compress.prune.config import (
+    OUTPUT_FORMATS,
+    TEACHER_SELF,
+    PruneConfig,
+    PruneWarning,
+    StructuredPruneConfig,
+    unmatched_patterns,
+)
+from ptopt.compress.prune.table import config_class, make_pruner
 from ptopt.compress.stage import (
     UNSAVED,
     check_output,
@@ -43,106 +51,10 @@ from ptopt.compress.stage import (
     input_files,
     load_dataset,
     load_eager,
-    reconcile,
     ref_name,
 )
-from ptopt.core.config import Config, register_config
+from ptopt.core.config import reconcile
 from ptopt.core.errors import UsageError
-
-METHODS = ("l1-unstructured", "structured", "global")
-#: output suffix -> format of the saved dense model
-OUTPUT_FORMATS = {".pt": "torchscript", ".pt2": "exported_program"}
-CRITERIA = ("l1", "l2")
-#: the unpruned model as distillation teacher
-TEACHER_SELF = "self"
-
-
-class PruneWarning(UserWarning):
-    """Something the user should know that does not stop pruning (an --exclude matching nothing)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PruneConfig(Config):
-    """What every pruning method shares. ``amount`` is the fraction pruned, strictly between 0 and 1."""
-
-    amount: float = 0.5
-    #: fnmatch patterns of module names left alone (a parent name covers its children)
-    exclude: tuple[str, ...] = ()
-    #: gradual pruning in this many rounds (fine-tuning between rounds when data is given)
-    steps: int = 1
-
-    def __post_init__(self) -> None:
-        if (
-            isinstance(self.amount, bool)
-            or not isinstance(self.amount, (int, float))
-            or not 0 < self.amount < 1
-        ):
-            raise UsageError(f"--amount must be a fraction strictly between 0 and 1, got {self.amount!r}")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise UsageError(f"--steps must be an integer >= 1, got {self.steps!r}")
-        object.__setattr__(self, "exclude", tuple(self.exclude))
-
-
-@register_config
-@dataclasses.dataclass(frozen=True)
-class L1UnstructuredConfig(PruneConfig):
-    """Per-layer L1 magnitude pruning of conv and linear weights to exactly ``amount`` sparsity."""
-
-    type_name = "prune-l1-unstructured"
-
-
-@register_config
-@dataclasses.dataclass(frozen=True)
-class GlobalPruneConfig(PruneConfig):
-    """One L1 magnitude ranking across all conv and linear weights to a global sparsity of ``amount``."""
-
-    type_name = "prune-global"
-
-
-@register_config
-@dataclasses.dataclass(frozen=True)
-class StructuredPruneConfig(PruneConfig):
-    """Remove ``amount`` of each layer's output channels (lowest L1/L2 filter norm), rewriting the model."""
-
-    type_name = "prune-structured"
-    criterion: Literal["l1", "l2"] = "l1"
-    #: also prune the first layer and the last linear (excluded by default: cheap and sensitive)
-    prune_first_last: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.criterion not in CRITERIA:
-            raise UsageError(f"--criterion must be one of {', '.join(CRITERIA)}, got {self.criterion!r}")
-
-
-CONFIGS: dict[str, type[PruneConfig]] = {
-    "l1-unstructured": L1UnstructuredConfig,
-    "global": GlobalPruneConfig,
-    "structured": StructuredPruneConfig,
-}
-#: config class -> pruner class (filled by the technique modules with ``register_pruner``)
-_PRUNERS: dict[type, type] = {}
-_TECHNIQUE_MODULES = ("ptopt.compress.prune_unstructured", "ptopt.compress.prune_structured")
-
-
-def register_pruner(config_cls: type) -> Callable[[type], type]:
-    """Class decorator: the pruner for ``config_cls``. A pruner is built as ``cls(config, model,
-    example_inputs)`` and has ``step(model, amount) -> model`` (masks may stay trainable) and
-    ``finish(model) -> (model, report)``, plus ``precision``."""
-
-    def deco(cls: type) -> type:
-        _PRUNERS[config_cls] = cls
-        return cls
-
-    return deco
-
-
-def make_pruner(config: PruneConfig, model: Any, example_inputs: Any) -> Any:
-    import importlib
-
-    for name in _TECHNIQUE_MODULES:
-        importlib.import_module(name)
-    return _PRUNERS[type(config)](config, model, example_inputs)
 
 
 def make_config(
@@ -154,8 +66,7 @@ def make_config(
     criterion: str = "l1",
     prune_first_last: bool = False,
 ) -> PruneConfig:
-    if method not in CONFIGS:
-        raise UsageError(f"unknown pruning method {method!r} (choose from {', '.join(METHODS)})")
+    cls = config_class(method)
     if method != "structured":
         if criterion != "l1":
             raise UsageError(
@@ -165,7 +76,7 @@ def make_config(
             raise UsageError(
                 "--prune-first-last applies to structured pruning (unstructured prunes every layer)"
             )
-        return CONFIGS[method](amount=amount, exclude=tuple(exclude), steps=steps)
+        return cls(amount=amount, exclude=tuple(exclude), steps=steps)
     return StructuredPruneConfig(
         amount=amount,
         exclude=tuple(exclude),
@@ -173,18 +84,6 @@ def make_config(
         criterion=criterion,
         prune_first_last=prune_first_last,
     )
-
-
-def matches(name: str, patterns: Iterable[str]) -> bool:
-    """fnmatch of a module name, or of one of its parents (``layers.0`` covers ``layers.0.conv1``)."""
-    parts = name.split(".")
-    prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    return any(fnmatch.fnmatchcase(p, pat) for pat in patterns for p in prefixes)
-
-
-def unmatched_patterns(model: Any, patterns: Iterable[str]) -> list[str]:
-    names = [n for n, _ in model.named_modules() if n]
-    return [p for p in patterns if not any(matches(n, [p]) for n in names)]
 
 
 # -- measuring ---------------------------------------------------------------------------------------
@@ -310,7 +209,7 @@ def prune(
 
 def config_method(config: PruneConfig) -> str:
     """The method name of a config (``l1-unstructured`` | ``global`` | ``structured``)."""
-    return next(m for m, cls in CONFIGS.items() if type(config) is cls)
+    return type(config).method
 
 
 def resolve_config(
@@ -416,9 +315,7 @@ def _run_rounds(
 
             loss_fn = make_distill_loss(plan.teacher, temperature=plan.temperature, alpha=plan.alpha)
         desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
-        result = train(
-            work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress, description=desc
-        )
+        result = train(work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress and desc)
         if hasattr(loss_fn, "remove_hooks"):
             loss_fn.remove_hooks()
         history += [dict(h, round=k) for h in result.history]

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ptopt.compress.prune import GlobalPruneConfig, L1UnstructuredConfig, matches, register_pruner
+from ptopt.compress.prune.config import GlobalPruneConfig, L1UnstructuredConfig, matches
+from ptopt.compress.prune.table import register_pruner
 
 DENSE_NOTE = (
     "unstructured sparsity: zeros are stored densely, so the file is as large as before and dense "

@@ -1,7 +1,7 @@
 """The channel-dependency graph behind structured pruning, read from the model's own graph.
 
 ``torch.fx`` trace + shape propagation, not per-architecture code (the rules are listed in
-``ptopt.compress.prune_structured``): which layers produce, consume, keep or join channel spaces,
+``ptopt.compress.prune.techniques.structured``): which layers produce, consume, keep or join channel spaces,
 grouped so that coupled channels (residual additions, depthwise convs) are pruned together, and
 which channels may never be pruned (model inputs/outputs, concatenations, parameters met directly).
 An op the analysis does not know that touches prunable channels is an ``UnsupportedModelError``
@@ -16,7 +16,7 @@ import operator
 from collections.abc import Iterable
 from typing import Any
 
-from ptopt.compress.prune_attention import attention_unit
+from ptopt.compress.prune.attention import attention_unit
 from ptopt.core.errors import UnsupportedModelError
 
 # -- what the analysis knows about ops ------------------------------------------------------------

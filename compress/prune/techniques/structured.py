@@ -16,7 +16,7 @@ propagation), not from per-architecture code:
 An op the analysis does not know that touches prunable channels is an error naming the op and the
 layer: the user can ``--exclude`` that layer. Every group keeps at least one channel.
 
-The analysis is ``ptopt.compress.channel_graph``; this module ranks channels and rewrites the layers.
+The analysis is ``ptopt.compress.prune.channel_graph``; this module ranks channels and rewrites the layers.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from ptopt.compress.channel_graph import _CONV_TYPES, ChannelGraph, ChannelGroup
-from ptopt.compress.prune import PruneWarning, StructuredPruneConfig, matches, register_pruner
+from ptopt.compress.prune.channel_graph import _CONV_TYPES, ChannelGraph, ChannelGroup
+from ptopt.compress.prune.config import PruneWarning, StructuredPruneConfig, matches
+from ptopt.compress.prune.table import register_pruner
 from ptopt.core.errors import UnsupportedModelError
 
 # -- pruning ---------------------------------------------------------------------------------------
@@ -124,10 +125,10 @@ def analyse(
     """(channel graph, its groups, default exclusions with their reasons) of ``model``.
 
     ``graph="auto"``: the torch.fx analysis when it traces the model and knows every op; else the
-    ATen graph of ``torch.export`` (``ptopt.compress.prune_graph``), which also captures models fx
+    ATen graph of ``torch.export`` (``ptopt.compress.prune.graph``), which also captures models fx
     cannot trace and knows attention heads. An UnsupportedModelError names why neither works.
     """
-    from ptopt.compress.prune_graph import ATenChannelGraph
+    from ptopt.compress.prune.graph import ATenChannelGraph
 
     kinds = {"fx": [ChannelGraph], "export": [ATenChannelGraph], "auto": [ChannelGraph, ATenChannelGraph]}
     errors: list[UnsupportedModelError] = []
@@ -229,12 +230,6 @@ def structured_prune(
     }
 
 
-def weighted_layers_in_order(graph: Any) -> list[str]:
-    """The modules with a weight matrix (conv, linear, recurrent, embedding) in the order the
-    graph runs them."""
-    return graph.executed_layers()
-
-
 def _keep(modules: dict[str, Any], g: ChannelGroup, amount: float, criterion: str, base: dict) -> Any:
     """The channels of ``g`` to keep (whole blocks), or None when none go."""
     import torch
@@ -262,7 +257,7 @@ def _prune_groups(
     table (channels before / after, the group, why a group was kept)."""
     import torch
 
-    from ptopt.compress.prune_attention import set_count
+    from ptopt.compress.prune.attention import set_count
 
     layers: dict[str, dict[str, Any]] = {}
     cuts: dict[tuple[str, str], list[tuple[int, int, int, Any]]] = {}

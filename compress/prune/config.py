@@ -1,0 +1,92 @@
+"""The pruning configs (frozen, registered, round-tripping through dicts) and the layer matching
+every pruner shares. No torch, no pruner: ``ptopt.compress.prune.table`` maps each config to its
+pruner, filled by the files of ``techniques/``."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from ptopt.core.config import Config, register_config
+from ptopt.core.errors import UsageError
+
+#: output suffix -> format of the saved dense model
+OUTPUT_FORMATS = {".pt": "torchscript", ".pt2": "exported_program"}
+CRITERIA = ("l1", "l2")
+#: the unpruned model as distillation teacher
+TEACHER_SELF = "self"
+
+
+class PruneWarning(UserWarning):
+    """Something the user should know that does not stop pruning (an --exclude matching nothing)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneConfig(Config):
+    """What every pruning method shares. ``amount`` is the fraction pruned, strictly between 0 and 1."""
+
+    amount: float = 0.5
+    #: fnmatch patterns of module names left alone (a parent name covers its children)
+    exclude: tuple[str, ...] = ()
+    #: gradual pruning in this many rounds (fine-tuning between rounds when data is given)
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.amount, bool)
+            or not isinstance(self.amount, (int, float))
+            or not 0 < self.amount < 1
+        ):
+            raise UsageError(f"--amount must be a fraction strictly between 0 and 1, got {self.amount!r}")
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise UsageError(f"--steps must be an integer >= 1, got {self.steps!r}")
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class L1UnstructuredConfig(PruneConfig):
+    """Per-layer L1 magnitude pruning of conv and linear weights to exactly ``amount`` sparsity."""
+
+    type_name = "prune-l1-unstructured"
+    method = "l1-unstructured"
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class GlobalPruneConfig(PruneConfig):
+    """One L1 magnitude ranking across all conv and linear weights to a global sparsity of ``amount``."""
+
+    type_name = "prune-global"
+    method = "global"
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class StructuredPruneConfig(PruneConfig):
+    """Remove ``amount`` of each layer's output channels (lowest L1/L2 filter norm), rewriting the model."""
+
+    type_name = "prune-structured"
+    method = "structured"
+    criterion: Literal["l1", "l2"] = "l1"
+    #: also prune the first layer and the last linear (excluded by default: cheap and sensitive)
+    prune_first_last: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.criterion not in CRITERIA:
+            raise UsageError(f"--criterion must be one of {', '.join(CRITERIA)}, got {self.criterion!r}")
+
+
+def matches(name: str, patterns: Iterable[str]) -> bool:
+    """fnmatch of a module name, or of one of its parents (``layers.0`` covers ``layers.0.conv1``)."""
+    parts = name.split(".")
+    prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatchcase(p, pat) for pat in patterns for p in prefixes)
+
+
+def unmatched_patterns(model: Any, patterns: Iterable[str]) -> list[str]:
+    names = [n for n, _ in model.named_modules() if n]
+    return [p for p in patterns if not any(matches(n, [p]) for n in names)]

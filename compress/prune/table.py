@@ -1,0 +1,71 @@
+"""The pruning table: config class -> pruner, one row per method, filled by registration.
+
+A file of ``ptopt.compress.prune.techniques`` decorates its pruner class with
+:func:`register_pruner` (``@register_pruner(StructuredPruneConfig)``); the table imports every
+module of that package the first time it is read, so a new method is its config (``config.py``), its
+pruner file and the row its decorator adds: no list names them. ``ptopt prune --method`` choices
+are :func:`methods`.
+
+A pruner is built as ``cls(config, model, example_inputs)`` and has ``step(model, amount) -> model``
+(masks may stay trainable) and ``finish(model) -> (model, report)``, plus ``precision``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+from ptopt.core.errors import UsageError
+
+#: config class -> pruner class
+PRUNERS: dict[type, type] = {}
+_loaded = False
+
+
+def register_pruner(config_cls: type) -> Callable[[type], type]:
+    """Class decorator: the pruner for ``config_cls`` (whose ``method`` names the row)."""
+
+    def deco(cls: type) -> type:
+        old = PRUNERS.get(config_cls)
+        if old is not None and old.__qualname__ != cls.__qualname__:
+            raise RuntimeError(f"pruning method {config_cls.method!r} registered twice")
+        PRUNERS[config_cls] = cls
+        return cls
+
+    return deco
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    from ptopt.compress.prune import techniques
+
+    for info in pkgutil.iter_modules(techniques.__path__):
+        importlib.import_module(f"{techniques.__name__}.{info.name}")
+    _loaded = True
+
+
+def configs() -> dict[str, type]:
+    """method name -> its config class, in registration order."""
+    _load()
+    return {cls.method: cls for cls in PRUNERS}
+
+
+def methods() -> list[str]:
+    """The ``--method`` choices."""
+    return list(configs())
+
+
+def config_class(method: str) -> type:
+    known = configs()
+    if method not in known:
+        raise UsageError(f"unknown pruning method {method!r} (choose from {', '.join(known)})")
+    return known[method]
+
+
+def make_pruner(config: Any, model: Any, example_inputs: Any) -> Any:
+    _load()
+    return PRUNERS[type(config)](config, model, example_inputs)
