@@ -20,6 +20,7 @@ ORDER = [
     "int8_ceiling",
     "autoquant",
     "optimize",
+    "real",
     "real_minilm",
     "real_resnet",
     "real_crepe",
