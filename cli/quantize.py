@@ -28,7 +28,8 @@ MOSTLY_FLOAT = 0.1
     type=click.Choice(table.modes()),
     required=True,
     help="dynamic: Linear/LSTM/GRU/Embedding weights int8, no calibration; static: graph-mode int8 calibrated on "
-    "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8.",
+    "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8; weight-only: a language model's "
+    "Linear weights to int8/int4 (--bits), written as a Hugging Face folder.",
 )
 @output_option(required=False)
 @click.option("--calib-data", help="DATA to calibrate static int8 on (e.g. builtin:digits32:train).")
@@ -73,6 +74,21 @@ MOSTLY_FLOAT = 0.1
     help="pt2e: compile the int8 graph into an AOTInductor package (default), or with --no-compile "
     "write the int8 ExportedProgram .pt2 (run it with torch.compile, or ptopt export --target aoti later).",
 )
+@click.option("--bits", type=int, help="Weight-only: 8 or 4 [8].")
+@click.option(
+    "--group-size",
+    type=int,
+    help="Weight-only: a scale per this many input columns (int4: 32, 64, 128 [128]; "
+    "int8: per output channel unless given).",
+)
+@click.option(
+    "--method",
+    help="Weight-only: rtn (round to nearest, default), hqq (int4), awq or gptq (int4; both fitted on --calib-data text).",
+)
+@click.option(
+    "--calibration-samples", type=int, help="Weight-only awq/gptq: windows of calibration text [16]."
+)
+@click.option("--calibration-length", type=int, help="Weight-only awq/gptq: tokens per window [256].")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact's sidecar as JSON.")
 @autoquant.autoquant_options
@@ -107,6 +123,11 @@ def command(
     lr: float | None,
     engine: str | None,
     compile_: bool | None,
+    bits: int | None,
+    group_size: int | None,
+    method: str | None,
+    calibration_samples: int | None,
+    calibration_length: int | None,
     no_progress: bool,
     as_json: bool,
     weights: str | None,
@@ -128,6 +149,8 @@ def command(
       ptopt quantize zoo:resnet --mode qat --train-data builtin:digits32:train --epochs 1 -o resnet.qat.pt
       ptopt quantize zoo:resnet --mode static --calib-data builtin:digits32:train \\
           --eval-data builtin:digits32:test --max-accuracy-drop 0.1 -o resnet.int8.pt
+      ptopt quantize hf:smollm2 --mode weight-only --bits 4 --method gptq \\
+          --calib-data builtin:pydoc-text:calib --eval-data builtin:pydoc-text:eval -o smollm2.int4
     """
     from ptopt.compress.quantize import quantize
 
@@ -153,6 +176,9 @@ def command(
         input_shapes=tuple(input_shapes),
         **({} if compile_ is None else {"compile": compile_}),  # only when given: recipes stay as they were
     )
+    llm = dict(bits=bits, group_size=group_size, method=method)
+    llm |= dict(calibration_samples=calibration_samples, calibration_length=calibration_length)
+    options |= {k: v for k, v in llm.items() if v is not None}
     if autoquant.wanted(max_accuracy_drop, min_cosine, analyze):  # accuracy-aware search (cli/autoquant.py)
         goal = dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget)
         found = autoquant.run(
@@ -168,7 +194,37 @@ def command(
         raise click.UsageError("Missing option '-o' / '--output'.")
     res = quantize(**options, progress=not no_progress)
     maybe_save_recipe(save_recipe, "quantize", options)
-    click.echo(json.dumps(res.to_dict(), indent=2, default=str)) if as_json else _print_report(res, mode)
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=2, default=str))
+    elif res.format == "hf_weight_only":
+        _print_weight_only(res)
+    else:
+        _print_report(res, mode)
+
+
+def _print_weight_only(art) -> None:
+    """What the weight-only folder is: bytes vs fp32, perplexity, the layers kept float."""
+    m, rec = art.metrics, art.extra["weight_only"]
+    group = f"group {rec['group_size']}" if rec["group_size"] else "per output channel"
+    click.echo(
+        f"wrote {art.path}/ (int{rec['bits']} weight-only, {rec['method']}, {group}, {rec['dtype']} activations): "
+        f"weights {m['weight_bytes']:,} bytes = {m['weight_bytes_ratio']:.2f}x fp32 ({m['fp32_weight_bytes']:,}); "
+        f"files {art.size_bytes:,} bytes"
+    )
+    cal = rec.get("calibration")
+    if cal:
+        click.echo(
+            f"calibration: {cal['windows']} windows x {cal['tokens_per_window']} tokens of {cal['data']}"
+        )
+    if "perplexity" in m:
+        w = m["perplexity_window"]
+        click.echo(
+            f"perplexity on {m['eval_data']} ({w['tokens']} tokens, context {w['context']}, stride {w['stride']}): "
+            f"fp32 {m['fp32_perplexity']:.3f} -> {m['perplexity']:.3f} ({m['perplexity_increase_pct']:+.2f}%)"
+        )
+    click.echo(f"int{rec['bits']}: {len(rec['quantized_layers'])} Linear layers")
+    for name, why in rec["float_layers"].items():
+        click.echo(f"  float: {name}: {why}")
 
 
 def _print_report(art, mode: str) -> None:

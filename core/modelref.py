@@ -25,7 +25,7 @@ from typing import Any
 from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE
 from ptopt.core.errors import ModelLoadError, WeightsMismatchError
-from ptopt.core.formats import file_suffixes, find_format, sniff_file
+from ptopt.core.formats import file_suffixes, find_format, formats, sniff_file
 from ptopt.core.inputspec import InputSpec, specs_from_example
 from ptopt.core.safety import check_model_file
 from ptopt.core.schemes import ModelScheme, model_scheme, model_scheme_forms
@@ -116,11 +116,17 @@ def _from_result(res: Any) -> LoadedModel:
     )
 
 
+#: ``hf:DIR``: a Hugging Face model folder (a folder with config.json loads the same without it)
+HF_SCHEME = "hf:"
+
+
 def load_model(
     ref: str | os.PathLike, weights: str | os.PathLike | None = None, allow_pickle: bool = False
 ) -> LoadedModel:
     """Load a MODEL reference (see the module docstring)."""
     text = str(ref)
+    if text.startswith(HF_SCHEME):
+        return _load_hf(Path(text[len(HF_SCHEME) :]), weights, allow_pickle)
     found = model_scheme(text)
     if found is not None:
         return _load_scheme(text, *found, weights)
@@ -134,7 +140,7 @@ def load_model(
     if FACTORY_RE.match(text):
         return _load_factory(text, weights)
     files = [f"model{s}" for s in file_suffixes()]
-    forms = ", ".join([*files, "pkg.module:factory", *model_scheme_forms()])
+    forms = ", ".join([*files, "pkg.module:factory", *model_scheme_forms(), f"{HF_SCHEME}DIR"])
     raise ModelLoadError(f"model {text!r}: no such file (forms: {forms})")
 
 
@@ -148,11 +154,30 @@ def _load_scheme(text: str, scheme: ModelScheme, name: str, weights: Any) -> Loa
     )
 
 
+def _load_hf(path: Path, weights: Any, allow_pickle: bool) -> LoadedModel:
+    """``hf:DIR``: a Hugging Face model folder (``ptopt.core.hf``), or ptopt's weight-only one."""
+    from ptopt.core.hf import is_hf_dir
+
+    if weights is not None:
+        raise ModelLoadError(f"--weights goes with a pkg.module:factory model, not with {HF_SCHEME}DIR")
+    if not is_hf_dir(path):
+        raise ModelLoadError(f"{HF_SCHEME}{path}: not a Hugging Face model folder (no {path}/config.json)")
+    return _load_file(path, allow_pickle)
+
+
 def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
     """A model file through its format's row (``ptopt.core.formats``): the trusted sidecar's format,
-    else the first format whose ``sniff`` recognizes the file."""
+    else the first format whose ``sniff`` recognizes the file. A folder is a model only as a format
+    that is a folder (a Hugging Face model folder)."""
     if path.is_dir():
-        raise ModelLoadError(f"{path} is a folder, not a model file")
+        art = Artifact.maybe_load(path)
+        folders = [f for f in formats() if f.folder and f.sniff(path)]
+        fmt = find_format(art.format) if art is not None else (folders[0] if folders else None)
+        if fmt is None:
+            raise ModelLoadError(
+                f"{path} is a folder, not a model file (nor a Hugging Face folder with config.json)"
+            )
+        return fmt.load(path, art, allow_pickle)
     check_model_file(path, allow_pickle)  # before torch reads it: a .pt2 may ask torch to run code
     art = Artifact.maybe_load(path)
     fmt = find_format(art.format) if art is not None else sniff_file(path)

@@ -39,9 +39,18 @@ class Result:
     """An in-memory stage result: ``.model`` runs here; ``.save(path)`` writes it (see module doc)."""
 
     def __init__(
-        self, model: Any, template: Artifact, writer: Writer, *, inputs_paths: tuple = (), source: Any = None
+        self,
+        model: Any,
+        template: Artifact,
+        writer: Writer,
+        *,
+        inputs_paths: tuple = (),
+        source: Any = None,
+        folder: bool = False,
     ):
         self.model = model
+        #: the artifact is a folder of files (``path`` names the folder; its sidecar sits beside it)
+        self.folder = folder
         self.template = template
         #: the model this result was made from (a LoadedModel), kept in memory for the stages that need
         #: it: ONNX int8 export of an int8 result quantizes its fp32 source with ORT, without a reload
@@ -61,7 +70,8 @@ class Result:
         sidecar, which records their sha256, is written last (see ``ptopt.core.artifact``).
         """
         path = Path(path)
-        if path.is_dir():
+        old = check_folder_output(path, self.template.format) if self.folder else None
+        if path.is_dir() and not self.folder:
             raise UsageError(f"output {path} is a folder; give a file name")
         check_outputs(self._inputs_paths, [path])
         with output_lock(path):
@@ -70,6 +80,8 @@ class Result:
                 art = self._described(path, self._writer(stage / path.name) or {})
                 art.measure(stage)
             art.write_sidecar()
+            for name in set(old.files if old is not None else ()) - set(art.files):
+                (path.parent / name).unlink(missing_ok=True)  # the previous artifact's, now unused
         self.artifact = art
         return art
 
@@ -97,3 +109,20 @@ class Result:
     def __repr__(self) -> str:
         where = f"saved at {self.artifact.path}" if self.artifact else "not saved"
         return f"Result({self.template.format}, {self.template.precision}, {where})"
+
+
+def check_folder_output(path: Path, fmt: str) -> Artifact | None:
+    """A folder artifact may replace only a folder that does not exist, is empty, or holds a previous
+    ``fmt`` artifact (whose sidecar is returned: its files that the new one lacks are removed after
+    the new files are in place); anything else is refused before any work."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"output {path} is a file; this artifact is a folder: give a folder name")
+    if not path.is_dir() or not any(path.iterdir()):
+        return None
+    old = Artifact.maybe_load(path)
+    if old is None or old.format != fmt:
+        raise UsageError(
+            f"output folder {path} is not empty and holds no earlier ptopt {fmt} artifact: "
+            "give a new folder name (nothing is written over other files)"
+        )
+    return old

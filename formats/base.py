@@ -29,6 +29,8 @@ from ptopt.core.errors import ModelLoadError, UsageError
 HALF = ("fp16", "bf16")
 #: every precision an artifact may have
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+#: precisions of weight-only artifacts (int4 weights, float activations)
+WEIGHT_ONLY_PRECISIONS = ("int8", "int4")
 
 
 class Format:
@@ -57,6 +59,8 @@ class Format:
     packages: ClassVar[tuple[str, ...]] = ()
     #: the Triton Inference Server platform that runs it (when ``triton`` is among ``servers``)
     triton_platform: ClassVar[str | None] = None
+    #: the artifact is a folder (``sniff`` is asked about folders only for these)
+    folder: ClassVar[bool] = False
     #: load() gives a model (False: a package or weights, never run)
     loadable: ClassVar[bool] = True
     #: why it cannot be run by validate (None: it can)

@@ -43,6 +43,7 @@ from typing import Any
 
 from ptopt.compress.quantize.config import QuantConfig, require_data, resolve_config
 from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared
+from ptopt.compress.quantize.table import technique
 from ptopt.compress.stage import check_output, finish
 from ptopt.core.errors import UsageError
 
@@ -74,6 +75,11 @@ def quantize(
     tuning_budget: str | int | None = None,
     engine: str | None = None,
     compile: bool | None = None,
+    bits: int | None = None,
+    group_size: int | None = None,
+    method: str | None = None,
+    calibration_samples: int | None = None,
+    calibration_length: int | None = None,
 ) -> Any:
     """Quantize ``model`` to int8; returns a :class:`~ptopt.core.result.Result` (see the module doc).
 
@@ -116,7 +122,18 @@ def quantize(
             compile=compile,
         )
         return _accuracy_aware(model, mode, output, config, search | loose)
+    llm = dict(bits=bits, group_size=group_size, method=method)
+    llm |= dict(calibration_samples=calibration_samples, calibration_length=calibration_length)
+    loose |= {k: v for k, v in llm.items() if v is not None}
     config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, compile=compile, **loose)
+    flow = technique(config.mode, config.engine).flow
+    if flow is not None:
+        data = dict(
+            calib_data=calib_data, eval_data=eval_data, train_data=train_data, input_shapes=input_shapes
+        )
+        return flow(
+            config, model, output, weights=weights, allow_pickle=allow_pickle, progress=progress, **data
+        )
     check_output(output, hint=" such as model.int8.pt")
     require_data(config, calib_data=calib_data, train_data=train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)

@@ -164,9 +164,74 @@ class QATConfig(QuantConfig):
                 raise UsageError(f"{f} must be a fraction in [0, 1], got {getattr(self, f)}")
 
 
+#: weight bits weight-only quantization writes, and its methods (``engine_torchao``, ``gptq``)
+WEIGHT_ONLY_BITS = (8, 4)
+WEIGHT_ONLY_METHODS = ("rtn", "hqq", "awq", "gptq")
+#: group sizes tinygemm's int4 CPU kernel takes
+INT4_GROUP_SIZES = (32, 64, 128)
+#: methods fitted on calibration text
+CALIBRATED_METHODS = ("awq", "gptq")
+
+
+@register_config
+@dataclasses.dataclass(frozen=True)
+class WeightOnlyConfig(QuantConfig):
+    """Weight-only quantization of a language model's Linear layers: int8 or int4 weights with a
+    scale (and, for int4, a zero) per output channel or per ``group_size`` input columns, float
+    activations. ``method``: rtn (round to nearest), hqq (half-quadratic scales, int4), awq
+    (activation-aware scales from calibration text), gptq (error-compensating rounding on
+    calibration text). ``calibration_samples`` windows of ``calibration_length`` tokens."""
+
+    type_name = "quantize-weight-only"
+    mode: ClassVar[str] = "weight-only"
+    order: ClassVar[int] = 4
+    engine: str = "torchao"
+    bits: int = 8
+    group_size: int | None = None
+    method: str = "rtn"
+    calibration_samples: int = 16
+    calibration_length: int = 256
+
+    @property
+    def needs(self) -> tuple[str, str] | None:  # type: ignore[override]
+        if self.method not in CALIBRATED_METHODS:
+            return None
+        return (
+            "calib_data",
+            f"--method {self.method} is fitted on text: pass --calib-data (a .txt file, token ids in a "
+            f".pt/.npy, or builtin:pydoc-text:calib), or use --method rtn or hqq",
+        )
+
+    @property
+    def groups(self) -> int | None:
+        """The group size in effect (int4 defaults to 128; int8 to one scale per output channel)."""
+        return self.group_size if self.group_size is not None or self.bits == 8 else 128
+
+    def __post_init__(self) -> None:
+        if self.bits not in WEIGHT_ONLY_BITS:
+            raise UsageError(f"--bits {self.bits}: weight-only quantization writes 8 or 4 bits")
+        if self.method not in WEIGHT_ONLY_METHODS:
+            raise UsageError(f"unknown --method {self.method!r} (known: {', '.join(WEIGHT_ONLY_METHODS)})")
+        if self.method == "hqq" and self.bits != 4:
+            raise UsageError(
+                "--method hqq is int4 here (torchao's HQQ scales): use --bits 4, or rtn for int8"
+            )
+        g = self.group_size
+        if g is not None and (not isinstance(g, int) or g < 1):
+            raise UsageError(f"--group-size must be a positive integer, got {g!r}")
+        if self.bits == 4 and g is not None and g not in INT4_GROUP_SIZES:
+            raise UsageError(
+                f"--group-size {g}: int4 groups are {', '.join(map(str, INT4_GROUP_SIZES))} input columns "
+                "(what the int4 CPU kernel takes)"
+            )
+        if self.calibration_samples < 1 or self.calibration_length < 2:
+            raise UsageError("--calibration-samples must be >= 1 and --calibration-length >= 2")
+        super().__post_init__()
+
+
 #: mode -> its config, in the order ``ptopt quantize --mode`` lists them
 CONFIGS: dict[str, type[QuantConfig]] = {
-    c.mode: c for c in (DynamicQuantConfig, StaticQuantConfig, QATConfig)
+    c.mode: c for c in (DynamicQuantConfig, StaticQuantConfig, QATConfig, WeightOnlyConfig)
 }
 MODES = tuple(CONFIGS)
 #: the loose options each mode takes besides the shared ones (backend, per_channel, engine, compile)
@@ -174,6 +239,7 @@ MODE_OPTIONS = {
     "static": ("observer", "calibration_batches", "batch_size"),
     "qat": ("observer", "epochs", "lr", "batch_size"),
     "dynamic": ("layers",),
+    "weight-only": ("bits", "group_size", "method", "calibration_samples", "calibration_length"),
 }
 
 

@@ -42,6 +42,9 @@ class Technique:
     - ``tracer``: what captures the model's graph (``torch.fx``, ``torch.export``), for messages.
     - ``candidate(config, prep)``: the eager int8 module alone (no artifact, no measuring): what
       accuracy-aware search quantizes its candidates with (None: the search does not run there).
+    - ``flow(config, model, output, **options)``: the whole stage, for rows whose models and data are
+      not the tensor models of ``flow.py`` (language models: text data, perplexity, a folder
+      artifact); ``quantize`` hands such a row everything and returns its Result.
     """
 
     config: type
@@ -57,6 +60,7 @@ class Technique:
     captures_hint: str = ""
     tracer: str = ""
     candidate: Callable[[Any, Any], Any] | None = None
+    flow: Callable[..., Any] | None = None
 
     @property
     def mode(self) -> str:

@@ -1,0 +1,159 @@
+"""The flow of weight-only quantization (language models): load the model and its text, quantize
+a copy (``techniques/weight_only.py``), measure it against the source (weight bytes; perplexity on
+``eval_data`` when given, which the calibration never read), and build the Result once; ``save``
+writes the folder (``ptopt.formats.hf``).
+
+Text data (``ptopt.core.text``): a ``.txt`` file tokenized with the model folder's tokenizer, token
+ids in a ``.pt``/``.npy``, or ``builtin:pydoc-text:calib|eval``. Calibration (awq, gptq) reads
+``calibration_samples`` windows of ``calibration_length`` tokens, spread over the calibration text.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ptopt.compress.quantize.config import WeightOnlyConfig, require_data
+from ptopt.compress.stage import UNSAVED, input_files, load_eager
+from ptopt.core.errors import UsageError
+
+#: perplexity in the sidecar reads at most this many evaluation tokens (validate reads them all)
+EVAL_TOKENS = 8192
+
+
+def quantize_lm(
+    config: WeightOnlyConfig,
+    model: Any,
+    output: Any,
+    *,
+    calib_data: Any = None,
+    eval_data: Any = None,
+    **options: Any,
+) -> Any:
+    """``ptopt.quantize(model, "weight-only", ...)`` (see ``ptopt.compress.quantize.api``)."""
+    from ptopt.compress.stage import finish
+    from ptopt.core.result import check_folder_output
+
+    if options.get("train_data") is not None:
+        raise UsageError("--train-data does not apply to weight-only quantization (it trains nothing)")
+    if output is not None:
+        from pathlib import Path
+
+        check_folder_output(Path(output), "hf_weight_only")
+    require_data(config, calib_data=calib_data)
+    loaded = load_eager(
+        model, options.get("weights"), options.get("allow_pickle", False), "weight-only quantization"
+    )
+    source = loaded.module
+    hf_dir = loaded.info.get("hf_dir")
+    calib = _token_ids(calib_data, source, hf_dir, "calibration text")
+    evald = _token_ids(eval_data, source, hf_dir, "evaluation text")
+    if calib is not None and evald is not None and _overlap(calib, evald):
+        raise UsageError("--calib-data and --eval-data hold the same text: perplexity must be measured on "
+                         "text the calibration never read (e.g. builtin:pydoc-text:calib and :eval)")  # fmt: skip
+    from ptopt.compress.quantize.techniques.weight_only import quantize_module
+
+    q = copy.deepcopy(source).eval()
+    record = quantize_module(q, config, _calibrator(calib, config))
+    record["calibration"] = _calib_record(calib, calib_data, config)
+    metrics = _measure(source, q, evald, eval_data)
+    return finish(_result(config, loaded, q, record, metrics, (calib_data, eval_data)), output)
+
+
+def _token_ids(ref: Any, model: Any, hf_dir: Any, name: str) -> Any:
+    if ref is None:
+        return None
+    from ptopt.core.hf import load_tokenizer
+    from ptopt.core.text import check_vocab, is_text_ref, read_token_ids
+
+    tokenizer = load_tokenizer(hf_dir) if is_text_ref(ref) else None
+    ids = read_token_ids(ref, tokenizer, name=name)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab:
+        check_vocab(ids, vocab, name)
+    return ids
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether the two streams are the same text (equal, or one's first window inside the other)."""
+    n = min(64, a.numel(), b.numel())
+    return a.numel() == b.numel() and bool((a == b).all()) or bool((a[:n] == b[:n]).all())
+
+
+def _windows(ids: Any, config: WeightOnlyConfig) -> list[Any]:
+    """Up to ``calibration_samples`` windows of ``calibration_length`` tokens, evenly spread."""
+    length = min(config.calibration_length, ids.numel())
+    starts = max(1, ids.numel() - length + 1)
+    k = min(config.calibration_samples, starts)
+    step = max(1, starts // k)
+    return [ids[i * step : i * step + length].unsqueeze(0) for i in range(k)]
+
+
+def _calibrator(ids: Any, config: WeightOnlyConfig) -> Any:
+    def calibrate(model: Any) -> None:
+        import torch
+
+        if ids is None:
+            raise UsageError(config.needs[1] if config.needs else "calibration text is missing")
+        with torch.inference_mode():
+            for window in _windows(ids, config):
+                model(input_ids=window, use_cache=False)
+
+    return calibrate
+
+
+def _calib_record(ids: Any, ref: Any, config: WeightOnlyConfig) -> dict[str, Any] | None:
+    if ids is None or config.needs is None:
+        return None
+    windows = _windows(ids, config)
+    return {"data": _name(ref), "windows": len(windows), "tokens_per_window": int(windows[0].shape[1])}
+
+
+def _name(ref: Any) -> str:
+    return str(ref) if isinstance(ref, str) or hasattr(ref, "__fspath__") else "in-memory token ids"
+
+
+def _measure(source: Any, q: Any, ids: Any, ref: Any) -> dict[str, Any]:
+    from ptopt.core.hf import is_causal_lm
+    from ptopt.core.lm import perplexity, weight_bytes
+
+    fp, qb = weight_bytes(source), weight_bytes(q)
+    metrics: dict[str, Any] = {"fp32_weight_bytes": fp, "weight_bytes": qb, "weight_bytes_ratio": qb / fp}
+    if ids is not None and is_causal_lm(source):
+        ids = ids[:EVAL_TOKENS]
+        base, mine = perplexity(source, ids), perplexity(q, ids)
+        metrics |= {
+            "eval_data": _name(ref),
+            "perplexity_window": {
+                "context": base["context"],
+                "stride": base["stride"],
+                "tokens": base["tokens"],
+            },
+            "fp32_perplexity": base["perplexity"],
+            "perplexity": mine["perplexity"],
+            "perplexity_increase_pct": 100 * (mine["perplexity"] / base["perplexity"] - 1),
+        }
+    return metrics
+
+
+def _result(config: WeightOnlyConfig, loaded: Any, q: Any, record: dict, metrics: dict, refs: tuple) -> Any:
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.result import Result
+    from ptopt.formats.hf import write_weight_only
+
+    hf_dir = loaded.info.get("hf_dir")
+    refs_cfg = {
+        k: str(v) for k, v in zip(("calib_data", "eval_data"), refs, strict=True) if isinstance(v, str)
+    }
+    template = Artifact(
+        path=UNSAVED,
+        format="hf_weight_only",
+        config=config.to_dict() | {"mode": config.mode} | refs_cfg,
+        parent=loaded.parent_record(),
+        precision=f"int{config.bits}",
+        metrics=metrics,
+        extra={"weight_only": record, "float_layers": record["float_layers"]},
+    )
+    sources = input_files(loaded.path, loaded.info.get("weights"), *refs)
+    writer = lambda path: write_weight_only(q, path, record, hf_dir)  # noqa: E731
+    return Result(q, template, writer, inputs_paths=sources, source=loaded, folder=True)

@@ -1,0 +1,144 @@
+"""Hugging Face model directories: what ``hf:DIR`` and a folder holding ``config.json`` load as.
+
+A causal language model is read with ``AutoModelForCausalLM.from_pretrained(DIR,
+local_files_only=True)`` (never a hub download, never ``trust_remote_code``): safetensors weights are
+read without unpickling; ``pytorch_model.bin`` (a pickle) needs ``--allow-pickle``. Its tokenizer,
+when the folder has one, is ``AutoTokenizer.from_pretrained(DIR)``.
+
+transformers imports torchvision whenever it is installed; PyPI's torchvision beside the CPU torch
+cannot load its C++ ops and dies on import (``operator torchvision::nms does not exist``), taking
+``import transformers`` with it. :func:`import_transformers` defines the two op names first (the
+language models use neither), as REFERENCE.md describes, and drops transformers' import notices.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
+
+#: files a Hugging Face tokenizer is read from (any one is enough)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
+#: weight files ``from_pretrained`` reads; the last one is a pickle
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_LIBS: list[Any] = []  # a torch.library.Library deregisters its ops when garbage-collected
+
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder with a Hugging Face ``config.json``."""
+    p = Path(path)
+    return p.is_dir() and (p / "config.json").is_file()
+
+
+def has_tokenizer(path: str | os.PathLike) -> bool:
+    return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def _ensure_torchvision_ops() -> None:
+    """``import torchvision`` works beside the CPU torch (module docstring): its own C++ ops when
+    they load, else the two op names its import registers fake kernels for."""
+    import torch
+
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or spec.origin is None or hasattr(torch.ops.torchvision, "nms"):
+        return
+    for so in glob.glob(os.path.join(os.path.dirname(spec.origin), "_C*.so")):
+        try:
+            torch.ops.load_library(so)
+            return
+        except OSError:
+            break
+    lib = torch.library.Library("torchvision", "DEF")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    _LIBS.append(lib)
+
+
+def import_transformers() -> Any:
+    """``transformers``, imported quietly (module docstring); one line naming the extra otherwise."""
+    from ptopt.core.quiet import quiet_imports
+
+    if importlib.util.find_spec("transformers") is None:
+        raise MissingDependencyError(
+            "language models need transformers: pip install 'ptopt[llm]' (or pip install transformers)"
+        )
+    _ensure_torchvision_ops()
+    with quiet_imports():
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def config_of(path: str | os.PathLike) -> Any:
+    """The folder's ``config.json`` as a transformers config (ModelLoadError when it is not one)."""
+    tf = import_transformers()
+    try:
+        return tf.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"{path}: config.json is not a Hugging Face model config ({e})") from None
+
+
+def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
+    """The causal language model of a Hugging Face folder, fp32, in eval mode (module docstring)."""
+    path = Path(path)
+    if not is_hf_dir(path):
+        raise ModelLoadError(f"{path}: not a Hugging Face model folder (no config.json)")
+    present = [f for f in WEIGHT_FILES if (path / f).is_file()]
+    if not present:
+        raise ModelLoadError(f"{path}: no weights ({' or '.join(WEIGHT_FILES[::2])}) beside config.json")
+    if present == ["pytorch_model.bin"] and not allow_pickle:
+        raise UsageError(
+            f"{path}/pytorch_model.bin is a pickle, which can run code when loaded: pass --allow-pickle "
+            "if you trust it (or convert it to model.safetensors)"
+        )
+    tf = import_transformers()
+    config = config_of(path)
+    if not _is_causal_lm(tf, config):
+        raise ModelLoadError(
+            f"{path}: a {type(config).__name__} ({config.model_type}) has no causal language model head "
+            "(AutoModelForCausalLM does not know it)"
+        )
+    from ptopt.core.quiet import quiet_imports
+
+    with quiet_imports():
+        try:
+            model = tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype="float32")
+        except (OSError, ValueError, RuntimeError) as e:
+            raise ModelLoadError(f"{path}: transformers cannot load it: {type(e).__name__}: {e}") from None
+    return model.eval()
+
+
+def _is_causal_lm(tf: Any, config: Any) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def load_tokenizer(path: str | os.PathLike | None) -> Any:
+    """The tokenizer saved in the model's folder; UsageError (exit 2) naming what is missing."""
+    if path is None or not has_tokenizer(path):
+        where = f"{path}" if path is not None else "this model (not a Hugging Face folder)"
+        raise UsageError(
+            f"text data needs the model's tokenizer, and {where} has none ({', '.join(TOKENIZER_FILES[:2])} "
+            "...): give token ids instead (a .pt or .npy of int64), or save the tokenizer beside config.json"
+        )
+    tf = import_transformers()
+    from ptopt.core.quiet import quiet_imports
+
+    with quiet_imports():
+        try:
+            return tf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{path}: the tokenizer cannot be read: {e}") from None
+
+
+def is_causal_lm(module: Any) -> bool:
+    """Whether ``module`` is a transformers causal language model (has ``generate`` and a config)."""
+    config = getattr(module, "config", None)
+    return config is not None and hasattr(module, "generate") and hasattr(module, "get_output_embeddings")

@@ -1,0 +1,65 @@
+"""What every stage measures of a causal language model: perplexity on token ids (sliding window)
+and the bytes its weights take in memory (quantized tensors counted by what they store)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: the window perplexity is scored with unless told otherwise (tokens of history, tokens per step)
+CONTEXT = 512
+STRIDE = 256
+
+
+def perplexity(module: Any, ids: Any, context: int = CONTEXT, stride: int = STRIDE) -> dict[str, Any]:
+    """exp(mean negative log-likelihood) of ``ids`` (1-D int64) under ``module``, scored as the
+    transformers perplexity guide does: windows of at most ``context`` tokens moving by ``stride``,
+    each token scored once, with the rest of its window as history (the first token has none and is
+    not scored). Returns ``perplexity``, ``nll`` (mean, nats), ``tokens`` (scored), ``context``,
+    ``stride``."""
+    import torch
+
+    if context < 2 or not 0 < stride <= context:
+        raise ValueError(f"need context >= 2 and 0 < stride <= context, got {context}, {stride}")
+    n = int(ids.numel())
+    total, scored, prev_end = 0.0, 0, 0
+    with torch.inference_mode():
+        for begin in range(0, n - 1, stride):
+            end = min(begin + context, n)
+            window = ids[begin:end].unsqueeze(0)
+            new = end - max(prev_end, begin + 1)  # tokens not scored by an earlier window
+            logits = module(input_ids=window, use_cache=False).logits[0, :-1].float()
+            target = window[0, 1:]
+            nll = torch.nn.functional.cross_entropy(logits[-new:], target[-new:], reduction="sum")
+            total, scored, prev_end = total + float(nll), scored + new, end
+            if end == n:
+                break
+    mean = total / scored
+    return {"perplexity": math.exp(mean), "nll": mean, "tokens": scored, "context": context, "stride": stride}
+
+
+def _storage(t: Any) -> list[Any]:
+    """The plain tensors ``t`` stores (a tensor subclass such as torchao's: its inner tensors)."""
+    if hasattr(t, "__tensor_flatten__") and type(t).__name__ not in ("Tensor", "Parameter"):
+        names, _ = t.__tensor_flatten__()
+        out: list[Any] = []
+        for name in names:
+            inner = getattr(t, name, None)
+            if inner is not None:
+                out.extend(_storage(inner))
+        return out
+    return [t]
+
+
+def weight_bytes(module: Any) -> int:
+    """Bytes of ``module``'s parameters and buffers as stored (shared storage counted once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for t in [*module.parameters(), *module.buffers()]:
+        for inner in _storage(t.data if type(t).__name__ == "Parameter" else t):
+            key = (inner.untyped_storage().data_ptr(), inner.untyped_storage().nbytes())
+            if key in seen:
+                continue
+            seen.add(key)
+            total += inner.numel() * inner.element_size()
+    return total

@@ -1,0 +1,177 @@
+"""Hugging Face model folders: ``hf`` (a folder with ``config.json`` and fp32/bf16 weights, as
+``save_pretrained`` writes it: a MODEL ptopt reads) and ``hf_weight_only`` (what ``ptopt quantize
+--mode weight-only`` writes: the same folder with int8 or int4 weights).
+
+A weight-only folder holds ``config.json`` (the model's), ``quantization.json`` (bits, group size,
+method, the layers quantized, the activation dtype), the tokenizer files of its source, and its
+weights, written so that the tools users already have load it:
+
+- int8: ``model.safetensors`` in torchao's safetensors layout and a ``quantization_config``
+  (``TorchAoConfig``) in ``config.json``: ``AutoModelForCausalLM.from_pretrained(folder)`` loads it
+  with torchao installed.
+- int4: ``model.pt``, a state_dict of torchao ``Int4OpaqueTensor`` weights (the CPU int4 layout,
+  which torchao's safetensors support does not cover yet): ``torch.load(f, weights_only=True)``
+  after ``import torchao``, into ``AutoModelForCausalLM.from_config(config)`` in ``dtype`` with
+  ``load_state_dict(sd, assign=True)``. ``ptopt.load_model(folder)`` does that.
+
+The sidecar sits beside the folder (``model.int4.ptopt.json`` for ``model.int4/``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import ModelLoadError
+from ptopt.core.hf import TOKENIZER_FILES, has_tokenizer, is_hf_dir, load_causal_lm
+from ptopt.formats.base import Format, loaded_model
+from ptopt.formats.runner import TorchModuleRunner
+
+QUANT_FILE = "quantization.json"
+INT8_WEIGHTS = "model.safetensors"
+INT4_WEIGHTS = "model.pt"
+#: tokenizer and generation files copied from the source folder
+COMPANIONS = (*TOKENIZER_FILES, "special_tokens_map.json", "merges.txt", "generation_config.json")
+
+
+class HFModel(Format):
+    """A Hugging Face causal-LM folder (``hf:DIR`` or the folder itself)."""
+
+    name = "hf"
+    label = "Hugging Face model folder"
+    folder = True
+    sniff_rank = 40
+
+    def sniff(self, path: Path) -> bool:
+        return is_hf_dir(path) and not (path / QUANT_FILE).is_file()
+
+    def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
+        module = load_causal_lm(path, allow_pickle)
+        return loaded_model(path, self.name, module, path, art, info={"hf_dir": str(path)})
+
+    def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
+        return TorchModuleRunner.from_loaded(name, loaded, "torch eager")
+
+
+class HFWeightOnly(HFModel):
+    """ptopt's weight-only folder (module docstring)."""
+
+    name = "hf_weight_only"
+    label = "weight-only quantized Hugging Face folder (torchao)"
+    packages = ("torchao", "transformers")
+    reexportable = False
+    sniff_rank = 39
+
+    def sniff(self, path: Path) -> bool:
+        return is_hf_dir(path) and (path / QUANT_FILE).is_file()
+
+    def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
+        module = load_weight_only(path)
+        return loaded_model(path, self.name, module, path, art, info={"hf_dir": str(path)})
+
+
+def _quant_record(path: Path) -> dict[str, Any]:
+    try:
+        rec = json.loads((path / QUANT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"{path / QUANT_FILE}: unreadable ({e})") from None
+    if not isinstance(rec, dict) or rec.get("bits") not in (4, 8):
+        raise ModelLoadError(f"{path / QUANT_FILE}: not a ptopt weight-only record")
+    return rec
+
+
+def load_weight_only(path: Path) -> Any:
+    """The quantized model of a weight-only folder (module docstring), in eval mode."""
+    import torch
+
+    from ptopt.core.hf import config_of, import_transformers
+    from ptopt.core.quiet import quiet_imports
+
+    rec = _quant_record(path)
+    tf = import_transformers()
+    with quiet_imports():
+        import torchao  # noqa: F401 - registers its tensors as safe to load
+
+        if rec["weights"] == INT8_WEIGHTS:
+            try:
+                return tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+            except (OSError, ValueError, RuntimeError) as e:
+                raise ModelLoadError(
+                    f"{path}: transformers cannot load it: {type(e).__name__}: {e}"
+                ) from None
+        try:
+            state = torch.load(path / rec["weights"], weights_only=True, map_location="cpu")
+        except Exception as e:  # noqa: BLE001 - a corrupt or foreign file
+            raise ModelLoadError(f"{path / rec['weights']}: unreadable: {type(e).__name__}: {e}") from None
+        model = tf.AutoModelForCausalLM.from_config(config_of(path))
+    model = model.to(getattr(torch, rec["dtype"])).eval()
+    model.load_state_dict(state, assign=True)
+    model.tie_weights()
+    return model
+
+
+def write_weight_only(module: Any, folder: Path, record: dict[str, Any], source_dir: Any) -> dict[str, Any]:
+    """Write ``module`` (torchao-quantized) as a weight-only folder; returns the writer's facts."""
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = INT8_WEIGHTS if record["bits"] == 8 else INT4_WEIGHTS
+    record = dict(record, weights=weights)
+    config = module.config.to_dict()
+    if weights == INT8_WEIGHTS:
+        config["quantization_config"] = _torchao_config(record)
+        _save_int8(module, folder / weights)
+    else:
+        import torch
+
+        torch.save(_state_without_ties(module), folder / weights)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
+    (folder / QUANT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    if source_dir is not None and has_tokenizer(source_dir):
+        for name in COMPANIONS:
+            if (Path(source_dir) / name).is_file():
+                shutil.copyfile(Path(source_dir) / name, folder / name)
+    files = sorted(p.relative_to(folder.parent).as_posix() for p in folder.rglob("*") if p.is_file())
+    return {"files": files}
+
+
+def _state_without_ties(module: Any) -> dict[str, Any]:
+    """The state_dict with each tied weight once (``from_config`` ties them again)."""
+    state = module.state_dict()
+    tied = getattr(module, "_tied_weights_keys", None) or {}
+    names = tied.keys() if isinstance(tied, dict) else tied
+    if getattr(module.config, "tie_word_embeddings", False):
+        for name in names:
+            state.pop(name, None)
+    return state
+
+
+def _torchao_config(record: dict[str, Any]) -> dict[str, Any]:
+    """``config.json``'s ``quantization_config`` for int8 (what ``from_pretrained`` rebuilds from)."""
+    from ptopt.core.hf import import_transformers
+    from ptopt.core.quiet import quiet_imports
+
+    tf = import_transformers()
+    with quiet_imports():
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        cfg = tf.TorchAoConfig(
+            Int8WeightOnlyConfig(group_size=record.get("group_size")),
+            modules_to_not_convert=sorted(record.get("float_layers", {})) or None,
+        )
+    return cfg.to_dict()
+
+
+def _save_int8(module: Any, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from ptopt.core.quiet import quiet_imports
+
+    with quiet_imports():
+        from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+
+        tensors, metadata = flatten_tensor_state_dict(_state_without_ties(module))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
+
+
+FORMATS = [HFModel(), HFWeightOnly()]
