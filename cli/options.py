@@ -35,13 +35,16 @@ def input_shape_option(f: F) -> F:
     )(f)
 
 
-def output_option(required: bool = True) -> Callable[[F], F]:
+def output_option(required: bool = True, folder_ok: bool = False) -> Callable[[F], F]:
+    """``-o/--output``; ``folder_ok``: some of the command's artifacts are folders (the stage refuses a
+    folder where its artifact is a file)."""
     return click.option(
         "-o",
         "--output",
-        type=click.Path(dir_okay=False),
+        type=click.Path(dir_okay=folder_ok),
         required=required,
-        help="Where to write the artifact (a .ptopt.json sidecar is written next to it).",
+        help="Where to write the artifact (a .ptopt.json sidecar is written next to it)"
+        + ("; a folder for --mode weight-only." if folder_ok else "."),
     )
 
 

@@ -31,7 +31,7 @@ MOSTLY_FLOAT = 0.1
     "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8; weight-only: a language model's "
     "Linear weights to int8/int4 (--bits), written as a Hugging Face folder.",
 )
-@output_option(required=False)
+@output_option(required=False, folder_ok=True)
 @click.option("--calib-data", help="DATA to calibrate static int8 on (e.g. builtin:digits32:train).")
 @click.option(
     "--train-data", help="DATA to fine-tune on in QAT (labelled; without labels it matches fp32 outputs)."

@@ -70,8 +70,7 @@ def import_transformers() -> Any:
     with quiet_imports():
         import transformers
 
-        transformers.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.disable_progress_bar()  # ptopt reports loading itself
     return transformers
 
 

@@ -15,10 +15,13 @@ def perplexity(module: Any, ids: Any, context: int = CONTEXT, stride: int = STRI
     """exp(mean negative log-likelihood) of ``ids`` (1-D int64) under ``module``, scored as the
     transformers perplexity guide does: windows of at most ``context`` tokens moving by ``stride``,
     each token scored once, with the rest of its window as history (the first token has none and is
-    not scored). Returns ``perplexity``, ``nll`` (mean, nats), ``tokens`` (scored), ``context``,
-    ``stride``."""
+    not scored); ``context`` shrinks to what the model's positions cover. Returns ``perplexity``,
+    ``nll`` (mean, nats), ``tokens`` (scored), ``context``, ``stride``."""
     import torch
 
+    longest = max_positions(module)
+    if longest is not None and context > longest:  # the model cannot see further back
+        context, stride = longest, min(stride, longest)
     if context < 2 or not 0 < stride <= context:
         raise ValueError(f"need context >= 2 and 0 < stride <= context, got {context}, {stride}")
     n = int(ids.numel())
@@ -36,6 +39,16 @@ def perplexity(module: Any, ids: Any, context: int = CONTEXT, stride: int = STRI
                 break
     mean = total / scored
     return {"perplexity": math.exp(mean), "nll": mean, "tokens": scored, "context": context, "stride": stride}
+
+
+def max_positions(module: Any) -> int | None:
+    """The longest sequence the model's position embeddings cover (None: not stated)."""
+    config = getattr(module, "config", None)
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 1:
+            return value
+    return None
 
 
 def _storage(t: Any) -> list[Any]:

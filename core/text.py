@@ -7,8 +7,9 @@ reference                       what it is
 ``ids.pt`` / ``ids.npy``        int64 token ids (any shape, flattened; ``torch.load(weights_only)``
                                 / ``numpy.load(allow_pickle=False)``: no code runs)
 ``builtin:pydoc-text:SPLIT``    English prose shipped with Python (``pydoc_data.topics``, the help
-                                pages of the language reference); SPLIT ``calib`` or ``eval``: every
-                                fifth topic (by name) is ``eval``, the rest ``calib``, never both
+                                pages of the language reference); SPLIT ``calib`` or ``eval``: cut
+                                at paragraph ends into blocks of 2,000+ characters, every fifth
+                                block ``eval``, the rest ``calib``, never both
 ==============================  ===================================================================
 
 Calibration (GPTQ, AWQ) and evaluation (perplexity) should read different parts: the builtin's two
@@ -25,8 +26,9 @@ from ptopt.core.errors import DataError
 
 BUILTIN_TEXT = "pydoc-text"
 TEXT_SPLITS = ("calib", "eval", "all")
-#: every EVAL_EVERY-th topic (sorted by name) is the eval split
+#: every EVAL_EVERY-th block of at least BLOCK_CHARS characters is the eval split
 EVAL_EVERY = 5
+BLOCK_CHARS = 2000
 ID_SUFFIXES = (".pt", ".npy")
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 
@@ -42,18 +44,24 @@ def is_text_ref(ref: Any) -> bool:
 
 
 def builtin_text(split: str = "all") -> str:
-    """The builtin corpus (module docstring) as one string."""
+    """The builtin corpus (module docstring) as one string: the topics in name order, cut at
+    paragraph ends into blocks of at least ``BLOCK_CHARS``; every ``EVAL_EVERY``-th block is eval."""
     if split not in TEXT_SPLITS:
         raise DataError(f"unknown split {split!r} for builtin:{BUILTIN_TEXT} (use {', '.join(TEXT_SPLITS)})")
     from pydoc_data.topics import topics
 
-    names = sorted(topics)
-    keep = [
-        n
-        for i, n in enumerate(names)
-        if split == "all" or ((i % EVAL_EVERY == EVAL_EVERY - 1) == (split == "eval"))
-    ]
-    return "\n\n".join(topics[n].strip() for n in keep)
+    paragraphs = [p for name in sorted(topics) for p in topics[name].strip().split("\n\n") if p.strip()]
+    blocks, current = [], []
+    for p in paragraphs:
+        current.append(p)
+        if sum(map(len, current)) >= BLOCK_CHARS:
+            blocks.append("\n\n".join(current))
+            current = []
+    blocks += ["\n\n".join(current)] if current else []
+    if split == "all":
+        return "\n\n".join(blocks)
+    is_eval = split == "eval"
+    return "\n\n".join(b for i, b in enumerate(blocks) if (i % EVAL_EVERY == EVAL_EVERY - 1) == is_eval)
 
 
 def read_text(ref: str | os.PathLike) -> str:
@@ -88,8 +96,11 @@ def read_token_ids(ref: Any, tokenizer: Any = None, *, name: str = "text data") 
         return _checked_ids(_load_ids(Path(text)), f"{name} {text}")
     if tokenizer is None:
         raise DataError(f"{name} {text} is text: tokenizing it needs the model's tokenizer")
+    from ptopt.core.quiet import silenced
+
     words = read_text(ref)
-    ids = tokenizer(words, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with silenced(["transformers"]):  # "longer than the maximum sequence length": windows come later
+        ids = tokenizer(words, return_tensors="pt", add_special_tokens=False)["input_ids"]
     return _checked_ids(ids, f"{name} {text}")
 
 

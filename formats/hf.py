@@ -107,15 +107,42 @@ def load_weight_only(path: Path) -> Any:
             raise ModelLoadError(f"{path / rec['weights']}: unreadable: {type(e).__name__}: {e}") from None
         model = tf.AutoModelForCausalLM.from_config(config_of(path))
     model = model.to(getattr(torch, rec["dtype"])).eval()
-    model.load_state_dict(state, assign=True)
+    for name in rec.get("linear_from_conv1d") or ():
+        _as_linear(model, name)
+    missing, unexpected = model.load_state_dict(state, assign=True, strict=False)
+    tied = set(_tied_keys(model))
+    if unexpected or set(missing) - tied:
+        odd = sorted(unexpected or set(missing) - tied)
+        raise ModelLoadError(
+            f"{path / rec['weights']}: does not fit the model of config.json ({', '.join(odd[:3])})"
+        )
     model.tie_weights()
     return model
+
+
+def _as_linear(model: Any, name: str) -> None:
+    """Replace the Conv1D ``name`` (GPT-2) by the empty ``nn.Linear`` its saved weight fills."""
+    import torch
+
+    conv = model.get_submodule(name)
+    rows, cols = conv.weight.shape  # Conv1D stores [in, out]
+    lin = torch.nn.Linear(rows, cols, bias=conv.bias is not None, device="meta", dtype=conv.weight.dtype)
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, lin.to_empty(device="cpu"))
+
+
+def _tied_keys(module: Any) -> list[str]:
+    if not getattr(module.config, "tie_word_embeddings", False):
+        return []
+    tied = getattr(module, "_tied_weights_keys", None) or {}
+    return list(tied.keys() if isinstance(tied, dict) else tied)
 
 
 def write_weight_only(module: Any, folder: Path, record: dict[str, Any], source_dir: Any) -> dict[str, Any]:
     """Write ``module`` (torchao-quantized) as a weight-only folder; returns the writer's facts."""
     folder.mkdir(parents=True, exist_ok=True)
-    weights = INT8_WEIGHTS if record["bits"] == 8 else INT4_WEIGHTS
+    # from_pretrained rebuilds int8 from safetensors, but not Conv1D layers ptopt made Linear
+    weights = INT8_WEIGHTS if record["bits"] == 8 and not record.get("linear_from_conv1d") else INT4_WEIGHTS
     record = dict(record, weights=weights)
     config = module.config.to_dict()
     if weights == INT8_WEIGHTS:
@@ -138,11 +165,8 @@ def write_weight_only(module: Any, folder: Path, record: dict[str, Any], source_
 def _state_without_ties(module: Any) -> dict[str, Any]:
     """The state_dict with each tied weight once (``from_config`` ties them again)."""
     state = module.state_dict()
-    tied = getattr(module, "_tied_weights_keys", None) or {}
-    names = tied.keys() if isinstance(tied, dict) else tied
-    if getattr(module.config, "tie_word_embeddings", False):
-        for name in names:
-            state.pop(name, None)
+    for name in _tied_keys(module):
+        state.pop(name, None)
     return state
 
 

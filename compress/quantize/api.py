@@ -94,45 +94,29 @@ def quantize(
     ``output`` is given) when no candidate holds. ``engine``: fx (default, int8 TorchScript) | pt2e
     (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5
     accuracy points kept): the rows of ``ptopt.compress.quantize.table``. ``compile=False`` (pt2e):
-    the int8 ExportedProgram ``.pt2`` instead of an AOTInductor package.
+    the int8 ExportedProgram ``.pt2`` instead of an AOTInductor package. ``mode="weight-only"``
+    (language models): ``bits`` 8 | 4, ``group_size``, ``method`` rtn | hqq | awq | gptq (awq, gptq
+    fitted on ``calib_data`` text), perplexity on ``eval_data`` text; a folder (``lm_flow``).
     """
-    loose = dict(
-        backend=backend,
-        observer=observer,
-        per_channel=per_channel,
-        calibration_batches=calibration_batches,
-        batch_size=batch_size,
-        exclude=exclude,
-        layers=layers,
-    )
+    loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
+    loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
+    trust = dict(weights=weights, allow_pickle=allow_pickle, progress=progress)
     if max_accuracy_drop is not None or min_cosine is not None:
         if epochs is not None or lr is not None or train_data is not None:
             raise UsageError("epochs, lr and train_data do not apply to accuracy-aware quantization")
-        search = dict(
-            eval_data=eval_data,
-            calib_data=calib_data,
-            max_accuracy_drop=max_accuracy_drop,
-            min_cosine=min_cosine,
-            tuning_budget=tuning_budget,
-            input_shapes=input_shapes,
-            weights=weights,
-            allow_pickle=allow_pickle,
-            progress=progress,
-            engine=engine,
-            compile=compile,
+        search = dict(eval_data=eval_data, calib_data=calib_data, tuning_budget=tuning_budget, **trust)
+        search |= dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, input_shapes=input_shapes)
+        return _accuracy_aware(
+            model, mode, output, config, search | loose | dict(engine=engine, compile=compile)
         )
-        return _accuracy_aware(model, mode, output, config, search | loose)
     llm = dict(bits=bits, group_size=group_size, method=method)
     llm |= dict(calibration_samples=calibration_samples, calibration_length=calibration_length)
     loose |= {k: v for k, v in llm.items() if v is not None}
     config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, compile=compile, **loose)
     flow = technique(config.mode, config.engine).flow
-    if flow is not None:
-        data = dict(
-            calib_data=calib_data, eval_data=eval_data, train_data=train_data, input_shapes=input_shapes
-        )
+    if flow is not None:  # the row runs the whole stage (language models)
         return flow(
-            config, model, output, weights=weights, allow_pickle=allow_pickle, progress=progress, **data
+            config, model, output, calib_data=calib_data, eval_data=eval_data, train_data=train_data, **trust
         )
     check_output(output, hint=" such as model.int8.pt")
     require_data(config, calib_data=calib_data, train_data=train_data)

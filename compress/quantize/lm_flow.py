@@ -51,7 +51,7 @@ def quantize_lm(
     if calib is not None and evald is not None and _overlap(calib, evald):
         raise UsageError("--calib-data and --eval-data hold the same text: perplexity must be measured on "
                          "text the calibration never read (e.g. builtin:pydoc-text:calib and :eval)")  # fmt: skip
-    from ptopt.compress.quantize.techniques.weight_only import quantize_module
+    from ptopt.compress.quantize.weight_only import quantize_module
 
     q = copy.deepcopy(source).eval()
     record = quantize_module(q, config, _calibrator(calib, config))

@@ -15,7 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 COMPRESS = ROOT / "compress"
 #: the only importer of each upstream quantization stack
-ENGINES = {"torch.ao": "compress/quantize/engine_fx.py", "torchao": "compress/quantize/engine_pt2e.py"}
+ENGINES = {
+    "torch.ao": {"compress/quantize/engine_fx.py"},
+    "torchao": {"compress/quantize/engine_pt2e.py", "compress/quantize/engine_torchao.py"},
+}
 #: functions allowed more than MAX_PARAMS parameters: the Python twins of the commands (every option
 #: of the command is a keyword), and the shared trainer's documented ``train``
 TWINS = {"quantize", "prune", "distill", "autoquantize", "train"}
@@ -95,12 +98,13 @@ def test_the_checker_sees_every_form(source, stack, expected):
 
 @pytest.mark.parametrize("stack", sorted(ENGINES))
 def test_only_the_engine_file_imports_its_stack(stack):
-    """``engine_fx`` is the only module of compress that imports torch.ao, ``engine_pt2e`` the only
-    one that imports torchao (issue 26: "the ONLY module that imports torch.ao" was false)."""
+    """``engine_fx`` is the only module of compress that imports torch.ao, ``engine_pt2e`` (PT2E) and
+    ``engine_torchao`` (weight-only) the only ones that import torchao (issue 26: "the ONLY module
+    that imports torch.ao" was false)."""
     users = {
         p.relative_to(ROOT).as_posix() for p in MODULES.values() if _uses(ast.parse(p.read_text()), stack)
     }
-    assert users == {ENGINES[stack]}
+    assert users == ENGINES[stack]
 
 
 def _graph(runtime: bool) -> dict[str, set[str]]:
@@ -161,7 +165,8 @@ def test_cli_choices_are_the_table_keys():
     assert choices == {"mode": table.modes(), "engine": table.engines()}
     assert set(choices["mode"]) == {m for m, _ in table.table()}
     assert set(choices["engine"]) == {e for _, e in table.table()}
-    assert choices["mode"] == ["dynamic", "static", "qat"] and choices["engine"] == ["fx", "pt2e", "auto"]
+    assert choices["mode"] == ["dynamic", "static", "qat", "weight-only"]
+    assert choices["engine"] == ["fx", "pt2e", "torchao", "auto"]
 
 
 def test_every_row_is_its_config_run_by_its_engine():

@@ -1,0 +1,105 @@
+"""What weight-only quantization does to a model (row ``("weight-only", "torchao")``, registered
+in ``techniques/weight_only.py``; the flow around it is ``lm_flow.py``).
+
+Which layers: every ``nn.Linear`` (transformers' ``Conv1D``, GPT-2's projections, swapped for the
+``nn.Linear`` it is first), except ``--exclude``d ones, an output layer that shares its matrix with
+the token embedding (``tie_word_embeddings``: quantizing it would store the matrix twice, so it stays
+float with the embedding) and, for int4, layers whose outputs the int4 kernel cannot pack. Embeddings
+and norms stay float.
+
+How (``config.method``): rtn, hqq and awq through torchao (``engine_torchao``), gptq (int4) through
+ptopt's own ``gptq.py`` (torchao's GPTQ runs on CUDA only). int4 turns the model to bf16 first: that
+is what the int4 CPU kernel multiplies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ptopt.compress.quantize.config import WeightOnlyConfig
+from ptopt.core.errors import UsageError
+
+#: the int4 CPU kernel (``_convert_weight_to_int4pack_for_cpu``) packs output channels in this many
+INT4_ROWS = 16
+
+
+def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str]]:
+    """``(quantized, {float layer: why})``: the Linear layers to quantize and those kept float.
+    UsageError when there is nothing to quantize or a group does not divide a layer's inputs."""
+    import torch
+
+    tied = _tied_output(model)
+    chosen: list[str] = []
+    floats: dict[str, str] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.Linear):
+            continue
+        if any(name == e or name.startswith(e + ".") for e in config.float_modules):
+            floats[name] = "excluded (--exclude)"
+        elif name == tied:
+            floats[name] = "shares its matrix with the token embedding (tied): stays float, stored once"
+        elif config.bits == 4 and m.out_features % INT4_ROWS:
+            floats[name] = f"{m.out_features} outputs: the int4 CPU kernel packs them in 16s"
+        else:
+            chosen.append(name)
+    if not chosen:
+        why = f" ({len(floats)} kept float: {', '.join(list(floats)[:3])})" if floats else ""
+        raise UsageError(
+            f"weight-only quantization needs Linear layers; {type(model).__name__} has none to quantize{why}"
+        )
+    group = config.groups
+    if group is not None:
+        bad = [n for n in chosen if model.get_submodule(n).in_features % group]
+        if bad:
+            width = model.get_submodule(bad[0]).in_features
+            raise UsageError(
+                f"--group-size {group} does not divide the {width} inputs of {bad[0]}"
+                f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: choose a divisor of {width}, "
+                "or --exclude the layer"
+            )
+    return chosen, floats
+
+
+def _tied_output(model: Any) -> str | None:
+    """The name of the output layer whose weight is the input embedding's, or None."""
+    get_out, get_in = (
+        getattr(model, "get_output_embeddings", None),
+        getattr(model, "get_input_embeddings", None),
+    )
+    if get_out is None or get_in is None:
+        return None
+    out, emb = get_out(), get_in()
+    if out is None or emb is None or out.weight is not emb.weight:
+        return None
+    return next((n for n, m in model.named_modules() if m is out), None)
+
+
+def quantize_module(model: Any, config: WeightOnlyConfig, calibrate: Any) -> dict[str, Any]:
+    """Quantize ``model`` in place (see the module doc); returns the record of what was done.
+    ``calibrate(model)``: runs the calibration text through the model (awq, gptq)."""
+    import torch
+
+    from ptopt.compress.quantize import engine_torchao as engine
+    from ptopt.compress.quantize.layers import linearize_conv1d
+
+    swapped = linearize_conv1d(model, config.float_modules)
+    chosen, floats = plan(model, config)
+    if config.bits == 4:
+        model.to(torch.bfloat16)
+    wanted = set(chosen)
+    selected = lambda m, name: name in wanted  # noqa: E731
+    bits, group, method = config.bits, config.groups, config.method
+    if method in ("rtn", "hqq"):
+        engine.quantize_rtn(model, bits, group, method, selected)
+    elif method == "awq":
+        engine.quantize_awq(model, bits, group, selected, calibrate)
+    else:
+        from ptopt.compress.quantize.gptq import gptq_int4
+
+        gptq_int4(model, chosen, group, calibrate)
+    missed = [n for n in chosen if not engine.is_quantized(model.get_submodule(n).weight)]
+    if missed:
+        raise RuntimeError(f"torchao left {len(missed)} selected layer(s) float: {', '.join(missed[:3])}")
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return {"bits": bits, "group_size": group, "method": method, "quantized_layers": chosen,
+            "float_layers": floats, "dtype": dtype, "linear_from_conv1d": swapped}  # fmt: skip

