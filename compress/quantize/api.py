@@ -104,6 +104,8 @@ def quantize(
     if max_accuracy_drop is not None or min_cosine is not None:
         if epochs is not None or lr is not None or train_data is not None:
             raise UsageError("epochs, lr and train_data do not apply to accuracy-aware quantization")
+        if mode == "weight-only" or bits is not None:
+            raise UsageError(WEIGHT_ONLY_BUDGET)
         search = dict(eval_data=eval_data, calib_data=calib_data, tuning_budget=tuning_budget, **trust)
         search |= dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, input_shapes=input_shapes)
         return _accuracy_aware(
@@ -124,6 +126,12 @@ def quantize(
     result = quantize_prepared(config, prep, progress)
     judged(result, config, prep, output)
     return finish(result, output)
+
+
+WEIGHT_ONLY_BUDGET = (
+    "--max-accuracy-drop / --min-cosine search dynamic and static int8; a weight-only model is judged on "
+    "perplexity: pass --eval-data text here, and gate with ptopt validate --max-perplexity-increase"
+)
 
 
 def _accuracy_aware(model: Any, mode: str | None, output: Any, config: Any, options: dict[str, Any]) -> Any:

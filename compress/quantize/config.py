@@ -271,6 +271,12 @@ def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any)
     if mode == "dynamic" and options.get("observer") is not None:
         raise UsageError("--observer applies to static quantization (dynamic mode observes every batch)")
     keep = MODE_OPTIONS.get(mode or "", ())
+    stray = [k for k in MODE_OPTIONS["weight-only"] if options.get(k) is not None and k not in keep]
+    if stray:
+        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
+        raise UsageError(
+            f"{flags} appl{'ies' if len(stray) == 1 else 'y'} to --mode weight-only, not --mode {mode}"
+        )
     opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", "compile", *keep)}
     return make_config(mode or "", float_modules=options.get("exclude"), **opts)
 

@@ -214,3 +214,9 @@ def test_cli_refuses_a_foreign_non_empty_folder(cli, lm_dir, tmp_path):
     code, _, stderr = cli("quantize", lm_dir, "--mode", "weight-only", "-o", tmp_path / "mine")
     assert code == 2 and "not empty" in stderr
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def test_weight_only_options_belong_to_weight_only(cli, lm_dir, tmp_path):
+    assert_refused(cli, "quantize", lm_dir, "--mode", "dynamic", "--bits", "4", "-o", tmp_path / "x.pt",
+                   match="--bits applies to --mode weight-only", where=tmp_path)  # fmt: skip
+    assert_refused(ptopt.quantize, lm_dir, "weight-only", min_cosine=0.99, match="judged on perplexity")
