@@ -29,6 +29,13 @@ from ptopt.optimize.candidates import runtime_filters
     help="Accuracy budget: the worst sample's cosine with the fp32 outputs (for unlabelled data).",
 )
 @click.option(
+    "--max-perplexity-increase",
+    type=float,
+    metavar="PCT",
+    help="Budget for a causal language model: % perplexity over fp32 on --eval-data text; searches the "
+    "weight-only int8/int4 candidates for the fastest decode.",
+)
+@click.option(
     "--batch-size",
     "batch_sizes",
     default="1,32",
@@ -83,6 +90,8 @@ def command(quiet: bool, **params: Any) -> None:
             click.echo(msg, err=True)
 
     params["input_shapes"] = list(params["input_shapes"]) or None
+    if params["max_perplexity_increase"] is not None:
+        return _language_model(params, progress)
     result = optimize(params.pop("model"), **params, progress=progress)
     out = result.directory
     click.echo(render(result.report, out))
@@ -90,3 +99,21 @@ def command(quiet: bool, **params: Any) -> None:
         closest = result.report["best"]
         where = f"the closest ({closest}) is in {out}" if closest else f"nothing to write as best; see {out}"
         raise GateFailedError(f"no candidate meets the accuracy budget within the time budget; {where}")
+
+
+def _language_model(params: dict[str, Any], progress: Any) -> None:
+    """``--max-perplexity-increase``: the language-model search; its table, exit 1 without a winner."""
+    from ptopt.core.errors import GateFailedError
+    from ptopt.optimize.api import optimize
+    from ptopt.optimize.lm import render_lm
+
+    if params["batch_sizes"] != "1,32" or params["runtime"] != "any" or params["device"] != "cpu":
+        raise click.UsageError(
+            "--batch-size, --runtime and --device do not apply to the language-model search"
+        )
+    for key in ("batch_sizes", "runtime", "device", "min_seconds"):
+        params.pop(key)
+    result = optimize(params.pop("model"), **params, progress=progress)
+    click.echo(render_lm(result.report))
+    if result.winner is None:
+        raise GateFailedError("no candidate meets the perplexity budget")

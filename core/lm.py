@@ -76,3 +76,40 @@ def weight_bytes(module: Any) -> int:
             seen.add(key)
             total += inner.numel() * inner.element_size()
     return total
+
+
+def cache_keyword(module: Any) -> str:
+    """What the model's forward calls its KV cache: ``cache`` (transformers 5.x) or
+    ``past_key_values`` (4.x, and models written for it)."""
+    import inspect
+
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def generation_speed(module: Any, prompt: Any, new_tokens: int) -> dict[str, float]:
+    """One timed generation at batch 1 with the KV cache, greedy: the prompt's forward pass (prefill)
+    and ``new_tokens - 1`` single-token steps after it (decode). Returns seconds and tokens/s of
+    each. ``prompt``: 1-D int64 ids."""
+    import time
+
+    import torch
+
+    ids = prompt.reshape(1, -1)
+    key = cache_keyword(module)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = module(input_ids=ids, use_cache=True)
+        nxt = out.logits[:, -1:].argmax(-1)
+        t1 = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            out = module(input_ids=nxt, use_cache=True, **{key: out[key]})
+            nxt = out.logits[:, -1:].argmax(-1)
+        t2 = time.perf_counter()
+    steps = max(new_tokens - 1, 1)
+    return {
+        "prefill_s": t1 - t0,
+        "decode_s": t2 - t1,
+        "prefill_tokens_per_s": ids.shape[1] / (t1 - t0),
+        "decode_tokens_per_s": steps / (t2 - t1) if t2 > t1 else float("inf"),
+    }

@@ -172,6 +172,7 @@ def optimize(
     min_seconds: float | None = None,
     latency: Any = None,
     progress: Callable[[str], None] | bool | None = None,
+    max_perplexity_increase: float | None = None,
 ) -> OptimizeResult:
     """Search the candidates for the fastest artifact within the accuracy budget (module docstring).
 
@@ -184,9 +185,13 @@ def optimize(
     ``threads``, ``rounds``, ``min_seconds`` or ``latency`` (a validate ``LatencyOptions``): how the
     survivors are timed. ``output``: also ``save`` there (a new or empty folder). ``progress``: a
     callable taking each progress line, True for lines on stderr, None/False for silence.
+    ``max_perplexity_increase`` (%): a causal language model, judged on ``eval_data`` text; the
+    weight-only search of ``ptopt.optimize.lm`` (returns its ``LMOptimizeResult``).
     """
     clock = Clock(0.0)
     say = progress if callable(progress) else (_to_stderr if progress else (lambda msg: None))
+    if max_perplexity_increase is not None:
+        return _optimize_lm(locals(), say)
     settings, specs = _check_options(locals())
     clock.budget = settings.time_budget
     inputs_paths = _input_paths(model, weights, calib_data, eval_data, train_data)
@@ -222,6 +227,41 @@ def optimize(
     if output is not None:
         result.save(output)
     return result
+
+
+def _optimize_lm(opts: dict[str, Any], say: Callable[[str], None]) -> Any:
+    """``optimize(max_perplexity_increase=...)``: the language-model search (``optimize/lm.py``)."""
+    from ptopt.optimize.lm import optimize_lm
+
+    lm_only = {"max_accuracy_drop", "min_cosine", "train_data", "input_shapes", "weights", "latency"}
+    given = sorted(k for k in lm_only if opts[k] not in (None, (), []))
+    if given:
+        raise UsageError(
+            f"{', '.join(given)}: not options of the language-model search (--max-perplexity-increase)"
+        )
+    if opts["eval_data"] is None:
+        raise UsageError(
+            "--max-perplexity-increase needs --eval-data: text (a .txt, token ids, builtin:pydoc-text:eval)"
+        )
+    if opts["output"] is not None:
+        check_output_dir(Path(opts["output"]), ())
+    keep = (
+        "eval_data",
+        "calib_data",
+        "max_perplexity_increase",
+        "output",
+        "candidates",
+        "skip",
+        "allow_pickle",
+    )
+    extra = {"rounds": opts["rounds"]} if opts["rounds"] else {}
+    from ptopt.core.timing import torch_threads
+
+    with torch_threads(opts["threads"]):
+        return optimize_lm(
+            opts["model"], time_budget=parse_duration(opts["time_budget"]), progress=say,
+            **{k: opts[k] for k in keep}, **extra,
+        )  # fmt: skip
 
 
 def _to_stderr(msg: str) -> None:

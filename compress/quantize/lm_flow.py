@@ -60,6 +60,11 @@ def quantize_lm(
     return finish(_result(config, loaded, q, record, metrics, (calib_data, eval_data)), output)
 
 
+def token_ids_for(ref: Any, loaded: Any, name: str) -> Any:
+    """``ref`` (text data) as token ids for the loaded model (its folder's tokenizer for text)."""
+    return _token_ids(ref, loaded.module, loaded.info.get("hf_dir"), name)
+
+
 def _token_ids(ref: Any, model: Any, hf_dir: Any, name: str) -> Any:
     if ref is None:
         return None

@@ -1,0 +1,334 @@
+"""``ptopt optimize`` for causal language models: the fastest decode within a perplexity budget.
+
+The candidates are the model as it is (fp32), bf16 (where the CPU has bf16 kernels), and the
+weight-only rows of the quantization table (``quantize --mode weight-only``): int8, and int4 per
+group size and method (rtn, hqq; awq and gptq when calibration text is given). Each is built in
+memory, its perplexity measured on the *choice* half of the evaluation text; those within
+``max_perplexity_increase`` % of fp32's are timed in shared interleaved rounds (one greedy generation
+at batch 1 with the KV cache per candidate and round: prefill and decode tokens/s); the fastest
+decode among them wins. Every kept candidate's perplexity is then measured on the *unseen* half,
+which neither the budget check nor the choice read: that is the headline figure. Calibration text
+must not overlap the evaluation text.
+
+``-o DIR`` gets ``report.json``, ``report.md`` and, when the winner is a quantized model,
+``DIR/best`` (its weight-only folder, loadable by ``ptopt`` and, for int8, ``from_pretrained``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import UsageError
+
+#: name -> the quantize options of the candidate (None: a float candidate); in the order tried
+CATALOGUE: dict[str, dict[str, Any] | None] = {
+    "fp32": None,
+    "bf16": None,
+    "int8-wo": {"bits": 8},
+    "int4-g128-rtn": {"bits": 4, "group_size": 128, "method": "rtn"},
+    "int4-g64-hqq": {"bits": 4, "group_size": 64, "method": "hqq"},
+    "int4-g128-awq": {"bits": 4, "group_size": 128, "method": "awq"},
+    "int4-g128-gptq": {"bits": 4, "group_size": 128, "method": "gptq"},
+    "int4-g32-gptq": {"bits": 4, "group_size": 32, "method": "gptq"},
+}
+CALIBRATED = ("awq", "gptq")
+
+
+@dataclasses.dataclass
+class LMCandidate:
+    name: str
+    status: str = "pending"  # kept | rejected | skipped | failed
+    reason: str = ""
+    build_s: float | None = None
+    module: Any = None
+    result: Any = None
+    weight_bytes: int | None = None
+    perplexity: float | None = None  # on the choice half
+    perplexity_unseen: float | None = None
+    decode: list[float] = dataclasses.field(default_factory=list)
+    prefill: list[float] = dataclasses.field(default_factory=list)
+
+    def row(self, base: LMCandidate) -> dict[str, Any]:
+        med = statistics.median(self.decode) if self.decode else None
+        base_med = statistics.median(base.decode) if base.decode else None
+        pct = lambda p, b: None if p is None or b is None else 100 * (p / b - 1)  # noqa: E731
+        return {
+            "name": self.name, "status": self.status, "reason": self.reason, "build_s": self.build_s,
+            "weight_bytes": self.weight_bytes, "perplexity_choice": self.perplexity,
+            "perplexity_unseen": self.perplexity_unseen,
+            "increase_pct_choice": pct(self.perplexity, base.perplexity),
+            "increase_pct_unseen": pct(self.perplexity_unseen, base.perplexity_unseen),
+            "decode_tokens_per_s": med, "decode_spread_pct": _spread(self.decode),
+            "prefill_tokens_per_s": statistics.median(self.prefill) if self.prefill else None,
+            "decode_speedup": med / base_med if med and base_med else None,
+        }  # fmt: skip
+
+
+def _spread(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    return 100 * (max(values) - min(values)) / statistics.median(values)
+
+
+@dataclasses.dataclass
+class LMOptimizeResult:
+    """What the search found: ``report`` (JSON-ready), the winner's name and its model."""
+
+    report: dict[str, Any]
+    winner: LMCandidate | None
+    directory: Path | None = None
+
+    @property
+    def model(self) -> Any:
+        return self.winner.module if self.winner is not None else None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.winner is not None else 1
+
+
+def bf16_flags() -> list[str]:
+    """The CPU flags that make bf16 matrix products fast (empty: none here)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    flags = next(
+        (line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []
+    )
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
+def _texts(loaded: Any, eval_data: Any, calib_data: Any) -> tuple[Any, Any, Any]:
+    """(choice ids, unseen ids, calibration ids or None): the evaluation text in two halves."""
+    from ptopt.compress.quantize.lm_flow import token_ids_for
+
+    evald = token_ids_for(eval_data, loaded, "evaluation text")
+    calib = token_ids_for(calib_data, loaded, "calibration text") if calib_data is not None else None
+    if evald.numel() < 64:
+        raise UsageError(
+            f"--eval-data holds {evald.numel()} tokens; the search needs at least 64 (two halves)"
+        )
+    half = evald.numel() // 2
+    return evald[:half], evald[half:], calib
+
+
+def _build(cand: LMCandidate, loaded: Any, calib: Any) -> None:
+    """Make the candidate's model in memory (quantize rows through ``ptopt.quantize``)."""
+    import torch
+
+    from ptopt.compress.quantize import quantize
+
+    options = CATALOGUE[cand.name]
+    if cand.name == "fp32":
+        cand.module = loaded.module
+    elif cand.name == "bf16":
+        cand.module = copy.deepcopy(loaded.module).to(torch.bfloat16)
+    else:
+        cand.result = quantize(loaded, "weight-only", calib_data=calib, progress=False, **options)
+        cand.module = cand.result.model
+
+
+def _skip_reason(name: str, calib: Any, bf16: list[str]) -> str:
+    options = CATALOGUE[name]
+    if name == "bf16" and not bf16:
+        return "this CPU has no bf16 kernels (needs avx512_bf16 or amx_bf16)"
+    if options and options.get("method") in CALIBRATED and calib is None:
+        return f"{options['method']} is fitted on text: pass --calib-data"
+    return ""
+
+
+def _evaluate(
+    cands: list[LMCandidate], loaded: Any, texts: tuple, budget: float, clock: Any, say: Any
+) -> None:
+    """Build each candidate and judge it on the choice half (fp32 first: the reference)."""
+    from ptopt.core.lm import perplexity, weight_bytes
+
+    choice, _, calib = texts
+    bf16 = bf16_flags()
+    for cand in cands:
+        why = _skip_reason(cand.name, calib, bf16) or clock(cand)
+        if why:
+            cand.status, cand.reason = "skipped", why
+            say(f"  {cand.name}: skipped: {why}")
+            continue
+        start = time.perf_counter()
+        try:
+            _build(cand, loaded, calib)
+        except UsageError as e:
+            cand.status, cand.reason = "failed", str(e)
+            say(f"  {cand.name}: failed: {e}")
+            continue
+        cand.build_s = time.perf_counter() - start
+        cand.weight_bytes = weight_bytes(cand.module)
+        cand.perplexity = perplexity(cand.module, choice)["perplexity"]
+        increase = 100 * (cand.perplexity / cands[0].perplexity - 1)
+        ok = cand.name == "fp32" or increase <= budget
+        cand.status = "kept" if ok else "rejected"
+        cand.reason = "" if ok else f"perplexity +{increase:.2f}% > +{budget:g}% on the choice half"
+        say(f"  {cand.name}: perplexity {cand.perplexity:.3f} ({increase:+.2f}%), {cand.status}")
+
+
+def _time(kept: list[LMCandidate], prompt: Any, new_tokens: int, rounds: int) -> None:
+    """Interleaved rounds: each round, one generation per candidate (warm-up round not kept)."""
+    from ptopt.core.lm import generation_speed
+
+    for r in range(rounds + 1):
+        for cand in kept:
+            speed = generation_speed(cand.module, prompt, new_tokens)
+            if r:
+                cand.decode.append(speed["decode_tokens_per_s"])
+                cand.prefill.append(speed["prefill_tokens_per_s"])
+
+
+def optimize_lm(
+    model: Any,
+    *,
+    eval_data: Any,
+    max_perplexity_increase: float,
+    calib_data: Any = None,
+    output: Any = None,
+    candidates: Any = None,
+    skip: Any = None,
+    time_budget: float = 600.0,
+    rounds: int = 5,
+    prompt_tokens: int = 128,
+    new_tokens: int = 32,
+    allow_pickle: bool = False,
+    progress: Any = None,
+) -> LMOptimizeResult:
+    """The search of the module docstring; ``model``: a Hugging Face folder, ``hf:DIR`` or a causal LM."""
+    from ptopt.core.choice import fastest_within
+    from ptopt.core.lm import perplexity
+
+    say = progress if callable(progress) else (lambda msg: None)
+    if max_perplexity_increase is None or max_perplexity_increase < 0:
+        raise UsageError("--max-perplexity-increase must be a percentage >= 0")
+    loaded = _load(model, allow_pickle)
+    texts = _texts(loaded, eval_data, calib_data)
+    cands = [LMCandidate(n) for n in _names(candidates, skip)]
+    deadline = time.monotonic() + time_budget
+    clock = lambda c: "" if time.monotonic() < deadline else "time budget spent"  # noqa: E731
+    _evaluate(cands, loaded, texts, max_perplexity_increase, clock, say)
+    kept = [c for c in cands if c.status == "kept"]
+    say(
+        f"timing {len(kept)} candidates: {rounds} interleaved rounds, {prompt_tokens}-token prompt, {new_tokens} new"
+    )
+    _time(kept, texts[1][:prompt_tokens], new_tokens, rounds)
+    for cand in kept:
+        cand.perplexity_unseen = perplexity(cand.module, texts[1])["perplexity"]
+    winner, _ = fastest_within(kept, lambda c: 1 / statistics.median(c.decode), lambda c: True)
+    report = _report(
+        cands, winner, loaded, texts, locals_of(max_perplexity_increase, rounds, prompt_tokens, new_tokens)
+    )
+    result = LMOptimizeResult(report, winner)
+    if output is not None:
+        result.directory = _write(result, Path(output))
+    return result
+
+
+def locals_of(budget: float, rounds: int, prompt: int, new: int) -> dict[str, Any]:
+    return {
+        "max_perplexity_increase_pct": budget,
+        "rounds": rounds,
+        "prompt_tokens": prompt,
+        "new_tokens": new,
+    }
+
+
+def _names(candidates: Any, skip: Any) -> list[str]:
+    split = lambda v: [s.strip() for s in (v.split(",") if isinstance(v, str) else v or []) if s.strip()]  # noqa: E731
+    wanted, dropped = split(candidates), split(skip)
+    unknown = [n for n in wanted + dropped if n not in CATALOGUE]
+    if unknown:
+        raise UsageError(f"unknown candidate(s) {', '.join(unknown)} (known: {', '.join(CATALOGUE)})")
+    names = [n for n in CATALOGUE if (not wanted or n in wanted) and n not in dropped]
+    return ["fp32"] + [n for n in names if n != "fp32"]  # the reference always runs
+
+
+def _load(model: Any, allow_pickle: bool) -> Any:
+    from ptopt.core.hf import is_causal_lm
+    from ptopt.core.modelref import as_loaded
+
+    loaded = as_loaded(model, None, allow_pickle)
+    if not is_causal_lm(loaded.module):
+        raise UsageError(
+            f"{loaded.ref} is not a causal language model (a transformers model with generate): "
+            "--max-perplexity-increase searches language models; use --max-accuracy-drop or --min-cosine"
+        )
+    return loaded
+
+
+def _report(cands: list, winner: Any, loaded: Any, texts: tuple, settings: dict) -> dict[str, Any]:
+    from ptopt.core.lm import CONTEXT, STRIDE
+    from ptopt.core.system import machine_summary
+
+    rows = [c.row(cands[0]) for c in cands]
+    return {
+        "schema": "ptopt.optimize-lm/1",
+        "model": loaded.ref,
+        "winner": winner.name if winner is not None else None,
+        "settings": settings | {"perplexity_context": CONTEXT, "perplexity_stride": STRIDE},
+        "tokens": {"choice": int(texts[0].numel()), "unseen": int(texts[1].numel()),
+                   "calibration": int(texts[2].numel()) if texts[2] is not None else 0},
+        "candidates": rows,
+        "machine": machine_summary(),
+    }  # fmt: skip
+
+
+def _write(result: LMOptimizeResult, directory: Path) -> Path:
+    from ptopt.core.atomic import write_text_atomic
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if result.winner is not None and result.winner.result is not None:
+        result.winner.result.save(directory / "best")
+        result.report["best"] = str(directory / "best")
+    write_text_atomic(directory / "report.json", json.dumps(result.report, indent=2, default=str) + "\n")
+    write_text_atomic(directory / "report.md", render_lm(result.report) + "\n")
+    return directory
+
+
+def render_lm(report: dict[str, Any]) -> str:
+    """The report as a Markdown table (also what the CLI prints)."""
+    from ptopt.validate.reports.common import machine_line
+
+    s = report["settings"]
+    lines = [
+        f"# ptopt optimize (language model): {report['model']}",
+        "",
+        f"Budget: perplexity +{s['max_perplexity_increase_pct']:g}% over fp32 on the choice half "
+        f"({report['tokens']['choice']} tokens); headline on the unseen half ({report['tokens']['unseen']} "
+        f"tokens); context {s['perplexity_context']}, stride {s['perplexity_stride']}. Decode: batch 1, "
+        f"KV cache, greedy, {s['prompt_tokens']}-token prompt, {s['new_tokens']} new tokens, "
+        f"{s['rounds']} interleaved rounds (median).",
+        "",
+        f"Machine: {machine_line(report['machine'], s.get('threads'))}",
+        "",
+        "| candidate | status | ppl choice (+%) | ppl unseen (+%) | weight MB | decode tok/s (spread) "
+        "| vs fp32 | prefill tok/s | reason |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["candidates"]:
+        lines.append(_md_row(r, r["name"] == report["winner"]))
+    lines += ["", f"Winner: {report['winner'] or 'none within the budget'}"]
+    return "\n".join(lines)
+
+
+def _md_row(r: dict[str, Any], best: bool) -> str:
+    f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+    ppl = lambda p, inc: "-" if p is None else f"{p:.3f} ({inc:+.2f}%)"  # noqa: E731
+    name = f"**{r['name']}**" if best else r["name"]
+    spread = f" ({r['decode_spread_pct']:.0f}%)" if r["decode_spread_pct"] is not None else ""
+    mb = r["weight_bytes"] / 1e6 if r["weight_bytes"] else None
+    return (
+        f"| {name} | {r['status']} | {ppl(r['perplexity_choice'], r['increase_pct_choice'])} "
+        f"| {ppl(r['perplexity_unseen'], r['increase_pct_unseen'])} | {f(mb, '.1f')} "
+        f"| {f(r['decode_tokens_per_s'], '.1f')}{spread} | {f(r['decode_speedup'], '.2f')}x "
+        f"| {f(r['prefill_tokens_per_s'], '.0f')} | {r['reason']} |"
+    )

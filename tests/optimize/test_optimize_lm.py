@@ -1,0 +1,74 @@
+"""``ptopt optimize --max-perplexity-increase`` (issue 28): the weight-only candidates of a causal
+language model, judged on one half of the evaluation text, reported on the other, timed by decode
+tokens/s; through the API and the CLI (small seeded Llama from a config: mechanics, not quality)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import ptopt
+from ptopt.core.errors import UsageError
+from ptopt.core.hf import import_transformers
+from tests.helpers import assert_refused
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    tf = import_transformers()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)  # fmt: skip
+    root = tmp_path_factory.mktemp("lm")
+    tf.LlamaForCausalLM(cfg).eval().save_pretrained(root / "llama")
+    g = torch.Generator().manual_seed(3)
+    torch.save(torch.randint(0, VOCAB, (1200,), generator=g), root / "eval.pt")
+    torch.save(torch.randint(0, VOCAB, (800,), generator=g), root / "calib.pt")
+    return root
+
+
+def test_search_api_picks_within_budget_and_reports_both_halves(lm, tmp_path):
+    res = ptopt.optimize(
+        lm / "llama", eval_data=lm / "eval.pt", calib_data=lm / "calib.pt", max_perplexity_increase=5,
+        candidates="int8-wo,int4-g128-gptq,int4-g64-hqq", rounds=2, output=tmp_path / "out", progress=False,
+    )  # fmt: skip
+    rows = {r["name"]: r for r in res.report["candidates"]}
+    assert list(rows) == ["fp32", "int8-wo", "int4-g64-hqq", "int4-g128-gptq"]  # the catalogue order
+    assert res.report["tokens"] == {"choice": 600, "unseen": 600, "calibration": 800}
+    for r in rows.values():
+        assert r["status"] == "kept" and r["decode_tokens_per_s"] > 0 and r["perplexity_unseen"] > 0
+    assert rows["int4-g128-gptq"]["weight_bytes"] < 0.5 * rows["fp32"]["weight_bytes"]
+    winner = res.report["winner"]
+    assert rows[winner]["decode_tokens_per_s"] == max(r["decode_tokens_per_s"] for r in rows.values())
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["winner"] == winner and (tmp_path / "out" / "report.md").is_file()
+    assert (tmp_path / "out" / "best").is_dir() == (winner != "fp32")
+
+
+def test_budget_rejects_and_calibrated_methods_need_text(lm):
+    res = ptopt.optimize(lm / "llama", eval_data=lm / "eval.pt", max_perplexity_increase=0,
+                         candidates="int4-g128-rtn,int4-g128-awq", rounds=1, progress=False)  # fmt: skip
+    rows = {r["name"]: r for r in res.report["candidates"]}
+    assert rows["int4-g128-awq"]["status"] == "skipped" and "--calib-data" in rows["int4-g128-awq"]["reason"]
+    rtn = rows["int4-g128-rtn"]
+    assert (rtn["status"] == "rejected") == (rtn["increase_pct_choice"] > 0)
+
+
+def test_cli_prints_the_table(cli, lm, tmp_path):
+    code, out, err = cli("optimize", lm / "llama", "--eval-data", lm / "eval.pt", "--max-perplexity-increase", "5",
+                         "--candidates", "int8-wo", "--rounds", "1", "-o", tmp_path / "o")  # fmt: skip
+    assert code == 0, err
+    assert "| int8-wo | kept |" in out and "Winner:" in out and "KV cache" in out
+
+
+def test_bad_input(cli, lm, tmp_path):
+    assert_refused(cli, "optimize", lm / "llama", "--max-perplexity-increase", "5", "-o", tmp_path / "o",
+                   match="needs --eval-data", where=tmp_path)  # fmt: skip
+    assert_refused(cli, "optimize", lm / "llama", "--eval-data", lm / "eval.pt", "--max-perplexity-increase", "5",
+                   "--candidates", "int3", "-o", tmp_path / "o", match="unknown candidate", where=tmp_path)  # fmt: skip
+    with pytest.raises(UsageError, match="not a causal language model"):
+        ptopt.optimize(torch.nn.Linear(4, 4), eval_data=lm / "eval.pt", max_perplexity_increase=5)
