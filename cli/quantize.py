@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -154,31 +155,7 @@ def command(
     """
     from ptopt.compress.quantize import quantize
 
-    options = dict(
-        model=model,
-        mode=mode,
-        output=output,
-        calib_data=calib_data,
-        train_data=train_data,
-        eval_data=eval_data,
-        backend=backend,
-        observer=observer,
-        per_channel=not per_tensor,
-        calibration_batches=calibration_batches,
-        batch_size=batch_size,
-        exclude=tuple(exclude),
-        layers=tuple(t.strip() for t in layers.split(",") if t.strip()) if layers else None,
-        epochs=epochs,
-        lr=lr,
-        engine=engine,
-        weights=weights,
-        allow_pickle=allow_pickle,
-        input_shapes=tuple(input_shapes),
-        **({} if compile_ is None else {"compile": compile_}),  # only when given: recipes stay as they were
-    )
-    llm = dict(bits=bits, group_size=group_size, method=method)
-    llm |= dict(calibration_samples=calibration_samples, calibration_length=calibration_length)
-    options |= {k: v for k, v in llm.items() if v is not None}
+    options = _options(locals())
     if autoquant.wanted(max_accuracy_drop, min_cosine, analyze):  # accuracy-aware search (cli/autoquant.py)
         goal = dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget)
         found = autoquant.run(
@@ -200,6 +177,38 @@ def command(
         _print_weight_only(res)
     else:
         _print_report(res, mode)
+
+
+def _options(p: dict[str, Any]) -> dict[str, Any]:
+    """The Python twin's keywords from the command's parameters (weight-only ones only when given)."""
+    options = dict(
+        model=p["model"],
+        mode=p["mode"],
+        output=p["output"],
+        calib_data=p["calib_data"],
+        train_data=p["train_data"],
+        eval_data=p["eval_data"],
+        backend=p["backend"],
+        observer=p["observer"],
+        per_channel=not p["per_tensor"],
+        calibration_batches=p["calibration_batches"],
+        batch_size=p["batch_size"],
+        exclude=tuple(p["exclude"]),
+        layers=tuple(t.strip() for t in p["layers"].split(",") if t.strip()) if p["layers"] else None,
+        epochs=p["epochs"],
+        lr=p["lr"],
+        engine=p["engine"],
+        weights=p["weights"],
+        allow_pickle=p["allow_pickle"],
+        input_shapes=tuple(p["input_shapes"]),
+        **(
+            {} if p["compile_"] is None else {"compile": p["compile_"]}
+        ),  # only when given: recipes stay as they were
+    )
+    llm = dict(bits=p["bits"], group_size=p["group_size"], method=p["method"])
+    llm |= dict(calibration_samples=p["calibration_samples"], calibration_length=p["calibration_length"])
+    options |= {k: v for k, v in llm.items() if v is not None}
+    return options
 
 
 def _print_weight_only(art) -> None:

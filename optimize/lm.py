@@ -198,16 +198,17 @@ def optimize_lm(
     skip: Any = None,
     time_budget: float = 600.0,
     rounds: int = 5,
-    prompt_tokens: int = 128,
-    new_tokens: int = 32,
+    generation: tuple[int, int] = (128, 32),
     allow_pickle: bool = False,
     progress: Any = None,
 ) -> LMOptimizeResult:
-    """The search of the module docstring; ``model``: a Hugging Face folder, ``hf:DIR`` or a causal LM."""
+    """The search of the module docstring; ``model``: a Hugging Face folder, ``hf:DIR`` or a causal LM;
+    ``generation``: the timed generation's prompt tokens and new tokens."""
     from ptopt.core.choice import fastest_within
     from ptopt.core.lm import perplexity
 
     say = progress if callable(progress) else (lambda msg: None)
+    prompt_tokens, new_tokens = generation
     if max_perplexity_increase is None or max_perplexity_increase < 0:
         raise UsageError("--max-perplexity-increase must be a percentage >= 0")
     loaded = _load(model, allow_pickle)
