@@ -90,6 +90,13 @@ MOSTLY_FLOAT = 0.1
     "--calibration-samples", type=int, help="Weight-only awq/gptq: windows of calibration text [16]."
 )
 @click.option("--calibration-length", type=int, help="Weight-only awq/gptq: tokens per window [256].")
+@click.option(
+    "--decode-step",
+    type=int,
+    metavar="TOKENS",
+    help="Weight-only: also write decode_step.pt2, the decode step as a torch.export ExportedProgram "
+    "with a static KV cache of TOKENS positions (checked against the model before it is written).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--json", "as_json", is_flag=True, help="Print the artifact's sidecar as JSON.")
 @autoquant.autoquant_options
@@ -129,6 +136,7 @@ def command(
     method: str | None,
     calibration_samples: int | None,
     calibration_length: int | None,
+    decode_step: int | None,
     no_progress: bool,
     as_json: bool,
     weights: str | None,
@@ -207,6 +215,7 @@ def _options(p: dict[str, Any]) -> dict[str, Any]:
     )
     llm = dict(bits=p["bits"], group_size=p["group_size"], method=p["method"])
     llm |= dict(calibration_samples=p["calibration_samples"], calibration_length=p["calibration_length"])
+    llm |= dict(decode_step=p["decode_step"])
     options |= {k: v for k, v in llm.items() if v is not None}
     return options
 
@@ -234,6 +243,13 @@ def _print_weight_only(art) -> None:
     click.echo(f"int{rec['bits']}: {len(rec['quantized_layers'])} Linear layers")
     for name, why in rec["float_layers"].items():
         click.echo(f"  float: {name}: {why}")
+    step = rec.get("decode_step")
+    if step:
+        c = step["check"]
+        click.echo(
+            f"decode step: {art.path}/{step['file']} (ExportedProgram, static KV cache of {step['max_cache_len']} "
+            f"tokens; {c['tokens']} replayed tokens, worst cosine {c['worst_cosine']:.6f} vs the model)"
+        )
 
 
 def _print_report(art, mode: str) -> None:

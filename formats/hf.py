@@ -138,9 +138,14 @@ def _tied_keys(module: Any) -> list[str]:
     return list(tied.keys() if isinstance(tied, dict) else tied)
 
 
-def write_weight_only(module: Any, folder: Path, record: dict[str, Any], source_dir: Any) -> dict[str, Any]:
-    """Write ``module`` (torchao-quantized) as a weight-only folder; returns the writer's facts."""
+def write_weight_only(
+    module: Any, folder: Path, record: dict[str, Any], source_dir: Any, files: dict[str, bytes] | None = None
+) -> dict[str, Any]:
+    """Write ``module`` (torchao-quantized) as a weight-only folder; returns the writer's facts.
+    ``files``: more files of the folder, by name (``decode_step.pt2``)."""
     folder.mkdir(parents=True, exist_ok=True)
+    for name, data in (files or {}).items():
+        (folder / name).write_bytes(data)
     # from_pretrained rebuilds int8 from safetensors, but not Conv1D layers ptopt made Linear
     weights = INT8_WEIGHTS if record["bits"] == 8 and not record.get("linear_from_conv1d") else INT4_WEIGHTS
     record = dict(record, weights=weights)
@@ -178,9 +183,11 @@ def _torchao_config(record: dict[str, Any]) -> dict[str, Any]:
     tf = import_transformers()
     with quiet_imports():
         from torchao.quantization import Int8WeightOnlyConfig
+        from torchao.quantization.granularity import PerGroup, PerRow
 
+        group = record.get("group_size")
         cfg = tf.TorchAoConfig(
-            Int8WeightOnlyConfig(group_size=record.get("group_size")),
+            Int8WeightOnlyConfig(granularity=PerGroup(group) if group else PerRow()),
             modules_to_not_convert=sorted(record.get("float_layers", {})) or None,
         )
     return cfg.to_dict()

@@ -80,6 +80,7 @@ def quantize(
     method: str | None = None,
     calibration_samples: int | None = None,
     calibration_length: int | None = None,
+    decode_step: int | None = None,
 ) -> Any:
     """Quantize ``model`` to int8; returns a :class:`~ptopt.core.result.Result` (see the module doc).
 
@@ -96,7 +97,8 @@ def quantize(
     accuracy points kept): the rows of ``ptopt.compress.quantize.table``. ``compile=False`` (pt2e):
     the int8 ExportedProgram ``.pt2`` instead of an AOTInductor package. ``mode="weight-only"``
     (language models): ``bits`` 8 | 4, ``group_size``, ``method`` rtn | hqq | awq | gptq (awq, gptq
-    fitted on ``calib_data`` text), perplexity on ``eval_data`` text; a folder (``lm_flow``).
+    fitted on ``calib_data`` text), perplexity on ``eval_data`` text; a folder (``lm_flow``);
+    ``decode_step=N`` adds the decode step as an ExportedProgram with an N-token static KV cache.
     """
     loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
     loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
@@ -111,7 +113,7 @@ def quantize(
         return _accuracy_aware(
             model, mode, output, config, search | loose | dict(engine=engine, compile=compile)
         )
-    llm = dict(bits=bits, group_size=group_size, method=method)
+    llm = dict(bits=bits, group_size=group_size, method=method, decode_step=decode_step)
     llm |= dict(calibration_samples=calibration_samples, calibration_length=calibration_length)
     loose |= {k: v for k, v in llm.items() if v is not None}
     config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, compile=compile, **loose)

@@ -180,7 +180,9 @@ class WeightOnlyConfig(QuantConfig):
     scale (and, for int4, a zero) per output channel or per ``group_size`` input columns, float
     activations. ``method``: rtn (round to nearest), hqq (half-quadratic scales, int4), awq
     (activation-aware scales from calibration text), gptq (error-compensating rounding on
-    calibration text). ``calibration_samples`` windows of ``calibration_length`` tokens."""
+    calibration text). ``calibration_samples`` windows of ``calibration_length`` tokens.
+    ``decode_step``: also the decode step as an ExportedProgram with a static KV cache of this many
+    tokens (``ptopt.formats.hf_decode``; 0: none)."""
 
     type_name = "quantize-weight-only"
     mode: ClassVar[str] = "weight-only"
@@ -191,6 +193,7 @@ class WeightOnlyConfig(QuantConfig):
     method: str = "rtn"
     calibration_samples: int = 16
     calibration_length: int = 256
+    decode_step: int = 0
 
     @property
     def needs(self) -> tuple[str, str] | None:  # type: ignore[override]
@@ -224,6 +227,10 @@ class WeightOnlyConfig(QuantConfig):
                 f"--group-size {g}: int4 groups are {', '.join(map(str, INT4_GROUP_SIZES))} input columns "
                 "(what the int4 CPU kernel takes)"
             )
+        if not isinstance(self.decode_step, int) or self.decode_step == 1 or self.decode_step < 0:
+            raise UsageError(
+                f"--decode-step takes the KV cache's length in tokens (>= 2), got {self.decode_step!r}"
+            )
         if self.calibration_samples < 1 or self.calibration_length < 2:
             raise UsageError("--calibration-samples must be >= 1 and --calibration-length >= 2")
         super().__post_init__()
@@ -239,7 +246,14 @@ MODE_OPTIONS = {
     "static": ("observer", "calibration_batches", "batch_size"),
     "qat": ("observer", "epochs", "lr", "batch_size"),
     "dynamic": ("layers",),
-    "weight-only": ("bits", "group_size", "method", "calibration_samples", "calibration_length"),
+    "weight-only": (
+        "bits",
+        "group_size",
+        "method",
+        "calibration_samples",
+        "calibration_length",
+        "decode_step",
+    ),
 }
 
 

@@ -37,11 +37,20 @@ def torchao() -> Iterator[Any]:
         yield q
 
 
+def int8_config(group_size: int | None) -> Any:
+    """torchao's int8 weight-only config: a scale per output channel, or per ``group_size`` input
+    columns (``granularity``: torchao 0.18 refuses the old ``group_size=`` keyword)."""
+    with torchao() as q:
+        from torchao.quantization.granularity import PerGroup, PerRow
+
+        return q.Int8WeightOnlyConfig(granularity=PerGroup(group_size) if group_size else PerRow())
+
+
 def base_config(bits: int, group_size: int | None, method: str) -> Any:
     """torchao's config for plain round-to-nearest (or HQQ) weights of ``bits``."""
-    with torchao() as q:
+    with torchao():
         if bits == 8:
-            return q.Int8WeightOnlyConfig(group_size=group_size)
+            return int8_config(group_size)
         from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
         from torchao.quantization.quantize_.workflows import Int4ChooseQParamsAlgorithm
 

@@ -57,7 +57,13 @@ def quantize_lm(
     record = quantize_module(q, config, _calibrator(calib, config))
     record["calibration"] = _calib_record(calib, calib_data, config)
     metrics = _measure(source, q, evald, eval_data)
-    return finish(_result(config, loaded, q, record, metrics, (calib_data, eval_data)), output)
+    files = {}
+    if config.decode_step:  # checked in memory before anything is written
+        from ptopt.formats.hf_decode import DECODE_FILE, capture
+
+        files[DECODE_FILE], record["decode_step"] = capture(q, config.decode_step)
+    result = _result(config, loaded, q, record, metrics, (calib_data, eval_data), files)
+    return finish(result, output)
 
 
 def token_ids_for(ref: Any, loaded: Any, name: str) -> Any:
@@ -141,7 +147,9 @@ def _measure(source: Any, q: Any, ids: Any, ref: Any) -> dict[str, Any]:
     return metrics
 
 
-def _result(config: WeightOnlyConfig, loaded: Any, q: Any, record: dict, metrics: dict, refs: tuple) -> Any:
+def _result(
+    config: WeightOnlyConfig, loaded: Any, q: Any, record: dict, metrics: dict, refs: tuple, files: dict
+) -> Any:
     from ptopt.core.artifact import Artifact
     from ptopt.core.result import Result
     from ptopt.formats.hf import write_weight_only
@@ -160,5 +168,5 @@ def _result(config: WeightOnlyConfig, loaded: Any, q: Any, record: dict, metrics
         extra={"weight_only": record, "float_layers": record["float_layers"]},
     )
     sources = input_files(loaded.path, loaded.info.get("weights"), *refs)
-    writer = lambda path: write_weight_only(q, path, record, hf_dir)  # noqa: E731
+    writer = lambda path: write_weight_only(q, path, record, hf_dir, files)  # noqa: E731
     return Result(q, template, writer, inputs_paths=sources, source=loaded, folder=True)
