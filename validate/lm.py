@@ -45,7 +45,7 @@ BEST_RULE = (
     "best = the fastest decode (tokens/s at batch 1) among the artifacts that pass every gate; without "
     f"--max-perplexity-increase, among those whose perplexity rose at most {BEST_MAX_INCREASE_PCT:g}%"
 )
-RUNTIME = "torch eager (transformers)"
+RUNTIME = "torch eager"
 #: the options only this path reads (``api.validate``'s keywords), refused elsewhere
 LM_ONLY = ("context", "stride", "prompt_tokens", "new_tokens", "max_perplexity_increase", "min_tokens_per_s")
 #: ``api.validate``'s keywords this path does not read, and the values that mean "not given"
