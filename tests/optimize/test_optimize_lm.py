@@ -11,7 +11,7 @@ import torch
 
 import ptopt
 from ptopt.core.errors import UsageError
-from ptopt.core.hf import import_transformers
+from tests.compress.hf_models import llama
 from tests.helpers import assert_refused
 
 VOCAB = 512
@@ -19,12 +19,8 @@ VOCAB = 512
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    tf = import_transformers()
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)  # fmt: skip
     root = tmp_path_factory.mktemp("lm")
-    tf.LlamaForCausalLM(cfg).eval().save_pretrained(root / "llama")
+    llama(VOCAB).save_pretrained(root / "llama")
     g = torch.Generator().manual_seed(3)
     torch.save(torch.randint(0, VOCAB, (1200,), generator=g), root / "eval.pt")
     torch.save(torch.randint(0, VOCAB, (800,), generator=g), root / "calib.pt")
