@@ -55,6 +55,11 @@ BEST_RULE = (
 )
 
 
+#: ``validate``'s keywords that are the fields of ``Gates`` (the CLI's spellings)
+_GATE_OPTIONS = ("max_accuracy_drop", "relative", "min_agreement", "max_latency_ms", "min_speedup", "max_size_mb",
+                 "max_regression", "regression_on")  # fmt: skip
+
+
 @dataclasses.dataclass
 class ValidationResult:
     """What ``validate`` measured: ``data`` is the JSON report (schema in docs/validate.md)."""
@@ -266,26 +271,16 @@ def validate(
     ``max_perplexity_increase``, ``min_tokens_per_s`` and ``max_size_mb`` (docs/validate.md).
     """
     given = dict(locals())
+    reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     if _lm.is_lm_model(reference) and _lm.is_lm_data(data):
-        ReportPaths(json_path, junit_path, markdown_path, report_path).check()
+        reports.check()
         return _finish(ValidationResult(_lm.validate_lm(reference, artifacts, data, given)), given)
     _lm.refuse_lm_options(given, reference, data)
     t_start = time.perf_counter()
-    gates = _gates.Gates.from_options(
-        gates,
-        max_accuracy_drop=max_accuracy_drop,
-        relative=relative,
-        min_agreement=min_agreement,
-        max_latency_ms=max_latency_ms,
-        min_speedup=min_speedup,
-        max_size_mb=max_size_mb,
-        max_regression=max_regression,
-        regression_on=regression_on,
-    )
+    gates = _gates.Gates.from_options(gates, **{k: given[k] for k in _GATE_OPTIONS})
     latency = LatencyOptions.from_options(
         latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds, stable_pct=stable_pct
     )
-    reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
     settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size, compile=bool(compile))
     models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers, device=device)
@@ -296,8 +291,9 @@ def validate(
 
 def _finish(result: ValidationResult, given: dict[str, Any]) -> ValidationResult:
     """Write every report asked for, then raise for a failed gate when asked to."""
-    paths = ReportPaths(given["json_path"], given["junit_path"], given["markdown_path"], given["report_path"])
-    write_reports(result, **paths.as_options())
+    write_reports(
+        result, **{k: given[k] for k in ("json_path", "junit_path", "markdown_path", "report_path")}
+    )
     if given["raise_on_failure"]:
         raise_for_status(result)
     return result
