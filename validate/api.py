@@ -11,6 +11,9 @@ memory taken, one at a time; last, all of them are loaded together and timed in 
 The steps, in order: ``_prepare`` (1-2: options, data, metric, baseline, report paths; a ``_Run``),
 ``_check_models`` (3: one small batch through each model), ``_evaluate`` (4: an ``Entry`` per model),
 ``_time`` (5), ``_compare`` and ``_report`` (6: gates, the best pick, the JSON report).
+
+A causal language model REFERENCE with text data takes its own path, ``ptopt.validate.lm``
+(perplexity and tokens/s instead of accuracy and latency per batch); the reports are the same.
 """
 
 from __future__ import annotations
