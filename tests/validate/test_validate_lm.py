@@ -35,6 +35,7 @@ def lm(tmp_path_factory):
     word_tokenizer(root / "llama", VOCAB)
     llama(VOCAB).save_pretrained(root / "bare")
     ptopt.quantize(root / "llama", "weight-only", root / "llama.int8")
+    ptopt.quantize(root / "llama", "weight-only", root / "llama.int4", bits=4, group_size=64)
     llama(256).save_pretrained(root / "small")
     ptopt.quantize(root / "small", "weight-only", root / "small.int8")
     ids = torch.randint(1, VOCAB, (700,), generator=torch.Generator().manual_seed(3))
@@ -42,7 +43,8 @@ def lm(tmp_path_factory):
     (root / "eval.txt").write_text(" ".join(f"w{i}" for i in ids.tolist()), encoding="utf-8")
     torch.save(torch.tensor([1, 2, VOCAB + 5]), root / "wide.pt")
     return {"ref": root / "llama", "int8": root / "llama.int8", "bare": root / "bare", "other": root / "small.int8",
-            "ids": root / "eval.pt", "text": root / "eval.txt", "wide": root / "wide.pt", "root": root}  # fmt: skip
+            "ids": root / "eval.pt", "text": root / "eval.txt", "wide": root / "wide.pt", "int4": root / "llama.int4",
+            "root": root}  # fmt: skip
 
 
 def test_api_perplexity_is_core_lm_perplexity(lm):
@@ -123,6 +125,14 @@ def test_cli_a_gate_that_cannot_pass_exits_1_naming_it(cli, lm, tmp_path):
         ptopt.validate(
             lm["ref"], lm["int8"], lm["ids"], min_tokens_per_s=1e9, raise_on_failure=True, **FAST_API
         )
+
+
+def test_subprocess_loads_an_int4_folder(run_ptopt, lm):
+    """A fresh process (no quantization ran in it) reads the int4 weights (torchao's tensor is
+    registered as safe to load by ptopt, not by the quantize that wrote it)."""
+    out = run_ptopt("validate", lm["ref"], lm["int4"], "--data", lm["ids"], *FAST, "-q")
+    assert out.returncode == 0, out.stderr
+    assert "llama.int4" in out.stdout and "int4" in out.stdout
 
 
 BAD = [
