@@ -58,7 +58,12 @@ def test_cli_prints_the_table(cli, lm, tmp_path):
     code, out, err = cli("optimize", lm / "llama", "--eval-data", lm / "eval.pt", "--max-perplexity-increase", "5",
                          "--candidates", "int8-wo", "--rounds", "1", "-o", tmp_path / "o")  # fmt: skip
     assert code == 0, err
-    assert "| int8-wo | kept |" in out and "Winner:" in out and "KV cache" in out
+    # the winner is the faster decode on this machine, shown in bold: either may win
+    assert (
+        ("| int8-wo | kept |" in out or "| **int8-wo** | kept |" in out)
+        and "Winner:" in out
+        and "KV cache" in out
+    )
 
 
 def test_bad_input(cli, lm, tmp_path):
