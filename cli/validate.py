@@ -16,9 +16,7 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     "--data", required=True, help="DATA reference: the samples every artifact runs on (labels give accuracy)."
 )
 @model_options
-@click.option(
-    "--batch-sizes", default="1,32", show_default=True, help="Batch sizes to time, comma-separated."
-)
+@click.option("--batch-sizes", help="Batch sizes to time, comma-separated (default 1,32).")
 @click.option(
     "--threads",
     type=int,
@@ -26,9 +24,7 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
 )
 @click.option(
     "--metric",
-    default="top1",
-    show_default=True,
-    help="Task metric on the labels: top1, top5, mse, mae, or a function pkg.module:fn(outputs, labels).",
+    help="Task metric on the labels: top1 (default), top5, mse, mae, or a function pkg.module:fn(outputs, labels).",
 )
 @click.option("--max-samples", type=int, help="Use only the first N samples of the data.")
 @click.option(
@@ -47,7 +43,8 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     "--rounds",
     type=int,
     help="Interleaved timing rounds: each artifact's timing is split into this many slices, taken in "
-    "turn with the others', so all see the same machine (default 15).",
+    "turn with the others', so all see the same machine (default 15; language models: generations "
+    "per model, default 5).",
 )
 @click.option(
     "--stable-pct",
@@ -137,6 +134,34 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
     help="Also run every eager / ExportedProgram model (the reference too) through torch.compile, "
     "as an extra row 'NAME (torch.compile)'; its compile time is reported. Needs a C++ compiler.",
 )
+@click.option(
+    "--context",
+    type=int,
+    help="Language models: tokens of history per perplexity window (default 512, at most the model's positions).",
+)
+@click.option(
+    "--stride", type=int, help="Language models: tokens the perplexity window moves by (default 256)."
+)
+@click.option(
+    "--prompt-tokens",
+    type=int,
+    help="Language models: prompt length for the timed generations (default 128).",
+)
+@click.option(
+    "--new-tokens", type=int, help="Language models: tokens generated per timed generation (default 32)."
+)
+@click.option(
+    "--max-perplexity-increase",
+    type=float,
+    metavar="PCT",
+    help="Language models: fail when an artifact's perplexity is more than PCT % above the reference's.",
+)
+@click.option(
+    "--min-tokens-per-s",
+    type=float,
+    metavar="N",
+    help="Language models: fail when an artifact decodes fewer than N tokens/s (batch 1, KV cache).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @save_recipe_option
 @guard_paths(
@@ -158,8 +183,11 @@ from ptopt.cli.options import guard_paths, maybe_save_recipe, model_options, sav
 def command(quiet: bool, save_recipe: str | None, **params: Any) -> None:
     """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
     ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
-    size and peak memory. Exit 1 when a gate fails (after writing every report), 2 on bad input, 4 when no gate failed but
-    a latency gate was within the timing noise (inconclusive)."""
+    size and peak memory. A causal language model (a Hugging Face folder, hf:DIR) with text --data
+    (.txt, builtin:pydoc-text:eval, token ids .pt/.npy) gets perplexity, prefill and decode tokens/s
+    at batch 1, weight bytes, size on disk and peak memory instead. Exit 1 when a gate fails (after
+    writing every report), 2 on bad input, 4 when no gate failed but a latency gate was within the
+    timing noise (inconclusive)."""
     from ptopt.validate.api import raise_for_status, validate
     from ptopt.validate.reports import terminal
 

@@ -113,3 +113,48 @@ def generation_speed(module: Any, prompt: Any, new_tokens: int) -> dict[str, flo
         "prefill_tokens_per_s": ids.shape[1] / (t1 - t0),
         "decode_tokens_per_s": steps / (t2 - t1) if t2 > t1 else float("inf"),
     }
+
+
+def token_ids(ref: Any, vocab_size: int | None, tokenizer_dir: Any, name: str = "text data") -> Any:
+    """``ref`` (text data, ``ptopt.core.text``) as 1-D token ids for a model of ``vocab_size``
+    (None: unchecked): text is tokenized with the tokenizer saved in ``tokenizer_dir``; ids outside
+    the vocabulary are a DataError. None stays None."""
+    if ref is None:
+        return None
+    from ptopt.core.hf import load_tokenizer
+    from ptopt.core.text import check_vocab, is_text_ref, read_token_ids
+
+    tokenizer = load_tokenizer(tokenizer_dir) if is_text_ref(ref) else None
+    ids = read_token_ids(ref, tokenizer, name=name)
+    if vocab_size:
+        check_vocab(ids, vocab_size, name)
+    return ids
+
+
+def interleaved_generation(modules: list[Any], prompt: Any, new_tokens: int, rounds: int) -> list[dict]:
+    """:func:`generation_speed` of every module in shared rounds: each round one generation per
+    module, the order rotating every round and reversed every other one (so each sees the same mix of
+    the machine's states), after one warm-up round that is not kept. Returns, per module,
+    ``{"decode": [tokens/s per round], "prefill": [...]}``."""
+    out: list[dict[str, list[float]]] = [{"decode": [], "prefill": []} for _ in modules]
+    n = len(modules)
+    for r in range(rounds + 1):
+        order = [(i + r) % n for i in range(n)]
+        for i in order[::-1] if r % 2 else order:
+            speed = generation_speed(modules[i], prompt, new_tokens)
+            if r:  # round 0 warms every model up
+                out[i]["decode"].append(speed["decode_tokens_per_s"])
+                out[i]["prefill"].append(speed["prefill_tokens_per_s"])
+    return out
+
+
+def speed_summary(per_round: list[float]) -> dict[str, Any]:
+    """The median of per-round tokens/s and their spread (IQR in % of the median, as validate's
+    ``round_spread_pct``: ``ptopt.core.timing.round_spread``)."""
+    import statistics
+
+    from ptopt.core.timing import round_spread
+
+    if not per_round:
+        return {"median": None, "spread_pct": None}
+    return {"median": statistics.median(per_round), "spread_pct": round_spread(list(per_round))}

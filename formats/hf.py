@@ -101,6 +101,9 @@ def load_weight_only(path: Path) -> Any:
                 raise ModelLoadError(
                     f"{path}: transformers cannot load it: {type(e).__name__}: {e}"
                 ) from None
+        # torchao's int4 CPU tensor registers itself as safe to load only when its module is imported
+        import torchao.prototype.quantization.int4  # noqa: F401
+
         try:
             state = torch.load(path / rec["weights"], weights_only=True, map_location="cpu")
         except Exception as e:  # noqa: BLE001 - a corrupt or foreign file

@@ -176,15 +176,12 @@ def _evaluate(
 
 
 def _time(kept: list[LMCandidate], prompt: Any, new_tokens: int, rounds: int) -> None:
-    """Interleaved rounds: each round, one generation per candidate (warm-up round not kept)."""
-    from ptopt.core.lm import generation_speed
+    """Interleaved rounds (``core.lm.interleaved_generation``): one generation per candidate a round."""
+    from ptopt.core.lm import interleaved_generation
 
-    for r in range(rounds + 1):
-        for cand in kept:
-            speed = generation_speed(cand.module, prompt, new_tokens)
-            if r:
-                cand.decode.append(speed["decode_tokens_per_s"])
-                cand.prefill.append(speed["prefill_tokens_per_s"])
+    speeds = interleaved_generation([c.module for c in kept], prompt, new_tokens, rounds)
+    for cand, speed in zip(kept, speeds, strict=True):
+        cand.decode, cand.prefill = speed["decode"], speed["prefill"]
 
 
 def optimize_lm(

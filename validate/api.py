@@ -11,6 +11,9 @@ memory taken, one at a time; last, all of them are loaded together and timed in 
 The steps, in order: ``_prepare`` (1-2: options, data, metric, baseline, report paths; a ``_Run``),
 ``_check_models`` (3: one small batch through each model), ``_evaluate`` (4: an ``Entry`` per model),
 ``_time`` (5), ``_compare`` and ``_report`` (6: gates, the best pick, the JSON report).
+
+A causal language model REFERENCE with text data takes its own path, ``ptopt.validate.lm``
+(perplexity and tokens/s instead of accuracy and latency per batch); the reports are the same.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from ptopt.core.errors import (
 )
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
+from ptopt.validate import lm as _lm
+from ptopt.validate.entry import Entry
 from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runners
 from ptopt.validate.metrics import Metric, PeakMemory, agreement, compute_metric, resolve_metric, size_info
 from ptopt.validate.runners import ArtifactRunError, Runner, display_name, open_runner
@@ -51,6 +56,11 @@ BEST_RULE = (
     f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
     f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)"
 )
+
+
+#: ``validate``'s keywords that are the fields of ``Gates`` (the CLI's spellings)
+_GATE_OPTIONS = ("max_accuracy_drop", "relative", "min_agreement", "max_latency_ms", "min_speedup", "max_size_mb",
+                 "max_regression", "regression_on")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -107,43 +117,6 @@ def parse_batch_sizes(value: Any) -> list[int]:
     if not sizes or sizes[0] < 1:
         raise UsageError(f"--batch-sizes {value!r}: batch sizes must be positive integers")
     return sizes
-
-
-@dataclasses.dataclass
-class Entry:
-    """One model's row of the report (the reference's or an artifact's); ``to_dict`` is its JSON form
-    (schema in docs/validate.md: the keys and their order are what users' CI parses)."""
-
-    name: str
-    ref: str
-    role: str  # "reference" | "artifact"
-    format: str
-    runtime: str
-    precision: str
-    parent: dict[str, Any] | None
-    config: dict[str, Any] | None
-    batch_range: list[int] | None
-    eval_batch_size: int
-    metric: float | None = None
-    accuracy_drop: float | None = None
-    agreement: dict[str, Any] | None = None
-    size: dict[str, Any] = dataclasses.field(default_factory=dict)
-    latency: dict[str, dict] = dataclasses.field(default_factory=dict)  # filled by the interleaved timing
-    speedup: dict[str, float] = dataclasses.field(default_factory=dict)
-    peak_memory_mb: float | None = None
-    peak_memory_delta_mb: float | None = None
-    #: on a CUDA device: the most GPU memory torch allocated while loading and evaluating it
-    #: (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``); None on the CPU
-    peak_gpu_memory_mb: float | None = None
-    device: str = "cpu"
-    gates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    passed: bool = True
-    best: bool = False
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
-    elapsed_s: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -276,6 +249,13 @@ def validate(
     rounds: int | None = None,
     stable_pct: float | None = None,
     compile: bool = False,
+    # causal language models on text (ptopt.validate.lm)
+    context: int | None = None,
+    stride: int | None = None,
+    prompt_tokens: int | None = None,
+    new_tokens: int | None = None,
+    max_perplexity_increase: float | None = None,
+    min_tokens_per_s: float | None = None,
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
@@ -289,31 +269,35 @@ def validate(
     when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 4).
     ``compile``: also time every eager / ExportedProgram model (the reference too) through
     ``torch.compile``, as an extra row named ``NAME (torch.compile)`` with ``info["compile_seconds"]``.
+    A causal language model REFERENCE with text ``data`` takes ``ptopt.validate.lm``'s path: perplexity
+    (``context``, ``stride``), generation speed (``prompt_tokens``, ``new_tokens``, ``rounds``), gates
+    ``max_perplexity_increase``, ``min_tokens_per_s`` and ``max_size_mb`` (docs/validate.md).
     """
+    given = dict(locals())
+    reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
+    if _lm.is_lm_model(reference) and _lm.is_lm_data(data):
+        reports.check()
+        return _finish(ValidationResult(_lm.validate_lm(reference, artifacts, data, given)), given)
+    _lm.refuse_lm_options(given, reference, data)
     t_start = time.perf_counter()
-    gates = _gates.Gates.from_options(
-        gates,
-        max_accuracy_drop=max_accuracy_drop,
-        relative=relative,
-        min_agreement=min_agreement,
-        max_latency_ms=max_latency_ms,
-        min_speedup=min_speedup,
-        max_size_mb=max_size_mb,
-        max_regression=max_regression,
-        regression_on=regression_on,
-    )
+    gates = _gates.Gates.from_options(gates, **{k: given[k] for k in _GATE_OPTIONS})
     latency = LatencyOptions.from_options(
         latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds, stable_pct=stable_pct
     )
-    reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
     settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
     settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size, compile=bool(compile))
     models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers, device=device)
     run = _prepare(reference, artifacts, data, gates, latency, reports, models, settings)
     entries = _measure(run, progress or (lambda msg: None))
-    result = ValidationResult(_report(run, entries, t_start))
-    write_reports(result, **reports.as_options())
-    if raise_on_failure:
+    return _finish(ValidationResult(_report(run, entries, t_start)), given)
+
+
+def _finish(result: ValidationResult, given: dict[str, Any]) -> ValidationResult:
+    """Write every report asked for, then raise for a failed gate when asked to."""
+    write_reports(
+        result, **{k: given[k] for k in ("json_path", "junit_path", "markdown_path", "report_path")}
+    )
+    if given["raise_on_failure"]:
         raise_for_status(result)
     return result
 
@@ -349,7 +333,7 @@ def _prepare(
 ) -> _Run:
     """Everything a user can get wrong, checked before anything runs. ``settings``: batch_sizes,
     threads, metric, baseline, max_samples, eval_batch_size, compile (``validate``'s keywords)."""
-    sizes = parse_batch_sizes(settings["batch_sizes"])
+    sizes = parse_batch_sizes(settings["batch_sizes"] or DEFAULT_BATCH_SIZES)
     threads, eval_batch_size = settings["threads"], settings["eval_batch_size"]
     max_samples, baseline, compile = settings["max_samples"], settings["baseline"], settings["compile"]
     if eval_batch_size is None:  # one accuracy pass, in batches at least as large as the largest timed
@@ -373,8 +357,9 @@ def _prepare(
     refs = [("reference", _model_ref(reference), models.pop("weights"))]
     refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
     reports.check()
-    met = resolve_metric(settings["metric"])
+    met = resolve_metric(settings["metric"] or "top1")
     ds, data_name = _load_data(data)
+    _lm.check_generic_data(reference, ds, data_name)
     if max_samples is not None:
         if max_samples < 1:
             raise UsageError(f"--max-samples must be >= 1, got {max_samples}")

@@ -470,3 +470,52 @@ def _regressions(
             )
         )
     return out
+
+
+# -- causal language models (``ptopt.validate.lm``) ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LMGates:
+    """The gates of a language-model run (``--max-size-mb`` is ``Gates``' own, shared)."""
+
+    #: largest accepted perplexity increase over the reference's, in % (``perplexity_increase``)
+    max_perplexity_increase: float | None = None
+    #: smallest accepted decode tokens/s at batch 1 with the KV cache (median of the rounds)
+    min_tokens_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_perplexity_increase is not None and self.max_perplexity_increase < 0:
+            raise UsageError(
+                f"--max-perplexity-increase is a percentage >= 0, got {self.max_perplexity_increase:g}"
+            )
+        if self.min_tokens_per_s is not None and self.min_tokens_per_s <= 0:
+            raise UsageError(f"--min-tokens-per-s must be > 0, got {self.min_tokens_per_s:g}")
+
+
+def perplexity_increase(base: float, new: float) -> float:
+    """perplexity increase = (new - base) / base, in percent of the reference's perplexity (lower is
+    better: 10.0 -> 10.3 is +3%)."""
+    return 100.0 * (new - base) / base
+
+
+def evaluate_lm(
+    lm_gates: LMGates, gates: Gates, entry: dict[str, Any], reference: dict[str, Any]
+) -> list[GateResult]:
+    """Every active gate on one language model's entry: perplexity, decode tokens/s (inconclusive within
+    the timing noise of its rounds, as the latency gates), and ``gates``' size gate."""
+    name, lm, out = entry["name"], entry["lm"], []
+    if lm_gates.max_perplexity_increase is not None:
+        limit, inc = lm_gates.max_perplexity_increase, lm["perplexity_increase_pct"]
+        message = (
+            f"perplexity {_fmt(reference['lm']['perplexity'])} -> {_fmt(lm['perplexity'])}: "
+            f"{inc:+.2f}% (max +{_fmt(limit)}%)"
+        )
+        out.append(GateResult(name, "max-perplexity-increase", limit, inc, inc <= limit + 1e-9, message))
+    if lm_gates.min_tokens_per_s is not None:
+        limit, tps = lm_gates.min_tokens_per_s, lm["decode_tokens_per_s"]
+        message = f"decode {_fmt(tps)} tokens/s at batch 1 (min {_fmt(limit)})"
+        out.append(
+            _timed(name, "min-tokens-per-s", limit, tps, tps >= limit, message, lm.get("decode_spread_pct"))
+        )
+    return out + evaluate(Gates(max_size_mb=gates.max_size_mb), entry, reference, {})

@@ -72,17 +72,9 @@ def token_ids_for(ref: Any, loaded: Any, name: str) -> Any:
 
 
 def _token_ids(ref: Any, model: Any, hf_dir: Any, name: str) -> Any:
-    if ref is None:
-        return None
-    from ptopt.core.hf import load_tokenizer
-    from ptopt.core.text import check_vocab, is_text_ref, read_token_ids
+    from ptopt.core.lm import token_ids
 
-    tokenizer = load_tokenizer(hf_dir) if is_text_ref(ref) else None
-    ids = read_token_ids(ref, tokenizer, name=name)
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    if vocab:
-        check_vocab(ids, vocab, name)
-    return ids
+    return token_ids(ref, getattr(getattr(model, "config", None), "vocab_size", None), hf_dir, name)
 
 
 def _overlap(a: Any, b: Any) -> bool:

@@ -55,3 +55,32 @@ def bert_tokens(n: int = 64, seq: int = 32, seed: int = 0) -> dict:
         if pad:
             mask[i, seq - pad :] = 0
     return {"x": {"input_ids": ids * mask, "attention_mask": mask}}
+
+
+def llama(vocab: int = 512, hidden: int = 128, tie: bool = False) -> nn.Module:
+    """LlamaForCausalLM (2 layers, 4 heads, 2 key/value heads, 1024 positions), seeded random weights:
+    the language model of the weight-only, optimize and validate tests."""
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=tie,
+    )  # fmt: skip
+    return tf.LlamaForCausalLM(cfg).eval()
+
+
+def word_tokenizer(folder, vocab: int = 512) -> None:
+    """Save a word-level tokenizer (``[UNK]``, ``w1`` ... ``w{vocab-1}``, split on whitespace) into
+    ``folder``: text data without a downloaded tokenizer (``w7 w42 ...`` is ids 7, 42, ...)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from ptopt.core.hf import import_transformers
+
+    words = {"[UNK]": 0} | {f"w{i}": i for i in range(1, vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    import_transformers().PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(
+        folder
+    )

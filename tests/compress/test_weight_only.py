@@ -14,19 +14,14 @@ import ptopt
 from ptopt.core.errors import DataError, ModelLoadError, UsageError
 from ptopt.core.hf import import_transformers
 from ptopt.core.modelref import load_model
+from tests.compress.hf_models import llama
 from tests.helpers import assert_refused
 
 VOCAB = 512
 
 
 def _llama(vocab: int = VOCAB, hidden: int = 128, tie: bool = False):
-    tf = import_transformers()
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=tie,
-    )  # fmt: skip
-    return tf.LlamaForCausalLM(cfg).eval()
+    return llama(vocab, hidden, tie)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 
 import ptopt
 from ptopt.core.errors import UsageError
-from ptopt.core.hf import import_transformers
+from tests.compress.hf_models import llama
 from tests.helpers import assert_refused
 
 VOCAB = 512
@@ -19,12 +19,8 @@ VOCAB = 512
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    tf = import_transformers()
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)  # fmt: skip
     root = tmp_path_factory.mktemp("lm")
-    tf.LlamaForCausalLM(cfg).eval().save_pretrained(root / "llama")
+    llama(VOCAB).save_pretrained(root / "llama")
     g = torch.Generator().manual_seed(3)
     torch.save(torch.randint(0, VOCAB, (1200,), generator=g), root / "eval.pt")
     torch.save(torch.randint(0, VOCAB, (800,), generator=g), root / "calib.pt")
@@ -62,7 +58,12 @@ def test_cli_prints_the_table(cli, lm, tmp_path):
     code, out, err = cli("optimize", lm / "llama", "--eval-data", lm / "eval.pt", "--max-perplexity-increase", "5",
                          "--candidates", "int8-wo", "--rounds", "1", "-o", tmp_path / "o")  # fmt: skip
     assert code == 0, err
-    assert "| int8-wo | kept |" in out and "Winner:" in out and "KV cache" in out
+    # the winner is the faster decode on this machine, shown in bold: either may win
+    assert (
+        ("| int8-wo | kept |" in out or "| **int8-wo** | kept |" in out)
+        and "Winner:" in out
+        and "KV cache" in out
+    )
 
 
 def test_bad_input(cli, lm, tmp_path):

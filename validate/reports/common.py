@@ -109,3 +109,13 @@ def within_note(name: str, bs: Any, speedup: float | None, spread_pct: float | N
         f"{NOISY_MARK} noisy: {name} at batch {bs}: {sp} is within the combined spread of its and the "
         f"reference's timing rounds{of}: {_NOT_MEANINGFUL}"
     )
+
+
+def fmt_rate(per_s: float | None, noisy: bool = False) -> str:
+    """Tokens (or samples) per second, one decimal, marked when it is noisy."""
+    return NONE if per_s is None else f"{per_s:.1f}" + (NOISY_MARK if noisy else "")
+
+
+def fmt_ppl(v: float | None) -> str:
+    """A perplexity, three decimals."""
+    return NONE if v is None else f"{v:.3f}"

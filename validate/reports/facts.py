@@ -58,12 +58,16 @@ def speedup_cell(entry: dict[str, Any], bs: Any) -> str:
 
 
 def noise_notes(data: dict[str, Any]) -> list[str]:
-    """One line per noisy latency and per inconclusive gate, for every report's footer."""
+    """One line per noisy latency (a language model's decode) and per inconclusive gate, for every
+    report's footer."""
     out = []
     for e in rows(data):
         for bs, st in e["latency"].items():
             if is_noisy(st):
                 out.append(common.spread_note(e["name"], bs, st["round_spread_pct"]))
+        spread = (e.get("lm") or {}).get("decode_spread_pct")
+        if latency_noisy(spread):
+            out.append(common.spread_note(e["name"] + " (decode)", 1, spread))
     for g in data["gate_results"]:
         if g.get("inconclusive"):
             out.append(f"INCONCLUSIVE {g['artifact']}: {g['gate']}: {g['message']}")
@@ -104,8 +108,53 @@ def summary_line(data: dict[str, Any]) -> str:
 
 def data_line(data: dict[str, Any]) -> str:
     d = data["data"]
+    if is_lm(data):
+        return f"{d['ref']}: {d['samples']} tokens; {lm_line(data)}"
     ins = ", ".join(f"{k} {v}" for k, v in d.get("inputs", {}).items())
     return (
         f"{d['ref']}: {d['samples']} samples ({ins}), labels: {'yes' if d['labels'] else 'no'}; "
         f"batch sizes {', '.join(map(str, data['batch_sizes']))}"
     )
+
+
+# -- causal language models (``task: causal-lm``; ``ptopt.validate.lm``) ------------------------------
+#: the columns of a language model's row, between its runtime and its gates, in every table
+LM_HEAD = ("precision", "perplexity", "ppl +%", "decode tok/s", "decode vs ref", "prefill tok/s",
+           "weight MB", "disk MB", "peak MB")  # fmt: skip
+
+
+def is_lm(data: dict[str, Any]) -> bool:
+    return data.get("task") == "causal-lm"
+
+
+def lm_cells(entry: dict[str, Any]) -> list[str]:
+    """An entry's ``LM_HEAD`` cells."""
+    lm, ref = entry.get("lm") or {}, is_reference(entry)
+    noisy = latency_noisy(lm.get("decode_spread_pct"))
+    return [
+        entry.get("precision", ""),
+        common.fmt_ppl(lm.get("perplexity")),
+        common.fmt_drop(lm.get("perplexity_increase_pct"), "%", reference=ref),
+        common.fmt_rate(lm.get("decode_tokens_per_s"), noisy),
+        common.fmt_speedup(lm.get("decode_speedup"), noisy, reference=ref),
+        common.fmt_rate(lm.get("prefill_tokens_per_s")),
+        common.fmt_mb(lm.get("weight_bytes")),
+        common.fmt_mb((entry.get("size") or {}).get("bytes")),
+        common.fmt_mem(entry.get("peak_memory_mb")),
+    ]
+
+
+def lm_line(data: dict[str, Any]) -> str:
+    """How perplexity was scored and generation timed."""
+    s = data["lm"]
+    return (
+        f"perplexity: sliding window, context {s['context']}, stride {s['stride']}, {s['scored_tokens']} "
+        f"tokens scored; speed: batch 1, KV cache, greedy, {s['prompt_tokens']}-token prompt, "
+        f"{s['new_tokens']} new tokens, median of {s['rounds']} interleaved rounds"
+    )
+
+
+def drop_line(data: dict[str, Any]) -> str:
+    """The definition of the drop in use (a language model's: its perplexity increase)."""
+    definition = data["accuracy_drop"]["definition"]
+    return definition if is_lm(data) else f"accuracy drop, {definition}"

@@ -93,11 +93,48 @@ def png_data_uri(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def plots(data: dict[str, Any]) -> dict[str, str]:
-    """{title: data URI} of the three plots."""
+def _size_plot(plt: Any, entries: list[dict[str, Any]]) -> str:
+    """Bytes on disk and gzipped per artifact, as a data URI."""
+    names = [e["name"] for e in entries]
+    fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(entries) + 1.5))
+    raw = [(e.get("size") or {}).get("bytes") or 0 for e in entries]
+    gz = [(e.get("size") or {}).get("gzip_bytes") or 0 for e in entries]
+    ys = range(len(entries))
+    ax.barh([y + 0.2 for y in ys], [b / 1e6 for b in raw], height=0.4, label="on disk")
+    ax.barh([y - 0.2 for y in ys], [b / 1e6 for b in gz], height=0.4, label="gzip")
+    ax.set_yticks(list(ys), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("MB")
+    ax.set_title("Size per artifact")
+    ax.legend()
+    return png_data_uri(fig)
+
+
+def lm_plots(data: dict[str, Any]) -> dict[str, str]:
+    """A language-model run's plots: perplexity vs decode speed, and size per artifact."""
     plt = pyplot()
     entries = F.rows(data)
-    names = [e["name"] for e in entries]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for e in entries:
+        lm = e.get("lm") or {}
+        if lm.get("decode_tokens_per_s") and lm.get("perplexity"):
+            marker = "*" if e.get("best") else ("s" if F.is_reference(e) else "o")
+            label = e["name"] + (" (best)" if e.get("best") else "")
+            ax.scatter(lm["decode_tokens_per_s"], lm["perplexity"], s=70, marker=marker, label=label)
+    ax.legend(fontsize=8)
+    ax.set_xlabel("decode tokens/s (batch 1, KV cache)")
+    ax.set_ylabel("perplexity (lower is better)")
+    ax.set_title("Perplexity vs decode speed")
+    ax.grid(alpha=0.3)
+    return {"Perplexity vs decode speed": png_data_uri(fig), "Size per artifact": _size_plot(plt, entries)}
+
+
+def plots(data: dict[str, Any]) -> dict[str, str]:
+    """{title: data URI} of the three plots (a language-model run: ``lm_plots``)."""
+    if F.is_lm(data):
+        return lm_plots(data)
+    plt = pyplot()
+    entries = F.rows(data)
     sizes = data["batch_sizes"]
     out = {}
     # accuracy (or agreement) vs latency at the smallest batch size with numbers
@@ -134,19 +171,7 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
     ax.set_title("Accuracy vs latency")
     ax.grid(alpha=0.3)
     out["Accuracy vs latency"] = png_data_uri(fig)
-    # size per artifact
-    fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(entries) + 1.5))
-    raw = [(e.get("size") or {}).get("bytes") or 0 for e in entries]
-    gz = [(e.get("size") or {}).get("gzip_bytes") or 0 for e in entries]
-    ys = range(len(entries))
-    ax.barh([y + 0.2 for y in ys], [b / 1e6 for b in raw], height=0.4, label="on disk")
-    ax.barh([y - 0.2 for y in ys], [b / 1e6 for b in gz], height=0.4, label="gzip")
-    ax.set_yticks(list(ys), names, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("MB")
-    ax.set_title("Size per artifact")
-    ax.legend()
-    out["Size per artifact"] = png_data_uri(fig)
+    out["Size per artifact"] = _size_plot(plt, entries)
     # latency per batch size
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for e in entries:
@@ -168,6 +193,8 @@ def plots(data: dict[str, Any]) -> dict[str, str]:
 
 
 def _head(data: dict[str, Any]) -> list[str]:
+    if F.is_lm(data):
+        return ["", "artifact", "runtime", *F.LM_HEAD, "gates"]
     sizes = data["batch_sizes"]
     return (
         ["", "artifact", "runtime", "precision", F.metric_header(data), "drop", "top-1 agree", "cosine",
@@ -182,6 +209,8 @@ def _head(data: dict[str, Any]) -> list[str]:
 
 def _cells(data: dict[str, Any], e: dict[str, Any]) -> list[Any]:
     """One row of the main table: the same columns as ``_head``."""
+    if F.is_lm(data):
+        return [F.mark(e), e["name"], e["runtime"], *F.lm_cells(e), F.gate_status(e)]
     sizes = data["batch_sizes"]
     agr = e.get("agreement") or {}
     size = e.get("size") or {}
@@ -237,6 +266,19 @@ def _gates_table(data: dict[str, Any]) -> str:
     return f"<table><tr>{head}</tr>{gate_rows}</table>" if gate_rows else "<p>No gates were set.</p>"
 
 
+def _timing_text(data: dict[str, Any]) -> str:
+    """How the speed was measured (plain text)."""
+    peak = "Peak MB: the process's peak resident memory while the artifact was loaded and run."
+    if F.is_lm(data):
+        return f"{F.lm_line(data)}; {data['threads']} thread(s). {peak}"
+    lat = data["latency_options"]
+    return (
+        f"Latency: p50 per batch after warm-up, at least {lat['min_iters']} iterations and "
+        f"{lat['min_seconds']:g} s per artifact and batch size, in {lat.get('rounds', 1)} interleaved rounds; "
+        f"the same {data['threads']} thread(s) for every runtime. {peak}"
+    )
+
+
 def render(data: dict[str, Any]) -> str:
     e_ = html.escape
     imgs = "".join(f"<img alt='{e_(t)}' title='{e_(t)}' src='{uri}'>" for t, uri in plots(data).items())
@@ -247,7 +289,7 @@ def render(data: dict[str, Any]) -> str:
     base = data.get("baseline")
     if base:
         notes += paragraphs([f"Baseline: {base['path']} ({base.get('created')})"], "dim")
-    lat, ref = data["latency_options"], data["reference"]
+    ref = data["reference"]
     return page(
         f"ptopt validate — {verdict}",
         f"""<h1>ptopt validate: <span class="{"pass" if data["passed"] else "fail"}">{e_(verdict)}</span></h1>
@@ -255,12 +297,8 @@ def render(data: dict[str, Any]) -> str:
 Data: {e_(F.data_line(data))}<br>Reference: {e_(ref["name"])} ({e_(ref["runtime"])});
 created {e_(str(data.get("created")))}; {data.get("elapsed_s", 0):.1f} s</p>
 {_table(data)}
-<p>Accuracy drop, {e_(data["accuracy_drop"]["definition"])}</p>
-<p class="dim">{e_(data["best_rule"])}. Latency: p50 per batch after warm-up, at least
-{lat["min_iters"]} iterations and {lat["min_seconds"]:g} s per artifact and
-batch size, in {lat.get("rounds", 1)} interleaved rounds;
-the same {data["threads"]} thread(s) for every runtime. Peak MB: the process's peak resident memory while the
-artifact was loaded and run.</p>
+<p>{e_(F.drop_line(data)[0].upper() + F.drop_line(data)[1:])}</p>
+<p class="dim">{e_(data["best_rule"])}. {e_(_timing_text(data))}</p>
 {notes}
 <h2>Plots</h2><div>{imgs}</div>
 <h2>Gates</h2>{_gates_table(data)}""",

@@ -45,6 +45,8 @@ def write(data: dict[str, Any], path: str | os.PathLike) -> None:
 
 # -- validate's summary ------------------------------------------------------------------------------
 def _head(data: dict[str, Any]) -> list[str]:
+    if F.is_lm(data):
+        return ["", "artifact", "runtime", *F.LM_HEAD, "gates"]
     sizes = data["batch_sizes"]
     return (
         ["", "artifact", "runtime", F.metric_header(data), "drop", "top-1 agree", "cosine", "min cosine",
@@ -56,6 +58,8 @@ def _head(data: dict[str, Any]) -> list[str]:
 
 
 def _cells(data: dict[str, Any], e: dict[str, Any]) -> list[str]:
+    if F.is_lm(data):
+        return [F.mark(e), f"`{e['name']}`", e["runtime"], *F.lm_cells(e), F.gate_status(e)]
     agr = e.get("agreement") or {}
     size = e.get("size") or {}
     sizes = data["batch_sizes"]
@@ -88,7 +92,8 @@ def render(data: dict[str, Any]) -> str:
     failed = [g for g in data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
     out += section("Failed gates", [f"`{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed])
     out += noise_section(F.noise_notes(data))
-    out += ["", f"Accuracy drop, {data['accuracy_drop']['definition']}", ""]
+    drop = F.drop_line(data)
+    out += ["", drop[0].upper() + drop[1:], ""]
     out += [f"> note: {n}" for n in data.get("notes", [])]
     out += [
         "<details><summary>Machine, data and every gate</summary>",

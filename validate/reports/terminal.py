@@ -67,13 +67,19 @@ def _latency_cells(data: dict[str, Any], e: dict[str, Any]) -> list[str]:
     return out
 
 
+_LEGEND = (
+    "p50 ms: median latency per batch, with the speedup over the reference; agree: top-1 agreement "
+    "with the reference (per token for [N, tokens, vocab] outputs); cos min: the worst sample's cosine "
+    "of its outputs with the reference's; max|Δ|: largest output difference"
+)
+_LM_LEGEND = (
+    "decode / prefill tok/s: tokens per second at batch 1 with the KV cache (median of the rounds); "
+    "weight MB: the weights in memory; disk MB: every file of the artifact; peak MB: peak resident memory"
+)
+
+
 def _foot(data: dict[str, Any]) -> list[str]:
-    out = [
-        "p50 ms: median latency per batch, with the speedup over the reference; agree: top-1 agreement "
-        "with the reference (per token for [N, tokens, vocab] outputs); cos min: the worst sample's cosine "
-        "of its outputs with the reference's; max|Δ|: largest output difference",
-        f"accuracy drop, {data['accuracy_drop']['definition']}",
-    ]
+    out = [_LM_LEGEND if F.is_lm(data) else _LEGEND, F.drop_line(data)]
     for g in data["gate_results"]:
         if not g["passed"] and not g.get("inconclusive"):
             out.append(f"FAILED {g['artifact']}: {g['gate']}: {g['message']}")
@@ -95,6 +101,8 @@ def render(data: dict[str, Any]) -> Any:
         + [f"p50 ms @{bs}" for bs in data["batch_sizes"]]
         + ["peak MB", "gates"]
     )
+    if F.is_lm(data):
+        head = ["", "artifact", "runtime", *F.LM_HEAD, "gates"]
     wrap = {"artifact": {"max_width": 28}, "runtime": {"max_width": 22}, "gates": {"max_width": 44}}
     t = table(f"ptopt validate — {F.summary_line(data)}", head, left={""}, wrap=wrap)
     for e in F.rows(data):
@@ -102,6 +110,16 @@ def render(data: dict[str, Any]) -> Any:
         status = F.gate_status(e)
         style = "bold green" if e.get("best") else ("red" if status.startswith("FAIL") else None)
         style = "yellow" if status.startswith("INCONCLUSIVE") else style
+        if F.is_lm(data):
+            t.add_row(
+                F.mark(e),
+                escape(e["name"]),
+                escape(e["runtime"]),
+                *F.lm_cells(e),
+                escape(status),
+                style=style,
+            )
+            continue
         t.add_row(
             F.mark(e),
             escape(e["name"]),
