@@ -22,6 +22,9 @@ int8-fx                 ``quantize(mode="static", engine="fx")``                
 int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
 int8-dynamic            ``quantize(mode="dynamic")``                                Linear/LSTM/GRU
 int8-pt2e               ``quantize(mode="static", engine="pt2e")`` (AOTInductor)    torchao, compiler
+int8-openvino-search    ``export(target="openvino", precision="int8",               int8-openvino
+                        accuracy_control=True)`` (NNCF's accuracy control)          rejected
+int8-dynamic-search     ``autoquantize`` (dynamic int8, SmoothQuant/float layers)   int8-dynamic rej.
 int8-fx-float-layers    ``autoquantize`` (int8 with the layers that must stay       int8-fx rejected
                         float kept float)
 pruned30-ft             ``prune("structured", 0.3, fine_tune_data=train)``          ``train_data``
@@ -221,6 +224,22 @@ def _search(ctx: Context, mode: str) -> Any:
     return found.result
 
 
+def _openvino_search(ctx: Context) -> Any:
+    """NNCF's accuracy-aware int8 (``export --accuracy-control``) under the user's budget, validated on the
+    search's half of the eval data (optimize accepts it on the held-out half, like every candidate)."""
+    from ptopt.core.data import split_eval
+    from ptopt.export.api import export
+
+    select = split_eval(ctx.evald)[0]
+    goal = _budget(ctx)
+    if ctx.max_accuracy_drop is not None:
+        goal["max_accuracy_drop"] = ctx.max_accuracy_drop
+    return export(
+        ctx.module, "openvino", data=ctx.calib, precision="int8", accuracy_control=True,
+        validation_data=select, input_shapes=ctx.input_shapes or None, **goal,
+    )  # fmt: skip
+
+
 def _prune(ctx: Context) -> Any:
     from ptopt.compress.prune import prune
 
@@ -342,6 +361,26 @@ def _search_fits(ctx: Context, plain: str, mode: str) -> str | None:
     if need <= left:
         return None
     return f"time budget: its sensitivity pass ({layers} layers) needs about {need:.0f} s, {left:.0f} s left"
+
+
+def _after_openvino_rejected(ctx: Context) -> str | None:
+    """After a rejected int8-openvino, when NNCF's accuracy control fits the time left: it ranks the
+    quantized ops by reverting each (about one int8 build and validation per layer, a quarter of the
+    plain build each), then reverts the worst until the goal holds."""
+    from torch import nn
+
+    status = ctx.status.get("int8-openvino")
+    if status != "rejected":
+        return (
+            f"plain OpenVINO int8 (int8-openvino) was {status or 'not tried'}, not rejected: no search needed"
+        )
+    kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    layers = sum(isinstance(m, kinds) for m in ctx.module.modules())
+    need = ctx.build_seconds.get("int8-openvino", 0.0) * (1 + layers / 4)
+    left = ctx.seconds_left()
+    if need <= left:
+        return None
+    return f"time budget: NNCF's accuracy control ({layers} layers to rank) needs about {need:.0f} s, {left:.0f} s left"
 
 
 def _after_dynamic_rejected(ctx: Context) -> str | None:
@@ -515,6 +554,20 @@ CATALOGUE: tuple[Spec, ...] = (
         40,
         60,
         _pt2e,
+    ),
+    Spec(
+        "int8-openvino-search",
+        "static int8 with float ops, NNCF accuracy control (OpenVINO)",
+        "autoquant-int8",
+        "openvino",
+        "nncf",
+        "int8",
+        1,
+        ("export --target openvino --precision int8 --accuracy-control --min-cosine/--max-accuracy-drop",),
+        _openvino_search,
+        30,
+        10,
+        _after_openvino_rejected,
     ),
     Spec(
         "int8-dynamic-search",
