@@ -112,9 +112,7 @@ def export(
     shapes = dict(min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch)
     specs, style = _input_specs(source, calib, input_shapes, input_specs, shapes)
     config = config.replace(calib_data=calib_ref)
-    if validation_data is not None and not config.accuracy_control:
-        raise UsageError("--validation-data is what --accuracy-control validates on: add --accuracy-control")
-    validation = _dataset(validation_data) if validation_data is not None else None
+    validation = _validation(validation_data, config)
     built = _build(source, config, specs, style, calib, external_data, allow_pickle, output, validation)
     result = Result(
         built.model, built.template(source, config, want), built.save_to, inputs_paths=(source.path,)
@@ -229,6 +227,13 @@ def _calibration(data: Any, config: ExportConfig, source: _Source, want: str) ->
         )
     ds = _dataset(data) if data is not None else None
     return ds, (str(ref) if ref is not None else None)
+
+
+def _validation(data: Any, config: ExportConfig) -> Any:
+    """The Dataset ``--accuracy-control`` validates on (None: its calibration data)."""
+    if data is not None and not config.accuracy_control:
+        raise UsageError("--validation-data is what --accuracy-control validates on: add --accuracy-control")
+    return _dataset(data) if data is not None else None
 
 
 def _dataset(data: Any) -> Any:
