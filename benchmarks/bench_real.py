@@ -884,6 +884,8 @@ def main() -> None:
             print(md)
             continue
         cmd = f"python benchmarks/bench_real.py --models {key}" + (" --quick" if args.quick else "")
+        if args.search_budget != ap.get_default("search_budget"):
+            cmd += f" --search-budget {args.search_budget}"
         common.write_result(f"real_{key}", f"Real pretrained models vs the peers' one-call paths: {key}", md, rec,
                      args.threads, command=cmd)  # fmt: skip
 
