@@ -15,7 +15,8 @@ search (``ptopt.optimize.search``) builds the catalogue's candidates (``ptopt.op
 pre-screens, evaluates and times them. ``best`` is the fastest candidate within the accuracy budget
 at the largest requested batch size (ties: the smaller file) among those ``ptopt package`` takes as
 they are (TorchScript, ONNX, ExportedProgram and AOTInductor ``.pt2``; the fp32 eager reference is
-reported, never chosen). ``save(directory)`` writes
+reported, never chosen). ``report["best_by_batch"]`` names the same rule's pick at each requested batch
+size (with its file once saved): one winner cannot be the fastest at every batch size. ``save(directory)`` writes
 ``best.<ext>``, ``candidates/``, ``report.json`` (+ ``report.html``, ``summary.md``) into a folder
 staged beside the destination and renamed into place.
 """
