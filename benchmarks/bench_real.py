@@ -825,8 +825,10 @@ INTRO = """Each model below: real trained weights that install from the package 
 through `ptopt.optimize` with the user's budget and, in the same process, through the peers' own
 one-call APIs (not ptopt's wrappers). Every artifact is timed in the same interleaved rounds at batch 1
 and the model's natural batch, 2 threads for every runtime; every accuracy figure is on samples that no
-calibration, search or choice saw ("unseen"). "within budget" is judged on those unseen samples; the
-verdicts compare ptopt's pick with the fastest peer that is within the budget there. The machine is
+calibration, search or choice saw ("unseen"). "within budget" is judged on those unseen samples; at each
+batch size the verdict compares ptopt's pick for that batch size (the fastest within the budget its report
+names for it, `best_by_batch`; `best.<ext>` is the one for the larger batch) with the fastest peer that is
+within the budget there. The machine is
 shared with other work: read the ratios (same rounds), not the milliseconds, and the round spread.
 
 Peers: fp32 eager; `torch.ao.quantization.quantize_dynamic` (nn.Linear, qint8); torch.ao FX static int8
