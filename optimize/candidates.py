@@ -233,8 +233,12 @@ def _openvino_search(ctx: Context) -> Any:
 
     select = split_eval(ctx.evald)[0]
     goal = _budget(ctx)
+    # NNCF aims at half the allowed loss on the samples it is fitted on: a worst-sample figure on a few
+    # dozen samples flatters the tail (all-MiniLM-L6-v2: 0.997 on 32 sentences, 0.966 on 128 unseen)
     if ctx.max_accuracy_drop is not None:
-        goal["max_accuracy_drop"] = ctx.max_accuracy_drop
+        goal["max_accuracy_drop"] = ctx.max_accuracy_drop / 2
+    else:
+        goal["min_cosine"] = 1 - (1 - ctx.min_cosine) / 2
     return export(
         ctx.module, "openvino", data=ctx.calib, precision="int8", accuracy_control=True,
         validation_data=select, input_shapes=ctx.input_shapes or None, **goal,
