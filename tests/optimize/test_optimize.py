@@ -503,11 +503,10 @@ def test_openvino_accuracy_control_runs_when_plain_nncf_int8_is_rejected(cli, tm
     assert code == 0 and report["best"] == "int8-openvino-search", err
     side = json.loads((tmp_path / "opt" / (report["best_path"] + ".ptopt.json")).read_text())
     control = side["extra"]["nncf"]["accuracy_control"]
-    # fitted on the search's half of the 64 unlabelled samples; the other half is what accepted it
-    assert (
-        control["min_cosine"] == 0.99999
-        and control["validation_samples"] == report["split"]["search_samples"]
-    )
+    # fitted on the search's half of the 64 unlabelled samples, aiming at half the allowed loss there;
+    # the other half is what accepted it against the budget itself
+    assert control["min_cosine"] == pytest.approx(1 - 0.00001 / 2)
+    assert control["validation_samples"] == report["split"]["search_samples"]
     assert "int8-openvino-search" in out
 
     import ptopt
