@@ -59,6 +59,8 @@ def test_cli_int8_with_calibration_then_validate(cli, tmp_path):
     side = json.loads((tmp_path / "m.int8.xml.ptopt.json").read_text())
     assert side["format"] == "openvino" and side["precision"] == "int8"
     assert side["extra"]["nncf"]["model_type"] == "default" and side["files"] == ["m.int8.xml", "m.int8.bin"]
+    # the ops NNCF left float run at the plugin's default precision, as OpenVINO + NNCF users run them
+    assert side["extra"]["inference_precision"] == "the CPU plugin's default"
     assert side["metrics"]["parity"]["passed"]
     code, out, err = cli(
         "validate", "tests.helpers:tiny_cnn", "m.int8.xml", "--data", "calib.pt", "--batch-sizes", "1,8",
