@@ -206,19 +206,21 @@ def test_torchserve_handler_answers_from_an_ir_as_openvino_does(tmp_path):
 
 def test_api_accuracy_control_keeps_the_costly_ops_float_until_the_cosine_holds(tmp_path):
     """``nncf.quantize_with_accuracy_control`` with the worst-sample cosine vs the fp32 model as its metric:
-    a goal plain int8 misses is met by reverting ops to float (fewer FakeQuantize ops left)."""
+    a goal plain int8 misses (one input far larger than the rest) is met by reverting ops to float (fewer
+    FakeQuantize ops left)."""
     import ptopt
 
     x = _calib(48)
+    x[:, 0, 0, 0] = 40.0
     plain = ptopt.export(tiny_cnn(), "openvino", precision="int8", data=x, min_cosine=-1.0)
     res = ptopt.export(
-        tiny_cnn(), "openvino", tmp_path / "m.xml", precision="int8", data=x, min_cosine=0.99999,
+        tiny_cnn(), "openvino", tmp_path / "m.xml", precision="int8", data=x, min_cosine=0.9999,
         accuracy_control=True,
     )  # fmt: skip
     control = res.extra["nncf"]["accuracy_control"]
-    assert control["min_cosine"] == 0.99999 and control["metric"] == "worst-sample cosine vs fp32"
+    assert control["min_cosine"] == 0.9999 and control["metric"] == "worst-sample cosine vs fp32"
     assert control["validation_samples"] == 48 and "quantize_with_accuracy_control" in res.extra["method"]
-    assert plain.metrics["parity"]["cosine"] < 0.99999 <= res.metrics["parity"]["cosine"]
+    assert plain.metrics["parity"]["cosine"] < 0.9999 <= res.metrics["parity"]["cosine"]
     fq = lambda m: sum(op.get_type_name() == "FakeQuantize" for op in m.get_ops())  # noqa: E731
     import openvino as ov
 
