@@ -81,6 +81,19 @@ from ptopt.cli.options import maybe_save_recipe, model_options, output_option, s
     help="int8 ONNX: auto | ort_static (ORT quantizes the fp32 parent with --data) | ort_dynamic "
     "(ORT quantize_dynamic: int8 matrix products, no calibration data) | qdq_export.",
 )
+@click.option(
+    "--accuracy-control",
+    is_flag=True,
+    help="openvino int8: NNCF's accuracy-aware quantization (nncf.quantize_with_accuracy_control): the ops "
+    "that cost the most stay float until --min-cosine C or --max-accuracy-drop PTS holds on the validation data.",
+)
+@click.option(
+    "--max-accuracy-drop",
+    type=float,
+    metavar="PTS",
+    help="--accuracy-control's goal as points of top-1 below the fp32 model (labelled validation data).",
+)
+@click.option("--validation-data", help="DATA --accuracy-control validates on (default: --data).")
 @model_options
 @output_option()
 @save_recipe_option
@@ -100,6 +113,9 @@ def command(
     rtol: float | None,
     min_cosine: float | None,
     int8_method: str,
+    accuracy_control: bool,
+    max_accuracy_drop: float | None,
+    validation_data: str | None,
     device: str | None,
     cuda_graphs: bool,
     static_batch: str | None,
@@ -140,6 +156,9 @@ def command(
         device=device,
         cuda_graphs=cuda_graphs or None,
         static_batches=static_batch,
+        accuracy_control=accuracy_control or None,
+        max_accuracy_drop=max_accuracy_drop,
+        validation_data=validation_data,
     )
     art = export(
         model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None}
@@ -169,6 +188,17 @@ def _print_result(art) -> None:
     )
     if art.extra.get("int8_method"):
         click.echo(f"int8:    {art.extra['int8_method']}")
+    control = (art.extra.get("nncf") or {}).get("accuracy_control")
+    if control:
+        goal = (
+            f"worst-sample cosine >= {control['min_cosine']:g}"
+            if "min_cosine" in control
+            else f"top-1 drop <= {control['max_accuracy_drop']:g} pts"
+        )
+        click.echo(
+            f"nncf:    accuracy control ({goal} on {control['validation_samples']} validation samples); "
+            f"{control['fake_quantize_ops']} FakeQuantize ops left int8"
+        )
     for w in art.extra.get("trace_warnings") or []:
         click.echo(f"note:    tracer: {w}")
     if art.extra.get("compile_seconds") is not None:

@@ -67,6 +67,9 @@ def export(
     device: str | None = None,
     cuda_graphs: bool | None = None,
     static_batches: Any = None,
+    accuracy_control: bool | None = None,
+    max_accuracy_drop: float | None = None,
+    validation_data: Any = None,
 ) -> Result:
     """Export ``model`` to ``target``; returns a Result (``.model`` runs the checked artifact here,
     ``.save(path)`` writes it with its sidecar); ``output=`` also saves it there.
@@ -93,9 +96,13 @@ def export(
     - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
       ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
     - ``static_batches``: aoti, ``(1, 32)`` or ``"1,32"``: fixed-batch models in the same package (docs/export.md).
+    - ``accuracy_control``: openvino int8 through ``nncf.quantize_with_accuracy_control``: the ops that cost
+      the most stay float until ``min_cosine`` (worst-sample cosine with the fp32 model) or
+      ``max_accuracy_drop`` (points of top-1) holds on ``validation_data`` (default ``data``).
     """
     loose = dict(precision=precision, opset=opset, optimize=optimize, script=script, device=device)
     loose |= dict(cuda_graphs=cuda_graphs, static_batches=static_batches)
+    loose |= dict(accuracy_control=accuracy_control, max_accuracy_drop=max_accuracy_drop)
     loose |= dict(atol=atol, rtol=rtol, min_cosine=min_cosine, int8_method=int8_method)
     config = settle_config(target, config, **loose)
     _check_target(config, output)
@@ -105,7 +112,8 @@ def export(
     shapes = dict(min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch)
     specs, style = _input_specs(source, calib, input_shapes, input_specs, shapes)
     config = config.replace(calib_data=calib_ref)
-    built = _build(source, config, specs, style, calib, external_data, allow_pickle, output)
+    validation = _validation(validation_data, config)
+    built = _build(source, config, specs, style, calib, external_data, allow_pickle, output, validation)
     result = Result(
         built.model, built.template(source, config, want), built.save_to, inputs_paths=(source.path,)
     )
@@ -219,6 +227,13 @@ def _calibration(data: Any, config: ExportConfig, source: _Source, want: str) ->
         )
     ds = _dataset(data) if data is not None else None
     return ds, (str(ref) if ref is not None else None)
+
+
+def _validation(data: Any, config: ExportConfig) -> Any:
+    """The Dataset ``--accuracy-control`` validates on (None: its calibration data)."""
+    if data is not None and not config.accuracy_control:
+        raise UsageError("--validation-data is what --accuracy-control validates on: add --accuracy-control")
+    return _dataset(data) if data is not None else None
 
 
 def _dataset(data: Any) -> Any:
@@ -395,10 +410,11 @@ def _build(
     external_data: Any,
     allow_pickle: bool,
     output: Any,
+    validation: Any = None,
 ) -> _Built:
     from ptopt.core.device import resolve_device
 
-    options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle)
+    options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle, validation)
     device = str(resolve_device(config.device or (None if "cpu" in config.row.devices else "cuda")))
     folder = tempfile.TemporaryDirectory(prefix="ptopt-export-")
     # absolute: ORT's quantization tools run in a temporary working directory
@@ -476,9 +492,14 @@ def _write_and_check(
 
 
 def _format_options(
-    source: _Source, config: ExportConfig, calib: Any, external_data: Any, allow_pickle: bool
+    source: _Source,
+    config: ExportConfig,
+    calib: Any,
+    external_data: Any,
+    allow_pickle: bool,
+    validation: Any = None,
 ) -> tuple[dict[str, Any], dict | None]:
     """The writer's per-format options; for int8 ONNX also the record of what ORT quantized."""
     return config.row.export_options(
-        source, config, calib, external_data=external_data, allow_pickle=allow_pickle
+        source, config, calib, external_data=external_data, allow_pickle=allow_pickle, validation=validation
     )

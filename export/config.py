@@ -21,6 +21,7 @@ INT8_METHODS = ("auto", "ort_static", "ort_dynamic", "qdq_export")
 _FORMAT_OPTIONS = {
     "static_batches": ("--static-batch", "static_batches"),
     "cuda_graphs": ("--cuda-graphs", "cuda_graphs"),
+    "accuracy_control": ("--accuracy-control", "accuracy_control"),
 }
 
 
@@ -53,6 +54,9 @@ class ExportConfig(Config):
     device: str | None = None
     cuda_graphs: bool = False
     static_batches: tuple[int, ...] = ()
+    #: openvino int8: NNCF's accuracy-aware quantization, goal ``min_cosine`` or ``max_accuracy_drop``
+    accuracy_control: bool = False
+    max_accuracy_drop: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
@@ -84,6 +88,10 @@ class ExportConfig(Config):
                 raise UsageError(f"{name} must be >= 0, got {value!r}")
         if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
             raise UsageError(f"--min-cosine is a cosine in [-1, 1], got {self.min_cosine!r}")
+        if self.max_accuracy_drop is not None and not self.accuracy_control:
+            raise UsageError("--max-accuracy-drop is the goal of --accuracy-control (openvino int8): add it")
+        if self.max_accuracy_drop is not None and not self.max_accuracy_drop >= 0:
+            raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop!r}")
 
     @property
     def on_cuda(self) -> bool:

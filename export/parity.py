@@ -259,13 +259,17 @@ def loosen_hint(metrics: dict[str, Any] | None) -> str:
 
 
 def _real_inputs(samples: Any, specs: Sequence[InputSpec], which: str) -> Any:
-    """The first samples of the data set at this shape's batch size, if they fit the spec's other dims."""
+    """The first samples of the data set at this shape's batch size (repeated when the set is smaller
+    than the batch), if they fit the spec's other dims. Repeating real samples beats random inputs: on
+    all-MiniLM-L6-v2 with 32 calibration sentences, random token ids at batch 64 put NNCF int8's worst
+    cosine at 0.845 while it held 0.96 on unseen sentences, and refused every OpenVINO int8 artifact."""
+    from ptopt.core.data import rebatch
     from ptopt.core.inputspec import flatten_inputs
 
     batch = specs[0].shape(which)[0] if specs and specs[0].rank else 1
-    if len(samples) < batch:
+    if not len(samples):
         return None
-    x = samples.take(batch).x
+    x = samples.take(batch).x if len(samples) >= batch else rebatch(samples.x, batch)
     got = flatten_inputs(x)
     if len(got) != len(specs):
         return None

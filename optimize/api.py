@@ -15,7 +15,8 @@ search (``ptopt.optimize.search``) builds the catalogue's candidates (``ptopt.op
 pre-screens, evaluates and times them. ``best`` is the fastest candidate within the accuracy budget
 at the largest requested batch size (ties: the smaller file) among those ``ptopt package`` takes as
 they are (TorchScript, ONNX, ExportedProgram and AOTInductor ``.pt2``; the fp32 eager reference is
-reported, never chosen). ``save(directory)`` writes
+reported, never chosen). ``report["best_by_batch"]`` names the same rule's pick at each requested batch
+size (with its file once saved): one winner cannot be the fastest at every batch size. ``save(directory)`` writes
 ``best.<ext>``, ``candidates/``, ``report.json`` (+ ``report.html``, ``summary.md``) into a folder
 staged beside the destination and renamed into place.
 """
@@ -117,6 +118,9 @@ class OptimizeResult:
             _mark(self.best, "report.json", self.report.get("split"))
             self.best.result.save(stage / f"best{self.best.suffix}")
             self.report["best_path"] = f"best{self.best.suffix}"
+        for entry in (self.report.get("best_by_batch") or {}).values():
+            cand = self.candidate(entry["name"])
+            entry["path"] = self.report["best_path"] if cand is self.best else cand.path
         _write_reports(self.report, stage, self._final)
 
 
@@ -222,6 +226,7 @@ def optimize(
                 search.close()
     best, within = _choose(search.candidates, settings)
     report = _report(search.candidates, best, within, settings, loaded, clock)
+    report["best_by_batch"] = _per_batch(search.candidates, settings) if within else {}
     report["split"] = search.split
     result = OptimizeResult(search.candidates, best, report, inputs_paths)
     if output is not None:
@@ -304,6 +309,24 @@ def _choose(cands: list[Candidate], settings: Settings) -> tuple[Candidate | Non
     if settings.metric == "top1":
         return min(built, key=lambda c: (c.accuracy_drop, median(c))), False
     return max(built, key=lambda c: (c.cosine_min, -median(c))), False
+
+
+def _per_batch(cands: list[Candidate], settings: Settings) -> dict[str, dict[str, Any]]:
+    """At each timed batch size, the fastest packageable candidate within the budget (one winner cannot
+    be the fastest at every batch size: ``best`` is the one at the largest; a user who deploys at
+    another batch takes that batch's, or asks for it alone with ``--batch-size B``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for b in settings.batch_sizes:
+        bs = str(b)
+        best, within = fastest_within(
+            cands,
+            latency=lambda c, bs=bs: (c.latency_ms.get(bs) or {}).get("median", float("inf")),
+            within=lambda c: c.status == "kept" and bool(c.within_budget) and c.packageable,
+            tiebreak=lambda c: c.size_bytes or 0,
+        )
+        if within and best is not None:
+            out[bs] = {"name": best.name, "speedup": best.speedup.get(bs), "path": None}
+    return out
 
 
 def _report(

@@ -288,6 +288,25 @@ def headline(report: dict[str, Any]) -> str:
     return f"NO CANDIDATE MEETS THE BUDGET ({budget_line(report)}){found} (exit 1)"
 
 
+def per_batch_lines(report: dict[str, Any], directory: str | os.PathLike | None = None) -> list[str]:
+    """Where the fastest candidate differs between the timed batch sizes: each batch size's, with its file
+    (the winner is the one at the largest; ``--batch-size B`` alone makes B's the winner)."""
+    by = report.get("best_by_batch") or {}
+    if len({e["name"] for e in by.values()}) < 2:
+        return []
+    ref = report.get("reference") or "fp32 eager"
+    parts = []
+    for bs, e in by.items():
+        sp = "" if e.get("speedup") is None else f", {e['speedup']:.2f}x {ref}"
+        path = e.get("path")
+        path = "" if not path else f", `{os.path.join(str(directory), path) if directory else path}`"
+        parts.append(f"batch {bs}: `{e['name']}`{sp}{path}")
+    return [
+        f"Fastest within the budget per batch size: {'; '.join(parts)}. Deploy the one for your batch size "
+        f"(`--batch-size B` alone makes it the winner)."
+    ]
+
+
 def winner_lines(report: dict[str, Any], directory: str | os.PathLike | None) -> list[str]:
     """The winner (or the best found) and the command that packages it; ``directory``: the output
     folder the command names, or None for paths relative to it (a report inside the folder)."""
@@ -330,7 +349,7 @@ def render_markdown(report: dict[str, Any], directory: str | os.PathLike | None 
         cells[1] = f"**`{c.get('name')}`**" if cells[0] == "★" else f"`{c.get('name')}`"
         rows.append(cells)
     out += M.table(table_head(report), rows)
-    out += [""] + winner_lines(report, directory)
+    out += [""] + winner_lines(report, directory) + per_batch_lines(report, directory)
     return "\n".join(out + M.noise_section(noise_notes(report)) + [""])
 
 
@@ -364,6 +383,7 @@ def render_terminal(
     lines = [headline(report)]
     if directory is not None:
         lines += [x.replace("`", "") for x in winner_lines(report, directory)]
+    lines += [x.replace("`", "") for x in per_batch_lines(report, directory)]
     lines += noise_notes(report)
     return T.to_text([T.head_lines(head), t, "\n".join(lines)], width)
 
@@ -419,7 +439,8 @@ def render_html(report: dict[str, Any], directory: str | os.PathLike | None = No
     verdict = (
         f"<h1 class='{'pass' if has_winner(report) else 'loud'}'>ptopt optimize: {e_(headline(report))}</h1>"
     )
-    winner = "".join(f"<p>{H.code_spans(e_(x))}</p>" for x in winner_lines(report, directory))
+    lines = winner_lines(report, directory) + per_batch_lines(report, directory)
+    winner = "".join(f"<p>{H.code_spans(e_(x))}</p>" for x in lines)
     return H.page(
         f"ptopt optimize — {headline(report)}",
         f"""{verdict}

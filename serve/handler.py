@@ -438,10 +438,9 @@ def _openvino_session(model_path, threads=None):
         precision = str(model.get_rt_info(["ptopt", "inference_precision"]).astype(str))
     except Exception:  # noqa: BLE001 - an IR without ptopt's entry: fp32
         precision = "fp32"
-    config = {
-        "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32",
-    }
+    config = {"PERFORMANCE_HINT": "LATENCY"}
+    if precision != "int8":  # int8: the plugin's default for the ops left float, as ptopt checked it
+        config["INFERENCE_PRECISION_HINT"] = "bf16" if precision == "bf16" else "f32"
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     compiled = core.compile_model(model, "CPU", config)

@@ -84,17 +84,22 @@ def _case(bench):
 def test_every_peer_builds_and_the_tables_render(bench, tmp_path):
     case = _case(bench)
     args = argparse.Namespace(threads=1, rounds=1, seconds=0.01, quick=True, search_budget="120s")
-    rec = bench.bench_case(case, tmp_path, args, candidates=["fp32-torchscript"])
+    rec = bench.bench_case(case, tmp_path, args, candidates=["fp32-torchscript", "fp32-onnx"])
     for name in bench.PEERS:
         optional = name.startswith("OpenVINO") and importlib.util.find_spec("openvino") is None
         assert rec["entries"][name]["error"] is None or optional, (name, rec["entries"][name])
-    pick = rec["pick"]
-    assert pick == "ptopt optimize -> fp32-torchscript"
-    assert rec["accuracy"][pick]["drop"] == 0.0 and rec["accuracy"][pick]["within"]
-    assert set(rec["latency"][pick]) == {1, 8}
-    assert rec["verdict"]["pick_within_budget"] and "bs8" in rec["verdict"]
+    # the pick for each batch size is the one ptopt's report names for it (its best_by_batch), timed as such
+    by = rec["ptopt"]["report"]["best_by_batch"]
+    assert rec["picks"] == {bs: f"ptopt optimize -> {by[bs]['name']}" for bs in ("1", "8")}
+    assert rec["ptopt"]["report"]["best"] == by["8"]["name"]
     md = bench.section(rec)
-    assert f"**{pick}**" in md and "fastest peer within the budget" in md and "fp32-torchscript" in md
+    for bs, pick in rec["picks"].items():
+        assert rec["accuracy"][pick]["drop"] == 0.0 and rec["accuracy"][pick]["within"]
+        assert set(rec["latency"][pick]) == {1, 8}
+        v = rec["verdict"][f"bs{bs}"]
+        assert v["pick"] == pick and v["pick_within_budget"] and "ratio" in v
+        assert f"**{pick}** (pick for batch" in md and f"batch {bs}: ptopt's pick for it, {pick}" in md
+    assert "fastest peer within the budget" in md
 
 
 def test_the_cosine_figure_is_the_worst_unseen_samples(bench):

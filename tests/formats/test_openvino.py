@@ -59,6 +59,8 @@ def test_cli_int8_with_calibration_then_validate(cli, tmp_path):
     side = json.loads((tmp_path / "m.int8.xml.ptopt.json").read_text())
     assert side["format"] == "openvino" and side["precision"] == "int8"
     assert side["extra"]["nncf"]["model_type"] == "default" and side["files"] == ["m.int8.xml", "m.int8.bin"]
+    # the ops NNCF left float run at the plugin's default precision, as OpenVINO + NNCF users run them
+    assert side["extra"]["inference_precision"] == "the CPU plugin's default"
     assert side["metrics"]["parity"]["passed"]
     code, out, err = cli(
         "validate", "tests.helpers:tiny_cnn", "m.int8.xml", "--data", "calib.pt", "--batch-sizes", "1,8",
@@ -197,3 +199,73 @@ def test_torchserve_handler_answers_from_an_ir_as_openvino_does(tmp_path):
         mar = ptopt.package(tmp_path / "m.xml", "mar", tmp_path / "m.mar")
         names = zipfile.ZipFile(mar.path).namelist()
         assert "m.xml" in names and "m.bin" in names, names
+
+
+# -- NNCF's accuracy-aware int8: --accuracy-control ----------------------------------------------------
+
+
+def test_api_accuracy_control_keeps_the_costly_ops_float_until_the_cosine_holds(tmp_path):
+    """``nncf.quantize_with_accuracy_control`` with the worst-sample cosine vs the fp32 model as its metric:
+    a goal plain int8 misses (one input far larger than the rest) is met by reverting ops to float (fewer
+    FakeQuantize ops left)."""
+    import ptopt
+
+    x = _calib(48)
+    x[:, 0, 0, 0] = 40.0
+    plain = ptopt.export(tiny_cnn(), "openvino", precision="int8", data=x, min_cosine=-1.0)
+    res = ptopt.export(
+        tiny_cnn(), "openvino", tmp_path / "m.xml", precision="int8", data=x, min_cosine=0.9999,
+        accuracy_control=True,
+    )  # fmt: skip
+    control = res.extra["nncf"]["accuracy_control"]
+    assert control["min_cosine"] == 0.9999 and control["metric"] == "worst-sample cosine vs fp32"
+    assert control["validation_samples"] == 48 and "quantize_with_accuracy_control" in res.extra["method"]
+    assert plain.metrics["parity"]["cosine"] < 0.9999 <= res.metrics["parity"]["cosine"]
+    fq = lambda m: sum(op.get_type_name() == "FakeQuantize" for op in m.get_ops())  # noqa: E731
+    import openvino as ov
+
+    plain.save(tmp_path / "plain.xml")
+    assert control["fake_quantize_ops"] == fq(ov.Core().read_model(str(tmp_path / "m.xml")))
+    assert control["fake_quantize_ops"] < fq(ov.Core().read_model(str(tmp_path / "plain.xml")))
+
+
+def test_cli_accuracy_control_with_a_top1_goal_on_labelled_validation_data(cli, tmp_path):
+    """--max-accuracy-drop is the goal when given (--min-cosine then only the export's parity rule)."""
+    from ptopt.core.data import load_data
+
+    load_data("builtin:digits:train").take(48).save(tmp_path / "calib.pt")
+    load_data("builtin:digits:test").take(48).save(tmp_path / "val.pt")
+    code, out, err = cli(
+        "export", "tests.helpers:tiny_cnn", "--target", "openvino", "--precision", "int8", "--data", "calib.pt",
+        "--accuracy-control", "--max-accuracy-drop", "0", "--validation-data", "val.pt", "-o", "m.xml",
+        "--min-cosine", "-1",  # the drop is the goal; the parity rule is relaxed as the user says (untrained model)
+    )  # fmt: skip
+    assert code == 0, err
+    assert "nncf:    accuracy control (top-1 drop <= 0 pts on 48 validation samples)" in out
+    side = json.loads((tmp_path / "m.xml.ptopt.json").read_text())
+    control = side["extra"]["nncf"]["accuracy_control"]
+    assert control["max_accuracy_drop"] == 0.0 and control["metric"] == "top-1" and control["max_drop"] == 0.0
+    assert side["config"]["accuracy_control"] is True and side["precision"] == "int8"
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("--target", "openvino", "--data", "calib.pt", "--accuracy-control", "--min-cosine", "0.9"),
+         "add --precision int8"),
+        (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--accuracy-control"),
+         "needs its goal"),
+        (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--max-accuracy-drop", "1"),
+         "goal of --accuracy-control"),
+        (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--validation-data", "calib.pt"),
+         "add --accuracy-control"),
+        (("--target", "onnx", "--precision", "int8", "--data", "calib.pt", "--accuracy-control", "--min-cosine",
+          "0.9"), "--accuracy-control is for --target openvino"),
+        (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--accuracy-control",
+          "--max-accuracy-drop", "1"), "needs labelled validation data"),
+    ],
+    ids=["not-int8", "no-goal", "drop-alone", "validation-alone", "onnx", "unlabelled-drop"],
+)  # fmt: skip
+def test_accuracy_control_bad_input_refused(cli, tmp_path, args, match):
+    torch.save({"x": _calib(16)}, tmp_path / "calib.pt")
+    assert_refused(cli, "export", "tests.helpers:tiny_cnn", *args, "-o", "m.xml", match=match, where=tmp_path)

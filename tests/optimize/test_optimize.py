@@ -483,3 +483,88 @@ def test_plain_int8_refused_by_the_default_rule_is_kept_within_the_users_budget(
     (row,) = [c for c in res.candidates if c.name == "int8-dynamic"]
     assert row.status == "kept" and 0.9 <= row.cosine_min < 0.99, (row.status, row.reason)
     assert "the default int8 rule refused it" in row.result.template.extra["accepted_by"]
+
+
+def test_openvino_accuracy_control_runs_when_plain_nncf_int8_is_rejected(cli, tmp_path, data):
+    """int8-openvino-search: NNCF's accuracy control fitted on the search's half of --eval-data (its
+    validation set) when plain int8-openvino breaks the budget, then accepted on the held-out half like
+    every candidate; through the CLI and the API. One input feature far larger than the others makes
+    plain int8 miss a tight budget (and reverting ops to float win it back)."""
+    pytest.importorskip("nncf")
+    from ptopt.core.data import Dataset, load_data
+
+    def outlier(ds):
+        x = ds.x.clone()
+        x[:, 0, 0, 0] = 400.0
+        return Dataset(x)
+
+    outlier(load_data(data["calib"])).save(tmp_path / "calib.pt")
+    outlier(load_data("builtin:digits:test").take(64)).save(tmp_path / "eval.pt")
+    code, out, err = cli(
+        "optimize", "tests.optimize.test_optimize:mlp", "--calib-data", "calib.pt", "--eval-data", "eval.pt",
+        "--min-cosine", "0.9999", "--candidates", "int8-openvino,int8-openvino-search", *FAST_CLI, "-o", "opt",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "opt" / "report.json").read_text())
+    rows = {c["name"]: c for c in report["candidates"]}
+    assert rows["int8-openvino"]["status"] == "rejected", rows["int8-openvino"]
+    row = rows["int8-openvino-search"]
+    assert row["status"] == "kept" and row["runtime"] == "openvino" and row["engine"] == "nncf", row
+    assert code == 0 and report["best"] == "int8-openvino-search" and row["cosine_min"] >= 0.9999, err
+    side = json.loads((tmp_path / "opt" / (report["best_path"] + ".ptopt.json")).read_text())
+    control = side["extra"]["nncf"]["accuracy_control"]
+    # fitted on the search's half of the 64 samples, aiming at half the allowed loss there; the other half
+    # is what accepted it against the budget itself
+    assert control["min_cosine"] == pytest.approx(1 - 0.0001 / 2)
+    assert control["validation_samples"] == report["split"]["search_samples"]
+    assert "int8-openvino-search" in out
+
+    import ptopt
+
+    res = ptopt.optimize(
+        "tests.optimize.test_optimize:mlp", calib_data=data["calib"], eval_data=data["eval-unlabelled"],
+        min_cosine=0.5, candidates=["int8-openvino", "int8-openvino-search"], **FAST,
+    )  # fmt: skip
+    assert res.candidate("int8-openvino").status == "kept"
+    skipped = res.candidate("int8-openvino-search")
+    assert skipped.status == "skipped" and "was kept, not rejected" in skipped.reason
+
+
+def test_openvino_accuracy_control_skipped_with_its_estimate_when_it_does_not_fit():
+    from ptopt.optimize.candidates import Context, _after_openvino_rejected
+
+    ctx = Context(mlp(), None, None, None, None, None, 0.99, lambda: 5.0)
+    ctx.status["int8-openvino"], ctx.build_seconds["int8-openvino"] = "rejected", 8.0
+    why = _after_openvino_rejected(ctx)
+    assert why == "time budget: NNCF's accuracy control (2 layers to rank) needs about 12 s, 5 s left"
+    ctx.seconds_left = lambda: 60.0
+    assert _after_openvino_rejected(ctx) is None
+
+
+def test_the_fastest_per_batch_size_is_reported_and_printed(cli, tmp_path, data):
+    """One winner cannot be the fastest at every batch size: report.json names each batch size's fastest
+    within the budget (the winner is the largest's) with its file, and a single --batch-size picks for it."""
+    import ptopt
+
+    names = ["fp32-torchscript", "fp32-onnx"]
+    res = ptopt.optimize(
+        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=5.0, candidates=names,
+        output=tmp_path / "opt", **FAST,
+    )  # fmt: skip
+    by = res.report["best_by_batch"]
+    assert set(by) == {"1", "4"} and by["4"]["name"] == res.best.name
+    for bs, entry in by.items():
+        fastest = min(
+            (c for c in res.candidates if c.name in names), key=lambda c: c.latency_ms[bs]["median"]
+        )
+        assert entry["name"] == fastest.name and entry["speedup"] == fastest.speedup[bs]
+        assert (tmp_path / "opt" / entry["path"]).is_file()
+    saved = json.loads((tmp_path / "opt" / "report.json").read_text())
+    assert saved["best_by_batch"] == by
+    code, out, err = cli(
+        "optimize", FACTORY, "--calib-data", data["calib"], "--eval-data", data["eval"], "--max-accuracy-drop",
+        "5", "--candidates", ",".join(names), "--batch-size", "1", "--threads", "1", "--rounds", "3",
+        "--min-seconds", "0.2", "-o", "opt1",
+    )  # fmt: skip
+    assert code == 0, err
+    report = json.loads((tmp_path / "opt1" / "report.json").read_text())
+    assert report["ranking_batch_size"] == 1 and report["best_by_batch"]["1"]["name"] == report["best"]

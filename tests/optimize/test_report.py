@@ -253,3 +253,28 @@ def test_a_v1_report_still_renders(tmp_path):
     term = R.render_terminal(report, width=300)
     assert "machine:  AMD EPYC (ISA: avx2, fma); threads: 2\nversions: ptopt 0.1.0, torch 2.13.0" in term
     assert "AMD EPYC (ISA: avx2, fma); threads: 2 · ptopt 0.1.0, torch 2.13.0" in R.render_markdown(report)
+
+
+def test_the_fastest_per_batch_size_is_printed_when_it_differs():
+    from ptopt.optimize.report import render_markdown, render_terminal
+
+    rep = winner_report()
+    best = rep["best"]
+    other = next(
+        c["name"]
+        for c in rep["candidates"]
+        if c["status"] == "kept" and c["name"] not in (best, "fp32-eager")
+    )
+    rep["best_by_batch"] = {
+        "1": {"name": other, "speedup": 3.5, "path": f"candidates/{other}.onnx"},
+        "32": {"name": best, "speedup": 2.0, "path": "best.onnx"},
+    }
+    ref = rep["reference"]
+    line = (
+        f"Fastest within the budget per batch size: batch 1: {other}, 3.50x {ref}, opt/candidates/{other}.onnx; "
+        f"batch 32: {best}, 2.00x {ref}, opt/best.onnx."
+    )
+    assert line in render_terminal(rep, directory="opt", width=400)
+    assert f"batch 1: `{other}`" in render_markdown(rep)
+    rep["best_by_batch"]["1"] = dict(rep["best_by_batch"]["32"])  # the same winner everywhere: no line
+    assert "per batch size" not in render_terminal(rep, directory="opt", width=400)
