@@ -187,9 +187,11 @@ def _torchao_config(record: dict[str, Any]) -> dict[str, Any]:
     tf = import_transformers()
     with quiet_imports():
         from torchao.quantization import Int8WeightOnlyConfig
+        from torchao.quantization.granularity import PerGroup, PerRow
 
+        group = record.get("group_size")
         cfg = tf.TorchAoConfig(
-            Int8WeightOnlyConfig(group_size=record.get("group_size")),
+            Int8WeightOnlyConfig(granularity=PerGroup(group) if group else PerRow()),
             modules_to_not_convert=sorted(record.get("float_layers", {})) or None,
         )
     return cfg.to_dict()

@@ -39,14 +39,25 @@ def torchao() -> Iterator[Any]:
 
 def base_config(bits: int, group_size: int | None, method: str) -> Any:
     """torchao's config for plain round-to-nearest (or HQQ) weights of ``bits``."""
-    with torchao() as q:
+    with torchao():
         if bits == 8:
-            return q.Int8WeightOnlyConfig(group_size=group_size)
+            return int8_config(group_size)
         from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
         from torchao.quantization.quantize_.workflows import Int4ChooseQParamsAlgorithm
 
         algo = Int4ChooseQParamsAlgorithm.HQQ if method == "hqq" else Int4ChooseQParamsAlgorithm.TINYGEMM
         return PrototypeInt4WeightOnlyConfig(group_size=group_size, int4_choose_qparams_algorithm=algo)
+
+
+def int8_config(group_size: int | None) -> Any:
+    """``Int8WeightOnlyConfig``: per output channel, or a scale per ``group_size`` input columns
+    (torchao 0.18 takes ``granularity=PerGroup(n)``; its ``group_size=`` argument only asserts)."""
+    with torchao() as q:
+        if group_size is None:
+            return q.Int8WeightOnlyConfig()
+        from torchao.quantization.granularity import PerGroup
+
+        return q.Int8WeightOnlyConfig(granularity=PerGroup(group_size))
 
 
 def quantize_rtn(model: Any, bits: int, group_size: int | None, method: str, selected: Callable) -> None:

@@ -249,3 +249,18 @@ def test_weight_only_options_belong_to_weight_only(cli, lm_dir, tmp_path):
     assert_refused(cli, "quantize", lm_dir, "--mode", "dynamic", "--bits", "4", "-o", tmp_path / "x.pt",
                    match="--bits applies to --mode weight-only", where=tmp_path)  # fmt: skip
     assert_refused(ptopt.quantize, lm_dir, "weight-only", min_cosine=0.99, match="judged on perplexity")
+
+
+def test_int8_per_group_through_api_and_cli(cli, lm_dir, tmp_path):
+    """``--bits 8 --group-size N``: torchao 0.18's ``Int8WeightOnlyConfig(group_size=N)`` only asserts
+    (it takes ``granularity=PerGroup(N)``); the folder reloads through from_pretrained with the groups."""
+    res = ptopt.quantize(f"hf:{lm_dir}", "weight-only", bits=8, group_size=64)
+    assert list(res.model.model.layers[0].mlp.up_proj.weight.block_size) == [1, 64]
+    code, stdout, stderr = cli(
+        "quantize", lm_dir, "--mode", "weight-only", "--bits", "8", "--group-size", "64", "-o", tmp_path / "g"
+    )
+    assert code == 0, stderr
+    assert "group 64" in stdout
+    loaded = load_model(tmp_path / "g").module
+    assert list(loaded.model.layers[0].mlp.up_proj.weight.block_size) == [1, 64]
+    assert _same_logits(loaded, res.model) == 0
