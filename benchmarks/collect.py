@@ -24,6 +24,7 @@ ORDER = [
     "real_minilm",
     "real_resnet",
     "real_crepe",
+    "llm",
 ]
 
 

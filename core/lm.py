@@ -158,3 +158,57 @@ def speed_summary(per_round: list[float]) -> dict[str, Any]:
     if not per_round:
         return {"median": None, "spread_pct": None}
     return {"median": statistics.median(per_round), "spread_pct": round_spread(list(per_round))}
+
+
+def use_int8_kernel(model: Any) -> list[str]:
+    """Route each Linear whose weight is torchao's per-row ``Int8Tensor`` (weight-only) through
+    torch's CPU kernel ``aten._weight_int8pack_mm`` with bf16 activations; returns the layers routed
+    (none on a CPU without AVX512-BF16 or AMX-BF16, where that kernel has no fast path).
+
+    torchao 0.18's eager ``F.linear`` on an ``Int8Tensor`` converts the whole int8 matrix to the
+    activation dtype on every call and multiplies in float (its fast path is ``torch.compile``): in
+    eager mode int8 was slower than fp32 here. ``_weight_int8pack_mm`` with fp32 activations was ~10x
+    slower than an fp32 matmul at batch 1, with bf16 activations faster than fp32 (an AVX512-BF16
+    path): the input is rounded to bf16, the output returned in the input's dtype. The weight, its
+    scales and the saved file are unchanged: only the module's ``forward`` is replaced, for CPU inputs.
+    Duck-typed on the tensor (``qdata``, ``scale``, ``block_size``): core imports no torchao."""
+    import types
+
+    import torch
+
+    from ptopt.core.system import cpu_info
+
+    isa = cpu_info()["isa"]
+    if not (isa.get("avx512_bf16") or isa.get("amx_bf16")):
+        return []
+    routed: list[str] = []
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if not isinstance(m, torch.nn.Linear) or type(w).__name__ != "Int8Tensor":
+            continue
+        if getattr(w, "act_quant_kwargs", None) is not None or w.qdata.dim() != 2:
+            continue  # dynamic int8 activations: torchao's own path
+        if list(w.block_size) != [1, w.qdata.shape[1]]:
+            continue  # per-group scales: torchao's own path
+        if w.qdata.data_ptr() % 64 or not w.qdata.is_contiguous():
+            w.qdata = (
+                w.qdata.contiguous().clone()
+            )  # the kernel reads aligned rows (a safetensors map need not be)
+        m._ptopt_int8_scale = w.scale.reshape(-1).to(torch.bfloat16).contiguous()
+        m.forward = types.MethodType(_int8_forward, m)
+        routed.append(name)
+    return routed
+
+
+def _int8_forward(self: Any, x: Any) -> Any:
+    import torch
+
+    w = self.weight
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16):
+        return torch.nn.functional.linear(x, w, self.bias)
+    if w.act_pre_scale is not None:  # AWQ's activation scales
+        x = x * w.act_pre_scale
+    flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+    y = torch.ops.aten._weight_int8pack_mm(flat, w.qdata, self._ptopt_int8_scale)
+    y = y.to(x.dtype).reshape(*x.shape[:-1], w.qdata.shape[0])
+    return y + self.bias if self.bias is not None else y

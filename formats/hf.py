@@ -96,11 +96,12 @@ def load_weight_only(path: Path) -> Any:
 
         if rec["weights"] == INT8_WEIGHTS:
             try:
-                return tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
+                model = tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True).eval()
             except (OSError, ValueError, RuntimeError) as e:
                 raise ModelLoadError(
                     f"{path}: transformers cannot load it: {type(e).__name__}: {e}"
                 ) from None
+            return _int8_kernel(model)
         # torchao's int4 CPU tensor registers itself as safe to load only when its module is imported
         import torchao.prototype.quantization.int4  # noqa: F401
 
@@ -120,6 +121,14 @@ def load_weight_only(path: Path) -> Any:
             f"{path / rec['weights']}: does not fit the model of config.json ({', '.join(odd[:3])})"
         )
     model.tie_weights()
+    return _int8_kernel(model) if rec["bits"] == 8 else model
+
+
+def _int8_kernel(model: Any) -> Any:
+    """int8 layers through torch's CPU kernel (``core.lm.use_int8_kernel``), as quantize ran them."""
+    from ptopt.core.lm import use_int8_kernel
+
+    use_int8_kernel(model)
     return model
 
 

@@ -37,15 +37,6 @@ def torchao() -> Iterator[Any]:
         yield q
 
 
-def int8_config(group_size: int | None) -> Any:
-    """torchao's int8 weight-only config: a scale per output channel, or per ``group_size`` input
-    columns (``granularity``: torchao 0.18 refuses the old ``group_size=`` keyword)."""
-    with torchao() as q:
-        from torchao.quantization.granularity import PerGroup, PerRow
-
-        return q.Int8WeightOnlyConfig(granularity=PerGroup(group_size) if group_size else PerRow())
-
-
 def base_config(bits: int, group_size: int | None, method: str) -> Any:
     """torchao's config for plain round-to-nearest (or HQQ) weights of ``bits``."""
     with torchao():
@@ -56,6 +47,17 @@ def base_config(bits: int, group_size: int | None, method: str) -> Any:
 
         algo = Int4ChooseQParamsAlgorithm.HQQ if method == "hqq" else Int4ChooseQParamsAlgorithm.TINYGEMM
         return PrototypeInt4WeightOnlyConfig(group_size=group_size, int4_choose_qparams_algorithm=algo)
+
+
+def int8_config(group_size: int | None) -> Any:
+    """``Int8WeightOnlyConfig``: per output channel, or a scale per ``group_size`` input columns
+    (torchao 0.18 takes ``granularity=PerGroup(n)``; its ``group_size=`` argument only asserts)."""
+    with torchao() as q:
+        if group_size is None:
+            return q.Int8WeightOnlyConfig()
+        from torchao.quantization.granularity import PerGroup
+
+        return q.Int8WeightOnlyConfig(granularity=PerGroup(group_size))
 
 
 def quantize_rtn(model: Any, bits: int, group_size: int | None, method: str, selected: Callable) -> None:

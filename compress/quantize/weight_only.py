@@ -9,7 +9,9 @@ and norms stay float.
 
 How (``config.method``): rtn, hqq and awq through torchao (``engine_torchao``), gptq (int4) through
 ptopt's own ``gptq.py`` (torchao's GPTQ runs on CUDA only). int4 turns the model to bf16 first: that
-is what the int4 CPU kernel multiplies.
+is what the int4 CPU kernel multiplies. int8 layers run torch's ``_weight_int8pack_mm`` in eager mode
+(``ptopt.core.lm.use_int8_kernel``: torchao's eager int8 path converts the matrix to float on every
+call).
 """
 
 from __future__ import annotations
@@ -101,5 +103,9 @@ def quantize_module(model: Any, config: WeightOnlyConfig, calibrate: Any) -> dic
     if missed:
         raise RuntimeError(f"torchao left {len(missed)} selected layer(s) float: {', '.join(missed[:3])}")
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    from ptopt.core.lm import use_int8_kernel
+
+    kernel = "_weight_int8pack_mm (bf16 activations)" if bits == 8 and use_int8_kernel(model) else None
     return {"bits": bits, "group_size": group, "method": method, "quantized_layers": chosen,
-            "float_layers": floats, "dtype": dtype, "linear_from_conv1d": swapped}  # fmt: skip
+            "float_layers": floats, "dtype": dtype, "linear_from_conv1d": swapped,
+            "int8_kernel": kernel}  # fmt: skip

