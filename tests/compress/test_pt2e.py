@@ -251,7 +251,9 @@ def test_cli_engine_refusals(cli, tmp_path, args, match):
     )
 
 
-def test_only_the_pt2e_engine_imports_torchao():
+def test_only_the_engines_import_torchao():
+    """Inside the stages, torchao is imported by its engine files only (PT2E; weight-only): the
+    format modules (``formats/``) read their own artifacts and are not scanned here."""
     import ast
     from pathlib import Path
 
@@ -264,4 +266,4 @@ def test_only_the_pt2e_engine_imports_torchao():
                 names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 if any(n == "torchao" or n.startswith("torchao.") for n in names):
                     importers.add(path.relative_to(root).as_posix())
-    assert importers == {"compress/quantize/engine_pt2e.py"}
+    assert importers == {"compress/quantize/engine_pt2e.py", "compress/quantize/engine_torchao.py"}
