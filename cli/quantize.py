@@ -224,8 +224,9 @@ def _print_weight_only(art) -> None:
     """What the weight-only folder is: bytes vs fp32, perplexity, the layers kept float."""
     m, rec = art.metrics, art.extra["weight_only"]
     group = f"group {rec['group_size']}" if rec["group_size"] else "per output channel"
+    acts = f"{rec['dtype']} activations" + (", bf16 into the int8 kernel" if rec.get("int8_kernel") else "")
     click.echo(
-        f"wrote {art.path}/ (int{rec['bits']} weight-only, {rec['method']}, {group}, {rec['dtype']} activations): "
+        f"wrote {art.path}/ (int{rec['bits']} weight-only, {rec['method']}, {group}, {acts}): "
         f"weights {m['weight_bytes']:,} bytes = {m['weight_bytes_ratio']:.2f}x fp32 ({m['fp32_weight_bytes']:,}); "
         f"files {art.size_bytes:,} bytes"
     )
