@@ -317,13 +317,15 @@ def main() -> None:
         os.nice(5)
     import torch
 
-    from ptopt.compress.quantize.lm_flow import token_ids_for
+    from ptopt.core.lm import token_ids
     from ptopt.core.modelref import load_model
 
     eval_tokens, rounds, new = (1024, 2, 16) if args.quick else (4096, 5, 32)
     model_dir = smollm_dir()
     loaded = load_model(f"hf:{model_dir}")
-    ids = token_ids_for("builtin:pydoc-text:eval", loaded, "evaluation text")[:eval_tokens]
+    ids = token_ids("builtin:pydoc-text:eval", loaded.module.config.vocab_size, model_dir, "evaluation text")[
+        :eval_tokens
+    ]
     fp32 = loaded.module
     if args.awq:
         PTOPT.update(AWQ)

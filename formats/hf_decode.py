@@ -36,6 +36,8 @@ def capture(module: Any, cache_len: int) -> tuple[bytes, dict[str, Any]]:
     """The saved program of ``module``'s decode step with a ``cache_len``-token static cache, and its
     record (inputs, cache length, the check's figures). UsageError for a cache longer than the model's
     positions; UnsupportedModelError when torch.export cannot capture the model."""
+    import torch
+
     from ptopt.core.lm import max_positions
 
     longest = max_positions(module)
@@ -43,8 +45,6 @@ def capture(module: Any, cache_len: int) -> tuple[bytes, dict[str, Any]]:
         raise UsageError(f"--decode-step {cache_len}: the model's positions end at {longest}")
     program = _export(module, cache_len)
     buffer = io.BytesIO()
-    import torch
-
     torch.export.save(program, buffer)
     data = buffer.getvalue()
     check = _check(module, data, min(CHECK_TOKENS, cache_len))

@@ -107,10 +107,11 @@ def bf16_flags() -> list[str]:
 
 def _texts(loaded: Any, eval_data: Any, calib_data: Any) -> tuple[Any, Any, Any]:
     """(choice ids, unseen ids, calibration ids or None): the evaluation text in two halves."""
-    from ptopt.compress.quantize.lm_flow import token_ids_for
+    from ptopt.core.lm import token_ids
 
-    evald = token_ids_for(eval_data, loaded, "evaluation text")
-    calib = token_ids_for(calib_data, loaded, "calibration text") if calib_data is not None else None
+    vocab, folder = getattr(loaded.module.config, "vocab_size", None), loaded.info.get("hf_dir")
+    evald = token_ids(eval_data, vocab, folder, "evaluation text")
+    calib = token_ids(calib_data, vocab, folder, "calibration text")
     if evald.numel() < 64:
         raise UsageError(
             f"--eval-data holds {evald.numel()} tokens; the search needs at least 64 (two halves)"

@@ -66,11 +66,6 @@ def quantize_lm(
     return finish(result, output)
 
 
-def token_ids_for(ref: Any, loaded: Any, name: str) -> Any:
-    """``ref`` (text data) as token ids for the loaded model (its folder's tokenizer for text)."""
-    return _token_ids(ref, loaded.module, loaded.info.get("hf_dir"), name)
-
-
 def _token_ids(ref: Any, model: Any, hf_dir: Any, name: str) -> Any:
     from ptopt.core.lm import token_ids
 
