@@ -8,7 +8,8 @@
 - ``package.module:factory`` with optional ``weights`` (state_dict ``.pt`` or ``.safetensors``);
   without weights the factory's fresh model is used (e.g. a student to train).
 - ``SCHEME:NAME``: a scheme a stage registered (``ptopt.core.schemes``); ``zoo:NAME``, a model of
-  the reference zoo trained on bundled data on first use and cached, is registered at ``import ptopt``.
+  the reference zoo trained on bundled data (shipped weights or trained on first use), cached, is
+  registered at ``import ptopt``.
 
 State dicts are always read with ``weights_only=True``.
 """

@@ -1,9 +1,15 @@
 """The model zoo: reference models written the way users write them, each with a deterministic
-training recipe on bundled data, trained on first use and cached outside the repository.
+training recipe on bundled data.
 
 Cache: ``$PTOPT_CACHE_DIR`` or ``~/.cache/ptopt``; ``zoo/<name>-<key>.safetensors`` plus a JSON with
 the recipe and the held-out accuracy it reached. The key hashes the recipe, so changing a recipe
 retrains instead of loading stale weights.
+
+Weights: the small models' trained weights ship with ptopt (``models/weights/``, written by
+``python -m ptopt.models.zoo --ship NAME``: resnet 1.2 MB, mobilenet 0.4 MB, transformer 0.5 MB) and are
+copied into the cache on first use, so every machine gets the same weights without training them;
+the others (the 22 MB LSTM) train once on first use. Shipped weights count only while their recipe
+key is the current one: a changed recipe trains instead.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +110,28 @@ def weights_path(name: str) -> Path:
     return cache_dir() / "zoo" / f"{name}-{e.key()}.safetensors"
 
 
+#: the trained weights shipped with ptopt (module docstring)
+SHIPPED = Path(__file__).resolve().parent / "weights"
+
+
+def shipped_path(name: str) -> Path:
+    """Where ptopt ships ``name``'s weights for its current recipe (the file may not exist)."""
+    return SHIPPED / weights_path(name).name
+
+
+def _from_shipped(name: str) -> bool:
+    """Copy ``name``'s shipped weights and their JSON into the cache; False when none ship."""
+    from ptopt.core.artifact import atomic_path
+
+    src, dst = shipped_path(name), weights_path(name)
+    if not (src.is_file() and src.with_suffix(".json").is_file()):
+        return False
+    for a, b in ((src.with_suffix(".json"), dst.with_suffix(".json")), (src, dst)):  # weights last
+        with atomic_path(b) as tmp:
+            shutil.copyfile(a, tmp)
+    return True
+
+
 def train_zoo_model(name: str, progress: bool = True):
     """Train a zoo model with its recipe (deterministic) and cache its weights; returns (model, info)."""
     import torch
@@ -175,7 +204,7 @@ def load_zoo_model(name: str, progress: bool = True):
 
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(path) + ".lock"):
-            if not path.is_file():
+            if not path.is_file() and not _from_shipped(name):
                 model, _ = train_zoo_model(name, progress=progress)
                 x = model.example_inputs()
                 return model, specs_from_example(x), input_style(x)
@@ -184,3 +213,26 @@ def load_zoo_model(name: str, progress: bool = True):
     model.eval()
     x = model.example_inputs()
     return model, specs_from_example(x), input_style(x)
+
+
+def ship(name: str) -> Path:
+    """Train ``name`` with its recipe (or take this cache's weights for it) and write them into
+    ``models/weights/`` for the package to ship; returns the path written."""
+    path = weights_path(name)
+    if not path.is_file():
+        train_zoo_model(name)
+    SHIPPED.mkdir(exist_ok=True)
+    for old in SHIPPED.glob(f"{name}-*"):
+        old.unlink()  # an earlier recipe's weights
+    for src in (path.with_suffix(".json"), path):
+        shutil.copyfile(src, SHIPPED / src.name)
+    return shipped_path(name)
+
+
+if __name__ == "__main__":  # python -m ptopt.models.zoo --ship resnet mobilenet transformer
+    import sys
+
+    if sys.argv[1:2] != ["--ship"] or not sys.argv[2:]:
+        sys.exit("usage: python -m ptopt.models.zoo --ship NAME...")
+    for n in sys.argv[2:]:
+        print(ship(n))

@@ -19,5 +19,7 @@ def _load_zoo(name: str) -> tuple[Any, list[Any], str]:
 
 
 register_model_scheme(
-    "zoo", _load_zoo, "a reference model of ptopt.models, trained on bundled data on first use and cached"
+    "zoo",
+    _load_zoo,
+    "a reference model of ptopt.models, trained on bundled data (shipped or trained on first use), cached",
 )

@@ -1,6 +1,6 @@
 """``ptopt demo``: the whole pipeline on the zoo ResNet-style CNN and bundled digits.
 
-fp32 model (trained on first use, cached) → static int8, QAT, dynamic int8 (zoo LSTM), structured
+fp32 model (shipped trained weights, cached) → static int8, QAT, dynamic int8 (zoo LSTM), structured
 pruning with distillation recovery, global pruning → TorchScript and ONNX exports (fp32 and int8;
 TensorRT when available) → ``validate`` everything with gates → HTML report + Markdown summary →
 a TorchServe ``.mar`` of the best artifact within the accuracy budget.
@@ -163,7 +163,7 @@ def demo(
     recipe = demo_recipe(threads=threads, min_seconds=min_seconds, tensorrt=tensorrt)
     progress = _Progress(len(recipe["steps"]) - (not tensorrt), log)
     log(
-        f"[0/{progress.total}] fp32 models: {CNN} and {LSTM} (trained on bundled digits on first use, then cached)"
+        f"[0/{progress.total}] fp32 models: {CNN} and {LSTM} (the CNN ships trained, the LSTM trains on first use; cached)"
     )
     load_model(CNN)
     load_model(LSTM)

@@ -1,5 +1,6 @@
-"""The zoo: every model runs on its bundled data's shapes; CNNs train to ≥97% held-out; caching."""
+"""The zoo: every model runs on its bundled data's shapes; CNNs ship trained to ≥97% held-out; caching."""
 
+import json
 import os
 
 import pytest
@@ -31,28 +32,60 @@ def test_zoo_models_written_like_user_models():
         assert not mods & {"QuantStub", "DeQuantStub"}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet", "mobilenet"])
-def test_cnn_reaches_97_percent_and_is_cached(name, monkeypatch):
+def test_cnn_ships_trained_to_97_percent_and_is_cached(name, monkeypatch, tmp_path):
+    """The CNNs' weights ship with ptopt: a fresh cache gets them without training, they reach 97%
+    held-out, and the copy in the cache is loaded again, not replaced."""
     from ptopt.compress.trainer import evaluate_accuracy
     from ptopt.models.zoo import weights_path, zoo_info
 
-    lm = load_model(f"zoo:{name}")  # trains on first use (cached for the session)
+    def no_training(*a, **k):
+        raise AssertionError("a zoo model that ships was trained")
+
+    monkeypatch.setenv("PTOPT_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    monkeypatch.setattr("ptopt.models.zoo.train_zoo_model", no_training)
+    lm = load_model(f"zoo:{name}")
     acc = evaluate_accuracy(lm.module, load_data(ZOO[name].test_data))
     assert acc >= 0.97, acc
     assert zoo_info(name)["test_accuracy"] == pytest.approx(acc)
     path = weights_path(name)
+    assert path.is_relative_to(tmp_path / "fresh-cache")
     mtime = os.stat(path).st_mtime_ns
-
-    def no_retrain(*a, **k):
-        raise AssertionError("a cached zoo model was trained again")
-
-    monkeypatch.setattr("ptopt.models.zoo.train_zoo_model", no_retrain)
     again = load_model(f"zoo:{name}")
-    assert os.stat(path).st_mtime_ns == mtime  # loaded, not retrained
+    assert os.stat(path).st_mtime_ns == mtime  # loaded, not copied again
     x = load_data(ZOO[name].test_data).first_batch(8).x
     with torch.no_grad():
         assert torch.equal(lm.module(x), again.module(x))
+
+
+def test_shipped_weights_are_those_of_the_current_recipes():
+    """A recipe change (epochs, lr, the model's code version) changes the key: reship with
+    ``python -m ptopt.models.zoo --ship NAME``, or the zoo trains on first use instead."""
+    from ptopt.models.zoo import SHIPPED, shipped_path
+
+    shipped = sorted(p.name for p in SHIPPED.glob("*.safetensors"))
+    current = sorted(shipped_path(n).name for n in ("mobilenet", "resnet", "transformer"))
+    assert shipped == current, "reship with: python -m ptopt.models.zoo --ship NAME"
+    for name in ("mobilenet", "resnet", "transformer"):
+        info = json.loads(shipped_path(name).with_suffix(".json").read_text())
+        assert info["recipe"] == ZOO[name].recipe()
+
+
+def test_a_model_without_shipped_weights_trains_on_first_use(monkeypatch, tmp_path):
+    from ptopt.models import zoo
+
+    class Trained(Exception):
+        pass
+
+    def training(name, progress=True):
+        raise Trained(name)
+
+    monkeypatch.setenv("PTOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(zoo, "SHIPPED", tmp_path / "nothing-ships")
+    monkeypatch.setattr(zoo, "train_zoo_model", training)
+    with pytest.raises(Trained, match="resnet"):
+        zoo.load_zoo_model("resnet")
+    assert not zoo.weights_path("resnet").exists()
 
 
 @pytest.mark.parametrize(
