@@ -69,9 +69,13 @@ def _qparams(w: Any) -> tuple[Any, Any]:
     return scale, lo + scale * 8
 
 
-def gptq_round(w: Any, h: Any, group: int) -> tuple[Any, Any, Any]:
+def gptq_round(w: Any, h: Any, group: int, act_order: bool = False) -> tuple[Any, Any, Any]:
     """``(codes [out, in] int32 0..15, scales, zeros [out, in / group])`` of ``w`` (float32) rounded
-    by GPTQ with Hessian ``h`` (module docstring)."""
+    by GPTQ with Hessian ``h`` (module docstring). ``act_order``: round the columns in decreasing
+    order of ``diag(h)`` (the inputs with the most energy first, while the most columns are left to
+    absorb their error), each group's scale and zero fixed beforehand from the unrounded weights
+    (the reference's ``static_groups``: groups stay contiguous runs of columns, as the int4 layout
+    needs)."""
     import torch
 
     w = w.clone()
@@ -81,17 +85,26 @@ def gptq_round(w: Any, h: Any, group: int) -> tuple[Any, Any, Any]:
     h[dead, dead] = 1
     w[:, dead] = 0
     h += PERCDAMP * torch.mean(torch.diag(h)) * torch.eye(cols)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    codes = torch.zeros(rows, cols, dtype=torch.int32)
     scales = torch.zeros(rows, cols // group)
     zeros = torch.zeros(rows, cols // group)
+    if act_order:
+        for g in range(cols // group):
+            scales[:, g], zeros[:, g] = _qparams(w[:, g * group : (g + 1) * group])
+        perm = torch.argsort(torch.diag(h), descending=True, stable=True)
+        w, h = w[:, perm], h[perm][:, perm]
+    else:
+        perm = torch.arange(cols)
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    codes = torch.zeros(rows, cols, dtype=torch.int32)
     for start in range(0, cols, group):
         end = start + group
         block, hblock = w[:, start:end].clone(), hinv[start:end, start:end]
         errors = torch.zeros_like(block)
-        scale, zero = _qparams(block)
-        scales[:, start // group], zeros[:, start // group] = scale, zero
+        if not act_order:  # chosen from the weights as updated so far
+            scales[:, start // group], zeros[:, start // group] = _qparams(block)
         for i in range(group):
+            g = int(perm[start + i]) // group
+            scale, zero = scales[:, g], zeros[:, g]
             col = block[:, i]
             code = torch.clamp(torch.round((col - zero) / scale + 8), 0, 15)
             codes[:, start + i] = code.to(torch.int32)
@@ -99,4 +112,4 @@ def gptq_round(w: Any, h: Any, group: int) -> tuple[Any, Any, Any]:
             block[:, i:] -= err.unsqueeze(1) @ hblock[i, i:].unsqueeze(0)
             errors[:, i] = err
         w[:, end:] -= errors @ hinv[start:end, end:]
-    return codes, scales, zeros
+    return codes[:, torch.argsort(perm)], scales, zeros
