@@ -28,7 +28,8 @@ every Linear's inputs (256, 768) are multiples of 128. Trained with AdamW (betas
 decay 0.1 on matrices), linear warm-up then cosine decay, gradient clipping at 1, on random windows
 of the training ids drawn from a seeded generator; the last ``holdout`` of the ids is never trained
 on (its loss is printed as the held-out docstring loss). Seeded, ``torch.use_deterministic_algorithms``,
-``threads`` intra-op threads: the same recipe on the same software gives the same weights.
+``threads`` intra-op threads: the same recipe on the same software gives the same weights (OpenMP's
+threads wait passively: ``OMP_WAIT_POLICY`` below).
 
 The result is a plain Hugging Face folder (``config.json``, ``model.safetensors``, the tokenizer, and
 ``tinygpt.json``: the recipe, the text's sha256 and sizes, training time, losses, the machine's CPU
@@ -55,6 +56,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+#: OpenMP threads that sleep while they wait instead of spinning: on 2 cores shared with other work,
+#: spinning threads made one forward pass of this model 10-30x slower; the results do not change
+#: (same threads, same work split). Read when torch first starts its threads: set before importing it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 RECIPE: dict[str, Any] = {
     "text": "python-stdlib-docstrings",
@@ -287,6 +293,7 @@ def _build(
         "parameters": sum(p.numel() for p in model.parameters()), "train_s": train_s,
         "build_s": time.perf_counter() - t0, "heldout_loss": held, "log": log,
         "cpu": cpu["model"], "isa": [k for k, v in cpu["isa"].items() if v], "torch": torch.__version__,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "trained_here": "not pretrained: trained by benchmarks/tinygpt.py from random initialization",
     }  # fmt: skip
     tok.save_pretrained(str(out))
@@ -297,6 +304,22 @@ def _build(
     save_file(state, str(out / "model.safetensors"), {"format": "pt"})
     (out / INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     (out / DONE).write_text("ok\n", encoding="utf-8")
+
+
+def unigram_perplexity(folder: Path, ids: Any) -> float:
+    """Perplexity of ``ids`` under the training text's token frequencies (add-one smoothed, the
+    held-out part excluded): what a model that ignores context scores, for scale."""
+    from collections import Counter
+
+    from ptopt.core.hf import load_tokenizer
+
+    recipe = info(folder)["recipe"]
+    tok = load_tokenizer(folder)
+    train = tok(training_text(recipe)[0], add_special_tokens=False)["input_ids"]
+    counts = Counter(train[: int(len(train) * (1 - recipe["holdout"]))])
+    total, vocab = sum(counts.values()), len(tok)
+    nll = -sum(math.log((counts[i] + 1) / (total + vocab)) for i in ids.tolist()) / ids.numel()
+    return math.exp(nll)
 
 
 def info(folder: Path) -> dict[str, Any]:
