@@ -6,7 +6,7 @@ is not a multiple of 128 (g128 is refused) and its weights come from a Q4_1 GGUF
 groups of 32), which distorts every int4 figure at other group sizes. No LM with 128-divisible
 widths and real float weights ships in a package here, so, as the issue allows, this benchmark
 **trains one** (``benchmarks/tinygpt.py``: a 4-layer Llama-style model, hidden 256, MLP 768, byte-level
-BPE of 2,048 tokens, trained from random initialization for a few hundred AdamW steps on the Python
+BPE of 2,048 tokens, trained from random initialization for 1,000 AdamW steps (2M tokens) on the Python
 standard library's docstrings, on this CPU, seeded and cached; not a pretrained model). Its fp32
 perplexity is printed first: the int4 comparisons are relative to it.
 
