@@ -156,7 +156,7 @@ def render(rows: list[dict], verdict_rows: list[dict], meta: dict) -> str:
         f"{m['tokens_seen'] / m['train_tokens']:.1f} passes) on the docstrings of Python {m['text']['python']}'s "
         f"standard library ({m['text']['chars'] / 1e6:.2f}M characters, {m['train_tokens'] / 1e3:.0f}k tokens), "
         f"seed {r['seed']}, {r['threads']} threads: {m['train_s'] / 60:.1f} minutes on {m['cpu']} "
-        f"(ISA: {', '.join(m['isa'])}), loaded by other work at the time. Held-out docstring perplexity "
+        f"(ISA: {', '.join(m['isa'])}; the cores may have run other work too). Held-out docstring perplexity "
         f"{math.exp(m['heldout_loss']):.1f}. Every Linear's inputs (256, 768) are multiples of 128: "
         f"{meta['quantized']} layers quantized; the tied embedding / output matrix stays fp32 (as for SmolLM2).",
         f"Perplexity: all of `{EVAL}` ({meta['eval_tokens']} tokens), context {PPL_CONTEXT}, stride {PPL_STRIDE}; "
