@@ -25,6 +25,7 @@ ORDER = [
     "real_resnet",
     "real_crepe",
     "llm",
+    "llm_g128",
 ]
 
 

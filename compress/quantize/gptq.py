@@ -6,10 +6,19 @@ Linear layer, the Hessian of its reconstruction error ``H = 2 X^T X / n`` is acc
 calibration tokens (its inputs in the float model: the non-sequential variant, as torchao's GPTQ);
 then the weight is rounded one input column at a time, each column's rounding error spread over the
 columns not yet rounded through the Cholesky factor of ``H^-1`` (dampened by 1% of its mean
-diagonal), in blocks of one group. Each group's scale and zero are chosen when its first column is
-reached, from the weights as updated so far, with tinygemm's asymmetric rule
-(``scale = (max - min) / 15``, ``w = (code - 8) * scale + zero``), so the result packs into the
-same int4 CPU layout as round-to-nearest (``engine_torchao.int4_tensor``).
+diagonal), in blocks of one group, with tinygemm's asymmetric rule (``scale = (max - min) / 15``,
+``w = (code - 8) * scale + zero``), so the result packs into the same int4 CPU layout as
+round-to-nearest (``engine_torchao.int4_tensor``).
+
+Column order (``act_order``, on by default): the columns are rounded in decreasing order of
+``diag(H)``, the inputs that carry the most energy first, while the most columns remain to absorb
+their error (the reference's ``--act-order``); each group's scale and zero are then fixed beforehand
+from its own unrounded columns (the reference's ``--static-groups``), so groups stay contiguous runs
+of input columns, as the int4 layout needs. Without it, each group's scale and zero are chosen when
+its first column is reached, from the weights as updated so far. Measured on SmolLM2-135M int4 g64
+(16 calibration windows of 256 tokens, perplexity on held-out standard-library docstrings, neither
+the calibration nor the evaluation text): round-to-nearest +25.8%, GPTQ in column order +17.1%,
+GPTQ with ``act_order`` +11.0%.
 """
 
 from __future__ import annotations
@@ -69,9 +78,9 @@ def _qparams(w: Any) -> tuple[Any, Any]:
     return scale, lo + scale * 8
 
 
-def gptq_round(w: Any, h: Any, group: int) -> tuple[Any, Any, Any]:
+def gptq_round(w: Any, h: Any, group: int, act_order: bool = True) -> tuple[Any, Any, Any]:
     """``(codes [out, in] int32 0..15, scales, zeros [out, in / group])`` of ``w`` (float32) rounded
-    by GPTQ with Hessian ``h`` (module docstring)."""
+    by GPTQ with Hessian ``h`` (module docstring; ``act_order``: its column order)."""
     import torch
 
     w = w.clone()
@@ -81,17 +90,26 @@ def gptq_round(w: Any, h: Any, group: int) -> tuple[Any, Any, Any]:
     h[dead, dead] = 1
     w[:, dead] = 0
     h += PERCDAMP * torch.mean(torch.diag(h)) * torch.eye(cols)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    codes = torch.zeros(rows, cols, dtype=torch.int32)
     scales = torch.zeros(rows, cols // group)
     zeros = torch.zeros(rows, cols // group)
+    if act_order:
+        for g in range(cols // group):
+            scales[:, g], zeros[:, g] = _qparams(w[:, g * group : (g + 1) * group])
+        perm = torch.argsort(torch.diag(h), descending=True, stable=True)
+        w, h = w[:, perm], h[perm][:, perm]
+    else:
+        perm = torch.arange(cols)
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    codes = torch.zeros(rows, cols, dtype=torch.int32)
     for start in range(0, cols, group):
         end = start + group
         block, hblock = w[:, start:end].clone(), hinv[start:end, start:end]
         errors = torch.zeros_like(block)
-        scale, zero = _qparams(block)
-        scales[:, start // group], zeros[:, start // group] = scale, zero
+        if not act_order:  # chosen from the weights as updated so far
+            scales[:, start // group], zeros[:, start // group] = _qparams(block)
         for i in range(group):
+            g = int(perm[start + i]) // group
+            scale, zero = scales[:, g], zeros[:, g]
             col = block[:, i]
             code = torch.clamp(torch.round((col - zero) / scale + 8), 0, 15)
             codes[:, start + i] = code.to(torch.int32)
@@ -99,4 +117,4 @@ def gptq_round(w: Any, h: Any, group: int) -> tuple[Any, Any, Any]:
             block[:, i:] -= err.unsqueeze(1) @ hblock[i, i:].unsqueeze(0)
             errors[:, i] = err
         w[:, end:] -= errors @ hinv[start:end, end:]
-    return codes, scales, zeros
+    return codes[:, torch.argsort(perm)], scales, zeros

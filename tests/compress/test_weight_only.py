@@ -110,14 +110,15 @@ def test_int4_methods_reload_exactly(lm_dir, ids, tmp_path, method):
         assert rec["calibration"]["windows"] == 4
 
 
-def test_gptq_rounds_better_than_nearest_on_correlated_inputs():
+@pytest.mark.parametrize("act_order", [False, True], ids=["column-order", "act-order"])
+def test_gptq_rounds_better_than_nearest_on_correlated_inputs(act_order):
     from ptopt.compress.quantize.gptq import _qparams, gptq_round
 
     g = torch.Generator().manual_seed(0)
     w = torch.randn(64, 128, generator=g)
     mix = torch.randn(128, 128, generator=g) / 8 + torch.eye(128)
     x = torch.randn(2048, 128, generator=g) @ mix  # correlated features, as real activations are
-    codes, scales, zeros = gptq_round(w, 2 * x.t() @ x / len(x), 64)
+    codes, scales, zeros = gptq_round(w, 2 * x.t() @ x / len(x), 64, act_order=act_order)
     deq = (codes.float() - 8) * scales.repeat_interleave(64, 1) + zeros.repeat_interleave(64, 1)
     rtn = torch.empty_like(w)
     for s in (0, 64):
@@ -127,6 +128,41 @@ def test_gptq_rounds_better_than_nearest_on_correlated_inputs():
     assert codes.min() >= 0 and codes.max() <= 15
     err = lambda q: float(((x @ (w - q).t()) ** 2).mean())  # noqa: E731
     assert err(deq) < 0.8 * err(rtn)
+
+
+def _rtn_codes(w, group):
+    from ptopt.compress.quantize.gptq import _qparams
+
+    out = torch.empty_like(w, dtype=torch.int32)
+    for s in range(0, w.shape[1], group):
+        scale, zero = _qparams(w[:, s : s + group])
+        out[:, s : s + group] = torch.clamp(
+            torch.round((w[:, s : s + group] - zero[:, None]) / scale[:, None] + 8), 0, 15
+        )
+    return out
+
+
+def _output_error(x, w, rounded, group=64):
+    codes, scales, zeros = rounded
+    q = (codes.float() - 8) * scales.repeat_interleave(group, 1) + zeros.repeat_interleave(group, 1)
+    return float(((x @ (w - q).t()) ** 2).mean())
+
+
+def test_gptq_act_order_undoes_its_permutation_and_keeps_contiguous_groups():
+    from ptopt.compress.quantize.gptq import gptq_round
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(32, 128, generator=g)
+    # a diagonal Hessian spreads no error: GPTQ is round-to-nearest, in any column order, when each
+    # group's scale and zero come from its own contiguous columns
+    h = torch.diag(torch.rand(128, generator=g) + 0.5)
+    codes, scales, zeros = gptq_round(w, h, 64)  # act_order: the default
+    assert torch.equal(codes, _rtn_codes(w, 64)) and scales.shape == zeros.shape == (32, 2)
+    x = torch.randn(2048, 128, generator=g) @ (torch.randn(128, 128, generator=g) / 8 + torch.eye(128))
+    x = x * torch.linspace(0.2, 3.0, 128)  # inputs of unequal energy: the order matters
+    h = 2 * x.t() @ x / len(x)
+    ordered, plain = gptq_round(w, h, 64), gptq_round(w, h, 64, act_order=False)
+    assert _output_error(x, w, ordered) < _output_error(x, w, plain)
 
 
 def test_gpt2_conv1d_and_tied_head(tmp_path, ids):
