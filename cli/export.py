@@ -191,7 +191,8 @@ def _print_result(art) -> None:
     control = (art.extra.get("nncf") or {}).get("accuracy_control")
     if control:
         goal = (
-            f"worst-sample cosine >= {control['min_cosine']:g}"
+            f"worst-sample cosine projected to {control.get('reference_samples', 1000)} samples "
+            f">= {control['min_cosine']:g}"
             if "min_cosine" in control
             else f"top-1 drop <= {control['max_accuracy_drop']:g} pts"
         )

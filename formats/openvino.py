@@ -389,11 +389,15 @@ def control_goal(config: Any, data: Any) -> dict[str, Any]:
 
 def _validation(source: Any, control: dict[str, Any], names: Sequence[str], style: str) -> tuple[list, Any]:
     """NNCF's validation items (a batch of inputs, and the fp32 model's outputs or the labels) and the
-    validation function: the worst sample's cosine with the fp32 outputs, or top-1 (a fraction)."""
+    validation function: top-1 (a fraction), or the worst sample's cosine with the fp32 outputs projected
+    to ``REFERENCE_SAMPLES`` samples (``ptopt.core.tail``: what ``optimize --min-cosine`` accepts by, so the
+    ops NNCF reverts to float make the model hold on data it never saw, not only on the few it validates
+    on); each item's value is its own samples' projection."""
     import numpy as np
     import torch
 
     from ptopt.core.inputspec import call_model
+    from ptopt.core.tail import project_worst_cosine
 
     data, cosine = control["data"], "min_cosine" in control
     items = []
@@ -407,7 +411,7 @@ def _validation(source: Any, control: dict[str, Any], names: Sequence[str], styl
                 target = b.y.numpy()
             items.append((_feed(b.x, names), target))
 
-    def score(out: Any, target: Any) -> tuple[float, float]:
+    def score(out: Any, target: Any) -> tuple[Any, float]:
         out = np.asarray(out, dtype=np.float64).reshape(len(target), -1)
         if not cosine:
             return float((out.argmax(-1) == target).sum()), float(len(target))
@@ -415,13 +419,13 @@ def _validation(source: Any, control: dict[str, Any], names: Sequence[str], styl
         cos = (out * ref).sum(1) / np.maximum(
             np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1), 1e-12
         )
-        return float(cos.min()), 1.0
+        return cos, 1.0
 
     def validation_fn(compiled: Any, batch: Any) -> tuple[float, list[float]]:
         scored = [score(compiled(feed)[compiled.outputs[0]], target) for feed, target in batch]
         if cosine:
-            values = [v for v, _ in scored]
-            return min(values), values
+            values = [project_worst_cosine(v).projected for v, _ in scored]
+            return project_worst_cosine(np.concatenate([v for v, _ in scored])).projected, values
         return sum(v for v, _ in scored) / sum(n for _, n in scored), [v / n for v, n in scored]
 
     return items, validation_fn
@@ -447,13 +451,18 @@ def _quantize_controlled(
             max_drop=max_drop, drop_type=nncf.DropType.ABSOLUTE,
             advanced_accuracy_restorer_parameters=restorer, **options,
         )  # fmt: skip
+    from ptopt.core.tail import REFERENCE_SAMPLES
+
     fq = lambda m: sum(op.get_type_name() == "FakeQuantize" for op in m.get_ops())  # noqa: E731
     goal = {k: v for k, v in control.items() if k != "data"}
     record["accuracy_control"] = {
         **goal,
-        "metric": "worst-sample cosine vs fp32" if cosine else "top-1",
+        "metric": f"worst-sample cosine vs fp32, projected to {REFERENCE_SAMPLES} samples"
+        if cosine
+        else "top-1",
         "max_drop": round(max_drop, 6),
         "validation_samples": len(control["data"]),
+        **({"reference_samples": REFERENCE_SAMPLES} if cosine else {}),
         "validation_data": getattr(control["data"], "name", "data"),
         "fake_quantize_ops": fq(quantized),
     }
