@@ -226,7 +226,6 @@ def optimize(
                 batch_sizes=tuple(settings.batch_sizes),
             )  # fmt: skip
             search = Search(ctx, specs, settings, costs, clock)
-            ctx.seconds_left = search.seconds_left  # the builds' share: the budget less what is promised
             _run(search, ref_runner, settings, say)
         finally:
             ref_runner.close()

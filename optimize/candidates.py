@@ -1,4 +1,4 @@
-"""The candidate catalogue of ``ptopt optimize``: every artifact it may build, cheapest first.
+"""The candidate catalogue of ``ptopt optimize``: every artifact it may build, promising and cheap first.
 
 Each candidate is built by the stages' own functions (``ptopt.export``, ``ptopt.quantize``,
 ``ptopt.prune``, ``autoquantize``): no second implementation of any technique lives here. A
@@ -12,17 +12,21 @@ fp32-eager              the model itself (the reference every speedup divides)  
 fp32-torchscript        ``export(target="torchscript")``                            always
 fp32-exported-program   ``export(target="exported_program")``                       always
 fp32-onnx               ``export(target="onnx")``                                   always
-fp32-aoti               ``export(target="aoti", static_batches=batch sizes)``       a C++ compiler
 fp32-openvino           ``export(target="openvino")``                               openvino + nncf
 bf16-openvino           ``export(target="openvino", precision="bf16")``             + bf16 kernels
 int8-openvino           ``export(target="openvino", precision="int8", data=calib)`` openvino + nncf
 int8-onnx-dynamic       ``export(target="onnx", precision="int8",                   Linear-heavy
                         int8_method="ort_dynamic")``
+int8-openvino-float-    ``export(target="openvino", precision="int8",               int8-openvino
+layers                  float_modules=...)``, the fewest layers ranked by their     rejected
+                        int8 error in PyTorch (``optimize.float_layers``)
 int8-openvino-search    ``export(target="openvino", precision="int8",               int8-openvino
-                        accuracy_control=True)`` (NNCF's accuracy control)          rejected
+                        accuracy_control=True)`` (NNCF's accuracy control)          rejected, the above
+                                                                                    not kept
 int8-fx                 ``quantize(mode="static", engine="fx")``                    always
 int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
 int8-dynamic            ``quantize(mode="dynamic")``                                Linear/LSTM/GRU
+fp32-aoti               ``export(target="aoti", static_batches=batch sizes)``       a C++ compiler
 int8-pt2e               ``quantize(mode="static", engine="pt2e")`` (AOTInductor)    torchao, compiler
 int8-dynamic-search     ``autoquantize`` (dynamic int8, SmoothQuant/float layers)   int8-dynamic rej.
 int8-fx-float-layers    ``autoquantize`` (int8 with the layers that must stay       int8-fx rejected
@@ -35,7 +39,9 @@ Within the int8 stage, the one-call paths users would take instead (OpenVINO + N
 ``quantize_dynamic``) come first, then NNCF's own accuracy-aware refinement when plain NNCF int8 was
 rejected: when the time budget runs short, they are the ones still tried (on all-MiniLM-L6-v2 the FX and
 dynamic int8 builds took 50 s and 225 s and were rejected, and the budget had no room left for the NNCF
-build that beat every other artifact).
+build that beat every other artifact). The slow builds come last: AOTInductor compiles (a minute or more
+each on a real model) and the accuracy-aware searches (all-MiniLM-L6-v2: 261 s and 653 s); a search whose
+plain build a kept candidate already outruns is skipped (``ceiling``, ``search.Search._dominated``).
 
 A build that breaks the accuracy rule raises :class:`Rejected` (the stage's own fidelity check, a
 ParityError, or autoquant finding nothing within the goal); a missing optional backend
@@ -256,6 +262,35 @@ def _openvino_search(ctx: Context) -> Any:
     )  # fmt: skip
 
 
+def _openvino_float_layers(ctx: Context) -> Any:
+    """NNCF int8 with the fewest most-harmful layers float that holds the goal on the search's half of the
+    eval data (``optimize.float_layers``), written by ``export --exclude``; optimize accepts it on the
+    held-out half like every candidate."""
+    from ptopt.core.data import split_eval
+    from ptopt.export.api import export
+    from ptopt.optimize.float_layers import Trials, fewest_float_layers, sensitivity
+
+    select = split_eval(ctx.evald)[0]
+    ranked = [name for name, _ in sensitivity(ctx.module, ctx.calib, select)]
+    trials = Trials(ctx, select)
+    try:
+        k, log = fewest_float_layers(trials, ranked, ctx.seconds_left)
+    finally:
+        trials.close()
+    if k is None:
+        raise Rejected(f"no number of float layers tried held on the search's samples ({'; '.join(log)})")
+    res = export(
+        ctx.module, "openvino", data=ctx.calib, precision="int8", float_modules=ranked[:k],
+        input_shapes=ctx.input_shapes or None, **_budget(ctx),
+    )  # fmt: skip
+    res.template.extra["float_layers_search"] = {
+        "goal": trials.goal,
+        "ranked": ranked[: max(k, 8)],
+        "trials": log,
+    }
+    return res
+
+
 def _prune(ctx: Context) -> Any:
     from ptopt.compress.prune import prune
 
@@ -380,9 +415,10 @@ def _search_fits(ctx: Context, plain: str, mode: str) -> str | None:
 
 
 def _after_openvino_rejected(ctx: Context) -> str | None:
-    """After a rejected int8-openvino, when NNCF's accuracy control fits the time left: it ranks the
-    quantized ops by reverting each (about one int8 build and validation per layer, a quarter of the
-    plain build each), then reverts the worst until the goal holds."""
+    """After a rejected int8-openvino, when NNCF's accuracy control fits the time left and the ranked
+    float-layer search found nothing: it ranks the quantized ops by reverting each and recompiling (about
+    one plain int8 build per layer: all-MiniLM-L6-v2's 36 took 19 minutes on 2 busy cores), then
+    reverts the worst until the goal holds."""
     from torch import nn
 
     status = ctx.status.get("int8-openvino")
@@ -390,13 +426,32 @@ def _after_openvino_rejected(ctx: Context) -> str | None:
         return (
             f"plain OpenVINO int8 (int8-openvino) was {status or 'not tried'}, not rejected: no search needed"
         )
+    if ctx.status.get("int8-openvino-float-layers") == "kept":
+        return "int8-openvino-float-layers holds the budget already (NNCF's accuracy control ranks the same ops, slower)"
     kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     layers = sum(isinstance(m, kinds) for m in ctx.module.modules())
-    need = ctx.build_seconds.get("int8-openvino", 0.0) * (1 + layers / 4)
+    need = ctx.build_seconds.get("int8-openvino", 0.0) * (1 + layers)
     left = ctx.seconds_left()
     if need <= left:
         return None
     return f"time budget: NNCF's accuracy control ({layers} layers to rank) needs about {need:.0f} s, {left:.0f} s left"
+
+
+def _float_layers_fit(ctx: Context) -> str | None:
+    """After a rejected int8-openvino, when the ranked float-layer search fits the time left: a PyTorch pass
+    per layer, up to ``MAX_TRIALS`` NNCF builds (cheaper than the plain export: no conversion, no parity
+    check) and the final export; about four plain int8 builds."""
+    from ptopt.optimize.float_layers import layer_kinds
+
+    status = ctx.status.get("int8-openvino")
+    if status != "rejected":
+        return f"plain OpenVINO int8 (int8-openvino) was {status or 'not tried'}, not rejected: no float layers needed"
+    if not any(isinstance(m, layer_kinds()) for m in ctx.module.modules()):
+        return "no Linear or Conv layer to keep float"
+    need, left = ctx.build_seconds.get("int8-openvino", 0.0) * 4, ctx.seconds_left()
+    if need <= left:
+        return None
+    return f"time budget: the float-layer search needs about {need:.0f} s, {left:.0f} s left"
 
 
 def _after_dynamic_rejected(ctx: Context) -> str | None:
@@ -504,6 +559,21 @@ CATALOGUE: tuple[Spec, ...] = (
         _export("onnx", "int8", int8_method="ort_dynamic"),
         12,
         when=_linear_heavy,
+    ),
+    Spec(
+        "int8-openvino-float-layers",
+        "static int8 with the most sensitive layers float, NNCF (OpenVINO)",
+        "autoquant-int8",
+        "openvino",
+        "nncf",
+        "int8",
+        1,
+        ("export --target openvino --precision int8 --exclude LAYER ... (the ranked float-layer search)",),
+        _openvino_float_layers,
+        20,
+        10,
+        _float_layers_fit,
+        ceiling="int8-openvino",
     ),
     Spec(
         "int8-openvino-search",

@@ -4,15 +4,18 @@ survivors together, and finish within the time budget.
 1. **Cost model.** One reference batch at the largest batch size is timed first (``Costs``); from
    it come the cost of evaluating any candidate and of timing it, and the budget the fp32
    reference alone needs (less than that is refused up front, saying how long it takes).
-2. **Build** each candidate in catalogue order (fp32 formats, then int8, then training), skipping
-   one (status ``skipped``, with the estimate in the reason) when its build, evaluation and timing
-   would not fit in what is left after the timing already promised to the kept ones and the
-   reference.
+2. **Build** each candidate in catalogue order (fp32 formats, int8, the slow builds, training),
+   skipping one (status ``skipped``, with the estimate in the reason) when its build, evaluation and
+   timing would not fit in what is left after what is already promised (timing the reference and the
+   kept ones, writing the kept ones to the output folder), and a search that cannot win: one that keeps
+   layers of a plain int8 build float (``Spec.ceiling``) when a kept candidate is ``DOMINANCE``x faster
+   than that build at every batch size (``probe`` while screening, ``head_to_head`` to decide).
 3. **Pre-screen** on a subset of the eval data (``prescreen_samples``): a candidate clearly outside
    the accuracy budget is rejected there (for ``min_cosine`` exactly: a subset's worst cosine can
    only be higher than the whole set's; for an accuracy drop with a margin of 100/sqrt(n) points,
-   the subset's sampling error); survivors are evaluated on all of it. Every candidate runs in its
-   own runtime through validate's runners (``evaluate_outputs``).
+   the subset's sampling error); survivors are evaluated on all of it, then accepted on the held-out
+   samples. ``min_cosine`` judges the worst cosine projected to 1000 samples (``ptopt.core.tail``).
+   Every candidate runs in its own runtime through validate's runners (``evaluate_outputs``).
 4. **Time** the reference and every kept candidate in shared interleaved rounds at the requested
    batch sizes with validate's ``measure_runners``; the per-candidate seconds shrink to what is
    left of the budget, so the search always ends with an answer.
@@ -284,6 +287,7 @@ class Search:
     def __init__(self, ctx: Context, specs: list[Spec], settings: Settings, costs: Costs, clock: Clock):
         self.ctx, self.settings, self.costs, self.clock = ctx, settings, costs, clock
         self.candidates = [Candidate(s) for s in specs]
+        ctx.seconds_left = self.seconds_left  # what a build may spend: the budget less what is promised
         self.by_name = {c.name: c for c in self.candidates}
         #: the candidates whose speed bounds a later search's (probed even when rejected)
         self.ceilings = {s.ceiling for s in specs if s.ceiling}

@@ -568,9 +568,39 @@ def test_openvino_accuracy_control_skipped_with_its_estimate_when_it_does_not_fi
     ctx = Context(mlp(), None, None, None, None, None, 0.99, lambda: 5.0)
     ctx.status["int8-openvino"], ctx.build_seconds["int8-openvino"] = "rejected", 8.0
     why = _after_openvino_rejected(ctx)
-    assert why == "time budget: NNCF's accuracy control (2 layers to rank) needs about 12 s, 5 s left"
+    assert why == "time budget: NNCF's accuracy control (2 layers to rank) needs about 24 s, 5 s left"
     ctx.seconds_left = lambda: 60.0
     assert _after_openvino_rejected(ctx) is None
+    ctx.status["int8-openvino-float-layers"] = "kept"  # the ranked float-layer search held the budget
+    assert "holds the budget already" in _after_openvino_rejected(ctx)
+
+
+def test_openvino_float_layers_when_plain_nncf_int8_is_rejected(tmp_path, data):
+    """int8-openvino-float-layers: the MLP's layers ranked by their int8 error in PyTorch, NNCF int8 with the
+    fewest most harmful float that holds on the search's half (export --exclude), accepted on the held-out
+    half; the sidecar names the float layers and the trials."""
+    pytest.importorskip("nncf")
+    import ptopt
+    from ptopt.core.data import Dataset, load_data
+
+    def outlier(ds):
+        x = ds.x.clone()
+        x[:, 0, 0, 0] = 400.0
+        return Dataset(x)
+
+    res = ptopt.optimize(
+        "tests.optimize.test_optimize:mlp", calib_data=outlier(load_data(data["calib"])),
+        eval_data=outlier(load_data("builtin:digits:test").take(64)), min_cosine=0.9999,
+        candidates=["int8-openvino", "int8-openvino-float-layers"], output=tmp_path / "opt", **FAST,
+    )  # fmt: skip
+    plain, found = res.candidate("int8-openvino"), res.candidate("int8-openvino-float-layers")
+    assert plain.status == "rejected" and found.status == "kept", (plain.reason, found.reason)
+    assert found.cosine_projected >= 0.9999 and res.best is found and res.exit_code == 0
+    side = json.loads((tmp_path / "opt" / f"best{found.suffix}.ptopt.json").read_text())
+    floats = side["extra"]["nncf"]["float_modules"]
+    assert floats and set(floats) <= {"1", "3"}, floats  # the MLP's two Linear layers
+    search = side["extra"]["float_layers_search"]
+    assert search["trials"] and search["goal"] == pytest.approx(1 - 0.0001 / (1 + 1 / 32**0.5))
 
 
 def test_the_fastest_per_batch_size_is_reported_and_printed(cli, tmp_path, data):
