@@ -9,9 +9,6 @@ applies, roughly what it costs to build, and how to build it into a stage ``Resu
 name                    built by                                                    when
 ======================  ==========================================================  ==================
 fp32-eager              the model itself (the reference every speedup divides)      always
-fp32-torchscript        ``export(target="torchscript")``                            always
-fp32-exported-program   ``export(target="exported_program")``                       always
-fp32-onnx               ``export(target="onnx")``                                   always
 fp32-openvino           ``export(target="openvino")``                               openvino + nncf
 bf16-openvino           ``export(target="openvino", precision="bf16")``             + bf16 kernels
 int8-openvino           ``export(target="openvino", precision="int8", data=calib)`` openvino + nncf
@@ -23,6 +20,9 @@ layers                  float_modules=...)``, the fewest layers ranked by their 
 int8-openvino-search    ``export(target="openvino", precision="int8",               int8-openvino
                         accuracy_control=True)`` (NNCF's accuracy control)          rejected, the above
                                                                                     not kept
+fp32-torchscript        ``export(target="torchscript")``                            always
+fp32-exported-program   ``export(target="exported_program")``                       always
+fp32-onnx               ``export(target="onnx")``                                   always
 int8-fx                 ``quantize(mode="static", engine="fx")``                    always
 int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
 int8-dynamic            ``quantize(mode="dynamic")``                                Linear/LSTM/GRU
@@ -35,13 +35,14 @@ pruned30-ft             ``prune("structured", 0.3, fine_tune_data=train)``      
 pruned30-ft-int8        the above, then ``quantize(mode="static")``                 ``train_data``
 ======================  ==========================================================  ==================
 
-Within the int8 stage, the one-call paths users would take instead (OpenVINO + NNCF, ONNX Runtime's
-``quantize_dynamic``) come first, then NNCF's own accuracy-aware refinement when plain NNCF int8 was
-rejected: when the time budget runs short, they are the ones still tried (on all-MiniLM-L6-v2 the FX and
-dynamic int8 builds took 50 s and 225 s and were rejected, and the budget had no room left for the NNCF
-build that beat every other artifact). The slow builds come last: AOTInductor compiles (a minute or more
-each on a real model) and the accuracy-aware searches (all-MiniLM-L6-v2: 261 s and 653 s); a search whose
-plain build a kept candidate already outruns is skipped (``ceiling``, ``search.Search._dominated``).
+The runtimes users would pick instead come first (OpenVINO fp32, bf16 and NNCF int8, ONNX Runtime's
+``quantize_dynamic``), then the refinements of NNCF int8 when it was rejected (float layers, NNCF's
+accuracy control): when the time budget runs short, they are the ones still tried. On all-MiniLM-L6-v2
+the torch fp32 formats, built first, took 55 s and left no room for the float-layer search that beats every
+peer; earlier, the FX and dynamic int8 builds (50 s and 225 s, both rejected) left none for NNCF int8. The
+slow builds come last: AOTInductor compiles (a minute or more each on a real model) and the
+accuracy-aware searches (all-MiniLM-L6-v2: 261 s and 653 s); a search whose plain build a kept candidate
+already outruns is skipped (``ceiling``, ``search.Search._dominated``).
 
 A build that breaks the accuracy rule raises :class:`Rejected` (the stage's own fidelity check, a
 ParityError, or autoquant finding nothing within the goal); a missing optional backend
@@ -60,8 +61,8 @@ PRUNE_AMOUNT = 0.3
 FINE_TUNE_EPOCHS = 1
 #: stages of the search: candidates are built in this order (promising and cheap before slow)
 STAGES = (
-    "fp32 formats",
-    "int8 (the one-call paths first)",
+    "the runtimes users pick instead (OpenVINO fp32 / bf16 / NNCF int8, ONNX Runtime's dynamic int8), refined",
+    "the torch and ONNX Runtime formats, fp32 and int8",
     "slow builds: compilers and searches",
     "training",
 )
@@ -474,41 +475,6 @@ _PRUNE_STEP = f"prune --method structured --amount {PRUNE_AMOUNT} --epochs {FINE
 CATALOGUE: tuple[Spec, ...] = (
     Spec("fp32-eager", "fp32 eager (reference)", "fp32", "eager", None, "fp32", 0, (), None, 0),
     Spec(
-        "fp32-torchscript",
-        "fp32 TorchScript",
-        "fp32",
-        "torchscript",
-        None,
-        "fp32",
-        0,
-        ("export --target torchscript",),
-        _export("torchscript"),
-    ),
-    Spec(
-        "fp32-exported-program",
-        "fp32 ExportedProgram",
-        "fp32",
-        "exported_program",
-        None,
-        "fp32",
-        0,
-        ("export --target exported_program",),
-        _export("exported_program"),
-        8,
-    ),
-    Spec(
-        "fp32-onnx",
-        "fp32 ONNX Runtime",
-        "fp32",
-        "onnx",
-        None,
-        "fp32",
-        0,
-        ("export --target onnx",),
-        _export("onnx"),
-        10,
-    ),
-    Spec(
         "fp32-openvino",
         "fp32 OpenVINO",
         "fp32",
@@ -541,7 +507,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "openvino",
         "nncf",
         "int8",
-        1,
+        0,
         ("export --target openvino --precision int8 --data CALIB",),
         _export("openvino", "int8"),
         15,
@@ -554,7 +520,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "onnx",
         "ort",
         "int8",
-        1,
+        0,
         ("export --target onnx --precision int8 --int8-method ort_dynamic",),
         _export("onnx", "int8", int8_method="ort_dynamic"),
         12,
@@ -567,7 +533,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "openvino",
         "nncf",
         "int8",
-        1,
+        0,
         ("export --target openvino --precision int8 --exclude LAYER ... (the ranked float-layer search)",),
         _openvino_float_layers,
         20,
@@ -582,13 +548,48 @@ CATALOGUE: tuple[Spec, ...] = (
         "openvino",
         "nncf",
         "int8",
-        1,
+        0,
         ("export --target openvino --precision int8 --accuracy-control --min-cosine/--max-accuracy-drop",),
         _openvino_search,
         30,
         10,
         _after_openvino_rejected,
         ceiling="int8-openvino",
+    ),
+    Spec(
+        "fp32-torchscript",
+        "fp32 TorchScript",
+        "fp32",
+        "torchscript",
+        None,
+        "fp32",
+        1,
+        ("export --target torchscript",),
+        _export("torchscript"),
+    ),
+    Spec(
+        "fp32-exported-program",
+        "fp32 ExportedProgram",
+        "fp32",
+        "exported_program",
+        None,
+        "fp32",
+        1,
+        ("export --target exported_program",),
+        _export("exported_program"),
+        8,
+    ),
+    Spec(
+        "fp32-onnx",
+        "fp32 ONNX Runtime",
+        "fp32",
+        "onnx",
+        None,
+        "fp32",
+        1,
+        ("export --target onnx",),
+        _export("onnx"),
+        10,
     ),
     Spec(
         "int8-fx",
