@@ -94,6 +94,13 @@ from ptopt.cli.options import maybe_save_recipe, model_options, output_option, s
     help="--accuracy-control's goal as points of top-1 below the fp32 model (labelled validation data).",
 )
 @click.option("--validation-data", help="DATA --accuracy-control validates on (default: --data).")
+@click.option(
+    "--exclude",
+    "exclude",
+    multiple=True,
+    metavar="MODULE",
+    help="openvino int8: keep this module (a Linear or Conv of MODEL, e.g. layers.0.ff2) float; repeatable.",
+)
 @model_options
 @output_option()
 @save_recipe_option
@@ -116,6 +123,7 @@ def command(
     accuracy_control: bool,
     max_accuracy_drop: float | None,
     validation_data: str | None,
+    exclude: tuple[str, ...],
     device: str | None,
     cuda_graphs: bool,
     static_batch: str | None,
@@ -159,6 +167,7 @@ def command(
         accuracy_control=accuracy_control or None,
         max_accuracy_drop=max_accuracy_drop,
         validation_data=validation_data,
+        float_modules=list(exclude) or None,
     )
     art = export(
         model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None}
@@ -191,7 +200,8 @@ def _print_result(art) -> None:
     control = (art.extra.get("nncf") or {}).get("accuracy_control")
     if control:
         goal = (
-            f"worst-sample cosine >= {control['min_cosine']:g}"
+            f"worst-sample cosine projected to {control.get('reference_samples', 1000)} samples "
+            f">= {control['min_cosine']:g}"
             if "min_cosine" in control
             else f"top-1 drop <= {control['max_accuracy_drop']:g} pts"
         )

@@ -52,9 +52,10 @@ from ptopt.optimize.candidates import runtime_filters
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda.")
 @click.option(
     "--time-budget",
-    default="10m",
+    default="9m",
     show_default=True,
-    help="Wall time for the whole search (600, 90s, 10m); candidates that do not fit are skipped.",
+    help="Wall time for the whole search, writing -o included (600, 90s, 10m); candidates that do not fit "
+    "are skipped.",
 )
 @click.option("--train-data", help="DATA reference: enables structured pruning with a short fine-tune.")
 @click.option(

@@ -70,6 +70,7 @@ def export(
     accuracy_control: bool | None = None,
     max_accuracy_drop: float | None = None,
     validation_data: Any = None,
+    float_modules: Any = None,
 ) -> Result:
     """Export ``model`` to ``target``; returns a Result (``.model`` runs the checked artifact here,
     ``.save(path)`` writes it with its sidecar); ``output=`` also saves it there.
@@ -91,17 +92,16 @@ def export(
       (overrides what an int8 source's sidecar records).
     - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``);
       ``min_cosine``: the worst sample's cosine the artifact must keep (your budget; default by precision,
-      ``ptopt.export.parity.MIN_COSINE``).
-    - ``int8_method``: ``auto`` | ``ort_static`` | ``qdq_export`` (see ``ptopt.formats.onnx_int8``).
+      ``ptopt.export.parity.MIN_COSINE``); ``int8_method``: auto | ort_static | qdq_export (``formats.onnx_int8``).
     - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
       ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
     - ``static_batches``: aoti, ``(1, 32)`` or ``"1,32"``: fixed-batch models in the same package (docs/export.md).
     - ``accuracy_control``: openvino int8 through ``nncf.quantize_with_accuracy_control``: the ops that cost
       the most stay float until ``min_cosine`` (worst-sample cosine with the fp32 model) or
-      ``max_accuracy_drop`` (points of top-1) holds on ``validation_data`` (default ``data``).
-    """
+      ``max_accuracy_drop`` (points of top-1) holds on ``validation_data`` (default ``data``);
+      ``float_modules``: the modules (``"layers.0.ff2"``, ...) whose ops NNCF leaves float."""
     loose = dict(precision=precision, opset=opset, optimize=optimize, script=script, device=device)
-    loose |= dict(cuda_graphs=cuda_graphs, static_batches=static_batches)
+    loose |= dict(cuda_graphs=cuda_graphs, static_batches=static_batches, float_modules=float_modules or None)
     loose |= dict(accuracy_control=accuracy_control, max_accuracy_drop=max_accuracy_drop)
     loose |= dict(atol=atol, rtol=rtol, min_cosine=min_cosine, int8_method=int8_method)
     config = settle_config(target, config, **loose)

@@ -22,6 +22,7 @@ _FORMAT_OPTIONS = {
     "static_batches": ("--static-batch", "static_batches"),
     "cuda_graphs": ("--cuda-graphs", "cuda_graphs"),
     "accuracy_control": ("--accuracy-control", "accuracy_control"),
+    "float_modules": ("--exclude", "float_modules"),
 }
 
 
@@ -57,9 +58,15 @@ class ExportConfig(Config):
     #: openvino int8: NNCF's accuracy-aware quantization, goal ``min_cosine`` or ``max_accuracy_drop``
     accuracy_control: bool = False
     max_accuracy_drop: float | None = None
+    #: openvino int8: the model's modules (Linear, Conv names) whose ops NNCF leaves float
+    float_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
+        names = (
+            [self.float_modules] if isinstance(self.float_modules, str) else list(self.float_modules or ())
+        )
+        object.__setattr__(self, "float_modules", tuple(str(n).strip() for n in names if str(n).strip()))
         if self.int8_method == "auto":  # the default, said out loud
             object.__setattr__(self, "int8_method", None)
         row = format_for_target(self.target)

@@ -61,7 +61,7 @@ class OpenVINO(Format):
     packages = ("openvino", "nncf")
     #: TorchServe runs it through ptopt's handler (which needs openvino in the worker's environment)
     servers = ("torchserve",)
-    write_options = frozenset({"calib", "fp32_module", "model_type", "accuracy_control"})
+    write_options = frozenset({"calib", "fp32_module", "model_type", "accuracy_control", "float_modules"})
     sniff_rank = 4
     target_order = 25
 
@@ -102,6 +102,8 @@ class OpenVINO(Format):
     def check_config(self, config: Any) -> None:
         if config.device is not None and config.on_cuda:
             raise UsageError("--target openvino runs on the CPU (OpenVINO's CPU plugin); drop --device")
+        if config.float_modules and config.precision != "int8":
+            raise UsageError("--exclude keeps layers of an int8 IR float: add --precision int8")
         if config.accuracy_control:
             if config.precision != "int8":
                 raise UsageError("--accuracy-control is NNCF's accuracy-aware int8: add --precision int8")
@@ -125,6 +127,8 @@ class OpenVINO(Format):
 
             parent = fp32_parent(source.loaded, kw.get("allow_pickle", False))
         options = {"calib": calib, "fp32_module": parent.require_module("NNCF quantization")}
+        if config.float_modules:
+            options["float_modules"] = tuple(config.float_modules)
         if config.accuracy_control:
             options["accuracy_control"] = control_goal(config, kw.get("validation") or calib)
         return options, (parent.parent_record() if parent is not source.loaded else None)
@@ -224,10 +228,12 @@ def write_ir(
     fp32_module: Any = None,
     model_type: str | None = None,
     accuracy_control: dict[str, Any] | None = None,
+    float_modules: Sequence[str] = (),
     **_: Any,
 ) -> dict[str, Any]:
     """Convert ``module`` (``fp32_module`` for int8 from an int8 source) to an IR at ``path`` (+ .bin);
-    int8 with ``accuracy_control`` (``control_goal``): NNCF's accuracy-aware quantization."""
+    int8 with ``accuracy_control`` (``control_goal``): NNCF's accuracy-aware quantization; ``float_modules``:
+    the source's modules (Linear, Conv) whose ops NNCF leaves float (``ignored_scope``)."""
     require_openvino(precision == "int8")
     import openvino as ov
 
@@ -237,14 +243,17 @@ def write_ir(
     if precision == "int8":
         if calib is None:
             raise UsageError("--target openvino --precision int8 needs calibration data: pass --data CALIB")
+        ignored = ignored_scope(model, source, float_modules)
         if accuracy_control:
             model, info["nncf"] = _quantize_controlled(
-                model, source, calib, style, model_type, accuracy_control
+                model, source, calib, style, model_type, accuracy_control, ignored
             )
             info["method"] += " + nncf.quantize_with_accuracy_control"
         else:
-            model, info["nncf"] = _quantize(model, calib, specs, style, model_type)
+            model, info["nncf"] = quantize_ir(model, calib, model_type, ignored)
             info["method"] += " + nncf.quantize"
+        if float_modules:
+            info["nncf"]["float_modules"] = list(float_modules)
     model.set_rt_info(precision, list(HINT_KEY))
     with _quiet():
         ov.save_model(model, str(path), compress_to_fp16=False)
@@ -359,14 +368,86 @@ def _nncf_options(model: Any, calib: Any, model_type: str | None) -> tuple[list,
     return items, options, record
 
 
-def _quantize(model: Any, calib: Any, specs: Sequence[InputSpec], style: str, model_type: str | None):
-    """``nncf.quantize`` with the calibration batches; returns the int8 IR and what NNCF was asked."""
+def quantize_ir(
+    model: Any, calib: Any, model_type: str | None = None, ignored: Any = None
+) -> tuple[Any, dict]:
+    """``nncf.quantize`` of the fp32 IR ``model`` with the calibration batches (``ignored``: an
+    ``nncf.IgnoredScope``, ``ignored_scope``); returns the int8 IR and what NNCF was asked."""
     import nncf
 
     items, options, record = _nncf_options(model, calib, model_type)
+    if ignored is not None:
+        options["ignored_scope"] = ignored
     with _quiet():
         quantized = nncf.quantize(model, nncf.Dataset(items), **options)
     return quantized, record
+
+
+def ignored_scope(model: Any, source: Any, float_modules: Sequence[str]) -> Any:
+    """An ``nncf.IgnoredScope`` of the IR's ops that carry ``float_modules``' weights (modules of the
+    torch ``source``: Linear, Conv), found by their weights' values, which the conversion keeps (the IR's
+    op names need not name the modules: an IR converted from ONNX has ``node_MatMul_12``); None for none.
+    UsageError naming a module that is not in the source or whose weight is in no op."""
+    if not float_modules:
+        return None
+    import nncf
+
+    consts = _weight_consts(model)
+    names = []
+    for name in float_modules:
+        try:
+            weight = source.get_submodule(name).weight.detach().float().cpu().numpy()
+        except AttributeError:
+            raise UsageError(f"--exclude {name}: no module with a weight of that name in the model") from None
+        found = [op.get_friendly_name() for op, c in consts if _carries(c, weight)]
+        if not found:
+            raise UsageError(
+                f"--exclude {name}: its weight is in no op of the IR (an op OpenVINO fused away?)"
+            )
+        names += found
+    return nncf.IgnoredScope(names=names)
+
+
+def _weight_consts(model: Any) -> list[tuple[Any, Any]]:
+    """(op, its fp32 weight constant) for every MatMul / Convolution of the IR whose second input is one
+    (through a Convert, as a compressed IR stores it)."""
+    out = []
+    for op in model.get_ops():
+        if op.get_type_name() not in ("MatMul", "Convolution", "GroupConvolution"):
+            continue
+        src = op.input_value(1).get_node()
+        while src.get_type_name() == "Convert":
+            src = src.input_value(0).get_node()
+        if src.get_type_name() == "Constant":
+            out.append((op, src.get_data().astype("float32")))
+    return out
+
+
+def _carries(const: Any, weight: Any) -> bool:
+    """The IR constant is the module's weight: the same values (as a MatMul may hold them, transposed), or,
+    for a convolution whose BatchNorm the export folded in, the same per-output-channel directions."""
+    import numpy as np
+
+    if const.size != weight.size:
+        return False
+    flat = _same_layout(weight, const)
+    if np.array_equal(const.reshape(-1), flat):
+        return True
+    if weight.ndim < 3 or const.shape[0] != weight.shape[0]:
+        return False
+
+    def rows(w: Any) -> Any:
+        w = w.reshape(w.shape[0], -1)
+        return w / np.maximum(np.linalg.norm(w, axis=1, keepdims=True), 1e-30)
+
+    return bool(np.allclose(np.abs(rows(const)), np.abs(rows(weight)), atol=1e-5))
+
+
+def _same_layout(weight: Any, const: Any) -> Any:
+    """``weight`` flattened as ``const`` holds it: as is, or transposed (a MatMul's ``[in, out]``)."""
+    if weight.shape == const.shape or weight.ndim != 2:
+        return weight.reshape(-1)
+    return weight.T.reshape(-1)
 
 
 def control_goal(config: Any, data: Any) -> dict[str, Any]:
@@ -389,11 +470,15 @@ def control_goal(config: Any, data: Any) -> dict[str, Any]:
 
 def _validation(source: Any, control: dict[str, Any], names: Sequence[str], style: str) -> tuple[list, Any]:
     """NNCF's validation items (a batch of inputs, and the fp32 model's outputs or the labels) and the
-    validation function: the worst sample's cosine with the fp32 outputs, or top-1 (a fraction)."""
+    validation function: top-1 (a fraction), or the worst sample's cosine with the fp32 outputs projected
+    to ``REFERENCE_SAMPLES`` samples (``ptopt.core.tail``: what ``optimize --min-cosine`` accepts by, so the
+    ops NNCF reverts to float make the model hold on data it never saw, not only on the few it validates
+    on); each item's value is its own samples' projection."""
     import numpy as np
     import torch
 
     from ptopt.core.inputspec import call_model
+    from ptopt.core.tail import project_worst_cosine
 
     data, cosine = control["data"], "min_cosine" in control
     items = []
@@ -407,7 +492,7 @@ def _validation(source: Any, control: dict[str, Any], names: Sequence[str], styl
                 target = b.y.numpy()
             items.append((_feed(b.x, names), target))
 
-    def score(out: Any, target: Any) -> tuple[float, float]:
+    def score(out: Any, target: Any) -> tuple[Any, float]:
         out = np.asarray(out, dtype=np.float64).reshape(len(target), -1)
         if not cosine:
             return float((out.argmax(-1) == target).sum()), float(len(target))
@@ -415,20 +500,26 @@ def _validation(source: Any, control: dict[str, Any], names: Sequence[str], styl
         cos = (out * ref).sum(1) / np.maximum(
             np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1), 1e-12
         )
-        return float(cos.min()), 1.0
+        return cos, 1.0
 
     def validation_fn(compiled: Any, batch: Any) -> tuple[float, list[float]]:
         scored = [score(compiled(feed)[compiled.outputs[0]], target) for feed, target in batch]
         if cosine:
-            values = [v for v, _ in scored]
-            return min(values), values
+            values = [project_worst_cosine(v).projected for v, _ in scored]
+            return project_worst_cosine(np.concatenate([v for v, _ in scored])).projected, values
         return sum(v for v, _ in scored) / sum(n for _, n in scored), [v / n for v, n in scored]
 
     return items, validation_fn
 
 
 def _quantize_controlled(
-    model: Any, source: Any, calib: Any, style: str, model_type: str | None, control: dict[str, Any]
+    model: Any,
+    source: Any,
+    calib: Any,
+    style: str,
+    model_type: str | None,
+    control: dict[str, Any],
+    ignored: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     """``nncf.quantize_with_accuracy_control``: int8, then the ops that cost the most reverted to float
     until the validation metric holds the goal (``control_goal``); returns the IR and its record."""
@@ -436,6 +527,8 @@ def _quantize_controlled(
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
     items, options, record = _nncf_options(model, calib, model_type)
+    if ignored is not None:
+        options["ignored_scope"] = ignored
     names = [p.get_any_name() for p in model.inputs]
     val_items, validation_fn = _validation(source, control, names, style)
     cosine = "min_cosine" in control
@@ -447,13 +540,18 @@ def _quantize_controlled(
             max_drop=max_drop, drop_type=nncf.DropType.ABSOLUTE,
             advanced_accuracy_restorer_parameters=restorer, **options,
         )  # fmt: skip
+    from ptopt.core.tail import REFERENCE_SAMPLES
+
     fq = lambda m: sum(op.get_type_name() == "FakeQuantize" for op in m.get_ops())  # noqa: E731
     goal = {k: v for k, v in control.items() if k != "data"}
     record["accuracy_control"] = {
         **goal,
-        "metric": "worst-sample cosine vs fp32" if cosine else "top-1",
+        "metric": f"worst-sample cosine vs fp32, projected to {REFERENCE_SAMPLES} samples"
+        if cosine
+        else "top-1",
         "max_drop": round(max_drop, 6),
         "validation_samples": len(control["data"]),
+        **({"reference_samples": REFERENCE_SAMPLES} if cosine else {}),
         "validation_data": getattr(control["data"], "name", "data"),
         "fake_quantize_ops": fq(quantized),
     }

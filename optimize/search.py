@@ -4,15 +4,18 @@ survivors together, and finish within the time budget.
 1. **Cost model.** One reference batch at the largest batch size is timed first (``Costs``); from
    it come the cost of evaluating any candidate and of timing it, and the budget the fp32
    reference alone needs (less than that is refused up front, saying how long it takes).
-2. **Build** each candidate in catalogue order (fp32 formats, then int8, then training), skipping
-   one (status ``skipped``, with the estimate in the reason) when its build, evaluation and timing
-   would not fit in what is left after the timing already promised to the kept ones and the
-   reference.
+2. **Build** each candidate in catalogue order (fp32 formats, int8, the slow builds, training),
+   skipping one (status ``skipped``, with the estimate in the reason) when its build, evaluation and
+   timing would not fit in what is left after what is already promised (timing the reference and the
+   kept ones, writing the kept ones to the output folder), and a search that cannot win: one that keeps
+   layers of a plain int8 build float (``Spec.ceiling``) when a kept candidate is ``DOMINANCE``x faster
+   than that build at every batch size (``probe`` while screening, ``head_to_head`` to decide).
 3. **Pre-screen** on a subset of the eval data (``prescreen_samples``): a candidate clearly outside
    the accuracy budget is rejected there (for ``min_cosine`` exactly: a subset's worst cosine can
    only be higher than the whole set's; for an accuracy drop with a margin of 100/sqrt(n) points,
-   the subset's sampling error); survivors are evaluated on all of it. Every candidate runs in its
-   own runtime through validate's runners (``evaluate_outputs``).
+   the subset's sampling error); survivors are evaluated on all of it, then accepted on the held-out
+   samples. ``min_cosine`` judges the worst cosine projected to 1000 samples (``ptopt.core.tail``).
+   Every candidate runs in its own runtime through validate's runners (``evaluate_outputs``).
 4. **Time** the reference and every kept candidate in shared interleaved rounds at the requested
    batch sizes with validate's ``measure_runners``; the per-candidate seconds shrink to what is
    left of the budget, so the search always ends with an answer.
@@ -43,6 +46,11 @@ MIN_TIMING_SECONDS = 0.2
 MIN_ROUNDS = 5
 #: a build's estimate when no build was timed yet (seconds, before the model-size scaling)
 UNIT_FLOOR_S = 0.5
+#: a search is skipped when a kept candidate runs at least this much faster, at every batch size, than the
+#: plain build it starts from (``Spec.ceiling``; float layers only slow that build down)
+DOMINANCE = 1.25
+#: timed calls per batch size of a quick probe (after one warm-up): the fastest counts
+PROBE_CALLS = 2
 
 
 @dataclasses.dataclass
@@ -142,9 +150,28 @@ def check_budget(costs: Costs, settings: Settings) -> None:
         )
 
 
+@dataclasses.dataclass
+class Figures:
+    """A candidate's figures on one set of samples: top-1 and its drop (labelled data), and the worst
+    sample's cosine with the reference's outputs, measured and projected (``ptopt.core.tail``)."""
+
+    accuracy: float | None
+    accuracy_drop: float | None
+    cosine: Any = None  # WorstCosine | None (None: the outputs' shape differs from the reference's)
+
+    def apply(self, cand: Candidate) -> None:
+        c = self.cosine
+        cand.accuracy, cand.accuracy_drop = self.accuracy, self.accuracy_drop
+        cand.cosine_min = None if c is None else c.measured
+        cand.cosine_projected = None if c is None else c.projected
+        cand.tail = None if c is None else c.to_dict()
+
+
 class Evaluator:
     """The reference's outputs on the eval data, and how a candidate's compare (validate's runners):
-    chosen on ``evald`` (the search's part of the eval data), accepted on ``heldout`` (the rest)."""
+    chosen on ``evald`` (the search's part of the eval data), accepted on ``heldout`` (the rest).
+    ``--min-cosine`` is judged on the worst cosine projected to ``REFERENCE_SAMPLES`` samples
+    (``ptopt.core.tail``): the worst of a few dozen samples flatters a heavy-tailed candidate."""
 
     def __init__(self, ref_runner: Any, evald: Any, settings: Settings, heldout: Any = None):
         from ptopt.validate.api import evaluate_outputs
@@ -161,15 +188,17 @@ class Evaluator:
 
         return None if ds.y is None else compute_metric(resolve_metric("top1"), out, ds.y)
 
-    def _judge(self, out: Any, ds: Any, ref: Any = None) -> tuple[float | None, float | None, float | None]:
+    def _judge(self, out: Any, ds: Any, ref: Any = None) -> Figures:
+        from ptopt.core.tail import project_worst_cosine
         from ptopt.validate.gates import accuracy_drop
-        from ptopt.validate.metrics import agreement
+        from ptopt.validate.metrics import per_sample_cosine
 
         acc = self._top1(out, ds)
         ref = self.ref_out[: len(ds)] if ref is None else ref
         ref_acc = self.ref_acc if ref is self.ref_out and len(ds) == len(self.evald) else self._top1(ref, ds)
         drop = None if acc is None else accuracy_drop(ref_acc, acc)
-        return acc, drop, agreement(ref, out)["min_cosine"]
+        same = tuple(ref.shape) == tuple(out.shape) and len(out) > 0
+        return Figures(acc, drop, project_worst_cosine(per_sample_cosine(ref, out)) if same else None)
 
     def outputs(self, runner: Any, ds: Any) -> Any:
         from ptopt.validate.api import _eval_batch_size, evaluate_outputs
@@ -178,15 +207,17 @@ class Evaluator:
 
     def prescreen(self, cand: Candidate, runner: Any) -> str | None:
         """Why the candidate is rejected on the subset already (its figures are then the subset's),
-        or None."""
+        or None. For ``min_cosine`` the subset's *measured* worst decides (exact: the whole set's worst,
+        and any projection of it, can only be lower)."""
         if len(self.subset) == len(self.evald):
             return None
-        acc, drop, cos = self._judge(self.outputs(runner, self.subset), self.subset)
-        cand.accuracy, cand.accuracy_drop, cand.cosine_min, cand.within_budget = acc, drop, cos, False
-        n, s = len(self.subset), self.settings
+        fig = self._judge(self.outputs(runner, self.subset), self.subset)
+        fig.apply(cand)
+        cand.within_budget = False
+        n, s, cos = len(self.subset), self.settings, cand.cosine_min
         if s.metric == "cosine" and cos is not None and cos < s.min_cosine:
             return f"pre-screen on {n} samples: worst cosine {cos:.4f} < {s.min_cosine:g}"
-        margin = 100.0 / math.sqrt(n)
+        margin, drop = 100.0 / math.sqrt(n), fig.accuracy_drop
         if s.metric == "top1" and drop is not None and drop > s.max_accuracy_drop + margin:
             return (
                 f"pre-screen on {n} samples: accuracy drop {drop:.1f} pts > {s.max_accuracy_drop:g} "
@@ -197,31 +228,38 @@ class Evaluator:
     def evaluate(self, cand: Candidate, runner: Any) -> None:
         """The full evaluation on the search's samples, then, for a candidate that meets the goal there,
         on the held-out ones: those figures are its headline, and they decide whether it is accepted."""
-        cand.accuracy, cand.accuracy_drop, cand.cosine_min = self._judge(
-            self.outputs(runner, self.evald), self.evald
-        )
-        cand.within_budget, why = self._meets(cand.accuracy_drop, cand.cosine_min)
+        fig = self._judge(self.outputs(runner, self.evald), self.evald)
+        fig.apply(cand)
+        cand.within_budget, why = self._meets(fig)
+        if self.heldout is not None and not cand.within_budget:
+            why = f"on the {len(self.evald)} samples the search chooses on: {why}"
         if cand.within_budget and self.heldout is not None:
             cand.search = {
                 "accuracy": cand.accuracy,
                 "accuracy_drop": cand.accuracy_drop,
                 "cosine_min": cand.cosine_min,
+                "cosine_projected": cand.cosine_projected,
             }
-            out = self.outputs(runner, self.heldout)
-            cand.accuracy, cand.accuracy_drop, cand.cosine_min = self._judge(out, self.heldout, self.held_ref)
-            cand.within_budget, why = self._meets(cand.accuracy_drop, cand.cosine_min)
+            fig = self._judge(self.outputs(runner, self.heldout), self.heldout, self.held_ref)
+            fig.apply(cand)
+            cand.within_budget, why = self._meets(fig)
             why = f"on the {len(self.heldout)} held-out samples: {why}"
         if not cand.within_budget:
             cand.status, cand.reason = "rejected", why
 
-    def _meets(self, drop: float | None, cos: float | None) -> tuple[bool, str]:
-        s = self.settings
+    def _meets(self, fig: Figures) -> tuple[bool, str]:
+        s, drop, c = self.settings, fig.accuracy_drop, fig.cosine
         if s.metric == "top1":
             return (
                 drop is not None and drop <= s.max_accuracy_drop,
-                f"accuracy drop {drop:.2f} pts > {s.max_accuracy_drop:g}",
+                "no accuracy" if drop is None else f"accuracy drop {drop:.2f} pts > {s.max_accuracy_drop:g}",
             )
-        return cos is not None and cos >= s.min_cosine, f"worst cosine {cos:.5f} < {s.min_cosine:g}"
+        if c is None:
+            return False, "its outputs' shape differs from the reference's: no cosine"
+        return c.projected >= s.min_cosine, (
+            f"worst cosine projected to {c.reference} samples {c.projected:.4f} < {s.min_cosine:g} "
+            f"(measured worst {c.measured:.4f} on {c.samples}, mean {c.mean:.4f})"
+        )
 
 
 def open_candidate(cand: Candidate, threads: int) -> Any:
@@ -249,6 +287,10 @@ class Search:
     def __init__(self, ctx: Context, specs: list[Spec], settings: Settings, costs: Costs, clock: Clock):
         self.ctx, self.settings, self.costs, self.clock = ctx, settings, costs, clock
         self.candidates = [Candidate(s) for s in specs]
+        ctx.seconds_left = self.seconds_left  # what a build may spend: the budget less what is promised
+        self.by_name = {c.name: c for c in self.candidates}
+        #: the candidates whose speed bounds a later search's (probed even when rejected)
+        self.ceilings = {s.ceiling for s in specs if s.ceiling}
         self.work = Path(tempfile.mkdtemp(prefix="ptopt-optimize-"))
         #: seconds per unit of cost of each build so far (``_calibrate_costs``)
         self.unit_samples: list[float] = []
@@ -263,21 +305,31 @@ class Search:
                 c.result.artifact = None
 
     def promised_s(self) -> float:
-        """Timing already promised: the reference and every kept candidate."""
+        """Time already promised: timing the reference and every kept candidate, and writing them."""
         kept = sum(1 for c in self.candidates if c.status == "kept")
-        return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1)
+        return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1) + self.writing_s()
+
+    def writing_s(self) -> float:
+        """Writing the output folder at the end: every kept candidate once, the winner twice (each as long
+        as its working copy took to write)."""
+        kept = [c.save_seconds or 0.0 for c in self.candidates if c.status == "kept"]
+        return sum(kept) + max(kept, default=0.0)
+
+    def seconds_left(self) -> float:
+        """What the builds still have: the budget less the time already promised."""
+        return self.clock.left() - self.promised_s()
 
     def _why_not(self, spec: Spec) -> str | None:
         allowed = runtime_filters()[self.settings.runtime]
         if allowed is not None and spec.runtime not in allowed:
             return f"--runtime {self.settings.runtime}: runs on {spec.runtime}"
-        why = spec.not_applicable(self.ctx)
+        why = spec.not_applicable(self.ctx) or self._dominated(spec)
         if why:
             return why
         need = (
             self.costs.build_s(spec) + self.costs.eval_s + self.costs.timing_s(minimal(self.settings.latency))
         )
-        left = self.clock.left() - self.promised_s()
+        left = self.seconds_left()
         if need > left:
             return f"time budget: needs about {need:.0f} s, {max(left, 0):.0f} s left"
         return None
@@ -304,11 +356,14 @@ class Search:
             self._calibrate_costs(cand)
             self.ctx.built[cand.name] = cand.result
             cand.work_path = self.work / f"{cand.name}{cand.suffix}"
+            t1 = time.perf_counter()
             art = cand.result.save(cand.work_path)
+            cand.save_seconds = time.perf_counter() - t1
             cand.size_bytes = art.size_bytes
             self._screen(cand)
         except (Rejected, ParityError) as e:
             cand.status, cand.reason = "rejected", _first_line(e)
+            self._probe_refused(cand, getattr(e, "result", None))
         except MissingDependencyError as e:
             cand.status, cand.reason = "skipped", _first_line(e)
         except PtoptError as e:
@@ -335,12 +390,66 @@ class Search:
             why = self.evaluator.prescreen(cand, runner)
             if why:
                 cand.status, cand.reason = "rejected", why
-                return
-            self.evaluator.evaluate(cand, runner)
+            else:
+                self.evaluator.evaluate(cand, runner)
+            if self._probing(cand):
+                cand.probe_ms = probe(runner, self.evaluator.evald, self.settings.batch_sizes)
         finally:
             runner.close()
         if cand.status == "pending":
             cand.status = "kept"
+
+    def _probe_refused(self, cand: Candidate, result: Any) -> None:
+        """A build its stage's fidelity check refused (the Result rides on the error) still bounds the speed
+        of the search that starts from it: written and probed when it is a search's ceiling."""
+        if cand.name not in self.ceilings or result is None or cand.work_path is not None:
+            return
+        try:
+            cand.work_path = self.work / f"{cand.name}{cand.suffix}"
+            result.save(cand.work_path)
+            runner = open_candidate(cand, self.settings.threads)
+            try:
+                cand.probe_ms = probe(runner, self.evaluator.evald, self.settings.batch_sizes)
+            finally:
+                runner.close()
+        except Exception:  # noqa: BLE001 - without a probe the search simply runs
+            cand.probe_ms = {}
+
+    def _probing(self, cand: Candidate) -> bool:
+        """Probe its speed: it bounds a later search, or it may be the kept one that makes a search
+        pointless (``_dominated``) while such a search is still to come."""
+        if cand.name in self.ceilings:
+            return True
+        later = any(c.status == "pending" and c.spec.ceiling for c in self.candidates if c is not cand)
+        return later and cand.status == "pending" and bool(cand.within_budget) and cand.packageable
+
+    def _dominated(self, spec: Spec) -> str | None:
+        """Why a search is pointless: a kept candidate already runs ``DOMINANCE``x faster, at every batch
+        size, than the plain build the search can at best match (timed head to head), or None."""
+        parent = self.by_name.get(spec.ceiling or "")
+        sizes = [str(b) for b in self.settings.batch_sizes]
+        if parent is None or not parent.probe_ms or any(bs not in parent.probe_ms for bs in sizes):
+            return None
+        kept = [c for c in self.candidates[1:] if c.status == "kept" and c.within_budget and c.probe_ms]
+        fastest = {bs: min(kept, key=lambda c: c.probe_ms.get(bs, math.inf), default=None) for bs in sizes}
+        if any(
+            f is None or parent.probe_ms[bs] < DOMINANCE * f.probe_ms.get(bs, math.inf)
+            for bs, f in fastest.items()
+        ):
+            return None
+        rivals = list({f.name: f for f in fastest.values()}.values())
+        ms = head_to_head([parent, *rivals], self.evaluator.evald, self.settings)
+        ratios = {bs: ms[parent.name][bs] / ms[f.name][bs] for bs, f in fastest.items()}
+        if min(ratios.values()) < DOMINANCE:
+            return None
+        figures = "; ".join(
+            f"batch {bs}: {f.name} {ms[f.name][bs]:.3g} ms vs {ms[parent.name][bs]:.3g} ms ({ratios[bs]:.2f}x)"
+            for bs, f in fastest.items()
+        )
+        return (
+            f"cannot win: it keeps layers of {parent.name} float, so it runs no faster than {parent.name}, and a "
+            f"kept candidate is already >= {DOMINANCE:g}x faster than that at every batch size ({figures})"
+        )
 
     def time_kept(self, ref_runner: Any, say: Callable[[str], None]) -> None:
         """Step 4: the reference and every kept candidate in shared interleaved rounds."""
@@ -366,9 +475,9 @@ class Search:
         self._speedups(kept)
 
     def _latency(self, n_runners: int) -> LatencyOptions:
-        """The settings' latency options when they fit in what is left of the budget; else the minimal
-        ones with their seconds stretched to fill it."""
-        lat, left = self.settings.latency, self.clock.left()
+        """The settings' latency options when they fit in what is left of the budget (after writing the
+        output folder); else the minimal ones with their seconds stretched to fill it."""
+        lat, left = self.settings.latency, self.clock.left() - self.writing_s()
         if self.costs.timing_s(lat) * n_runners <= left:
             return lat
         low = minimal(lat)
@@ -392,6 +501,53 @@ class Search:
                         c.noisy = True  # the report places it on the batch sizes where it holds
 
 
+def probe(runner: Any, data: Any, batch_sizes: list[int]) -> dict[str, float]:
+    """Quick milliseconds per call at each batch size the runner takes: the fastest of ``PROBE_CALLS``
+    calls after one warm-up (a rough figure; ``head_to_head`` and the final timing are the fair ones)."""
+    from ptopt.validate.latency import batch_inputs
+
+    out = {}
+    for bs in batch_sizes:
+        if not runner.accepts_batch(bs):
+            continue
+        call = runner.timed_call(batch_inputs(data, bs))
+        call()
+        seconds = []
+        for _ in range(PROBE_CALLS):
+            t0 = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - t0)
+        out[str(bs)] = min(seconds) * 1e3
+    return out
+
+
+def head_to_head(cands: list[Candidate], data: Any, settings: Settings, rounds: int = 3) -> dict[str, dict]:
+    """Milliseconds per call of each candidate at each batch size, timed in alternation (a burst of load
+    hits all alike): the fastest of ``rounds`` calls each, after a warm-up."""
+    from ptopt.validate.latency import batch_inputs
+
+    runners = []
+    try:
+        for c in cands:
+            runners.append(open_candidate(c, settings.threads))
+        out: dict[str, dict[str, float]] = {c.name: {} for c in cands}
+        for bs in settings.batch_sizes:
+            calls = [r.timed_call(batch_inputs(data, bs)) for r in runners]
+            best = [math.inf] * len(calls)
+            for r in range(rounds + 1):  # round 0 warms up
+                for i, call in enumerate(calls):
+                    t0 = time.perf_counter()
+                    call()
+                    if r:
+                        best[i] = min(best[i], time.perf_counter() - t0)
+            for c, b in zip(cands, best, strict=True):
+                out[c.name][str(bs)] = b * 1e3
+        return out
+    finally:
+        for r in runners:
+            r.close()
+
+
 def _latency_entry(st: dict[str, Any]) -> dict[str, Any]:
     if "p50_ms" not in st:
         return {"skipped": st.get("skipped")}
@@ -409,6 +565,10 @@ def _progress_line(cand: Candidate) -> str:
             figures.append(f"drop {cand.accuracy_drop:.2f} pts")
         if cand.cosine_min is not None:
             figures.append(f"cos min {cand.cosine_min:.5f}")
+        if cand.tail is not None and cand.cosine_projected is not None:
+            figures.append(
+                f"projected to {cand.tail['reference_samples']} samples {cand.cosine_projected:.5f}"
+            )
         return f"  {cand.name}: kept ({', '.join(figures)}; built in {cand.build_seconds:.1f} s)"
     return f"  {cand.name}: {cand.status}: {cand.reason}"
 

@@ -145,8 +145,6 @@ def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
     ``cosine``: mean per-sample cosine similarity of the flattened outputs; ``min_cosine``: the worst
     sample's; ``max_abs_diff``: the largest element-wise difference.
     """
-    import torch
-
     if tuple(reference.shape) != tuple(outputs.shape):
         return {
             "top1_agreement": None,
@@ -157,7 +155,7 @@ def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
         }
     a = reference.reshape(reference.shape[0], -1).double()
     b = outputs.reshape(outputs.shape[0], -1).double()
-    cos = torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12)
+    cos = per_sample_cosine(reference, outputs)
     top1, per = None, None
     if is_classification(reference):
         top1 = float((reference.argmax(-1) == outputs.argmax(-1)).double().mean())
@@ -167,6 +165,16 @@ def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
     if per == "token":
         out["top1_per"] = "token"
     return out
+
+
+def per_sample_cosine(reference: Any, outputs: Any) -> Any:
+    """Each sample's cosine similarity between its flattened outputs and the reference's (a float64
+    tensor of N values; the shapes must match)."""
+    import torch
+
+    a = reference.reshape(reference.shape[0], -1).double()
+    b = outputs.reshape(outputs.shape[0], -1).double()
+    return torch.nn.functional.cosine_similarity(a, b, dim=1, eps=1e-12)
 
 
 def size_info(files: list[Path], module: Any = None) -> dict[str, Any]:

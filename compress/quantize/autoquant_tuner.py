@@ -111,8 +111,11 @@ class Tuner:
 
     def measure(self, model: Any, ds: Any, ref_outputs: list[Any] | None = None) -> Measurement:
         """``model`` against the fp32 model on ``ds`` (the search's data, whose fp32 outputs are
-        kept; for other data, such as the held-out samples, give ``ref_outputs``)."""
+        kept; for other data, such as the held-out samples, give ``ref_outputs``). The worst cosine is
+        also projected to 1000 samples (``ptopt.core.tail``): a ``min_cosine`` goal is held to that."""
         import torch
+
+        from ptopt.core.tail import project_worst_cosine
 
         ref = torch.cat(self.ref if ref_outputs is None else ref_outputs)[: len(ds)]
         try:
@@ -132,7 +135,8 @@ class Tuner:
             acc = self._accuracy(outs, ds)
             ref_acc = float((ref.argmax(-1) == ds.y[: len(ref)]).float().mean())
             drop = round(100.0 * (ref_acc - acc), 6)
-        return Measurement(int(len(got)), float(cos.min()), float(cos.mean()), acc, drop)
+        projected = project_worst_cosine(cos).projected
+        return Measurement(int(len(got)), float(cos.min()), float(cos.mean()), acc, drop, projected)
 
     def measure_unseen(self, model: Any, ds: Any) -> Measurement:
         """``model`` against the fp32 model on samples the search never saw (the held-out split)."""

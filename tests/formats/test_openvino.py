@@ -218,7 +218,12 @@ def test_api_accuracy_control_keeps_the_costly_ops_float_until_the_cosine_holds(
         accuracy_control=True,
     )  # fmt: skip
     control = res.extra["nncf"]["accuracy_control"]
-    assert control["min_cosine"] == 0.9999 and control["metric"] == "worst-sample cosine vs fp32"
+    # NNCF's metric: the worst cosine projected to 1000 samples (ptopt.core.tail), what optimize accepts by
+    assert (
+        control["min_cosine"] == 0.9999
+        and control["metric"] == "worst-sample cosine vs fp32, projected to 1000 samples"
+    )
+    assert control["reference_samples"] == 1000
     assert control["validation_samples"] == 48 and "quantize_with_accuracy_control" in res.extra["method"]
     assert plain.metrics["parity"]["cosine"] < 0.9999 <= res.metrics["parity"]["cosine"]
     fq = lambda m: sum(op.get_type_name() == "FakeQuantize" for op in m.get_ops())  # noqa: E731
@@ -269,3 +274,37 @@ def test_cli_accuracy_control_with_a_top1_goal_on_labelled_validation_data(cli, 
 def test_accuracy_control_bad_input_refused(cli, tmp_path, args, match):
     torch.save({"x": _calib(16)}, tmp_path / "calib.pt")
     assert_refused(cli, "export", "tests.helpers:tiny_cnn", *args, "-o", "m.xml", match=match, where=tmp_path)
+
+
+def test_cli_exclude_keeps_those_layers_float(cli, tmp_path):
+    """--exclude MODULE: NNCF leaves the ops carrying that module's weight float (found by the weight's values,
+    whatever the IR names its ops; a convolution whose BatchNorm was folded in too); the sidecar says which."""
+    import openvino as ov
+
+    torch.save({"x": _calib(32)}, tmp_path / "calib.pt")
+    base = (
+        "export",
+        "tests.helpers:tiny_cnn",
+        "--target",
+        "openvino",
+        "--precision",
+        "int8",
+        "--data",
+        "calib.pt",
+    )
+    code, out, err = cli(*base, "-o", "plain.xml")
+    assert code == 0, err
+    code, out, err = cli(*base, "--exclude", "fc", "--exclude", "conv1", "-o", "m.xml")
+    assert code == 0, err
+    side = json.loads((tmp_path / "m.xml.ptopt.json").read_text())
+    assert side["extra"]["nncf"]["float_modules"] == ["fc", "conv1"] and side["config"]["float_modules"] == [
+        "fc",
+        "conv1",
+    ]
+    fq = lambda p: sum(op.get_type_name() == "FakeQuantize" for op in ov.Core().read_model(str(p)).get_ops())  # noqa: E731
+    assert fq(tmp_path / "m.xml") < fq(tmp_path / "plain.xml")
+    assert_refused(cli, *base, "--exclude", "nope", "-o", "x.xml", match="--exclude nope", where=tmp_path)
+    assert_refused(
+        cli, "export", "tests.helpers:tiny_cnn", "--target", "openvino", "--exclude", "fc", "-o", "y.xml",
+        match="add --precision int8", where=tmp_path,
+    )  # fmt: skip

@@ -146,6 +146,25 @@ def test_cosine_budget_reports(tmp_path):
     assert "0.997800" in R.render_terminal(report)
 
 
+def test_cosine_budget_reports_the_projection_beside_the_measured_worst():
+    """With projections (``worst_cosine`` in the report): two cosine columns, the plot's y and the budget
+    line on the projection, a note saying which is which; a report from before them renders as it was."""
+    report = cosine_report()
+    report["worst_cosine"] = {"reference_samples": 1000, "judged_on": "projected"}
+    for c in report["candidates"]:
+        if c.get("cosine_min") is not None:
+            c["cosine_projected"] = round(1 - 7.5 * (1 - c["cosine_min"]), 6)
+            c["tail"] = {"measured": c["cosine_min"], "projected": c["cosine_projected"], "samples": 32}
+    assert R.table_head(report)[5:7] == ["cos proj", "cos min"]
+    best = R.best_candidate(report)
+    assert R.y_value(report, best) == best["cosine_projected"] < best["cosine_min"]
+    assert "projected to 1000 samples" in R.budget_line(report) and "projected to 1000" in R.y_label(report)
+    md = R.render_markdown(report)
+    assert "cos proj: the worst-sample cosine projected to 1000 samples" in md
+    assert f"{best['cosine_projected']:.4f} projected, {best['cosine_min']:.4f} measured on 32 samples" in md
+    assert "cos proj" not in R.render_terminal(cosine_report())  # a report from before projections
+
+
 def test_null_numbers_everywhere_do_not_crash(tmp_path):
     report = no_winner_report(best_found=False)
     for c in report["candidates"]:
