@@ -202,3 +202,22 @@ def test_int8_rows_matches_dequantize_with_zero_points_and_awq_scales():
     assert torch.equal(int8_rows(w, ids), w.dequantize()[ids])
     w.act_pre_scale = torch.rand(48, generator=g) + 0.5
     assert torch.allclose(int8_rows(w, ids), w.dequantize()[ids] * w.act_pre_scale)
+
+
+def test_decode_step_holds_the_shared_matrix_once(tied_dir, tmp_path):
+    """torch.export.save pickles each tensor-subclass weight on its own: the program of the decode step
+    lifts the tied int8 matrix once (through lm_head), replays like the folder's model, and the model in
+    memory keeps its embedding afterwards."""
+    import torchao  # noqa: F401 - its tensors, for torch.export.load
+
+    from ptopt.formats.hf_decode import DECODE_FILE
+
+    out = tmp_path / "step"
+    res = ptopt.quantize(tied_dir, "weight-only", out, decode_step=16)
+    assert res.extra["weight_only"]["decode_step"]["check"]["worst_cosine"] >= 0.999
+    program = torch.export.load(out / DECODE_FILE)
+    shared = [k for k, v in program.state_dict.items() if tuple(v.shape) == (VOCAB, 128)]
+    assert shared == ["model.lm_head.weight"], shared
+    q = res.model
+    assert q.model.embed_tokens.weight is q.lm_head.weight  # restored after the export
+    assert torch.equal(q.model.embed_tokens(_ids()), q.lm_head.weight.dequantize()[_ids()])
