@@ -121,7 +121,7 @@ def build_ptopt(model_dir: Path, work: Path, names: list[str]) -> dict[str, dict
         rec = res.extra["weight_only"]
         out[name] = {"module": load_model(folder).module, "file_bytes": _dir_bytes(folder),
                      "build_s": build_s, "int8_kernel": rec.get("int8_kernel"),
-                     "float_layers": rec["float_layers"]}  # fmt: skip
+                     "float_layers": rec["float_layers"], "tied_embedding": rec.get("tied_embedding")}  # fmt: skip
         print(f"{name}: built in {build_s:.0f} s", flush=True)
     return out
 
@@ -187,6 +187,7 @@ def summarize(entries: dict[str, dict]) -> list[dict]:
             "file_ratio": e["file_bytes"] / base["file_bytes"] if e.get("file_bytes") else None,
             "prefill_tps": p, "prefill_x": p / bp, "decode_tps": d, "decode_x": d / bd,
             "decode_spread_pct": spread, "int8_kernel": e.get("int8_kernel"),
+            "tied_embedding": e.get("tied_embedding"),
         })  # fmt: skip
     return rows
 
@@ -204,9 +205,11 @@ def verdicts(rows: list[dict], pick: str | None) -> list[dict]:
     i8 = by.get("ptopt int8")
     add(f"int8 perplexity within +{t['int8_ppl_pct']:g}%", i8 and f"{i8['increase_pct']:+.2f}%",
         i8 and i8["increase_pct"] <= t["int8_ppl_pct"])  # fmt: skip
+    tied = "the tied 49152x576 embedding / output matrix (28.3M of 134.5M parameters)"
     add(f"int8 file <= {t['int8_file_ratio']:.2f}x fp32", i8 and f"{i8['file_ratio']:.2f}x",
         i8 and i8["file_ratio"] <= t["int8_file_ratio"],
-        "the tied 49152x576 embedding / output matrix (28.3M of 134.5M parameters) stays fp32")  # fmt: skip
+        f"{tied}: int8, stored once, read by lm_head and the embedding" if i8 and i8.get("tied_embedding")
+        else f"{tied} stays fp32")  # fmt: skip
     rtn = by.get("ptopt int4 g64 rtn")
     add(f"int4 g64 (nearest to g128) rtn within +{t['int4_ppl_pct']:g}%", rtn and f"{rtn['increase_pct']:+.2f}%",
         rtn and rtn["increase_pct"] <= t["int4_ppl_pct"])  # fmt: skip

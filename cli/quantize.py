@@ -242,6 +242,8 @@ def _print_weight_only(art) -> None:
             f"fp32 {m['fp32_perplexity']:.3f} -> {m['perplexity']:.3f} ({m['perplexity_increase_pct']:+.2f}%)"
         )
     click.echo(f"int{rec['bits']}: {len(rec['quantized_layers'])} Linear layers")
+    for emb, out in (rec.get("tied_embedding") or {}).items():
+        click.echo(f"  tied: {emb} reads the int8 matrix of {out} (stored once, rows gathered then scaled)")
     for name, why in rec["float_layers"].items():
         click.echo(f"  float: {name}: {why}")
     step = rec.get("decode_step")

@@ -1,5 +1,9 @@
 """What every stage measures of a causal language model: perplexity on token ids (sliding window)
-and the bytes its weights take in memory (quantized tensors counted by what they store)."""
+and the bytes its weights take in memory (quantized tensors counted by what they store); and how
+weight-only int8 layers run in eager mode on the CPU (:func:`use_int8_kernel` for Linear layers,
+:func:`use_int8_embedding` for an embedding reading the int8 matrix of a tied output layer). Both
+compress (after quantizing) and formats (after loading a folder) call these; duck-typed on torchao's
+``Int8Tensor`` (``qdata``, ``scale``, ``block_size``): core imports no torchao."""
 
 from __future__ import annotations
 
@@ -212,3 +216,43 @@ def _int8_forward(self: Any, x: Any) -> Any:
     y = torch.ops.aten._weight_int8pack_mm(flat, w.qdata, self._ptopt_int8_scale)
     y = y.to(x.dtype).reshape(*x.shape[:-1], w.qdata.shape[0])
     return y + self.bias if self.bias is not None else y
+
+
+def use_int8_embedding(model: Any) -> list[str]:
+    """Route each ``nn.Embedding`` whose weight is torchao's ``Int8Tensor`` (the int8 matrix it shares
+    with a tied output layer: ``ptopt quantize --mode weight-only --bits 8``) through
+    :func:`int8_rows`, which gathers the int8 rows of the ids and multiplies them by their scales;
+    returns the embeddings routed. torchao 0.18's embedding on an ``Int8Tensor`` dequantizes the whole
+    table on every call (49152 x 576 floats per decode step for SmolLM2). Any CPU: no kernel is
+    involved. The weight and the saved file are unchanged: only the module's ``forward`` is replaced."""
+    import types
+
+    import torch
+
+    routed: list[str] = []
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        if type(m) is not torch.nn.Embedding or type(w).__name__ != "Int8Tensor":
+            continue  # a subclass (Gemma's scaled embedding) does more than look rows up
+        if m.max_norm is not None or w.qdata.dim() != 2:
+            continue  # max_norm rewrites the rows it reads: torchao's own path
+        m.forward = types.MethodType(_int8_embedding_forward, m)
+        routed.append(name)
+    return routed
+
+
+def int8_rows(weight: Any, ids: Any) -> Any:
+    """The rows ``ids`` of an ``Int8Tensor`` ``weight`` in its float dtype, what
+    ``weight.dequantize()[ids]`` gives without converting the other rows: ``(q - zero) * scale`` with
+    a scale per row, or per group of ``block_size[-1]`` columns; times AWQ's ``act_pre_scale`` (its
+    input scales, folded into the matrix) when set."""
+    rows, width = weight.qdata.shape[0], int(weight.block_size[-1])
+    q = weight.qdata[ids].unflatten(-1, (-1, width)).to(weight.dtype)  # [..., groups, width]
+    if weight.zero_point is not None:
+        q = q - weight.zero_point.reshape(rows, -1)[ids].unsqueeze(-1).to(q.dtype)
+    out = (q * weight.scale.reshape(rows, -1)[ids].unsqueeze(-1)).flatten(-2).to(weight.dtype)
+    return out * weight.act_pre_scale.to(out.dtype) if weight.act_pre_scale is not None else out
+
+
+def _int8_embedding_forward(self: Any, ids: Any) -> Any:
+    return int8_rows(self.weight, ids)

@@ -8,11 +8,24 @@ weights, written so that the tools users already have load it:
 
 - int8: ``model.safetensors`` in torchao's safetensors layout and a ``quantization_config``
   (``TorchAoConfig``) in ``config.json``: ``AutoModelForCausalLM.from_pretrained(folder)`` loads it
-  with torchao installed.
+  with torchao installed, and so does ``ptopt.load_model(folder)``.
+- int8 of a model with tied embeddings (``quantization.json``'s ``tied_embedding``: ``{embedding:
+  output layer}``): the same file and loaders. The shared matrix is one int8 tensor, stored once under
+  the embedding's name as the fp32 folder stores it; ``quantization_config`` says
+  ``include_input_output_embeddings: true`` so that from_pretrained reads it as int8, and
+  ``tie_word_embeddings`` makes the output layer the same tensor again (transformers 5.x; its
+  ``untie_embedding_weights`` would store a second copy and is not used). Loaded by from_pretrained,
+  the embedding runs torchao's own embedding, which dequantizes the whole table on every call;
+  ``ptopt.load_model`` routes it to a lookup of the int8 rows of the ids
+  (``ptopt.core.lm.use_int8_embedding``; same values). With ``--exclude lm_head`` (or the embedding)
+  the matrix stays float, as in the fp32 folder.
 - int4: ``model.pt``, a state_dict of torchao ``Int4OpaqueTensor`` weights (the CPU int4 layout,
   which torchao's safetensors support does not cover yet): ``torch.load(f, weights_only=True)``
   after ``import torchao``, into ``AutoModelForCausalLM.from_config(config)`` in ``dtype`` with
-  ``load_state_dict(sd, assign=True)``. ``ptopt.load_model(folder)`` does that.
+  ``load_state_dict(sd, assign=True)``. ``ptopt.load_model(folder)`` does that. GPT-2-style models
+  (``Conv1D`` layers ptopt made ``nn.Linear``, ``linear_from_conv1d``) are saved this way at int8 too
+  (from_pretrained would rebuild the ``Conv1D``); their tied int8 matrix is stored once and tied again
+  by ``tie_weights`` after loading.
 
 The sidecar sits beside the folder (``model.int4.ptopt.json`` for ``model.int4/``).
 """
@@ -125,10 +138,13 @@ def load_weight_only(path: Path) -> Any:
 
 
 def _int8_kernel(model: Any) -> Any:
-    """int8 layers through torch's CPU kernel (``core.lm.use_int8_kernel``), as quantize ran them."""
-    from ptopt.core.lm import use_int8_kernel
+    """int8 layers through torch's CPU kernel (``core.lm.use_int8_kernel``) and an embedding that
+    shares the int8 matrix through the row lookup (``core.lm.use_int8_embedding``), as quantize ran
+    them."""
+    from ptopt.core.lm import use_int8_embedding, use_int8_kernel
 
     use_int8_kernel(model)
+    use_int8_embedding(model)
     return model
 
 
@@ -201,6 +217,9 @@ def _torchao_config(record: dict[str, Any]) -> dict[str, Any]:
         cfg = tf.TorchAoConfig(
             Int8WeightOnlyConfig(granularity=PerGroup(group) if group else PerRow()),
             modules_to_not_convert=sorted(record.get("float_layers", {})) or None,
+            # the tied matrix is int8 and stored once, under the embedding's name: from_pretrained reads
+            # it as int8 only when embeddings are in scope (it ties the output layer to it again)
+            include_input_output_embeddings=bool(record.get("tied_embedding")),
         )
     return cfg.to_dict()
 

@@ -2,10 +2,17 @@
 in ``techniques/weight_only.py``; the flow around it is ``lm_flow.py``).
 
 Which layers: every ``nn.Linear`` (transformers' ``Conv1D``, GPT-2's projections, swapped for the
-``nn.Linear`` it is first), except ``--exclude``d ones, an output layer that shares its matrix with
-the token embedding (``tie_word_embeddings``: quantizing it would store the matrix twice, so it stays
-float with the embedding) and, for int4, layers whose outputs the int4 kernel cannot pack. Embeddings
-and norms stay float.
+``nn.Linear`` it is first), except ``--exclude``d ones and, for int4, layers whose outputs the int4
+kernel cannot pack. Norms stay float.
+
+A tied output layer (``tie_word_embeddings``: its matrix is the token embedding's, 28.3M of
+SmolLM2-135M's 134.5M parameters): int8 quantizes that matrix once and both read it, the output layer
+as an int8 Linear like the others, the embedding by gathering the int8 rows of its ids times their
+scales (``ptopt.core.lm.use_int8_embedding``), so the folder stores it once, in int8. The record says
+so (``tied_embedding``: ``{embedding: output layer}``). The matrix stays float, stored once, for int4
+(the int4 kernel's packed layout has no cheap row lookup) and when ``--exclude`` names the output layer
+or the embedding. With AWQ the tied matrix is rounded to nearest: AWQ's input scales would change the
+rows the embedding reads (and torchao's own embedding, which from_pretrained runs, ignores them).
 
 How (``config.method``): rtn, hqq and awq through torchao (``engine_torchao``), gptq (int4) through
 ptopt's own ``gptq.py`` (torchao's GPTQ runs on CUDA only). int4 turns the model to bf16 first: that
@@ -31,15 +38,16 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
     import torch
 
     tied = _tied_output(model)
+    shared = shared_embedding(model, config)
     chosen: list[str] = []
     floats: dict[str, str] = {}
     for name, m in model.named_modules():
         if not isinstance(m, torch.nn.Linear):
             continue
-        if any(name == e or name.startswith(e + ".") for e in config.float_modules):
+        if _excluded(name, config):
             floats[name] = "excluded (--exclude)"
-        elif name == tied:
-            floats[name] = "shares its matrix with the token embedding (tied): stays float, stored once"
+        elif name == tied and shared is None:
+            floats[name] = _why_float_tie(model, config)
         elif config.bits == 4 and m.out_features % INT4_ROWS:
             floats[name] = f"{m.out_features} outputs: the int4 CPU kernel packs them in 16s"
         else:
@@ -60,6 +68,41 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
                 "or --exclude the layer"
             )
     return chosen, floats
+
+
+def _excluded(name: str, config: WeightOnlyConfig) -> bool:
+    return any(name == e or name.startswith(e + ".") for e in config.float_modules)
+
+
+def _why_float_tie(model: Any, config: WeightOnlyConfig) -> str:
+    import torch
+
+    emb = model.get_input_embeddings()
+    if config.bits == 4:
+        why = "int4 keeps it float"
+    elif type(emb) is not torch.nn.Embedding:
+        why = f"the embedding is a {type(emb).__name__}, whose forward is its own"
+    elif emb.max_norm is not None:
+        why = "the embedding rescales the rows it reads (max_norm)"
+    else:
+        why = "the embedding is excluded (--exclude)"
+    return f"shares its matrix with the token embedding (tied; {why}): stays float, stored once"
+
+
+def shared_embedding(model: Any, config: WeightOnlyConfig) -> tuple[str, str] | None:
+    """``(embedding, output layer)`` when the output layer is tied to the token embedding and int8
+    quantizes their one matrix for both (module docstring); None otherwise. The embedding must be a
+    plain ``nn.Embedding``: a subclass (Gemma's scaled one) computes more than a row lookup."""
+    import torch
+
+    tied = _tied_output(model)
+    if tied is None or config.bits != 8 or _excluded(tied, config):
+        return None
+    emb = model.get_input_embeddings()
+    if type(emb) is not torch.nn.Embedding or emb.max_norm is not None:
+        return None
+    name = next((n for n, m in model.named_modules() if m is emb), None)
+    return None if name is None or _excluded(name, config) else (name, tied)
 
 
 def _tied_output(model: Any) -> str | None:
@@ -86,15 +129,20 @@ def quantize_module(model: Any, config: WeightOnlyConfig, calibrate: Any) -> dic
 
     swapped = linearize_conv1d(model, config.float_modules)
     chosen, floats = plan(model, config)
+    shared = shared_embedding(model, config)
     if config.bits == 4:
         model.to(torch.bfloat16)
-    wanted = set(chosen)
-    selected = lambda m, name: name in wanted  # noqa: E731
     bits, group, method = config.bits, config.groups, config.method
+    # AWQ's input scales would change the rows the embedding reads: the tied matrix is rounded to nearest
+    awq_skips = {shared[1]} if shared and method == "awq" else set()
+    wanted = set(chosen) - awq_skips
+    selected = lambda m, name: name in wanted  # noqa: E731
     if method in ("rtn", "hqq"):
         engine.quantize_rtn(model, bits, group, method, selected)
     elif method == "awq":
         engine.quantize_awq(model, bits, group, selected, calibrate)
+        if awq_skips:
+            engine.quantize_rtn(model, bits, group, "rtn", lambda m, name: name in awq_skips)
     else:
         from ptopt.compress.quantize.gptq import gptq_int4
 
@@ -102,10 +150,23 @@ def quantize_module(model: Any, config: WeightOnlyConfig, calibrate: Any) -> dic
     missed = [n for n in chosen if not engine.is_quantized(model.get_submodule(n).weight)]
     if missed:
         raise RuntimeError(f"torchao left {len(missed)} selected layer(s) float: {', '.join(missed[:3])}")
+    tied = _share_int8(model, shared) if shared else {}
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     from ptopt.core.lm import use_int8_kernel
 
     kernel = "_weight_int8pack_mm (bf16 activations)" if bits == 8 and use_int8_kernel(model) else None
     return {"bits": bits, "group_size": group, "method": method, "quantized_layers": chosen,
-            "float_layers": floats, "dtype": dtype, "linear_from_conv1d": swapped,
-            "int8_kernel": kernel}  # fmt: skip
+            "float_layers": floats, "tied_embedding": tied, "dtype": dtype,
+            "linear_from_conv1d": swapped, "int8_kernel": kernel}  # fmt: skip
+
+
+def _share_int8(model: Any, shared: tuple[str, str]) -> dict[str, str]:
+    """Give the embedding the output layer's int8 weight (the same Parameter: one matrix in memory and
+    in the file) and route it to the row lookup; ``{embedding: output layer}``."""
+    from ptopt.core.lm import use_int8_embedding
+
+    emb, out = (model.get_submodule(n) for n in shared)
+    emb.weight = out.weight
+    if shared[0] not in use_int8_embedding(model):
+        raise RuntimeError(f"{shared[0]}: the int8 row lookup did not take the shared weight")
+    return {shared[0]: shared[1]}

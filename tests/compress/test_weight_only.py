@@ -174,9 +174,13 @@ def test_gpt2_conv1d_and_tied_head(tmp_path, ids):
     tf.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "gpt2")
     res = ptopt.quantize(tmp_path / "gpt2", "weight-only", tmp_path / "gpt2.int8", eval_data=ids / "eval.pt")
     rec = res.extra["weight_only"]
-    assert "lm_head" in rec["float_layers"] and "tied" in rec["float_layers"]["lm_head"]
+    # the tied wte / lm_head matrix: int8 once, read by both (model.pt: from_pretrained has no Conv1D swap)
+    assert rec["tied_embedding"] == {"transformer.wte": "lm_head"} and rec["float_layers"] == {}
     assert "transformer.h.0.attn.c_attn" in rec["linear_from_conv1d"]
-    assert _same_logits(load_model(tmp_path / "gpt2.int8").module, res.model) == 0
+    loaded = load_model(tmp_path / "gpt2.int8").module
+    assert loaded.transformer.wte.weight is loaded.lm_head.weight
+    assert type(loaded.lm_head.weight).__name__ == "Int8Tensor"
+    assert _same_logits(loaded, res.model) == 0
 
 
 def test_text_data_with_the_folders_tokenizer(tmp_path):
