@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -56,7 +57,7 @@ import re
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +188,8 @@ def tinygpt_dir(recipe: dict[str, Any] = RECIPE, progress: Callable[[str], None]
     with open(out.parent / f"{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / DONE).is_file():
-            _build(recipe, text, record, out, progress)
+            with _deterministic():
+                _build(recipe, text, record, out, progress)
     return out
 
 
@@ -262,6 +264,23 @@ def train(model: Any, ids: Any, recipe: dict[str, Any], progress: Callable[[str]
     return log
 
 
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True)`` while training, the caller's setting restored after
+    (a process that goes on, such as a test worker, must not inherit it: quantized ops refuse it)."""
+    import torch
+
+    prev, warn = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=warn)
+
+
 def _build(
     recipe: dict[str, Any], text: str, record: dict, out: Path, progress: Callable[[str], None]
 ) -> None:
@@ -272,7 +291,6 @@ def _build(
 
     torch.set_num_threads(recipe["threads"])
     torch.manual_seed(recipe["seed"])
-    torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
     tok = train_tokenizer(text, recipe["vocab"])
     ids = torch.tensor(tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)

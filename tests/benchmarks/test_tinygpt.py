@@ -9,6 +9,7 @@ import importlib.util
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -57,6 +58,7 @@ def test_tiny_recipe_is_kept_apart_reproducible_cached_and_loads(tinygpt, tmp_pa
         assert any("trained in" in s for s in said)
         sums.append(hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest())
     assert sums[0] == sums[1]  # seeded and deterministic: the same weights
+    assert not torch.are_deterministic_algorithms_enabled()  # restored: quantized ops refuse it
     said.clear()
     assert tinygpt.tinygpt_dir(recipe, progress=said.append) == folder and not said  # cached
     rec = tinygpt.info(folder)
