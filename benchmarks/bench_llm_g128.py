@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench_llm import _dir_bytes, time_all, timing_lock  # noqa: E402
+from bench_llm import summarize as bench_llm_summarize  # noqa: E402
 from common import md_table, setup, write_result  # noqa: E402
 from tinygpt import PPL_CONTEXT, PPL_STRIDE, info, tinygpt_dir, unigram_perplexity  # noqa: E402
 
@@ -89,22 +90,14 @@ def measure(entries: dict[str, dict], ids: Any) -> None:
 
 
 def summarize(entries: dict[str, dict]) -> list[dict]:
-    import statistics
-
-    base = entries["fp32 eager"]
-    bd, bp = statistics.median(base["decode"]), statistics.median(base["prefill"])
-    rows = []
-    for name, e in entries.items():
-        d, p = statistics.median(e["decode"]), statistics.median(e["prefill"])
-        rows.append({
-            "name": name, "perplexity": e["perplexity"],
-            "increase_pct": 100 * (e["perplexity"] / base["perplexity"] - 1),
-            "weight_ratio": e["weight_bytes"] / base["weight_bytes"],
-            "file_ratio": e["file_bytes"] / base["file_bytes"] if e.get("file_bytes") else None,
-            "prefill_tps": p, "prefill_x": p / bp, "decode_tps": d, "decode_x": d / bd,
-            "decode_spread_pct": 100 * (max(e["decode"]) - min(e["decode"])) / d,
-            "build_s": e.get("build_s"), "calibration": e.get("calibration"),
-        })  # fmt: skip
+    """bench_llm's rows (ratios against fp32 eager in the same rounds), with each build's time and
+    calibration."""
+    rows = bench_llm_summarize(entries)
+    for r in rows:
+        r["build_s"], r["calibration"] = (
+            entries[r["name"]].get("build_s"),
+            entries[r["name"]].get("calibration"),
+        )
     return rows
 
 
