@@ -67,6 +67,42 @@ def _torchao() -> Any:
     return _Torchao(observer, flow, x86, move_exported_model_to_train, move_exported_model_to_eval)
 
 
+#: torchao's QAT conv-bn passes, each run once per conv kind (conv1d/2d, transposed 1d/2d)
+_CONV_BN_PASSES = ("_fuse_conv_bn_qat_helper", "_fold_conv_bn_qat_helper")
+
+
+@contextlib.contextmanager
+def _conv_bn_patterns_present_only() -> Iterator[None]:
+    """Run torchao's QAT conv-bn fuse (prepare) and fold (convert) passes only for the conv kinds the
+    graph has. Each pass exports its match and replacement patterns (2 to 24 ``torch.export`` calls
+    of ~0.2 s each) for conv1d, conv2d, conv_transpose1d and conv_transpose2d whether the graph has
+    them or not: 26 s of the 27 s ``convert`` of a small Conv2d CNN. A pass over a graph without its
+    conv kind rewrites nothing, so skipping it changes no result (tests/compress/test_pt2e.py checks
+    the outputs). A torchao without these private passes runs unchanged."""
+    from torchao.quantization.pt2e import qat_utils
+
+    originals = {name: getattr(qat_utils, name, None) for name in _CONV_BN_PASSES}
+    for name, original in originals.items():
+        if original is not None:
+            setattr(qat_utils, name, _skip_absent_conv(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is not None:
+                setattr(qat_utils, name, original)
+
+
+def _skip_absent_conv(helper: Any) -> Any:
+    def run(m: Any, conv_fn: Any, *args: Any, **kwargs: Any) -> Any:
+        kind = f"aten.{conv_fn.__name__}"
+        if not any(str(getattr(n.target, "_overloadpacket", "")) == kind for n in m.graph.nodes):
+            return m
+        return helper(m, conv_fn, *args, **kwargs)
+
+    return run
+
+
 @dataclasses.dataclass(frozen=True)
 class _Torchao:
     observer: Any
@@ -190,7 +226,7 @@ def prepare(
     check_module_names(module, getattr(scheme, "float_modules", ()) or ())
     if graph is None:
         graph = capture(module, specs, style, example)
-    with _quiet():
+    with _quiet(), _conv_bn_patterns_present_only():
         prepared = (ao.flow.prepare_qat_pt2e if qat else ao.flow.prepare_pt2e)(graph, quantizer)
         (ao.to_train if qat else ao.to_eval)(prepared)
     return prepared
@@ -230,7 +266,7 @@ def set_training(prepared: Any, training: bool) -> None:
 def convert(prepared: Any) -> Any:
     """Observed / fake-quant graph → the int8 q/dq graph (eval mode)."""
     ao = _torchao()
-    with _quiet():
+    with _quiet(), _conv_bn_patterns_present_only():
         converted = ao.flow.convert_pt2e(prepared)
         ao.to_eval(converted)
     return converted

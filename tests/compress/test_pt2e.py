@@ -100,6 +100,23 @@ def test_qat_prepare_train_convert(digits, specs):
     with torch.no_grad():
         out = converted(digits[4])
     assert out.shape == (32, 10) and torch.isfinite(out).all()
+    # torchao's conv-bn fold ran for the graph's Conv2d (the passes for absent conv kinds are skipped)
+    kinds = {str(getattr(n.target, "_overloadpacket", "")) for n in converted.graph.nodes}
+    assert "aten.batch_norm" not in kinds and "aten.conv2d" in kinds
+
+
+def test_conv_bn_passes_run_only_for_conv_kinds_in_the_graph(monkeypatch):
+    from torchao.quantization.pt2e import qat_utils
+
+    from ptopt.compress.quantize import engine_pt2e as pt2e
+
+    calls = []
+    monkeypatch.setattr(qat_utils, "_fold_conv_bn_qat_helper", lambda m, fn, *a, **k: calls.append(fn) or m)
+    graph = torch.export.export(tiny_cnn().eval(), (torch.randn(2, 1, 8, 8),)).module()
+    with pt2e._conv_bn_patterns_present_only():
+        for fn in (F.conv1d, F.conv2d, F.conv_transpose1d, F.conv_transpose2d):
+            qat_utils._fold_conv_bn_qat_helper(graph, fn, (), is_cuda=False)
+    assert calls == [F.conv2d] and qat_utils._fold_conv_bn_qat_helper.__name__ == "<lambda>"
 
 
 def test_exclude_keeps_module_float(digits, specs):
