@@ -145,3 +145,10 @@ def test_every_export_target_is_one_module_of_the_table():
         module = type(row).__module__
         assert module.startswith("ptopt.formats."), (target, module)
         assert row.suffix and row.label, target
+
+
+def test_the_files_run_first_exist():
+    """tests/conftest.py runs these first; a renamed file would silently lose its place."""
+    from tests.conftest import LONGEST_FIRST
+
+    assert all((REPO / path).is_file() for path in LONGEST_FIRST), LONGEST_FIRST
