@@ -273,10 +273,9 @@ def openvino_note(entries: dict[str, dict]) -> str:
         f"NNCF {nncf.__version__} + OpenVINO {openvino.__version__} peers (`benchmarks/ov_lm.py`): optimum-intel "
         "needs transformers<5.6 (5.24 here), so its two steps are done by hand: `openvino.convert_model` of "
         "the model with its KV cache as explicit inputs/outputs, then `nncf.compress_weights` (data-free; "
-        "int8 asymmetric per channel; int4 symmetric, group 64, ratio 1.0). The cache goes out and back "
-        "in on each step (optimum-intel's stateful model keeps it inside the plugin), so their decode is "
-        f"a lower bound of optimum-intel's. Inference precision per peer (the CPU plugin's default is bf16 "
-        f"on a CPU with avx512_bf16): {hints}. Weights: the IR's constants; file: .xml + .bin."
+        "int8 asymmetric per channel; int4 symmetric, group 64, ratio 1.0), and at load optimum-intel's "
+        "stateful transformation (the cache stays inside the plugin). Inference precision per peer (the "
+        f"CPU plugin's default is bf16 on a CPU with avx512_bf16): {hints}. Weights: the IR's constants; file: .xml + .bin."
     )
 
 

@@ -13,12 +13,10 @@ So this module does its two steps by hand, the way it does them:
    every layer int4, the embedding and output matrix int8 as NNCF keeps them).
 
 :class:`OpenVINOLM` runs a compiled model behind the interface ``ptopt.core.lm`` measures
-(``perplexity``, ``generation_speed``): ``__call__(input_ids, use_cache, past_key_values)`` returning
-``logits`` (torch) and ``past_key_values`` (the cache as numpy arrays, fed back as they are). What it
-does not do that optimum-intel does: a *stateful* model (the cache kept inside the plugin between
-calls). Here the cache goes out and back in on every step: a copy of ``2 x layers x past x kv_dim``
-floats per token that optimum-intel's stateful model avoids, so the decode figures of this peer are a
-lower bound of what optimum-intel would reach.
+(``perplexity``, ``generation_speed``) after making it stateful as optimum-intel does (the KV cache
+kept inside the plugin between calls). What optimum-intel adds that is not done here: its own
+patches of the model before conversion (fused SDPA / RoPE rewrites; OpenVINO's frontend already
+fuses RoPE here) and beam-search cache reordering (not needed for greedy decoding at batch 1).
 """
 
 from __future__ import annotations
@@ -105,36 +103,57 @@ def constant_bytes(path: Path) -> int:
 
 
 class OpenVINOLM:
-    """A compiled IR from :func:`convert` behind ``ptopt.core.lm``'s model interface (batch 1)."""
+    """A compiled IR from :func:`convert` behind ``ptopt.core.lm``'s model interface (batch 1), made
+    *stateful* first as optimum-intel makes its IRs (``apply_make_stateful_transformation``: each
+    past key/value input and its present output become one state the plugin keeps between calls), so
+    a decode step sends one token and the attention mask, nothing else. A call without
+    ``past_key_values`` starts a new sequence (the states reset to an empty cache); the
+    ``past_key_values`` it returns is the number of tokens the states hold, to be passed back."""
 
     def __init__(self, path: Path, config: Any, threads: int, precision: str | None = None) -> None:
         import openvino as ov
+        from openvino._offline_transformations import apply_make_stateful_transformation
 
+        model = ov.Core().read_model(path)
+        pairs = list(zip(model.get_parameters()[2:], model.get_results()[1:], strict=True))
+        apply_make_stateful_transformation(model, pairs)
         props: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
         if precision:
             props["INFERENCE_PRECISION_HINT"] = precision
         t0 = time.perf_counter()
-        self.compiled = ov.Core().compile_model(path, "CPU", props)
+        self.compiled = ov.Core().compile_model(model, "CPU", props)
         self.compile_s = time.perf_counter() - t0
         self.request = self.compiled.create_infer_request()
-        self.config, self.path = config, Path(path)
+        self.config, self.path, self.seen = config, Path(path), 0
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # f32 / bf16
 
     def file_bytes(self) -> int:
         return self.path.stat().st_size + self.path.with_suffix(".bin").stat().st_size
+
+    def _new_sequence(self) -> None:
+        import numpy as np
+        import openvino as ov
+
+        self.request.reset_state()
+        empty = np.zeros(cache_shape(self.config, 0), np.float32)
+        for state in self.request.query_state():  # the default initial state has no heads dimension
+            state.state = ov.Tensor(empty)
+        self.seen = 0
 
     def forward(self, input_ids: Any, use_cache: bool = False, past_key_values: Any = None) -> Any:
         import numpy as np
         import torch
 
         if past_key_values is None:
-            empty = np.zeros(cache_shape(self.config, 0), np.float32)
-            past_key_values = [empty] * (2 * self.config.num_hidden_layers)
+            self._new_sequence()
+        elif past_key_values != self.seen:
+            raise ValueError(
+                f"this runner holds {self.seen} tokens, not {past_key_values}: one sequence at a time"
+            )
         ids = input_ids.numpy()
-        mask = np.ones((1, past_key_values[0].shape[2] + ids.shape[1]), np.int64)
-        result = self.request.infer([ids, mask, *past_key_values])
-        outs = [result[o] for o in self.compiled.outputs]
-        cache = outs[1:] if use_cache else None
-        return Output(logits=torch.from_numpy(outs[0]), past_key_values=cache)
+        self.seen += ids.shape[1]
+        result = self.request.infer([ids, np.ones((1, self.seen), np.int64)])
+        logits = torch.from_numpy(result[self.compiled.outputs[0]].copy())
+        return Output(logits=logits, past_key_values=self.seen if use_cache else None)
 
     __call__ = forward

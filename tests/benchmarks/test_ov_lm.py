@@ -1,6 +1,6 @@
-"""benchmarks/ov_lm.py (bench_llm's NNCF + OpenVINO peer) on a tiny random Llama: the converted IR
-with its cache as explicit tensors computes what the torch model computes (perplexity, greedy tokens
-with the cache), and NNCF's int8 weights shrink it."""
+"""benchmarks/ov_lm.py (bench_llm's NNCF + OpenVINO peer) on a tiny random Llama: the converted IR,
+made stateful, computes what the torch model computes (perplexity, greedy tokens with the cache, a
+second sequence after the first), and NNCF's int8 weights shrink it."""
 
 from __future__ import annotations
 
@@ -54,7 +54,11 @@ def test_the_ir_computes_what_the_model_computes_with_and_without_the_cache(tiny
     assert got["tokens"] == want["tokens"] and got["perplexity"] == pytest.approx(
         want["perplexity"], rel=1e-4
     )
-    assert _greedy(runner, ids[:12].reshape(1, -1), 8) == _greedy(model, ids[:12].reshape(1, -1), 8)
+    for start in (0, 20):  # a second sequence starts from an empty cache
+        prompt = ids[start : start + 12].reshape(1, -1)
+        assert _greedy(runner, prompt, 8) == _greedy(model, prompt, 8)
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        runner(input_ids=ids[:1].reshape(1, 1), use_cache=True, past_key_values=3)
     assert generation_speed(runner, ids[:12], 4)["decode_tokens_per_s"] > 0
     assert runner.precision == "f32" and runner.file_bytes() > ov_lm.constant_bytes(ir) > 0
 
