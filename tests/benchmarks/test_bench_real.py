@@ -77,7 +77,17 @@ def _case(bench):
             return Dataset(x, model(x).argmax(1))
 
     return bench.Case(
-        "tiny", "tiny CNN", model, data(16), data(48), data(24), 8, "top1", 50.0, source="random"
+        "tiny",
+        "tiny CNN",
+        model,
+        data(16),
+        data(48),
+        data(24),
+        8,
+        "top1",
+        50.0,
+        source="random",
+        named_peer="ORT fp32",
     )
 
 
@@ -98,6 +108,7 @@ def test_every_peer_builds_and_the_tables_render(bench, tmp_path):
         assert set(rec["latency"][pick]) == {1, 8}
         v = rec["verdict"][f"bs{bs}"]
         assert v["pick"] == pick and v["pick_within_budget"] and "ratio" in v
+        assert v["named"]["peer"] == "ORT fp32" and f"; vs ORT fp32: {v['named']['ratio']:.2f}x" in md
         assert f"**{pick}** (pick for batch" in md and f"batch {bs}: ptopt's pick for it, {pick}" in md
     assert "fastest peer within the budget" in md
 
