@@ -11,7 +11,9 @@ candidate and round at batch 1 with the KV cache (a PROMPT-token prefill, NEW to
 
 - peers, through their own one-call APIs: fp32 and bf16 eager; torchao ``quantize_(m,
   Int8WeightOnlyConfig())`` (eager) and ``quantize_(m.bfloat16(), PrototypeInt4WeightOnlyConfig(
-  group_size=64))`` (torchao's int4 CPU layout, ``Int4OpaqueTensor``);
+  group_size=64))`` (torchao's int4 CPU layout, ``Int4OpaqueTensor``); OpenVINO fp32 (f32 and the CPU
+  plugin's default precision) and NNCF ``compress_weights`` int8 / int4 g64 + OpenVINO, converted and
+  made stateful as optimum-intel does (``benchmarks/ov_lm.py``; ``--no-openvino`` leaves them out);
 - ptopt: ``ptopt.quantize("hf:DIR", "weight-only", out, bits=..., group_size=..., method=...)`` as the
   CLI runs it (written to a folder, loaded back with ``load_model``): int8; int4 g64 rtn, hqq, awq,
   gptq; int4 g32 rtn (see the caveat); int4 g128 (refused: hidden 576 is not a multiple of 128);
