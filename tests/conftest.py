@@ -132,7 +132,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST first; the sort is stable, so every other file keeps the order it was collected in."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(
-        key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank))
-    )  # stable: the rest as collected
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
