@@ -162,9 +162,7 @@ def demo(
     tensorrt = CHECKS["torch_tensorrt"]().available
     recipe = demo_recipe(threads=threads, min_seconds=min_seconds, tensorrt=tensorrt)
     progress = _Progress(len(recipe["steps"]) - (not tensorrt), log)
-    log(
-        f"[0/{progress.total}] fp32 models: {CNN} and {LSTM} (the CNN ships trained, the LSTM trains on first use; cached)"
-    )
+    log(f"[0/{progress.total}] fp32 models: {CNN} and {LSTM} (both ship trained; cached on first use)")
     load_model(CNN)
     load_model(LSTM)
     results = run_recipe(

@@ -64,11 +64,50 @@ def test_shipped_weights_are_those_of_the_current_recipes():
     from ptopt.models.zoo import SHIPPED, shipped_path
 
     shipped = sorted(p.name for p in SHIPPED.glob("*.safetensors"))
-    current = sorted(shipped_path(n).name for n in ("mobilenet", "resnet", "transformer"))
+    current = sorted(shipped_path(n).name for n in ZOO)
     assert shipped == current, "reship with: python -m ptopt.models.zoo --ship NAME"
-    for name in ("mobilenet", "resnet", "transformer"):
+    for name in ZOO:
         info = json.loads(shipped_path(name).with_suffix(".json").read_text())
         assert info["recipe"] == ZOO[name].recipe()
+
+
+def test_lstm_ships_as_float16_and_loads_as_float32(monkeypatch, tmp_path):
+    """The 9.9 MB LSTM ships in half the bytes (under git's 5 MB); users get a float32 model whose stated accuracy is the
+    one of the weights they load."""
+    from safetensors import safe_open
+
+    from ptopt.compress.trainer import evaluate_accuracy
+    from ptopt.models.zoo import shipped_path, zoo_info
+
+    monkeypatch.setenv("PTOPT_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    monkeypatch.setattr("ptopt.models.zoo.train_zoo_model", lambda *a, **k: pytest.fail("trained"))
+    with safe_open(str(shipped_path("lstm")), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    lm = load_model("zoo:lstm")
+    assert {p.dtype for p in lm.module.parameters()} == {torch.float32}
+    acc = evaluate_accuracy(lm.module, load_data(ZOO["lstm"].test_data))
+    assert acc == pytest.approx(zoo_info("lstm")["test_accuracy"]) and acc >= 0.97
+
+
+def test_training_stores_the_recipes_dtype_and_states_its_accuracy(monkeypatch, tmp_path):
+    """What training returns, caches and reports are the weights as stored (rounded to float16)."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from ptopt.compress.trainer import evaluate_accuracy
+    from ptopt.models import zoo
+
+    entry = dataclasses.replace(ZOO["mobilenet"], epochs=1, stored="float16")
+    assert entry.key() != ZOO["mobilenet"].key() and "stored" not in ZOO["mobilenet"].recipe()
+    monkeypatch.setenv("PTOPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setitem(zoo.ZOO, "mobilenet", entry)
+    model, info = zoo.train_zoo_model("mobilenet", progress=False)
+    state = load_file(str(zoo.weights_path("mobilenet")))
+    assert {t.dtype for t in state.values()} == {torch.float16, torch.int64}  # BatchNorm's counters stay ints
+    assert all(torch.equal(v.float(), state[k].float()) for k, v in model.state_dict().items())
+    acc = evaluate_accuracy(model, load_data(entry.test_data))
+    assert info["test_accuracy"] == pytest.approx(acc) and "trained_test_accuracy" in info
 
 
 def test_a_model_without_shipped_weights_trains_on_first_use(monkeypatch, tmp_path):
