@@ -9,7 +9,7 @@ from tests.helpers import worker_threads
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # ~1.5 min alone on 2 cores (every zoo model ships trained), minutes beside the other worker
+@pytest.mark.timeout(1500)  # ~1.5 min alone on 2 cores (the zoo ships trained), minutes in CI
 def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
     out = tmp_path / "demo"
     threads = str(worker_threads() or 2)  # the cores this test process has (pytest-xdist splits them)
