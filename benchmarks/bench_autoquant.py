@@ -63,8 +63,8 @@ def _cosines(model, ref, ds):
 def minilm(args, tmp: Path) -> tuple[str, dict]:
     import torch
 
-    from ptopt.compress.autoquant import autoquantize
     from ptopt.compress.quantize import quantize
+    from ptopt.compress.quantize.autoquant import autoquantize
     from ptopt.models import minilm as mm
 
     if mm.model_dir() is None:
@@ -180,7 +180,7 @@ def minilm(args, tmp: Path) -> tuple[str, dict]:
 
 
 def resnet(args, tmp: Path) -> tuple[str, dict]:
-    from ptopt.compress.autoquant import autoquantize
+    from ptopt.compress.quantize.autoquant import autoquantize
     from ptopt.core.data import load_data
     from ptopt.core.modelref import load_model
 

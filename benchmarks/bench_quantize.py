@@ -247,7 +247,7 @@ def bench_dynamic(name, args):
     art = quantize(f"zoo:{name}", "dynamic", work / f"{name}.int8.pt", progress=False)
     cands = {"fp32 eager": model, "dynamic int8 (ptopt)": _load_ts(art.path)}
     fns = {n: functools.partial(call_model, m) for n, m in cands.items()}
-    from ptopt.compress.quant_engine import mha_fastpath_disabled
+    from ptopt.compress.quantize.layers import mha_fastpath_disabled
 
     acc = {n: _accuracy(f, test) for n, f in fns.items()}
     inputs = {1: test.first_batch(1).x, 32: test.first_batch(32).x}

@@ -181,7 +181,7 @@ def command(
     maybe_save_recipe(save_recipe, "quantize", options)
     if as_json:
         click.echo(json.dumps(res.to_dict(), indent=2, default=str))
-    elif res.format == "hf_weight_only":
+    elif res.format in ("hf_weight_only", "openvino_lm"):
         _print_weight_only(res)
     else:
         _print_report(res, mode)
@@ -224,7 +224,12 @@ def _print_weight_only(art) -> None:
     """What the weight-only folder is: bytes vs fp32, perplexity, the layers kept float."""
     m, rec = art.metrics, art.extra["weight_only"]
     group = f"group {rec['group_size']}" if rec["group_size"] else "per output channel"
-    acts = f"{rec['dtype']} activations" + (", bf16 into the int8 kernel" if rec.get("int8_kernel") else "")
+    if rec.get("engine") == "openvino":
+        acts = f"NNCF {rec['nncf_mode']}, OpenVINO with {rec['inference_precision']} activations"
+    else:
+        acts = f"{rec['dtype']} activations" + (
+            ", bf16 into the int8 kernel" if rec.get("int8_kernel") else ""
+        )
     click.echo(
         f"wrote {art.path}/ (int{rec['bits']} weight-only, {rec['method']}, {group}, {acts}): "
         f"weights {m['weight_bytes']:,} bytes = {m['weight_bytes_ratio']:.2f}x fp32 ({m['fp32_weight_bytes']:,}); "
@@ -241,7 +246,11 @@ def _print_weight_only(art) -> None:
             f"perplexity on {m['eval_data']} ({w['tokens']} tokens, context {w['context']}, stride {w['stride']}): "
             f"fp32 {m['fp32_perplexity']:.3f} -> {m['perplexity']:.3f} ({m['perplexity_increase_pct']:+.2f}%)"
         )
-    click.echo(f"int{rec['bits']}: {len(rec['quantized_layers'])} Linear layers")
+    if "compressed_matrices" in rec:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(rec["compressed_matrices"].items()))
+        click.echo(f"int{rec['bits']}: weight matrices stored as {kinds or 'none'}")
+    else:
+        click.echo(f"int{rec['bits']}: {len(rec['quantized_layers'])} Linear layers")
     for emb, out in (rec.get("tied_embedding") or {}).items():
         click.echo(f"  tied: {emb} reads the int8 matrix of {out} (stored once, rows gathered then scaled)")
     for name, why in rec["float_layers"].items():

@@ -69,7 +69,11 @@ def _storage(t: Any) -> list[Any]:
 
 
 def weight_bytes(module: Any) -> int:
-    """Bytes of ``module``'s parameters and buffers as stored (shared storage counted once)."""
+    """Bytes of ``module``'s parameters and buffers as stored (shared storage counted once); a model
+    run by another runtime (``formats.openvino_lm``) states its own as an int ``weight_bytes``."""
+    stated = getattr(module, "weight_bytes", None)
+    if isinstance(stated, int):
+        return stated
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in [*module.parameters(), *module.buffers()]:

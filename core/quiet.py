@@ -19,8 +19,13 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 
-#: one line of a C++ warning from c10 (``TORCH_WARN`` / ``TORCH_WARN_ONCE``)
-NATIVE_WARNING = re.compile(r"^\[W\d{4} [0-9:.]+ [^\]]*\] Warning: ")
+#: one line of a C++ warning from c10 (``TORCH_WARN`` / ``TORCH_WARN_ONCE``), or of an absl log that a
+#: library's native code writes while it probes (OpenVINO's TensorFlow frontend trying an IR it cannot
+#: parse: ``E0000 00:00:17957.. 14470 text_format.cc:417] Error parsing text-format ...``)
+NATIVE_WARNING = re.compile(
+    r"^(\[W\d{4} [0-9:.]+ [^\]]*\] Warning: |[EWI]\d{4} [0-9:.]+ +\d+ [\w.]+:\d+\] "
+    r"|WARNING: All log messages before absl::InitializeLog\(\))"
+)
 
 
 @contextlib.contextmanager

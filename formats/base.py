@@ -106,6 +106,9 @@ class Format:
         """``path`` as a ``ptopt.core.modelref.LoadedModel`` (``art``: its trusted sidecar or None)."""
         raise ModelLoadError(f"{path}: a {self.label or self.name} file is not a model ptopt loads")
 
+    def check_file(self, path: Path) -> None:
+        """A quick check that ``path`` loads (ModelLoadError), made before anything is measured."""
+
     def files(self, path: Path) -> list[Path]:
         """Every file of the artifact at ``path`` (the main one first), for its size."""
         return [path]

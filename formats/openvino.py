@@ -170,12 +170,20 @@ def read_ir(path: Path) -> Any:
     require_openvino()
     import openvino as ov
 
+    from ptopt.core.quiet import silenced
+
     try:
-        return ov.Core().read_model(str(path))
+        with silenced(("openvino",), native=True):  # its frontends' probing logs, on a file it cannot read
+            return ov.Core().read_model(str(path))
     except Exception as e:  # noqa: BLE001 - OpenVINO raises RuntimeError with its own text
-        raise ModelLoadError(
-            f"{path}: not a readable OpenVINO IR: {str(e).strip().splitlines()[0][:300]}"
-        ) from None
+        raise ModelLoadError(f"{path}: not a readable OpenVINO IR: {openvino_message(e)}") from None
+
+
+def openvino_message(e: BaseException) -> str:
+    """The line of an OpenVINO exception that says what went wrong (not ``Exception from src/...``)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(("Exception from ", "Check '"))]
+    return ((said or lines or [type(e).__name__])[0])[:300]
 
 
 def precision_of(model: Any) -> str:
@@ -255,7 +263,7 @@ def write_ir(
         if float_modules:
             info["nncf"]["float_modules"] = list(float_modules)
     model.set_rt_info(precision, list(HINT_KEY))
-    with _quiet():
+    with quiet():
         ov.save_model(model, str(path), compress_to_fp16=False)
     import openvino
 
@@ -281,7 +289,7 @@ def _convert(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, 
 
     ep = export_program(module, specs, style)
     try:
-        with _quiet():
+        with quiet():
             model = ov.convert_model(ep)
         how = "ExportedProgram"
     except Exception as e:  # noqa: BLE001 - the frontend raises OpConversionFailure & co.
@@ -321,7 +329,7 @@ def _convert_via_onnx(module: Any, specs: Sequence[InputSpec], style: str, why: 
         onnx_path = Path(d) / "model.onnx"
         export_onnx(module, specs, style, onnx_path)
         try:
-            with _quiet():
+            with quiet():
                 return ov.convert_model(str(onnx_path))
         except Exception as e:  # noqa: BLE001
             raise UnsupportedModelError(
@@ -378,7 +386,7 @@ def quantize_ir(
     items, options, record = _nncf_options(model, calib, model_type)
     if ignored is not None:
         options["ignored_scope"] = ignored
-    with _quiet():
+    with quiet():
         quantized = nncf.quantize(model, nncf.Dataset(items), **options)
     return quantized, record
 
@@ -534,7 +542,7 @@ def _quantize_controlled(
     cosine = "min_cosine" in control
     max_drop = 1.0 - control["min_cosine"] if cosine else control["max_accuracy_drop"] / 100.0
     restorer = AdvancedAccuracyRestorerParameters(num_ranking_workers=1)
-    with _quiet():
+    with quiet():
         quantized = nncf.quantize_with_accuracy_control(
             model, nncf.Dataset(items), nncf.Dataset(val_items, lambda item: item[0]), validation_fn,
             max_drop=max_drop, drop_type=nncf.DropType.ABSOLUTE,
@@ -566,7 +574,7 @@ def _feed(x: Any, names: Sequence[str]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """OpenVINO's converter and NNCF print progress bars and warnings: ptopt says what matters itself."""
     import logging
 

@@ -2,7 +2,9 @@
 
 The candidates are the model as it is (fp32), bf16 (where the CPU has bf16 kernels), and the
 weight-only rows of the quantization table (``quantize --mode weight-only``): int8, and int4 per
-group size and method (rtn, hqq; awq and gptq when calibration text is given). Each is built in
+group size and method (rtn, hqq; awq and gptq when calibration text is given), run by torch; and
+NNCF's int8 / int4 weights run by OpenVINO with the KV cache as plugin state (``--engine openvino``,
+``ptopt.formats.openvino_lm``; with ``ptopt[openvino]`` installed). Each is built in
 memory, its perplexity measured on the *choice* half of the evaluation text; those within
 ``max_perplexity_increase`` % of fp32's are timed in shared interleaved rounds (one greedy generation
 at batch 1 with the KV cache per candidate and round: prefill and decode tokens/s); the fastest
@@ -11,7 +13,8 @@ which neither the budget check nor the choice read: that is the headline figure.
 must not overlap the evaluation text.
 
 ``-o DIR`` gets ``report.json``, ``report.md`` and, when the winner is a quantized model,
-``DIR/best`` (its weight-only folder, loadable by ``ptopt`` and, for int8, ``from_pretrained``).
+``DIR/best`` (its weight-only folder, loadable by ``ptopt`` and, for torchao's int8,
+``from_pretrained``; an OpenVINO folder by ``openvino.Core().read_model``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ CATALOGUE: dict[str, dict[str, Any] | None] = {
     "fp32": None,
     "bf16": None,
     "int8-wo": {"bits": 8},
+    "int8-wo-openvino": {"bits": 8, "engine": "openvino"},
+    "int4-g128-openvino": {"bits": 4, "group_size": 128, "engine": "openvino"},
     "int4-g128-rtn": {"bits": 4, "group_size": 128, "method": "rtn"},
     "int4-g64-hqq": {"bits": 4, "group_size": 64, "method": "hqq"},
     "int4-g128-awq": {"bits": 4, "group_size": 128, "method": "awq"},
@@ -142,6 +147,12 @@ def _skip_reason(name: str, calib: Any, bf16: list[str]) -> str:
         return "this CPU has no bf16 kernels (needs avx512_bf16 or amx_bf16)"
     if options and options.get("method") in CALIBRATED and calib is None:
         return f"{options['method']} is fitted on text: pass --calib-data"
+    if options and options.get("engine") == "openvino":
+        import importlib.util
+
+        missing = [m for m in ("openvino", "nncf") if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"needs {' and '.join(missing)}: pip install 'ptopt[openvino]'"
     return ""
 
 

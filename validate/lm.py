@@ -192,6 +192,7 @@ class _Model:
 
 
 def _describe(role: str, obj: Any) -> _Model:
+    from ptopt.core.formats import sniff_file
     from ptopt.core.hf import config_of, is_hf_dir
     from ptopt.core.result import Result
     from ptopt.validate.runners import display_name
@@ -206,6 +207,9 @@ def _describe(role: str, obj: Any) -> _Model:
                 "folder (a Hugging Face folder with config.json, or a `ptopt quantize --mode weight-only` "
                 "folder); a language model is validated against language models only"
             )
+        fmt = sniff_file(folder)
+        if fmt is not None:
+            fmt.check_file(folder)  # an unreadable artifact is refused before anything is measured
         return _Model(role, obj, display_name(folder), folder, config_of(folder))
     module = _module_of(obj)
     if not is_lm_model(module):
@@ -267,10 +271,20 @@ def _precision(loaded: Any, module: Any) -> str:
     art = loaded.artifact
     if art is not None and getattr(art, "precision", None):
         return str(art.precision)
+    if getattr(module, "record", None):  # a folder of another runtime, without its sidecar
+        return f"int{module.record['bits']}"
     import torch
 
     dtype = next((p.dtype for p in module.parameters()), torch.float32)
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def _runtime(fmt_name: str) -> str:
+    """What runs the model: torch eager, or the runtime of its format (``openvino``)."""
+    from ptopt.core.formats import find_format
+
+    fmt = find_format(fmt_name)
+    return fmt.runs_on if fmt is not None and fmt.runtime != "torch" else RUNTIME
 
 
 def _evaluate_one(m: _Model, ids: Any, opts: LMOptions, allow_pickle: bool) -> tuple[Entry, Any]:
@@ -288,7 +302,7 @@ def _evaluate_one(m: _Model, ids: Any, opts: LMOptions, allow_pickle: bool) -> t
     art = loaded.artifact
     entry = Entry(
         name=m.name, ref=str(m.obj) if m.folder is not None else loaded.ref, role=m.role,
-        format=loaded.format, runtime=RUNTIME, precision=_precision(loaded, module),
+        format=loaded.format, runtime=_runtime(loaded.format), precision=_precision(loaded, module),
         parent=getattr(art, "parent", None), config=getattr(art, "config", None), batch_range=[1, 1],
         eval_batch_size=1, size=size_info(files, module),
         peak_memory_mb=None if mem.peak_mb is None else round(mem.peak_mb, 1),

@@ -28,9 +28,13 @@ def quantize_lm(
     *,
     calib_data: Any = None,
     eval_data: Any = None,
+    build: Any = None,
+    fmt: str = "hf_weight_only",
     **options: Any,
 ) -> Any:
-    """``ptopt.quantize(model, "weight-only", ...)`` (see ``ptopt.compress.quantize.api``)."""
+    """``ptopt.quantize(model, "weight-only", ...)`` (see ``ptopt.compress.quantize.api``). ``build(config,
+    loaded, calib) -> (model, record, writer)``: the engine's step (default: torchao's,
+    :func:`torchao_build`); ``fmt``: the sidecar format its writer writes."""
     from ptopt.compress.stage import finish
     from ptopt.core.result import check_folder_output
 
@@ -39,7 +43,7 @@ def quantize_lm(
     if output is not None:
         from pathlib import Path
 
-        check_folder_output(Path(output), "hf_weight_only")
+        check_folder_output(Path(output), fmt)
     require_data(config, calib_data=calib_data)
     loaded = load_eager(
         model, options.get("weights"), options.get("allow_pickle", False), "weight-only quantization"
@@ -51,19 +55,27 @@ def quantize_lm(
     if calib is not None and evald is not None and _overlap(calib, evald):
         raise UsageError("--calib-data and --eval-data hold the same text: perplexity must be measured on "
                          "text the calibration never read (e.g. builtin:pydoc-text:calib and :eval)")  # fmt: skip
-    from ptopt.compress.quantize.weight_only import quantize_module
-
-    q = copy.deepcopy(source).eval()
-    record = quantize_module(q, config, _calibrator(calib, config))
+    q, record, writer = (build or torchao_build)(config, loaded, calib)
     record["calibration"] = _calib_record(calib, calib_data, config)
     metrics = _measure(source, q, evald, eval_data)
+    result = _result(config, loaded, q, record, metrics, (calib_data, eval_data), writer, fmt)
+    return finish(result, output)
+
+
+def torchao_build(config: WeightOnlyConfig, loaded: Any, calib: Any) -> tuple[Any, dict, Any]:
+    """The torchao row's step: a quantized copy of the module, its record, its folder's writer."""
+    from ptopt.compress.quantize.weight_only import quantize_module
+    from ptopt.formats.hf import write_weight_only
+
+    q = copy.deepcopy(loaded.module).eval()
+    record = quantize_module(q, config, _calibrator(calib, config))
     files = {}
     if config.decode_step:  # checked in memory before anything is written
         from ptopt.formats.hf_decode import DECODE_FILE, capture
 
         files[DECODE_FILE], record["decode_step"] = capture(q, config.decode_step)
-    result = _result(config, loaded, q, record, metrics, (calib_data, eval_data), files)
-    return finish(result, output)
+    hf_dir = loaded.info.get("hf_dir")
+    return q, record, lambda path: write_weight_only(q, path, record, hf_dir, files)
 
 
 def _token_ids(ref: Any, model: Any, hf_dir: Any, name: str) -> Any:
@@ -135,25 +147,29 @@ def _measure(source: Any, q: Any, ids: Any, ref: Any) -> dict[str, Any]:
 
 
 def _result(
-    config: WeightOnlyConfig, loaded: Any, q: Any, record: dict, metrics: dict, refs: tuple, files: dict
+    config: WeightOnlyConfig,
+    loaded: Any,
+    q: Any,
+    record: dict,
+    metrics: dict,
+    refs: tuple,
+    writer: Any,
+    fmt: str,
 ) -> Any:
     from ptopt.core.artifact import Artifact
     from ptopt.core.result import Result
-    from ptopt.formats.hf import write_weight_only
 
-    hf_dir = loaded.info.get("hf_dir")
     refs_cfg = {
         k: str(v) for k, v in zip(("calib_data", "eval_data"), refs, strict=True) if isinstance(v, str)
     }
     template = Artifact(
         path=UNSAVED,
-        format="hf_weight_only",
+        format=fmt,
         config=config.to_dict() | {"mode": config.mode} | refs_cfg,
         parent=loaded.parent_record(),
         precision=f"int{config.bits}",
         metrics=metrics,
-        extra={"weight_only": record, "float_layers": record["float_layers"]},
+        extra={"weight_only": record, "float_layers": record.get("float_layers", {})},
     )
     sources = input_files(loaded.path, loaded.info.get("weights"), *refs)
-    writer = lambda path: write_weight_only(q, path, record, hf_dir, files)  # noqa: E731
     return Result(q, template, writer, inputs_paths=sources, source=loaded, folder=True)
