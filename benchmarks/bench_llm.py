@@ -15,7 +15,8 @@ candidate and round at batch 1 with the KV cache (a PROMPT-token prefill, NEW to
   plugin's default precision) and NNCF ``compress_weights`` int8 / int4 g64 + OpenVINO, converted and
   made stateful as optimum-intel does (``benchmarks/ov_lm.py``; ``--no-openvino`` leaves them out);
 - ptopt: ``ptopt.quantize("hf:DIR", "weight-only", out, bits=..., group_size=..., method=...)`` as the
-  CLI runs it (written to a folder, loaded back with ``load_model``): int8; int4 g64 rtn, hqq, awq,
+  CLI runs it (written to a folder, loaded back with ``load_model``): int8; int8 with ``engine="openvino"``
+  (NNCF's int8 weights run by OpenVINO, ``ptopt.formats.openvino_lm``); int4 g64 rtn, hqq, awq,
   gptq; int4 g32 rtn (see the caveat); int4 g128 (refused: hidden 576 is not a multiple of 128);
 - ``ptopt.optimize`` for LMs (``optimize_lm``) with ``--max-perplexity-increase BUDGET``: its pick is
   loaded from ``best`` and timed in the same rounds; the target compares it with the fastest peer
@@ -54,7 +55,7 @@ TARGETS = {"int8_ppl_pct": 1.0, "int8_file_ratio": 0.30, "int4_ppl_pct": 10.0, "
            "int4_decode": 2.0, "optimize_vs_peer": 1.0}  # fmt: skip
 #: optimize's candidates here (its g128 rows are refused on hidden 576; the calibrated ones are slow to build
 #: on 2 shared cores and are measured in the table instead)
-OPT_CANDIDATES = ["fp32", "bf16", "int8-wo", "int4-g64-hqq"]
+OPT_CANDIDATES = ["fp32", "bf16", "int8-wo", "int8-wo-openvino", "int4-g64-hqq"]
 OV_PEERS = {  # name: (nncf.compress_weights mode or None, group size, OpenVINO inference precision or None)
     "OpenVINO fp32 (f32 hint)": (None, -1, "f32"),
     "OpenVINO (plugin default)": (None, -1, None),
@@ -67,6 +68,7 @@ PEERS = ("fp32 eager", "bf16 eager", "torchao int8 (one call)", "torchao int4 g6
 AWQ = {"ptopt int4 g64 awq": {"bits": 4, "group_size": 64, "method": "awq"}}
 PTOPT = {
     "ptopt int8": {"bits": 8},
+    "ptopt int8 (openvino)": {"bits": 8, "engine": "openvino"},
     "ptopt int4 g64 rtn": {"bits": 4, "group_size": 64, "method": "rtn"},
     "ptopt int4 g64 hqq": {"bits": 4, "group_size": 64, "method": "hqq"},
     "ptopt int4 g64 gptq": {"bits": 4, "group_size": 64, "method": "gptq"},
@@ -194,9 +196,7 @@ def measure(entries: dict[str, dict], ids: Any) -> None:
     for name, e in entries.items():
         if "module" in e:
             e["perplexity"] = perplexity(e["module"], ids)["perplexity"]
-            e.setdefault(
-                "weight_bytes", weight_bytes(e["module"]) if hasattr(e["module"], "parameters") else None
-            )
+            e.setdefault("weight_bytes", weight_bytes(e["module"]))
             print(f"{name}: perplexity {e['perplexity']:.3f}", flush=True)
 
 

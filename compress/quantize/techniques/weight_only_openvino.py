@@ -34,6 +34,29 @@ def _requires(config: WeightOnlyConfig) -> None:
     require_openvino(nncf=True)
 
 
+def _check_groups(module: Any, config: WeightOnlyConfig) -> None:
+    """int4: the group must divide the inputs of every matrix NNCF makes int4 (all Linear layers but the
+    output layer, which it keeps int8, and those --exclude keeps float)."""
+    import torch
+
+    if config.bits != 4:
+        return
+    head = module.get_output_embeddings()
+    skip = lambda n: any(n == e or n.startswith(e + ".") for e in config.float_modules)  # noqa: E731
+    bad = [
+        (n, m.in_features)
+        for n, m in module.named_modules()
+        if isinstance(m, torch.nn.Linear) and m is not head and not skip(n) and m.in_features % config.groups
+    ]
+    if bad:
+        name, width = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UsageError(
+            f"--group-size {config.groups} does not divide the {width} inputs of {name}{more}: choose a "
+            f"divisor of {width}"
+        )
+
+
 def _build(config: WeightOnlyConfig, loaded: Any, calib: Any) -> tuple[Any, dict, Any]:
     """Convert, make stateful, compress; the runner, the record and the folder's writer."""
     import nncf
@@ -50,10 +73,14 @@ def _build(config: WeightOnlyConfig, loaded: Any, calib: Any) -> tuple[Any, dict
         )
     from ptopt.formats.openvino import ignored_scope
 
+    _check_groups(module, config)
     ov_model = openvino_lm.convert(module)
     ignored = ignored_scope(ov_model, module, config.float_modules)
-    ov_model = openvino_lm.compress_weights(ov_model, config.bits, config.groups, ignored)
+    ov_model, files = openvino_lm.as_saved(
+        openvino_lm.compress_weights(ov_model, config.bits, config.groups, ignored)
+    )
     runner = openvino_lm.OpenVINOLM(ov_model, module.config, torch.get_num_threads())
+    runner.files = files  # the IR's files live as long as the model
     record = {
         "bits": config.bits, "group_size": config.groups, "method": "rtn", "engine": "openvino",
         "nncf_mode": openvino_lm.MODES[config.bits], "ratio": 1.0 if config.bits == 4 else None,
@@ -62,7 +89,7 @@ def _build(config: WeightOnlyConfig, loaded: Any, calib: Any) -> tuple[Any, dict
         "float_layers": {name: "--exclude" for name in config.float_modules},
     }  # fmt: skip
     hf_dir = loaded.info.get("hf_dir")
-    writer = lambda path: openvino_lm.write_folder(ov_model, path, record, module.config, hf_dir)  # noqa: E731
+    writer = lambda path: openvino_lm.write_folder(files.name, path, record, module.config, hf_dir)  # noqa: E731
     return runner, record, writer
 
 
