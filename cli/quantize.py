@@ -66,7 +66,8 @@ MOSTLY_FLOAT = 0.1
     "--engine",
     type=click.Choice(table.engines()),
     help="fx (default): torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by "
-    "AOTInductor into a .pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points.",
+    "AOTInductor into a .pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points. "
+    "--mode weight-only: torchao (default, a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
 )
 @click.option(
     "--compile/--no-compile",
