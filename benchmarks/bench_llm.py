@@ -177,17 +177,15 @@ def run_optimize(model_dir: Path, work: Path, quick: bool) -> tuple[dict, dict |
 
 
 def time_all(entries: dict[str, dict], prompt: Any, new: int, rounds: int) -> None:
-    """Interleaved rounds (the first a warm-up): one generation per entry and round."""
-    from ptopt.core.lm import generation_speed
+    """Interleaved rounds as validate and optimize time them (``core.lm.interleaved_generation``: a
+    warm-up round, then one generation per entry and round, the order rotating every round and reversed
+    every other one, so no entry always runs after the same neighbour)."""
+    from ptopt.core.lm import interleaved_generation
 
-    live = [(n, e) for n, e in entries.items() if "module" in e]
-    for r in range(rounds + 1):
-        for _, e in live:
-            s = generation_speed(e["module"], prompt, new)
-            if r:
-                e.setdefault("decode", []).append(s["decode_tokens_per_s"])
-                e.setdefault("prefill", []).append(s["prefill_tokens_per_s"])
-        print(f"round {r} done", flush=True)
+    live = [e for e in entries.values() if "module" in e]
+    speeds = interleaved_generation([e["module"] for e in live], prompt, new, rounds)
+    for e, sp in zip(live, speeds, strict=True):
+        e["decode"], e["prefill"] = sp["decode"], sp["prefill"]
 
 
 def measure(entries: dict[str, dict], ids: Any) -> None:
