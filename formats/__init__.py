@@ -11,7 +11,6 @@ row (``FORMAT``, or ``FORMATS`` for several); every row is registered in the tab
 | ``openvino`` | openvino (``.xml`` + ``.bin``) | OpenVINO |
 | ``tensorrt`` | tensorrt (``.ep``) | TensorRT (CUDA) |
 | ``hf`` | hf, hf_weight_only (Hugging Face folders) | torch eager |
-| ``hf_decode`` | the decode step of a weight-only folder (``.pt2``) | torch.export |
 | ``openvino_lm`` | openvino_lm (a folder: stateful IR, NNCF weights) | OpenVINO |
 | ``eager`` | eager (in memory), pickle (``torch.save(model)``) | torch eager |
 | ``packages`` | mar, triton, state_dict (not run) | — |

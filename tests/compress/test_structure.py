@@ -166,7 +166,7 @@ def test_cli_choices_are_the_table_keys():
     assert set(choices["mode"]) == {m for m, _ in table.table()}
     assert set(choices["engine"]) == {e for _, e in table.table()}
     assert choices["mode"] == ["dynamic", "static", "qat", "weight-only"]
-    assert choices["engine"] == ["fx", "pt2e", "torchao", "auto"]
+    assert choices["engine"] == ["fx", "openvino", "pt2e", "torchao", "auto"]
 
 
 def test_every_row_is_its_config_run_by_its_engine():

@@ -65,14 +65,13 @@ def _build(config: WeightOnlyConfig, loaded: Any, calib: Any) -> tuple[Any, dict
 
     from ptopt.core.hf import is_causal_lm
     from ptopt.formats import openvino_lm
+    from ptopt.formats.openvino import ignored_scope
 
     module = loaded.module
     if not is_causal_lm(module):
         raise UsageError(
             "--engine openvino quantizes transformers causal language models (config + generate)"
         )
-    from ptopt.formats.openvino import ignored_scope
-
     _check_groups(module, config)
     ov_model = openvino_lm.convert(module)
     ignored = ignored_scope(ov_model, module, config.float_modules)
