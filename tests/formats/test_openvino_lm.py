@@ -32,6 +32,14 @@ def lm(tmp_path_factory):
     return root, model
 
 
+@pytest.fixture(scope="module")
+def int8(lm):
+    """The int8 quantization of the API (in memory, measured on the eval ids), shared by the tests."""
+    root, _ = lm
+    return ptopt.quantize(f"hf:{root / 'llama'}", "weight-only", None, bits=8, engine="openvino",
+                          eval_data=root / "eval.pt", progress=False)  # fmt: skip
+
+
 def _greedy(module, prompt, new):
     from ptopt.core.lm import cache_keyword
 
@@ -70,15 +78,17 @@ def test_the_stateful_ir_computes_what_the_model_computes(lm):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_api_quantize_writes_a_folder_that_loads_back(lm, tmp_path, bits):
+def test_api_quantize_writes_a_folder_that_loads_back(lm, int8, tmp_path, bits):
     import openvino as ov
 
     from ptopt.core.lm import perplexity, weight_bytes
     from ptopt.core.modelref import load_model
 
     root, model = lm
-    res = ptopt.quantize(f"hf:{root / 'llama'}", "weight-only", None, bits=bits, engine="openvino",
-                         group_size=32 if bits == 4 else None, eval_data=root / "eval.pt", progress=False)  # fmt: skip
+    res = int8 if bits == 8 else ptopt.quantize(
+        f"hf:{root / 'llama'}", "weight-only", None, bits=4, engine="openvino", group_size=32,
+        eval_data=root / "eval.pt", progress=False,
+    )  # fmt: skip
     m = res.metrics
     assert m["weight_bytes"] < (0.3 if bits == 8 else 0.35) * m["fp32_weight_bytes"]
     assert abs(m["perplexity_increase_pct"]) < (1 if bits == 8 else 5)
@@ -98,16 +108,14 @@ def test_api_quantize_writes_a_folder_that_loads_back(lm, tmp_path, bits):
     assert ov.Core().read_model(tmp_path / "q" / "openvino_model.xml").inputs  # plain OpenVINO reads it
 
 
-def test_exclude_keeps_the_named_layer_float(lm):
+def test_exclude_keeps_the_named_layer_float(lm, int8):
     from ptopt.formats.openvino_lm import compressed_matrices
 
     root, _ = lm
     name = "model.layers.0.mlp.down_proj"
     res = ptopt.quantize(f"hf:{root / 'llama'}", "weight-only", None, bits=8, engine="openvino",
                          exclude=(name,), progress=False)  # fmt: skip
-    every = ptopt.quantize(
-        f"hf:{root / 'llama'}", "weight-only", None, bits=8, engine="openvino", progress=False
-    )
+    every = int8
     assert res.extra["weight_only"]["float_layers"] == {name: "--exclude"}
     counts = res.extra["weight_only"]["compressed_matrices"]
     assert sum(counts.values()) == sum(every.extra["weight_only"]["compressed_matrices"].values()) - 1
