@@ -3,8 +3,8 @@ REFERENCE is a causal language model (a Hugging Face folder, ``hf:DIR``, a trans
 memory or a weight-only ``Result``) and ``--data`` is text (``ptopt.core.text``: a ``.txt`` file,
 ``builtin:pydoc-text:...``, token ids in a ``.pt``/``.npy``, or a 1-D tensor of ids).
 
-For the reference and every artifact (weight-only folders of ``quantize --mode weight-only``, other
-Hugging Face folders, models in memory), one at a time: load it, its perplexity on the whole text
+For the reference and every artifact (weight-only folders of ``quantize --mode weight-only``, those of
+``--engine openvino`` run by OpenVINO, other Hugging Face folders, models in memory), one at a time: load it, its perplexity on the whole text
 (``core.lm.perplexity``: sliding window, ``context`` tokens of history moving by ``stride``), its weight
 bytes in memory (``core.lm.weight_bytes``), its bytes on disk (every file of the folder) and the
 process's peak resident memory while it was loaded and scored (``metrics.PeakMemory``). Then all of
