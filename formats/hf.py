@@ -187,12 +187,17 @@ def write_weight_only(
         torch.save(_state_without_ties(module), folder / weights)
     (folder / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n", encoding="utf-8")
     (folder / QUANT_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return {"files": copy_companions(source_dir, folder)}
+
+
+def copy_companions(source_dir: Any, folder: Path) -> list[str]:
+    """Copy the tokenizer and generation files of ``source_dir`` (when it has a tokenizer) into
+    ``folder``; returns every file of the folder, relative to its parent (the writer's ``files``)."""
     if source_dir is not None and has_tokenizer(source_dir):
         for name in COMPANIONS:
             if (Path(source_dir) / name).is_file():
                 shutil.copyfile(Path(source_dir) / name, folder / name)
-    files = sorted(p.relative_to(folder.parent).as_posix() for p in folder.rglob("*") if p.is_file())
-    return {"files": files}
+    return sorted(p.relative_to(folder.parent).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
 def _state_without_ties(module: Any) -> dict[str, Any]:

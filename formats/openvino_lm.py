@@ -221,20 +221,14 @@ class OpenVINOLM:
 def write_folder(saved: Path, folder: Path, record: dict[str, Any], config: Any, source_dir: Any) -> dict:
     """The folder of the module docstring, its IR copied from ``saved`` (the folder :func:`as_saved`
     wrote: the files that were measured); returns the writer's facts (``files``)."""
-    from ptopt.core.hf import has_tokenizer
-    from ptopt.formats.hf import COMPANIONS
+    from ptopt.formats.hf import copy_companions
 
     folder.mkdir(parents=True, exist_ok=True)
     for name in (IR_FILE, IR_FILE.replace(".xml", ".bin")):
         shutil.copyfile(Path(saved) / name, folder / name)
     config.to_json_file(str(folder / "config.json"))
     (folder / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    if source_dir is not None and has_tokenizer(source_dir):
-        for name in COMPANIONS:
-            if (Path(source_dir) / name).is_file():
-                shutil.copyfile(Path(source_dir) / name, folder / name)
-    files = sorted(p.relative_to(folder.parent).as_posix() for p in folder.rglob("*") if p.is_file())
-    return {"files": files}
+    return {"files": copy_companions(source_dir, folder)}
 
 
 def read_record(path: Path) -> dict[str, Any]:

@@ -3,14 +3,15 @@ REFERENCE is a causal language model (a Hugging Face folder, ``hf:DIR``, a trans
 memory or a weight-only ``Result``) and ``--data`` is text (``ptopt.core.text``: a ``.txt`` file,
 ``builtin:pydoc-text:...``, token ids in a ``.pt``/``.npy``, or a 1-D tensor of ids).
 
-For the reference and every artifact (weight-only folders of ``quantize --mode weight-only``, those of
-``--engine openvino`` run by OpenVINO, other Hugging Face folders, models in memory), one at a time: load it, its perplexity on the whole text
-(``core.lm.perplexity``: sliding window, ``context`` tokens of history moving by ``stride``), its weight
-bytes in memory (``core.lm.weight_bytes``), its bytes on disk (every file of the folder) and the
-process's peak resident memory while it was loaded and scored (``metrics.PeakMemory``). Then all of
-them, loaded together, generate in interleaved rounds (``core.lm.interleaved_generation``: batch 1,
-KV cache, greedy, a ``prompt_tokens`` prompt from the start of the text and ``new_tokens`` new ones):
-prefill and decode tokens/s, the median of the rounds and their spread.
+For the reference and every artifact (weight-only folders of ``quantize --mode weight-only``, those
+of ``--engine openvino`` run by OpenVINO, other Hugging Face folders, models in memory), one at a
+time: load it, its perplexity on the whole text (``core.lm.perplexity``: sliding window, ``context``
+tokens of history moving by ``stride``), its weight bytes in memory (``core.lm.weight_bytes``), its
+bytes on disk (every file of the folder) and the process's peak resident memory while it was loaded
+and scored (``metrics.PeakMemory``). Then all of them, loaded together, generate in interleaved
+rounds (``core.lm.interleaved_generation``: batch 1, KV cache, greedy, a ``prompt_tokens`` prompt
+from the start of the text and ``new_tokens`` new ones): prefill and decode tokens/s, the median of
+the rounds and their spread.
 
 The report is validate's (schema ``ptopt.validate/1``, ``"task": "causal-lm"``): ``metric`` is
 perplexity (lower is better), each artifact's ``accuracy_drop`` its perplexity increase in %, and every
