@@ -163,7 +163,7 @@ def run_optimize(model_dir: Path, work: Path, quick: bool) -> tuple[dict, dict |
     t0 = time.perf_counter()
     res = optimize_lm(
         f"hf:{model_dir}", eval_data="builtin:pydoc-text:eval", calib_data="builtin:pydoc-text:calib",
-        max_perplexity_increase=BUDGET, output=work / "opt", rounds=2 if quick else 3, candidates=OPT_CANDIDATES,
+        max_perplexity_increase=BUDGET, output=work / "opt", rounds=2 if quick else 5, candidates=OPT_CANDIDATES,
         progress=lambda m: print("optimize:", m, flush=True),
     )  # fmt: skip
     report = res.report | {"search_s": time.perf_counter() - t0}

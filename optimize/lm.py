@@ -1,16 +1,17 @@
 """``ptopt optimize`` for causal language models: the fastest decode within a perplexity budget.
 
-The candidates are the model as it is (fp32), bf16 (where the CPU has bf16 kernels), and the
-weight-only rows of the quantization table (``quantize --mode weight-only``): int8, and int4 per
-group size and method (rtn, hqq; awq and gptq when calibration text is given), run by torch; and
-NNCF's int8 / int4 weights run by OpenVINO with the KV cache as plugin state (``--engine openvino``,
-``ptopt.formats.openvino_lm``; with ``ptopt[openvino]`` installed). Each is built in
-memory, its perplexity measured on the *choice* half of the evaluation text; those within
-``max_perplexity_increase`` % of fp32's are timed in shared interleaved rounds (one greedy generation
-at batch 1 with the KV cache per candidate and round: prefill and decode tokens/s); the fastest
-decode among them wins. Every kept candidate's perplexity is then measured on the *unseen* half,
-which neither the budget check nor the choice read: that is the headline figure. Calibration text
-must not overlap the evaluation text.
+The candidates are the model as it is (fp32), bf16 (where the CPU has bf16 kernels), and the weight-
+only rows of the quantization table (``quantize --mode weight-only``): int8, and int4 per group size
+and method (rtn, hqq; awq and gptq when calibration text is given), run by torch; and NNCF's int8 /
+int4 weights run by OpenVINO with the KV cache as plugin state (``--engine openvino``,
+``ptopt.formats.openvino_lm``; with ``ptopt[openvino]`` installed). Each is built in memory, its
+perplexity measured on the *choice* half of the evaluation text; those within
+``max_perplexity_increase`` % of fp32's are timed in shared interleaved rounds (one greedy
+generation at batch 1 with the KV cache per candidate and round: prefill and decode tokens/s); the
+fastest decode among them wins (the median of its per-round decode speedup over fp32: paired
+rounds). Every kept candidate's perplexity is then measured on the *unseen* half, which neither the
+budget check nor the choice read: that is the headline figure. Calibration text must not overlap the
+evaluation text.
 
 ``-o DIR`` gets ``report.json``, ``report.md`` and, when the winner is a quantized model,
 ``DIR/best`` (its weight-only folder, loadable by ``ptopt`` and, for torchao's int8,
@@ -71,8 +72,15 @@ class LMCandidate:
             "increase_pct_unseen": pct(self.perplexity_unseen, base.perplexity_unseen),
             "decode_tokens_per_s": med, "decode_spread_pct": _spread(self.decode),
             "prefill_tokens_per_s": statistics.median(self.prefill) if self.prefill else None,
-            "decode_speedup": med / base_med if med and base_med else None,
+            "decode_speedup": paired_speedup(self.decode, base.decode) if med and base_med else None,
         }  # fmt: skip
+
+
+def paired_speedup(decode: list[float], base: list[float]) -> float:
+    """The median over rounds of a candidate's decode tokens/s divided by the reference's in the same
+    round: each round times every candidate back to back, so the ratio cancels the machine's drift
+    between rounds, which moves the absolute medians of near-tied candidates past each other."""
+    return statistics.median(d / b for d, b in zip(decode, base, strict=True))
 
 
 def _spread(values: list[float]) -> float | None:
@@ -233,7 +241,7 @@ def optimize_lm(
     _time(kept, texts[1][:prompt_tokens], new_tokens, rounds)
     for cand in kept:
         cand.perplexity_unseen = perplexity(cand.module, texts[1])["perplexity"]
-    winner, _ = fastest_within(kept, lambda c: 1 / statistics.median(c.decode), lambda c: True)
+    winner, _ = fastest_within(kept, lambda c: 1 / paired_speedup(c.decode, kept[0].decode), lambda c: True)
     report = _report(
         cands, winner, loaded, texts, locals_of(max_perplexity_increase, rounds, prompt_tokens, new_tokens)
     )
