@@ -1,9 +1,9 @@
 """``ptopt optimize`` for causal language models: the fastest decode within a perplexity budget.
 
-The candidates are the model as it is (fp32), bf16 (where the CPU has bf16 kernels), and the weight-
-only rows of the quantization table (``quantize --mode weight-only``): int8, and int4 per group size
-and method (rtn, hqq; awq and gptq when calibration text is given), run by torch; and NNCF's int8 /
-int4 weights run by OpenVINO with the KV cache as plugin state (``--engine openvino``,
+The candidates are the model as it is (fp32), bf16 (where the CPU has bf16 kernels), and the
+weight-only rows of the quantization table (``quantize --mode weight-only``): int8, and int4 per
+group size and method (rtn, hqq; awq and gptq when calibration text is given), run by torch; and
+NNCF's int8 / int4 weights run by OpenVINO with the KV cache as plugin state (``--engine openvino``,
 ``ptopt.formats.openvino_lm``; with ``ptopt[openvino]`` installed). Each is built in memory, its
 perplexity measured on the *choice* half of the evaluation text; those within
 ``max_perplexity_increase`` % of fp32's are timed in shared interleaved rounds (one greedy
