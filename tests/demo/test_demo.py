@@ -36,11 +36,11 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
     assert "<img" in (out / "report.html").read_text() and (out / "summary.md").read_text().strip()
     assert "ptopt validate — PASSED" in stdout and "resnet-best.mar" in stdout
 
-    # the second run through the Python API (shorter timing rounds: the reuse is what is checked here)
+    # the second run through the Python API (short timing rounds: the reuse is what is checked here)
     from ptopt.demo import demo
 
     lines = []
-    again = demo(out, threads=int(threads), log=lines.append, min_seconds=0.05)
+    again = demo(out, threads=int(threads), log=lines.append, min_seconds=0.05, min_iters=3)
     assert again.passed and sorted(again.reused) == sorted(expected)
     assert sum("reusing" in line for line in lines) == len(expected) and again.mar == out / "resnet-best.mar"
     # and what the CLI prints of such a run
@@ -69,3 +69,13 @@ def test_demo_is_a_built_in_recipe_the_pipeline_checks(tensorrt):
     assert len(cnn.options["artifacts"]) == 7 + tensorrt and "${lstm8}" not in cnn.options["artifacts"]
     assert cnn.title.startswith(f"validate {7 + tensorrt} artifacts against zoo:resnet")
     assert callable(steps[-1].when) and steps[-1].options["artifact"] == "${cnn.best_path}"
+
+
+def test_demo_timing_options_reach_both_validations():
+    from ptopt.demo import demo_recipe
+    from ptopt.pipeline import plan
+
+    steps, _ = plan(demo_recipe(min_seconds=0.1, min_iters=3), {"out": "x"}, source="demo")
+    checks = [s.options for s in steps if s.command == "validate"]
+    assert [(o["min_seconds"], o["min_iters"]) for o in checks] == [(0.1, 3), (0.1, 3)]
+    assert all("min_iters" not in s.options for s in plan(demo_recipe(), {"out": "x"}, source="demo")[0])
