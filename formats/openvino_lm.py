@@ -91,7 +91,9 @@ def convert(model: Any) -> Any:
 
     layers = model.config.num_hidden_layers
     kv = [torch.zeros(cache_shape(model.config, 5)) for _ in range(2 * layers)]
-    ids = torch.randint(0, min(1000, model.config.vocab_size), (1, 3))
+    ids = torch.randint(
+        0, min(1000, model.config.vocab_size), (1, 3), generator=torch.Generator().manual_seed(0)
+    )
     example = (ids, torch.ones(1, 8, dtype=torch.int64), *kv)
     try:
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(), quiet():
