@@ -182,7 +182,7 @@ def command(
     maybe_save_recipe(save_recipe, "quantize", options)
     if as_json:
         click.echo(json.dumps(res.to_dict(), indent=2, default=str))
-    elif res.format in ("hf_weight_only", "openvino_lm"):
+    elif "weight_only" in (res.extra or {}):  # a weight-only folder, whichever engine wrote it
         _print_weight_only(res)
     else:
         _print_report(res, mode)

@@ -87,7 +87,7 @@ def convert(model: Any) -> Any:
     import torch
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    from ptopt.formats.openvino import quiet
+    from ptopt.formats.openvino import openvino_message, quiet
 
     layers = model.config.num_hidden_layers
     kv = [torch.zeros(cache_shape(model.config, 5)) for _ in range(2 * layers)]
@@ -100,10 +100,9 @@ def convert(model: Any) -> Any:
             warnings.simplefilter("ignore")  # the trace's TracerWarnings and transformers' deprecations
             ov_model = ov.convert_model(_wrapper(model), example_input=example)
     except Exception as e:  # noqa: BLE001 - the tracer and OpenVINO's frontend raise many kinds
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         raise UnsupportedModelError(
             f"OpenVINO {ov.__version__} cannot convert this model with its KV cache as explicit tensors: "
-            f"{type(e).__name__}: {first}"
+            f"{type(e).__name__}: {openvino_message(e)}"
         ) from None
     pairs = list(zip(ov_model.get_parameters()[2:], ov_model.get_results()[1:], strict=True))
     apply_make_stateful_transformation(ov_model, pairs)
