@@ -15,7 +15,13 @@ same-run ratios over fp32 eager. Output diff: each fp16 runtime against fp32 eag
 inputs (max |diff|, max |diff| / max |fp32|, worst-sample cosine). The GPU, driver, CUDA and torch
 versions are recorded.
 
-    python benchmarks/bench_gpu.py            # needs a CUDA GPU; exits with a message elsewhere
+    python benchmarks/bench_gpu.py [--work DIR] [--build-only] [--rounds 5] [--seconds 0.5]
+    bash benchmarks/gpu_session.sh     # the CUDA tests, a CLI validate on the GPU, then this bench
+
+The four packages are built at once (concurrent ``ptopt export`` subprocesses); ``--work`` keeps them, so
+a later run reuses them. It also compares ``ptopt validate --device cuda``'s p50 for the fp16 ResNet
+package with a bare loop of CUDA events around each call of it. Needs a CUDA GPU; exits with a message
+elsewhere.
 
 Install ptopt on the GPU machine without touching its torch: ``pip install --no-deps
 --no-build-isolation ./`` (``transformers`` is needed for the BERT encoder).
@@ -23,6 +29,7 @@ Install ptopt on the GPU machine without touching its torch: ``pip install --no-
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import subprocess
@@ -99,21 +106,51 @@ def gpu_facts() -> dict:
     }
 
 
-def export_aoti(factory: str, out: Path, batch: str, graphs: bool) -> str | None:
-    """``ptopt export FACTORY --target aoti --device cuda --precision fp16``; None, or why it failed."""
+PACKAGES = (  # (name, factory, --dynamic-batch)
+    ("resnet", "ptopt.models.resnet:resnet", "1:32:256"),
+    ("bert", "bench_gpu:bert_encoder", "1:8:64"),
+)
+
+
+def package_path(work: Path, name: str, graphs: bool) -> Path:
+    return work / f"{name}{'.graphs' if graphs else ''}.pt2"
+
+
+def export_cmd(factory: str, out: Path, batch: str, graphs: bool) -> list[str]:
+    """``ptopt export FACTORY --target aoti --device cuda --precision fp16 [--cuda-graphs]``."""
     cmd = [sys.executable, "-m", "ptopt.cli.main", "export", factory, "--target", "aoti", "--device", "cuda"]
-    cmd += ["--precision", "fp16", "--dynamic-batch", batch, "-o", str(out)] + (
-        ["--cuda-graphs"] if graphs else []
+    return (
+        cmd
+        + ["--precision", "fp16", "--dynamic-batch", batch, "-o", str(out)]
+        + (["--cuda-graphs"] if graphs else [])
     )
+
+
+def build_packages(work: Path) -> dict[str, str]:
+    """Every fp16 AOTInductor package not yet in ``work``, built at once by concurrent ``ptopt export``
+    subprocesses (what a user runs; a compiler crash costs that row, not the run). {file: why it failed}."""
     here = str(Path(__file__).resolve().parent)  # bench_gpu:bert_encoder must import in the subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    if run.returncode != 0:
-        return (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1][:300]
-    return None
+    procs = {}
+    for name, factory, batch in PACKAGES:
+        for graphs in (False, True):
+            out = package_path(work, name, graphs)
+            if not out.exists():
+                cmd = export_cmd(factory, out, batch, graphs)
+                procs[out.name] = subprocess.Popen(
+                    cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+                )
+    failed = {}
+    for file, proc in procs.items():
+        _, err = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            lines = err.decode(errors="replace").strip().splitlines()
+            failed[file] = (lines or [f"exit {proc.returncode}"])[-1][:300]
+            (work / f"{file}.failed.txt").write_text(err.decode(errors="replace"))
+    return failed
 
 
-def runtimes(name: str, module, factory: str, batch_range: str, work: Path) -> tuple[dict, dict]:
+def runtimes(name: str, module, work: Path) -> tuple[dict, dict]:
     """{runtime: callable on a device batch} and {runtime: why it is missing}."""
     import torch
 
@@ -126,17 +163,19 @@ def runtimes(name: str, module, factory: str, batch_range: str, work: Path) -> t
     missing = {}
     for graphs in (False, True):
         label = "fp16 AOTInductor" + (" + CUDA graphs" if graphs else "")
-        out = work / f"{name}{'.graphs' if graphs else ''}.pt2"
-        why = export_aoti(factory, out, batch_range, graphs)
-        if why:
-            missing[label] = why
+        out = package_path(work, name, graphs)
+        if not out.exists():
+            failed = work / f"{out.name}.failed.txt"
+            missing[label] = (
+                failed.read_text().strip().splitlines()[-1][:300] if failed.exists() else "not built"
+            )
             continue
         pkg = load_package(out, device="cuda:0")
         fns[label] = CudaGraphed(pkg, "cuda:0") if graphs else pkg
     return fns, missing
 
 
-def measure(name: str, fns: dict, inputs: dict) -> list[dict]:
+def measure(name: str, fns: dict, inputs: dict, rounds: int, seconds: float) -> list[dict]:
     """Latency per (runtime, batch) interleaved with CUDA events, and each fp16 output vs fp32."""
     import torch
 
@@ -157,7 +196,7 @@ def measure(name: str, fns: dict, inputs: dict) -> list[dict]:
 
             calls[(rt, bs)], sizes[(rt, bs)] = run, bs
     stats = measure_interleaved(
-        calls, sizes, rounds=10, min_iters=50, min_seconds=2.0, warmup_iters=10, warmup_seconds=1.0,
+        calls, sizes, rounds=rounds, min_iters=50, min_seconds=seconds, warmup_iters=10, warmup_seconds=1.0,
         devices={k: "cuda:0" for k in calls},
     )  # fmt: skip
     for bs in inputs:
@@ -176,25 +215,40 @@ def measure(name: str, fns: dict, inputs: dict) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def validate_vs_bare(work: Path, batch: int = 32, calls: int = 200) -> dict:
+    """``ptopt validate --device cuda``'s p50 for the fp16 ResNet package at ``batch`` against a bare
+    loop of CUDA events around each call of the same package (median of ``calls``)."""
+    import statistics
+
     import torch
 
-    from ptopt.core.device import cuda_status
+    from ptopt.formats.aoti_files import load_package
+    from ptopt.validate.api import validate
 
-    if not torch.cuda.is_available():
-        sys.exit(f"bench_gpu: needs a CUDA GPU, and {cuda_status()}; run it on a machine with one")
-    torch.set_num_threads(THREADS)
-    facts = gpu_facts()
-    rows, missing = [], {}
-    with tempfile.TemporaryDirectory(prefix="ptopt-bench-gpu-") as d:
-        work = Path(d)
-        fns, miss = runtimes("resnet", resnet(), "ptopt.models.resnet:resnet", "1:32:256", work)
-        missing |= {f"resnet: {k}": v for k, v in miss.items()}
-        rows += measure("zoo ResNet", fns, {b: torch.randn(b, 1, 32, 32) for b in RESNET_BATCHES})
-        enc = bert_encoder()
-        fns, miss = runtimes("bert", enc, "bench_gpu:bert_encoder", "1:8:64", work)
-        missing |= {f"bert: {k}": v for k, v in miss.items()}
-        rows += measure("BERT 6x384, 128 tokens", fns, {b: enc.example_inputs(b) for b in BERT_BATCHES})
+    path = package_path(work, "resnet", False)
+    if not path.exists():
+        return {"skipped": "the fp16 ResNet package was not built"}
+    res = validate("ptopt.models.resnet:resnet", [path], "builtin:digits32:test", batch_sizes=(batch,),
+                   threads=THREADS, device="cuda", max_samples=512)  # fmt: skip
+    lat = res.entries[0]["latency"][str(batch)]
+    pkg = load_package(path, device="cuda:0")
+    x = torch.randn(batch, 1, 32, 32, device="cuda:0", dtype=torch.float16)
+    times = []
+    with torch.inference_mode():
+        for i in range(calls + 20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            pkg(x)
+            end.record()
+            end.synchronize()
+            if i >= 20:
+                times.append(start.elapsed_time(end))
+    bare = statistics.median(times)
+    return {"batch": batch, "validate_p50_ms": lat["p50_ms"], "timer": lat.get("timer"), "bare_p50_ms": bare,
+            "ratio": lat["p50_ms"] / bare}  # fmt: skip
+
+
+def report(facts: dict, rows: list[dict], missing: dict, check: dict) -> None:
     table = md_table(
         ["model", "runtime", "batch", "p50 ms", "spread %", "× fp32 eager", "max |diff| vs fp32", "rel", "cosine"],
         [
@@ -209,9 +263,55 @@ def main() -> None:
         "Random weights; latency from CUDA events, interleaved rounds, inputs already on the GPU."
     )
     notes = "".join(f"\n- not measured: {k}: {v}" for k, v in missing.items())
+    if "ratio" in check:
+        notes += (
+            f"\n- `ptopt validate --device cuda` on the fp16 ResNet package at batch {check['batch']}: p50 "
+            f"{check['validate_p50_ms']:.3f} ms ({check['timer']}); a bare loop of CUDA events around each call "
+            f"of the same package: {check['bare_p50_ms']:.3f} ms; ratio {check['ratio']:.3f}"
+        )
     md = f"{head}\n\n{table}\n{notes}"
-    data = {"facts": facts, "rows": rows, "missing": missing}
+    data = {"facts": facts, "rows": rows, "missing": missing, "validate_vs_bare": check}
     write_result("gpu", "GPU: fp16 AOTInductor vs torch.compile fp16 vs fp32 eager", md, data, THREADS)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, help="keep the packages here (built ones are reused)")
+    ap.add_argument("--build-only", action="store_true", help="build the packages into --work and stop")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
+    ap.add_argument(
+        "--seconds", type=float, default=0.5, help="timed seconds per runtime and batch (default 0.5)"
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    from ptopt.core.device import cuda_status
+
+    if not torch.cuda.is_available():
+        sys.exit(f"bench_gpu: needs a CUDA GPU, and {cuda_status()}; run it on a machine with one")
+    args = parse_args(argv)
+    torch.set_num_threads(THREADS)
+    with tempfile.TemporaryDirectory(prefix="ptopt-bench-gpu-") as d:
+        work = args.work or Path(d)
+        work.mkdir(parents=True, exist_ok=True)
+        missing = {f"package {k}": v for k, v in build_packages(work).items()}
+        if args.build_only:
+            print("\n".join(f"{k}: {v}" for k, v in missing.items()) or f"built into {work}")
+            return
+        fns, miss = runtimes("resnet", resnet(), work)
+        missing |= {f"resnet: {k}": v for k, v in miss.items()}
+        inputs = {b: torch.randn(b, 1, 32, 32) for b in RESNET_BATCHES}
+        rows = measure("zoo ResNet", fns, inputs, args.rounds, args.seconds)
+        enc = bert_encoder()
+        fns, miss = runtimes("bert", enc, work)
+        missing |= {f"bert: {k}": v for k, v in miss.items()}
+        inputs = {b: enc.example_inputs(b) for b in BERT_BATCHES}
+        rows += measure("BERT 6x384, 128 tokens", fns, inputs, args.rounds, args.seconds)
+        check = validate_vs_bare(work)
+    report(gpu_facts(), rows, missing, check)
 
 
 if __name__ == "__main__":
