@@ -145,7 +145,7 @@ def build_packages(work: Path) -> dict[str, str]:
         _, err = proc.communicate(timeout=1800)
         if proc.returncode != 0:
             lines = err.decode(errors="replace").strip().splitlines()
-            failed[file] = (lines or [f"exit {proc.returncode}"])[-1][:300]
+            failed[file] = (lines or [f"exit {proc.returncode} (a signal: crashed)"])[-1][:300]
             (work / f"{file}.failed.txt").write_text(err.decode(errors="replace"))
     return failed
 
@@ -166,9 +166,8 @@ def runtimes(name: str, module, work: Path) -> tuple[dict, dict]:
         out = package_path(work, name, graphs)
         if not out.exists():
             failed = work / f"{out.name}.failed.txt"
-            missing[label] = (
-                failed.read_text().strip().splitlines()[-1][:300] if failed.exists() else "not built"
-            )
+            lines = failed.read_text().strip().splitlines() if failed.exists() else ["not built"]
+            missing[label] = (lines or ["the export crashed without a message"])[-1][:300]
             continue
         pkg = load_package(out, device="cuda:0")
         fns[label] = CudaGraphed(pkg, "cuda:0") if graphs else pkg
