@@ -118,7 +118,19 @@ def package_path(work: Path, name: str, graphs: bool) -> Path:
 
 def export_cmd(factory: str, out: Path, batch: str, graphs: bool) -> list[str]:
     """``ptopt export FACTORY --target aoti --device cuda --precision fp16 [--cuda-graphs]``."""
-    cmd = [sys.executable, "-m", "ptopt.cli.main", "export", factory, "--target", "aoti", "--device", "cuda"]
+    cmd = [
+        sys.executable,
+        "-X",
+        "faulthandler",
+        "-m",
+        "ptopt.cli.main",
+        "export",
+        factory,
+        "--target",
+        "aoti",
+        "--device",
+        "cuda",
+    ]
     return (
         cmd
         + ["--precision", "fp16", "--dynamic-batch", batch, "-o", str(out)]
