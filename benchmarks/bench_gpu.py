@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import subprocess
 import sys
@@ -39,9 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import md_table, write_result  # noqa: E402
+from common import machine_header, md_table, write_result  # noqa: E402
 
 THREADS = 2
+COMMAND = "bash benchmarks/gpu_session.sh (python benchmarks/bench_gpu.py)"
 RESNET_BATCHES = (1, 32, 256)
 BERT_BATCHES = (1, 64)
 SEQ = 128
@@ -138,6 +140,18 @@ def export_cmd(factory: str, out: Path, batch: str, graphs: bool) -> list[str]:
     )
 
 
+def failure_reason(text: str, code: int | None) -> str:
+    """One line for a failed export: Python's last error line, or, for a crash, faulthandler's "Fatal
+    Python error" with the innermost frame of the crashing thread (its report ends in a list of modules)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    fatal = next((ln for ln in lines if ln.startswith("Fatal Python error:")), None)
+    if fatal or (lines and lines[-1].startswith("Extension modules:")):
+        at = next((i for i, ln in enumerate(lines) if ln.startswith("Current thread")), None)
+        frame = lines[at + 1] if at is not None and at + 1 < len(lines) else ""
+        return f"{fatal or 'crashed (faulthandler report)'}{f' at {frame}' if frame else ''}"[:300]
+    return (lines or [f"exit {code}"])[-1][:300]
+
+
 def build_packages(work: Path) -> dict[str, str]:
     """Every fp16 AOTInductor package not yet in ``work``, built at once by concurrent ``ptopt export``
     subprocesses (what a user runs; a compiler crash costs that row, not the run). {file: why it failed}."""
@@ -156,8 +170,7 @@ def build_packages(work: Path) -> dict[str, str]:
     for file, proc in procs.items():
         _, err = proc.communicate(timeout=1800)
         if proc.returncode != 0:
-            lines = err.decode(errors="replace").strip().splitlines()
-            failed[file] = (lines or [f"exit {proc.returncode} (a signal: crashed)"])[-1][:300]
+            failed[file] = failure_reason(err.decode(errors="replace"), proc.returncode)
             (work / f"{file}.failed.txt").write_text(err.decode(errors="replace"))
     return failed
 
@@ -178,8 +191,7 @@ def runtimes(name: str, module, work: Path) -> tuple[dict, dict]:
         out = package_path(work, name, graphs)
         if not out.exists():
             failed = work / f"{out.name}.failed.txt"
-            lines = failed.read_text().strip().splitlines() if failed.exists() else ["not built"]
-            missing[label] = (lines or ["the export crashed without a message"])[-1][:300]
+            missing[label] = failure_reason(failed.read_text(), None) if failed.exists() else "not built"
             continue
         pkg = load_package(out, device="cuda:0")
         fns[label] = CudaGraphed(pkg, "cuda:0") if graphs else pkg
@@ -259,7 +271,7 @@ def validate_vs_bare(work: Path, batch: int = 32, calls: int = 200) -> dict:
             "ratio": lat["p50_ms"] / bare}  # fmt: skip
 
 
-def report(facts: dict, rows: list[dict], missing: dict, check: dict) -> None:
+def report(facts: dict, rows: list[dict], missing: dict, check: dict, machine: str | None = None) -> None:
     table = md_table(
         ["model", "runtime", "batch", "p50 ms", "spread %", "× fp32 eager", "max |diff| vs fp32", "rel", "cosine"],
         [
@@ -280,9 +292,25 @@ def report(facts: dict, rows: list[dict], missing: dict, check: dict) -> None:
             f"{check['validate_p50_ms']:.3f} ms ({check['timer']}); a bare loop of CUDA events around each call "
             f"of the same package: {check['bare_p50_ms']:.3f} ms; ratio {check['ratio']:.3f}"
         )
+    if "skipped" in check:
+        notes += f"\n- not measured: `ptopt validate --device cuda` against a bare CUDA-event loop: {check['skipped']}"
     md = f"{head}\n\n{table}\n{notes}"
-    data = {"facts": facts, "rows": rows, "missing": missing, "validate_vs_bare": check}
-    write_result("gpu", "GPU: fp16 AOTInductor vs torch.compile fp16 vs fp32 eager", md, data, THREADS)
+    machine = machine or machine_header(THREADS)
+    data = {"facts": facts, "rows": rows, "missing": missing, "validate_vs_bare": check, "machine": machine}
+    title = "GPU: fp16 AOTInductor vs torch.compile fp16 vs fp32 eager"
+    write_result("gpu", title, md, data, THREADS, command=COMMAND, machine=machine)
+
+
+def render(path: Path) -> None:
+    """The tables again from a results JSON (e.g. one brought back from the GPU machine), with the machine
+    header of that run: from the JSON, or the ``Machine:`` line of the .md beside it."""
+    data = json.loads(path.read_text())
+    machine = data.get("machine")
+    if not machine and path.with_suffix(".md").exists():
+        lines = path.with_suffix(".md").read_text().splitlines()
+        machine = next((ln for ln in lines if ln.startswith("Machine:")), None)
+    missing = {k: failure_reason(v, None) for k, v in data["missing"].items()}
+    report(data["facts"], data["rows"], missing, data["validate_vs_bare"], machine)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -290,6 +318,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, help="keep the packages here (built ones are reused)")
     ap.add_argument("--build-only", action="store_true", help="build the packages into --work and stop")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
+    ap.add_argument(
+        "--render", type=Path, help="only write the tables again from a results JSON of this script"
+    )
     ap.add_argument(
         "--seconds", type=float, default=0.5, help="timed seconds per runtime and batch (default 0.5)"
     )
@@ -301,9 +332,11 @@ def main(argv: list[str] | None = None) -> None:
 
     from ptopt.core.device import cuda_status
 
+    args = parse_args(argv)
+    if args.render:
+        return render(args.render)
     if not torch.cuda.is_available():
         sys.exit(f"bench_gpu: needs a CUDA GPU, and {cuda_status()}; run it on a machine with one")
-    args = parse_args(argv)
     torch.set_num_threads(THREADS)
     with tempfile.TemporaryDirectory(prefix="ptopt-bench-gpu-") as d:
         work = args.work or Path(d)

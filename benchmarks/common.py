@@ -37,12 +37,19 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def write_result(
-    name: str, title: str, markdown: str, data: Any, threads: int, command: str | None = None
+    name: str,
+    title: str,
+    markdown: str,
+    data: Any,
+    threads: int,
+    command: str | None = None,
+    machine: str | None = None,
 ) -> str:
-    """Write results/<name>.md and .json; returns the markdown section."""
+    """Write results/<name>.md and .json; returns the markdown section. ``machine``: the header of the machine
+    the figures came from, when the tables are written again elsewhere (default: this machine's)."""
     RESULTS.mkdir(exist_ok=True)
     command = command or f"python benchmarks/bench_{name}.py"
-    section = f"## {title}\n\n{machine_header(threads)}\n\nReproduce: `{command}`\n\n{markdown}\n"
+    section = f"## {title}\n\n{machine or machine_header(threads)}\n\nReproduce: `{command}`\n\n{markdown}\n"
     (RESULTS / f"{name}.md").write_text(section, encoding="utf-8")
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     print(section)

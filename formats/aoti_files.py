@@ -17,6 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -108,6 +111,55 @@ def check_version(path: str | os.PathLike, recorded: str | None = None) -> None:
         )
 
 
+#: the torch releases ptopt's AOTInductor loading is tested on. Under any other, each package is first
+#: loaded in a child process (once per file), since some builds crash the whole process inside the loader:
+#: torch 2.11.0+cu130 (the GPU machine's image, 2026-11-27) dies with SIGSEGV in ``aoti_load_package`` on
+#: every package, ptopt's or plain torch's, CPU or CUDA (``benchmarks/probe_aoti_load.py``).
+TESTED_TORCH = "2.13."
+#: ``PTOPT_AOTI_LOAD_CHECK=1`` forces the child-process check, ``0`` turns it off
+LOAD_CHECK_ENV = "PTOPT_AOTI_LOAD_CHECK"
+CHILD_LOAD = (
+    "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1], device_index=int(sys.argv[2]))"
+)
+_LOADS_SAFELY: set[tuple[str, float, int]] = set()
+
+
+def _wants_child_check() -> bool:
+    import torch
+
+    flag = os.environ.get(LOAD_CHECK_ENV, "")
+    return flag == "1" if flag in ("0", "1") else not torch.__version__.startswith(TESTED_TORCH)
+
+
+def check_loads_in_child(path: str | os.PathLike, index: int) -> None:
+    """Under an untested torch, load the package in a child process first: a loader that crashes (a signal)
+    becomes one ModelLoadError here instead of killing this process. A child that merely raises is left to
+    the real load, which raises the same error with its message."""
+    if not _wants_child_check():
+        return
+    import torch
+
+    key = (str(Path(path).resolve()), os.path.getmtime(path), index)
+    if key in _LOADS_SAFELY:
+        return
+    run = subprocess.run(
+        [sys.executable, "-c", CHILD_LOAD, str(path), str(index)], capture_output=True, text=True, timeout=900
+    )
+    if run.returncode < 0:
+        how = (
+            signal.Signals(-run.returncode).name
+            if -run.returncode in signal.valid_signals()
+            else run.returncode
+        )
+        raise ModelLoadError(
+            f"{Path(path).name}: torch {torch.__version__}'s AOTInductor loader (torch._inductor.aoti_load_package)"
+            f" crashes with {how} on this package (tried in a child process, so this one goes on): a bug of that "
+            f"torch build, seen with torch 2.11.0+cu130 on every package, plain torch's too; use torch 2.13 (the "
+            f"release ptopt is tested on), or --target exported_program"
+        )
+    _LOADS_SAFELY.add(key)
+
+
 def load_package(
     path: str | os.PathLike, recorded_version: str | None = None, device: str | None = None
 ) -> Any:
@@ -131,6 +183,7 @@ def load_package(
     index = -1
     if wanted == "cuda":
         index = int(str(device).partition(":")[2] or torch.cuda.current_device())
+    check_loads_in_child(path, index)
     default = torch._inductor.aoti_load_package(str(path), device_index=index)
     batches = {n: static_model_batch(n) for n in package_models(path)}
     fixed_names = {n: b for n, b in batches.items() if b is not None}

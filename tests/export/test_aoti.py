@@ -237,3 +237,42 @@ def test_package_as_export_source_refused(package, tmp_path):
         ptopt.export, str(path), "onnx", tmp_path / "m.onnx", allow_pickle=True,
         match="AOTInductor package", where=tmp_path,
     )  # fmt: skip
+
+
+def test_load_check_in_a_child_passes_a_good_package(package, monkeypatch):
+    """Under an untested torch (forced here), the package is first loaded in a child process; a good
+    one then loads here and runs."""
+    from ptopt.formats import aoti_files
+
+    monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
+    path, _ = package
+    model = aoti_files.load_package(path)
+    assert len(aoti_files._LOADS_SAFELY) == 1 and model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_a_loader_that_crashes_is_one_message(package, monkeypatch, cli, tmp_path):
+    """torch 2.11.0+cu130 dies with SIGSEGV inside aoti_load_package (the GPU machine's image): with the
+    child check, the CLI says so in one line (exit 2) instead of dying, and the API raises."""
+    from ptopt.core.errors import ModelLoadError
+    from ptopt.formats import aoti_files
+
+    monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
+    monkeypatch.setattr(aoti_files, "CHILD_LOAD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    path, _ = package
+    match = ("crashes with SIGSEGV", "child process", "torch 2.13")
+    with pytest.raises(ModelLoadError, match=match[0]):
+        aoti_files.load_package(path)
+    args = (
+        str(path),
+        "--allow-pickle",
+        "--data",
+        DATA,
+        "--max-samples",
+        "16",
+        "--json",
+        tmp_path / "r.json",
+        "-q",
+    )
+    assert_refused(cli, "validate", "tests.helpers:tiny_cnn", *args, match=match, where=tmp_path)
