@@ -709,13 +709,14 @@ def verdict(rec: dict) -> dict[str, Any]:
             }
         out[f"bs{bs}"] = c
         figures = (rec["ptopt"].get("printed") or {}).get(pick) or {}
-        # the figure ptopt leads with (and accepts by): the projected worst cosine; the measured one beside
-        printed = figures.get("cosine_projected", figures.get("cosine_min"))
+        # the figure ptopt leads with: the worst cosine measured on its held-out samples; the projection it
+        # accepts by (lower by design) is printed beside
+        printed = figures.get("cosine_min")
         if rec["metric"] == "cosine" and printed is not None:
             unseen = acc[pick]["cos_min"]
             gap = abs(printed - unseen)
             out.setdefault("printed_cosine", {})[pick] = {
-                "printed": printed, "measured": figures.get("cosine_min"), "unseen": unseen, "gap": gap,
+                "printed": printed, "projected": figures.get("cosine_projected"), "unseen": unseen, "gap": gap,
                 "met": gap <= TARGET_PRINTED_GAP,
             }  # fmt: skip
     return out
@@ -822,14 +823,14 @@ def verdict_lines(rec: dict) -> list[str]:
         out.append(line)
     for pick, p in (v.get("printed_cosine") or {}).items():
         met = "met" if p["met"] else "NOT met"
-        measured = p.get("measured")
+        projected = p.get("projected")
         beside = (
-            "" if measured is None or measured == p["printed"]
-            else f"; the measured held-out worst it prints beside: {measured:.4f}, gap {abs(measured - p['unseen']):.4f}"
+            "" if projected is None
+            else f"; the projection to 1000 samples it prints beside (what the budget judges): {projected:.4f}"
         )  # fmt: skip
         out.append(
-            f"- {pick}: printed cosine (projected to 1000 samples) {p['printed']:.4f} vs unseen {p['unseen']:.4f}: "
-            f"gap {p['gap']:.4f} (target <= {TARGET_PRINTED_GAP}: {met}){beside}"
+            f"- {pick}: printed cosine (the worst measured on its held-out samples) {p['printed']:.4f} vs unseen "
+            f"{p['unseen']:.4f}: gap {p['gap']:.4f} (target <= {TARGET_PRINTED_GAP}: {met}){beside}"
         )
     return out
 

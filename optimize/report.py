@@ -152,8 +152,8 @@ def cosine_note(report: dict[str, Any]) -> list[str]:
     if report.get("metric") != "cosine" or n is None:
         return []
     return [
-        f"cos proj: the worst-sample cosine projected to {n} samples like the held-out ones (what the budget "
-        "judges: the worst of a few dozen samples flatters a heavy tail); cos min: the worst measured on them."
+        f"cos min: the worst-sample cosine measured on the held-out samples; cos proj: that worst projected to {n} "
+        "samples like them (what the budget judges: the worst of a few dozen samples flatters a heavy tail)."
     ]
 
 
@@ -214,7 +214,7 @@ def table_head(report: dict[str, Any]) -> list[str]:
     if report.get("metric") != "cosine":
         acc = ["top-1 %", "drop", "cos min"]
     else:
-        acc = ["cos min"] if reference_samples(report) is None else ["cos proj", "cos min"]
+        acc = ["cos min"] if reference_samples(report) is None else ["cos min", "cos proj"]
     sizes = batch_sizes(report)
     return (
         ["", "candidate", "format / runtime", "precision", "MB"]
@@ -240,7 +240,7 @@ def table_row(report: dict[str, Any], c: dict[str, Any]) -> list[str]:
             cos,
         ]
     else:
-        acc = [cos] if reference_samples(report) is None else [common.fmt_cos(c.get("cosine_projected")), cos]
+        acc = [cos] if reference_samples(report) is None else [cos, common.fmt_cos(c.get("cosine_projected"))]
     sizes = batch_sizes(report)
     mark = "★" if c.get("name") == report.get("best") else (common.REF if ref else "")
     speed = [
@@ -323,14 +323,18 @@ def headline(report: dict[str, Any]) -> str:
 
 
 def _cosine_figures(report: dict[str, Any], c: dict[str, Any]) -> str:
-    """``: 0.9991 projected, 0.9998 measured on 32 held-out samples`` for a ``--min-cosine`` winner."""
+    """``: worst cosine 0.9998 measured on 32 held-out samples, 0.9991 projected to 1000`` for a
+    ``--min-cosine`` winner. The measured worst leads: it is the figure unseen inputs of that size show (the
+    MiniLM bench: 0.9909 measured against 0.9923 on 128 unseen sentences); the projection, lower by design,
+    is what the budget judges."""
     tail = c.get("tail") or {}
     if report.get("metric") != "cosine" or c.get("cosine_projected") is None or not tail:
         return ""
     held = " held-out" if (report.get("split") or {}).get("heldout_samples") else ""
+    n = reference_samples(report) or tail.get("reference_samples")
     return (
-        f": {c['cosine_projected']:.4f} projected, {c['cosine_min']:.4f} measured on {tail.get('samples')}"
-        f"{held} samples"
+        f": worst cosine {c['cosine_min']:.4f} measured on {tail.get('samples')}{held} samples, "
+        f"{c['cosine_projected']:.4f} projected to {n}"
     )
 
 

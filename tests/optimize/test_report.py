@@ -155,13 +155,16 @@ def test_cosine_budget_reports_the_projection_beside_the_measured_worst():
         if c.get("cosine_min") is not None:
             c["cosine_projected"] = round(1 - 7.5 * (1 - c["cosine_min"]), 6)
             c["tail"] = {"measured": c["cosine_min"], "projected": c["cosine_projected"], "samples": 32}
-    assert R.table_head(report)[5:7] == ["cos proj", "cos min"]
+    assert R.table_head(report)[5:7] == ["cos min", "cos proj"]
     best = R.best_candidate(report)
     assert R.y_value(report, best) == best["cosine_projected"] < best["cosine_min"]
     assert "projected to 1000 samples" in R.budget_line(report) and "projected to 1000" in R.y_label(report)
     md = R.render_markdown(report)
-    assert "cos proj: the worst-sample cosine projected to 1000 samples" in md
-    assert f"{best['cosine_projected']:.4f} projected, {best['cosine_min']:.4f} measured on 32 samples" in md
+    assert "cos proj: that worst projected to 1000 samples" in md
+    assert (
+        f"worst cosine {best['cosine_min']:.4f} measured on 32 samples, {best['cosine_projected']:.4f} projected to 1000"
+        in md
+    )
     assert "cos proj" not in R.render_terminal(cosine_report())  # a report from before projections
 
 
