@@ -18,7 +18,19 @@ import click
     "--fresh", is_flag=True, help="Rebuild every artifact instead of reusing those already in --output."
 )
 @click.option("--threads", type=int, help="Intra-op threads for every runtime (default: all usable cores).")
-def command(output: str, fresh: bool, threads: int | None) -> None:
+@click.option(
+    "--min-seconds",
+    type=click.FloatRange(min=0),
+    help="The validations' timed seconds per artifact and batch size, at least (validate's option; the demo's default 0.5).",
+)
+@click.option(
+    "--min-iters",
+    type=click.IntRange(min=1),
+    help="The validations' timed iterations per artifact and batch size, at least (validate's option; default 20).",
+)
+def command(
+    output: str, fresh: bool, threads: int | None, min_seconds: float | None, min_iters: int | None
+) -> None:
     """Run the whole pipeline on the zoo ResNet-style CNN and bundled digits: quantize (static, QAT,
     dynamic LSTM), prune (structured + distillation, global), export (TorchScript, ONNX, TensorRT
     when available), validate with gates, report, and package the best artifact as a .mar."""
@@ -26,7 +38,8 @@ def command(output: str, fresh: bool, threads: int | None) -> None:
     from ptopt.demo import demo
     from ptopt.validate.reports import terminal
 
-    result = demo(output, fresh=fresh, threads=threads, log=lambda m: click.echo(m, err=True))
+    timing = {k: v for k, v in (("min_seconds", min_seconds), ("min_iters", min_iters)) if v is not None}
+    result = demo(output, fresh=fresh, threads=threads, log=lambda m: click.echo(m, err=True), **timing)
     terminal.print_report(result.validation.data)
     terminal.print_report(result.lstm_validation.data)
     click.echo(f"\nFiles in {result.output}/:")

@@ -13,7 +13,10 @@ from tests.helpers import worker_threads
 def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
     out = tmp_path / "demo"
     threads = str(worker_threads() or 2)  # the cores this test process has (pytest-xdist splits them)
-    code, stdout, err = cli("demo", "-o", out, "--threads", threads)
+    # validate's timing options, shortened: the pipeline is what is checked here
+    code, stdout, err = cli(
+        "demo", "-o", out, "--threads", threads, "--min-seconds", "0.1", "--min-iters", "5"
+    )
     assert code == 0, err[-3000:]
     expected = [
         "resnet.int8.pt",
@@ -32,6 +35,7 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
     assert Artifact.load(out / "resnet.int8.onnx").precision == "int8"
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] and len(report["artifacts"]) == 7
+    assert (report["latency_options"]["min_seconds"], report["latency_options"]["min_iters"]) == (0.1, 5)
     assert report["best"] and (out / "resnet-best.mar").is_file() and (out / "report.html").is_file()
     assert "<img" in (out / "report.html").read_text() and (out / "summary.md").read_text().strip()
     assert "ptopt validate — PASSED" in stdout and "resnet-best.mar" in stdout
