@@ -121,6 +121,7 @@ LOAD_CHECK_ENV = "PTOPT_AOTI_LOAD_CHECK"
 CHILD_LOAD = (
     "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1], device_index=int(sys.argv[2]))"
 )
+CHILD_TIMEOUT_S = 300
 _LOADS_SAFELY: set[tuple[str, float, int]] = set()
 
 
@@ -142,9 +143,19 @@ def check_loads_in_child(path: str | os.PathLike, index: int) -> None:
     key = (str(Path(path).resolve()), os.path.getmtime(path), index)
     if key in _LOADS_SAFELY:
         return
-    run = subprocess.run(
-        [sys.executable, "-c", CHILD_LOAD, str(path), str(index)], capture_output=True, text=True, timeout=900
-    )
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", CHILD_LOAD, str(path), str(index)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise ModelLoadError(
+            f"{Path(path).name}: torch {torch.__version__}'s AOTInductor loader did not finish loading this package "
+            f"in {CHILD_TIMEOUT_S} s (tried in a child process); use torch 2.13 (the release ptopt is tested on), or "
+            f"--target exported_program"
+        ) from None
     if run.returncode < 0:
         how = (
             signal.Signals(-run.returncode).name

@@ -276,3 +276,15 @@ def test_a_loader_that_crashes_is_one_message(package, monkeypatch, cli, tmp_pat
         "-q",
     )
     assert_refused(cli, "validate", "tests.helpers:tiny_cnn", *args, match=match, where=tmp_path)
+
+
+def test_a_loader_that_hangs_is_one_message(package, monkeypatch):
+    from ptopt.core.errors import ModelLoadError
+    from ptopt.formats import aoti_files
+
+    monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
+    monkeypatch.setattr(aoti_files, "CHILD_LOAD", "import time; time.sleep(30)")
+    monkeypatch.setattr(aoti_files, "CHILD_TIMEOUT_S", 1)
+    with pytest.raises(ModelLoadError, match="did not finish loading this package in 1 s"):
+        aoti_files.load_package(package[0])
