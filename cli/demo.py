@@ -20,12 +20,12 @@ import click
 @click.option("--threads", type=int, help="Intra-op threads for every runtime (default: all usable cores).")
 @click.option(
     "--min-seconds",
-    type=click.FloatRange(min=0),
+    type=float,
     help="The validations' timed seconds per artifact and batch size, at least (validate's option; the demo's default 0.5).",
 )
 @click.option(
     "--min-iters",
-    type=click.IntRange(min=1),
+    type=int,
     help="The validations' timed iterations per artifact and batch size, at least (validate's option; default 20).",
 )
 def command(

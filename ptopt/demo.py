@@ -164,7 +164,11 @@ def demo(
     from ptopt.core.features import CHECKS
     from ptopt.core.modelref import load_model
     from ptopt.pipeline import run_recipe
+    from ptopt.validate.latency import LatencyOptions
 
+    LatencyOptions.from_options(
+        min_iters=min_iters, min_seconds=min_seconds
+    )  # bad timing: refused before any work
     t_start = time.perf_counter()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

@@ -83,3 +83,17 @@ def test_demo_timing_options_reach_both_validations():
     checks = [s.options for s in steps if s.command == "validate"]
     assert [(o["min_seconds"], o["min_iters"]) for o in checks] == [(0.1, 3), (0.1, 3)]
     assert all("min_iters" not in s.options for s in plan(demo_recipe(), {"out": "x"}, source="demo")[0])
+
+
+@pytest.mark.parametrize(
+    "option, value, match",
+    [("--min-iters", "0", "--min-iters must be >= 1"), ("--min-seconds", "-1", "--min-seconds must be >= 0")],
+    ids=["min-iters", "min-seconds"],
+)
+def test_bad_timing_is_refused_before_any_work(cli, tmp_path, option, value, match):
+    from ptopt.demo import demo
+    from tests.helpers import assert_refused
+
+    assert_refused(cli, "demo", "-o", tmp_path / "d", option, value, match=match, where=tmp_path)
+    keyword = {option.lstrip("-").replace("-", "_"): type(1 if option == "--min-iters" else 1.0)(value)}
+    assert_refused(demo, tmp_path / "d", match=match, where=tmp_path, **keyword)
