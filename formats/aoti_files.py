@@ -118,11 +118,13 @@ def check_version(path: str | os.PathLike, recorded: str | None = None) -> None:
 TESTED_TORCH = "2.13."
 #: ``PTOPT_AOTI_LOAD_CHECK=1`` forces the child-process check, ``0`` turns it off
 LOAD_CHECK_ENV = "PTOPT_AOTI_LOAD_CHECK"
+#: what the child runs: the default model, then each fixed-batch model named after the device index
 CHILD_LOAD = (
-    "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1], device_index=int(sys.argv[2]))"
+    "import sys, torch; from torch._inductor.package import load_package; p, i = sys.argv[1], int(sys.argv[2]); "
+    "torch._inductor.aoti_load_package(p, device_index=i); [load_package(p, n, device_index=i) for n in sys.argv[3:]]"
 )
 CHILD_TIMEOUT_S = 300
-_LOADS_SAFELY: set[tuple[str, float, int]] = set()
+_LOADS_SAFELY: set[tuple[str, int, int, int]] = set()
 
 
 def _wants_child_check() -> bool:
@@ -132,43 +134,62 @@ def _wants_child_check() -> bool:
     return flag == "1" if flag in ("0", "1") else not torch.__version__.startswith(TESTED_TORCH)
 
 
+#: the signals of a crash inside the loader (others, e.g. SIGKILL from the out-of-memory killer, are said as such)
+CRASH_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT", "SIGFPE")
+
+
+def _signal_name(returncode: int) -> str | None:
+    """The signal that ended a child (a negative exit code, or 128 + N from a shell wrapper); None: none."""
+    number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    if not number:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal has no name
+        return f"signal {number}"
+
+
 def check_loads_in_child(path: str | os.PathLike, index: int) -> None:
     """Under an untested torch, load the package in a child process first: a loader that crashes (a signal)
-    becomes one ModelLoadError here instead of killing this process. A child that merely raises is left to
-    the real load, which raises the same error with its message."""
+    or hangs becomes one ModelLoadError here instead of killing this process. A child that merely raises is
+    left to the real load, which raises the same error with its message. A clean load is remembered per file
+    (path, size, modification time) and device index."""
     if not _wants_child_check():
         return
     import torch
 
-    key = (str(Path(path).resolve()), os.path.getmtime(path), index)
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, index)
     if key in _LOADS_SAFELY:
         return
+    name, way_out = (
+        Path(path).name,
+        "use torch 2.13 (the release ptopt is tested on), or --target exported_program",
+    )
     try:
-        run = subprocess.run(
-            [sys.executable, "-c", CHILD_LOAD, str(path), str(index)],
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT_S,
-        )
+        fixed = [n for n in package_models(path) if static_model_batch(n) is not None]
+        cmd = [sys.executable, "-c", CHILD_LOAD, str(path), str(index), *fixed]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ModelLoadError(
-            f"{Path(path).name}: torch {torch.__version__}'s AOTInductor loader did not finish loading this package "
-            f"in {CHILD_TIMEOUT_S} s (tried in a child process); use torch 2.13 (the release ptopt is tested on), or "
-            f"--target exported_program"
+            f"{name}: torch {torch.__version__}'s AOTInductor loader did not finish loading this package in "
+            f"{CHILD_TIMEOUT_S} s (tried in a child process); {way_out}"
         ) from None
-    if run.returncode < 0:
-        how = (
-            signal.Signals(-run.returncode).name
-            if -run.returncode in signal.valid_signals()
-            else run.returncode
+    sig = _signal_name(run.returncode)
+    if sig is not None:
+        last = (run.stderr.strip().splitlines() or [""])[-1][:200]
+        why = (
+            f"crashes with {sig} on this package (tried in a child process, so this one goes on): a bug of that "
+            "torch build, seen with torch 2.11.0+cu130 on every package, plain torch's too"
+            if sig in CRASH_SIGNALS
+            else f"was ended by {sig} while loading this package in a child process (out of memory?)"
         )
         raise ModelLoadError(
-            f"{Path(path).name}: torch {torch.__version__}'s AOTInductor loader (torch._inductor.aoti_load_package)"
-            f" crashes with {how} on this package (tried in a child process, so this one goes on): a bug of that "
-            f"torch build, seen with torch 2.11.0+cu130 on every package, plain torch's too; use torch 2.13 (the "
-            f"release ptopt is tested on), or --target exported_program"
+            f"{name}: torch {torch.__version__}'s AOTInductor loader (torch._inductor.aoti_load_package) {why}"
+            f"{f' ({last})' if last else ''}; {way_out}"
         )
-    _LOADS_SAFELY.add(key)
+    if run.returncode == 0:
+        _LOADS_SAFELY.add(key)
 
 
 def load_package(

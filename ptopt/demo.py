@@ -91,7 +91,8 @@ def demo_recipe(
     """The demo as a recipe: the artifact steps, two validations with gates, the best as a ``.mar``.
     Set var ``out`` to the output folder. ``tensorrt``: whether the TensorRT export can run here (its
     step is in the recipe either way, skipped where it cannot). ``min_seconds`` / ``min_iters``: the
-    validations' timing per round (validate's options; None: its default)."""
+    validations' timing per artifact and batch size, totals over the rounds (validate's options; None: its
+    default)."""
     steps: list[dict[str, Any]] = []
     for sid, title, command, filename, options in CNN_STEPS:
         when = {"when": _tensorrt_missing} if sid == "trt" else {}

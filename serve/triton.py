@@ -96,7 +96,9 @@ def _torchscript_io(
     names = [f"INPUT__{i}" if aoti else f"{s.name}__{i}" for i, s in enumerate(specs)]
     inputs = [_tensor(n, s.dtype, _spec_io(s, batched)) for n, s in zip(names, specs, strict=True)]
     if aoti:
-        model = torch._inductor.aoti_load_package(str(path))  # trusted: prepare() asked for allow_pickle
+        # trusted: prepare() asked for allow_pickle; the format's loader checks the torch version (and, under
+        # an untested torch, that the package loads without crashing this process)
+        model = get_format("aoti_package").reload(Path(path))
     else:
         model = torch.jit.load(str(path), map_location="cpu").eval()
     x = make_inputs(specs, style, which="opt")

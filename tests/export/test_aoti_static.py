@@ -66,6 +66,21 @@ def test_plain_torch_loads_the_dynamic_model_and_the_fixed_one_by_name(package):
     assert load_package(str(path), "batch_4")(torch.randn(4, 1, 8, 8)).shape == (4, 10)
 
 
+def test_the_child_load_check_loads_every_model_of_the_package(package, monkeypatch, tmp_path):
+    """Under an untested torch the child process loads the default model and each fixed-batch one: it is
+    given their names (here it only records its arguments)."""
+    from ptopt.formats import aoti_files
+
+    record = tmp_path / "argv.txt"
+    monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
+    script = f"import sys, pathlib; pathlib.Path({str(record)!r}).write_text(' '.join(sys.argv[1:]))"
+    monkeypatch.setattr(aoti_files, "CHILD_LOAD", script)
+    path, _ = package
+    aoti_files.check_loads_in_child(path, -1)
+    assert record.read_text() == f"{path} -1 batch_4" and len(aoti_files._LOADS_SAFELY) == 1
+
+
 def test_handler_dispatches_by_batch():
     from ptopt.serve.handler import _by_batch
 

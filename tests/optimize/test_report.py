@@ -162,7 +162,7 @@ def test_cosine_budget_reports_the_projection_beside_the_measured_worst():
     md = R.render_markdown(report)
     assert "cos proj: that worst projected to 1000 samples" in md
     assert (
-        f"worst cosine {best['cosine_min']:.4f} measured on 32 samples, {best['cosine_projected']:.4f} projected to 1000"
+        f"; worst cosine {best['cosine_min']:.4f} measured on 32 samples ({best['cosine_projected']:.4f} projected to 1000"
         in md
     )
     assert "cos proj" not in R.render_terminal(cosine_report())  # a report from before projections

@@ -68,7 +68,7 @@ def test_a_budget_between_the_measured_and_the_projected_worst_rejects(cli, tmp_
         assert "cos proj" in text and "cos min" in text and "projected to 1000 samples" in text
     # the headline names both figures of the winner
     assert (
-        f"worst cosine {measured:.4f} measured on 32 held-out samples, {projected:.4f} projected to 1000"
+        f"; worst cosine {measured:.4f} measured on 32 held-out samples ({projected:.4f} projected to 1000"
         in out
     )
 
