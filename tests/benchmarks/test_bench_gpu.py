@@ -4,7 +4,6 @@ results JSON again with the header of the machine that produced them."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from tests.benchmarks import bench_script
 from tests.conftest import REPO
 
 CRASH = """Fatal Python error: Segmentation fault
@@ -29,15 +29,8 @@ Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "ptopt_bench_gpu_under_test"
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "bench_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
+    with bench_script("bench_gpu") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def test_failure_reason_names_the_crash_or_the_error(bench):

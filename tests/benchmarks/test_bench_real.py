@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 
 import pytest
 import torch
 from torch import nn
 
-from tests.conftest import REPO
+from tests.benchmarks import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    name = "ptopt_bench_real_under_test"
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "bench_real.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    try:
-        spec.loader.exec_module(module)
+    with bench_script("bench_real") as module:
         yield module
-    finally:
-        sys.modules.pop(name, None)
 
 
 def test_sentences_are_natural_disjoint_and_seeded(bench):

@@ -4,13 +4,11 @@ library's (``ptopt.formats.openvino_lm``, tested in tests/formats/test_openvino_
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
+from tests.benchmarks import bench_script
 from tests.compress.hf_models import llama
-from tests.conftest import REPO
 
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
@@ -19,14 +17,13 @@ pytest.importorskip("nncf")
 def test_the_peer_on_files_computes_what_the_model_computes(tmp_path):
     from ptopt.core.lm import perplexity
 
-    spec = importlib.util.spec_from_file_location("ptopt_ov_lm_under_test", REPO / "benchmarks" / "ov_lm.py")
-    ov_lm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ov_lm)
-    model = llama(300, hidden=64).eval()
-    ir = ov_lm.convert(model, tmp_path / "tiny.xml")
+    with bench_script("ov_lm") as ov_lm:
+        model = llama(300, hidden=64).eval()
+        ir = ov_lm.convert(model, tmp_path / "tiny.xml")
+        runner_class = ov_lm.OpenVINOLM
     ids = torch.randint(0, 300, (160,), generator=torch.Generator().manual_seed(1))
     want = perplexity(model, ids, context=64, stride=32)["perplexity"]
-    runner = ov_lm.OpenVINOLM(ir, model.config, threads=1, precision="f32")
+    runner = runner_class(ir, model.config, threads=1, precision="f32")
     assert perplexity(runner, ids, context=64, stride=32)["perplexity"] == pytest.approx(want, rel=1e-4)
     assert runner.precision == "f32" and runner.file_bytes() > ov_lm.constant_bytes(ir) > 0
     int8 = ov_lm.compress(ir, tmp_path / "int8.xml", "int8_asym")

@@ -5,30 +5,22 @@ and the targets are computed from the rows."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import sys
 
 import pytest
 import torch
 
+from tests.benchmarks import bench_script
 from tests.conftest import REPO
 
 TINY = {"vocab": 300, "hidden": 64, "intermediate": 128, "layers": 1, "heads": 2, "kv_heads": 1,
         "context": 32, "batch": 2, "steps": 3, "warmup": 1}  # fmt: skip
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"ptopt_{name}_under_test", REPO / "benchmarks" / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tinygpt():
-    return _load("tinygpt")
+    with bench_script("tinygpt") as module:
+        yield module
 
 
 def _docstrings(_min_chars):
@@ -77,12 +69,12 @@ def test_learning_rate_warms_up_then_decays_to_its_floor(tinygpt):
 
 def test_g128_targets_are_computed_from_the_rows(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    bench = _load("bench_llm_g128")
     row = lambda name, pct: {"name": name, "increase_pct": pct}  # noqa: E731
     rows = [row("fp32 eager", 0.0), row("ptopt int8", 0.2), row("ptopt int4 g128 rtn", 8.0),
             row("ptopt int4 g128 hqq", 5.0), row("ptopt int4 g128 gptq", 3.9)]  # fmt: skip
-    assert [v["verdict"] for v in bench.verdicts(rows)] == ["met", "met", "met"]
-    rows[-1]["increase_pct"] = 4.1
-    v = bench.verdicts(rows)
+    with bench_script("bench_llm_g128") as bench:
+        assert [v["verdict"] for v in bench.verdicts(rows)] == ["met", "met", "met"]
+        rows[-1]["increase_pct"] = 4.1
+        v = bench.verdicts(rows)
     assert v[2]["verdict"] == "NOT met" and "gptq: +4.10% vs rtn +8.00%" in v[2]["measured"]
     sys.modules.pop("bench_llm", None)
