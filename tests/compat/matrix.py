@@ -285,16 +285,12 @@ class Matrix:
 
     def _quantize_static(self, model: Model):
         """torch.fx graph mode; transformers (fx cannot trace them) through the PT2E engine, as fx's
-        refusal advises: an AOTInductor package with a dynamic batch and sequence, except for BERT, whose
-        converted int8 program stays uncompiled here (``compile=False``): tests/compress/test_pt2e_hf.py
-        compiles and checks BERT's package, and compiling it here too cost ~17 s."""
+        refusal advises: an AOTInductor package with a dynamic batch and sequence."""
         import ptopt
 
         m, x, ref = self.fp32(model.name)
-        pt2e = {"engine": "pt2e"} if model.kind == "text" else {}
-        if model.name == "bert":
-            pt2e["compile"] = False
-        res = ptopt.quantize(m, "static", calib_data=x, progress=False, **pt2e)
+        engine = "pt2e" if model.kind == "text" else None
+        res = ptopt.quantize(m, "static", calib_data=x, engine=engine, progress=False)
         metrics = compare(ref, run(res.model, x), x)
         return metrics, _fmt(metrics) + _size(res), res
 
@@ -430,7 +426,7 @@ fine-tuning: on random weights it moves the outputs a lot, so its cosine is repo
 | stage | what runs |
 | --- | --- |
 | quantize dynamic | `ptopt.quantize(model, "dynamic")`, saved as TorchScript |
-| quantize static | `ptopt.quantize(model, "static", calib_data=x)` (fx; transformers: `engine="pt2e"`; BERT uncompiled) |
+| quantize static | `ptopt.quantize(model, "static", calib_data=batch)` (torch.fx; transformers: `engine="pt2e"`) |
 | prune structured | `ptopt.prune(model, "structured", 0.3)`; *kept*: parameters left |
 | prune global | `ptopt.prune(model, "global", 0.5)`; *kept*: non-zero parameters left |
 | export torchscript | `ptopt.export(model, "torchscript")` (its own parity check, then ours) |
