@@ -28,8 +28,18 @@ import click
     type=int,
     help="The validations' timed iterations per artifact and batch size, at least (validate's option; default 20).",
 )
+@click.option(
+    "--rounds",
+    type=int,
+    help="The validations' interleaved timing rounds (validate's option; default 15).",
+)
 def command(
-    output: str, fresh: bool, threads: int | None, min_seconds: float | None, min_iters: int | None
+    output: str,
+    fresh: bool,
+    threads: int | None,
+    min_seconds: float | None,
+    min_iters: int | None,
+    rounds: int | None,
 ) -> None:
     """Run the whole pipeline on the zoo ResNet-style CNN and bundled digits: quantize (static, QAT,
     dynamic LSTM), prune (structured + distillation, global), export (TorchScript, ONNX, TensorRT
@@ -38,7 +48,8 @@ def command(
     from ptopt.demo import demo
     from ptopt.validate.reports import terminal
 
-    timing = {k: v for k, v in (("min_seconds", min_seconds), ("min_iters", min_iters)) if v is not None}
+    given = (("min_seconds", min_seconds), ("min_iters", min_iters), ("rounds", rounds))
+    timing = {k: v for k, v in given if v is not None}
     result = demo(output, fresh=fresh, threads=threads, log=lambda m: click.echo(m, err=True), **timing)
     terminal.print_report(result.validation.data)
     terminal.print_report(result.lstm_validation.data)

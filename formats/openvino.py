@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -575,7 +576,8 @@ def _feed(x: Any, names: Sequence[str]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """OpenVINO's converter and NNCF print progress bars and warnings: ptopt says what matters itself."""
+    """OpenVINO's converter and NNCF print progress bars and warnings: ptopt says what matters itself.
+    They send no usage events either (``telemetry_off``)."""
     import logging
 
     from ptopt.core.quiet import silenced
@@ -584,10 +586,51 @@ def quiet() -> Iterator[None]:
     level = nncf_log.level
     nncf_log.setLevel(logging.ERROR)
     try:
-        with silenced(("nncf", "openvino"), streams=True):
+        with silenced(("nncf", "openvino"), streams=True), telemetry_off():
             yield
     finally:
         nncf_log.setLevel(level)
+
+
+_TELEMETRY_LOCK = threading.Lock()
+_telemetry_depth = 0
+_telemetry_send: Any = None  # TelemetrySender.send while telemetry_off replaces it
+
+
+@contextlib.contextmanager
+def telemetry_off() -> Iterator[None]:
+    """No usage events from OpenVINO's converter or NNCF in the block, unless the user opted in.
+
+    ``openvino_telemetry`` sends events to Google Analytics unless the user opted out (its consent file
+    absent counts as yes for ``convert_model``). Each event forks the whole process from a background
+    thread, which then tries HTTPS for up to 3 s: CPU taken while ptopt times models, and data a ptopt
+    user did not choose to send. A user who opted in (``opt_in_out --opt_in``: the consent file says 1)
+    keeps OpenVINO's behaviour. Re-entrant and thread-safe; the sender is restored after the last block."""
+    global _telemetry_depth, _telemetry_send
+    try:
+        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+        from openvino_telemetry.utils.sender import TelemetrySender
+    except ImportError:  # not installed: nothing is sent anyway
+        yield
+        return
+    if OptInChecker().check(enable_opt_in_dialog=False) == ConsentCheckResult.ACCEPTED:
+        yield
+        return
+    with _TELEMETRY_LOCK:
+        if _telemetry_depth == 0:
+            _telemetry_send, TelemetrySender.send = TelemetrySender.send, _drop_event
+        _telemetry_depth += 1
+    try:
+        yield
+    finally:
+        with _TELEMETRY_LOCK:
+            _telemetry_depth -= 1
+            if _telemetry_depth == 0:
+                TelemetrySender.send = _telemetry_send
+
+
+def _drop_event(self: Any, backend: Any, message: Any) -> None:
+    """``TelemetrySender.send`` inside ``telemetry_off``: the event is dropped."""
 
 
 # -- running ---------------------------------------------------------------------------------------------

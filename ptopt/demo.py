@@ -87,12 +87,13 @@ def demo_recipe(
     min_seconds: float = 0.5,
     tensorrt: bool = False,
     min_iters: int | None = None,
+    rounds: int | None = None,
 ) -> dict[str, Any]:
     """The demo as a recipe: the artifact steps, two validations with gates, the best as a ``.mar``.
     Set var ``out`` to the output folder. ``tensorrt``: whether the TensorRT export can run here (its
     step is in the recipe either way, skipped where it cannot). ``min_seconds`` / ``min_iters``: the
-    validations' timing per artifact and batch size, totals over the rounds (validate's options; None: its
-    default)."""
+    validations' timing per artifact and batch size, totals over the ``rounds`` (validate's options; None:
+    its default)."""
     steps: list[dict[str, Any]] = []
     for sid, title, command, filename, options in CNN_STEPS:
         when = {"when": _tensorrt_missing} if sid == "trt" else {}
@@ -101,8 +102,7 @@ def demo_recipe(
         )
     cnn_arts = [f"${{{s[0]}}}" for s in CNN_STEPS if s[0] != "lstm8" and (s[0] != "trt" or tensorrt)]
     timing = {"batch_sizes": [1, 32], "threads": threads, "min_seconds": min_seconds}
-    if min_iters is not None:
-        timing["min_iters"] = min_iters
+    timing |= {k: v for k, v in (("min_iters", min_iters), ("rounds", rounds)) if v is not None}
     gate = {"max_accuracy_drop": MAX_ACCURACY_DROP}
     cnn_title = (
         f"validate {len(cnn_arts)} artifacts against {CNN} on {TEST} "
@@ -159,22 +159,25 @@ def demo(
     log: Callable[[str], None] = print,
     min_seconds: float = 0.5,
     min_iters: int | None = None,
+    rounds: int | None = None,
 ) -> DemoResult:
     """Run the demo recipe into ``output``; returns what was written and the validation results
-    (``min_seconds`` / ``min_iters``: the validations' timing, as in :func:`demo_recipe`)."""
+    (``min_seconds`` / ``min_iters`` / ``rounds``: the validations' timing, as in :func:`demo_recipe`)."""
     from ptopt.core.features import CHECKS
     from ptopt.core.modelref import load_model
     from ptopt.pipeline import run_recipe
     from ptopt.validate.latency import LatencyOptions
 
     LatencyOptions.from_options(
-        min_iters=min_iters, min_seconds=min_seconds
+        min_iters=min_iters, min_seconds=min_seconds, rounds=rounds
     )  # bad timing: refused before any work
     t_start = time.perf_counter()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     tensorrt = CHECKS["torch_tensorrt"]().available
-    recipe = demo_recipe(threads=threads, min_seconds=min_seconds, tensorrt=tensorrt, min_iters=min_iters)
+    recipe = demo_recipe(
+        threads=threads, min_seconds=min_seconds, tensorrt=tensorrt, min_iters=min_iters, rounds=rounds
+    )
     progress = _Progress(len(recipe["steps"]) - (not tensorrt), log)
     log(f"[0/{progress.total}] fp32 models: {CNN} and {LSTM} (both ship trained; cached on first use)")
     load_model(CNN)

@@ -42,7 +42,15 @@ from ptopt.validate import gates as _gates
 from ptopt.validate import lm as _lm
 from ptopt.validate.entry import Entry
 from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runners
-from ptopt.validate.metrics import Metric, PeakMemory, agreement, compute_metric, resolve_metric, size_info
+from ptopt.validate.metrics import (
+    Metric,
+    PeakMemory,
+    agreement,
+    compute_metric,
+    older_objects_frozen,
+    resolve_metric,
+    size_info,
+)
 from ptopt.validate.runners import ArtifactRunError, Runner, display_name, open_runner
 
 SCHEMA = "ptopt.validate/1"
@@ -504,6 +512,11 @@ def _add_compiled(run: _Run, say: Callable[[str], None]) -> None:
 
 
 def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
+    with older_objects_frozen():  # each model's gc.collect() scans only what was made since
+        return _evaluate_each(run, say)
+
+
+def _evaluate_each(run: _Run, say: Callable[[str], None]) -> list[Entry]:
     entries: list[Entry] = []
     ref_outputs = None
     for i, (role, ref, name) in enumerate(run.models):

@@ -334,14 +334,16 @@ def _time(entries: list[Entry], modules: list[Any], prompt: Any, opts: LMOptions
 
 def _measure(models: list[_Model], ids: Any, opts: LMOptions, settings: dict, say: Callable) -> list[Entry]:
     from ptopt.core.timing import torch_threads
+    from ptopt.validate.metrics import older_objects_frozen
 
     entries, modules = [], []
     with torch_threads(settings["threads"]):
-        for i, m in enumerate(models):
-            say(f"evaluating {m.name} ({i + 1}/{len(models)}): perplexity on {ids.numel()} tokens")
-            entry, module = _evaluate_one(m, ids, opts, settings["allow_pickle"])
-            entries.append(entry)
-            modules.append(module)
+        with older_objects_frozen():  # each model's gc.collect() scans only what was made since
+            for i, m in enumerate(models):
+                say(f"evaluating {m.name} ({i + 1}/{len(models)}): perplexity on {ids.numel()} tokens")
+                entry, module = _evaluate_one(m, ids, opts, settings["allow_pickle"])
+                entries.append(entry)
+                modules.append(module)
         prompt = ids[: opts.prompt_tokens]
         say(
             f"timing {len(models)} models: {opts.rounds} interleaved rounds of one generation each "

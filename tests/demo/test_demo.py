@@ -15,7 +15,7 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
     threads = str(worker_threads() or 2)  # the cores this test process has (pytest-xdist splits them)
     # validate's timing options, shortened: the pipeline is what is checked here
     code, stdout, err = cli(
-        "demo", "-o", out, "--threads", threads, "--min-seconds", "0.1", "--min-iters", "5"
+        "demo", "-o", out, "--threads", threads, "--min-seconds", "0.1", "--min-iters", "5", "--rounds", "3"
     )
     assert code == 0, err[-3000:]
     expected = [
@@ -35,7 +35,8 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
     assert Artifact.load(out / "resnet.int8.onnx").precision == "int8"
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] and len(report["artifacts"]) == 7
-    assert (report["latency_options"]["min_seconds"], report["latency_options"]["min_iters"]) == (0.1, 5)
+    timing = report["latency_options"]
+    assert (timing["min_seconds"], timing["min_iters"], timing["rounds"]) == (0.1, 5, 3)
     assert report["best"] and (out / "resnet-best.mar").is_file() and (out / "report.html").is_file()
     assert "<img" in (out / "report.html").read_text() and (out / "summary.md").read_text().strip()
     assert "ptopt validate — PASSED" in stdout and "resnet-best.mar" in stdout
@@ -44,7 +45,7 @@ def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
     from ptopt.demo import demo
 
     lines = []
-    again = demo(out, threads=int(threads), log=lines.append, min_seconds=0.05, min_iters=3)
+    again = demo(out, threads=int(threads), log=lines.append, min_seconds=0.05, min_iters=3, rounds=2)
     assert again.passed and sorted(again.reused) == sorted(expected)
     assert sum("reusing" in line for line in lines) == len(expected) and again.mar == out / "resnet-best.mar"
     # and what the CLI prints of such a run
@@ -79,21 +80,26 @@ def test_demo_timing_options_reach_both_validations():
     from ptopt.demo import demo_recipe
     from ptopt.pipeline import plan
 
-    steps, _ = plan(demo_recipe(min_seconds=0.1, min_iters=3), {"out": "x"}, source="demo")
+    steps, _ = plan(demo_recipe(min_seconds=0.1, min_iters=3, rounds=4), {"out": "x"}, source="demo")
     checks = [s.options for s in steps if s.command == "validate"]
-    assert [(o["min_seconds"], o["min_iters"]) for o in checks] == [(0.1, 3), (0.1, 3)]
-    assert all("min_iters" not in s.options for s in plan(demo_recipe(), {"out": "x"}, source="demo")[0])
+    assert [(o["min_seconds"], o["min_iters"], o["rounds"]) for o in checks] == [(0.1, 3, 4), (0.1, 3, 4)]
+    defaults = plan(demo_recipe(), {"out": "x"}, source="demo")[0]
+    assert all("min_iters" not in s.options and "rounds" not in s.options for s in defaults)
 
 
 @pytest.mark.parametrize(
     "option, value, match",
-    [("--min-iters", "0", "--min-iters must be >= 1"), ("--min-seconds", "-1", "--min-seconds must be >= 0")],
-    ids=["min-iters", "min-seconds"],
+    [
+        ("--min-iters", "0", "--min-iters must be >= 1"),
+        ("--min-seconds", "-1", "--min-seconds must be >= 0"),
+        ("--rounds", "0", "--rounds must be >= 1"),
+    ],
+    ids=["min-iters", "min-seconds", "rounds"],
 )
 def test_bad_timing_is_refused_before_any_work(cli, tmp_path, option, value, match):
     from ptopt.demo import demo
     from tests.helpers import assert_refused
 
     assert_refused(cli, "demo", "-o", tmp_path / "d", option, value, match=match, where=tmp_path)
-    keyword = {option.lstrip("-").replace("-", "_"): type(1 if option == "--min-iters" else 1.0)(value)}
+    keyword = {option.lstrip("-").replace("-", "_"): (float if option == "--min-seconds" else int)(value)}
     assert_refused(demo, tmp_path / "d", match=match, where=tmp_path, **keyword)

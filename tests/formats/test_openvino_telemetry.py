@@ -1,0 +1,68 @@
+"""OpenVINO's converter and NNCF send no usage events from ptopt's calls unless the user opted in:
+each event forks the process and tries HTTPS for up to 3 s (17 events per ``export --target openvino``
+of a tiny CNN, measured), while ptopt times models."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("openvino")
+telemetry = pytest.importorskip("openvino_telemetry.utils.sender")
+
+from ptopt.formats import openvino as O  # noqa: E402
+
+FACTORY = "tests.helpers:tiny_cnn"
+
+
+@pytest.fixture
+def sends(monkeypatch, tmp_path):
+    """Events that reached OpenVINO's sender ("sent") and those ptopt dropped ("dropped"); the consent
+    folder is a fresh one (no file: OpenVINO's default would send)."""
+    from openvino_telemetry.utils.opt_in_checker import OptInChecker
+
+    seen = {"sent": 0, "dropped": 0}
+
+    def sent(self, backend, message):
+        seen["sent"] += 1
+
+    def dropped(self, backend, message):
+        seen["dropped"] += 1
+
+    monkeypatch.setattr(telemetry.TelemetrySender, "send", sent)
+    monkeypatch.setattr(O, "_drop_event", dropped)
+    monkeypatch.setattr(OptInChecker, "consent_file_base_dir", staticmethod(lambda: str(tmp_path)))
+    return seen
+
+
+def test_events_are_dropped_in_the_block_and_the_sender_restored_after(sends):
+    original = telemetry.TelemetrySender.send
+    with O.telemetry_off():
+        with O.telemetry_off():  # re-entrant: the inner block's end restores nothing yet
+            pass
+        assert telemetry.TelemetrySender.send is O._drop_event
+    assert telemetry.TelemetrySender.send is original
+
+
+def test_a_user_who_opted_in_keeps_openvinos_telemetry(sends, tmp_path):
+    (tmp_path / "intel").mkdir()
+    (tmp_path / "intel" / "openvino_telemetry").write_text("1\n")
+    original = telemetry.TelemetrySender.send
+    with O.telemetry_off():
+        assert telemetry.TelemetrySender.send is original
+
+
+def test_api_export_sends_nothing(sends, tmp_path):
+    import ptopt
+
+    ptopt.export(FACTORY, "openvino", tmp_path / "m.xml")
+    assert sends["dropped"] > 0 and sends["sent"] == 0  # the converter tried; nothing went out
+
+
+def test_cli_quantize_int8_sends_nothing(sends, cli, tmp_path):
+    """Through the CLI: the converter and NNCF's quantize both go through the boundary."""
+    code, _, err = cli(
+        "export", FACTORY, "--target", "openvino", "--precision", "int8", "--data", "builtin:digits:train",
+        "-o", tmp_path / "m.int8.xml",
+    )  # fmt: skip
+    assert code == 0, err
+    assert sends["dropped"] > 0 and sends["sent"] == 0

@@ -1,0 +1,66 @@
+"""Peak memory per model, and the garbage collection before it: one full pass per validate run, then
+passes that scan only the objects made since (the older ones frozen), so a long-lived process with a
+big heap does not pay a full pass per model."""
+
+import gc
+
+import pytest
+import torch
+
+from ptopt.validate.metrics import PeakMemory, older_objects_frozen
+
+LINUX_PEAK = PeakMemory().__enter__()._start is not None
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def test_older_objects_are_frozen_in_the_block_and_thawed_after():
+    assert gc.get_freeze_count() == 0
+    with older_objects_frozen():
+        assert gc.get_freeze_count() > 0
+        made = _Cycle()
+        del made
+        assert gc.collect() >= 1  # garbage made in the block is still collected
+    assert gc.get_freeze_count() == 0
+
+
+def test_someone_elses_freeze_is_left_as_it_is():
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with older_objects_frozen():
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before  # not thawed by us
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.skipif(not LINUX_PEAK, reason="needs /proc/self/clear_refs (Linux)")
+def test_peak_memory_sees_what_the_block_allocated():
+    with older_objects_frozen(), PeakMemory() as mem:
+        big = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        del big
+    assert mem.delta_mb >= 60 and mem.peak_mb >= mem.delta_mb
+
+
+def test_validate_runs_one_full_pass_and_thaws(artifacts, monkeypatch):
+    """Every model's collection runs with the older objects frozen; one full pass before them."""
+    from ptopt.validate.api import validate
+    from ptopt.validate.latency import LatencyOptions
+    from tests.validate.conftest import FACTORY
+
+    frozen_at_collect = []
+    real_collect = gc.collect
+
+    def collect(*args):
+        frozen_at_collect.append(gc.get_freeze_count() > 0)
+        return real_collect(*args)
+
+    monkeypatch.setattr(gc, "collect", collect)
+    quick = LatencyOptions(min_iters=1, min_seconds=0.0, warmup_iters=1, warmup_seconds=0.0, rounds=1)
+    res = validate(FACTORY, [artifacts["torchscript"], artifacts["onnx"]], artifacts["data"], latency=quick)
+    assert len(res.entries) == 2 and res.reference and gc.get_freeze_count() == 0
+    assert frozen_at_collect[0] is False and frozen_at_collect[1:].count(True) >= 3  # one per model
