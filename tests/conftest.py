@@ -12,29 +12,30 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 #: the files that take longest, longest first (summed ``--durations=0`` of the whole suite on 2 cores,
-#: 2026-11-27, seconds in the comments). pytest-xdist (``--dist loadfile``) hands files out in this order,
-#: so the long ones start early and the run ends on short files: a long file that starts last leaves the
-#: other worker idle until it ends. The demo is one test: it starts first.
+#: 2026-11-27, a cold Inductor cache, seconds in the comments). pytest-xdist (``--dist loadfile``) hands
+#: files out in this order, so the long ones start early and the run ends on short files: a long file that
+#: starts last leaves the other worker idle until it ends.
 LONGEST_FIRST = (
-    "tests/demo/test_demo.py",  # 106
-    "tests/compat/test_matrix.py",  # 127
-    "tests/optimize/test_optimize.py",  # 105
-    "tests/formats/test_openvino.py",  # 71
-    "tests/compress/test_pt2e_hf.py",  # 64
-    "tests/formats/test_openvino_lm.py",  # 59
-    "tests/compress/test_pt2e.py",  # 46
-    "tests/validate/test_validate_trust.py",  # 46
-    "tests/validate/test_validate_cli.py",  # 44
-    "tests/validate/test_validate_api.py",  # 36
-    "tests/export/test_aoti.py",  # 34
-    "tests/serve/test_serve_pt2.py",  # 28
-    "tests/export/test_aoti_static.py",  # 27
-    "tests/validate/test_run_recipe.py",  # 27
-    "tests/compress/test_autoquant_engines.py",  # 23
-    "tests/serve/test_torchserve.py",  # 20
-    "tests/compress/test_autoquant.py",  # 19
-    "tests/validate/test_validate_lm.py",  # 19
-    "tests/compress/test_pt2e_program.py",  # 17
+    "tests/compat/test_matrix.py",  # 163
+    "tests/optimize/test_optimize.py",  # 87
+    "tests/demo/test_demo.py",  # 75 (106 before its --rounds 3)
+    "tests/compress/test_pt2e_hf.py",  # 52
+    "tests/compress/test_pt2e.py",  # 42
+    "tests/export/test_aoti.py",  # 41
+    "tests/formats/test_openvino.py",  # 35
+    "tests/export/test_aoti_static.py",  # 33
+    "tests/compress/test_autoquant_engines.py",  # 26
+    "tests/validate/test_validate_cli.py",  # 26
+    "tests/serve/test_serve_pt2.py",  # 23
+    "tests/serve/test_torchserve.py",  # 22
+    "tests/validate/test_run_recipe.py",  # 22
+    "tests/validate/test_validate_api.py",  # 20
+    "tests/compress/test_autoquant.py",  # 20
+    "tests/validate/test_validate_lm.py",  # 18
+    "tests/compress/test_pt2e_program.py",  # 18
+    "tests/validate/test_validate_trust.py",  # 15
+    "tests/compress/test_messages.py",  # 14
+    "tests/validate/test_validate_compile.py",  # 14
 )
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
 
