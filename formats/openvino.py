@@ -152,7 +152,7 @@ def require_openvino(nncf: bool = False) -> None:
 
 def check_bf16() -> None:
     """bf16 runs only where OpenVINO's CPU plugin has bf16 kernels: UsageError naming the flags seen."""
-    import openvino as ov
+    ov = imported("openvino")
 
     caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     if "BF16" not in caps:
@@ -169,7 +169,7 @@ def check_bf16() -> None:
 def read_ir(path: Path) -> Any:
     """``openvino.Core().read_model`` of the IR at ``path``; ModelLoadError when it cannot be read."""
     require_openvino()
-    import openvino as ov
+    ov = imported("openvino")
 
     from ptopt.core.quiet import silenced
 
@@ -197,7 +197,7 @@ def precision_of(model: Any) -> str:
 
 def compile_ir(model: Any, threads: int | None = None) -> Any:
     """The IR compiled for the CPU at its precision, ``threads`` intra-op threads, latency hint."""
-    import openvino as ov
+    ov = imported("openvino")
 
     config = {"PERFORMANCE_HINT": "LATENCY"}
     hint = _HINTS.get(precision_of(model), "f32")
@@ -244,7 +244,7 @@ def write_ir(
     int8 with ``accuracy_control`` (``control_goal``): NNCF's accuracy-aware quantization; ``float_modules``:
     the source's modules (Linear, Conv) whose ops NNCF leaves float (``ignored_scope``)."""
     require_openvino(precision == "int8")
-    import openvino as ov
+    ov = imported("openvino")
 
     source = fp32_module if fp32_module is not None else module
     model, converted_from = _convert(source, specs, style)
@@ -266,7 +266,7 @@ def write_ir(
     model.set_rt_info(precision, list(HINT_KEY))
     with quiet():
         ov.save_model(model, str(path), compress_to_fp16=False)
-    import openvino
+    openvino = imported("openvino")
 
     info.update(
         files=[path.name, path.with_suffix(".bin").name],
@@ -284,7 +284,7 @@ def _convert(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, 
     with a symbolic batch) is converted from the ONNX export too, and the smaller graph is kept: the
     ONNX exporter folds that shape arithmetic, and on all-MiniLM-L6-v2 the program's IR (504 ops) ran
     bf16 at 0.86x / 0.93x (batch 1 / 64) of the same model read from its ONNX export (417 ops)."""
-    import openvino as ov
+    ov = imported("openvino")
 
     from ptopt.formats.capture import export_program, first_lines
 
@@ -322,7 +322,7 @@ def _fewer_shape_ops(model: Any, module: Any, specs: Sequence[InputSpec], style:
 
 
 def _convert_via_onnx(module: Any, specs: Sequence[InputSpec], style: str, why: str) -> Any:
-    import openvino as ov
+    ov = imported("openvino")
 
     from ptopt.formats.onnx_export import export_onnx
 
@@ -341,7 +341,7 @@ def _convert_via_onnx(module: Any, specs: Sequence[InputSpec], style: str, why: 
 
 def _bound_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
     """Give each IR input the spec's shape: fixed dims fixed, dynamic ones bounded by [min, max]."""
-    import openvino as ov
+    ov = imported("openvino")
 
     shapes = {}
     for port, spec in zip(model.inputs, specs, strict=False):
@@ -355,7 +355,7 @@ def _bound_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
 
 def _nncf_options(model: Any, calib: Any, model_type: str | None) -> tuple[list, dict[str, Any], dict]:
     """The calibration items, the options both NNCF entry points take, and their record."""
-    import nncf
+    nncf = imported("nncf")
 
     names = [p.get_any_name() for p in model.inputs]
     items = [_feed(b.x, names) for b in calib.take(CALIB_SAMPLES).batches(_CALIB_BATCH)]
@@ -382,7 +382,7 @@ def quantize_ir(
 ) -> tuple[Any, dict]:
     """``nncf.quantize`` of the fp32 IR ``model`` with the calibration batches (``ignored``: an
     ``nncf.IgnoredScope``, ``ignored_scope``); returns the int8 IR and what NNCF was asked."""
-    import nncf
+    nncf = imported("nncf")
 
     items, options, record = _nncf_options(model, calib, model_type)
     if ignored is not None:
@@ -399,7 +399,7 @@ def ignored_scope(model: Any, source: Any, float_modules: Sequence[str]) -> Any:
     UsageError naming a module that is not in the source or whose weight is in no op."""
     if not float_modules:
         return None
-    import nncf
+    nncf = imported("nncf")
 
     consts = _weight_consts(model)
     names = []
@@ -532,7 +532,7 @@ def _quantize_controlled(
 ) -> tuple[Any, dict[str, Any]]:
     """``nncf.quantize_with_accuracy_control``: int8, then the ops that cost the most reverted to float
     until the validation metric holds the goal (``control_goal``); returns the IR and its record."""
-    import nncf
+    nncf = imported("nncf")
     from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
 
     items, options, record = _nncf_options(model, calib, model_type)
@@ -631,6 +631,15 @@ def telemetry_off() -> Iterator[None]:
 
 def _drop_event(self: Any, backend: Any, message: Any) -> None:
     """``TelemetrySender.send`` inside ``telemetry_off``: the event is dropped."""
+
+
+def imported(name: str) -> Any:
+    """``import openvino`` / ``import nncf`` inside ``telemetry_off``: OpenVINO's first import sends a
+    usage event (``openvino.tools.ovc``'s ``general_import``)."""
+    import importlib
+
+    with telemetry_off():
+        return importlib.import_module(name)
 
 
 # -- running ---------------------------------------------------------------------------------------------

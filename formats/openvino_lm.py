@@ -34,6 +34,7 @@ from typing import Any
 
 from ptopt.core.errors import ModelLoadError, UnsupportedModelError
 from ptopt.formats.base import Format, loaded_model
+from ptopt.formats.openvino import imported
 
 IR_FILE = "openvino_model.xml"
 RECORD_FILE = "openvino_lm.json"
@@ -83,7 +84,7 @@ def _wrapper(model: Any) -> Any:
 
 def convert(model: Any) -> Any:
     """``model`` (a transformers causal LM, fp32) as a stateful OpenVINO model in memory (steps 1-2)."""
-    import openvino as ov
+    ov = imported("openvino")
     import torch
     from openvino._offline_transformations import apply_make_stateful_transformation
 
@@ -112,7 +113,7 @@ def convert(model: Any) -> Any:
 def compress_weights(ov_model: Any, bits: int, group_size: int | None, ignored: Any = None) -> Any:
     """NNCF's data-free weight compression of ``ov_model`` (step 3); returns the compressed model.
     ``ignored``: an ``nncf.IgnoredScope`` of ops whose weights stay float."""
-    import nncf
+    nncf = imported("nncf")
 
     from ptopt.formats.openvino import quiet
 
@@ -135,7 +136,7 @@ def as_saved(ov_model: Any) -> tuple[Any, Any]:
     perplexity 20.83 against 15.05 for the same model saved and read back, fp32 15.06)."""
     import tempfile
 
-    import openvino as ov
+    ov = imported("openvino")
 
     from ptopt.formats.openvino import read_ir
 
@@ -165,7 +166,7 @@ class OpenVINOLM:
     def __init__(
         self, ov_model: Any, config: Any, threads: int | None = None, precision: str | None = None
     ) -> None:
-        import openvino as ov
+        ov = imported("openvino")
 
         props: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
         if threads:
@@ -185,7 +186,8 @@ class OpenVINOLM:
 
     def _new_sequence(self) -> None:
         import numpy as np
-        import openvino as ov
+
+        ov = imported("openvino")
 
         self.request.reset_state()
         empty = np.zeros(cache_shape(self.config, 0), np.float32)

@@ -66,3 +66,38 @@ def test_cli_quantize_int8_sends_nothing(sends, cli, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     assert sends["dropped"] > 0 and sends["sent"] == 0
+
+
+def test_a_fresh_process_sends_nothing_not_even_on_import(tmp_path):
+    """Outside pytest NNCF's own telemetry is live too, and ``import openvino`` sends an event the first
+    time: a fresh process running the CLI's int8 export counts what reaches OpenVINO's sender."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = f"""
+import sys
+from openvino_telemetry.utils.opt_in_checker import OptInChecker
+from openvino_telemetry.utils.sender import TelemetrySender
+from ptopt.formats import openvino as O
+seen = {{"sent": 0, "dropped": 0}}
+def sent(self, backend, message): seen["sent"] += 1
+def dropped(self, backend, message): seen["dropped"] += 1
+TelemetrySender.send, O._drop_event = sent, dropped
+OptInChecker.consent_file_base_dir = staticmethod(lambda: {str(tmp_path)!r})
+from ptopt.cli.main import main
+try:
+    main(["export", "{FACTORY}", "--target", "openvino", "--precision", "int8", "--data",
+          "builtin:digits:train", "-o", {str(tmp_path / "m.xml")!r}])
+except SystemExit as e:
+    assert not e.code, e.code
+assert "pytest" not in sys.modules and "openvino" in sys.modules
+print(seen["sent"], seen["dropped"])
+"""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    sent, dropped = map(int, run.stdout.split()[-2:])
+    assert sent == 0 and dropped > 0, run.stdout

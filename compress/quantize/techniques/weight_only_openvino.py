@@ -59,13 +59,13 @@ def _check_groups(module: Any, config: WeightOnlyConfig) -> None:
 
 def _build(config: WeightOnlyConfig, loaded: Any, calib: Any) -> tuple[Any, dict, Any]:
     """Convert, make stateful, compress; the runner, the record and the folder's writer."""
-    import nncf
-    import openvino as ov
     import torch
 
     from ptopt.core.hf import is_causal_lm
     from ptopt.formats import openvino_lm
-    from ptopt.formats.openvino import ignored_scope
+    from ptopt.formats.openvino import ignored_scope, imported
+
+    nncf, ov = imported("nncf"), imported("openvino")
 
     module = loaded.module
     if not is_causal_lm(module):
