@@ -923,4 +923,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from ptopt.formats.openvino import telemetry_off
+
+    with telemetry_off():  # the peers' OpenVINO / NNCF calls send no telemetry either, as ptopt's do not
+        main()

@@ -266,12 +266,11 @@ def write_ir(
     model.set_rt_info(precision, list(HINT_KEY))
     with quiet():
         ov.save_model(model, str(path), compress_to_fp16=False)
-    openvino = imported("openvino")
 
     info.update(
         files=[path.name, path.with_suffix(".bin").name],
         converted_from=converted_from,
-        openvino=openvino.__version__,
+        openvino=ov.__version__,
         inference_precision=_HINTS[precision] or "the CPU plugin's default",
         output_names=[o.get_any_name() for o in model.outputs],
     )
@@ -605,20 +604,18 @@ def telemetry_off() -> Iterator[None]:
     absent counts as yes for ``convert_model``). Each event forks the whole process from a background
     thread, which then tries HTTPS for up to 3 s: CPU taken while ptopt times models, and data a ptopt
     user did not choose to send. A user who opted in (``opt_in_out --opt_in``: the consent file says 1)
-    keeps OpenVINO's behaviour. Re-entrant and thread-safe; the sender is restored after the last block."""
+    keeps OpenVINO's behaviour. Re-entrant and thread-safe; process-wide, as the sender is (another
+    thread's OpenVINO calls send nothing while a block is open either); the sender is restored after the
+    last block. Should ``openvino_telemetry`` change its API, events go out as OpenVINO sends them:
+    telemetry never breaks an export."""
+    sender = _telemetry_sender()
+    if sender is None:
+        yield
+        return
     global _telemetry_depth, _telemetry_send
-    try:
-        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
-        from openvino_telemetry.utils.sender import TelemetrySender
-    except ImportError:  # not installed: nothing is sent anyway
-        yield
-        return
-    if OptInChecker().check(enable_opt_in_dialog=False) == ConsentCheckResult.ACCEPTED:
-        yield
-        return
     with _TELEMETRY_LOCK:
         if _telemetry_depth == 0:
-            _telemetry_send, TelemetrySender.send = TelemetrySender.send, _drop_event
+            _telemetry_send, sender.send = sender.send, _drop_event
         _telemetry_depth += 1
     try:
         yield
@@ -626,18 +623,36 @@ def telemetry_off() -> Iterator[None]:
         with _TELEMETRY_LOCK:
             _telemetry_depth -= 1
             if _telemetry_depth == 0:
-                TelemetrySender.send = _telemetry_send
+                sender.send = _telemetry_send
 
 
-def _drop_event(self: Any, backend: Any, message: Any) -> None:
+def _telemetry_sender() -> Any:
+    """``openvino_telemetry``'s ``TelemetrySender`` class when events are to be dropped: None where the
+    package is missing (nothing is sent then), where the user opted in, or where its API is not the one
+    known here (then OpenVINO does as it would)."""
+    try:
+        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+        from openvino_telemetry.utils.sender import TelemetrySender
+
+        opted_in = OptInChecker().check(enable_opt_in_dialog=False) == ConsentCheckResult.ACCEPTED
+        known = callable(getattr(TelemetrySender, "send", None))
+    except Exception:  # noqa: BLE001 - missing or changed: never a reason to fail an export
+        return None
+    return TelemetrySender if known and not opted_in else None
+
+
+def _drop_event(*args: Any, **kwargs: Any) -> None:
     """``TelemetrySender.send`` inside ``telemetry_off``: the event is dropped."""
 
 
 def imported(name: str) -> Any:
     """``import openvino`` / ``import nncf`` inside ``telemetry_off``: OpenVINO's first import sends a
-    usage event (``openvino.tools.ovc``'s ``general_import``)."""
+    usage event (``openvino.tools.ovc``'s ``general_import``); once imported, the module as it is."""
     import importlib
+    import sys
 
+    if name in sys.modules:
+        return sys.modules[name]
     with telemetry_off():
         return importlib.import_module(name)
 

@@ -316,10 +316,11 @@ def _measure(run: _Run, say: Callable[[str], None]) -> list[Entry]:
 
     prev_threads = torch.get_num_threads()
     try:
-        run.check_measurable(_check_models(run, say))
-        if run.compile:
-            _add_compiled(run, say)
-        entries = _evaluate(run, say)
+        with older_objects_frozen():  # each model's gc.collect() scans only what was made since
+            run.check_measurable(_check_models(run, say))
+            if run.compile:
+                _add_compiled(run, say)
+            entries = _evaluate(run, say)
         _time(run, entries, say)
     finally:
         torch.set_num_threads(prev_threads)
@@ -512,11 +513,6 @@ def _add_compiled(run: _Run, say: Callable[[str], None]) -> None:
 
 
 def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
-    with older_objects_frozen():  # each model's gc.collect() scans only what was made since
-        return _evaluate_each(run, say)
-
-
-def _evaluate_each(run: _Run, say: Callable[[str], None]) -> list[Entry]:
     entries: list[Entry] = []
     ref_outputs = None
     for i, (role, ref, name) in enumerate(run.models):

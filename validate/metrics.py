@@ -210,19 +210,19 @@ def size_info(files: list[Path], module: Any = None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def older_objects_frozen() -> Iterator[None]:
-    """The heap's objects frozen (``gc.freeze``) until the block ends, so the collections inside
-    (``PeakMemory``'s, one per model) scan only the objects made since: the models' own garbage. A full
-    pass costs ~0.3 s with torch, ONNX and OpenVINO imported and grows with the heap (seconds in a
-    long-lived process); it ran once per model before, then once per run (still 86 s of the test
-    suite's 1100 s). The young generations are collected first; older garbage waits for Python's own
-    collections after the block. Where someone else froze objects already (a pre-forking server),
-    nothing is frozen or unfrozen here."""
+    """One full ``gc.collect()``, then the heap's objects frozen (``gc.freeze``) until the block ends, so
+    the collections inside (``PeakMemory``'s, one per model) scan only the objects made since: the
+    probes' and the models' own garbage. A full pass costs ~0.15-0.3 s in a fresh CLI process and grows
+    with the heap (seconds in a long-lived one: a notebook, an optimize search, a test worker); it ran
+    once per model before (200 s of the profiled test suite's CPU). Process-wide, as ``gc`` is: where
+    someone else froze objects already (a pre-forking server, another thread's validate), nothing is
+    frozen or unfrozen here and each collection inside is a full one again."""
     import gc
 
     if gc.get_freeze_count():
         yield
         return
-    gc.collect(1)
+    gc.collect()
     gc.freeze()
     try:
         yield
