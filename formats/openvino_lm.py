@@ -34,7 +34,7 @@ from typing import Any
 
 from ptopt.core.errors import ModelLoadError, UnsupportedModelError
 from ptopt.formats.base import Format, loaded_model
-from ptopt.formats.openvino import imported
+from ptopt.formats.openvino import imported, openvino_message, quiet, read_ir, require_openvino
 
 IR_FILE = "openvino_model.xml"
 RECORD_FILE = "openvino_lm.json"
@@ -88,8 +88,6 @@ def convert(model: Any) -> Any:
     import torch
     from openvino._offline_transformations import apply_make_stateful_transformation
 
-    from ptopt.formats.openvino import openvino_message, quiet
-
     layers = model.config.num_hidden_layers
     kv = [torch.zeros(cache_shape(model.config, 5)) for _ in range(2 * layers)]
     ids = torch.randint(
@@ -115,8 +113,6 @@ def compress_weights(ov_model: Any, bits: int, group_size: int | None, ignored: 
     ``ignored``: an ``nncf.IgnoredScope`` of ops whose weights stay float."""
     nncf = imported("nncf")
 
-    from ptopt.formats.openvino import quiet
-
     kwargs: dict[str, Any] = {"group_size": group_size or 128, "ratio": 1.0} if bits == 4 else {}
     if ignored is not None:
         kwargs["ignored_scope"] = ignored
@@ -137,8 +133,6 @@ def as_saved(ov_model: Any) -> tuple[Any, Any]:
     import tempfile
 
     ov = imported("openvino")
-
-    from ptopt.formats.openvino import read_ir
 
     tmp = tempfile.TemporaryDirectory(prefix="ptopt-openvino-lm-")
     ov.save_model(ov_model, Path(tmp.name) / IR_FILE, compress_to_fp16=False)
@@ -248,7 +242,6 @@ def read_record(path: Path) -> dict[str, Any]:
 def load_folder(path: Path, threads: int | None = None) -> OpenVINOLM:
     """The :class:`OpenVINOLM` of a folder ptopt wrote."""
     from ptopt.core.hf import config_of
-    from ptopt.formats.openvino import read_ir, require_openvino
 
     require_openvino()
     record = read_record(path)
@@ -280,8 +273,6 @@ class OpenVINOLMFolder(Format):
         return sorted(p for p in path.rglob("*") if p.is_file())
 
     def check_file(self, path: Path) -> None:
-        from ptopt.formats.openvino import read_ir, require_openvino
-
         require_openvino()
         read_record(path)
         read_ir(path / IR_FILE)
