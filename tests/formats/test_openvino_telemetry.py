@@ -37,7 +37,21 @@ def sends(monkeypatch, tmp_path):
     monkeypatch.setattr(OptInChecker, "consent_file_base_dir", staticmethod(lambda: str(tmp_path)))
     for name in CI_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+    _as_on_a_users_machine(monkeypatch)
     return seen
+
+
+def _as_on_a_users_machine(monkeypatch):
+    """OpenVINO's telemetry is one object per process whose consent is fixed when it is first made: an
+    earlier test in this worker may have made it on a CI runner (``CI=true``, consent off), where it would
+    never try to send and these tests would prove nothing. Consent is set as a user's machine has it."""
+    from openvino_telemetry import Telemetry
+
+    try:
+        made = Telemetry()  # the one already made; none yet: the first converter call makes it, env above
+    except RuntimeError:
+        return
+    monkeypatch.setattr(made, "consent", True)
 
 
 def test_events_are_dropped_in_the_block_and_the_sender_restored_after(sends):
