@@ -123,8 +123,18 @@ CHILD_LOAD = (
     "import sys, torch; from torch._inductor.package import load_package; p, i = sys.argv[1], int(sys.argv[2]); "
     "torch._inductor.aoti_load_package(p, device_index=i); [load_package(p, n, device_index=i) for n in sys.argv[3:]]"
 )
+#: the same with the model-container runner (``ptopt.formats.aoti_container``), tried when the first crashes
+CHILD_LOAD_CONTAINER = (
+    "import sys; from ptopt.formats.aoti_container import ContainerModel; p, d = sys.argv[1], sys.argv[2]; "
+    "[ContainerModel(p, n, d) for n in sys.argv[3:]]"
+)
 CHILD_TIMEOUT_S = 300
-_LOADS_SAFELY: set[tuple[str, int, int, int]] = set()
+#: ``PTOPT_AOTI_LOADER=package|container`` picks the loader (no child check); unset: torch's package loader,
+#: or the container runner where the package loader crashed in the child check and the runner did not
+LOADER_ENV = "PTOPT_AOTI_LOADER"
+LOADERS = ("package", "container")
+#: (path, size, mtime_ns, device index) -> the loader that loaded it cleanly in a child
+_LOADS_SAFELY: dict[tuple[str, int, int, int], str] = {}
 
 
 def _wants_child_check() -> bool:
@@ -149,47 +159,82 @@ def _signal_name(returncode: int) -> str | None:
         return f"signal {number}"
 
 
-def check_loads_in_child(path: str | os.PathLike, index: int) -> None:
-    """Under an untested torch, load the package in a child process first: a loader that crashes (a signal)
-    or hangs becomes one ModelLoadError here instead of killing this process. A child that merely raises is
-    left to the real load, which raises the same error with its message. A clean load is remembered per file
-    (path, size, modification time) and device index."""
+def check_loads_in_child(path: str | os.PathLike, index: int) -> str:
+    """The loader to open the package with (:data:`LOADERS`). Under an untested torch, the package is loaded
+    in a child process first: a loader that crashes (a signal) or hangs becomes one ModelLoadError here
+    instead of killing this process, unless the model-container runner loads it cleanly in a child (then
+    ``container``). A child that merely raises is left to the real load, which raises the same error with
+    its message. A clean load is remembered per file (path, size, modification time) and device index."""
+    forced = os.environ.get(LOADER_ENV, "")
+    if forced in LOADERS:
+        return forced
     if not _wants_child_check():
-        return
-    import torch
-
+        return "package"
     st = os.stat(path)
     key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns, index)
     if key in _LOADS_SAFELY:
-        return
+        return _LOADS_SAFELY[key]
+    fixed = [n for n in package_models(path) if static_model_batch(n) is not None]
+    run = _child(CHILD_LOAD, path, [str(index), *fixed])
+    sig = None if run is None else _signal_name(run.returncode)
+    if run is not None and sig is None:
+        if run.returncode == 0:
+            _LOADS_SAFELY[key] = "package"
+        return "package"
+    device = "cpu" if index < 0 else f"cuda:{index}"
+    second = (
+        _child(CHILD_LOAD_CONTAINER, path, [device, DEFAULT_MODEL, *fixed]) if sig in CRASH_SIGNALS else None
+    )
+    if second is not None and second.returncode == 0:
+        _LOADS_SAFELY[key] = "container"
+        return "container"
+    raise _load_failure(path, run, sig, second)
+
+
+def _child(code: str, path: str | os.PathLike, args: list[str]) -> subprocess.CompletedProcess | None:
+    """``code`` run on the package in a child process; None when it did not finish in time."""
+    try:
+        cmd = [sys.executable, "-c", code, str(path), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _last_line(run: subprocess.CompletedProcess) -> str:
+    return (run.stderr.strip().splitlines() or [""])[-1][:200]
+
+
+def _load_failure(
+    path: str | os.PathLike, run: subprocess.CompletedProcess | None, sig: str | None, second: Any
+) -> ModelLoadError:
+    """One line for a package neither loader opens: what the package loader did (hang, crash, signal), and
+    what the model-container runner did when it was tried."""
+    import torch
+
     name, way_out = (
         Path(path).name,
         "use torch 2.13 (the release ptopt is tested on), or --target exported_program",
     )
-    try:
-        fixed = [n for n in package_models(path) if static_model_batch(n) is not None]
-        cmd = [sys.executable, "-c", CHILD_LOAD, str(path), str(index), *fixed]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ModelLoadError(
+    if run is None:
+        return ModelLoadError(
             f"{name}: torch {torch.__version__}'s AOTInductor loader did not finish loading this package in "
             f"{CHILD_TIMEOUT_S} s (tried in a child process); {way_out}"
-        ) from None
-    sig = _signal_name(run.returncode)
-    if sig is not None:
-        last = (run.stderr.strip().splitlines() or [""])[-1][:200]
-        why = (
-            f"crashes with {sig} on this package (tried in a child process, so this one goes on): a bug of that "
-            "torch build, seen with torch 2.11.0+cu130 on every package, plain torch's too"
-            if sig in CRASH_SIGNALS
-            else f"was ended by {sig} while loading this package in a child process (out of memory?)"
         )
-        raise ModelLoadError(
-            f"{name}: torch {torch.__version__}'s AOTInductor loader (torch._inductor.aoti_load_package) {why}"
-            f"{f' ({last})' if last else ''}; {way_out}"
-        )
-    if run.returncode == 0:
-        _LOADS_SAFELY.add(key)
+    last = _last_line(run)
+    why = (
+        f"crashes with {sig} on this package (tried in a child process, so this one goes on): a bug of that "
+        "torch build, seen with torch 2.11.0+cu130 on every package, plain torch's too"
+        if sig in CRASH_SIGNALS
+        else f"was ended by {sig} while loading this package in a child process (out of memory?)"
+    )
+    also = ""
+    if sig in CRASH_SIGNALS:
+        other = "did not finish" if second is None else _signal_name(second.returncode) or _last_line(second)
+        also = f"; its model-container runner, tried next, failed too ({other})"
+    return ModelLoadError(
+        f"{name}: torch {torch.__version__}'s AOTInductor loader (torch._inductor.aoti_load_package) {why}"
+        f"{f' ({last})' if last else ''}{also}; {way_out}"
+    )
 
 
 def load_package(
@@ -215,14 +260,18 @@ def load_package(
     index = -1
     if wanted == "cuda":
         index = int(str(device).partition(":")[2] or torch.cuda.current_device())
-    check_loads_in_child(path, index)
-    default = torch._inductor.aoti_load_package(str(path), device_index=index)
+    if check_loads_in_child(path, index) == "container":
+        from ptopt.formats.aoti_container import ContainerModel
+
+        where = "cpu" if index < 0 else f"cuda:{index}"
+        load_model = lambda p, n, device_index: ContainerModel(p, n, where)  # noqa: E731
+    else:
+        from torch._inductor.package import load_package as load_model
+    default = load_model(str(path), DEFAULT_MODEL, device_index=index)
     batches = {n: static_model_batch(n) for n in package_models(path)}
     fixed_names = {n: b for n, b in batches.items() if b is not None}
     if not fixed_names:
         return default
-    from torch._inductor.package import load_package as load_model
-
     fixed = {b: load_model(str(path), n, device_index=index) for n, b in fixed_names.items()}
     return FixedBatchDispatch(default, fixed)
 

@@ -217,13 +217,14 @@ def optimize(
         ref_runner = runner_for_loaded(REFERENCE, loaded)
         search = None
         try:
+            _place(ref_runner, settings.device)
             ref_runner.prepare(settings.threads)
             costs = measure_costs(ref_runner, data["eval"], settings)
             check_budget(costs, settings)
             ctx = Context(
                 loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
                 settings.max_accuracy_drop, settings.min_cosine, clock.left,
-                batch_sizes=tuple(settings.batch_sizes),
+                batch_sizes=tuple(settings.batch_sizes), device=settings.device,
             )  # fmt: skip
             search = Search(ctx, specs, settings, costs, clock)
             _run(search, ref_runner, settings, say)
@@ -241,9 +242,25 @@ def optimize(
     return result
 
 
+def _place(ref_runner: Any, device: str) -> None:
+    """The fp32 reference on ``device``: a copy of the module moves there (the candidates are built from the
+    CPU one)."""
+    if device != "cpu":
+        import copy
+
+        ref_runner.module = copy.deepcopy(ref_runner.module)
+        ref_runner.place(device)
+
+
 def _optimize_lm(opts: dict[str, Any], say: Callable[[str], None]) -> Any:
     """``optimize(max_perplexity_increase=...)``: the language-model search (``optimize/lm.py``)."""
     from ptopt.optimize.lm import optimize_lm
+
+    if str(opts["device"]) != "cpu":
+        raise UsageError(
+            f"--device {opts['device']}: the language-model search (--max-perplexity-increase) runs on the CPU "
+            "(its candidates are CPU weight-only int8/int4 builds); leave --device out"
+        )
 
     lm_only = {"max_accuracy_drop", "min_cosine", "train_data", "input_shapes", "weights", "latency"}
     given = sorted(k for k in lm_only if opts[k] not in (None, (), []))
@@ -356,7 +373,7 @@ def _report(
         "torch_version": torch.__version__,
         "machine": machine_summary(),  # as validate's report: the same machine line prints for both
         "threads": settings.threads,
-        "device": "cpu",
+        "device": settings.device,
         "model": loaded.ref,
         "budget": {"max_accuracy_drop": settings.max_accuracy_drop, "min_cosine": settings.min_cosine},
         "worst_cosine": worst_cosine_rule(),
@@ -426,7 +443,7 @@ def _check_options(opts: dict[str, Any]) -> tuple[Settings, list[Any]]:
             )
     budget = parse_duration(opts["time_budget"])
     _check_runtime(opts["runtime"])
-    _check_device(opts["device"])
+    device = _check_device(opts["device"])
     lat = LatencyOptions.from_options(opts["latency"], rounds=opts["rounds"], min_seconds=opts["min_seconds"])
     threads = opts["threads"]
     if threads is None:
@@ -436,8 +453,8 @@ def _check_options(opts: dict[str, Any]) -> tuple[Settings, list[Any]]:
     if int(threads) < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
     sizes = parse_batch_sizes(opts["batch_sizes"])
-    settings = Settings(sizes, opts["runtime"], budget, lat, int(threads), drop, cos)
-    return settings, select(opts["candidates"], opts["skip"])
+    settings = Settings(sizes, opts["runtime"], budget, lat, int(threads), drop, cos, device=device)
+    return settings, select(opts["candidates"], opts["skip"], device)
 
 
 def _check_runtime(runtime: str) -> None:
@@ -447,19 +464,14 @@ def _check_runtime(runtime: str) -> None:
         raise UsageError("--runtime onnxruntime: onnxruntime is not installed here (pip install onnxruntime)")
 
 
-def _check_device(device: str) -> None:
+def _check_device(device: str) -> str:
+    """``cpu`` or ``cuda:N`` (the GPU checked to exist): the catalogue and the runners of that device."""
     from ptopt.core.device import resolve_device
 
     try:
-        kind = resolve_device(device, allow_auto=False).type
+        return str(resolve_device(device, allow_auto=False))
     except UsageError as e:
         raise UsageError(f"--device: {e}") from None
-    if kind == "cuda":
-        raise UsageError(
-            f"--device {device}: optimize searches CPU artifacts in this version (the GPU candidates, fp16/bf16 "
-            "AOTInductor and TensorRT, are not in its catalogue yet); use --device cpu, and compare GPU "
-            "artifacts with ptopt validate --device cuda"
-        )
 
 
 def _input_paths(*refs: Any) -> tuple[Path, ...]:

@@ -104,6 +104,8 @@ class Context:
     #: the batch sizes the search times (``--batch-size``): the AOTInductor package gets a fixed-batch
     #: model for each (``export --static-batch``)
     batch_sizes: tuple[int, ...] = ()
+    #: where the candidates are built and run (``--device``): ``cpu`` or ``cuda:N``
+    device: str = "cpu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +132,10 @@ class Spec:
     #: the candidate this one cannot run faster than (a search that keeps layers of that plain int8 build
     #: float): skipped when a kept candidate is already much faster than it (``Search._dominated``)
     ceiling: str | None = None
+    #: the device kinds it is a candidate on (``--device``): the CPU catalogue, the GPU one, or both
+    devices: tuple[str, ...] = ("cpu",)
+    #: its artifact runs through ``torch.compile(mode=...)`` (the runtime, not the file: not packageable)
+    compile_mode: str | None = None
 
     @property
     def row(self) -> Any:
@@ -140,7 +146,7 @@ class Spec:
 
     @property
     def runtime(self) -> str:
-        return self.row.runs_on
+        return self.row.runs_on + (f" + torch.compile ({self.compile_mode})" if self.compile_mode else "")
 
     @property
     def suffix(self) -> str:
@@ -148,8 +154,9 @@ class Spec:
 
     @property
     def packageable(self) -> bool:
-        """``ptopt package`` takes the artifact as it is (TorchServe runs its format)."""
-        return "torchserve" in self.row.servers
+        """``ptopt package`` takes the artifact as it is (TorchServe runs its format; not one measured
+        through ``torch.compile``, which the server would run without)."""
+        return "torchserve" in self.row.servers and self.compile_mode is None
 
     def not_applicable(self, ctx: Context) -> str | None:
         return None if self.when is None else self.when(ctx)
@@ -166,6 +173,8 @@ def _export(target: str, precision: str | None = None, **options: Any) -> Callab
 
         shapes = ctx.input_shapes or None
         kwargs = dict(data=ctx.calib, input_shapes=shapes, precision=precision, **options)
+        if ctx.device != "cpu":
+            kwargs["device"] = ctx.device
         if precision not in (None, "fp32"):  # a lossy artifact is accepted by the user's budget
             kwargs.update(_budget(ctx))
         if target == "aoti":  # a fixed-batch model per timed batch size (in the default batch range)
@@ -383,6 +392,42 @@ def _compiler(ctx: Context) -> str | None:
     return None
 
 
+def _bf16_gpu(ctx: Context) -> str | None:
+    """bf16 needs a GPU with bfloat16 kernels (Ampere and later)."""
+    import torch
+
+    if torch.cuda.is_bf16_supported():
+        return None
+    return f"{torch.cuda.get_device_name(ctx.device)} has no bfloat16 kernels (an Ampere or later GPU has)"
+
+
+def _bf16_aoti(ctx: Context) -> str | None:
+    return _bf16_gpu(ctx) or _compiler(ctx)
+
+
+def _ort_cuda(ctx: Context) -> str | None:
+    """ONNX Runtime with its CUDA execution provider (the onnxruntime-gpu build)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "onnxruntime is not installed (pip install onnxruntime-gpu)"
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return None
+    return (
+        f"onnxruntime {ort.__version__} here has no CUDAExecutionProvider (only "
+        f"{', '.join(ort.get_available_providers())}): pip install onnxruntime-gpu"
+    )
+
+
+def _reuse(name: str, build: Callable[[Context], Any]) -> Callable[[Context], Any]:
+    """The artifact ``name`` built already (another runtime of the same file), else ``build``."""
+
+    def reuse(ctx: Context) -> Any:
+        return ctx.built[name] if name in ctx.built else build(ctx)
+
+    return reuse
+
+
 def _pt2e(ctx: Context) -> str | None:
     from ptopt.core.features import check_torchao
 
@@ -472,8 +517,37 @@ def _after_pruned(ctx: Context) -> str | None:
 
 _PRUNE_STEP = f"prune --method structured --amount {PRUNE_AMOUNT} --epochs {FINE_TUNE_EPOCHS}"
 
+
+def _gpu(
+    name: str, label: str, target: str, precision: str, cost: float, fixed: float = 0.0, when: Any = None,
+    **options: Any,
+) -> Spec:  # fmt: skip
+    """A row of the GPU catalogue: ``export --target TARGET --precision P --device cuda`` (stage 1, or 2 for
+    AOTInductor: the slow builds)."""
+    flags = "".join(f" --{k.replace('_', '-')}" for k, v in options.items() if v is True)
+    step = f"export --target {target} --precision {precision} --device cuda{flags}"
+    stage = 2 if target == "aoti" else 1
+    build = _export(target, precision, **options)
+    return Spec(
+        name, label, precision, target, None, precision, stage, (step,), build, cost, fixed, when,
+        devices=("cuda",),
+    )  # fmt: skip
+
+
 CATALOGUE: tuple[Spec, ...] = (
-    Spec("fp32-eager", "fp32 eager (reference)", "fp32", "eager", None, "fp32", 0, (), None, 0),
+    Spec(
+        "fp32-eager",
+        "fp32 eager (reference)",
+        "fp32",
+        "eager",
+        None,
+        "fp32",
+        0,
+        (),
+        None,
+        0,
+        devices=("cpu", "cuda"),
+    ),  # fmt: skip
     Spec(
         "fp32-openvino",
         "fp32 OpenVINO",
@@ -566,6 +640,7 @@ CATALOGUE: tuple[Spec, ...] = (
         1,
         ("export --target torchscript",),
         _export("torchscript"),
+        devices=("cpu", "cuda"),
     ),
     Spec(
         "fp32-exported-program",
@@ -578,7 +653,13 @@ CATALOGUE: tuple[Spec, ...] = (
         ("export --target exported_program",),
         _export("exported_program"),
         8,
+        devices=("cpu", "cuda"),
     ),
+    _gpu("fp16-torchscript", "fp16 TorchScript", "torchscript", "fp16", 1),
+    _gpu("bf16-torchscript", "bf16 TorchScript", "torchscript", "bf16", 1, when=_bf16_gpu),
+    _gpu("fp16-exported-program", "fp16 ExportedProgram", "exported_program", "fp16", 8),
+    _gpu("bf16-exported-program", "bf16 ExportedProgram", "exported_program", "bf16", 8, when=_bf16_gpu),
+    _gpu("fp16-onnx-cuda", "fp16 ONNX Runtime (CUDA)", "onnx", "fp16", 10, when=_ort_cuda),
     Spec(
         "fp32-onnx",
         "fp32 ONNX Runtime",
@@ -630,6 +711,37 @@ CATALOGUE: tuple[Spec, ...] = (
         _has_dynamic_layers,
     ),
     Spec(
+        "fp16-compiled-graphs",
+        "fp16 ExportedProgram through torch.compile(mode='reduce-overhead'): Inductor + CUDA graphs",
+        "fp16",
+        "exported_program",
+        None,
+        "fp16",
+        2,
+        (
+            "export --target exported_program --precision fp16 --device cuda",
+            "run: torch.compile(torch.export.load(FILE).module(), mode='reduce-overhead')",
+        ),
+        _reuse("fp16-exported-program", _export("exported_program", "fp16")),
+        8,
+        30,  # torch.compile at the first call of each batch size (while it is screened)
+        _compiler,
+        devices=("cuda",),
+        compile_mode="reduce-overhead",
+    ),
+    _gpu("fp16-aoti", "fp16 AOTInductor (CUDA)", "aoti", "fp16", 60, fixed=120, when=_compiler),
+    _gpu(
+        "fp16-aoti-graphs",
+        "fp16 AOTInductor (CUDA), replayed as CUDA graphs",
+        "aoti",
+        "fp16",
+        60,
+        fixed=120,
+        when=_compiler,
+        cuda_graphs=True,
+    ),  # fmt: skip
+    _gpu("bf16-aoti", "bf16 AOTInductor (CUDA)", "aoti", "bf16", 60, fixed=120, when=_bf16_aoti),
+    Spec(
         "fp32-aoti",
         "fp32 AOTInductor",
         "fp32",
@@ -642,6 +754,7 @@ CATALOGUE: tuple[Spec, ...] = (
         60,  # the dynamic-batch model and one fixed-batch model per timed batch size: ~3 compiles
         120,
         _compiler,
+        devices=("cpu", "cuda"),
     ),
     Spec(
         "int8-pt2e",
@@ -722,9 +835,10 @@ SPECS: dict[str, Spec] = {s.name: s for s in CATALOGUE}
 REFERENCE = "fp32-eager"
 
 
-def select(names: Any = None, skip: Any = None) -> list[Spec]:
-    """The catalogue filtered by ``names`` (only these, plus the reference) and ``skip``; unknown
-    names are a UsageError listing the known ones."""
+def select(names: Any = None, skip: Any = None, device: str = "cpu") -> list[Spec]:
+    """The catalogue of ``device``'s kind (``cpu`` or ``cuda[:N]``) filtered by ``names`` (only these, plus
+    the reference) and ``skip``; unknown names, and names of the other device's catalogue, are a UsageError
+    listing the ones that apply."""
     from ptopt.core.errors import UsageError
 
     def as_list(value: Any) -> list[str]:
@@ -733,6 +847,8 @@ def select(names: Any = None, skip: Any = None) -> list[Spec]:
         items = value.split(",") if isinstance(value, str) else list(value)
         return [str(v).strip() for v in items if str(v).strip()]
 
+    kind = str(device).split(":")[0]
+    here = [s.name for s in CATALOGUE if kind in s.devices]
     wanted, skipped = as_list(names), as_list(skip)
     for option, given in (("--candidates", wanted), ("--skip", skipped)):
         unknown = [n for n in given if n not in SPECS]
@@ -740,9 +856,16 @@ def select(names: Any = None, skip: Any = None) -> list[Spec]:
             raise UsageError(
                 f"{option}: unknown candidate(s) {', '.join(unknown)} (known: {', '.join(SPECS)})"
             )
+        elsewhere = [n for n in given if n not in here] if option == "--candidates" else []
+        if elsewhere:
+            other = "cuda" if kind == "cpu" else "cpu"
+            raise UsageError(
+                f"{option}: {', '.join(elsewhere)}: a candidate with --device {other}, not --device {device} "
+                f"(the candidates on {kind}: {', '.join(here)})"
+            )
     if REFERENCE in skipped:
         raise UsageError(f"--skip {REFERENCE}: the fp32 reference is always measured (speedups divide by it)")
-    keep = set(wanted) | {REFERENCE} if wanted else set(SPECS)
+    keep = set(wanted) | {REFERENCE} if wanted else set(here)
     return [s for s in CATALOGUE if s.name in keep and s.name not in skipped]
 
 

@@ -65,6 +65,8 @@ class Settings:
     max_accuracy_drop: float | None
     min_cosine: float | None
     prescreen_samples: int = PRESCREEN_SAMPLES
+    #: ``cpu`` or ``cuda:N``: where the candidates are built, evaluated and timed
+    device: str = "cpu"
 
     @property
     def metric(self) -> str:
@@ -262,14 +264,21 @@ class Evaluator:
         )
 
 
-def open_candidate(cand: Candidate, threads: int) -> Any:
-    """Validate's runner for the candidate's written artifact, ready to run."""
+def open_candidate(cand: Candidate, threads: int, device: str = "cpu") -> Any:
+    """Validate's runner for the candidate's written artifact on ``device``, ready to run (through
+    ``torch.compile`` when the candidate runs that way: compiled at the first call, in ``prepare``)."""
     from ptopt.validate.runners import open_runner
+    from ptopt.validate.runners.compiled import CompiledRef
 
     # allow_pickle: an AOTInductor package loads native code; this one was compiled by this very run,
     # into its own temporary folder, so it is trusted (a user's files never go through here)
-    runner = open_runner(str(cand.work_path), cand.name, allow_pickle=True)
+    ref = str(cand.work_path)
+    if cand.spec.compile_mode:
+        ref = CompiledRef(ref, mode=cand.spec.compile_mode)
+    runner = open_runner(ref, cand.name, allow_pickle=True)
     try:
+        if device != "cpu":
+            runner.place(device)  # before prepare: a compiled one compiles there
         runner.prepare(threads)
     except BaseException:
         runner.close()
@@ -385,7 +394,7 @@ class Search:
             self.costs.unit_s = statistics.median(self.unit_samples)
 
     def _screen(self, cand: Candidate) -> None:
-        runner = open_candidate(cand, self.settings.threads)
+        runner = open_candidate(cand, self.settings.threads, self.settings.device)
         try:
             why = self.evaluator.prescreen(cand, runner)
             if why:
@@ -407,7 +416,7 @@ class Search:
         try:
             cand.work_path = self.work / f"{cand.name}{cand.suffix}"
             result.save(cand.work_path)
-            runner = open_candidate(cand, self.settings.threads)
+            runner = open_candidate(cand, self.settings.threads, self.settings.device)
             try:
                 cand.probe_ms = probe(runner, self.evaluator.evald, self.settings.batch_sizes)
             finally:
@@ -465,7 +474,7 @@ class Search:
         runners = [ref_runner]
         try:
             for c in kept:
-                runners.append(open_candidate(c, self.settings.threads))
+                runners.append(open_candidate(c, self.settings.threads, self.settings.device))
             stats = measure_runners(runners, self.ctx.evald, sizes, lat)
         finally:
             for r in runners[1:]:
@@ -510,7 +519,7 @@ def probe(runner: Any, data: Any, batch_sizes: list[int]) -> dict[str, float]:
     for bs in batch_sizes:
         if not runner.accepts_batch(bs):
             continue
-        call = runner.timed_call(batch_inputs(data, bs))
+        call = _synced(runner, runner.timed_call(batch_inputs(data, bs)))
         call()
         seconds = []
         for _ in range(PROBE_CALLS):
@@ -529,10 +538,10 @@ def head_to_head(cands: list[Candidate], data: Any, settings: Settings, rounds: 
     runners = []
     try:
         for c in cands:
-            runners.append(open_candidate(c, settings.threads))
+            runners.append(open_candidate(c, settings.threads, settings.device))
         out: dict[str, dict[str, float]] = {c.name: {} for c in cands}
         for bs in settings.batch_sizes:
-            calls = [r.timed_call(batch_inputs(data, bs)) for r in runners]
+            calls = [_synced(r, r.timed_call(batch_inputs(data, bs))) for r in runners]
             best = [math.inf] * len(calls)
             for r in range(rounds + 1):  # round 0 warms up
                 for i, call in enumerate(calls):
@@ -546,6 +555,21 @@ def head_to_head(cands: list[Candidate], data: Any, settings: Settings, rounds: 
     finally:
         for r in runners:
             r.close()
+
+
+def _synced(runner: Any, call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call``, returning once its work is done: a GPU runner's calls only queue kernels, so a host clock
+    around them waits for the device (the final timing uses CUDA events: ``ptopt.core.timing``)."""
+    if not str(runner.timer_device).startswith("cuda"):
+        return call
+    import torch
+
+    def run() -> Any:
+        out = call()
+        torch.cuda.synchronize(runner.timer_device)
+        return out
+
+    return run
 
 
 def _latency_entry(st: dict[str, Any]) -> dict[str, Any]:

@@ -245,7 +245,7 @@ def test_load_check_in_a_child_passes_a_good_package(package, monkeypatch):
     from ptopt.formats import aoti_files
 
     monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
-    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", {})
     path, _ = package
     model = aoti_files.load_package(path)
     assert len(aoti_files._LOADS_SAFELY) == 1 and model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
@@ -258,10 +258,17 @@ def test_a_loader_that_crashes_is_one_message(package, monkeypatch, cli, tmp_pat
     from ptopt.formats import aoti_files
 
     monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
-    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
-    monkeypatch.setattr(aoti_files, "CHILD_LOAD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", {})
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(aoti_files, "CHILD_LOAD", crash)
+    monkeypatch.setattr(aoti_files, "CHILD_LOAD_CONTAINER", crash)  # the second way crashes too
     path, _ = package
-    match = ("crashes with SIGSEGV", "child process", "torch 2.13")
+    match = (
+        "crashes with SIGSEGV",
+        "child process",
+        "model-container runner, tried next, failed too",
+        "torch 2.13",
+    )
     with pytest.raises(ModelLoadError, match=match[0]):
         aoti_files.load_package(path)
     args = (
@@ -278,12 +285,34 @@ def test_a_loader_that_crashes_is_one_message(package, monkeypatch, cli, tmp_pat
     assert_refused(cli, "validate", "tests.helpers:tiny_cnn", *args, match=match, where=tmp_path)
 
 
+def test_where_the_package_loader_crashes_the_container_runner_loads_it(package, monkeypatch, cli, tmp_path):
+    """The package loader crashing in the child check (simulated) and torch's model-container runner not:
+    the package loads through that runner (``ptopt.formats.aoti_container``) and computes what torch's own
+    loader computes, through the API and validate's CLI."""
+    from ptopt.formats import aoti_files
+    from ptopt.formats.aoti_container import ContainerModel
+
+    monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", {})
+    monkeypatch.setattr(aoti_files, "CHILD_LOAD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    path, _ = package
+    model = aoti_files.load_package(path)
+    assert isinstance(model, ContainerModel) and list(aoti_files._LOADS_SAFELY.values()) == ["container"]
+    x = torch.randn(3, 1, 8, 8)
+    torch.testing.assert_close(model(x), torch._inductor.aoti_load_package(str(path))(x))
+    args = (str(path), "--allow-pickle", "--data", DATA, "--max-samples", "16", "--json", tmp_path / "r.json")
+    code, out, err = cli(
+        "validate", "tests.helpers:tiny_cnn", *args, "-q", "--batch-sizes", "1", "--min-seconds", "0.05"
+    )
+    assert code == 0, out + err
+
+
 def test_a_loader_that_hangs_is_one_message(package, monkeypatch):
     from ptopt.core.errors import ModelLoadError
     from ptopt.formats import aoti_files
 
     monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
-    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", {})
     monkeypatch.setattr(aoti_files, "CHILD_LOAD", "import time; time.sleep(30)")
     monkeypatch.setattr(aoti_files, "CHILD_TIMEOUT_S", 1)
     with pytest.raises(ModelLoadError, match="did not finish loading this package in 1 s"):

@@ -73,12 +73,27 @@ def test_the_child_load_check_loads_every_model_of_the_package(package, monkeypa
 
     record = tmp_path / "argv.txt"
     monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
-    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", set())
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", {})
     script = f"import sys, pathlib; pathlib.Path({str(record)!r}).write_text(' '.join(sys.argv[1:]))"
     monkeypatch.setattr(aoti_files, "CHILD_LOAD", script)
     path, _ = package
     aoti_files.check_loads_in_child(path, -1)
     assert record.read_text() == f"{path} -1 batch_4" and len(aoti_files._LOADS_SAFELY) == 1
+
+
+def test_the_container_runner_loads_every_model_of_the_package(package, monkeypatch):
+    """``PTOPT_AOTI_LOADER=container``: the dynamic model and the fixed-batch one run through torch's
+    model-container runner, each the same as through torch's package loader."""
+    from ptopt.formats import aoti_files
+    from ptopt.formats.aoti_container import ContainerModel
+
+    monkeypatch.setenv(aoti_files.LOADER_ENV, "container")
+    path, _ = package
+    model = aoti_files.load_package(path)
+    assert isinstance(model.default, ContainerModel) and set(model.fixed) == {4}
+    for batch in (4, 5):
+        x = torch.randn(batch, 1, 8, 8)
+        torch.testing.assert_close(model(x), torch._inductor.aoti_load_package(str(path))(x))
 
 
 def test_handler_dispatches_by_batch():

@@ -68,7 +68,7 @@ def _open_compiled(ref: Any, name: str, **options: Any) -> Runner:
         raise ModelLoadError(
             f"{name}: torch.compile takes eager and ExportedProgram models, not {base.format}"
         )
-    return CompiledRunner.wrap(base, name)
+    return CompiledRunner.wrap(base, name, ref.mode)
 
 
 def runner_for_loaded(name: str, loaded: Any, providers: Sequence[str] | None = None) -> Runner:

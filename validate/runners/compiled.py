@@ -26,9 +26,11 @@ SUFFIX = " (torch.compile)"
 
 @dataclasses.dataclass(frozen=True)
 class CompiledRef:
-    """A model reference to run through ``torch.compile`` (``base``: what ``open_runner`` opens)."""
+    """A model reference to run through ``torch.compile`` (``base``: what ``open_runner`` opens; ``mode``:
+    torch.compile's, e.g. ``reduce-overhead`` for CUDA graphs; None: its default)."""
 
     base: Any
+    mode: str | None = None
 
     def __str__(self) -> str:
         return f"{getattr(self.base, 'ref', self.base)}{SUFFIX}"
@@ -44,12 +46,21 @@ def check_compiler() -> str:
 class CompiledRunner(TorchModuleRunner):
     """The base runner's module behind ``torch.compile``; ``info["compile_seconds"]`` after prepare."""
 
+    #: torch.compile's mode (None: its default)
+    mode = None
+
     @classmethod
-    def wrap(cls, base: TorchModuleRunner, name: str) -> CompiledRunner:
+    def wrap(cls, base: TorchModuleRunner, name: str, mode: str | None = None) -> CompiledRunner:
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-        fields.update(name=name, runtime=f"{base.runtime} + torch.compile (inductor)")
-        fields["info"] = dict(base.info, compiled_from=base.format)
-        return cls(**fields)
+        fields.update(
+            name=name, runtime=f"{base.runtime} + torch.compile (inductor{f', {mode}' if mode else ''})"
+        )
+        fields["info"] = dict(
+            base.info, compiled_from=base.format, **({"compile_mode": mode} if mode else {})
+        )
+        runner = cls(**fields)
+        runner.mode = mode
+        return runner
 
     def prepare(self, threads: int) -> None:
         import torch
@@ -57,7 +68,7 @@ class CompiledRunner(TorchModuleRunner):
         from ptopt.core.inputspec import make_inputs
 
         super().prepare(threads)
-        self.module = torch.compile(self.module)
+        self.module = torch.compile(self.module, mode=self.mode)
         started = time.perf_counter()
         if self.input_specs:  # compile now, at the opt batch, so the seconds are compile time
             self.call(make_inputs(self.input_specs, self.input_style, which="opt"))
