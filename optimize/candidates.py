@@ -51,6 +51,7 @@ ParityError, or autoquant finding nothing within the goal); a missing optional b
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -177,8 +178,11 @@ def _export(target: str, precision: str | None = None, **options: Any) -> Callab
             kwargs["device"] = ctx.device
         if precision not in (None, "fp32"):  # a lossy artifact is accepted by the user's budget
             kwargs.update(_budget(ctx))
-        if target == "aoti":  # a fixed-batch model per timed batch size (in the default batch range)
-            fixed = [b for b in ctx.batch_sizes if b <= DEFAULT_MAX_BATCH]
+        largest = max(ctx.batch_sizes, default=0)
+        if largest > DEFAULT_MAX_BATCH and shapes is None:  # a batch range that holds every timed batch size
+            kwargs["dynamic_batch"] = f"1:{DEFAULT_MAX_BATCH}:{largest}"
+        if target == "aoti":  # a fixed-batch model per timed batch size (in the batch range)
+            fixed = [b for b in ctx.batch_sizes if b <= max(largest, DEFAULT_MAX_BATCH)]
             try:
                 return export(ctx.module, target, static_batches=fixed, **kwargs)
             except UsageError:  # e.g. the model declares a narrower batch range: the dynamic model alone
@@ -417,6 +421,22 @@ def _ort_cuda(ctx: Context) -> str | None:
         f"onnxruntime {ort.__version__} here has no CUDAExecutionProvider (only "
         f"{', '.join(ort.get_available_providers())}): pip install onnxruntime-gpu"
     )
+
+
+def _graphs_of(name: str) -> Callable[[Context], Any]:
+    """The fp16 AOTInductor package ``name`` built already, replayed as CUDA graphs: the same file, its
+    sidecar marked ``cuda_graphs`` (what ptopt's loaders read to wrap it in ``ptopt.core.cudagraph``; it
+    saves compiling the package again), or ``export --cuda-graphs`` when ``name`` was not built."""
+
+    def build(ctx: Context) -> Any:
+        if name not in ctx.built:
+            return _export("aoti", "fp16", cuda_graphs=True)(ctx)
+        res = copy.copy(ctx.built[name])
+        res.template = dataclasses.replace(res.template, extra={**res.template.extra, "cuda_graphs": True})
+        res.artifact = None
+        return res
+
+    return build
 
 
 def _reuse(name: str, build: Callable[[Context], Any]) -> Callable[[Context], Any]:
@@ -730,16 +750,21 @@ CATALOGUE: tuple[Spec, ...] = (
         compile_mode="reduce-overhead",
     ),
     _gpu("fp16-aoti", "fp16 AOTInductor (CUDA)", "aoti", "fp16", 60, fixed=120, when=_compiler),
-    _gpu(
+    Spec(
         "fp16-aoti-graphs",
         "fp16 AOTInductor (CUDA), replayed as CUDA graphs",
-        "aoti",
         "fp16",
+        "aoti",
+        None,
+        "fp16",
+        2,
+        ("export --target aoti --precision fp16 --device cuda --cuda-graphs",),
+        _graphs_of("fp16-aoti"),
         60,
-        fixed=120,
-        when=_compiler,
-        cuda_graphs=True,
-    ),  # fmt: skip
+        120,
+        _compiler,
+        devices=("cuda",),
+    ),
     _gpu("bf16-aoti", "bf16 AOTInductor (CUDA)", "aoti", "bf16", 60, fixed=120, when=_bf16_aoti),
     Spec(
         "fp32-aoti",

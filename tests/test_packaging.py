@@ -40,7 +40,7 @@ def test_wheel_installs_only_ptopt(tmp_path):
     entry = zipfile.ZipFile(wheel).read("ptopt-0.1.0.dist-info/entry_points.txt").decode()
     assert "ptopt = ptopt.cli.main:main" in entry
     meta = zipfile.ZipFile(wheel).read("ptopt-0.1.0.dist-info/METADATA").decode()
-    assert "Requires-Dist: torch<2.14,>=2.13" in meta
+    assert "Requires-Dist: torch<2.14,>=2.11" in meta
 
 
 def test_core_imports_no_stage():
