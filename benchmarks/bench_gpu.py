@@ -1,30 +1,36 @@
-"""GPU: fp16 AOTInductor (``ptopt export --target aoti --device cuda --precision fp16``, with and without
-``--cuda-graphs``) vs plain ``torch.compile`` of the fp16 model vs fp32 eager, on one CUDA GPU.
+"""GPU: what ``ptopt optimize --device cuda`` finds, against ``torch.compile`` of the fp16 model, fp16 and
+fp32 eager, on one CUDA GPU.
 
-Models (random weights: speed does not depend on them, and the fp32-vs-fp16 output difference is
-reported for these weights):
+Models (random weights: speed does not depend on them, and each output is compared with fp32 eager's on
+the same inputs):
 
 - the zoo ResNet (``ptopt.models.resnet:resnet``, 1×32×32) at batch 1, 32 and 256;
 - a MiniLM-shaped BERT encoder (``transformers.BertConfig``: 6 layers, hidden 384, 12 heads,
   intermediate 1536, 128 tokens) at batch 1 and 64, returning ``last_hidden_state``.
 
-Each AOTInductor package is built by the ``ptopt export`` command in a subprocess (what a user runs;
-a compiler crash costs that row, not the run), then loaded here. Latency: ptopt's interleaved rounds
-with CUDA events (``ptopt.core.timing``, ``devices=``), inputs on the GPU before timing; speedups are
-same-run ratios over fp32 eager. Output diff: each fp16 runtime against fp32 eager on the same
-inputs (max |diff|, max |diff| / max |fp32|, worst-sample cosine). The GPU, driver, CUDA and torch
-versions are recorded.
+For each model:
 
-    python benchmarks/bench_gpu.py [--work DIR] [--build-only] [--rounds 5] [--seconds 0.5]
-    bash benchmarks/gpu_session.sh     # the CUDA tests, a CLI validate on the GPU, then this bench
+1. ``ptopt optimize FACTORY --device cuda --min-cosine 0.99`` runs as a subprocess (what a user runs; a
+   compiler crash costs that search, which is then run again without the AOTInductor rows) over the GPU
+   catalogue: fp16/bf16 TorchScript and ExportedProgram, the fp16 ExportedProgram through
+   ``torch.compile(mode="reduce-overhead")`` (Inductor + CUDA graphs), fp16 AOTInductor with and without
+   CUDA graphs. Its report says what was kept, rejected or failed, and why.
+2. Every kept artifact (opened from the output folder by validate's runners, as ``ptopt validate`` runs
+   it) is timed in interleaved rounds with CUDA events together with the baselines: fp32 eager, fp16
+   eager, ``torch.compile`` of the fp16 model (default mode) and with ``mode="reduce-overhead"``.
+3. The headline: at each batch size, ptopt's fastest artifact (and its fastest packageable one) over
+   ``torch.compile`` fp16 (target >= 1.0).
 
-The four packages are built at once (concurrent ``ptopt export`` subprocesses); ``--work`` keeps them, so
-a later run reuses them. It also compares ``ptopt validate --device cuda``'s p50 for the fp16 ResNet
-package with a bare loop of CUDA events around each call of it. Needs a CUDA GPU; exits with a message
-elsewhere.
+Then ``ptopt validate --device cuda``'s p50 for the ResNet's best packageable artifact at batch 32 is
+compared with a bare loop of CUDA events around each call of the same artifact (target: within 10%).
 
-Install ptopt on the GPU machine without touching its torch: ``pip install --no-deps
---no-build-isolation ./`` (``transformers`` is needed for the BERT encoder).
+    python benchmarks/bench_gpu.py [--work DIR] [--rounds 5] [--seconds 0.3] [--budget 300]
+    python benchmarks/bench_gpu.py --device cpu --quick      # a dry run of every step on the CPU (bf16)
+    bash benchmarks/gpu_session.sh     # the CUDA tests and the AOTInductor probe, then this bench
+
+Needs a CUDA GPU (``--device cpu`` is a dry run of the steps: bf16 instead of fp16, the CPU rows);
+exits with a message elsewhere. Install ptopt on the GPU machine without touching its torch:
+``pip install --no-deps --no-build-isolation ./`` (``transformers`` is needed for the BERT encoder).
 """
 
 from __future__ import annotations
@@ -33,9 +39,10 @@ import argparse
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
-import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,11 +54,21 @@ COMMAND = "bash benchmarks/gpu_session.sh"
 RESNET_BATCHES = (1, 32, 256)
 BERT_BATCHES = (1, 64)
 SEQ = 128
+#: the GPU catalogue rows the searches try (AOTINDUCTOR: dropped when a search crashed in the compiler)
+GPU_CANDIDATES = (
+    "fp16-torchscript", "bf16-torchscript", "fp16-exported-program", "bf16-exported-program",
+    "fp16-compiled-graphs", "fp16-aoti", "fp16-aoti-graphs",
+)  # fmt: skip
+AOTINDUCTOR = ("fp16-aoti", "fp16-aoti-graphs", "bf16-aoti")
+#: the dry run's (--device cpu): what runs on a CPU
+CPU_CANDIDATES = ("fp32-torchscript", "fp32-exported-program")
+#: the baseline ptopt's best is held against
+TARGET = "torch.compile"
 
 
 def bert_encoder():
     """The MiniLM-shaped BERT encoder, random weights (seed 0): keyword inputs, last_hidden_state out.
-    Also the factory ``bench_gpu:bert_encoder`` the export subprocess loads."""
+    Also the factory ``bench_gpu:bert_encoder`` the optimize subprocess loads."""
     import torch
     from transformers import BertConfig, BertModel
 
@@ -71,7 +88,7 @@ def bert_encoder():
             return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
         def example_inputs(self, batch: int = 2):
-            g = torch.Generator().manual_seed(0)
+            g = torch.Generator().manual_seed(batch)
             ids = torch.randint(0, 30522, (batch, SEQ), generator=g)
             return {"input_ids": ids, "attention_mask": torch.ones(batch, SEQ, dtype=torch.int64)}
 
@@ -80,6 +97,7 @@ def bert_encoder():
 
 
 def resnet():
+    """The zoo ResNet with random weights (seed 0); also the factory ``bench_gpu:resnet``."""
     import torch
 
     from ptopt.models.resnet import resnet as build
@@ -88,9 +106,11 @@ def resnet():
     return build().eval()
 
 
-def gpu_facts() -> dict:
+def gpu_facts(device: str) -> dict:
     import torch
 
+    if not device.startswith("cuda"):
+        return {"gpu": "none (dry run on the CPU)", "driver": "-", "cuda": "-", "torch": torch.__version__}
     driver = ""
     try:
         out = subprocess.run(
@@ -108,40 +128,8 @@ def gpu_facts() -> dict:
     }
 
 
-PACKAGES = (  # (name, factory, --dynamic-batch)
-    ("resnet", "ptopt.models.resnet:resnet", "1:32:256"),
-    ("bert", "bench_gpu:bert_encoder", "1:8:64"),
-)
-
-
-def package_path(work: Path, name: str, graphs: bool) -> Path:
-    return work / f"{name}{'.graphs' if graphs else ''}.pt2"
-
-
-def export_cmd(factory: str, out: Path, batch: str, graphs: bool) -> list[str]:
-    """``ptopt export FACTORY --target aoti --device cuda --precision fp16 [--cuda-graphs]``."""
-    cmd = [
-        sys.executable,
-        "-X",
-        "faulthandler",
-        "-m",
-        "ptopt.cli.main",
-        "export",
-        factory,
-        "--target",
-        "aoti",
-        "--device",
-        "cuda",
-    ]
-    return (
-        cmd
-        + ["--precision", "fp16", "--dynamic-batch", batch, "-o", str(out)]
-        + (["--cuda-graphs"] if graphs else [])
-    )
-
-
 def failure_reason(text: str, code: int | None) -> str:
-    """One line for a failed export: Python's last error line, or, for a crash, faulthandler's "Fatal
+    """One line for a failed subprocess: Python's last error line, or, for a crash, faulthandler's "Fatal
     Python error" with the innermost frame of the crashing thread (its report ends in a list of modules)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     fatal = next((ln for ln in lines if ln.startswith("Fatal Python error:")), None)
@@ -152,70 +140,139 @@ def failure_reason(text: str, code: int | None) -> str:
     return (lines or [f"exit {code}"])[-1][:300]
 
 
-def build_packages(work: Path, rebuild: bool = False, timeout_s: float = 900) -> dict[str, str]:
-    """Every fp16 AOTInductor package not yet in ``work``, built at once by concurrent ``ptopt export``
-    subprocesses (what a user runs; a compiler crash costs that row, not the run). {file: why it failed}.
-    A package that failed before (its ``.failed.txt`` is there) is not tried again unless ``rebuild``; an
-    export still running after ``timeout_s`` is stopped and counts as failed."""
-    import time
-
-    here = str(Path(__file__).resolve().parent)  # bench_gpu:bert_encoder must import in the subprocess
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    procs = {}
-    for name, factory, batch in PACKAGES:
-        for graphs in (False, True):
-            out = package_path(work, name, graphs)
-            log = work / f"{out.name}.failed.txt"
-            if out.exists() or (log.exists() and not rebuild):
-                continue
-            with open(log, "w") as err:  # stderr to a file: no pipe to fill up; removed when it succeeds
-                cmd = export_cmd(factory, out, batch, graphs)
-                procs[out.name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env), log)
-    failed, deadline = {}, time.monotonic() + timeout_s
-    for file, (proc, log) in procs.items():
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            log.write_text(log.read_text() + f"\nstopped after {timeout_s:.0f} s\n")
-        if proc.returncode == 0:
-            log.unlink()
-        else:
-            failed[file] = failure_reason(log.read_text(), proc.returncode)
-    return failed
+# -- the models, their data, their searches ------------------------------------------------------------
 
 
-def runtimes(name: str, module, work: Path) -> tuple[dict, dict]:
-    """{runtime: callable on a device batch} and {runtime: why it is missing}."""
+def models(quick: bool) -> list[dict]:
+    """name, factory, label, batch sizes, and a function giving (calib, eval) data written to a folder."""
+    rb, bb = ((1, 4), (1, 2)) if quick else (RESNET_BATCHES, BERT_BATCHES)
+    return [
+        {"name": "resnet", "factory": "bench_gpu:resnet", "label": "zoo ResNet", "batches": rb,
+         "data": _resnet_data, "input": lambda b: __import__("torch").randn(b, 1, 32, 32)},
+        {"name": "bert", "factory": "bench_gpu:bert_encoder", "label": "BERT 6x384, 128 tokens", "batches": bb,
+         "data": _bert_data, "input": lambda b: bert_encoder().example_inputs(b)},
+    ]  # fmt: skip
+
+
+def _resnet_data(work: Path) -> tuple[str, str]:
+    return "builtin:digits32:train", "builtin:digits32:test"
+
+
+def _bert_data(work: Path) -> tuple[str, str]:
+    """Token ids (a fixed seed): 64 to calibrate on, 256 to judge on."""
     import torch
 
-    from ptopt.core.cudagraph import CudaGraphed
-    from ptopt.core.errors import PtoptError
-    from ptopt.formats.aoti_files import load_package
+    from ptopt.core.data import Dataset
 
-    fp32 = module.cuda().eval()
-    half = torch.compile(copy.deepcopy(module).half().cuda().eval())
-    fns = {"fp32 eager": fp32, "fp16 torch.compile": half}
-    missing = {}
-    for graphs in (False, True):
-        label = "fp16 AOTInductor" + (" + CUDA graphs" if graphs else "")
-        out = package_path(work, name, graphs)
-        if not out.exists():
-            failed = work / f"{out.name}.failed.txt"
-            missing[label] = failure_reason(failed.read_text(), None) if failed.exists() else "not built"
+    out = []
+    for name, n, seed in (("bert-calib", 64, 1), ("bert-eval", 256, 2)):
+        g = torch.Generator().manual_seed(seed)
+        x = {
+            "input_ids": torch.randint(0, 30522, (n, SEQ), generator=g),
+            "attention_mask": torch.ones(n, SEQ, dtype=torch.int64),
+        }
+        Dataset(x, name=name).save(work / f"{name}.pt")
+        out.append(str(work / f"{name}.pt"))
+    return out[0], out[1]
+
+
+def optimize_cmd(m: dict, work: Path, device: str, budget: float, names: tuple[str, ...]) -> list[str]:
+    calib, evald = m["data"](work)
+    return [
+        sys.executable, "-X", "faulthandler", "-m", "ptopt.cli.main", "optimize", m["factory"],
+        "--calib-data", calib, "--eval-data", evald, "--min-cosine", "0.99", "--device", device,
+        "--candidates", ",".join(names), "--batch-size", ",".join(map(str, m["batches"])),
+        "--threads", str(THREADS), "--rounds", "5", "--min-seconds", "0.5", "--time-budget", f"{budget:.0f}",
+        "-o", str(work / f"opt-{m['name']}"),
+    ]  # fmt: skip
+
+
+def start_search(m: dict, work: Path, device: str, budget: float, names: tuple[str, ...]) -> subprocess.Popen:
+    """``ptopt optimize`` of one model in a subprocess, its output in ``work/opt-NAME.log``."""
+    here = str(Path(__file__).resolve().parent)  # bench_gpu:resnet must import in the subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    log = open(work / f"opt-{m['name']}.log", "a")  # noqa: SIM115 - the child writes it; closed by wait
+    log.write(f"$ {' '.join(optimize_cmd(m, work, device, budget, names))}\n")
+    log.flush()
+    cmd = optimize_cmd(m, work, device, budget, names)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def finish_search(m: dict, proc: subprocess.Popen, work: Path, device: str, deadline: float) -> dict:
+    """The search's report.json (``{"error": ...}`` when none was written). A search that crashed (a
+    signal: seen in torch 2.11's AOTInductor on that image) is run again without the AOTInductor rows."""
+    out = work / f"opt-{m['name']}"
+    try:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.log.close()
+    text = (work / f"opt-{m['name']}.log").read_text()
+    if (out / "report.json").exists():
+        return json.loads((out / "report.json").read_text())
+    why = failure_reason(text, proc.returncode)
+    left = deadline - time.monotonic()
+    names = tuple(n for n in GPU_CANDIDATES if n not in AOTINDUCTOR)
+    if proc.returncode is not None and proc.returncode < 0 and left > 120 and device.startswith("cuda"):
+        name = (
+            signal.Signals(-proc.returncode).name
+            if -proc.returncode in signal.valid_signals()
+            else proc.returncode
+        )
+        again = start_search(m, work, device, min(left - 60, 200), names)
+        report = finish_search(m, again, work, device, deadline)
+        report["first_try"] = f"the search with the AOTInductor rows died ({name}): {why}"
+        return report
+    return {"error": why}
+
+
+# -- timing everything together -------------------------------------------------------------------------
+
+
+def baselines(module, device: str, half) -> dict:
+    """fp32 eager, half eager, torch.compile of the half model (default mode and reduce-overhead)."""
+    import torch
+
+    fp32 = copy.deepcopy(module).to(device).eval()
+    half_model = copy.deepcopy(module).to(device=device, dtype=half).eval()
+    graphed = torch.compile(copy.deepcopy(half_model), mode="reduce-overhead")
+    return {
+        "fp32 eager": (fp32, None),
+        f"{_name(half)} eager": (half_model, half),
+        f"{_name(half)} torch.compile": (torch.compile(half_model), half),
+        f"{_name(half)} torch.compile reduce-overhead": (graphed, half),
+    }  # fmt: skip
+
+
+def _name(dtype) -> str:
+    return {"float16": "fp16", "bfloat16": "bf16"}[str(dtype).split(".")[-1]]
+
+
+def open_kept(report: dict, work: Path, name: str, device: str) -> tuple[dict, dict]:
+    """{label: runner} of every kept candidate of the search (validate's runners, on ``device``), and
+    {label: why not timed} of the others (the search's own reason)."""
+    from ptopt.optimize.candidates import SPECS, Candidate
+    from ptopt.optimize.search import open_candidate
+
+    runners, missing = {}, {}
+    for c in report.get("candidates", [])[1:]:
+        if c["status"] != "kept" or not c.get("path"):
+            missing[c["name"]] = f"{c['status']}: {c.get('reason')}"
             continue
+        cand = Candidate(SPECS[c["name"]])
+        cand.work_path = work / f"opt-{name}" / c["path"]
         try:
-            pkg = load_package(out, device="cuda:0")
-        except PtoptError as e:  # e.g. a torch whose AOTInductor loader crashes (checked in a child process)
-            missing[label] = str(e)[:300]
-            continue
-        fns[label] = CudaGraphed(pkg, "cuda:0") if graphs else pkg
-    return fns, missing
+            runners[c["name"]] = open_candidate(cand, THREADS, device)
+        except Exception as e:  # noqa: BLE001 - a runtime that fails here costs its row, named
+            missing[c["name"]] = f"could not be opened again: {type(e).__name__}: {str(e)[:200]}"
+    return runners, missing
 
 
-def measure(name: str, fns: dict, inputs: dict, rounds: int, seconds: float) -> list[dict]:
-    """Latency per (runtime, batch) interleaved with CUDA events, and each fp16 output vs fp32."""
+def measure(m: dict, module, runners: dict, device: str, half, rounds: int, seconds: float) -> list[dict]:
+    """Latency per (runtime, batch), interleaved, CUDA events on a GPU; each output vs fp32 eager."""
     import torch
 
     from ptopt.core.device import to_device
@@ -223,101 +280,154 @@ def measure(name: str, fns: dict, inputs: dict, rounds: int, seconds: float) -> 
     from ptopt.core.tensors import flatten_outputs
     from ptopt.core.timing import measure_interleaved
     from ptopt.export.parity import compare
+    from ptopt.optimize.candidates import SPECS
 
-    calls, sizes, rows = {}, {}, []
-    for bs, x in inputs.items():
-        for rt, fn in fns.items():
-            xd = to_device(x, "cuda:0", None if rt == "fp32 eager" else torch.float16)
+    calls, sizes = {}, {}
+    base = baselines(module, device, half)
+    for bs in m["batches"]:
+        x = m["input"](bs)
+        for rt, (fn, dtype) in base.items():
+            xd = to_device(x, device, dtype)
 
             def run(fn=fn, xd=xd):
                 with torch.inference_mode():
                     return call_model(fn, xd)
 
             calls[(rt, bs)], sizes[(rt, bs)] = run, bs
+        for rt, runner in runners.items():
+            if runner.accepts_batch(bs):
+                calls[(rt, bs)], sizes[(rt, bs)] = runner.timed_call(x), bs
     stats = measure_interleaved(
-        calls, sizes, rounds=rounds, min_iters=50, min_seconds=seconds, warmup_iters=10, warmup_seconds=1.0,
-        devices={k: "cuda:0" for k in calls},
+        calls, sizes, rounds=rounds, min_iters=20, min_seconds=seconds, warmup_iters=10, warmup_seconds=0.5,
+        devices={k: device for k in calls},
     )  # fmt: skip
-    for bs in inputs:
+    rows = []
+    for rt, bs in calls:
         ref = flatten_outputs(calls[("fp32 eager", bs)]())
-        for rt in fns:
-            st = stats[(rt, bs)]
-            diff = compare(ref, flatten_outputs(calls[(rt, bs)]())) if rt != "fp32 eager" else None
-            rows.append({
-                "model": name, "runtime": rt, "batch": bs, "p50_ms": st["p50_ms"],
-                "spread_pct": st["round_spread_pct"],
-                "speedup": stats[("fp32 eager", bs)]["p50_ms"] / st["p50_ms"],
-                "max_abs_diff": None if diff is None else diff["max_abs_diff"],
-                "rel_error": None if diff is None else diff["rel_error"],
-                "cosine": None if diff is None else diff["cosine"],
-            })  # fmt: skip
+        diff = (
+            None
+            if rt == "fp32 eager"
+            else compare(ref, [t.float() for t in flatten_outputs(calls[(rt, bs)]())])
+        )
+        st, base = stats[(rt, bs)], stats[("fp32 eager", bs)]
+        rows.append({
+            "model": m["label"], "runtime": rt, "batch": bs, "p50_ms": st["p50_ms"],
+            "spread_pct": st["round_spread_pct"], "speedup": base["p50_ms"] / st["p50_ms"],
+            "ptopt": rt in runners, "packageable": SPECS[rt].packageable if rt in runners else None,
+            "max_abs_diff": None if diff is None else diff["max_abs_diff"],
+            "rel_error": None if diff is None else diff["rel_error"],
+            "cosine": None if diff is None else diff["cosine"],
+        })  # fmt: skip
     return rows
 
 
-def validate_vs_bare(work: Path, batch: int = 32, calls: int = 200) -> dict:
-    """``ptopt validate --device cuda``'s p50 for the fp16 ResNet package at ``batch`` against a bare
-    loop of CUDA events around each call of the same package (median of ``calls``)."""
+def versus_target(rows: list[dict], half: str, packageable: set[str]) -> list[dict]:
+    """At each (model, batch): ptopt's fastest artifact, and its fastest packageable one, over
+    ``torch.compile`` of the half model."""
+    out = []
+    for key in dict.fromkeys((r["model"], r["batch"]) for r in rows):
+        here = [r for r in rows if (r["model"], r["batch"]) == key]
+        target = next(r for r in here if r["runtime"] == f"{half} {TARGET}")
+        ours = sorted((r for r in here if r["ptopt"]), key=lambda r: r["p50_ms"])
+        pack = [r for r in ours if r["runtime"] in packageable]
+        entry = {"model": key[0], "batch": key[1], "target_ms": target["p50_ms"]}
+        for tag, pick in (("best", ours[:1]), ("best_packageable", pack[:1])):
+            for r in pick:
+                entry[tag] = {
+                    "name": r["runtime"],
+                    "p50_ms": r["p50_ms"],
+                    "vs_target": target["p50_ms"] / r["p50_ms"],
+                }
+        out.append(entry)
+    return out
+
+
+def validate_vs_bare(path: Path | None, name: str, device: str, batch: int = 32, calls: int = 200) -> dict:
+    """``ptopt validate --device cuda``'s p50 for the artifact at ``batch`` against a bare loop of CUDA
+    events around each call of the same artifact, loaded the same way (median of ``calls``)."""
     import statistics
 
     import torch
 
     from ptopt.core.errors import PtoptError
-    from ptopt.formats.aoti_files import load_package
     from ptopt.validate.api import validate
+    from ptopt.validate.runners import open_runner
 
-    path = package_path(work, "resnet", False)
-    if not path.exists():
-        return {"skipped": "the fp16 ResNet package was not built"}
+    if path is None:
+        return {"skipped": "the ResNet search kept no packageable artifact"}
     try:
-        res = validate("ptopt.models.resnet:resnet", [path], "builtin:digits32:test", batch_sizes=(batch,),
-                       threads=THREADS, device="cuda", max_samples=512, allow_pickle=True)  # fmt: skip
-        pkg = load_package(path, device="cuda:0")
+        res = validate(resnet(), [path], "builtin:digits32:test", batch_sizes=(batch,), threads=THREADS,
+                       device=device, max_samples=512, allow_pickle=True)  # fmt: skip
+        runner = open_runner(str(path), allow_pickle=True)
+        runner.place(device)
+        runner.prepare(THREADS)
     except PtoptError as e:
         return {"skipped": str(e)[:300]}
     lat = res.entries[0]["latency"][str(batch)]
-    x = torch.randn(batch, 1, 32, 32, device="cuda:0", dtype=torch.float16)
+    call = runner.timed_call(torch.randn(batch, 1, 32, 32))
     times = []
-    with torch.inference_mode():
-        for i in range(calls + 20):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            pkg(x)
-            end.record()
-            end.synchronize()
-            if i >= 20:
-                times.append(start.elapsed_time(end))
+    for i in range(calls + 20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        if i >= 20:
+            times.append(start.elapsed_time(end))
     bare = statistics.median(times)
-    return {"batch": batch, "validate_p50_ms": lat["p50_ms"], "timer": lat.get("timer"), "bare_p50_ms": bare,
-            "ratio": lat["p50_ms"] / bare}  # fmt: skip
+    return {"artifact": name, "batch": batch, "validate_p50_ms": lat["p50_ms"], "timer": lat.get("timer"),
+            "bare_p50_ms": bare, "ratio": lat["p50_ms"] / bare}  # fmt: skip
 
 
-def report(facts: dict, rows: list[dict], missing: dict, check: dict, machine: str | None = None) -> None:
+# -- the report -------------------------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+def _pick(v: dict, tag: str) -> list[str]:
+    p = v.get(tag)
+    return ["-", "", ""] if p is None else [p["name"], f"{p['p50_ms']:.3f}", f"{p['vs_target']:.2f}"]
+
+
+def report(data: dict, machine: str | None = None) -> None:
+    """benchmarks/results/gpu.md and .json from the run's data (also what ``--render`` writes again)."""
+    facts, rows = data["facts"], data["rows"]
     table = md_table(
         ["model", "runtime", "batch", "p50 ms", "spread %", "× fp32 eager", "max |diff| vs fp32", "rel", "cosine"],
         [
-            [r["model"], r["runtime"], r["batch"], f"{r['p50_ms']:.3f}", f"{r['spread_pct']:.1f}",
-             f"{r['speedup']:.2f}", *(("", "", "") if r["cosine"] is None else
-             (f"{r['max_abs_diff']:.3g}", f"{r['rel_error']:.3g}", f"{r['cosine']:.5f}"))]
+            [r["model"], f"**{r['runtime']}**" if r.get("ptopt") else r["runtime"], r["batch"], f"{r['p50_ms']:.3f}",
+             f"{r['spread_pct']:.1f}", f"{r['speedup']:.2f}", _fmt(r["max_abs_diff"], ".3g"), _fmt(r["rel_error"], ".3g"),
+             _fmt(r["cosine"], ".5f")]
             for r in rows
         ],
     )  # fmt: skip
+    versus = md_table(
+        ["model", "batch", f"{TARGET} ms", "ptopt's fastest", "ms", "× target", "fastest packageable", "ms", "× target"],
+        [[v["model"], v["batch"], f"{v['target_ms']:.3f}", *_pick(v, "best"), *_pick(v, "best_packageable")]
+         for v in data.get("versus", [])],
+    )  # fmt: skip
     head = (
         f"GPU: {facts['gpu']}, driver {facts['driver']}, CUDA {facts['cuda']}, torch {facts['torch']}. "
-        "Random weights; latency from CUDA events, interleaved rounds, inputs already on the GPU."
+        "Random weights; latency from CUDA events, interleaved rounds, inputs already on the device. "
+        "**Bold**: artifacts `ptopt optimize --device cuda` kept (named by catalogue row)."
     )
-    notes = "".join(f"\n- not measured: {k}: {v}" for k, v in missing.items())
+    notes = "".join(f"\n- {k}: {v}" for k, v in data.get("searches", {}).items())
+    notes += "".join(f"\n- not measured: {k}: {v}" for k, v in data.get("missing", {}).items())
+    check = data.get("validate_vs_bare", {})
     if "ratio" in check:
         notes += (
-            f"\n- `ptopt validate --device cuda` on the fp16 ResNet package at batch {check['batch']}: p50 "
-            f"{check['validate_p50_ms']:.3f} ms ({check['timer']}); a bare loop of CUDA events around each call "
-            f"of the same package: {check['bare_p50_ms']:.3f} ms; ratio {check['ratio']:.3f}"
+            f"\n- `ptopt validate --device cuda` on the ResNet's {check.get('artifact', 'artifact')} at batch "
+            f"{check['batch']}: p50 {check['validate_p50_ms']:.3f} ms ({check['timer']}); a bare loop of CUDA "
+            f"events around each call of the same artifact: {check['bare_p50_ms']:.3f} ms; ratio {check['ratio']:.3f}"
         )
     if "skipped" in check:
         notes += f"\n- not measured: `ptopt validate --device cuda` against a bare CUDA-event loop: {check['skipped']}"
-    md = f"{head}\n\n{table}\n{notes}"
-    machine = machine or machine_header(THREADS)
-    data = {"facts": facts, "rows": rows, "missing": missing, "validate_vs_bare": check, "machine": machine}
-    title = "GPU: fp16 AOTInductor vs torch.compile fp16 vs fp32 eager"
+    md = f"{head}\n\n{versus}\n\n{table}\n{notes}" if data.get("versus") else f"{head}\n\n{table}\n{notes}"
+    machine = machine or data.get("machine") or machine_header(THREADS)
+    data = dict(data, machine=machine)
+    title = "GPU: ptopt optimize --device cuda vs torch.compile fp16 vs eager"
     write_result("gpu", title, md, data, THREADS, command=COMMAND, machine=machine)
 
 
@@ -329,29 +439,29 @@ def render(path: Path) -> None:
     if not machine and path.with_suffix(".md").exists():
         lines = path.with_suffix(".md").read_text().splitlines()
         machine = next((ln for ln in lines if ln.startswith("Machine:")), None)
-    missing = {k: failure_reason(v, None) for k, v in data["missing"].items()}
-    report(data["facts"], data["rows"], missing, data["validate_vs_bare"], machine)
+    data["missing"] = {k: failure_reason(v, None) for k, v in data.get("missing", {}).items()}
+    report(data, machine)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--work", type=Path, help="keep the packages here (built ones are reused)")
-    ap.add_argument("--build-only", action="store_true", help="build the packages into --work and stop")
-    ap.add_argument(
-        "--rebuild", action="store_true", help="try again the packages that failed to build before"
-    )
-    ap.add_argument("--build-timeout", type=float, default=900, help="seconds the exports get, all together")
+    ap.add_argument("--work", type=Path, help="the searches' output folders and logs go here")
+    ap.add_argument("--device", default="cuda", help="cuda (default) | cpu: a dry run of every step")
+    ap.add_argument("--quick", action="store_true", help="small batches (a dry run)")
+    ap.add_argument("--models", default="resnet,bert", help="which models (default resnet,bert)")
+    ap.add_argument("--budget", type=float, default=300, help="--time-budget of each search, seconds")
+    ap.add_argument("--deadline", type=float, default=420, help="seconds the whole bench may take")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
+    ap.add_argument("--seconds", type=float, default=0.3, help="timed seconds per runtime and batch")
     ap.add_argument(
         "--render", type=Path, help="only write the tables again from a results JSON of this script"
-    )
-    ap.add_argument(
-        "--seconds", type=float, default=0.5, help="timed seconds per runtime and batch (default 0.5)"
     )
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
+    import tempfile
+
     import torch
 
     from ptopt.core.device import cuda_status
@@ -359,29 +469,60 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.render:
         return render(args.render)
-    if not torch.cuda.is_available():
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"bench_gpu: needs a CUDA GPU, and {cuda_status()}; run it on a machine with one")
     torch.set_num_threads(THREADS)
-    with tempfile.TemporaryDirectory(prefix="ptopt-bench-gpu-") as d:
-        work = args.work or Path(d)
-        work.mkdir(parents=True, exist_ok=True)
-        failed = build_packages(
-            work, rebuild=args.rebuild, timeout_s=args.build_timeout
-        )  # each failure is named again by its row below
-        if args.build_only:
-            print("\n".join(f"{k}: {v}" for k, v in failed.items()) or f"built into {work}")
-            return
-        fns, miss = runtimes("resnet", resnet(), work)
-        missing = {f"resnet: {k}": v for k, v in miss.items()}
-        inputs = {b: torch.randn(b, 1, 32, 32) for b in RESNET_BATCHES}
-        rows = measure("zoo ResNet", fns, inputs, args.rounds, args.seconds)
-        enc = bert_encoder()
-        fns, miss = runtimes("bert", enc, work)
-        missing |= {f"bert: {k}": v for k, v in miss.items()}
-        inputs = {b: enc.example_inputs(b) for b in BERT_BATCHES}
-        rows += measure("BERT 6x384, 128 tokens", fns, inputs, args.rounds, args.seconds)
-        check = validate_vs_bare(work)
-    report(gpu_facts(), rows, missing, check)
+    deadline = time.monotonic() + args.deadline
+    work = args.work or Path(tempfile.mkdtemp(prefix="ptopt-bench-gpu-"))
+    work.mkdir(parents=True, exist_ok=True)
+    on_gpu = args.device.startswith("cuda")
+    half = torch.float16 if on_gpu else torch.bfloat16
+    names = GPU_CANDIDATES if on_gpu else CPU_CANDIDATES
+    todo = [m for m in models(args.quick) if m["name"] in args.models.split(",")]
+    procs = {m["name"]: start_search(m, work, args.device, args.budget, names) for m in todo}  # at once
+    data = {"facts": gpu_facts(args.device), "rows": [], "missing": {}, "searches": {}}
+    for m in todo:
+        rep = finish_search(m, procs[m["name"]], work, args.device, deadline - 120)
+        data["searches"][f"{m['name']}: optimize --device {args.device}"] = _search_line(rep)
+        runners, missing = open_kept(rep, work, m["name"], args.device)
+        data["missing"] |= {f"{m['name']}: {k}": v for k, v in missing.items()}
+        module = resnet() if m["name"] == "resnet" else bert_encoder()
+        left = max(0.05, min(args.seconds, (deadline - time.monotonic() - 60) / (8 * len(m["batches"]) * 2)))
+        try:
+            data["rows"] += measure(m, module, runners, args.device, half, args.rounds, left)
+        finally:
+            for r in runners.values():
+                r.close()
+        if m["name"] == "resnet":
+            data["best_resnet"] = _best_packageable(rep, work)
+    from ptopt.optimize.candidates import SPECS
+
+    data["versus"] = versus_target(data["rows"], _name(half), {n for n in SPECS if SPECS[n].packageable})
+    best = data.pop("best_resnet", None)
+    data["validate_vs_bare"] = (
+        validate_vs_bare(best[1] if best else None, best[0] if best else "", args.device, batch=min(32, max(m["batches"])))
+        if on_gpu else {"skipped": "a dry run on the CPU (CUDA events need a GPU)"}
+    )  # fmt: skip
+    report(data)
+
+
+def _search_line(rep: dict) -> str:
+    if "error" in rep:
+        return f"failed: {rep['error']}"
+    kept = [c["name"] for c in rep["candidates"][1:] if c["status"] == "kept"]
+    by_batch = ", ".join(f"batch {b}: {v['name']}" for b, v in (rep.get("best_by_batch") or {}).items())
+    first = f"; {rep['first_try']}" if rep.get("first_try") else ""
+    return (
+        f"best {rep.get('best')} ({by_batch or 'none within the budget'}); kept {', '.join(kept) or 'none'}; "
+        f"{rep.get('elapsed_s')} s of a {rep.get('time_budget_s')} s budget{first}"
+    )
+
+
+def _best_packageable(rep: dict, work: Path) -> tuple[str, Path] | None:
+    """The search's best (packageable by construction) and its file, or None."""
+    if rep.get("best") and rep.get("best_path"):
+        return rep["best"], work / "opt-resnet" / rep["best_path"]
+    return None
 
 
 if __name__ == "__main__":

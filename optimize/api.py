@@ -214,10 +214,9 @@ def optimize(
 
     # the runners set the thread count for the whole process: restored afterwards
     with torch_threads(None):
-        ref_runner = runner_for_loaded(REFERENCE, loaded)
+        ref_runner = _place(runner_for_loaded(REFERENCE, loaded), settings.device)
         search = None
         try:
-            _place(ref_runner, settings.device)
             ref_runner.prepare(settings.threads)
             costs = measure_costs(ref_runner, data["eval"], settings)
             check_budget(costs, settings)
@@ -242,14 +241,15 @@ def optimize(
     return result
 
 
-def _place(ref_runner: Any, device: str) -> None:
-    """The fp32 reference on ``device``: a copy of the module moves there (the candidates are built from the
-    CPU one)."""
+def _place(ref_runner: Any, device: str) -> Any:
+    """The fp32 reference's runner on ``device``: a copy of the module moves there (the candidates are built
+    from the CPU one)."""
     if device != "cpu":
         import copy
 
         ref_runner.module = copy.deepcopy(ref_runner.module)
         ref_runner.place(device)
+    return ref_runner
 
 
 def _optimize_lm(opts: dict[str, Any], say: Callable[[str], None]) -> Any:

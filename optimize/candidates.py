@@ -35,6 +35,12 @@ pruned30-ft             ``prune("structured", 0.3, fine_tune_data=train)``      
 pruned30-ft-int8        the above, then ``quantize(mode="static")``                 ``train_data``
 ======================  ==========================================================  ==================
 
+On a GPU (``--device cuda``, ``Spec.devices``) the catalogue is another: the fp32 reference and fp32 torch
+formats, then ``fp16-``/``bf16-torchscript``, ``fp16-``/``bf16-exported-program``, ``fp16-onnx-cuda`` (ONNX
+Runtime's CUDA provider), ``fp16-compiled-graphs`` (the fp16 ExportedProgram through
+``torch.compile(mode="reduce-overhead")``: reported, not packageable), ``fp16-aoti``, ``fp16-aoti-graphs``
+(the same package replayed as CUDA graphs) and ``bf16-aoti``; each built with ``export(..., device=)``.
+
 The runtimes users would pick instead come first (OpenVINO fp32, bf16 and NNCF int8, ONNX Runtime's
 ``quantize_dynamic``), then the refinements of NNCF int8 when it was rejected (float layers, NNCF's
 accuracy control): when the time budget runs short, they are the ones still tried. On all-MiniLM-L6-v2

@@ -81,3 +81,19 @@ def test_without_cuda_it_says_so_in_one_line():
         run.stderr.strip().splitlines() == [run.stderr.strip()]
         and "bench_gpu: needs a CUDA GPU" in run.stderr
     )
+
+
+def test_versus_target_picks_ptopts_fastest_and_fastest_packageable(bench):
+    """At each batch: ptopt's fastest kept artifact (any runtime) and its fastest packageable one, each over
+    torch.compile of the fp16 model; baselines never count as ptopt's."""
+
+    def row(runtime, ms, ours=True):
+        return {"model": "m", "batch": 1, "runtime": runtime, "p50_ms": ms, "ptopt": ours}
+
+    rows = [
+        row("fp16 torch.compile", 2.0, False), row("fp16 eager", 0.5, False),
+        row("fp16-compiled-graphs", 1.0), row("fp16-torchscript", 4.0), row("fp16-aoti", 1.6),
+    ]  # fmt: skip
+    (v,) = bench.versus_target(rows, "fp16", {"fp16-torchscript", "fp16-aoti"})
+    assert v["best"] == {"name": "fp16-compiled-graphs", "p50_ms": 1.0, "vs_target": 2.0}
+    assert v["best_packageable"]["name"] == "fp16-aoti" and v["best_packageable"]["vs_target"] == 1.25

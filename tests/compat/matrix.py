@@ -451,6 +451,35 @@ import torchvision  # now imports; detection ops (nms) are not usable
 ```
 
 `tests.compat.models.ensure_torchvision_ops()` does this only when the extension does not load.
+
+## torch versions: 2.11 to 2.13
+
+ptopt installs with `torch>=2.11,<2.14`. **2.13** (the CPU wheel) is the release every test runs on;
+**2.11** is what GPU machines ship (the lent H100 and H200 images have 2.11.0+cu130), and CI's second
+job (`.ci/run`) runs a subset on it: the layout and format table, the zoo CNN through quantize, every
+export target and validate, and the AOTInductor loading below. What differs by version:
+
+- **Loading an AOTInductor package** (validate, export's parity check, `load_model`, Triton). On 2.13:
+  `torch._inductor.aoti_load_package` in the process. On any other release (2.11): each package is first
+  loaded in a child process (`formats/aoti_files.py`, `TESTED_TORCH`); if torch's package loader crashes
+  there, torch's model-container runner (`formats/aoti_container.py`) is tried in a child and, when it
+  loads, used; else one line, exit 2.
+- **A package built by another torch** is refused before loading, on every release (the version is in
+  the package metadata).
+- **torchvision** (the compat extra): 0.28.0 for 2.13, installed with `--no-deps` (section above); 0.26.0
+  is 2.11's release, and CI's 2.11 job installs no extras.
+- **torchao** (PT2E int8, weight-only LLM int8/int4): tested with 0.18 on 2.13; not tested on 2.11 (it is
+  not on the GPU image either).
+
+`PTOPT_AOTI_LOAD_CHECK=1|0` forces the child check on or off, `PTOPT_AOTI_LOADER=package|container` picks a
+loader. Measured on this project's CPU machine (AMD EPYC, avx2, 2 cores, other jobs running) with PyPI's
+torch 2.11.0 x86_64 wheel (the CUDA build, 531 MB, plus 1.2 GB of nvidia-* wheels: a 5.0 GB venv with
+ptopt's dependencies; it imports and runs without a GPU): the download took 36 s, the installs 8 minutes on
+the loaded machine, and 336 tests (`tests/core`, the zoo, every export target, static int8, validate's API)
+passed in 549 s. AOTInductor packages compile and load there with torch 2.11 (`benchmarks/probe_aoti_load.py`:
+plain, with ptopt's options, and through `ptopt.export`), so the crash seen on the H100 image comes from that
+image, not from torch 2.11 itself ([gpu.md](gpu.md)). No CPU-only torch 2.11 wheel is reachable (PyPI has
+none for x86_64; the PyTorch CPU index is not reachable from here or CI).
 """
 
 
