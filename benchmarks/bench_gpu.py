@@ -304,11 +304,7 @@ def measure(m: dict, module, runners: dict, device: str, half, rounds: int, seco
     rows = []
     for rt, bs in calls:
         ref = flatten_outputs(calls[("fp32 eager", bs)]())
-        diff = (
-            None
-            if rt == "fp32 eager"
-            else compare(ref, [t.float() for t in flatten_outputs(calls[(rt, bs)]())])
-        )
+        diff = None if rt == "fp32 eager" else compare(ref, flatten_outputs(calls[(rt, bs)]()))
         st, base = stats[(rt, bs)], stats[("fp32 eager", bs)]
         rows.append({
             "model": m["label"], "runtime": rt, "batch": bs, "p50_ms": st["p50_ms"],

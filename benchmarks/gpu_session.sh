@@ -18,6 +18,9 @@ DEADLINE=${DEADLINE:-440}
 WORK=/tmp/gpu-work
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1
+# the C++ compiler Inductor builds AOTInductor libraries with (it reads CXX): the image's CXX=/opt/gcc/bin/g++
+# made libraries that crash in torch's loader (2026-11-27, H200); PTOPT_GPU_CXX (default: g++ on the PATH)
+export CXX=${PTOPT_GPU_CXX:-g++} CC=${PTOPT_GPU_CC:-gcc}
 
 finish() {
     tar czf "$OUT/logs.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d *.log opt-*/report.json opt-*/summary.md 2>/dev/null) 2>/dev/null

@@ -59,7 +59,20 @@ class TorchScript(Format):
         return torch.jit.load(str(path), map_location=device).eval()
 
     def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
-        return TorchModuleRunner.from_loaded(name, loaded, "torch.jit", sidecar_batch_range(loaded))
+        return TorchScriptRunner.from_loaded(name, loaded, "torch.jit", sidecar_batch_range(loaded))
+
+
+class TorchScriptRunner(TorchModuleRunner):
+    """A TorchScript archive on a device: loaded again onto it (``map_location``). ``.to(device)`` does not
+    move a frozen module's weights: freezing made them constants of the graph (seen on an H200: every fp16
+    CUDA archive failed in the interpreter after ``.to``)."""
+
+    def _move(self, device: str) -> Any:
+        import torch
+
+        if self.path is None:
+            return self.module.to(device)
+        return torch.jit.load(str(self.path), map_location=device).eval()
 
     def export_options(self, source: Any, config: Any, calib: Any, **kw: Any) -> tuple[dict, None]:
         return {"script": config.script}, None

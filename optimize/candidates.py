@@ -430,19 +430,24 @@ def _ort_cuda(ctx: Context) -> str | None:
 
 
 def _graphs_of(name: str) -> Callable[[Context], Any]:
-    """The fp16 AOTInductor package ``name`` built already, replayed as CUDA graphs: the same file, its
-    sidecar marked ``cuda_graphs`` (what ptopt's loaders read to wrap it in ``ptopt.core.cudagraph``; it
-    saves compiling the package again), or ``export --cuda-graphs`` when ``name`` was not built."""
+    """The AOTInductor package ``name`` built already, replayed as CUDA graphs: the same file, its sidecar
+    marked ``cuda_graphs`` (what ptopt's loaders read to wrap it in ``ptopt.core.cudagraph``; what ``export
+    --cuda-graphs`` writes, without compiling the package again)."""
 
     def build(ctx: Context) -> Any:
-        if name not in ctx.built:
-            return _export("aoti", "fp16", cuda_graphs=True)(ctx)
         res = copy.copy(ctx.built[name])
         res.template = dataclasses.replace(res.template, extra={**res.template.extra, "cuda_graphs": True})
         res.artifact = None
         return res
 
     return build
+
+
+def _built(name: str) -> Callable[[Context], str | None]:
+    def when(ctx: Context) -> str | None:
+        return None if name in ctx.built else f"{name} was not built (this candidate replays its package)"
+
+    return when
 
 
 def _reuse(name: str, build: Callable[[Context], Any]) -> Callable[[Context], Any]:
@@ -766,9 +771,9 @@ CATALOGUE: tuple[Spec, ...] = (
         2,
         ("export --target aoti --precision fp16 --device cuda --cuda-graphs",),
         _graphs_of("fp16-aoti"),
-        60,
-        120,
-        _compiler,
+        0,
+        0,
+        _built("fp16-aoti"),
         devices=("cuda",),
     ),
     _gpu("bf16-aoti", "bf16 AOTInductor (CUDA)", "aoti", "bf16", 60, fixed=120, when=_bf16_aoti),
