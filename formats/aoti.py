@@ -62,8 +62,9 @@ class AotiPackage(Format):
 
     def reload(self, path: Path, *, style: str = "positional", device: str = "cpu", **kw: Any) -> Any:
         check_version(path)  # before any of its native code loads: a clear line naming both versions
-        model = load_aoti(path, device=device)
-        if kw.get("cuda_graphs") and device.startswith("cuda"):
+        graphs = bool(kw.get("cuda_graphs")) and device.startswith("cuda")
+        model = load_aoti(path, device=device, graphs=graphs)
+        if graphs:
             from ptopt.core.cudagraph import CudaGraphed
 
             model = CudaGraphed(model, device)
@@ -93,13 +94,15 @@ class AotiPackage(Format):
 FORMAT = AotiPackage()
 
 
-def load_aoti(path: str | os.PathLike, recorded_version: str | None = None, device: str = "cpu") -> Any:
+def load_aoti(
+    path: str | os.PathLike, recorded_version: str | None = None, device: str = "cpu", graphs: bool = False
+) -> Any:
     """The package at ``path`` loaded with ``torch._inductor.aoti_load_package`` (callable like its
     source; on ``cuda:N`` onto that GPU), after the torch version check (:func:`check_version`)."""
     from ptopt.formats.capture import quiet_export
 
     with quiet_export():
-        return load_package(path, recorded_version, device=device)
+        return load_package(path, recorded_version, device=device, single_threaded=graphs)
 
 
 class AotiRunner(TorchModuleRunner):
@@ -121,8 +124,10 @@ class AotiRunner(TorchModuleRunner):
 
         art = Artifact.maybe_load(self.path) if self.path else None
         # a package is compiled for one device kind: load_package refuses another, naming both
-        module = load_package(self.path, art.extra.get("torch_version") if art else None, device=device)
-        if self.info.get("cuda_graphs") and device.startswith("cuda"):
+        graphs = bool(self.info.get("cuda_graphs")) and device.startswith("cuda")
+        version = art.extra.get("torch_version") if art else None
+        module = load_package(self.path, version, device=device, single_threaded=graphs)
+        if graphs:
             from ptopt.core.cudagraph import CudaGraphed
 
             module = CudaGraphed(module, device)

@@ -60,7 +60,9 @@ class ContainerModel:
     """One model of a package, run by the model-container runner (module docstring); callable like the
     package loader's model. The unpacked folder is removed when the object goes."""
 
-    def __init__(self, path: str | Path, model: str = "model", device: str = "cpu") -> None:
+    def __init__(
+        self, path: str | Path, model: str = "model", device: str = "cpu", single_threaded: bool = False
+    ) -> None:
         import torch
 
         folder = Path(tempfile.mkdtemp(prefix="ptopt-aoti-"))
@@ -68,7 +70,8 @@ class ContainerModel:
         so = unpack_model(path, model, folder)
         aoti = torch._C._aoti
         if str(device).startswith("cuda"):
-            self.runner = aoti.AOTIModelContainerRunnerCuda(str(so), 1, str(device), str(folder))
+            runner = aoti.AOTIModelContainerRunnerCuda
+            self.runner = runner(str(so), 1, str(device), str(folder), bool(single_threaded))
         else:
             self.runner = aoti.AOTIModelContainerRunnerCpu(str(so), 1)
         self.device = str(device)

@@ -112,9 +112,10 @@ def check_version(path: str | os.PathLike, recorded: str | None = None) -> None:
 
 
 #: the torch releases ptopt's AOTInductor loading is tested on. Under any other, each package is first
-#: loaded in a child process (once per file), since some builds crash the whole process inside the loader:
-#: torch 2.11.0+cu130 (the GPU machine's image, 2026-11-27) dies with SIGSEGV in ``aoti_load_package`` on
-#: every package, ptopt's or plain torch's, CPU or CUDA (``benchmarks/probe_aoti_load.py``).
+#: loaded in a child process (once per file), since a package can crash the whole process inside the loader:
+#: on the GPU machine's torch 2.11.0+cu130 image (2026-11-27) every package whose library the image's
+#: CXX=/opt/gcc/bin/g++ compiled died with SIGSEGV in ``aoti_load_package`` (and in the model-container
+#: runner), CPU or CUDA; with the system g++ 13.3 they load (``benchmarks/probe_aoti_load.py``).
 TESTED_TORCH = "2.13."
 #: ``PTOPT_AOTI_LOAD_CHECK=1`` forces the child-process check, ``0`` turns it off
 LOAD_CHECK_ENV = "PTOPT_AOTI_LOAD_CHECK"
@@ -222,8 +223,10 @@ def _load_failure(
         )
     last = _last_line(run)
     why = (
-        f"crashes with {sig} on this package (tried in a child process, so this one goes on): a bug of that "
-        "torch build, seen with torch 2.11.0+cu130 on every package, plain torch's too"
+        f"crashes with {sig} on this package (tried in a child process, so this one goes on): its library was "
+        f"compiled with CXX={os.environ.get('CXX') or 'g++'}; on the GPU machine's torch 2.11 image, libraries "
+        "built by its CXX=/opt/gcc/bin/g++ crashed this way on every package and the system g++ (13.3) made "
+        "ones that load: export again with CXX=g++"
         if sig in CRASH_SIGNALS
         else f"was ended by {sig} while loading this package in a child process (out of memory?)"
     )
@@ -238,13 +241,18 @@ def _load_failure(
 
 
 def load_package(
-    path: str | os.PathLike, recorded_version: str | None = None, device: str | None = None
+    path: str | os.PathLike,
+    recorded_version: str | None = None,
+    device: str | None = None,
+    single_threaded: bool = False,
 ) -> Any:
     """The package loaded with ``torch._inductor.aoti_load_package`` (callable like its source),
     after :func:`check_version`; with fixed-batch models in it (``--static-batch``), a
     :class:`FixedBatchDispatch` over all of them. A package runs on the device kind it was compiled for
     (``AOTI_DEVICE_KEY``): ``device`` (None: that kind) must match it (ModelLoadError otherwise);
-    ``cuda:N`` loads it onto GPU N."""
+    ``cuda:N`` loads it onto GPU N. ``single_threaded``: torch's ``run_single_threaded`` (no thread
+    synchronization around each call: what a CUDA-graph capture needs; with it, torch 2.11's container
+    calls fail inside a capture, ``operation not permitted when stream is capturing``)."""
     import torch
 
     check_version(path, recorded_version)
@@ -264,15 +272,16 @@ def load_package(
         from ptopt.formats.aoti_container import ContainerModel
 
         where = "cpu" if index < 0 else f"cuda:{index}"
-        load_model = lambda p, n, device_index: ContainerModel(p, n, where)  # noqa: E731
+        load_model = lambda p, n, **_: ContainerModel(p, n, where, single_threaded)  # noqa: E731
     else:
         from torch._inductor.package import load_package as load_model
-    default = load_model(str(path), DEFAULT_MODEL, device_index=index)
+    how = dict(device_index=index, run_single_threaded=single_threaded)
+    default = load_model(str(path), DEFAULT_MODEL, **how)
     batches = {n: static_model_batch(n) for n in package_models(path)}
     fixed_names = {n: b for n, b in batches.items() if b is not None}
     if not fixed_names:
         return default
-    fixed = {b: load_model(str(path), n, device_index=index) for n, b in fixed_names.items()}
+    fixed = {b: load_model(str(path), n, **how) for n, b in fixed_names.items()}
     return FixedBatchDispatch(default, fixed)
 
 
