@@ -58,6 +58,9 @@ class TorchScript(Format):
 
         return torch.jit.load(str(path), map_location=device).eval()
 
+    def export_options(self, source: Any, config: Any, calib: Any, **kw: Any) -> tuple[dict, None]:
+        return {"script": config.script}, None
+
     def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
         return TorchScriptRunner.from_loaded(name, loaded, "torch.jit", sidecar_batch_range(loaded))
 
@@ -73,9 +76,6 @@ class TorchScriptRunner(TorchModuleRunner):
         if self.path is None:
             return self.module.to(device)
         return torch.jit.load(str(self.path), map_location=device).eval()
-
-    def export_options(self, source: Any, config: Any, calib: Any, **kw: Any) -> tuple[dict, None]:
-        return {"script": config.script}, None
 
 
 FORMAT = TorchScript()
