@@ -1,4 +1,6 @@
-"""Options shared by several commands, so every command spells them the same way."""
+"""The click side of the options: the options every command declares from its config dataclasses
+(``declared``, from ``ptopt.core.options``), and the few common ones every command spells the same way
+(MODEL qualifiers, data, output, recipe, quiet)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,19 @@ def output_option(required: bool = True, folder_ok: bool = False) -> Callable[[F
         help="Where to write the artifact (a .ptopt.json sidecar is written next to it)"
         + ("; a folder for --mode weight-only." if folder_ok else "."),
     )
+
+
+def data_option(flag: str, help: str, *, required: bool = False, metavar: str = "DATA") -> Callable[[F], F]:
+    """A DATA reference the command reads (``--calib-data``, ``--eval-data``, ``--data`` ...)."""
+    return click.option(flag, required=required, metavar=metavar, help=help)
+
+
+def progress_option(f: F) -> F:
+    return click.option("--no-progress", is_flag=True, help="No progress bars.")(f)
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
 
 
 def echo_table(table: Any) -> None:
@@ -101,3 +116,70 @@ def guard_paths(inputs: dict[str, str], outputs: dict[str, str]) -> Callable[[F]
         return wrapper
 
     return deco
+
+
+def declared(spec: Any, *, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """The click options of ``spec`` (a ``ptopt.core.options.Options``): its selector (``--mode``
+    ...) and one option per declared field; ``skip``: names the command spells itself. The command
+    receives every option under its field's name, None (or ``()``) when not given: pass
+    ``given(options)`` to the twin."""
+
+    def deco(f: F) -> F:
+        for decls, kwargs in reversed(list(_click_specs(spec, skip))):
+            f = click.option(*decls, **kwargs)(f)
+        return f
+
+    return deco
+
+
+def given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options the user gave (a command's ``**options``: None and ``()`` mean not given)."""
+    return {k: v for k, v in options.items() if v is not None and v != ()}
+
+
+def _click_specs(spec: Any, skip: tuple[str, ...]) -> Any:
+    """``(param decls, click.option keywords)`` for the selector and every declared option."""
+    sel = spec.selector
+    if sel is not None and sel.name not in skip:
+        yield (
+            (sel.cli_flag, sel.name),
+            dict(type=click.Choice(list(sel.choices())), required=sel.required, help=sel.help),
+        )
+    label = (lambda c: getattr(c, sel.name, "") or c.__name__) if sel is not None else None
+    for name, d in spec.declared().items():
+        if not d.opt.cli or name in skip:
+            continue
+        yield _click_option(spec, d, label)
+
+
+def _click_option(spec: Any, d: Any, label: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    o = d.opt
+    flags = (d.flag, *([o.short] if o.short else []))
+    kw: dict[str, Any] = {"default": None, "help": _help(spec, d, label)}
+    if d.kind is bool and o.toggle:
+        flags = (f"{d.flag}/--no-{d.flag[2:]}",)
+    elif d.kind is bool:
+        kw |= {"is_flag": True, "flag_value": not o.negate}
+    else:
+        kw["type"] = {int: int, float: float}.get(d.kind, str)
+        kw["metavar"] = o.metavar or None
+        if o.repeat:
+            kw |= {"multiple": True, "default": ()}
+    return (*flags, d.name), kw
+
+
+def _help(spec: Any, d: Any, label: Any) -> str:
+    """The field's help, where it applies, its choices and default (from the declaration)."""
+    o = d.opt
+    parts = []
+    sel = spec.selector
+    if sel is not None and sel.config is not None or (sel is not None and o.applies):
+        where = [c for c in sel.choices() if spec.applies(d.name, c)]
+        if len(where) < len(sel.choices()):
+            parts.append(f"{sel.cli_flag} {', '.join(where)}")
+    if o.choices:
+        parts.append(" | ".join(o.choices))
+    default = "" if d.kind is bool and not o.toggle else d.default_text(label)
+    if default:
+        parts.append(f"default {default}")
+    return o.help + (f" [{'; '.join(parts)}]" if parts else "")

@@ -1,4 +1,4 @@
-"""``ptopt quantize MODEL --mode dynamic|static|qat -o OUT``."""
+"""``ptopt quantize MODEL --mode dynamic|static|qat|weight-only -o OUT`` (options: the mode configs' fields)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,20 @@ import click
 
 from ptopt.cli import autoquant
 from ptopt.cli.options import (
+    data_option,
+    declared,
+    given,
     guard_paths,
     input_shape_option,
+    json_option,
     maybe_save_recipe,
     model_options,
     output_option,
+    progress_option,
     save_recipe_option,
 )
-from ptopt.compress.quantize import table
+from ptopt.compress.quantize.config import OPTIONS
+from ptopt.core.errors import UsageError
 
 #: below this share of int8 parameters the CLI warns (static mode refuses, see compress.quantize.flow)
 MOSTLY_FLOAT = 0.1
@@ -24,83 +30,21 @@ MOSTLY_FLOAT = 0.1
 
 @click.command("quantize")
 @click.argument("model")
-@click.option(
-    "--mode",
-    type=click.Choice(table.modes()),
-    required=True,
-    help="dynamic: Linear/LSTM/GRU/Embedding weights int8, no calibration; static: graph-mode int8 calibrated on "
-    "--calib-data; qat: fake-quant fine-tuning on --train-data, then int8; weight-only: a language model's "
-    "Linear weights to int8/int4 (--bits), written as a Hugging Face folder.",
-)
+@declared(OPTIONS)
 @output_option(required=False, folder_ok=True)
-@click.option("--calib-data", help="DATA to calibrate static int8 on (e.g. builtin:digits32:train).")
-@click.option(
-    "--train-data", help="DATA to fine-tune on in QAT (labelled; without labels it matches fp32 outputs)."
+@data_option(
+    "--calib-data", "DATA to calibrate on (static int8; awq/gptq: text, e.g. builtin:pydoc-text:calib)."
 )
-@click.option(
-    "--eval-data", help="DATA to compare fp32 and int8 accuracy on after quantizing (stored in the sidecar)."
+@data_option(
+    "--train-data", "DATA to fine-tune on in QAT (labelled; without labels it matches fp32 outputs)."
 )
-@click.option(
-    "--backend", default="x86", show_default=True, help="Quantized kernels: x86, fbgemm or qnnpack."
+@data_option(
+    "--eval-data",
+    "DATA to compare fp32 and int8 on after quantizing (stored in the sidecar); what accuracy-aware search "
+    "measures on.",
 )
-@click.option(
-    "--observer", help="Static activation observer: histogram (default; 'entropy'), minmax, percentile."
-)
-@click.option(
-    "--per-tensor", is_flag=True, help="Per-tensor weight scales instead of per-channel (the default)."
-)
-@click.option("--calibration-batches", type=int, help="Static: calibrate on at most this many batches [32].")
-@click.option("--batch-size", type=int, help="Batch size of calibration [32] or QAT training [64].")
-@click.option(
-    "--exclude",
-    multiple=True,
-    metavar="MODULE",
-    help="Keep this module (by name, e.g. layers.2.conv1) in float and don't trace into it (repeatable).",
-)
-@click.option(
-    "--layers", help="Dynamic: comma-separated layer types to quantize [linear,lstm,gru,embedding]."
-)
-@click.option("--epochs", type=int, help="QAT: fine-tuning epochs [1].")
-@click.option("--lr", type=float, help="QAT: learning rate [5e-5].")
-@click.option(
-    "--engine",
-    type=click.Choice(table.engines()),
-    help="fx (default): torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by "
-    "AOTInductor into a .pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points. "
-    "--mode weight-only: torchao (default, a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
-)
-@click.option(
-    "--compile/--no-compile",
-    "compile_",
-    default=None,
-    help="pt2e: compile the int8 graph into an AOTInductor package (default), or with --no-compile "
-    "write the int8 ExportedProgram .pt2 (run it with torch.compile, or ptopt export --target aoti later).",
-)
-@click.option("--bits", type=int, help="Weight-only: 8 or 4 [8].")
-@click.option(
-    "--group-size",
-    type=int,
-    help="Weight-only: a scale per this many input columns (int4: 32, 64, 128 [128]; "
-    "int8: per output channel unless given).",
-)
-@click.option(
-    "--method",
-    help="Weight-only: rtn (round to nearest, default), hqq (int4), awq or gptq (int4; both fitted on --calib-data text).",
-)
-@click.option(
-    "--calibration-samples", type=int, help="Weight-only awq/gptq: windows of calibration text [16]."
-)
-@click.option("--calibration-length", type=int, help="Weight-only awq/gptq: tokens per window [256].")
-@click.option(
-    "--decode-step",
-    type=int,
-    metavar="TOKENS",
-    help="Weight-only: also write decode_step.pt2, the decode step as a torch.export ExportedProgram "
-    "with a static KV cache of TOKENS positions (checked against the model before it is written).",
-)
-@click.option("--no-progress", is_flag=True, help="No progress bars.")
-@click.option("--json", "as_json", is_flag=True, help="Print the artifact's sidecar as JSON.")
-@autoquant.autoquant_options
+@progress_option
+@json_option
 @model_options
 @input_shape_option
 @save_recipe_option
@@ -116,41 +60,14 @@ MOSTLY_FLOAT = 0.1
 )
 def command(
     model: str,
-    mode: str,
-    output: str,
-    calib_data: str | None,
-    train_data: str | None,
-    eval_data: str | None,
-    backend: str,
-    observer: str | None,
-    per_tensor: bool,
-    calibration_batches: int | None,
-    batch_size: int | None,
-    exclude: tuple[str, ...],
-    layers: str | None,
-    epochs: int | None,
-    lr: float | None,
-    engine: str | None,
-    compile_: bool | None,
-    bits: int | None,
-    group_size: int | None,
-    method: str | None,
-    calibration_samples: int | None,
-    calibration_length: int | None,
-    decode_step: int | None,
+    output: str | None,
     no_progress: bool,
     as_json: bool,
-    weights: str | None,
-    allow_pickle: bool,
-    input_shapes: tuple[str, ...],
     save_recipe: str | None,
-    max_accuracy_drop: float | None,
-    min_cosine: float | None,
-    analyze: bool,
-    tuning_budget: str | None,
-    threads: int | None,
+    **params: Any,
 ) -> None:
-    """Quantize MODEL to int8 and write a TorchScript file that loads with plain torch.jit.load.
+    """Quantize MODEL: int8 TorchScript (dynamic, static, qat; --engine pt2e: an AOTInductor .pt2),
+    or a language model's weights to int8/int4 (weight-only: a Hugging Face folder).
 
     \b
     Examples:
@@ -163,62 +80,36 @@ def command(
           --calib-data builtin:pydoc-text:calib --eval-data builtin:pydoc-text:eval -o smollm2.int4
     """
     from ptopt.compress.quantize import quantize
+    from ptopt.core.errors import GateFailedError
 
-    options = _options(locals())
-    if autoquant.wanted(max_accuracy_drop, min_cosine, analyze):  # accuracy-aware search (cli/autoquant.py)
-        goal = dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, tuning_budget=tuning_budget)
-        found = autoquant.run(
-            options, analyze=analyze, threads=threads, as_json=as_json, progress=not no_progress, **goal
+    options = {"model": model, "output": output, **given(params)}
+    searching = any(options.get(k) is not None for k in ("max_accuracy_drop", "min_cosine", "analyze"))
+    if output is None and not options.get("analyze"):
+        raise UsageError(
+            "missing -o/--output for the quantized model"
+            + (" (or use --analyze to write nothing)" if searching else "")
         )
-        if not analyze:
-            maybe_save_recipe(
-                save_recipe, "quantize", options | {k: v for k, v in goal.items() if v is not None}
-            )
-        found.raise_if_missed()
-        return
-    if output is None:
-        raise click.UsageError("Missing option '-o' / '--output'.")
-    res = quantize(**options, progress=not no_progress)
-    maybe_save_recipe(save_recipe, "quantize", options)
-    if as_json:
+    if options.get("analyze"):
+        options["output"] = None
+    try:
+        res = quantize(**options, progress=not no_progress)
+    except GateFailedError as e:  # the search found no candidate meeting the goal: its tables, then exit 1
+        if getattr(e, "result", None) is not None:
+            autoquant.print_search(e.result, as_json)
+        raise
+    if options.get("analyze") and output is not None:
+        click.echo(f"--analyze writes nothing: {output} is not written", err=True)
+    elif not options.get("analyze"):
+        maybe_save_recipe(save_recipe, "quantize", options)
+    found = getattr(res, "search", None) if searching else None
+    if searching:
+        autoquant.print_search(found if found is not None else res, as_json)
+    elif as_json:
         click.echo(json.dumps(res.to_dict(), indent=2, default=str))
     elif "weight_only" in (res.extra or {}):  # a weight-only folder, whichever engine wrote it
         _print_weight_only(res)
     else:
-        _print_report(res, mode)
-
-
-def _options(p: dict[str, Any]) -> dict[str, Any]:
-    """The Python twin's keywords from the command's parameters (weight-only ones only when given)."""
-    options = dict(
-        model=p["model"],
-        mode=p["mode"],
-        output=p["output"],
-        calib_data=p["calib_data"],
-        train_data=p["train_data"],
-        eval_data=p["eval_data"],
-        backend=p["backend"],
-        observer=p["observer"],
-        per_channel=not p["per_tensor"],
-        calibration_batches=p["calibration_batches"],
-        batch_size=p["batch_size"],
-        exclude=tuple(p["exclude"]),
-        layers=tuple(t.strip() for t in p["layers"].split(",") if t.strip()) if p["layers"] else None,
-        epochs=p["epochs"],
-        lr=p["lr"],
-        engine=p["engine"],
-        weights=p["weights"],
-        allow_pickle=p["allow_pickle"],
-        input_shapes=tuple(p["input_shapes"]),
-        **(
-            {} if p["compile_"] is None else {"compile": p["compile_"]}
-        ),  # only when given: recipes stay as they were
-    )
-    llm = dict(bits=p["bits"], group_size=p["group_size"], method=p["method"])
-    llm |= dict(calibration_samples=p["calibration_samples"], calibration_length=p["calibration_length"])
-    llm |= dict(decode_step=p["decode_step"])
-    options |= {k: v for k, v in llm.items() if v is not None}
-    return options
+        _print_report(res, options["mode"])
 
 
 def _print_weight_only(art) -> None:

@@ -56,6 +56,8 @@ class Result:
         #: it: ONNX int8 export of an int8 result quantizes its fp32 source with ORT, without a reload
         self.source = source
         self.artifact: Artifact | None = None
+        #: the search that chose this model, when one did (``ptopt.quantize(..., min_cosine=...)``)
+        self.search: Any = None
         self._writer = writer
         #: files this result was made from; ``save`` never writes over one of them (or their companions)
         self._inputs_paths = tuple(Path(p) for p in inputs_paths if p is not None)

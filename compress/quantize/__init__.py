@@ -4,7 +4,8 @@
 module                   what it holds
 =======================  =====================================================================
 ``api``                  ``quantize``, the Python twin of ``ptopt quantize``
-``config``               the configs (dynamic, static, QAT), validated without torch or an engine
+``config``               the configs (dynamic, static, QAT, weight-only) and the search's options,
+                         validated without torch or an engine; their fields are the options
 ``table``                ``TECHNIQUES``: ``(mode, engine)`` -> handler (``register_technique``)
 ``techniques/``          one handler file per row (``dynamic_fx``, ``static_fx``, ``qat_fx``,
                          ``static_pt2e``, ``qat_pt2e``, ``auto``)
@@ -43,7 +44,9 @@ _EXPORTS = {
             "QATConfig",
             "QuantConfig",
             "StaticQuantConfig",
-            "make_config",
+            "SearchOptions",
+            "WeightOnlyConfig",
+            "OPTIONS",
         )
     },
     "register_technique": "table",

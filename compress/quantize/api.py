@@ -41,86 +41,60 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ptopt.compress.quantize.config import QuantConfig, require_data, resolve_config
+from ptopt.compress.quantize.config import OPTIONS, QuantConfig, SearchOptions, require_data, resolve_config
 from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared
 from ptopt.compress.quantize.table import technique
 from ptopt.compress.stage import check_output, finish
 from ptopt.core.errors import UsageError
 
 
+@OPTIONS.twin
 def quantize(
     model: Any,
     mode: str | None = None,
     output: str | os.PathLike | None = None,
     *,
+    config: QuantConfig | None = None,
     calib_data: Any = None,
     train_data: Any = None,
     eval_data: Any = None,
-    backend: str | None = None,
-    observer: str | None = None,
-    per_channel: bool | None = None,
-    calibration_batches: int | None = None,
-    batch_size: int | None = None,
-    exclude: Any = None,
-    layers: Any = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    config: QuantConfig | None = None,
     input_shapes: Any = (),
     weights: Any = None,
     allow_pickle: bool = False,
     progress: bool = True,
-    max_accuracy_drop: float | None = None,
-    min_cosine: float | None = None,
-    tuning_budget: str | int | None = None,
-    engine: str | None = None,
-    compile: bool | None = None,
-    bits: int | None = None,
-    group_size: int | None = None,
-    method: str | None = None,
-    calibration_samples: int | None = None,
-    calibration_length: int | None = None,
-    decode_step: int | None = None,
+    **options: Any,
 ) -> Any:
     """Quantize ``model`` to int8; returns a :class:`~ptopt.core.result.Result` (see the module doc).
 
     ``model``: an nn.Module, a MODEL reference or a LoadedModel (never modified). ``calib_data``
     (static), ``train_data`` (QAT) and ``eval_data`` (fp32 vs int8 accuracy, in ``metrics``): DATA
     references or in-memory data (tensor, (x, y), dict, Dataset, DataLoader, list of batches).
-    ``output``: also save there. ``exclude``: module names kept float. ``config`` (a
-    ``StaticQuantConfig`` / ``DynamicQuantConfig`` / ``QATConfig``) replaces the loose options
-    (backend ... lr); a loose option that contradicts it is a UsageError. ``max_accuracy_drop`` /
-    ``min_cosine`` (with ``eval_data``, ``tuning_budget``): accuracy-aware search
-    (``ptopt.compress.quantize.autoquant``); raises GateFailedError (after saving the best model when
-    ``output`` is given) when no candidate holds. ``engine``: fx (default, int8 TorchScript) | pt2e
-    (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5
-    accuracy points kept): the rows of ``ptopt.compress.quantize.table``. ``compile=False`` (pt2e):
-    the int8 ExportedProgram ``.pt2`` instead of an AOTInductor package. ``mode="weight-only"``
-    (language models): ``bits`` 8 | 4, ``group_size``, ``method`` rtn | hqq | awq | gptq (awq, gptq
-    fitted on ``calib_data`` text), perplexity on ``eval_data`` text; a folder (``lm_flow``);
-    ``decode_step=N`` adds the decode step as an ExportedProgram with an N-token static KV cache.
+    ``output``: also save there. ``config`` (a ``StaticQuantConfig`` / ``DynamicQuantConfig`` /
+    ``QATConfig`` / ``WeightOnlyConfig``) replaces the loose ``options`` (the fields of the mode's
+    config, listed below); a loose option that contradicts it, or does not apply to the mode, is a
+    UsageError. ``max_accuracy_drop`` / ``min_cosine`` (with ``eval_data``; ``SearchOptions``):
+    accuracy-aware search (``ptopt.compress.quantize.autoquant``): returns the chosen model's Result
+    (``.search``: the search), or raises GateFailedError (after saving the closest model when
+    ``output`` is given; ``.result``: the search) when no candidate holds; ``analyze=True`` returns the
+    search's layer ranking and writes nothing. ``engine``: fx (default, int8 TorchScript) | pt2e
+    (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5 accuracy
+    points kept): the rows of ``ptopt.compress.quantize.table``. ``compile=False`` (pt2e): the int8
+    ExportedProgram ``.pt2`` instead of an AOTInductor package. ``mode="weight-only"`` (language
+    models): ``bits`` 8 | 4, ``group_size``, ``method`` rtn | hqq | awq | gptq (awq, gptq fitted on
+    ``calib_data`` text), perplexity on ``eval_data`` text; a folder (``lm_flow``); ``decode_step=N``
+    adds the decode step as an ExportedProgram with an N-token static KV cache.
     """
-    loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
-    loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
-    trust = dict(weights=weights, allow_pickle=allow_pickle, progress=progress)
-    if max_accuracy_drop is not None or min_cosine is not None:
-        if epochs is not None or lr is not None or train_data is not None:
-            raise UsageError("epochs, lr and train_data do not apply to accuracy-aware quantization")
-        if mode == "weight-only" or bits is not None:
-            raise UsageError(WEIGHT_ONLY_BUDGET)
-        search = dict(eval_data=eval_data, calib_data=calib_data, tuning_budget=tuning_budget, **trust)
-        search |= dict(max_accuracy_drop=max_accuracy_drop, min_cosine=min_cosine, input_shapes=input_shapes)
-        return _accuracy_aware(
-            model, mode, output, config, search | loose | dict(engine=engine, compile=compile)
-        )
-    llm = dict(bits=bits, group_size=group_size, method=method, decode_step=decode_step)
-    llm |= dict(calibration_samples=calibration_samples, calibration_length=calibration_length)
-    loose |= {k: v for k, v in llm.items() if v is not None}
-    config = resolve_config(mode, config, epochs=epochs, lr=lr, engine=engine, compile=compile, **loose)
+    config, search = resolve_config(mode, config, options)
+    common = dict(input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle, progress=progress)
+    if search.active:
+        if train_data is not None:
+            raise UsageError("--train-data does not apply to accuracy-aware quantization (it trains nothing)")
+        return _accuracy_aware(model, config, search, output, calib_data, eval_data, common)
     flow = technique(config.mode, config.engine).flow
     if flow is not None:  # the row runs the whole stage (language models)
+        common.pop("input_shapes")
         return flow(
-            config, model, output, calib_data=calib_data, eval_data=eval_data, train_data=train_data, **trust
+            config, model, output, calib_data=calib_data, eval_data=eval_data, train_data=train_data, **common
         )
     check_output(output, hint=" such as model.int8.pt")
     require_data(config, calib_data=calib_data, train_data=train_data)
@@ -130,17 +104,23 @@ def quantize(
     return finish(result, output)
 
 
-WEIGHT_ONLY_BUDGET = (
-    "--max-accuracy-drop / --min-cosine search dynamic and static int8; a weight-only model is judged on "
-    "perplexity: pass --eval-data text here, and gate with ptopt validate --max-perplexity-increase"
-)
+def _accuracy_aware(
+    model: Any,
+    config: QuantConfig,
+    search: SearchOptions,
+    output: Any,
+    calib_data: Any,
+    eval_data: Any,
+    common: dict[str, Any],
+) -> Any:
+    """``autoquantize`` for ``quantize(max_accuracy_drop=... | min_cosine=... | analyze=True)``: the
+    chosen model's Result (saved at ``output`` when given; ``.search`` the search), the ranking alone
+    with ``analyze``; GateFailedError (``.result``: the search) when no candidate met the goal."""
+    from ptopt.compress.quantize.autoquant import run_search
 
-
-def _accuracy_aware(model: Any, mode: str | None, output: Any, config: Any, options: dict[str, Any]) -> Any:
-    """``autoquantize`` for ``quantize(max_accuracy_drop=... | min_cosine=...)``: the chosen model's
-    Result (saved at ``output`` when given); GateFailedError when no candidate met the goal."""
-    from ptopt.compress.quantize.autoquant import autoquantize
-
-    found = autoquantize(model, mode or getattr(config, "mode", ""), output, config=config, **options)
+    found = run_search(model, config, search, output, calib_data=calib_data, eval_data=eval_data, **common)
+    if search.analyze:
+        return found
     found.raise_if_missed()
+    found.result.search = found
     return found.result

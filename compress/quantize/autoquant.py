@@ -57,65 +57,72 @@ from ptopt.compress.quantize.autoquant_result import (  # noqa: F401 - re-export
 )
 from ptopt.compress.quantize.autoquant_search import Search
 from ptopt.compress.quantize.autoquant_tuner import Tuner
+from ptopt.compress.quantize.config import OPTIONS, SearchOptions
 from ptopt.core.choice import fastest_within
 from ptopt.core.data import split_eval
 from ptopt.core.errors import UsageError
 
 
+@OPTIONS.twin
 def autoquantize(
     model: Any,
-    mode: str,
+    mode: str | None,
     output: str | os.PathLike | None = None,
     *,
     eval_data: Any,
     calib_data: Any = None,
-    max_accuracy_drop: float | None = None,
-    min_cosine: float | None = None,
-    tuning_budget: str | int | None = None,
-    analyze: bool = False,
-    sensitivity: str = "alone",
-    latency_batch_size: int = 32,
-    sensitivity_samples: int = 256,
-    threads: int | None = None,
     config: Any = None,
-    backend: str | None = None,
-    observer: str | None = None,
-    per_channel: bool | None = None,
-    calibration_batches: int | None = None,
-    batch_size: int | None = None,
-    exclude: Any = None,
-    layers: Any = None,
     input_shapes: Any = (),
     weights: Any = None,
     allow_pickle: bool = False,
     progress: bool = True,
-    engine: str | None = None,
-    compile: bool | None = None,
+    **options: Any,
 ) -> AutoQuantResult:
     """Accuracy-aware int8 (see the module docstring); saves at ``output`` when given (never with
     ``analyze``). ``config`` (a static or dynamic quantization config) is the base scheme the search
-    varies; the loose options (backend ... layers) are the same as ``quantize``'s. ``engine``: fx
-    (default), pt2e (static: layers left float through X86InductorQuantizer's module-name config,
-    candidates timed compiled by Inductor; the answer is an AOTInductor package, or with
-    ``compile=False`` the int8 ExportedProgram) or auto (the search runs on both engines, the tuning
-    budget each, and the faster answer that meets the goal is kept: ``extra["engine_choice"]``).
+    varies; ``options`` are ``quantize``'s (``ptopt.compress.quantize.config.OPTIONS``: the goal and
+    the search's ``SearchOptions``, and the base config's fields). ``engine``: fx (default), pt2e
+    (static: layers left float through X86InductorQuantizer's module-name config, candidates timed
+    compiled by Inductor; the answer is an AOTInductor package, or with ``compile=False`` the int8
+    ExportedProgram) or auto (the search runs on both engines, the tuning budget each, and the faster
+    answer that meets the goal is kept: ``extra["engine_choice"]``).
 
     Returns an :class:`AutoQuantResult` (``.result`` the chosen model's Result, ``.artifact`` its
     saved Artifact, ``.candidates``, ``.sensitivity``, ``.met``); when no candidate meets the goal
     the most accurate one is still chosen (and saved) and ``.met`` is False
     (``result.raise_if_missed()`` raises GateFailedError, exit code 1).
     """
-    from ptopt.compress.quantize.config import require_data, resolve_config
+    from ptopt.compress.quantize.config import resolve_config
+
+    base, search = resolve_config(mode, config, options)
+    common = dict(input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle, progress=progress)
+    return run_search(model, base, search, output, calib_data=calib_data, eval_data=eval_data, **common)
+
+
+def run_search(
+    model: Any,
+    base: Any,
+    search: SearchOptions,
+    output: Any,
+    *,
+    calib_data: Any,
+    eval_data: Any,
+    input_shapes: Any,
+    weights: Any,
+    allow_pickle: bool,
+    progress: bool,
+) -> AutoQuantResult:
+    """The search of ``autoquantize`` with its options resolved (``base`` config, ``search``)."""
+    from ptopt.compress.quantize.config import require_data
     from ptopt.compress.quantize.flow import prepare
 
-    trials, seconds = parse_tuning_budget(tuning_budget)
+    trials, seconds = parse_tuning_budget(search.tuning_budget)
     goal = AccuracyGoal(
-        max_accuracy_drop, min_cosine, trials, seconds, sensitivity, latency_batch_size, sensitivity_samples
-    )
-    _check_request(mode, goal, eval_data, analyze)
-    loose = dict(backend=backend, observer=observer, per_channel=per_channel, exclude=exclude, layers=layers)
-    loose |= dict(calibration_batches=calibration_batches, batch_size=batch_size)
-    base = resolve_config(mode, config, engine=engine, compile=compile, **loose)
+        search.max_accuracy_drop, search.min_cosine, trials, seconds, search.sensitivity,
+        search.latency_batch_size, search.sensitivity_samples,
+    )  # fmt: skip
+    analyze, threads = search.analyze, search.threads
+    _check_request(base.mode, goal, eval_data, analyze)
     _check_base(base, analyze, output)
     require_data(base, calib_data=calib_data)
     prep = prepare(base, model, weights, allow_pickle, input_shapes, calib_data, None, eval_data)
@@ -126,13 +133,13 @@ def autoquantize(
     search_data, heldout, split = split_eval(prep.evald) if not analyze else (prep.evald, None, None)
     prep = dataclasses.replace(prep, evald=search_data)
     if base.engine == "auto":
-        found, search, tuner, base, choice = _search_both(prep, base, goal, threads, _logger(progress))
+        found, search_, tuner, base, choice = _search_both(prep, base, goal, threads, _logger(progress))
     else:
-        found, search, tuner = _search(prep, base, goal, threads, analyze, _logger(progress))
+        found, search_, tuner = _search(prep, base, goal, threads, analyze, _logger(progress))
         choice = None
     if analyze:
         return found
-    found.result = _chosen_result(found, search, tuner, base, prep)
+    found.result = _chosen_result(found, search_, tuner, base, prep)
     _judge_unseen(found, tuner, heldout, split)
     if choice is not None:
         found.result.template.extra["engine_choice"] = choice

@@ -12,11 +12,10 @@ import dataclasses
 import re
 from typing import Any
 
+from ptopt.compress.quantize.config import SENSITIVITY_METHODS
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import GateFailedError, UsageError
 
-#: sensitivity: quantize each layer alone, or leave each layer float while the rest is quantized
-SENSITIVITY_METHODS = ("alone", "float")
 DEFAULT_TRIALS = 24
 
 

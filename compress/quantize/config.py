@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from ptopt.compress.quantize.table import DEFAULT_ENGINE
 from ptopt.core.config import Config, reconcile, register_config
 from ptopt.core.errors import UsageError
+from ptopt.core.options import Options, Selector, option
 
 BACKENDS = ("x86", "fbgemm", "qnnpack")
 OBSERVERS = ("minmax", "histogram", "percentile")
@@ -24,6 +25,13 @@ OBSERVER_ALIASES = {"entropy": "histogram", "min-max": "minmax"}
 DYNAMIC_LAYERS = ("linear", "lstm", "gru", "embedding")
 #: ONNX Runtime's name for each observer (``CalibrationMethod``), for re-quantizing in ``ptopt export``
 ORT_CALIBRATION = {"minmax": "MinMax", "histogram": "Entropy", "percentile": "Percentile"}
+#: weight bits weight-only quantization writes, and its methods (``engine_torchao``, ``gptq``)
+WEIGHT_ONLY_BITS = (8, 4)
+WEIGHT_ONLY_METHODS = ("rtn", "hqq", "awq", "gptq")
+#: group sizes tinygemm's int4 CPU kernel takes
+INT4_GROUP_SIZES = (32, 64, 128)
+#: methods fitted on calibration text
+CALIBRATED_METHODS = ("awq", "gptq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,13 +49,35 @@ class QuantConfig(Config):
     order: ClassVar[int] = 0
     #: the argument this mode cannot run without, and what to say when it is missing
     needs: ClassVar[tuple[str, str] | None] = None
-    backend: str = "x86"
-    per_channel: bool = True
-    float_modules: tuple[str, ...] = ()
-    #: fx (torch.ao, int8 TorchScript) | pt2e (torchao, AOTInductor package) | auto (both, the faster)
-    engine: str = DEFAULT_ENGINE
-    #: pt2e: compile into an AOTInductor package (True) or keep the int8 ExportedProgram (False)
-    compile: bool = True
+    backend: str = option("x86", help="Quantized kernels.", choices=BACKENDS)
+    per_channel: bool = option(
+        True,
+        help="Per-tensor weight scales instead of per-channel (the default).",
+        flag="--per-tensor",
+        negate=True,
+    )
+    float_modules: tuple[str, ...] = option(
+        (),
+        help="Keep this module (by name, e.g. layers.2.conv1) in float and don't trace into it (repeatable).",
+        flag="--exclude",
+        metavar="MODULE",
+        repeat=True,
+        aliases=("exclude",),
+    )
+    engine: str = option(
+        DEFAULT_ENGINE,
+        help="fx: torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by AOTInductor into a "
+        ".pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points. --mode weight-only: "
+        "torchao (a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
+    )
+    compile: bool = option(
+        True,
+        help="pt2e: compile the int8 graph into an AOTInductor package (default), or with --no-compile "
+        "write the int8 ExportedProgram .pt2 (run it with torch.compile, or ptopt export --target aoti later).",
+        toggle=True,
+        applies=("static", "qat"),
+        note="the pt2e engine's option",
+    )
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -75,7 +105,9 @@ class DynamicQuantConfig(QuantConfig):
     type_name = "quantize-dynamic"
     mode: ClassVar[str] = "dynamic"
     order: ClassVar[int] = 1
-    layers: tuple[str, ...] = DYNAMIC_LAYERS
+    layers: tuple[str, ...] = option(
+        DYNAMIC_LAYERS, help="Layer types to quantize, comma-separated.", csv=True, choices=DYNAMIC_LAYERS
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -111,10 +143,13 @@ class StaticQuantConfig(QuantConfig):
         "static quantization needs calibration data: pass --calib-data DATA "
         "(e.g. builtin:digits32:train), or use --mode dynamic",
     )
-    #: activation observer: histogram (error-minimizing, "entropy"), minmax, percentile (99.99)
-    observer: str = "histogram"
-    calibration_batches: int = 32
-    batch_size: int = 32
+    observer: str = option(
+        "histogram",
+        help="Activation observer: histogram (error-minimizing, 'entropy'), minmax, percentile (99.99); "
+        "QAT learns min-max ranges.",
+    )
+    calibration_batches: int = option(32, help="Calibrate on at most this many batches.")
+    batch_size: int = option(32, help="Batch size of calibration or QAT training.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -137,15 +172,17 @@ class QATConfig(QuantConfig):
         "QAT needs training data: pass --train-data DATA (labelled, e.g. builtin:digits32:train)",
     )
     observer: str = "minmax"
-    epochs: int = 1
-    lr: float = 5e-5
+    epochs: int = option(1, help="Fine-tuning epochs.")
+    lr: float = option(5e-5, help="Learning rate of the fine-tuning.")
     batch_size: int = 64
-    weight_decay: float = 0.0
-    #: BatchNorm running statistics stop moving after this fraction of the steps
-    freeze_bn_after: float = 0.5
-    #: quantization ranges stop moving after this fraction of the steps
-    freeze_observers_after: float = 0.75
-    seed: int = 0
+    weight_decay: float = option(0.0, help="AdamW weight decay of the fine-tuning.")
+    freeze_bn_after: float = option(
+        0.5, help="BatchNorm running statistics stop moving after this fraction of the steps."
+    )
+    freeze_observers_after: float = option(
+        0.75, help="Quantization ranges stop moving after this fraction of the steps."
+    )
+    seed: int = option(0, help="Seed of the fine-tuning's shuffling.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -164,15 +201,6 @@ class QATConfig(QuantConfig):
                 raise UsageError(f"{f} must be a fraction in [0, 1], got {getattr(self, f)}")
 
 
-#: weight bits weight-only quantization writes, and its methods (``engine_torchao``, ``gptq``)
-WEIGHT_ONLY_BITS = (8, 4)
-WEIGHT_ONLY_METHODS = ("rtn", "hqq", "awq", "gptq")
-#: group sizes tinygemm's int4 CPU kernel takes
-INT4_GROUP_SIZES = (32, 64, 128)
-#: methods fitted on calibration text
-CALIBRATED_METHODS = ("awq", "gptq")
-
-
 @register_config
 @dataclasses.dataclass(frozen=True)
 class WeightOnlyConfig(QuantConfig):
@@ -188,12 +216,25 @@ class WeightOnlyConfig(QuantConfig):
     mode: ClassVar[str] = "weight-only"
     order: ClassVar[int] = 4
     engine: str = "torchao"
-    bits: int = 8
-    group_size: int | None = None
-    method: str = "rtn"
-    calibration_samples: int = 16
-    calibration_length: int = 256
-    decode_step: int = 0
+    bits: int = option(8, help="Weight bits.", choices=("8", "4"))
+    group_size: int | None = option(
+        None,
+        help="A scale per this many input columns (int4: 32, 64, 128 [128]; int8: per output channel "
+        "unless given).",
+    )
+    method: str = option(
+        "rtn",
+        help="rtn (round to nearest), hqq (int4), awq or gptq (int4; both fitted on --calib-data text).",
+        choices=WEIGHT_ONLY_METHODS,
+    )
+    calibration_samples: int = option(16, help="awq/gptq: windows of calibration text.")
+    calibration_length: int = option(256, help="awq/gptq: tokens per window.")
+    decode_step: int = option(
+        0,
+        help="Also write decode_step.pt2, the decode step as a torch.export ExportedProgram with a static KV "
+        "cache of TOKENS positions (checked against the model before it is written).",
+        metavar="TOKENS",
+    )
 
     @property
     def needs(self) -> tuple[str, str] | None:  # type: ignore[override]
@@ -241,58 +282,134 @@ CONFIGS: dict[str, type[QuantConfig]] = {
     c.mode: c for c in (DynamicQuantConfig, StaticQuantConfig, QATConfig, WeightOnlyConfig)
 }
 MODES = tuple(CONFIGS)
-#: the loose options each mode takes besides the shared ones (backend, per_channel, engine, compile)
-MODE_OPTIONS = {
-    "static": ("observer", "calibration_batches", "batch_size"),
-    "qat": ("observer", "epochs", "lr", "batch_size"),
-    "dynamic": ("layers",),
-    "weight-only": (
-        "bits",
-        "group_size",
-        "method",
-        "calibration_samples",
-        "calibration_length",
-        "decode_step",
-    ),
-}
+#: the modes accuracy-aware quantization searches
+SEARCHED = ("dynamic", "static")
+SENSITIVITY_METHODS = ("alone", "float")
+_NOT_SEARCHED = (
+    "accuracy-aware search runs on --mode static and dynamic; QAT trains instead, and a weight-only model "
+    "is judged on perplexity: pass --eval-data text, and gate with ptopt validate --max-perplexity-increase"
+)
 
 
-def make_config(mode: str, **options: Any) -> QuantConfig:
-    """The config of ``mode`` from keyword options; options of other modes are ignored when None."""
-    if mode not in CONFIGS:
-        raise UsageError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
-    cls = CONFIGS[mode]
-    fields = {f.name for f in dataclasses.fields(cls)}
-    given = {k: v for k, v in options.items() if v is not None}
-    wrong = sorted(set(given) - fields)
-    if wrong:
-        raise UsageError(f"--mode {mode} takes no option(s) {', '.join(wrong)}")
-    return cls(**given)
+@dataclasses.dataclass(frozen=True)
+class SearchOptions:
+    """Accuracy-aware quantization (``ptopt.compress.quantize.autoquant``): the goal the search aims
+    at, how long it may search, and how it ranks the layers. Active with a goal or ``analyze``."""
 
+    max_accuracy_drop: float | None = option(
+        None,
+        help="Keep the top-1 accuracy drop on labelled --eval-data <= PTS points; the fastest candidate that "
+        "holds is written (exit 1 with the best one if none does).",
+        metavar="PTS",
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
+    min_cosine: float | None = option(
+        None,
+        help="Keep the per-sample cosine of int8 to fp32 outputs >= C on --eval-data (no labels needed); the "
+        "fastest candidate that holds is written.",
+        metavar="C",
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
+    tuning_budget: str | int | None = option(
+        None,
+        help="How long the accuracy-aware search may take: N candidates (e.g. 30) or a time (90s, 5m); "
+        "default 24 candidates.",
+        metavar="N|TIME",
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
+    analyze: bool = option(
+        False,
+        help="Print the ranked layer sensitivity on --eval-data and write nothing.",
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
+    threads: int | None = option(
+        None,
+        help="Accuracy-aware: torch threads while timing candidates (default: the current setting).",
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
+    sensitivity: str = option(
+        "alone",
+        help="Accuracy-aware: rank each layer quantized alone, or left float while the rest is int8.",
+        choices=SENSITIVITY_METHODS,
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
+    latency_batch_size: int = option(
+        32,
+        help="Accuracy-aware: the batch size candidates are timed at.",
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
+    sensitivity_samples: int = option(
+        256,
+        help="Accuracy-aware: eval samples the layer sensitivity is measured on.",
+        applies=SEARCHED,
+        note=_NOT_SEARCHED,
+    )
 
-def resolve_config(mode: str | None, config: QuantConfig | None, **options: Any) -> QuantConfig:
-    """One config from ``config`` or the loose ``options``; a config with a contradicting option (or
-    another ``mode``) is refused. Options of another mode are ignored (as ``ptopt quantize`` does)."""
-    for key in ("exclude", "layers"):  # an empty list means "not given"
-        options[key] = tuple(options[key]) if options.get(key) else None
-    if config is not None:
-        if mode is not None and mode != config.mode:
+    def __post_init__(self) -> None:
+        if not self.active and (self.tuning_budget is not None or self.threads is not None):
             raise UsageError(
-                f"mode {mode!r} contradicts the given {type(config).__name__} (mode {config.mode!r})"
+                "--tuning-budget and --threads tune accuracy-aware quantization: give --max-accuracy-drop "
+                "PTS or --min-cosine C (or --analyze)"
             )
-        reconcile(config, options, {"exclude": "float_modules"})
-        return config
-    if mode == "dynamic" and options.get("observer") is not None:
-        raise UsageError("--observer applies to static quantization (dynamic mode observes every batch)")
-    keep = MODE_OPTIONS.get(mode or "", ())
-    stray = [k for k in MODE_OPTIONS["weight-only"] if options.get(k) is not None and k not in keep]
-    if stray:
-        flags = ", ".join("--" + k.replace("_", "-") for k in stray)
+
+    @property
+    def active(self) -> bool:
+        """A goal or ``analyze`` was given: quantize searches instead of quantizing once."""
+        return self.max_accuracy_drop is not None or self.min_cosine is not None or self.analyze
+
+
+def _mode_config(mode: str) -> type[QuantConfig]:
+    return CONFIGS[mode]
+
+
+def _modes() -> list[str]:
+    from ptopt.compress.quantize.table import modes
+
+    return modes()
+
+
+#: the options of ``ptopt quantize`` / ``ptopt.quantize``: every mode's config, and the search's
+OPTIONS = Options(
+    "quantize",
+    lambda: (*(CONFIGS[m] for m in _modes()), SearchOptions),
+    Selector(
+        "mode",
+        "dynamic: Linear/LSTM/GRU/Embedding weights int8, no calibration; static: graph-mode int8 calibrated "
+        "on --calib-data; qat: fake-quant fine-tuning on --train-data, then int8; weight-only: a language "
+        "model's Linear weights to int8/int4 (--bits), written as a Hugging Face folder.",
+        _modes,
+        _mode_config,
+    ),
+)
+
+
+def resolve_config(
+    mode: str | None, config: QuantConfig | None, options: dict[str, Any]
+) -> tuple[QuantConfig, SearchOptions]:
+    """The config and the search options from ``config`` or the loose ``options`` (keywords of
+    ``OPTIONS``, refused where they do not apply to the mode); a config with a contradicting option
+    (or another ``mode``) is refused."""
+    if config is not None and mode is not None and mode != config.mode:
         raise UsageError(
-            f"{flags} appl{'ies' if len(stray) == 1 else 'y'} to --mode weight-only, not --mode {mode}"
+            f"mode {mode!r} contradicts the given {type(config).__name__} (mode {config.mode!r})"
         )
-    opts = {k: options.get(k) for k in ("backend", "per_channel", "engine", "compile", *keep)}
-    return make_config(mode or "", float_modules=options.get("exclude"), **opts)
+    chosen = config.mode if config is not None else mode
+    if chosen not in CONFIGS:
+        raise UsageError(f"unknown mode {chosen!r} (known: {', '.join(_modes())})")
+    given = OPTIONS.check(options, chosen)
+    search = OPTIONS.build(SearchOptions, given)
+    if config is None:
+        config = OPTIONS.build(CONFIGS[chosen], given)
+    else:
+        reconcile(config, OPTIONS.of(type(config), given))
+    return config, search
 
 
 def require_data(config: QuantConfig, **data: Any) -> None:

@@ -95,8 +95,8 @@ def test_quantize_config_replaces_loose_options(digits) -> None:
     [
         ({"observer": "histogram"}, "observer='histogram' contradicts the given StaticQuantConfig"),
         ({"backend": "qnnpack"}, "backend='qnnpack' contradicts"),
-        ({"exclude": ["fc"]}, "exclude=('fc',) contradicts"),
-        ({"epochs": 2}, "epochs= does not apply to a StaticQuantConfig"),
+        ({"exclude": ["fc"]}, "float_modules=('fc',) contradicts"),
+        ({"epochs": 2}, "--epochs applies to --mode qat, not --mode static"),
         ({"mode": "dynamic"}, "mode 'dynamic' contradicts"),
     ],
     ids=["observer", "backend", "exclude", "other-mode-option", "mode"],

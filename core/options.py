@@ -1,0 +1,321 @@
+"""Options declared once: the fields of a stage's frozen config dataclasses are its command's options.
+
+A field made with :func:`option` carries an :class:`Opt` in its metadata: the help, the CLI flag
+(``--`` and the field name, unless given), and the modes / targets / formats it applies to. One
+:class:`Options` per command lists the classes whose fields are its options and, where the command
+has one, the :class:`Selector` (``--mode``, ``--method``, ``--target``, ``--format``) that decides
+which of them apply. Everything else is derived, with no second list anywhere:
+
+- the click options of the command (``ptopt.cli.options.declared``; the library never imports click);
+- the Python twin's keyword arguments: a twin takes ``config=`` (or the loose keywords), data and a
+  few common arguments, and :meth:`Options.check` turns the keywords into typed fields;
+- the keys of a recipe step (``--save-recipe`` writes the keywords given; ``ptopt run`` calls the
+  twin with them).
+
+The CLI passes the options it was given to the twin unchanged, so both refuse the same things with
+the same one line (exit 2): an unknown keyword, and an option that does not apply to the chosen
+mode/target (``--bits applies to --mode weight-only, not --mode dynamic``).
+
+Olive's ``PassConfigParam``, llm-compressor's pydantic modifiers (their fields are the recipe keys)
+and torchao's config-is-the-API are the models: here the config field is the declaration.
+
+Conventions: a field that another config of the same command declares with :func:`option` is the same
+option there (a config may re-default it by plain assignment: ``batch_size: int = 64``). ``None``
+means "not given" (the config's default applies). The library's value of a flag field is a bool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import inspect
+import types
+import typing
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ptopt.core.errors import UsageError
+
+#: the metadata key of a field's :class:`Opt`
+OPT = "ptopt.option"
+
+
+@dataclasses.dataclass(frozen=True)
+class Opt:
+    """What a config field is as an option.
+
+    ``flag``: the CLI spelling (default ``--`` + the field name with dashes); ``short``: e.g. ``-T``.
+    ``applies``: the selector values (modes, targets, formats) it applies to; empty: wherever its
+    config is used. ``choices``: shown in the help (the config validates the value). ``repeat``: a
+    repeatable flag collected into a tuple; ``csv``: one comma-separated value on the CLI, a tuple in
+    Python. ``negate``: a flag that sets the field False (``--per-tensor`` → ``per_channel=False``);
+    ``toggle``: ``--x/--no-x``. ``aliases``: other keyword / recipe names of the same option.
+    ``deprecated``: ``{old spelling: note}``, old flags and keywords that still work with a note.
+    ``note``: what a refusal adds, where to go instead. ``cli``: False for Python / recipe only.
+    ``path``: ``"in"`` or ``"out"``, a file the command reads or writes (never the same file).
+    """
+
+    help: str
+    flag: str = ""
+    short: str = ""
+    metavar: str = ""
+    applies: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+    repeat: bool = False
+    csv: bool = False
+    negate: bool = False
+    toggle: bool = False
+    aliases: tuple[str, ...] = ()
+    deprecated: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    note: str = ""
+    cli: bool = True
+    path: str = ""
+
+
+def option(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, **opt: Any) -> Any:
+    """A config field that is an option (``opt``: the :class:`Opt` fields)."""
+    where = {"default_factory": factory} if factory is not None else {"default": default}
+    return dataclasses.field(metadata={OPT: Opt(help=help, **opt)}, **where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """One option of a command: its name (the config field and keyword), declaration and type."""
+
+    name: str
+    opt: Opt
+    hint: Any
+    #: the classes that have the field, and its default in each
+    defaults: tuple[tuple[type, Any], ...]
+
+    @property
+    def flag(self) -> str:
+        return self.opt.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def kind(self) -> type:
+        """bool, int, float or str: the type of one value (of each item, for a tuple)."""
+        return scalar_type(self.hint)
+
+    @property
+    def many(self) -> bool:
+        return self.opt.repeat or self.opt.csv
+
+    @property
+    def owners(self) -> tuple[type, ...]:
+        return tuple(c for c, _ in self.defaults)
+
+    def default_text(self, label: Callable[[type], str] | None = None) -> str:
+        """The default as the help shows it: one value, or ``fx (weight-only: torchao)`` where the
+        configs differ (the most common first)."""
+        shown = [(c, _show_default(d)) for c, d in self.defaults]
+        values = [v for _, v in shown]
+        common = max(values, key=values.count, default="")
+        others = [f"{label(c)}: {v or 'none'}" for c, v in shown if v != common] if label else []
+        return (common or "none") + (f" ({', '.join(others)})" if others else "") if others else common
+
+
+def _show_default(value: Any) -> str:
+    if value is None or value == () or value is dataclasses.MISSING:
+        return ""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def scalar_type(hint: Any) -> type:
+    """``int | None`` → int, ``tuple[str, ...]`` → str, ``bool`` → bool; anything else → str."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return scalar_type(args[0]) if len(args) == 1 else str
+    if origin is tuple:
+        return scalar_type(args[0]) if args else str
+    if origin is typing.Literal:
+        return type(args[0]) if args else str
+    return hint if hint in (bool, int, float, str) else str
+
+
+@functools.cache
+def fields_of(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """``{name: (field, type hint)}`` of a dataclass (class variables excluded)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints.get(f.name, Any)) for f in dataclasses.fields(cls)}
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+@dataclasses.dataclass(frozen=True)
+class Selector:
+    """The twin's argument that decides which options apply: ``mode`` (quantize), ``method`` (prune),
+    ``target`` (export), ``format`` (package). ``config(choice)`` is the config class a choice uses,
+    whose fields then apply (None: the ``applies`` of each option decides alone)."""
+
+    name: str
+    help: str
+    choices: Callable[[], Sequence[str]]
+    config: Callable[[str], type] | None = None
+    flag: str = ""
+    required: bool = True
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The options of one command: every declared field of ``groups()`` (classes, read lazily so a
+    table can fill them), and the ``selector`` that decides which apply."""
+
+    command: str
+    groups: Callable[[], Sequence[type]]
+    selector: Selector | None = None
+
+    def declared(self) -> dict[str, Declared]:
+        """Every option, by name, in the order the groups declare them."""
+        return _declared(self.groups())
+
+    def keyword(self, name: str) -> str | None:
+        """The option a keyword names (its own name or an alias), or None."""
+        table = self.declared()
+        if name in table:
+            return name
+        for d in table.values():
+            if name in d.opt.aliases or name in d.opt.deprecated:
+                return d.name
+        return None
+
+    def applies(self, name: str, choice: str | None) -> bool:
+        """Whether option ``name`` applies where the selector chose ``choice`` (None: not chosen)."""
+        d = self.declared()[name]
+        if choice is None or self.selector is None:
+            return True
+        if d.opt.applies:
+            return choice in d.opt.applies
+        if self.selector.config is None or choice not in self.selector.choices():
+            return True
+        owner = self.selector.config(choice)
+        family = {self.selector.config(c) for c in self.selector.choices()}
+        if not any(c in family for c in d.owners):  # a group beside the configs (e.g. a search)
+            return True
+        return name in fields_of(owner)
+
+    def check(self, given: Mapping[str, Any], choice: str | None = None) -> dict[str, Any]:
+        """The options ``given`` (keyword → value; None: not given) by their names, each value in its
+        field's type (a comma-separated string or a list → tuple); UsageError for a keyword that is
+        not an option, and for an option that does not apply to ``choice``."""
+        table = self.declared()
+        out: dict[str, Any] = {}
+        for key, value in given.items():
+            if value is None:
+                continue
+            name = self.keyword(key)
+            if name is None:
+                raise UsageError(self._unknown(key))
+            d = table[name]
+            if key in d.opt.deprecated:
+                warnings.warn(f"{key}= is deprecated: {d.opt.deprecated[key]}", FutureWarning, stacklevel=3)
+            if name in out:
+                raise UsageError(f"{self.command}: {d.flag} given twice ({key}= and {name}=)")
+            if not self.applies(name, choice):
+                raise UsageError(self._inapplicable(d, choice))
+            out[name] = coerce(d, value)
+        return out
+
+    def build(self, cls: type, given: Mapping[str, Any], **fixed: Any) -> Any:
+        """``cls`` from the options of ``given`` that are its fields (and ``fixed``); a value of the
+        wrong type is a UsageError naming the option (never a TypeError from inside)."""
+        names = fields_of(cls)
+        kwargs = {k: v for k, v in given.items() if k in names} | fixed
+        try:
+            return cls(**kwargs)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{self.command}: {e}") from None
+
+    def of(self, cls: type, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The options of ``given`` that are fields of ``cls``."""
+        names = fields_of(cls)
+        return {k: v for k, v in given.items() if k in names}
+
+    def _unknown(self, key: str) -> str:
+        names = list(self.declared())
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"; did you mean {close[0]}=?" if close else f" (its options: {', '.join(names)})"
+        return f"{self.command}() takes no option {key}={hint}"
+
+    def _inapplicable(self, d: Declared, choice: str | None) -> str:
+        sel = self.selector
+        assert sel is not None
+        where = [c for c in sel.choices() if self.applies(d.name, c)]
+        msg = (
+            f"{d.flag} applies to {sel.cli_flag} {', '.join(where)}, not {sel.cli_flag} {choice}"
+            if where
+            else f"{d.flag} does not apply to {sel.cli_flag} {choice}"
+        )
+        return msg + (f" ({d.opt.note})" if d.opt.note else "")
+
+    def signature(self, fn: Callable[..., Any]) -> inspect.Signature:
+        """``fn``'s signature with its ``**options`` spelled out as keyword-only parameters."""
+        sig = inspect.signature(fn)
+        params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        have = {p.name for p in params}
+        extra = [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=d.hint)
+            for n, d in self.declared().items()
+            if n not in have
+        ]
+        return sig.replace(parameters=params + extra)
+
+    def twin(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator of a twin ``fn(..., **options)``: its signature and docstring list the options."""
+        fn.__signature__ = self.signature(fn)  # type: ignore[attr-defined]
+        lines = [f"    ``{n}``: {d.opt.help}" for n, d in self.declared().items()]
+        fn.__doc__ = (fn.__doc__ or "") + "\n\n    Options (``ptopt.core.options``):\n\n" + "\n".join(lines)
+        return fn
+
+
+def _declared(groups: Iterable[type]) -> dict[str, Declared]:
+    opts: dict[str, Opt] = {}
+    hints: dict[str, Any] = {}
+    for cls in groups:
+        for name, (f, hint) in fields_of(cls).items():
+            if OPT in f.metadata and name not in opts:
+                opts[name], hints[name] = f.metadata[OPT], hint
+    defaults: dict[str, list[tuple[type, Any]]] = {n: [] for n in opts}
+    for cls in groups:
+        for name, (f, _) in fields_of(cls).items():
+            if name in opts and cls not in (c for c, _ in defaults[name]):
+                defaults[name].append((cls, _default(f)))
+    return {n: Declared(n, opts[n], hints[n], tuple(defaults[n])) for n in opts}
+
+
+def coerce(d: Declared, value: Any) -> Any:
+    """A given value in its field's type: a comma-separated string or a list becomes a tuple."""
+    if d.many or typing.get_origin(d.hint) is tuple or _optional_tuple(d.hint):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()] if d.opt.csv else [value]
+        if isinstance(value, (list, tuple)):
+            return tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    return value
+
+
+def _optional_tuple(hint: Any) -> bool:
+    return any(typing.get_origin(a) is tuple for a in typing.get_args(hint))
+
+
+def cli_values(d: Declared, value: Any) -> Any:
+    """What the CLI passes for option ``d`` given as ``value`` (None / () when not given)."""
+    if value is None or (d.opt.repeat and value == ()):
+        return None
+    return value
