@@ -2,135 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from ptopt.cli.options import maybe_save_recipe, model_options, output_option, save_recipe_option
+from ptopt.cli.options import (
+    data_option,
+    declared,
+    given,
+    guard_paths,
+    maybe_save_recipe,
+    model_options,
+    output_option,
+    save_recipe_option,
+)
+from ptopt.export.config import OPTIONS
 
 
 @click.command("export")
 @click.argument("model")
-@click.option(
-    "--target",
-    required=True,
-    metavar="TARGET",
-    help="torchscript | onnx | openvino (.xml IR, OpenVINO's CPU plugin) | tensorrt | exported_program "
-    "(.pt2) | aoti (.pt2 AOTInductor package, compiled for this CPU, or the GPU of --device, and this torch).",
-)
-@click.option(
-    "--min-shape",
-    "min_shape",
-    multiple=True,
-    metavar="[NAME=]SHAPE",
-    help="Smallest input shape, e.g. 1x1x32x32 or input_ids=1x16 (repeat per input).",
-)
-@click.option(
-    "--opt-shape",
-    "opt_shape",
-    multiple=True,
-    metavar="[NAME=]SHAPE",
-    help="Shape to optimize for (TensorRT's opt profile; the trace/export example).",
-)
-@click.option("--max-shape", "max_shape", multiple=True, metavar="[NAME=]SHAPE", help="Largest input shape.")
-@click.option(
-    "--dynamic-batch", metavar="MIN:OPT:MAX", help="Dynamic batch dimension for every input, e.g. 1:8:64."
-)
-@click.option(
-    "--precision",
-    type=str,
-    default=None,
-    help="fp32 | fp16 | bf16 | int8 (default: the source's). fp16/bf16: weights and activations in "
-    "half precision (torchscript, exported_program, aoti, onnx; fp16 needs --device cuda); onnx: int8 "
-    "via ORT static quantization; tensorrt: fp16/bf16/int8 engines.",
-)
-@click.option(
-    "--device",
-    default=None,
-    help="cpu (default) | cuda | cuda:N: trace / export / compile and check the artifact on that GPU.",
-)
-@click.option(
-    "--cuda-graphs",
-    is_flag=True,
-    help="aoti on --device cuda: replay the package through CUDA graphs (one capture per input shape).",
-)
-@click.option(
-    "--static-batch",
-    "static_batch",
-    metavar="B[,B...]",
-    help="aoti: also compile a fixed-batch model for each of these batch sizes into the package (run "
-    "for a batch of exactly that size; faster: Inductor prepacks conv weights only at a fixed batch).",
-)
-@click.option("--data", help="DATA: input shapes when the model declares none, and int8 calibration.")
-@click.option("--opset", type=int, help="ONNX opset (default: the exporter's).")
-@click.option("--optimize", is_flag=True, help="onnx: save ORT's offline graph optimization of the model.")
-@click.option("--script", is_flag=True, help="torchscript: torch.jit.script instead of tracing.")
-@click.option(
-    "--atol", type=float, help="Parity tolerance, absolute (default 1e-4 fp32, 1e-1 int8, 1e-2 fp16)."
-)
-@click.option("--rtol", type=float, help="Parity tolerance, relative to the largest source output.")
-@click.option(
-    "--min-cosine",
-    type=float,
-    metavar="C",
-    help="Your budget: the worst sample's cosine with the source the artifact must keep (default 0.99 "
-    "int8, 0.999 half, 0.9999 fp32).",
-)
-@click.option(
-    "--int8-method",
-    default="auto",
-    show_default=True,
-    help="int8 ONNX: auto | ort_static (ORT quantizes the fp32 parent with --data) | ort_dynamic "
-    "(ORT quantize_dynamic: int8 matrix products, no calibration data) | qdq_export.",
-)
-@click.option(
-    "--accuracy-control",
-    is_flag=True,
-    help="openvino int8: NNCF's accuracy-aware quantization (nncf.quantize_with_accuracy_control): the ops "
-    "that cost the most stay float until --min-cosine C or --max-accuracy-drop PTS holds on the validation data.",
-)
-@click.option(
-    "--max-accuracy-drop",
-    type=float,
-    metavar="PTS",
-    help="--accuracy-control's goal as points of top-1 below the fp32 model (labelled validation data).",
-)
-@click.option("--validation-data", help="DATA --accuracy-control validates on (default: --data).")
-@click.option(
-    "--exclude",
-    "exclude",
-    multiple=True,
-    metavar="MODULE",
-    help="openvino int8: keep this module (a Linear or Conv of MODEL, e.g. layers.0.ff2) float; repeatable.",
-)
+@declared(OPTIONS)
+@data_option("--data", "DATA: input shapes when the model declares none, and int8 calibration.")
+@data_option("--validation-data", "DATA --accuracy-control validates on (default: --data).")
 @model_options
 @output_option()
 @save_recipe_option
+@guard_paths(
+    {"model": "MODEL", "weights": "--weights", "data": "--data", "validation_data": "--validation-data"},
+    {"output": "-o", "save_recipe": "--save-recipe"},
+)
 def command(
     model: str,
-    target: str,
-    min_shape: tuple[str, ...],
-    opt_shape: tuple[str, ...],
-    max_shape: tuple[str, ...],
-    dynamic_batch: str | None,
-    precision: str | None,
+    output: str,
     data: str | None,
-    opset: int | None,
-    optimize: bool,
-    script: bool,
-    atol: float | None,
-    rtol: float | None,
-    min_cosine: float | None,
-    int8_method: str,
-    accuracy_control: bool,
-    max_accuracy_drop: float | None,
     validation_data: str | None,
-    exclude: tuple[str, ...],
-    device: str | None,
-    cuda_graphs: bool,
-    static_batch: str | None,
     weights: str | None,
     allow_pickle: bool,
-    output: str,
     save_recipe: str | None,
+    **params: Any,
 ) -> None:
     """Export MODEL to TARGET, run the artifact against MODEL at the min/opt/max shapes (parity), and
     write OUT with its .ptopt.json sidecar.
@@ -144,36 +53,13 @@ def command(
     """
     from ptopt.export.api import export
 
-    options = dict(
-        target=target,
-        min_shape=list(min_shape) or None,
-        opt_shape=list(opt_shape) or None,
-        max_shape=list(max_shape) or None,
-        dynamic_batch=dynamic_batch,
-        precision=precision,
-        opset=opset,
-        optimize=optimize or None,
-        script=script or None,
-        atol=atol,
-        rtol=rtol,
-        min_cosine=min_cosine,
-        data=data,
-        weights=weights,
-        allow_pickle=allow_pickle or None,
-        int8_method=None if int8_method == "auto" else int8_method,
-        device=device,
-        cuda_graphs=cuda_graphs or None,
-        static_batches=static_batch,
-        accuracy_control=accuracy_control or None,
-        max_accuracy_drop=max_accuracy_drop,
-        validation_data=validation_data,
-        float_modules=list(exclude) or None,
+    common = dict(
+        data=data, validation_data=validation_data, weights=weights, allow_pickle=allow_pickle or None
     )
-    art = export(
-        model, target, output, **{k: v for k, v in options.items() if k != "target" and v is not None}
-    )
+    options = {"model": model, "output": output, **given(common), **given(params)}
+    art = export(**options)
     _print_result(art)
-    maybe_save_recipe(save_recipe, "export", {"model": model, "output": output, **options})
+    maybe_save_recipe(save_recipe, "export", options)
 
 
 def _print_result(art) -> None:

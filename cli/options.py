@@ -59,6 +59,10 @@ def progress_option(f: F) -> F:
     return click.option("--no-progress", is_flag=True, help="No progress bars.")(f)
 
 
+def quiet_option(f: F) -> F:
+    return click.option("--quiet", "-q", is_flag=True, help="No progress lines.")(f)
+
+
 def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
 
@@ -87,14 +91,20 @@ def maybe_save_recipe(path: str | None, command: str, options: dict[str, Any]) -
         click.echo(f"recipe: {path}", err=True)
 
 
-def guard_paths(inputs: dict[str, str], outputs: dict[str, str]) -> Callable[[F], F]:
+def guard_paths(inputs: dict[str, str], outputs: dict[str, str], spec: Any = None) -> Callable[[F], F]:
     """Refuse (exit 2, before anything loads or is written) an output that would overwrite an input
     or another output of the same command, through ``ptopt.core.outputs.check_outputs``.
 
     ``inputs`` / ``outputs``: ``{parameter name: option label}``; a parameter holding a list (e.g.
     ARTIFACT...) contributes every item. Put it right above ``def command`` (below the options).
+    ``spec``: a command's ``Options``, whose fields declared ``path="in"``/``"out"`` join them.
     """
     import functools
+
+    if spec is not None:
+        for name, d in spec.declared().items():
+            if d.opt.path and d.opt.cli:
+                (inputs if d.opt.path == "in" else outputs)[name] = d.flag
 
     def paths(kwargs: dict[str, Any], names: dict[str, str]) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = []
@@ -140,12 +150,12 @@ def given(options: dict[str, Any]) -> dict[str, Any]:
 def _click_specs(spec: Any, skip: tuple[str, ...]) -> Any:
     """``(param decls, click.option keywords)`` for the selector and every declared option."""
     sel = spec.selector
-    if sel is not None and sel.name not in skip:
+    if sel is not None and sel.cli and sel.name not in skip:
         yield (
             (sel.cli_flag, sel.name),
             dict(type=click.Choice(list(sel.choices())), required=sel.required, help=sel.help),
         )
-    label = (lambda c: getattr(c, sel.name, "") or c.__name__) if sel is not None else None
+    label = sel.label if sel is not None else None
     for name, d in spec.declared().items():
         if not d.opt.cli or name in skip:
             continue
@@ -161,8 +171,8 @@ def _click_option(spec: Any, d: Any, label: Any) -> tuple[tuple[str, ...], dict[
     elif d.kind is bool:
         kw |= {"is_flag": True, "flag_value": not o.negate}
     else:
-        kw["type"] = {int: int, float: float}.get(d.kind, str)
-        kw["metavar"] = o.metavar or None
+        kw["type"] = str if o.csv else {int: int, float: float}.get(d.kind, str)
+        kw["metavar"] = o.metavar or ("FILE" if o.path else None)
         if o.repeat:
             kw |= {"multiple": True, "default": ()}
     return (*flags, d.name), kw
@@ -173,10 +183,11 @@ def _help(spec: Any, d: Any, label: Any) -> str:
     o = d.opt
     parts = []
     sel = spec.selector
-    if sel is not None and sel.config is not None or (sel is not None and o.applies):
+    if sel is not None:
         where = [c for c in sel.choices() if spec.applies(d.name, c)]
         if len(where) < len(sel.choices()):
-            parts.append(f"{sel.cli_flag} {', '.join(where)}")
+            described = [sel.describe(c) for c in where] if sel.describe else []
+            parts.append(" or ".join(described) if described else f"{sel.cli_flag} {', '.join(where)}")
     if o.choices:
         parts.append(" | ".join(o.choices))
     default = "" if d.kind is bool and not o.toggle else d.default_text(label)

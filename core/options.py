@@ -33,7 +33,7 @@ import inspect
 import types
 import typing
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from ptopt.core.errors import UsageError
@@ -133,8 +133,8 @@ def scalar_type(hint: Any) -> type:
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         return scalar_type(args[0]) if len(args) == 1 else str
-    if origin is tuple:
-        return scalar_type(args[0]) if args else str
+    if origin is tuple:  # the type of one item; an item that is itself a tuple is given as text
+        return scalar_type(args[0]) if args and typing.get_origin(args[0]) is not tuple else str
     if origin is typing.Literal:
         return type(args[0]) if args else str
     return hint if hint in (bool, int, float, str) else str
@@ -158,15 +158,22 @@ def _default(field: dataclasses.Field) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Selector:
     """The twin's argument that decides which options apply: ``mode`` (quantize), ``method`` (prune),
-    ``target`` (export), ``format`` (package). ``config(choice)`` is the config class a choice uses,
-    whose fields then apply (None: the ``applies`` of each option decides alone)."""
+    ``target`` (export), ``format`` (package). ``takes(choice)``: the names of the options that choice
+    takes among those some choice takes (quantize: the fields of the mode's config; export: the
+    format's ``write_options``); an option no choice names applies to every choice (unless its
+    ``applies`` says otherwise). ``label(cls)``: how the help names a config's default."""
 
     name: str
     help: str
     choices: Callable[[], Sequence[str]]
-    config: Callable[[str], type] | None = None
+    takes: Callable[[str], Collection[str]] | None = None
     flag: str = ""
     required: bool = True
+    label: Callable[[type], str] | None = None
+    #: how refusals name a choice (``lm`` → "a causal language model on text"); None: ``--mode CHOICE``
+    describe: Callable[[str], str] | None = None
+    #: a CLI option of its own (False: the twin works the choice out, e.g. from the model and data)
+    cli: bool = True
 
     @property
     def cli_flag(self) -> str:
@@ -199,17 +206,27 @@ class Options:
     def applies(self, name: str, choice: str | None) -> bool:
         """Whether option ``name`` applies where the selector chose ``choice`` (None: not chosen)."""
         d = self.declared()[name]
-        if choice is None or self.selector is None:
+        sel = self.selector
+        if choice is None or sel is None:
             return True
         if d.opt.applies:
             return choice in d.opt.applies
-        if self.selector.config is None or choice not in self.selector.choices():
+        if sel.takes is None or choice not in sel.choices():
             return True
-        owner = self.selector.config(choice)
-        family = {self.selector.config(c) for c in self.selector.choices()}
-        if not any(c in family for c in d.owners):  # a group beside the configs (e.g. a search)
+        if not any(name in sel.takes(c) for c in sel.choices()):
             return True
-        return name in fields_of(owner)
+        return name in sel.takes(choice)
+
+    def refuse_inapplicable(self, config: Any, choice: str) -> None:
+        """UsageError for a field of ``config`` set (not its default) that does not apply to
+        ``choice``: a config built directly is held to what the twin's keywords are."""
+        for name, (f, _) in fields_of(type(config)).items():
+            if (
+                name in self.declared()
+                and getattr(config, name) != _default(f)
+                and not self.applies(name, choice)
+            ):
+                raise UsageError(self._inapplicable(self.declared()[name], choice))
 
     def check(self, given: Mapping[str, Any], choice: str | None = None) -> dict[str, Any]:
         """The options ``given`` (keyword → value; None: not given) by their names, each value in its
@@ -243,6 +260,26 @@ class Options:
         except (TypeError, ValueError) as e:
             raise UsageError(f"{self.command}: {e}") from None
 
+    def merge(self, cls: type, obj: Any, given: Mapping[str, Any], keyword: str) -> Any:
+        """``cls`` given whole as ``obj`` (an instance, or a mapping of its fields as a recipe writes
+        it), or built from its options in ``given``; both is a UsageError (one source of truth)."""
+        loose = self.of(cls, given)
+        if obj is None:
+            return self.build(cls, loose)
+        if loose:
+            raise UsageError(
+                f"give {keyword}={cls.__name__}(...) or its options ({', '.join(loose)}), not both"
+            )
+        if isinstance(obj, Mapping):
+            unknown = sorted(set(obj) - set(fields_of(cls)))
+            if unknown:
+                raise UsageError(f"{keyword}: unknown option(s) {', '.join(unknown)}")
+            return self.build(cls, {k: coerce(self.declared()[k], v) if k in self.declared() else v
+                                    for k, v in obj.items()})  # fmt: skip
+        if not isinstance(obj, cls):
+            raise UsageError(f"{keyword} must be a {cls.__name__}, got {type(obj).__name__}")
+        return obj
+
     def of(self, cls: type, given: Mapping[str, Any]) -> dict[str, Any]:
         """The options of ``given`` that are fields of ``cls``."""
         names = fields_of(cls)
@@ -258,6 +295,10 @@ class Options:
         sel = self.selector
         assert sel is not None
         where = [c for c in sel.choices() if self.applies(d.name, c)]
+        if sel.describe is not None:
+            names = " or ".join(sel.describe(c) for c in where)
+            msg = f"{d.flag} applies only to {names}, not to {sel.describe(str(choice))}"
+            return msg + (f" ({d.opt.note})" if d.opt.note else "")
         msg = (
             f"{d.flag} applies to {sel.cli_flag} {', '.join(where)}, not {sel.cli_flag} {choice}"
             if where

@@ -34,52 +34,36 @@ from ptopt.core.artifact import Artifact
 from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.result import Result
-from ptopt.export.config import HALF, PRECISIONS, ExportConfig, settle_config
+from ptopt.export.config import HALF, OPTIONS, PRECISIONS, ExportConfig, settle_config
 from ptopt.formats.shapes import settle_specs
 
 __all__ = ["PRECISIONS", "ExportConfig", "export"]
 
 
+@OPTIONS.twin
 def export(
     model: Any,
     target: str | None = None,
     output: str | os.PathLike | None = None,
     *,
     config: ExportConfig | None = None,
-    input_shapes: Any = None,
-    min_shape: Any = None,
-    opt_shape: Any = None,
-    max_shape: Any = None,
-    dynamic_batch: Any = None,
-    input_specs: Sequence[InputSpec | dict] | None = None,
     data: Any = None,
+    validation_data: Any = None,
+    input_shapes: Any = None,
+    input_specs: Sequence[InputSpec | dict] | None = None,
     weights: Any = None,
     allow_pickle: bool = False,
     external_data: bool | None = None,
-    precision: str | None = None,
-    opset: int | None = None,
-    optimize: bool | None = None,
-    script: bool | None = None,
-    atol: float | None = None,
-    rtol: float | None = None,
-    min_cosine: float | None = None,
-    int8_method: str | None = None,
-    device: str | None = None,
-    cuda_graphs: bool | None = None,
-    static_batches: Any = None,
-    accuracy_control: bool | None = None,
-    max_accuracy_drop: float | None = None,
-    validation_data: Any = None,
-    float_modules: Any = None,
+    **options: Any,
 ) -> Result:
     """Export ``model`` to ``target``; returns a Result (``.model`` runs the checked artifact here,
     ``.save(path)`` writes it with its sidecar); ``output=`` also saves it there.
 
     - ``model``: an ``nn.Module`` or a MODEL reference (``model.pt``, ``pkg.module:factory`` with
-      ``weights=``, ``zoo:NAME``); ``target``: torchscript | onnx | exported_program | aoti (an
-      AOTInductor package, compiled for this CPU) | tensorrt.
-    - ``config``: an ExportConfig instead of ``target`` and the loose options precision, opset,
-      optimize, script, atol, rtol, int8_method (a loose option contradicting it is refused).
+      ``weights=``, ``zoo:NAME``); ``target``: torchscript | onnx | openvino | exported_program |
+      aoti (an AOTInductor package, compiled for this CPU) | tensorrt (the targets of the format table).
+    - ``config``: an ExportConfig instead of ``target`` and the loose ``options`` (its fields, listed
+      below; a loose option contradicting it is refused, one another target takes too).
     - ``input_shapes``: ``"1x3x32x32"`` (or one NAME=SHAPE per input; batch dynamic in [1, 64]),
       InputSpecs, or an example batch (tensor, tuple or dict of tensors).
       ``min_shape/opt_shape/max_shape``: ``"1x1x32x32"``, ``["input_ids=1x16", ...]`` or
@@ -92,7 +76,8 @@ def export(
       (overrides what an int8 source's sidecar records).
     - ``atol/rtol``: parity tolerance (defaults in ``ptopt.export.parity.DEFAULT_TOLERANCES``);
       ``min_cosine``: the worst sample's cosine the artifact must keep (your budget; default by precision,
-      ``ptopt.export.parity.MIN_COSINE``); ``int8_method``: auto | ort_static | qdq_export (``formats.onnx_int8``).
+      ``ptopt.export.parity.MIN_COSINE``); ``int8_method``: auto | ort_static | ort_dynamic | qdq_export
+      (``formats.onnx_int8``).
     - ``precision="fp16"|"bf16"``: half-precision weights and activations (fp16 needs ``device="cuda"``);
       ``device``: ``cpu`` or ``cuda[:N]``; ``cuda_graphs``: aoti on CUDA. See docs/gpu.md.
     - ``static_batches``: aoti, ``(1, 32)`` or ``"1,32"``: fixed-batch models in the same package (docs/export.md).
@@ -100,16 +85,12 @@ def export(
       the most stay float until ``min_cosine`` (worst-sample cosine with the fp32 model) or
       ``max_accuracy_drop`` (points of top-1) holds on ``validation_data`` (default ``data``);
       ``float_modules``: the modules (``"layers.0.ff2"``, ...) whose ops NNCF leaves float."""
-    loose = dict(precision=precision, opset=opset, optimize=optimize, script=script, device=device)
-    loose |= dict(cuda_graphs=cuda_graphs, static_batches=static_batches, float_modules=float_modules or None)
-    loose |= dict(accuracy_control=accuracy_control, max_accuracy_drop=max_accuracy_drop)
-    loose |= dict(atol=atol, rtol=rtol, min_cosine=min_cosine, int8_method=int8_method)
-    config = settle_config(target, config, **loose)
+    config, shape_options = settle_config(target, config, options)
     _check_target(config, output)
     source = _load_source(model, weights, allow_pickle, config)
     want = _resolve_precision(source, config)
     calib, calib_ref = _calibration(data, config, source, want)
-    shapes = dict(min_shape=min_shape, opt_shape=opt_shape, max_shape=max_shape, dynamic_batch=dynamic_batch)
+    shapes = dataclasses.asdict(shape_options)
     specs, style = _input_specs(source, calib, input_shapes, input_specs, shapes)
     config = config.replace(calib_data=calib_ref)
     validation = _validation(validation_data, config)

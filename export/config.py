@@ -12,25 +12,21 @@ from typing import Any
 from ptopt.core.config import Config, reconcile, register_config
 from ptopt.core.errors import UsageError
 from ptopt.core.formats import format_for_target, targets
+from ptopt.core.options import Options, Selector, option
 from ptopt.formats.base import HALF, PRECISIONS
 
-__all__ = ["HALF", "INT8_METHODS", "PRECISIONS", "ExportConfig", "settle_config"]
+__all__ = ["HALF", "INT8_METHODS", "OPTIONS", "PRECISIONS", "ExportConfig", "ShapeOptions", "settle_config"]
 
 INT8_METHODS = ("auto", "ort_static", "ort_dynamic", "qdq_export")
-#: config fields that only some formats take -> (the CLI option, the write option that takes it)
-_FORMAT_OPTIONS = {
-    "static_batches": ("--static-batch", "static_batches"),
-    "cuda_graphs": ("--cuda-graphs", "cuda_graphs"),
-    "accuracy_control": ("--accuracy-control", "accuracy_control"),
-    "float_modules": ("--exclude", "float_modules"),
-}
 
 
 @register_config
 @dataclasses.dataclass(frozen=True)
 class ExportConfig(Config):
     """What an export was asked to do (recorded in the sidecar with what was resolved: the
-    precision and int8 method actually used, the calibration data's reference).
+    precision and int8 method actually used, the calibration data's reference). Its fields are
+    ``ptopt export``'s options; one a format takes only (a ``write_options`` entry of its row in the
+    format table) applies to that ``--target`` only.
 
     ``precision`` None keeps the source's (an int8 artifact stays int8); ``int8_method`` None is
     ``auto`` (see ``ptopt.formats.onnx_int8``); ``atol``/``rtol``/``min_cosine`` None are the parity
@@ -43,23 +39,68 @@ class ExportConfig(Config):
 
     type_name = "export"
     target: str = "onnx"
-    precision: str | None = None
-    opset: int | None = None
-    optimize: bool = False
-    script: bool = False
-    atol: float | None = None
-    rtol: float | None = None
-    min_cosine: float | None = None
-    int8_method: str | None = None
+    precision: str | None = option(
+        None,
+        help="Default: the source's. fp16/bf16: weights and activations in half precision (torchscript, "
+        "exported_program, aoti, onnx; fp16 needs --device cuda); onnx: int8 via ORT static quantization; "
+        "tensorrt: fp16/bf16/int8 engines.",
+        choices=PRECISIONS,
+    )
+    opset: int | None = option(None, help="ONNX opset (default: the exporter's).")
+    optimize: bool = option(False, help="Save ORT's offline graph optimization of the model.")
+    script: bool = option(False, help="torch.jit.script instead of tracing.")
+    atol: float | None = option(
+        None, help="Parity tolerance, absolute (default 1e-4 fp32, 1e-1 int8, 1e-2 fp16)."
+    )
+    rtol: float | None = option(None, help="Parity tolerance, relative to the largest source output.")
+    min_cosine: float | None = option(
+        None,
+        help="Your budget: the worst sample's cosine with the source the artifact must keep (default 0.99 "
+        "int8, 0.999 half, 0.9999 fp32); with --accuracy-control also NNCF's goal.",
+        metavar="C",
+    )
+    int8_method: str | None = option(
+        None,
+        help="int8 ONNX: auto | ort_static (ORT quantizes the fp32 parent with --data) | ort_dynamic (ORT "
+        "quantize_dynamic: int8 matrix products, no calibration data) | qdq_export.",
+        choices=INT8_METHODS,
+    )
+    #: the calibration data's reference, recorded by the export (not an option)
     calib_data: str | None = None
-    device: str | None = None
-    cuda_graphs: bool = False
-    static_batches: tuple[int, ...] = ()
-    #: openvino int8: NNCF's accuracy-aware quantization, goal ``min_cosine`` or ``max_accuracy_drop``
-    accuracy_control: bool = False
-    max_accuracy_drop: float | None = None
-    #: openvino int8: the model's modules (Linear, Conv names) whose ops NNCF leaves float
-    float_modules: tuple[str, ...] = ()
+    device: str | None = option(
+        None,
+        help="cpu (default) | cuda | cuda:N: trace / export / compile and check the artifact on that GPU.",
+    )
+    cuda_graphs: bool = option(
+        False, help="On --device cuda: replay the package through CUDA graphs (one capture per input shape)."
+    )
+    static_batches: tuple[int, ...] = option(
+        (),
+        help="Also compile a fixed-batch model for each of these batch sizes into the package (run for a "
+        "batch of exactly that size; faster: Inductor prepacks conv weights only at a fixed batch).",
+        flag="--static-batch",
+        metavar="B[,B...]",
+        csv=True,
+    )
+    accuracy_control: bool = option(
+        False,
+        help="int8: NNCF's accuracy-aware quantization (nncf.quantize_with_accuracy_control): the ops that "
+        "cost the most stay float until --min-cosine C or --max-accuracy-drop PTS holds on the validation data.",
+    )
+    max_accuracy_drop: float | None = option(
+        None,
+        help="--accuracy-control's goal as points of top-1 below the fp32 model (labelled validation data).",
+        metavar="PTS",
+        applies=("openvino",),
+    )
+    float_modules: tuple[str, ...] = option(
+        (),
+        help="int8: keep this module (a Linear or Conv of MODEL, e.g. layers.0.ff2) float; repeatable.",
+        flag="--exclude",
+        metavar="MODULE",
+        repeat=True,
+        aliases=("exclude",),
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
@@ -70,10 +111,7 @@ class ExportConfig(Config):
         if self.int8_method == "auto":  # the default, said out loud
             object.__setattr__(self, "int8_method", None)
         row = format_for_target(self.target)
-        for name, (option, write_option) in _FORMAT_OPTIONS.items():
-            if getattr(self, name) and write_option not in row.write_options:
-                takers = [t for t, f in targets().items() if write_option in f.write_options]
-                raise UsageError(f"{option} is for --target {' / '.join(takers)}, not --target {self.target}")
+        OPTIONS.refuse_inapplicable(self, self.target)
         precision = self.precision
         if precision is not None and precision not in PRECISIONS:
             raise UsageError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
@@ -118,21 +156,69 @@ class ExportConfig(Config):
         return self.row.suffix
 
 
-def settle_config(target: str | None, config: ExportConfig | None, **loose: object) -> ExportConfig:
-    """One source of truth: the config, or one built from ``target`` and the loose options.
+@dataclasses.dataclass(frozen=True)
+class ShapeOptions:
+    """The input shapes of an export beyond what the model or its data declares
+    (``ptopt.formats.shapes.settle_specs``): each a ``[NAME=]SHAPE`` string, a list of them, a tuple
+    of ints or ``{name: shape}``."""
 
-    A loose option given with a config must agree with it (else UsageError naming both values)."""
-    given = {k: v for k, v in loose.items() if v is not None}
-    if config is None:
-        if target is None:
-            raise UsageError(f"export needs a target (choose from {', '.join(targets())}) or config=")
-        return ExportConfig(target=target, **given)  # type: ignore[arg-type]
-    if not isinstance(config, ExportConfig):
+    min_shape: Any = option(
+        None,
+        help="Smallest input shape, e.g. 1x1x32x32 or input_ids=1x16 (repeat per input).",
+        metavar="[NAME=]SHAPE",
+        repeat=True,
+    )
+    opt_shape: Any = option(
+        None,
+        help="Shape to optimize for (TensorRT's opt profile; the trace/export example).",
+        metavar="[NAME=]SHAPE",
+        repeat=True,
+    )
+    max_shape: Any = option(None, help="Largest input shape.", metavar="[NAME=]SHAPE", repeat=True)
+    dynamic_batch: Any = option(
+        None, help="Dynamic batch dimension for every input, e.g. 1:8:64.", metavar="MIN:OPT:MAX"
+    )
+
+
+def _write_options(target: str) -> frozenset[str]:
+    return format_for_target(target).write_options
+
+
+#: the options of ``ptopt export`` / ``ptopt.export``: the config's fields (a field a format's
+#: ``write_options`` names applies to that format's target only) and the shapes
+OPTIONS = Options(
+    "export",
+    lambda: (ExportConfig, ShapeOptions),
+    Selector(
+        "target",
+        "torchscript | onnx | openvino (.xml IR, OpenVINO's CPU plugin) | tensorrt | exported_program (.pt2) | "
+        "aoti (.pt2 AOTInductor package, compiled for this CPU, or the GPU of --device, and this torch).",
+        lambda: list(targets()),
+        _write_options,
+    ),
+)
+
+
+def settle_config(
+    target: str | None, config: ExportConfig | None, options: dict[str, Any]
+) -> tuple[ExportConfig, ShapeOptions]:
+    """One source of truth: the config, or one built from ``target`` and the loose ``options``
+    (keywords of ``OPTIONS``), and the shapes. A loose option given with a config must agree with it
+    (else UsageError naming both values)."""
+    if config is not None and not isinstance(config, ExportConfig):
         raise UsageError(f"config must be an ExportConfig, got {type(config).__name__}")
-    if target is not None and target != config.target:
+    if config is not None and target is not None and target != config.target:
         raise UsageError(f"target {target!r} contradicts the config's target {config.target!r}; pass one")
-    reconcile(config, given)
-    return config
+    chosen = config.target if config is not None else target
+    if chosen is None:
+        raise UsageError(f"export needs a target (choose from {', '.join(targets())}) or config=")
+    format_for_target(chosen)  # an unknown target: its one line before any option is judged by it
+    given = OPTIONS.check(options, chosen)
+    shapes = OPTIONS.build(ShapeOptions, given)
+    if config is None:
+        return OPTIONS.build(ExportConfig, given, target=chosen), shapes
+    reconcile(config, OPTIONS.of(ExportConfig, given))
+    return config, shapes
 
 
 def _batch_list(value: Any) -> tuple[int, ...]:

@@ -25,14 +25,12 @@ import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from ptopt.core.data import Dataset, load_data
 from ptopt.core.device import GpuPeakMemory
 from ptopt.core.errors import (
     GateFailedError,
-    MissingDependencyError,
     PtoptError,
     ShapeMismatchError,
     UsageError,
@@ -51,10 +49,10 @@ from ptopt.validate.metrics import (
     resolve_metric,
     size_info,
 )
+from ptopt.validate.options import OPTIONS, Validation, parse_batch_sizes, resolve  # noqa: F401 - parse_batch_sizes re-exported
 from ptopt.validate.runners import ArtifactRunError, Runner, display_name, open_runner
 
 SCHEMA = "ptopt.validate/1"
-DEFAULT_BATCH_SIZES = (1, 32)
 DEFAULT_EVAL_BATCH_SIZE = 64
 #: without an accuracy or agreement gate, an artifact losing more than this (in the drop's unit)
 #: is not eligible as "best"
@@ -64,11 +62,6 @@ BEST_RULE = (
     f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
     f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)"
 )
-
-
-#: ``validate``'s keywords that are the fields of ``Gates`` (the CLI's spellings)
-_GATE_OPTIONS = ("max_accuracy_drop", "relative", "min_agreement", "max_latency_ms", "min_speedup", "max_size_mb",
-                 "max_regression", "regression_on")  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -113,47 +106,6 @@ class ValidationResult:
 
     def to_dict(self) -> dict[str, Any]:
         return self.data
-
-
-def parse_batch_sizes(value: Any) -> list[int]:
-    """``"1,32"``, ``32`` or ``(1, 32)`` → sorted unique positive ints."""
-    items = str(value).split(",") if isinstance(value, (str, int)) else list(value)
-    try:
-        sizes = sorted({int(str(v).strip()) for v in items if str(v).strip()})
-    except ValueError:
-        raise UsageError(f"--batch-sizes {value!r}: write comma-separated integers, e.g. 1,32") from None
-    if not sizes or sizes[0] < 1:
-        raise UsageError(f"--batch-sizes {value!r}: batch sizes must be positive integers")
-    return sizes
-
-
-@dataclasses.dataclass
-class ReportPaths:
-    """Where the reports go (None: not written)."""
-
-    json: Any = None
-    junit: Any = None
-    markdown: Any = None
-    html: Any = None
-
-    def as_options(self) -> dict[str, Any]:
-        """As ``write_reports`` and ``validate`` spell them."""
-        return {"json_path": self.json, "junit_path": self.junit, "markdown_path": self.markdown,
-                "report_path": self.html}  # fmt: skip
-
-    def check(self) -> None:
-        """Every path writable, and matplotlib there for the HTML plots, before anything is measured."""
-        for label, p in (("json", self.json), ("junit", self.junit), ("markdown", self.markdown)):
-            if p is not None:
-                _check_writable(label, Path(p))
-        if self.html is not None:
-            _check_writable("report", Path(self.html))
-            import importlib.util
-
-            if importlib.util.find_spec("matplotlib") is None:
-                raise MissingDependencyError(
-                    "--report draws its plots with matplotlib: pip install 'ptopt[report]'"
-                )
 
 
 @dataclasses.dataclass
@@ -220,92 +172,60 @@ class _Models:
         return runner
 
 
+@OPTIONS.twin
 def validate(
     reference: Any,
     artifacts: Any,
     data: Any,
     *,
-    gates: _gates.Gates | None = None,
-    latency: LatencyOptions | None = None,
-    batch_sizes: Any = DEFAULT_BATCH_SIZES,
-    threads: int | None = None,
-    metric: Any = "top1",
-    baseline: Any = None,
-    json_path: Any = None,
-    junit_path: Any = None,
-    markdown_path: Any = None,
-    report_path: Any = None,
+    gates: Any = None,
+    latency: Any = None,
     weights: Any = None,
     allow_pickle: bool = False,
-    providers: Sequence[str] | None = None,
-    device: Any = None,
-    max_samples: int | None = None,
-    eval_batch_size: int | None = None,
     raise_on_failure: bool = False,
     progress: Callable[[str], None] | None = None,
-    # the CLI's spellings of `gates` (see Gates.from_options) and of `latency`
-    max_accuracy_drop: float | None = None,
-    relative: bool = False,
-    min_agreement: float | None = None,
-    max_latency_ms: Any = (),
-    min_speedup: float | None = None,
-    max_size_mb: float | None = None,
-    max_regression: float | None = None,
-    regression_on: Sequence[str] | str = _gates.DEFAULT_REGRESSION_ON,
-    min_iters: int | None = None,
-    min_seconds: float | None = None,
-    rounds: int | None = None,
-    stable_pct: float | None = None,
-    compile: bool = False,
-    # causal language models on text (ptopt.validate.lm)
-    context: int | None = None,
-    stride: int | None = None,
-    prompt_tokens: int | None = None,
-    new_tokens: int | None = None,
-    max_perplexity_increase: float | None = None,
-    min_tokens_per_s: float | None = None,
+    **options: Any,
 ) -> ValidationResult:
     """Validate ``artifacts`` against ``reference`` on ``data``; see the module docstring.
 
     ``reference``/``artifacts``: MODEL references, artifact paths, nn.Modules, LoadedModels or stage
     ``Result``s (the saved file, else the in-memory ``.model``); ``weights``/``allow_pickle`` qualify the
     reference. ``data``: a DATA reference, a Dataset or in-memory data (tensor, (x, y), {"x", "y"},
-    torch Dataset/DataLoader, list of batches). ``gates``/``latency``: objects, or their fields as
-    options (not both). ``device``: ``cpu`` / ``cuda[:N]`` for every model (None: each runtime's own;
-    see docs/gpu.md). Every report asked for is written before a failed gate is reported; returns a
-    ValidationResult (``.passed``), or with ``raise_on_failure`` raises GateFailedError (exit 1), or
-    when no gate failed but a latency gate was within the timing noise, GateInconclusiveError (exit 4).
-    ``compile``: also time every eager / ExportedProgram model (the reference too) through
-    ``torch.compile``, as an extra row named ``NAME (torch.compile)`` with ``info["compile_seconds"]``.
-    A causal language model REFERENCE with text ``data`` takes ``ptopt.validate.lm``'s path: perplexity
-    (``context``, ``stride``), generation speed (``prompt_tokens``, ``new_tokens``, ``rounds``), gates
-    ``max_perplexity_increase``, ``min_tokens_per_s`` and ``max_size_mb`` (docs/validate.md).
+    torch Dataset/DataLoader, list of batches). ``options``: the fields of ``ptopt.validate.options``'
+    configs (listed below); ``gates``/``latency``: a ``Gates`` / ``LatencyOptions`` (or a mapping of
+    its fields) instead of their fields as options (not both). ``device``: ``cpu`` / ``cuda[:N]`` for
+    every model (None: each runtime's own; see docs/gpu.md). Every report asked for is written before
+    a failed gate is reported; returns a ValidationResult (``.passed``), or with ``raise_on_failure``
+    raises GateFailedError (exit 1), or when no gate failed but a latency gate was within the timing
+    noise, GateInconclusiveError (exit 4). ``compile``: also time every eager / ExportedProgram model
+    (the reference too) through ``torch.compile``, as an extra row named ``NAME (torch.compile)`` with
+    ``info["compile_seconds"]``. A causal language model REFERENCE with text ``data`` takes
+    ``ptopt.validate.lm``'s path: perplexity (``context``, ``stride``), generation speed
+    (``prompt_tokens``, ``new_tokens``, ``rounds``), gates ``max_perplexity_increase``,
+    ``min_tokens_per_s`` and ``max_size_mb`` (docs/validate.md); the other options are refused there.
     """
-    given = dict(locals())
-    reports = ReportPaths(json_path, junit_path, markdown_path, report_path)
-    if _lm.is_lm_model(reference) and _lm.is_lm_data(data):
-        reports.check()
-        return _finish(ValidationResult(_lm.validate_lm(reference, artifacts, data, given)), given)
-    _lm.refuse_lm_options(given, reference, data)
+    kind = "lm" if _lm.is_lm_model(reference) and _lm.is_lm_data(data) else "model"
+    asked = resolve(kind, gates, latency, options)
+    if kind == "lm":
+        if weights is not None:
+            raise UsageError(f"--weights does not apply to {_lm.KIND}")
+        asked.reports.check()
+        report = _lm.validate_lm(reference, artifacts, data, asked, allow_pickle, progress)
+        return _finish(ValidationResult(report), asked, raise_on_failure)
+    _lm.refuse_text_data(reference, data)
     t_start = time.perf_counter()
-    gates = _gates.Gates.from_options(gates, **{k: given[k] for k in _GATE_OPTIONS})
-    latency = LatencyOptions.from_options(
-        latency, min_iters=min_iters, min_seconds=min_seconds, rounds=rounds, stable_pct=stable_pct
+    models = dict(
+        weights=weights, allow_pickle=bool(allow_pickle), providers=asked.settings.providers or None
     )
-    settings = dict(batch_sizes=batch_sizes, threads=threads, metric=metric, baseline=baseline)
-    settings |= dict(max_samples=max_samples, eval_batch_size=eval_batch_size, compile=bool(compile))
-    models = dict(weights=weights, allow_pickle=bool(allow_pickle), providers=providers, device=device)
-    run = _prepare(reference, artifacts, data, gates, latency, reports, models, settings)
+    run = _prepare(reference, artifacts, data, asked, models | {"device": asked.settings.device})
     entries = _measure(run, progress or (lambda msg: None))
-    return _finish(ValidationResult(_report(run, entries, t_start)), given)
+    return _finish(ValidationResult(_report(run, entries, t_start)), asked, raise_on_failure)
 
 
-def _finish(result: ValidationResult, given: dict[str, Any]) -> ValidationResult:
+def _finish(result: ValidationResult, asked: Validation, raise_on_failure: bool) -> ValidationResult:
     """Write every report asked for, then raise for a failed gate when asked to."""
-    write_reports(
-        result, **{k: given[k] for k in ("json_path", "junit_path", "markdown_path", "report_path")}
-    )
-    if given["raise_on_failure"]:
+    write_reports(result, **dataclasses.asdict(asked.reports))
+    if raise_on_failure:
         raise_for_status(result)
     return result
 
@@ -330,21 +250,12 @@ def _measure(run: _Run, say: Callable[[str], None]) -> list[Entry]:
 # -- 1-2. options, data, metric, baseline: everything a user can get wrong, checked first ----------
 
 
-def _prepare(
-    reference: Any,
-    artifacts: Any,
-    data: Any,
-    gates: _gates.Gates,
-    latency: LatencyOptions,
-    reports: ReportPaths,
-    models: dict[str, Any],
-    settings: dict[str, Any],
-) -> _Run:
-    """Everything a user can get wrong, checked before anything runs. ``settings``: batch_sizes,
-    threads, metric, baseline, max_samples, eval_batch_size, compile (``validate``'s keywords)."""
-    sizes = parse_batch_sizes(settings["batch_sizes"] or DEFAULT_BATCH_SIZES)
-    threads, eval_batch_size = settings["threads"], settings["eval_batch_size"]
-    max_samples, baseline, compile = settings["max_samples"], settings["baseline"], settings["compile"]
+def _prepare(reference: Any, artifacts: Any, data: Any, asked: Validation, models: dict[str, Any]) -> _Run:
+    """Everything a user can get wrong, checked before anything runs."""
+    settings = asked.settings
+    sizes = list(settings.batch_sizes)
+    threads, eval_batch_size = settings.threads, settings.eval_batch_size
+    max_samples, baseline, compile = settings.max_samples, settings.baseline, settings.compile
     if eval_batch_size is None:  # one accuracy pass, in batches at least as large as the largest timed
         eval_batch_size = max(DEFAULT_EVAL_BATCH_SIZE, sizes[-1])
     if threads is None:
@@ -365,8 +276,8 @@ def _prepare(
         check_compiler()
     refs = [("reference", _model_ref(reference), models.pop("weights"))]
     refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
-    reports.check()
-    met = resolve_metric(settings["metric"] or "top1")
+    asked.reports.check()
+    met = resolve_metric(settings.metric)
     ds, data_name = _load_data(data)
     _lm.check_generic_data(reference, ds, data_name)
     if max_samples is not None:
@@ -385,8 +296,8 @@ def _prepare(
         sizes=sizes,
         threads=int(threads),
         eval_batch_size=eval_batch_size,
-        gates=gates,
-        latency=latency,
+        gates=asked.gates,
+        latency=asked.latency,
         baseline=_gates.load_baseline(baseline) if baseline is not None else None,
         baseline_path=baseline,
         compile=compile,
@@ -768,17 +679,6 @@ def _runs_in_smaller_batches(runner: Runner, x: Any) -> int | None:
     except Exception:  # noqa: BLE001 - any failure: not a batch-size problem
         return None
     return small
-
-
-def _check_writable(label: str, path: Path) -> None:
-    """A report path must be writable before the measurements start (it is only written at the end)."""
-    if path.is_dir():
-        raise UsageError(f"--{label} {path} is a folder; give a file path")
-    parent = path.parent.resolve()
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UsageError(f"--{label} {path}: cannot write there ({parent} is not a writable folder)")
 
 
 def _unique_names(names: list[str], refs: Sequence[Any] = ()) -> list[str]:

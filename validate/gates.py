@@ -19,6 +19,7 @@ from typing import Any
 # EXIT_INCONCLUSIVE: the exit status of a run whose only undecided gates are latency gates within
 # the timing noise (re-exported here for callers)
 from ptopt.core.errors import EXIT_INCONCLUSIVE, PtoptError, UsageError
+from ptopt.core.options import option
 from ptopt.validate.noise import combined_spread, within_noise
 
 
@@ -68,24 +69,59 @@ def drop_definition(relative: bool) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Gates:
-    """The gates of one run; None / empty disables a gate."""
+    """The gates of one run; None / empty disables a gate. Its fields are ``ptopt validate``'s gate
+    options (``max_latency_ms`` as ``["5"]`` or ``["1=2.5", "32=40"]``, ``regression_on`` as
+    ``"latency,speedup"`` are read too)."""
 
-    #: largest accepted drop of the task metric vs the reference (see ``accuracy_drop``)
-    max_accuracy_drop: float | None = None
-    relative: bool = False
-    #: smallest accepted top-1 agreement with the reference, a fraction (0.99 = 99%)
-    min_agreement: float | None = None
+    max_accuracy_drop: float | None = option(
+        None,
+        help="Fail when an artifact's metric drops more than PTS points below the reference's (with --relative: "
+        "percent).",
+        metavar="PTS",
+    )
+    relative: bool = option(False, help="--max-accuracy-drop is relative: (base - new) / base, in percent.")
+    min_agreement: float | None = option(
+        None, help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%)."
+    )
     #: ((batch_size or None for every batch size, milliseconds at p50), ...)
-    max_latency_ms: tuple[tuple[int | None, float], ...] = ()
-    #: smallest accepted reference p50 / artifact p50, at every measured batch size
-    min_speedup: float | None = None
-    max_size_mb: float | None = None
+    max_latency_ms: tuple[tuple[int | None, float], ...] = option(
+        (),
+        help="Fail when p50 latency exceeds MS (at every batch size, or BATCH=MS for one); repeatable.",
+        metavar="[BATCH=]MS",
+        repeat=True,
+    )
+    min_speedup: float | None = option(
+        None, help="Fail when reference p50 / artifact p50 is below this, at any batch size."
+    )
+    max_size_mb: float | None = option(
+        None, help="Fail when an artifact's files exceed this many MB (10^6 bytes)."
+    )
     #: largest accepted regression vs the baseline run, in percent: latency (new - old) / old,
     #: speedup (old - new) / old, accuracy as ``accuracy_drop(old, new, relative=True)``
-    max_regression: float | None = None
-    regression_on: tuple[str, ...] = DEFAULT_REGRESSION_ON
+    max_regression: float | None = option(
+        None,
+        help="With --baseline: fail when p50 latency grows, or the metric or speedup drops, by more than PCT "
+        "percent.",
+        metavar="PCT",
+    )
+    regression_on: tuple[str, ...] = option(
+        DEFAULT_REGRESSION_ON,
+        help="What --max-regression compares, comma-separated: latency (p50 ms), accuracy (the metric), "
+        "speedup (reference p50 / artifact p50 of the same run: what the artifact gains).",
+        csv=True,
+    )
 
     def __post_init__(self) -> None:
+        limits = self.max_latency_ms
+        object.__setattr__(
+            self,
+            "max_latency_ms",
+            parse_latency_limits([limits] if isinstance(limits, (int, float, str)) else limits),
+        )
+        kinds = self.regression_on
+        kinds = [k.strip() for k in kinds.split(",") if k.strip()] if isinstance(kinds, str) else kinds
+        object.__setattr__(self, "regression_on", tuple(kinds))
+        object.__setattr__(self, "relative", bool(self.relative))
         for name in ("max_accuracy_drop", "max_size_mb", "max_regression", "min_speedup"):
             v = getattr(self, name)
             if v is not None and v < 0:
@@ -108,40 +144,6 @@ class Gates:
                 f"(choose from {', '.join(REGRESSION_KINDS)})"
             )
 
-    @classmethod
-    def from_options(cls, gates: Gates | None = None, **options: Any) -> Gates:
-        """``gates`` as given, or built from the CLI's spellings (``max_latency_ms=["1=5"]``,
-        ``regression_on="latency,speedup"``, None for "not set"); giving both is a usage error (one
-        source of truth). ``gates`` may be a mapping of those options (as a recipe writes it)."""
-        if isinstance(gates, dict):
-            gates = cls.from_options(None, **gates)
-        unknown = sorted(set(options) - _FIELDS)
-        if unknown:
-            raise UsageError(f"unknown gate option(s): {', '.join(unknown)}")
-        given = {k: v for k, v in options.items() if v is not None}
-        regression_on = given.get("regression_on", DEFAULT_REGRESSION_ON)
-        if isinstance(regression_on, str):
-            regression_on = [k.strip() for k in regression_on.split(",") if k.strip()]
-        limits = given.get("max_latency_ms", ())
-        if isinstance(limits, (int, float, str)):
-            limits = [limits]
-        given.update(
-            relative=bool(given.get("relative")),
-            regression_on=tuple(regression_on),
-            max_latency_ms=parse_latency_limits(limits),
-        )
-        loose = cls(**given)
-        if gates is None:
-            return loose
-        changed = [
-            f.name for f in dataclasses.fields(cls) if getattr(loose, f.name) != getattr(cls(), f.name)
-        ]
-        if changed:
-            raise UsageError(
-                f"give the gates as gates=Gates(...) or as options, not both ({', '.join(changed)})"
-            )
-        return gates
-
     def active(self) -> list[str]:
         names = []
         for f in dataclasses.fields(self):
@@ -157,9 +159,6 @@ class Gates:
         d["max_latency_ms"] = [{"batch_size": bs, "ms": ms} for bs, ms in self.max_latency_ms]
         d["regression_on"] = list(self.regression_on)
         return d
-
-
-_FIELDS = {f.name for f in dataclasses.fields(Gates)}
 
 
 def parse_latency_limits(values: Sequence[Any]) -> tuple[tuple[int | None, float], ...]:
@@ -479,10 +478,18 @@ def _regressions(
 class LMGates:
     """The gates of a language-model run (``--max-size-mb`` is ``Gates``' own, shared)."""
 
-    #: largest accepted perplexity increase over the reference's, in % (``perplexity_increase``)
-    max_perplexity_increase: float | None = None
-    #: smallest accepted decode tokens/s at batch 1 with the KV cache (median of the rounds)
-    min_tokens_per_s: float | None = None
+    max_perplexity_increase: float | None = option(
+        None,
+        help="Fail when an artifact's perplexity is more than PCT % above the reference's.",
+        metavar="PCT",
+        applies=("lm",),
+    )
+    min_tokens_per_s: float | None = option(
+        None,
+        help="Fail when an artifact decodes fewer than N tokens/s (batch 1, KV cache, median of the rounds).",
+        metavar="N",
+        applies=("lm",),
+    )
 
     def __post_init__(self) -> None:
         if self.max_perplexity_increase is not None and self.max_perplexity_increase < 0:

@@ -28,6 +28,7 @@ from typing import Any
 
 from ptopt.core.data import Dataset
 from ptopt.core.errors import UsageError
+from ptopt.core.options import option
 from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_interleaved
 
 #: validation defaults: 3 s per (artifact, batch size) in 15 slices of 0.2 s. On the shared 2-core
@@ -52,13 +53,25 @@ class LatencyOptions:
     Shorter settings are for tests and quick looks; they give less stable medians.
     """
 
-    min_iters: int = MIN_ITERS
-    min_seconds: float = MIN_SECONDS
+    min_iters: int = option(
+        MIN_ITERS, help="Timed iterations per artifact and batch size, at least.", applies=("model",)
+    )
+    min_seconds: float = option(
+        MIN_SECONDS, help="Timed seconds per artifact and batch size, at least.", applies=("model",)
+    )
     warmup_iters: int = WARMUP_ITERS
     warmup_seconds: float = WARMUP_SECONDS
-    rounds: int = ROUNDS
-    #: stop an (artifact, batch size)'s rounds once its median is stable within this % (0: never)
-    stable_pct: float = STABLE_PCT
+    rounds: int = option(
+        ROUNDS,
+        help="Interleaved timing rounds: each artifact's timing is split into this many slices, taken in turn "
+        "with the others', so all see the same machine (language models: generations per model).",
+    )
+    stable_pct: float = option(
+        STABLE_PCT,
+        help="Stop an artifact's rounds at a batch size once its median is stable within this %, after at "
+        "least half of them (0: always run every round).",
+        applies=("model",),
+    )
 
     def __post_init__(self) -> None:
         for opt, value, low in (
@@ -69,42 +82,6 @@ class LatencyOptions:
         ):
             if value < low:
                 raise UsageError(f"{opt} must be >= {low}, got {value}")
-
-    @classmethod
-    def from_options(
-        cls,
-        latency: LatencyOptions | None = None,
-        *,
-        min_iters: int | None = None,
-        min_seconds: float | None = None,
-        rounds: int | None = None,
-        stable_pct: float | None = None,
-    ) -> LatencyOptions:
-        """``latency`` as given, or the defaults with the CLI's ``--min-iters/--min-seconds/--rounds/--stable-pct``;
-        giving both is a usage error (one source of truth). ``latency`` may be a mapping of its fields."""
-        if isinstance(latency, dict):
-            unknown = sorted(set(latency) - {f.name for f in dataclasses.fields(cls)})
-            if unknown:
-                raise UsageError(f"latency: unknown option(s) {', '.join(unknown)}")
-            latency = cls(**latency)
-        given = {
-            k: v
-            for k, v in (
-                ("min_iters", min_iters),
-                ("min_seconds", min_seconds),
-                ("rounds", rounds),
-                ("stable_pct", stable_pct),
-            )
-            if v is not None
-        }
-        if latency is not None and given:
-            raise UsageError(
-                f"give latency=LatencyOptions(...) or {', '.join(given)}, not both (one source of truth)"
-            )
-        if latency is not None:
-            return latency
-        kinds = {"min_iters": int, "min_seconds": float, "rounds": int, "stable_pct": float}
-        return cls(**{k: kinds[k](v) for k, v in given.items()})
 
 
 def min_stable_rounds(rounds: int) -> int:

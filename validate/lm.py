@@ -32,6 +32,7 @@ from typing import Any
 
 from ptopt.core.errors import UsageError
 from ptopt.core.lm import CONTEXT, STRIDE
+from ptopt.core.options import option
 from ptopt.validate import gates as _gates
 from ptopt.validate.entry import Entry
 
@@ -47,28 +48,27 @@ BEST_RULE = (
     f"--max-perplexity-increase, among those whose perplexity rose at most {BEST_MAX_INCREASE_PCT:g}%"
 )
 RUNTIME = "torch eager"
-#: the options only this path reads (``api.validate``'s keywords), refused elsewhere
-LM_ONLY = ("context", "stride", "prompt_tokens", "new_tokens", "max_perplexity_increase", "min_tokens_per_s")
-#: ``api.validate``'s keywords this path does not read, and the values that mean "not given"
-OTHER_ONLY: dict[str, tuple] = {
-    "gates": (None,), "latency": (None,), "batch_sizes": (None, (1, 32), "1,32", [1, 32]),
-    "metric": (None, "top1"), "baseline": (None,), "weights": (None,), "providers": (None, (), []),
-    "device": (None, "cpu"), "max_samples": (None,), "eval_batch_size": (None,),
-    "max_accuracy_drop": (None,), "relative": (None, False), "min_agreement": (None,),
-    "max_latency_ms": (None, (), []), "min_speedup": (None,), "max_regression": (None,),
-    "min_iters": (None,), "min_seconds": (None,), "stable_pct": (None,), "compile": (None, False),
-}  # fmt: skip
-_FLAGS = {"providers": "--provider", "gates": "gates=", "latency": "latency="}
+#: what this path validates, as messages name it
+KIND = "a causal language model on text"
 
 
 @dataclasses.dataclass(frozen=True)
 class LMOptions:
-    """How perplexity is scored and generation timed (None in ``from_options``: the default)."""
+    """How perplexity is scored and generation timed (``rounds``: ``LatencyOptions``' option, here the
+    generations per model)."""
 
-    context: int = CONTEXT
-    stride: int = STRIDE
-    prompt_tokens: int = DEFAULT_PROMPT_TOKENS
-    new_tokens: int = DEFAULT_NEW_TOKENS
+    context: int = option(
+        CONTEXT,
+        help="Tokens of history per perplexity window (at most the model's positions).",
+        applies=("lm",),
+    )
+    stride: int = option(STRIDE, help="Tokens the perplexity window moves by.", applies=("lm",))
+    prompt_tokens: int = option(
+        DEFAULT_PROMPT_TOKENS, help="Prompt length for the timed generations.", applies=("lm",)
+    )
+    new_tokens: int = option(
+        DEFAULT_NEW_TOKENS, help="Tokens generated per timed generation.", applies=("lm",)
+    )
     rounds: int = DEFAULT_ROUNDS
 
     def __post_init__(self) -> None:
@@ -79,10 +79,6 @@ class LMOptions:
         for name, low in (("prompt_tokens", 1), ("new_tokens", 2), ("rounds", 1)):
             if getattr(self, name) < low:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
-
-    @classmethod
-    def from_options(cls, **options: Any) -> LMOptions:
-        return cls(**{k: int(v) for k, v in options.items() if v is not None})
 
 
 # -- which path: the model and the data ------------------------------------------------------------
@@ -137,36 +133,15 @@ def is_lm_data(data: Any) -> bool:
         return True
 
 
-def refuse_other_options(given: dict[str, Any]) -> None:
-    """UsageError naming the first option of the other path given with a language model on text."""
-    for key, unset in OTHER_ONLY.items():
-        value = given.get(key)
-        value = tuple(value) if isinstance(value, list) else value
-        if value not in unset and not (isinstance(value, tuple) and list(value) in unset):
-            flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
-            raise UsageError(
-                f"{flag} does not apply to a causal language model on text (its options: --context, "
-                "--stride, --prompt-tokens, --new-tokens, --rounds, --threads; its gates: "
-                "--max-perplexity-increase, --min-tokens-per-s, --max-size-mb)"
-            )
-
-
-def refuse_lm_options(given: dict[str, Any], reference: Any, data: Any) -> None:
-    """UsageError when an option of this path is given without a language model on text, or text
-    data with a model that is no language model."""
+def refuse_text_data(reference: Any, data: Any) -> None:
+    """UsageError for text data with a REFERENCE that is no causal language model."""
     from ptopt.core.text import is_text_ref
 
-    lm_model = is_lm_model(reference)
-    if not lm_model and is_text_ref(data):
+    if not is_lm_model(reference) and is_text_ref(data):
         raise UsageError(
             f"--data {data} is text, which only a causal language model reads, and REFERENCE {reference} "
             "is not one (give a Hugging Face folder, hf:DIR or a transformers causal LM)"
         )
-    for key in LM_ONLY:
-        if given.get(key) is not None:
-            what = "text --data (a .txt, builtin:pydoc-text, or token ids .pt/.npy)" if lm_model else (
-                "a causal language model REFERENCE with text --data")  # fmt: skip
-            raise UsageError(f"--{key.replace('_', '-')} applies only to {what}")
 
 
 def check_generic_data(reference: Any, ds: Any, data_name: str) -> None:
@@ -332,16 +307,18 @@ def _time(entries: list[Entry], modules: list[Any], prompt: Any, opts: LMOptions
         e.elapsed_s["generation"] = round((time.perf_counter() - t0) / len(entries), 2)
 
 
-def _measure(models: list[_Model], ids: Any, opts: LMOptions, settings: dict, say: Callable) -> list[Entry]:
+def _measure(
+    models: list[_Model], ids: Any, opts: LMOptions, threads: int, allow_pickle: bool, say: Callable
+) -> list[Entry]:
     from ptopt.core.timing import torch_threads
     from ptopt.validate.metrics import older_objects_frozen
 
     entries, modules = [], []
-    with torch_threads(settings["threads"]):
+    with torch_threads(threads):
         with older_objects_frozen():  # each model's gc.collect() scans only what was made since
             for i, m in enumerate(models):
                 say(f"evaluating {m.name} ({i + 1}/{len(models)}): perplexity on {ids.numel()} tokens")
-                entry, module = _evaluate_one(m, ids, opts, settings["allow_pickle"])
+                entry, module = _evaluate_one(m, ids, opts, allow_pickle)
                 entries.append(entry)
                 modules.append(module)
         prompt = ids[: opts.prompt_tokens]
@@ -379,12 +356,23 @@ def _compare(entries: list[Entry], lm_gates: _gates.LMGates, gates: _gates.Gates
     return results
 
 
-def _report(entries: list[Entry], ids: Any, data: Any, run: dict[str, Any]) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _LMRun:
+    """One language-model validation: when it started, its options and gates, its threads."""
+
+    t_start: float
+    options: LMOptions
+    lm_gates: _gates.LMGates
+    gates: _gates.Gates
+    threads: int
+
+
+def _report(entries: list[Entry], ids: Any, data: Any, run: _LMRun) -> dict[str, Any]:
     """The JSON report (schema ``SCHEMA``, ``task`` ``causal-lm``; docs/validate.md)."""
     from ptopt.core.system import machine_summary
 
-    results = _compare(entries, run["lm_gates"], run["gates"])
-    opts, ref = run["options"], entries[0]
+    results = _compare(entries, run.lm_gates, run.gates)
+    opts, ref = run.options, entries[0]
     best = next((e.name for e in entries if e.best), None)
     lm = {"context": ref.lm["context"], "stride": ref.lm["stride"], "tokens": int(ids.numel()),
           "scored_tokens": ref.lm["tokens"], "prompt_tokens": int(min(opts.prompt_tokens, ids.numel())),
@@ -393,7 +381,7 @@ def _report(entries: list[Entry], ids: Any, data: Any, run: dict[str, Any]) -> d
         "schema": SCHEMA, "task": TASK,
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "passed": all(r.passed for r in results), "inconclusive": sum(1 for r in results if r.inconclusive),
-        "best": best, "best_rule": BEST_RULE, "machine": machine_summary(), "threads": run["threads"],
+        "best": best, "best_rule": BEST_RULE, "machine": machine_summary(), "threads": run.threads,
         "device": "cpu", "batch_sizes": [1], "lm": lm,
         "data": {"ref": _data_name(data), "samples": int(ids.numel()), "labels": False,
                  "inputs": {"input_ids": f"{int(ids.numel())} tokens"}},
@@ -401,36 +389,29 @@ def _report(entries: list[Entry], ids: Any, data: Any, run: dict[str, Any]) -> d
                    "measured": True},
         "accuracy_drop": {"relative": True, "unit": "%",
                           "definition": " ".join((_gates.perplexity_increase.__doc__ or "").split())},
-        "gates": run["gates"].to_dict() | dataclasses.asdict(run["lm_gates"]),
+        "gates": run.gates.to_dict() | dataclasses.asdict(run.lm_gates),
         "baseline": None, "latency_options": {"rounds": opts.rounds},
         "reference": ref.to_dict(), "artifacts": [e.to_dict() for e in entries[1:]],
         "gate_results": [r.to_dict() for r in results], "notes": [],
-        "elapsed_s": round(time.perf_counter() - run["t_start"], 2),
+        "elapsed_s": round(time.perf_counter() - run.t_start, 2),
     }  # fmt: skip
 
 
-def validate_lm(reference: Any, artifacts: Any, data: Any, given: dict[str, Any]) -> dict[str, Any]:
-    """The language-model path of ``ptopt.validate`` (module docstring); ``given``: ``validate``'s
-    keyword arguments. Returns the JSON report; ``api.validate`` writes the reports and gates."""
-    refuse_other_options(given)
-    run = {
-        "t_start": time.perf_counter(),
-        "lm_gates": _gates.LMGates(given.get("max_perplexity_increase"), given.get("min_tokens_per_s")),
-        "gates": _gates.Gates(max_size_mb=given.get("max_size_mb")),
-        "options": LMOptions.from_options(**{k: given.get(k) for k in ("context", "stride", "prompt_tokens",
-                                                                      "new_tokens", "rounds")}),
-    }  # fmt: skip
-    threads = given.get("threads")
+def validate_lm(
+    reference: Any, artifacts: Any, data: Any, asked: Any, allow_pickle: bool, progress: Callable | None
+) -> dict[str, Any]:
+    """The language-model path of ``ptopt.validate`` (module docstring); ``asked``: ``validate``'s
+    options resolved (``ptopt.validate.options.Validation``). Returns the JSON report;
+    ``api.validate`` writes the reports and gates."""
+    t_start = time.perf_counter()
+    threads = asked.settings.threads
     if threads is None:
         from ptopt.core.system import cpu_info
 
         threads = int(cpu_info()["usable_cores"])
-    if int(threads) < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
-    run["threads"] = int(threads)
+    gates = _gates.Gates(max_size_mb=asked.gates.max_size_mb)
+    run = _LMRun(t_start, asked.lm, asked.lm_gates, gates, int(threads))
     models = _models(reference, artifacts)
-    ids = _token_ids(data, models, run["options"])
-    say = given.get("progress") or (lambda msg: None)
-    settings = {"threads": run["threads"], "allow_pickle": bool(given.get("allow_pickle"))}
-    entries = _measure(models, ids, run["options"], settings, say)
+    ids = _token_ids(data, models, run.options)
+    entries = _measure(models, ids, run.options, run.threads, allow_pickle, progress or (lambda msg: None))
     return _report(entries, ids, data, run)

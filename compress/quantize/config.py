@@ -10,12 +10,13 @@ its ``engine`` runs its mode (and the options it was given) through the techniqu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 from ptopt.compress.quantize.table import DEFAULT_ENGINE
 from ptopt.core.config import Config, reconcile, register_config
 from ptopt.core.errors import UsageError
-from ptopt.core.options import Options, Selector, option
+from ptopt.core.options import Options, Selector, fields_of, option
 
 BACKENDS = ("x86", "fbgemm", "qnnpack")
 OBSERVERS = ("minmax", "histogram", "percentile")
@@ -365,8 +366,9 @@ class SearchOptions:
         return self.max_accuracy_drop is not None or self.min_cosine is not None or self.analyze
 
 
-def _mode_config(mode: str) -> type[QuantConfig]:
-    return CONFIGS[mode]
+def _mode_takes(mode: str) -> Collection[str]:
+    """The options a mode takes: its config's fields (the search's are everywhere it applies)."""
+    return fields_of(CONFIGS[mode]).keys()
 
 
 def _modes() -> list[str]:
@@ -385,7 +387,8 @@ OPTIONS = Options(
         "on --calib-data; qat: fake-quant fine-tuning on --train-data, then int8; weight-only: a language "
         "model's Linear weights to int8/int4 (--bits), written as a Hugging Face folder.",
         _modes,
-        _mode_config,
+        _mode_takes,
+        label=lambda c: getattr(c, "mode", "") or c.__name__,
     ),
 )
 

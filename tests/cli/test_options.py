@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from typing import Any
 
 import pytest
@@ -37,6 +38,12 @@ class Case:
     twin: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: where the choice is not an option (validate: what the model and data are), the CLI's and the
+    #: twin's leading arguments for each choice
+    by_choice: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = dataclasses.field(default_factory=dict)
+
+    def leading(self, choice: str | None) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        return self.by_choice.get(choice or "", (self.cli, self.args))
 
 
 CASES = {
@@ -47,6 +54,31 @@ CASES = {
         "ptopt.compress.quantize.api:quantize",
         ("zoo:resnet",),
         {"output": "out.pt"},
+    ),
+    "export": Case(
+        "ptopt.export.config:OPTIONS",
+        "ptopt.export.api:settle_config",
+        ("export", "zoo:resnet", "-o", "out.onnx"),
+        "ptopt.export.api:export",
+        ("zoo:resnet",),
+        {"output": "out.onnx"},
+    ),
+    "validate": Case(
+        "ptopt.validate.options:OPTIONS",
+        "ptopt.validate.api:resolve",
+        (),
+        "ptopt.validate.api:validate",
+        (),
+        by_choice={
+            "model": (
+                ("validate", "zoo:resnet", "m.onnx", "--data", "builtin:digits32:test"),
+                ("zoo:resnet", "m.onnx", "builtin:digits32:test"),
+            ),
+            "lm": (
+                ("validate", "hf:lm", "hf:lm.int8", "--data", "builtin:pydoc-text:eval"),
+                ("hf:lm", "hf:lm.int8", "builtin:pydoc-text:eval"),
+            ),
+        },
     ),
 }
 
@@ -59,12 +91,48 @@ SAMPLES = {
     "group_size": 64,
     "decode_step": 8,
     "float_modules": ("layers.0",),
+    "device": "cpu",
+    "int8_method": "ort_static",
+    "opset": 17,
+    "atol": 0.001,
+    "rtol": 0.001,
+    "static_batches": (1, 32),
+    "min_shape": ("1x1x32x32",),
+    "opt_shape": ("4x1x32x32",),
+    "max_shape": ("8x1x32x32",),
+    "dynamic_batch": "1:8:64",
+    "batch_sizes": (1, 8),
+    "max_samples": 16,
+    "eval_batch_size": 16,
+    "min_agreement": 0.99,
+    "min_speedup": 1.1,
+    "max_size_mb": 10.0,
+    "max_regression": 5.0,
+    "max_latency_ms": ("32=40",),
+    "baseline": "base.json",
+    "json_path": "r.json",
+    "junit_path": "r.xml",
+    "markdown_path": "r.md",
+    "report_path": "r.html",
+    "max_perplexity_increase": 3.0,
+    "min_tokens_per_s": 10.0,
+    "providers": ("CPUExecutionProvider",),
 }
-#: the options another option needs beside it to be accepted (as both the CLI and the twin take them)
+#: what a field holds for a sample its config normalizes
+NORMALIZED = {"max_latency_ms": ((32, 40.0),)}
+#: per command, the options another option needs beside it to be accepted (the CLI and the twin alike)
 COMPANIONS = {
-    "compile": {"engine": "pt2e"},
-    "tuning_budget": {"min_cosine": 0.99},
-    "threads": {"min_cosine": 0.99},
+    "quantize": {
+        "compile": {"engine": "pt2e"},
+        "tuning_budget": {"min_cosine": 0.99},
+        "threads": {"min_cosine": 0.99},
+    },
+    "export": {
+        "max_accuracy_drop": {"accuracy_control": True, "precision": "int8"},
+        "accuracy_control": {"precision": "int8", "min_cosine": 0.99},
+        "float_modules": {"precision": "int8"},
+        "cuda_graphs": {"device": "cuda"},
+    },
 }
 
 
@@ -76,8 +144,8 @@ def _obj(path: str) -> Any:
 def _sample(spec: Any, d: Any, choice: str | None, value: Any = None) -> tuple[Any, list[str]]:
     """(the Python value, the CLI arguments) of one option where the selector chose ``choice``: a
     value of the config that choice uses (its default, flipped for a flag)."""
-    owner = spec.selector.config(choice) if choice and spec.selector.config else None
-    defaults = [v for c, v in d.defaults if c is owner] or [v for _, v in d.defaults]
+    label = spec.selector.label if spec.selector else None
+    defaults = [v for c, v in d.defaults if label and label(c) == choice] or [v for _, v in d.defaults]
     if value is not None:
         pass
     elif d.name in SAMPLES:
@@ -85,7 +153,8 @@ def _sample(spec: Any, d: Any, choice: str | None, value: Any = None) -> tuple[A
     elif d.kind is bool:
         value = not defaults[0]
     else:
-        value = next(v for v in defaults if v not in (None, ()))
+        value = next((v for v in defaults if v is not None and v != ()), None)
+        value = d.opt.choices[0] if value is None else value
     if d.kind is bool:
         flag = d.flag if not d.opt.toggle else (d.flag if value else "--no-" + d.flag[2:])
         return value, [flag]
@@ -94,14 +163,8 @@ def _sample(spec: Any, d: Any, choice: str | None, value: Any = None) -> tuple[A
     return value, [d.flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
 
 
-def _walk() -> list[tuple[str, str, str | None]]:
-    out = []
-    for command, case in CASES.items():
-        spec = _obj(case.spec)
-        choices = list(spec.selector.choices()) if spec.selector else [None]
-        for name in spec.declared():
-            out += [(command, name, c) for c in choices]
-    return out
+def _walk() -> list[tuple[str, str]]:
+    return [(command, name) for command, case in CASES.items() for name in _obj(case.spec).declared()]
 
 
 def _outcome(fn) -> tuple[str, Any]:
@@ -114,49 +177,69 @@ def _outcome(fn) -> tuple[str, Any]:
     raise AssertionError("the resolver was not reached")
 
 
-@pytest.mark.parametrize(("command", "name", "choice"), _walk(), ids=lambda v: str(v))
-def test_cli_and_twin_accept_and_refuse_the_same(cli, monkeypatch, command, name, choice):
+@pytest.mark.parametrize(("command", "name"), _walk(), ids=lambda v: str(v))
+def test_cli_and_twin_accept_and_refuse_the_same(cli, monkeypatch, command, name):
+    """At every mode/target: the same resolved configs or the same refusal; where the option does not
+    apply, a refusal naming it; where it applies, never that refusal, and resolved somewhere."""
     case = CASES[command]
     spec = _obj(case.spec)
-    d = spec.declared()[name]
-    value, args = _sample(spec, d, choice)
-    extra: dict[str, Any] = {}
-    applies = spec.applies(name, choice)
-    for other, v in COMPANIONS.get(name, {}).items() if applies else ():
-        extra[other] = v
-        args += _sample(spec, spec.declared()[other], choice, v)[1]
-    module, _, attr = case.resolver.partition(":")
-    real = _obj(case.resolver)
-
     seen: list[Any] = []
+    real = _obj(case.resolver)
 
     def stop(*a: Any, **kw: Any) -> Any:
         seen.append(real(*a, **kw))
         raise _Resolved(seen[-1])
 
+    module, _, attr = case.resolver.partition(":")
     monkeypatch.setattr(importlib.import_module(module), attr, stop)
-    sel = [spec.selector.cli_flag, choice] if choice else []
-    py_sel = {spec.selector.name: choice} if choice else {}
+    resolved = []
+    for choice in list(spec.selector.choices()) if spec.selector else [None]:
+        by_twin, by_cli, value = _both(cli, case, spec, name, choice, seen)
+        assert by_twin == by_cli, choice
+        d = spec.declared()[name]
+        inapplicable = by_twin[0] == "refused" and bool(
+            re.match(rf"{d.flag} applies (only )?to ", by_twin[1])
+        )
+        assert inapplicable == (not spec.applies(name, choice)), (choice, by_twin)
+        if by_twin[0] == "resolved":
+            assert _field_values(by_twin[1], name) == NORMALIZED.get(name, value), (choice, by_twin[1])
+            resolved.append(choice)
+    assert resolved, f"{name} was accepted nowhere"
+
+
+def _both(cli, case: Case, spec: Any, name: str, choice: str | None, seen: list[Any]) -> tuple:
+    """The outcome of the twin and of the CLI given option ``name`` (and its companions) at ``choice``."""
+    d = spec.declared()[name]
+    value, args = _sample(spec, d, choice)
+    extra: dict[str, Any] = {}
+    companions = COMPANIONS.get(spec.command, {}).get(name, {})
+    for other, v in companions.items() if spec.applies(name, choice) else ():
+        extra[other] = v
+        args += _sample(spec, spec.declared()[other], choice, v)[1]
+    on_cli = bool(choice) and spec.selector.cli
+    sel = [spec.selector.cli_flag, choice] if on_cli else []
+    py_sel = {spec.selector.name: choice} if on_cli else {}
+    lead_cli, lead_args = case.leading(choice)
     twin = _obj(case.twin)
-    by_twin = _outcome(lambda: twin(*case.args, **case.kwargs, **py_sel, **extra, **{name: value}))
-    if d.opt.cli:
-        code, out, err = cli(*case.cli, *sel, *args)
-        by_cli = ("resolved", seen[-1]) if code == 9 else ("refused", err.strip().removeprefix("error: "))
-        assert code in (2, 9), (code, err)
-        if by_cli[0] == "refused":
-            assert len(err.strip().splitlines()) == 1, err
-    else:
-        by_cli = by_twin
-    assert by_twin == by_cli
-    if not applies:
-        assert by_twin[0] == "refused" and d.flag in by_twin[1], by_twin
-    else:
-        assert by_twin[0] == "resolved", by_twin
-        assert _field_values(by_twin[1], name) == value, by_twin[1]
+    by_twin = _outcome(lambda: twin(*lead_args, **case.kwargs, **py_sel, **extra, **{name: value}))
+    if not d.opt.cli:
+        return by_twin, by_twin, value
+    code, _, err = cli(*lead_cli, *sel, *args)
+    assert code in (2, 9), (code, err)
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, err
+    by_cli = ("resolved", seen[-1]) if code == 9 else ("refused", err.strip().removeprefix("error: "))
+    return by_twin, by_cli, value
 
 
 def _field_values(resolved: Any, name: str) -> Any:
-    for obj in resolved if isinstance(resolved, tuple) else (resolved,):
+    """The value of option ``name`` in what a resolver returned (configs, a tuple or a bundle of them)."""
+    if not isinstance(resolved, tuple):
+        fields = {f.name for f in dataclasses.fields(resolved)}
+        if name in fields:
+            return getattr(resolved, name)
+        resolved = tuple(getattr(resolved, f) for f in fields)
+    for obj in resolved:
         if dataclasses.is_dataclass(obj) and name in {f.name for f in dataclasses.fields(obj)}:
             return getattr(obj, name)
     raise AssertionError(f"{name} not in {resolved!r}")
@@ -184,7 +267,9 @@ def test_an_option_of_another_mode_is_one_line_naming_it(cli, tmp_path, args, fl
 def test_an_unknown_keyword_is_refused_with_the_closest_option():
     import ptopt
 
-    msg = assert_refused(ptopt.quantize, "zoo:resnet", "static", calibration_batch=4, match="calibration_batches")
+    msg = assert_refused(
+        ptopt.quantize, "zoo:resnet", "static", calibration_batch=4, match="calibration_batches"
+    )
     assert "takes no option calibration_batch=" in msg
 
 
