@@ -245,7 +245,10 @@ def test_tuning_budget_parsing() -> None:
     "args,message",
     [
         (["--mode", "dynamic", "--max-accuracy-drop", "1", "--eval-data", "UNLABELLED"], "has no labels"),
-        (["--mode", "qat", "--min-cosine", "0.9", "--eval-data", DIGITS], "--min-cosine applies to --mode dynamic, static"),
+        (
+            ["--mode", "qat", "--min-cosine", "0.9", "--eval-data", DIGITS],
+            "--min-cosine applies to --mode dynamic, static",
+        ),
         (["--mode", "dynamic", "--min-cosine", "0.9"], "--eval-data"),
         (["--mode", "dynamic", "--max-accuracy-drop", "-1", "--eval-data", DIGITS], ">= 0"),
         (
