@@ -14,17 +14,22 @@ F = Callable[..., Any]
 
 def model_options(f: F) -> F:
     """``--weights`` and ``--allow-pickle``, which qualify the MODEL argument."""
-    f = click.option(
+    return weights_option("--weights", "State dict (.pt or .safetensors) for a pkg.module:factory MODEL.")(
+        allow_pickle_option(f)
+    )
+
+
+def weights_option(flag: str, help: str) -> Callable[[F], F]:
+    """A state dict for a ``pkg.module:factory`` MODEL (``--weights``, ``--teacher-weights`` ...)."""
+    return click.option(flag, type=click.Path(dir_okay=False), help=help)
+
+
+def allow_pickle_option(f: F) -> F:
+    return click.option(
         "--allow-pickle",
         is_flag=True,
         help="Allow loading a full pickled nn.Module (runs code from the file; only for trusted files).",
     )(f)
-    f = click.option(
-        "--weights",
-        type=click.Path(dir_okay=False),
-        help="State dict (.pt or .safetensors) for a pkg.module:factory MODEL.",
-    )(f)
-    return f
 
 
 def input_shape_option(f: F) -> F:
@@ -37,17 +42,26 @@ def input_shape_option(f: F) -> F:
     )(f)
 
 
-def output_option(required: bool = True, folder_ok: bool = False) -> Callable[[F], F]:
+def output_option(
+    required: bool = True, folder_ok: bool = False, folder: bool = False, help: str = "", default: Any = None
+) -> Callable[[F], F]:
     """``-o/--output``; ``folder_ok``: some of the command's artifacts are folders (the stage refuses a
-    folder where its artifact is a file)."""
-    return click.option(
-        "-o",
-        "--output",
-        type=click.Path(dir_okay=folder_ok),
-        required=required,
-        help="Where to write the artifact (a .ptopt.json sidecar is written next to it)"
-        + ("; a folder for --mode weight-only." if folder_ok else "."),
+    folder where its artifact is a file); ``folder``: the output is a folder of results."""
+    text = help or (
+        "A new (or empty) folder for the results."
+        if folder
+        else "Where to write the artifact (a .ptopt.json sidecar is written next to it)"
+        + ("; a folder for --mode weight-only." if folder_ok else ".")
     )
+    path = (
+        click.Path(file_okay=False)
+        if folder and default is not None
+        else click.Path(dir_okay=folder_ok or folder)
+    )
+    return click.option(
+        "-o", "--output", type=path, required=required and default is None, default=default,
+        show_default=default is not None, help=text,
+    )  # fmt: skip
 
 
 def data_option(flag: str, help: str, *, required: bool = False, metavar: str = "DATA") -> Callable[[F], F]:
@@ -151,9 +165,10 @@ def _click_specs(spec: Any, skip: tuple[str, ...]) -> Any:
     """``(param decls, click.option keywords)`` for the selector and every declared option."""
     sel = spec.selector
     if sel is not None and sel.cli and sel.name not in skip:
+        # free text, listed in the metavar: the twin refuses an unknown choice in one line
         yield (
             (sel.cli_flag, sel.name),
-            dict(type=click.Choice(list(sel.choices())), required=sel.required, help=sel.help),
+            dict(metavar="|".join(sel.choices()), required=sel.required, help=sel.help),
         )
     label = sel.label if sel is not None else None
     for name, d in spec.declared().items():
@@ -165,7 +180,7 @@ def _click_specs(spec: Any, skip: tuple[str, ...]) -> Any:
 def _click_option(spec: Any, d: Any, label: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
     o = d.opt
     flags = (d.flag, *([o.short] if o.short else []))
-    kw: dict[str, Any] = {"default": None, "help": _help(spec, d, label)}
+    kw: dict[str, Any] = {"default": None, "help": _help(spec, d, label), "required": o.required}
     if d.kind is bool and o.toggle:
         flags = (f"{d.flag}/--no-{d.flag[2:]}",)
     elif d.kind is bool:
@@ -190,7 +205,7 @@ def _help(spec: Any, d: Any, label: Any) -> str:
             parts.append(" or ".join(described) if described else f"{sel.cli_flag} {', '.join(where)}")
     if o.choices:
         parts.append(" | ".join(o.choices))
-    default = "" if d.kind is bool and not o.toggle else d.default_text(label)
+    default = "" if (d.kind is bool and not o.toggle) or o.required else d.default_text(label)
     if default:
         parts.append(f"default {default}")
     return o.help + (f" [{'; '.join(parts)}]" if parts else "")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ptopt.cli.options import (
+    data_option,
+    declared,
     echo_table,
+    given,
     guard_paths,
     input_shape_option,
     maybe_save_recipe,
@@ -13,74 +18,17 @@ from ptopt.cli.options import (
     output_option,
     save_recipe_option,
 )
-from ptopt.compress.prune import table
+from ptopt.compress.prune.api import OPTIONS
 
 
 @click.command("prune")
 @click.argument("model")
-@click.option(
-    "--method",
-    required=True,
-    type=click.Choice(table.methods()),
-    help="l1-unstructured: each layer to --amount sparsity; global: one ranking across layers; "
-    "structured: remove whole channels (a smaller, faster model).",
-)
-@click.option(
-    "--amount",
-    required=True,
-    type=float,
-    help="Fraction to prune, strictly between 0 and 1 (weights, or channels per layer for structured).",
-)
+@declared(OPTIONS)
 @output_option()
-@click.option(
-    "--criterion",
-    type=click.Choice(["l1", "l2"]),
-    default="l1",
-    show_default=True,
-    help="Channel ranking for structured pruning: L1 or L2 norm of each filter.",
+@data_option(
+    "--fine-tune-data", "Fine-tune after pruning on this DATA (labelled, or --teacher).", metavar="DATA"
 )
-@click.option(
-    "--exclude",
-    multiple=True,
-    metavar="PATTERN",
-    help="Leave layers matching this fnmatch pattern (module name or a parent's) alone; repeatable.",
-)
-@click.option(
-    "--prune-first-last",
-    is_flag=True,
-    help="Structured: also prune the first layer and the last linear (classifier outputs never are).",
-)
-@click.option(
-    "--fine-tune-data", metavar="DATA", help="Fine-tune after pruning on this DATA (labelled, or --teacher)."
-)
-@click.option(
-    "--eval-data", metavar="DATA", help="Held-out DATA: accuracy before/after; keeps the best epoch."
-)
-@click.option(
-    "--epochs", type=int, default=0, show_default=True, help="Fine-tuning epochs (per round with --steps)."
-)
-@click.option(
-    "--steps",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Prune gradually in this many rounds, fine-tuning between them.",
-)
-@click.option(
-    "--teacher",
-    metavar="MODEL|self",
-    help="Fine-tune by distillation from this MODEL ('self': the unpruned model).",
-)
-@click.option("--temperature", type=float, default=4.0, show_default=True, help="Distillation temperature.")
-@click.option(
-    "--alpha",
-    type=float,
-    default=0.5,
-    show_default=True,
-    help="Weight of the label loss when distilling; 1-alpha weighs the teacher's soft targets.",
-)
-@click.option("--lr", type=float, default=1e-3, show_default=True, help="Fine-tuning learning rate.")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Fine-tuning batch size.")
+@data_option("--eval-data", "Held-out DATA: accuracy before/after; keeps the best epoch.")
 @model_options
 @input_shape_option
 @save_recipe_option
@@ -90,31 +38,20 @@ from ptopt.compress.prune import table
         "weights": "--weights",
         "fine_tune_data": "--fine-tune-data",
         "eval_data": "--eval-data",
-        "teacher": "--teacher",
     },
     {"output": "-o", "save_recipe": "--save-recipe"},
+    OPTIONS,
 )
 def command(
     model: str,
-    method: str,
-    amount: float,
     output: str,
-    criterion: str,
-    exclude: tuple[str, ...],
-    prune_first_last: bool,
     fine_tune_data: str | None,
     eval_data: str | None,
-    epochs: int,
-    steps: int,
-    teacher: str | None,
-    temperature: float,
-    alpha: float,
-    lr: float,
-    batch_size: int,
     weights: str | None,
     allow_pickle: bool,
     input_shapes: tuple[str, ...],
     save_recipe: str | None,
+    **params: Any,
 ) -> None:
     """Prune MODEL and write a dense model that loads with plain torch: TorchScript (.pt) or an
     ExportedProgram (.pt2), with a sidecar describing what was pruned.
@@ -128,27 +65,9 @@ def command(
 
     from ptopt.compress.prune import PruneWarning, prune
 
-    options = dict(
-        model=model,
-        method=method,
-        amount=amount,
-        output=output,
-        fine_tune_data=fine_tune_data,
-        eval_data=eval_data,
-        epochs=epochs,
-        teacher=teacher,
-        steps=steps,
-        exclude=exclude,
-        criterion=criterion,
-        prune_first_last=prune_first_last,
-        temperature=temperature,
-        alpha=alpha,
-        lr=lr,
-        batch_size=batch_size,
-        input_shapes=input_shapes,
-        weights=weights,
-        allow_pickle=allow_pickle,
-    )
+    common = dict(fine_tune_data=fine_tune_data, eval_data=eval_data, weights=weights)
+    common |= dict(allow_pickle=allow_pickle or None, input_shapes=input_shapes)
+    options = {"model": model, "output": output, **given(common), **given(params)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", PruneWarning)
         art = prune(**options, progress=True)
@@ -157,7 +76,7 @@ def command(
             click.echo(f"warning: {w.message}", err=True)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    _print_report(art, method)
+    _print_report(art, options["method"])
     maybe_save_recipe(save_recipe, "prune", options)
 
 

@@ -19,6 +19,7 @@ chose T=1, α=0.1 on a validation split for a 4-epoch budget on digits (see docs
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Sequence
@@ -48,79 +49,84 @@ from ptopt.compress.stage import (
 )
 from ptopt.core.config import reconcile
 from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
+from ptopt.core.options import Options, option
 
-DEFAULT_EPOCHS = 4
-DEFAULT_LR = 3e-3
-DEFAULT_BATCH_SIZE = 32
-DEFAULT_DEVICE = "auto"
 OUTPUT_SUFFIXES = {".pt": "torchscript", ".pt2": "exported_program"}
 
 
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Where a distillation run keeps its state: checkpoints (and resuming from them) and logs."""
+
+    checkpoint_dir: Any = option(None, help="Write a checkpoint after every epoch here.", metavar="DIR")
+    resume: bool = option(False, help="Continue the run whose checkpoint is in --checkpoint-dir.")
+    log_dir: Any = option(None, help="TensorBoard logs and metrics.jsonl.", metavar="DIR")
+    metrics_file: Any = option(
+        None, help="One JSON line per epoch (default: LOG_DIR/metrics.jsonl).", path="out"
+    )
+    cache_teacher: bool = option(
+        True,
+        help="Compute the teacher's logits once for all samples instead of every epoch (not with feature pairs, "
+        "which need the teacher's layers on every batch).",
+        cli=False,
+    )
+
+    def __post_init__(self) -> None:
+        if self.resume and self.checkpoint_dir is None:
+            raise UsageError("--resume needs --checkpoint-dir (where the killed run wrote its checkpoint)")
+
+
+def _groups() -> tuple[type, ...]:
+    from ptopt.compress.trainer import TrainConfig
+
+    return (DistillConfig, TrainConfig, RunOptions)
+
+
+#: the options of ``ptopt distill`` / ``ptopt.distill``: the loss's, the trainer's (with distill's own
+#: defaults: 4 epochs, lr 3e-3, batch 32, device auto) and the run's
+OPTIONS = Options("distill", _groups, defaults={"epochs": 4, "lr": 3e-3, "batch_size": 32, "device": "auto"})
+
+
+@OPTIONS.twin
 def distill(
     teacher: Any,
     student: Any,
     train_data: Any,
     output: str | os.PathLike | None = None,
     *,
-    eval_data: Any = None,
-    temperature: float | None = None,
-    alpha: float | None = None,
-    epochs: int | None = None,
-    feature_pairs: Sequence[tuple[str, str] | str] | None = None,
-    feature_weight: float | None = None,
     config: DistillConfig | None = None,
+    train_config: Any = None,
+    eval_data: Any = None,
     teacher_weights: Any = None,
     student_weights: Any = None,
     allow_pickle: bool = False,
-    lr: float | None = None,
-    batch_size: int | None = None,
-    precision: str | None = None,
-    device: str | None = None,
-    seed: int | None = None,
-    train_config: Any = None,
-    checkpoint_dir: Any = None,
-    resume: bool = False,
-    log_dir: Any = None,
-    metrics_file: Any = None,
     epoch_hooks: Sequence[Any] = (),
     progress: bool = True,
-    cache_teacher: bool = True,
+    **options: Any,
 ) -> Any:
     """Distill ``teacher`` into ``student`` on ``train_data``; returns a Result (module doc).
 
     ``teacher`` / ``student``: nn.Modules, MODEL references or LoadedModels. ``train_data`` /
     ``eval_data``: DATA references or in-memory data (tensor, (x, y), Dataset, DataLoader, list of
-    batches). ``config`` (a DistillConfig) replaces ``temperature``, ``alpha``, ``feature_pairs``
-    and ``feature_weight``; ``train_config`` (a TrainConfig) replaces ``epochs``, ``lr``,
-    ``batch_size``, ``precision``, ``device`` and ``seed``: a loose option contradicting the config
-    given is a UsageError. Without configs the defaults are T=4, α=0.5, 4 epochs, lr 3e-3, batch 32,
-    fp32, device auto, seed 0. ``cache_teacher``: compute the teacher's logits once for all samples
-    instead of every epoch (not with feature pairs, which need the teacher's layers on every batch).
-    Returns None on ranks other than 0 under torchrun.
+    batches). ``options``: the fields of ``DistillConfig``, ``TrainConfig`` and ``RunOptions``
+    (listed below). ``config`` (a DistillConfig) replaces the loss's options; ``train_config`` (a
+    TrainConfig) the trainer's: a loose option contradicting the config given is a UsageError.
+    Without configs the defaults are T=4, α=0.5, 4 epochs, lr 3e-3, batch 32, fp32, device auto,
+    seed 0. ``cache_teacher``: compute the teacher's logits once for all samples instead of every
+    epoch (not with feature pairs, which need the teacher's layers on every batch). Returns None on
+    ranks other than 0 under torchrun.
     """
     from ptopt.compress import distributed as dist_util
 
-    dcfg = resolve_config(config, temperature, alpha, feature_pairs, feature_weight)
-    loose = dict(epochs=epochs, lr=lr, batch_size=batch_size, precision=precision, device=device, seed=seed)
-    tcfg = resolve_train_config(train_config, loose)
+    dcfg, tcfg, run = resolve_config(config, train_config, options)
     check_output(output, OUTPUT_SUFFIXES)
-    if resume and checkpoint_dir is None:
-        raise UsageError("--resume needs --checkpoint-dir (where the killed run wrote its checkpoint)")
     dist_util.resolve_device(tcfg.device)
     train_ds, eval_ds = _load_data(train_data, eval_data, dcfg.alpha)
     t_loaded, s_loaded, probe = _load_models(
         teacher, student, teacher_weights, student_weights, allow_pickle, tcfg.seed, train_ds
     )
-    run = dict(
-        checkpoint_dir=checkpoint_dir,
-        resume=resume,
-        log_dir=log_dir,
-        metrics_file=metrics_file,
-        epoch_hooks=epoch_hooks,
-        progress=progress,
-        cache_teacher=cache_teacher,
-    )
-    result = _train(t_loaded, s_loaded, train_ds, eval_ds, probe, dcfg, tcfg, **run)
+    hooks = dict(epoch_hooks=epoch_hooks, progress=progress)
+    result = _train(t_loaded, s_loaded, train_ds, eval_ds, probe, dcfg, tcfg, run, **hooks)
     if not dist_util.is_main_process():
         return None
     refs = {"train_data": train_data, "eval_data": eval_data}
@@ -131,39 +137,24 @@ def distill(
 
 
 def resolve_config(
-    config: DistillConfig | None,
-    temperature: float | None,
-    alpha: float | None,
-    feature_pairs: Sequence[Any] | None,
-    feature_weight: float | None,
-) -> DistillConfig:
-    """The loss config from ``config`` or the loose options (a contradiction is refused)."""
-    pairs = None
-    if feature_pairs:
-        pairs = tuple(parse_feature_pair(p) if isinstance(p, str) else tuple(p) for p in feature_pairs)
-    loose = {
-        "temperature": temperature,
-        "alpha": alpha,
-        "feature_pairs": pairs,
-        "feature_weight": feature_weight,
-    }
-    if config is not None:
-        reconcile(config, loose)
-        return config
-    return DistillConfig(**{k: v for k, v in loose.items() if v is not None})
-
-
-def resolve_train_config(train_config: Any, loose: dict[str, Any]) -> Any:
-    """The trainer's config from ``train_config`` or the loose options (distill's own defaults)."""
+    config: Any, train_config: Any, options: dict[str, Any]
+) -> tuple[DistillConfig, Any, RunOptions]:
+    """The loss's config, the trainer's and the run's from the configs given or the loose ``options``
+    (a loose option contradicting a config given is refused)."""
     from ptopt.compress.trainer import TrainConfig
 
-    if train_config is not None:
-        reconcile(train_config, loose)
-        return train_config
-    defaults = dict(
-        epochs=DEFAULT_EPOCHS, lr=DEFAULT_LR, batch_size=DEFAULT_BATCH_SIZE, device=DEFAULT_DEVICE
-    )
-    return TrainConfig(**(defaults | {k: v for k, v in loose.items() if v is not None}))
+    given = OPTIONS.check(options)
+    loss = OPTIONS.of(DistillConfig, given)
+    if config is None:
+        config = OPTIONS.build(DistillConfig, loss)
+    else:
+        reconcile(config, loss)
+    train = OPTIONS.of(TrainConfig, given)
+    if train_config is None:
+        train_config = OPTIONS.build(TrainConfig, train)
+    else:
+        reconcile(train_config, train)
+    return config, train_config, OPTIONS.build(RunOptions, given)
 
 
 def _load_data(train_data: Any, eval_data: Any, alpha: float) -> tuple[Any, Any]:
@@ -222,9 +213,8 @@ def _train(
     probe: Any,
     dcfg: DistillConfig,
     tcfg: Any,
-    *,
-    cache_teacher: bool,
-    **run: Any,
+    run_options: RunOptions,
+    **hooks: Any,
 ) -> Any:
     """The student trained in place with the distillation loss; returns the TrainResult."""
     from ptopt.compress import distributed as dist_util
@@ -242,7 +232,7 @@ def _train(
         feature_weight=dcfg.feature_weight,
     )
     fingerprint = {**dcfg.to_dict(), "teacher": tensor_digest(t_module.state_dict().values())}
-    cached = cache_teacher and not dcfg.feature_pairs
+    cached = run_options.cache_teacher and not dcfg.feature_pairs
     fingerprint["teacher_logits"] = "cached" if cached else "per batch"
     train_input = train_ds
     if cached:
@@ -255,7 +245,12 @@ def _train(
             eval_data=eval_ds,
             loss_fn=loss,
             fingerprint_extra=fingerprint,
-            **{**run, "progress": run.get("progress", True) and "distill"},
+            checkpoint_dir=run_options.checkpoint_dir,
+            resume=run_options.resume,
+            log_dir=run_options.log_dir,
+            metrics_file=run_options.metrics_file,
+            epoch_hooks=hooks["epoch_hooks"],
+            progress=hooks["progress"] and "distill",
         )
     finally:
         loss.remove_hooks()

@@ -27,6 +27,7 @@ from ptopt.core.config import Config, register_config
 from ptopt.core.data import Batch, Dataset
 from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import batch_size_of, call_model
+from ptopt.core.options import option
 
 #: loss_fn(model, batch) -> (loss, logits); logits may be None when accuracy makes no sense.
 #: A loss_fn that is an nn.Module is moved to the training device, and its parameters are trained too.
@@ -45,26 +46,32 @@ class TrainConfig(Config):
     """Options of the shared trainer."""
 
     type_name = "train"
-    epochs: int = 3
-    #: per process: under torchrun the global batch is batch_size × processes
-    batch_size: int = 64
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    #: fraction of all optimizer steps spent warming the learning rate up linearly from 0
-    warmup_fraction: float = 0.05
-    #: max gradient norm; None disables clipping
-    grad_clip: float | None = 1.0
-    grad_accum_steps: int = 1
-    seed: int = 0
-    #: after training, restore the weights of the epoch with the best eval accuracy
-    keep_best: bool = True
+    epochs: int = option(3, help="Training epochs.")
+    batch_size: int = option(64, help="Training batch size (per process under torchrun).")
+    lr: float = option(1e-3, help="Peak learning rate (AdamW, warmup + cosine).")
+    weight_decay: float = option(0.01, help="AdamW weight decay.")
+    warmup_fraction: float = option(
+        0.05, help="Fraction of all optimizer steps spent warming the learning rate up linearly from 0."
+    )
+    grad_clip: float | None = option(1.0, help="Max gradient norm (0: off).")
+    grad_accum_steps: int = option(1, help="Batches whose gradients add up before each optimizer step.")
+    seed: int = option(0, help="Seed of the shuffling and of any fresh weights.")
+    keep_best: bool = option(
+        True,
+        help="After training, restore the weights of the epoch with the best eval accuracy.",
+        toggle=True,
+    )
     eval_batch_size: int = 256
-    #: fp32, or mixed precision: bf16 (autocast; CPU or CUDA) or fp16 (CUDA, with a GradScaler)
-    precision: str = "fp32"
-    #: cpu, cuda, cuda:N or auto (CUDA when available); the model comes back on its original device
-    device: str = "cpu"
+    precision: str = option(
+        "fp32",
+        help="Mixed precision: bf16 autocast (CPU or CUDA), fp16 with a GradScaler (CUDA).",
+        choices=PRECISIONS,
+    )
+    device: str = option("cpu", help="auto (CUDA when available), cpu, cuda or cuda:N.")
 
     def __post_init__(self) -> None:
+        if self.grad_clip is not None and self.grad_clip <= 0:  # 0: off, as the CLI spells it
+            object.__setattr__(self, "grad_clip", None)
         if self.epochs < 1:
             raise UsageError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1 or self.eval_batch_size < 1:

@@ -55,6 +55,7 @@ class Opt:
     ``deprecated``: ``{old spelling: note}``, old flags and keywords that still work with a note.
     ``note``: what a refusal adds, where to go instead. ``cli``: False for Python / recipe only.
     ``path``: ``"in"`` or ``"out"``, a file the command reads or writes (never the same file).
+    ``required``: the CLI needs it (the twin takes it as a positional argument).
     """
 
     help: str
@@ -72,6 +73,8 @@ class Opt:
     note: str = ""
     cli: bool = True
     path: str = ""
+    #: the CLI cannot run without it (the twin takes it positionally)
+    required: bool = False
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, factory: Any = None, **opt: Any) -> Any:
@@ -181,17 +184,32 @@ class Selector:
 
 
 @dataclasses.dataclass(frozen=True)
+class Part:
+    """Some of a config's fields as a command's options (prune fine-tunes with the trainer's ``lr``,
+    ``batch_size`` and ``seed``, declared once in ``TrainConfig``)."""
+
+    cls: type
+    names: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Options:
-    """The options of one command: every declared field of ``groups()`` (classes, read lazily so a
-    table can fill them), and the ``selector`` that decides which apply."""
+    """The options of one command: every declared field of ``groups()`` (classes, or a ``Part`` of
+    one; read lazily so a table can fill them), and the ``selector`` that decides which apply.
+    ``defaults``: this command's own defaults of fields it shares (distill trains 4 epochs)."""
 
     command: str
-    groups: Callable[[], Sequence[type]]
+    groups: Callable[[], Sequence[type | Part]]
     selector: Selector | None = None
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def declared(self) -> dict[str, Declared]:
         """Every option, by name, in the order the groups declare them."""
-        return _declared(self.groups())
+        table = _declared(self.groups())
+        for name, value in self.defaults.items():
+            d = table[name]
+            table[name] = dataclasses.replace(d, defaults=tuple((c, value) for c, _ in d.defaults))
+        return table
 
     def keyword(self, name: str) -> str | None:
         """The option a keyword names (its own name or an alias), or None."""
@@ -254,7 +272,8 @@ class Options:
         """``cls`` from the options of ``given`` that are its fields (and ``fixed``); a value of the
         wrong type is a UsageError naming the option (never a TypeError from inside)."""
         names = fields_of(cls)
-        kwargs = {k: v for k, v in given.items() if k in names} | fixed
+        mine = {k: v for k, v in self.defaults.items() if k in names}
+        kwargs = mine | {k: v for k, v in given.items() if k in names} | fixed
         try:
             return cls(**kwargs)
         except (TypeError, ValueError) as e:
@@ -326,16 +345,21 @@ class Options:
         return fn
 
 
-def _declared(groups: Iterable[type]) -> dict[str, Declared]:
+def _declared(groups: Iterable[type | Part]) -> dict[str, Declared]:
+    parts = [(g.cls, g.names) if isinstance(g, Part) else (g, None) for g in groups]
+
+    def fields(cls: type, names: tuple[str, ...] | None) -> dict[str, tuple[dataclasses.Field, Any]]:
+        return {k: v for k, v in fields_of(cls).items() if names is None or k in names}
+
     opts: dict[str, Opt] = {}
     hints: dict[str, Any] = {}
-    for cls in groups:
-        for name, (f, hint) in fields_of(cls).items():
+    for cls, names in parts:
+        for name, (f, hint) in fields(cls, names).items():
             if OPT in f.metadata and name not in opts:
                 opts[name], hints[name] = f.metadata[OPT], hint
     defaults: dict[str, list[tuple[type, Any]]] = {n: [] for n in opts}
-    for cls in groups:
-        for name, (f, _) in fields_of(cls).items():
+    for cls, names in parts:
+        for name, (f, _) in fields(cls, names).items():
             if name in opts and cls not in (c for c, _ in defaults[name]):
                 defaults[name].append((cls, _default(f)))
     return {n: Declared(n, opts[n], hints[n], tuple(defaults[n])) for n in opts}

@@ -38,6 +38,7 @@ from ptopt.core.choice import fastest_within
 from ptopt.core.data import split_eval
 from ptopt.core.errors import DataError, UsageError
 from ptopt.optimize.candidates import REFERENCE, Candidate, Context, runtime_filters, select
+from ptopt.optimize.options import OPTIONS, OptimizeOptions, resolve
 from ptopt.optimize.search import (
     Clock,
     Evaluator,
@@ -48,10 +49,6 @@ from ptopt.optimize.search import (
 )
 
 SCHEMA = "ptopt.optimize/2"
-#: the default --time-budget: 9 minutes, so that the whole run (loading, the search, writing the folder, and
-#: a build that runs past its estimate) ends within 10 minutes on a 2-core machine (all-MiniLM-L6-v2's took
-#: 1415 s of a 1200 s budget before the slow builds went last and the output folder was budgeted for)
-DEFAULT_TIME_BUDGET_S = 540.0
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 _UNIT_S = {None: 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -159,56 +156,64 @@ def render(report: dict[str, Any], directory: Path | None = None) -> str:
     return render_terminal(report, directory=directory)
 
 
+@OPTIONS.twin
 def optimize(
     model: Any,
     *,
     calib_data: Any = None,
     eval_data: Any = None,
-    max_accuracy_drop: float | None = None,
-    min_cosine: float | None = None,
-    batch_sizes: Any = (1, 32),
-    runtime: str = "any",
-    device: str = "cpu",
-    time_budget: float | str = DEFAULT_TIME_BUDGET_S,
     train_data: Any = None,
     input_shapes: Any = None,
-    allow_pickle: bool = False,
     weights: Any = None,
+    allow_pickle: bool = False,
     output: str | os.PathLike | None = None,
-    candidates: Any = None,
-    skip: Any = None,
-    threads: int | None = None,
-    rounds: int | None = None,
-    min_seconds: float | None = None,
     latency: Any = None,
     progress: Callable[[str], None] | bool | None = None,
-    max_perplexity_increase: float | None = None,
-) -> OptimizeResult:
+    **options: Any,
+) -> Any:
     """Search the candidates for the fastest artifact within the accuracy budget (module docstring).
 
     ``model``: an nn.Module, a MODEL reference (``weights``/``allow_pickle`` qualify it) or a stage
     Result; ``calib_data``/``eval_data``/``train_data``: DATA references or in-memory data.
-    ``max_accuracy_drop``: points of top-1 on the labelled ``eval_data`` (validate's definition);
-    ``min_cosine``: the worst sample's cosine with the fp32 outputs (unlabelled data); exactly one.
-    ``runtime``: any | torch | onnxruntime. ``time_budget``: seconds, or ``"10m"``/``"90s"`` (default 9
-    minutes, writing ``output`` included).
+    ``options``: the fields of ``ptopt.optimize.options.OptimizeOptions`` and validate's
+    ``LatencyOptions`` (listed below). ``max_accuracy_drop``: points of top-1 on the labelled
+    ``eval_data`` (validate's definition); ``min_cosine``: the worst sample's cosine with the fp32
+    outputs (unlabelled data); exactly one. ``runtime``: any | torch | onnxruntime. ``time_budget``:
+    seconds, or ``"10m"``/``"90s"`` (default 9 minutes, writing ``output`` included).
     ``candidates``/``skip``: catalogue names to try only / to leave out (``ptopt.optimize.candidates``).
     ``threads``, ``rounds``, ``min_seconds`` or ``latency`` (a validate ``LatencyOptions``): how the
     survivors are timed. ``output``: also ``save`` there (a new or empty folder). ``progress``: a
     callable taking each progress line, True for lines on stderr, None/False for silence.
     ``max_perplexity_increase`` (%): a causal language model, judged on ``eval_data`` text; the
-    weight-only search of ``ptopt.optimize.lm`` (returns its ``LMOptimizeResult``).
+    weight-only search of ``ptopt.optimize.lm``: returns its ``LMOptimizeResult`` (else an
+    ``OptimizeResult``).
     """
-    clock = Clock(0.0)
     say = progress if callable(progress) else (_to_stderr if progress else (lambda msg: None))
-    if max_perplexity_increase is not None:
-        return _optimize_lm(locals(), say)
-    settings, specs = _check_options(locals())
-    clock.budget = settings.time_budget
+    kind, opts, lat = resolve(options, latency)
+    if kind == "lm":
+        given = dict(train_data=train_data, input_shapes=input_shapes, weights=weights)
+        return _optimize_lm(model, opts, lat, eval_data, calib_data, output, allow_pickle, given, say)
+    settings, specs = _settings(opts, lat, eval_data, calib_data)
+    clock = Clock(settings.time_budget)
     inputs_paths = _input_paths(model, weights, calib_data, eval_data, train_data)
     if output is not None:
         check_output_dir(Path(output), inputs_paths)
     loaded, data = _load(model, weights, allow_pickle, calib_data, eval_data, train_data, settings)
+    search = _search(loaded, data, input_shapes, settings, specs, clock, say)
+    best, within = _choose(search.candidates, settings)
+    report = _report(search.candidates, best, within, settings, loaded, clock)
+    report["best_by_batch"] = _per_batch(search.candidates, settings) if within else {}
+    report["split"] = search.split
+    result = OptimizeResult(search.candidates, best, report, inputs_paths)
+    if output is not None:
+        result.save(output)
+    return result
+
+
+def _search(
+    loaded: Any, data: Any, input_shapes: Any, settings: Settings, specs: list, clock: Clock, say: Any
+) -> Search:
+    """The reference timed, the budget checked against what it costs, then the search."""
     from ptopt.core.timing import torch_threads
     from ptopt.validate.runners import runner_for_loaded
 
@@ -231,14 +236,7 @@ def optimize(
             ref_runner.close()
             if search is not None:
                 search.close()
-    best, within = _choose(search.candidates, settings)
-    report = _report(search.candidates, best, within, settings, loaded, clock)
-    report["best_by_batch"] = _per_batch(search.candidates, settings) if within else {}
-    report["split"] = search.split
-    result = OptimizeResult(search.candidates, best, report, inputs_paths)
-    if output is not None:
-        result.save(output)
-    return result
+    return search
 
 
 def _place(ref_runner: Any, device: str) -> Any:
@@ -252,44 +250,38 @@ def _place(ref_runner: Any, device: str) -> Any:
     return ref_runner
 
 
-def _optimize_lm(opts: dict[str, Any], say: Callable[[str], None]) -> Any:
-    """``optimize(max_perplexity_increase=...)``: the language-model search (``optimize/lm.py``)."""
+def _optimize_lm(
+    model: Any,
+    opts: OptimizeOptions,
+    lat: Any,
+    eval_data: Any,
+    calib_data: Any,
+    output: Any,
+    allow_pickle: bool,
+    others: dict[str, Any],
+    say: Callable[[str], None],
+) -> Any:
+    """``optimize(max_perplexity_increase=...)``: the language-model search (``optimize/lm.py``);
+    ``others``: the arguments of the other search, refused here when given."""
+    from ptopt.core.timing import torch_threads
     from ptopt.optimize.lm import optimize_lm
 
-    if str(opts["device"]) != "cpu":
-        raise UsageError(
-            f"--device {opts['device']}: the language-model search (--max-perplexity-increase) runs on the CPU "
-            "(its candidates are CPU weight-only int8/int4 builds); leave --device out"
-        )
-
-    lm_only = {"max_accuracy_drop", "min_cosine", "train_data", "input_shapes", "weights", "latency"}
-    given = sorted(k for k in lm_only if opts[k] not in (None, (), []))
+    given = sorted(k for k, v in others.items() if v not in (None, (), []))
     if given:
         raise UsageError(
             f"{', '.join(given)}: not options of the language-model search (--max-perplexity-increase)"
         )
-    if opts["eval_data"] is None:
+    if eval_data is None:
         raise UsageError(
             "--max-perplexity-increase needs --eval-data: text (a .txt, token ids, builtin:pydoc-text:eval)"
         )
-    if opts["output"] is not None:
-        check_output_dir(Path(opts["output"]), ())
-    keep = (
-        "eval_data",
-        "calib_data",
-        "max_perplexity_increase",
-        "output",
-        "candidates",
-        "skip",
-        "allow_pickle",
-    )
-    extra = {"rounds": opts["rounds"]} if opts["rounds"] else {}
-    from ptopt.core.timing import torch_threads
-
-    with torch_threads(opts["threads"]):
+    if output is not None:
+        check_output_dir(Path(output), ())
+    with torch_threads(opts.threads):
         return optimize_lm(
-            opts["model"], time_budget=parse_duration(opts["time_budget"]), progress=say,
-            **{k: opts[k] for k in keep}, **extra,
+            model, eval_data=eval_data, calib_data=calib_data, max_perplexity_increase=opts.max_perplexity_increase,
+            output=output, candidates=opts.candidates, skip=opts.skip, allow_pickle=allow_pickle,
+            time_budget=parse_duration(opts.time_budget), progress=say, rounds=lat.rounds,
         )  # fmt: skip
 
 
@@ -422,39 +414,26 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
-def _check_options(opts: dict[str, Any]) -> tuple[Settings, list[Any]]:
-    from ptopt.validate.api import parse_batch_sizes
-    from ptopt.validate.latency import LatencyOptions
-
-    drop, cos = opts["max_accuracy_drop"], opts["min_cosine"]
-    if (drop is None) == (cos is None):
-        raise UsageError(
-            "give exactly one accuracy budget: --max-accuracy-drop PTS (labelled eval data) or "
-            "--min-cosine C (outputs compared with the fp32 model's)"
-        )
-    if drop is not None and drop < 0:
-        raise UsageError(f"--max-accuracy-drop {drop}: a budget cannot be below zero")
-    if cos is not None and not -1 <= cos <= 1:
-        raise UsageError(f"--min-cosine {cos}: a cosine lies in [-1, 1]")
-    for option, value in (("--eval-data", opts["eval_data"]), ("--calib-data", opts["calib_data"])):
+def _settings(opts: OptimizeOptions, lat: Any, eval_data: Any, calib_data: Any) -> tuple[Settings, list[Any]]:
+    """The search's settings from its options, the data required checked."""
+    for option, value in (("--eval-data", eval_data), ("--calib-data", calib_data)):
         if value is None:
             raise UsageError(
                 f"{option} is required: optimize measures every candidate on data (e.g. builtin:digits32:test)"
             )
-    budget = parse_duration(opts["time_budget"])
-    _check_runtime(opts["runtime"])
-    device = _check_device(opts["device"])
-    lat = LatencyOptions.from_options(opts["latency"], rounds=opts["rounds"], min_seconds=opts["min_seconds"])
-    threads = opts["threads"]
+    budget = parse_duration(opts.time_budget)
+    _check_runtime(opts.runtime)
+    device = _check_device(opts.device)
+    threads = opts.threads
     if threads is None:
         from ptopt.core.system import cpu_info
 
         threads = int(cpu_info()["usable_cores"])
-    if int(threads) < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
-    sizes = parse_batch_sizes(opts["batch_sizes"])
-    settings = Settings(sizes, opts["runtime"], budget, lat, int(threads), drop, cos, device=device)
-    return settings, select(opts["candidates"], opts["skip"], device)
+    sizes = list(opts.batch_sizes)
+    settings = Settings(
+        sizes, opts.runtime, budget, lat, int(threads), opts.max_accuracy_drop, opts.min_cosine, device=device
+    )
+    return settings, select(opts.candidates, opts.skip, device)
 
 
 def _check_runtime(runtime: str) -> None:

@@ -36,12 +36,13 @@ from typing import Any
 from ptopt.compress.prune.config import (
     OUTPUT_FORMATS,
     TEACHER_SELF,
+    FineTuneOptions,
     PruneConfig,
     PruneWarning,
-    StructuredPruneConfig,
     unmatched_patterns,
 )
 from ptopt.compress.prune.table import config_class, make_pruner
+from ptopt.compress.prune.table import options as _options
 from ptopt.compress.stage import (
     UNSAVED,
     check_output,
@@ -56,34 +57,8 @@ from ptopt.compress.stage import (
 from ptopt.core.config import reconcile
 from ptopt.core.errors import UsageError
 
-
-def make_config(
-    method: str,
-    amount: float,
-    *,
-    exclude: Iterable[str] = (),
-    steps: int = 1,
-    criterion: str = "l1",
-    prune_first_last: bool = False,
-) -> PruneConfig:
-    cls = config_class(method)
-    if method != "structured":
-        if criterion != "l1":
-            raise UsageError(
-                "--criterion applies to structured pruning; unstructured pruning ranks by magnitude"
-            )
-        if prune_first_last:
-            raise UsageError(
-                "--prune-first-last applies to structured pruning (unstructured prunes every layer)"
-            )
-        return cls(amount=amount, exclude=tuple(exclude), steps=steps)
-    return StructuredPruneConfig(
-        amount=amount,
-        exclude=tuple(exclude),
-        steps=steps,
-        criterion=criterion,
-        prune_first_last=prune_first_last,
-    )
+#: the options of ``ptopt prune`` (``ptopt.compress.prune.table.options``)
+OPTIONS = _options()
 
 
 # -- measuring ---------------------------------------------------------------------------------------
@@ -140,45 +115,37 @@ class FineTune:
     train: Any  # TrainConfig
 
 
+@OPTIONS.twin
 def prune(
     model: Any,
     method: str | None = None,
     amount: float | None = None,
     output: str | os.PathLike | None = None,
     *,
+    config: PruneConfig | None = None,
     fine_tune_data: Any = None,
     eval_data: Any = None,
-    epochs: int = 0,
-    teacher: Any = None,
-    steps: int | None = None,
-    exclude: Iterable[str] | None = None,
-    criterion: str | None = None,
-    prune_first_last: bool | None = None,
-    temperature: float = 4.0,
-    alpha: float = 0.5,
-    lr: float = 1e-3,
-    batch_size: int = 64,
-    seed: int = 0,
-    config: PruneConfig | None = None,
     input_shapes: Iterable[str] = (),
     weights: Any = None,
     allow_pickle: bool = False,
     progress: bool = False,
+    **options: Any,
 ) -> Any:
     """Prune ``model`` with ``method`` ("l1-unstructured" | "structured" | "global"); returns a Result.
 
     ``model``: an nn.Module (never modified), a MODEL reference or a LoadedModel. ``fine_tune_data``
     / ``eval_data``: DATA references or in-memory data (tensor, (x, y), Dataset, DataLoader, list of
     batches). ``config`` (an ``L1UnstructuredConfig`` / ``GlobalPruneConfig`` /
-    ``StructuredPruneConfig``) replaces ``method``, ``amount``, ``steps``, ``exclude``,
-    ``criterion`` and ``prune_first_last``; one of them contradicting it is a UsageError.
+    ``StructuredPruneConfig``) replaces ``method``, ``amount`` and the method's options (``steps``,
+    ``exclude``, ``criterion``, ``prune_first_last``); one of them contradicting it is a UsageError.
     ``exclude`` patterns that match no layer raise a ``PruneWarning`` (not an error). ``.metrics``
     hold parameter counts, sparsity, raw/gzip bytes and accuracy before/after (with ``eval_data``),
     ``.extra["layers"]`` the per-layer table. ``output``: also save there (.pt or .pt2).
     """
-    config = resolve_config(method, amount, config, steps, exclude, criterion, prune_first_last)
+    config, tune = resolve_config(method, config, {"amount": amount, **options})
+    teacher, epochs = tune.options.teacher, tune.options.epochs
     check_output(output, OUTPUT_FORMATS)
-    plan = _fine_tune_plan(fine_tune_data, epochs, teacher, temperature, alpha, lr, batch_size, seed)
+    plan = _fine_tune_plan(fine_tune_data, tune)
     why = "pruning rewrites an eager nn.Module, and a {format} model cannot be rewritten"
     loaded = load_eager(model, weights, allow_pickle, "pruning", why=why)
     ft, ev, example = _prepare_data(loaded, plan, eval_data, input_shapes)
@@ -194,8 +161,8 @@ def prune(
         "eval_data": ref_name(eval_data),
         "epochs": epochs,
         "teacher": ref_name(teacher),
-        "temperature": temperature if teacher is not None else None,
-        "alpha": alpha if teacher is not None else None,
+        "temperature": plan.temperature if teacher is not None else None,
+        "alpha": plan.alpha if teacher is not None else None,
         "train": plan.train.to_dict() if epochs else None,
     }
     extra = {k: v for k, v in report.items() if k != "sparsity"}
@@ -212,54 +179,54 @@ def config_method(config: PruneConfig) -> str:
     return type(config).method
 
 
+@dataclasses.dataclass(frozen=True)
+class Tune:
+    """The recovery options resolved: the fine-tuning's, and the trainer's and loss's it uses."""
+
+    options: FineTuneOptions
+    train: Any  # TrainConfig
+    loss: Any  # DistillConfig
+
+
 def resolve_config(
-    method: str | None,
-    amount: float | None,
-    config: PruneConfig | None,
-    steps: int | None = None,
-    exclude: Iterable[str] | None = None,
-    criterion: str | None = None,
-    prune_first_last: bool | None = None,
-) -> PruneConfig:
-    """One config from ``config`` or the loose options (a contradiction between them is refused)."""
-    exclude = tuple(exclude) if exclude else None
-    if config is None:
-        if method is None or amount is None:
-            raise UsageError("pruning needs a method and an amount (or a config=)")
-        loose = {
-            "exclude": exclude,
-            "steps": steps,
-            "criterion": criterion,
-            "prune_first_last": prune_first_last,
-        }
-        return make_config(method, amount, **{k: v for k, v in loose.items() if v is not None})
-    if method is not None and method != config_method(config):
+    method: str | None, config: PruneConfig | None, options: dict[str, Any]
+) -> tuple[PruneConfig, Tune]:
+    """One config from ``config`` or the loose ``options`` (keywords of ``table.options()``, refused
+    where they do not apply to the method; a contradiction with ``config`` is refused), and the
+    recovery options."""
+    if config is not None and method is not None and method != config_method(config):
         raise UsageError(
-            f"method {method!r} contradicts the given {type(config).__name__} "
-            f"(method {config_method(config)!r})"
+            f"method {method!r} contradicts the given {type(config).__name__} (method {config_method(config)!r})"
         )
-    options = {"amount": amount, "steps": steps, "exclude": exclude}
-    if isinstance(config, StructuredPruneConfig):
-        options |= {"criterion": criterion, "prune_first_last": prune_first_last}
-    elif criterion not in (None, "l1") or prune_first_last:
-        raise UsageError("criterion and prune_first_last apply to structured pruning")
-    reconcile(config, options)
-    return config
-
-
-def _fine_tune_plan(
-    data: Any,
-    epochs: int,
-    teacher: Any,
-    temperature: float,
-    alpha: float,
-    lr: float,
-    batch_size: int,
-    seed: int,
-) -> FineTune:
-    """Validate the recovery options before any long work."""
+    chosen = config_method(config) if config is not None else method
+    if chosen is None:
+        raise UsageError("pruning needs a method and an amount (or a config=)")
+    config_class(chosen)  # an unknown method: its one line first
+    given = OPTIONS.check(options, chosen)
+    if config is None:
+        if given.get("amount") is None:
+            raise UsageError("pruning needs a method and an amount (or a config=)")
+        config = OPTIONS.build(config_class(chosen), given)
+    else:
+        reconcile(config, OPTIONS.of(type(config), given))
+    from ptopt.compress.distill_loss import DistillConfig
     from ptopt.compress.trainer import TrainConfig
 
+    tune = OPTIONS.build(FineTuneOptions, given)
+    train = OPTIONS.build(
+        TrainConfig, given, epochs=max(tune.epochs, 1) if isinstance(tune.epochs, int) else 1
+    )
+    return config, Tune(tune, train, OPTIONS.build(DistillConfig, given))
+
+
+def make_config(method: str, amount: float, **options: Any) -> PruneConfig:
+    """The config of ``method`` from its options, as ``prune`` resolves them."""
+    return resolve_config(method, None, {"amount": amount, **options})[0]
+
+
+def _fine_tune_plan(data: Any, tune: Tune) -> FineTune:
+    """Validate the recovery options before any long work."""
+    epochs, teacher = tune.options.epochs, tune.options.teacher
     if not isinstance(epochs, int) or epochs < 0:
         raise UsageError(f"--epochs must be an integer >= 0, got {epochs!r}")
     if epochs and data is None:
@@ -268,8 +235,7 @@ def _fine_tune_plan(
         raise UsageError("--fine-tune-data needs --epochs N (N >= 1)")
     if teacher is not None and data is None:
         raise UsageError("--teacher distills while fine-tuning: give --fine-tune-data and --epochs too")
-    train = TrainConfig(epochs=max(epochs, 1), lr=lr, batch_size=batch_size, seed=seed)
-    return FineTune(epochs, data, teacher, temperature, alpha, train)
+    return FineTune(epochs, data, teacher, tune.loss.temperature, tune.loss.alpha, tune.train)
 
 
 def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any) -> tuple[Any, Any, Any]:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import UsageError
+from ptopt.core.options import option
 
 #: output suffix -> format of the saved dense model
 OUTPUT_FORMATS = {".pt": "torchscript", ".pt2": "exported_program"}
@@ -27,11 +28,18 @@ class PruneWarning(UserWarning):
 class PruneConfig(Config):
     """What every pruning method shares. ``amount`` is the fraction pruned, strictly between 0 and 1."""
 
-    amount: float = 0.5
-    #: fnmatch patterns of module names left alone (a parent name covers its children)
-    exclude: tuple[str, ...] = ()
-    #: gradual pruning in this many rounds (fine-tuning between rounds when data is given)
-    steps: int = 1
+    amount: float = option(
+        0.5,
+        help="Fraction to prune, strictly between 0 and 1 (weights, or channels per layer for structured).",
+        required=True,
+    )
+    exclude: tuple[str, ...] = option(
+        (),
+        help="Leave layers matching this fnmatch pattern (module name or a parent's) alone; repeatable.",
+        metavar="PATTERN",
+        repeat=True,
+    )
+    steps: int = option(1, help="Prune gradually in this many rounds, fine-tuning between them.")
 
     def __post_init__(self) -> None:
         if (
@@ -70,9 +78,12 @@ class StructuredPruneConfig(PruneConfig):
 
     type_name = "prune-structured"
     method = "structured"
-    criterion: Literal["l1", "l2"] = "l1"
-    #: also prune the first layer and the last linear (excluded by default: cheap and sensitive)
-    prune_first_last: bool = False
+    criterion: Literal["l1", "l2"] = option(
+        "l1", help="Channel ranking: L1 or L2 norm of each filter.", choices=CRITERIA
+    )
+    prune_first_last: bool = option(
+        False, help="Also prune the first layer and the last linear (classifier outputs never are)."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,3 +101,19 @@ def matches(name: str, patterns: Iterable[str]) -> bool:
 def unmatched_patterns(model: Any, patterns: Iterable[str]) -> list[str]:
     names = [n for n, _ in model.named_modules() if n]
     return [p for p in patterns if not any(matches(n, [p]) for n in names)]
+
+
+@dataclasses.dataclass(frozen=True)
+class FineTuneOptions:
+    """Recovery after each pruning round: ``epochs`` of fine-tuning on ``fine_tune_data`` (0: none),
+    by distillation from ``teacher`` when given (``"self"``: the unpruned model). The trainer's
+    ``lr``, ``batch_size`` and ``seed`` and the loss's ``temperature`` and ``alpha`` are the options
+    of ``TrainConfig`` and ``DistillConfig``."""
+
+    epochs: int = option(0, help="Fine-tuning epochs (per round with --steps).")
+    teacher: Any = option(
+        None,
+        help="Fine-tune by distillation from this MODEL ('self': the unpruned model).",
+        metavar="MODEL|self",
+        path="in",
+    )

@@ -69,3 +69,49 @@ def config_class(method: str) -> type:
 def make_pruner(config: Any, model: Any, example_inputs: Any) -> Any:
     _load()
     return PRUNERS[type(config)](config, model, example_inputs)
+
+
+def options() -> Any:
+    """The options of ``ptopt prune`` / ``ptopt.prune`` (``ptopt.core.options``): every method's config,
+    the fine-tuning's, and the trainer's and distillation loss's it uses."""
+    return _OPTIONS
+
+
+def _groups() -> tuple[Any, ...]:
+    from ptopt.compress.distill_loss import DistillConfig
+    from ptopt.compress.prune.config import FineTuneOptions
+    from ptopt.compress.trainer import TrainConfig
+    from ptopt.core.options import Part
+
+    return (
+        *configs().values(),
+        FineTuneOptions,
+        Part(TrainConfig, ("lr", "batch_size", "seed")),
+        Part(DistillConfig, ("temperature", "alpha")),
+    )
+
+
+def _takes(method: str) -> Any:
+    from ptopt.core.options import fields_of
+
+    return fields_of(config_class(method)).keys()
+
+
+def _make_options() -> Any:
+    from ptopt.core.options import Options, Selector
+
+    return Options(
+        "prune",
+        _groups,
+        Selector(
+            "method",
+            "l1-unstructured: each layer to --amount sparsity; global: one ranking across layers; structured: "
+            "remove whole channels (a smaller, faster model).",
+            methods,
+            _takes,
+            label=lambda c: getattr(c, "method", "") or c.__name__,
+        ),
+    )
+
+
+_OPTIONS = _make_options()

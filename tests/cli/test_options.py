@@ -41,6 +41,10 @@ class Case:
     #: where the choice is not an option (validate: what the model and data are), the CLI's and the
     #: twin's leading arguments for each choice
     by_choice: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = dataclasses.field(default_factory=dict)
+    #: options every call at a choice needs (optimize: a budget), left out where the option walked is one
+    base: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: (option, choice) pairs the walk cannot make: the option itself decides the choice
+    skip: tuple[tuple[str, str], ...] = ()
 
     def leading(self, choice: str | None) -> tuple[tuple[str, ...], tuple[Any, ...]]:
         return self.by_choice.get(choice or "", (self.cli, self.args))
@@ -80,6 +84,42 @@ CASES = {
             ),
         },
     ),
+    "optimize": Case(
+        "ptopt.optimize.options:OPTIONS",
+        "ptopt.optimize.api:resolve",
+        ("optimize", "zoo:resnet", "-o", "opt"),
+        "ptopt.optimize.api:optimize",
+        ("zoo:resnet",),
+        {"output": "opt"},
+        base={"model": {"min_cosine": 0.99}, "lm": {"max_perplexity_increase": 3.0}},
+        skip=(("max_perplexity_increase", "model"),),
+    ),
+    "prune": Case(
+        "ptopt.compress.prune.api:OPTIONS",
+        "ptopt.compress.prune.api:resolve_config",
+        ("prune", "zoo:resnet", "-o", "p.pt"),
+        "ptopt.compress.prune.api:prune",
+        ("zoo:resnet",),
+        {"output": "p.pt"},
+        base={"*": {"amount": 0.5}},
+    ),
+    "distill": Case(
+        "ptopt.compress.distill:OPTIONS",
+        "ptopt.compress.distill:resolve_config",
+        (
+            "distill",
+            "--teacher",
+            "zoo:resnet",
+            "--student",
+            "zoo:cnn",
+            "--train-data",
+            "builtin:digits32:train",
+            "-o",
+            "s.pt",
+        ),
+        "ptopt.compress.distill:distill",
+        ("zoo:resnet", "zoo:cnn", "builtin:digits32:train", "s.pt"),
+    ),
 }
 
 #: values for options whose default is "not given" (None) or not a value the walk can send
@@ -91,6 +131,7 @@ SAMPLES = {
     "group_size": 64,
     "decode_step": 8,
     "float_modules": ("layers.0",),
+    "exclude": ("layers.0",),
     "device": "cpu",
     "int8_method": "ort_static",
     "opset": 17,
@@ -117,9 +158,19 @@ SAMPLES = {
     "max_perplexity_increase": 3.0,
     "min_tokens_per_s": 10.0,
     "providers": ("CPUExecutionProvider",),
+    "candidates": ("fp32-onnx",),
+    "skip": ("fp32-aoti",),
+    "time_budget": "90s",
+    "amount": 0.3,
+    "teacher": "self",
+    "feature_pairs": ("layers.0=layers.0",),
+    "checkpoint_dir": "ckpt",
+    "log_dir": "logs",
+    "metrics_file": "m.jsonl",
 }
+
 #: what a field holds for a sample its config normalizes
-NORMALIZED = {"max_latency_ms": ((32, 40.0),)}
+NORMALIZED = {"max_latency_ms": ((32, 40.0),), "feature_pairs": (("layers.0", "layers.0"),)}
 #: per command, the options another option needs beside it to be accepted (the CLI and the twin alike)
 COMPANIONS = {
     "quantize": {
@@ -133,6 +184,8 @@ COMPANIONS = {
         "float_modules": {"precision": "int8"},
         "cuda_graphs": {"device": "cuda"},
     },
+    "distill": {"resume": {"checkpoint_dir": "ckpt"}},
+    "optimize": {},
 }
 
 
@@ -194,6 +247,8 @@ def test_cli_and_twin_accept_and_refuse_the_same(cli, monkeypatch, command, name
     monkeypatch.setattr(importlib.import_module(module), attr, stop)
     resolved = []
     for choice in list(spec.selector.choices()) if spec.selector else [None]:
+        if (name, choice) in case.skip:
+            continue
         by_twin, by_cli, value = _both(cli, case, spec, name, choice, seen)
         assert by_twin == by_cli, choice
         d = spec.declared()[name]
@@ -213,7 +268,12 @@ def _both(cli, case: Case, spec: Any, name: str, choice: str | None, seen: list[
     value, args = _sample(spec, d, choice)
     extra: dict[str, Any] = {}
     companions = COMPANIONS.get(spec.command, {}).get(name, {})
-    for other, v in companions.items() if spec.applies(name, choice) else ():
+    base = case.base.get(choice or "", case.base.get("*", {}))
+    base = {k: v for k, v in base.items() if k != name}
+    companions = (base if name not in _exclusive(base, name) else {}) | (
+        companions if spec.applies(name, choice) else {}
+    )
+    for other, v in companions.items():
         extra[other] = v
         args += _sample(spec, spec.declared()[other], choice, v)[1]
     on_cli = bool(choice) and spec.selector.cli
@@ -232,17 +292,38 @@ def _both(cli, case: Case, spec: Any, name: str, choice: str | None, seen: list[
     return by_twin, by_cli, value
 
 
+def _exclusive(base: dict[str, Any], name: str) -> set[str]:
+    """The walked option and the base options it replaces (one accuracy budget of optimize)."""
+    budgets = {"max_accuracy_drop", "min_cosine"}
+    return budgets if name in budgets and set(base) <= budgets else set()
+
+
 def _field_values(resolved: Any, name: str) -> Any:
-    """The value of option ``name`` in what a resolver returned (configs, a tuple or a bundle of them)."""
-    if not isinstance(resolved, tuple):
-        fields = {f.name for f in dataclasses.fields(resolved)}
+    """The value of option ``name`` in what a resolver returned: configs, or tuples / bundles of them."""
+    found = _find(resolved, name)
+    if found is _MISSING:
+        raise AssertionError(f"{name} not in {resolved!r}")
+    return found
+
+
+_MISSING = object()
+
+
+def _find(obj: Any, name: str) -> Any:
+    if isinstance(obj, tuple) and not dataclasses.is_dataclass(obj):
+        items = obj
+    elif dataclasses.is_dataclass(obj):
+        fields = [f.name for f in dataclasses.fields(obj)]
         if name in fields:
-            return getattr(resolved, name)
-        resolved = tuple(getattr(resolved, f) for f in fields)
-    for obj in resolved:
-        if dataclasses.is_dataclass(obj) and name in {f.name for f in dataclasses.fields(obj)}:
             return getattr(obj, name)
-    raise AssertionError(f"{name} not in {resolved!r}")
+        items = tuple(getattr(obj, f) for f in fields)
+    else:
+        return _MISSING
+    for item in items:
+        found = _find(item, name)
+        if found is not _MISSING:
+            return found
+    return _MISSING
 
 
 @pytest.mark.parametrize(
