@@ -2,45 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+
+from ptopt.cli.options import declared, given, output_option
+from ptopt.demo import OPTIONS
 
 
 @click.command("demo")
-@click.option(
-    "-o",
-    "--output",
-    default="ptopt-demo",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="Folder for every artifact and report.",
-)
-@click.option(
-    "--fresh", is_flag=True, help="Rebuild every artifact instead of reusing those already in --output."
-)
-@click.option("--threads", type=int, help="Intra-op threads for every runtime (default: all usable cores).")
-@click.option(
-    "--min-seconds",
-    type=float,
-    help="The validations' timed seconds per artifact and batch size, at least (validate's option; the demo's default 0.5).",
-)
-@click.option(
-    "--min-iters",
-    type=int,
-    help="The validations' timed iterations per artifact and batch size, at least (validate's option; default 20).",
-)
-@click.option(
-    "--rounds",
-    type=int,
-    help="The validations' interleaved timing rounds (validate's option; default 15).",
-)
-def command(
-    output: str,
-    fresh: bool,
-    threads: int | None,
-    min_seconds: float | None,
-    min_iters: int | None,
-    rounds: int | None,
-) -> None:
+@output_option(folder=True, default="ptopt-demo", help="Folder for every artifact and report.")
+@declared(OPTIONS)
+def command(output: str, **params: Any) -> None:
     """Run the whole pipeline on the zoo ResNet-style CNN and bundled digits: quantize (static, QAT,
     dynamic LSTM), prune (structured + distillation, global), export (TorchScript, ONNX, TensorRT
     when available), validate with gates, report, and package the best artifact as a .mar."""
@@ -48,9 +21,7 @@ def command(
     from ptopt.demo import demo
     from ptopt.validate.reports import terminal
 
-    given = (("min_seconds", min_seconds), ("min_iters", min_iters), ("rounds", rounds))
-    timing = {k: v for k, v in given if v is not None}
-    result = demo(output, fresh=fresh, threads=threads, log=lambda m: click.echo(m, err=True), **timing)
+    result = demo(output, log=lambda m: click.echo(m, err=True), **given(params))
     terminal.print_report(result.validation.data)
     terminal.print_report(result.lstm_validation.data)
     click.echo(f"\nFiles in {result.output}/:")

@@ -22,12 +22,12 @@ from ptopt.compress.distill import OPTIONS
 
 
 @click.command("distill")
-@click.option("--teacher", required=True, metavar="MODEL", help="The trained model to learn from.")
-@click.option(
+@data_option("--teacher", "The trained model to learn from.", required=True, metavar="MODEL")
+@data_option(
     "--student",
+    "The model to train: pkg.module:factory (fresh, or --student-weights) or zoo:NAME.",
     required=True,
     metavar="MODEL",
-    help="The model to train: pkg.module:factory (fresh, or --student-weights) or zoo:NAME.",
 )
 @weights_option("--teacher-weights", "State dict for a pkg.module:factory teacher.")
 @weights_option("--student-weights", "Initial state dict for the student.")

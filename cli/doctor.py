@@ -6,11 +6,11 @@ import json
 
 import click
 
-from ptopt.cli.options import echo_table
+from ptopt.cli.options import echo_table, json_option
 
 
 @click.command("doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 def command(as_json: bool) -> None:
     """Show versions, CPU features and which backends work here, with the fix for each missing one."""
     from ptopt.core.doctor import doctor

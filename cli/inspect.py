@@ -6,15 +6,15 @@ import json
 
 import click
 
-from ptopt.cli.options import echo_table, input_shape_option, model_options
+from ptopt.cli.options import data_option, echo_table, input_shape_option, json_option, model_options
 
 
 @click.command("inspect")
 @click.argument("model")
-@click.option("--data", help="DATA reference: run one batch through the model and report shapes.")
+@data_option("--data", "DATA reference: run one batch through the model and report shapes.")
 @model_options
 @input_shape_option
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 def command(
     model: str,
     data: str | None,

@@ -65,7 +65,7 @@ def output_option(
 
 
 def data_option(flag: str, help: str, *, required: bool = False, metavar: str = "DATA") -> Callable[[F], F]:
-    """A DATA reference the command reads (``--calib-data``, ``--eval-data``, ``--data`` ...)."""
+    """A DATA (or MODEL) reference the command reads (``--calib-data``, ``--eval-data``, ``--teacher``)."""
     return click.option(flag, required=required, metavar=metavar, help=help)
 
 

@@ -2,60 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ptopt.cli.options import (
+    declared,
+    given,
     guard_paths,
     input_shape_option,
     maybe_save_recipe,
     model_options,
+    output_option,
     save_recipe_option,
 )
+from ptopt.serve.package import OPTIONS
 
 
 @click.command("package")
 @click.argument("artifact")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["mar", "triton"]),
-    required=True,
-    help="mar: a TorchServe model archive; triton: a Triton Inference Server model repository (a folder).",
-)
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(),
-    help="OUT.mar for --format mar; the repository folder for --format triton.",
-)
-@click.option(
-    "--batch-size",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Server-side request batching: up to this many requests run as one batch.",
-)
-@click.option(
-    "--max-batch-delay",
-    "max_batch_delay_ms",
-    type=int,
-    default=None,
-    help="Milliseconds the server waits to fill a batch (default 5).",
-)
-@click.option(
-    "--workers",
-    default="1",
-    show_default=True,
-    help="Worker processes (TorchServe) or model instances (Triton); 'auto': one per physical core, "
-    "each with one thread (unless --threads).",
-)
-@click.option(
-    "--threads", type=int, default=None, help="Intra-op threads per worker (default: the runtime's)."
-)
-@click.option(
-    "--model-name", default=None, help="Name served under (default: from the output / artifact name)."
-)
+@declared(OPTIONS)
+@output_option(help="OUT.mar for --format mar; the repository folder for --format triton.", folder_ok=True)
 @input_shape_option
 @model_options
 @save_recipe_option
@@ -64,17 +31,12 @@ from ptopt.cli.options import (
 )
 def command(
     artifact: str,
-    fmt: str,
     output: str,
-    batch_size: int,
-    max_batch_delay_ms: int | None,
-    workers: str,
-    threads: int | None,
-    model_name: str | None,
     input_shapes: tuple[str, ...],
     weights: str | None,
     allow_pickle: bool,
     save_recipe: str | None,
+    **params: Any,
 ) -> None:
     """Package ARTIFACT for a model server.
 
@@ -88,18 +50,12 @@ def command(
       ptopt package model.int8.pt --format mar -o model.mar --batch-size 8
       ptopt package model.onnx --format triton -o model_repository
     """
-    from ptopt.serve.package import DEFAULT_MAX_BATCH_DELAY_MS, package
+    from ptopt.serve.package import package
 
-    options = dict(
-        batch_size=batch_size,
-        max_batch_delay_ms=DEFAULT_MAX_BATCH_DELAY_MS if max_batch_delay_ms is None else max_batch_delay_ms,
-        workers=int(workers) if workers.strip().isdigit() else workers,
-        threads=threads,
-        model_name=model_name,
-        weights=weights,
-        allow_pickle=allow_pickle,
-    )
-    art = package(artifact, fmt, output, input_shapes=list(input_shapes), **options)
+    common = dict(input_shapes=list(input_shapes), weights=weights, allow_pickle=allow_pickle or None)
+    options = dict(artifact=artifact, output=output, **given(common), **given(params))
+    art = package(**options)
+    fmt, workers = options["format"], options.get("workers")
     name = art.extra["model_name"]
     click.echo(
         f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of "
@@ -118,8 +74,4 @@ def command(
         click.echo(f"serve it: ptopt serve {art.path}")
     else:
         click.echo(f"serve it: tritonserver --model-repository {art.path}")
-    maybe_save_recipe(
-        save_recipe,
-        "package",
-        dict(artifact=artifact, format=fmt, output=output, input_shapes=list(input_shapes), **options),
-    )
+    maybe_save_recipe(save_recipe, "package", options)

@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+
+from ptopt.cli.options import declared, given, quiet_option
+from ptopt.pipeline import OPTIONS
 
 
 @click.command("run")
 @click.argument("recipe", type=click.Path(dir_okay=False))
-@click.option(
-    "--var",
-    "variables",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="Set or override a recipe var (repeatable).",
-)
-@click.option("--dry-run", is_flag=True, help="Check every step and print the plan; run nothing.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-def command(recipe: str, variables: tuple[str, ...], dry_run: bool, quiet: bool) -> None:
+@declared(OPTIONS)
+@quiet_option
+def command(recipe: str, quiet: bool, **params: Any) -> None:
     """Run the steps of RECIPE (quantize, prune, distill, export, validate, package), each calling
     that command's Python twin with its options. Every step is checked before the first one runs;
     a validate step whose gates fail stops the run with exit 1 after writing its reports."""
     import yaml
 
-    from ptopt.pipeline import parse_vars, run_recipe
+    from ptopt.pipeline import RecipeOptions, parse_vars, run_recipe
+
+    opts = OPTIONS.build(RecipeOptions, OPTIONS.check(given(params)))
+    dry_run = opts.dry_run
 
     def progress(msg: str) -> None:
         if not quiet:
@@ -42,7 +43,9 @@ def command(recipe: str, variables: tuple[str, ...], dry_run: bool, quiet: bool)
             out = res.outputs.get("output")
             click.echo(f"{res.step.label}: wrote {out}" if out else f"{res.step.label}: done")
 
-    results = run_recipe(recipe, parse_vars(variables), dry_run=dry_run, progress=progress, on_event=on_event)
+    results = run_recipe(
+        recipe, parse_vars(opts.variables), dry_run=dry_run, progress=progress, on_event=on_event
+    )
     if dry_run:
         for r in results:
             click.echo(

@@ -3,61 +3,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+
+from ptopt.cli.options import declared, given
+from ptopt.serve.server import OPTIONS
 
 
 @click.command("serve")
 @click.argument("mar")
-@click.option("--port", type=int, default=None, help="Inference port on 127.0.0.1 (default: a free one).")
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=float,
-    default=180.0,
-    show_default=True,
-    help="Seconds to wait for the model to be ready.",
-)
-@click.option(
-    "--workers",
-    default=None,
-    metavar="N|auto",
-    help="Worker processes per model ('auto': one per core, at most 4). Default: the archive's.",
-)
-@click.option(
-    "--batch-size", type=int, default=None, help="Requests batched per model call. Default: the archive's."
-)
-@click.option(
-    "--max-batch-delay",
-    "max_batch_delay_ms",
-    type=int,
-    default=None,
-    help="Milliseconds to wait to fill a batch. Default: the archive's.",
-)
-@click.option(
-    "--queue-size",
-    type=int,
-    default=1024,
-    show_default=True,
-    help="Requests held while every worker is busy; beyond them the server answers 503.",
-)
-@click.option(
-    "--max-request-size",
-    "max_request_mb",
-    type=float,
-    default=16.0,
-    show_default=True,
-    help="Largest request body in MB (10^6 bytes); bigger ones are answered 413 with the limit.",
-)
-def command(
-    mar: str,
-    port: int | None,
-    timeout_s: float,
-    workers: str | None,
-    batch_size: int | None,
-    max_batch_delay_ms: int | None,
-    queue_size: int,
-    max_request_mb: float,
-) -> None:
+@declared(OPTIONS)
+def command(mar: str, **params: Any) -> None:
     """Serve MAR (from `ptopt package --format mar`) with a local TorchServe on 127.0.0.1.
 
     Waits until the model answers a real prediction, prints the URL and a curl example, and runs
@@ -66,20 +23,15 @@ def command(
     import signal
     import time
 
-    from ptopt.core.errors import UsageError
     from ptopt.serve.server import ServerError, ServeSettings, TorchServeServer
 
-    if workers is not None and workers != "auto":
-        if not workers.isdigit():
-            raise UsageError(f"--workers {workers}: give a number >= 1 or 'auto'")
-        workers = int(workers)
-    settings = ServeSettings(workers, batch_size, max_batch_delay_ms, queue_size, max_request_mb)
+    settings = OPTIONS.build(ServeSettings, OPTIONS.check(given(params)))
 
     def _terminate(signum, frame):  # noqa: ANN001 - signal handler signature
         raise KeyboardInterrupt
 
     # checks the archive, the port and the settings before anything starts
-    server = TorchServeServer(mar, port, start_timeout_s=timeout_s, settings=settings)
+    server = TorchServeServer(mar, settings.port, start_timeout_s=settings.start_timeout_s, settings=settings)
     previous = signal.signal(signal.SIGTERM, _terminate)
     # Ctrl-C stops the server even where SIGINT arrived ignored (a background job of a script)
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.options import Options, Part, option
+
 CNN = "zoo:resnet"
 LSTM = "zoo:lstm"
 TRAIN, TEST = "builtin:digits32:train", "builtin:digits32:test"
@@ -151,15 +153,27 @@ class _Progress:
             self.log(f"{tag} {event.title}: {res.outputs['output']} ({res.seconds:.1f} s)")
 
 
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    """How the demo runs (the validations' timing: validate's ``LatencyOptions``)."""
+
+    fresh: bool = option(False, help="Rebuild every artifact instead of reusing those already in --output.")
+    threads: int | None = option(None, help="Intra-op threads for every runtime (default: all usable cores).")
+
+
+def _groups() -> tuple[Any, ...]:
+    from ptopt.validate.latency import LatencyOptions
+
+    return (DemoOptions, Part(LatencyOptions, ("min_seconds", "min_iters", "rounds")))
+
+
+#: the options of ``ptopt demo`` / ``ptopt.demo.demo`` (its validations time 0.5 s per artifact and batch size)
+OPTIONS = Options("demo", _groups, defaults={"min_seconds": 0.5})
+
+
+@OPTIONS.twin
 def demo(
-    output: str | Path = "ptopt-demo",
-    *,
-    fresh: bool = False,
-    threads: int | None = None,
-    log: Callable[[str], None] = print,
-    min_seconds: float = 0.5,
-    min_iters: int | None = None,
-    rounds: int | None = None,
+    output: str | Path = "ptopt-demo", *, log: Callable[[str], None] = print, **options: Any
 ) -> DemoResult:
     """Run the demo recipe into ``output``; returns what was written and the validation results
     (``min_seconds`` / ``min_iters`` / ``rounds``: the validations' timing, as in :func:`demo_recipe`)."""
@@ -168,15 +182,20 @@ def demo(
     from ptopt.pipeline import run_recipe
     from ptopt.validate.latency import LatencyOptions
 
-    LatencyOptions.from_options(
-        min_iters=min_iters, min_seconds=min_seconds, rounds=rounds
-    )  # bad timing: refused before any work
+    given = OPTIONS.check(options)
+    opts = OPTIONS.build(DemoOptions, given)
+    lat = OPTIONS.build(LatencyOptions, given)  # bad timing: refused before any work
+    fresh, threads = opts.fresh, opts.threads
     t_start = time.perf_counter()
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     tensorrt = CHECKS["torch_tensorrt"]().available
     recipe = demo_recipe(
-        threads=threads, min_seconds=min_seconds, tensorrt=tensorrt, min_iters=min_iters, rounds=rounds
+        threads=threads,
+        tensorrt=tensorrt,
+        min_seconds=lat.min_seconds,
+        min_iters=lat.min_iters,
+        rounds=lat.rounds,
     )
     progress = _Progress(len(recipe["steps"]) - (not tensorrt), log)
     log(f"[0/{progress.total}] fp32 models: {CNN} and {LSTM} (both ship trained; cached on first use)")

@@ -55,6 +55,7 @@ from typing import Any
 
 from ptopt.commands import COMMANDS, step_commands
 from ptopt.core.errors import GateFailedError, UsageError
+from ptopt.core.options import Options, option
 
 #: what ``${ID.attr}`` can name, per kind of step result
 ARTIFACT_ATTRS = ("output", "path", "format", "precision")
@@ -398,6 +399,20 @@ def _run_one(step: Step, options: dict[str, Any], title: str | None, progress: A
     t0 = time.perf_counter()
     value = step.twin(**call)
     return StepResult(step, options, value, _outputs(step.command, value), title, time.perf_counter() - t0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeOptions:
+    """How ``ptopt run`` runs a recipe file."""
+
+    variables: tuple[str, ...] = option(
+        (), help="Set or override a recipe var (repeatable).", flag="--var", metavar="NAME=VALUE", repeat=True
+    )
+    dry_run: bool = option(False, help="Check every step and print the plan; run nothing.")
+
+
+#: the options of ``ptopt run``
+OPTIONS = Options("run", lambda: (RecipeOptions,))
 
 
 def run_recipe(

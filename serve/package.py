@@ -32,6 +32,7 @@ from ptopt.core.artifact import Artifact, atomic_path, sidecar_path
 from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
 from ptopt.core.formats import file_suffixes, formats, get_format
 from ptopt.core.inputspec import InputSpec
+from ptopt.core.options import Options, Selector, option
 
 if TYPE_CHECKING:
     from ptopt.core.modelref import LoadedModel
@@ -73,30 +74,84 @@ def model_name_for(output: str | os.PathLike) -> str:
     return name if name[0].isalpha() else f"m_{name}"
 
 
+@dataclasses.dataclass(frozen=True)
+class PackageConfig:
+    """How the server runs the packaged model: request batching, workers, threads, its name. Its
+    fields are ``ptopt package``'s options (``ptopt.core.options``)."""
+
+    batch_size: int = option(
+        1, help="Server-side request batching: up to this many requests run as one batch."
+    )
+    max_batch_delay_ms: int = option(
+        DEFAULT_MAX_BATCH_DELAY_MS,
+        help="Milliseconds the server waits to fill a batch.",
+        flag="--max-batch-delay",
+    )
+    workers: int | str = option(
+        1,
+        help="Worker processes (TorchServe) or model instances (Triton); 'auto': one per physical core, each "
+        "with one thread (unless --threads).",
+        metavar="N|auto",
+    )
+    threads: int | None = option(None, help="Intra-op threads per worker (default: the runtime's).")
+    model_name: str | None = option(
+        None, help="Name served under (default: from the output / artifact name)."
+    )
+    response_timeout_s: int = option(
+        DEFAULT_RESPONSE_TIMEOUT_S,
+        help="Seconds TorchServe waits for one prediction before it restarts the worker.",
+        flag="--response-timeout",
+        applies=("mar",),
+    )
+
+    def __post_init__(self) -> None:
+        workers = self.workers
+        if isinstance(workers, str) and workers.strip().isdigit():
+            object.__setattr__(self, "workers", int(workers))
+
+
+def _formats() -> tuple[str, ...]:
+    return FORMATS
+
+
+#: the options of ``ptopt package`` / ``ptopt.package``
+OPTIONS = Options(
+    "package",
+    lambda: (PackageConfig,),
+    Selector(
+        "format",
+        "mar: a TorchServe model archive; triton: a Triton Inference Server model repository (a folder).",
+        _formats,
+    ),
+)
+
+
+@OPTIONS.twin
 def package(
     artifact: Any,
     format: str,
     output: str | os.PathLike,
     *,
-    batch_size: int = 1,
-    max_batch_delay_ms: int = DEFAULT_MAX_BATCH_DELAY_MS,
-    workers: int | str = 1,
-    threads: int | None = None,
-    model_name: str | None = None,
     input_shapes: Sequence[tuple[str | None, tuple[int, ...]]] = (),
-    response_timeout_s: int = DEFAULT_RESPONSE_TIMEOUT_S,
     weights: str | os.PathLike | None = None,
     allow_pickle: bool = False,
+    **options: Any,
 ) -> Artifact:
     """Package ``artifact`` for serving; returns the written Artifact (``.mar`` file or Triton folder).
 
     ``input_shapes`` (``[(name | None, shape)]`` or strings like ``"1x3x32x32"`` / ``"input_ids=1x128"``;
-    the first dim is the batch) stand in for a missing sidecar.
-    ``batch_size``/``max_batch_delay_ms`` configure the server's request batching, ``workers`` its
-    worker processes (TorchServe) or instances (Triton), ``threads`` the intra-op threads per worker.
-    ``workers="auto"``: one worker per physical core this process may use, each with one thread
-    (unless ``threads`` says otherwise), so the workers together use every core once.
+    the first dim is the batch) stand in for a missing sidecar. ``options``: ``PackageConfig``'s
+    fields (listed below): ``batch_size``/``max_batch_delay_ms`` configure the server's request
+    batching, ``workers`` its worker processes (TorchServe) or instances (Triton), ``threads`` the
+    intra-op threads per worker. ``workers="auto"``: one worker per physical core this process may
+    use, each with one thread (unless ``threads`` says otherwise), so the workers together use every
+    core once.
     """
+    if format not in FORMATS:
+        raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
+    cfg = OPTIONS.build(PackageConfig, OPTIONS.check(options, format))
+    batch_size, max_batch_delay_ms, model_name = cfg.batch_size, cfg.max_batch_delay_ms, cfg.model_name
+    workers, threads, response_timeout_s = cfg.workers, cfg.threads, cfg.response_timeout_s
     input_shapes = _parsed_shapes(input_shapes)
     workers, threads = resolve_workers(workers, threads)
     _check_options(format, batch_size, workers, max_batch_delay_ms, response_timeout_s, threads)
@@ -189,8 +244,6 @@ def _check_options(
     response_timeout_s: int,
     threads: int | None,
 ) -> None:
-    if format not in FORMATS:
-        raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
     for opt, v, lo in (
         ("--batch-size", batch_size, 1),
         ("--workers", workers, 1),

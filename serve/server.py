@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
+from ptopt.core.options import Options, option
 from ptopt.serve.handler import MAX_REQUEST_BYTES_ENV
 
 #: seconds to wait for the model to be READY and answer a real prediction
@@ -158,15 +159,39 @@ def _http(
 
 @dataclasses.dataclass(frozen=True)
 class ServeSettings:
-    """How TorchServe serves the archives. None keeps what the archive's model-config.yaml says
-    (``ptopt package --workers/--batch-size/--max-batch-delay``); a value overrides it."""
+    """How TorchServe serves the archives (``ptopt serve``'s options). None keeps what the archive's
+    model-config.yaml says (``ptopt package --workers/--batch-size/--max-batch-delay``); a value
+    overrides it."""
 
-    #: worker processes per model; "auto": one per usable core, at most MAX_AUTO_WORKERS
-    workers: int | str | None = None
-    batch_size: int | None = None
-    max_batch_delay_ms: int | None = None
-    queue_size: int = DEFAULT_QUEUE_SIZE
-    max_request_mb: float = DEFAULT_MAX_REQUEST_MB
+    port: int | None = option(None, help="Inference port on 127.0.0.1 (default: a free one).")
+    start_timeout_s: float = option(
+        DEFAULT_START_TIMEOUT_S, help="Seconds to wait for the model to be ready.", flag="--timeout"
+    )
+    workers: int | str | None = option(
+        None,
+        help=f"Worker processes per model ('auto': one per core, at most {MAX_AUTO_WORKERS}). Default: the archive's.",
+        metavar="N|auto",
+    )
+    batch_size: int | None = option(None, help="Requests batched per model call. Default: the archive's.")
+    max_batch_delay_ms: int | None = option(
+        None, help="Milliseconds to wait to fill a batch. Default: the archive's.", flag="--max-batch-delay"
+    )
+    queue_size: int = option(
+        DEFAULT_QUEUE_SIZE,
+        help="Requests held while every worker is busy; beyond them the server answers 503.",
+    )
+    max_request_mb: float = option(
+        DEFAULT_MAX_REQUEST_MB,
+        help="Largest request body in MB (10^6 bytes); bigger ones are answered 413 with the limit.",
+        flag="--max-request-size",
+    )
+
+    def __post_init__(self) -> None:
+        workers = self.workers
+        if isinstance(workers, str) and workers != "auto":
+            if not workers.isdigit():
+                raise UsageError(f"--workers {workers}: give a number >= 1 or 'auto'")
+            object.__setattr__(self, "workers", int(workers))
 
     @property
     def max_request_bytes(self) -> int:
@@ -186,13 +211,13 @@ class ServeSettings:
         if self.workers is not None and self.workers != "auto":
             if not isinstance(self.workers, int) or self.workers < 1:
                 raise UsageError(f"--workers {self.workers}: give a number >= 1 or 'auto'")
-        for option, value, low in (
+        for flag, value, low in (
             ("--batch-size", self.batch_size, 1),
             ("--max-batch-delay", self.max_batch_delay_ms, 0),
             ("--queue-size", self.queue_size, 1),
         ):
             if value is not None and (not isinstance(value, int) or value < low):
-                raise UsageError(f"{option} {value}: must be an integer >= {low}")
+                raise UsageError(f"{flag} {value}: must be an integer >= {low}")
         if not self.max_request_mb > 0:
             raise UsageError(f"--max-request-size {self.max_request_mb}: must be > 0 (MB)")
         for name, (_, sidecar) in models.items():
@@ -247,6 +272,10 @@ def _yaml_load(data: bytes) -> dict[str, Any]:
 
     loaded = yaml.safe_load(data.decode("utf-8")) or {}
     return loaded if isinstance(loaded, dict) else {}
+
+
+#: the options of ``ptopt serve`` (no Python twin: ``TorchServeServer`` takes the settings)
+OPTIONS = Options("serve", lambda: (ServeSettings,))
 
 
 class TorchServeServer:
