@@ -148,12 +148,41 @@ def declared(spec: Any, *, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
     receives every option under its field's name, None (or ``()``) when not given: pass
     ``given(options)`` to the twin."""
 
+    import functools
+
+    old = _deprecated_flags(spec, skip)
+
     def deco(f: F) -> F:
+        @functools.wraps(f)
+        def renamed(*args: Any, **kwargs: Any) -> Any:
+            for dest, (flag, name, new_flag, note) in old.items():
+                value = kwargs.pop(dest, None)
+                if value is None or value == ():
+                    continue
+                if kwargs.get(name) not in (None, ()):
+                    from ptopt.core.errors import UsageError
+
+                    raise UsageError(f"{flag} and {new_flag} are one option: give {new_flag}")
+                click.echo(f"note: {flag} is deprecated here: {note}", err=True)
+                kwargs[name] = value
+            return f(*args, **kwargs)
+
+        g = renamed if old else f
         for decls, kwargs in reversed(list(_click_specs(spec, skip))):
-            f = click.option(*decls, **kwargs)(f)
-        return f
+            g = click.option(*decls, **kwargs)(g)
+        return g
 
     return deco
+
+
+def _deprecated_flags(spec: Any, skip: tuple[str, ...]) -> dict[str, tuple[str, str, str, str]]:
+    """``{click dest: (old flag, option name, its flag, note)}`` of the old flags still accepted."""
+    out = {}
+    for name, d in spec.declared().items():
+        for old, note in d.opt.deprecated.items():
+            if old.startswith("--") and name not in skip:
+                out[f"{name}__{old[2:].replace('-', '_')}"] = (old, name, d.flag, note)
+    return out
 
 
 def given(options: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +204,9 @@ def _click_specs(spec: Any, skip: tuple[str, ...]) -> Any:
         if not d.opt.cli or name in skip:
             continue
         yield _click_option(spec, d, label)
+    for dest, (flag, name, _, _) in _deprecated_flags(spec, skip).items():
+        _, kwargs = _click_option(spec, spec.declared()[name], label)
+        yield (flag, dest), kwargs | {"hidden": True, "help": "", "required": False}
 
 
 def _click_option(spec: Any, d: Any, label: Any) -> tuple[tuple[str, ...], dict[str, Any]]:

@@ -132,7 +132,14 @@ def test_bad_input_exits_2_and_writes_nothing(cli, tmp_path, serve_artifacts, ar
 def test_unknown_format_is_refused_in_one_line(cli, tmp_path, serve_artifacts):
     """The twin checks --format's choices (one line, exit 2), for the CLI as for Python."""
     assert_refused(
-        cli, "package", serve_artifacts["fp32"], "--format", "zip", "-o", "x.mar", match="unknown --format 'zip'",
+        cli,
+        "package",
+        serve_artifacts["fp32"],
+        "--format",
+        "zip",
+        "-o",
+        "x.mar",
+        match="unknown --format 'zip'",
         where=tmp_path,
     )
 
