@@ -340,6 +340,7 @@ class Options:
     def twin(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator of a twin ``fn(..., **options)``: its signature and docstring list the options."""
         fn.__signature__ = self.signature(fn)  # type: ignore[attr-defined]
+        fn.__ptopt_options__ = self  # type: ignore[attr-defined]
         lines = [f"    ``{n}``: {d.opt.help}" for n, d in self.declared().items()]
         fn.__doc__ = (fn.__doc__ or "") + "\n\n    Options (``ptopt.core.options``):\n\n" + "\n".join(lines)
         return fn

@@ -255,6 +255,20 @@ def _check_signature(twin: Callable, options: dict, where: str) -> None:
     except TypeError as e:
         accepted = ", ".join(p for p in sig.parameters if p not in ("progress",))
         raise UsageError(f"{where}: {e} (options: {accepted})") from None
+    spec = getattr(twin, "__ptopt_options__", None)
+    if spec is not None:  # the options the twin resolves: known, and applying to the mode/target given
+        declared = spec.declared()
+        mine = {k: v for k, v in options.items() if spec.keyword(k) in declared and not _refers(v)}
+        choice = options.get(spec.selector.name) if spec.selector is not None else None
+        try:
+            spec.check(mine, None if _refers(choice) else choice)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
+
+
+def _refers(value: Any) -> bool:
+    """A value the plan cannot judge yet: it names a var or an earlier step's result (``${...}``)."""
+    return any("${" in text for text in _walk_strings(value))
 
 
 def substitute(value: Any, scope: dict[str, Any], partial: bool = False) -> Any:

@@ -23,6 +23,11 @@ from ptopt.core.options import option
 from ptopt.validate.noise import combined_spread, within_noise
 
 
+#: where validate's gates on accuracy and latency apply: models on tensor data (a language model on text
+#: has its own, ``LMGates``; ``max_size_mb`` is both's)
+_MODEL = ("model",)
+
+
 class GateInconclusiveError(PtoptError):
     """No gate failed, but a latency gate could not be decided: the machine's drift while timing
     (``round_spread_pct``) is larger than the margin to the gate's threshold (exit 4)."""
@@ -78,10 +83,11 @@ class Gates:
         help="Fail when an artifact's metric drops more than PTS points below the reference's (with --relative: "
         "percent).",
         metavar="PTS",
+        applies=_MODEL,
     )
-    relative: bool = option(False, help="--max-accuracy-drop is relative: (base - new) / base, in percent.")
+    relative: bool = option(False, help="--max-accuracy-drop is relative: (base - new) / base, in percent.", applies=_MODEL)
     min_agreement: float | None = option(
-        None, help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%)."
+        None, help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%).", applies=_MODEL
     )
     #: ((batch_size or None for every batch size, milliseconds at p50), ...)
     max_latency_ms: tuple[tuple[int | None, float], ...] = option(
@@ -89,9 +95,10 @@ class Gates:
         help="Fail when p50 latency exceeds MS (at every batch size, or BATCH=MS for one); repeatable.",
         metavar="[BATCH=]MS",
         repeat=True,
+        applies=_MODEL,
     )
     min_speedup: float | None = option(
-        None, help="Fail when reference p50 / artifact p50 is below this, at any batch size."
+        None, help="Fail when reference p50 / artifact p50 is below this, at any batch size.", applies=_MODEL
     )
     max_size_mb: float | None = option(
         None, help="Fail when an artifact's files exceed this many MB (10^6 bytes)."
@@ -103,12 +110,14 @@ class Gates:
         help="With --baseline: fail when p50 latency grows, or the metric or speedup drops, by more than PCT "
         "percent.",
         metavar="PCT",
+        applies=_MODEL,
     )
     regression_on: tuple[str, ...] = option(
         DEFAULT_REGRESSION_ON,
         help="What --max-regression compares, comma-separated: latency (p50 ms), accuracy (the metric), "
         "speedup (reference p50 / artifact p50 of the same run: what the artifact gains).",
         csv=True,
+        applies=_MODEL,
     )
 
     def __post_init__(self) -> None:

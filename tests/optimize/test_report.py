@@ -87,7 +87,7 @@ def test_the_package_command_is_one_ptopt_package_accepts(tmp_path):
     argv = shlex.split(cmd)[2:]
     ctx = command.make_context("package", argv, resilient_parsing=True)
     assert ctx.params["artifact"] == str(tmp_path / "best.onnx")
-    assert ctx.params["fmt"] == "mar" and ctx.params["output"] == "model.mar"
+    assert ctx.params["format"] == "mar" and ctx.params["output"] == "model.mar"
 
 
 def test_terminal_table_exact_numbers_status_and_noise():

@@ -321,10 +321,14 @@ def _onnx_like_result():
 
 #: case -> (keyword arguments of validate(FACTORY, ...), the error, what its message says)
 BAD_PYTHON_INPUTS = {
-    "gates-twice": ({"gates": "Gates", "max_size_mb": 1.0}, UsageError, "not both (max_size_mb)"),
+    "gates-twice": (
+        {"gates": "Gates", "max_size_mb": 1.0},
+        UsageError,
+        "or its options (max_size_mb), not both",
+    ),
     "latency-twice": ({"latency": QUICK, "rounds": 3}, UsageError, "not both"),
     "bad-latency-options": ({"latency": "zero-rounds"}, UsageError, "--rounds must be >= 1"),
-    "unknown-gate-in-mapping": ({"gates": {"max_size": 1}}, UsageError, "unknown gate option(s): max_size"),
+    "unknown-gate-in-mapping": ({"gates": {"max_size": 1}}, UsageError, "gates: unknown option(s) max_size"),
     "unknown-latency-field": ({"latency": {"seconds": 1}}, UsageError, "unknown option(s) seconds"),
     "unsaved-onnx-result": ({"artifacts": "onnx-result"}, UsageError, "save it first"),
     "data-of-unknown-type": ({"data": object()}, DataError, "data of type object"),
