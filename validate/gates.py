@@ -22,7 +22,6 @@ from ptopt.core.errors import EXIT_INCONCLUSIVE, PtoptError, UsageError
 from ptopt.core.options import option
 from ptopt.validate.noise import combined_spread, within_noise
 
-
 #: where validate's gates on accuracy and latency apply: models on tensor data (a language model on text
 #: has its own, ``LMGates``; ``max_size_mb`` is both's)
 _MODEL = ("model",)
@@ -85,9 +84,13 @@ class Gates:
         metavar="PTS",
         applies=_MODEL,
     )
-    relative: bool = option(False, help="--max-accuracy-drop is relative: (base - new) / base, in percent.", applies=_MODEL)
+    relative: bool = option(
+        False, help="--max-accuracy-drop is relative: (base - new) / base, in percent.", applies=_MODEL
+    )
     min_agreement: float | None = option(
-        None, help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%).", applies=_MODEL
+        None,
+        help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%).",
+        applies=_MODEL,
     )
     #: ((batch_size or None for every batch size, milliseconds at p50), ...)
     max_latency_ms: tuple[tuple[int | None, float], ...] = option(
