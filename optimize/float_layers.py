@@ -43,21 +43,23 @@ def layer_kinds() -> tuple[type, ...]:
 
 def sensitivity(module: Any, calib: Any, data: Any) -> list[tuple[str, float]]:
     """(name, mean deviation 1 - cos of the outputs on ``data``) of each Linear / Conv layer of ``module``
-    fake-quantized alone to int8, most harmful first."""
+    fake-quantized alone to int8, most harmful first (``ptopt.core.search.rank``)."""
     import torch
 
+    from ptopt.core.search import rank
     from ptopt.validate.metrics import per_sample_cosine
 
-    layers = [(n, m) for n, m in module.named_modules() if isinstance(m, layer_kinds())]
-    ranges = _input_ranges(module, layers, calib)
+    layers = {n: m for n, m in module.named_modules() if isinstance(m, layer_kinds())}
+    ranges = _input_ranges(module, list(layers.items()), calib)
     ref = _outputs(module, data)
-    scores = []
-    for name, layer in layers:
-        with _fake_int8(layer, ranges.get(name, 0.0)):
+
+    def deviation(name: str) -> float:
+        with _fake_int8(layers[name], ranges.get(name, 0.0)):
             out = _outputs(module, data)
         dev = (1.0 - per_sample_cosine(ref, out)).clamp(min=0.0)
-        scores.append((name, float(dev.mean()) if torch.isfinite(dev).all() else math.inf))
-    return sorted(scores, key=lambda s: -s[1])
+        return float(dev.mean()) if torch.isfinite(dev).all() else math.inf
+
+    return rank(layers, deviation, lambda dev: dev)
 
 
 def _outputs(module: Any, data: Any) -> Any:
@@ -178,15 +180,18 @@ def _goal(ctx: Any, n: int) -> float:
 
 
 def fewest_float_layers(trials: Trials, ranked: list[str], seconds_left: Any) -> tuple[int | None, list[str]]:
-    """The fewest of the ``ranked`` layers (most harmful first) to keep float so that the trial holds:
-    k doubles from 2 until one holds, then the gap to the last that did not is halved, within
-    ``MAX_TRIALS`` builds and the time left; (k or None, what each trial measured)."""
-    tried: dict[int, bool] = {}
+    """The fewest of the ``ranked`` layers (most harmful first) to keep float so that the trial holds
+    (``ptopt.core.search.ladder``: k doubles from 2 until one holds, then the gap to the last that did
+    not is halved), within ``MAX_TRIALS`` builds and the time left; (k or None, what each trial
+    measured)."""
+    from ptopt.core.search import ladder
+
+    tried: list[int] = []
     log: list[str] = []
 
     def attempt(k: int) -> bool:
         ok, figure = trials.holds(ranked[:k])
-        tried[k] = ok
+        tried.append(k)
         log.append(f"{k} float: {figure}{'' if ok else ' (misses)'}")
         return ok
 
@@ -194,14 +199,4 @@ def fewest_float_layers(trials: Trials, ranked: list[str], seconds_left: Any) ->
         per = max(trials.seconds, default=0.0)
         return len(tried) < MAX_TRIALS and seconds_left() > 2 * per
 
-    k = min(2, len(ranked))
-    while room() and not attempt(k) and k < len(ranked):
-        k = min(2 * k, len(ranked))
-    passing = [j for j, ok in tried.items() if ok]
-    if not passing:
-        return None, log
-    lo, hi = max([j for j, ok in tried.items() if not ok and j < min(passing)], default=0), min(passing)
-    while hi - lo > 1 and room():
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if attempt(mid) else (mid, hi)
-    return hi, log
+    return ladder(attempt, len(ranked), start=min(2, len(ranked)), floor=0, room=room), log

@@ -169,22 +169,23 @@ def _evaluate(
 ) -> None:
     """Build each candidate and judge it on the choice half (fp32 first: the reference)."""
     from ptopt.core.lm import perplexity, weight_bytes
+    from ptopt.core.search import catalogue
 
     choice, _, calib = texts
     bf16 = bf16_flags()
-    for cand in cands:
-        why = _skip_reason(cand.name, calib, bf16) or clock(cand)
-        if why:
-            cand.status, cand.reason = "skipped", why
-            say(f"  {cand.name}: skipped: {why}")
-            continue
+
+    def skipped(cand: LMCandidate, why: str) -> None:
+        cand.status, cand.reason = "skipped", why
+        say(f"  {cand.name}: skipped: {why}")
+
+    def run(cand: LMCandidate) -> None:
         start = time.perf_counter()
         try:
             _build(cand, loaded, calib)
         except UsageError as e:
             cand.status, cand.reason = "failed", str(e)
             say(f"  {cand.name}: failed: {e}")
-            continue
+            return
         cand.build_s = time.perf_counter() - start
         cand.weight_bytes = weight_bytes(cand.module)
         cand.perplexity = perplexity(cand.module, choice)["perplexity"]
@@ -193,6 +194,8 @@ def _evaluate(
         cand.status = "kept" if ok else "rejected"
         cand.reason = "" if ok else f"perplexity +{increase:.2f}% > +{budget:g}% on the choice half"
         say(f"  {cand.name}: perplexity {cand.perplexity:.3f} ({increase:+.2f}%), {cand.status}")
+
+    catalogue(cands, lambda c: _skip_reason(c.name, calib, bf16) or clock(c), run, skipped)
 
 
 def _time(kept: list[LMCandidate], prompt: Any, new_tokens: int, rounds: int) -> None:
@@ -221,7 +224,6 @@ def optimize_lm(
 ) -> LMOptimizeResult:
     """The search of the module docstring; ``model``: a Hugging Face folder, ``hf:DIR`` or a causal LM;
     ``generation``: the timed generation's prompt tokens and new tokens."""
-    from ptopt.core.choice import fastest_within
     from ptopt.core.lm import perplexity
 
     say = progress if callable(progress) else (lambda msg: None)
@@ -241,7 +243,7 @@ def optimize_lm(
     _time(kept, texts[1][:prompt_tokens], new_tokens, rounds)
     for cand in kept:
         cand.perplexity_unseen = perplexity(cand.module, texts[1])["perplexity"]
-    winner, _ = fastest_within(kept, lambda c: 1 / paired_speedup(c.decode, kept[0].decode), lambda c: True)
+    winner = _accepted(cands, kept, max_perplexity_increase)
     report = _report(
         cands, winner, loaded, texts, locals_of(max_perplexity_increase, rounds, prompt_tokens, new_tokens)
     )
@@ -249,6 +251,30 @@ def optimize_lm(
     if output is not None:
         result.directory = _write(result, Path(output))
     return result
+
+
+def _accepted(cands: list[LMCandidate], kept: list[LMCandidate], budget: float) -> LMCandidate | None:
+    """The fastest decode within the budget on the choice half (``ptopt.core.choice``), accepted on the
+    unseen half (``ptopt.core.search.accept``): one whose perplexity there is past the budget is rejected
+    and the next fastest chosen (fp32, the reference, always holds)."""
+    from ptopt.core.choice import fastest_within
+    from ptopt.core.search import accept
+
+    ref = kept[0]
+
+    def choose() -> LMCandidate | None:
+        return fastest_within(
+            cands, lambda c: 1 / paired_speedup(c.decode, ref.decode), lambda c: c.status == "kept"
+        )[0]
+
+    def holds_unseen(c: LMCandidate) -> bool:
+        return c is ref or 100 * (c.perplexity_unseen / ref.perplexity_unseen - 1) <= budget
+
+    def reject(c: LMCandidate) -> None:
+        increase = 100 * (c.perplexity_unseen / ref.perplexity_unseen - 1)
+        c.status, c.reason = "rejected", f"perplexity +{increase:.2f}% > +{budget:g}% on the unseen half"
+
+    return accept(choose, holds_unseen, reject)[0]
 
 
 def locals_of(budget: float, rounds: int, prompt: int, new: int) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, UsageError
+from ptopt.core.search import catalogue
 from ptopt.optimize.candidates import Candidate, Context, Rejected, Spec, runtime_filters
 from ptopt.validate.latency import LatencyOptions
 from ptopt.validate.noise import speedup_noisy
@@ -344,16 +345,20 @@ class Search:
         return None
 
     def run(self, say: Callable[[str], None]) -> None:
-        for cand in self.candidates[1:]:
-            why = self._why_not(cand.spec)
-            if why:
-                cand.status, cand.reason = "skipped", why
-            else:
-                self._try(cand, say)
+        """Steps 2-3 over the catalogue (``ptopt.core.search.catalogue``), the reference excepted."""
+
+        def skipped(cand: Candidate, why: str) -> None:
+            cand.status, cand.reason = "skipped", why
+
+        def after(cand: Candidate) -> None:
             self.ctx.status[cand.name] = cand.status
             if cand.build_seconds is not None:
                 self.ctx.build_seconds[cand.name] = cand.build_seconds
             say(_progress_line(cand))
+
+        catalogue(
+            self.candidates[1:], lambda c: self._why_not(c.spec), lambda c: self._try(c, say), skipped, after
+        )
 
     def _try(self, cand: Candidate, say: Callable[[str], None]) -> None:
         say(f"building {cand.name}: {cand.label}")

@@ -61,6 +61,7 @@ from ptopt.compress.quantize.config import OPTIONS, SearchOptions
 from ptopt.core.choice import fastest_within
 from ptopt.core.data import split_eval
 from ptopt.core.errors import UsageError
+from ptopt.core.search import accept
 
 
 @OPTIONS.twin
@@ -133,9 +134,11 @@ def run_search(
     search_data, heldout, split = split_eval(prep.evald) if not analyze else (prep.evald, None, None)
     prep = dataclasses.replace(prep, evald=search_data)
     if base.engine == "auto":
-        found, search_, tuner, base, choice = _search_both(prep, base, goal, threads, _logger(progress))
+        found, search_, tuner, base, choice = _search_both(
+            prep, base, goal, threads, heldout, _logger(progress)
+        )
     else:
-        found, search_, tuner = _search(prep, base, goal, threads, analyze, _logger(progress))
+        found, search_, tuner = _search(prep, base, goal, threads, heldout, analyze, _logger(progress))
         choice = None
     if analyze:
         return found
@@ -172,9 +175,17 @@ def _check_request(mode: str, goal: AccuracyGoal, eval_data: Any, analyze: bool)
 
 
 def _search(
-    prep: Any, base: Any, goal: AccuracyGoal, threads: int | None, analyze: bool, log: Callable[[str], None]
+    prep: Any,
+    base: Any,
+    goal: AccuracyGoal,
+    threads: int | None,
+    heldout: Any,
+    analyze: bool,
+    log: Callable[[str], None],
 ) -> tuple[AutoQuantResult, Any, Tuner]:
-    """Sensitivity of every quantizable layer, then (unless ``analyze``) the search for a candidate."""
+    """Sensitivity of every quantizable layer, then (unless ``analyze``) the search for a candidate,
+    accepted on the ``heldout`` samples (``ptopt.core.search.accept``: one that fails there leads to the
+    next rung)."""
     from ptopt.compress.quantize.engine_fx import quantize_context
     from ptopt.core.errors import UnsupportedModelError
 
@@ -199,17 +210,48 @@ def _search(
             return found, None, tuner
         search = Search(tuner, names, found.sensitivity, goal)
         search.run()
-        found.candidates, found.chosen = search.candidates, search.choose()
+        rejected = _accept_unseen(search, tuner, heldout, goal) if heldout is not None else []
+        chosen = search.choose()
+        found.candidates, found.chosen = search.candidates, None if chosen is None else chosen.index
         found.budget_exhausted = search.exhausted
         found.met = bool(search.holding())
     assert found.best is not None  # the first candidate is always tried
-    found.reason = _explain(found, names)
+    found.reason = _explain(found, names) + _rejected_note(rejected, heldout)
     found.seconds = tuner.elapsed()
     return found, search, tuner
 
 
+def _accept_unseen(search: Search, tuner: Tuner, heldout: Any, goal: AccuracyGoal) -> list[Any]:
+    """The search's choice judged on the held-out samples it never saw: one that fails there no longer
+    holds, the next rung is tried, and the choice is made again (``ptopt.core.search.accept``). Returns
+    the candidates rejected there."""
+    ref = None
+
+    def holds_unseen(c: Any) -> bool:
+        nonlocal ref
+        if not c.holds:  # nothing holds on the search's samples: the closest is the answer, not accepted
+            return True
+        if ref is None:
+            ref = tuner.fp32_outputs(heldout)
+        c.heldout = tuner.measure(search.quantized(c), heldout, ref)
+        tuner.log(f"candidate {c.index + 1} on {len(heldout)} held-out samples: {_figure(c.heldout)}")
+        return c.heldout.holds(goal)
+
+    return accept(search.choose, holds_unseen, search.next_rung)[1]
+
+
+def _rejected_note(rejected: list[Any], heldout: Any) -> str:
+    if not rejected:
+        return ""
+    which = ", ".join(f"{c.index + 1} ({_figure(c.heldout)})" for c in rejected)
+    return (
+        f" Candidate(s) {which} held on the search's samples but not on {len(heldout)} held-out ones; "
+        "the search went on to the next rung."
+    )
+
+
 def _search_both(
-    prep: Any, base: Any, goal: AccuracyGoal, threads: int | None, log: Callable[[str], None]
+    prep: Any, base: Any, goal: AccuracyGoal, threads: int | None, heldout: Any, log: Callable[[str], None]
 ) -> tuple[AutoQuantResult, Any, Tuner, Any, dict[str, Any]]:
     """``engine="auto"``: the search on fx, then on pt2e; the faster answer meeting the goal (else
     the one meeting it, else fx's) with its search, tuner and base, and why it was chosen."""
@@ -217,7 +259,7 @@ def _search_both(
     for name in ("fx", "pt2e"):
         log(f"engine {name}")
         one = base.replace(engine=name)
-        runs[name] = (*_search(prep, one, goal, threads, False, log), one)
+        runs[name] = (*_search(prep, one, goal, threads, heldout, False, log), one)
     met = {k: r[0].met for k, r in runs.items()}
     ms = {k: r[0].best.latency_ms for k, r in runs.items()}
     chosen, _ = fastest_within(runs, ms.get, met.get)

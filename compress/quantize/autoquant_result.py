@@ -142,6 +142,10 @@ class Candidate:
     smooth: float | None = None
     #: share of the tuned layers' multiply-accumulates that stays float (expected price in speed)
     float_macs: float = 0.0
+    #: on the held-out samples, when it was chosen and judged there (``ptopt.core.search.accept``)
+    heldout: Measurement | None = None
+    #: it held on the search's samples but not on the held-out ones: no longer counted as holding
+    heldout_failed: bool = False
 
     @property
     def scheme_key(self) -> tuple:
@@ -157,6 +161,9 @@ class Candidate:
         d = dataclasses.asdict(self)
         d["float_layers"] = list(self.float_layers)
         d["scheme"] = self.scheme
+        if self.heldout is None:  # judged on the search's samples only (the record as before)
+            d.pop("heldout")
+            d.pop("heldout_failed")
         return d
 
 
@@ -280,7 +287,7 @@ class AutoQuantResult:
             )
         fp32_ms = self.fp32.get("latency_ms")
         for c in self.candidates:
-            mark = "yes" if c.holds else "no"
+            mark = "yes" if c.holds else ("no (held out)" if c.heldout_failed else "no")
             if self.chosen == c.index:
                 mark += " *"
             names = (

@@ -1,10 +1,13 @@
-"""Accuracy-aware quantization: the search over candidates (see ``ptopt.compress.quantize.autoquant``).
+"""Accuracy-aware quantization: what its search tries (see ``ptopt.compress.quantize.autoquant``).
 
 Candidates are schemes with the ``k`` most sensitive layers left float: all-int8 first, then ``k``
-grows (doubling, then bisection) until the goal holds; within the tuning budget float layers are made
-int8 again one at a time and the other schemes are tried. ``choose`` picks the fastest candidate that
-holds (ties within ``LATENCY_TIE`` go to fewer float multiply-accumulates), else the most accurate.
-The tuner (``autoquant_tuner.Tuner``) quantizes and measures; this module only decides what to try.
+grows (``ptopt.core.search.ladder``: doubling, then bisection) until the goal holds; within the tuning
+budget float layers are made int8 again one at a time (``drop_unneeded``) and the other schemes are
+tried. ``choose`` is ``ptopt.core.choice``'s rule: the fastest candidate that holds (latencies within
+``LATENCY_TIE`` tie, and the tie goes to fewer float multiply-accumulates), else the most accurate.
+``next_rung`` extends the search when the chosen candidate fails on held-out samples
+(``ptopt.core.search.accept``). The tuner (``autoquant_tuner.Tuner``) quantizes and measures; the
+loops are ``ptopt.core.search``'s; this module only decides what to try.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ptopt.compress.quantize.autoquant_result import AccuracyGoal, Candidate
+from ptopt.core.choice import closest, fastest_within
+from ptopt.core.search import catalogue, drop_unneeded, ladder
 
 if TYPE_CHECKING:
     from ptopt.compress.quantize.autoquant_tuner import Tuner
@@ -32,6 +37,11 @@ def _layer_err(r: dict[str, Any], by_accuracy: bool) -> float:
         err = max(r["accuracy_drop"], 0.0) + (1.0 - r["mean_cosine"])
     return err
 
+
+#: rungs tried past a candidate that failed on the held-out samples, beyond the tuning budget if need be
+#: (acceptance is not tuning: a search that stopped at its budget still gets its answer checked and
+#: extended a little, rather than ending on a model known to miss the goal)
+HELDOUT_RUNGS = 4
 
 #: SmoothQuant strengths tried on dynamic int8 Linears (0.5 is the paper's default for W8A8 per-tensor;
 #: per-channel int8 weights absorb more of the activation range, so stronger migration pays off)
@@ -56,6 +66,8 @@ class Search:
         self.candidates: list[Candidate] = []
         self.seen: dict[tuple, Candidate] = {}
         self.exhausted = False
+        #: rungs tried after held-out failures (``next_rung``)
+        self.rungs = 0
 
     def budget_left(self) -> bool:
         if not self.candidates:
@@ -76,12 +88,14 @@ class Search:
             changes["observer"] = obs
         return self.t.base.replace(**changes)
 
-    def try_(self, scheme: tuple, floats: tuple[str, ...] | list[str], step: str) -> Candidate | None:
+    def try_(
+        self, scheme: tuple, floats: tuple[str, ...] | list[str], step: str, budgeted: bool = True
+    ) -> Candidate | None:
         floats = tuple(n for n in self.ranked if n in set(floats))
         key = (scheme, frozenset(floats))
         if key in self.seen:
             return self.seen[key]
-        if not self.budget_left():
+        if budgeted and not self.budget_left():
             return None
         t0 = time.perf_counter()
         q = self.t.quantize(self.config(scheme, floats), smooth=scheme[2])
@@ -125,9 +139,10 @@ class Search:
             return
         if not first.holds:
             # one change at a time from the user's scheme: the other weight granularity, the other observers
-            for s in schemes[1:]:
-                if sum(a != b for a, b in zip(s, schemes[0], strict=False)) == 1:
-                    self.try_(s, (), "all int8")
+            one_change = [
+                s for s in schemes[1:] if sum(a != b for a, b in zip(s, schemes[0], strict=False)) == 1
+            ]
+            catalogue(one_change, lambda s: None, lambda s: self.try_(s, (), "all int8"), _never)
         tried0 = [c for c in self.candidates if not c.float_layers]
         best_scheme = min(tried0, key=lambda c: c.measurement.error(self.t.by_accuracy))
         scheme = best_scheme.scheme_key
@@ -140,32 +155,14 @@ class Search:
         self.refine()
 
     def ladder(self, scheme: tuple, order: list[str] | None = None, what: str = "", lo: int = 0) -> None:
-        """Smallest k (the first k of ``order`` float) that holds: doubling, then bisection."""
+        """Smallest k (the first k of ``order`` float) that holds (``ptopt.core.search.ladder``)."""
         order = self.ranked if order is None else order
-        n_max = max(len(order) - 1, 0)  # at least one layer stays int8
-        k, hi = max(1, lo), None
-        while k <= n_max and hi is None:
+
+        def holds(k: int) -> bool | None:
             c = self.try_(scheme, order[:k], f"top {k}{what}")
-            if c is None:
-                return
-            if c.holds:
-                hi = k
-            else:
-                lo = k
-                if k == n_max:
-                    break
-                k = min(k * 2, n_max)
-        if hi is None:
-            return
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            c = self.try_(scheme, order[:mid], f"top {mid}{what}")
-            if c is None:
-                return
-            if c.holds:
-                hi = mid
-            else:
-                lo = mid
+            return None if c is None else c.holds
+
+        ladder(holds, max(len(order) - 1, 0), start=max(1, lo), floor=lo)  # at least one layer stays int8
 
     def refine(self) -> None:
         """Look for a faster candidate that holds: the sensitivity per float cost as a second ladder,
@@ -179,17 +176,36 @@ class Search:
                 if self.exhausted:
                     return
             best = min(self.holding(), key=lambda c: (c.float_macs, c.latency_ms))
-        scheme, floats = best.scheme_key, list(best.float_layers)
-        for name in reversed(list(floats)):  # least sensitive first
-            trial = [n for n in floats if n != name]
-            c = self.try_(scheme, trial, f"-{name}")
-            if c is None:
-                return
-            if c.holds:
-                floats = trial
-        for s in _schemes(self.t.base, bool(self.t.smoothable)):
-            if s != scheme and self.try_(s, floats, "scheme") is None:
-                return
+        scheme = best.scheme_key
+
+        def holds(trial: list[str], dropped: str) -> bool | None:
+            c = self.try_(scheme, trial, f"-{dropped}")
+            return None if c is None else c.holds
+
+        floats = drop_unneeded(list(best.float_layers), holds)
+        if self.exhausted:
+            return
+        others = [s for s in _schemes(self.t.base, bool(self.t.smoothable)) if s != scheme]
+        catalogue(others, lambda s: None, lambda s: self.try_(s, floats, "scheme"), _never)
+
+    def quantized(self, c: Candidate) -> Any:
+        """Candidate ``c``'s int8 model again (the tuner keeps none), e.g. to judge it on held-out samples."""
+        return self.t.quantize(self.config(c.scheme_key, c.float_layers), smooth=c.smooth)
+
+    def next_rung(self, rejected: Candidate) -> bool:
+        """``rejected`` held on the search's samples but not on held-out ones: it no longer counts as
+        holding, and the next rung is tried, one more of the most sensitive layers float in its scheme
+        (False: every layer but one is float already, or ``HELDOUT_RUNGS`` were tried)."""
+        rejected.holds = False
+        rejected.heldout_failed = True
+        order = self.ranked
+        k = max((order.index(n) + 1 for n in rejected.float_layers if n in order), default=0) + 1
+        if k > max(len(order) - 1, 0) or self.rungs >= HELDOUT_RUNGS:
+            return False
+        self.rungs += 1
+        return (
+            self.try_(rejected.scheme_key, order[:k], f"top {k}, after held-out", budgeted=False) is not None
+        )
 
     def by_efficiency(self) -> list[str]:
         """Layers by error saved per multiply-accumulate kept float (greedy knapsack order)."""
@@ -198,14 +214,18 @@ class Search:
             self.ranked, key=lambda n: err.get(n, 0.0) / max(self.t.cost.get(n, 1.0), 1.0), reverse=True
         )
 
-    def choose(self) -> int | None:
-        if not self.candidates:
-            return None
-        ok = self.holding()
-        if ok:
-            fastest = min(c.latency_ms for c in ok)
-            near = [c for c in ok if c.latency_ms <= fastest * (1 + LATENCY_TIE)]
-            return min(near, key=lambda c: (c.float_macs, c.latency_ms)).index
-        return min(
-            self.candidates, key=lambda c: (c.measurement.error(self.t.by_accuracy), c.latency_ms)
-        ).index
+    def choose(self) -> Candidate | None:
+        """``ptopt.core.choice``'s rule: the fastest that holds (``LATENCY_TIE``: to fewer float
+        multiply-accumulates), else the closest to the goal."""
+        found, _ = fastest_within(
+            self.candidates, lambda c: c.latency_ms, lambda c: c.holds, lambda c: c.float_macs, LATENCY_TIE
+        )
+        if found is not None:
+            return found
+        return closest(
+            self.candidates, lambda c: c.measurement.error(self.t.by_accuracy), lambda c: c.latency_ms
+        )
+
+
+def _never(item: Any, why: str) -> None:  # every scheme listed is tried
+    raise AssertionError(why)

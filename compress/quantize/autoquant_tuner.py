@@ -17,6 +17,7 @@ from ptopt.compress.quantize.base import Prepared
 from ptopt.compress.quantize.measure import layer_macs
 from ptopt.compress.quantize.table import technique
 from ptopt.core.data import rebatch
+from ptopt.core.search import rank
 from ptopt.core.timing import torch_threads
 
 EVAL_BATCH = 64
@@ -138,13 +139,16 @@ class Tuner:
         projected = project_worst_cosine(cos).projected
         return Measurement(int(len(got)), float(cos.min()), float(cos.mean()), acc, drop, projected)
 
-    def measure_unseen(self, model: Any, ds: Any) -> Measurement:
-        """``model`` against the fp32 model on samples the search never saw (the held-out split)."""
+    def fp32_outputs(self, ds: Any) -> list[Any]:
+        """The fp32 model's outputs on ``ds`` (samples the search never saw: the held-out split)."""
         import torch
 
         with torch.no_grad(), torch_threads(self.threads):
-            ref = self._outputs(self.module, ds)
-        return self.measure(model, ds, ref)
+            return self._outputs(self.module, ds)
+
+    def measure_unseen(self, model: Any, ds: Any) -> Measurement:
+        """``model`` against the fp32 model on samples the search never saw (the held-out split)."""
+        return self.measure(model, ds, self.fp32_outputs(ds))
 
     def latency(self, model: Any) -> float:
         """p50 ms of ``model`` at the goal's batch size.
@@ -213,41 +217,34 @@ class Tuner:
         return out
 
     def sensitivity(self, layers: list[str]) -> list[dict[str, Any]]:
+        """Each layer quantized alone (``goal.sensitivity == "alone"``: the others float) or left float
+        while the rest is int8 (``"float"``), measured and ranked most harmful first
+        (``ptopt.core.search.rank``); one row per layer."""
         base_float = tuple(self.base.float_modules)
-        rows = []
-        full = None
         total = sum(self.cost.get(n, 0.0) for n in layers) or 1.0
-        if self.goal.sensitivity == "float":
-            full = self.measure(self.quantize(self.base), self.sens_eval)
-        for i, name in enumerate(layers):
-            if self.goal.sensitivity == "alone":
-                floats = base_float + tuple(n for n in layers if n != name)
-            else:
-                floats = base_float + (name,)
+        alone = self.goal.sensitivity == "alone"
+        full = None if alone else self.measure(self.quantize(self.base), self.sens_eval)
+        done = iter(range(1, len(layers) + 1))
+
+        def measure(name: str) -> tuple[dict[str, Any], Any]:
+            floats = base_float + (tuple(n for n in layers if n != name) if alone else (name,))
             m = self.measure(self.quantize(self.base.replace(float_modules=floats)), self.sens_eval)
-            row = {
-                "layer": name,
-                "type": self.types.get(name, "?"),
-                "params": self.params.get(name, 0),
-                "macs_share": round(self.cost.get(name, 0.0) / total, 4),
-                **m.to_dict(),
-            }
-            if self.goal.sensitivity == "alone":
+            row = {"layer": name, "type": self.types.get(name, "?"), "params": self.params.get(name, 0),
+                   "macs_share": round(self.cost.get(name, 0.0) / total, 4), **m.to_dict()}  # fmt: skip
+            if alone:
                 row["breaks_budget"] = self.goal.has_target and not m.holds(self.goal)
-                row["_key"] = m.error(self.by_accuracy)
+                key = m.error(self.by_accuracy)
             else:
                 fe, me = full.error(self.by_accuracy), m.error(self.by_accuracy)
                 row["saves"] = round(fe[0] - me[0], 9)
-                row["_key"] = (fe[0] - me[0], fe[1] - me[1])
-            rows.append(row)
+                key = (fe[0] - me[0], fe[1] - me[1])
             self.log(
-                f"sensitivity {i + 1}/{len(layers)}: {name}  min cos {m.min_cosine:.5f}"
+                f"sensitivity {next(done)}/{len(layers)}: {name}  min cos {m.min_cosine:.5f}"
                 + (f"  drop {m.accuracy_drop:+.2f}" if m.accuracy_drop is not None else "")
             )
-        rows.sort(key=lambda r: r["_key"], reverse=True)
-        for r in rows:
-            r.pop("_key")
-        return rows
+            return row, key
+
+        return [row for _, (row, _) in rank(layers, measure, lambda measured: measured[1])]
 
 
 def _compiled_int8(converted: Any, x: Any) -> Any:
@@ -275,11 +272,13 @@ MAX_RANKED_LAYERS = 48
 def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8) -> Any:
     """The layers to keep in float so that ``config``'s int8 model holds export's parity rule against
     the fp32 model on ``data`` (``ptopt.compress.fidelity``): the layers ranked by sensitivity (each
-    quantized alone), most sensitive first, then added to ``float_modules`` one by one until the rule
-    holds. Returns ``(layers, fidelity record)``, or None when no quantizable layer can be ranked or
-    ``max_float`` float layers are not enough."""
+    quantized alone), most sensitive first; the fewest of them that hold (``ptopt.core.search.ladder``,
+    up to ``max_float``), then as few as hold (``drop_unneeded``). Returns ``(layers, fidelity
+    record)``, or None when no quantizable layer can be ranked or ``max_float`` float layers are not
+    enough."""
     from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
     from ptopt.compress.quantize.engine_fx import quantize_context
+    from ptopt.core.search import drop_unneeded, ladder
 
     goal = AccuracyGoal(min_cosine=0.0, sensitivity_samples=max(len(data), 1), latency_batch_size=1)
     with quantize_context(config.backend):
@@ -288,26 +287,22 @@ def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8
         if not names or len(names) > MAX_RANKED_LAYERS:
             return None
         ranked = [row["layer"] for row in tuner.sensitivity(names)]
+        records: dict[tuple[str, ...], Any] = {}
 
-        def holds(floats: list[str]) -> Any:
+        def holds(floats: list[str], *_: Any) -> bool:
             candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
             try:
                 fid = measure_fidelity(prep.module, tuner.quantize(candidate), data, **INT8_VS_FP32)
             except (RuntimeError, NotImplementedError):  # a float/int8 mix graph mode cannot run
-                return None
-            return fid if fid["passed"] else None
+                return False
+            records[tuple(floats)] = fid
+            return bool(fid["passed"])
 
-        floats: list[str] = []
-        for name in ranked[: min(max_float, len(ranked) - 1)]:
-            floats.append(name)
-            fid = holds(floats)
-            if fid is not None:
-                for extra in list(floats[:-1]):  # then as few as hold: drop the ones not needed
-                    fewer = holds([n for n in floats if n != extra])
-                    if fewer is not None:
-                        floats, fid = [n for n in floats if n != extra], fewer
-                return floats, fid
-    return None
+        k = ladder(lambda k: holds(ranked[:k]), min(max_float, len(ranked) - 1))
+        if k is None:
+            return None
+        floats = drop_unneeded(ranked[:k], holds)
+        return floats, records[tuple(floats)]
 
 
 def _as_matrix(y: Any) -> Any:
