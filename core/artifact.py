@@ -43,7 +43,6 @@ from ptopt.core.inputspec import InputSpec
 from ptopt.core.system import library_versions
 
 __all__ = [
-    "FORMATS",
     "SIDECAR_SUFFIX",
     "Artifact",
     "SidecarStatus",
@@ -62,19 +61,6 @@ _CHUNK = 1 << 20
 #: a hash is remembered only for files whose timestamps were at least this old when read
 _MEMO_MIN_AGE_NS = 2_000_000_000
 _sha_memo: dict[tuple, str] = {}
-
-#: Known artifact formats and the file suffixes that imply them.
-FORMATS = {
-    "torchscript": (".pt", ".ts", ".torchscript"),
-    "exported_program": (".pt2",),
-    "aoti_package": (),  # also .pt2: the sidecar (or the archive's data/aotinductor/) tells them apart
-    "onnx": (".onnx",),
-    "tensorrt": (".ep", ".trt"),
-    "state_dict": (".safetensors",),
-    "pickle": (),
-    "mar": (".mar",),
-    "triton": (),
-}
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:

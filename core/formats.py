@@ -3,8 +3,8 @@
 ``ptopt.core`` imports no stage and knows no format by name. Each module of ``ptopt.formats``
 (TorchScript, ExportedProgram, AOTInductor, ONNX, TensorRT, ...) defines one
 :class:`ptopt.formats.base.Format` (its suffixes, sidecar ``format``, export target, precisions,
-devices, servers, and how to load, write, reload and run it) and the package registers every one
-here at ``import ptopt`` (``ptopt/_wiring.py``). Everything that needs to know a format reads this
+devices, servers, and how to load, write, reload and run it), and ``ptopt/formats/__init__.py``
+registers every one here when ``import ptopt`` imports ``ptopt.formats``. Everything that needs to know a format reads this
 table: ``core.modelref`` (loading a MODEL file), ``export`` (targets, writers), ``validate`` (runners),
 ``optimize`` (suffixes, runtimes) and ``serve`` (what a server runs as it is).
 

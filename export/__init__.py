@@ -1,6 +1,7 @@
-"""Export: ``ptopt.export(model, target, ...)`` (``api``), the one writer per format (``writers``,
-with ``onnx``/``onnx_int8``/``tensorrt`` behind it), graph capture (``tracing``), InputSpec
-translations (``shapes``) and the output-parity check (``parity``).
+"""Export: ``ptopt.export(model, target, ...)`` (``api``), its options (``config``: ``ExportConfig``,
+``ShapeOptions``), the one path that writes every model file (``writers``, which calls the format's
+row of the table: the modules of ``ptopt.formats``, where the ONNX, int8 ONNX, OpenVINO and TensorRT
+writers, graph capture and the InputSpec translations live) and the output-parity check (``parity``).
 
 ``ptopt.export(model, target=..., output=...)`` calls ``ptopt.export.api.export``.
 """

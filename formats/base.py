@@ -29,8 +29,6 @@ from ptopt.core.errors import ModelLoadError, UsageError
 HALF = ("fp16", "bf16")
 #: every precision an artifact may have
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-#: precisions of weight-only artifacts (int4 weights, float activations)
-WEIGHT_ONLY_PRECISIONS = ("int8", "int4")
 
 
 class Format:

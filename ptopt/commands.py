@@ -40,7 +40,7 @@ class Command:
 _TABLE = (
     Command(
         "quantize",
-        "Quantize a model to int8 (dynamic, static with calibration, or QAT).",
+        "Quantize a model: int8 (dynamic, static with calibration, QAT), or an LLM's weights to int8/int4.",
         "ptopt.compress.quantize:quantize",
         step=True,
     ),

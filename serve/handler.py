@@ -423,7 +423,7 @@ def _worker_device(gpu_id):
 
 #: the formats this handler loads (``ptopt.serve.package`` puts no other in a .mar); a test checks it
 #: against the format table (the rows whose servers include torchserve)
-FORMATS = ("torchscript", "exported_program", "aoti_package", "onnx", "openvino")
+LOADED_FORMATS = ("torchscript", "exported_program", "aoti_package", "onnx", "openvino")
 
 
 def _openvino_session(model_path, threads=None):

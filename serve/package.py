@@ -37,7 +37,7 @@ from ptopt.core.options import Options, Selector, option
 if TYPE_CHECKING:
     from ptopt.core.modelref import LoadedModel
 
-FORMATS = ("mar", "triton")
+PACKAGE_FORMATS = ("mar", "triton")
 #: How long TorchServe waits to fill a batch (ms) when batch_size > 1.
 DEFAULT_MAX_BATCH_DELAY_MS = 5
 DEFAULT_RESPONSE_TIMEOUT_S = 120
@@ -111,7 +111,7 @@ class PackageConfig:
 
 
 def _formats() -> tuple[str, ...]:
-    return FORMATS
+    return PACKAGE_FORMATS
 
 
 #: the options of ``ptopt package`` / ``ptopt.package``
@@ -147,8 +147,8 @@ def package(
     use, each with one thread (unless ``threads`` says otherwise), so the workers together use every
     core once.
     """
-    if format not in FORMATS:
-        raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(FORMATS)}")
+    if format not in PACKAGE_FORMATS:
+        raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(PACKAGE_FORMATS)}")
     cfg = OPTIONS.build(PackageConfig, OPTIONS.check(options, format))
     batch_size, max_batch_delay_ms, model_name = cfg.batch_size, cfg.max_batch_delay_ms, cfg.model_name
     workers, threads, response_timeout_s = cfg.workers, cfg.threads, cfg.response_timeout_s

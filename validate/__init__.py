@@ -1,4 +1,6 @@
-"""Validation: runners (one per artifact format), metrics, latency, gates and reports.
+"""Validation: its options (``options``), metrics, latency, gates, reports, the language-model path
+(``lm``) and the opening of runners (``runners``: each format's own runner is its row's, in
+``ptopt.formats``; ``runners.compiled`` adds ``torch.compile``).
 
 ``ptopt.validate(reference, artifacts, data=...)`` calls ``ptopt.validate.api.validate``.
 """

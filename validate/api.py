@@ -402,13 +402,13 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
 
 def _add_compiled(run: _Run, say: Callable[[str], None]) -> None:
     """--compile: a ``NAME (torch.compile)`` artifact right after each eager / ExportedProgram model."""
-    from ptopt.validate.runners.compiled import FORMATS, SUFFIX, CompiledRef
+    from ptopt.validate.runners.compiled import COMPILABLE_FORMATS, SUFFIX, CompiledRef
 
     refs, names = [], []
     for i, ((role, ref, weights), name) in enumerate(zip(run.models.refs, run.models.names, strict=True)):
         refs.append((role, ref, weights))
         names.append(name)
-        if run.formats[i] in FORMATS:
+        if run.formats[i] in COMPILABLE_FORMATS:
             refs.append(("artifact", CompiledRef(ref), weights))
             names.append(name + SUFFIX)
     if len(refs) == len(run.models.refs):

@@ -1,4 +1,5 @@
-"""Int8 quantization: configs, a table from ``(mode, engine)`` to handler, one file per engine.
+"""Quantization: int8 models (dynamic, static, QAT) and language models' int8/int4 weights
+(weight-only): configs, a table from ``(mode, engine)`` to handler, one file per engine.
 
 =======================  =====================================================================
 module                   what it holds
@@ -8,11 +9,17 @@ module                   what it holds
                          validated without torch or an engine; their fields are the options
 ``table``                ``TECHNIQUES``: ``(mode, engine)`` -> handler (``register_technique``)
 ``techniques/``          one handler file per row (``dynamic_fx``, ``static_fx``, ``qat_fx``,
-                         ``static_pt2e``, ``qat_pt2e``, ``auto``)
+                         ``static_pt2e``, ``qat_pt2e``, ``auto``, ``weight_only`` (torchao),
+                         ``weight_only_openvino`` (NNCF))
 ``engine_fx``            torch.ao (FX graph mode, dynamic int8): its only importer
 ``engine_pt2e``          torchao (PT2E): its only importer
-``flow``                 the engine-neutral flow: prepare, call the handler, measure, one Result
-``autoquant``            accuracy-aware search above the flow (``autoquantize``)
+``engine_torchao``       torchao's weight-only configs (``quantize_``)
+``flow``                 the engine-neutral flow of the int8 modes: prepare, call the handler,
+                         measure, one Result
+``weight_only``,         what weight-only quantization does to a language model, and its flow
+``lm_flow``, ``gptq``    (text data, perplexity, a folder artifact); GPTQ's rounding
+``autoquant``            accuracy-aware search above the flow (``autoquantize``; its candidates in
+                         ``autoquant_search``, the loops in ``ptopt.core.search``)
 =======================  =====================================================================
 
 The names below are imported lazily (``from ptopt.compress.quantize import quantize`` imports the

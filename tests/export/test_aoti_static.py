@@ -175,7 +175,7 @@ def test_torchserve_handler_agrees_with_the_format_table(package):
     from ptopt.serve import handler
     from ptopt.serve.package import servable_formats
 
-    assert set(handler.FORMATS) == set(servable_formats("mar"))
+    assert set(handler.LOADED_FORMATS) == set(servable_formats("mar"))
     assert all(handler.STATIC_MODEL.format(b) == static_model_name(b) for b in (1, 4, 32))
     assert static_model_batch(handler.STATIC_MODEL.format(7)) == 7
     path, _ = package

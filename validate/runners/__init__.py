@@ -60,10 +60,10 @@ def _refuse_not_runnable(path: Path, name: str) -> None:
 
 
 def _open_compiled(ref: Any, name: str, **options: Any) -> Runner:
-    from ptopt.validate.runners.compiled import FORMATS, CompiledRunner
+    from ptopt.validate.runners.compiled import COMPILABLE_FORMATS, CompiledRunner
 
     base = open_runner(ref.base, name, **options)
-    if base.format not in FORMATS:
+    if base.format not in COMPILABLE_FORMATS:
         base.close()
         raise ModelLoadError(
             f"{name}: torch.compile takes eager and ExportedProgram models, not {base.format}"

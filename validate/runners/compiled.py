@@ -20,7 +20,7 @@ from ptopt.core.formats import formats
 from ptopt.formats.runner import TorchModuleRunner
 
 #: formats whose model is a Python-callable graph torch.compile can take
-FORMATS = tuple(f.name for f in formats() if f.compilable)
+COMPILABLE_FORMATS = tuple(f.name for f in formats() if f.compilable)
 SUFFIX = " (torch.compile)"
 
 
