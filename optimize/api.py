@@ -32,7 +32,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ptopt.core.choice import fastest_within
 from ptopt.core.data import split_eval
@@ -47,6 +47,9 @@ from ptopt.optimize.search import (
     check_budget,
     measure_costs,
 )
+
+if TYPE_CHECKING:
+    from ptopt.optimize.lm import LMOptimizeResult
 
 SCHEMA = "ptopt.optimize/2"
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
@@ -170,7 +173,7 @@ def optimize(
     latency: Any = None,
     progress: Callable[[str], None] | bool | None = None,
     **options: Any,
-) -> Any:
+) -> OptimizeResult | LMOptimizeResult:
     """Search the candidates for the fastest artifact within the accuracy budget (module docstring).
 
     ``model``: an nn.Module, a MODEL reference (``weights``/``allow_pickle`` qualify it) or a stage
