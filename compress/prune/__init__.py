@@ -5,7 +5,8 @@ module                   what it holds
 =======================  =====================================================================
 ``api``                  ``prune``, the Python twin of ``ptopt prune``; fine-tuning rounds, metrics
 ``config``               the configs (l1-unstructured, global, structured), validated without torch
-``table``                ``PRUNERS``: config class -> pruner (``register_pruner``), ``methods()``
+``registry``             ``PRUNERS``: config class -> pruner (``register_pruner``)
+``table``                the reader: every pruner file loaded, ``methods()``, the options
 ``techniques/``          one pruner file per method family (``unstructured``, ``structured``)
 ``channel_graph``        which layers produce, consume or join channel spaces (torch.fx)
 ``graph``                the same analysis on torch.export's ATen graph
@@ -45,7 +46,8 @@ _EXPORTS = {
             "matches",
         )
     },
-    **{name: "table" for name in ("register_pruner", "methods", "PRUNERS")},
+    **{name: "table" for name in ("methods", "PRUNERS")},
+    "register_pruner": "registry",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,7 +1,7 @@
 """The pruning table: config class -> pruner, one row per method, filled by registration.
 
 A file of ``ptopt.compress.prune.techniques`` decorates its pruner class with
-:func:`register_pruner` (``@register_pruner(StructuredPruneConfig)``); the table imports every
+``registry.register_pruner`` (``@register_pruner(StructuredPruneConfig)``); the table imports every
 module of that package the first time it is read, so a new method is its config (``config.py``), its
 pruner file and the row its decorator adds: no list names them. ``ptopt prune --method`` choices
 are :func:`methods`.
@@ -14,27 +14,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
 from typing import Any
 
+from ptopt.compress.prune.registry import PRUNERS
 from ptopt.core.errors import UsageError
 
-#: config class -> pruner class
-PRUNERS: dict[type, type] = {}
 _loaded = False
-
-
-def register_pruner(config_cls: type) -> Callable[[type], type]:
-    """Class decorator: the pruner for ``config_cls`` (whose ``method`` names the row)."""
-
-    def deco(cls: type) -> type:
-        old = PRUNERS.get(config_cls)
-        if old is not None and old.__qualname__ != cls.__qualname__:
-            raise RuntimeError(f"pruning method {config_cls.method!r} registered twice")
-        PRUNERS[config_cls] = cls
-        return cls
-
-    return deco
 
 
 def _load() -> None:

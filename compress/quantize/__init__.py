@@ -7,7 +7,9 @@ module                   what it holds
 ``api``                  ``quantize``, the Python twin of ``ptopt quantize``
 ``config``               the configs (dynamic, static, QAT, weight-only) and the search's options,
                          validated without torch or an engine; their fields are the options
-``table``                ``TECHNIQUES``: ``(mode, engine)`` -> handler (``register_technique``)
+``registry``             ``TECHNIQUES``: ``(mode, engine)`` -> handler (``register_technique``)
+``table``                the reader: every row loaded, modes, engines, a config's row checked
+``resolve``              a mode's config and the search's options from the keywords
 ``techniques/``          one handler file per row (``dynamic_fx``, ``static_fx``, ``qat_fx``,
                          ``static_pt2e``, ``qat_pt2e``, ``auto``, ``weight_only`` (torchao),
                          ``weight_only_openvino`` (NNCF))
@@ -56,7 +58,7 @@ _EXPORTS = {
             "OPTIONS",
         )
     },
-    "register_technique": "table",
+    "register_technique": "registry",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -41,8 +41,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ptopt.compress.quantize.config import OPTIONS, QuantConfig, SearchOptions, require_data, resolve_config
+from ptopt.compress.quantize.config import OPTIONS, QuantConfig, SearchOptions, require_data
 from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared
+from ptopt.compress.quantize.resolve import resolve_config
 from ptopt.compress.quantize.table import technique
 from ptopt.compress.stage import check_output, finish
 from ptopt.core.errors import UsageError

@@ -58,6 +58,7 @@ from ptopt.compress.quantize.autoquant_result import (  # noqa: F401 - re-export
 from ptopt.compress.quantize.autoquant_search import Search
 from ptopt.compress.quantize.autoquant_tuner import Tuner
 from ptopt.compress.quantize.config import OPTIONS, SearchOptions
+from ptopt.compress.quantize.resolve import check_engine
 from ptopt.core.choice import fastest_within
 from ptopt.core.data import split_eval
 from ptopt.core.errors import UsageError
@@ -93,7 +94,7 @@ def autoquantize(
     the most accurate one is still chosen (and saved) and ``.met`` is False
     (``result.raise_if_missed()`` raises GateFailedError, exit code 1).
     """
-    from ptopt.compress.quantize.config import resolve_config
+    from ptopt.compress.quantize.resolve import resolve_config
 
     base, search = resolve_config(mode, config, options)
     common = dict(input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle, progress=progress)
@@ -258,7 +259,7 @@ def _search_both(
     runs = {}
     for name in ("fx", "pt2e"):
         log(f"engine {name}")
-        one = base.replace(engine=name)
+        one = check_engine(base.replace(engine=name))
         runs[name] = (*_search(prep, one, goal, threads, heldout, False, log), one)
     met = {k: r[0].met for k, r in runs.items()}
     ms = {k: r[0].best.latency_ms for k, r in runs.items()}

@@ -15,7 +15,7 @@ from typing import Any
 from ptopt.compress.quantize.autoquant_result import AccuracyGoal, Measurement
 from ptopt.compress.quantize.base import Prepared
 from ptopt.compress.quantize.measure import layer_macs
-from ptopt.compress.quantize.table import technique
+from ptopt.compress.quantize.registry import TECHNIQUES
 from ptopt.core.data import rebatch
 from ptopt.core.search import rank
 from ptopt.core.timing import torch_threads
@@ -71,7 +71,7 @@ class Tuner:
         src = (
             self.prep if not smooth else dataclasses.replace(self.prep, module=self.smoothed(config, smooth))
         )
-        return technique(config.mode, config.engine).candidate(config, src)
+        return TECHNIQUES[(config.mode, config.engine)].candidate(config, src)
 
     @property
     def smoothable(self) -> list[str]:

@@ -13,11 +13,14 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any, ClassVar
 
-from ptopt.compress.quantize.table import DEFAULT_ENGINE
-from ptopt.core.config import Config, reconcile, register_config
+from ptopt.core.config import Config, register_config
 from ptopt.core.errors import UsageError
 from ptopt.core.options import Options, Selector, fields_of, option
 
+#: the engine a config runs on unless it says otherwise (the technique table lists it first)
+DEFAULT_ENGINE = "fx"
+#: static int8 below this share of the parameters is refused: the file would be about fp32's size
+MIN_STATIC_SHARE = 0.1
 BACKENDS = ("x86", "fbgemm", "qnnpack")
 OBSERVERS = ("minmax", "histogram", "percentile")
 #: spellings of observers users know from other tools
@@ -84,10 +87,6 @@ class QuantConfig(Config):
         if self.backend not in BACKENDS:
             raise UsageError(f"unknown backend {self.backend!r} (known: {', '.join(BACKENDS)})")
         object.__setattr__(self, "float_modules", tuple(self.float_modules))
-        if self.mode:
-            from ptopt.compress.quantize.table import check_config
-
-            check_config(self)
 
 
 def normalize_observer(name: str) -> str:
@@ -372,9 +371,7 @@ def _mode_takes(mode: str) -> Collection[str]:
 
 
 def _modes() -> list[str]:
-    from ptopt.compress.quantize.table import modes
-
-    return modes()
+    return list(CONFIGS)
 
 
 #: the options of ``ptopt quantize`` / ``ptopt.quantize``: every mode's config, and the search's
@@ -391,28 +388,6 @@ OPTIONS = Options(
         label=lambda c: getattr(c, "mode", "") or c.__name__,
     ),
 )
-
-
-def resolve_config(
-    mode: str | None, config: QuantConfig | None, options: dict[str, Any]
-) -> tuple[QuantConfig, SearchOptions]:
-    """The config and the search options from ``config`` or the loose ``options`` (keywords of
-    ``OPTIONS``, refused where they do not apply to the mode); a config with a contradicting option
-    (or another ``mode``) is refused."""
-    if config is not None and mode is not None and mode != config.mode:
-        raise UsageError(
-            f"mode {mode!r} contradicts the given {type(config).__name__} (mode {config.mode!r})"
-        )
-    chosen = config.mode if config is not None else mode
-    if chosen not in CONFIGS:
-        raise UsageError(f"unknown mode {chosen!r} (known: {', '.join(_modes())})")
-    given = OPTIONS.check(options, chosen)
-    search = OPTIONS.build(SearchOptions, given)
-    if config is None:
-        config = OPTIONS.build(CONFIGS[chosen], given)
-    else:
-        reconcile(config, OPTIONS.of(type(config), given))
-    return config, search
 
 
 def require_data(config: QuantConfig, **data: Any) -> None:

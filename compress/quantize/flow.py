@@ -16,7 +16,7 @@ from typing import Any
 
 from ptopt.compress.quantize import table
 from ptopt.compress.quantize.base import Prepared, Quantized
-from ptopt.compress.quantize.config import QuantConfig
+from ptopt.compress.quantize.config import MIN_STATIC_SHARE, QuantConfig
 from ptopt.compress.stage import (
     UNSAVED,
     check_fits,
@@ -27,8 +27,6 @@ from ptopt.compress.stage import (
     settle_inputs,
 )
 
-#: static int8 below this share of the parameters is refused: the file would be about fp32's size
-MIN_STATIC_SHARE = 0.1
 #: layer kinds dynamic int8 quantizes, for pointing there
 _DYNAMIC_KINDS = ("Linear", "LSTM", "GRU", "Embedding", "Conv1D")
 

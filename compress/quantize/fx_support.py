@@ -23,8 +23,8 @@ def quantized(config: Any, prep: Prepared, technique: Callable[[], QuantResult])
     TorchScript in memory. A model torch.fx cannot trace is refused naming another engine that
     captures it, where one does (``table.suggest_other_engine``)."""
     from ptopt.compress.quantize import engine_fx as fx
+    from ptopt.compress.quantize.registry import suggest_other_engine
     from ptopt.compress.quantize.scripted import int8_torchscript
-    from ptopt.compress.quantize.table import suggest_other_engine
 
     with fx.quantize_context(config.backend):
         try:

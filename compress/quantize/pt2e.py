@@ -202,15 +202,17 @@ def captures(config: Any, prep: Prepared) -> bool:
 
 
 def advise(config: Any, prep: Prepared) -> str:
-    """What to do when the pt2e int8 model breaks export's parity rule: the fewest conv / linear
-    layers nearest the output (a task head: classifier, pooler) that, kept float, make the converted
-    q/dq graph hold it. Judged eagerly (no compile: seconds, not minutes) on the same data; the
-    compiled kernels do not clamp 7-bit activations as the q/dq graph does and were the closer to
-    fp32 where measured (BERT: 0.9996 here, 0.9997 in the package)."""
+    """What to do when the pt2e int8 model breaks export's parity rule: the fewest conv / linear layers
+    nearest the output (a task head: classifier, pooler) that, kept float, make the converted q/dq graph
+    hold it (``ptopt.core.search.ladder``). Judged eagerly (no compile: seconds, not minutes) on the same
+    data; the compiled kernels do not clamp 7-bit activations as the q/dq graph does and were the closer
+    to fp32 where measured (BERT: 0.9996 here, 0.9997 in the package).
+    """
     import torch
 
     from ptopt.compress.fidelity import INT8_VS_FP32, fidelity_data, measure_fidelity
     from ptopt.compress.quantize import engine_pt2e
+    from ptopt.core.search import ladder
 
     if config.mode != "static":
         return ""
@@ -220,18 +222,23 @@ def advise(config: Any, prep: Prepared) -> str:
     specs, style = specs_of(prep), prep.style
     data = fidelity_data(prep.evald, prep.calib, prep.train, example=prep.example)
     batches, graph = calibration_batches(config, prep.calib), engine_pt2e.capture(module, specs, style)
-    for k in range(1, min(MAX_HEAD_FLOAT, len(layers) - 1) + 1):
-        floats = layers[-k:]
-        candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
+    found: dict[int, Any] = {}
+
+    def holds(k: int) -> bool:  # the k layers nearest the output float
+        candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(layers[-k:]))
         graph_k = engine_pt2e.copy_graph(graph)
         converted = engine_pt2e.quantize_static(module, specs, style, candidate, batches, graph=graph_k)
-        fid = measure_fidelity(prep.module, converted, data, **INT8_VS_FP32)
-        if fid["passed"]:
-            flags = " ".join(f"--exclude {n}" for n in floats)
-            return (
-                f" Keep {', '.join(floats)} in float: rerun with {flags} (float_modules={tuple(floats)!r}); "
-                f"with them float the min cosine is {fid['min_cosine']:.4f}"
-            )
+        found[k] = measure_fidelity(prep.module, converted, data, **INT8_VS_FP32)
+        return bool(found[k]["passed"])
+
+    k = ladder(holds, min(MAX_HEAD_FLOAT, len(layers) - 1))
+    if k is not None:
+        floats = layers[-k:]
+        flags = " ".join(f"--exclude {n}" for n in floats)
+        return (
+            f" Keep {', '.join(floats)} in float: rerun with {flags} (float_modules={tuple(floats)!r}); "
+            f"with them float the min cosine is {found[k]['min_cosine']:.4f}"
+        )
     return (
         f" Keeping the {MAX_HEAD_FLOAT} conv / linear layers nearest the output float does not make it hold: "
         "use --engine fx where torch.fx traces the model, or --mode dynamic"

@@ -154,13 +154,13 @@ def test_pt2e_advice_keeps_the_head_float(monkeypatch, seven_bit):
     import re
 
     from ptopt.compress.quantize import engine_pt2e
-    from ptopt.compress.quantize.config import resolve_config
     from ptopt.compress.quantize.flow import prepare
     from ptopt.compress.quantize.pt2e import advise
+    from ptopt.compress.quantize.resolve import resolve_config
     from tests.compress.hf_models import bert, bert_tokens
 
     monkeypatch.setattr(engine_pt2e, "reduce_range", lambda: seven_bit)
-    config = resolve_config("static", None, engine="pt2e", exclude=None, layers=None)
+    config, _ = resolve_config("static", None, {"engine": "pt2e"})
     prep = prepare(config, bert(), None, False, (), bert_tokens()["x"])
     advice = advise(config, prep)
     floats = re.findall(r"--exclude (\S+)", advice)

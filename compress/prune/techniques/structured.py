@@ -28,7 +28,7 @@ from typing import Any
 
 from ptopt.compress.prune.channel_graph import _CONV_TYPES, ChannelGraph, ChannelGroup
 from ptopt.compress.prune.config import PruneWarning, StructuredPruneConfig, matches
-from ptopt.compress.prune.table import register_pruner
+from ptopt.compress.prune.registry import register_pruner
 from ptopt.core.errors import UnsupportedModelError
 
 # -- pruning ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ptopt.compress.prune.config import GlobalPruneConfig, L1UnstructuredConfig, matches
-from ptopt.compress.prune.table import register_pruner
+from ptopt.compress.prune.registry import register_pruner
 
 DENSE_NOTE = (
     "unstructured sparsity: zeros are stored densely, so the file is as large as before and dense "

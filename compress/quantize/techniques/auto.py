@@ -10,9 +10,8 @@ from typing import Any
 
 from ptopt.compress.quantize import fx_support, pt2e
 from ptopt.compress.quantize.base import Prepared, Quantized
-from ptopt.compress.quantize.config import QATConfig, StaticQuantConfig, refuse_no_compile
-from ptopt.compress.quantize.flow import MIN_STATIC_SHARE
-from ptopt.compress.quantize.table import CHOOSER, engines_of, register_technique, technique
+from ptopt.compress.quantize.config import MIN_STATIC_SHARE, QATConfig, StaticQuantConfig, refuse_no_compile
+from ptopt.compress.quantize.registry import CHOOSER, TECHNIQUES, engines_loaded, register_technique
 
 #: auto keeps the faster engine only within this many accuracy points of fp32 (with eval data)
 AUTO_MAX_DROP = 0.5
@@ -58,11 +57,11 @@ def choose(config: Any, prep: Prepared, progress: bool) -> Quantized:
     batch = prep.specs[0].opt_shape[0] if prep.specs else 1
     made: dict[str, Quantized] = {}
     refused: list[tuple[str, str]] = []
-    for engine in engines_of(config.mode):
+    for engine in engines_loaded(config.mode):
         if engine == CHOOSER:
             continue
         try:
-            made[engine] = technique(config.mode, engine).handler(
+            made[engine] = TECHNIQUES[(config.mode, engine)].handler(
                 config.replace(engine=engine), prep, progress
             )
         except UnsupportedModelError as e:
@@ -71,7 +70,7 @@ def choose(config: Any, prep: Prepared, progress: bool) -> Quantized:
             refused.append((engine, str(e).split(": ", 1)[-1].split(". ")[0][:160]))
     if refused:
         (lost, reason), (engine, only) = refused[0], next(iter(made.items()))
-        tracers = technique(config.mode, lost).tracer, technique(config.mode, engine).tracer
+        tracers = TECHNIQUES[(config.mode, lost)].tracer, TECHNIQUES[(config.mode, engine)].tracer
         why = f"{tracers[0]} cannot trace the model ({reason}); {tracers[1]} can"
         only.summary["engine_choice"] = {"chosen": engine, "why": why, "p50_ms": {}, "batch": batch}
         return only

@@ -21,7 +21,7 @@ from typing import Any
 from ptopt.compress.quantize import fx_support
 from ptopt.compress.quantize.base import Prepared, Quantized, QuantResult
 from ptopt.compress.quantize.config import DynamicQuantConfig, refuse_no_compile
-from ptopt.compress.quantize.table import register_technique
+from ptopt.compress.quantize.registry import register_technique
 
 _CONV_REASON = "convolutions are never dynamically quantized (slower than fp32); use --mode static"
 

@@ -15,7 +15,7 @@ from typing import Any
 from ptopt.compress.quantize import fx_support
 from ptopt.compress.quantize.base import Prepared, Quantized, QuantResult
 from ptopt.compress.quantize.config import QATConfig, refuse_no_compile
-from ptopt.compress.quantize.table import register_technique
+from ptopt.compress.quantize.registry import register_technique
 from ptopt.compress.quantize.techniques.static_fx import float_layers
 from ptopt.core.data import Batch, Dataset
 from ptopt.core.inputspec import call_args, call_model

@@ -9,7 +9,7 @@ from typing import Any
 from ptopt.compress.quantize import pt2e
 from ptopt.compress.quantize.base import Prepared, Quantized
 from ptopt.compress.quantize.config import QATConfig
-from ptopt.compress.quantize.table import register_technique
+from ptopt.compress.quantize.registry import register_technique
 
 
 # QAT trains: its numbers against fp32 are recorded, not gated

@@ -13,9 +13,8 @@ from typing import Any
 
 from ptopt.compress.quantize import fx_support
 from ptopt.compress.quantize.base import Prepared, Quantized, QuantResult
-from ptopt.compress.quantize.config import StaticQuantConfig, refuse_no_compile
-from ptopt.compress.quantize.flow import MIN_STATIC_SHARE
-from ptopt.compress.quantize.table import register_technique
+from ptopt.compress.quantize.config import MIN_STATIC_SHARE, StaticQuantConfig, refuse_no_compile
+from ptopt.compress.quantize.registry import register_technique
 from ptopt.core.data import Dataset
 from ptopt.core.inputspec import batch_size_of, call_args, call_model
 

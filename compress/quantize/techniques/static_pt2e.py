@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from ptopt.compress.quantize import pt2e
 from ptopt.compress.quantize.base import Prepared, Quantized
-from ptopt.compress.quantize.config import StaticQuantConfig
-from ptopt.compress.quantize.flow import MIN_STATIC_SHARE
-from ptopt.compress.quantize.table import register_technique
+from ptopt.compress.quantize.config import MIN_STATIC_SHARE, StaticQuantConfig
+from ptopt.compress.quantize.registry import register_technique
 
 
 @register_technique(

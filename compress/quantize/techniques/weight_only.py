@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ptopt.compress.quantize.config import WeightOnlyConfig
-from ptopt.compress.quantize.table import register_technique
+from ptopt.compress.quantize.registry import register_technique
 from ptopt.core.errors import UsageError
 
 
