@@ -37,7 +37,6 @@ LONGEST_FIRST = (
     "tests/compress/test_messages.py",  # 14
     "tests/validate/test_validate_compile.py",  # 14
 )
-os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -126,3 +126,15 @@ def worker_threads() -> int | None:
     if n < 2:
         return None
     return max(1, len(os.sched_getaffinity(0)) // n)
+
+
+def torchao(module: str = "torchao"):
+    """``module`` of torchao imported the way ptopt imports it (``ptopt.core.quiet.quiet_imports``: the CUDA
+    kernels not loaded on a machine without CUDA, for that import only, and its notices dropped): the
+    suite leaves the environment as a user's, so the library's own scoping is what is tested."""
+    import importlib
+
+    from ptopt.core.quiet import quiet_imports
+
+    with quiet_imports():
+        return importlib.import_module(module)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.helpers import assert_refused, tiny_cnn
+from tests.helpers import assert_refused, tiny_cnn, torchao
 
 
 def _scheme(**kw):
@@ -106,7 +106,7 @@ def test_qat_prepare_train_convert(digits, specs):
 
 
 def test_conv_bn_passes_run_only_for_conv_kinds_in_the_graph(monkeypatch):
-    from torchao.quantization.pt2e import qat_utils
+    qat_utils = torchao("torchao.quantization.pt2e.qat_utils")
 
     from ptopt.compress.quantize import engine_pt2e as pt2e
 

@@ -13,7 +13,7 @@ import ptopt
 from ptopt.core.hf import import_transformers
 from ptopt.core.modelref import load_model
 from ptopt.formats.hf_decode import DECODE_FILE
-from tests.helpers import assert_refused
+from tests.helpers import assert_refused, torchao
 
 VOCAB = 256
 
@@ -49,7 +49,7 @@ def test_api_writes_a_decode_step_that_replays_the_folders_model(lm_dir, tmp_pat
     assert step_rec["check"]["worst_cosine"] >= 0.999 and step_rec["check"]["tokens"] == 16
     assert json.loads((out / "quantization.json").read_text())["decode_step"]["max_cache_len"] == 32
     # a user's own loop: torchao first, then plain torch.export.load; same logits as the folder's model
-    import torchao  # noqa: F401
+    torchao()
 
     step = torch.export.load(out / DECODE_FILE).module()
     model = load_model(out).module

@@ -20,6 +20,7 @@ from ptopt.core.hf import import_transformers
 from ptopt.core.lm import int8_rows
 from ptopt.core.modelref import load_model
 from tests.compress.hf_models import llama
+from tests.helpers import torchao
 
 VOCAB = 4096
 REPO = Path(__file__).resolve().parents[2]
@@ -68,7 +69,7 @@ def _reload_in_a_fresh_process(folder: Path, ids: torch.Tensor, tmp_path: Path) 
 
 def _dequantize_calls(monkeypatch) -> list[int]:
     """Count ``Int8Tensor.dequantize`` calls (torchao's embedding dequantizes the whole table)."""
-    from torchao.quantization import Int8Tensor
+    Int8Tensor = torchao("torchao.quantization").Int8Tensor
 
     calls: list[int] = []
     original = Int8Tensor.dequantize
@@ -190,9 +191,9 @@ def test_awq_rounds_the_tied_matrix_to_nearest(tied_dir):
 def test_int8_rows_matches_dequantize_with_zero_points_and_awq_scales():
     """``core.lm.int8_rows`` on the fields torchao may set: asymmetric zero points per group and AWQ's
     ``act_pre_scale``."""
-    from torchao.quantization import Int8Tensor
-    from torchao.quantization.granularity import PerGroup
-    from torchao.quantization.quant_primitives import MappingType
+    Int8Tensor = torchao("torchao.quantization").Int8Tensor
+    PerGroup = torchao("torchao.quantization.granularity").PerGroup
+    MappingType = torchao("torchao.quantization.quant_primitives").MappingType
 
     g = torch.Generator().manual_seed(0)
     w = Int8Tensor.from_hp(
@@ -209,7 +210,7 @@ def test_decode_step_holds_the_shared_matrix_once(tied_dir, tmp_path):
     """torch.export.save pickles each tensor-subclass weight on its own: the program of the decode step
     lifts the tied int8 matrix once (through lm_head), replays like the folder's model, and the model in
     memory keeps its embedding afterwards."""
-    import torchao  # noqa: F401 - its tensors, for torch.export.load
+    torchao()  # its tensors, for torch.export.load
 
     from ptopt.formats.hf_decode import DECODE_FILE
 

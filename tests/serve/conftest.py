@@ -119,8 +119,11 @@ def pt2_artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _pt2e_int8(model, x, batch):
-    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from tests.helpers import torchao
+
+    xiq = torchao("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
+    pt2e = torchao("torchao.quantization.pt2e.quantize_pt2e")
+    convert_pt2e, prepare_pt2e = pt2e.convert_pt2e, pt2e.prepare_pt2e
 
     graph = torch.export.export(model, (x,), dynamic_shapes={"x": {0: batch}}).module()
     quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
