@@ -9,10 +9,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 
 import click
 
 from ptopt.commands import COMMANDS
+
+_default_show = warnings.showwarning
 
 
 class LazyGroup(click.Group):
@@ -58,8 +61,19 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' hook
+    """An option's old spelling (``ptopt.core.errors.OptionRenamed``) as one note; others as Python shows them."""
+    from ptopt.core.errors import OptionRenamed
+
+    if issubclass(category, OptionRenamed):
+        click.echo(f"note: {message}", err=True)
+    else:
+        _default_show(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the group and turns ``PtoptError`` into one line on stderr and its exit code."""
+    warnings.showwarning = _show_warning
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("PTOPT_DEBUG"))
     try:

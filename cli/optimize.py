@@ -1,4 +1,4 @@
-"""``ptopt optimize MODEL --calib-data D --eval-data E (--max-accuracy-drop P | --min-cosine C) -o DIR``
+"""``ptopt optimize MODEL --calib-data D --eval-data E (--accuracy-budget P | --min-cosine C) -o DIR``
 (options: ``ptopt.optimize.options``)."""
 
 from __future__ import annotations

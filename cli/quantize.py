@@ -75,7 +75,7 @@ def command(
       ptopt quantize zoo:lstm --mode dynamic -o lstm.int8.pt
       ptopt quantize zoo:resnet --mode qat --train-data builtin:digits32:train --epochs 1 -o resnet.qat.pt
       ptopt quantize zoo:resnet --mode static --calib-data builtin:digits32:train \\
-          --eval-data builtin:digits32:test --max-accuracy-drop 0.1 -o resnet.int8.pt
+          --eval-data builtin:digits32:test --accuracy-budget 0.1 -o resnet.int8.pt
       ptopt quantize hf:smollm2 --mode weight-only --bits 4 --method gptq \\
           --calib-data builtin:pydoc-text:calib --eval-data builtin:pydoc-text:eval -o smollm2.int4
     """
@@ -83,7 +83,7 @@ def command(
     from ptopt.core.errors import GateFailedError
 
     options = {"model": model, "output": output, **given(params)}
-    searching = any(options.get(k) is not None for k in ("max_accuracy_drop", "min_cosine", "analyze"))
+    searching = any(options.get(k) is not None for k in ("accuracy_budget", "min_cosine", "analyze"))
     if output is None and not options.get("analyze"):
         raise UsageError(
             "missing -o/--output for the quantized model"

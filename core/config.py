@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
 from ptopt.core.errors import UsageError
+from ptopt.core.options import OPT
 
 _CONFIGS: dict[str, type[Config]] = {}
 
@@ -55,6 +56,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         known = ", ".join(sorted(_CONFIGS)) or "none registered"
         raise UsageError(f"unknown config type {name!r} (known: {known})")
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    data = _canonical(data, fields)
     unknown = sorted(set(data) - set(fields) - {"type"})
     if unknown:
         raise UsageError(
@@ -66,6 +68,18 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise UsageError(f"config {name!r}: {e}") from e
+
+
+def _canonical(data: dict[str, Any], fields: dict[str, dataclasses.Field]) -> dict[str, Any]:
+    """``data`` with an option's other keyword spellings (its ``Opt.aliases`` and old names, e.g. an
+    older sidecar's) under the field's name."""
+    names = {}
+    for name, f in fields.items():
+        opt = f.metadata.get(OPT)
+        for other in (*getattr(opt, "aliases", ()), *getattr(opt, "deprecated", {})):
+            if not other.startswith("-"):
+                names[other] = name
+    return {names.get(k, k): v for k, v in data.items()}
 
 
 def _plain(value: Any) -> Any:

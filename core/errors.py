@@ -64,6 +64,11 @@ class ParityError(PtoptError):
     """An exported artifact whose outputs drift from its source beyond tolerance."""
 
 
+class OptionRenamed(FutureWarning):
+    """An option given by an old spelling that still works (``ptopt.core.options``): the CLI prints it
+    as one ``note:`` line."""
+
+
 class GateFailedError(PtoptError):
     """A validation gate failed (exit 1, reports are still written)."""
 

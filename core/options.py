@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from ptopt.core.errors import UsageError
+from ptopt.core.errors import OptionRenamed, UsageError
 
 #: the metadata key of a field's :class:`Opt`
 OPT = "ptopt.option"
@@ -260,7 +260,7 @@ class Options:
                 raise UsageError(self._unknown(key))
             d = table[name]
             if key in d.opt.deprecated:
-                warnings.warn(f"{key}= is deprecated: {d.opt.deprecated[key]}", FutureWarning, stacklevel=3)
+                warnings.warn(f"{key}= is deprecated: {d.opt.deprecated[key]}", OptionRenamed, stacklevel=3)
             if name in out:
                 raise UsageError(f"{self.command}: {d.flag} given twice ({key}= and {name}=)")
             if not self.applies(name, choice):

@@ -83,7 +83,7 @@ def export(
     - ``static_batches``: aoti, ``(1, 32)`` or ``"1,32"``: fixed-batch models in the same package (docs/export.md).
     - ``accuracy_control``: openvino int8 through ``nncf.quantize_with_accuracy_control``: the ops that cost
       the most stay float until ``min_cosine`` (worst-sample cosine with the fp32 model) or
-      ``max_accuracy_drop`` (points of top-1) holds on ``validation_data`` (default ``data``);
+      ``accuracy_budget`` (points of top-1) holds on ``validation_data`` (default ``data``);
       ``float_modules``: the modules (``"layers.0.ff2"``, ...) whose ops NNCF leaves float."""
     config, shape_options = settle_config(target, config, options)
     _check_target(config, output)

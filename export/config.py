@@ -85,11 +85,16 @@ class ExportConfig(Config):
     accuracy_control: bool = option(
         False,
         help="int8: NNCF's accuracy-aware quantization (nncf.quantize_with_accuracy_control): the ops that "
-        "cost the most stay float until --min-cosine C or --max-accuracy-drop PTS holds on the validation data.",
+        "cost the most stay float until --min-cosine C or --accuracy-budget PTS holds on the validation data.",
     )
-    max_accuracy_drop: float | None = option(
+    accuracy_budget: float | None = option(
         None,
-        help="--accuracy-control's goal as points of top-1 below the fp32 model (labelled validation data).",
+        help="--accuracy-control's budget: points of top-1 below the fp32 model (labelled validation data).",
+        deprecated={
+            spelling: "the budget NNCF's search aims at is --accuracy-budget / accuracy_budget= (the same points "
+            "of top-1); --max-accuracy-drop is validate's gate on a measured artifact"
+            for spelling in ("--max-accuracy-drop", "max_accuracy_drop")
+        },
         metavar="PTS",
         applies=("openvino",),
     )
@@ -133,10 +138,10 @@ class ExportConfig(Config):
                 raise UsageError(f"{name} must be >= 0, got {value!r}")
         if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
             raise UsageError(f"--min-cosine is a cosine in [-1, 1], got {self.min_cosine!r}")
-        if self.max_accuracy_drop is not None and not self.accuracy_control:
-            raise UsageError("--max-accuracy-drop is the goal of --accuracy-control (openvino int8): add it")
-        if self.max_accuracy_drop is not None and not self.max_accuracy_drop >= 0:
-            raise UsageError(f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop!r}")
+        if self.accuracy_budget is not None and not self.accuracy_control:
+            raise UsageError("--accuracy-budget is the budget of --accuracy-control (openvino int8): add it")
+        if self.accuracy_budget is not None and not self.accuracy_budget >= 0:
+            raise UsageError(f"--accuracy-budget must be >= 0 points, got {self.accuracy_budget!r}")
 
     @property
     def on_cuda(self) -> bool:

@@ -108,10 +108,10 @@ class OpenVINO(Format):
         if config.accuracy_control:
             if config.precision != "int8":
                 raise UsageError("--accuracy-control is NNCF's accuracy-aware int8: add --precision int8")
-            if config.min_cosine is None and config.max_accuracy_drop is None:
+            if config.min_cosine is None and config.accuracy_budget is None:
                 raise UsageError(
                     "--accuracy-control needs its goal: --min-cosine C (worst-sample cosine with the fp32 "
-                    "model) or --max-accuracy-drop PTS (top-1, labelled validation data)"
+                    "model) or --accuracy-budget PTS (top-1, labelled validation data)"
                 )
 
     def check_available(self, config: Any) -> None:
@@ -460,19 +460,19 @@ def _same_layout(weight: Any, const: Any) -> Any:
 
 def control_goal(config: Any, data: Any) -> dict[str, Any]:
     """What NNCF's accuracy-aware quantization must hold, on which samples: the worst-sample cosine with
-    the fp32 model (``min_cosine``), or top-1 within ``max_accuracy_drop`` points (labelled data; when
+    the fp32 model (``min_cosine``), or top-1 within ``accuracy_budget`` points (labelled data; when
     both are given the drop is the goal and the cosine only the export's parity rule)."""
     from ptopt.core.errors import DataError
 
     if data is None:
         raise UsageError("--accuracy-control needs validation samples: pass --data (or --validation-data)")
-    if config.max_accuracy_drop is not None and getattr(data, "y", None) is None:
+    if config.accuracy_budget is not None and getattr(data, "y", None) is None:
         raise DataError(
-            "--accuracy-control --max-accuracy-drop needs labelled validation data (x and y); for unlabelled "
+            "--accuracy-control --accuracy-budget needs labelled validation data (x and y); for unlabelled "
             "data use --min-cosine"
         )
-    if config.max_accuracy_drop is not None:
-        return {"data": data, "max_accuracy_drop": float(config.max_accuracy_drop)}
+    if config.accuracy_budget is not None:
+        return {"data": data, "max_accuracy_drop": float(config.accuracy_budget)}
     return {"data": data, "min_cosine": float(config.min_cosine)}
 
 

@@ -2,7 +2,7 @@
 formats and runtimes, measured on this machine.
 
     res = ptopt.optimize("zoo:resnet", calib_data="builtin:digits32:train",
-                         eval_data="builtin:digits32:test", max_accuracy_drop=1.0, output="opt")
+                         eval_data="builtin:digits32:test", accuracy_budget=1.0, output="opt")
     res.best.name, res.best.speedup      # e.g. "int8-onnx-qdq", {"1": 1.8, "32": 2.6}
     res.model(x)                         # the best candidate, in this process
     res.exit_code                        # 0: a winner; 1: nothing within the budget (best found named)
@@ -179,7 +179,7 @@ def optimize(
     ``model``: an nn.Module, a MODEL reference (``weights``/``allow_pickle`` qualify it) or a stage
     Result; ``calib_data``/``eval_data``/``train_data``: DATA references or in-memory data.
     ``options``: the fields of ``ptopt.optimize.options.OptimizeOptions`` and validate's
-    ``LatencyOptions`` (listed below). ``max_accuracy_drop``: points of top-1 on the labelled
+    ``LatencyOptions`` (listed below). ``accuracy_budget``: points of top-1 on the labelled
     ``eval_data`` (validate's definition); ``min_cosine``: the worst sample's cosine with the fp32
     outputs (unlabelled data); exactly one. ``runtime``: any | torch | onnxruntime. ``time_budget``:
     seconds, or ``"10m"``/``"90s"`` (default 9 minutes, writing ``output`` included).
@@ -434,7 +434,7 @@ def _settings(opts: OptimizeOptions, lat: Any, eval_data: Any, calib_data: Any) 
         threads = int(cpu_info()["usable_cores"])
     sizes = list(opts.batch_sizes)
     settings = Settings(
-        sizes, opts.runtime, budget, lat, int(threads), opts.max_accuracy_drop, opts.min_cosine, device=device
+        sizes, opts.runtime, budget, lat, int(threads), opts.accuracy_budget, opts.min_cosine, device=device
     )
     return settings, select(opts.candidates, opts.skip, device)
 
@@ -488,7 +488,7 @@ def _load(
             data[key].check_finite()
     if settings.max_accuracy_drop is not None and not data["eval"].has_labels:
         raise DataError(
-            f"--eval-data {data['eval'].name} has no labels, which --max-accuracy-drop needs; "
+            f"--eval-data {data['eval'].name} has no labels, which --accuracy-budget needs; "
             "use --min-cosine C to compare outputs with the fp32 model's instead"
         )
     if data["train"] is not None and not data["train"].has_labels:

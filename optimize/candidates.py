@@ -249,7 +249,7 @@ def _search(ctx: Context, mode: str) -> Any:
         mode,
         eval_data=ctx.evald,
         calib_data=ctx.calib if mode == "static" else None,
-        max_accuracy_drop=ctx.max_accuracy_drop,
+        accuracy_budget=ctx.max_accuracy_drop,
         min_cosine=ctx.min_cosine,
         tuning_budget=f"{seconds}s",
         input_shapes=ctx.input_shapes or (),
@@ -270,7 +270,7 @@ def _openvino_search(ctx: Context) -> Any:
     goal = _budget(ctx)
     if ctx.max_accuracy_drop is not None:
         # top-1 on the samples NNCF is fitted on: it aims at half the allowed drop there
-        goal["max_accuracy_drop"] = ctx.max_accuracy_drop / 2
+        goal["accuracy_budget"] = ctx.max_accuracy_drop / 2
     else:
         # NNCF's metric is the worst cosine projected to 1000 samples (ptopt.core.tail), as the held-out
         # acceptance; it aims one standard error of that projection (1/sqrt(n) of the allowed deviation)
@@ -654,7 +654,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "nncf",
         "int8",
         0,
-        ("export --target openvino --precision int8 --accuracy-control --min-cosine/--max-accuracy-drop",),
+        ("export --target openvino --precision int8 --accuracy-control --min-cosine/--accuracy-budget",),
         _openvino_search,
         30,
         10,
@@ -814,7 +814,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "fx",
         "int8",
         2,
-        ("quantize --mode dynamic --max-accuracy-drop/--min-cosine (autoquant)",),
+        ("quantize --mode dynamic --accuracy-budget/--min-cosine (autoquant)",),
         _autoquant("dynamic"),
         40,
         10,
@@ -829,7 +829,7 @@ CATALOGUE: tuple[Spec, ...] = (
         "fx",
         "int8",
         2,
-        ("quantize --mode static --max-accuracy-drop/--min-cosine (autoquant)",),
+        ("quantize --mode static --accuracy-budget/--min-cosine (autoquant)",),
         _autoquant("static"),
         40,
         10,

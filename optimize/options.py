@@ -14,6 +14,12 @@ from ptopt.core.options import Options, Selector, option
 from ptopt.validate.latency import LatencyOptions
 
 _MODEL = ("model",)
+#: the old spelling of the accuracy budget: validate's gate has that name (one meaning per name)
+_OLD_BUDGET = {
+    spelling: "the budget a search aims at is --accuracy-budget / accuracy_budget= (the same points of top-1); "
+    "--max-accuracy-drop is validate's gate on a measured artifact"
+    for spelling in ("--max-accuracy-drop", "max_accuracy_drop")
+}
 
 
 def _runtimes() -> tuple[str, ...]:
@@ -26,9 +32,10 @@ def _runtimes() -> tuple[str, ...]:
 class OptimizeOptions:
     """What ``optimize`` searches for, among what, and for how long."""
 
-    max_accuracy_drop: float | None = option(
+    accuracy_budget: float | None = option(
         None,
         help="Accuracy budget: points of top-1 below the fp32 model on --eval-data (needs labels).",
+        deprecated=_OLD_BUDGET,
         metavar="PTS",
         applies=_MODEL,
     )
@@ -79,14 +86,14 @@ class OptimizeOptions:
             raise UsageError("--max-perplexity-increase must be a percentage >= 0")
         if self.max_perplexity_increase is not None:
             return
-        drop, cos = self.max_accuracy_drop, self.min_cosine
+        drop, cos = self.accuracy_budget, self.min_cosine
         if (drop is None) == (cos is None):
             raise UsageError(
-                "give exactly one accuracy budget: --max-accuracy-drop PTS (labelled eval data) or "
+                "give exactly one accuracy budget: --accuracy-budget PTS (labelled eval data) or "
                 "--min-cosine C (outputs compared with the fp32 model's)"
             )
         if drop is not None and drop < 0:
-            raise UsageError(f"--max-accuracy-drop {drop}: a budget cannot be below zero")
+            raise UsageError(f"--accuracy-budget {drop}: a budget cannot be below zero")
         if cos is not None and not -1 <= cos <= 1:
             raise UsageError(f"--min-cosine {cos}: a cosine lies in [-1, 1]")
         if self.runtime not in _runtimes():
@@ -94,7 +101,7 @@ class OptimizeOptions:
 
 
 _KINDS = {
-    "model": "the search of a model on tensor data (--max-accuracy-drop or --min-cosine)",
+    "model": "the search of a model on tensor data (--accuracy-budget or --min-cosine)",
     "lm": "the language-model search (--max-perplexity-increase)",
 }
 

@@ -37,7 +37,7 @@ candidate meets the accuracy budget (its folder is written first). An optimize s
 ``${ID.output}`` is its best artifact (``DIR/best.<ext>``)::
 
     - optimize: {id: opt, model: "${model}", calib_data: builtin:digits32:train,
-                 eval_data: builtin:digits32:test, max_accuracy_drop: 1.0, output: "${out}/opt"}
+                 eval_data: builtin:digits32:test, accuracy_budget: 1.0, output: "${out}/opt"}
     - package:  {artifact: "${opt}", format: mar, output: "${out}/model.mar"}
 """
 

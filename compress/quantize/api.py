@@ -73,7 +73,7 @@ def quantize(
     ``output``: also save there. ``config`` (a ``StaticQuantConfig`` / ``DynamicQuantConfig`` /
     ``QATConfig`` / ``WeightOnlyConfig``) replaces the loose ``options`` (the fields of the mode's
     config, listed below); a loose option that contradicts it, or does not apply to the mode, is a
-    UsageError. ``max_accuracy_drop`` / ``min_cosine`` (with ``eval_data``; ``SearchOptions``):
+    UsageError. ``accuracy_budget`` / ``min_cosine`` (with ``eval_data``; ``SearchOptions``):
     accuracy-aware search (``ptopt.compress.quantize.autoquant``): returns the chosen model's Result
     (``.search``: the search), or raises GateFailedError (after saving the closest model when
     ``output`` is given; ``.result``: the search) when no candidate holds; ``analyze=True`` returns the
@@ -114,7 +114,7 @@ def _accuracy_aware(
     eval_data: Any,
     common: dict[str, Any],
 ) -> Any:
-    """``autoquantize`` for ``quantize(max_accuracy_drop=... | min_cosine=... | analyze=True)``: the
+    """``autoquantize`` for ``quantize(accuracy_budget=... | min_cosine=... | analyze=True)``: the
     chosen model's Result (saved at ``output`` when given; ``.search`` the search), the ranking alone
     with ``analyze``; GateFailedError (``.result``: the search) when no candidate met the goal."""
     from ptopt.compress.quantize.autoquant import run_search

@@ -1,6 +1,6 @@
 """Accuracy-aware quantization: meet an accuracy budget with the fastest int8 model found, and explain it.
 
-``ptopt quantize MODEL --mode dynamic|static --max-accuracy-drop PTS --eval-data D`` (or ``--min-cosine C``
+``ptopt quantize MODEL --mode dynamic|static --accuracy-budget PTS --eval-data D`` (or ``--min-cosine C``
 when the data has no labels) runs three steps on the eval data:
 
 1. **Sensitivity**: each quantizable layer is quantized *alone* (every other layer float) and the error
@@ -120,7 +120,7 @@ def run_search(
 
     trials, seconds = parse_tuning_budget(search.tuning_budget)
     goal = AccuracyGoal(
-        search.max_accuracy_drop, search.min_cosine, trials, seconds, search.sensitivity,
+        search.accuracy_budget, search.min_cosine, trials, seconds, search.sensitivity,
         search.latency_batch_size, search.sensitivity_samples,
     )  # fmt: skip
     analyze, threads = search.analyze, search.threads
@@ -129,7 +129,7 @@ def run_search(
     require_data(base, calib_data=calib_data)
     prep = prepare(base, model, weights, allow_pickle, input_shapes, calib_data, None, eval_data)
     if goal.max_accuracy_drop is not None:
-        prep.evald.require_labels("--max-accuracy-drop (use --min-cosine to compare outputs without labels)")
+        prep.evald.require_labels("--accuracy-budget (use --min-cosine to compare outputs without labels)")
     # the search (sensitivity, SmoothQuant's alpha, float layers, scheme) fits on one half of the eval
     # data; the answer is judged, and its figures reported, on the other half it never saw
     search_data, heldout, split = split_eval(prep.evald) if not analyze else (prep.evald, None, None)
@@ -168,7 +168,7 @@ def _check_request(mode: str, goal: AccuracyGoal, eval_data: Any, analyze: bool)
             "(QAT trains instead of searching)"
         )
     if not goal.has_target and not analyze:
-        raise UsageError("give --max-accuracy-drop PTS (labelled eval data) or --min-cosine C, or --analyze")
+        raise UsageError("give --accuracy-budget PTS (labelled eval data) or --min-cosine C, or --analyze")
     if eval_data is None:
         raise UsageError(
             "accuracy-aware quantization measures on --eval-data DATA (e.g. builtin:digits32:test)"

@@ -282,6 +282,12 @@ CONFIGS: dict[str, type[QuantConfig]] = {
     c.mode: c for c in (DynamicQuantConfig, StaticQuantConfig, QATConfig, WeightOnlyConfig)
 }
 MODES = tuple(CONFIGS)
+#: the old spelling of a search's accuracy budget: validate's gate has that name (one meaning per name)
+_OLD_BUDGET = {
+    spelling: "the budget a search aims at is --accuracy-budget / accuracy_budget= (the same points of top-1); "
+    "--max-accuracy-drop is validate's gate on a measured artifact"
+    for spelling in ("--max-accuracy-drop", "max_accuracy_drop")
+}
 #: the modes accuracy-aware quantization searches
 SEARCHED = ("dynamic", "static")
 SENSITIVITY_METHODS = ("alone", "float")
@@ -296,10 +302,11 @@ class SearchOptions:
     """Accuracy-aware quantization (``ptopt.compress.quantize.autoquant``): the goal the search aims
     at, how long it may search, and how it ranks the layers. Active with a goal or ``analyze``."""
 
-    max_accuracy_drop: float | None = option(
+    accuracy_budget: float | None = option(
         None,
-        help="Keep the top-1 accuracy drop on labelled --eval-data <= PTS points; the fastest candidate that "
-        "holds is written (exit 1 with the best one if none does).",
+        help="The search's budget: keep the top-1 accuracy drop on labelled --eval-data <= PTS points; the "
+        "fastest candidate that holds is written (exit 1 with the best one if none does).",
+        deprecated=_OLD_BUDGET,
         metavar="PTS",
         applies=SEARCHED,
         note=_NOT_SEARCHED,
@@ -355,14 +362,14 @@ class SearchOptions:
     def __post_init__(self) -> None:
         if not self.active and (self.tuning_budget is not None or self.threads is not None):
             raise UsageError(
-                "--tuning-budget and --threads tune accuracy-aware quantization: give --max-accuracy-drop "
+                "--tuning-budget and --threads tune accuracy-aware quantization: give --accuracy-budget "
                 "PTS or --min-cosine C (or --analyze)"
             )
 
     @property
     def active(self) -> bool:
         """A goal or ``analyze`` was given: quantize searches instead of quantizing once."""
-        return self.max_accuracy_drop is not None or self.min_cosine is not None or self.analyze
+        return self.accuracy_budget is not None or self.min_cosine is not None or self.analyze
 
 
 def _mode_takes(mode: str) -> Collection[str]:

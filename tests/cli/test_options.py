@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ptopt.core.errors import PtoptError, UsageError
+from ptopt.core.errors import OptionRenamed, PtoptError, UsageError
 from tests.helpers import assert_refused
 
 
@@ -124,7 +124,7 @@ CASES = {
 
 #: values for options whose default is "not given" (None) or not a value the walk can send
 SAMPLES = {
-    "max_accuracy_drop": 1.0,
+    "accuracy_budget": 1.0,
     "min_cosine": 0.99,
     "tuning_budget": "4",
     "threads": 1,
@@ -179,7 +179,7 @@ COMPANIONS = {
         "threads": {"min_cosine": 0.99},
     },
     "export": {
-        "max_accuracy_drop": {"accuracy_control": True, "precision": "int8"},
+        "accuracy_budget": {"accuracy_control": True, "precision": "int8"},
         "accuracy_control": {"precision": "int8", "min_cosine": 0.99},
         "float_modules": {"precision": "int8"},
         "cuda_graphs": {"device": "cuda"},
@@ -294,7 +294,7 @@ def _both(cli, case: Case, spec: Any, name: str, choice: str | None, seen: list[
 
 def _exclusive(base: dict[str, Any], name: str) -> set[str]:
     """The walked option and the base options it replaces (one accuracy budget of optimize)."""
-    budgets = {"max_accuracy_drop", "min_cosine"}
+    budgets = {"accuracy_budget", "min_cosine"}
     return budgets if name in budgets and set(base) <= budgets else set()
 
 
@@ -329,7 +329,7 @@ def _find(obj: Any, name: str) -> Any:
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
-        (("--mode", "weight-only", "--bits", "4", "--max-accuracy-drop", "1"), "--max-accuracy-drop"),
+        (("--mode", "weight-only", "--bits", "4", "--accuracy-budget", "1"), "--accuracy-budget"),
         (("--mode", "dynamic", "--group-size", "64", "--min-cosine", "0.98"), "--group-size"),
         (("--mode", "static", "--epochs", "2"), "--epochs"),
         (("--mode", "dynamic", "--observer", "minmax"), "--observer"),
@@ -363,3 +363,40 @@ def test_the_twins_signature_lists_every_option():
         params = inspect.signature(_obj(case.twin)).parameters
         assert set(_obj(case.spec).declared()) <= set(params), case.twin
     assert "observer" in (ptopt.quantize.__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "twin"),
+    [
+        (
+            "quantize",
+            ("zoo:resnet", "--mode", "static", "-o", "q.pt"),
+            ("ptopt.compress.quantize.api", "resolve_config"),
+        ),
+        ("optimize", ("zoo:resnet", "-o", "opt"), ("ptopt.optimize.api", "resolve")),
+    ],
+    ids=["quantize", "optimize"],
+)
+def test_the_old_spelling_of_a_search_budget_still_works_with_a_note(cli, monkeypatch, command, args, twin):
+    """One meaning per name: validate's --max-accuracy-drop is a gate; a search's budget is
+    --accuracy-budget. The old spelling of the budget keeps working, with a note saying so."""
+    module, attr = twin
+    real = getattr(importlib.import_module(module), attr)
+    seen: list[Any] = []
+
+    def stop(*a: Any, **kw: Any) -> Any:
+        seen.append(real(*a, **kw))
+        raise _Resolved(seen[-1])
+
+    monkeypatch.setattr(importlib.import_module(module), attr, stop)
+    code, _, err = cli(command, *args, "--max-accuracy-drop", "1.5")
+    assert code == 9 and _field_values(seen[-1], "accuracy_budget") == 1.5, err
+    assert "note: --max-accuracy-drop is deprecated here" in err and "--accuracy-budget" in err
+    twin_fn = _obj(CASES[command].twin)
+    kwargs = {"mode": "static"} if command == "quantize" else {}
+    with pytest.warns(OptionRenamed, match="max_accuracy_drop= is deprecated"):
+        outcome = _outcome(lambda: twin_fn("zoo:resnet", **kwargs, max_accuracy_drop=1.5))
+    assert outcome[0] == "resolved" and _field_values(outcome[1], "accuracy_budget") == 1.5
+    assert_refused(
+        cli, command, *args, "--max-accuracy-drop", "1", "--accuracy-budget", "1", match="one option"
+    )

@@ -167,7 +167,7 @@ def test_static_accuracy_budget_python_api(tmp_path: Path) -> None:
         tmp_path / "s.pt",
         calib_data="builtin:digits:train",
         eval_data=DIGITS,
-        max_accuracy_drop=5.0,
+        accuracy_budget=5.0,
         calibration_batches=2,
         tuning_budget=1,
         progress=False,
@@ -220,7 +220,7 @@ def test_lstm_dynamic_with_seconds_budget(tmp_path: Path) -> None:
         "dynamic",
         tmp_path / "l.pt",
         eval_data=DIGITS,
-        max_accuracy_drop=100.0,
+        accuracy_budget=100.0,
         tuning_budget="1s",
         threads=1,
         progress=False,
@@ -244,13 +244,13 @@ def test_tuning_budget_parsing() -> None:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--mode", "dynamic", "--max-accuracy-drop", "1", "--eval-data", "UNLABELLED"], "has no labels"),
+        (["--mode", "dynamic", "--accuracy-budget", "1", "--eval-data", "UNLABELLED"], "has no labels"),
         (
             ["--mode", "qat", "--min-cosine", "0.9", "--eval-data", DIGITS],
             "--min-cosine applies to --mode dynamic, static",
         ),
         (["--mode", "dynamic", "--min-cosine", "0.9"], "--eval-data"),
-        (["--mode", "dynamic", "--max-accuracy-drop", "-1", "--eval-data", DIGITS], ">= 0"),
+        (["--mode", "dynamic", "--accuracy-budget", "-1", "--eval-data", DIGITS], ">= 0"),
         (
             ["--mode", "dynamic", "--min-cosine", "0.9", "--eval-data", DIGITS, "--tuning-budget", "soon"],
             "tuning-budget",

@@ -17,7 +17,7 @@ def test_api_pt2e_search_leaves_layers_float_by_module_name(tmp_path):
 
     out = tmp_path / "m.int8.pt2"
     found = autoquantize(
-        "tests.helpers:tiny_cnn", "static", out, max_accuracy_drop=5.0, tuning_budget=1, engine="pt2e",
+        "tests.helpers:tiny_cnn", "static", out, accuracy_budget=5.0, tuning_budget=1, engine="pt2e",
         compile=False, calibration_batches=2, exclude=("fc",), progress=False, **DATA,
     )  # fmt: skip
     assert {r["layer"] for r in found.sensitivity} == {"conv1", "conv2"}  # fc: excluded by the user
@@ -43,7 +43,7 @@ def test_cli_auto_compares_both_engines(cli, tmp_path):
     code, stdout, err = cli(
         "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "auto",
         "--calib-data", DATA["calib_data"], "--eval-data", DATA["eval_data"], "--calibration-batches", "2",
-        "--max-accuracy-drop", "5", "--tuning-budget", "1", "--no-progress", "-o", out,
+        "--accuracy-budget", "5", "--tuning-budget", "1", "--no-progress", "-o", out,
     )  # fmt: skip
     assert code in (0, 1), err
     assert "engine: " in stdout and "search p50 ms" in stdout

@@ -116,7 +116,7 @@ def test_config_validation():
         make_config("global", 1.0)
     with pytest.raises(UsageError, match="--steps"):
         make_config("global", 0.5, steps=0)
-    with pytest.raises(UsageError, match="--criterion applies to structured"):
+    with pytest.raises(UsageError, match="--criterion applies to --method structured, not --method global"):
         make_config("global", 0.5, criterion="l2")
     with pytest.raises(UsageError, match="unknown pruning method"):
         make_config("random", 0.5)

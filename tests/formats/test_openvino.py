@@ -235,14 +235,14 @@ def test_api_accuracy_control_keeps_the_costly_ops_float_until_the_cosine_holds(
 
 
 def test_cli_accuracy_control_with_a_top1_goal_on_labelled_validation_data(cli, tmp_path):
-    """--max-accuracy-drop is the goal when given (--min-cosine then only the export's parity rule)."""
+    """--accuracy-budget is the goal when given (--min-cosine then only the export's parity rule)."""
     from ptopt.core.data import load_data
 
     load_data("builtin:digits:train").take(48).save(tmp_path / "calib.pt")
     load_data("builtin:digits:test").take(48).save(tmp_path / "val.pt")
     code, out, err = cli(
         "export", "tests.helpers:tiny_cnn", "--target", "openvino", "--precision", "int8", "--data", "calib.pt",
-        "--accuracy-control", "--max-accuracy-drop", "0", "--validation-data", "val.pt", "-o", "m.xml",
+        "--accuracy-control", "--accuracy-budget", "0", "--validation-data", "val.pt", "-o", "m.xml",
         "--min-cosine", "-1",  # the drop is the goal; the parity rule is relaxed as the user says (untrained model)
     )  # fmt: skip
     assert code == 0, err
@@ -260,14 +260,14 @@ def test_cli_accuracy_control_with_a_top1_goal_on_labelled_validation_data(cli, 
          "add --precision int8"),
         (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--accuracy-control"),
          "needs its goal"),
-        (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--max-accuracy-drop", "1"),
-         "goal of --accuracy-control"),
+        (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--accuracy-budget", "1"),
+         "budget of --accuracy-control"),
         (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--validation-data", "calib.pt"),
          "add --accuracy-control"),
         (("--target", "onnx", "--precision", "int8", "--data", "calib.pt", "--accuracy-control", "--min-cosine",
-          "0.9"), "--accuracy-control is for --target openvino"),
+          "0.9"), "--accuracy-control applies to --target openvino, not --target onnx"),
         (("--target", "openvino", "--precision", "int8", "--data", "calib.pt", "--accuracy-control",
-          "--max-accuracy-drop", "1"), "needs labelled validation data"),
+          "--accuracy-budget", "1"), "needs labelled validation data"),
     ],
     ids=["not-int8", "no-goal", "drop-alone", "validation-alone", "onnx", "unlabelled-drop"],
 )  # fmt: skip

@@ -56,7 +56,7 @@ def test_python_api_finds_the_fastest_within_budget_and_it_packages(tmp_path, da
         tiny_cnn(),
         calib_data=data["calib"],
         eval_data=data["eval"],
-        max_accuracy_drop=5.0,
+        accuracy_budget=5.0,
         candidates=names,
         output=out,
         **FAST,
@@ -142,7 +142,7 @@ def test_recipe_step_optimize_then_package(tmp_path, data):
         {
             "optimize": {
                 "id": "opt", "model": FACTORY, "calib_data": str(data["calib"]), "eval_data": str(data["eval"]),
-                "max_accuracy_drop": 5.0, "candidates": ["int8-dynamic"], "output": str(tmp_path / "opt"),
+                "accuracy_budget": 5.0, "candidates": ["int8-dynamic"], "output": str(tmp_path / "opt"),
                 "batch_sizes": [1, 4], "threads": 1, "rounds": 3, "min_seconds": 0.2,
             }
         }
@@ -164,7 +164,7 @@ def test_budget_skips_what_does_not_fit_and_keeps_the_reference(tmp_path, data):
         tiny_cnn(),
         calib_data=data["calib"],
         eval_data=data["eval"],
-        max_accuracy_drop=5.0,
+        accuracy_budget=5.0,
         candidates=["fp32-aoti", "int8-pt2e"],
         **(FAST | {"time_budget": 8}),
     )
@@ -178,11 +178,11 @@ def test_budget_skips_what_does_not_fit_and_keeps_the_reference(tmp_path, data):
 # -- bad input: exit 2, one line, nothing written ---------------------------------------------------
 
 BAD_CLI = [
-    ("no-eval-data", ["--max-accuracy-drop", "1"], "--eval-data is required"),
-    ("unlabelled-with-drop", ["--eval-data", "{eval-unlabelled}", "--max-accuracy-drop", "1"], "--min-cosine"),
-    ("both-budgets", ["--eval-data", "{eval}", "--max-accuracy-drop", "1", "--min-cosine", "0.9"], "exactly one"),
+    ("no-eval-data", ["--accuracy-budget", "1"], "--eval-data is required"),
+    ("unlabelled-with-drop", ["--eval-data", "{eval-unlabelled}", "--accuracy-budget", "1"], "--min-cosine"),
+    ("both-budgets", ["--eval-data", "{eval}", "--accuracy-budget", "1", "--min-cosine", "0.9"], "exactly one"),
     ("no-budget", ["--eval-data", "{eval}"], "exactly one"),
-    ("negative-drop", ["--eval-data", "{eval}", "--max-accuracy-drop", "-1"], "below zero"),
+    ("negative-drop", ["--eval-data", "{eval}", "--accuracy-budget", "-1"], "below zero"),
     ("negative-time", ["--eval-data", "{eval}", "--min-cosine", "0.9", "--time-budget", "-5"], "below zero"),
     ("too-short", ["--eval-data", "{eval}", "--min-cosine", "0.9", "--time-budget", "0.01"], ("too short", "takes about")),
     ("unknown-candidate", ["--eval-data", "{eval}", "--min-cosine", "0.9", "--candidates", "int4"], "unknown candidate"),
@@ -264,7 +264,7 @@ def test_bad_input_onnxruntime_missing(cli, tmp_path, data, monkeypatch):
 
 
 BAD_API = [
-    ("no-eval-data", dict(eval_data=None, max_accuracy_drop=1.0), "--eval-data is required"),
+    ("no-eval-data", dict(eval_data=None, accuracy_budget=1.0), "--eval-data is required"),
     ("no-budget", dict(), "exactly one"),
     ("negative-time", dict(min_cosine=0.9, time_budget=-1), "below zero"),
     ("bad-runtime", dict(min_cosine=0.9, runtime="tensorrt"), "--runtime"),
@@ -458,7 +458,7 @@ def test_onnx_dynamic_int8_is_skipped_for_a_conv_heavy_cnn(tmp_path, data):
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10),
     )  # fmt: skip
     res = ptopt.optimize(
-        conv, calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=100.0,
+        conv, calib_data=data["calib"], eval_data=data["eval"], accuracy_budget=100.0,
         candidates=["int8-onnx-dynamic"], **FAST,
     )  # fmt: skip
     row = next(c for c in res.candidates if c.name == "int8-onnx-dynamic")
@@ -491,7 +491,7 @@ def test_progress_true_prints_the_search_on_stderr(data, capsys):
     import ptopt
 
     ptopt.optimize(
-        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=5.0,
+        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], accuracy_budget=5.0,
         candidates=["fp32-torchscript"], progress=True, **FAST,
     )  # fmt: skip
     err = capsys.readouterr().err
@@ -610,7 +610,7 @@ def test_the_fastest_per_batch_size_is_reported_and_printed(cli, tmp_path, data)
 
     names = ["fp32-torchscript", "fp32-onnx"]
     res = ptopt.optimize(
-        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], max_accuracy_drop=5.0, candidates=names,
+        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], accuracy_budget=5.0, candidates=names,
         output=tmp_path / "opt", **FAST,
     )  # fmt: skip
     by = res.report["best_by_batch"]
@@ -624,7 +624,7 @@ def test_the_fastest_per_batch_size_is_reported_and_printed(cli, tmp_path, data)
     saved = json.loads((tmp_path / "opt" / "report.json").read_text())
     assert saved["best_by_batch"] == by
     code, out, err = cli(
-        "optimize", FACTORY, "--calib-data", data["calib"], "--eval-data", data["eval"], "--max-accuracy-drop",
+        "optimize", FACTORY, "--calib-data", data["calib"], "--eval-data", data["eval"], "--accuracy-budget",
         "5", "--candidates", ",".join(names), "--batch-size", "1", "--threads", "1", "--rounds", "3",
         "--min-seconds", "0.2", "-o", "opt1",
     )  # fmt: skip
