@@ -59,7 +59,12 @@ class OptimizeOptions:
     runtime: str = option(
         "any", help="Only candidates that run on this runtime (torch includes AOTInductor).", applies=_MODEL
     )
-    device: str = option("cpu", help="cpu | cuda.", applies=_MODEL)
+    device: str = option(
+        "cpu",
+        help="cpu | cuda[:N]: where the candidates are built, evaluated and timed (cuda: the GPU catalogue).",
+        applies=_MODEL,
+        note="the language-model search runs on the CPU: its candidates are CPU weight-only int8/int4 builds",
+    )
     #: 9 minutes by default, so that the whole run (loading, the search, writing the folder, and a build that
     #: runs past its estimate) ends within 10 minutes on a 2-core machine (all-MiniLM-L6-v2's took 1415 s of
     #: a 1200 s budget before the slow builds went last and the output folder was budgeted for)

@@ -69,15 +69,13 @@ def test_gpu_rows_say_how_they_run():
 def test_a_faked_gpu_gets_the_gpu_catalogue(fake_gpu, data):
     """--device cuda is checked (the GPU exists), resolved to cuda:0, and selects the GPU rows; bf16 rows
     say why they do not apply on a GPU without bfloat16 kernels; ONNX Runtime's CUDA row names the wheel."""
-    from ptopt.optimize.api import _check_options
+    from ptopt.optimize.api import _settings
     from ptopt.optimize.candidates import SPECS, Context
+    from ptopt.optimize.options import resolve
 
-    opts = dict(
-        max_accuracy_drop=None, min_cosine=0.99, eval_data=data["eval"], calib_data=data["calib"],
-        time_budget=60, runtime="any", device="cuda", latency=None, rounds=None, min_seconds=None,
-        threads=1, batch_sizes="1,256", candidates=None, skip=None,
-    )  # fmt: skip
-    settings, specs = _check_options(opts)
+    given = dict(min_cosine=0.99, time_budget=60, device="cuda", threads=1, batch_sizes="1,256")
+    _, opts, lat = resolve(given, None)
+    settings, specs = _settings(opts, lat, data["eval"], data["calib"])
     assert settings.device == "cuda:0" and {s.name for s in specs} == GPU_ROWS | BOTH
     ctx = Context(tiny_cnn(), None, None, None, None, None, 0.99, lambda: 60.0, device="cuda:0")
     assert "Fake GPU has no bfloat16 kernels" in SPECS["bf16-exported-program"].not_applicable(ctx)
