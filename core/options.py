@@ -33,7 +33,7 @@ import inspect
 import types
 import typing
 import warnings
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from ptopt.core.errors import OptionRenamed, UsageError
@@ -117,7 +117,9 @@ class Declared:
         values = [v for _, v in shown]
         common = max(values, key=values.count, default="")
         others = [f"{label(c)}: {v or 'none'}" for c, v in shown if v != common] if label else []
-        return (common or "none") + (f" ({', '.join(others)})" if others else "") if others else common
+        if not others:
+            return common
+        return f"{common or 'none'} ({', '.join(others)})"
 
 
 def _show_default(value: Any) -> str:
@@ -205,7 +207,7 @@ class Options:
 
     def declared(self) -> dict[str, Declared]:
         """Every option, by name, in the order the groups declare them."""
-        table = _declared(self.groups())
+        table = dict(_declared(tuple(self.groups())))
         for name, value in self.defaults.items():
             d = table[name]
             table[name] = dataclasses.replace(d, defaults=tuple((c, value) for c, _ in d.defaults))
@@ -346,7 +348,8 @@ class Options:
         return fn
 
 
-def _declared(groups: Iterable[type | Part]) -> dict[str, Declared]:
+@functools.cache
+def _declared(groups: tuple[type | Part, ...]) -> dict[str, Declared]:
     parts = [(g.cls, g.names) if isinstance(g, Part) else (g, None) for g in groups]
 
     def fields(cls: type, names: tuple[str, ...] | None) -> dict[str, tuple[dataclasses.Field, Any]]:
