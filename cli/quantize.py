@@ -156,6 +156,23 @@ def _print_weight_only(art) -> None:
         )
 
 
+def _larger_warning(m: dict[str, Any], floats: dict[str, Any]) -> str:
+    """Why an int8 file is larger than its fp32 source: an AOTInductor package's compiled code, or float
+    layers and int8 packing."""
+    head = f"warning: this int8 file is LARGER than its fp32 source ({m['size_ratio_vs_fp32_torchscript']:.2f}x): "
+    if m.get("compiled_code_bytes"):
+        return head + (
+            f"it is an AOTInductor package, {m['compiled_code_bytes']:,} bytes of it compiled code (a fixed cost "
+            f"of the format: the fp32 package of the model carries it too); its int8 weights take "
+            f"{m['weight_bytes']:,} bytes, {m['weight_bytes'] / m['fp32_torchscript_bytes']:.2f}x the fp32 "
+            "TorchScript file"
+        )
+    return (
+        head
+        + f"{len(floats)} layer(s) with weights stayed float (listed below) and int8 packing adds overhead"
+    )
+
+
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
@@ -168,10 +185,13 @@ def _print_report(art, mode: str) -> None:
         f"({m['fp32_torchscript_bytes']:,} bytes)"
     )
     if m.get("larger_than_fp32"):
-        floats = art.extra.get("float_layers") or {}
+        click.echo(_larger_warning(m, art.extra.get("float_layers") or {}), err=True)
+    slower = {b: r for b, r in ((art.extra.get("pt2e") or {}).get("speed_vs_fp32") or {}).items() if r < 1.0}
+    if slower:
+        at = ", ".join(f"{r:.2f}x at batch {b}" for b, r in slower.items())
         click.echo(
-            f"warning: this int8 file is LARGER than its fp32 source ({m['size_ratio_vs_fp32_torchscript']:.2f}x): "
-            f"{len(floats)} layer(s) with weights stayed float (listed below) and int8 packing adds overhead",
+            f"warning: this PT2E int8 package runs SLOWER than its fp32 source here ({at}; a short timing): "
+            "--engine auto times it against FX int8 and keeps the faster",
             err=True,
         )
     cal = art.extra.get("calibration")

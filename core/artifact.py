@@ -40,6 +40,7 @@ from ptopt.core.atomic import (
 )
 from ptopt.core.errors import ModelLoadError
 from ptopt.core.inputspec import InputSpec
+from ptopt.core.isa import cpu_record
 from ptopt.core.system import library_versions
 
 __all__ = [
@@ -165,6 +166,9 @@ class Artifact:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     created: str = ""
+    #: the CPU it was written and parity-checked on (``ptopt.core.isa.cpu_record``: model, vendor, its
+    #: int8-relevant flags, its level); loading it on a CPU whose flags differ says so (``check_moved``)
+    cpu: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     # -- reading ---------------------------------------------------------------------------
     @classmethod
@@ -264,6 +268,7 @@ class Artifact:
         self.sha256 = self.hashes.get(self.path.name, "")
         self.versions = library_versions()
         self.created = _now()
+        self.cpu = cpu_record()
         self.extra.setdefault("gzip_bytes", sum(facts.gzip_bytes or 0 for facts in read.values()))
         return read
 

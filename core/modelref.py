@@ -178,7 +178,7 @@ def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
             raise ModelLoadError(
                 f"{path} is a folder, not a model file (nor a Hugging Face folder with config.json)"
             )
-        return fmt.load(path, art, allow_pickle)
+        return _checked_on_this_cpu(path, art, fmt.load(path, art, allow_pickle))
     check_model_file(path, allow_pickle)  # before torch reads it: a .pt2 may ask torch to run code
     art = Artifact.maybe_load(path)
     fmt = find_format(art.format) if art is not None else sniff_file(path)
@@ -187,7 +187,20 @@ def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
             f"{path}: not a PyTorch model file (neither a TorchScript archive nor torch.save output) nor "
             f"another model file ptopt knows ({', '.join(file_suffixes())})"
         )
-    return fmt.load(path, art, allow_pickle)
+    return _checked_on_this_cpu(path, art, fmt.load(path, art, allow_pickle))
+
+
+def _checked_on_this_cpu(path: Path, art: Any, loaded: LoadedModel) -> LoadedModel:
+    """An artifact checked on a CPU whose int8-relevant flags differ from this one's: one line on stderr
+    (once per file) naming the difference and the ``ptopt validate --isa`` command that re-checks it;
+    ``loaded.info["cpu_note"]`` keeps it."""
+    from ptopt.core.isa import announce, check_moved
+
+    line = check_moved(path, art)
+    if line:
+        loaded.info["cpu_note"] = line
+        announce(path, line)
+    return loaded
 
 
 def _declared_inputs(module: Any) -> tuple[list[InputSpec], str]:

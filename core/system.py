@@ -52,9 +52,9 @@ def library_versions() -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_info() -> dict[str, object]:
-    """CPU model, the ISA flags that matter for int8, and core counts."""
-    model, flags = platform.processor() or platform.machine(), set()
+def _cpuinfo() -> tuple[str, str | None, frozenset[str]]:
+    """(model name, vendor id, flags) of the first CPU in /proc/cpuinfo."""
+    model, vendor, flags = platform.processor() or platform.machine(), None, frozenset()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:
@@ -62,16 +62,31 @@ def cpu_info() -> dict[str, object]:
                 key = key.strip()
                 if key == "model name" and model in ("", platform.machine(), platform.processor()):
                     model = value.strip()
+                elif key == "vendor_id" and vendor is None:
+                    vendor = value.strip()
                 elif key in ("flags", "Features") and not flags:
-                    flags = set(value.split())
+                    flags = frozenset(value.split())
     except OSError:
         pass
+    return model, vendor, flags
+
+
+def cpu_flags() -> frozenset[str]:
+    """Every cpuinfo flag of this CPU (``ptopt.core.isa`` decides CPU levels from them)."""
+    return _cpuinfo()[2]
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> dict[str, object]:
+    """CPU model and vendor, the ISA flags that matter for int8, and core counts."""
+    model, vendor, flags = _cpuinfo()
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count() or 1
     return {
         "model": model,
+        "vendor": vendor,
         "arch": platform.machine(),
         "logical_cores": os.cpu_count() or 1,
         "usable_cores": usable,

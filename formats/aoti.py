@@ -31,6 +31,9 @@ class AotiPackage(Format):
     reexportable = False
     trusted_load = True
     write_options = frozenset({"inductor_configs", "cuda_graphs", "static_batches"})
+    #: the library calls inside the package follow the caps; the kernels Inductor generated were compiled
+    #: for one vector ISA when the package was built (``extra["vec_isa"]``) and never change
+    isa_libraries = ("onednn", "mkl", "fbgemm", "inductor")
     sniff_rank = 5
     target_order = 50
 

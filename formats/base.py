@@ -78,6 +78,9 @@ class Format:
     requantizes_int8: ClassVar[bool] = False
     #: keyword options ``write`` takes
     write_options: ClassVar[frozenset[str]] = frozenset()
+    #: the kernel libraries its runtime dispatches into on the CPU (``ptopt.core.isa.LIBRARIES``): which of
+    #: them a CPU level caps decides whether ``validate --isa`` can emulate that level for it
+    isa_libraries: ClassVar[tuple[str, ...]] = ("aten", "onednn", "mkl", "fbgemm")
     #: sniffing order (lower first): formats whose test is stricter go first
     sniff_rank: ClassVar[int] = 50
     #: where the target is listed among ``export --target`` choices (lower first)

@@ -44,6 +44,8 @@ class Onnx(Format):
         {"opset", "optimize", "external_data", "int8_method", "calib", "fp32_module", "fp32_source_format"}
     )
     packages = ("onnx", "onnxruntime", "onnxscript")
+    #: ONNX Runtime's CPU kernels (MLAS) pick their code from the CPU themselves: no variable caps them
+    isa_libraries = ("mlas",)
     sniff_rank = 1
     target_order = 20
 

@@ -9,12 +9,13 @@ specs' bounds (``Dimension(min, max)`` on dynamic dims). Precisions:
   otherwise runs bf16 on CPUs that have it);
 - ``bf16``: the same fp32 IR compiled with ``INFERENCE_PRECISION_HINT=bf16``: the CPU plugin's own bf16
   kernels (weights stay fp32 on disk). Refused on a CPU whose plugin reports no ``BF16`` capability;
-- ``int8``: ``nncf.quantize`` of the IR with the calibration data (``--data``), compiled with the CPU
-  plugin's default precision for the ops left float (bf16 where the CPU has it), as NNCF's
-  post-training quantization does for OpenVINO; a graph with attention (``Softmax`` or
-  ``ScaledDotProductAttention``) uses
-  ``model_type=TRANSFORMER`` (NNCF then applies SmoothQuant and keeps the attention's softmax path
-  float itself).
+- ``int8``: ``nncf.quantize`` of the IR with the calibration data (``--data``), the ops NNCF leaves
+  float compiled with ``INFERENCE_PRECISION_HINT=f32``: the plugin's default would run them in bf16 on
+  a CPU with avx512_bf16 or AMX, so an IR checked on one CPU would compute differently on another (the
+  all-MiniLM-L6-v2 int8 IR gave a worst held-out cosine of 0.863 on an AMX Xeon). A graph with
+  attention (``Softmax`` or ``ScaledDotProductAttention``) uses ``model_type=TRANSFORMER`` (NNCF then
+  applies SmoothQuant and keeps the attention's softmax path float itself) with SmoothQuant's alpha at
+  ``SMOOTH_QUANT_ALPHA`` for the MatMuls instead of NNCF's 0.95.
 
 The precision hint is written into the IR itself (``rt_info``: ``ptopt/inference_precision``), so
 ptopt's loaders compile it as it was checked. Plain OpenVINO loads the IR with
@@ -39,10 +40,15 @@ from ptopt.formats.runner import Runner
 INSTALL_HINT = "pip install 'ptopt[openvino]'"
 #: the rt_info key of the inference precision ptopt checked the IR at
 HINT_KEY = ("ptopt", "inference_precision")
-#: int8: the plugin's own default for the ops NNCF left float (bf16 on a CPU with bf16 kernels, else f32),
-#: as OpenVINO + NNCF users run it (with f32 forced, ptopt's zoo:resnet int8 IR ran at 0.94x the NNCF peer
-#: compiled with the defaults at batch 32 in benchmarks/bench_real.py)
-_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None}
+#: int8: the ops NNCF left float run in f32 on every CPU (the plugin's default is bf16 wherever the CPU has
+#: avx512_bf16 or AMX: the numbers ptopt checked would not be the ones a bf16 CPU computes). What it costs
+#: there: ptopt's zoo:resnet int8 IR ran at 0.94x the NNCF peer compiled with the defaults at batch 32 on an
+#: AVX512-BF16 EPYC (benchmarks/bench_real.py); on a CPU without bf16 the two are the same
+_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
+#: SmoothQuant's alpha for the MatMuls of a transformer (NNCF's default: 0.95). all-MiniLM-L6-v2 int8, 128
+#: calibration sentences, worst cosine on 256 unseen ones (AVX2 EPYC): 0.953 at 0.95, 0.990 at 0.75, 0.979
+#: at 0.85, 0.955 at 0.5 (benchmarks/bench_isa.py --nncf-alphas)
+SMOOTH_QUANT_ALPHA = 0.75
 #: calibration samples NNCF sees (its default subset size)
 CALIB_SAMPLES = 300
 _CALIB_BATCH = 8
@@ -60,6 +66,10 @@ class OpenVINO(Format):
     requantizes_int8 = True
     reexportable = False
     packages = ("openvino", "nncf")
+    #: the CPU plugin's own oneDNN follows ONEDNN_MAX_CPU_ISA (its convolutions, int8 matrix products and
+    #: jit kernels: ``brgconv_avx2`` becomes ``jit_sse42``), but its fp32 FullyConnected runs MLAS
+    #: (``gemm_mlas_f32``), which no variable caps (benchmarks/probe_isa.py)
+    isa_libraries = ("onednn", "mlas")
     #: TorchServe runs it through ptopt's handler (which needs openvino in the worker's environment)
     servers = ("torchserve",)
     write_options = frozenset({"calib", "fp32_module", "model_type", "accuracy_control", "float_modules"})
@@ -271,7 +281,7 @@ def write_ir(
         files=[path.name, path.with_suffix(".bin").name],
         converted_from=converted_from,
         openvino=ov.__version__,
-        inference_precision=_HINTS[precision] or "the CPU plugin's default",
+        inference_precision=_HINTS[precision],
         output_names=[o.get_any_name() for o in model.outputs],
     )
     return info
@@ -366,13 +376,22 @@ def _nncf_options(model: Any, calib: Any, model_type: str | None) -> tuple[list,
     transformer = kind == "transformer"
     options: dict[str, Any] = {"subset_size": len(items), "fast_bias_correction": transformer}
     if transformer:
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            AdvancedSmoothQuantParameters,
+        )
+
         options["model_type"] = nncf.ModelType.TRANSFORMER
+        alphas = AdvancedSmoothQuantParameters(matmul=SMOOTH_QUANT_ALPHA)
+        options["advanced_parameters"] = AdvancedQuantizationParameters(smooth_quant_alphas=alphas)
     record = {
         "version": nncf.__version__,
         "model_type": kind,
         "calibration_samples": sum(len(next(iter(i.values()))) for i in items),
         "fast_bias_correction": transformer,
     }
+    if transformer:
+        record["smooth_quant_alpha"] = SMOOTH_QUANT_ALPHA
     return items, options, record
 
 
@@ -537,6 +556,8 @@ def _quantize_controlled(
     items, options, record = _nncf_options(model, calib, model_type)
     if ignored is not None:
         options["ignored_scope"] = ignored
+    if "advanced_parameters" in options:  # this entry point's name for them
+        options["advanced_quantization_parameters"] = options.pop("advanced_parameters")
     names = [p.get_any_name() for p in model.inputs]
     val_items, validation_fn = _validation(source, control, names, style)
     cosine = "min_cosine" in control

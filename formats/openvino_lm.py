@@ -263,6 +263,7 @@ class OpenVINOLMFolder(Format):
     runtime = "openvino"
     devices = ("cpu",)
     packages = ("openvino", "nncf", "transformers")
+    isa_libraries = ("onednn", "mlas")
     reexportable = False
     sniff_rank = 38  # before the Hugging Face folders: it has a config.json too
 

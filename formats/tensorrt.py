@@ -86,6 +86,7 @@ class TensorRT(Format):
     reexportable = False
     write_options = frozenset({"calib"})
     packages = ("torch-tensorrt", "tensorrt")
+    isa_libraries = ("gpu",)
     sniff_rank = 2
     target_order = 30
 

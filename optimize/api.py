@@ -30,7 +30,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -190,6 +190,7 @@ def optimize(
     ``max_perplexity_increase`` (%): a causal language model, judged on ``eval_data`` text; the
     weight-only search of ``ptopt.optimize.lm``: returns its ``LMOptimizeResult`` (else an
     ``OptimizeResult``).
+    ``isa``: CPU levels every candidate within the budget must hold at too (``ptopt.optimize.isa``).
     """
     say = progress if callable(progress) else (_to_stderr if progress else (lambda msg: None))
     kind, opts, lat = resolve(options, latency)
@@ -198,15 +199,12 @@ def optimize(
         return _optimize_lm(model, opts, lat, eval_data, calib_data, output, allow_pickle, given, say)
     settings, specs = _settings(opts, lat, eval_data, calib_data)
     clock = Clock(settings.time_budget)
-    inputs_paths = _input_paths(model, weights, calib_data, eval_data, train_data)
-    if output is not None:
-        check_output_dir(Path(output), inputs_paths)
+    inputs_paths = _output_checked(output, model, weights, calib_data, eval_data, train_data)
     loaded, data = _load(model, weights, allow_pickle, calib_data, eval_data, train_data, settings)
-    search = _search(loaded, data, input_shapes, settings, specs, clock, say)
+    search, isa_section = _search(loaded, data, input_shapes, settings, specs, clock, say)
     best, within = _choose(search.candidates, settings)
     report = _report(search.candidates, best, within, settings, loaded, clock)
-    report["best_by_batch"] = _per_batch(search.candidates, settings) if within else {}
-    report["split"] = search.split
+    report |= _report_tail(search, settings, within, isa_section)
     result = OptimizeResult(search.candidates, best, report, inputs_paths)
     if output is not None:
         result.save(output)
@@ -215,19 +213,21 @@ def optimize(
 
 def _search(
     loaded: Any, data: Any, input_shapes: Any, settings: Settings, specs: list, clock: Clock, say: Any
-) -> Search:
-    """The reference timed, the budget checked against what it costs, then the search."""
+) -> tuple[Search, dict[str, Any] | None]:
+    """The reference timed, the budget checked against what it costs, then the search; with --isa, the
+    kept candidates judged at every level after it (their time set aside from the search's)."""
     from ptopt.core.timing import torch_threads
     from ptopt.validate.runners import runner_for_loaded
 
     # the runners set the thread count for the whole process: restored afterwards
     with torch_threads(None):
         ref_runner = _place(runner_for_loaded(REFERENCE, loaded), settings.device)
-        search = None
+        search, isa_section = None, None
         try:
             ref_runner.prepare(settings.threads)
             costs = measure_costs(ref_runner, data["eval"], settings)
             check_budget(costs, settings)
+            _set_aside(clock, settings.isa, costs, settings)
             ctx = Context(
                 loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
                 settings.max_accuracy_drop, settings.min_cosine, clock.left,
@@ -235,11 +235,12 @@ def _search(
             )  # fmt: skip
             search = Search(ctx, specs, settings, costs, clock)
             _run(search, ref_runner, settings, say)
+            isa_section = _check_levels(search, settings.isa, say, clock)
         finally:
             ref_runner.close()
             if search is not None:
                 search.close()
-    return search
+    return search, isa_section
 
 
 def _place(ref_runner: Any, device: str) -> Any:
@@ -251,6 +252,48 @@ def _place(ref_runner: Any, device: str) -> Any:
         ref_runner.module = copy.deepcopy(ref_runner.module)
         ref_runner.place(device)
     return ref_runner
+
+
+def _output_checked(output: Any, *refs: Any) -> tuple[Path, ...]:
+    """The inputs' paths; the output folder refused (before anything loads) when it cannot be written."""
+    inputs_paths = _input_paths(*refs)
+    if output is not None:
+        check_output_dir(Path(output), inputs_paths)
+    return inputs_paths
+
+
+def _set_aside(clock: Clock, levels: Sequence[str], costs: Any, settings: Settings) -> None:
+    """The search's time budget; with --isa, less the level checks' (they run after the search)."""
+    clock.budget = settings.time_budget
+    if levels:
+        from ptopt.optimize.isa import reserve_s
+
+        clock.budget = max(clock.budget - reserve_s(levels, costs, settings), costs.reference_s(settings))
+
+
+def _check_levels(
+    search: Search, levels: Sequence[str], say: Callable[[str], None], clock: Clock
+) -> dict[str, Any] | None:
+    """--isa: the kept candidates judged at every level (``ptopt.optimize.isa``), in the budget set aside
+    for them; None without levels."""
+    clock.budget = search.settings.time_budget
+    if not levels:
+        return None
+    from ptopt.optimize.isa import check_levels
+
+    return check_levels(search, levels, say)
+
+
+def _report_tail(
+    search: Search, settings: Settings, within: bool, isa: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The report's per-batch winners, the eval data's split and, with --isa, the level checks."""
+    best_by_batch = _per_batch(search.candidates, settings) if within else {}
+    return {
+        "best_by_batch": best_by_batch,
+        "split": search.split,
+        **({"isa": isa} if isa is not None else {}),
+    }
 
 
 def _optimize_lm(
@@ -434,8 +477,9 @@ def _settings(opts: OptimizeOptions, lat: Any, eval_data: Any, calib_data: Any) 
         threads = int(cpu_info()["usable_cores"])
     sizes = list(opts.batch_sizes)
     settings = Settings(
-        sizes, opts.runtime, budget, lat, int(threads), opts.accuracy_budget, opts.min_cosine, device=device
-    )
+        sizes, opts.runtime, budget, lat, int(threads), opts.accuracy_budget, opts.min_cosine,
+        device=device, isa=opts.isa,
+    )  # fmt: skip
     return settings, select(opts.candidates, opts.skip, device)
 
 

@@ -1034,6 +1034,8 @@ class Candidate:
     save_seconds: float | None = None
     #: a quick look at its speed while searching ("1" -> ms per call; ``search.probe``)
     probe_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: ``--isa``: CPU level -> its figures there and whether it holds the budget (``ptopt.optimize.isa``)
+    by_isa: dict[str, dict[str, Any]] | None = None
 
     def __getattr__(self, name: str) -> Any:
         # name, label, technique, format, runtime, engine, precision, steps, packageable, suffix
@@ -1073,6 +1075,7 @@ class Candidate:
             "packageable": s.packageable,
             "build_seconds": self.build_seconds,
             "steps": list(s.steps),
+            **({"by_isa": self.by_isa} if self.by_isa else {}),
         }
 
 

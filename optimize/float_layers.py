@@ -150,7 +150,7 @@ class Trials:
         t0 = time.perf_counter()
         ignored = ignored_scope(self.ir, self.ctx.module, float_modules)
         q, _ = quantize_ir(self.ir.clone(), self.ctx.calib, None, ignored)
-        q.set_rt_info("int8", list(HINT_KEY))  # compiled as the int8 artifact is: the plugin's default
+        q.set_rt_info("int8", list(HINT_KEY))  # compiled as the int8 artifact is (its float ops in f32)
         compiled = compile_ir(q, torch.get_num_threads())
         names, outs = [p.get_any_name() for p in q.inputs], []
         for b in self.select.batches(_EVAL_BATCH):

@@ -80,6 +80,15 @@ class OptimizeOptions:
         None, help="Leave these candidates out (comma-separated names), e.g. fp32-aoti,int8-pt2e.", csv=True
     )
     threads: int | None = option(None, help="Intra-op threads for every runtime (default: all usable cores).")
+    isa: tuple[str, ...] = option(
+        (),
+        help="CPU levels the artifact will run on, comma-separated (avx2, avx512_vnni, amx, ...; see ptopt "
+        "validate --isa): a candidate is within the budget only if it holds at every one (each judged in a "
+        "child process with the kernel libraries capped there). Default: this CPU only.",
+        csv=True,
+        metavar="LEVELS",
+        applies=_MODEL,
+    )
 
     def __post_init__(self) -> None:
         from ptopt.validate.options import parse_batch_sizes
@@ -89,6 +98,12 @@ class OptimizeOptions:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
         if self.max_perplexity_increase is not None and not self.max_perplexity_increase >= 0:
             raise UsageError("--max-perplexity-increase must be a percentage >= 0")
+        if self.isa:
+            from ptopt.core.isa import check_levels
+
+            if not str(self.device).startswith("cpu"):
+                raise UsageError(f"--isa judges CPU levels; it does not apply to --device {self.device}")
+            object.__setattr__(self, "isa", tuple(check_levels(self.isa)))
         if self.max_perplexity_increase is not None:
             return
         drop, cos = self.accuracy_budget, self.min_cosine

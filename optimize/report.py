@@ -389,6 +389,50 @@ def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
     json_report.write(report, path)
 
 
+def isa_head(report: dict[str, Any]) -> list[str]:
+    """``--isa``: the columns of the per-level table."""
+    return (
+        ["candidate", "level", "kernels", y_label(report)]
+        + [f"speedup @{bs} emu" for bs in batch_sizes(report)]
+        + ["holds the budget"]
+    )
+
+
+def isa_rows(report: dict[str, Any]) -> list[list[str]]:
+    """One row per (candidate judged at the levels, level)."""
+    rows = []
+    for c in candidates(report):
+        for level, f in (c.get("by_isa") or {}).items():
+            if "within_budget" not in f:
+                continue
+            y = f.get("accuracy_drop") if report.get("metric") == "top1" else f.get("cosine_projected")
+            held = {True: "yes", False: f"NO: {f.get('why')}", None: f.get("why") or "not checked"}[
+                f["within_budget"]
+            ]
+            sp = [common.fmt_speedup((f.get("speedup") or {}).get(bs)) for bs in batch_sizes(report)]
+            cell = (
+                common.NONE
+                if y is None
+                else (f"{y:+.2f} pts" if report.get("metric") == "top1" else f"{y:.5f}")
+            )
+            rows.append([c.get("name") or "?", level, f.get("coverage") or "", cell, *sp, held])
+    return rows
+
+
+def isa_lines(report: dict[str, Any]) -> list[str]:
+    """``--isa``: what the per-level table needs said."""
+    isa = report.get("isa")
+    if not isa:
+        return []
+    out = [
+        f"--isa {', '.join(isa['levels'])}: every candidate kept within the budget judged again at each level on "
+        f"the {isa.get('samples')} samples that accepted it, in a child process with the kernel libraries capped "
+        f"(this CPU: {isa.get('native_level')}); emu: emulated speedup, this CPU running that level's code"
+    ]
+    out += [f"level {lv}: {ch['crash']}" for lv, ch in (isa.get("children") or {}).items() if ch.get("crash")]
+    return out
+
+
 def render_markdown(report: dict[str, Any], directory: str | os.PathLike | None = None) -> str:
     title = f"ptopt optimize: {headline(report)}"
     out = M.heading("✅" if has_winner(report) else "❌", title, machine_line(report), versions_line(report))
@@ -400,6 +444,9 @@ def render_markdown(report: dict[str, Any], directory: str | os.PathLike | None 
         rows.append(cells)
     out += M.table(table_head(report), rows)
     out += [""] + cosine_note(report) + winner_lines(report, directory) + per_batch_lines(report, directory)
+    if isa_rows(report):
+        out += ["", "**Per CPU level (`--isa`)**", ""] + M.table(isa_head(report), isa_rows(report))
+    out += [""] + isa_lines(report) if isa_lines(report) else []
     return "\n".join(out + M.noise_section(noise_notes(report)) + [""])
 
 
@@ -435,7 +482,15 @@ def render_terminal(
         lines += [x.replace("`", "") for x in winner_lines(report, directory)]
     lines += [x.replace("`", "") for x in per_batch_lines(report, directory)]
     lines += noise_notes(report)
-    return T.to_text([T.head_lines(head), t, "\n".join(lines)], width)
+    parts = [T.head_lines(head), t, "\n".join(lines)]
+    if isa_rows(report):
+        it = T.table(
+            "per CPU level (--isa)", isa_head(report), {"candidate", "level", "kernels", "holds the budget"}
+        )
+        for row in isa_rows(report):
+            it.add_row(*(escape(x) for x in row))
+        parts += [it, "\n".join(isa_lines(report))]
+    return T.to_text(parts, width)
 
 
 def plot_data(report: dict[str, Any]) -> PlotData:
@@ -484,6 +539,16 @@ def _table_html(report: dict[str, Any]) -> str:
     return H.table(head, rows, {1, 2, 3, len(head) - 2, len(head) - 1}, classes)
 
 
+def _isa_html(report: dict[str, Any]) -> str:
+    rows = isa_rows(report)
+    if not rows:
+        return H.paragraphs(isa_lines(report), "dim")
+    head = isa_head(report)
+    classes = ["out" if r[-1].startswith("NO") else "" for r in rows]
+    table = H.table(head, rows, {0, 1, 2, len(head) - 1}, classes)
+    return "<h2>Per CPU level (--isa)</h2>" + table + H.paragraphs(isa_lines(report), "dim")
+
+
 def render_html(report: dict[str, Any], directory: str | os.PathLike | None = None) -> str:
     e_, rbs, what = html.escape, ranking_batch_size(report), y_label(report)
     verdict = (
@@ -503,6 +568,7 @@ Search: {e_(search_line(report))}</p>
 size; dashed: the Pareto front (no other candidate is both faster and more accurate); dotted: the budget;
 circled: the best; grey: rejected, failed or skipped.</p>
 <h2>Candidates</h2>{_table_html(report)}
+{_isa_html(report)}
 {H.paragraphs(cosine_note(report), "dim")}
 <p class="dim">ms: median of interleaved timing rounds in one process;
 speedup vs {e_(report.get("reference") or "fp32 eager")}; {e_(common.NOISY_MARK)}: within the timing noise.</p>\

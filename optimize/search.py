@@ -68,6 +68,8 @@ class Settings:
     prescreen_samples: int = PRESCREEN_SAMPLES
     #: ``cpu`` or ``cuda:N``: where the candidates are built, evaluated and timed
     device: str = "cpu"
+    #: ``--isa``: the CPU levels every candidate kept must hold at too (``ptopt.optimize.isa``)
+    isa: tuple[str, ...] = ()
 
     @property
     def metric(self) -> str:

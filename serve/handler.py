@@ -66,6 +66,58 @@ def _body_size(row):
     return None
 
 
+#: the CPU flags that decide which int8 / bf16 kernels run (``ptopt.core.system.ISA_FLAGS``: the sidecar's
+#: ``cpu.int8_flags`` lists those the CPU it was checked on had)
+INT8_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
+
+
+def _cpu_flags(cpuinfo="/proc/cpuinfo"):
+    try:
+        with open(cpuinfo, encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return None
+
+
+def cpu_moved(meta, name, cpuinfo="/proc/cpuinfo"):
+    """One line when the artifact (its sidecar ``meta``) was checked on a CPU whose int8-relevant flags
+    differ from this worker's, for an artifact whose numbers depend on them (int8 / half precisions,
+    AOTInductor kernels); else None."""
+    recorded = meta.get("cpu") or {}
+    sensitive = (
+        meta.get("precision") in ("int8", "int4", "bf16", "fp16") or meta.get("format") == "aoti_package"
+    )
+    flags = _cpu_flags(cpuinfo)
+    if not sensitive or "int8_flags" not in recorded or flags is None:
+        return None
+    theirs, mine = set(recorded["int8_flags"]), {f for f in INT8_FLAGS if f in flags}
+    if theirs == mine:
+        return None
+    lacks = ", ".join(f for f in INT8_FLAGS if f in theirs - mine)
+    extra = ", ".join(f for f in INT8_FLAGS if f in mine - theirs)
+    why = "; ".join(p for p in (lacks and f"this CPU lacks {lacks}", extra and f"it has {extra}, which that one "
+                                                                               "had not") if p)  # fmt: skip
+    return (
+        f"{name} was checked on {recorded.get('model') or 'another CPU'} (level {recorded.get('level') or '?'}); "
+        f"{why}: its int8/bf16 kernels differ here. Re-check it for this CPU: ptopt validate REFERENCE {name} "
+        "--data DATA --isa LEVEL (this CPU's level, on any CPU that has it)"
+    )
+
+
 def _describe(spec, sample=False):
     """``input: [1..64]x1x8x8 float32`` (or without the batch dim for one sample)."""
     dims = []
@@ -268,6 +320,9 @@ class PtoptHandler:
                 torch.set_num_threads(int(threads))
             self.model = _load_torch(model_path, self.format, meta, self.device)
         self.initialized = True
+        moved = cpu_moved(meta, serialized)
+        if moved:
+            logger.warning(moved)
         logger.info(
             "ptopt handler ready: %s %s on %s%s, inputs %s",
             self.format,
@@ -439,8 +494,8 @@ def _openvino_session(model_path, threads=None):
     except Exception:  # noqa: BLE001 - an IR without ptopt's entry: fp32
         precision = "fp32"
     config = {"PERFORMANCE_HINT": "LATENCY"}
-    if precision != "int8":  # int8: the plugin's default for the ops left float, as ptopt checked it
-        config["INFERENCE_PRECISION_HINT"] = "bf16" if precision == "bf16" else "f32"
+    # int8: the ops left float in f32, as ptopt checked it (the plugin's default is bf16 on bf16 CPUs)
+    config["INFERENCE_PRECISION_HINT"] = "bf16" if precision == "bf16" else "f32"
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     compiled = core.compile_model(model, "CPU", config)

@@ -128,6 +128,11 @@ class _Run:
     compile: bool = False
     #: each model's runner format, in order (filled while the models are checked)
     formats: list[str] = dataclasses.field(default_factory=list)
+    #: --isa: the CPU levels every model is judged at too (``ptopt.validate.isa``), and what they found
+    isa: list[str] = dataclasses.field(default_factory=list)
+    isa_section: dict[str, Any] | None = None
+    #: the reference's outputs of the accuracy pass (kept for --isa: the children compare with them)
+    ref_outputs: Any = None
 
     def check_measurable(self, classification: bool | None) -> None:
         _gates.check_measurable(
@@ -242,6 +247,10 @@ def _measure(run: _Run, say: Callable[[str], None]) -> list[Entry]:
                 _add_compiled(run, say)
             entries = _evaluate(run, say)
         _time(run, entries, say)
+        if run.isa:
+            from ptopt.validate.isa import measure_levels
+
+            run.isa_section = measure_levels(run, entries, run.ref_outputs, run.isa, say)
     finally:
         torch.set_num_threads(prev_threads)
     return entries
@@ -301,6 +310,7 @@ def _prepare(reference: Any, artifacts: Any, data: Any, asked: Validation, model
         baseline=_gates.load_baseline(baseline) if baseline is not None else None,
         baseline_path=baseline,
         compile=compile,
+        isa=list(settings.isa),
     )
     run.check_measurable(None)
     return run
@@ -446,6 +456,8 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
             entry.metric = compute_metric(run.metric, outputs, run.ds.y)
         if ref_outputs is None:
             ref_outputs = outputs
+            if run.isa:
+                run.ref_outputs = outputs
         else:
             entry.agreement = agreement(ref_outputs, outputs)
         entries.append(entry)
@@ -509,6 +521,15 @@ def _compare(run: _Run, entries: list[Entry]) -> tuple[list[_gates.GateResult], 
         e.gates = [r.to_dict() for r in mine]
         e.passed = all(r.passed for r in mine)
         results += mine
+    if run.isa:  # the same gates at every CPU level (ptopt.validate.isa)
+        from ptopt.validate.isa import apply_metrics, level_gates
+
+        apply_metrics(entries, run.metric, run.gates.relative)
+        for e in arts:
+            mine = level_gates(run.gates, e, ref, metric_info, base_by_name.get(e.name))
+            e.gates += [r.to_dict() for r in mine]
+            e.passed = e.passed and all(r.passed for r in mine)
+            results += mine
     best = _pick_best(arts, run.gates, run.sizes)
     for e in arts:
         e.best = e.name == best
@@ -545,6 +566,21 @@ def _baseline_notes(run: _Run, reference_name: str) -> list[str]:
             f"{lat.min_seconds:g} in {lat.rounds} interleaved rounds"
         )
     return notes
+
+
+def _cpu_notes(run: _Run, entries: list[Entry]) -> list[str]:
+    """An artifact checked on a CPU whose int8-relevant flags differ from this one's: the difference, and
+    the command that re-checks it at this CPU's level."""
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.isa import check_moved
+
+    out = []
+    for e in entries:
+        if e.info.get("cpu_note") and isinstance(e.ref, str) and os.path.exists(e.ref):
+            command = f"ptopt validate {entries[0].ref} {e.ref} --data {run.data_name} --isa {{level}}"
+            line = check_moved(e.ref, Artifact.maybe_load(e.ref), command)
+            out += [line] if line else []
+    return out
 
 
 def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
@@ -588,7 +624,8 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "reference": entries[0].to_dict(),
         "artifacts": [e.to_dict() for e in entries[1:]],
         "gate_results": [r.to_dict() for r in gate_results],
-        "notes": _baseline_notes(run, entries[0].name),
+        "notes": _baseline_notes(run, entries[0].name) + _cpu_notes(run, entries),
+        **({"isa": run.isa_section} if run.isa_section is not None else {}),
         "elapsed_s": round(time.perf_counter() - t_start, 2),
     }
 

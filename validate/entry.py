@@ -43,9 +43,12 @@ class Entry:
 
     #: a causal language model's figures (``ptopt.validate.lm``): perplexity, tokens/s, weight bytes
     lm: dict[str, Any] | None = None
+    #: ``validate --isa``: level -> its figures there (``ptopt.validate.isa``)
+    by_isa: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if d["lm"] is None:
-            del d["lm"]
+        for key in ("lm", "by_isa"):
+            if d[key] is None:
+                del d[key]
         return d

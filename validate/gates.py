@@ -202,9 +202,14 @@ class GateResult:
     #: a latency gate whose margin to its threshold is within the timing noise: neither passed nor
     #: failed (``passed`` is False, and the run is not FAILED because of it)
     inconclusive: bool = False
+    #: the CPU level the gate was judged at (``validate --isa``; None: this CPU, natively)
+    isa: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["isa"] is None:
+            del d["isa"]
+        return d
 
     @property
     def failed(self) -> bool:

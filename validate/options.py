@@ -92,6 +92,16 @@ class Settings:
     baseline: Any = option(
         None, help="A --json report of an earlier run to compare with.", path="in", applies=_MODEL
     )
+    isa: tuple[str, ...] = option(
+        (),
+        help="Also judge every model at these CPU levels, comma-separated (native, sse41, avx, avx2, avx2_vnni, "
+        "avx512, avx512_vnni, avx512_bf16, amx), each in a child process with the kernel libraries capped "
+        "there: accuracy, and latency marked emulated; gates apply at every level. Levels above this CPU are "
+        "refused.",
+        csv=True,
+        metavar="LEVELS",
+        applies=_MODEL,
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_sizes", parse_batch_sizes(self.batch_sizes or DEFAULT_BATCH_SIZES))
@@ -101,6 +111,12 @@ class Settings:
                 raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         object.__setattr__(self, "metric", self.metric or "top1")
         object.__setattr__(self, "compile", bool(self.compile))
+        if self.isa:
+            from ptopt.core.isa import check_levels
+
+            if self.device is not None and not str(self.device).startswith("cpu"):
+                raise UsageError(f"--isa emulates CPU levels; it does not apply to --device {self.device}")
+            object.__setattr__(self, "isa", tuple(check_levels(self.isa)))
 
 
 @dataclasses.dataclass(frozen=True)

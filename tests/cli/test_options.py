@@ -144,6 +144,7 @@ SAMPLES = {
     "dynamic_batch": "1:8:64",
     "batch_sizes": (1, 8),
     "max_samples": 16,
+    "isa": ("native",),
     "eval_batch_size": 16,
     "min_agreement": 0.99,
     "min_speedup": 1.1,

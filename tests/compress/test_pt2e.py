@@ -212,9 +212,14 @@ def test_failing_batches_become_one_line_naming_what_works(monkeypatch, specs):
 # -- ptopt quantize --engine pt2e|auto ---------------------------------------------------------------
 
 
-def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path):
+def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path, monkeypatch):
+    from ptopt.compress.quantize import pt2e
     from ptopt.core.modelref import load_model
 
+    timed, real = [], pt2e.speed_vs_fp32  # the real timing runs (its figures are this machine's); the
+    monkeypatch.setattr(
+        pt2e, "speed_vs_fp32", lambda *a: timed.append(real(*a)) or {"1": 0.8, "8": 1.3}
+    )  # warning shows
     out = tmp_path / "tiny.int8.pt2"
     code, stdout, err = cli(
         "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e",
@@ -228,6 +233,16 @@ def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path):
     assert art.metrics["parity"]["passed"] and art.metrics["eval_samples"] > 0
     assert art.metrics["size_ratio_vs_fp32_torchscript"] > 0
     assert art.extra["pt2e"]["batches_probed"][0] == 1
+    # the tiny CNN's package is mostly compiled code: it is larger than the fp32 TorchScript, and says why
+    m = art.metrics
+    assert (
+        m["weight_bytes"] + m["compiled_code_bytes"] == art.size_bytes
+        and m["weight_bytes"] < m["fp32_torchscript_bytes"]
+    )
+    assert "warning: this int8 file is LARGER" in err and "compiled code (a fixed cost of the format" in err
+    assert art.extra["pt2e"]["speed_vs_fp32"] == {"1": 0.8, "8": 1.3} and "1" in timed[0]
+    assert all(r > 0 for r in timed[0].values())
+    assert "this PT2E int8 package runs SLOWER than its fp32 source here (0.80x at batch 1" in err
 
 
 def test_auto_keeps_the_faster_engine_and_says_why(digits):

@@ -207,3 +207,26 @@ def test_body_over_the_limit_answers_413_with_the_limit(tmp_path, serve_artifact
     assert ctx.status[0][0] == 413 and 1 not in ctx.status
     body = json.loads(answers[0])
     assert body["limit_bytes"] == 1000 and "over the limit of 1000 bytes" in body["error"]
+
+
+def test_an_int8_artifact_checked_on_another_cpu_is_logged_once(tmp_path, serve_artifacts, caplog):
+    """The sidecar records the CPU the artifact was checked on; a worker on a CPU whose int8-relevant flags
+    differ logs one line naming the difference and the command that re-checks it."""
+    d = _model_dir(tmp_path, serve_artifacts["int8"])
+    side = d / (serve_artifacts["int8"].name + handler_mod.SIDECAR_SUFFIX)
+    meta = json.loads(side.read_text())
+    meta["cpu"] = {
+        "model": "Some Xeon",
+        "int8_flags": ["fma"],
+        "level": "amx",
+    }  # no real CPU the tests run on
+    side.write_text(json.dumps(meta))
+    with caplog.at_level("WARNING", logger=handler_mod.__name__):
+        handler_mod.PtoptHandler().initialize(FakeContext(d, serve_artifacts["int8"].name))
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 1 and "was checked on Some Xeon (level amx)" in said[0] and "it has avx2" in said[0]
+    assert "ptopt validate REFERENCE cnn.int8.pt --data DATA --isa" in said[0]
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t: fpu sse4_1 fma\n")
+    assert handler_mod.cpu_moved(meta, "m", str(cpuinfo)) is None  # the same flags: nothing to say
+    assert handler_mod.cpu_moved(dict(meta, precision="fp32"), "m") is None  # fp32 TorchScript: not sensitive

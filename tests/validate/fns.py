@@ -57,3 +57,26 @@ def breaks_after_first_load():
             return self.inner(x)
 
     return Breaks()
+
+
+def dies_at_avx():
+    """The tiny CNN, except that its process dies (SIGSEGV, as a crash in a kernel library would) when it
+    runs under the oneDNN cap of the ``avx`` CPU level: ``validate --isa`` must name the level and go on."""
+    import os
+    import signal
+
+    import torch
+
+    from tests.helpers import tiny_cnn
+
+    class DiesAtAvx(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = tiny_cnn()
+
+        def forward(self, x):
+            if os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            return self.inner(x)
+
+    return DiesAtAvx().eval()

@@ -158,3 +158,75 @@ def drop_line(data: dict[str, Any]) -> str:
     """The definition of the drop in use (a language model's: its perplexity increase)."""
     definition = data["accuracy_drop"]["definition"]
     return definition if is_lm(data) else f"accuracy drop, {definition}"
+
+
+# -- CPU levels (``validate --isa``; ``ptopt.validate.isa``) --------------------------------------------
+def has_isa(data: dict[str, Any]) -> bool:
+    return bool(data.get("isa"))
+
+
+def isa_head(data: dict[str, Any]) -> list[str]:
+    """The columns of the per-level table."""
+    sizes = data["batch_sizes"]
+    return (["artifact", "level", "kernels", metric_header(data), "drop", "cos min"]
+            + [f"p50 ms @{bs}" for bs in sizes] + ["gates"])  # fmt: skip
+
+
+def isa_rows(data: dict[str, Any]) -> list[list[str]]:
+    """One row per (model, level): its figures there, emulated latencies marked ``emu``; a level the
+    runtime ignores says so; one it cannot run at gives the reason in the gates column."""
+    out = []
+    for e in rows(data):
+        for level, fig in (e.get("by_isa") or {}).items():
+            cov = (fig.get("coverage") or {}).get("verdict", "")
+            if fig.get("ignored"):
+                out.append([e["name"], level, "ignores cap", *[common.NONE] * (3 + len(data["batch_sizes"])),
+                            "not run (figures would be this CPU's)"])  # fmt: skip
+                continue
+            lat = [ms_cell(fig["latency"].get(str(bs))) for bs in data["batch_sizes"]]
+            if fig.get("emulated"):
+                lat = [c if c == common.NONE else f"{c} emu" for c in lat]
+            gates = [
+                g
+                for g in e.get("gates") or []
+                if (g.get("isa") or None) == (level if fig.get("emulated") else None)
+            ]
+            status = "" if is_reference(e) else _level_status(gates, fig)
+            cos = (fig.get("agreement") or {}).get("min_cosine")
+            drop = common.fmt_drop(fig.get("accuracy_drop"), data["accuracy_drop"]["unit"], is_reference(e))
+            out.append([e["name"], level, cov, metric_cell(data, fig.get("metric")), drop, common.fmt_cos(cos),
+                        *lat, status])  # fmt: skip
+    return out
+
+
+def _level_status(gates: list[dict[str, Any]], fig: dict[str, Any]) -> str:
+    if fig.get("error"):
+        return f"FAIL: {fig['error']}"
+    failed = [g["gate"] for g in gates if not g["passed"] and not g.get("inconclusive")]
+    if failed:
+        return "FAIL: " + ", ".join(failed)
+    return "PASS" if gates else "no gates"
+
+
+def isa_notes(data: dict[str, Any]) -> list[str]:
+    """What the per-level table needs said: emulated latency, the native level, inherited caps, each
+    runtime's coverage of each level (once), crashed children."""
+    isa = data.get("isa") or {}
+    out = [
+        f"emu: emulated latency: this CPU ({isa.get('native_level')}) running the lower level's code, not a "
+        "CPU at that level; accuracy at a level is that level's kernels' own"
+    ]
+    out += list(isa.get("notes") or [])
+    if isa.get("inherited_caps"):
+        caps = ", ".join(f"{k}={v}" for k, v in isa["inherited_caps"].items())
+        out.append(f"this process inherited caps from its environment ({caps}): 'native' ran with them")
+    seen = set()
+    for e in rows(data):
+        for fig in (e.get("by_isa") or {}).values():
+            if fig.get("note") and fig["note"] not in seen and fig.get("emulated"):
+                seen.add(fig["note"])
+                out.append(fig["note"])
+    for level, child in (isa.get("children") or {}).items():
+        if child.get("crash"):
+            out.append(f"level {level}: {child['crash']}; the models it had finished keep their figures")
+    return out

@@ -250,6 +250,17 @@ def _table(data: dict[str, Any]) -> str:
     return table(head, [_cells(data, e) for e in entries], {1, 2, 3, len(head) - 1}, classes)
 
 
+def _isa_section(data: dict[str, Any]) -> str:
+    """``--isa``: the per-level table and its notes (nothing without levels)."""
+    if not F.has_isa(data):
+        return ""
+    rows = F.isa_rows(data)
+    classes = ["fail" if r[-1].startswith("FAIL") else "" for r in rows]
+    head = F.isa_head(data)
+    return ("<h2>Per CPU level (--isa)</h2>" + table(head, rows, {0, 1, 2, len(head) - 1}, classes)
+            + paragraphs(F.isa_notes(data), "dim"))  # fmt: skip
+
+
 def _result_word(g: dict[str, Any]) -> str:
     return "pass" if g["passed"] else ("INCONCLUSIVE" if g.get("inconclusive") else "FAIL")
 
@@ -300,6 +311,7 @@ created {e_(str(data.get("created")))}; {data.get("elapsed_s", 0):.1f} s</p>
 <p>{e_(F.drop_line(data)[0].upper() + F.drop_line(data)[1:])}</p>
 <p class="dim">{e_(data["best_rule"])}. {e_(_timing_text(data))}</p>
 {notes}
+{_isa_section(data)}
 <h2>Plots</h2><div>{imgs}</div>
 <h2>Gates</h2>{_gates_table(data)}""",
     )

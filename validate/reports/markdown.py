@@ -91,6 +91,9 @@ def render(data: dict[str, Any]) -> str:
     out += table(_head(data), [_cells(data, e) for e in F.rows(data)])
     failed = [g for g in data["gate_results"] if not g["passed"] and not g.get("inconclusive")]
     out += section("Failed gates", [f"`{g['artifact']}` **{g['gate']}**: {g['message']}" for g in failed])
+    if F.has_isa(data):
+        out += ["", "**Per CPU level (`--isa`)**", ""] + table(F.isa_head(data), F.isa_rows(data))
+        out += section("Per CPU level: notes", F.isa_notes(data))
     out += noise_section(F.noise_notes(data))
     drop = F.drop_line(data)
     out += ["", drop[0].upper() + drop[1:], ""]

@@ -140,4 +140,11 @@ def render(data: dict[str, Any]) -> Any:
         ("versions", F.versions_line(data)),
         ("data", F.data_line(data)),
     ]
-    return Group(Text(head_lines(lines), style="dim"), t, Text("\n".join(_foot(data))))
+    parts = [Text(head_lines(lines), style="dim"), t, Text("\n".join(_foot(data)))]
+    if F.has_isa(data):
+        wrap = {"artifact": {"max_width": 28}, "gates": {"max_width": 60}}
+        it = table("per CPU level (--isa)", F.isa_head(data), left={"level", "kernels"}, wrap=wrap)
+        for row in F.isa_rows(data):
+            it.add_row(*(escape(c) for c in row))
+        parts += [it, Text("\n".join(F.isa_notes(data)))]
+    return Group(*parts)
