@@ -87,3 +87,44 @@ def _build(src: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     print(smollm_dir())
+
+
+def student_dir(layers: int) -> Path:
+    """SmolLM2-135M with ``layers`` of its 30 decoder blocks (evenly spaced, first and last kept): a
+    pruned copy to distil into, written once beside the teacher's folder (``config.json`` with
+    ``num_hidden_layers``, ``model.safetensors``, the tokenizer)."""
+    teacher = smollm_dir()
+    out = cache_dir().parent / f"smollm2-135m-{layers}layers"
+    if (out / DONE).is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"smollm2-135m-{layers}layers.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / DONE).is_file():
+            _drop_layers(teacher, out, layers)
+    return out
+
+
+def _drop_layers(teacher: Path, out: Path, layers: int) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((teacher / "config.json").read_text(encoding="utf-8"))
+    total = config["num_hidden_layers"]
+    keep = sorted({round(i * (total - 1) / (layers - 1)) for i in range(layers)})
+    state, new = load_file(str(teacher / "model.safetensors")), {}
+    for key, value in state.items():
+        if key.startswith("model.layers."):
+            index = int(key.split(".")[2])
+            if index not in keep:
+                continue
+            key = key.replace(f"model.layers.{index}.", f"model.layers.{keep.index(index)}.", 1)
+        new[key] = value
+    config["num_hidden_layers"] = len(keep)
+    for name in os.listdir(teacher):
+        if name not in ("model.safetensors", "config.json", DONE):
+            shutil.copyfile(teacher / name, out / name)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_file(new, str(out / "model.safetensors"), {"format": "pt"})
+    (out / DONE).write_text(f"layers {keep} of {teacher}\n", encoding="utf-8")

@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         if from_ptopt:
-            click.echo(f"error: {e}", err=True)
+            if not _echo_elsewhere():
+                click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)  # type: ignore[attr-defined]
         click.echo(
             f"internal error: {type(e).__name__}: {e}\n(this is a bug in ptopt; rerun with --debug "
@@ -103,6 +104,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         sys.exit(3)
     sys.exit(0)
+
+
+def _echo_elsewhere() -> bool:
+    """Under torchrun every process meets the same bad input: rank 0 says it (``--nproc`` keeps the
+    other ranks' lines in their logs, ``PTOPT_LAUNCHED``)."""
+    rank = os.environ.get("RANK", "0")
+    return (
+        int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+        and rank != "0"
+        and not os.environ.get("PTOPT_LAUNCHED")
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -97,6 +97,8 @@ def command(
         if getattr(e, "result", None) is not None:
             autoquant.print_search(e.result, as_json)
         raise
+    if res is None:  # QAT under torchrun, a rank other than 0: rank 0 reports
+        return
     if options.get("analyze") and output is not None:
         click.echo(f"--analyze writes nothing: {output} is not written", err=True)
     elif not options.get("analyze"):

@@ -1,33 +1,52 @@
-"""Training checkpoints: everything needed to continue a killed run bit for bit.
+"""Training checkpoints through ``torch.distributed.checkpoint`` (DCP): everything needed to continue
+a killed run, on the same or another number of processes.
 
-One file per run, ``<checkpoint_dir>/checkpoint.pt``, replaced atomically after every epoch: model,
-trainable parts outside it, optimizer, scheduler, gradient scaler, every RNG (torch, CUDA, Python,
-NumPy; one set per rank), the epoch, the history and the best-so-far weights, plus a fingerprint of
-everything that decides the result (train config, model architecture, data, loss options). A
-checkpoint whose fingerprint differs from the current run is refused, naming what differs. It holds
-tensors and plain values only and loads with ``weights_only=True``.
+``<checkpoint_dir>/step-NNNNNNNN/`` holds one checkpoint: DCP's files (every rank writes its own shard
+of the model, the trainable parts of the loss, the optimizer state and the best-so-far weights:
+``__<rank>_0.distcp``, and rank 0 the ``.metadata`` index) and ``trainer.pt`` (rank 0: the scheduler,
+the gradient scaler, the optimizer's hyper-parameters, every rank's RNG states, the position in the
+run, the history, and a fingerprint of everything that decides the result: train config, model
+architecture, data, loss options). ``<checkpoint_dir>/latest`` names the current one. A checkpoint is
+written under a temporary name and renamed into place when complete, then ``latest`` is replaced
+atomically and the previous checkpoint removed: a run killed while writing leaves the previous one
+whole. State dicts go through ``torch.distributed.checkpoint.state_dict`` (fully qualified names, whole
+tensors' shapes), so DCP reshards them when the world size or the strategy changes.
+
+Nothing in a checkpoint runs code when read: DCP's files hold tensors only (everything else is in
+``trainer.pt``, read with ``weights_only=True``) and its pickled ``.metadata`` index is read by an
+unpickler that admits DCP's own metadata classes and nothing else. A checkpoint whose fingerprint
+differs from the current run is refused, naming what differs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import UsageError
 
-CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KIND = "ptopt-train-checkpoint"
-CHECKPOINT_VERSION = 1
-#: TrainConfig fields that do not change the trained weights (and may differ on resume)
-NON_RESULT_FIELDS = ("device", "eval_batch_size")
-
-
-def checkpoint_path(checkpoint_dir: str | os.PathLike) -> Path:
-    return Path(checkpoint_dir) / CHECKPOINT_NAME
+CHECKPOINT_VERSION = 2
+LATEST = "latest"
+TRAINER_FILE = "trainer.pt"
+#: what ptopt before version 2 wrote (one file, rank 0): not resumed
+OLD_CHECKPOINT = "checkpoint.pt"
+#: TrainConfig fields that do not change the trained weights (and may differ on resume: the number
+#: of processes and the strategy may change too, DCP reshards)
+NON_RESULT_FIELDS = (
+    "device",
+    "eval_batch_size",
+    "strategy",
+    "shard_modules",
+    "cpu_offload",
+    "checkpoint_every",
+)
 
 
 def tensor_digest(tensors: Any) -> str:
@@ -63,7 +82,7 @@ def model_signature(model: Any) -> str:
 
 
 def fingerprint(
-    config: Any, model: Any, train_data: Any, eval_data: Any, world: int, extra: dict[str, Any] | None
+    config: Any, model: Any, train_data: Any, eval_data: Any, extra: dict[str, Any] | None
 ) -> dict[str, Any]:
     cfg = {k: v for k, v in config.to_dict().items() if k not in NON_RESULT_FIELDS}
     return {
@@ -71,7 +90,6 @@ def fingerprint(
         "model": model_signature(model),
         "train_data": data_digest(train_data),
         "eval_data": data_digest(eval_data) if eval_data is not None else None,
-        "world_size": world,
         "loss": dict(extra or {}),
     }
 
@@ -130,45 +148,197 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # -- save / load -----------------------------------------------------------------------------------
 
 
-def save_checkpoint(checkpoint_dir: str | os.PathLike, state: dict[str, Any]) -> Path:
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
+    """The folder of the newest complete checkpoint in ``checkpoint_dir`` (None: none yet)."""
+    root = Path(checkpoint_dir)
+    pointer = root / LATEST
+    if not pointer.is_file():
+        if (root / OLD_CHECKPOINT).is_file():
+            raise UsageError(
+                f"{root / OLD_CHECKPOINT} was written by an earlier ptopt (one file per run), which this "
+                "version does not resume: start again with another --checkpoint-dir"
+            )
+        return None
+    name = pointer.read_text(encoding="utf-8").strip()
+    folder = root / name
+    if not name.startswith("step-") or "/" in name or not (folder / TRAINER_FILE).is_file():
+        raise UsageError(f"{pointer} names {name!r}, which is not a complete checkpoint in {root}")
+    return folder
+
+
+def refuse_existing(checkpoint_dir: str | os.PathLike) -> None:
+    """A run that does not resume never writes over another run's checkpoint."""
+    found = latest_checkpoint(checkpoint_dir)
+    if found is not None:
+        raise UsageError(
+            f"{checkpoint_dir} already holds a checkpoint ({found.name}): continue that run with --resume, "
+            "or give another --checkpoint-dir (nothing is written over it)"
+        )
+
+
+def save(
+    checkpoint_dir: str | os.PathLike, tensors: dict[str, Any], trainer: dict[str, Any], step: int
+) -> Path:
+    """Write one checkpoint (every rank calls this: collective): ``tensors`` through DCP, each rank its
+    shard; ``trainer`` (rank 0's) as ``trainer.pt``; then rename it into place and point ``latest`` at
+    it (module docstring). Returns its folder."""
+    import shutil
+
     import torch
+    import torch.distributed.checkpoint as dcp
 
-    from ptopt.core.artifact import atomic_path
+    from ptopt.compress import distributed as dist_util
+    from ptopt.core.atomic import atomic_path, write_text_atomic
 
-    path = checkpoint_path(checkpoint_dir)
-    with atomic_path(path) as tmp:
-        torch.save({"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION, **state}, tmp)
-    return path
+    root = Path(checkpoint_dir)
+    final = root / step_name(step)
+    tmp = root / f".tmp-{final.name}"
+    if dist_util.is_main_process():
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed writer's leftovers
+        tmp.mkdir(parents=True)
+    dist_util.barrier()
+    with _one_process_quietly():
+        dcp.save(
+            tensors, storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=not dist_util.is_distributed()
+        )
+    if dist_util.is_main_process():
+        with atomic_path(tmp / TRAINER_FILE) as f:
+            torch.save({"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION, **trainer}, f)
+        previous = latest_checkpoint(root)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        write_text_atomic(root / LATEST, final.name + "\n")
+        if previous is not None and previous != final:
+            shutil.rmtree(previous, ignore_errors=True)
+    dist_util.barrier()
+    return final
 
 
-def load_checkpoint(
-    checkpoint_dir: str | os.PathLike, expected_fingerprint: dict[str, Any]
-) -> dict[str, Any] | None:
-    """The checkpoint in ``checkpoint_dir`` (None when there is none yet); refuses another run's checkpoint."""
+def read_trainer_state(folder: Path, expected_fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """``trainer.pt`` of the checkpoint in ``folder``; another configuration's is refused."""
     import pickle
 
     import torch
 
-    path = checkpoint_path(checkpoint_dir)
-    if not path.is_file():
-        return None
+    path = folder / TRAINER_FILE
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
         raise UsageError(
             f"{path}: not a readable ptopt checkpoint ({str(e).splitlines()[0][:200]})"
         ) from None
-    if not isinstance(ckpt, dict) or ckpt.get("kind") != CHECKPOINT_KIND:
+    if not isinstance(state, dict) or state.get("kind") != CHECKPOINT_KIND:
         raise UsageError(f"{path}: not a ptopt training checkpoint")
-    if ckpt.get("version") != CHECKPOINT_VERSION:
+    if state.get("version") != CHECKPOINT_VERSION:
         raise UsageError(
-            f"{path}: checkpoint version {ckpt.get('version')} (this ptopt reads {CHECKPOINT_VERSION})"
+            f"{path}: checkpoint version {state.get('version')} (this ptopt reads {CHECKPOINT_VERSION})"
         )
-    diffs = describe_differences(ckpt["fingerprint"], expected_fingerprint)
+    diffs = describe_differences(state["fingerprint"], expected_fingerprint)
     if diffs:
         raise UsageError(
-            f"{path} was written by another configuration, cannot resume: "
+            f"{folder} was written by another configuration, cannot resume: "
             + "; ".join(diffs)
             + " (resume with the original options, or use another --checkpoint-dir)"
         )
-    return ckpt
+    return state
+
+
+def load_tensors(folder: Path, template: dict[str, Any]) -> None:
+    """Fill ``template`` (this run's state dicts: whole tensors or this rank's shards) in place from the
+    checkpoint's DCP files; collective. A tensor it lacks or of another shape is a UsageError."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from ptopt.compress import distributed as dist_util
+
+    try:
+        with _one_process_quietly():
+            dcp.load(template, storage_reader=SafeReader(str(folder)), no_dist=not dist_util.is_distributed())
+    except (CheckpointException, RuntimeError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UsageError(f"{folder}: its tensors do not fit this run ({first})") from None
+
+
+@contextlib.contextmanager
+def _one_process_quietly() -> Iterator[None]:
+    """DCP warns that it assumes one process whenever no process group is up: that is the intent here."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*assuming the intent is to (save|load) in a single process.*"
+        )
+        yield
+
+
+def _safe_reader_class() -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    class Reader(dcp.FileSystemReader):
+        """DCP's reader, whose ``.metadata`` is unpickled with :class:`_MetadataUnpickler`."""
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as stream:
+                metadata = _MetadataUnpickler(stream).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return Reader
+
+
+def SafeReader(path: str) -> Any:  # noqa: N802 - builds the class lazily (torch is imported late)
+    return _safe_reader_class()(path)
+
+
+class _MetadataUnpickler:
+    """Unpickles DCP's index admitting only its metadata classes, torch sizes/dtypes/layouts and paths."""
+
+    _MODULES = ("torch.distributed.checkpoint.",)
+    _NAMES = {
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("torch._utils", "_get_layout"),
+        ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "WindowsPath"),
+        ("pathlib", "PurePosixPath"),
+    }
+
+    def __init__(self, stream: Any):
+        import pickle
+
+        outer = self
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                return outer.find_class(module, name, super().find_class)
+
+        self._unpickler = Unpickler(stream)
+
+    def load(self) -> Any:
+        import pickle
+
+        try:
+            return self._unpickler.load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
+            raise UsageError(f"a checkpoint's .metadata is not DCP's index ({e})") from None
+
+    def find_class(self, module: str, name: str, base: Any) -> Any:
+        import pickle
+
+        import torch
+
+        if module.startswith(self._MODULES) or (module, name) in self._NAMES:
+            return base(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format)):
+            return base(module, name)
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}")

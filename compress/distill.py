@@ -49,7 +49,7 @@ from ptopt.compress.stage import (
 )
 from ptopt.core.config import reconcile
 from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
-from ptopt.core.options import Options, option
+from ptopt.core.options import Options, Selector, option
 
 OUTPUT_SUFFIXES = {".pt": "torchscript", ".pt2": "exported_program"}
 
@@ -67,24 +67,45 @@ class RunOptions:
     cache_teacher: bool = option(
         True,
         help="Compute the teacher's logits once for all samples instead of every epoch (not with feature pairs, "
-        "which need the teacher's layers on every batch).",
+        "which need the teacher's layers on every batch, nor under FSDP, which shards the teacher).",
         cli=False,
+        applies=("classifier",),
+    )
+    nproc: int = option(
+        1,
+        help="Start this many processes on this machine (torchrun's launcher) and train across them "
+        "(--strategy; under torchrun leave it out). Python: run the script under torchrun instead.",
+        metavar="N",
     )
 
     def __post_init__(self) -> None:
         if self.resume and self.checkpoint_dir is None:
             raise UsageError("--resume needs --checkpoint-dir (where the killed run wrote its checkpoint)")
+        if self.nproc < 1:
+            raise UsageError(f"--nproc must be >= 1, got {self.nproc}")
 
 
 def _groups() -> tuple[type, ...]:
+    from ptopt.compress.distill_lm import LMOptions
     from ptopt.compress.trainer import TrainConfig
 
-    return (DistillConfig, TrainConfig, RunOptions)
+    return (DistillConfig, TrainConfig, RunOptions, LMOptions)
 
+
+#: what is distilled, worked out from the teacher (a causal LM or not): the options that apply differ
+_KINDS = {
+    "classifier": "a model on tensor data (a classifier's logits)",
+    "lm": "a causal language model on text (--teacher hf:DIR)",
+}
 
 #: the options of ``ptopt distill`` / ``ptopt.distill``: the loss's, the trainer's (with distill's own
-#: defaults: 4 epochs, lr 3e-3, batch 32, device auto) and the run's
-OPTIONS = Options("distill", _groups, defaults={"epochs": 4, "lr": 3e-3, "batch_size": 32, "device": "auto"})
+#: defaults: 4 epochs, lr 3e-3, batch 32, device auto), the run's and a language model's
+OPTIONS = Options(
+    "distill",
+    _groups,
+    Selector("kind", "what is distilled", lambda: tuple(_KINDS), describe=_KINDS.__getitem__, cli=False),
+    defaults={"epochs": 4, "lr": 3e-3, "batch_size": 32, "device": "auto"},
+)
 
 
 @OPTIONS.twin
@@ -108,53 +129,104 @@ def distill(
 
     ``teacher`` / ``student``: nn.Modules, MODEL references or LoadedModels. ``train_data`` /
     ``eval_data``: DATA references or in-memory data (tensor, (x, y), Dataset, DataLoader, list of
-    batches). ``options``: the fields of ``DistillConfig``, ``TrainConfig`` and ``RunOptions``
-    (listed below). ``config`` (a DistillConfig) replaces the loss's options; ``train_config`` (a
-    TrainConfig) the trainer's: a loose option contradicting the config given is a UsageError.
-    Without configs the defaults are T=4, α=0.5, 4 epochs, lr 3e-3, batch 32, fp32, device auto,
-    seed 0. ``cache_teacher``: compute the teacher's logits once for all samples instead of every
-    epoch (not with feature pairs, which need the teacher's layers on every batch). Returns None on
-    ranks other than 0 under torchrun.
+    batches). ``options``: the fields of ``DistillConfig``, ``TrainConfig``, ``RunOptions`` and
+    ``LMOptions`` (listed below). ``config`` (a DistillConfig) replaces the loss's options;
+    ``train_config`` (a TrainConfig) the trainer's: a loose option contradicting the config given is a
+    UsageError. Without configs the defaults are T=4, α=0.5, 4 epochs, lr 3e-3, batch 32 (the global
+    batch), fp32, device auto, seed 0, strategy auto. ``cache_teacher``: compute the teacher's logits
+    once for all samples instead of every epoch (not with feature pairs, which need the teacher's
+    layers on every batch, nor under FSDP, which shards the teacher).
+
+    A causal language model teacher (a Hugging Face folder, ``hf:DIR``, or a transformers model) with
+    text data takes ``ptopt.compress.distill_lm``'s path: token-level distillation, an HF folder out.
+    Under torchrun every process calls this (``strategy`` ddp or fsdp: ``ptopt.compress.distributed``);
+    rank 0 returns the Result, the other ranks None.
     """
     from ptopt.compress import distributed as dist_util
+    from ptopt.compress.distill_lm import distill_lm, is_lm_request
 
-    dcfg, tcfg, run = resolve_config(config, train_config, options)
+    kind = "lm" if is_lm_request(teacher) else "classifier"
+    dcfg, tcfg, run, lm = resolve_config(config, train_config, options, kind)
+    dist_util.check_launch(run.nproc, "ptopt distill")
+    dist_util.resolve_strategy(tcfg.strategy)  # before any loading: one line saying how to launch
+    dist_util.check_batch(tcfg.batch_size, dist_util.env_world_size())
+    models = dict(teacher_weights=teacher_weights, student_weights=student_weights, allow_pickle=allow_pickle)
+    if kind == "lm" and (teacher_weights is not None or student_weights is not None):
+        raise UsageError("--teacher-weights/--student-weights go with pkg.module:factory models, not hf:DIR")
+    hooks = dict(epoch_hooks=epoch_hooks, progress=progress)
+    with dist_util.process_group(dist_util.resolve_device(tcfg.device)):
+        if kind == "lm":
+            return distill_lm(
+                teacher, student, train_data, output, dcfg, tcfg, run, lm, eval_data=eval_data,
+                allow_pickle=allow_pickle, **hooks,
+            )  # fmt: skip
+        return _distill(teacher, student, train_data, output, eval_data, dcfg, tcfg, models, run, hooks)
+
+
+def _distill(
+    teacher: Any,
+    student: Any,
+    train_data: Any,
+    output: Any,
+    eval_data: Any,
+    dcfg: DistillConfig,
+    tcfg: Any,
+    models: dict[str, Any],
+    run: RunOptions,
+    hooks: dict[str, Any],
+) -> Any:
+    """A classifier's distillation (``distill``'s docstring), inside the process group."""
+    from ptopt.compress import distributed as dist_util
+
     check_output(output, OUTPUT_SUFFIXES)
-    dist_util.resolve_device(tcfg.device)
     train_ds, eval_ds = _load_data(train_data, eval_data, dcfg.alpha)
     t_loaded, s_loaded, probe = _load_models(
-        teacher, student, teacher_weights, student_weights, allow_pickle, tcfg.seed, train_ds
-    )
-    hooks = dict(epoch_hooks=epoch_hooks, progress=progress)
+        teacher, student, models["teacher_weights"], models["student_weights"], models["allow_pickle"],
+        tcfg.seed, train_ds,
+    )  # fmt: skip
     result = _train(t_loaded, s_loaded, train_ds, eval_ds, probe, dcfg, tcfg, run, **hooks)
+    measured = _measure(t_loaded, s_loaded, result, train_ds, eval_ds)  # collective under FSDP
     if not dist_util.is_main_process():
         return None
     refs = {"train_data": train_data, "eval_data": eval_data}
-    return finish(_build_result(t_loaded, s_loaded, train_ds, eval_ds, dcfg, tcfg, result, refs), output)
+    built = _build_result(t_loaded, s_loaded, train_ds, eval_ds, dcfg, tcfg, result, refs, measured)
+    return finish(built, output)
 
 
 # -- the steps -------------------------------------------------------------------------------------------
 
 
+def resolve_options(twin: dict[str, Any]) -> tuple[DistillConfig, Any, RunOptions, Any]:
+    """``resolve_config`` of the twin's keywords ``twin`` (its models, data and options)."""
+    from ptopt.compress.distill_lm import is_lm_request
+
+    kind = "lm" if is_lm_request(twin["teacher"]) else "classifier"
+    options = {k: v for k, v in twin.items() if OPTIONS.keyword(k) is not None}
+    return resolve_config(twin.get("config"), twin.get("train_config"), options, kind)
+
+
 def resolve_config(
-    config: Any, train_config: Any, options: dict[str, Any]
-) -> tuple[DistillConfig, Any, RunOptions]:
-    """The loss's config, the trainer's and the run's from the configs given or the loose ``options``
-    (a loose option contradicting a config given is refused)."""
+    config: Any, train_config: Any, options: dict[str, Any], kind: str = "classifier"
+) -> tuple[DistillConfig, Any, RunOptions, Any]:
+    """The loss's config, the trainer's, the run's and the language model's (``kind``: ``_KINDS``) from
+    the configs given or the loose ``options`` (a loose option contradicting a config given, or one
+    that does not apply to ``kind``, is refused)."""
+    from ptopt.compress.distill_lm import LMOptions
     from ptopt.compress.trainer import TrainConfig
 
-    given = OPTIONS.check(options)
+    given = OPTIONS.check(options, kind)
     loss = OPTIONS.of(DistillConfig, given)
     if config is None:
         config = OPTIONS.build(DistillConfig, loss)
     else:
         reconcile(config, loss)
+        OPTIONS.refuse_inapplicable(config, kind)
     train = OPTIONS.of(TrainConfig, given)
     if train_config is None:
         train_config = OPTIONS.build(TrainConfig, train)
     else:
         reconcile(train_config, train)
-    return config, train_config, OPTIONS.build(RunOptions, given)
+    return config, train_config, OPTIONS.build(RunOptions, given), OPTIONS.build(LMOptions, given)
 
 
 def _load_data(train_data: Any, eval_data: Any, alpha: float) -> tuple[Any, Any]:
@@ -232,7 +304,11 @@ def _train(
         feature_weight=dcfg.feature_weight,
     )
     fingerprint = {**dcfg.to_dict(), "teacher": tensor_digest(t_module.state_dict().values())}
-    cached = run_options.cache_teacher and not dcfg.feature_pairs
+    cached = (
+        run_options.cache_teacher
+        and not dcfg.feature_pairs
+        and dist_util.resolve_strategy(tcfg.strategy) != "fsdp"
+    )
     fingerprint["teacher_logits"] = "cached" if cached else "per batch"
     train_input = train_ds
     if cached:
@@ -257,6 +333,21 @@ def _train(
         move_module(t_module, "cpu")  # the loss may have taken the teacher to the training device
 
 
+def _measure(t_loaded: Any, s_loaded: Any, result: Any, train_ds: Any, eval_ds: Any) -> dict[str, Any]:
+    """The teacher's eval accuracy and how closely the student follows it. Every rank runs this: under
+    FSDP both models are sharded and each forward is collective."""
+    from ptopt.compress.trainer import evaluate_accuracy
+
+    student = result.sharded if result.sharded is not None else s_loaded.module
+    set_eval(t_loaded.module)
+    student.eval()
+    teacher_acc = evaluate_accuracy(t_loaded.module, eval_ds) if eval_ds is not None else None
+    return {
+        "teacher_eval_accuracy": teacher_acc,
+        "vs_teacher": _vs_teacher(t_loaded.module, student, eval_ds or train_ds),
+    }
+
+
 def _build_result(
     t_loaded: Any,
     s_loaded: Any,
@@ -266,20 +357,15 @@ def _build_result(
     tcfg: Any,
     result: Any,
     refs: dict[str, Any],
+    measured: dict[str, Any],
 ) -> Any:
-    """Measure the teacher on the eval data, and wrap the trained student in an unsaved Result."""
+    """Wrap the trained student (rank 0's: under FSDP the gathered copy) in an unsaved Result."""
     from ptopt.core.artifact import Artifact
     from ptopt.core.inputspec import input_style, specs_from_example
     from ptopt.core.result import Result
 
     example = train_ds.first_batch(min(len(train_ds), 4)).x
-    s_module = s_loaded.module.eval()
-    teacher_acc = None
-    if eval_ds is not None:
-        from ptopt.compress.trainer import evaluate_accuracy
-
-        set_eval(t_loaded.module)
-        teacher_acc = evaluate_accuracy(t_loaded.module, eval_ds)
+    s_module = result.model.eval()
     t_params, s_params = count_parameters(t_loaded.module), count_parameters(s_module)
     config = {
         **dcfg.to_dict(),
@@ -303,17 +389,14 @@ def _build_result(
         metrics={
             "eval_accuracy": result.best_accuracy,
             "best_epoch": result.best_epoch,
-            "teacher_eval_accuracy": teacher_acc,
             "student_parameters": s_params,
             "teacher_parameters": t_params,
-            "vs_teacher": _vs_teacher(t_loaded.module, s_module, eval_ds or train_ds),
+            **measured,
         },
         extra={
             "teacher": teacher_record,
             "student": s_loaded.parent_record(),
-            "history": result.history,
-            "world_size": result.world_size,
-            "resumed_from_epoch": result.resumed_from_epoch,
+            **result.summary(),
             "parameter_ratio": s_params / max(t_params, 1),
         },
     )

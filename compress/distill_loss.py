@@ -54,8 +54,10 @@ class DistillConfig(Config):
         flag="--feature-pair",
         metavar="TEACHER_LAYER=STUDENT_LAYER",
         repeat=True,
+        applies=("classifier",),
+        note="language models distil token by token",
     )
-    feature_weight: float = option(1.0, help="Weight of each feature loss.")
+    feature_weight: float = option(1.0, help="Weight of each feature loss.", applies=("classifier",))
 
     def __post_init__(self) -> None:
         pairs = tuple(parse_feature_pair(p) if isinstance(p, str) else tuple(p) for p in self.feature_pairs)
@@ -122,6 +124,11 @@ class DistillLoss(nn.Module):
     @property
     def teacher(self) -> Any:
         return self._teacher[0]
+
+    def frozen_modules(self) -> list[Any]:
+        """What the trainer shards with FSDP besides the student: the teacher, when it is an eager
+        module (a TorchScript or ExportedProgram teacher stays whole on every process)."""
+        return frozen_teacher(self.teacher)
 
     def _run_teacher(self, x: Any) -> Any:
         from ptopt.compress.trainer import to_device
@@ -320,6 +327,12 @@ def make_distill_loss(
         for t_name, s_name in feature_pairs:
             loss.add_feature_pair(student, t_name, s_name, example_inputs)
     return loss
+
+
+def frozen_teacher(teacher: Any) -> list[Any]:
+    """``[teacher]`` when FSDP can shard it (an eager nn.Module with parameters), else ``[]``."""
+    eager = isinstance(teacher, nn.Module) and not isinstance(teacher, torch.jit.ScriptModule)
+    return [teacher] if eager and any(True for _ in teacher.parameters()) else []
 
 
 def move_module(module: Any, device: Any) -> None:

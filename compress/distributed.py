@@ -1,17 +1,43 @@
-"""Data-parallel training across processes started by ``torchrun`` (one process per device or core).
+"""Training across processes with torch's engines: DistributedDataParallel and FSDP2's ``fully_shard``.
 
-``torchrun --nproc_per_node N --no-python ptopt distill ...`` sets ``WORLD_SIZE``, ``RANK`` and
-``LOCAL_RANK``; the trainer then joins a process group (gloo on CPU, nccl on CUDA), wraps the model
-in DistributedDataParallel and gives each process its own shard of every epoch through a
-DistributedSampler. Only rank 0 writes checkpoints, logs and the output artifact.
+``torchrun --nproc-per-node N -m ptopt.cli.main distill ...`` (or ``ptopt distill --nproc N``) starts N
+processes and sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; the trainer joins a process group (gloo
+on CPU, nccl on CUDA) and, by ``strategy``:
+
+- ``ddp``: the trained module is wrapped in ``DistributedDataParallel`` (gradients all-reduced
+  during backward, buffers broadcast from rank 0 at every forward);
+- ``fsdp``: ``fully_shard`` on each wrap unit (the transformer blocks of a Hugging Face model, named by
+  its ``_no_split_modules``, or the modules ``shard_modules`` names), then on the model: parameters,
+  gradients and optimizer state are sharded over the processes and a unit's parameters are gathered
+  only while it runs. A teacher is sharded the same way (forward only). ``MixedPrecisionPolicy``
+  (``param_dtype`` / ``reduce_dtype``) and ``CPUOffloadPolicy`` are torch's own;
+- ``auto``: ``ddp`` under torchrun, one process otherwise; ``none``: one process.
+
+Every process sees the same global batch of ``batch_size`` samples (the single-process run's batch, in
+its order) and trains on its own slice of it (:func:`rank_part`); the trainer weighs each slice's loss
+so that the averaged gradient is the gradient of the global batch's loss, whatever the world size.
+Only rank 0 writes logs and the output; every rank writes its shard of a checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import fnmatch
 import os
 from collections.abc import Iterator
 from typing import Any
+
+from ptopt.core.errors import UsageError
+
+STRATEGIES = ("auto", "none", "ddp", "fsdp")
+#: dtypes of FSDP's MixedPrecisionPolicy, by the names the options take
+DTYPES = ("fp32", "bf16", "fp16")
+#: how to start several processes, for the messages that need it
+LAUNCH_HINT = (
+    "launch it with torchrun: torchrun --nproc-per-node 2 -m ptopt.cli.main distill ... "
+    "(or add --nproc 2 to the ptopt command)"
+)
 
 
 def env_world_size() -> int:
@@ -45,6 +71,13 @@ def world_size() -> int:
     return env_world_size()
 
 
+def is_distributed() -> bool:
+    """Whether a process group of more than one process is up."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def resolve_device(name: str) -> Any:
     """``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``, checked by
     ``ptopt.core.device.resolve_device``; under torchrun a plain ``cuda`` means cuda:LOCAL_RANK."""
@@ -55,50 +88,201 @@ def resolve_device(name: str) -> Any:
     return resolve(name)
 
 
+def resolve_strategy(name: str) -> str:
+    """``auto`` → ``ddp`` under torchrun, ``none`` otherwise; ``ddp``/``fsdp`` need several processes
+    and ``none`` only one (UsageError saying how to launch)."""
+    world = env_world_size()
+    if name not in STRATEGIES:
+        raise UsageError(f"strategy must be one of {', '.join(STRATEGIES)}, got {name!r}")
+    if name == "auto":
+        return "ddp" if world > 1 else "none"
+    if name in ("ddp", "fsdp") and world <= 1:
+        raise UsageError(f"--strategy {name} trains across several processes, and this is one: {LAUNCH_HINT}")
+    if name == "none" and world > 1:
+        raise UsageError(
+            f"--strategy none under torchrun ({world} processes) would train {world} separate models: "
+            "use --strategy ddp or fsdp"
+        )
+    return name
+
+
+def check_launch(nproc: int, command: str) -> None:
+    """``nproc`` processes asked of a twin: under torchrun, its number of processes (or 1); in one
+    process, 1 (the CLI's ``--nproc`` starts the processes; a Python script runs under torchrun)."""
+    world = env_world_size()
+    if world > 1 and nproc not in (1, world):
+        raise UsageError(
+            f"--nproc {nproc} under torchrun, which started {world} processes: leave --nproc out"
+        )
+    if world == 1 and nproc > 1:
+        raise UsageError(
+            f"nproc={nproc} starts processes from the command line ({command} --nproc {nproc} ...); "
+            f"from Python, run the script under torchrun --nproc-per-node {nproc}"
+        )
+
+
+def check_batch(batch_size: int, world: int) -> None:
+    """The global batch must split evenly over the processes (each trains on batch_size / world)."""
+    if batch_size % world:
+        raise UsageError(
+            f"--batch-size {batch_size} is the global batch (all processes together) and does not split "
+            f"over {world} processes: use a multiple of {world}"
+        )
+
+
 @contextlib.contextmanager
 def process_group(device: Any) -> Iterator[bool]:
-    """Join the torchrun process group for the duration of training; yields whether training is distributed.
-
-    A group that is already up (the caller set it up) is used and left up.
-    """
+    """Join the torchrun process group for the duration of training; yields whether training is
+    distributed. A group that is already up (the caller set it up) is used and left up."""
     import torch.distributed as dist
 
     if env_world_size() <= 1 or not dist.is_available():
-        yield dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        yield is_distributed()
         return
     if dist.is_initialized():
         yield True
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         import torch
 
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=backend)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     try:
         yield True
     finally:
         dist.destroy_process_group()
 
 
-def shard_indices(n: int, epoch: int, seed: int, shuffle: bool = True) -> list[int]:
-    """This rank's sample indices for one epoch (every rank gets the same number; a few repeat)."""
-    import torch.distributed as dist
-    from torch.utils.data import DistributedSampler
+# -- the global batch, split -------------------------------------------------------------------------
 
-    class _Len:
-        def __len__(self) -> int:
-            return n
 
-    sampler = DistributedSampler(
-        _Len(),
-        num_replicas=dist.get_world_size(),
-        rank=dist.get_rank(),  # type: ignore[arg-type]
-        shuffle=shuffle,
-        seed=seed,
+def global_batches(n: int, batch_size: int, shuffle: bool, seed: int) -> list[Any]:
+    """The single-process run's batches as index tensors: a permutation seeded by ``seed`` (the order
+    ``Dataset.batches(shuffle=True, seed=seed)`` gives), cut into batches of ``batch_size``."""
+    import torch
+
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if shuffle else torch.arange(n)
+    return list(torch.split(order, batch_size))
+
+
+def rank_part(indices: Any, world: int, rank_: int) -> tuple[Any, bool]:
+    """This rank's slice of one global batch (contiguous, as even as the batch allows) and whether it
+    counts: a rank left without samples (a last batch smaller than the world) runs the batch's first
+    sample with weight 0, so that every rank takes part in every step's collectives."""
+    import torch
+
+    part = torch.tensor_split(indices, world)[rank_]
+    return (part, True) if part.numel() else (indices[:1], False)
+
+
+# -- wrapping ----------------------------------------------------------------------------------------
+
+
+def data_parallel(module: Any) -> Any:
+    """``module`` in DistributedDataParallel (inputs are already on the module's device)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, device_ids=None)
+
+
+def shard_units(model: Any, names: tuple[str, ...] = (), strict: bool = True) -> list[Any]:
+    """The modules ``fully_shard`` wraps one by one, innermost first: those ``names`` match (a module's
+    path, a shell pattern over paths such as ``layers.*``, or a class name), else a Hugging Face model's
+    ``_no_split_modules`` classes (its transformer blocks), else none (the model is one unit).
+    ``strict``: a name that matches nothing is a UsageError (else skipped: a teacher of another shape)."""
+    named = [(n, m) for n, m in model.named_modules() if n]
+    chosen = []
+    for name in names:
+        hits = [m for n, m in named if _matches(n, name) or type(m).__name__ == name]
+        if not hits and strict:
+            listed = ", ".join(n for n, _ in named[:12]) + (" ..." if len(named) > 12 else "")
+            raise UsageError(f"--shard-module {name}: the model has no such module (modules: {listed})")
+        chosen += [m for m in hits if all(m is not c for c in chosen)]
+    if not chosen:
+        classes = set(getattr(model, "_no_split_modules", None) or ())
+        chosen = [m for _, m in named if type(m).__name__ in classes]
+    order = {id(m): i for i, (_, m) in enumerate(named)}
+    return sorted(chosen, key=lambda m: -order[id(m)])  # children before their parents
+
+
+def _matches(path: str, pattern: str) -> bool:
+    """A module path against a pattern, part by part (``layers.*`` names the blocks, not their layers)."""
+    parts, wanted = path.split("."), pattern.split(".")
+    return len(parts) == len(wanted) and all(
+        fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted, strict=True)
     )
-    sampler.set_epoch(epoch)
-    return list(sampler)
+
+
+def fsdp_policies(param_dtype: str, reduce_dtype: str, cpu_offload: bool, device: Any) -> dict[str, Any]:
+    """``fully_shard``'s keyword arguments: torch's MixedPrecisionPolicy and CPUOffloadPolicy."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+    kw: dict[str, Any] = {}
+    if param_dtype != "fp32" or reduce_dtype != "fp32":
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=dtypes[param_dtype], reduce_dtype=dtypes[reduce_dtype] or torch.float32
+        )
+    if cpu_offload:
+        if device.type != "cuda":
+            raise UsageError(
+                "--cpu-offload keeps FSDP's sharded parameters on the CPU between uses on a GPU; "
+                "training on the CPU already holds them there (use it with --device cuda)"
+            )
+        kw["offload_policy"] = CPUOffloadPolicy()
+    return kw
+
+
+def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool = False) -> Any:
+    """``fully_shard`` each unit, then the model (its root); the model itself, now sharded. A model
+    sharded already (loaded in shards) is left as it is. ``frozen`` (a teacher: forward only): its root
+    too gives its gathered parameters back after each forward (FSDP keeps a root's for the backward)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if isinstance(model, FSDPModule):
+        return model
+    for unit in units:
+        fully_shard(unit, **policies)
+    fully_shard(model, **policies, **({"reshard_after_forward": True} if frozen else {}))
+    return model
+
+
+def skeleton(model: Any) -> Any:
+    """A copy of ``model`` whose parameters are on the meta device (no memory) and whose buffers are
+    real: :func:`materialize` fills it with a gathered state dict after sharded training."""
+    import torch
+
+    memo = {
+        id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+        for p in model.parameters()
+    }
+    return copy.deepcopy(model, memo)
+
+
+def materialize(shell: Any, state: dict[str, Any]) -> Any:
+    """``shell`` (from :func:`skeleton`) holding ``state``; parameters shared under several names
+    (tied embeddings) are shared again."""
+    groups: dict[int, list[str]] = {}
+    for name, p in shell.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    shell.load_state_dict(state, assign=True, strict=False)
+    for names in groups.values():
+        first = shell.get_parameter(names[0])
+        for name in names[1:]:
+            owner, _, leaf = name.rpartition(".")
+            setattr(shell.get_submodule(owner) if owner else shell, leaf, first)
+    return shell
+
+
+def full_state_dict(model: Any) -> dict[str, Any]:
+    """The whole model's state dict on rank 0's CPU (empty on the other ranks); collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+# -- collectives -------------------------------------------------------------------------------------
 
 
 def all_reduce_sum(values: list[float], device: Any) -> list[float]:
@@ -110,25 +294,6 @@ def all_reduce_sum(values: list[float], device: Any) -> list[float]:
     return t.tolist()
 
 
-def average_gradients(params: list[Any]) -> None:
-    """All-reduce gradients that DDP does not own (trainable parts outside the model, e.g. projections)."""
-    import torch.distributed as dist
-
-    n = dist.get_world_size()
-    for p in params:
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= n
-
-
-def broadcast_buffers(module: Any) -> None:
-    """Give every rank rank 0's buffers (BatchNorm statistics drift apart after each rank's last forward)."""
-    import torch.distributed as dist
-
-    for b in module.buffers():
-        dist.broadcast(b, src=0)
-
-
 def gather_objects(obj: Any) -> list[Any]:
     import torch.distributed as dist
 
@@ -137,8 +302,61 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself when not distributed)."""
+    if not is_distributed():
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+#: glibc's ``mallopt`` parameter for the size from which an allocation is its own mapping
+_M_MMAP_THRESHOLD = -3
+#: FSDP on the CPU: allocations from this size on are mappings, unmapped (given back) when freed
+MMAP_THRESHOLD = 128 * 1024
+
+
+def return_freed_memory() -> bool:
+    """Make glibc give freed tensor memory back to the system at once (``mallopt(M_MMAP_THRESHOLD)``
+    at 128 KiB, its initial value, which then stays fixed); returns whether it could (glibc only).
+
+    By default glibc raises that threshold to the size of every mapped block freed (up to 32 MiB), so
+    after the first steps activations, FSDP's gathered parameters and gradient buffers come from its
+    heap, which keeps what they freed: a process's resident memory then grows well past what it
+    holds, and FSDP's per-process saving is lost in it (``benchmarks/bench_distill.py`` measured
+    both). The same setting from the environment: ``MALLOC_MMAP_THRESHOLD_=131072``."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+
+
+def peak_memory(device: Any) -> dict[str, float]:
+    """This process's peak resident memory (MiB, since it started) and, on CUDA, the peak allocated."""
+    import resource
+    import sys
+
+    import torch
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"peak_rss_mb": rss / (2**20 if sys.platform == "darwin" else 1024)}
+    if device.type == "cuda":
+        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out

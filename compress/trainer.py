@@ -3,9 +3,11 @@
 AdamW, linear warmup then cosine decay, gradient clipping and accumulation, mixed precision (bf16
 autocast on CPU; fp16 with a GradScaler or bf16 on CUDA), evaluation after each epoch on held-out data
 keeping the best weights, a rich progress bar (loss, accuracy, throughput), TensorBoard logs and a
-JSONL metrics file, a checkpoint after every epoch that ``resume`` continues from (a resumed run ends
-with the same weights as an uninterrupted one), and data-parallel training under ``torchrun``.
-Deterministic for a seed.
+JSONL metrics file, sharded checkpoints (``torch.distributed.checkpoint``) after every epoch and every ``checkpoint_every``
+steps that ``resume`` continues from, on the same or another number of processes (a resumed run ends
+with the same weights as an uninterrupted one), and training across processes under ``torchrun`` with
+torch's DistributedDataParallel or FSDP2 (``ptopt.compress.distributed``). Deterministic for a seed;
+the global batch, its order and the loss are the same whatever the number of processes.
 """
 
 from __future__ import annotations
@@ -17,20 +19,24 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from ptopt.compress import checkpoint as ckpt_util
 from ptopt.compress import distributed as dist_util
+from ptopt.compress import train_state
 from ptopt.core.config import Config, register_config
 from ptopt.core.data import Batch, Dataset
 from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import batch_size_of, call_model
 from ptopt.core.options import option
 
-#: loss_fn(model, batch) -> (loss, logits); logits may be None when accuracy makes no sense.
-#: A loss_fn that is an nn.Module is moved to the training device, and its parameters are trained too.
+#: loss_fn(model, batch) -> (loss, logits); logits may be None when accuracy makes no sense. The loss is
+#: a mean over the batch's samples, or over what ``loss_fn.weight(batch)`` counts (an LM loss: the
+#: tokens it scores), so that slices of a global batch on several processes add up to its loss.
+#: A loss_fn that is an nn.Module is moved to the training device, and its parameters are trained too;
+#: ``loss_fn.frozen_modules()`` (a teacher) are sharded with FSDP like the model.
 LossFn = Callable[[Any, Batch], "tuple[Any, Any]"]
 #: hook(epoch, model), called before each epoch (QAT freezes observers / BN through these). On resume,
 #: the hooks of the epochs already done are replayed in order before the checkpoint is loaded, so
@@ -47,7 +53,10 @@ class TrainConfig(Config):
 
     type_name = "train"
     epochs: int = option(3, help="Training epochs.")
-    batch_size: int = option(64, help="Training batch size (per process under torchrun).")
+    batch_size: int = option(
+        64,
+        help="Training batch size: the global batch, all processes together (each trains on an equal slice).",
+    )
     lr: float = option(1e-3, help="Peak learning rate (AdamW, warmup + cosine).")
     weight_decay: float = option(0.01, help="AdamW weight decay.")
     warmup_fraction: float = option(
@@ -68,6 +77,45 @@ class TrainConfig(Config):
         choices=PRECISIONS,
     )
     device: str = option("cpu", help="auto (CUDA when available), cpu, cuda or cuda:N.")
+    max_steps: int | None = option(
+        None,
+        help="Stop after this many optimizer steps (the learning-rate schedule spans them).",
+        metavar="N",
+    )
+    strategy: str = option(
+        "auto",
+        help="Across processes (torchrun or --nproc): ddp (DistributedDataParallel) or fsdp (FSDP2 fully_shard); "
+        "auto: ddp under torchrun, else one process (none).",
+        choices=dist_util.STRATEGIES,
+    )
+    shard_modules: tuple[str, ...] = option(
+        (),
+        help="FSDP wrap unit: a module path, a pattern (layers.*) or a class name; repeatable (default: a "
+        "Hugging Face model's transformer blocks).",
+        flag="--shard-module",
+        metavar="NAME",
+        repeat=True,
+    )
+    fsdp_param_dtype: str = option(
+        "fp32",
+        help="FSDP MixedPrecisionPolicy: the dtype parameters are gathered and computed in.",
+        choices=dist_util.DTYPES,
+    )
+    fsdp_reduce_dtype: str = option(
+        "fp32",
+        help="FSDP MixedPrecisionPolicy: the dtype gradients are reduced in.",
+        choices=dist_util.DTYPES,
+    )
+    cpu_offload: bool = option(
+        False,
+        help="FSDP CPUOffloadPolicy: sharded parameters, gradients and optimizer state live on the CPU.",
+    )
+    checkpoint_every: int | None = option(
+        None,
+        help="Also write a checkpoint every this many optimizer steps (with --checkpoint-dir; default: after every "
+        "epoch only).",
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         if self.grad_clip is not None and self.grad_clip <= 0:  # 0: off, as the CLI spells it
@@ -84,6 +132,24 @@ class TrainConfig(Config):
             raise UsageError(f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for name in ("max_steps", "checkpoint_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.strategy not in dist_util.STRATEGIES:
+            raise UsageError(
+                f"strategy must be one of {', '.join(dist_util.STRATEGIES)}, got {self.strategy!r}"
+            )
+        for name in ("fsdp_param_dtype", "fsdp_reduce_dtype"):
+            if getattr(self, name) not in dist_util.DTYPES:
+                raise UsageError(
+                    f"{name} must be one of {', '.join(dist_util.DTYPES)}, got {getattr(self, name)!r}"
+                )
+        dtypes = (self.fsdp_param_dtype, self.fsdp_reduce_dtype)
+        if (self.shard_modules or self.cpu_offload or dtypes != ("fp32", "fp32")) and self.strategy != "fsdp":
+            raise UsageError(
+                "--shard-module, --fsdp-param-dtype, --fsdp-reduce-dtype and --cpu-offload apply to --strategy fsdp"
+            )
+        object.__setattr__(self, "shard_modules", tuple(self.shard_modules))
 
 
 @dataclasses.dataclass
@@ -95,6 +161,29 @@ class TrainResult:
     #: epochs already done by the checkpoint this run resumed from (None: started from scratch)
     resumed_from_epoch: int | None = None
     world_size: int = 1
+    #: the loss of every optimizer step (the global batch's, averaged over its accumulated batches)
+    step_losses: list[float] = dataclasses.field(default_factory=list)
+    #: optimizer steps the checkpoint this run resumed from had done (None: started from scratch)
+    resumed_from_step: int | None = None
+    strategy: str = "none"
+    #: under FSDP, the sharded model (every rank); ``model`` is the gathered one on rank 0
+    sharded: Any = None
+
+    def summary(self) -> dict[str, Any]:
+        """What a sidecar records of the run: history, processes, strategy, steps, resumption."""
+        last = self.history[-1] if self.history else {}
+        return {
+            "history": self.history,
+            "world_size": self.world_size,
+            "strategy": self.strategy,
+            "steps": len(self.step_losses),
+            "final_step_loss": self.step_losses[-1] if self.step_losses else None,
+            "step_losses": self.step_losses,
+            "peak_rss_mb_per_rank": last.get("peak_rss_mb"),
+            "tokens_per_s": last.get("tokens_per_s"),
+            "resumed_from_epoch": self.resumed_from_epoch,
+            "resumed_from_step": self.resumed_from_step,
+        }
 
 
 def cross_entropy_loss(model: Any, batch: Batch) -> tuple[Any, Any]:
@@ -130,27 +219,48 @@ def to_device(x: Any, device: Any) -> Any:
 def evaluate_accuracy(model: Any, data: Dataset, batch_size: int = 256, device: Any = None) -> float:
     """Top-1 accuracy (fraction) of ``model`` on labelled ``data``, in eval mode without grad.
 
-    Under torchrun each rank scores its share of the samples and the counts are summed.
+    Under torchrun each rank scores its share of the samples (every rank the same number of batches:
+    a sharded model's forward is collective) and the counts are summed.
     """
     import torch
-    import torch.distributed as dist
 
     data.require_labels("accuracy")
     was_training = getattr(model, "training", False)
     model.eval()
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    indices = range(dist.get_rank(), len(data), dist.get_world_size()) if distributed else None
+    distributed = dist_util.is_distributed()
     correct = total = 0
-    with torch.inference_mode():
-        for b in data.batches(batch_size, indices=indices):
+    with torch.no_grad() if distributed else torch.inference_mode():
+        for b, counts in eval_batches(data, batch_size, distributed):
             b = to_device(b, device) if device is not None else b
-            correct += int((call_model(model, b.x).argmax(-1) == b.y).sum())
-            total += int(b.y.shape[0])
+            if counts:
+                correct += int((call_model(model, b.x).argmax(-1) == b.y).sum())
+                total += int(b.y.shape[0])
+            else:
+                call_model(model, b.x)  # a rank out of samples still takes part
     if distributed:
         correct, total = dist_util.all_reduce_sum([correct, total], _device_of(model))
     if was_training:
         model.train()
     return correct / max(total, 1)
+
+
+def eval_batches(data: Dataset, batch_size: int, distributed: bool) -> Iterator[tuple[Batch, bool]]:
+    """(batch, counts) over ``data``: all of it, or under torchrun this rank's contiguous share, in as
+    many batches as every other rank (a rank past its share runs one sample that does not count)."""
+    import torch
+
+    if not distributed:
+        for b in data.batches(batch_size):
+            yield b, True
+        return
+    world, r, n = dist_util.world_size(), dist_util.rank(), len(data)
+    per = -(-n // world)
+    start, end = min(r * per, n), min((r + 1) * per, n)
+    for lo in range(start, start + max(per, 1), batch_size):
+        hi = min(lo + batch_size, end)
+        idx = torch.arange(lo, hi) if lo < hi else torch.zeros(1, dtype=torch.long)
+        b = data.select(idx)
+        yield Batch(b.x, b.y), lo < hi
 
 
 def train(
@@ -172,49 +282,63 @@ def train(
 
     Trained: the model's parameters plus those of an nn.Module ``loss_fn`` (distillation projections).
     ``progress``: a rich bar named "train", or named by the string given; False: none.
-    ``checkpoint_dir``: write a checkpoint there after every epoch; with ``resume``, continue from it
-    (a missing checkpoint starts from scratch; another configuration's checkpoint is a UsageError).
-    ``log_dir``: TensorBoard event files plus ``metrics.jsonl`` (or ``metrics_file``: one JSON record
-    per epoch). ``fingerprint_extra``: what else decides the result (loss options, teacher weights),
-    compared on resume.
+    ``checkpoint_dir``: write a checkpoint there after every epoch (and every ``checkpoint_every``
+    steps); with ``resume``, continue from it (a missing checkpoint starts from scratch; another
+    configuration's checkpoint is a UsageError; without ``resume`` an existing one is refused, never
+    written over). ``log_dir``: TensorBoard event files plus ``metrics.jsonl`` (or ``metrics_file``:
+    one JSON record per epoch). ``fingerprint_extra``: what else decides the result (loss options,
+    teacher weights), compared on resume. Under ``strategy="fsdp"`` the model given is sharded in
+    place; the returned ``model`` (rank 0) is a new module holding the gathered weights.
     """
     import torch
 
     loss_fn = loss_fn or cross_entropy_loss
     _check_request(train_data, loss_fn, resume, checkpoint_dir)
+    strategy = dist_util.resolve_strategy(config.strategy)
     device = dist_util.resolve_device(config.device)
     if config.precision == "fp16" and device.type != "cuda":
         raise UsageError("fp16 training needs CUDA; use bf16 mixed precision on CPU")
+    policies = dist_util.fsdp_policies(
+        config.fsdp_param_dtype, config.fsdp_reduce_dtype, config.cpu_offload, device
+    )
+    dist_util.check_batch(config.batch_size, dist_util.env_world_size())
+    if checkpoint_dir is not None and not resume and dist_util.is_main_process():
+        ckpt_util.refuse_existing(checkpoint_dir)
     orig_device = _device_of(model)
     movable = [model, loss_fn] if isinstance(loss_fn, torch.nn.Module) else [model]
     for m in movable:
         m.to(device)
 
-    with dist_util.process_group(device) as distributed:
-        run = _Training(model, train_data, eval_data, config, loss_fn, device, distributed)
+    with dist_util.process_group(device):
+        run = _Training(model, train_data, eval_data, config, loss_fn, device, strategy, policies)
         if checkpoint_dir is not None:
             run.use_checkpoints(checkpoint_dir, fingerprint_extra)
         if resume:
             run.resume(epoch_hooks)
-        logger = (
-            _Logger(log_dir, metrics_file, run.history, run.start_epoch * run.steps_per_epoch)
-            if run.main
-            else None
-        )
-        try:
-            with _progress(bool(progress) and run.main) as bar:
-                description = progress if isinstance(progress, str) else "train"
-                run.fit(epoch_hooks, logger, _EpochBar(bar, description, run))
-        finally:
-            if logger is not None:
-                logger.close()
-        if config.keep_best and run.best_state is not None:
-            model.load_state_dict(run.best_state)
-    model.eval()
-    if orig_device is not None:
-        for m in movable:
-            m.to(orig_device)
-    return TrainResult(model, run.history, run.best_epoch, run.best_acc, run.resumed_from, run.world)
+        _fit_logged(run, epoch_hooks, progress, log_dir, metrics_file)
+        trained = run.finish()
+    if trained is not None:
+        trained.eval()
+        if orig_device is not None and trained is model:
+            for m in movable:
+                m.to(orig_device)
+    return TrainResult(
+        trained, run.history, run.best_epoch, run.best_acc, run.resumed_from, run.world,
+        run.step_losses, run.resumed_step, strategy, run.step.model if strategy == "fsdp" else None,
+    )  # fmt: skip
+
+
+def _fit_logged(
+    run: _Training, epoch_hooks: Sequence[EpochHook], progress: Any, log_dir: Any, metrics_file: Any
+) -> None:
+    logger = _Logger(log_dir, metrics_file, run.history, run.step_no) if run.main else None
+    try:
+        with _progress(bool(progress) and run.main) as bar:
+            description = progress if isinstance(progress, str) else "train"
+            run.fit(epoch_hooks, logger, _EpochBar(bar, description, run))
+    finally:
+        if logger is not None:
+            logger.close()
 
 
 def _check_request(train_data: Dataset, loss_fn: Any, resume: bool, checkpoint_dir: Any) -> None:
@@ -228,9 +352,28 @@ def _check_request(train_data: Dataset, loss_fn: Any, resume: bool, checkpoint_d
         raise UsageError("resume needs a checkpoint directory (--checkpoint-dir)")
 
 
+def _step_module(model: Any, loss_fn: Any) -> Any:
+    """The trained model and the trained parts of the loss as one module, so that DDP and the state
+    dicts see every trained parameter; calling it runs the loss on a batch."""
+    import torch
+
+    class Step(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            if isinstance(loss_fn, torch.nn.Module):
+                self.loss = loss_fn
+            self._loss_fn = [loss_fn]  # a list: the loss is called, never registered twice
+
+        def forward(self, batch: Batch) -> Any:
+            return self._loss_fn[0](self.model, batch)
+
+    return Step()
+
+
 class _Training:
-    """One run of :func:`train`: optimizer, schedule and scaler, the best-so-far record, the epoch and
-    step loops, and the checkpoint that resumes them.
+    """One run of :func:`train`: the wrapped modules, optimizer, schedule and scaler, the best-so-far
+    record, the epoch and step loops, and the checkpoint that resumes them.
 
     The order of every random draw (seed, shuffles, dropout) and of every optimizer/scheduler call is
     what makes a resumed run end bit for bit where an uninterrupted one does: keep it when editing.
@@ -244,171 +387,212 @@ class _Training:
         config: TrainConfig,
         loss_fn: Any,
         device: Any,
-        distributed: bool,
+        strategy: str,
+        policies: dict[str, Any],
     ):
         import torch
 
-        self.model, self.data, self.eval_data, self.config = model, data, eval_data, config
-        self.loss_fn, self.device, self.distributed = loss_fn, device, distributed
-        self.world = dist_util.world_size() if distributed else 1
+        self.data, self.eval_data, self.config = data, eval_data, config
+        self.loss_fn, self.device, self.strategy = loss_fn, device, strategy
+        self.distributed = dist_util.is_distributed()
+        self.world = dist_util.world_size() if self.distributed else 1
         self.main = dist_util.rank() == 0
         torch.manual_seed(config.seed)
-        self.params = _trainable_params(model, loss_fn)
-        own = {id(p) for p in model.parameters()}
-        #: trained parts outside the model (distillation projections): checkpointed and averaged by hand
-        self.extra_params = [p for p in self.params if id(p) not in own]
-        self.runner = _data_parallel(model, device) if distributed else model
+        self.step = _step_module(model, loss_fn)
+        self.fingerprint_model = model
+        self.shell = dist_util.skeleton(model) if strategy == "fsdp" and self.main else None
+        self.runner = self._wrap(policies)
+        self.params = [p for p in self.step.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
-        self.n_batches = _batches_per_epoch(data, config.batch_size, self.world)
+        self.n_batches = -(-len(data) // config.batch_size)
         self.steps_per_epoch = math.ceil(self.n_batches / config.grad_accum_steps)
-        total = self.steps_per_epoch * config.epochs
+        self.total_steps = self.steps_per_epoch * config.epochs
+        if config.max_steps is not None:
+            self.total_steps = min(self.total_steps, config.max_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, warmup_cosine(total, int(total * config.warmup_fraction))
+            self.opt, warmup_cosine(self.total_steps, int(self.total_steps * config.warmup_fraction))
         )
         self.scaler = torch.amp.GradScaler("cuda") if config.precision == "fp16" else None
         self.autocast = _autocast(device, config.precision)
         self.checkpoint_dir: Any = None
         self.fingerprint: dict[str, Any] | None = None
         self.history: list[dict[str, Any]] = []
+        self.step_losses: list[float] = []
         self.best_acc: float | None = None
         self.best_epoch: int | None = None
         self.best_state: dict[str, Any] | None = None
-        self.start_epoch, self.resumed_from = 0, None
+        self.start_epoch, self.start_batch, self.step_no = 0, 0, 0
+        self.resumed_from: int | None = None
+        self.resumed_step: int | None = None
+        self.carried: dict[str, Any] | None = None  # the epoch stats a mid-epoch checkpoint carried
+
+    def _wrap(self, policies: dict[str, Any]) -> Any:
+        """The module each step calls: the step module, in DDP, or with its parts sharded by FSDP."""
+        if self.strategy == "ddp":
+            return dist_util.data_parallel(self.step)
+        if self.strategy == "fsdp":
+            if self.device.type == "cpu":
+                dist_util.return_freed_memory()
+            model = self.step.model
+            dist_util.shard(model, dist_util.shard_units(model, self.config.shard_modules), policies)
+            loss = getattr(self.step, "loss", None)
+            if loss is not None and any(p.requires_grad for p in loss.parameters()):
+                dist_util.shard(loss, [], policies)
+            for frozen in _frozen_modules(self.loss_fn):
+                units = dist_util.shard_units(frozen, self.config.shard_modules, strict=False)
+                dist_util.shard(frozen, units, policies, frozen=True)
+        return self.step
 
     # -- resume and checkpoint ---------------------------------------------------------------------
     def use_checkpoints(self, checkpoint_dir: Any, fingerprint_extra: dict[str, Any] | None) -> None:
         self.checkpoint_dir = checkpoint_dir
         self.fingerprint = ckpt_util.fingerprint(
-            self.config, self.model, self.data, self.eval_data, self.world, fingerprint_extra
+            self.config, self.fingerprint_model, self.data, self.eval_data, fingerprint_extra
         )
 
     def resume(self, epoch_hooks: Sequence[EpochHook]) -> None:
         """Continue from the checkpoint, if there is one yet (another configuration's is refused)."""
-        import torch
-
-        ckpt = ckpt_util.load_checkpoint(self.checkpoint_dir, self.fingerprint)  # type: ignore[arg-type]
-        if ckpt is None:
+        folder = ckpt_util.latest_checkpoint(self.checkpoint_dir)
+        if folder is None:
             if self.main:
                 _note(f"no checkpoint in {self.checkpoint_dir} yet: starting from scratch")
             return
-        for epoch in range(ckpt["epoch"]):
+        state = ckpt_util.read_trainer_state(folder, self.fingerprint)  # type: ignore[arg-type]
+        pos = state["position"]
+        for epoch in range(pos["epoch"] + (1 if pos["batch"] else 0)):
             for hook in epoch_hooks:
-                hook(epoch, self.model)
-        self.model.load_state_dict(ckpt["model"])
-        with torch.no_grad():
-            for p, saved in zip(self.extra_params, ckpt["extra_params"], strict=False):
-                p.copy_(saved)
-        self.opt.load_state_dict(ckpt["optimizer"])
-        self.sched.load_state_dict(ckpt["scheduler"])
-        if self.scaler is not None and ckpt.get("scaler"):
-            self.scaler.load_state_dict(ckpt["scaler"])
-        rngs = ckpt["rng"]
-        ckpt_util.set_rng_state(rngs[dist_util.rank() % len(rngs)] if self.distributed else rngs[0])
-        self.history = list(ckpt["history"])
-        self.best_acc, self.best_epoch = ckpt["best_accuracy"], ckpt["best_epoch"]
-        self.best_state = ckpt["best_state"]
-        self.start_epoch = self.resumed_from = int(ckpt["epoch"])
+                hook(epoch, self.step.model)
+        train_state.load(self, folder, state)
+        self.start_epoch, self.start_batch, self.step_no = pos["epoch"], pos["batch"], pos["step"]
+        self.resumed_from, self.resumed_step = pos["epoch"], pos["step"]
 
-    def save_checkpoint(self, epochs_done: int) -> None:
-        """Every rank's RNG state, everything else from rank 0 (only rank 0 writes)."""
-        rngs = (
-            dist_util.gather_objects(ckpt_util.rng_state()) if self.distributed else [ckpt_util.rng_state()]
-        )
-        if not self.main:
-            return
-        ckpt_util.save_checkpoint(
-            self.checkpoint_dir,
-            {
-                "fingerprint": self.fingerprint,
-                "epoch": epochs_done,
-                "model": self.model.state_dict(),
-                "extra_params": [p.detach() for p in self.extra_params],
-                "optimizer": self.opt.state_dict(),
-                "scheduler": self.sched.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "rng": rngs,
-                "history": self.history,
-                "best_accuracy": self.best_acc,
-                "best_epoch": self.best_epoch,
-                "best_state": self.best_state,
-            },
-        )
+    def save_checkpoint(self, epoch: int, batch: int, stats: _EpochStats | None) -> None:
+        """Every rank writes its shard; rank 0 the rest (``ptopt.compress.checkpoint``)."""
+        position = {"epoch": epoch, "batch": batch, "step": self.step_no}
+        train_state.save(self, position, dataclasses.asdict(stats) if stats is not None else None)
 
     # -- epochs ------------------------------------------------------------------------------------
     def fit(self, epoch_hooks: Sequence[EpochHook], logger: _Logger | None, bar: _EpochBar) -> None:
         for epoch in range(self.start_epoch, self.config.epochs):
-            for hook in epoch_hooks:
-                hook(epoch, self.model)
+            if self.step_no >= self.total_steps:
+                break
+            if not (epoch == self.start_epoch and self.start_batch):
+                for hook in epoch_hooks:
+                    hook(epoch, self.step.model)
             record = self.run_epoch(epoch, logger, bar)
             self.evaluate(epoch, record)
             self.history.append(record)
             if self.checkpoint_dir is not None:
-                self.save_checkpoint(epoch + 1)
+                self.save_checkpoint(epoch + 1, 0, None)
             if logger is not None:
                 logger.epoch(record)
 
     def run_epoch(self, epoch: int, logger: _Logger | None, bar: _EpochBar) -> dict[str, Any]:
-        """One pass over this rank's shard; the epoch's record (loss, accuracy, lr, throughput)."""
-        self.model.train()
-        stats = _EpochStats()
+        """One pass over this rank's share of the epoch's global batches; the epoch's record."""
+        self.step.train()
+        first = self.start_batch if epoch == self.start_epoch else 0
+        stats = _EpochStats(**self.carried) if first and self.carried else _EpochStats()
+        stats.t0 = time.perf_counter() - stats.elapsed
         self.opt.zero_grad(set_to_none=True)
-        for i, batch in enumerate(self._batches(epoch)):
-            batch = to_device(batch, self.device)
+        step_loss = 0.0
+        for i, (batch, weight, total) in self._batches(epoch, first):
             stepping = (i + 1) % self.config.grad_accum_steps == 0 or i + 1 == self.n_batches
-            loss, logits = self.forward_backward(batch, stepping)
-            if stepping:
-                self.optimizer_step()
-            loss_value = stats.add(batch, loss, logits)
-            if logger is not None and stepping:
-                logger.step(loss_value, self.sched.get_last_lr()[0])
+            loss, logits = self.forward_backward(batch, stepping, weight * self.world / total)
+            step_loss += float(loss.detach()) * weight / total
+            stats.add(batch, loss, logits, weight)
             bar.advance(epoch, stats, self.world)
+            if not stepping:
+                continue
+            self.optimizer_step()
+            self._step_done(step_loss / ((i % self.config.grad_accum_steps) + 1), logger)
+            step_loss = 0.0
+            if self._checkpoint_due(i):
+                stats.elapsed = time.perf_counter() - stats.t0
+                self.save_checkpoint(epoch, i + 1, stats)
+            if self.step_no >= self.total_steps:
+                break
+        return self._epoch_record(epoch, stats)
+
+    def _step_done(self, local_loss: float, logger: _Logger | None) -> None:
+        """Count the step; its loss over every rank's slice into the step record (and the log)."""
+        self.step_no += 1
+        loss = dist_util.all_reduce_sum([local_loss], self.device)[0] if self.distributed else local_loss
+        self.step_losses.append(loss)
+        if logger is not None:
+            logger.step(loss, self.sched.get_last_lr()[0])
+
+    def _checkpoint_due(self, i: int) -> bool:
+        every = self.config.checkpoint_every
+        last_of_epoch = i + 1 == self.n_batches or self.step_no >= self.total_steps
+        return (
+            self.checkpoint_dir is not None
+            and every is not None
+            and self.step_no % every == 0
+            and not last_of_epoch
+        )
+
+    def _epoch_record(self, epoch: int, stats: _EpochStats) -> dict[str, Any]:
         elapsed = max(time.perf_counter() - stats.t0, 1e-9)
+        memory = dist_util.peak_memory(self.device)
         if self.distributed:
-            dist_util.broadcast_buffers(self.model)
             stats.sum_over_ranks(self.device)
-        return {
+            memory = {k: [m[k] for m in dist_util.gather_objects(memory)] for k in memory}
+        else:
+            memory = {k: [v] for k, v in memory.items()}
+        record = {
             "epoch": epoch + 1,
-            "loss": stats.loss_sum / max(stats.seen, 1),
+            "loss": stats.loss_sum / max(stats.weight, 1e-12),
             "train_accuracy": stats.correct / stats.labelled if stats.labelled else None,
             "lr": self.sched.get_last_lr()[0],
             "samples_per_s": stats.seen / elapsed,
+            "steps": self.step_no,
         }
+        if stats.tokens:
+            record["tokens_per_s"] = stats.tokens / elapsed
+        return record | memory
 
-    def _batches(self, epoch: int) -> Any:
-        if self.distributed:
-            indices = dist_util.shard_indices(len(self.data), epoch, self.config.seed)
-            return self.data.batches(self.config.batch_size, indices=indices)
-        return self.data.batches(self.config.batch_size, shuffle=True, seed=self.config.seed + epoch)
+    def _batches(self, epoch: int, first: int) -> Iterator[tuple[int, tuple[Batch, float, float]]]:
+        """(index, (this rank's batch, its weight, the global batch's weight)) for each global batch of
+        the epoch from ``first`` on: the single-process order, each rank its slice (``distributed``)."""
+        shuffle_seed = self.config.seed + epoch
+        batches = dist_util.global_batches(len(self.data), self.config.batch_size, True, shuffle_seed)
+        for i in range(first, len(batches)):
+            idx = batches[i]
+            part, counts = (
+                dist_util.rank_part(idx, self.world, dist_util.rank()) if self.distributed else (idx, True)
+            )
+            local = to_device(_as_batch(self.data.select(part)), self.device)
+            weight = _weight(self.loss_fn, local) if counts else 0.0
+            total = _weight(self.loss_fn, _as_batch(self.data.select(idx))) if self.distributed else weight
+            yield i, (local, weight, max(total, 1e-12))
 
     def evaluate(self, epoch: int, record: dict[str, Any]) -> None:
         """Held-out accuracy into ``record``; remember the best epoch (and its weights with keep_best)."""
         if self.eval_data is None or not self.eval_data.has_labels:
             return
-        acc = evaluate_accuracy(self.model, self.eval_data, self.config.eval_batch_size, self.device)
+        acc = evaluate_accuracy(self.step.model, self.eval_data, self.config.eval_batch_size, self.device)
         record["eval_accuracy"] = acc
         if self.best_acc is None or acc > self.best_acc:
             self.best_acc, self.best_epoch = acc, epoch + 1
             if self.config.keep_best:
-                self.best_state = {
-                    k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
-                }
+                self.best_state = train_state.copy_state(self.step.model)
 
     # -- steps -------------------------------------------------------------------------------------
-    def forward_backward(self, batch: Batch, stepping: bool) -> tuple[Any, Any]:
-        """Loss and gradients of one batch; DDP syncs gradients only on the batch that steps."""
-        sync = self.runner.no_sync() if self.distributed and not stepping else contextlib.nullcontext()
-        with sync:
+    def forward_backward(self, batch: Batch, stepping: bool, share: float) -> tuple[Any, Any]:
+        """Loss and gradients of this rank's slice of one global batch, weighed by ``share`` (its part
+        of the global batch, times the world size that DDP and FSDP divide the summed gradients by);
+        DDP syncs gradients only on the batch that steps."""
+        quiet = self.strategy == "ddp" and not stepping
+        with self.runner.no_sync() if quiet else contextlib.nullcontext():
             with self.autocast:
-                loss, logits = self.loss_fn(self.runner, batch)
-            scaled = loss.float() / self.config.grad_accum_steps
+                loss, logits = self.runner(batch)
+            scaled = loss.float() * share / self.config.grad_accum_steps
             (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss, logits
 
     def optimizer_step(self) -> None:
         import torch
 
-        if self.distributed and self.extra_params:
-            dist_util.average_gradients(self.extra_params)
         if self.scaler is not None:
             self.scaler.unscale_(self.opt)
         if self.config.grad_clip is not None:
@@ -425,20 +609,39 @@ class _Training:
             self.sched.step()
         self.opt.zero_grad(set_to_none=True)
 
+    def finish(self) -> Any:
+        """The trained model after the run: the best epoch's weights with keep_best; under FSDP the
+        weights gathered into a new unsharded module on rank 0 (collective; None on other ranks)."""
+        if self.config.keep_best and self.best_state is not None:
+            self.step.model.load_state_dict(self.best_state)
+        if self.strategy != "fsdp":
+            return self.step.model
+        full = dist_util.full_state_dict(self.step.model)
+        return dist_util.materialize(self.shell, full) if self.main else None
 
-def _trainable_params(model: Any, loss_fn: Any) -> list[Any]:
-    import torch
 
-    params = [p for p in model.parameters() if p.requires_grad]
-    if isinstance(loss_fn, torch.nn.Module):
-        params += [p for p in loss_fn.parameters() if p.requires_grad]
-    return params
+def _frozen_modules(loss_fn: Any) -> list[Any]:
+    """The modules a loss runs without training them (a teacher): FSDP shards them too."""
+    get = getattr(loss_fn, "frozen_modules", None)
+    return list(get()) if callable(get) else []
 
 
-def _data_parallel(model: Any, device: Any) -> Any:
-    from torch.nn.parallel import DistributedDataParallel
+def _weight(loss_fn: Any, batch: Batch) -> float:
+    """What ``loss_fn``'s mean is over in ``batch``: ``loss_fn.weight(batch)`` or the samples."""
+    get = getattr(loss_fn, "weight", None)
+    return float(get(batch)) if callable(get) else float(batch_size_of(batch.x))
 
-    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+
+def _as_batch(ds: Dataset) -> Batch:
+    return Batch(ds.x, ds.y)
+
+
+def _tokens(x: Any) -> int:
+    """Tokens in a language-model batch (attention mask, else every id); 0 for other inputs."""
+    if isinstance(x, dict) and "input_ids" in x:
+        mask = x.get("attention_mask")
+        return int(mask.sum()) if mask is not None else int(x["input_ids"].numel())
+    return 0
 
 
 @dataclasses.dataclass
@@ -447,27 +650,35 @@ class _EpochStats:
 
     t0: float = dataclasses.field(default_factory=time.perf_counter)
     seen: int = 0
+    #: sum of loss × weight, and of the weights (samples, or the tokens an LM loss scores)
     loss_sum: float = 0.0
+    weight: float = 0.0
     correct: int = 0
     labelled: int = 0
+    tokens: int = 0
+    #: seconds spent before a checkpoint this epoch resumed from
+    elapsed: float = 0.0
 
-    def add(self, batch: Batch, loss: Any, logits: Any) -> float:
-        """Count one batch; returns its loss as a float."""
+    def add(self, batch: Batch, loss: Any, logits: Any, weight: float) -> float:
+        """Count one batch (``weight`` 0: a stand-in that does not count); returns its loss."""
+        loss_value = float(loss.detach())
+        if not weight:
+            return loss_value
         n = batch_size_of(batch.x)
         self.seen += n
-        loss_value = float(loss.detach())
-        self.loss_sum += loss_value * n
+        self.tokens += _tokens(batch.x)
+        self.loss_sum += loss_value * weight
+        self.weight += weight
         if logits is not None and batch.y is not None:
             self.correct += int((logits.detach().argmax(-1) == batch.y).sum())
             self.labelled += n
         return loss_value
 
     def sum_over_ranks(self, device: Any) -> None:
-        seen, loss_sum, correct, labelled = dist_util.all_reduce_sum(
-            [self.seen, self.loss_sum, self.correct, self.labelled], device
-        )
-        self.seen, self.correct, self.labelled = int(seen), int(correct), int(labelled)
-        self.loss_sum = loss_sum
+        fields = ("seen", "loss_sum", "weight", "correct", "labelled", "tokens")
+        summed = dist_util.all_reduce_sum([float(getattr(self, f)) for f in fields], device)
+        for f, v in zip(fields, summed, strict=True):
+            setattr(self, f, v if f in ("loss_sum", "weight") else int(v))
 
 
 class _EpochBar:
@@ -475,30 +686,21 @@ class _EpochBar:
 
     def __init__(self, bar: Any, description: str, run: _Training):
         self.bar, self.description, self.epochs = bar, description, run.config.epochs
-        self.task = (
-            bar.add_task(
-                description, total=self.epochs * run.n_batches, completed=run.start_epoch * run.n_batches
-            )
-            if bar
-            else None
-        )
+        per_step = run.config.grad_accum_steps
+        total = min(run.config.epochs * run.n_batches, run.total_steps * per_step)
+        self.task = bar.add_task(description, total=total, completed=run.step_no * per_step) if bar else None
 
     def advance(self, epoch: int, stats: _EpochStats, world: int) -> None:
         if not self.bar:
             return
         rate = stats.seen * world / max(time.perf_counter() - stats.t0, 1e-9)
         acc = f" acc {stats.correct / stats.labelled:.3f}" if stats.labelled else ""
+        loss = stats.loss_sum / stats.weight if stats.weight else float("nan")
         self.bar.update(
             self.task,
             advance=1,
-            description=f"{self.description} epoch {epoch + 1}/{self.epochs} "
-            f"loss {stats.loss_sum / stats.seen:.4f}{acc} {rate:.0f}/s",
+            description=f"{self.description} epoch {epoch + 1}/{self.epochs} loss {loss:.4f}{acc} {rate:.0f}/s",
         )
-
-
-def _batches_per_epoch(data: Dataset, batch_size: int, world: int) -> int:
-    per_rank = math.ceil(len(data) / world) if world > 1 else len(data)
-    return -(-per_rank // batch_size)
 
 
 def _device_of(model: Any) -> Any:
@@ -564,6 +766,9 @@ class _Logger:
             for k, v in record.items():
                 if k != "epoch" and isinstance(v, (int, float)):
                     self.writer.add_scalar(f"epoch/{k}", v, record["epoch"])
+                elif isinstance(v, list):  # one value per rank (peak memory)
+                    for r, value in enumerate(v):
+                        self.writer.add_scalar(f"epoch/{k}/rank{r}", value, record["epoch"])
             self.writer.flush()
 
     def close(self) -> None:

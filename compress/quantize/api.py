@@ -41,12 +41,24 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ptopt.compress.distributed import is_main_process
 from ptopt.compress.quantize.config import OPTIONS, QuantConfig, SearchOptions, require_data
 from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared
 from ptopt.compress.quantize.resolve import resolve_config
 from ptopt.compress.quantize.table import technique
 from ptopt.compress.stage import check_output, finish
 from ptopt.core.errors import UsageError
+
+
+def _refuse_lm_qat(model: Any) -> None:
+    """QAT here is the classifiers' (torch.ao FX / PT2E graphs); a language model's is distillation."""
+    from ptopt.compress.distill_lm import is_lm_request
+
+    if is_lm_request(model):
+        raise UsageError(
+            "--mode qat trains classifiers through torch.ao/PT2E graphs; QAT of a language model is "
+            "ptopt distill --teacher hf:M --student hf:M --qat 8da4w|8da8w --train-data TEXT (docs/distill.md)"
+        )
 
 
 @OPTIONS.twin
@@ -98,9 +110,13 @@ def quantize(
             config, model, output, calib_data=calib_data, eval_data=eval_data, train_data=train_data, **common
         )
     check_output(output, hint=" such as model.int8.pt")
+    if config.mode == "qat":
+        _refuse_lm_qat(model)
     require_data(config, calib_data=calib_data, train_data=train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
     result = quantize_prepared(config, prep, progress)
+    if config.mode == "qat" and not is_main_process():
+        return None  # under torchrun every process trained (the trainer's DDP); rank 0 judges and writes
     judged(result, config, prep, output)
     return finish(result, output)
 

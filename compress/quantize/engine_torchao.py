@@ -116,3 +116,47 @@ def inner_tensors(weight: Any) -> list[Any]:
         if inner is not None:
             out.extend(inner_tensors(inner))
     return out
+
+
+# -- quantization-aware training of language models (``ptopt distill --qat``) ---------------------------
+
+#: scheme -> (weight bits, group size; None: one scale per output channel); activations int8 dynamic
+QAT_SCHEMES = {"8da4w": (4, 32), "8da8w": (8, None)}
+
+
+def qat_base_config(scheme: str) -> Any:
+    """torchao's ``Int8DynamicActivationIntxWeightConfig`` for ``scheme``: int8 activations quantized
+    per token at run time, int4 (per group) or int8 (per channel) symmetric weights; its CPU path."""
+    import torch
+
+    bits, group = QAT_SCHEMES[scheme]
+    with torchao() as q:
+        from torchao.quantization.granularity import PerAxis, PerGroup
+
+        granularity = PerGroup(group) if group else PerAxis(0)
+        return q.Int8DynamicActivationIntxWeightConfig(
+            weight_dtype=torch.int4 if bits == 4 else torch.int8, weight_granularity=granularity
+        )
+
+
+def qat_step(model: Any, scheme: str, step: str, selected: Callable) -> None:
+    """``QATConfig(base, step=...)``: ``prepare`` swaps the selected Linear layers for fake-quantized
+    ones (training sees the rounding), ``convert`` makes them the quantized layers of ``scheme``."""
+    with torchao() as q:
+        from torchao.quantization.qat import QATConfig
+
+        q.quantize_(model, QATConfig(qat_base_config(scheme), step=step), filter_fn=selected)
+
+
+def torchao_config(scheme: str, tf: Any) -> dict[str, Any]:
+    """``config.json``'s ``quantization_config`` (transformers' ``TorchAoConfig``) for ``scheme``."""
+    with torchao():
+        return tf.TorchAoConfig(qat_base_config(scheme)).to_dict()
+
+
+def flat_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A state dict holding torchao tensors as plain tensors and metadata for safetensors."""
+    with torchao():
+        from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
+
+        return flatten_tensor_state_dict(state)

@@ -1,0 +1,396 @@
+"""Token-level distillation of causal language models: the path ``ptopt.distill`` takes when the teacher
+is a causal LM (a Hugging Face folder, ``hf:DIR``, or a transformers model in memory).
+
+- **Models.** Teacher and student are Hugging Face folders (``core.hf``: safetensors, never a hub
+  download) or transformers models in memory. A student folder holding only ``config.json`` starts
+  from that config's fresh initialization (seeded). The student must share the teacher's vocabulary.
+- **Data.** Text (``core.text``: a ``.txt`` file tokenized with the teacher folder's tokenizer, token
+  ids in a ``.pt``/``.npy``, ``builtin:pydoc-text:calib|eval``), cut into windows of ``seq_len``
+  tokens; the last window is padded and its padding masked (``attention_mask``).
+- **Loss**, per scored token (a position whose next token is real text), averaged over the tokens of
+  the global batch::
+
+      loss = α·CE(student, next token) + (1−α)·T²·KL(softmax(teacher/T) ‖ softmax(student/T))
+
+  ``α = 1`` is the language-model loss alone (the teacher is not run). Gradient accumulation, bf16
+  autocast, checkpoints and DDP / FSDP come from the shared trainer.
+- **Output**: a Hugging Face folder (``save_pretrained``: ``config.json``, ``model.safetensors``, the
+  tokenizer) that ``AutoModelForCausalLM.from_pretrained`` loads, reloaded and compared before it
+  counts; its sidecar beside it. With ``eval_data``, the held-out perplexity of student and teacher,
+  scored as ``ptopt validate`` scores it (``core.lm.perplexity``: sliding window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ptopt.compress.quantize.engine_torchao import QAT_SCHEMES
+from ptopt.core.errors import ShapeMismatchError, UsageError
+from ptopt.core.options import option
+
+#: tokens per training window unless told
+DEFAULT_SEQ_LEN = 256
+#: the sidecar's perplexities read at most this many evaluation tokens (validate reads them all)
+EVAL_TOKENS = 8192
+#: the reloaded folder's logits may differ from the trained model's by this much (float noise)
+RELOAD_ATOL = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class LMOptions:
+    """The options of a causal language model's distillation (``ptopt.distill``'s ``lm`` kind)."""
+
+    seq_len: int | None = option(
+        None,
+        help=f"Language models: tokens per training window (default {DEFAULT_SEQ_LEN}).",
+        metavar="N",
+        applies=("lm",),
+    )
+    qat: str | None = option(
+        None,
+        help="Language models: quantization-aware training of the student (torchao): int8 dynamic activations "
+        "with int4 (groups of 32) or int8 (per channel) weights; OUT holds the quantized student.",
+        choices=tuple(QAT_SCHEMES),
+        applies=("lm",),
+        note="a classifier's QAT is ptopt quantize --mode qat",
+    )
+
+    def __post_init__(self) -> None:
+        if self.seq_len is not None and self.seq_len < 2:
+            raise UsageError(
+                f"--seq-len must be >= 2 (a token and the next one it predicts), got {self.seq_len}"
+            )
+        if self.qat is not None and self.qat not in QAT_SCHEMES:
+            raise UsageError(f"--qat must be one of {', '.join(QAT_SCHEMES)}, got {self.qat!r}")
+
+
+def is_lm_request(teacher: Any) -> bool:
+    """Whether ``teacher`` is a causal language model (its distillation is token by token)."""
+    from ptopt.core.hf import is_causal_lm, is_hf_dir
+    from ptopt.core.modelref import HF_SCHEME, LoadedModel
+
+    if isinstance(teacher, (str, os.PathLike)):
+        text = str(teacher)
+        return text.startswith(HF_SCHEME) or is_hf_dir(text)
+    module = teacher.module if isinstance(teacher, LoadedModel) else getattr(teacher, "model", teacher)
+    return is_causal_lm(module)
+
+
+class LMDistillLoss(nn.Module):
+    """A trainer ``loss_fn`` for causal LMs (module docstring): ``loss(model, batch) -> (loss, None)``,
+    a mean over the batch's scored tokens (``weight``)."""
+
+    def __init__(self, teacher: Any, temperature: float, alpha: float):
+        super().__init__()
+        self._teacher = [teacher]  # hidden from parameters()/state_dict(): it never trains
+        self.temperature, self.alpha = float(temperature), float(alpha)
+
+    def frozen_modules(self) -> list[Any]:
+        from ptopt.compress.distill_loss import frozen_teacher
+
+        return frozen_teacher(self._teacher[0]) if self.alpha < 1 else []
+
+    @staticmethod
+    def scored(x: dict[str, Any]) -> Any:
+        """Positions whose next token is real text (both attention-mask entries set)."""
+        mask = x["attention_mask"].bool()
+        return mask[:, :-1] & mask[:, 1:]
+
+    def weight(self, batch: Any) -> int:
+        return int(self.scored(batch.x).sum())
+
+    def forward(self, model: Any, batch: Any) -> tuple[Any, Any]:
+        x = batch.x
+        keep = self.scored(x)
+        logits = model(input_ids=x["input_ids"], attention_mask=x["attention_mask"], use_cache=False).logits
+        s = logits[:, :-1][keep].float()
+        target = x["input_ids"][:, 1:][keep]
+        loss = F.cross_entropy(s, target, reduction="mean") if self.alpha > 0 else s.new_zeros(())
+        if self.alpha < 1:
+            teacher = self._teacher[0]
+            with torch.no_grad():
+                t_logits = teacher(
+                    input_ids=x["input_ids"], attention_mask=x["attention_mask"], use_cache=False
+                ).logits
+            t = t_logits[:, :-1][keep].float()
+            temp = self.temperature
+            kl = F.kl_div(
+                F.log_softmax(s / temp, -1),
+                F.log_softmax(t / temp, -1),
+                reduction="batchmean",
+                log_target=True,
+            )
+            loss = self.alpha * loss + (1 - self.alpha) * temp * temp * kl
+        return loss, None
+
+
+# -- data --------------------------------------------------------------------------------------------
+
+
+def windows(ids: Any, seq_len: int, pad_id: int, name: str) -> Any:
+    """``ids`` (1-D) cut into windows of ``seq_len`` tokens: a Dataset of ``input_ids`` and
+    ``attention_mask``; the last window padded with ``pad_id`` (masked)."""
+    from ptopt.core.data import Dataset
+    from ptopt.core.errors import DataError
+
+    if ids.numel() < 2:
+        raise DataError(f"{name}: {ids.numel()} token(s); training needs at least 2")
+    n = -(-ids.numel() // seq_len)
+    flat = torch.full((n * seq_len,), pad_id, dtype=torch.long)
+    mask = torch.zeros(n * seq_len, dtype=torch.long)
+    flat[: ids.numel()], mask[: ids.numel()] = ids, 1
+    if n > 1 and int(mask[(n - 1) * seq_len :].sum()) < 2:  # a last window of one token scores nothing
+        n -= 1
+        flat, mask = flat[: n * seq_len], mask[: n * seq_len]
+    return Dataset({"input_ids": flat.view(n, seq_len), "attention_mask": mask.view(n, seq_len)}, None, name)
+
+
+def _text_ids(ref: Any, vocab: int, tokenizer_dir: Any, what: str) -> Any:
+    from ptopt.core.lm import token_ids
+
+    return token_ids(ref, vocab, tokenizer_dir, what)
+
+
+# -- models ------------------------------------------------------------------------------------------
+
+
+def load_lm(ref: Any, allow_pickle: bool, role: str, seed: int) -> Any:
+    """A LoadedModel holding a causal LM: a folder (``hf:DIR``; ``config.json`` alone: a fresh model of
+    that config, seeded), a transformers model in memory, or a LoadedModel."""
+    from ptopt.core.hf import WEIGHT_FILES, config_of, import_transformers, is_causal_lm, is_hf_dir
+    from ptopt.core.modelref import HF_SCHEME, LoadedModel, as_loaded
+
+    if isinstance(ref, (str, os.PathLike)):
+        path = Path(str(ref)[len(HF_SCHEME) :] if str(ref).startswith(HF_SCHEME) else ref)
+        if is_hf_dir(path) and not any((path / f).is_file() for f in WEIGHT_FILES):
+            tf = import_transformers()
+            torch.manual_seed(seed)
+            module = tf.AutoModelForCausalLM.from_config(config_of(path), dtype=torch.float32)
+            return LoadedModel(str(ref), "hf", module, path, None, info={"hf_dir": str(path), "fresh": True})
+    loaded = as_loaded(ref, None, allow_pickle)
+    if loaded.module is None or not is_causal_lm(loaded.module):
+        raise UsageError(
+            f"{role} {loaded.ref} is not a causal language model, and the teacher is one: give a Hugging "
+            "Face folder (hf:DIR) of the same family"
+        )
+    return loaded
+
+
+def check_pair(teacher: Any, student: Any) -> None:
+    """The student must score the teacher's tokens: the same vocabulary (size) on both sides."""
+    tv, sv = teacher.config.vocab_size, student.config.vocab_size
+    if tv != sv:
+        raise ShapeMismatchError(
+            "the student's vocabulary differs from the teacher's: token-level distillation compares "
+            "their next-token distributions over one vocabulary (use a student with the teacher's tokenizer)",
+            expected=f"vocabulary {tv}",
+            got=f"student vocabulary {sv}",
+        )
+
+
+def parameters_of(module: Any) -> int:
+    """Parameters, each shared tensor once (tied embeddings); whole counts of sharded ones."""
+    seen, total = set(), 0
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def teacher_digest(loaded: Any) -> str:
+    """What identifies the teacher's weights in a checkpoint's fingerprint: the sha256 of its weight
+    files, else of its tensors."""
+    from ptopt.compress.checkpoint import tensor_digest
+    from ptopt.core.artifact import sha256_file
+    from ptopt.core.hf import WEIGHT_FILES
+
+    folder = loaded.info.get("hf_dir")
+    files = [Path(folder) / f for f in WEIGHT_FILES if folder and (Path(folder) / f).is_file()]
+    if files:
+        return "+".join(sha256_file(f)[:16] for f in files)
+    return tensor_digest(loaded.module.state_dict().values())
+
+
+# -- the flow ----------------------------------------------------------------------------------------
+
+
+def distill_lm(
+    teacher: Any,
+    student: Any,
+    train_data: Any,
+    output: Any,
+    dcfg: Any,
+    tcfg: Any,
+    run: Any,
+    lm: LMOptions,
+    *,
+    eval_data: Any = None,
+    allow_pickle: bool = False,
+    epoch_hooks: Any = (),
+    progress: bool = True,
+) -> Any:
+    """``ptopt.distill`` of a causal LM (module docstring); ``dcfg``/``tcfg``/``run``/``lm`` resolved by
+    ``distill`` (``lm.qat``: quantization-aware training of the student, ``ptopt.compress.lm_qat``).
+    Rank 0 returns the Result, other ranks None."""
+    from ptopt.compress import distributed as dist_util
+    from ptopt.compress import lm_qat
+    from ptopt.compress.stage import finish
+    from ptopt.core.result import check_folder_output
+
+    seq_len, qat = lm.seq_len or DEFAULT_SEQ_LEN, lm.qat
+    if output is not None:
+        check_folder_output(Path(output), "hf_weight_only" if qat else "hf")
+    t_loaded = load_lm(teacher, allow_pickle, "teacher", tcfg.seed)
+    s_loaded = load_lm(student, allow_pickle, "student", tcfg.seed)
+    check_pair(t_loaded.module, s_loaded.module)
+    if qat:
+        lm_qat.prepare(s_loaded.module, qat)
+    tok_dir = t_loaded.info.get("hf_dir") or s_loaded.info.get("hf_dir")
+    vocab = t_loaded.module.config.vocab_size
+    train_ids = _text_ids(train_data, vocab, tok_dir, "training text")
+    eval_ids = _text_ids(eval_data, vocab, tok_dir, "evaluation text") if eval_data is not None else None
+    pad = _pad_id(t_loaded.module)
+    data = windows(train_ids, seq_len, pad, _name(train_data, "training text"))
+    loss = LMDistillLoss(t_loaded.module.eval(), dcfg.temperature, dcfg.alpha)
+    fingerprint = {**dcfg.to_dict(), "seq_len": seq_len, "qat": qat, "teacher": teacher_digest(t_loaded)}
+    hooks = dict(epoch_hooks=epoch_hooks, progress=progress)
+    result = _train(s_loaded.module, data, tcfg, loss, fingerprint, run, hooks)
+    if qat and dist_util.is_main_process():
+        lm_qat.convert(result.model, qat)
+    measured = _perplexities(t_loaded, result, eval_ids, eval_data, qat)  # collective under FSDP
+    if not dist_util.is_main_process():
+        return None
+    facts = {"seq_len": seq_len, "train_tokens": int(train_ids.numel()), "windows": len(data), "pad_id": pad}
+    built = _result(t_loaded, s_loaded, result, dcfg, tcfg, measured, facts, (train_data, eval_data), qat)
+    return finish(built, output)
+
+
+def _train(student: Any, data: Any, tcfg: Any, loss: Any, fingerprint: dict, run: Any, hooks: dict) -> Any:
+    from ptopt.compress.trainer import train
+
+    student.train()
+    label = hooks["progress"] and ("distill" if loss.alpha < 1 else "train (LM loss)")
+    return train(
+        student, data, tcfg, loss_fn=loss, fingerprint_extra=fingerprint, progress=label,
+        epoch_hooks=hooks["epoch_hooks"], checkpoint_dir=run.checkpoint_dir, resume=run.resume,
+        log_dir=run.log_dir, metrics_file=run.metrics_file,
+    )  # fmt: skip
+
+
+def _pad_id(model: Any) -> int:
+    config = model.config
+    for key in ("pad_token_id", "eos_token_id"):
+        value = getattr(config, key, None)
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if isinstance(value, int) and 0 <= value < config.vocab_size:
+            return value
+    return 0
+
+
+def _name(ref: Any, what: str) -> str:
+    return str(ref) if isinstance(ref, (str, os.PathLike)) else f"in-memory {what}"
+
+
+def _perplexities(t_loaded: Any, result: Any, ids: Any, ref: Any, qat: str | None) -> dict[str, Any]:
+    """Held-out perplexity of student and teacher (``core.lm.perplexity``, at most EVAL_TOKENS tokens);
+    every rank scores the same windows (a sharded model's forward is collective). A QAT student is
+    scored quantized, on rank 0 (rank 0 alone holds it converted)."""
+    from ptopt.compress import distributed as dist_util
+    from ptopt.core.lm import perplexity
+
+    if ids is None:
+        return {}
+    ids = ids[:EVAL_TOKENS]
+    base = perplexity(t_loaded.module.eval(), ids)
+    if qat:
+        if not dist_util.is_main_process():
+            return {}
+        student = result.model
+    else:
+        student = result.sharded if result.sharded is not None else result.model
+    mine = perplexity(student.eval(), ids)
+    return {
+        "eval_data": _name(ref, "evaluation text"),
+        "perplexity_window": {"context": mine["context"], "stride": mine["stride"], "tokens": mine["tokens"]},
+        "perplexity": mine["perplexity"],
+        "teacher_perplexity": base["perplexity"],
+    }
+
+
+def _result(
+    t_loaded: Any,
+    s_loaded: Any,
+    result: Any,
+    dcfg: Any,
+    tcfg: Any,
+    measured: dict,
+    facts: dict,
+    refs: tuple,
+    qat: str | None = None,
+) -> Any:
+    """The trained student (rank 0's) as an unsaved Result whose writer writes a Hugging Face folder
+    (with ``qat``: ptopt's quantized folder, ``hf_weight_only``)."""
+    from ptopt.compress import lm_qat
+    from ptopt.compress.stage import UNSAVED, input_files
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.result import Result
+
+    module = result.model.eval()
+    t_params, s_params = parameters_of(t_loaded.module), parameters_of(module)
+    names = {k: _name(v, k) for k, v in zip(("train_data", "eval_data"), refs, strict=True) if v is not None}
+    template = Artifact(
+        path=UNSAVED,
+        format="hf_weight_only" if qat else "hf",
+        config={**dcfg.to_dict(), "train": tcfg.to_dict(), "teacher": str(t_loaded.ref), "qat": qat,
+                "student": str(s_loaded.ref), "task": "causal-lm", **names, **facts},
+        parent=t_loaded.parent_record(),
+        precision=lm_qat.precision(qat) if qat else "fp32",
+        metrics={"student_parameters": s_params, "teacher_parameters": t_params, **measured},
+        extra={"teacher": t_loaded.parent_record(), "student": s_loaded.parent_record(),
+               **result.summary(), "parameter_ratio": s_params / max(t_params, 1)},
+    )  # fmt: skip
+    tok_dir = s_loaded.info.get("hf_dir") if _has_tokenizer(s_loaded) else t_loaded.info.get("hf_dir")
+    sources = input_files(t_loaded.path, s_loaded.path, *refs)
+    if qat:
+        write = lambda p: lm_qat.write_folder(module, p, tok_dir, qat)  # noqa: E731
+    else:
+        write = lambda p: write_folder(module, p, tok_dir)  # noqa: E731
+    return Result(module, template, write, inputs_paths=sources, folder=True)
+
+
+def _has_tokenizer(loaded: Any) -> bool:
+    from ptopt.core.hf import has_tokenizer
+
+    folder = loaded.info.get("hf_dir")
+    return bool(folder) and has_tokenizer(folder)
+
+
+def write_folder(module: Any, path: Path, tokenizer_dir: Any) -> dict[str, Any]:
+    """``module.save_pretrained(path)`` (safetensors) plus the tokenizer files of ``tokenizer_dir``;
+    the folder is loaded back with ``core.hf.load_causal_lm`` and its logits compared first."""
+    from ptopt.core.hf import load_causal_lm
+    from ptopt.core.quiet import quiet_imports
+    from ptopt.formats.hf import copy_companions
+
+    with quiet_imports():
+        module.save_pretrained(str(path), safe_serialization=True)
+    files = copy_companions(tokenizer_dir, path)
+    ids = torch.arange(min(16, module.config.vocab_size)).unsqueeze(0)
+    reloaded = load_causal_lm(path)
+    with torch.inference_mode():
+        want = module(input_ids=ids, use_cache=False).logits
+        got = reloaded(input_ids=ids, use_cache=False).logits
+    diff = float((want - got).abs().max())
+    if diff > RELOAD_ATOL:
+        raise RuntimeError(
+            f"{path}: the saved folder computes other logits than the trained model (max diff {diff})"
+        )
+    return {"files": files, "extra": {"reload_max_abs_diff": diff}}

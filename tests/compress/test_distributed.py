@@ -1,0 +1,134 @@
+"""The pieces of training across processes that one process can check: the global batch split over
+ranks, the strategy and launch checks, FSDP's wrap units, the unsharded copy of a sharded model, and
+checkpoint folders (their index is read without running code). The processes themselves:
+``test_distill_processes.py``."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from ptopt.compress import checkpoint as ckpt_util
+from ptopt.compress import distributed as dist_util
+from ptopt.core.errors import UsageError
+from tests.helpers import assert_refused
+
+
+@pytest.mark.parametrize("n,batch,world", [(10, 4, 2), (9, 4, 2), (7, 6, 3), (5, 4, 4)], ids=str)
+def test_rank_slices_rebuild_the_single_process_batches(n, batch, world):
+    """Each global batch is the one a single process trains on, in its order; the ranks' slices put
+    together are that batch, and a rank left without samples runs one that does not count."""
+    from ptopt.core.data import Dataset
+
+    single = [
+        b.x.reshape(-1).tolist()
+        for b in Dataset(torch.arange(n).float()).batches(batch, shuffle=True, seed=3)
+    ]
+    split = dist_util.global_batches(n, batch, True, 3)
+    assert [b.tolist() for b in split] == [[int(v) for v in s] for s in single]
+    for idx in split:
+        parts = [dist_util.rank_part(idx, world, r) for r in range(world)]
+        assert torch.cat([p for p, counts in parts if counts]).tolist() == idx.tolist()
+        assert all(p.numel() == 1 for p, counts in parts if not counts)
+
+
+def test_strategies_need_the_processes_they_name(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert dist_util.resolve_strategy("auto") == "none"
+    for name in ("ddp", "fsdp"):
+        assert_refused(dist_util.resolve_strategy, name, match=["this is one", "torchrun --nproc-per-node 2"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert dist_util.resolve_strategy("auto") == "ddp"
+    assert_refused(dist_util.resolve_strategy, "none", match="train 2 separate models")
+    assert_refused(dist_util.check_batch, 7, 2, match=["--batch-size 7 is the global batch", "multiple of 2"])
+
+
+def test_fsdp_options_need_fsdp_and_offload_needs_cuda():
+    from ptopt.compress.trainer import TrainConfig
+
+    with pytest.raises(UsageError, match="apply to --strategy fsdp"):
+        TrainConfig(shard_modules=("layers.*",))
+    assert_refused(dist_util.fsdp_policies, "fp32", "fp32", True, torch.device("cpu"), match="--device cuda")
+    assert set(dist_util.fsdp_policies("bf16", "fp32", False, torch.device("cpu"))) == {"mp_policy"}
+
+
+class Blocks(nn.Module):
+    _no_split_modules = ["Block"]
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.embed.weight  # tied, as language models tie them
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 0.5), persistent=False)
+
+    def forward(self, x):
+        return x + self.inner(x) * self.scale
+
+
+def test_wrap_units_by_name_pattern_class_and_model_default():
+    model = Blocks()
+    blocks = list(model.layers)
+    assert dist_util.shard_units(model) == blocks[::-1]  # _no_split_modules; children before parents
+    assert dist_util.shard_units(model, ("layers.*",)) == blocks[::-1]
+    assert dist_util.shard_units(model, ("layers.1", "layers")) == [blocks[1], model.layers]
+    assert dist_util.shard_units(model, ("Linear",))[0] is model.head
+    assert_refused(dist_util.shard_units, model, ("nope",), match=["--shard-module nope", "embed, layers"])
+    assert dist_util.shard_units(model, ("nope",), strict=False) == blocks[::-1]
+
+
+def test_skeleton_takes_a_gathered_state_and_ties_again():
+    torch.manual_seed(0)
+    model = Blocks()
+    shell = dist_util.skeleton(model)
+    assert all(p.is_meta for p in shell.parameters()) and not any(b.is_meta for b in shell.buffers())
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # a gather gives separate tensors
+    out = dist_util.materialize(shell, state)
+    assert out.head.weight is out.embed.weight
+    ids = torch.arange(5).unsqueeze(0)
+    assert torch.equal(out(ids), model(ids))
+
+
+def test_checkpoint_index_is_read_without_running_code(tmp_path):
+    """DCP pickles its index; a checkpoint folder whose index asks for anything but DCP's metadata
+    classes is refused before it is unpickled further."""
+    ckpt_util.save(tmp_path, {"model": {"w": torch.ones(3)}}, {"fingerprint": {}, "position": {}}, step=1)
+    folder = ckpt_util.latest_checkpoint(tmp_path)
+    assert folder.name == "step-00000001" and (folder / "trainer.pt").is_file()
+    into = {"model": {"w": torch.zeros(3)}}
+    ckpt_util.load_tensors(folder, into)
+    assert torch.equal(into["model"]["w"], torch.ones(3))
+
+    class Boom:
+        def __reduce__(self):
+            return (print, ("this ran",))
+
+    (folder / ".metadata").write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(UsageError, match="do not fit this run|not DCP's index"):
+        ckpt_util.load_tensors(folder, {"model": {"w": torch.zeros(3)}})
+
+
+def test_a_run_never_writes_over_a_checkpoint_it_does_not_resume(tmp_path):
+    ckpt_util.save(tmp_path, {"w": torch.ones(1)}, {"fingerprint": {}}, step=4)
+    assert_refused(
+        ckpt_util.refuse_existing, tmp_path, match=["already holds a checkpoint (step-00000004)", "--resume"]
+    )
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "checkpoint.pt").write_bytes(b"")
+    assert_refused(ckpt_util.latest_checkpoint, tmp_path / "old", match="earlier ptopt")
