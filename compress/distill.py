@@ -58,7 +58,12 @@ OUTPUT_SUFFIXES = {".pt": "torchscript", ".pt2": "exported_program"}
 class RunOptions:
     """Where a distillation run keeps its state: checkpoints (and resuming from them) and logs."""
 
-    checkpoint_dir: Any = option(None, help="Write a checkpoint after every epoch here.", metavar="DIR")
+    checkpoint_dir: Any = option(
+        None,
+        help="Write a sharded checkpoint here after every epoch (each process its shard; resumable on "
+        "another number of processes).",
+        metavar="DIR",
+    )
     resume: bool = option(False, help="Continue the run whose checkpoint is in --checkpoint-dir.")
     log_dir: Any = option(None, help="TensorBoard logs and metrics.jsonl.", metavar="DIR")
     metrics_file: Any = option(

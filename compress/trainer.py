@@ -298,8 +298,10 @@ def train(
     device = dist_util.resolve_device(config.device)
     if config.precision == "fp16" and device.type != "cuda":
         raise UsageError("fp16 training needs CUDA; use bf16 mixed precision on CPU")
-    policies = dist_util.fsdp_policies(
-        config.fsdp_param_dtype, config.fsdp_reduce_dtype, config.cpu_offload, device
+    policies = (
+        dist_util.fsdp_policies(config.fsdp_param_dtype, config.fsdp_reduce_dtype, config.cpu_offload, device)
+        if strategy == "fsdp"
+        else {}
     )
     dist_util.check_batch(config.batch_size, dist_util.env_world_size())
     if checkpoint_dir is not None and not resume and dist_util.is_main_process():

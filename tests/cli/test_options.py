@@ -119,6 +119,22 @@ CASES = {
         ),
         "ptopt.compress.distill:distill",
         ("zoo:resnet", "zoo:cnn", "builtin:digits32:train", "s.pt"),
+        by_choice={
+            "lm": (
+                (
+                    "distill",
+                    "--teacher",
+                    "hf:lm",
+                    "--student",
+                    "hf:lm-small",
+                    "--train-data",
+                    "t.txt",
+                    "-o",
+                    "s",
+                ),
+                ("hf:lm", "hf:lm-small", "t.txt", "s"),
+            ),
+        },
     ),
 }
 
@@ -168,6 +184,10 @@ SAMPLES = {
     "checkpoint_dir": "ckpt",
     "log_dir": "logs",
     "metrics_file": "m.jsonl",
+    "max_steps": 10,
+    "checkpoint_every": 5,
+    "shard_modules": ("layers.*",),
+    "seq_len": 64,
 }
 
 #: what a field holds for a sample its config normalizes
@@ -185,7 +205,11 @@ COMPANIONS = {
         "float_modules": {"precision": "int8"},
         "cuda_graphs": {"device": "cuda"},
     },
-    "distill": {"resume": {"checkpoint_dir": "ckpt"}},
+    "distill": {
+        "resume": {"checkpoint_dir": "ckpt"},
+        "shard_modules": {"strategy": "fsdp"},
+        "cpu_offload": {"strategy": "fsdp"},
+    },
     "optimize": {},
 }
 

@@ -246,5 +246,5 @@ def test_api_errors_are_typed(pair, tmp_path):
     )  # fmt: skip
     assert_refused(
         distill, "tests.helpers:tiny_cnn", "tests.compress.distill_helpers:tiny_student", "builtin:digits:test",
-        error=UsageError, match="apply to language models", seq_len=8,
+        error=UsageError, match="--seq-len applies only to a causal language model", seq_len=8,
     )  # fmt: skip
