@@ -1,16 +1,16 @@
 """Distillation of a causal LM across processes and against the LM loss (issue 43), on 2 CPU processes.
 
-``python benchmarks/bench_distill_lm.py processes`` -- torch's engines against one process:
+``python benchmarks/bench_distill_lm.py parity|memory`` -- torch's engines against one process:
 
 1. *Parity.* Teacher: SmolLM2-135M cut to 4 of its 30 blocks; student: cut to 2 (real weights, so the
-   losses are a language model's). 5,120 tokens of ``builtin:pydoc-text:calib`` in windows of 64, a
-   global batch of 8 windows: one epoch is 10 optimizer steps, 2 epochs are 20. The same seed, data,
+   losses are a language model's). 1,280 tokens of ``builtin:pydoc-text:calib`` in windows of 32, a
+   global batch of 4 windows: one epoch is 10 optimizer steps, 2 epochs are 20. The same seed, data,
    order and global batch in one process, in 2 processes with DDP and in 2 with FSDP2; every step's
    loss is compared with the one-process run's. Then FSDP killed after its first epoch (the sharded
    checkpoint of step 10, written by both processes) and resumed on 2 processes and on 1: the loss at
    step 20 against the unbroken run's.
 2. *Memory.* SmolLM2-135M (teacher) into its 14-block copy (student, 57.9% of its parameters), windows
-   of 128 tokens, a global batch of 4, 3 optimizer steps: peak resident memory (``ru_maxrss``, the whole
+   of 64 tokens, a global batch of 2, 2 optimizer steps: peak resident memory (``ru_maxrss``, the whole
    process from its start: loading included) per process, one process vs FSDP on 2 (and DDP on 2 for
    context). One process is measured twice: with glibc's default allocator settings and with
    ``MALLOC_MMAP_THRESHOLD_=131072`` (what the trainer sets itself under FSDP on the CPU:
@@ -39,11 +39,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import md_table, setup, write_result  # noqa: E402
 
-PARITY = dict(teacher_layers=4, student_layers=2, tokens=5120, seq_len=64, batch=8, epochs=2, lr=1e-4)
-MEMORY = dict(student_layers=14, seq_len=128, batch=4, steps=3, lr=1e-4)
+PARITY = dict(teacher_layers=4, student_layers=2, tokens=1280, seq_len=32, batch=4, epochs=2, lr=1e-4)
+MEMORY = dict(student_layers=14, seq_len=64, batch=2, steps=2, lr=1e-4)
 #: the quality budget: optimizer steps x global batch x tokens per window, from the same 14-block start
-BUDGET = dict(steps=30, batch=8, seq_len=64, lr=2e-4, temperature=1.0, alpha=0.0)
-EVAL_TOKENS = 2048
+BUDGET = dict(steps=10, batch=4, seq_len=64, lr=2e-4, temperature=1.0, alpha=0.0)
+EVAL_TOKENS = 1024
 HERE = Path(__file__).resolve().parent
 
 
@@ -119,7 +119,7 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
-def processes() -> None:
+def parity() -> None:
     threads = setup(2)
     import smollm
 
@@ -146,11 +146,11 @@ def processes() -> None:
             dict(killed, checkpoint_dir=str(tmp / "ck1"), kill_at_epoch=None, resume=True,
                  train_config=dict(tcfg, strategy="none")), tmp, "resume1",
         )  # fmt: skip
-        memory = _memory(tmp)
-    _report_processes(runs, resumed, memory, threads)
+    _report_parity(runs, resumed, threads)
 
 
-def _memory(tmp: Path) -> dict:
+def memory() -> None:
+    threads = setup(2)
     import smollm
 
     m = MEMORY
@@ -158,17 +158,22 @@ def _memory(tmp: Path) -> dict:
     spec = dict(teacher=f"hf:{smollm.smollm_dir()}", student=f"hf:{smollm.student_dir(m['student_layers'])}",
                 train="builtin:pydoc-text:calib", seq_len=m["seq_len"])  # fmt: skip
     fixed = {"MALLOC_MMAP_THRESHOLD_": "131072"}
-    return {
-        "one process": _run(dict(spec, train_config=dict(tcfg, strategy="none")), tmp, "mem_single"),
-        "one process, MALLOC_MMAP_THRESHOLD_=131072": _run(
-            dict(spec, train_config=dict(tcfg, strategy="none")), tmp, "mem_single_fixed", env=fixed
-        ),
-        "2 processes, fsdp": _run(dict(spec, train_config=dict(tcfg, strategy="fsdp")), tmp, "mem_fsdp", 2),
-        "2 processes, ddp": _run(dict(spec, train_config=dict(tcfg, strategy="ddp")), tmp, "mem_ddp", 2),
-    }
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        runs = {
+            "one process": _run(dict(spec, train_config=dict(tcfg, strategy="none")), tmp, "mem_single"),
+            "one process, MALLOC_MMAP_THRESHOLD_=131072": _run(
+                dict(spec, train_config=dict(tcfg, strategy="none")), tmp, "mem_single_fixed", env=fixed
+            ),
+            "2 processes, fsdp": _run(
+                dict(spec, train_config=dict(tcfg, strategy="fsdp")), tmp, "mem_fsdp", 2
+            ),
+            "2 processes, ddp": _run(dict(spec, train_config=dict(tcfg, strategy="ddp")), tmp, "mem_ddp", 2),
+        }
+    _report_memory(runs, threads)
 
 
-def _report_processes(runs: dict, resumed: dict, memory: dict, threads: int) -> None:
+def _report_parity(runs: dict, resumed: dict, threads: int) -> None:
     ref = runs["one process"]["extra"]["step_losses"]
     rows = []
     for name, r in runs.items():
@@ -181,17 +186,9 @@ def _report_processes(runs: dict, resumed: dict, memory: dict, threads: int) -> 
          f"{_rel(r['extra']['step_losses'][-1], runs['2 processes, fsdp']['extra']['step_losses'][-1]):.1e}"]
         for name, r in resumed.items()
     ]  # fmt: skip
-    single = memory["one process, MALLOC_MMAP_THRESHOLD_=131072"]["extra"]["history"][-1]["peak_rss_mb"][0]
-    default = memory["one process"]["extra"]["history"][-1]["peak_rss_mb"][0]
-    mem_rows = []
-    for name, r in memory.items():
-        peaks = r["extra"]["history"][-1]["peak_rss_mb"]
-        mem_rows.append([name, " / ".join(f"{v:.0f}" for v in peaks), f"{max(peaks) / single:.2f}",
-                         f"{max(peaks) / default:.2f}", f"{r['extra']['history'][-1]['tokens_per_s']:.1f}",
-                         f"{r['extra']['final_step_loss']:.4f}"])  # fmt: skip
-    p, m = PARITY, MEMORY
+    p = PARITY
     md = (
-        f"Parity: teacher SmolLM2-135M cut to {p['teacher_layers']} blocks, student cut to {p['student_layers']}; "
+        f"Teacher SmolLM2-135M cut to {p['teacher_layers']} blocks, student cut to {p['student_layers']}; "
         f"{p['tokens']} tokens of pydoc text in windows of {p['seq_len']}, global batch {p['batch']}, "
         f"{p['epochs']} epochs of 10 steps, lr {p['lr']}, T=2, alpha=0.5, seed 0. Relative difference of "
         "every step's loss from the one-process run's (the worst of 20):\n\n"
@@ -202,9 +199,26 @@ def _report_processes(runs: dict, resumed: dict, memory: dict, threads: int) -> 
         + "\n\nResume: FSDP on 2 processes killed after epoch 1 (the sharded checkpoint of step 10, each "
         "process writing its shard), resumed; the loss at step 20 against the unbroken FSDP run's:\n\n"
         + md_table(["resumed on", "from step", "loss at step 20", "vs unbroken"], resume_rows)
-        + f"\n\nMemory: SmolLM2-135M into its {m['student_layers']}-block copy, windows of {m['seq_len']}, "
-        f"global batch {m['batch']}, {m['steps']} optimizer steps; peak resident memory per process (MiB, "
-        "ru_maxrss: the whole process, loading included):\n\n"
+    )
+    data = {"parity": PARITY, "runs": runs, "resumed": resumed}
+    write_result("distill_parity", "Distillation across processes: DDP and FSDP2 losses vs one process (gloo)",
+                 md, data, threads, command="python benchmarks/bench_distill_lm.py parity")  # fmt: skip
+
+
+def _report_memory(runs: dict, threads: int) -> None:
+    single = runs["one process, MALLOC_MMAP_THRESHOLD_=131072"]["extra"]["history"][-1]["peak_rss_mb"][0]
+    default = runs["one process"]["extra"]["history"][-1]["peak_rss_mb"][0]
+    rows = []
+    for name, r in runs.items():
+        peaks = r["extra"]["history"][-1]["peak_rss_mb"]
+        rows.append([name, " / ".join(f"{v:.0f}" for v in peaks), f"{max(peaks) / single:.2f}",
+                     f"{max(peaks) / default:.2f}", f"{r['extra']['history'][-1]['tokens_per_s']:.1f}",
+                     f"{r['extra']['final_step_loss']:.4f}"])  # fmt: skip
+    m = MEMORY
+    md = (
+        f"SmolLM2-135M into its {m['student_layers']}-block copy, windows of {m['seq_len']}, global batch "
+        f"{m['batch']}, {m['steps']} optimizer steps; peak resident memory per process (MiB, ru_maxrss: the "
+        "whole process, loading included):\n\n"
         + md_table(
             [
                 "run",
@@ -214,12 +228,12 @@ def _report_processes(runs: dict, resumed: dict, memory: dict, threads: int) -> 
                 "tokens/s",
                 "last step loss",
             ],
-            mem_rows,
+            rows,
         )  # fmt: skip
     )
-    data = {"parity": PARITY, "memory_setup": MEMORY, "runs": runs, "resumed": resumed, "memory": memory}
-    write_result("distill_processes", "Distillation across processes: DDP and FSDP2 on 2 CPU processes (gloo)",
-                 md, data, threads, command="python benchmarks/bench_distill_lm.py processes")  # fmt: skip
+    data = {"memory_setup": MEMORY, "runs": runs}
+    write_result("distill_memory", "Distillation across processes: peak memory per process, FSDP2 vs one process",
+                 md, data, threads, command="python benchmarks/bench_distill_lm.py memory")  # fmt: skip
 
 
 def _start_perplexity(ids_path: Path) -> float:
@@ -250,15 +264,8 @@ def quality() -> None:
                 dict(spec, alpha=b["alpha"], temperature=b["temperature"]), tmp, "kd"
             ),
         }
-        start = _run(dict(spec, alpha=1.0, train_config=dict(tcfg, max_steps=1, lr=1e-12)), tmp, "start")
-    rows = [
-        [
-            "the 14-block copy before training (1 step at lr 1e-12)",
-            f"{start['metrics']['perplexity']:.2f}",
-            "",
-            "",
-        ]
-    ]
+        start = _start_perplexity(evald)
+    rows = [["the 14-block copy before training", f"{start:.2f}", "", ""]]
     for name, r in runs.items():
         rows.append([name, f"{r['metrics']['perplexity']:.2f}", f"{r['seconds'] / 60:.1f}",
                      f"{r['extra']['history'][-1]['tokens_per_s']:.0f}"])  # fmt: skip
@@ -280,4 +287,6 @@ def quality() -> None:
 
 
 if __name__ == "__main__":
-    {"worker": lambda: worker(sys.argv[2]), "processes": processes, "quality": quality}[sys.argv[1]]()
+    {"worker": lambda: worker(sys.argv[2]), "parity": parity, "memory": memory, "quality": quality}[
+        sys.argv[1]
+    ]()

@@ -248,3 +248,7 @@ def test_api_errors_are_typed(pair, tmp_path):
         distill, "tests.helpers:tiny_cnn", "tests.compress.distill_helpers:tiny_student", "builtin:digits:test",
         error=UsageError, match="--seq-len applies only to a causal language model", seq_len=8,
     )  # fmt: skip
+    assert_refused(
+        distill, f"hf:{pair['teacher']}", f"hf:{pair['student']}", pair["train.txt"], tmp_path / "o",
+        error=UsageError, match=("nproc=2 starts processes", "torchrun --nproc-per-node 2"), nproc=2,
+    )  # fmt: skip
