@@ -1,4 +1,4 @@
-"""``ptopt package ARTIFACT --format mar|triton -o OUT``."""
+"""``ptopt package ARTIFACT --format mar|triton|ray -o OUT``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ptopt.serve.package import OPTIONS
 @click.command("package")
 @click.argument("artifact")
 @declared(OPTIONS)
-@output_option(help="OUT.mar for --format mar; the repository folder for --format triton.", folder_ok=True)
+@output_option(help="OUT.mar for --format mar; the folder for --format triton and ray.", folder_ok=True)
 @input_shape_option
 @model_options
 @save_recipe_option
@@ -44,11 +44,13 @@ def command(
     needs --allow-pickle; ExportedProgram: fp32 or PT2E int8), best with its ptopt sidecar, which
     says what inputs the server accepts (else give --input-shape); any other MODEL reference is
     exported to TorchScript first. Triton takes AOTInductor packages (platform torch_aoti) but not
-    ExportedPrograms, which are exported to TorchScript for it.
+    ExportedPrograms, which are exported to TorchScript for it. Ray Serve also takes OpenVINO IR and
+    the language-model folders (served as text generation).
 
     \b
       ptopt package model.int8.pt --format mar -o model.mar --batch-size 8
       ptopt package model.onnx --format triton -o model_repository
+      ptopt package model.int8.pt --format ray -o model_ray --replicas 2 --max-batch-size 16
     """
     from ptopt.serve.package import package
 
@@ -56,6 +58,11 @@ def command(
     options = dict(artifact=artifact, output=output, **given(common), **given(params))
     art = package(**options)
     fmt, workers = options["format"], options.get("workers")
+    _describe(art, fmt, workers)
+    maybe_save_recipe(save_recipe, "package", options)
+
+
+def _describe(art: Any, fmt: str, workers: Any) -> None:
     name = art.extra["model_name"]
     click.echo(
         f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of "
@@ -64,6 +71,15 @@ def command(
     )
     for s in art.inputs:
         click.echo(f"input:  {s.describe()}")
+    if fmt == "ray":
+        c = art.config
+        scaling = f"autoscaling {c['autoscale']}" if c["autoscale"] else f"{c['replicas']} replica(s)"
+        click.echo(
+            f"batching: up to {c['max_batch_size']} row(s), {c['batch_wait_ms']:g} ms wait; {scaling} x "
+            f"{c['cpus_per_replica']:g} CPU"
+        )
+        click.echo(f"serve it: serve run {art.path}/serve_config.yaml   (or: ptopt serve {art.path})")
+        return
     click.echo(
         f"batching: up to {art.config['batch_size']} request(s), {art.config['max_batch_delay_ms']} ms delay; "
         f"workers: {art.config['workers']}"
@@ -74,4 +90,3 @@ def command(
         click.echo(f"serve it: ptopt serve {art.path}")
     else:
         click.echo(f"serve it: tritonserver --model-repository {art.path}")
-    maybe_save_recipe(save_recipe, "package", options)

@@ -165,6 +165,25 @@ def check_torchserve() -> Feature:
     return Feature("torchserve", True, v, detail)
 
 
+def check_ray() -> Feature:
+    """Ray Serve (``ptopt serve --engine ray``, ``ptopt package --format ray``): ``ray[serve]``, whose
+    serve extra brings the HTTP stack (starlette, uvicorn) the server needs."""
+    v = package_version("ray")
+    fix = "pip install 'ptopt[ray]'"
+    if v is None:
+        return Feature("ray", False, None, "not installed", fix)
+    spec = importlib.util.find_spec("ray")  # ray.serve by its file: importing ray takes seconds
+    serve_ok = bool(
+        spec and spec.origin and os.path.isfile(os.path.join(os.path.dirname(spec.origin), "serve", "api.py"))
+    )
+    missing = [m for m in ("starlette", "uvicorn") if not _module_present(m)] + (
+        [] if serve_ok else ["ray.serve"]
+    )
+    if missing:
+        return Feature("ray", False, v, f"Ray without its serve extra (missing {', '.join(missing)})", fix)
+    return Feature("ray", True, v, "Ray Serve")
+
+
 CHECKS = {
     "torch": check_torch,
     "cuda": check_cuda,
@@ -174,6 +193,7 @@ CHECKS = {
     "torch_tensorrt": check_tensorrt,
     "torchserve": check_torchserve,
     "java": check_java,
+    "ray": check_ray,
 }
 
 

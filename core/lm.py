@@ -123,6 +123,26 @@ def generation_speed(module: Any, prompt: Any, new_tokens: int) -> dict[str, flo
     }
 
 
+def greedy_tokens(module: Any, ids: Any, new_tokens: int, eos_token_id: Any = None) -> list[int]:
+    """Up to ``new_tokens`` token ids greedily generated after ``ids`` (1-D int64) with the KV cache, as
+    :func:`generation_speed` runs them, stopping after an end-of-sequence id (``eos_token_id``: an int
+    or a list of them). One sequence at a time (a stateful runtime holds one)."""
+    import torch
+
+    stop = set(eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]) - {None}
+    key = cache_keyword(module)
+    out_ids: list[int] = []
+    with torch.inference_mode():
+        out = module(input_ids=ids.reshape(1, -1), use_cache=True)
+        for step in range(new_tokens):
+            nxt = out.logits[:, -1:].argmax(-1)
+            out_ids.append(int(nxt))
+            if out_ids[-1] in stop or step == new_tokens - 1:
+                break
+            out = module(input_ids=nxt, use_cache=True, **{key: out[key]})
+    return out_ids
+
+
 def token_ids(ref: Any, vocab_size: int | None, tokenizer_dir: Any, name: str = "text data") -> Any:
     """``ref`` (text data, ``ptopt.core.text``) as 1-D token ids for a model of ``vocab_size``
     (None: unchecked): text is tokenized with the tokenizer saved in ``tokenizer_dir``; ids outside

@@ -26,7 +26,7 @@ class AotiPackage(Format):
     target = "aoti"
     runtime_label = "aoti"
     converts = ("fp16", "bf16")
-    servers = ("torchserve", "triton")
+    servers = ("torchserve", "triton", "ray")
     triton_platform = "torch_aoti"
     reexportable = False
     trusted_load = True

@@ -51,8 +51,10 @@ class Format:
     converts: ClassVar[tuple[str, ...]] = ()
     #: device kinds ``export`` builds it on
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
-    #: servers that run the file as it is (``torchserve``, ``triton``); others get TorchScript first
+    #: servers that run the file as it is (``torchserve``, ``triton``, ``ray``); others get TorchScript first
     servers: ClassVar[tuple[str, ...]] = ()
+    #: a causal language model: a server generates text with it (tokenizer in, text out), not tensors
+    generates_text: ClassVar[bool] = False
     #: the Python distributions its runtime needs (their versions go into every sidecar and report)
     packages: ClassVar[tuple[str, ...]] = ()
     #: the Triton Inference Server platform that runs it (when ``triton`` is among ``servers``)

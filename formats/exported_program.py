@@ -26,7 +26,7 @@ class ExportedProgram(Format):
     suffixes = (".pt2",)
     target = "exported_program"
     converts = ("fp16", "bf16")
-    servers = ("torchserve",)
+    servers = ("torchserve", "ray")
     compilable = True
     sniff_rank = 30
     target_order = 40

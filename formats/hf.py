@@ -55,6 +55,8 @@ class HFModel(Format):
     name = "hf"
     label = "Hugging Face model folder"
     folder = True
+    servers = ("ray",)
+    generates_text = True
     sniff_rank = 40
 
     def sniff(self, path: Path) -> bool:

@@ -35,7 +35,7 @@ class Onnx(Format):
     target = "onnx"
     runtime = "onnxruntime"
     converts = ("int8", "fp16", "bf16")
-    servers = ("torchserve", "triton")
+    servers = ("torchserve", "triton", "ray")
     triton_platform = "onnxruntime_onnx"
     captured_on_cpu = True
     requantizes_int8 = True
@@ -353,6 +353,17 @@ class OnnxRuntimeRunner(Runner):
         if out.dtype.name == "bfloat16":  # numpy has no bfloat16: ml_dtypes' type, which torch can't take
             out = out.astype("float32")
         return torch.from_numpy(out)
+
+    def named_outputs(self, x: Any) -> list[tuple[str, Any]]:
+        import torch
+
+        outs = self.session.run(None, self.feed(x))
+        names = [o.name for o in self.session.get_outputs()]
+        # numpy has no bfloat16 (ml_dtypes' type, which torch can't take): float32, as call() does
+        return [
+            (n, torch.from_numpy(o.astype("float32") if o.dtype.name == "bfloat16" else o))
+            for n, o in zip(names, outs, strict=True)
+        ]
 
     def timed_call(self, x: Any) -> Callable[[], Any]:
         # the conversion to numpy is part of what a deployment pays per request

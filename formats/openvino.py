@@ -71,7 +71,7 @@ class OpenVINO(Format):
     #: (``gemm_mlas_f32``), which no variable caps (benchmarks/probe_isa.py)
     isa_libraries = ("onednn", "mlas")
     #: TorchServe runs it through ptopt's handler (which needs openvino in the worker's environment)
-    servers = ("torchserve",)
+    servers = ("torchserve", "ray")
     write_options = frozenset({"calib", "fp32_module", "model_type", "accuracy_control", "float_modules"})
     sniff_rank = 4
     target_order = 25
@@ -749,6 +749,15 @@ class OpenVINORunner(Runner):
 
         outs = self.compiled(_feed(x, self.input_names))
         return torch.from_numpy(outs[self.compiled.outputs[0]].copy())
+
+    def named_outputs(self, x: Any) -> list[tuple[str, Any]]:
+        import torch
+
+        outs = self.compiled(_feed(x, self.input_names))
+        return [
+            (o.get_any_name() if o.get_names() else f"output__{i}", torch.from_numpy(outs[o].copy()))
+            for i, o in enumerate(self.compiled.outputs)
+        ]
 
     def timed_call(self, x: Any) -> Callable[[], Any]:
         compiled, names = self.compiled, self.input_names

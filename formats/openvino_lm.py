@@ -260,6 +260,8 @@ class OpenVINOLMFolder(Format):
     name = "openvino_lm"
     label = "OpenVINO language-model folder (stateful IR, NNCF weights)"
     folder = True
+    servers = ("ray",)
+    generates_text = True
     runtime = "openvino"
     devices = ("cpu",)
     packages = ("openvino", "nncf", "transformers")

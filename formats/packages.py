@@ -1,5 +1,6 @@
 """Files ptopt writes or reads that are packages or weights, not models a runtime executes: a
-TorchServe ``.mar``, a Triton model repository, a ``.safetensors`` state_dict. Their rows let every
+TorchServe ``.mar``, a Triton model repository, a Ray Serve application folder, a ``.safetensors``
+state_dict. Their rows let every
 command say what such a file is instead of failing inside a loader."""
 
 from __future__ import annotations
@@ -28,6 +29,18 @@ class Triton(Format):
     not_runnable = "a Triton model repository; validate the artifact it packages"
 
 
+class RayServe(Format):
+    name = "ray"
+    label = "Ray Serve application folder"
+    folder = True
+    loadable = False
+    not_runnable = "a Ray Serve application folder; validate the artifact it packages (under model/)"
+    sniff_rank = 4
+
+    def sniff(self, path: Path) -> bool:
+        return path.is_dir() and (path / "ptopt_ray.json").is_file()
+
+
 class StateDict(Format):
     name = "state_dict"
     label = "state_dict"
@@ -36,4 +49,4 @@ class StateDict(Format):
     not_runnable = "weights only; validate pkg.module:factory --weights FILE instead"
 
 
-FORMATS = (Mar(), Triton(), StateDict())
+FORMATS = (Mar(), Triton(), RayServe(), StateDict())

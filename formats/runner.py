@@ -99,6 +99,11 @@ class Runner:
         """The primary output of one batch, as a float32 CPU tensor."""
         return primary_output(self.call(x)).detach().to("cpu").float()
 
+    def named_outputs(self, x: Any) -> list[tuple[str, Any]]:
+        """Every output of one batch with its name (what a server answers): the runtime's own names
+        where it has them (ONNX, OpenVINO override this), else ``output__i`` in order, or a dict's keys."""
+        return name_outputs(self.call(x))
+
     def timed_call(self, x: Any) -> Callable[[], Any]:
         return lambda: self.call(x)
 
@@ -167,6 +172,28 @@ class TorchModuleRunner(Runner):
 
     def close(self) -> None:
         self.module = None
+
+
+def name_outputs(out: Any, names: list[str] | None = None) -> list[tuple[str, Any]]:
+    """``[(name, tensor)]`` of a model's output: a dict by its keys, a HuggingFace-style object by its
+    tensor fields, a tuple/list (nested ones flattened) as ``output__i`` (or ``names`` when given)."""
+    import torch
+
+    if isinstance(out, dict) or hasattr(out, "to_tuple"):
+        items = [(str(k), v) for k, v in dict(out).items() if isinstance(v, torch.Tensor)]
+        return items
+    flat: list[Any] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, (tuple, list)):
+            for item in v:
+                walk(item)
+        elif isinstance(v, torch.Tensor):
+            flat.append(v)
+
+    walk(out)
+    names = list(names or [])
+    return [(names[i] if i < len(names) else f"output__{i}", t) for i, t in enumerate(flat)]
 
 
 def sidecar_batch_range(loaded: Any) -> tuple[int, int] | None:

@@ -28,7 +28,7 @@ class TorchScript(Format):
     suffixes = (".pt", ".ts", ".torchscript")
     target = "torchscript"
     converts = ("fp16", "bf16")
-    servers = ("torchserve", "triton")
+    servers = ("torchserve", "triton", "ray")
     triton_platform = "pytorch_libtorch"
     write_options = frozenset({"script", "freeze"})
     sniff_rank = 10

@@ -6,6 +6,8 @@
   (``serve/handler.py``), a ``model-config.yaml`` (batch size, max batch delay, workers, threads) and
   the artifact's sidecar, which tells the handler what inputs to accept.
 - ``format="triton"``: a Triton Inference Server model repository (see ``ptopt.serve.triton``).
+- ``format="ray"``: a Ray Serve application folder (``serve run``/``serve deploy`` config, application
+  file, manifest, the artifact) that serves the Open Inference Protocol (see ``ptopt.serve.ray_package``).
 
 ARTIFACT is a TorchScript ``.pt`` or ``.onnx`` file (with or without a ptopt sidecar), a ``.pt2``
 (served as is in a .mar; for Triton an AOTInductor package goes to the PyTorch backend's
@@ -20,58 +22,38 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ptopt.core.artifact import Artifact, atomic_path, sidecar_path
-from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
-from ptopt.core.formats import file_suffixes, formats, get_format
-from ptopt.core.inputspec import InputSpec
-from ptopt.core.options import Options, Selector, option
+from ptopt.core.artifact import Artifact, atomic_path
+from ptopt.core.errors import ModelLoadError, UsageError
+from ptopt.core.formats import get_format
+from ptopt.core.options import Options, Selector, fields_of, option
+from ptopt.serve.prepare import (
+    Prepared,
+    _checked_model_name,
+    default_name,
+    model_name_for,
+    prepare,
+    servable_formats,
+)
+from ptopt.serve.ray_config import RayServeConfig
 
-if TYPE_CHECKING:
-    from ptopt.core.modelref import LoadedModel
+__all__ = ["package", "prepare", "servable_formats", "model_name_for", "Prepared"]
 
-PACKAGE_FORMATS = ("mar", "triton")
+PACKAGE_FORMATS = ("mar", "triton", "ray")
 #: How long TorchServe waits to fill a batch (ms) when batch_size > 1.
 DEFAULT_MAX_BATCH_DELAY_MS = 5
 DEFAULT_RESPONSE_TIMEOUT_S = 120
 HANDLER_FILE = Path(__file__).with_name("handler.py")
 #: name of the handler inside the .mar (a unique module name in the worker)
 HANDLER_NAME = "ptopt_handler.py"
-#: --format -> the server it packages for (a format row's ``servers`` say which run it as it is)
-_SERVER = {"mar": "torchserve", "triton": "triton"}
 #: torch-model-archiver stages files in tempfile.gettempdir()/<model name>; one packaging at a time
 _ARCHIVER_LOCK = threading.Lock()
-
-
-@dataclasses.dataclass
-class Prepared:
-    """The model file to package plus what the handler needs to know about it."""
-
-    path: Path
-    format: str
-    precision: str
-    inputs: list[InputSpec]
-    input_style: str
-    files: list[Path]
-    parent: dict[str, Any] | None
-    sidecar: dict[str, Any]
-
-
-def model_name_for(output: str | os.PathLike) -> str:
-    """A TorchServe/Triton model name from the output file name: letters, digits, ``_`` and ``-``."""
-    stem = Path(output).name
-    for suffix in (".mar", ".ptopt.json"):
-        if stem.endswith(suffix):
-            stem = stem[: -len(suffix)]
-    name = re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_-") or "model"
-    return name if name[0].isalpha() else f"m_{name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +75,9 @@ class PackageConfig:
         "with one thread (unless --threads).",
         metavar="N|auto",
     )
-    threads: int | None = option(None, help="Intra-op threads per worker (default: the runtime's).")
+    threads: int | None = option(
+        None, help="Intra-op threads per worker or replica (default: the runtime's; ray: its whole CPUs)."
+    )
     model_name: str | None = option(
         None, help="Name served under (default: from the output / artifact name)."
     )
@@ -114,14 +98,23 @@ def _formats() -> tuple[str, ...]:
     return PACKAGE_FORMATS
 
 
+def _takes(format: str) -> tuple[str, ...]:
+    """The options ``--format`` takes: Ray Serve's settings for ``ray``, the rest for a .mar / Triton."""
+    if format == "ray":
+        return (*fields_of(RayServeConfig), "model_name")
+    return tuple(fields_of(PackageConfig))
+
+
 #: the options of ``ptopt package`` / ``ptopt.package``
 OPTIONS = Options(
     "package",
-    lambda: (PackageConfig,),
+    lambda: (PackageConfig, RayServeConfig),
     Selector(
         "format",
-        "mar: a TorchServe model archive; triton: a Triton Inference Server model repository (a folder).",
+        "mar: a TorchServe model archive; triton: a Triton Inference Server model repository (a folder); "
+        "ray: a Ray Serve application folder (serve run / serve deploy) speaking the Open Inference Protocol.",
         _formats,
+        takes=_takes,
     ),
 )
 
@@ -137,22 +130,32 @@ def package(
     allow_pickle: bool = False,
     **options: Any,
 ) -> Artifact:
-    """Package ``artifact`` for serving; returns the written Artifact (``.mar`` file or Triton folder).
+    """Package ``artifact`` for serving; returns the written Artifact (``.mar`` file, Triton or Ray
+    Serve folder).
 
     ``input_shapes`` (``[(name | None, shape)]`` or strings like ``"1x3x32x32"`` / ``"input_ids=1x128"``;
     the first dim is the batch) stand in for a missing sidecar. ``options``: ``PackageConfig``'s
-    fields (listed below): ``batch_size``/``max_batch_delay_ms`` configure the server's request
-    batching, ``workers`` its worker processes (TorchServe) or instances (Triton), ``threads`` the
-    intra-op threads per worker. ``workers="auto"``: one worker per physical core this process may
-    use, each with one thread (unless ``threads`` says otherwise), so the workers together use every
-    core once.
+    fields for ``mar``/``triton``, ``RayServeConfig``'s for ``ray`` (listed below):
+    ``batch_size``/``max_batch_delay_ms`` configure the server's request batching, ``workers`` its
+    worker processes (TorchServe) or instances (Triton), ``threads`` the intra-op threads per worker
+    (or Ray Serve replica). ``workers="auto"``: one worker per physical core this process may use, each
+    with one thread (unless ``threads`` says otherwise), so the workers together use every core once.
+    ``format="ray"``: replicas, Serve's dynamic batching, CPUs per replica and limits
+    (``ptopt.serve.ray_package``).
     """
     if format not in PACKAGE_FORMATS:
         raise UsageError(f"unknown --format {format!r}: choose one of {', '.join(PACKAGE_FORMATS)}")
-    cfg = OPTIONS.build(PackageConfig, OPTIONS.check(options, format))
+    given = OPTIONS.check(options, format)
+    input_shapes = _parsed_shapes(input_shapes)
+    if format == "ray":
+        from ptopt.serve.ray_package import package_folder
+
+        config = OPTIONS.build(RayServeConfig, given)
+        name = given.get("model_name")
+        return package_folder(artifact, Path(output), name, input_shapes, weights, allow_pickle, config)
+    cfg = OPTIONS.build(PackageConfig, given)
     batch_size, max_batch_delay_ms, model_name = cfg.batch_size, cfg.max_batch_delay_ms, cfg.model_name
     workers, threads, response_timeout_s = cfg.workers, cfg.threads, cfg.response_timeout_s
-    input_shapes = _parsed_shapes(input_shapes)
     workers, threads = resolve_workers(workers, threads)
     _check_options(format, batch_size, workers, max_batch_delay_ms, response_timeout_s, threads)
     output = _checked_output(format, Path(output))
@@ -162,14 +165,8 @@ def package(
 
         require("torchserve", "packaging a .mar")  # torch-model-archiver comes with it (the serve extra)
     with tempfile.TemporaryDirectory(prefix="ptopt-package-") as tmp:
-        prep = prepare(
-            artifact,
-            Path(tmp),
-            input_shapes=input_shapes,
-            weights=weights,
-            allow_pickle=allow_pickle,
-            servable=servable_formats(format),
-        )
+        opts = dict(input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle)
+        prep = prepare(artifact, Path(tmp), servable=servable_formats(format), **opts)
         _check_batch_fits(batch_size, prep)
         if format == "triton" and get_format(prep.format).triton_platform == "torch_aoti" and batch_size > 1:
             raise UsageError(
@@ -268,13 +265,7 @@ def _checked_output(format: str, output: Path) -> Path:
 
 
 def _default_model_name(format: str, output: Path, artifact: Any) -> str:
-    return model_name_for(output if format == "mar" else _triton_default_name(artifact))
-
-
-def _checked_model_name(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
-        raise UsageError(f"model name {name!r}: use letters, digits, '_' and '-', starting with a letter")
-    return name
+    return model_name_for(output if format == "mar" else default_name(artifact))
 
 
 def _check_batch_fits(batch_size: int, prep: Prepared) -> None:
@@ -285,123 +276,6 @@ def _check_batch_fits(batch_size: int, prep: Prepared) -> None:
             f"--batch-size {batch_size} is larger than the model's max batch "
             f"{first.max_shape[0]} ({first.describe()})"
         )
-
-
-def _triton_default_name(artifact: Any) -> str:
-    text = str(artifact)
-    if ":" in text and not Path(text).exists():
-        text = text.rsplit(":", 1)[1]
-    return Path(text).name.split(".")[0] or "model"
-
-
-# -- the model file --------------------------------------------------------------------------
-
-
-def prepare(
-    artifact: Any,
-    tmp: Path,
-    *,
-    input_shapes: Sequence = (),
-    weights: Any = None,
-    allow_pickle: bool = False,
-    servable: Sequence[str] | None = None,
-) -> Prepared:
-    """The servable model file for ``artifact``, with a sidecar dict for it.
-
-    A file in one of the ``servable`` formats is used as is (its sidecar, or ``input_shapes``, or for
-    ONNX the graph's inputs say what it takes); any other MODEL is exported to TorchScript into
-    ``tmp`` first.
-    """
-    from ptopt.core.modelref import as_loaded, resolve_inputs
-
-    if isinstance(artifact, Artifact):
-        artifact = artifact.path
-    _refuse_missing_file(artifact)
-    loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
-    if input_shapes:
-        resolve_inputs(loaded, input_shapes=input_shapes)
-    if loaded.format in (servable_formats("mar") if servable is None else servable) and loaded.path:
-        return _prepare_servable(loaded)
-    return _prepare_by_export(loaded, tmp)
-
-
-def servable_formats(format: str) -> list[str]:
-    """The artifact formats the server of ``--format`` runs as they are (the rest become TorchScript)."""
-    return [f.name for f in formats() if _SERVER[format] in f.servers]
-
-
-def _refuse_missing_file(artifact: Any) -> None:
-    """What looks like a file name and is not there: say so, rather than "cannot import" a factory."""
-    if (
-        isinstance(artifact, (str, os.PathLike))
-        and not Path(artifact).exists()
-        and (str(artifact).endswith((*file_suffixes(), ".mar")) or os.sep in str(artifact))
-    ):
-        raise ModelLoadError(f"artifact {artifact}: no such file")
-
-
-def _prepare_servable(loaded: LoadedModel) -> Prepared:
-    """A model file served as is, with all its files (ONNX external data too)."""
-    if not loaded.input_specs:
-        raise ModelLoadError(
-            f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "
-            "pass --input-shape, e.g. --input-shape 1x3x224x224 (the first dimension is the batch)"
-        )
-    art = loaded.artifact
-    side = art.to_dict() if art is not None else {}
-    files = art.file_paths if art is not None else [loaded.path]
-    files += [f for f in get_format(loaded.format).files(loaded.path) if f not in files]  # ONNX's .data
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise ModelLoadError(f"{loaded.ref}: file(s) of the artifact are missing: {', '.join(missing)}")
-    side.update(
-        format=loaded.format,
-        inputs=[s.to_dict() for s in loaded.input_specs],
-        input_style=loaded.input_style,
-        path=loaded.path.name,
-        files=[f.name for f in files],
-    )
-    side.setdefault("precision", "fp32")
-    return Prepared(
-        loaded.path,
-        loaded.format,
-        side["precision"],
-        list(loaded.input_specs),
-        loaded.input_style,
-        files,
-        loaded.parent_record(),
-        side,
-    )
-
-
-def _prepare_by_export(loaded: LoadedModel, tmp: Path) -> Prepared:
-    """Any other MODEL: exported to TorchScript into ``tmp`` by the export stage first."""
-    if not loaded.input_specs:
-        raise ModelLoadError(
-            f"{loaded.ref}: input shape unknown; pass --input-shape, e.g. --input-shape 1x3x224x224"
-        )
-    try:
-        from ptopt.export.api import export
-    except ImportError:
-        raise MissingDependencyError(
-            f"{loaded.ref} is a {loaded.format} model: packaging it needs ptopt.export to make TorchScript first, "
-            "which is not available in this install; run `ptopt export MODEL --target torchscript -o model.pt` "
-            "and package model.pt"
-        ) from None
-    out = tmp / "export" / "model.pt"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    art = export(loaded, "torchscript", out)
-    art = Artifact.load(art.path) if not art.inputs else art
-    return Prepared(
-        art.path,
-        art.format,
-        art.precision,
-        list(art.inputs),
-        art.input_style,
-        art.file_paths,
-        art.parent or loaded.parent_record(),
-        art.to_dict(),
-    )
 
 
 # -- TorchServe ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
-from ptopt.core.options import Options, option
+from ptopt.core.options import option
 from ptopt.serve.handler import MAX_REQUEST_BYTES_ENV
 
 #: seconds to wait for the model to be READY and answer a real prediction
@@ -272,10 +272,6 @@ def _yaml_load(data: bytes) -> dict[str, Any]:
 
     loaded = yaml.safe_load(data.decode("utf-8")) or {}
     return loaded if isinstance(loaded, dict) else {}
-
-
-#: the options of ``ptopt serve`` (no Python twin: ``TorchServeServer`` takes the settings)
-OPTIONS = Options("serve", lambda: (ServeSettings,))
 
 
 class TorchServeServer:

@@ -172,7 +172,7 @@ def config_pbtxt(
 
 
 def write_repository(prep: Any, output: Path, name: str, config: dict[str, Any]) -> Artifact:
-    """Write the repository for a prepared model (see ``ptopt.serve.package.prepare``)."""
+    """Write the repository for a prepared model (see ``ptopt.serve.prepare.prepare``)."""
     row = get_format(prep.format)
     platform, filename = row.triton_platform, "model" + row.suffix
     if row.runtime == "onnxruntime":

@@ -34,10 +34,9 @@ def test_readme_formats_table_is_the_format_table():
             assert device in line, (target, device)
         for precision in row.converts:
             assert precision in line, (target, precision)
-        served = [
-            s for s, name in (("torchserve", "mar"), ("triton", "triton")) if name in line.split("|")[-2]
-        ]
-        assert served == [s for s in ("torchserve", "triton") if s in row.servers], (target, line)
+        servers = (("torchserve", "mar"), ("triton", "triton"), ("ray", "ray"))
+        served = [s for s, name in servers if name in line.split("|")[-2]]
+        assert served == [s for s, _ in servers if s in row.servers], (target, line)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

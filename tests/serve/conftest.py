@@ -133,3 +133,27 @@ def _pt2e_int8(model, x, batch):
         prepared(torch.randn(8, 1, 8, 8, generator=g))
     converted = convert_pt2e(prepared)
     return torch.export.export(converted, (x,), dynamic_shapes={"x": {0: batch}})
+
+
+@pytest.fixture(scope="session")
+def serve_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small seeded Llama (vocabulary 256) saved with a word tokenizer as ``llama/`` and without one
+    as ``bare/``."""
+    from tests.compress.hf_models import llama, word_tokenizer
+
+    root = tmp_path_factory.mktemp("serve-lm")
+    llama(256, hidden=64).save_pretrained(root / "llama")
+    word_tokenizer(root / "llama", 256)
+    llama(256, hidden=64).save_pretrained(root / "bare")
+    return root
+
+
+@pytest.fixture(scope="session")
+def serve_lm_int8(serve_lm: Path) -> Path:
+    """The weight-only int8 folder of ``serve_lm``'s Llama (``ptopt.quantize``), tokenizer included."""
+    import ptopt
+
+    out = serve_lm / "llama.int8"
+    if not out.exists():
+        ptopt.quantize(serve_lm / "llama", "weight-only", out)
+    return out

@@ -1,5 +1,6 @@
 """.pt2 artifacts served: AOTInductor packages and ExportedPrograms (fp32, PT2E int8) through the
-handler, a real TorchServe answering from an AOTInductor .mar, and Triton's torch_aoti repository.
+handler and a Ray Serve replica's runtime, a real TorchServe answering from an AOTInductor .mar, and
+Triton's torch_aoti repository.
 
 The package fixture compiles one tiny CNN (~10-20 s); one TorchServe serves both .pt2 archives."""
 
@@ -29,6 +30,23 @@ def _want(path, x) -> np.ndarray:
     model = get_format(Artifact.load(path).format).reload(path)
     with torch.no_grad():
         return model(x).numpy()
+
+
+@pytest.mark.parametrize("kind", ["aoti", "ep", "int8_ep"])
+def test_ray_replica_runs_pt2(pt2_artifacts, kind):
+    """What a Ray Serve replica runs (``serve.runtime.ServedModel``, the format table's runner): the
+    artifact's own output; an AOTInductor package only with consent (native code)."""
+    from ptopt.core.errors import ModelLoadError
+    from ptopt.serve.runtime import ServedModel
+
+    path = pt2_artifacts[kind]
+    if kind == "aoti":
+        assert_refused(ServedModel, path, match="--allow-pickle", error=ModelLoadError)
+    served = ServedModel(path, allow_pickle=kind == "aoti", threads=1)
+    x = _samples(3, seed=2)
+    ((name, got),) = served.run({served.specs[0]["name"]: x.numpy()})
+    np.testing.assert_allclose(got, _want(path, x), atol=1e-5)
+    assert name == "output__0" and served.metadata()["outputs"][0]["shape"] == [-1, 10]
 
 
 @pytest.mark.parametrize("kind", ["aoti", "ep", "int8_ep"])

@@ -1,0 +1,168 @@
+"""What a server packages: the model file of an artifact (as it is, in a format the server runs, or
+exported to TorchScript first), its input specs and sidecar; and the model name it is served under.
+Shared by every packaging format (``serve.package``: .mar, Triton; ``serve.ray_package``: Ray Serve)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ptopt.core.artifact import Artifact, sidecar_path
+from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
+from ptopt.core.formats import file_suffixes, formats, get_format
+from ptopt.core.inputspec import InputSpec
+
+if TYPE_CHECKING:
+    from ptopt.core.modelref import LoadedModel
+
+#: ``package --format`` -> the server it packages for (a format row's ``servers`` say which run it as it is)
+SERVER = {"mar": "torchserve", "triton": "triton", "ray": "ray"}
+
+
+@dataclasses.dataclass
+class Prepared:
+    """The model file to package plus what the handler needs to know about it."""
+
+    path: Path
+    format: str
+    precision: str
+    inputs: list[InputSpec]
+    input_style: str
+    files: list[Path]
+    parent: dict[str, Any] | None
+    sidecar: dict[str, Any]
+
+
+def model_name_for(output: str | os.PathLike) -> str:
+    """A TorchServe/Triton model name from the output file name: letters, digits, ``_`` and ``-``."""
+    stem = Path(output).name
+    for suffix in (".mar", ".ptopt.json"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", stem).strip("_-") or "model"
+    return name if name[0].isalpha() else f"m_{name}"
+
+
+def _checked_model_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
+        raise UsageError(f"model name {name!r}: use letters, digits, '_' and '-', starting with a letter")
+    return name
+
+
+def default_name(artifact: Any) -> str:
+    """A model name's stem from a MODEL reference: the file name up to its first dot, a factory's name."""
+    text = str(artifact)
+    if ":" in text and not Path(text).exists():
+        text = text.rsplit(":", 1)[1]
+    return Path(text).name.split(".")[0] or "model"
+
+
+def prepare(
+    artifact: Any,
+    tmp: Path,
+    *,
+    input_shapes: Sequence = (),
+    weights: Any = None,
+    allow_pickle: bool = False,
+    servable: Sequence[str] | None = None,
+) -> Prepared:
+    """The servable model file for ``artifact``, with a sidecar dict for it.
+
+    A file in one of the ``servable`` formats is used as is (its sidecar, or ``input_shapes``, or for
+    ONNX the graph's inputs say what it takes); any other MODEL is exported to TorchScript into
+    ``tmp`` first.
+    """
+    from ptopt.core.modelref import as_loaded, resolve_inputs
+
+    if isinstance(artifact, Artifact):
+        artifact = artifact.path
+    _refuse_missing_file(artifact)
+    loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
+    if input_shapes:
+        resolve_inputs(loaded, input_shapes=input_shapes)
+    if loaded.format in (servable_formats("mar") if servable is None else servable) and loaded.path:
+        return _prepare_servable(loaded)
+    return _prepare_by_export(loaded, tmp)
+
+
+def servable_formats(format: str) -> list[str]:
+    """The artifact formats the server of ``--format`` runs as they are (the rest become TorchScript)."""
+    return [f.name for f in formats() if SERVER[format] in f.servers]
+
+
+def _refuse_missing_file(artifact: Any) -> None:
+    """What looks like a file name and is not there: say so, rather than "cannot import" a factory."""
+    if (
+        isinstance(artifact, (str, os.PathLike))
+        and not Path(artifact).exists()
+        and (str(artifact).endswith((*file_suffixes(), ".mar")) or os.sep in str(artifact))
+    ):
+        raise ModelLoadError(f"artifact {artifact}: no such file")
+
+
+def _prepare_servable(loaded: LoadedModel) -> Prepared:
+    """A model file served as is, with all its files (ONNX external data too)."""
+    if not loaded.input_specs:
+        raise ModelLoadError(
+            f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "
+            "pass --input-shape, e.g. --input-shape 1x3x224x224 (the first dimension is the batch)"
+        )
+    art = loaded.artifact
+    side = art.to_dict() if art is not None else {}
+    files = art.file_paths if art is not None else [loaded.path]
+    files += [f for f in get_format(loaded.format).files(loaded.path) if f not in files]  # ONNX's .data
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ModelLoadError(f"{loaded.ref}: file(s) of the artifact are missing: {', '.join(missing)}")
+    side.update(
+        format=loaded.format,
+        inputs=[s.to_dict() for s in loaded.input_specs],
+        input_style=loaded.input_style,
+        path=loaded.path.name,
+        files=[f.name for f in files],
+    )
+    side.setdefault("precision", "fp32")
+    return Prepared(
+        loaded.path,
+        loaded.format,
+        side["precision"],
+        list(loaded.input_specs),
+        loaded.input_style,
+        files,
+        loaded.parent_record(),
+        side,
+    )
+
+
+def _prepare_by_export(loaded: LoadedModel, tmp: Path) -> Prepared:
+    """Any other MODEL: exported to TorchScript into ``tmp`` by the export stage first."""
+    if not loaded.input_specs:
+        raise ModelLoadError(
+            f"{loaded.ref}: input shape unknown; pass --input-shape, e.g. --input-shape 1x3x224x224"
+        )
+    try:
+        from ptopt.export.api import export
+    except ImportError:
+        raise MissingDependencyError(
+            f"{loaded.ref} is a {loaded.format} model: packaging it needs ptopt.export to make TorchScript first, "
+            "which is not available in this install; run `ptopt export MODEL --target torchscript -o model.pt` "
+            "and package model.pt"
+        ) from None
+    out = tmp / "export" / "model.pt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    art = export(loaded, "torchscript", out)
+    art = Artifact.load(art.path) if not art.inputs else art
+    return Prepared(
+        art.path,
+        art.format,
+        art.precision,
+        list(art.inputs),
+        art.input_style,
+        art.file_paths,
+        art.parent or loaded.parent_record(),
+        art.to_dict(),
+    )

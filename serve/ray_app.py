@@ -1,0 +1,417 @@
+"""The Ray Serve application that serves ptopt artifacts over the Open Inference Protocol.
+
+Two deployments per application, built from a manifest (``ptopt_ray.json``, written by
+``ptopt package --format ray`` and by ``ptopt serve --engine ray``):
+
+- ``model_<name>`` (one per artifact, ``num_replicas`` or an autoscaling range, ``num_cpus`` each):
+  each replica loads the artifact once through the format table (``serve.runtime.ServedModel``) and
+  runs what it is sent, one call at a time (a lock: the runtime's threads are the replica's CPUs);
+- ``ingress`` (no CPU reserved): the HTTP routes. It reads and checks every request against the
+  sidecar's input specs (4xx naming the problem; a bad request never reaches a replica), gathers
+  the good ones with Serve's dynamic batching (``@serve.batch``: up to ``max_batch_size`` rows or
+  ``batch_wait_ms``) into one call of a model replica, and splits the answers. A model replica that
+  dies while answering (killed, out of memory) fails that call with ``RayActorError``: the ingress
+  sends the same batch again, to a replica that is alive (up to ``RETRIES`` times, backing off), so
+  the clients of a lost replica get their answer late rather than an error; only when every retry
+  fails do they get 503 naming the lost replica. Serve's controller replaces the replica meanwhile.
+
+Routes (the Open Inference Protocol, KServe v2, as ``tritonclient.http`` calls them; ``serve.oip``):
+``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/NAME[/versions/1]`` (metadata),
+``.../ready``, ``.../config``, ``POST .../infer``; ``POST /v2/repository/index``; for language models
+``POST .../generate`` (Triton's generate extension: ``{"text_input": ..., "parameters":
+{"max_tokens": N}}``) and ``infer`` with a ``BYTES`` ``text_input``. Plus the .mar's plain JSON route,
+``POST /predictions/NAME`` with ``{"inputs": ...}``, answered as the .mar's handler answers it.
+
+This module imports Ray; the replicas import ptopt (the cluster's Python needs ``ptopt[ray]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.exceptions import RayActorError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ptopt.serve import oip
+from ptopt.serve.ray_config import INGRESS_MAX_ONGOING
+from ptopt.serve.ray_package import INGRESS, read_manifest
+
+logger = logging.getLogger("ray.serve")
+#: times the ingress sends a batch again when the replica answering it died
+RETRIES = 4
+_MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(infer|ready|config|generate))?/?$")
+
+
+def model_deployment_name(model: str) -> str:
+    return f"model_{model}"
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=4)
+class PtoptModel:
+    """One artifact, loaded once per replica (module docstring)."""
+
+    def __init__(self, root: str, entry: dict[str, Any], threads: int | None, max_tokens: int):
+        from ptopt.serve.runtime import ServedModel
+
+        self.model = ServedModel(
+            _resolve(root) / entry["path"],
+            name=entry["name"],
+            allow_pickle=bool(entry.get("allow_pickle")),
+            threads=threads,
+            max_tokens=max_tokens,
+        )
+        self._lock: asyncio.Lock | None = None
+
+    async def _one_at_a_time(self, fn: Any, *args: Any) -> Any:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # the event loop stays free for health checks while the model runs
+            return await asyncio.to_thread(fn, *args)
+
+    async def infer(self, requests: list[dict[str, Any]]) -> list[Any]:
+        return await self._one_at_a_time(self.model.run_requests, requests)
+
+    async def generate(self, prompts: list[str], max_tokens: int) -> list[Any]:
+        from ptopt.core.errors import PtoptError
+
+        def run() -> list[Any]:
+            out: list[Any] = []
+            for p in prompts:
+                try:
+                    out.append(self.model.generate(p, max_tokens))
+                except PtoptError as e:  # the request's fault (too long, too many tokens): 400
+                    out.append({"error": str(e)})
+            return out
+
+        return await self._one_at_a_time(run)
+
+    def metadata(self) -> dict[str, Any]:
+        return self.model.metadata()
+
+
+def _resolve(root: str) -> Path:
+    """The package folder: as given, or (relative) under this process's working directory, which Ray
+    sets to the application's ``working_dir`` on whichever node a replica runs."""
+    path = Path(root)
+    return path if path.is_absolute() else Path(os.getcwd()) / path
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX_ONGOING)
+class PtoptIngress:
+    """The HTTP routes (module docstring)."""
+
+    def __init__(self, handles: dict[str, Any], manifest: dict[str, Any]):
+        self.handles = handles
+        self.models = {m["name"]: m for m in manifest["models"]}
+        self.limit = int(manifest["max_request_bytes"])
+        self.max_tokens = int(manifest.get("max_tokens", 256))
+        self.meta: dict[str, dict[str, Any]] = {}
+        self.batchers = {
+            name: self._batcher(name, m, manifest) for name, m in self.models.items() if m["kind"] == "tensor"
+        }
+
+    def _batcher(self, name: str, model: dict[str, Any], manifest: dict[str, Any]) -> Any:
+        max_rows = max(1, min(int(manifest["max_batch_size"]), int(model["max_batch"])))
+
+        @serve.batch(
+            max_batch_size=max_rows,
+            batch_wait_timeout_s=float(manifest["batch_wait_ms"]) / 1000.0,
+            max_concurrent_batches=int(manifest["concurrent_batches"]),
+            batch_size_fn=lambda items: sum(int(next(iter(i.values())).shape[0]) for i in items),
+        )
+        async def run(items: list[dict[str, Any]]) -> list[Any]:
+            return await self._call(name, "infer", items)
+
+        return run
+
+    async def _call(self, name: str, method: str, *args: Any) -> Any:
+        """A model replica's answer; sent again when the replica died answering (module docstring)."""
+        delay = 0.05
+        for attempt in range(RETRIES + 1):
+            try:
+                return await getattr(self.handles[name], method).remote(*args)
+            except RayActorError as e:
+                if attempt == RETRIES:
+                    raise oip.ProtocolError(
+                        503,
+                        f"model {name!r}: the replica answering this request was lost and {RETRIES} "
+                        f"retries on other replicas failed ({type(e).__name__}); try again",
+                    ) from None
+                logger.warning("model %s: replica lost (%s); sending the batch again", name, type(e).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")
+
+    # -- HTTP --------------------------------------------------------------------------------
+    async def __call__(self, request: Request) -> Response:
+        path = request.scope.get("path", "")[len(request.scope.get("root_path", "")) :] or "/"
+        try:
+            body = await self._body(request) if request.method == "POST" else b""
+            status, content, headers = await self.respond(request.method, path, dict(request.headers), body)
+        except oip.ProtocolError as e:
+            status, content, headers = e.status, e.body(), {"Content-Type": "application/json"}
+        content = oip.compress(content, headers, request.headers.get("accept-encoding"))
+        return Response(content, status_code=status, headers=headers)
+
+    async def _body(self, request: Request) -> bytes:
+        """The request body, refused (413) past the limit without reading the rest."""
+        declared = request.headers.get("content-length")
+        too_big = oip.ProtocolError(
+            413,
+            f"the request body is over the limit of {self.limit} bytes (ptopt serve --max-request-size)",
+            limit_bytes=self.limit,
+        )
+        if declared and declared.isdigit() and int(declared) > self.limit:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.limit:
+                raise too_big
+            chunks.append(chunk)
+        return oip.decode_content(b"".join(chunks), request.headers.get("content-encoding"), self.limit)
+
+    async def respond(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """(status, body, headers) for one request: the route table."""
+        if path.rstrip("/") == "/v2":
+            return _json(
+                200,
+                {"name": "ptopt", "version": _version(), "extensions": ["binary_tensor_data", "generate"]},
+            )
+        if path.startswith("/v2/health/"):
+            return await self._health(path)
+        if path.rstrip("/") == "/v2/repository/index":
+            index = [{"name": n, "version": oip.MODEL_VERSION, "state": "READY"} for n in self.models]
+            return _json(200, index)
+        if path.startswith("/predictions/"):
+            _method(method, "POST", path)
+            return await self._predict(path[len("/predictions/") :].strip("/"), body)
+        m = _MODEL_ROUTE.match(path)
+        if not m:
+            raise oip.ProtocolError(
+                404, f"no route {method} {path} (the Open Inference Protocol's are under /v2)"
+            )
+        name, version, action = m.group(1), m.group(2), m.group(3) or ""
+        self._model(name, version)
+        if action in ("infer", "generate"):
+            _method(method, "POST", path)
+            if action == "generate" or self.models[name]["kind"] == "text":
+                return await self._text(name, body, headers, action)
+            return await self._infer(name, body, headers)
+        _method(method, "GET", path)
+        if action == "ready":
+            return (
+                (200, b"", {})
+                if await self._ready(name)
+                else _json(503, {"error": f"model {name!r} is not ready"})
+            )
+        meta = await self._metadata(name)
+        return _json(200, _config(meta, self.models[name]) if action == "config" else meta)
+
+    def _model(self, name: str, version: str | None) -> None:
+        if name not in self.models:
+            known = ", ".join(sorted(self.models))
+            raise oip.ProtocolError(404, f"unknown model {name!r}; this server serves: {known}")
+        if version not in (None, "", oip.MODEL_VERSION):
+            raise oip.ProtocolError(
+                404, f"model {name!r} has version {oip.MODEL_VERSION} only, not {version!r}"
+            )
+
+    async def _health(self, path: str) -> tuple[int, bytes, dict[str, str]]:
+        which = path[len("/v2/health/") :].strip("/")
+        if which == "live":
+            return 200, b"", {}
+        if which == "ready":
+            ready = all(await asyncio.gather(*(self._ready(n) for n in self.models)))
+            return (200, b"", {}) if ready else _json(503, {"error": "not every model has a replica ready"})
+        raise oip.ProtocolError(404, f"no route /v2/health/{which} (live or ready)")
+
+    async def _ready(self, name: str) -> bool:
+        try:
+            await asyncio.wait_for(self._metadata(name), timeout=5.0)
+        except (asyncio.TimeoutError, RayActorError, oip.ProtocolError):
+            return False
+        return True
+
+    async def _metadata(self, name: str) -> dict[str, Any]:
+        if name not in self.meta:
+            self.meta[name] = await self._call(name, "metadata")
+        return self.meta[name]
+
+    async def _infer(
+        self, name: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes, dict[str, str]]:
+        request = oip.parse_infer_request(body, oip.header(headers, oip.HEADER_LENGTH))
+        arrays = oip.checked_inputs(request, self.models[name]["inputs"])
+        answer = await self.batchers[name](arrays)
+        if isinstance(answer, str):
+            raise oip.ProtocolError(422, answer)
+        content, out_headers = oip.encode_infer_response(name, request, answer)
+        return 200, content, out_headers
+
+    async def _text(
+        self, name: str, body: bytes, headers: dict[str, str], action: str
+    ) -> tuple[int, bytes, dict[str, str]]:
+        if self.models[name]["kind"] != "text":
+            raise oip.ProtocolError(400, f"model {name!r} takes tensors, not text: POST .../infer")
+        if action == "generate":
+            prompts, max_tokens, request = _generate_request(body, self.max_tokens)
+        else:
+            request = oip.parse_infer_request(body, oip.header(headers, oip.HEADER_LENGTH))
+            prompts, max_tokens = _text_inputs(request, self.max_tokens)
+        texts = await self._call(name, "generate", prompts, max_tokens)
+        bad = next((t["error"] for t in texts if isinstance(t, dict)), None)
+        if bad is not None:
+            raise oip.ProtocolError(400, bad)
+        if action == "generate":
+            return _json(
+                200, {"model_name": name, "model_version": oip.MODEL_VERSION, "text_output": texts[0]}
+            )
+        import numpy as np
+
+        out = np.array([t.encode("utf-8") for t in texts], dtype=object)
+        content, out_headers = oip.encode_infer_response(name, request, [("text_output", out)])
+        return 200, content, out_headers
+
+    async def _predict(self, name: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """The .mar's plain JSON route: ``{"inputs": X}`` (one sample or a batch) -> ``{"outputs": Y}``."""
+        from ptopt.serve.handler import _arrays_from_payload, _check_array, _decode_body, _expected
+
+        self._model(name, None)
+        model = self.models[name]
+        if model["kind"] != "tensor":
+            raise oip.ProtocolError(400, f"model {name!r} generates text: POST /v2/models/{name}/generate")
+        specs = model["inputs"]
+        try:
+            arrays = _arrays_from_payload(_decode_body({"body": body}), specs, model["input_style"])
+            checked, ones = {}, set()
+            for spec in specs:
+                checked[spec["name"]], one = _check_array(arrays[spec["name"]], spec)
+                ones.add(one)
+            if len(ones) != 1 or len({a.shape[0] for a in checked.values()}) != 1:
+                raise ValueError("inputs disagree on the batch size")
+        except ValueError as e:
+            raise oip.ProtocolError(400, str(e), expected=_expected(specs)) from None
+        answer = await self.batchers[name](checked)
+        if isinstance(answer, str):
+            raise oip.ProtocolError(422, answer, expected=_expected(specs))
+        one = ones.pop()
+        values = {n: (a[0] if one else a).tolist() for n, a in answer}
+        outputs = next(iter(values.values())) if len(values) == 1 else values
+        try:
+            return (
+                200,
+                json.dumps({"outputs": outputs}, allow_nan=False).encode(),
+                {"Content-Type": "application/json"},
+            )
+        except ValueError:
+            raise oip.ProtocolError(
+                422, "the model's output for this input has NaN or infinite values, which JSON cannot carry"
+            ) from None
+
+
+def _json(status: int, value: Any) -> tuple[int, bytes, dict[str, str]]:
+    return status, json.dumps(value).encode(), {"Content-Type": "application/json"}
+
+
+def _method(got: str, want: str, path: str) -> None:
+    if got != want:
+        raise oip.ProtocolError(405, f"{path} takes {want}, not {got}")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("ptopt")
+    except Exception:  # noqa: BLE001 - not installed as a distribution (a source tree)
+        return "unknown"
+
+
+def _config(meta: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """Triton's model configuration (``GET .../config``), as far as it describes this model."""
+    return {
+        "name": meta["name"],
+        "platform": meta["platform"],
+        "max_batch_size": int(model.get("max_batch", 0)),
+        "input": [{"name": t["name"], "data_type": "TYPE_" + t["datatype"].replace("BYTES", "STRING"),
+                   "dims": t["shape"]} for t in meta["inputs"]],
+        "output": [{"name": t["name"], "data_type": "TYPE_" + t["datatype"].replace("BYTES", "STRING"),
+                    "dims": t["shape"]} for t in meta["outputs"]],
+    }  # fmt: skip
+
+
+def _max_tokens(params: Any, limit: int) -> int:
+    value = (params or {}).get("max_tokens", 16)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+        raise oip.ProtocolError(400, f"max_tokens {value!r}: give an integer from 1 to {limit}")
+    return value
+
+
+def _generate_request(body: bytes, limit: int) -> tuple[list[str], int, None]:
+    try:
+        req = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise oip.ProtocolError(400, f'malformed JSON body ({e}); send {{"text_input": "..."}}') from None
+    if not isinstance(req, dict) or not isinstance(req.get("text_input"), str):
+        raise oip.ProtocolError(400, 'the generate request must be a JSON object with a "text_input" string')
+    return [req["text_input"]], _max_tokens(req.get("parameters"), limit), None
+
+
+def _text_inputs(request: oip.InferRequest, limit: int) -> tuple[list[str], int]:
+    if set(request.inputs) != {"text_input"} or request.datatypes["text_input"] != "BYTES":
+        got = ", ".join(f"{n} ({request.datatypes[n]})" for n in request.inputs)
+        raise oip.ProtocolError(400, f"a language model takes one input text_input (BYTES), got {got}")
+    prompts = [v.decode("utf-8", "replace") for v in request.inputs["text_input"].reshape(-1).tolist()]
+    if not prompts:
+        raise oip.ProtocolError(400, "text_input holds no text")
+    return prompts, _max_tokens(request.parameters, limit)
+
+
+# -- the application ---------------------------------------------------------------------------
+
+
+def build_app(manifest: dict[str, Any], root: str) -> Any:
+    """The Serve application for ``manifest`` (the package folder's ``ptopt_ray.json``) whose files lie
+    under ``root`` (absolute, or relative to each replica's working directory)."""
+    replica_options: dict[str, Any] = {"num_cpus": float(manifest["cpus_per_replica"])}
+    handles = {}
+    for entry in manifest["models"]:
+        scaling = manifest["replicas"]
+        options: dict[str, Any] = {
+            "name": model_deployment_name(entry["name"]),
+            "ray_actor_options": replica_options,
+            "max_ongoing_requests": int(manifest["model_max_ongoing"]),
+        }
+        if isinstance(scaling, dict):
+            options["autoscaling_config"] = {
+                "min_replicas": int(scaling["min"]),
+                "max_replicas": int(scaling["max"]),
+                "target_ongoing_requests": float(scaling["target_ongoing_requests"]),
+            }
+        else:
+            options["num_replicas"] = int(scaling)
+        handles[entry["name"]] = PtoptModel.options(**options).bind(
+            root, entry, manifest.get("threads"), int(manifest.get("max_tokens", 256))
+        )
+    return PtoptIngress.options(
+        name=INGRESS, num_replicas=int(manifest.get("ingress_replicas", 1)), ray_actor_options={"num_cpus": 0}
+    ).bind(handles, manifest)
+
+
+def app_from_folder(folder: str | os.PathLike = ".") -> Any:
+    """The application of a package folder (``ptopt package --format ray``), read from its manifest."""
+    folder = Path(folder).resolve()
+    # in a replica of a cluster, the folder is the working_dir Ray unpacked, under another path per node
+    root = "." if folder == Path(os.getcwd()).resolve() else str(folder)
+    return build_app(read_manifest(folder), root)

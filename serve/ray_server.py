@@ -1,0 +1,504 @@
+"""Serve artifacts with Ray Serve on 127.0.0.1 (a local Ray instance started here) or on a running Ray
+cluster (``address``), speaking the Open Inference Protocol; stop cleanly.
+
+The artifacts are packaged first, exactly as ``ptopt package --format ray`` packages them (a
+private folder), so bad input is refused before Ray starts, and the application deployed is the one
+a cluster runs from the package folder (``serve.ray_app``).
+
+A local instance lives in a private folder (Ray's sessions, logs and sockets; removed on stop) with
+what it does not need turned off: no dashboard, no usage statistics, no metrics export, its own auth
+token (Ray writes none into ``~/.ray``). ``stop`` deletes the application, shuts Serve and Ray down
+and then kills whatever process of that Ray session is left (the node's processes and every worker
+they started), so nothing outlives the server. Joining a cluster, ``stop`` deletes only this
+application and disconnects: the cluster, and Serve on it, keep running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import PtoptError, UsageError
+from ptopt.serve.ray_config import DEFAULT_START_TIMEOUT_S, RayServeConfig
+
+LOOPBACK = "127.0.0.1"
+#: Ray's settings for a local instance that serves and does nothing else
+_QUIET_RAY = {
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage report to Anyscale
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_SERVE_LOG_TO_STDERR": "0",
+}
+
+
+def _local_token() -> None:
+    """Token authentication for a local instance, with a token of this process (Ray's default would
+    write one into ``~/.ray/auth_token``), unless the user set Ray's auth variables. Kept for the
+    process's life: Ray reads it once."""
+    if not any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+
+
+def _import_ray() -> None:
+    """Ray, Serve and the application module, imported once without the deprecation warnings of their
+    dependencies (pydantic's ``Field`` extras in Serve's schema): they are Ray's to fix, not a user's."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import ray  # noqa: F401
+        import ray.serve.schema  # noqa: F401
+
+        import ptopt.serve.ray_app  # noqa: F401
+
+
+class RayServeError(PtoptError):
+    """Ray or Serve did not start, or the application never became ready."""
+
+
+class RayServer:
+    """Ray Serve serving ``artifacts`` (files, LM folders, or one ``ptopt package --format ray``
+    folder). A context manager, or ``start()``/``stop()``.
+
+    ``config``: a :class:`RayServeConfig` or a dict of its fields. ``port``: Serve's HTTP port on
+    127.0.0.1 (a free one when None; joining a cluster where Serve runs already, its port).
+    ``address``: a running cluster (``ray://`` or ``host:port``) instead of a local instance.
+    """
+
+    def __init__(
+        self,
+        artifacts: Any,
+        *,
+        config: RayServeConfig | dict[str, Any] | None = None,
+        port: int | None = None,
+        address: str | None = None,
+        allow_pickle: bool = False,
+        input_shapes: Any = (),
+        route_prefix: str = "/",
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+    ):
+        from ptopt.core.features import require
+        from ptopt.serve.server import free_port, port_in_use
+
+        require("ray", "serving with Ray Serve (--engine ray)")
+        given = config
+        self.config = (
+            config if isinstance(config, RayServeConfig) else RayServeConfig.from_options(dict(config or {}))
+        )
+        if not route_prefix.startswith("/"):
+            raise UsageError(f"--route-prefix {route_prefix!r}: must start with '/'")
+        if port is not None:
+            if not 1 <= int(port) <= 65535:
+                raise UsageError(f"--port {port}: must be between 1 and 65535")
+            if address is None and port_in_use(int(port)):
+                raise UsageError(
+                    f"port {port} on {LOOPBACK} is already in use; pick another with --port "
+                    "or leave it out to use a free one"
+                )
+        self.address, self.route_prefix = address, route_prefix.rstrip("/") or "/"
+        self.port = int(port) if port is not None else free_port()
+        self.start_timeout_s = start_timeout_s
+        self.workdir = Path(tempfile.mkdtemp(prefix="ptopt-ray-"))
+        #: serving a folder of ``ptopt package --format ray`` (deployed through its Serve config)
+        self.packaged = False
+        #: the Ray cluster's GCS address (``host:port``), once started or joined
+        self.gcs_address: str | None = None
+        try:
+            self.folder, self.manifest = self._package(artifacts, allow_pickle, input_shapes)
+            self._settings(given)
+        except BaseException:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
+        self._started_ray = False
+        self._session: list[int] = []
+        self._saved_env: dict[str, str | None] = {}
+
+    def _settings(self, given: Any) -> None:
+        """A package folder's own settings (none may be given); the CPUs they need, checked here."""
+        self.app_name = self.manifest["app_name"]
+        if self.packaged:
+            if given is not None:
+                raise UsageError(
+                    f"{self.folder}: a Ray Serve package carries its own settings (replicas, batching, CPUs, "
+                    "limits); serve it as it is, or package it again with other ones"
+                )
+            self.config = RayServeConfig.from_options(self.manifest.get("config") or {})
+        if self.address is None:
+            self._check_cpus(float(len(os.sched_getaffinity(0))), "this machine")
+
+    # -- what is served ------------------------------------------------------------------------
+    def _package(self, artifacts: Any, allow_pickle: bool, input_shapes: Any) -> tuple[Path, dict[str, Any]]:
+        """The package folder to deploy: the one given, or one made here from the artifacts."""
+        from ptopt.serve.prepare import _checked_model_name, default_name, model_name_for
+        from ptopt.serve.ray_package import prepare_model, read_manifest, write_package
+
+        items = [artifacts] if isinstance(artifacts, (str, os.PathLike)) else list(artifacts)
+        if not items:
+            raise UsageError("nothing to serve: give at least one artifact")
+        packaged = [Path(a) for a in items if Path(a).is_dir() and (Path(a) / "ptopt_ray.json").is_file()]
+        if packaged:
+            if len(items) > 1:
+                raise UsageError(
+                    f"{packaged[0]}: a Ray Serve package is served alone, not beside other artifacts"
+                )
+            self.packaged = True
+            return packaged[0].resolve(), read_manifest(packaged[0])
+        models, names = [], set()
+        for a in items:
+            name = _checked_model_name(model_name_for(default_name(a)))
+            if name in names:
+                raise UsageError(f"two artifacts would be served as the same model name {name!r}; rename one")
+            names.add(name)
+            models.append(
+                prepare_model(a, self.workdir, name, input_shapes=input_shapes, allow_pickle=allow_pickle)
+            )
+        folder = self.workdir / "package"
+        app = "ptopt" if len(models) > 1 else models[0].name
+        write_package(models, folder, app, self.config, port=self.port)
+        return folder, read_manifest(folder)
+
+    # -- addresses -----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        prefix = "" if self.route_prefix == "/" else self.route_prefix
+        return f"http://{LOOPBACK}:{self.port}{prefix}"
+
+    @property
+    def models(self) -> list[str]:
+        return [m["name"] for m in self.manifest["models"]]
+
+    def infer_url(self, model: str | None = None) -> str:
+        return f"{self.url}/v2/models/{model or self.models[0]}/infer"
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        return self.workdir / "r"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> RayServer:
+        try:
+            self._start_ray()
+            self._deploy()
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_ray(self) -> None:
+        self._set_env()  # before Ray reads its configuration (at import)
+        _import_ray()
+        import ray
+
+        if ray.is_initialized():
+            raise UsageError("Ray is already initialized in this process; RayServer starts or joins its own")
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's INFO lines on the console
+        quiet = dict(log_to_driver=False, configure_logging=False, namespace="ptopt")
+        if self.address is not None:
+            # artifacts packaged here reach the cluster's nodes as the job's working_dir (uploaded by this
+            # driver; Serve's deployments inherit it); a package folder names its own in its config
+            job_env = None if self.packaged else {"working_dir": str(self.folder)}
+            try:
+                ray.init(address=self.address, runtime_env=job_env, **quiet)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise RayServeError(f"cannot join the Ray cluster at {self.address}: {e}") from None
+            self.gcs_address = ray.get_runtime_context().gcs_address
+            self._check_cpus(float(ray.cluster_resources().get("CPU", 0)), f"the cluster at {self.address}")
+            return
+        self.ray_temp_dir.mkdir()
+        self._started_ray = True
+        options = dict(
+            num_cpus=max(1, len(os.sched_getaffinity(0))),
+            include_dashboard=False,
+            _node_ip_address=LOOPBACK,  # a private instance: its node is this machine's loopback
+            _temp_dir=str(self.ray_temp_dir),
+            _system_config={"enable_metrics_collection": False},
+            **quiet,
+        )
+        for attempt in (1, 2):
+            try:
+                ray.init(**options)
+                break
+            except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception when its node is slow to start
+                # Ray gives its raylet 30 s to register (fixed in Ray): on a machine that busy, once more
+                ray.shutdown()
+                end_processes(session_processes(str(self.ray_temp_dir)))
+                if attempt == 2:
+                    raise RayServeError(f"the local Ray instance did not start (twice): {e}") from None
+        self._session = session_processes(str(self.ray_temp_dir))
+        self.gcs_address = ray.get_runtime_context().gcs_address
+
+    def _check_cpus(self, have: float, where: str) -> None:
+        c = self.config
+        need = c.max_replicas() * c.cpus_per_replica * len(self.manifest["models"])
+        if need > have + 1e-9:
+            raise UsageError(
+                f"{c.max_replicas()} replica(s) x {c.cpus_per_replica:g} CPU x {len(self.manifest['models'])} "
+                f"model(s) need {need:g} CPUs and {where} has {have:g}: lower --replicas or --cpus-per-replica "
+                "(fractions are allowed, e.g. 0.5)"
+            )
+
+    def _set_env(self) -> None:
+        """Ray's environment for this process and what it starts (restored on stop, but the token)."""
+        for k, v in _QUIET_RAY.items():
+            self._saved_env.setdefault(k, os.environ.get(k))
+            os.environ[k] = v
+        if self.address is None:
+            _local_token()
+        if "ray" in sys.modules:  # Ray imported before: its cached configuration must see the auth settings
+            with contextlib.suppress(ImportError, AttributeError):
+                from ray._raylet import Config
+
+                Config.initialize("")
+
+    def _deploy(self) -> None:
+        from ray import serve
+
+        from ptopt.serve.ray_app import build_app
+
+        running = self._serve_running()
+        if running is not None:
+            self.port, routes = running
+            if self.app_name in routes:
+                raise UsageError(
+                    f"the cluster's Serve already runs an application named {self.app_name!r}; serve the "
+                    "artifact under another file name, or `serve shutdown`/delete that application first"
+                )
+            taken = [n for n, prefix in routes.items() if prefix == self.route_prefix]
+            if taken:
+                raise UsageError(
+                    f"the cluster's Serve already routes {self.route_prefix} to application {taken[0]!r}: "
+                    "give another --route-prefix"
+                )
+        serve.start(http_options={"host": LOOPBACK, "port": self.port}, proxy_location="HeadOnly")
+        if self.packaged:
+            self._deploy_config()
+            return
+        # on a cluster, every replica runs in the uploaded working_dir (ray.init above)
+        app = build_app(self.manifest, "." if self.address is not None else str(self.folder))
+        try:
+            serve.run(app, name=self.app_name, route_prefix=self.route_prefix, blocking=False)
+        except RuntimeError as e:  # a deployment failed to start: its replicas' error is in its status
+            raise RayServeError(f"the application failed to start: {e}{self._why()}") from None
+
+    def _why(self) -> str:
+        """The deployments' own messages (a replica's traceback, the last lines of it)."""
+        from ray import serve
+
+        app = serve.status().applications.get(self.app_name)
+        found = [
+            f"{n}: {d.message.strip()}" for n, d in (app.deployments if app else {}).items() if d.message
+        ]
+        return ("\n" + "\n".join(found))[-3000:] if found else ""
+
+    def _deploy_config(self) -> None:
+        """A package folder: its ``serve_config.yaml`` through Serve's declarative API, as ``serve
+        deploy`` sends it (the other applications deployed that way stay), under ``route_prefix``;
+        waits until it runs."""
+        import yaml
+        from ray import serve
+        from ray.serve.context import _get_global_client
+        from ray.serve.schema import ServeDeploySchema
+
+        from ptopt.serve.ray_package import CONFIG_FILE
+
+        app = yaml.safe_load((self.folder / CONFIG_FILE).read_text(encoding="utf-8"))["applications"][0]
+        app["route_prefix"] = self.route_prefix
+        client = _get_global_client()
+        apps = client.get_serve_details().get("applications") or {}
+        kept = [
+            a["deployed_app_config"]
+            for n, a in apps.items()
+            if a.get("deployed_app_config") and n != self.app_name
+        ]
+        client.deploy_apps(ServeDeploySchema.model_validate({"applications": [*kept, app]}))
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            status = serve.status().applications.get(self.app_name)
+            if status is not None and status.status == "RUNNING":
+                return
+            if status is not None and status.status == "DEPLOY_FAILED":
+                raise RayServeError(f"the application failed to start: {status.message.strip()}{self._why()}")
+            time.sleep(0.5)
+        raise RayServeError(f"the application is not running after {self.start_timeout_s:.0f} s")
+
+    def _serve_running(self) -> tuple[int, dict[str, str | None]] | None:
+        """The HTTP port of a Serve already running on the cluster and its applications' route
+        prefixes (None: Serve is not running there)."""
+        if self.address is None:
+            return None
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client(raise_if_no_controller_running=False)
+        if client is None:
+            return None
+        details = client.get_serve_details()
+        apps = details.get("applications") or {}
+        port = (details.get("http_options") or {}).get("port") or self.port
+        return int(port), {name: app.get("route_prefix") for name, app in apps.items()}
+
+    def wait_ready(self) -> None:
+        """Until ``/v2/health/ready`` answers 200 and every tensor model answered a real request."""
+        from ptopt.serve.server import sample_request
+
+        deadline = time.monotonic() + self.start_timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            code, body = http("GET", f"{self.url}/v2/health/ready", timeout=10)
+            if code == 200:
+                for m in self.manifest["models"]:
+                    sample = (
+                        sample_request({"inputs": m["inputs"], "input_style": m["input_style"]})
+                        if m["kind"] == "tensor"
+                        else None
+                    )
+                    if sample is not None:
+                        code, body = http(
+                            "POST",
+                            f"{self.url}/predictions/{m['name']}",
+                            json.dumps(sample).encode(),
+                            timeout=60,
+                        )
+                        if code != 200:
+                            raise RayServeError(
+                                f"model {m['name']}: a sample request answered {code}: {body[:300]!r}"
+                            )
+                return
+            last = f"{code}: {body[:200]!r}"
+            time.sleep(0.5)
+        raise RayServeError(f"the application is not ready after {self.start_timeout_s:.0f} s ({last})")
+
+    def stop(self) -> None:
+        """Delete the application; a local instance: shut Serve and Ray down, kill what is left."""
+        import ray
+
+        if ray.is_initialized():
+            from ray import serve
+
+            with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
+                serve.delete(self.app_name)  # drains the replicas; a local Ray goes down with it
+            self._session = sorted(set(self._session) | set(session_processes(str(self.ray_temp_dir))))
+            ray.shutdown()
+        if self._started_ray:
+            end_processes(self._session)
+            self._started_ray = False
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._saved_env = {}
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> RayServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- requests --------------------------------------------------------------------------------
+    def predict(self, inputs: Any, *, model: str | None = None, timeout: float = 60.0) -> tuple[int, Any]:
+        """POST ``{"inputs": ...}`` to the plain JSON route; (status, parsed JSON)."""
+        body = json.dumps({"inputs": inputs}).encode()
+        code, raw = http("POST", f"{self.url}/predictions/{model or self.models[0]}", body, timeout=timeout)
+        try:
+            return code, json.loads(raw)
+        except ValueError:
+            return code, raw
+
+
+def http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
+    """(status, body) of one request; a connection error is status 0 with its reason."""
+    req = urllib.request.Request(
+        url, data=body, method=method, headers=headers or {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (OSError, urllib.error.URLError) as e:
+        return 0, str(e).encode()
+
+
+# -- the processes of a local Ray session ------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _children() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def session_processes(temp_dir: str) -> list[int]:
+    """Every live process of the Ray session whose files are under ``temp_dir``: the node's processes
+    (their command lines name it: GCS, raylet, agents, log monitor) and all their descendants (the
+    workers: Serve's controller, proxy and replicas)."""
+    children = _children()
+    roots = [pid for pids in children.values() for pid in pids if temp_dir in _cmdline(pid)]
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def end_processes(pids: list[int], grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL, the processes of ``pids`` still alive; waits until they are gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return
+        for p in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(alive(p) for p in left):
+            for p in left:  # reap those that are our own children (the GCS, the raylet)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(p, os.WNOHANG)
+            time.sleep(0.1)
