@@ -33,7 +33,8 @@ class RayServeConfig:
         metavar="MIN:MAX",
     )
     target_ongoing_requests: float = option(
-        float(MODEL_MAX_ONGOING), help="With --autoscale: the batches in flight per replica Serve scales to keep."
+        float(MODEL_MAX_ONGOING),
+        help="With --autoscale: the batches in flight per replica Serve scales to keep.",
     )
     max_batch_size: int = option(
         1,
