@@ -400,10 +400,13 @@ def report(
     }
     command = (
         f"python benchmarks/bench_serve.py --requests {args.requests} --rounds {args.rounds} "
-        f"--batch {args.batch} --delay {args.delay}"
+        f"--batch {args.batch} --delay {args.delay} --models {args.models}"
     )
-    title = "Serving: Ray Serve vs TorchServe (Open Inference Protocol server vs .mar)"
-    write_result("serve", title, md, data, threads, command=command)
+    names = [m["name"] for m in models]
+    # each model alone (a run short enough for a shared machine) keeps its own result file
+    name = "serve" if names == ["resnet", "minilm"] else "serve_" + "_".join(names)
+    title = f"Serving: Ray Serve vs TorchServe ({', '.join(names)})"
+    write_result(name, title, md, data, threads, command=command)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ ORDER = [
     "validate",
     "validate_time",
     "serve",
+    "serve_resnet",
+    "serve_minilm",
     "overhead",
     "int8_ceiling",
     "autoquant",

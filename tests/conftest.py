@@ -16,10 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 #: files out in this order, so the long ones start early and the run ends on short files: a long file that
 #: starts last leaves the other worker idle until it ends.
 LONGEST_FIRST = (
+    # a real local Ray instance, shared by the file's tests (250 s on 2 cores shared with other jobs,
+    # 2026-11-28; most of it waiting on Ray's processes to start: best overlapped with other files)
+    "tests/serve/test_ray_serve.py",
     "tests/compat/test_matrix.py",  # 163
     "tests/optimize/test_optimize.py",  # 87
     "tests/demo/test_demo.py",  # 75 (106 before its --rounds 3)
     "tests/compress/test_pt2e_hf.py",  # 52
+    "tests/serve/test_ray_package.py",  # 45 (the serve fixtures' first use: a CNN's formats, an LM)
     "tests/compress/test_pt2e.py",  # 42
     "tests/export/test_aoti.py",  # 41
     "tests/formats/test_openvino.py",  # 35
