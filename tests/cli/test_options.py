@@ -141,6 +141,7 @@ CASES = {
 #: values for options whose default is "not given" (None) or not a value the walk can send
 SAMPLES = {
     "accuracy_budget": 1.0,
+    "max_accuracy_drop": 1.0,
     "min_cosine": 0.99,
     "tuning_budget": "4",
     "threads": 1,
