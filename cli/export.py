@@ -50,6 +50,7 @@ def command(
       ptopt export resnet.int8.pt --target onnx -o resnet.int8.onnx
       ptopt export zoo:transformer --target torchscript --min-shape input_ids=1x16 \\
             --min-shape attention_mask=1x16 ... -o transformer.pt
+      ptopt export hf:smollm2 --target onnx -o smollm2-onnx/   # a causal LM: a folder, KV cache in/out
     """
     from ptopt.export.api import export
 
@@ -64,6 +65,9 @@ def command(
 
 def _print_result(art) -> None:
     """What was written, its inputs, the parity numbers and the target's own facts."""
+    if "lm" in art.extra:
+        _print_lm(art)
+        return
     p = art.metrics["parity"]
     click.echo(
         f"wrote {art.path} ({art.format}, {art.precision}, {art.size_bytes:,} bytes"
@@ -113,3 +117,39 @@ def _print_result(art) -> None:
         click.echo(f"device:  {art.extra.get('device', 'cpu')}, {art.extra.get('dtype', 'float32')}")
     if art.extra.get("trtexec_shapes"):
         click.echo(f"trtexec: trtexec --onnx={art.path} {art.extra['trtexec_shapes']}")
+
+
+def _print_lm(art) -> None:
+    """A causal LM's export folder: its graph's inputs and outputs, the check against transformers."""
+    lm, p, g = art.extra["lm"], art.metrics["parity"], art.metrics["greedy"]
+    click.echo(f"wrote {art.path}/ ({art.format}, fp32, {art.size_bytes:,} bytes in {len(art.files)} files)")
+    lay, (lo, hi) = lm["layout"], lm["batch"]
+    if lm.get("stateful"):
+        io = "input_ids, attention_mask -> logits; the KV cache is state the OpenVINO CPU plugin keeps (batch 1)"
+    else:
+        io = (
+            f"input_ids, attention_mask, position_ids, past_key_values.0..{lay['layers'] - 1}.key/value -> logits, "
+            f"present.0..{lay['layers'] - 1}.key/value ([batch, {lay['kv_heads']}, seq, {lay['head_dim']}]); "
+            f"batch {lo}..{hi}"
+        )
+    click.echo(f"graph:   {io}; up to {lm['max_positions']} positions")
+    tie = f"differ from token {g.get('first_difference')} (a near tie: top-2 gap {g.get('top2_gap', 0):.2g})"
+    same = "equal" if g["equal"] else tie
+    click.echo(
+        f"check:   greedy tokens {same} to transformers' for {g['new_tokens']} new tokens after a "
+        f"{g['prompt_tokens']}-token prompt"
+    )
+    click.echo(
+        f"parity:  logits max abs diff {p['max_abs_diff']:.3g}, rel error {p['rel_error']:.3g}, worst cosine "
+        f"{p['cosine']:.6f} over {p['positions']} positions (tolerance atol {p['atol']:g}, rtol {p['rtol']:g})"
+    )
+    b = art.metrics.get("batch")
+    if b is not None:
+        click.echo(
+            f"batch:   a left-padded batch of 2: max abs diff {b['max_abs_diff']:.3g}, cosine {b['cosine']:.6f}"
+        )
+    if art.extra.get("compile_seconds") is not None:
+        click.echo(
+            f"compile: AOTInductor ({art.extra.get('compiler')}, {art.extra.get('cpu_isa') or 'cpu'}) in "
+            f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
+        )

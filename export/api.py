@@ -84,13 +84,26 @@ def export(
     - ``accuracy_control``: openvino int8 through ``nncf.quantize_with_accuracy_control``: the ops that cost
       the most stay float until ``min_cosine`` (worst-sample cosine with the fp32 model) or
       ``accuracy_budget`` (points of top-1) holds on ``validation_data`` (default ``data``);
-      ``float_modules``: the modules (``"layers.0.ff2"``, ...) whose ops NNCF leaves float."""
+      ``float_modules``: the modules (``"layers.0.ff2"``, ...) whose ops NNCF leaves float.
+    - A causal language model (``hf:DIR``, a transformers causal LM) exports as a folder with its KV cache
+      as inputs and outputs (``ptopt.export.lm``): onnx, openvino, exported_program, aoti; ``new_tokens``:
+      the greedy tokens it is checked on against transformers (default 32), after a prompt from ``data``."""
     config, shape_options = settle_config(target, config, options)
+    shapes = dataclasses.asdict(shape_options)
+    if _lm_export(model, config, output):
+        from ptopt.export.lm import export_lm
+
+        lm = dict(shapes, data=data, input_shapes=input_shapes, input_specs=input_specs)
+        result = export_lm(_load_source(model, weights, allow_pickle, config), config, output, lm)
+        return _saved(result, output)
     _check_target(config, output)
     source = _load_source(model, weights, allow_pickle, config)
+    if config.new_tokens is not None:
+        raise UsageError(
+            "--new-tokens applies to a causal language model (hf:DIR or a transformers causal LM)"
+        )
     want = _resolve_precision(source, config)
     calib, calib_ref = _calibration(data, config, source, want)
-    shapes = dataclasses.asdict(shape_options)
     specs, style = _input_specs(source, calib, input_shapes, input_specs, shapes)
     config = config.replace(calib_data=calib_ref)
     validation = _validation(validation_data, config)
@@ -98,9 +111,27 @@ def export(
     result = Result(
         built.model, built.template(source, config, want), built.save_to, inputs_paths=(source.path,)
     )
+    return _saved(result, output)
+
+
+def _saved(result: Result, output: Any) -> Result:
     if output is not None:
         result.save(output)
     return result
+
+
+def _lm_export(model: Any, config: ExportConfig, output: Any) -> bool:
+    """Whether this is a causal language model's export (``ptopt.export.lm``): a Hugging Face folder or a
+    transformers causal LM (its target checked first: it must take the model with its cache)."""
+    from ptopt.export.lm import is_lm_reference
+
+    if not is_lm_reference(model):
+        return False
+    from ptopt.core.device import resolve_device
+
+    resolve_device(config.device, allow_auto=False)
+    config.row.check_available(config)
+    return True
 
 
 def _input_specs(

@@ -106,6 +106,13 @@ class ExportConfig(Config):
         repeat=True,
         aliases=("exclude",),
     )
+    new_tokens: int | None = option(
+        None,
+        help="A causal LM (hf:DIR): the greedy tokens its export is checked on against transformers (default "
+        "32), after the first 16 tokens of --data (text or token ids; default seeded random ids).",
+        metavar="N",
+        applies=("onnx", "openvino", "exported_program", "aoti"),
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
@@ -138,6 +145,8 @@ class ExportConfig(Config):
                 raise UsageError(f"{name} must be >= 0, got {value!r}")
         if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
             raise UsageError(f"--min-cosine is a cosine in [-1, 1], got {self.min_cosine!r}")
+        if self.new_tokens is not None and (not isinstance(self.new_tokens, int) or self.new_tokens < 1):
+            raise UsageError(f"--new-tokens must be a positive integer, got {self.new_tokens!r}")
         if self.accuracy_budget is not None and not self.accuracy_control:
             raise UsageError("--accuracy-budget is the budget of --accuracy-control (openvino int8): add it")
         if self.accuracy_budget is not None and not self.accuracy_budget >= 0:

@@ -34,6 +34,7 @@ from typing import Any
 
 from ptopt.core.errors import ModelLoadError, UnsupportedModelError
 from ptopt.formats.base import Format, loaded_model
+from ptopt.formats.lm_folder import Output
 from ptopt.formats.openvino import imported, openvino_message, quiet, read_ir, require_openvino
 
 IR_FILE = "openvino_model.xml"
@@ -42,44 +43,11 @@ RECORD_FILE = "openvino_lm.json"
 MODES = {8: "int8_asym", 4: "int4_sym"}
 
 
-class Output(dict):
-    """What a transformers model returns, as far as ``ptopt.core.lm`` reads it: ``out.logits``, ``out[key]``."""
-
-    __getattr__ = dict.__getitem__
-
-
 def cache_shape(config: Any, past: int) -> tuple[int, int, int, int]:
     """One layer's key (or value) cache for ``past`` tokens at batch 1."""
-    heads = getattr(config, "num_attention_heads", None) or config.n_head
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return (1, kv_heads, past, head_dim)
+    from ptopt.formats.lm_graph import cache_shape as shape
 
-
-def _wrapper(model: Any) -> Any:
-    import torch
-
-    from ptopt.core.hf import import_transformers
-
-    DynamicCache = import_transformers().DynamicCache  # noqa: N806
-
-    class Step(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = model
-
-        def forward(self, input_ids: Any, attention_mask: Any, *kv: Any) -> tuple:
-            cache = DynamicCache(config=model.config)
-            for i, layer in enumerate(cache.layers):  # filled directly: update() would trace a cat of []
-                layer.keys, layer.values, layer.is_initialized = kv[2 * i], kv[2 * i + 1], True
-                layer.device, layer.dtype = kv[0].device, kv[0].dtype
-            out = self.m(
-                input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True
-            )
-            flat = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-            return (out.logits, *flat)
-
-    return Step().eval()
+    return shape(config, past, 1)
 
 
 def convert(model: Any) -> Any:
@@ -87,6 +55,8 @@ def convert(model: Any) -> Any:
     ov = imported("openvino")
     import torch
     from openvino._offline_transformations import apply_make_stateful_transformation
+
+    from ptopt.formats.lm_graph import step_module
 
     layers = model.config.num_hidden_layers
     kv = [torch.zeros(cache_shape(model.config, 5)) for _ in range(2 * layers)]
@@ -97,7 +67,7 @@ def convert(model: Any) -> Any:
     try:
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(), quiet():
             warnings.simplefilter("ignore")  # the trace's TracerWarnings and transformers' deprecations
-            ov_model = ov.convert_model(_wrapper(model), example_input=example)
+            ov_model = ov.convert_model(step_module(model, position_ids=False), example_input=example)
     except Exception as e:  # noqa: BLE001 - the tracer and OpenVINO's frontend raise many kinds
         raise UnsupportedModelError(
             f"OpenVINO {ov.__version__} cannot convert this model with its KV cache as explicit tensors: "
@@ -214,6 +184,12 @@ class OpenVINOLM:
     def eval(self) -> OpenVINOLM:
         return self
 
+    def generate(self, input_ids: Any, max_new_tokens: int = 32, attention_mask: Any = None) -> Any:
+        """Greedy decoding (batch 1) with the cache the plugin keeps."""
+        from ptopt.formats.lm_folder import greedy
+
+        return greedy(self, input_ids, max_new_tokens, attention_mask)
+
 
 def write_folder(saved: Path, folder: Path, record: dict[str, Any], config: Any, source_dir: Any) -> dict:
     """The folder of the module docstring, its IR copied from ``saved`` (the folder :func:`as_saved`
@@ -234,7 +210,8 @@ def read_record(path: Path) -> dict[str, Any]:
         record = json.loads((path / RECORD_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"{path / RECORD_FILE}: unreadable ({e})") from None
-    if not isinstance(record, dict) or record.get("bits") not in MODES:
+    fp32 = isinstance(record, dict) and record.get("bits") is None and record.get("precision") == "fp32"
+    if not isinstance(record, dict) or (record.get("bits") not in MODES and not fp32):
         raise ModelLoadError(f"{path / RECORD_FILE}: not a ptopt OpenVINO language-model record")
     return record
 
@@ -249,13 +226,16 @@ def load_folder(path: Path, threads: int | None = None) -> OpenVINOLM:
         import torch
 
         threads = torch.get_num_threads()
-    runner = OpenVINOLM(read_ir(path / IR_FILE), config_of(path), threads)
+    # an fp32 export runs as it was checked (f32); weight-only folders at the plugin's default
+    precision = record.get("inference_precision") if record.get("bits") is None else None
+    runner = OpenVINOLM(read_ir(path / IR_FILE), config_of(path), threads, precision)
     runner.record = record
     return runner
 
 
 class OpenVINOLMFolder(Format):
-    """A folder of ``ptopt quantize --mode weight-only --engine openvino`` (module docstring)."""
+    """A folder of ``ptopt quantize --mode weight-only --engine openvino`` (module docstring), or of
+    ``ptopt export hf:DIR --target openvino`` (the same stateful IR, fp32 weights, run at f32)."""
 
     name = "openvino_lm"
     label = "OpenVINO language-model folder (stateful IR, NNCF weights)"
@@ -268,6 +248,9 @@ class OpenVINOLMFolder(Format):
     isa_libraries = ("onednn", "mlas")
     reexportable = False
     sniff_rank = 38  # before the Hugging Face folders: it has a config.json too
+    #: ``export --target`` that writes it for a causal LM (``ptopt.export.lm``), and its record
+    lm_target = "openvino"
+    record_file = RECORD_FILE
 
     def sniff(self, path: Path) -> bool:
         return path.is_dir() and (path / RECORD_FILE).is_file() and (path / IR_FILE).is_file()
@@ -283,6 +266,13 @@ class OpenVINOLMFolder(Format):
     def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
         module = load_folder(path)
         return loaded_model(path, self.name, module, path, art, info={"hf_dir": str(path)})
+
+    def write_lm(self, module: Any, folder: Path, record: dict[str, Any]) -> None:
+        """``ptopt export``'s IR of a causal LM: steps 1-2 of the module docstring, weights fp32, into ``folder``."""
+        ov = imported("openvino")
+        ov.save_model(convert(module), folder / IR_FILE, compress_to_fp16=False)
+        method = "openvino.convert_model (TorchScript trace, KV cache as tensors) + stateful transformation"
+        record |= {"bits": None, "inference_precision": "f32", "openvino": ov.__version__, "method": method}
 
 
 FORMAT = OpenVINOLMFolder()

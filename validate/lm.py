@@ -247,8 +247,9 @@ def _precision(loaded: Any, module: Any) -> str:
     art = loaded.artifact
     if art is not None and getattr(art, "precision", None):
         return str(art.precision)
-    if getattr(module, "record", None):  # a folder of another runtime, without its sidecar
-        return f"int{module.record['bits']}"
+    record = getattr(module, "record", None)
+    if record:  # a folder of another runtime, without its sidecar
+        return str(record.get("precision") or f"int{record['bits']}")
     import torch
 
     dtype = next((p.dtype for p in module.parameters()), torch.float32)
@@ -260,7 +261,7 @@ def _runtime(fmt_name: str) -> str:
     from ptopt.core.formats import find_format
 
     fmt = find_format(fmt_name)
-    return fmt.runs_on if fmt is not None and fmt.runtime != "torch" else RUNTIME
+    return fmt.runs_on if fmt is not None and (fmt.runtime != "torch" or fmt.runtime_label) else RUNTIME
 
 
 def _evaluate_one(m: _Model, ids: Any, opts: LMOptions, allow_pickle: bool) -> tuple[Entry, Any]:

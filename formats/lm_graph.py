@@ -1,0 +1,213 @@
+"""A causal language model's decoder as a graph with its KV cache as explicit tensors, laid out as
+optimum (and onnxruntime-genai) lay it out: inputs ``input_ids`` [batch, sequence], ``attention_mask``
+[batch, past + sequence], ``position_ids`` [batch, sequence] and, per layer ``N``,
+``past_key_values.N.key`` / ``.value`` [batch, kv_heads, past, head_dim]; outputs ``logits``
+[batch, sequence, vocab] and ``present.N.key`` / ``.value`` [batch, kv_heads, past + sequence,
+head_dim]. One graph serves prefill (past of length 0) and decode (sequence 1).
+
+:class:`KVStep` wraps the transformers model: it fills a ``DynamicCache`` with the past tensors and
+calls the model's own ``forward`` (its attention, masks and rotary embeddings, nothing rewritten),
+returning the logits and the grown cache as tensors. :func:`capture` exports it with ``torch.export``
+and dynamic batch, sequence and past dimensions.
+
+**Sizes 0 and 1.** torch.export traces a dimension as a symbol only when its example size is at least
+2 (0 and 1 are specialized), so the program is traced with a sequence and a past of at least 2, which
+puts ``[2, ...]`` into its range constraints. What the trace decided for sizes >= 2 holds at 0 and 1
+for these decoders (no broadcast or squeeze turns on a sequence or past dimension: the branches
+transformers takes on ``q_len == 1`` are shortcuts whose general path is also exact), so the ranges are
+widened to ``[1, ...]`` for the sequence and ``[0, ...]`` for the past after tracing, and every export
+is then checked where it matters: the prefill runs with an empty past, every decode step with one
+token, against transformers' own generation (``ptopt.export.lm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ptopt.core.errors import UnsupportedModelError
+
+#: the token inputs, before the cache tensors
+TOKEN_INPUTS = ("input_ids", "attention_mask", "position_ids")
+#: optimum's names for the symbolic dimensions
+DIMS = {
+    "batch": "batch_size",
+    "sequence": "sequence_length",
+    "past": "past_sequence_length",
+    "total": "past_sequence_length + sequence_length",
+}
+#: the batch range exported when none is asked for
+DEFAULT_BATCH = (1, 8)
+
+
+def layout(config: Any) -> dict[str, int]:
+    """Layers, key/value heads and head size of the model's cache (config names vary by family)."""
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    return {
+        "layers": int(config.num_hidden_layers),
+        "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+        "vocab": int(config.vocab_size),
+    }
+
+
+def cache_shape(config: Any, past: int, batch: int = 1) -> tuple[int, int, int, int]:
+    """One layer's key (or value) cache for ``past`` tokens."""
+    lay = layout(config)
+    return (batch, lay["kv_heads"], past, lay["head_dim"])
+
+
+def io_names(layers: int, position_ids: bool = True) -> tuple[list[str], list[str]]:
+    """The graph's input and output names (module docstring)."""
+    kv = [(i, k) for i in range(layers) for k in ("key", "value")]
+    inputs = list(TOKEN_INPUTS if position_ids else TOKEN_INPUTS[:2])
+    return inputs + [f"past_key_values.{i}.{k}" for i, k in kv], ["logits"] + [
+        f"present.{i}.{k}" for i, k in kv
+    ]
+
+
+def check_cache(model: Any) -> None:
+    """UnsupportedModelError when the model's cache is not one full-attention key/value pair per layer
+    (sliding-window layers keep only their last tokens; state-space layers keep states)."""
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    try:
+        kinds = {type(layer).__name__ for layer in tf.DynamicCache(config=model.config).layers}
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: transformers builds no DynamicCache for it ({e}); ptopt exports "
+            "decoders whose cache is one key/value pair per layer"
+        ) from None
+    other = sorted(kinds - {"DynamicLayer"})
+    if other:
+        raise UnsupportedModelError(
+            f"{type(model).__name__}: its cache has {', '.join(other)} layers (sliding-window or recurrent "
+            "state), which keep other tensors than one growing key/value pair per layer; ptopt exports "
+            "full-attention decoders (Llama, Qwen2, GPT-2, Phi, Gemma ...). A sliding-window model whose "
+            "sequences stay under its window: set sliding_window to null in a copy of config.json"
+        )
+
+
+def step_module(model: Any, position_ids: bool = True) -> Any:
+    """:class:`KVStep` around ``model`` (the class is defined on first use: torch imports lazily)."""
+    import torch
+
+    from ptopt.core.hf import import_transformers
+    from ptopt.core.lm import cache_keyword
+
+    dynamic_cache = import_transformers().DynamicCache
+    key = cache_keyword(model)
+
+    class KVStep(torch.nn.Module):
+        """``(input_ids, attention_mask[, position_ids], *past) -> (logits, *present)``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, *rest: Any) -> tuple:
+            pos, kv = (rest[0], rest[1:]) if position_ids else (None, rest)
+            cache = dynamic_cache(config=self.m.config)
+            for i, layer in enumerate(cache.layers):  # filled directly: update() would trace a cat of []
+                layer.keys, layer.values, layer.is_initialized = kv[2 * i], kv[2 * i + 1], True
+                layer.device, layer.dtype = kv[0].device, kv[0].dtype
+            out = self.m(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=pos,
+                use_cache=True,
+                **{key: cache},
+            )
+            flat = [t for layer in cache_of(out).layers for t in (layer.keys, layer.values)]
+            return (out.logits, *flat)
+
+    return KVStep().eval()
+
+
+@contextlib.contextmanager
+def attention(model: Any, kind: str | None) -> Iterator[None]:
+    """The model's attention implementation set to ``kind`` inside the block (None: left as it is)."""
+    was = getattr(model.config, "_attn_implementation", None)
+    if kind is None or was == kind or not callable(getattr(model, "set_attn_implementation", None)):
+        yield
+        return
+    model.set_attn_implementation(kind)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(was)
+
+
+def cache_of(out: Any) -> Any:
+    """The cache a transformers model returned (``cache`` in 5.x, ``past_key_values`` before)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def example(config: Any, batch: int = 2, seq: int = 3, past: int = 5) -> tuple:
+    """Seeded example inputs of the step (sizes >= 2 everywhere: module docstring)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, min(1000, int(config.vocab_size)), (batch, seq), generator=g)
+    mask = torch.ones(batch, past + seq, dtype=torch.int64)
+    pos = torch.arange(past, past + seq).expand(batch, -1).contiguous()
+    kv = [
+        torch.randn(cache_shape(config, past, batch), generator=g)
+        for _ in range(2 * layout(config)["layers"])
+    ]
+    return (ids, mask, pos, *kv)
+
+
+def capture(model: Any, batch: tuple[int, int], max_len: int) -> Any:
+    """The step of ``model`` as an ExportedProgram: batch in ``batch``, sequence and past dynamic up to
+    ``max_len`` positions, the ranges widened to sizes 1 / 0 (module docstring). UnsupportedModelError
+    when torch.export cannot capture it."""
+    import torch
+
+    from ptopt.formats.capture import first_lines, quiet_export
+
+    Dim = torch.export.Dim  # noqa: N806
+    lo, hi = batch
+    b = Dim("batch_size", min=lo, max=hi) if hi > 1 else None
+    seq, past = Dim("sequence", min=2, max=max_len - 2), Dim("past", min=2, max=max_len - 2)
+    total = Dim("total", min=4, max=max_len)
+    args = example(model.config, batch=2 if b is not None else 1)
+    tok = {0: b, 1: seq} if b is not None else {1: seq}
+    kv = {0: b, 2: past} if b is not None else {2: past}
+    mask = {0: b, 1: total} if b is not None else {1: total}
+    dynamic = {"input_ids": tok, "attention_mask": mask, "rest": (tok,) + (kv,) * (len(args) - 3)}
+    try:
+        with quiet_export(), torch.no_grad():
+            program = torch.export.export(step_module(model), args, dynamic_shapes=dynamic, strict=False)
+    except Exception as e:  # noqa: BLE001 - torch.export raises many kinds; the user gets one line
+        raise UnsupportedModelError(
+            f"torch.export cannot capture {type(model).__name__} with its KV cache as inputs "
+            f"(torch {torch.__version__}): {type(e).__name__}: {first_lines(str(e), 2)}"
+        ) from None
+    widen(program, max_len)
+    return program
+
+
+def widen(program: Any, max_len: int) -> None:
+    """Sequence and total ranges from 1, the past from 0 (module docstring); in place."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    user = [
+        n
+        for n in program.graph.nodes
+        if n.op == "placeholder" and n.name in set(program.graph_signature.user_inputs)
+    ]
+    lows: dict[str, int] = {}
+    for i, node in enumerate(
+        user
+    ):  # input_ids, attention_mask, position_ids: dim 1 from 1; the past: dim 2 from 0
+        dim, low = (1, 1) if i < len(TOKEN_INPUTS) else (2, 0)
+        size = node.meta["val"].shape[dim]
+        if not isinstance(size, int):
+            lows[str(size.node.expr)] = low
+    for sym, rng in list(program.range_constraints.items()):
+        if str(sym) in lows:
+            program.range_constraints[sym] = ValueRanges(lows[str(sym)], min(int(rng.upper), max_len))

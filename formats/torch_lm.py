@@ -1,0 +1,125 @@
+"""ExportedProgram and AOTInductor language-model folders (``exported_program_lm``, ``aoti_lm``): what
+``ptopt export hf:DIR --target exported_program|aoti`` writes for a causal LM.
+
+``model.pt2`` is the decoder step with its KV cache as explicit inputs and outputs
+(``ptopt.formats.lm_graph``: ``(input_ids, attention_mask, position_ids, *past) -> (logits, *present)``,
+past and present in layer order, key then value), captured by ``torch.export`` with dynamic batch,
+sequence and past dimensions. ``exported_program``: ``torch.export.save`` of that program, loaded with
+``torch.export.load("model.pt2").module()``; ``aoti``: the same program compiled by AOTInductor (freezing
+on) into native code for this CPU and this torch, loaded with ``torch._inductor.aoti_load_package`` (only
+with ``--allow-pickle``: its native code runs when it loads). Beside it the source's config and tokenizer
+files and ``ptopt_lm.json`` (``ptopt.formats.lm_folder``). Both keep the model's ``sdpa`` attention.
+
+Unlike the static-cache program of ``quantize --mode weight-only --decode-step`` (state inside the program,
+one sequence at a time, batch 1), the cache here is the caller's: any batch in the exported range, and a
+sequence can be resumed or forked by keeping its ``present`` tensors.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from ptopt.core.errors import ModelLoadError, UnsafePickleError
+from ptopt.formats.lm_folder import CachedLM, LMFolder
+
+FILE = "model.pt2"
+
+
+class ProgramLM(CachedLM):
+    """A folder's ``model.pt2`` run by torch (an ExportedProgram's module or an AOTInductor package)."""
+
+    def __init__(self, step: Any, config: Any, record: dict[str, Any], runtime: str) -> None:
+        super().__init__(config, record)
+        self.step, self.runtime = step, runtime
+
+    def _run(self, feeds: list[Any]) -> list[Any]:
+        import torch
+
+        with torch.inference_mode():
+            return list(self.step(*feeds))
+
+
+class ExportedProgramLMFolder(LMFolder):
+    name = "exported_program_lm"
+    label = "ExportedProgram language-model folder (decoder with KV cache inputs/outputs)"
+    runtime_label = "torch.export"
+    packages = ("transformers",)
+    file = FILE
+    lm_target = "exported_program"
+
+    def open(self, path: Path, config: Any, record: dict[str, Any], allow_pickle: bool) -> ProgramLM:
+        import torch
+
+        from ptopt.core.safety import quiet_upstream
+
+        try:
+            with quiet_upstream():
+                program = torch.export.load(io.BytesIO((path / FILE).read_bytes()))
+        except Exception as e:  # noqa: BLE001 - a corrupt or foreign archive
+            raise ModelLoadError(
+                f"{path / FILE}: not a loadable ExportedProgram: {str(e).splitlines()[0]}"
+            ) from None
+        return ProgramLM(program.module(), config, record, "torch.export")
+
+    def write_graph(self, program: Any, folder: Path, record: dict[str, Any], config: Any) -> None:
+        import torch
+
+        from ptopt.formats.capture import quiet_export
+
+        program.example_inputs = None  # the .pt2 ships no sample tensors
+        buf = io.BytesIO()  # torch.export.save insists on a .pt2 name; written through a buffer
+        with quiet_export():
+            torch.export.save(program, buf)
+        (folder / FILE).write_bytes(buf.getvalue())
+        record["method"] = "torch.export.export (strict=False)"
+
+
+class AotiLMFolder(LMFolder):
+    name = "aoti_lm"
+    label = "AOTInductor language-model folder (decoder with KV cache inputs/outputs)"
+    runtime_label = "aoti"
+    packages = ("transformers",)
+    trusted_load = True
+    file = FILE
+    lm_target = "aoti"
+
+    def open(self, path: Path, config: Any, record: dict[str, Any], allow_pickle: bool) -> ProgramLM:
+        from ptopt.formats.aoti import load_aoti
+
+        if not allow_pickle:
+            raise UnsafePickleError(
+                f"{path}: refusing to load: its model.pt2 is an AOTInductor package (compiled native code that "
+                "runs when it is loaded). Pass --allow-pickle (allow_pickle=True) only if you trust where it came from"
+            )
+        try:
+            step = load_aoti(path / FILE, record.get("torch_version"))
+        except ModelLoadError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the package loader raises RuntimeError/OSError/...
+            raise ModelLoadError(
+                f"{path / FILE}: not a loadable AOTInductor package: {str(e).splitlines()[0]}"
+            ) from None
+        return ProgramLM(step, config, record, "aoti")
+
+    def write_graph(self, program: Any, folder: Path, record: dict[str, Any], config: Any) -> None:
+        import time
+
+        import torch
+
+        from ptopt.formats.aoti_compile import check_compiler, compile_options, compile_package
+        from ptopt.formats.aoti_files import package_metadata
+
+        compiler, options = check_compiler(), compile_options()
+        started = time.perf_counter()
+        compile_package(program, folder / FILE, options, compiler)
+        record |= {
+            "method": "torch.export.export (strict=False) + torch._inductor.aoti_compile_and_package",
+            "compile_options": options, "compiler": compiler, "compile_threads": torch.get_num_threads(),
+            "compile_seconds": round(time.perf_counter() - started, 2), "torch_version": torch.__version__,
+            "cpu_isa": package_metadata(folder / FILE).get("AOTI_CPU_ISA", ""),
+        }  # fmt: skip
+
+
+FORMATS = [ExportedProgramLMFolder(), AotiLMFolder()]
