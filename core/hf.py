@@ -141,3 +141,23 @@ def is_causal_lm(module: Any) -> bool:
     """Whether ``module`` is a transformers causal language model (has ``generate`` and a config)."""
     config = getattr(module, "config", None)
     return config is not None and hasattr(module, "generate") and hasattr(module, "get_output_embeddings")
+
+
+def logits_view(model: Any) -> Any:
+    """``model`` (a transformers causal LM) as a module whose ``forward(input_ids, attention_mask=None)``
+    returns the logits alone, computed without a KV cache: what graph capture, TorchScript and the
+    stages built on them take (the cache transformers returns is no tensor). A shallow copy: the same
+    submodules and weights under the same names (``--exclude model.layers.0.mlp`` names what the user
+    sees), ``model`` itself untouched."""
+    import copy
+    import types
+
+    view = copy.copy(model)
+    view.forward = types.MethodType(_logits_forward, view)
+    return view
+
+
+def _logits_forward(self: Any, input_ids: Any, attention_mask: Any = None) -> Any:
+    return (
+        type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    )

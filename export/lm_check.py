@@ -6,10 +6,12 @@ read back the way a user loads it, against transformers running the source model
    must produce the same tokens. When they part at a step where the source's two best logits are closer
    than the tolerance below (a tie either token answers), the check passes and says so
    (``near_tie``); any other difference is a ParityError.
-2. **Logits, teacher-forced**: the artifact fed transformers' tokens (prefill, then each decode step)
-   against the source's logits at the same positions (one forward pass, no cache): ``max|diff| <= atol +
-   rtol * max|logits|`` and the worst position's cosine >= the precision's minimum
-   (``ptopt.export.parity``).
+2. **Logits, teacher-forced**: the artifact fed transformers' tokens, its first token alone (a one-token
+   prompt: sequence 1, no past), the rest of the prompt as one chunk after it (a continuation: several
+   tokens over a past of 1), then each generated token one at a time, against the source's logits at the
+   same positions (one forward pass, no cache): ``max|diff| <= atol + rtol * max|logits|`` and the worst
+   position's cosine >= the precision's minimum (``ptopt.export.parity``). With the greedy loop's prefill
+   (the whole prompt, no past) this runs every kind of call a generation makes.
 3. **A padded batch** (when the export takes batch 2 or more): two prompts, the second left-padded, one
    prefill and one decode step, against the source called with the same attention mask and positions;
    the real tokens' logits are compared under the same rule.
@@ -48,16 +50,19 @@ def _pad_id(source: Any) -> int:
 
 
 def _teacher_forced(model: Any, ids: Any, prompt_len: int) -> Any:
-    """The artifact's logits at positions ``prompt_len - 1 ..`` of ``ids``: its prefill on the prompt,
-    then one decode step per following token, each from the previous step's cache."""
+    """The artifact's logits at every position of ``ids`` but the last (check 2 of the module docstring):
+    the first token alone, the rest of the prompt as one chunk, then one token per step, each call from
+    the previous one's cache."""
     import torch
 
-    out = model(input_ids=ids[:, :prompt_len], use_cache=True)
-    rows = [out.logits[:, -1]]
+    out = model(input_ids=ids[:, :1], use_cache=True)
+    rows = [out.logits]
+    out = model(input_ids=ids[:, 1:prompt_len], use_cache=True, past_key_values=out.past_key_values)
+    rows.append(out.logits)
     for i in range(prompt_len, ids.shape[1] - 1):
         out = model(input_ids=ids[:, i : i + 1], use_cache=True, past_key_values=out.past_key_values)
-        rows.append(out.logits[:, -1])
-    return torch.stack(rows, dim=1).float()
+        rows.append(out.logits)
+    return torch.cat(rows, dim=1).float()
 
 
 def _compare(ref: Any, got: Any, atol: float, rtol: float, min_cosine: float) -> dict[str, Any]:
@@ -111,10 +116,10 @@ def check_lm(
     ref_ids = greedy_reference(source, prompt, new_tokens)
     with torch.inference_mode():
         got_ids = model.generate(prompt, new_tokens)
-        ref_logits = source(input_ids=ref_ids, use_cache=False).logits[:, prompt.shape[1] - 1 : -1].float()
+        ref_logits = source(input_ids=ref_ids, use_cache=False).logits[:, :-1].float()
         got_logits = _teacher_forced(model, ref_ids, prompt.shape[1])
     parity = _compare(ref_logits, got_logits, *rule)
-    greedy = _greedy(ref_ids, got_ids, ref_logits, prompt.shape[1], parity)
+    greedy = _greedy(ref_ids, got_ids, ref_logits[:, prompt.shape[1] - 1 :], prompt.shape[1], parity)
     out = {"greedy": greedy, "parity": parity}
     if batched and prompt.shape[1] > PAD + 1:
         out["batch"] = _padded_batch(source, model, prompt, rule)

@@ -106,9 +106,10 @@ def export_program(
         ) from None
 
 
-def trace(module: Any, x: Any, style: str) -> tuple[Any, list[str]]:
+def trace(module: Any, x: Any, style: str, hint: str = "") -> tuple[Any, list[str]]:
     """``torch.jit.trace`` on the batch ``x``; returns the ScriptModule and the tracer's warnings
-    (data-dependent control flow baked in), which the reload check then judges."""
+    (data-dependent control flow baked in), which the reload check then judges. ``hint``: what the
+    caller's user can do instead, appended to a failure's message."""
     import torch
 
     # the tracer reads every attribute of every module: transformers' properties log as it does
@@ -129,7 +130,7 @@ def trace(module: Any, x: Any, style: str) -> tuple[Any, list[str]]:
         except Exception as e:  # noqa: BLE001 - the tracer raises whatever the model's code raises
             raise UnsupportedModelError(
                 f"torch.jit.trace cannot trace {type(module).__name__}: {type(e).__name__}: "
-                f"{first_lines(str(e), 1)[:300]}; try --script"
+                f"{without_values(first_lines(str(e), 1))[:300]}{hint}"
             ) from None
     notes = sorted(
         {
@@ -139,6 +140,16 @@ def trace(module: Any, x: Any, style: str) -> tuple[Any, list[str]]:
         }
     )
     return sm, notes
+
+
+def without_values(message: str) -> str:
+    """An error message without the tensors it prints: torch's tracer quotes the model's whole output
+    (``cannot infer type of CausalLMOutputWithPast(loss=None, logits=tensor([[...``); the type's name
+    says what is wrong, the values only flood a one-line message."""
+    m = re.search(r"cannot infer type of (\w+)\(", message)
+    if m:
+        return f"{message[: m.end() - 1]} (a {m.group(1)}, not a tensor or a tuple/list/dict of tensors)"
+    return message.split("tensor(")[0].rstrip(" ,=([") if "tensor(" in message else message
 
 
 def script(module: Any) -> Any:

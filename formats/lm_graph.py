@@ -11,8 +11,9 @@ returning the logits and the grown cache as tensors. :func:`capture` exports it 
 and dynamic batch, sequence and past dimensions.
 
 **Sizes 0 and 1.** torch.export traces a dimension as a symbol only when its example size is at least
-2 (0 and 1 are specialized), so the program is traced with a sequence and a past of at least 2, which
-puts ``[2, ...]`` into its range constraints. What the trace decided for sizes >= 2 holds at 0 and 1
+2 (0 and 1 are specialized), so the program is traced with a sequence and a past of at least 2 (the
+dimensions ``Dim.AUTO``: the solver finds that the mask spans past + sequence), which puts ``[2, ...]``
+into its range constraints. What the trace decided for sizes >= 2 holds at 0 and 1
 for these decoders (no broadcast or squeeze turns on a sequence or past dimension: the branches
 transformers takes on ``q_len == 1`` are shortcuts whose general path is also exact), so the ranges are
 widened to ``[1, ...]`` for the sequence and ``[0, ...]`` for the past after tracing, and every export
@@ -161,23 +162,21 @@ def example(config: Any, batch: int = 2, seq: int = 3, past: int = 5) -> tuple:
     return (ids, mask, pos, *kv)
 
 
-def capture(model: Any, batch: tuple[int, int], max_len: int) -> Any:
+def capture(model: Any, batch: tuple[int, int], max_len: int, decode: bool = False) -> Any:
     """The step of ``model`` as an ExportedProgram: batch in ``batch``, sequence and past dynamic up to
-    ``max_len`` positions, the ranges widened to sizes 1 / 0 (module docstring). UnsupportedModelError
-    when torch.export cannot capture it."""
+    ``max_len`` positions, the ranges widened to sizes 1 / 0 (module docstring); ``decode``: the sequence
+    fixed at one token (a decode step). UnsupportedModelError when torch.export cannot capture it."""
     import torch
 
     from ptopt.formats.capture import first_lines, quiet_export
 
-    Dim = torch.export.Dim  # noqa: N806
+    auto = torch.export.Dim.AUTO  # the solver infers the relations (total = past + sequence) itself
     lo, hi = batch
-    b = Dim("batch_size", min=lo, max=hi) if hi > 1 else None
-    seq, past = Dim("sequence", min=2, max=max_len - 2), Dim("past", min=2, max=max_len - 2)
-    total = Dim("total", min=4, max=max_len)
-    args = example(model.config, batch=2 if b is not None else 1)
-    tok = {0: b, 1: seq} if b is not None else {1: seq}
-    kv = {0: b, 2: past} if b is not None else {2: past}
-    mask = {0: b, 1: total} if b is not None else {1: total}
+    b = auto if hi > 1 else None
+    args = example(model.config, batch=2 if b is not None else 1, seq=1 if decode else 3)
+    tok = {k: v for k, v in ((0, b), (1, None if decode else auto)) if v is not None} or None
+    kv = {k: v for k, v in ((0, b), (2, auto)) if v is not None}
+    mask = {k: v for k, v in ((0, b), (1, auto)) if v is not None}
     dynamic = {"input_ids": tok, "attention_mask": mask, "rest": (tok,) + (kv,) * (len(args) - 3)}
     try:
         with quiet_export(), torch.no_grad():
@@ -187,27 +186,24 @@ def capture(model: Any, batch: tuple[int, int], max_len: int) -> Any:
             f"torch.export cannot capture {type(model).__name__} with its KV cache as inputs "
             f"(torch {torch.__version__}): {type(e).__name__}: {first_lines(str(e), 2)}"
         ) from None
-    widen(program, max_len)
+    widen(program, batch, max_len)
     return program
 
 
-def widen(program: Any, max_len: int) -> None:
-    """Sequence and total ranges from 1, the past from 0 (module docstring); in place."""
+def widen(program: Any, batch: tuple[int, int], max_len: int) -> None:
+    """The ranges of the program's symbols, in place: batch ``batch``, sequence and attention mask
+    [1, max_len], past [0, max_len - 1] (module docstring: traced at sizes >= 2)."""
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    user = [
-        n
-        for n in program.graph.nodes
-        if n.op == "placeholder" and n.name in set(program.graph_signature.user_inputs)
-    ]
-    lows: dict[str, int] = {}
-    for i, node in enumerate(
-        user
-    ):  # input_ids, attention_mask, position_ids: dim 1 from 1; the past: dim 2 from 0
-        dim, low = (1, 1) if i < len(TOKEN_INPUTS) else (2, 0)
-        size = node.meta["val"].shape[dim]
-        if not isinstance(size, int):
-            lows[str(size.node.expr)] = low
-    for sym, rng in list(program.range_constraints.items()):
-        if str(sym) in lows:
-            program.range_constraints[sym] = ValueRanges(lows[str(sym)], min(int(rng.upper), max_len))
+    names = set(program.graph_signature.user_inputs)
+    user = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in names]
+    ranges: dict[str, tuple[int, int]] = {}
+    for i, node in enumerate(user):  # input_ids, attention_mask, position_ids, then the past
+        spots = {0: batch, 1: (1, max_len)} if i < len(TOKEN_INPUTS) else {0: batch, 2: (0, max_len - 1)}
+        for dim, rng in spots.items():
+            size = node.meta["val"].shape[dim]
+            if not isinstance(size, int):
+                ranges.setdefault(str(size.node.expr), rng)
+    for sym in list(program.range_constraints):
+        if str(sym) in ranges:
+            program.range_constraints[sym] = ValueRanges(*ranges[str(sym)])

@@ -7,7 +7,11 @@ past and present in layer order, key then value), captured by ``torch.export`` w
 sequence and past dimensions. ``exported_program``: ``torch.export.save`` of that program, loaded with
 ``torch.export.load("model.pt2").module()``; ``aoti``: the same program compiled by AOTInductor (freezing
 on) into native code for this CPU and this torch, loaded with ``torch._inductor.aoti_load_package`` (only
-with ``--allow-pickle``: its native code runs when it loads). Beside it the source's config and tokenizer
+with ``--allow-pickle``: its native code runs when it loads), plus a second model in the package, ``decode``
+(``torch._inductor.package.load_package(path, "decode")``), traced with the sequence fixed at one token:
+Inductor's code for the program traced at sequences >= 2 (``ptopt.formats.lm_graph``) computed a wrong
+decode step at sequence 1 on a left-padded batch (the attention's masked keys), which the ExportedProgram
+and ONNX runtimes compute right; one-token calls run the ``decode`` model. Beside it the source's config and tokenizer
 files and ``ptopt_lm.json`` (``ptopt.formats.lm_folder``). Both keep the model's ``sdpa`` attention.
 
 Unlike the static-cache program of ``quantize --mode weight-only --decode-step`` (state inside the program,
@@ -25,20 +29,26 @@ from ptopt.core.errors import ModelLoadError, UnsafePickleError
 from ptopt.formats.lm_folder import CachedLM, LMFolder
 
 FILE = "model.pt2"
+#: the one-token model of an AOTInductor folder's package
+DECODE = "decode"
 
 
 class ProgramLM(CachedLM):
-    """A folder's ``model.pt2`` run by torch (an ExportedProgram's module or an AOTInductor package)."""
+    """A folder's ``model.pt2`` run by torch (an ExportedProgram's module or an AOTInductor package);
+    ``decode``: the step to run for one-token calls (an AOTInductor package's ``decode`` model)."""
 
-    def __init__(self, step: Any, config: Any, record: dict[str, Any], runtime: str) -> None:
+    def __init__(
+        self, step: Any, config: Any, record: dict[str, Any], runtime: str, decode: Any = None
+    ) -> None:
         super().__init__(config, record)
-        self.step, self.runtime = step, runtime
+        self.step, self.runtime, self.decode = step, runtime, decode
 
     def _run(self, feeds: list[Any]) -> list[Any]:
         import torch
 
+        step = self.decode if self.decode is not None and feeds[0].shape[1] == 1 else self.step
         with torch.inference_mode():
-            return list(self.step(*feeds))
+            return list(step(*feeds))
 
 
 class ExportedProgramLMFolder(LMFolder):

@@ -111,7 +111,7 @@ def write_torchscript(
         sm, how = capture.script(module), "torch.jit.script"
     else:
         x = example if example is not None else capture.example_for_export(specs, style)
-        sm, notes = capture.trace(module, to_device(x, device), style)
+        sm, notes = capture.trace(module, to_device(x, device), style, hint="; try --script")
         how = "torch.jit.trace"
     sm = sm.eval()
     frozen = False

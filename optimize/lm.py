@@ -278,11 +278,16 @@ def _accepted(cands: list[LMCandidate], kept: list[LMCandidate], budget: float) 
 
 
 def locals_of(budget: float, rounds: int, prompt: int, new: int) -> dict[str, Any]:
+    """The report's settings; ``threads``: the torch threads every candidate was timed with (the search
+    runs under ``optimize``'s ``--threads``)."""
+    import torch
+
     return {
         "max_perplexity_increase_pct": budget,
         "rounds": rounds,
         "prompt_tokens": prompt,
         "new_tokens": new,
+        "threads": torch.get_num_threads(),
     }
 
 

@@ -42,7 +42,7 @@ def prepare(
     eval_data: Any = None,
 ) -> Prepared:
     """Load the eager model and the data, check they fit (typed errors), settle the input specs."""
-    loaded = load_eager(model, weights, allow_pickle, "quantization")
+    loaded = _logits_of_lm(load_eager(model, weights, allow_pickle, "quantization"))
     row = table.technique(config.mode, config.engine)
     if row.requires is not None:
         row.requires(config)
@@ -60,6 +60,21 @@ def prepare(
             check_fits(loaded, ds)
     refs = {"calib_data": calib_data, "train_data": train_data, "eval_data": eval_data}
     return Prepared(loaded, loaded.module, calib, train, evald, example, refs)
+
+
+def _logits_of_lm(loaded: Any) -> Any:
+    """A transformers causal LM is quantized as the function from token ids to logits (``core.hf.
+    logits_view``): its forward returns a KV cache object that no graph or TorchScript carries. The
+    int8 artifact computes the logits of a whole sequence (no cache); for generation with a cache,
+    ``ptopt quantize --mode weight-only`` or ``ptopt export --target onnx`` then ORT's int8."""
+    import dataclasses
+
+    from ptopt.core.hf import is_causal_lm, logits_view
+
+    if not is_causal_lm(loaded.module):
+        return loaded
+    view = logits_view(loaded.module)
+    return dataclasses.replace(loaded, module=view, input_specs=[], input_style="keyword")
 
 
 def quantize_prepared(config: QuantConfig, prep: Prepared, progress: bool) -> Any:

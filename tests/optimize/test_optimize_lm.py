@@ -65,6 +65,7 @@ def test_cli_prints_the_table(cli, lm, tmp_path):
         and "Winner:" in out
         and "KV cache" in out
     )
+    assert "threads: None" not in out and f"threads: {torch.get_num_threads()}" in out  # the timed threads
 
 
 def test_bad_input(cli, lm, tmp_path):
