@@ -104,26 +104,33 @@ class AotiLMFolder(LMFolder):
                 "runs when it is loaded). Pass --allow-pickle (allow_pickle=True) only if you trust where it came from"
             )
         try:
+            import torch._inductor.package as package
+
             step = load_aoti(path / FILE, record.get("torch_version"))
+            decode = package.load_package(str(path / FILE), DECODE)
         except ModelLoadError:
             raise
         except Exception as e:  # noqa: BLE001 - the package loader raises RuntimeError/OSError/...
             raise ModelLoadError(
                 f"{path / FILE}: not a loadable AOTInductor package: {str(e).splitlines()[0]}"
             ) from None
-        return ProgramLM(step, config, record, "aoti")
+        return ProgramLM(step, config, record, "aoti", decode)
 
-    def write_graph(self, program: Any, folder: Path, record: dict[str, Any], config: Any) -> None:
+    def write_lm(self, module: Any, folder: Path, record: dict[str, Any]) -> None:
+        """Two programs (module docstring) compiled into one package."""
         import time
 
         import torch
 
         from ptopt.formats.aoti_compile import check_compiler, compile_options, compile_package
         from ptopt.formats.aoti_files import package_metadata
+        from ptopt.formats.lm_graph import capture
 
         compiler, options = check_compiler(), compile_options()
+        batch, longest = tuple(record["batch"]), record["max_positions"]
+        program, decode = capture(module, batch, longest), capture(module, batch, longest, decode=True)
         started = time.perf_counter()
-        compile_package(program, folder / FILE, options, compiler)
+        compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
         record |= {
             "method": "torch.export.export (strict=False) + torch._inductor.aoti_compile_and_package",
             "compile_options": options, "compiler": compiler, "compile_threads": torch.get_num_threads(),

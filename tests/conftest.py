@@ -24,6 +24,7 @@ LONGEST_FIRST = (
     "tests/demo/test_demo.py",  # 75 (106 before its --rounds 3)
     "tests/compress/test_pt2e_hf.py",  # 52
     "tests/serve/test_ray_package.py",  # 45 (the serve fixtures' first use: a CNN's formats, an LM)
+    "tests/export/test_export_lm.py",  # 115-233 under a load of 6-12 on 2 cores (four LM exports)
     "tests/compress/test_pt2e.py",  # 42
     "tests/export/test_aoti.py",  # 41
     "tests/formats/test_openvino.py",  # 35

@@ -8,6 +8,8 @@ import json
 import pytest
 import torch
 
+import ptopt
+
 MODEL = "tests.compress.hf_models:gpt2"
 DATA = "tests.compress.hf_models:gpt2_tokens"
 
@@ -57,3 +59,46 @@ def test_an_int8_file_larger_than_its_source_is_said_loudly(cli, tmp_path):
     assert "warning: this int8 file is LARGER than its fp32 source" in err
     side = json.loads((tmp_path / "l.pt.ptopt.json").read_text())
     assert side["metrics"]["larger_than_fp32"] and side["metrics"]["size_ratio_vs_fp32_torchscript"] > 1
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    from tests.compress.hf_models import llama
+
+    path = tmp_path_factory.mktemp("llama") / "llama"
+    llama(vocab=128, hidden=32).save_pretrained(path)
+    return path
+
+
+def test_dynamic_int8_of_a_causal_lm_folder_quantizes_its_linear_layers(cli, llama_dir, tmp_path):
+    """A transformers causal LM returns a KV cache object no trace carries: it is quantized as the function
+    from token ids to logits, its layers under the names transformers gives them (CLI on ``hf:DIR``, API on
+    the model in memory, which stays untouched)."""
+    from ptopt.core.hf import load_causal_lm
+
+    out = tmp_path / "llama.int8.pt"
+    code, stdout, err = cli("quantize", f"hf:{llama_dir}", "--mode", "dynamic", "-o", out)
+    assert code == 0, err
+    extra = json.loads((tmp_path / "llama.int8.pt.ptopt.json").read_text())["extra"]
+    assert "model.layers.1.mlp.down_proj" in extra["dynamic"]["quantized_layers"]
+    assert "lm_head" in extra["dynamic"]["quantized_layers"]
+    assert torch.jit.load(str(out))(input_ids=torch.randint(0, 128, (2, 128))).shape == (2, 128, 128)
+    model = load_causal_lm(llama_dir)
+    res = ptopt.quantize(model, "dynamic", exclude=["model.layers.0.mlp.down_proj"])
+    assert "model.layers.0.mlp.down_proj" in res.extra["float_layers"]
+    assert "forward" not in model.__dict__ and model(input_ids=torch.tensor([[1, 2]])).logits.shape == (
+        1,
+        2,
+        128,
+    )
+
+
+def test_a_trace_failure_names_the_type_without_its_values():
+    from ptopt.formats.capture import without_values
+
+    msg = "Tracer cannot infer type of CausalLMOutputWithPast(loss=None, logits=tensor([[[-3.8e-02, -1.4e-01]]]))"
+    assert without_values(msg) == (
+        "Tracer cannot infer type of CausalLMOutputWithPast (a CausalLMOutputWithPast, not a tensor or a "
+        "tuple/list/dict of tensors)"
+    )
+    assert without_values("shape mismatch: tensor([1, 2]) vs 3") == "shape mismatch:"

@@ -13,6 +13,7 @@ import torch
 import ptopt
 from ptopt.core.errors import DataError, ModelLoadError, UsageError
 from ptopt.core.hf import import_transformers
+from ptopt.core.lm import INT8_KERNEL_ISA
 from ptopt.core.modelref import load_model
 from ptopt.core.system import cpu_info
 from tests.compress.hf_models import llama
@@ -75,8 +76,8 @@ def test_int8_runs_torchs_int8_kernel_in_eager(cli, lm_dir, tmp_path, monkeypatc
     CPU); ptopt routes each per-row int8 Linear to ``aten._weight_int8pack_mm``, after quantize (API)
     and after loading the folder the CLI wrote."""
     res = ptopt.quantize(f"hf:{lm_dir}", "weight-only")
-    if not ({"avx512_bf16", "amx_bf16"} & {k for k, v in cpu_info()["isa"].items() if v}):
-        pytest.skip("the int8 kernel is routed only where the CPU has AVX512-BF16 or AMX")
+    if not (set(INT8_KERNEL_ISA) & {k for k, v in cpu_info()["isa"].items() if v}):
+        pytest.skip("the int8 kernel is routed only where the CPU has AVX2, AVX512-BF16 or AMX")
     kernel = "_weight_int8pack_mm (bf16 activations)"
     assert res.extra["weight_only"]["int8_kernel"] == kernel and _routed(res.model)
     calls = []
