@@ -186,7 +186,9 @@ def capture(model: Any, batch: tuple[int, int], max_len: int, decode: bool = Fal
             f"torch.export cannot capture {type(model).__name__} with its KV cache as inputs "
             f"(torch {torch.__version__}): {type(e).__name__}: {first_lines(str(e), 2)}"
         ) from None
-    widen(program, batch, max_len)
+    # a batch range ending at 2 is kept open to 3 in the graph: traced at batch 2 (>= 2, module docstring),
+    # a [1, 2] range becomes [2, 2] when the ONNX exporter re-traces the program, batch fixed at 2
+    widen(program, (lo, 3) if hi == 2 else batch, max_len)
     return program
 
 

@@ -147,6 +147,7 @@ SAMPLES = {
     "threads": 1,
     "group_size": 64,
     "decode_step": 8,
+    "new_tokens": 8,
     "float_modules": ("layers.0",),
     "exclude": ("layers.0",),
     "device": "cpu",

@@ -89,23 +89,23 @@ def test_api_onnx_llama_is_optimums_layout_and_matches_transformers(lms, llama_o
     assert entry["lm"]["decode_tokens_per_s"] > 0
 
 
-def test_api_onnx_phi3_in_memory_generates_as_transformers(lms):
+def test_api_onnx_qwen2_in_memory_generates_as_transformers(lms):
     """Another family, not saved: ``.model`` generates transformers' greedy tokens for another prompt."""
-    res = ptopt.export(f"hf:{lms['phi3']}", "onnx", dynamic_batch="1:1:2", new_tokens=NEW)
+    res = ptopt.export(f"hf:{lms['qwen2']}", "onnx", dynamic_batch="1:1:2", new_tokens=NEW)
     assert (
         res.metrics["greedy"]["equal"] and res.metrics["parity"]["passed"] and res.metrics["batch"]["passed"]
     )
     prompt = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        want = load_causal_lm(lms["phi3"]).generate(
+        want = load_causal_lm(lms["qwen2"]).generate(
             prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=2
         )
     assert torch.equal(res.model.generate(prompt, 10), want)
 
 
 def test_cli_exported_program_with_text_prompt_loads_in_plain_torch(cli, lms, tmp_path):
-    out = tmp_path / "qwen2-ep"
-    code, stdout, err = cli("export", f"hf:{lms['qwen2']}", "--target", "exported_program", "--data",
+    out = tmp_path / "phi3-ep"
+    code, stdout, err = cli("export", f"hf:{lms['phi3']}", "--target", "exported_program", "--data",
                             lms["text"], "--new-tokens", NEW, "--dynamic-batch", "1:1:4", "-o", out)  # fmt: skip
     assert code == 0, err
     assert f"wrote {out}/ (exported_program_lm, fp32" in stdout
@@ -114,7 +114,7 @@ def test_cli_exported_program_with_text_prompt_loads_in_plain_torch(cli, lms, tm
         in stdout
     )
     assert f"greedy tokens equal to transformers' for {NEW} new tokens after a 16-token prompt" in stdout
-    side = json.loads((tmp_path / "qwen2-ep.ptopt.json").read_text())
+    side = json.loads((tmp_path / "phi3-ep.ptopt.json").read_text())
     assert side["format"] == "exported_program_lm" and side["config"]["new_tokens"] == NEW
     record = json.loads((out / "ptopt_lm.json").read_text())
     text_ids = torch.load(lms["ids"])[:16].tolist()
@@ -124,7 +124,7 @@ def test_cli_exported_program_with_text_prompt_loads_in_plain_torch(cli, lms, tm
     kv = [torch.zeros(1, 2, 0, 8) for _ in range(2)]
     logits, *present = step(ids, torch.ones(1, 3, dtype=torch.int64), torch.arange(3)[None], *kv)
     with torch.inference_mode():
-        want = load_causal_lm(lms["qwen2"])(input_ids=ids).logits
+        want = load_causal_lm(lms["phi3"])(input_ids=ids).logits
     assert torch.allclose(logits, want, atol=1e-5) and present[0].shape == (1, 2, 3, 8)
 
 
