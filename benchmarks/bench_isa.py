@@ -13,6 +13,7 @@ Parts (``--parts``, default all):
   in turn (plain, --isa, plain): the wall time ratio (the target: <= 3x).
 
     python benchmarks/bench_isa.py [--levels avx2,avx,sse41] [--parts nncf,optimize,validate_time]
+        [--alphas 0.75,0.95]
 
 Writes ``benchmarks/results/isa.json`` and ``isa.md``.
 """
@@ -46,7 +47,7 @@ def _levels(value: str | None) -> list[str]:
     return [top, *sorted(below, key=list(LEVELS).index, reverse=True)][:3]
 
 
-def part_nncf(levels: list[str], work: Path) -> dict:
+def part_nncf(levels: list[str], work: Path, alphas: tuple[float, ...] = ALPHAS) -> dict:
     import ptopt
     from ptopt.formats import openvino as fo
     from ptopt.models.minilm import heldout_sentences, minilm, tuning_sentences
@@ -54,7 +55,7 @@ def part_nncf(levels: list[str], work: Path) -> dict:
 
     model, calib, held = minilm().eval(), tuning_sentences().take(128), heldout_sentences().take(HELD_OUT)
     files, keep = [], fo.SMOOTH_QUANT_ALPHA
-    for alpha in ALPHAS:
+    for alpha in alphas:
         fo.SMOOTH_QUANT_ALPHA = alpha
         try:
             res = ptopt.export(model, "openvino", precision="int8", data=calib, min_cosine=0.0)
@@ -64,7 +65,7 @@ def part_nncf(levels: list[str], work: Path) -> dict:
     lat = LatencyOptions(min_iters=2, min_seconds=0.2, rounds=2)
     res = ptopt.validate(model, files, held, batch_sizes=(64,), threads=THREADS, latency=lat, isa=levels)
     rows = {}
-    for alpha, f in zip(ALPHAS, files, strict=True):
+    for alpha, f in zip(alphas, files, strict=True):
         e = res.entry(f.name)
         rows[str(alpha)] = {lv: {"worst": (fig.get("agreement") or {}).get("min_cosine"),
                                  "mean": (fig.get("agreement") or {}).get("cosine"), "error": fig.get("error")}
@@ -183,6 +184,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--levels")
     ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--alphas", help="the nncf part's SmoothQuant alphas (default: %(default)s)",
+                    default=",".join(map(str, ALPHAS)))  # fmt: skip
     args = ap.parse_args()
     setup(THREADS)
     from ptopt.core.isa import top_level
@@ -194,10 +197,11 @@ def main() -> None:
         data = {**json.loads(old.read_text()), **data}
     work = Path(tempfile.mkdtemp(prefix="ptopt-bench-isa-"))
     for part in args.parts.split(","):
-        data[part] = PARTS[part](levels, work)
+        extra = {"alphas": tuple(float(a) for a in args.alphas.split(","))} if part == "nncf" else {}
+        data[part] = PARTS[part](levels, work, **extra)
         print(json.dumps(data[part], indent=1, default=str)[:4000], flush=True)
     write_result("isa", "CPU levels: accuracy and speed at each level (issue 38)", _markdown(data), data, THREADS,
-                 command="python benchmarks/bench_isa.py")  # fmt: skip
+                 command=" ".join(["python benchmarks/bench_isa.py", *sys.argv[1:]]))  # fmt: skip
 
 
 if __name__ == "__main__":
