@@ -12,7 +12,9 @@ from ptopt.cli.options import echo_table, json_option
 @click.command("doctor")
 @json_option
 def command(as_json: bool) -> None:
-    """Show versions, CPU features and which backends work here, with the fix for each missing one."""
+    """Show versions, CPU features and every optional runtime ptopt uses (OpenVINO, NNCF, transformers,
+    torchao, TorchServe, Java, TensorRT, ...): its version, what ptopt uses it for, and for a missing
+    one the line that installs it."""
     from ptopt.core.doctor import doctor
 
     report = doctor()
@@ -30,11 +32,20 @@ def command(as_json: bool) -> None:
         f"torch:   {report['torch_threads']} threads; quantized engines: "
         f"{', '.join(report['quantized_engines'])} (default {report['default_quantized_engine']})"
     )
-    t = Table(title="Backends")
-    for col in ("backend", "status", "version", "detail / fix"):
-        t.add_column(col)
+    t = Table(title="Runtimes and backends")
+    t.add_column("name", no_wrap=True)
+    t.add_column("version", no_wrap=True)
+    t.add_column("what ptopt uses it for; the fix where it is missing")
+    missing = 0
     for name, f in report["features"].items():
-        status = "[green]available[/]" if f["available"] else "[red]missing[/]"
-        detail = f["detail"] + (f" — fix: {f['fix']}" if not f["available"] and f["fix"] else "")
-        t.add_row(name, status, escape(f["version"] or "-"), escape(detail))
+        version = escape(f["version"] or "") if f["available"] else "[red]missing[/]"
+        detail = escape(f["detail"])
+        if not f["available"] and f["fix"]:
+            missing += 1
+            detail += f"\n[bold]install:[/] {escape(f['fix'])}"
+        t.add_row(name, version, detail)
     echo_table(t)
+    if missing:
+        click.echo(
+            f"{missing} missing: each row says how to install it; the rest of ptopt works without them"
+        )

@@ -43,7 +43,14 @@ def _module_exists(module: str) -> bool:
 
 
 @click.group(
-    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+    cls=LazyGroup,
+    context_settings={
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 110,
+        # every option can also be set as PTOPT_<COMMAND>_<OPTION> (e.g. PTOPT_VALIDATE_ROUNDS=30 on a
+        # noisy CI runner); a flag given on the command line wins
+        "auto_envvar_prefix": "PTOPT",
+    },
 )
 @click.version_option(package_name="ptopt", prog_name="ptopt")
 @click.option("--debug", is_flag=True, envvar="PTOPT_DEBUG", help="Show tracebacks for errors.")

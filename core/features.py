@@ -65,10 +65,11 @@ def check_onnxruntime() -> Feature:
 
 
 def check_onnx() -> Feature:
-    v = package_version("onnx")
-    return Feature(
-        "onnx", v is not None, v, "" if v else "not installed", "" if v else "pip install onnx onnxscript"
-    )
+    v, script = package_version("onnx"), package_version("onnxscript")
+    if v is None or script is None:
+        missing = " and ".join(n for n, x in (("onnx", v), ("onnxscript", script)) if x is None)
+        return Feature("onnx", False, v, f"{missing} not installed", "pip install onnx onnxscript")
+    return Feature("onnx", True, v, f"export --target onnx (onnxscript {script}: torch's ONNX exporter)")
 
 
 def check_torchao() -> Feature:
@@ -83,7 +84,12 @@ def check_torchao() -> Feature:
             "not installed (optional; needed by ptopt quantize --engine pt2e|auto)",
             "pip install 'ptopt[torchao]'",
         )
-    return Feature("torchao", True, v, "installed; used by ptopt quantize --engine pt2e|auto (PT2E int8)")
+    return Feature(
+        "torchao",
+        True,
+        v,
+        "quantize --engine pt2e|auto (PT2E int8), weight-only int8/int4 (--engine torchao)",
+    )
 
 
 def check_tensorrt() -> Feature:
@@ -133,9 +139,18 @@ def check_java() -> Feature:
     if v is None:
         return Feature("java", False, None, "java not found on PATH (TorchServe needs Java 11+)", fix)
     major = _java_major(v)
+    short = _java_release(v)
     if major is not None and major < 11:
-        return Feature("java", False, v, f"Java {major} is too old: TorchServe needs Java 11+", fix)
-    return Feature("java", True, v, "for TorchServe (ptopt serve)")
+        return Feature("java", False, short, f"Java {major} is too old: TorchServe needs Java 11+ ({v})", fix)
+    return Feature("java", True, short, f"TorchServe's frontend (ptopt serve of a .mar); {v}")
+
+
+def _java_release(version_line: str) -> str:
+    """``17.0.15`` from 'openjdk version "17.0.15" 2025-04-15' (the line itself when it has none)."""
+    import re
+
+    m = re.search(r'"([^"]+)"', version_line)
+    return m.group(1) if m else version_line
 
 
 def check_torchserve() -> Feature:
@@ -159,7 +174,7 @@ def check_torchserve() -> Feature:
         return Feature(
             "torchserve", False, v, "the ts package is incomplete (no ts.model_server or frontend jar)", fix
         )
-    detail = f"torch-model-archiver {package_version('torch-model-archiver')}"
+    detail = f"package --format mar, serve of a .mar (torch-model-archiver {package_version('torch-model-archiver')})"
     if java_version() is None:
         detail += "; serving also needs Java (see the java row)"
     return Feature("torchserve", True, v, detail)
@@ -184,16 +199,69 @@ def check_ray() -> Feature:
     return Feature("ray", True, v, "Ray Serve")
 
 
+def _package(name: str, dist: str, module: str, used_for: str, fix: str) -> Feature:
+    """An optional package found by its metadata and module (never imported: OpenVINO's import sends
+    telemetry, transformers' takes seconds)."""
+    v = package_version(dist)
+    if v is None or not _module_present(module):
+        return Feature(name, False, v, f"not installed (optional; {used_for})", fix)
+    return Feature(name, True, v, used_for)
+
+
+def check_openvino() -> Feature:
+    return _package(
+        "openvino",
+        "openvino",
+        "openvino",
+        "export --target openvino, optimize's OpenVINO candidates, --engine openvino language models",
+        "pip install 'ptopt[openvino]'",
+    )
+
+
+def check_nncf() -> Feature:
+    return _package(
+        "nncf",
+        "nncf",
+        "nncf",
+        "int8 OpenVINO IR (export --target openvino --precision int8), weight-only --engine openvino",
+        "pip install 'ptopt[openvino]'",
+    )
+
+
+def check_transformers() -> Feature:
+    return _package(
+        "transformers",
+        "transformers",
+        "transformers",
+        "Hugging Face models (hf:DIR), quantize --mode weight-only, perplexity in validate",
+        "pip install 'ptopt[llm]'",
+    )
+
+
+def check_tritonclient() -> Feature:
+    return _package(
+        "tritonclient",
+        "tritonclient",
+        "tritonclient.http",
+        "the Open Inference Protocol (KServe v2) client that ptopt's servers answer",
+        "pip install 'tritonclient[http]'",
+    )
+
+
 CHECKS = {
     "torch": check_torch,
     "cuda": check_cuda,
     "onnx": check_onnx,
     "onnxruntime": check_onnxruntime,
+    "openvino": check_openvino,
+    "nncf": check_nncf,
     "torchao": check_torchao,
+    "transformers": check_transformers,
     "torch_tensorrt": check_tensorrt,
     "torchserve": check_torchserve,
     "java": check_java,
     "ray": check_ray,
+    "tritonclient": check_tritonclient,
 }
 
 

@@ -37,6 +37,7 @@ from ptopt.core.errors import (
 )
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
+from ptopt.validate import lineage as _lineage
 from ptopt.validate import lm as _lm
 from ptopt.validate.entry import Entry
 from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runners
@@ -530,6 +531,8 @@ def _compare(run: _Run, entries: list[Entry]) -> tuple[list[_gates.GateResult], 
             e.gates += [r.to_dict() for r in mine]
             e.passed = e.passed and all(r.passed for r in mine)
             results += mine
+    _, ref_model, weights = run.models.refs[0]
+    results += _lineage.check_entries(entries, ref_model, weights, run.gates.strict_lineage)
     best = _pick_best(arts, run.gates, run.sizes)
     for e in arts:
         e.best = e.name == best
@@ -624,7 +627,9 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "reference": entries[0].to_dict(),
         "artifacts": [e.to_dict() for e in entries[1:]],
         "gate_results": [r.to_dict() for r in gate_results],
-        "notes": _baseline_notes(run, entries[0].name) + _cpu_notes(run, entries),
+        "notes": _baseline_notes(run, entries[0].name)
+        + _cpu_notes(run, entries)
+        + _lineage.notes(entries, run.gates.strict_lineage),
         **({"isa": run.isa_section} if run.isa_section is not None else {}),
         "elapsed_s": round(time.perf_counter() - t_start, 2),
     }
@@ -835,7 +840,7 @@ def _pick_best(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> s
     accuracy_gated = gates.max_accuracy_drop is not None or gates.min_agreement is not None
     eligible = []
     for e in entries:
-        if not e.passed:
+        if not e.passed or _lineage.flagged(e.to_dict()):
             continue
         if not accuracy_gated:
             if e.accuracy_drop is not None:

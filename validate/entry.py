@@ -40,6 +40,8 @@ class Entry:
     best: bool = False
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     elapsed_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: was it made from the reference? ``ptopt.validate.lineage`` (None for the reference itself)
+    lineage: dict[str, Any] | None = None
 
     #: a causal language model's figures (``ptopt.validate.lm``): perplexity, tokens/s, weight bytes
     lm: dict[str, Any] | None = None

@@ -122,6 +122,12 @@ class Gates:
         csv=True,
         applies=_MODEL,
     )
+    #: fail an artifact whose sidecar chain says it was made from another model (``validate.lineage``)
+    strict_lineage: bool = option(
+        False,
+        help="Fail an artifact whose sidecar says it was made from another model than REFERENCE (every "
+        "report flags it either way).",
+    )
 
     def __post_init__(self) -> None:
         limits = self.max_latency_ms
@@ -134,6 +140,7 @@ class Gates:
         kinds = [k.strip() for k in kinds.split(",") if k.strip()] if isinstance(kinds, str) else kinds
         object.__setattr__(self, "regression_on", tuple(kinds))
         object.__setattr__(self, "relative", bool(self.relative))
+        object.__setattr__(self, "strict_lineage", bool(self.strict_lineage))
         for name in ("max_accuracy_drop", "max_size_mb", "max_regression", "min_speedup"):
             v = getattr(self, name)
             if v is not None and v < 0:
@@ -162,7 +169,7 @@ class Gates:
             if f.name in ("relative", "regression_on"):
                 continue
             v = getattr(self, f.name)
-            if v is not None and v != ():
+            if v is not None and v != () and v is not False:
                 names.append(f.name)
         return names
 

@@ -34,6 +34,7 @@ from ptopt.core.errors import UsageError
 from ptopt.core.lm import CONTEXT, STRIDE
 from ptopt.core.options import option
 from ptopt.validate import gates as _gates
+from ptopt.validate import lineage as _lineage
 from ptopt.validate.entry import Entry
 
 SCHEMA = "ptopt.validate/1"
@@ -334,7 +335,9 @@ def _measure(
 # -- comparing, gating, the report --------------------------------------------------------------------
 
 
-def _compare(entries: list[Entry], lm_gates: _gates.LMGates, gates: _gates.Gates) -> list[_gates.GateResult]:
+def _compare(
+    entries: list[Entry], lm_gates: _gates.LMGates, gates: _gates.Gates, reference: Any
+) -> list[_gates.GateResult]:
     ref = entries[0]
     ref.lm["decode_speedup"] = None
     results: list[_gates.GateResult] = []
@@ -347,9 +350,12 @@ def _compare(entries: list[Entry], lm_gates: _gates.LMGates, gates: _gates.Gates
         e.gates = [r.to_dict() for r in mine]
         e.passed = all(r.passed for r in mine)
         results += mine
+    results += _lineage.check_entries(entries, reference, None, gates.strict_lineage)
+    budget = lm_gates.max_perplexity_increase
     eligible = [
         e for e in entries[1:]
-        if e.passed and (lm_gates.max_perplexity_increase is not None or e.accuracy_drop <= BEST_MAX_INCREASE_PCT)
+        if e.passed and not _lineage.flagged(e.to_dict())
+        and (budget is not None or e.accuracy_drop <= BEST_MAX_INCREASE_PCT)
     ]  # fmt: skip
     best = max(eligible, key=lambda e: e.lm["decode_tokens_per_s"] or 0.0, default=None)
     for e in entries[1:]:
@@ -366,13 +372,15 @@ class _LMRun:
     lm_gates: _gates.LMGates
     gates: _gates.Gates
     threads: int
+    #: what REFERENCE was given as (the lineage check compares each artifact's sidecar chain with it)
+    reference: Any = None
 
 
 def _report(entries: list[Entry], ids: Any, data: Any, run: _LMRun) -> dict[str, Any]:
     """The JSON report (schema ``SCHEMA``, ``task`` ``causal-lm``; docs/validate.md)."""
     from ptopt.core.system import machine_summary
 
-    results = _compare(entries, run.lm_gates, run.gates)
+    results = _compare(entries, run.lm_gates, run.gates, run.reference)
     opts, ref = run.options, entries[0]
     best = next((e.name for e in entries if e.best), None)
     lm = {"context": ref.lm["context"], "stride": ref.lm["stride"], "tokens": int(ids.numel()),
@@ -393,7 +401,8 @@ def _report(entries: list[Entry], ids: Any, data: Any, run: _LMRun) -> dict[str,
         "gates": run.gates.to_dict() | dataclasses.asdict(run.lm_gates),
         "baseline": None, "latency_options": {"rounds": opts.rounds},
         "reference": ref.to_dict(), "artifacts": [e.to_dict() for e in entries[1:]],
-        "gate_results": [r.to_dict() for r in results], "notes": [],
+        "gate_results": [r.to_dict() for r in results],
+        "notes": _lineage.notes(entries, run.gates.strict_lineage),
         "elapsed_s": round(time.perf_counter() - run.t_start, 2),
     }  # fmt: skip
 
@@ -410,8 +419,8 @@ def validate_lm(
         from ptopt.core.system import cpu_info
 
         threads = int(cpu_info()["usable_cores"])
-    gates = _gates.Gates(max_size_mb=asked.gates.max_size_mb)
-    run = _LMRun(t_start, asked.lm, asked.lm_gates, gates, int(threads))
+    gates = _gates.Gates(max_size_mb=asked.gates.max_size_mb, strict_lineage=asked.gates.strict_lineage)
+    run = _LMRun(t_start, asked.lm, asked.lm_gates, gates, int(threads), reference)
     models = _models(reference, artifacts)
     ids = _token_ids(data, models, run.options)
     entries = _measure(models, ids, run.options, run.threads, allow_pickle, progress or (lambda msg: None))

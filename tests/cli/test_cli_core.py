@@ -204,4 +204,32 @@ def test_doctor(cli):
     if not trt["available"]:
         assert "ptopt[tensorrt]" in trt["fix"]
     code, out, _ = cli("doctor")
-    assert code == 0 and "Backends" in out and "ptopt[tensorrt]" in out
+    assert code == 0 and "Runtimes and backends" in out and "ptopt[tensorrt]" in out
+
+
+def test_doctor_lists_every_runtime_a_format_needs_with_its_fix(cli, monkeypatch):
+    """Every package a format row names (OpenVINO, NNCF, transformers, TensorRT, ...) is a doctor row or
+    named in one; a missing one shows the line that installs it."""
+    import ptopt  # noqa: F401 - registers the formats
+    from ptopt.core import features
+    from ptopt.core.formats import formats
+
+    code, out, err = cli("doctor", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["features"]
+    assert {"openvino", "nncf", "transformers", "torchao", "torchserve", "java", "torch_tensorrt"} <= set(
+        rows
+    )
+    text = json.dumps(rows)
+    for fmt in formats():
+        for package in fmt.packages:
+            assert package.replace("-", "_") in rows or package in text, (fmt.name, package)
+    for name in ("openvino", "transformers"):  # installed here (the test extra): a version
+        assert rows[name]["available"] and rows[name]["version"], rows[name]
+
+    monkeypatch.setattr(features, "package_version", lambda dist: None)  # nothing optional installed
+    code, out, err = cli("doctor")
+    assert code == 0, err
+    for fix in ("pip install 'ptopt[openvino]'", "pip install 'ptopt[llm]'", "pip install 'ptopt[torchao]'"):
+        assert fix in out, fix
+    assert "missing: each row says how to install it" in out

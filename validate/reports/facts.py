@@ -19,8 +19,14 @@ def is_reference(entry: dict[str, Any]) -> bool:
     return entry.get("role") == "reference"
 
 
+#: the first column of an artifact made from another model than the reference (``validate.lineage``)
+OTHER_MODEL = "≠"
+
+
 def mark(entry: dict[str, Any]) -> str:
-    """The first column: ★ the best, ``ref`` the reference."""
+    """The first column: ★ the best, ``ref`` the reference, ≠ made from another model."""
+    if (entry.get("lineage") or {}).get("verdict") == "other":
+        return OTHER_MODEL
     return "★" if entry.get("best") else (common.REF if is_reference(entry) else "")
 
 

@@ -21,6 +21,11 @@ def render(data: dict[str, Any]) -> str:
         for g in gates:
             failure = None if g["passed"] or g.get("inconclusive") else g["message"]
             cases.append((e["name"], g["gate"], failure, g["message"], bool(g.get("inconclusive"))))
+        lineage = e.get("lineage") or {}
+        if lineage.get("verdict") == "other" and not any(g["gate"] == "lineage" for g in gates):
+            made = (lineage.get("chain") or ["?"])[-1]
+            warning = f"warning: made from {made} (its sidecar), not from {data['reference']['name']}"
+            cases.append((e["name"], "lineage", None, warning, False))
     failures = sum(1 for c in cases if c[2] is not None)
     skipped = sum(1 for c in cases if c[4])
     suites = ET.Element(
