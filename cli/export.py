@@ -115,7 +115,7 @@ def _print_result(art) -> None:
         click.echo(f"fixed:   batch-size models {each}; other batches run the dynamic-batch model")
     if str(art.extra.get("device", "cpu")).startswith("cuda") or art.extra.get("dtype"):
         click.echo(f"device:  {art.extra.get('device', 'cpu')}, {art.extra.get('dtype', 'float32')}")
-    if art.extra.get("trtexec_shapes"):
+    if art.extra.get("trtexec_shapes") and _gpu_here():  # TensorRT's trtexec needs an NVIDIA GPU
         click.echo(f"trtexec: trtexec --onnx={art.path} {art.extra['trtexec_shapes']}")
 
 
@@ -153,3 +153,9 @@ def _print_lm(art) -> None:
             f"compile: AOTInductor ({art.extra.get('compiler')}, {art.extra.get('cpu_isa') or 'cpu'}) in "
             f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
         )
+
+
+def _gpu_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

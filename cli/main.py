@@ -28,13 +28,32 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in self.list_commands(ctx):
             return None
-        return importlib.import_module(COMMANDS[name].cli).command
+        return _reported(importlib.import_module(COMMANDS[name].cli).command)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(n, COMMANDS[n].help) for n in self.list_commands(ctx)]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+def _reported(command: click.Command) -> click.Command:
+    """The command with its long work reported on stderr (``ptopt.core.progress``: bars on a terminal,
+    plain lines in a log), except under its ``--quiet`` / ``--no-progress``."""
+    if getattr(command, "_ptopt_reported", False):
+        return command
+    invoke = command.invoke
+
+    def reported(ctx: click.Context) -> object:
+        from ptopt.core import progress
+
+        quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress"))
+        with progress.reporting(not quiet):
+            return invoke(ctx)
+
+    command.invoke = reported  # type: ignore[method-assign]
+    command._ptopt_reported = True  # type: ignore[attr-defined]
+    return command
 
 
 def _module_exists(module: str) -> bool:

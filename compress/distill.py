@@ -47,6 +47,7 @@ from ptopt.compress.stage import (
     load_dataset,
     load_eager,
 )
+from ptopt.core import progress as _progress
 from ptopt.core.config import reconcile
 from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
 from ptopt.core.options import Options, Selector, option
@@ -113,6 +114,7 @@ OPTIONS = Options(
 )
 
 
+@_progress.reported
 @OPTIONS.twin
 def distill(
     teacher: Any,
@@ -411,6 +413,7 @@ def _build_result(
         template,
         functools.partial(_write_student, s_module, example, template.inputs, template.input_style),
         inputs_paths=sources,
+        suffixes=tuple(OUTPUT_SUFFIXES),
     )
 
 

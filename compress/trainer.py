@@ -335,7 +335,7 @@ def _fit_logged(
 ) -> None:
     logger = _Logger(log_dir, metrics_file, run.history, run.step_no) if run.main else None
     try:
-        with _progress(bool(progress) and run.main) as bar:
+        with _progress(bool(progress)) if run.main else _NoBar() as bar:
             description = progress if isinstance(progress, str) else "train"
             run.fit(epoch_hooks, logger, _EpochBar(bar, description, run))
     finally:
@@ -786,17 +786,36 @@ class _NoBar:
         return False
 
 
-def _progress(enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _progress(enabled: bool) -> Any:
+    """The training bar over ``ptopt.core.progress`` (a bar on a terminal, plain lines with the epoch,
+    loss and throughput in a log; silent unless reporting is on). ``enabled`` False (a caller that
+    trains as one step of its own): no line of its own, a heartbeat when an epoch is long."""
+    return _StepBar(enabled)
 
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+
+class _StepBar:
+    """The part of rich's ``Progress`` that ``_EpochBar`` uses, over one ``progress.step``."""
+
+    def __init__(self, announce: bool) -> None:
+        self.announce, self._cm, self._step = announce, None, None
+
+    def __enter__(self) -> _StepBar:
+        return self
+
+    def add_task(self, description: str, total: int, completed: int = 0) -> int:
+        from ptopt.core import progress
+
+        self._cm = progress.step(description, total, "batches", announce=self.announce)
+        self._step = self._cm.__enter__()
+        self._step.done = completed
+        return 0
+
+    def update(self, task: int, advance: int = 0, description: str | None = None) -> None:
+        if self._step is not None:
+            self._step.title = description or self._step.title
+            self._step.advance(advance)
+
+    def __exit__(self, *exc: Any) -> bool:
+        if self._cm is not None:
+            self._cm.__exit__(*exc)
+        return False

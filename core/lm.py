@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ptopt.core import progress
+
 #: CPU flags under which ``aten._weight_int8pack_mm`` with bf16 activations beats an fp32 matmul at batch 1
 #: (its vectorized path: AVX2 converts bf16 in registers, AVX512-BF16 / AMX multiply bf16 natively)
 INT8_KERNEL_ISA = ("avx2", "avx512_bf16", "amx_bf16")
@@ -18,12 +20,15 @@ CONTEXT = 512
 STRIDE = 256
 
 
-def perplexity(module: Any, ids: Any, context: int = CONTEXT, stride: int = STRIDE) -> dict[str, Any]:
+def perplexity(
+    module: Any, ids: Any, context: int = CONTEXT, stride: int = STRIDE, what: str = "perplexity"
+) -> dict[str, Any]:
     """exp(mean negative log-likelihood) of ``ids`` (1-D int64) under ``module``, scored as the
     transformers perplexity guide does: windows of at most ``context`` tokens moving by ``stride``,
     each token scored once, with the rest of its window as history (the first token has none and is
     not scored); ``context`` shrinks to what the model's positions cover. Returns ``perplexity``,
-    ``nll`` (mean, nats), ``tokens`` (scored), ``context``, ``stride``."""
+    ``nll`` (mean, nats), ``tokens`` (scored), ``context``, ``stride``. ``what``: the progress step's
+    name (``ptopt.core.progress``: one line, a window count)."""
     import torch
 
     longest = max_positions(module)
@@ -33,7 +38,9 @@ def perplexity(module: Any, ids: Any, context: int = CONTEXT, stride: int = STRI
         raise ValueError(f"need context >= 2 and 0 < stride <= context, got {context}, {stride}")
     n = int(ids.numel())
     total, scored, prev_end = 0.0, 0, 0
-    with torch.inference_mode():
+    windows = max(1, -(-(n - context) // stride) + 1) if n > context else 1
+    shown = progress.step(f"{what} on {n} tokens", windows, "windows")
+    with torch.inference_mode(), shown as step:
         for begin in range(0, n - 1, stride):
             end = min(begin + context, n)
             window = ids[begin:end].unsqueeze(0)
@@ -42,6 +49,7 @@ def perplexity(module: Any, ids: Any, context: int = CONTEXT, stride: int = STRI
             target = window[0, 1:]
             nll = torch.nn.functional.cross_entropy(logits[-new:], target[-new:], reduction="sum")
             total, scored, prev_end = total + float(nll), scored + new, end
+            step.advance()
             if end == n:
                 break
     mean = total / scored
@@ -169,13 +177,15 @@ def interleaved_generation(modules: list[Any], prompt: Any, new_tokens: int, rou
     ``{"decode": [tokens/s per round], "prefill": [...]}``."""
     out: list[dict[str, list[float]]] = [{"decode": [], "prefill": []} for _ in modules]
     n = len(modules)
-    for r in range(rounds + 1):
-        order = [(i + r) % n for i in range(n)]
-        for i in order[::-1] if r % 2 else order:
-            speed = generation_speed(modules[i], prompt, new_tokens)
-            if r:  # round 0 warms every model up
-                out[i]["decode"].append(speed["decode_tokens_per_s"])
-                out[i]["prefill"].append(speed["prefill_tokens_per_s"])
+    with progress.step(f"timing generation of {n} models", rounds + 1, "rounds (1 warm-up)") as step:
+        for r in range(rounds + 1):
+            order = [(i + r) % n for i in range(n)]
+            for i in order[::-1] if r % 2 else order:
+                speed = generation_speed(modules[i], prompt, new_tokens)
+                if r:  # round 0 warms every model up
+                    out[i]["decode"].append(speed["decode_tokens_per_s"])
+                    out[i]["prefill"].append(speed["prefill_tokens_per_s"])
+            step.advance()
     return out
 
 

@@ -47,10 +47,27 @@ class LoadedModel:
 
     def require_module(self, for_what: str):
         if self.module is None:
-            raise ModelLoadError(
-                f"{self.ref}: a {self.format} model cannot be used for {for_what}; give a PyTorch model"
-            )
+            raise ModelLoadError(self._no_module(for_what))
         return self.module
+
+    def _no_module(self, for_what: str) -> str:
+        """Why a model of another runtime cannot be ``for_what``, and the command that does it: the
+        PyTorch model it was made from (its sidecar's parent), and for quantization the export that
+        writes an int8 file of that runtime."""
+        from ptopt.core.formats import find_format
+
+        row = find_format(self.format)
+        label = row.label if row is not None else self.format
+        article = "an" if label[:1].lower() in "aeiou" else "a"
+        made = ((self.artifact.parent if self.artifact else None) or {}).get("path")
+        source = f"the PyTorch model it was made from ({made})" if made else "the PyTorch model it came from"
+        msg = f"{self.ref}: {article} {label} model cannot be used for {for_what}; give {source}"
+        if for_what == "quantization" and row is not None and row.target and "int8" in row.converts:
+            msg += (
+                f"; an int8 {label} file is written by ptopt export {made or 'MODEL'} --target {row.target} "
+                "--precision int8 --data CALIB"
+            )
+        return msg
 
     @property
     def size_bytes(self) -> int | None:
@@ -125,6 +142,13 @@ def load_model(
     ref: str | os.PathLike, weights: str | os.PathLike | None = None, allow_pickle: bool = False
 ) -> LoadedModel:
     """Load a MODEL reference (see the module docstring)."""
+    from ptopt.core import progress
+
+    with progress.step(f"loading {ref}", announce=False):  # a line only when it takes long (a large LM)
+        return _load_model(ref, weights, allow_pickle)
+
+
+def _load_model(ref: str | os.PathLike, weights: str | os.PathLike | None, allow_pickle: bool) -> LoadedModel:
     text = str(ref)
     if text.startswith(HF_SCHEME):
         return _load_hf(Path(text[len(HF_SCHEME) :]), weights, allow_pickle)

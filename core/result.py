@@ -47,8 +47,11 @@ class Result:
         inputs_paths: tuple = (),
         source: Any = None,
         folder: bool = False,
+        suffixes: tuple[str, ...] | None = None,
     ):
         self.model = model
+        #: the file suffixes ``save`` takes (None: the template format's, from the format table)
+        self.suffixes = suffixes
         #: the artifact is a folder of files (``path`` names the folder; its sidecar sits beside it)
         self.folder = folder
         self.template = template
@@ -75,7 +78,10 @@ class Result:
         old = check_folder_output(path, self.template.format) if self.folder else None
         if path.is_dir() and not self.folder:
             raise UsageError(f"output {path} is a folder; give a file name")
+        if not self.folder:
+            check_suffix(path, self.template.format, self.suffixes)
         check_outputs(self._inputs_paths, [path])
+        created = _missing_folders(path)
         with output_lock(path):
             remove_stale_temps(path)
             with staged_dir(path.parent) as stage:
@@ -85,6 +91,10 @@ class Result:
             for name in set(old.files if old is not None else ()) - set(art.files):
                 (path.parent / name).unlink(missing_ok=True)  # the previous artifact's, now unused
         self.artifact = art
+        if created is not None:
+            from ptopt.core import progress
+
+            progress.note(f"created folder {created}/ for {path.name}")
         return art
 
     def _described(self, path: Path, facts: dict[str, Any]) -> Artifact:
@@ -128,3 +138,32 @@ def check_folder_output(path: Path, fmt: str) -> Artifact | None:
             "give a new folder name (nothing is written over other files)"
         )
     return old
+
+
+def check_suffix(path: Path, fmt: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """UsageError when ``path``'s suffix is not one its format is written with (an ONNX file named
+    ``.pt`` is read as TorchScript by every tool after), naming the path to use."""
+    from ptopt.core.formats import find_format
+
+    row = find_format(fmt)
+    allowed = suffixes if suffixes is not None else (row.suffixes if row is not None else ())
+    if allowed and path.suffix.lower() not in allowed:
+        label = row.label if row is not None else fmt
+        raise UsageError(
+            f"output {path}: a {label} file is named {' or '.join(allowed)}; use {path.with_suffix(allowed[0])}"
+        )
+
+
+def _missing_folders(path: Path) -> Path | None:
+    """The outermost folder above ``path`` that does not exist yet (saving creates it), or None."""
+    missing = None
+    for parent in path.absolute().parents:
+        if parent.exists():
+            break
+        missing = parent
+    if missing is None:
+        return None
+    try:
+        return missing.relative_to(Path.cwd())
+    except ValueError:
+        return missing

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
+from ptopt.core import progress
+
 #: defaults: at least this many timed iterations and this much timed wall time
 MIN_ITERS = 20
 MIN_SECONDS = 1.0
@@ -196,31 +198,34 @@ def measure_interleaved(
     done: set[Hashable] = set()
     timers = {k: timer_for((devices or {}).get(k)) for k in keys}
     enabled = gc.isenabled()
+    what = f"timing {len(keys)} (model, batch size) pairs in {rounds} rounds"
     try:
-        for r in range(rounds):
-            # rotate the start every round and reverse every other one, so no key always follows the same one
-            order = keys[r % len(keys) :] + keys[: r % len(keys)] if keys else []
-            if r % 2:
-                order.reverse()
-            for k in (k for k in order if k not in done):
-                if enabled:
-                    gc.collect(1)  # young generations only (a full pass costs ~0.15 s with torch loaded)
-                gc.disable()
-                try:
-                    with guard(k) if guard is not None else contextlib.nullcontext():
-                        if r == 0:
-                            _warm_up(fns[k], warmup_iters, warmup_seconds, timers[k])
-                        else:
-                            _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10, timers[k])
-                        t = _timed(fns[k], per_iters, per_seconds, per_max, timers[k])
-                finally:
+        with progress.step(what, rounds, "rounds", announce=False) as shown:
+            for r in range(rounds):
+                # rotate the start every round and reverse every other one, so no key always follows the same one
+                order = keys[r % len(keys) :] + keys[: r % len(keys)] if keys else []
+                if r % 2:
+                    order.reverse()
+                for k in (k for k in order if k not in done):
                     if enabled:
-                        gc.enable()
-                samples[k] += t
-                round_p50[k].append(statistics.median(t))
-                slices[k].append(t)
-                if stop is not None and stop(k, slices[k]):
-                    done.add(k)
+                        gc.collect(1)  # young generations only (a full pass costs ~0.15 s with torch loaded)
+                    gc.disable()
+                    try:
+                        with guard(k) if guard is not None else contextlib.nullcontext():
+                            if r == 0:
+                                _warm_up(fns[k], warmup_iters, warmup_seconds, timers[k])
+                            else:
+                                _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10, timers[k])
+                            t = _timed(fns[k], per_iters, per_seconds, per_max, timers[k])
+                    finally:
+                        if enabled:
+                            gc.enable()
+                    samples[k] += t
+                    round_p50[k].append(statistics.median(t))
+                    slices[k].append(t)
+                    if stop is not None and stop(k, slices[k]):
+                        done.add(k)
+                shown.advance()
     finally:
         if enabled:
             gc.enable()

@@ -170,6 +170,10 @@ def _check_target(config: ExportConfig, output: Any) -> None:
         raise UsageError(
             f"output {out} is a folder; give a file path, e.g. {out / ('model' + config.suffix)}"
         )
+    if output is not None and not config.row.folder:
+        from ptopt.core.result import check_suffix
+
+        check_suffix(Path(output), config.row.name)  # before any work
 
 
 @dataclasses.dataclass

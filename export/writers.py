@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from ptopt.core import progress
 from ptopt.core.device import half_dtype, half_specs, to_device
 from ptopt.core.errors import ModelLoadError, ParityError, UnsupportedModelError, UsageError
 from ptopt.core.formats import get_format
@@ -113,7 +114,8 @@ def write_model(
     half = half_dtype(precision) if row.half_weights else None
     # trace, export and compare in inference mode (BatchNorm statistics, no dropout); the caller's
     # modules get their training flags back afterwards
-    with _eval_mode(module, rule.reference if rule else None):
+    what = f"writing {row.label} {precision}" + (" (compiling)" if row.name == "aoti_package" else "")
+    with progress.step(what, announce=False), _eval_mode(module, rule.reference if rule else None):
         placed = _placed(module, "cpu" if row.captured_on_cpu else dev, half)
         wspecs = half_specs(specs, precision) if half is not None else specs
         wexample = None if example is None else to_device(example, None, half)

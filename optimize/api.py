@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ptopt.core import progress as _progress
 from ptopt.core.choice import fastest_within
 from ptopt.core.data import split_eval
 from ptopt.core.errors import DataError, UsageError
@@ -159,6 +160,7 @@ def render(report: dict[str, Any], directory: Path | None = None) -> str:
     return render_terminal(report, directory=directory)
 
 
+@_progress.reported
 @OPTIONS.twin
 def optimize(
     model: Any,

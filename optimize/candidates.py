@@ -222,7 +222,7 @@ def _quantize(mode: str, engine: str | None = None, source: str | None = None) -
         try:  # dynamic int8 reads the calibration data only as the example its fidelity check runs on
             return quantize(
                 module, mode, calib_data=ctx.calib, engine=engine, input_shapes=ctx.input_shapes or (),
-                progress=False,
+                progress=None,  # the search reports the build; its steps (calibration) show inside
             )  # fmt: skip
         except ParityError as e:
             return _within_budget(ctx, e)
@@ -268,7 +268,7 @@ def _search(ctx: Context, mode: str) -> Any:
         min_cosine=ctx.min_cosine,
         tuning_budget=f"{seconds}s",
         input_shapes=ctx.input_shapes or (),
-        progress=False,
+        progress=None,
     )
     if not found.met:
         raise Rejected(f"no {mode} int8 configuration the search tried met the goal ({found.reason})")
@@ -336,7 +336,7 @@ def _prune(ctx: Context) -> Any:
         fine_tune_data=ctx.train,
         epochs=FINE_TUNE_EPOCHS,
         input_shapes=ctx.input_shapes or (),
-        progress=False,
+        progress=None,
     )
 
 

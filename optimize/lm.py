@@ -145,7 +145,7 @@ def _build(cand: LMCandidate, loaded: Any, calib: Any) -> None:
     elif cand.name == "bf16":
         cand.module = copy.deepcopy(loaded.module).to(torch.bfloat16)
     else:
-        cand.result = quantize(loaded, "weight-only", calib_data=calib, progress=False, **options)
+        cand.result = quantize(loaded, "weight-only", calib_data=calib, progress=None, **options)
         cand.module = cand.result.model
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ptopt.core import progress
 from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, UsageError
 from ptopt.core.search import catalogue
 from ptopt.optimize.candidates import Candidate, Context, Rejected, Spec, runtime_filters
@@ -366,7 +367,7 @@ class Search:
         say(f"building {cand.name}: {cand.label}")
         t0 = time.perf_counter()
         try:
-            with _quiet():
+            with _quiet(), progress.step(f"building {cand.name}", announce=False):
                 cand.result = cand.spec.build(self.ctx)
             cand.build_seconds = round(time.perf_counter() - t0, 2)
             self._calibrate_costs(cand)

@@ -29,11 +29,11 @@ MAX_ACCURACY_DROP = 1.0
 #: artifact steps of the CNN: (id, title, command, file name, options)
 CNN_STEPS: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
     ("int8", "static int8", "quantize", "resnet.int8.pt",
-     {"model": CNN, "mode": "static", "calib_data": TRAIN, "eval_data": TEST, "progress": False}),
+     {"model": CNN, "mode": "static", "calib_data": TRAIN, "eval_data": TEST, "progress": None}),
     ("qat", "QAT int8 (1 epoch)", "quantize", "resnet.qat.pt",
-     {"model": CNN, "mode": "qat", "train_data": TRAIN, "eval_data": TEST, "epochs": 1, "progress": False}),
+     {"model": CNN, "mode": "qat", "train_data": TRAIN, "eval_data": TEST, "epochs": 1, "progress": None}),
     ("lstm8", "dynamic int8 LSTM", "quantize", "lstm.int8.pt",
-     {"model": LSTM, "mode": "dynamic", "eval_data": SEQ_TEST, "progress": False}),
+     {"model": LSTM, "mode": "dynamic", "eval_data": SEQ_TEST, "progress": None}),
     ("pruned", "structured pruning 50% + distillation", "prune", "resnet.pruned.pt",
      {"model": CNN, "method": "structured", "amount": 0.5, "fine_tune_data": TRAIN, "eval_data": TEST,
       "epochs": 3, "teacher": "self", "temperature": 2.0, "alpha": 0.5, "lr": 2e-3}),

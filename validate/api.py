@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ptopt.core import progress as _progress
 from ptopt.core.data import Dataset, load_data
 from ptopt.core.device import GpuPeakMemory
 from ptopt.core.errors import (
@@ -178,6 +179,7 @@ class _Models:
         return runner
 
 
+@_progress.reported
 @OPTIONS.twin
 def validate(
     reference: Any,
@@ -393,7 +395,8 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
     shapes = []
     for i, (role, _, name) in enumerate(run.models):
         say(f"checking {name}")
-        runner = run.models.open(i)
+        with _progress.step(f"loading {name}", announce=False):
+            runner = run.models.open(i)
         if runner.info.get("device_note"):
             say(runner.info["device_note"])
         run.formats.append(runner.format)
@@ -440,7 +443,8 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
     for i, (role, ref, name) in enumerate(run.models):
         say(f"evaluating {name} ({i + 1}/{len(run.models.refs)})")
         t0 = time.perf_counter()
-        with PeakMemory() as mem, GpuPeakMemory(run.models.device or "cpu") as gpu_mem:
+        step = _progress.step(f"evaluating {name}", announce=False)
+        with step, PeakMemory() as mem, GpuPeakMemory(run.models.device or "cpu") as gpu_mem:
             runner = run.models.open(i)
             try:
                 eval_bs = _eval_batch_size(runner, run.eval_batch_size, len(run.ds))

@@ -275,7 +275,7 @@ def _evaluate_one(m: _Model, ids: Any, opts: LMOptions, allow_pickle: bool) -> t
     with PeakMemory() as mem:
         loaded = as_loaded(m.obj, None, allow_pickle)
         module = loaded.module
-        ppl = perplexity(module, ids, opts.context, opts.stride)
+        ppl = perplexity(module, ids, opts.context, opts.stride, what=f"perplexity of {m.name}")
     files = sorted(p for p in m.folder.rglob("*") if p.is_file()) if m.folder is not None else []
     art = loaded.artifact
     entry = Entry(

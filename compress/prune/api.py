@@ -54,6 +54,7 @@ from ptopt.compress.stage import (
     load_eager,
     ref_name,
 )
+from ptopt.core import progress as _progress
 from ptopt.core.config import reconcile
 from ptopt.core.errors import UsageError
 
@@ -115,6 +116,7 @@ class FineTune:
     train: Any  # TrainConfig
 
 
+@_progress.reported
 @OPTIONS.twin
 def prune(
     model: Any,
@@ -354,7 +356,7 @@ def _build_result(
     sources = input_files(
         loaded.path, loaded.info.get("weights"), record["fine_tune_data"], record["eval_data"]
     )
-    return Result(work, template, writer, inputs_paths=sources)
+    return Result(work, template, writer, inputs_paths=sources, suffixes=tuple(OUTPUT_FORMATS))
 
 
 def _write(model: Any, example: Any, specs: list[Any], style: str, path: Any) -> dict[str, Any]:

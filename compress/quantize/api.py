@@ -47,6 +47,7 @@ from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared
 from ptopt.compress.quantize.resolve import resolve_config
 from ptopt.compress.quantize.table import technique
 from ptopt.compress.stage import check_output, finish
+from ptopt.core import progress as _progress
 from ptopt.core.errors import UsageError
 
 
@@ -61,6 +62,7 @@ def _refuse_lm_qat(model: Any) -> None:
         )
 
 
+@_progress.reported
 @OPTIONS.twin
 def quantize(
     model: Any,
@@ -112,6 +114,7 @@ def quantize(
     check_output(output, hint=" such as model.int8.pt")
     if config.mode == "qat":
         _refuse_lm_qat(model)
+    _check_suffix(output)
     require_data(config, calib_data=calib_data, train_data=train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
     result = quantize_prepared(config, prep, progress)
@@ -119,6 +122,29 @@ def quantize(
         return None  # under torchrun every process trained (the trainer's DDP); rank 0 judges and writes
     judged(result, config, prep, output)
     return finish(result, output)
+
+
+def _check_suffix(output: Any) -> None:
+    """Before any work: quantize writes int8 TorchScript (``.pt``) or a PT2E ``.pt2``; an int8 file of
+    another runtime (``.onnx``, ``.xml``) is ``ptopt export --precision int8``'s, which the error says."""
+    from pathlib import Path
+
+    from ptopt.core.formats import targets
+
+    if output is None:
+        return
+    suffix = Path(output).suffix.lower()
+    torch_rows = [row for row in targets().values() if row.runtime == "torch"]
+    if any(suffix in row.suffixes for row in torch_rows):
+        return
+    other = next((row for row in targets().values() if suffix in row.suffixes), None)
+    hint = "int8 TorchScript (.pt) or a PT2E .pt2 (--engine pt2e)"
+    if other is not None and "int8" in other.converts:
+        hint += (
+            f"; an int8 {other.label} file is made by ptopt export MODEL --target {other.target} "
+            "--precision int8 --data CALIB"
+        )
+    raise UsageError(f"output {output}: quantize writes {hint}")
 
 
 def _accuracy_aware(

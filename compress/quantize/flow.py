@@ -26,6 +26,7 @@ from ptopt.compress.stage import (
     refuse_if_unfaithful,
     settle_inputs,
 )
+from ptopt.core import progress
 
 #: layer kinds dynamic int8 quantizes, for pointing there
 _DYNAMIC_KINDS = ("Linear", "LSTM", "GRU", "Embedding", "Conv1D")
@@ -92,7 +93,7 @@ def build_result(config: QuantConfig, prep: Prepared, q: Quantized) -> Any:
     from ptopt.core.artifact import Artifact
     from ptopt.core.result import Result
 
-    with q.context():
+    with q.context(), progress.step("measuring int8 against fp32", announce=False):
         metrics = measure.accuracy(prep.module, q.model, prep.evald, prep.refs.get("eval_data"), q.eval_batch)
         metrics |= measure.sizes(q.size, torchscript_bytes(prep.module, prep.example, prep.style))
         metrics |= q.metrics

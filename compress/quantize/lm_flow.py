@@ -15,6 +15,7 @@ from typing import Any
 
 from ptopt.compress.quantize.config import WeightOnlyConfig, require_data
 from ptopt.compress.stage import UNSAVED, input_files, load_eager
+from ptopt.core import progress
 from ptopt.core.errors import UsageError
 
 #: perplexity in the sidecar reads at most this many evaluation tokens (validate reads them all)
@@ -68,12 +69,16 @@ def torchao_build(config: WeightOnlyConfig, loaded: Any, calib: Any) -> tuple[An
     from ptopt.formats.hf import write_weight_only
 
     q = copy.deepcopy(loaded.module).eval()
-    record = quantize_module(q, config, _calibrator(calib, config))
+    with progress.step(f"quantizing the weights to int{config.bits} ({config.method})"):
+        record = quantize_module(q, config, _calibrator(calib, config))
     files = {}
     if config.decode_step:  # checked in memory before anything is written
         from ptopt.formats.hf_decode import DECODE_FILE, capture
 
-        files[DECODE_FILE], record["decode_step"] = capture(q, config.decode_step)
+        with progress.step(
+            f"capturing the decode step ({config.decode_step}-token KV cache) with torch.export"
+        ):
+            files[DECODE_FILE], record["decode_step"] = capture(q, config.decode_step)
     hf_dir = loaded.info.get("hf_dir")
     return q, record, lambda path: write_weight_only(q, path, record, hf_dir, files)
 
@@ -131,7 +136,8 @@ def _measure(source: Any, q: Any, ids: Any, ref: Any) -> dict[str, Any]:
     metrics: dict[str, Any] = {"fp32_weight_bytes": fp, "weight_bytes": qb, "weight_bytes_ratio": qb / fp}
     if ids is not None and is_causal_lm(source):
         ids = ids[:EVAL_TOKENS]
-        base, mine = perplexity(source, ids), perplexity(q, ids)
+        base = perplexity(source, ids, what="fp32 perplexity")
+        mine = perplexity(q, ids, what="quantized perplexity")
         metrics |= {
             "eval_data": _name(ref),
             "perplexity_window": {

@@ -57,9 +57,11 @@ def test_cli_torchscript_dynamic_batch(cli, tmp_path, tiny_cnn_factory):
     assert export(**opts).inputs == Artifact.load(out).inputs
 
 
-def test_cli_onnx_single_file_symbolic_batch_and_trtexec_line(cli, tmp_path, tiny_cnn_factory):
+def test_cli_onnx_single_file_symbolic_batch_and_trtexec_line(cli, tmp_path, tiny_cnn_factory, monkeypatch):
     import onnx
     import onnxruntime as ort
+
+    monkeypatch.setattr("ptopt.cli.export._gpu_here", lambda: True)  # the trtexec line: where a GPU is
 
     out = tmp_path / "m.onnx"
     code, stdout, err = cli(

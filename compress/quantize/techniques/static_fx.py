@@ -15,6 +15,7 @@ from ptopt.compress.quantize import fx_support
 from ptopt.compress.quantize.base import Prepared, Quantized, QuantResult
 from ptopt.compress.quantize.config import MIN_STATIC_SHARE, StaticQuantConfig, refuse_no_compile
 from ptopt.compress.quantize.registry import register_technique
+from ptopt.core import progress as progress_
 from ptopt.core.data import Dataset
 from ptopt.core.inputspec import batch_size_of, call_args, call_model
 
@@ -79,7 +80,8 @@ def calibrate(
     prepared.eval()
     total = min(max_batches, data.num_batches(batch_size))
     batches = samples = 0
-    with _bar(progress, total, "calibrating") as advance, torch.no_grad():
+    # progress=False (a search calibrating many times): no line per calibration, a heartbeat if it is long
+    with progress_.step("calibrating", total, "batches", announce=progress) as step, torch.no_grad():
         for b in data.batches(batch_size, shuffle=True, seed=0):
             if batches >= total:
                 break
@@ -99,7 +101,7 @@ def calibrate(
                 ) from None
             batches += 1
             samples += batch_size_of(b.x)
-            advance()
+            step.advance()
     return {"data": data.name, "batches": batches, "samples": samples, "batch_size": batch_size}
 
 
@@ -164,34 +166,3 @@ def bare_parameters_quantized(graph: Any, name: str, module: Any) -> bool | None
     if not uses:
         return None
     return all("quantize" in str(u.target) for u in uses)
-
-
-class _bar:
-    """A rich progress bar on stderr (transient); ``advance()`` moves it by one batch."""
-
-    def __init__(self, enabled: bool, total: int, description: str):
-        self.enabled, self.total, self.description = enabled, total, description
-        self._progress = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
-        self._progress.__enter__()
-        task = self._progress.add_task(self.description, total=self.total)
-        return lambda: self._progress.update(task, advance=1)
-
-    def __exit__(self, *exc):
-        if self._progress is not None:
-            self._progress.__exit__(*exc)
-        return False

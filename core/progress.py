@@ -1,0 +1,297 @@
+"""Progress of long work, reported one way by every stage: nothing long is silent.
+
+A stage wraps each step that can take more than a few seconds (loading a model, calibrating, building
+a candidate, a perplexity pass, compiling) and says what it learnt on the way::
+
+    from ptopt.core import progress
+
+    with progress.step("calibrating", total=len(batches), unit="batches") as step:
+        for batch in batches:
+            ...
+            step.advance()
+    progress.note("created folder out/sub/ for x.pt")
+
+Nothing is shown unless a caller turned reporting on with :func:`reporting` (the CLI does around
+every command, ``--quiet`` turns it off; a Python twin does for ``progress=True``, or sends the lines
+to a ``progress=callable``). Where it goes:
+
+- stderr is a terminal: rich progress bars, one row per open step (nested steps nest), cleared when
+  the step ends; notes print above them;
+- otherwise (CI logs, pipes, a callable): plain lines: one when a step starts, and whenever
+  :data:`HEARTBEAT_S` seconds passed without a line while a step is open, one saying how far the
+  innermost step got (a background thread writes it, so a single long call, e.g. a compile, is not
+  silent either); a step that needed such a line says when it ended.
+
+The lines go to the stderr that was current when reporting was turned on, through a duplicate of its
+file descriptor, so a block that captures descriptor 2 (``core.quiet.silenced(native=True)``)
+does not hold them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: a plain-text reporter writes a line when a step has been silent this long (seconds)
+HEARTBEAT_S = 8.0
+
+_lock = threading.RLock()
+_active: list[Any] = []  # the reporters turned on, innermost last (the innermost one reports)
+
+
+class Step:
+    """One open step: ``advance(n)`` moves it on, ``total``/``done`` say how far it is."""
+
+    def __init__(self, title: str, total: int | None, unit: str, announce: bool = True) -> None:
+        self.title, self.total, self.unit, self.done = title, total, unit, 0
+        self.announce = announce
+        self.started = time.monotonic()
+        self.beat = False  # a heartbeat line was printed for it
+        self.task: Any = None
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        reporter = _current()
+        if reporter is not None:
+            reporter.update(self)
+
+    def where(self) -> str:
+        """``12/32 batches, 40 s`` or ``40 s``."""
+        elapsed = f"{time.monotonic() - self.started:.0f} s"
+        if self.total:
+            return f"{self.done}/{self.total} {self.unit}, {elapsed}".replace("  ", " ")
+        return elapsed
+
+
+class _Plain:
+    """Plain lines to ``write`` (see the module docstring); a heartbeat thread for open steps."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self.write, self.steps, self.last = write, [], time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="ptopt-progress", daemon=True)
+        self._thread.start()
+
+    def line(self, text: str) -> None:
+        with _lock:
+            self.write(text)
+            self.last = time.monotonic()
+
+    def start(self, step: Step) -> None:
+        self.steps.append(step)
+        if step.announce:
+            self.line(step.title + (f" ({step.total} {step.unit})" if step.total else ""))
+
+    def update(self, step: Step) -> None:
+        if time.monotonic() - self.last >= HEARTBEAT_S:
+            step.beat = True
+            self.line(f"  {step.title}: {step.where()}")
+
+    def finish(self, step: Step) -> None:
+        if step in self.steps:
+            self.steps.remove(step)
+        if step.beat:
+            self.line(f"  {step.title}: done in {time.monotonic() - step.started:.0f} s")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(0.5):
+            with _lock:
+                if self.steps and time.monotonic() - self.last >= HEARTBEAT_S:
+                    step = self.steps[-1]
+                    step.beat = True
+                    self.line(f"  {step.title}: still working ({step.where()})")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+class _Bars:
+    """rich progress bars on a terminal; notes above them."""
+
+    def __init__(self, stream: Any) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.console = Console(file=stream)
+        self.bars = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+            redirect_stdout=True,  # what others print goes above the bars
+            redirect_stderr=True,
+        )
+        self.open = 0
+
+    def line(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def start(self, step: Step) -> None:
+        if self.open == 0:
+            self.bars.start()
+        self.open += 1
+        step.task = self.bars.add_task(step.title, total=step.total)
+
+    def update(self, step: Step) -> None:
+        self.bars.update(step.task, completed=step.done, description=step.title)
+
+    def finish(self, step: Step) -> None:
+        if step.task is None:
+            return
+        self.bars.remove_task(step.task)
+        self.open -= 1
+        if self.open == 0:
+            self.bars.stop()
+
+    def close(self) -> None:
+        if self.open:
+            self.bars.stop()
+
+
+def _current() -> Any:
+    with _lock:
+        return _active[-1] if _active else None
+
+
+def enabled() -> bool:
+    """Whether anything is reported (a caller turned reporting on and no inner block muted it)."""
+    return _current() is not None
+
+
+@contextlib.contextmanager
+def reporting(progress: bool | Callable[[str], None] | None = True) -> Iterator[None]:
+    """Report the steps and notes of the block: ``True`` to stderr (bars on a terminal, plain lines
+    elsewhere), a callable gets each plain line, ``None`` changes nothing (what the caller set
+    applies), ``False`` mutes the block."""
+    if progress is None:
+        yield
+        return
+    if progress is False:
+        reporter = None
+        closing: Callable[[], None] = lambda: None  # noqa: E731
+    elif callable(progress):
+        reporter = _Plain(progress)
+        closing = reporter.close
+    else:
+        stream, close_stream = _stderr()
+        reporter = (
+            _Bars(stream)
+            if _terminal(stream)
+            else _Plain(lambda text: (stream.write(text + "\n"), stream.flush()))
+        )
+
+        def closing() -> None:
+            reporter.close()
+            close_stream()
+
+    with _lock:
+        _active.append(reporter)
+    try:
+        yield
+    finally:
+        with _lock:
+            _active.remove(reporter) if reporter is not None else _active.pop()
+        closing()
+
+
+def twin(progress: bool | Callable[[str], None] | None) -> contextlib.AbstractContextManager:
+    """What a Python twin's ``progress`` argument turns on: ``True`` (stderr) or a callable (its lines)
+    where nothing reports yet (under the CLI, the command's reporting goes on), ``False`` mutes the
+    call, ``None`` changes nothing."""
+    if progress is False:
+        return reporting(False)
+    if progress is None or enabled():
+        return contextlib.nullcontext()
+    return reporting(progress)
+
+
+def reported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A Python twin whose ``progress`` keyword (default: its signature's) is :func:`twin`'s: the
+    stage's steps are reported for ``progress=True`` or to a callable, muted for ``False``."""
+    import functools
+    import inspect
+
+    default = inspect.signature(fn).parameters["progress"].default
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with twin(kwargs.get("progress", default)):
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def _terminal(stream: Any) -> bool:
+    """A terminal or a notebook, where bars redraw in place (rich decides: ``TTY_COMPATIBLE``,
+    ``TERM=dumb`` ...)."""
+    if not getattr(stream, "isatty", lambda: False)() and "ipykernel" not in sys.modules:
+        return False  # no rich import for the common non-terminal case (CI logs, pipes)
+    from rich.console import Console
+
+    console = Console(file=stream)
+    return console.is_terminal or console.is_jupyter
+
+
+def _stderr() -> tuple[Any, Callable[[], None]]:
+    """The current stderr; the process's own through a duplicate of descriptor 2 (module docstring)."""
+    stream = sys.stderr
+    try:
+        if stream is sys.__stderr__ and stream.fileno() == 2:
+            dup = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+            return dup, dup.close
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        pass
+    return stream, lambda: None
+
+
+@contextlib.contextmanager
+def step(title: str, total: int | None = None, unit: str = "", announce: bool = True) -> Iterator[Step]:
+    """One step of long work (module docstring); reported only where reporting is on. ``announce``:
+    False for a step whose start the caller already printed, or that is usually quick (loading a
+    model): plain text then shows it only once it has run :data:`HEARTBEAT_S` seconds."""
+    s = Step(title, total, unit, announce)
+    reporter = _current()
+    if reporter is not None:
+        reporter.start(s)
+    try:
+        yield s
+    finally:
+        if reporter is not None:
+            reporter.finish(s)
+
+
+def note(text: str) -> None:
+    """A line of its own (what a step found, a file written, a choice made); dropped when off."""
+    reporter = _current()
+    if reporter is not None:
+        reporter.line(text)
+
+
+def track(items: Any, title: str, unit: str = "", total: int | None = None) -> Iterator[Any]:
+    """``items`` as they are consumed, as one step that advances per item."""
+    if total is None:
+        try:
+            total = len(items)
+        except TypeError:
+            total = None
+    with step(title, total, unit) as s:
+        for item in items:
+            yield item
+            s.advance()
