@@ -31,7 +31,7 @@ def command(output: str, **params: Any) -> None:
         click.echo(f"  {extra:<22} {'HTML report with plots' if extra.endswith('html') else 'report'}")
     if result.mar:
         click.echo(
-            f"  {result.mar.name:<22} TorchServe package of the best artifact ({result.best}); "
+            f"  {result.mar.name:<22} TorchServe package of the fastest artifact within budget ({result.best}); "
             f"serve it with: ptopt serve {result.mar}"
         )
     click.echo(

@@ -83,7 +83,7 @@ def _print_result(art) -> None:
     )
     click.echo(
         f"parity:  max abs diff {p['max_abs_diff']:.3g}, rel error {p['rel_error']:.3g}, cosine "
-        f"{p['cosine']:.6f} at min/opt/max ({rule})"
+        f"{p['cosine']:.6f} at min/opt/max on {_parity_inputs(art, p)} ({rule})"
     )
     if art.extra.get("int8_method"):
         click.echo(f"int8:    {art.extra['int8_method']}")
@@ -153,6 +153,19 @@ def _print_lm(art) -> None:
             f"compile: AOTInductor ({art.extra.get('compiler')}, {art.extra.get('cpu_isa') or 'cpu'}) in "
             f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
         )
+
+
+def _parity_inputs(art, parity: dict) -> str:
+    """What the parity check ran on: samples of --data (the calibration data of an int8 export), or
+    random inputs of the input shapes."""
+    kinds = {m.get("inputs") for m in (parity.get("shapes") or {}).values()}
+    data = (art.config or {}).get("calib_data")
+    if "data" not in kinds or not data:
+        return "random inputs"
+    role = "the calibration data" if art.precision == "int8" else "--data"
+    return f"samples of {data} ({role}" + (
+        ", and random inputs where they do not fit)" if "random" in kinds else ")"
+    )
 
 
 def _gpu_here() -> bool:

@@ -48,7 +48,9 @@ def _reported(command: click.Command) -> click.Command:
         from ptopt.core import progress
 
         quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress"))
-        with progress.reporting(not quiet):
+        # the command itself is a step: whatever no inner step covers (imports, a call nothing times)
+        # still gets its heartbeat
+        with progress.reporting(not quiet), progress.step(f"ptopt {command.name}", announce=False):
             return invoke(ctx)
 
     command.invoke = reported  # type: ignore[method-assign]

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import sys
 import threading
 import time
@@ -40,6 +41,8 @@ from typing import Any
 
 #: a plain-text reporter writes a line when a step has been silent this long (seconds)
 HEARTBEAT_S = 8.0
+#: the lines a plain-text reporter writes on its own while a step runs (heartbeats, how far, the end)
+HEARTBEAT_LINE = re.compile(r"^  \S.*: (still working \(.*\)|\d+/\d+ .*, \d+ s|\d+ s|done in \d+ s)$")
 
 _lock = threading.RLock()
 _active: list[Any] = []  # the reporters turned on, innermost last (the innermost one reports)
@@ -168,6 +171,12 @@ class _Bars:
 def _current() -> Any:
     with _lock:
         return _active[-1] if _active else None
+
+
+def is_heartbeat(line: str) -> bool:
+    """Whether ``line`` is one the reporter wrote by itself while a step ran (``HEARTBEAT_LINE``), not a
+    message: a slow machine adds them before anything (a refusal's one ``error:`` line too)."""
+    return bool(HEARTBEAT_LINE.match(line.rstrip("\n")))
 
 
 def enabled() -> bool:

@@ -149,8 +149,10 @@ def check_suffix(path: Path, fmt: str, suffixes: tuple[str, ...] | None = None) 
     allowed = suffixes if suffixes is not None else (row.suffixes if row is not None else ())
     if allowed and path.suffix.lower() not in allowed:
         label = row.label if row is not None else fmt
+        article = "an" if label[:1].lower() in "aeiou" else "a"
         raise UsageError(
-            f"output {path}: a {label} file is named {' or '.join(allowed)}; use {path.with_suffix(allowed[0])}"
+            f"output {path}: {article} {label} file is named {' or '.join(allowed)}; "
+            f"use {path.with_suffix(allowed[0])}"
         )
 
 

@@ -26,7 +26,7 @@ fp32-exported-program   ``export(target="exported_program")``                   
 fp32-onnx               ``export(target="onnx")``                                   always
 int8-fx                 ``quantize(mode="static", engine="fx")``                    always
 int8-onnx-qdq           ``export(target="onnx", precision="int8", data=calib)``     always
-int8-dynamic            ``quantize(mode="dynamic")``                                Linear/LSTM/GRU
+int8-dynamic            ``quantize(mode="dynamic")``                                Linear-heavy
 fp32-aoti               ``export(target="aoti", static_batches=batch sizes)``       a C++ compiler
 int8-pt2e               ``quantize(mode="static", engine="pt2e")`` (AOTInductor)    torchao, compiler
 int8-dynamic-search     ``autoquantize`` (dynamic int8, SmoothQuant/float layers)   int8-dynamic rej.
@@ -397,13 +397,15 @@ def _openvino_bf16(ctx: Context) -> str | None:
     return why
 
 
-def _has_dynamic_layers(ctx: Context) -> str | None:
+def _dynamic_int8(ctx: Context) -> str | None:
+    """The one rule of every dynamic int8 candidate (TorchScript and ONNX Runtime): layers it
+    quantizes, and most computing parameters in them (:func:`_linear_heavy`)."""
     from torch import nn
 
     kinds = (nn.Linear, nn.LSTM, nn.GRU)
-    if any(isinstance(m, kinds) for m in ctx.module.modules()):
-        return None
-    return "no Linear/LSTM/GRU layer: dynamic int8 has nothing to quantize"
+    if not any(isinstance(m, kinds) for m in ctx.module.modules()):
+        return "no Linear/LSTM/GRU layer: dynamic int8 has nothing to quantize"
+    return _linear_heavy(ctx)
 
 
 def _compiler(ctx: Context) -> str | None:
@@ -588,8 +590,7 @@ def _gpu(
 NEEDS: dict[str, Callable[[Context], str | None]] = {
     "openvino": _openvino,
     "openvino-bf16": _openvino_bf16,
-    "linear-heavy": _linear_heavy,
-    "dynamic-layers": _has_dynamic_layers,
+    "dynamic-int8": _dynamic_int8,
     "pt2e": _pt2e,
     "compiler": _compiler,
     "bf16-gpu": _bf16_gpu,
@@ -668,7 +669,7 @@ CATALOGUE: tuple[Spec, ...] = (
         steps=("export --target onnx --precision int8 --int8-method ort_dynamic",),
         build=_export("onnx", "int8", int8_method="ort_dynamic"),
         cost=12,
-        needs=("linear-heavy",),
+        needs=("dynamic-int8",),
     ),
     Spec(
         name="int8-openvino-float-layers",
@@ -815,7 +816,7 @@ CATALOGUE: tuple[Spec, ...] = (
         build=_quantize("dynamic"),
         cost=3,
         fixed=0,
-        needs=("dynamic-layers",),
+        needs=("dynamic-int8",),
     ),
     Spec(
         name="fp16-compiled-graphs",

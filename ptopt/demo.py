@@ -122,7 +122,7 @@ def demo_recipe(
                       "reference": LSTM, "artifacts": ["${lstm8}"], "data": SEQ_TEST, **timing, **gate,
                       **lstm_reports}},
         {"package": {"id": "mar", "when": _best_not_packageable,
-                     "title": "package the best artifact within budget (${cnn.best}) as ${out}/resnet-best.mar",
+                     "title": "package the fastest artifact within budget (${cnn.best}) as ${out}/resnet-best.mar",
                      "artifact": "${cnn.best_path}", "format": "mar", "output": "${out}/resnet-best.mar"}},
     ]  # fmt: skip
     return {"version": 1, "vars": {"out": "ptopt-demo"}, "steps": steps}

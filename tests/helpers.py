@@ -88,6 +88,7 @@ def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> s
     import subprocess
 
     from ptopt.core.errors import PtoptError
+    from ptopt.core.progress import is_heartbeat
 
     needles = (match,) if isinstance(match, str) else tuple(match)
     before = _files_under(where)
@@ -99,7 +100,9 @@ def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> s
             code, _, err = out
         assert code == 2, f"exit {code}, not 2: {err}"
         assert "Traceback" not in err, err
-        lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+        # a heartbeat (ptopt.core.progress: "  ptopt validate: still working (9 s)") is no message: a
+        # slow machine writes one before anything
+        lines = [ln for ln in err.splitlines() if ln.strip() and not is_heartbeat(ln)]
         assert len(lines) == 1 and lines[0].startswith("error:"), f"not one 'error:' line: {err!r}"
         message = lines[0]
     else:
@@ -117,6 +120,14 @@ def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> s
     new = _files_under(where) - before
     assert not new, f"a refused command wrote {sorted(map(str, new))}"
     return message
+
+
+def not_progress(stderr: str) -> list[str]:
+    """The lines of ``stderr`` that are not ptopt's own progress (``ptopt.core.progress`` heartbeats
+    and notes of created folders): what upstream libraries printed, which must be nothing."""
+    from ptopt.core.progress import is_heartbeat
+
+    return [ln for ln in stderr.splitlines() if ln.strip() and not is_heartbeat(ln)]
 
 
 def worker_threads() -> int | None:

@@ -40,6 +40,7 @@ from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
 from ptopt.validate import gates as _gates
 from ptopt.validate import lineage as _lineage
 from ptopt.validate import lm as _lm
+from ptopt.validate import noise as _noise
 from ptopt.validate.entry import Entry
 from ptopt.validate.latency import LatencyOptions, batch_inputs, measure_runners
 from ptopt.validate.metrics import (
@@ -135,6 +136,8 @@ class _Run:
     isa_section: dict[str, Any] | None = None
     #: the reference's outputs of the accuracy pass (kept for --isa: the children compare with them)
     ref_outputs: Any = None
+    #: the timing's noise: noisy and timed cells, how often it was timed again (``_retime_while_busy``)
+    timing: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def check_measurable(self, classification: bool | None) -> None:
         _gates.check_measurable(
@@ -487,6 +490,9 @@ def _time(run: _Run, entries: list[Entry], say: Callable[[str], None]) -> None:
         for i in range(len(entries)):
             runners.append(run.models.open(i))
         lats = measure_runners(runners, run.ds, run.sizes, run.latency, guard=guard)
+        lats = _retime_while_busy(
+            run, lambda: measure_runners(runners, run.ds, run.sizes, run.latency, guard=guard), lats, say
+        )
     finally:
         for r in runners:
             r.close()
@@ -500,7 +506,30 @@ def _time(run: _Run, entries: list[Entry], say: Callable[[str], None]) -> None:
             if st.get("rounds", run.latency.rounds) < run.latency.rounds
         ]
     if early:
-        say(f"stable early (median within {run.latency.stable_pct:g}%): {', '.join(early)} rounds")
+        say(f"stopped early, stable (median within {run.latency.stable_pct:g}%): {', '.join(early)} rounds")
+
+
+def _retime_while_busy(run: _Run, measure: Callable[[], Any], lats: Any, say: Callable[[str], None]) -> Any:
+    """When most cells are noisy (``noise.busy``), the machine is busy: say so and time everything
+    again, up to ``noise.BUSY_RETIMES`` more times; keep the attempt with the fewest noisy cells."""
+    noisy, cells = _noise.noisy_cells(lats)
+    retimed = 0
+    while _noise.busy(noisy, cells) and retimed < _noise.BUSY_RETIMES:
+        retimed += 1
+        say(
+            f"the machine is busy: {noisy} of {cells} timings are noisy (their rounds spread more than "
+            f"{_noise.NOISY_SPREAD_PCT:g}%); timing again ({retimed}/{_noise.BUSY_RETIMES})"
+        )
+        again = measure()
+        fewer = _noise.noisy_cells(again)
+        if fewer[0] <= noisy:
+            lats, (noisy, cells) = again, fewer
+    run.timing = {"noisy_cells": noisy, "cells": cells, "retimed": retimed, "busy": _noise.busy(noisy, cells)}
+    if run.timing["busy"]:
+        say(
+            f"still busy after {retimed} more timing(s): {noisy} of {cells} timings noisy; no best is named on them"
+        )
+    return lats
 
 
 # -- 6. compare, gate, pick the best; the report --------------------------------------------------
@@ -537,10 +566,25 @@ def _compare(run: _Run, entries: list[Entry]) -> tuple[list[_gates.GateResult], 
             results += mine
     _, ref_model, weights = run.models.refs[0]
     results += _lineage.check_entries(entries, ref_model, weights, run.gates.strict_lineage)
-    best = _pick_best(arts, run.gates, run.sizes)
-    for e in arts:
-        e.best = e.name == best
+    best = _crown(run, arts)
     return results, best
+
+
+def _crown(run: _Run, arts: list[Entry]) -> str | None:
+    """The fastest eligible artifact (``BEST_RULE``), or None; its entry is marked best (★) only when
+    the timing can tell it from the next (``noise.clear_lead``); ``run.timing`` records the verdict."""
+    ranked = _ranked(arts, run.gates, run.sizes)
+    best = ranked[0].name if ranked else None
+    why = None
+    if ranked:
+        bs = str(run.sizes[0])
+        second = ranked[1].latency.get(bs) if len(ranked) > 1 else None
+        why = _noise.clear_lead(ranked[0].latency.get(bs), second)
+    run.timing["best_verdict"] = None if best is None else ("noisy" if why else "clear")
+    run.timing["best_why"] = why
+    for e in arts:
+        e.best = e.name == best and why is None
+    return best
 
 
 def _baseline_notes(run: _Run, reference_name: str) -> list[str]:
@@ -603,6 +647,10 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "inconclusive": sum(1 for r in gate_results if r.inconclusive),
         "best": best,
         "best_rule": BEST_RULE,
+        # "clear", or "noisy": the timing cannot tell the best from the next (no ★; best_why says why)
+        "best_verdict": run.timing.get("best_verdict"),
+        "best_why": run.timing.get("best_why"),
+        "timing_noise": {k: run.timing.get(k) for k in ("noisy_cells", "cells", "retimed", "busy")},
         "machine": machine_summary(),
         "threads": run.threads,
         "device": run.models.device or "cpu",
@@ -840,7 +888,8 @@ def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: P
     )
 
 
-def _pick_best(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> str | None:
+def _ranked(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> list[Entry]:
+    """The artifacts eligible as best (``BEST_RULE``), fastest first."""
     accuracy_gated = gates.max_accuracy_drop is not None or gates.min_agreement is not None
     eligible = []
     for e in entries:
@@ -855,10 +904,8 @@ def _pick_best(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> s
                 if agr is not None and agr < 0.99:
                     continue
         eligible.append(e)
-    if not eligible:
-        return None
 
     def key(e: Entry) -> tuple:
         return tuple(e.latency.get(str(bs), {}).get("p50_ms", float("inf")) for bs in sizes)
 
-    return min(eligible, key=key).name
+    return sorted(eligible, key=key)

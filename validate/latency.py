@@ -29,7 +29,8 @@ from typing import Any
 from ptopt.core.data import Dataset
 from ptopt.core.errors import UsageError
 from ptopt.core.options import option
-from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_interleaved
+from ptopt.core.timing import MIN_ITERS, WARMUP_ITERS, WARMUP_SECONDS, measure_interleaved, round_spread
+from ptopt.validate.noise import verdict
 
 #: validation defaults: 3 s per (artifact, batch size) in 15 slices of 0.2 s. On the shared 2-core
 #: development VM the speed of interpreter-bound work changes every fraction of a second and from
@@ -40,7 +41,8 @@ MIN_SECONDS = 3.0
 ROUNDS = 15
 #: an (artifact, batch size) stops its rounds early once its median is stable: the median of its last
 #: STABLE_WINDOW rounds' samples and that of the rounds before them both within STABLE_PCT % of the
-#: pooled median, after at least half the rounds (and at least 5) and min_iters samples
+#: pooled median, after at least half the rounds (and at least 5) and min_iters samples, and its rounds
+#: so far not noisy by the report's rule (``validate.noise.verdict``)
 STABLE_PCT = 2.0
 STABLE_WINDOW = 3
 
@@ -102,6 +104,8 @@ def median_stable(slices: list[list[float]], options: LatencyOptions) -> bool:
     mid = statistics.median(pooled)
     last = statistics.median([t for s in slices[-STABLE_WINDOW:] for t in s])
     before = statistics.median([t for s in slices[:-STABLE_WINDOW] for t in s])
+    if verdict(round_spread([statistics.median(s) for s in slices])) != "stable":
+        return False  # the report's one verdict (validate.noise): a cell it would call noisy runs on
     return mid > 0 and max(abs(last - mid), abs(before - mid)) <= options.stable_pct / 100 * mid
 
 
@@ -161,5 +165,5 @@ def measure_runners(
         stop=lambda key, slices: median_stable(slices, options),
     )
     for (i, bs), st in stats.items():
-        out[i][bs] = st
+        out[i][bs] = st | {"verdict": verdict(st["round_spread_pct"])}
     return [{bs: lat[bs] for bs in batch_sizes} for lat in out]

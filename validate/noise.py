@@ -46,3 +46,46 @@ def speedup_noisy(speedup: float, *spreads: float | None) -> bool:
     """Rule 2 for a speedup over the reference: within the combined spread of the latencies it divides
     (the candidate's and the reference's) of 1.0."""
     return within_noise(speedup, 1.0, combined_spread(*spreads))
+
+
+# -- one verdict per timed cell; a busy machine -------------------------------------------------------
+
+#: a run whose timed (model, batch size) cells are noisy in more than this share is on a busy machine
+BUSY_SHARE = 0.5
+#: validate times a busy run again, all of it, at most this many more times, and keeps the attempt with
+#: the fewest noisy cells
+BUSY_RETIMES = 2
+
+
+def verdict(spread_pct: float | None) -> str:
+    """The one verdict of a timed cell, from rule 1: ``"noisy"`` or ``"stable"``. The early stop of a
+    cell's rounds (``validate.latency.median_stable``) asks the same rule, so a cell that stopped early
+    is never reported noisy."""
+    return "noisy" if latency_noisy(spread_pct) else "stable"
+
+
+def noisy_cells(latencies: list[dict]) -> tuple[int, int]:
+    """(noisy, timed) cells over ``[{batch size: stats}]`` (skipped batch sizes are not cells)."""
+    cells = [st for lat in latencies for st in lat.values() if "p50_ms" in st]
+    return sum(1 for st in cells if latency_noisy(st.get("round_spread_pct"))), len(cells)
+
+
+def busy(noisy: int, cells: int) -> bool:
+    """Most cells noisy: the machine was busy, not one model."""
+    return cells > 0 and noisy > BUSY_SHARE * cells
+
+
+def clear_lead(best: dict | None, runner_up: dict | None) -> str | None:
+    """Why the fastest cell ``best`` cannot be called faster than ``runner_up`` (latency stats at the
+    ranking batch size), or None when it can: noisy itself, or its lead within the combined spread."""
+    if not best or "p50_ms" not in best:
+        return "it has no timing"
+    if latency_noisy(best.get("round_spread_pct")):
+        return f"its own timing rounds spread {best['round_spread_pct']:.0f}%"
+    if not runner_up or "p50_ms" not in runner_up:
+        return None
+    spread = combined_spread(best.get("round_spread_pct"), runner_up.get("round_spread_pct"))
+    if within_noise(runner_up["p50_ms"], best["p50_ms"], spread):
+        lead = 100.0 * (runner_up["p50_ms"] / best["p50_ms"] - 1)
+        return f"its lead ({lead:.0f}%) is within the combined spread of the timings ({spread:.0f}%)"
+    return None

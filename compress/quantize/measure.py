@@ -54,7 +54,11 @@ def check_data(prep: Prepared) -> Any:
     from ptopt.core.data import Dataset
 
     if any(ds is not None and len(ds) for ds in (prep.evald, prep.calib, prep.train)):
-        return fidelity_data(prep.evald, prep.calib, prep.train)
+        found = fidelity_data(prep.evald, prep.calib, prep.train)
+        if prep.evald is None or not len(prep.evald):  # a figure on the data it was fitted on says so
+            role = "calibration" if prep.calib is not None and len(prep.calib) else "training"
+            found = Dataset(found.x, found.y, name=f"{found.name} (the {role} data; no --eval-data given)")
+        return found
     specs = prep.loaded.input_specs
     if not specs:
         return fidelity_data(example=prep.example)

@@ -77,6 +77,17 @@ def noise_notes(data: dict[str, Any]) -> list[str]:
     for g in data["gate_results"]:
         if g.get("inconclusive"):
             out.append(f"INCONCLUSIVE {g['artifact']}: {g['gate']}: {g['message']}")
+    busy = data.get("timing_noise") or {}
+    if busy.get("busy"):
+        again = f", after timing {busy['retimed']} more time(s)" if busy.get("retimed") else ""
+        out.append(
+            f"{common.NOISY_MARK} busy machine: {busy['noisy_cells']} of {busy['cells']} timings are noisy{again}: "
+            "the speedups are not a verdict; rerun on a quieter machine or with more --rounds/--min-seconds"
+        )
+    if data.get("best_verdict") == "noisy":
+        out.append(
+            f"{common.NOISY_MARK} no clear best: {data['best']} is fastest by the medians, but {data['best_why']}"
+        )
     return out
 
 
@@ -109,6 +120,8 @@ def summary_line(data: dict[str, Any]) -> str:
         what = f"INCONCLUSIVE ({n_undecided} latency gate(s) within the timing noise)"
         verdict = what if not n_failed else f"{verdict}, {what}"
     best = f"; best: {data['best']}" if data.get("best") else ""
+    if data.get("best") and data.get("best_verdict") == "noisy":  # not crowned on noise (validate.noise)
+        best = f"; no clear best (the timings are noisy; fastest by the medians: {data['best']})"
     return f"{verdict}{best}"
 
 

@@ -1,0 +1,118 @@
+"""``ptopt.core.progress``: steps and notes reach the reporter a caller turned on (plain lines in a log,
+bars on a terminal), a silent stretch gets a heartbeat, ``False`` mutes, nothing shows by default; the
+CLI reports every command unless ``--quiet``."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+
+from ptopt.core import progress
+
+
+def test_nothing_is_shown_unless_turned_on(capsys):
+    with progress.step("invisible", 3) as step:
+        step.advance()
+    progress.note("dropped")
+    assert not progress.enabled()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_plain_lines_to_a_callable_steps_notes_nesting_and_mute():
+    lines: list[str] = []
+    with progress.reporting(lines.append):
+        assert progress.enabled()
+        with progress.step("calibrating", 4, "batches") as outer:
+            progress.note("a note")
+            with progress.step("quick load", announce=False):  # no line unless it takes long
+                pass
+            outer.advance(4)
+        with progress.reporting(False):
+            progress.note("muted")
+            with progress.step("muted step"):
+                pass
+        progress.note("after")
+    assert lines == ["calibrating (4 batches)", "a note", "after"]
+    assert not progress.enabled()
+
+
+def test_a_silent_step_gets_a_heartbeat_and_says_when_it_ended(monkeypatch):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
+    lines: list[str] = []
+    with progress.reporting(lines.append):
+        with progress.step("compiling", announce=False):
+            deadline = time.monotonic() + 30  # waits for the heartbeat thread (a busy machine is slow)
+            while not any("still working" in line for line in lines) and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert any(line.startswith("  compiling: still working (") for line in lines), lines
+    assert lines[-1].startswith("  compiling: done in ")
+
+
+def test_a_loop_that_advances_after_a_silence_says_how_far_it_got(monkeypatch):
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.0)
+    lines: list[str] = []
+    with progress.reporting(lines.append):
+        for _ in progress.track(range(3), "windows", "windows"):
+            pass
+    assert lines[0] == "windows (3 windows)" and any(
+        ln.startswith("  windows: 3/3 windows, ") for ln in lines
+    )
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_bars_on_a_terminal_and_notes_above_them(monkeypatch):
+    term = _Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    monkeypatch.setenv("TERM", "xterm")
+    with progress.reporting(True):
+        with progress.step("calibrating", 2, "batches") as step:
+            step.advance(2)
+        progress.note("wrote x.pt")
+    out = term.getvalue()
+    assert "wrote x.pt" in out and "calibrating" in out and "\x1b[" in out  # drawn in place
+
+
+@pytest.mark.parametrize(
+    "given, expect", [(True, True), (None, False), (False, False)], ids=["on", "inherit", "mute"]
+)
+def test_a_twin_turns_reporting_on_only_when_asked(given, expect, capsys):
+    @progress.reported
+    def twin(progress: bool | None = True) -> bool:  # noqa: ARG001 - read by the decorator
+        from ptopt.core import progress as p
+
+        p.note("from the twin")
+        return p.enabled()
+
+    assert twin(progress=given) is expect
+    assert ("from the twin" in capsys.readouterr().err) is expect
+    lines: list[str] = []
+    with progress.reporting(lines.append):  # under a caller's reporting (the CLI), True/None report there
+        twin(progress=given)
+    assert lines == ([] if given is False else ["from the twin"])
+
+
+def test_cli_reports_unless_quiet_and_says_it_created_folders(cli, tmp_path):
+    out = tmp_path / "nodir" / "sub" / "x.pt"
+    code, stdout, err = cli(
+        "quantize",
+        "tests.helpers:tiny_cnn",
+        "--mode",
+        "static",
+        "--calib-data",
+        "builtin:digits:test",
+        "-o",
+        out,
+    )
+    assert code == 0, err
+    assert "calibrating (" in err and "created folder nodir/ for x.pt" in err, err
+    code, stdout, err = cli(
+        "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--calib-data", "builtin:digits:test",
+        "--no-progress", "-o", tmp_path / "y.pt",
+    )  # fmt: skip
+    assert code == 0 and "calibrating" not in err, err
