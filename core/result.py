@@ -157,15 +157,12 @@ def check_suffix(path: Path, fmt: str, suffixes: tuple[str, ...] | None = None) 
 
 
 def _missing_folders(path: Path) -> Path | None:
-    """The outermost folder above ``path`` that does not exist yet (saving creates it), or None."""
-    missing = None
-    for parent in path.absolute().parents:
-        if parent.exists():
-            break
-        missing = parent
-    if missing is None:
+    """The folder of ``path`` when it does not exist yet (saving creates it, and any missing above it),
+    relative to the working folder where it is under it; None when it exists."""
+    folder = path.absolute().parent
+    if folder.exists():
         return None
     try:
-        return missing.relative_to(Path.cwd())
+        return folder.relative_to(Path.cwd())
     except ValueError:
-        return missing
+        return folder

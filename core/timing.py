@@ -212,11 +212,9 @@ def measure_interleaved(
                     gc.disable()
                     try:
                         with guard(k) if guard is not None else contextlib.nullcontext():
-                            if r == 0:
-                                _warm_up(fns[k], warmup_iters, warmup_seconds, timers[k])
-                            else:
-                                _warm_up(fns[k], max(1, warmup_iters // 10), warmup_seconds / 10, timers[k])
-                            t = _timed(fns[k], per_iters, per_seconds, per_max, timers[k])
+                            warm = (warmup_iters, warmup_seconds) if r == 0 else None
+                            t = _slice(fns[k], warm or (max(1, warmup_iters // 10), warmup_seconds / 10),
+                                       (per_iters, per_seconds, per_max), timers[k])  # fmt: skip
                     finally:
                         if enabled:
                             gc.enable()
@@ -239,6 +237,15 @@ def measure_interleaved(
         }
         for k in keys
     }
+
+
+def _slice(
+    fn: Callable[[], Any], warmup: tuple[int, float], per: tuple[int, float, int], timer: Any
+) -> list[float]:
+    """One key's slice of a round: a warm-up of ``warmup`` (iterations, seconds), then the timed calls
+    (``per``: at least iterations, at least seconds, at most iterations)."""
+    _warm_up(fn, *warmup, timer)
+    return _timed(fn, *per, timer)
 
 
 def round_spread(round_medians: list[float]) -> float:

@@ -120,17 +120,9 @@ def write_model(
         wspecs = half_specs(specs, precision) if half is not None else specs
         wexample = None if example is None else to_device(example, None, half)
         info = _write(
-            placed,
-            fmt,
-            path,
-            specs=wspecs,
-            style=style,
-            example=wexample,
-            source_format=source_format,
-            precision=precision,
-            device=dev,
-            options=options,
-        )
+            placed, fmt, path, specs=wspecs, style=style, example=wexample, source_format=source_format,
+            precision=precision, device=dev, options=options,
+        )  # fmt: skip
         facts = _facts(fmt, info, wspecs)
         if dev != "cpu" or half is not None:
             facts["extra"].update(device=dev, dtype=str(half or "torch.float32").replace("torch.", ""))

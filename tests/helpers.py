@@ -123,8 +123,8 @@ def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> s
 
 
 def not_progress(stderr: str) -> list[str]:
-    """The lines of ``stderr`` that are not ptopt's own progress (``ptopt.core.progress`` heartbeats
-    and notes of created folders): what upstream libraries printed, which must be nothing."""
+    """The lines of ``stderr`` that are not ptopt's own progress (``ptopt.core.progress`` heartbeats):
+    what upstream libraries printed, which must be nothing."""
     from ptopt.core.progress import is_heartbeat
 
     return [ln for ln in stderr.splitlines() if ln.strip() and not is_heartbeat(ln)]

@@ -52,9 +52,9 @@ def speedup_noisy(speedup: float, *spreads: float | None) -> bool:
 
 #: a run whose timed (model, batch size) cells are noisy in more than this share is on a busy machine
 BUSY_SHARE = 0.5
-#: validate times a busy run again, all of it, at most this many more times, and keeps the attempt with
-#: the fewest noisy cells
-BUSY_RETIMES = 2
+#: validate times a busy run again, all of it, at most this many more times (each costs as much as the
+#: first timing), and keeps the attempt with the fewest noisy cells
+BUSY_RETIMES = 1
 
 
 def verdict(spread_pct: float | None) -> str:

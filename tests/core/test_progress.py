@@ -98,21 +98,15 @@ def test_a_twin_turns_reporting_on_only_when_asked(given, expect, capsys):
 
 
 def test_cli_reports_unless_quiet_and_says_it_created_folders(cli, tmp_path):
-    out = tmp_path / "nodir" / "sub" / "x.pt"
-    code, stdout, err = cli(
-        "quantize",
-        "tests.helpers:tiny_cnn",
-        "--mode",
-        "static",
-        "--calib-data",
-        "builtin:digits:test",
-        "-o",
-        out,
-    )
+    from ptopt.core.data import load_data
+
+    data = tmp_path / "d32.pt"
+    load_data("builtin:digits:test").take(32).save(data)  # one calibration batch: the test stays short
+    quantize = ("quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--calib-data", data)
+    code, stdout, err = cli(*quantize, "-o", tmp_path / "nodir" / "sub" / "x.pt")
     assert code == 0, err
-    assert "calibrating (" in err and "created folder nodir/ for x.pt" in err, err
-    code, stdout, err = cli(
-        "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--calib-data", "builtin:digits:test",
-        "--no-progress", "-o", tmp_path / "y.pt",
-    )  # fmt: skip
-    assert code == 0 and "calibrating" not in err, err
+    assert "calibrating (1 batches)" in err and "created folder nodir/sub/ for x.pt" in err, err
+    # a quality figure measured on the calibration data says so
+    assert "on 32 samples of" in stdout and "(the calibration data; no --eval-data given)" in stdout, stdout
+    code, stdout, err = cli(*quantize, "--no-progress", "-o", tmp_path / "y.pt")
+    assert code == 0 and "calibrating" not in err and "created folder" not in err, err

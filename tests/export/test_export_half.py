@@ -17,6 +17,8 @@ from ptopt.export.parity import DEFAULT_TOLERANCES, MIN_COSINE
 from tests.helpers import assert_refused, not_progress
 
 MODELS = "tests.export.export_models"
+#: a file name each target is saved under (the format table's first suffix)
+SUFFIX = {"torchscript": ".pt", "exported_program": ".pt2", "onnx": ".onnx"}
 CNN = "tests.helpers:tiny_cnn"
 MLP = f"{MODELS}:block_mlp"
 
@@ -35,7 +37,7 @@ def _side(path: Path) -> dict:
 @pytest.mark.parametrize("target", ["torchscript", "exported_program"])
 @pytest.mark.parametrize("model", [CNN, MLP], ids=["cnn", "mlp"])
 def test_bf16_on_the_cpu(tmp_path, target, model):
-    out = tmp_path / f"m.{target}"
+    out = tmp_path / f"m{SUFFIX[target]}"
     res = export(model, target, out, precision="bf16")
     side = _side(out)
     assert side["precision"] == "bf16" and side["config"]["precision"] == "bf16"

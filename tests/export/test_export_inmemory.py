@@ -13,6 +13,9 @@ from ptopt.core.errors import PtoptError, UsageError
 from ptopt.core.inputspec import InputSpec
 from tests.helpers import assert_refused, tiny_cnn, two_input
 
+#: a file name each target is saved under (the format table's first suffix)
+SUFFIX = {"torchscript": ".pt", "exported_program": ".pt2", "onnx": ".onnx"}
+
 TOKENS = [
     InputSpec("input_ids", (1, 4), (4, 8), (16, 32), "int64", (0, 18)),
     InputSpec("attention_mask", (1, 4), (4, 8), (16, 32), "int64", (1, 2)),
@@ -43,13 +46,16 @@ def test_module_in_model_runs_here_and_save_writes_file_and_sidecar(tmp_path, ta
     assert res.metrics["parity"]["passed"] and res.format == target and res.precision == "fp32"
     assert res.inputs[0].min_shape == (1, 1, 8, 8) and res.inputs[0].max_shape == (64, 1, 8, 8)
 
-    out = tmp_path / f"m.{target}"
+    out = tmp_path / f"m{SUFFIX[target]}"
     art = res.save(out)
-    side = json.loads((tmp_path / f"m.{target}.ptopt.json").read_text())
+    side = json.loads((tmp_path / f"m{SUFFIX[target]}.ptopt.json").read_text())
     assert side["sha256"] == sha256_file(out) == art.sha256 == res.sha256
     assert side["format"] == target and side["config"]["target"] == target
     assert side["metrics"]["parity"]["passed"] and side["parent"]["path"] == "<TinyCNN>"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"m.{target}", f"m.{target}.ptopt.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"m{SUFFIX[target]}",
+        f"m{SUFFIX[target]}.ptopt.json",
+    ]
     assert Artifact.load(out).size_bytes == out.stat().st_size
 
 

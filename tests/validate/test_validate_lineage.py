@@ -101,7 +101,8 @@ def test_every_report_flags_another_models_artifact_and_strict_fails_it(cli, mad
     case = ET.parse(tmp_path / "r.xml").find(".//testcase[@name='lineage']")
     assert case is not None and case.get("classname").endswith("other.pt") and case.find("failure") is None
 
-    code, out, err = cli("validate", FACTORY, made["mine"], made["other"], *common, "--strict-lineage", *args)
+    strict = ("--strict-lineage", "--json", tmp_path / "r.json", "--junit", tmp_path / "r.xml")
+    code, out, err = cli("validate", FACTORY, made["other"], *common, *strict)
     assert code == 1 and "other.pt: lineage: made from " + OTHER in err
     assert ET.parse(tmp_path / "r.xml").find(".//testcase[@name='lineage']/failure") is not None
     assert json.loads((tmp_path / "r.json").read_text())["gates"]["strict_lineage"] is True
