@@ -75,6 +75,16 @@ def _files_under(where) -> set:
     return {p for p in Path(where).rglob("*") if p.is_file()} if where is not None else set()
 
 
+#: a file name of each export target (the format table's first suffix; another is refused)
+SUFFIX = {
+    "torchscript": ".pt",
+    "exported_program": ".pt2",
+    "onnx": ".onnx",
+    "aoti": ".pt2",
+    "openvino": ".xml",
+}
+
+
 def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> str:
     """Bad input is refused the way ptopt promises: exit 2 (or a ``PtoptError`` with exit_code 2 from
     the Python API), one line on stderr starting ``error:``, no traceback, and no new file under

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ptopt.core.errors import DataError, ShapeMismatchError, UnsupportedModelError, UsageError
-from tests.helpers import assert_refused, tiny_cnn
+from tests.helpers import SUFFIX, assert_refused, tiny_cnn
 
 MODELS = "tests.export.export_models"
 
@@ -32,7 +32,7 @@ CLI_CASES = [
     ids=["min>opt", "opt>max", "rank", "target", "int8-torchscript", "int8-no-data", "batch", "int8-method"],
 )
 def test_bad_options_exit_2_nothing_written(cli, tmp_path, tiny_cnn_factory, args, message):
-    out = tmp_path / "out" / "m.bin"
+    out = tmp_path / "out" / f"m{SUFFIX.get(args[1], '.bin')}"  # a file name its target writes
     assert_refused(cli, "export", tiny_cnn_factory, *args, "-o", out, match=message, where=tmp_path)
 
 
@@ -49,7 +49,15 @@ def test_bad_options_exit_2_nothing_written(cli, tmp_path, tiny_cnn_factory, arg
 )
 def test_model_that_cannot_be_captured(cli, tmp_path, model, target, message):
     assert_refused(
-        cli, "export", model, "--target", target, "-o", tmp_path / "m.out", match=message, where=tmp_path
+        cli,
+        "export",
+        model,
+        "--target",
+        target,
+        "-o",
+        tmp_path / f"m{SUFFIX[target]}",
+        match=message,
+        where=tmp_path,
     )
 
 
@@ -96,7 +104,7 @@ PY_CASES = [
 def test_python_api_refuses_bad_input(tmp_path, kwargs, error, message):
     from ptopt.export.api import export
 
-    out = tmp_path / "m.out"
+    out = tmp_path / f"m{SUFFIX.get(kwargs['target'], '.out')}"
     assert_refused(export, tiny_cnn(), output=out, **kwargs, match=message, where=tmp_path, error=error)
 
 

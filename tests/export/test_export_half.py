@@ -14,11 +14,9 @@ import torch
 from ptopt.core.errors import ParityError, UsageError
 from ptopt.export.api import export
 from ptopt.export.parity import DEFAULT_TOLERANCES, MIN_COSINE
-from tests.helpers import assert_refused, not_progress
+from tests.helpers import SUFFIX, assert_refused, not_progress
 
 MODELS = "tests.export.export_models"
-#: a file name each target is saved under (the format table's first suffix)
-SUFFIX = {"torchscript": ".pt", "exported_program": ".pt2", "onnx": ".onnx"}
 CNN = "tests.helpers:tiny_cnn"
 MLP = f"{MODELS}:block_mlp"
 
@@ -155,7 +153,7 @@ def test_device_index_that_does_not_exist(cli, tmp_path, monkeypatch):
 @needs_cuda
 @pytest.mark.parametrize("target", ["torchscript", "exported_program"])
 def test_fp16_on_cuda(tmp_path, target):
-    out = tmp_path / "m.bin"
+    out = tmp_path / f"m{SUFFIX[target]}"
     res = export(CNN, target, out, precision="fp16", device="cuda")
     side = _side(out)
     assert side["precision"] == "fp16" and side["inputs"][0]["dtype"] == "float16"

@@ -11,10 +11,7 @@ import torch
 from ptopt.core.artifact import Artifact, sha256_file
 from ptopt.core.errors import PtoptError, UsageError
 from ptopt.core.inputspec import InputSpec
-from tests.helpers import assert_refused, tiny_cnn, two_input
-
-#: a file name each target is saved under (the format table's first suffix)
-SUFFIX = {"torchscript": ".pt", "exported_program": ".pt2", "onnx": ".onnx"}
+from tests.helpers import SUFFIX, assert_refused, tiny_cnn, two_input
 
 TOKENS = [
     InputSpec("input_ids", (1, 4), (4, 8), (16, 32), "int64", (0, 18)),
