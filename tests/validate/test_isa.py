@@ -151,7 +151,7 @@ def test_an_int8_artifact_from_another_cpu_says_so(cli, tmp_path, capsys, artifa
     import ptopt
     from ptopt.core.modelref import load_model
 
-    res = ptopt.quantize(FACTORY, mode="dynamic", output=tmp_path / "m.int8.pt")
+    res = ptopt.quantize(FACTORY, mode="dynamic", output=tmp_path / "m.int8.pt", progress=False)
     assert res.artifact.cpu == isa.cpu_record() and res.artifact.cpu["int8_flags"]
     _fake_checked_on(tmp_path / "m.int8.pt", ["fma"])  # a CPU without avx2: unlike every CPU the tests run on
     loaded = load_model(tmp_path / "m.int8.pt")
