@@ -3,8 +3,8 @@
 ``python benchmarks/bench_distill_lm.py parity|memory`` -- torch's engines against one process:
 
 1. *Parity.* Teacher: SmolLM2-135M cut to 4 of its 30 blocks; student: cut to 2 (real weights, so the
-   losses are a language model's). 1,280 tokens of ``builtin:pydoc-text:calib`` in windows of 32, a
-   global batch of 4 windows: one epoch is 10 optimizer steps, 2 epochs are 20. The same seed, data,
+   losses are a language model's). 320 tokens of ``builtin:pydoc-text:calib`` in windows of 16, a
+   global batch of 2 windows: one epoch is 10 optimizer steps, 2 epochs are 20. The same seed, data,
    order and global batch in one process, in 2 processes with DDP and in 2 with FSDP2; every step's
    loss is compared with the one-process run's. Then FSDP killed after its first epoch (the sharded
    checkpoint of step 10, written by both processes) and resumed on 2 processes and on 1: the loss at
@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import md_table, setup, write_result  # noqa: E402
 
-PARITY = dict(teacher_layers=4, student_layers=2, tokens=1280, seq_len=32, batch=4, epochs=2, lr=1e-4)
+PARITY = dict(teacher_layers=4, student_layers=2, tokens=320, seq_len=16, batch=2, epochs=2, lr=1e-4)
 MEMORY = dict(student_layers=14, seq_len=64, batch=2, steps=2, lr=1e-4)
 #: the quality budget: optimizer steps x global batch x tokens per window, from the same 14-block start
 BUDGET = dict(steps=10, batch=4, seq_len=64, lr=2e-4, temperature=1.0, alpha=0.0)

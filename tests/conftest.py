@@ -22,6 +22,9 @@ LONGEST_FIRST = (
     "tests/compat/test_matrix.py",  # 163
     "tests/optimize/test_optimize.py",  # 87
     "tests/demo/test_demo.py",  # 75 (106 before its --rounds 3)
+    # 60 alone (one torchrun launch of 2 processes: ~25 of it is each process importing torch and
+    # transformers); 130 measured while the machine's load average was 11
+    "tests/compress/test_distill_processes.py",
     "tests/compress/test_pt2e_hf.py",  # 52
     "tests/serve/test_ray_package.py",  # 45 (the serve fixtures' first use: a CNN's formats, an LM)
     "tests/export/test_export_lm.py",  # 115-233 under a load of 6-12 on 2 cores (four LM exports)
@@ -30,6 +33,8 @@ LONGEST_FIRST = (
     "tests/formats/test_openvino.py",  # 35
     "tests/export/test_aoti_static.py",  # 33
     "tests/compress/test_autoquant_engines.py",  # 26
+    "tests/compress/test_distill_lm.py",  # 75 at load average 11
+    "tests/compress/test_trainer_checkpoint.py",  # 70 at load average 11
     "tests/validate/test_validate_cli.py",  # 26
     "tests/serve/test_serve_pt2.py",  # 23
     "tests/serve/test_torchserve.py",  # 22
