@@ -1,17 +1,19 @@
-"""Attention heads for structured pruning: the attention modules users have, recognised by what they
-hold (not by their class name), and how their head count follows the pruned projections.
+"""Attention heads after structured pruning: the modules kept whole, and the head-count attributes
+that follow the pruned projections.
 
-A head is ``head_dim`` consecutive output rows of each of q, k and v (three blocks of one fused
-``qkv`` linear) and the same ``head_dim`` input columns of the output projection: removing head h
-removes exactly its terms from the attention output. The module's own forward then runs with fewer
-heads once its head-count attributes say so (``set_count``):
+Heads are found from the graph (``ptopt.compress.prune.layout``): a ``view`` that splits a
+projection's channels into ``(heads, head_dim)`` and an attention that mixes each head's own
+positions make the head a unit; q, k and v (and grouped-query kv heads) are tied by the attention op.
+What the graph cannot say is which of the module's attributes hold the head count or the width
+its ``forward`` uses (timm's ``reshape(B, N, 3, self.num_heads, self.head_dim)``, GPT-2's
+``split(self.split_size)``): :func:`follow_heads` sets the attributes with those well-known names
+whose value was the old count or a multiple of it (``HEAD_ATTRS``, ``WIDTH_ATTRS``: the width of all
+heads, scaled), and the pruned model is
+then checked against the unpruned one with the removed channels masked out
+(``techniques/structured.py``), so an attribute missed shows up as an error, not as a wrong model.
 
-- Hugging Face self-attention (BERT, RoBERTa, ... : ``query``/``key``/``value`` linears,
-  ``num_attention_heads``, ``attention_head_size``, ``all_head_size``); its output projection is
-  the next module's (``BertSelfOutput.dense``), which the graph analysis finds by itself;
-- timm ``Attention`` (``qkv`` and ``proj`` linears, ``num_heads``, ``head_dim``, ``attn_dim``);
-- ``nn.MultiheadAttention`` is kept whole: its forward derives ``head_dim`` from ``embed_dim``, the
-  width of its *input*, so no head can go without changing the model's hidden size.
+``nn.MultiheadAttention`` is kept whole: its forward derives ``head_dim`` from ``embed_dim``, the
+width of its *input*, so no head can go without changing the model's hidden size.
 """
 
 from __future__ import annotations
@@ -19,88 +21,75 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+#: attributes that hold a number of heads (of the module that splits its projection into heads)
+HEAD_ATTRS = (
+    "num_heads",
+    "n_heads",
+    "n_head",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_kv_heads",
+    "heads",
+)
+#: attributes that hold the width of all heads together (``heads * head_dim``)
+WIDTH_ATTRS = (
+    "all_head_size",
+    "inner_dim",
+    "attn_dim",
+    "split_size",
+    "val_attn_dim",
+    "out_dim_projection",
+    "out_dim_keys_values",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class AttentionUnit:
-    """One attention module as the channel analysis sees it (names are full module paths)."""
+    """A module kept whole (``kind == "whole"``), and why."""
 
     path: str
-    kind: str  # hf | timm | whole
-    heads: int = 0
-    head_dim: int = 0
-    #: projections reading the unit's input (q, k, v or the fused qkv)
-    inputs: tuple[str, ...] = ()
-    #: (projection, row offset) of every q/k/v block: each holds ``heads * head_dim`` rows
-    rows: tuple[tuple[str, int], ...] = ()
-    #: the output projection inside the unit (timm ``proj``); None: the context leaves the unit
-    output: str | None = None
-    #: why the unit is kept whole (``kind == "whole"``)
+    kind: str = "whole"
     reason: str = ""
-
-    @property
-    def width(self) -> int:
-        return self.heads * self.head_dim
-
-
-def _linear(m: Any) -> bool:
-    import torch
-
-    return isinstance(m, torch.nn.Linear)
 
 
 def attention_unit(path: str, module: Any) -> AttentionUnit | None:
-    """The attention unit ``module`` is, or None when it is no attention module ptopt knows."""
+    """The unit ``module`` is when it must be kept whole, else None."""
     import torch
 
     if isinstance(module, torch.nn.MultiheadAttention):
         return AttentionUnit(
             path,
-            "whole",
             reason="nn.MultiheadAttention derives head_dim from embed_dim, the width of its input: "
             "its heads cannot be removed without changing the model's hidden size",
         )
-    names = ("query", "key", "value", "num_attention_heads", "attention_head_size", "all_head_size")
-    if all(hasattr(module, n) for n in names) and all(_linear(getattr(module, n)) for n in names[:3]):
-        heads, hd = int(module.num_attention_heads), int(module.attention_head_size)
-        if any(getattr(module, n).out_features != heads * hd for n in names[:3]):
-            return None
-        qkv = tuple(f"{path}.{n}" if path else n for n in names[:3])
-        return AttentionUnit(path, "hf", heads, hd, qkv, tuple((n, 0) for n in qkv))
-    return _timm_unit(path, module)
+    return None
 
 
-def _timm_unit(path: str, module: Any) -> AttentionUnit | None:
-    import torch
-
-    names = ("qkv", "proj", "num_heads", "head_dim")
-    if not all(hasattr(module, n) for n in names) or not (_linear(module.qkv) and _linear(module.proj)):
-        return None
-    heads, hd = int(module.num_heads), int(module.head_dim)
-    width = heads * hd
-    if module.qkv.out_features != 3 * width or module.proj.in_features != width:
-        return None
-    full = f"{path}." if path else ""
-    whole = None
-    if not hasattr(module, "attn_dim"):
-        whole = "its forward reshapes the heads back to the input width"
-    elif getattr(module, "gate", None) is not None or not isinstance(
-        getattr(module, "norm", torch.nn.Identity()), torch.nn.Identity
-    ):
-        whole = "it has a gate or a norm over all heads"
-    if whole:
-        return AttentionUnit(path, "whole", reason=whole)
-    qkv = full + "qkv"
-    rows = ((qkv, 0), (qkv, width), (qkv, 2 * width))
-    return AttentionUnit(path, "timm", heads, hd, (qkv,), rows, output=full + "proj")
-
-
-def set_count(module: Any, kind: str, count: int) -> None:
-    """After pruning: ``module`` (an attention unit of ``kind``) now has ``count`` heads."""
-    if kind == "hf":
-        module.num_attention_heads = count
-        module.all_head_size = count * module.attention_head_size
-    elif kind == "timm":
-        module.num_heads = count
-        module.attn_dim = count * module.head_dim
-    else:
-        raise ValueError(f"unknown attention kind {kind!r}")
+def follow_heads(modules: dict[str, Any], splits: list[tuple[str, int, int, int]]) -> list[str]:
+    """Set the head-count / width attributes of each module in ``splits`` (``(module path, stride,
+    old count, new count)``: the module split channels into ``old count`` blocks of ``stride``, and
+    ``new count`` are left). Returns what was changed (``path.attr: old → new``), for the report."""
+    changes: dict[tuple[str, str], tuple[int, int]] = {}
+    conflicts: set[tuple[str, str]] = set()
+    for path, stride, old, new in splits:
+        mod = modules.get(path)
+        if mod is None or old == new:
+            continue
+        for attr in (*HEAD_ATTRS, *WIDTH_ATTRS):
+            value = getattr(mod, attr, None)
+            if not isinstance(value, int) or isinstance(value, bool):
+                continue
+            if attr in HEAD_ATTRS and value != old:
+                continue
+            if attr in WIDTH_ATTRS and (value % old or value < old * stride // 4):
+                continue  # a width is heads x (a per-head width: q/k and v may differ, as in LeViT)
+            key, change = (path, attr), (value, value // old * new)
+            if key in changes and changes[key] != change:
+                conflicts.add(key)
+            changes[key] = change
+    done = []
+    for (path, attr), (before, after) in changes.items():
+        if (path, attr) not in conflicts:
+            setattr(modules[path], attr, after)
+            done.append(f"{path}.{attr}: {before} → {after}" if path else f"{attr}: {before} → {after}")
+    return done

@@ -1,22 +1,17 @@
 """Structured pruning: remove whole output channels and rewrite the model so it is physically smaller.
 
-The channel dependencies are read from the model's own graph (``torch.fx`` trace + shape
-propagation), not from per-architecture code:
+The channel dependencies are read from the model's own graph (``ptopt.compress.prune.channel_graph``:
+torch.fx first, torch.export's ATen graph when fx cannot trace the model or sees less), not from
+per-architecture code: a conv / linear produces channels, the layers reading them lose the matching
+inputs, norms their entries; residual adds and gates tie channels into one group with one ranking;
+flatten / view fold channels into features; attention heads and GroupNorm / conv groups go whole;
+channels that reach the model output, meet a tensor no layer made, or reach an op the rules do not
+follow are kept (named) and the rest is pruned. Every group keeps at least one unit.
 
-- a conv (groups=1) or linear *produces* a new channel space (its output channels);
-- the next conv / linear *consumes* it (input slice), BatchNorm / LayerNorm slice their parameters;
-- a depthwise conv (groups = channels) keeps the channel space: it is pruned with its producer;
-- ``a + b`` (and other elementwise ops) joins the channel spaces of a and b: they are pruned together,
-  as one group with one shared ranking (residual connections);
-- flatten / view folds channels into features: the following linear's inputs are expanded
-  (channel c → features c·S … c·S+S-1);
-- channels that reach the model's output (classifier outputs) or the input, or meet a parameter
-  directly, or are concatenated, are never pruned.
-
-An op the analysis does not know that touches prunable channels is an error naming the op and the
-layer: the user can ``--exclude`` that layer. Every group keeps at least one channel.
-
-The analysis is ``ptopt.compress.prune.channel_graph``; this module ranks channels and rewrites the layers.
+This module ranks each group's units (L1 / L2 norm of the rows that produce them), cuts every
+dimension that holds them, sets the head counts that follow (``attention.follow_heads``), and checks
+the result: the pruned model must compute what the unpruned one computes with the removed channels
+zeroed where layers read them (exact wherever no LayerNorm normalises over pruned channels).
 """
 
 from __future__ import annotations
@@ -26,7 +21,8 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from ptopt.compress.prune.channel_graph import _CONV_TYPES, ChannelGraph, ChannelGroup
+from ptopt.compress.prune import layers as L
+from ptopt.compress.prune.channel_graph import ChannelGraph, ChannelGroup
 from ptopt.compress.prune.config import PruneWarning, StructuredPruneConfig, matches
 from ptopt.compress.prune.registry import register_pruner
 from ptopt.core.errors import UnsupportedModelError
@@ -34,85 +30,9 @@ from ptopt.core.errors import UnsupportedModelError
 # -- pruning ---------------------------------------------------------------------------------------
 
 #: which graph the channel analysis reads: ``auto`` tries torch.fx first (milliseconds) and falls
-#: back to torch.export's ATen graph (seconds) when fx cannot trace the model or meets an op it does
-#: not know; ``fx`` / ``export`` force one
+#: back to torch.export's ATen graph (seconds) when fx cannot trace the model or sees fewer
+#: prunable groups; ``fx`` / ``export`` force one
 GRAPHS = ("auto", "fx", "export")
-
-
-def channel_importance(modules: dict[str, Any], group: ChannelGroup, criterion: str = "l1") -> Any:
-    """One score per channel of the group: the sum over its producing rows (every ``out`` use: a
-    layer's filters, or the q, k and v rows of a fused projection) of each row's L1 or L2 norm."""
-    import torch
-
-    score = torch.zeros(group.size)
-    for name, role, _, offset in group.users:
-        if role != "out":
-            continue
-        w = modules[name].weight.detach()[offset : offset + group.size].flatten(1)
-        score += w.abs().sum(1) if criterion == "l1" else w.pow(2).sum(1).sqrt()
-    return score
-
-
-def _expand(keep: Any, inner: int) -> Any:
-    import torch
-
-    if inner == 1:
-        return keep
-    return (keep[:, None] * inner + torch.arange(inner)[None, :]).flatten()
-
-
-def _slice_param(mod: Any, attr: str, dim: int, idx: Any) -> None:
-    import torch
-
-    t = getattr(mod, attr, None)
-    if t is None:
-        return
-    new = t.detach().index_select(dim, idx).clone()
-    if isinstance(t, torch.nn.Parameter):
-        setattr(mod, attr, torch.nn.Parameter(new, requires_grad=t.requires_grad))
-    else:
-        setattr(mod, attr, new)
-
-
-def _dim_size(mod: Any, role: str) -> int:
-    """Length of the dimension ``role`` slices (before slicing)."""
-    if role == "in":
-        return mod.weight.shape[1]
-    t = mod.weight if getattr(mod, "weight", None) is not None else mod.running_mean
-    return t.shape[0]
-
-
-def _apply(mod: Any, role: str, idx: Any) -> None:
-    kind = type(mod).__name__
-    if role == "out":
-        _slice_param(mod, "weight", 0, idx)
-        _slice_param(mod, "bias", 0, idx)
-        if kind == "Linear":
-            mod.out_features = len(idx)
-        else:
-            mod.out_channels = len(idx)
-    elif role == "in":
-        _slice_param(mod, "weight", 1, idx)
-        if kind == "Linear":
-            mod.in_features = len(idx)
-        else:
-            mod.in_channels = len(idx)
-    elif role in ("depthwise", "grouped"):
-        per_group = mod.in_channels // mod.groups
-        _slice_param(mod, "weight", 0, idx)
-        _slice_param(mod, "bias", 0, idx)
-        mod.in_channels = mod.out_channels = len(idx)
-        mod.groups = len(idx) // per_group
-    elif role == "norm":
-        for attr in ("weight", "bias", "running_mean", "running_var"):
-            _slice_param(mod, attr, 0, idx)
-        if kind == "LayerNorm":
-            mod.normalized_shape = (len(idx),)
-        elif kind == "GroupNorm":
-            mod.num_groups = len(idx) // (mod.num_channels // mod.num_groups)
-            mod.num_channels = len(idx)
-        else:
-            mod.num_features = len(idx)
 
 
 def analyse(
@@ -121,31 +41,34 @@ def analyse(
     exclude: Iterable[str] = (),
     prune_first_last: bool = False,
     graph: str = "auto",
+    whole: dict[str, str] | None = None,
 ) -> tuple[Any, list[ChannelGroup], dict[str, str]]:
     """(channel graph, its groups, default exclusions with their reasons) of ``model``.
 
-    ``graph="auto"``: the torch.fx analysis when it traces the model and knows every op; else the
-    ATen graph of ``torch.export`` (``ptopt.compress.prune.graph``), which also captures models fx
-    cannot trace and knows attention heads. An UnsupportedModelError names why neither works.
+    ``graph="auto"``: the torch.fx analysis when it traces the model and follows every op; else
+    (or when it finds nothing to prune) also the ATen graph of ``torch.export``
+    (``ptopt.compress.prune.graph``), and the one that can prune more layers. An
+    UnsupportedModelError names why neither works. ``whole``: module types kept whole (type name
+    -> why; ``"*"``: every module that splits channels into heads).
     """
     from ptopt.compress.prune.graph import ATenChannelGraph
 
     kinds = {"fx": [ChannelGraph], "export": [ATenChannelGraph], "auto": [ChannelGraph, ATenChannelGraph]}
     errors: list[UnsupportedModelError] = []
-    found = None
+    found: list[tuple[Any, list[ChannelGroup], dict[str, str]]] = []
     for cls in kinds[graph]:
         try:
             g = cls(model, example_inputs)
-            defaults = _default_excluded(g, prune_first_last)
-            excluded = {n for n in g.modules if matches(n, exclude)}
-            found = (g, g.groups(excluded | set(defaults), defaults), defaults)
         except UnsupportedModelError as e:
             errors.append(e)
             continue
-        if any(grp.prunable for grp in found[1]):
-            return found  # else the next graph may see more (fx sees a fused attention op as one module)
-    if found is not None:
-        return found
+        defaults = _default_excluded(g, prune_first_last)
+        excluded = {n for n in g.modules if matches(n, exclude)}
+        found.append((g, g.groups(excluded | set(defaults), defaults, whole or {}), defaults))
+        if _prunable_layers(found[-1][1]) and not g.kept_by_op:
+            break  # fx saw everything (and is ~10-100x faster than export)
+    if found:
+        return max(found, key=lambda f: _prunable_layers(f[1]))
     fx, ep = (getattr(e, "capture_reason", None) for e in (errors + errors)[:2])
     if len(errors) == 2 and fx and ep:
         raise UnsupportedModelError(
@@ -154,6 +77,10 @@ def analyse(
             "l1-unstructured and global pruning need no graph"
         )
     raise errors[-1]
+
+
+def _prunable_layers(groups: list[ChannelGroup]) -> int:
+    return len({n for g in groups if g.prunable for n in g.producers})
 
 
 def _default_excluded(graph: Any, prune_first_last: bool) -> dict[str, str]:
@@ -166,7 +93,7 @@ def _default_excluded(graph: Any, prune_first_last: bool) -> dict[str, str]:
     first = graph.producer_order[0] if executed[:1] == graph.producer_order[:1] else None
     if first is not None:
         defaults[first] = f"{first} is the first layer (excluded by default; --prune-first-last prunes it)"
-    linears = [n for n in graph.producer_order if type(graph.modules[n]).__name__ == "Linear"]
+    linears = [n for n in graph.producer_order if L.kind(graph.modules[n]) in ("linear", "conv1d_t")]
     if linears and linears[-1] != first:
         defaults[linears[-1]] = f"{linears[-1]} is the last linear (excluded by default)"
     return defaults
@@ -186,112 +113,206 @@ def structured_prune(
     """Remove ``amount`` of the output channels of every prunable group; returns (new model, report).
 
     ``amount`` is a fraction of ``base_channels[layer]`` (the channels before the first of several
-    gradual rounds) or of the current channels; attention heads and GroupNorm groups go whole. The
-    model is deep-copied; the result is the same module class with smaller layers (and fewer heads),
-    an ordinary dense nn.Module. ``graph``: see :data:`GRAPHS`.
+    gradual rounds) or of the current channels; attention heads and GroupNorm / conv groups go
+    whole. The model is deep-copied; the result is the same module class with smaller layers (and
+    fewer heads, its head-count attributes set), an ordinary dense nn.Module. ``graph``: see
+    :data:`GRAPHS`.
     """
+    settings = dict(criterion=criterion, exclude=exclude, prune_first_last=prune_first_last,
+                    base_channels=base_channels or {}, graph=graph)  # fmt: skip
+    whole: dict[str, str] = {}
+    for _ in range(MAX_RETRIES):
+        try:
+            return _prune_once(model, example_inputs, amount, whole, settings)
+        except _KeepWhole as e:
+            if e.cls in whole:
+                raise UnsupportedModelError(f"structured pruning: {e.reason}") from None
+            whole[e.cls] = e.reason
+    raise UnsupportedModelError(f"structured pruning: {len(whole)} module types do not run with fewer channels")
+
+
+#: prunings tried, each keeping one more module type whole (one whose forward cannot follow)
+MAX_RETRIES = 6
+
+
+class _KeepWhole(Exception):
+    """The pruned model does not run (or compute what it should) because modules of type ``cls``
+    read a size ptopt cannot change (``"*"``: some attention module): prune again keeping them."""
+
+    def __init__(self, cls: str, reason: str):
+        super().__init__(reason)
+        self.cls, self.reason = cls, reason
+
+
+def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str, str], settings: dict) -> Any:
     import torch
 
     from ptopt.core.inputspec import call_model
 
     model = copy.deepcopy(model).eval()
-    g, groups, defaults = analyse(model, example_inputs, exclude, prune_first_last, graph)
-    modules = g.modules
-    if not any(grp.prunable for grp in groups):
-        why = [
-            f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen
-        ]
-        why = why + list(g.notes) or [
-            "the model has no conv or linear layer whose outputs another layer reads"
-        ]
-        raise UnsupportedModelError(
-            "structured pruning found no layer whose output channels can be removed: "
-            + "; ".join(why)[:600]
-            + " (use --method global or l1-unstructured: they zero weights and need no graph)"
-        )
-    for note in g.notes:
-        warnings.warn(note, PruneWarning, stacklevel=2)
+    g, groups, defaults = analyse(
+        model, example_inputs, settings["exclude"], settings["prune_first_last"], settings["graph"], whole
+    )
+    _refuse_if_nothing(g, groups)
+    notes = [*g.notes, *(f"{cls} kept whole: {why}" for cls, why in whole.items()), *filter(None, [g.kept_note()])]
     with torch.no_grad():
         ref = call_model(model, example_inputs)
-    layers = _prune_groups(modules, groups, amount, criterion, base_channels)
+    keep = _choose(g, groups, amount, settings["criterion"], settings["base_channels"])
+    kept = _lookup(keep)
+    masks = _masks(g, kept)
+    before = L.output_channels(model)
+    with torch.no_grad():
+        _zero_inputs(g.modules, g.uses, masks)
+        masked = call_model(model, example_inputs)
+    _cut(g.modules, g.uses, masks)
+    heads = _follow_heads(g, kept)
     model = _runnable(model, g, example_inputs, ref)
+    exact = not any(grp.inexact and i in keep for i, grp in enumerate(g.all_groups))
+    if exact:
+        _check(model, example_inputs, masked, heads, g)
+    for note in notes:
+        warnings.warn(note, PruneWarning, stacklevel=3)
+    return model, _report(g, groups, defaults, before, heads, notes, exact)
+
+
+def _refuse_if_nothing(g: Any, groups: list[ChannelGroup]) -> None:
+    if any(grp.prunable for grp in groups):
+        return
+    why = [f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen]
+    why = why + list(g.notes) or ["the model has no conv or linear layer whose outputs another layer reads"]
+    raise UnsupportedModelError(
+        "structured pruning found no layer whose output channels can be removed: "
+        + "; ".join(why)[:600]
+        + " (use --method global or l1-unstructured: they zero weights and need no graph)"
+    )
+
+
+def _report(g: Any, groups, defaults, before, heads, notes, exact) -> dict[str, Any]:
     order = {n: i for i, n in enumerate(g.producer_order)}
+    layers = {}
+    for grp in groups:
+        for n in grp.producers:
+            layers[n] = {
+                "channels_before": before.get(n, 0),
+                "channels_after": L.out_size(g.modules[n]),
+                "group": grp.producers,
+                "kept_reason": "; ".join(grp.frozen) or None,
+            }
     layers = dict(sorted(layers.items(), key=lambda kv: order.get(kv[0], len(order))))
-    return model, {
+    return {
         "layers": layers,
         "default_excluded": list(defaults),
         "graph": g.kind,
-        "notes": list(g.notes),
+        "notes": notes,
+        "heads": heads,
+        "checked": exact,
         "groups": [
-            {"layers": grp.producers, "channels": grp.size, "kept_reason": "; ".join(grp.frozen) or None}
+            {"layers": grp.producers, "channels": grp.size, "units": grp.units,
+             "kept_reason": "; ".join(grp.frozen) or None}
             for grp in groups
             if grp.producers
         ],
     }
 
 
-def _keep(modules: dict[str, Any], g: ChannelGroup, amount: float, criterion: str, base: dict) -> Any:
-    """The channels of ``g`` to keep (whole blocks), or None when none go."""
+def _choose(g: Any, groups: list[ChannelGroup], amount: float, criterion: str, base: dict) -> dict[int, Any]:
+    """``group index -> kept units`` (sorted) of every group that loses some: the units with the
+    largest summed L1 / L2 norm of the rows that produce them."""
     import torch
 
-    # the group's size when the first round started: a producer's base output size, scaled to
-    # the part of its rows this group owns (a fused q/k/v projection owns a third per group)
-    start = max(base.get(n, _out_size(modules[n])) * g.size // _out_size(modules[n]) for n in g.producers)
-    blocks, base_blocks = g.size // g.block, max(1, start // g.block)
-    n_keep = min(blocks, max(1, base_blocks - int(round(amount * base_blocks))))
-    if n_keep >= blocks:
-        return None
-    score = channel_importance(modules, g, criterion).view(blocks, g.block).sum(1)
-    return _expand(torch.sort(torch.topk(score, n_keep).indices).values, g.block)
-
-
-def _prune_groups(
-    modules: dict[str, Any],
-    groups: list[ChannelGroup],
-    amount: float,
-    criterion: str,
-    base_channels: dict[str, int] | None,
-) -> dict[str, dict[str, Any]]:
-    """Rank each prunable group's channels and slice every layer that uses them (each layer's
-    dimension once, from the kept channels of every group with a part in it); returns the per-layer
-    table (channels before / after, the group, why a group was kept)."""
-    import torch
-
-    from ptopt.compress.prune.attention import set_count
-
-    layers: dict[str, dict[str, Any]] = {}
-    cuts: dict[tuple[str, str], list[tuple[int, int, int, Any]]] = {}
-    counts: list[tuple[ChannelGroup, int]] = []
-    for g in groups:
-        for n in g.producers:
-            layers[n] = {
-                "channels_before": _out_size(modules[n]),
-                "group": g.producers,
-                "kept_reason": "; ".join(g.frozen) or None,
-            }
-        keep = _keep(modules, g, amount, criterion, base_channels or {}) if g.prunable else None
-        if keep is None:
+    index = {id(grp): i for i, grp in enumerate(g.all_groups)}
+    scores = {index[id(grp)]: torch.zeros(grp.units) for grp in groups if grp.prunable}
+    for use in g.uses:
+        if use.role != "out":
             continue
-        counts.append((g, len(keep) // g.block))
-        for name, role, inner, offset in g.users:
-            cuts.setdefault((name, role), []).append((offset, inner, g.size, keep))
-    for (name, role), parts in cuts.items():
-        mask = torch.ones(_dim_size(modules[name], role), dtype=torch.bool)
-        for offset, inner, size, keep in parts:
-            mask[offset * inner : (offset + size) * inner] = False
-            mask[offset * inner + _expand(keep, inner)] = True
-        _apply(modules[name], role, mask.nonzero().flatten())
-    for g, count in counts:
-        for module, kind in g.updates:
-            set_count(modules[module], kind, count)
-    for n, row in layers.items():
-        row["channels_after"] = _out_size(modules[n])
-    return layers
+        grps, units = g.resolve(use)
+        mod = g.modules[use.module]
+        rows = mod.weight.detach().movedim(L.weight_dims(mod)[0], 0)[use.start : use.start + use.n].flatten(1)
+        norm = rows.abs().sum(1) if criterion == "l1" else rows.pow(2).sum(1)
+        for gi in set(grps.tolist()) & set(scores):
+            hit = grps == gi
+            scores[gi].index_add_(0, units[hit], norm[hit].float())
+    keep = {}
+    for grp in groups:
+        gi = index[id(grp)]
+        if gi not in scores:
+            continue
+        scale = max(base.get(n, L.out_size(g.modules[n])) / L.out_size(g.modules[n]) for n in grp.producers)
+        start = max(1, round(grp.units * scale))
+        n_keep = min(grp.units, max(1, start - int(round(amount * start))))
+        if n_keep < grp.units:
+            keep[gi] = torch.sort(torch.topk(scores[gi], n_keep).indices).values
+    return keep
+
+
+def _lookup(keep: dict[int, Any]) -> dict[int, Any]:
+    """``group index -> bool per unit`` (True: kept) for the groups that lose units."""
+    import torch
+
+    return {k: torch.zeros(int(v.max()) + 1, dtype=torch.bool).index_fill(0, v, True) for k, v in keep.items()}
+
+
+def _alive(g: Any, kept: dict[int, Any], use: Any) -> Any:
+    """Per position of ``use``: whether its channel stays."""
+    import torch
+
+    grps, units = g.resolve(use)
+    alive = torch.ones(use.n, dtype=torch.bool)
+    for gi, lookup in kept.items():
+        hit = grps == gi
+        if bool(hit.any()):
+            u = units[hit]
+            alive[hit] = (u < len(lookup)) & lookup[u.clamp(max=len(lookup) - 1)]
+    return alive
+
+
+def _masks(g: Any, kept: dict[int, Any]) -> dict[tuple, tuple[Any, Any]]:
+    """``use.key -> (mask of kept positions, role)`` for every dimension that loses positions."""
+    import torch
+
+    masks: dict[tuple, tuple[Any, Any]] = {}
+    for use in g.uses:
+        mod = g.modules[use.module]
+        if use.key not in masks:
+            masks[use.key] = (torch.ones(L.dim_size(mod, use.role, use.attr, use.axis), dtype=torch.bool), use.role)
+        masks[use.key][0][use.start : use.start + use.n] &= _alive(g, kept, use)
+    return {k: v for k, v in masks.items() if not bool(v[0].all())}
+
+
+def _zero_inputs(modules: dict[str, Any], uses: list, masks: dict[tuple, tuple[Any, Any]]) -> None:
+    """Zero the input columns that will go: the model then computes what the pruned one should."""
+    for (name, role, _, _), (mask, _) in masks.items():
+        if role == "in":
+            mod = modules[name]
+            w = mod.weight.data.movedim(L.weight_dims(mod)[1], 0)
+            w[~mask] = 0
+
+
+def _cut(modules: dict[str, Any], uses: list, masks: dict[tuple, tuple[Any, Any]]) -> None:
+    for (name, _, attr, axis), (mask, role) in masks.items():
+        L.cut(modules[name], role, mask.nonzero().flatten(), attr, axis)
+        mod = modules[name]
+        for cache in [a for a, v in vars(mod).items() if a.endswith("_cache") and isinstance(v, dict)]:
+            getattr(mod, cache).clear()  # timm LeViT caches its sliced attention biases per device
+
+
+def _follow_heads(g: Any, kept: dict[int, Any]) -> list[str]:
+    """The modules that split channels into heads: their head-count attributes follow."""
+    from ptopt.compress.prune.attention import follow_heads
+    from ptopt.compress.prune.channel_graph import Use
+    from ptopt.compress.prune.layout import plain
+
+    splits = []
+    for path, space, stride, count in g.head_splits:
+        alive = _alive(g, kept, Use(space, "", "", plain(0, stride * count), stride * count))
+        splits.append((path, stride, count, int(alive.view(count, stride).any(1).sum())))
+    return follow_heads(g.modules, splits)
 
 
 def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> Any:
     """The rewritten model, or its rewritten graph when the module's own forward cannot follow the
-    new sizes (hard-coded shapes); UnsupportedModelError when neither runs."""
+    new sizes (hard-coded shapes in the model's own code); ``_KeepWhole`` naming the module type
+    whose forward failed; UnsupportedModelError when nothing runs."""
     import torch
 
     from ptopt.core.inputspec import call_model
@@ -299,16 +320,65 @@ def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> Any:
     with torch.no_grad():
         try:
             out = call_model(model, example_inputs)
-        except Exception:  # noqa: BLE001 - e.g. a forward with hard-coded sizes
-            out = None
+        except Exception as e:  # noqa: BLE001 - e.g. a forward with hard-coded sizes
+            out, culprit = None, _culprit(model, e)
+            if culprit is not None:
+                raise _KeepWhole(type(culprit).__name__, f"its forward fails with fewer channels ({_first_line(e)})") from None
         if out is not None and _same_shapes(out, ref):
             return model
-        gm = graph.rewrite_flattens()
+        gm = graph.rewrite_flattens(model)
         try:
             call_model(gm, example_inputs)
         except Exception as e:  # noqa: BLE001
-            raise UnsupportedModelError(f"structured pruning: the pruned model does not run: {e}") from None
+            raise UnsupportedModelError(f"structured pruning: the pruned model does not run: {_first_line(e)}") from None
         return gm.eval()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _culprit(model: Any, error: BaseException) -> Any:
+    """The innermost module of ``model`` (not the model itself) whose ``forward`` the error passed
+    through, or None."""
+    # torch's own layers fail on the sizes they are given; the module that gave them is the one to keep
+    ours = {id(m) for m in model.modules() if m is not model and not type(m).__module__.startswith("torch.nn")}
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        this = tb.tb_frame.f_locals.get("self")
+        if id(this) in ours:
+            found = this
+        tb = tb.tb_next
+    return found
+
+
+def _check(model: Any, example_inputs: Any, masked: Any, heads: list[str], graph: Any) -> None:
+    """The pruned model computes what the unpruned one computed with the removed channels zeroed
+    where layers read them; else a head attribute was not followed: ``_KeepWhole("*")`` (keep
+    attention whole), or an error when heads were not involved."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+
+    with torch.no_grad():
+        out = call_model(model, example_inputs)
+    a = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    b = [t for t in torch.utils._pytree.tree_leaves(masked) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    for x, y in zip(a, b, strict=False):
+        scale = float(y.abs().max()) if y.numel() else 0.0
+        diff = float((x - y).abs().max()) if x.shape == y.shape else float("inf")
+        if diff > 1e-4 * max(scale, 1.0):
+            why = (f"the model with fewer heads does not compute what the original computes without them "
+                   f"(max difference {diff:.3g}; head attributes set: {', '.join(heads) or 'none'})")  # fmt: skip
+            if graph.head_splits:
+                raise _KeepWhole("*", why)
+            raise UnsupportedModelError(
+                "structured pruning: the rewritten model does not compute what the original computes "
+                f"without the removed channels (max difference {diff:.3g}): please report it, and --exclude "
+                "the layers around the difference"
+            )
 
 
 def _same_shapes(out: Any, ref: Any) -> bool:
@@ -322,17 +392,9 @@ def _same_shapes(out: Any, ref: Any) -> bool:
     return len(a) == len(b) and shapes[0] == shapes[1]
 
 
-def _out_size(mod: Any) -> int:
-    return mod.out_features if hasattr(mod, "out_features") else mod.out_channels
-
-
 def output_channels(model: Any) -> dict[str, int]:
     """Output channels / features of every conv and linear, by name."""
-    return {
-        n: _out_size(m)
-        for n, m in model.named_modules()
-        if type(m).__name__ in _CONV_TYPES or type(m).__name__ == "Linear"
-    }
+    return L.output_channels(model)
 
 
 @register_pruner(StructuredPruneConfig)
