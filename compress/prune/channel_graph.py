@@ -876,8 +876,36 @@ class ChannelGraph:
         if isinstance(info, list) and isinstance(node.args[1], int):
             return info[node.args[1]] if node.args[1] < len(info) else None
         if isinstance(info, _Info) and self._shape(src) is not None:
-            return self._unknown(node, "getitem")  # tensor indexing in fx: not followed
+            return self._basic_index(node, info, self._shape(src))
         return None
+
+    def _basic_index(self, node: Any, info: _Info, s: tuple) -> _Info | None:
+        """``x[:, 0]``, ``x[..., :n]``, ``x[:, None]`` (torch.fx): ints, slices, None and Ellipsis."""
+        idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+        if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx):
+            return self._unknown(node, "getitem")
+        named = sum(i is not None and i is not Ellipsis for i in idx)
+        if Ellipsis in idx:
+            at = idx.index(Ellipsis)
+            idx = idx[:at] + (slice(None),) * (len(s) - named) + idx[at + 1 :]
+        shape, d, cur = list(s), 0, info
+        for it in idx:
+            if it is None:
+                cur = _Info(cur.space, tuple(x.moved(x.dim + (x.dim >= d)) for x in cur.digits))
+                shape.insert(d, 1)
+                d += 1
+            elif isinstance(it, int):
+                i = it % shape[d]
+                cur = self._take(cur, d, i, i + 1, True, node.name)
+                shape.pop(d)
+            else:
+                lo, hi, step = it.indices(shape[d])
+                cur = self._take(cur, d, lo, max(lo, hi), False, node.name) if step == 1 else self._drop(cur, [d], node.name)
+                shape[d] = len(range(lo, hi, step))
+                d += 1
+            if cur is None:
+                return None
+        return cur
 
     def _h_index(self, node: Any) -> _Info | None:
         """``x[:, idx]`` (advanced indexing): fine along dims without channels."""
@@ -1160,7 +1188,8 @@ class ChannelGraph:
         for space, op, node in self.kept_by_op:
             root = self._find(space) if space not in self._parts else space
             for r in ([root] if root not in self._parts else [self._find(p) for p, _, _ in self._parts[root] if p is not None]):
-                if self._spaces[r].producers and r not in seen:
+                only_ops = all(why.startswith("channels reach") for why in self._spaces[r].frozen)
+                if self._spaces[r].producers and r not in seen and only_ops:
                     seen[r] = (op, node)
         if not seen:
             return None

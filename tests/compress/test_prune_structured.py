@@ -168,26 +168,36 @@ def test_cli_untraceable_model(cli, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_unresolvable_dependency_names_the_layer(cli, tmp_path):
+def test_cli_unknown_op_keeps_the_layer_and_prunes_the_rest(cli, tmp_path):
+    """Channels that reach an op the analysis does not follow (``channel_shuffle``) are kept, named
+    in a warning; the rest of the model is pruned."""
     ref = "tests.compress.prune_models:unresolvable"
     code, out, err = cli("prune", ref, "--method", "structured", "--amount", "0.5", "-o", tmp_path / "x.pt")
-    assert code == 2
-    assert "layer expand" in err and "'roll'" in err and "--exclude expand" in err
-    assert list(tmp_path.iterdir()) == []
-    code, out, err = cli(
-        "prune",
-        ref,
-        "--method",
-        "structured",
-        "--amount",
-        "0.5",
-        "--exclude",
-        "expand",
-        "-o",
-        tmp_path / "x.pt",
-    )
     assert code == 0, err
-    assert (tmp_path / "x.pt").is_file()
+    assert "warning: kept the output channels of 1 layer group(s)" in err and "expand: 'channel_shuffle'" in err
+    pruned = torch.jit.load(str(tmp_path / "x.pt"))
+    assert pruned.expand.weight.shape[0] == 16  # kept
+    assert pruned.conv.weight.shape[0] == 4 and pruned.fc1.weight.shape[0] == 8  # pruned
+
+
+def test_channels_an_op_mixes_are_kept_with_the_reason():
+    """A roll along the channels mixes them: the expand conv keeps its channels (the reason in the
+    report), the rest is pruned."""
+    model = prune_models.tiny_mobile()
+
+    class Rolled(type(model)):
+        def forward(self, x):
+            x = torch.nn.functional.relu6(self.bn0(self.stem(x)))
+            out = torch.roll(torch.nn.functional.relu6(self.bn1(self.expand(x))), 1, dims=1)
+            out = torch.nn.functional.relu6(self.bn2(self.depthwise(out)))
+            x = x + self.bn3(self.project(out))
+            x = torch.nn.functional.relu(self.bn4(self.conv(x)))
+            return self.fc2(torch.nn.functional.relu(self.fc1(torch.flatten(x, 1))))
+
+    model.__class__ = Rolled
+    pruned, report = structured_prune(model, model.example_inputs(), 0.5)
+    assert pruned.expand.out_channels == 16 and "mixed at roll" in report["layers"]["expand"]["kept_reason"]
+    assert pruned.conv.out_channels == 4
 
 
 def test_cli_exclude_matching_nothing_is_a_warning(cli, tmp_path):

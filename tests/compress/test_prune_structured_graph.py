@@ -26,7 +26,7 @@ def _needs(module: str) -> None:
 
 def _partition(model, x, graph):
     _, groups, _ = analyse(model, x, prune_first_last=True, graph=graph)
-    return sorted((tuple(sorted(g.producers)), g.size, g.block, g.prunable) for g in groups if g.producers)
+    return sorted((tuple(sorted(g.producers)), g.size, g.units, g.prunable) for g in groups if g.producers)
 
 
 @pytest.mark.parametrize(
