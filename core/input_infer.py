@@ -1,8 +1,8 @@
 """What a model takes when nobody said: its declared inputs, integer (token id) inputs, a suggested shape.
 
 - :func:`declared_inputs`: a model's own ``example_inputs()``; :func:`implied_inputs`: for a
-  Hugging Face model, its ``dummy_inputs`` sized by its config (``max_position_embeddings`` for
-  the sequence, ``vocab_size`` for the id range), when nothing else is known.
+  Hugging Face model, its main input sized by its config (images of ``image_size``, a second of
+  audio, token ids within the position table and ``vocab_size``), when nothing else is known.
 - :func:`embedding_inputs`: which inputs feed an ``nn.Embedding`` unchanged (so they are token ids,
   not floats), found by running the model once at batch 1 with forward pre-hooks on its embeddings.
 - :func:`suggest_input_shapes`: when nothing is known, an ``--input-shape`` built from the first
@@ -51,24 +51,54 @@ def _hf_config_int(config: Any, *names: str) -> int | None:
 
 
 def hf_inputs(module: Any) -> tuple[list[InputSpec], str]:
-    """Keyword specs of a Hugging Face ``PreTrainedModel`` from ``dummy_inputs`` and its config.
+    """Keyword specs of a Hugging Face ``PreTrainedModel`` from its main input and its config.
 
-    Token inputs get ``min(128, max_position_embeddings)`` positions and ids in ``[0, vocab_size)``;
-    other inputs (``pixel_values``) keep the dummy's shape. The batch is dynamic in [1, 64].
+    ``pixel_values``: ``1 x num_channels x image_size x image_size`` floats; ``input_values`` (audio):
+    one second at 16 kHz; token inputs (``dummy_inputs``): as many positions as the position table
+    holds past its padding offset (RoBERTa's start at ``padding_idx + 1``), at most 128, ids in
+    ``[0, vocab_size)``, token types in ``[0, type_vocab_size)``. Another main input (``input_features``,
+    ...) gives no specs: the caller asks for them. The batch is dynamic in [1, 64].
     """
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return [], "positional"
+    main = getattr(module, "main_input_name", "input_ids")
+    if main == "pixel_values":
+        side = getattr(config, "image_size", DEFAULT_IMAGE)
+        h, w = (side, side) if isinstance(side, int) else tuple(side)[:2]
+        spec = InputSpec.static(main, (1, _hf_config_int(config, "num_channels") or 3, h, w), "float32")
+        return [spec.with_batch(1, 1, DEFAULT_MAX_BATCH)], "keyword"
+    if main == "input_values":
+        spec = InputSpec.static(main, (1, AUDIO_SAMPLES), "float32")
+        return [spec.with_batch(1, 1, DEFAULT_MAX_BATCH)], "keyword"
+    if main != "input_ids":
+        return [], "positional"
+    return _token_inputs(module, config)
+
+
+#: audio samples of a guessed ``input_values``: one second at 16 kHz, the rate speech models use
+AUDIO_SAMPLES = 16000
+
+
+def _token_inputs(module: Any, config: Any) -> tuple[list[InputSpec], str]:
     import torch
 
-    config = getattr(module, "config", None)
-    if config is None or not hasattr(module, "dummy_inputs"):
-        return [], "positional"
     try:
         dummy = module.dummy_inputs
     except Exception:  # noqa: BLE001 - a model's own property may fail in many ways; then say nothing
         return [], "positional"
     if not isinstance(dummy, dict) or not all(isinstance(t, torch.Tensor) for t in dummy.values()):
         return [], "positional"
-    seq = min(DEFAULT_SEQ, _hf_config_int(config, "max_position_embeddings", "n_positions") or DEFAULT_SEQ)
-    vocab = _hf_config_int(config, "vocab_size")
+    try:
+        takes = set(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        takes = set(dummy)
+    dummy = {k: v for k, v in dummy.items() if k in takes}  # T5's encoder takes no decoder ids
+    seq = min(DEFAULT_SEQ, max(1, _positions(module, config)))
+    ranges = {
+        "input_ids": _hf_config_int(config, "vocab_size"),
+        "token_type_ids": _hf_config_int(config, "type_vocab_size"),
+    }
     specs = []
     for name, t in dummy.items():
         dtype = str(t.dtype).replace("torch.", "")
@@ -76,10 +106,23 @@ def hf_inputs(module: Any) -> tuple[list[InputSpec], str]:
         vr = None
         if not t.is_floating_point() and t.dim() == 2:
             shape = (1, seq)
-            vr = (0, vocab) if vocab and name.endswith("input_ids") else (int(t.min()), int(t.max()) + 1)
+            top = next((v for k, v in ranges.items() if name.endswith(k) and v), None)
+            vr = (0, top) if top else (int(t.min()), int(t.max()) + 1)
         spec = InputSpec.static(name, (1, *shape[1:]), dtype, value_range=vr)
         specs.append(spec.with_batch(1, 1, DEFAULT_MAX_BATCH))
     return specs, "keyword"
+
+
+def _positions(module: Any, config: Any) -> int:
+    """How many tokens the position table takes: its size, less the offset where positions start
+    (RoBERTa-style tables count from ``padding_idx + 1``)."""
+    from torch import nn
+
+    size = _hf_config_int(config, "max_position_embeddings", "n_positions") or DEFAULT_SEQ
+    for name, m in module.named_modules():
+        if isinstance(m, nn.Embedding) and "position" in name and m.padding_idx is not None:
+            return min(size, m.num_embeddings) - (m.padding_idx + 1)
+    return size
 
 
 def _embeddings(module: Any) -> list[Any]:

@@ -41,6 +41,7 @@ from ptopt.compress.prune.config import (
     PruneWarning,
     unmatched_patterns,
 )
+from ptopt.compress.prune.hf_config import is_hf_model, no_cache
 from ptopt.compress.prune.table import config_class, make_pruner
 from ptopt.compress.prune.table import options as _options
 from ptopt.compress.stage import (
@@ -57,6 +58,7 @@ from ptopt.compress.stage import (
 from ptopt.core import progress as _progress
 from ptopt.core.config import reconcile
 from ptopt.core.errors import UsageError
+from ptopt.core.result import Result
 
 #: the options of ``ptopt prune`` (``ptopt.compress.prune.table.options``)
 OPTIONS = _options()
@@ -146,18 +148,27 @@ def prune(
     """
     config, tune = resolve_config(method, config, {"amount": amount, **options})
     teacher, epochs = tune.options.teacher, tune.options.epochs
-    check_output(output, OUTPUT_FORMATS)
+    folder = _check_output(output)
     plan = _fine_tune_plan(fine_tune_data, tune)
     why = "pruning rewrites an eager nn.Module, and a {format} model cannot be rewritten"
     loaded = load_eager(model, weights, allow_pickle, "pruning", why=why)
-    ft, ev, example = _prepare_data(loaded, plan, eval_data, input_shapes)
-    plan = dataclasses.replace(plan, data=ft, teacher=_teacher(teacher, loaded.module))
-    for pattern in unmatched_patterns(loaded.module, config.exclude):
-        warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
-    pruner = make_pruner(config, loaded.module, example)
-    work, report, history = _run_rounds(pruner, config, loaded.module, plan, ev, progress)
-    metrics = _measure(loaded.module, work, report, ev)
-    metrics["vs_source"] = _vs_source(loaded.module, work, ev or plan.data, example)
+    if folder and not is_hf_model(loaded.module):
+        raise UsageError(_NOT_HF.format(output=output, ref=loaded.ref))
+    use_cache = getattr(getattr(loaded.module, "config", None), "use_cache", None)
+    with no_cache(loaded.module):
+        ft, ev, example = _prepare_data(loaded, plan, eval_data, input_shapes)
+        plan = dataclasses.replace(plan, data=ft, teacher=_teacher(teacher, loaded.module))
+        for pattern in unmatched_patterns(loaded.module, config.exclude):
+            warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
+        pruner = make_pruner(config, loaded.module, example)
+        if folder and hasattr(pruner, "describable"):
+            pruner.describable = True  # the config must say the new sizes: from_pretrained rebuilds from it
+        work, report, history = _run_rounds(pruner, config, loaded.module, plan, ev, progress)
+        if use_cache:  # a causal LM generates with its cache again (pruning ran without it)
+            work.config.use_cache = use_cache
+        with no_cache(work):
+            metrics = _measure(loaded.module, work, report, ev)
+            metrics["vs_source"] = _vs_source(loaded.module, work, ev or plan.data, example)
     record = config.to_dict() | {
         "fine_tune_data": ref_name(fine_tune_data),
         "eval_data": ref_name(eval_data),
@@ -171,6 +182,27 @@ def prune(
     extra.update(method=config_method(config), fine_tune_history=history)
     result = _build_result(loaded, work, example, pruner.precision, record, metrics, extra)
     return finish(result, output)
+
+
+_NOT_HF = (
+    "output {output}: a folder is written for Hugging Face models (save_pretrained); "
+    "{ref} is not one: use .pt (TorchScript) or .pt2 (ExportedProgram)"
+)
+
+
+def _check_output(output: Any) -> bool:
+    """Refuse a bad output before any work; True when it names a folder (a Hugging Face model's)."""
+    from pathlib import Path
+
+    from ptopt.core.result import check_folder_output
+
+    if output is None or Path(output).suffix.lower() in OUTPUT_FORMATS:
+        check_output(output, OUTPUT_FORMATS)
+        return False
+    if Path(output).suffix:
+        check_output(output, OUTPUT_FORMATS)  # refuses the unknown suffix, naming .pt and .pt2
+    check_folder_output(Path(output), "hf")
+    return True
 
 
 # -- the steps -------------------------------------------------------------------------------------------
@@ -339,7 +371,6 @@ def _build_result(
     import functools
 
     from ptopt.core.artifact import Artifact
-    from ptopt.core.result import Result
 
     template = Artifact(
         path=UNSAVED,
@@ -352,16 +383,36 @@ def _build_result(
         metrics=metrics,
         extra=extra,
     )
-    writer = functools.partial(_write, work, example, list(loaded.input_specs), loaded.input_style)
+    writer = functools.partial(
+        _write, work, example, list(loaded.input_specs), loaded.input_style, loaded.info.get("hf_dir")
+    )
     sources = input_files(
         loaded.path, loaded.info.get("weights"), record["fine_tune_data"], record["eval_data"]
     )
-    return Result(work, template, writer, inputs_paths=sources, suffixes=tuple(OUTPUT_FORMATS))
+    return _PruneResult(work, template, writer, inputs_paths=sources, suffixes=tuple(OUTPUT_FORMATS))
 
 
-def _write(model: Any, example: Any, specs: list[Any], style: str, path: Any) -> dict[str, Any]:
-    """The Result's writer: the format follows ``path``'s suffix."""
-    return save_dense(model, example, path, output_format(path), specs, style)
+class _PruneResult(Result):
+    """A pruned model: a file (``.pt`` / ``.pt2``) or, for a Hugging Face model, a folder."""
+
+    def save(self, path: Any) -> Any:
+        self.folder = _check_output(path)
+        if self.folder and not is_hf_model(self.model):
+            raise UsageError(_NOT_HF.format(output=path, ref=type(self.model).__name__))
+        self.template = dataclasses.replace(
+            self.template, format="hf" if self.folder else output_format(path)
+        )
+        return super().save(path)
+
+
+def _write(model: Any, example: Any, specs: list[Any], style: str, hf_dir: Any, path: Any) -> dict[str, Any]:
+    """The Result's writer: the format follows ``path``'s suffix (none: a Hugging Face folder)."""
+    from ptopt.compress.prune.hf_config import write_folder
+
+    if path.suffix.lower() not in OUTPUT_FORMATS:
+        return write_folder(model, path, hf_dir, example)  # config.json keeps the model's use_cache
+    with no_cache(model):
+        return save_dense(model, example, path, output_format(path), specs, style)
 
 
 def _teacher(teacher: Any, module: Any) -> Any:

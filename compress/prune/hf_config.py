@@ -34,7 +34,10 @@ def pruned_config(
     new count) of every split into heads; ``layers``: output channels (before, after) per layer."""
     config = copy.deepcopy(model.config)
     blockers: list[str] = []
-    for keys, counts in ((HEAD_KEYS + KV_KEYS, {(old, new) for _, old, new in heads}), (FFN_KEYS, set(layers.values()))):
+    for keys, counts in (
+        (HEAD_KEYS + KV_KEYS, {(old, new) for _, old, new in heads}),
+        (FFN_KEYS, set(layers.values())),
+    ):
         for key in keys:
             old = _value(config, key)
             if old is None:
@@ -81,3 +84,79 @@ def mismatches(model: Any, config: Any) -> list[str]:
 def describes(model: Any) -> bool:
     """Whether ``model.config`` builds a model of ``model``'s shapes."""
     return is_hf_model(model) and not mismatches(model, model.config)
+
+
+def apply_config(model: Any, config: Any) -> list[str]:
+    """Set on ``model.config`` (the object its modules share) every key ``config`` changed; returns
+    ``key: old → new`` for the report."""
+    changed = []
+    old = model.config.to_dict()
+    for key, value in config.to_dict().items():
+        if key in old and old[key] != value and isinstance(value, (int, type(None))):
+            setattr(model.config, key, value)
+            changed.append(f"{key}: {old[key]} → {value}")
+    if getattr(config, "head_dim", None) is not None and getattr(model.config, "head_dim", None) is None:
+        model.config.head_dim = config.head_dim
+        changed.append(f"head_dim: set to {config.head_dim}")
+    return changed
+
+
+class no_cache:
+    """Run a Hugging Face causal LM without its key/value cache (``config.use_cache = False``): the
+    graph and every comparison see tensors, not a cache object. Restored on exit."""
+
+    def __init__(self, model: Any):
+        self.config = getattr(model, "config", None)
+        self.before = getattr(self.config, "use_cache", None)
+
+    def __enter__(self) -> None:
+        if self.before:
+            self.config.use_cache = False
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.before:
+            self.config.use_cache = self.before
+
+
+def write_folder(model: Any, folder: Any, source_dir: Any, example: Any) -> dict[str, Any]:
+    """``save_pretrained`` of the pruned model into ``folder`` with the source folder's tokenizer and
+    generation files; reloaded with ``from_pretrained`` and run on ``example`` to check that it is the
+    same model. Returns the writer's facts."""
+    import torch
+
+    from ptopt.core.errors import UnsupportedModelError
+    from ptopt.core.inputspec import call_model
+    from ptopt.core.quiet import quiet_imports
+    from ptopt.formats.hf import copy_companions
+
+    bad = mismatches(model, model.config)
+    if bad:
+        raise UnsupportedModelError(
+            f"the pruned model cannot be written as a Hugging Face folder: its config cannot describe it "
+            f"({'; '.join(bad[:2])}); write .pt or .pt2, or prune with the output folder given up front "
+            "(ptopt then keeps what the config cannot say)"
+        )
+    with quiet_imports():
+        model.save_pretrained(str(folder), safe_serialization=True)
+        back = type(model).from_pretrained(str(folder)).eval()
+    files = copy_companions(source_dir, folder)
+    with torch.no_grad(), no_cache(model), no_cache(back):
+        a, b = _logits(call_model(model, example)), _logits(call_model(back, example))
+    if a is not None and b is not None and not torch.allclose(a, b, atol=1e-5, rtol=1e-4):
+        raise UnsupportedModelError(
+            f"the Hugging Face folder {folder.name} does not load back as the pruned model "
+            f"(max difference {float((a - b).abs().max()):.3g})"
+        )
+    return {"files": files, "format": "hf"}
+
+
+def _logits(out: Any) -> Any:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state"):
+        value = getattr(out, key, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    return None

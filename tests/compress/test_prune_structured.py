@@ -174,7 +174,9 @@ def test_cli_unknown_op_keeps_the_layer_and_prunes_the_rest(cli, tmp_path):
     ref = "tests.compress.prune_models:unresolvable"
     code, out, err = cli("prune", ref, "--method", "structured", "--amount", "0.5", "-o", tmp_path / "x.pt")
     assert code == 0, err
-    assert "warning: kept the output channels of 1 layer group(s)" in err and "expand: 'channel_shuffle'" in err
+    assert (
+        "warning: kept the output channels of 1 layer group(s)" in err and "expand: 'channel_shuffle'" in err
+    )
     pruned = torch.jit.load(str(tmp_path / "x.pt"))
     assert pruned.expand.weight.shape[0] == 16  # kept
     assert pruned.conv.weight.shape[0] == 4 and pruned.fc1.weight.shape[0] == 8  # pruned

@@ -109,26 +109,33 @@ def structured_prune(
     prune_first_last: bool = False,
     base_channels: dict[str, int] | None = None,
     graph: str = "auto",
+    describable: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Remove ``amount`` of the output channels of every prunable group; returns (new model, report).
 
     ``amount`` is a fraction of ``base_channels[layer]`` (the channels before the first of several
     gradual rounds) or of the current channels; attention heads and GroupNorm / conv groups go
     whole. The model is deep-copied; the result is the same module class with smaller layers (and
-    fewer heads, its head-count attributes set), an ordinary dense nn.Module. ``graph``: see
-    :data:`GRAPHS`.
+    fewer heads, its head-count attributes set), an ordinary dense nn.Module; a Hugging Face
+    model's config says its new sizes when it can (``describable``: it must, see ``_hf_config``).
+    ``graph``: see :data:`GRAPHS`. A causal LM runs without its key/value cache meanwhile.
     """
     settings = dict(criterion=criterion, exclude=exclude, prune_first_last=prune_first_last,
-                    base_channels=base_channels or {}, graph=graph)  # fmt: skip
+                    base_channels=base_channels or {}, graph=graph, describable=describable)  # fmt: skip
     whole: dict[str, str] = {}
+    from ptopt.compress.prune.hf_config import no_cache
+
     for _ in range(MAX_RETRIES):
         try:
-            return _prune_once(model, example_inputs, amount, whole, settings)
+            with no_cache(model):
+                return _prune_once(model, example_inputs, amount, whole, settings)
         except _KeepWhole as e:
             if e.cls in whole:
                 raise UnsupportedModelError(f"structured pruning: {e.reason}") from None
             whole[e.cls] = e.reason
-    raise UnsupportedModelError(f"structured pruning: {len(whole)} module types do not run with fewer channels")
+    raise UnsupportedModelError(
+        f"structured pruning: {len(whole)} module types do not run with fewer channels"
+    )
 
 
 #: prunings tried, each keeping one more module type whole (one whose forward cannot follow)
@@ -149,12 +156,17 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
 
     from ptopt.core.inputspec import call_model
 
+    cache = getattr(getattr(model, "config", None), "use_cache", None)
     model = copy.deepcopy(model).eval()
     g, groups, defaults = analyse(
         model, example_inputs, settings["exclude"], settings["prune_first_last"], settings["graph"], whole
     )
     _refuse_if_nothing(g, groups)
-    notes = [*g.notes, *(f"{cls} kept whole: {why}" for cls, why in whole.items()), *filter(None, [g.kept_note()])]
+    notes = [
+        *g.notes,
+        *(f"{cls} kept whole: {why}" for cls, why in whole.items()),
+        *filter(None, [g.kept_note()]),
+    ]
     with torch.no_grad():
         ref = call_model(model, example_inputs)
     keep = _choose(g, groups, amount, settings["criterion"], settings["base_channels"])
@@ -165,14 +177,40 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
         _zero_inputs(g.modules, g.uses, masks)
         masked = call_model(model, example_inputs)
     _cut(g.modules, g.uses, masks)
-    heads = _follow_heads(g, kept)
+    heads, splits = _follow_heads(g, kept)
+    heads += _hf_config(model, splits, before, settings.get("describable", False))
     model = _runnable(model, g, example_inputs, ref)
     exact = not any(grp.inexact and i in keep for i, grp in enumerate(g.all_groups))
     if exact:
         _check(model, example_inputs, masked, heads, g)
     for note in notes:
         warnings.warn(note, PruneWarning, stacklevel=3)
+    if cache:  # the copy was made without the cache (``no_cache``): it generates with it again
+        model.config.use_cache = cache
     return model, _report(g, groups, defaults, before, heads, notes, exact)
+
+
+def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bool) -> list[str]:
+    """A Hugging Face model's config says its new sizes (head counts, FFN width) when it can; with
+    ``describable`` (the output is a Hugging Face folder) a config that cannot say fewer heads
+    (``hidden_size / num_attention_heads`` as the head size) keeps the heads (the rest is pruned),
+    and anything else it cannot say is an error naming it."""
+    from ptopt.compress.prune import hf_config
+
+    if not hf_config.is_hf_model(model):
+        return []
+    sizes = {n: (b, L.out_size(m)) for n, m in model.named_modules() if n in before for b in [before[n]]}
+    config, blockers = hf_config.pruned_config(model, [(st, a, b) for _, st, a, b in splits], sizes)
+    if not blockers:
+        return [f"config.{c}" for c in hf_config.apply_config(model, config)]
+    if not describable:
+        return []
+    if any(a != b for _, _, a, b in splits):
+        raise _KeepWhole("*", f"{type(model.config).__name__} cannot describe fewer heads ({blockers[0]})")
+    raise UnsupportedModelError(
+        "structured pruning: the pruned model cannot be a Hugging Face folder: its config cannot say "
+        f"{'; '.join(blockers[:2])}; write .pt or .pt2 instead, or --exclude those layers"
+    )
 
 
 def _refuse_if_nothing(g: Any, groups: list[ChannelGroup]) -> None:
@@ -207,8 +245,12 @@ def _report(g: Any, groups, defaults, before, heads, notes, exact) -> dict[str, 
         "heads": heads,
         "checked": exact,
         "groups": [
-            {"layers": grp.producers, "channels": grp.size, "units": grp.units,
-             "kept_reason": "; ".join(grp.frozen) or None}
+            {
+                "layers": grp.producers,
+                "channels": grp.size,
+                "units": grp.units,
+                "kept_reason": "; ".join(grp.frozen) or None,
+            }
             for grp in groups
             if grp.producers
         ],
@@ -249,7 +291,9 @@ def _lookup(keep: dict[int, Any]) -> dict[int, Any]:
     """``group index -> bool per unit`` (True: kept) for the groups that lose units."""
     import torch
 
-    return {k: torch.zeros(int(v.max()) + 1, dtype=torch.bool).index_fill(0, v, True) for k, v in keep.items()}
+    return {
+        k: torch.zeros(int(v.max()) + 1, dtype=torch.bool).index_fill(0, v, True) for k, v in keep.items()
+    }
 
 
 def _alive(g: Any, kept: dict[int, Any], use: Any) -> Any:
@@ -274,7 +318,10 @@ def _masks(g: Any, kept: dict[int, Any]) -> dict[tuple, tuple[Any, Any]]:
     for use in g.uses:
         mod = g.modules[use.module]
         if use.key not in masks:
-            masks[use.key] = (torch.ones(L.dim_size(mod, use.role, use.attr, use.axis), dtype=torch.bool), use.role)
+            masks[use.key] = (
+                torch.ones(L.dim_size(mod, use.role, use.attr, use.axis), dtype=torch.bool),
+                use.role,
+            )
         masks[use.key][0][use.start : use.start + use.n] &= _alive(g, kept, use)
     return {k: v for k, v in masks.items() if not bool(v[0].all())}
 
@@ -296,8 +343,9 @@ def _cut(modules: dict[str, Any], uses: list, masks: dict[tuple, tuple[Any, Any]
             getattr(mod, cache).clear()  # timm LeViT caches its sliced attention biases per device
 
 
-def _follow_heads(g: Any, kept: dict[int, Any]) -> list[str]:
-    """The modules that split channels into heads: their head-count attributes follow."""
+def _follow_heads(g: Any, kept: dict[int, Any]) -> tuple[list[str], list[tuple[str, int, int, int]]]:
+    """The modules that split channels into heads: their head-count attributes follow. Returns what
+    was set, and every split as (module, head size, heads before, heads after)."""
     from ptopt.compress.prune.attention import follow_heads
     from ptopt.compress.prune.channel_graph import Use
     from ptopt.compress.prune.layout import plain
@@ -306,7 +354,7 @@ def _follow_heads(g: Any, kept: dict[int, Any]) -> list[str]:
     for path, space, stride, count in g.head_splits:
         alive = _alive(g, kept, Use(space, "", "", plain(0, stride * count), stride * count))
         splits.append((path, stride, count, int(alive.view(count, stride).any(1).sum())))
-    return follow_heads(g.modules, splits)
+    return follow_heads(g.modules, splits), splits
 
 
 def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> Any:
@@ -323,14 +371,18 @@ def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> Any:
         except Exception as e:  # noqa: BLE001 - e.g. a forward with hard-coded sizes
             out, culprit = None, _culprit(model, e)
             if culprit is not None:
-                raise _KeepWhole(type(culprit).__name__, f"its forward fails with fewer channels ({_first_line(e)})") from None
+                raise _KeepWhole(
+                    type(culprit).__name__, f"its forward fails with fewer channels ({_first_line(e)})"
+                ) from None
         if out is not None and _same_shapes(out, ref):
             return model
         gm = graph.rewrite_flattens(model)
         try:
             call_model(gm, example_inputs)
         except Exception as e:  # noqa: BLE001
-            raise UnsupportedModelError(f"structured pruning: the pruned model does not run: {_first_line(e)}") from None
+            raise UnsupportedModelError(
+                f"structured pruning: the pruned model does not run: {_first_line(e)}"
+            ) from None
         return gm.eval()
 
 
@@ -343,7 +395,9 @@ def _culprit(model: Any, error: BaseException) -> Any:
     """The innermost module of ``model`` (not the model itself) whose ``forward`` the error passed
     through, or None."""
     # torch's own layers fail on the sizes they are given; the module that gave them is the one to keep
-    ours = {id(m) for m in model.modules() if m is not model and not type(m).__module__.startswith("torch.nn")}
+    ours = {
+        id(m) for m in model.modules() if m is not model and not type(m).__module__.startswith("torch.nn")
+    }
     found = None
     tb = error.__traceback__
     while tb is not None:
@@ -364,8 +418,16 @@ def _check(model: Any, example_inputs: Any, masked: Any, heads: list[str], graph
 
     with torch.no_grad():
         out = call_model(model, example_inputs)
-    a = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    b = [t for t in torch.utils._pytree.tree_leaves(masked) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    a = [
+        t
+        for t in torch.utils._pytree.tree_leaves(out)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+    b = [
+        t
+        for t in torch.utils._pytree.tree_leaves(masked)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
     for x, y in zip(a, b, strict=False):
         scale = float(y.abs().max()) if y.numel() else 0.0
         diff = float((x - y).abs().max()) if x.shape == y.shape else float("inf")
@@ -402,6 +464,8 @@ class StructuredPruner:
     """Each round removes channels down to ``(1 - amount_k)`` of the channels the model started with."""
 
     precision = "fp32"
+    #: the result must stay a Hugging Face model its config describes (the output is a folder)
+    describable = False
 
     def __init__(self, config: StructuredPruneConfig, model: Any, example_inputs: Any):
         self.config = config
@@ -419,6 +483,7 @@ class StructuredPruner:
             exclude=c.exclude,
             prune_first_last=c.prune_first_last,
             base_channels=self.base,
+            describable=self.describable,
         )
         return model
 
@@ -440,4 +505,7 @@ class StructuredPruner:
             "layers": rows,
             "groups": self.report.get("groups", []),
             "default_excluded": self.report.get("default_excluded", []),
+            "graph": self.report.get("graph"),
+            "heads": self.report.get("heads", []),
+            "checked_vs_masked": self.report.get("checked"),
         }
