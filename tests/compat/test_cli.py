@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import assert_refused
-
 pytestmark = pytest.mark.compat
 
 
@@ -54,26 +52,15 @@ def test_bert_structured_pruning_without_a_shape(cli, tmp_path):
     assert "64 → 32" in out and "128 → 90" in out  # 2 heads → 1; FFN neurons 128 → 90
 
 
-def test_gpt2_structured_pruning_refuses_in_one_line(cli, tmp_path):
+def test_gpt2_structured_pruning_through_conv1d(cli, tmp_path):
+    """GPT-2's layers are transformers' Conv1D (``addmm`` on a transposed weight, a fused q/k/v split
+    by ``split_size``): heads go whole (2 -> 1) and FFN neurons go."""
     _needs("transformers")
-    assert_refused(
-        cli,
-        "prune",
-        "tests.compat.models:gpt2",
-        "--method",
-        "structured",
-        "--amount",
-        "0.3",
-        "-o",
-        "g.pt",
-        match=("no layer whose output channels can be removed", "Conv1D layers", "use --method global"),
-        where=tmp_path,
-    )
-    # the way out it names, pasted
     code, out, err = cli(
-        "prune", "tests.compat.models:gpt2", "--method", "global", "--amount", "0.3", "-o", tmp_path / "g.pt"
+        "prune", "tests.compat.models:gpt2", "--method", "structured", "--amount", "0.3", "-o", tmp_path / "g.pt"
     )  # fmt: skip
     assert code == 0, err
+    assert "192 → 96" in out and "256 → 179" in out  # c_attn: 2 heads of q, k, v -> 1; c_fc
 
 
 def test_resnet_suggests_a_shape_in_a_fresh_process(run_ptopt, tmp_path):
