@@ -82,7 +82,11 @@ class Rules:
                 self._link(first.space, d0, info.space, d, n, where)
             if all(self._cut_param(src, dim - k, n, first.space, d0, where) for src, k in loose):
                 return True
-        why = f"added to a tensor no layer made (an embedding, a position or bias table) at {where}" if loose else ""
+        why = (
+            f"added to a tensor no layer made (an embedding, a position or bias table) at {where}"
+            if loose
+            else ""
+        )
         for info, ds in here:
             for d in ds:
                 self._block(info.space, d.span, where, why)
@@ -411,9 +415,14 @@ class Rules:
         """``x[:, 0]``, ``x[..., :n]``, ``x[:, None]`` (torch.fx): ints, slices, None and Ellipsis."""
         idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
         plain_slices = all(
-            isinstance(b, (int, type(None))) for i in idx if isinstance(i, slice) for b in (i.start, i.stop, i.step)
+            isinstance(b, (int, type(None)))
+            for i in idx
+            if isinstance(i, slice)
+            for b in (i.start, i.stop, i.step)
         )
-        if not plain_slices or not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx):
+        if not plain_slices or not all(
+            i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx
+        ):
             return self._unknown(node, "getitem")
         named = sum(i is not None and i is not Ellipsis for i in idx)
         if Ellipsis in idx:
