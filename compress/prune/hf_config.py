@@ -64,21 +64,39 @@ def _value(config: Any, key: str | tuple[str, ...]) -> int | None:
 
 
 def mismatches(model: Any, config: Any) -> list[str]:
-    """Tensors whose shape in ``model`` differs from the model ``config`` builds (built on the meta
-    device); [] when the config describes the model."""
+    """What differs between ``model`` and the model ``config`` builds (built on the meta device), or
+    why it cannot be built; [] when the config describes the model."""
+    fresh = _build(model, config)
+    if isinstance(fresh, str):
+        return [fresh]
+    return list(_differences(model, config, fresh).values())
+
+
+def mismatched(model: Any, config: Any) -> dict[str, str]:
+    """``state_dict`` key -> what differs, for the tensors whose shape in ``model`` differs from the
+    model ``config`` builds; {} when it cannot be built (:func:`mismatches` says why)."""
+    fresh = _build(model, config)
+    return {} if isinstance(fresh, str) else _differences(model, config, fresh)
+
+
+def _build(model: Any, config: Any) -> Any:
+    """The model ``config`` builds, on the meta device (no memory), or why it cannot be built."""
     import torch
 
     try:
         with torch.device("meta"):
-            fresh = type(model)(config)
+            return type(model)(config)
     except Exception as e:  # noqa: BLE001 - a config the model class refuses
-        return [f"{type(model).__name__} cannot be built from the pruned config ({type(e).__name__}: {e})"]
+        return f"{type(model).__name__} cannot be built from the pruned config ({type(e).__name__}: {e})"
+
+
+def _differences(model: Any, config: Any, fresh: Any) -> dict[str, str]:
     want = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
-    out = []
-    for k, v in model.state_dict().items():
-        if k in want and want[k] != tuple(v.shape):
-            out.append(f"{k} is {list(v.shape)} but {type(config).__name__} builds {list(want[k])}")
-    return out
+    return {
+        k: f"{k} is {list(v.shape)} but {type(config).__name__} builds {list(want[k])}"
+        for k, v in model.state_dict().items()
+        if k in want and want[k] != tuple(v.shape)
+    }
 
 
 def describes(model: Any) -> bool:

@@ -42,6 +42,7 @@ def analyse(
     prune_first_last: bool = False,
     graph: str = "auto",
     whole: dict[str, str] | None = None,
+    kept: dict[str, str] | None = None,
 ) -> tuple[Any, list[ChannelGroup], dict[str, str]]:
     """(channel graph, its groups, default exclusions with their reasons) of ``model``.
 
@@ -49,7 +50,8 @@ def analyse(
     (or when it finds nothing to prune) also the ATen graph of ``torch.export``
     (``ptopt.compress.prune.graph``), and the one that can prune more layers. An
     UnsupportedModelError names why neither works. ``whole``: module types kept whole (type name
-    -> why; ``"*"``: every module that splits channels into heads).
+    -> why; ``"*"``: every module that splits channels into heads). ``kept``: layers that keep their
+    output channels (name -> why), as excluded ones do.
     """
     from ptopt.compress.prune.graph import ATenChannelGraph
 
@@ -64,7 +66,8 @@ def analyse(
             continue
         defaults = _default_excluded(g, prune_first_last)
         excluded = {n for n in g.modules if matches(n, exclude)}
-        found.append((g, g.groups(excluded | set(defaults), defaults, whole or {}), defaults))
+        reasons = {**defaults, **(kept or {})}
+        found.append((g, g.groups(excluded | set(reasons), reasons, whole or {}), defaults))
         if _prunable_layers(found[-1][1]) and not g.kept_by_op:
             break  # fx saw everything (and is ~10-100x faster than export)
     if found:
@@ -123,12 +126,17 @@ def structured_prune(
     settings = dict(criterion=criterion, exclude=exclude, prune_first_last=prune_first_last,
                     base_channels=base_channels or {}, graph=graph, describable=describable)  # fmt: skip
     whole: dict[str, str] = {}
+    settings["kept"] = {}
     from ptopt.compress.prune.hf_config import no_cache
 
     for _ in range(MAX_RETRIES):
         try:
             with no_cache(model):
                 return _prune_once(model, example_inputs, amount, whole, settings)
+        except _KeepLayers as e:
+            if set(e.layers) <= set(settings["kept"]):
+                raise UnsupportedModelError(f"structured pruning: {next(iter(e.layers.values()))}") from None
+            settings["kept"].update(e.layers)
         except _KeepWhole as e:
             if e.cls in whole:
                 raise UnsupportedModelError(f"structured pruning: {e.reason}") from None
@@ -151,6 +159,15 @@ class _KeepWhole(Exception):
         self.cls, self.reason = cls, reason
 
 
+class _KeepLayers(Exception):
+    """The pruned model's Hugging Face config cannot say these layers' new sizes (name -> why):
+    prune again keeping their output channels."""
+
+    def __init__(self, layers: dict[str, str]):
+        super().__init__(next(iter(layers.values())))
+        self.layers = layers
+
+
 def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str, str], settings: dict) -> Any:
     import torch
 
@@ -159,7 +176,13 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     cache = getattr(getattr(model, "config", None), "use_cache", None)
     model = copy.deepcopy(model).eval()
     g, groups, defaults = analyse(
-        model, example_inputs, settings["exclude"], settings["prune_first_last"], settings["graph"], whole
+        model,
+        example_inputs,
+        settings["exclude"],
+        settings["prune_first_last"],
+        settings["graph"],
+        whole,
+        settings["kept"],
     )
     _refuse_if_nothing(g, groups)
     notes = [
@@ -193,8 +216,9 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
 def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bool) -> list[str]:
     """A Hugging Face model's config says its new sizes (head counts, FFN width) when it can; with
     ``describable`` (the output is a Hugging Face folder) a config that cannot say fewer heads
-    (``hidden_size / num_attention_heads`` as the head size) keeps the heads (the rest is pruned),
-    and anything else it cannot say is an error naming it."""
+    (``hidden_size / num_attention_heads`` as the head size) keeps the heads, a layer whose new size it
+    cannot say (BERT's pooler) keeps its outputs (pruned again without them: ``_KeepLayers``), and
+    anything else it cannot say is an error naming it."""
     from ptopt.compress.prune import hf_config
 
     if not hf_config.is_hf_model(model):
@@ -207,6 +231,14 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
         return []
     if any(a != b for _, _, a, b in splits):
         raise _KeepWhole("*", f"{type(model.config).__name__} cannot describe fewer heads ({blockers[0]})")
+    layers = {
+        layer: f"{type(model.config).__name__} cannot say {layer}'s new size (the output is a Hugging Face folder)"
+        for key in hf_config.mismatched(model, config)
+        for layer in [key.rpartition(".")[0]]
+        if layer in before and before[layer] != sizes[layer][1]
+    }
+    if layers:
+        raise _KeepLayers(layers)
     raise UnsupportedModelError(
         "structured pruning: the pruned model cannot be a Hugging Face folder: its config cannot say "
         f"{'; '.join(blockers[:2])}; write .pt or .pt2 instead, or --exclude those layers"
