@@ -93,6 +93,16 @@ def test_cli_folder_output_refusals(cli, tmp_path, ref, output, match):
                    match=match, where=tmp_path)  # fmt: skip
 
 
+def test_saving_a_pruned_non_hf_model_into_a_folder_is_refused(tmp_path):
+    import ptopt
+    from tests.helpers import tiny_cnn
+
+    res = ptopt.prune(tiny_cnn(), "structured", 0.3, input_shapes=("1x1x8x8",), prune_first_last=True)
+    assert_refused(
+        res.save, tmp_path / "d", match="a folder is written for Hugging Face models", where=tmp_path
+    )
+
+
 @pytest.mark.parametrize(
     "factory,line",
     [
