@@ -161,7 +161,8 @@ def test_api_openvino_gpt2_is_stateful_and_validate_scores_it(lms, tmp_path):
 )  # fmt: skip
 def test_cli_bad_input_exits_2(cli, lms, tmp_path, args, match):
     args = [a.format(llama=f"hf:{lms['llama']}", mistral=f"hf:{lms['mistral']}") for a in args]
-    assert_refused(cli, "export", *args, "-o", tmp_path / "out", match=match, where=tmp_path)
+    out = tmp_path / ("out" if args[0].startswith("hf:") else "out.onnx")  # an LM's folder; a model's file
+    assert_refused(cli, "export", *args, "-o", out, match=match, where=tmp_path)
 
 
 def test_api_bad_input_same_refusals(lms, tmp_path):
