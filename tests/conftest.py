@@ -16,6 +16,9 @@ REPO = Path(__file__).resolve().parents[1]
 #: files out in this order, so the long ones start early and the run ends on short files: a long file that
 #: starts last leaves the other worker idle until it ends.
 LONGEST_FIRST = (
+    # the README's tour as a user types it (quantize, two exports, validate, optimize, package): 982 s and
+    # 1164 s on the 2 cores with a load average of 10 (2026-11-28, other suites running); not measured quiet
+    "tests/test_readme.py",
     # a real local Ray instance, shared by the file's tests (250 s on 2 cores shared with other jobs,
     # 2026-11-28; most of it waiting on Ray's processes to start: best overlapped with other files)
     "tests/serve/test_ray_serve.py",
