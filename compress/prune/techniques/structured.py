@@ -190,8 +190,6 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
         *(f"{cls} kept whole: {why}" for cls, why in whole.items()),
         *filter(None, [g.kept_note()]),
     ]
-    with torch.no_grad():
-        ref = call_model(model, example_inputs)
     keep = _choose(g, groups, amount, settings["criterion"], settings["base_channels"])
     kept = _lookup(keep)
     masks = _masks(g, kept)
@@ -202,10 +200,10 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     _cut(g.modules, g.uses, masks)
     heads, splits = _follow_heads(g, kept)
     heads += _hf_config(model, splits, before, settings.get("describable", False))
-    model = _runnable(model, g, example_inputs, ref)
+    model, out = _runnable(model, g, example_inputs, masked)  # masked: the unpruned output's shapes
     exact = not any(grp.inexact and i in keep for i, grp in enumerate(g.all_groups))
     if exact:
-        _check(model, example_inputs, masked, heads, g)
+        _check(out, masked, heads, g)
     for note in notes:
         warnings.warn(note, PruneWarning, stacklevel=3)
     if cache:  # the copy was made without the cache (``no_cache``): it generates with it again
@@ -389,10 +387,11 @@ def _follow_heads(g: Any, kept: dict[int, Any]) -> tuple[list[str], list[tuple[s
     return follow_heads(g.modules, splits), splits
 
 
-def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> Any:
-    """The rewritten model, or its rewritten graph when the module's own forward cannot follow the
-    new sizes (hard-coded shapes in the model's own code); ``_KeepWhole`` naming the module type
-    whose forward failed; UnsupportedModelError when nothing runs."""
+def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> tuple[Any, Any]:
+    """(the rewritten model, or its rewritten graph when the module's own forward cannot follow the
+    new sizes (hard-coded shapes in the model's own code), and its output on ``example_inputs``);
+    ``_KeepWhole`` naming the module type whose forward failed; UnsupportedModelError when nothing
+    runs. ``ref``: an output of the unpruned model (its shapes)."""
     import torch
 
     from ptopt.core.inputspec import call_model
@@ -407,15 +406,15 @@ def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> Any:
                     type(culprit).__name__, f"its forward fails with fewer channels ({_first_line(e)})"
                 ) from None
         if out is not None and _same_shapes(out, ref):
-            return model
+            return model, out
         gm = graph.rewrite_flattens(model)
         try:
-            call_model(gm, example_inputs)
+            out = call_model(gm, example_inputs)
         except Exception as e:  # noqa: BLE001
             raise UnsupportedModelError(
                 f"structured pruning: the pruned model does not run: {_first_line(e)}"
             ) from None
-        return gm.eval()
+        return gm.eval(), out
 
 
 def _first_line(e: BaseException) -> str:
@@ -440,16 +439,12 @@ def _culprit(model: Any, error: BaseException) -> Any:
     return found
 
 
-def _check(model: Any, example_inputs: Any, masked: Any, heads: list[str], graph: Any) -> None:
-    """The pruned model computes what the unpruned one computed with the removed channels zeroed
-    where layers read them; else a head attribute was not followed: ``_KeepWhole("*")`` (keep
-    attention whole), or an error when heads were not involved."""
+def _check(out: Any, masked: Any, heads: list[str], graph: Any) -> None:
+    """The pruned model's output ``out`` is what the unpruned one computed with the removed channels
+    zeroed where layers read them (``masked``); else a head attribute was not followed:
+    ``_KeepWhole("*")`` (keep attention whole), or an error when heads were not involved."""
     import torch
 
-    from ptopt.core.inputspec import call_model
-
-    with torch.no_grad():
-        out = call_model(model, example_inputs)
     a = [
         t
         for t in torch.utils._pytree.tree_leaves(out)
