@@ -54,6 +54,10 @@ class Check:
     rtol: float | None = None
     min_cosine: float | None = None
     keep_failed_as: str | os.PathLike | None = None
+    #: what a failure is called and what it advises, for callers other than ``ptopt export`` (whose
+    #: flags the default advice names): e.g. quantize's check of the artifact against its int8 model
+    what: str | None = None
+    advice: str | None = None
 
 
 #: the sidecar fields ``write_model``'s facts may carry (what ``core.result.Result`` merges)
@@ -246,7 +250,7 @@ def check_reload(
             atol=rule.atol,
             rtol=rule.rtol,
             min_cosine=rule.min_cosine,
-            what=f"the exported {fmt} model",
+            what=rule.what or f"the exported {fmt} model",
             samples=_as_samples(rule.samples),
         )
     except ParityError as e:
@@ -254,7 +258,9 @@ def check_reload(
         where = f"; the artifact is kept aside for inspection as {', '.join(kept)}" if kept else ""
         drift = getattr(e, "metrics", None) is not None  # else outputs differ in number or shape
         hint = loosen_hint(e.metrics) if drift else ""  # type: ignore[attr-defined]
-        err = ParityError(f"{e if drift else f'the exported {fmt} model: {e}'}{where}{hint}")
+        hint = hint if rule.advice is None else rule.advice
+        what = rule.what or f"the exported {fmt} model"
+        err = ParityError(f"{e if drift else f'{what}: {e}'}{where}{hint}")
         err.metrics = getattr(e, "metrics", None)  # type: ignore[attr-defined]
         err.failed = kept  # type: ignore[attr-defined]
         raise err from None

@@ -35,7 +35,7 @@ from typing import Any
 from ptopt.core.errors import MissingDependencyError, ModelLoadError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec, flatten_inputs
 from ptopt.formats.base import Format, loaded_model
-from ptopt.formats.runner import Runner
+from ptopt.formats.runner import Runner, primary_output
 
 INSTALL_HINT = "pip install 'ptopt[openvino]'"
 #: the rt_info key of the inference precision ptopt checked the IR at
@@ -512,8 +512,7 @@ def _validation(source: Any, control: dict[str, Any], names: Sequence[str], styl
     with torch.inference_mode():
         for b in data.batches(_CALIB_BATCH):
             if cosine:
-                out = call_model(source, b.x)
-                out = out[0] if isinstance(out, (tuple, list)) else out
+                out = primary_output(call_model(source, b.x))
                 target = out.detach().float().reshape(len(out), -1).numpy()
             else:
                 target = b.y.numpy()

@@ -41,51 +41,66 @@ def layer_kinds() -> tuple[type, ...]:
     return (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def sensitivity(module: Any, calib: Any, data: Any) -> list[tuple[str, float]]:
+def sensitivity(
+    module: Any, calib: Any, data: Any, units: dict[str, list[str]] | None = None, outputs: bool = False
+) -> list[tuple[str, float]]:
     """(name, mean deviation 1 - cos of the outputs on ``data``) of each Linear / Conv layer of ``module``
-    fake-quantized alone to int8, most harmful first (``ptopt.core.search.rank``)."""
+    fake-quantized alone to int8, most harmful first (``ptopt.core.search.rank``). ``units``: rank groups
+    of layers instead (a block's name -> the layers in it, fake-quantized together); ``outputs``: round each
+    layer's output to int8 too (graph-mode int8 quantizes what a layer writes as well as what it reads)."""
     import torch
 
     from ptopt.core.search import rank
     from ptopt.validate.metrics import per_sample_cosine
 
-    layers = {n: m for n, m in module.named_modules() if isinstance(m, layer_kinds())}
-    ranges = _input_ranges(module, list(layers.items()), calib)
+    layers = [(n, m) for n, m in module.named_modules() if isinstance(m, layer_kinds())]
+    ranges = _ranges(module, layers, calib)
+    units = units if units is not None else {n: [n] for n, _ in layers}
     ref = _outputs(module, data)
 
     def deviation(name: str) -> float:
-        with _fake_int8(layers[name], ranges.get(name, 0.0)):
+        with contextlib.ExitStack() as stack:
+            for member in units[name]:
+                amax, out_amax = ranges.get(member, (0.0, 0.0))
+                layer = module.get_submodule(member)
+                stack.enter_context(_fake_int8(layer, amax, out_amax if outputs else None))
             out = _outputs(module, data)
         dev = (1.0 - per_sample_cosine(ref, out)).clamp(min=0.0)
         return float(dev.mean()) if torch.isfinite(dev).all() else math.inf
 
-    return rank(layers, deviation, lambda dev: dev)
+    return rank(list(units), deviation, lambda dev: dev)
 
 
 def _outputs(module: Any, data: Any) -> Any:
     import torch
 
     from ptopt.core.inputspec import call_model
+    from ptopt.formats.runner import primary_output
 
     outs = []
     with torch.inference_mode():
         for b in data.batches(_EVAL_BATCH):
-            y = call_model(module, b.x)
-            y = y[0] if isinstance(y, (tuple, list)) else y
+            y = primary_output(call_model(module, b.x))
             outs.append(y.float().reshape(len(y), -1))
     return torch.cat(outs)
 
 
-def _input_ranges(module: Any, layers: list[tuple[str, Any]], calib: Any) -> dict[str, float]:
-    """The largest |input| each layer sees on the calibration data (its per-tensor int8 range)."""
-    ranges: dict[str, float] = {}
+def _ranges(module: Any, layers: list[tuple[str, Any]], calib: Any) -> dict[str, tuple[float, float]]:
+    """The largest |input| and |output| each layer sees on the calibration data (its per-tensor int8
+    ranges)."""
+    ranges: dict[str, tuple[float, float]] = {}
     hooks = []
     for name, layer in layers:
 
-        def hook(mod: Any, args: Any, name: str = name) -> None:
-            ranges[name] = max(ranges.get(name, 0.0), float(args[0].detach().abs().max()))
+        def hook(mod: Any, args: Any, out: Any, name: str = name) -> None:
+            seen = ranges.get(name, (0.0, 0.0))
+            y = out if hasattr(out, "abs") else args[0]
+            ranges[name] = (
+                max(seen[0], float(args[0].detach().abs().max())),
+                max(seen[1], float(y.detach().abs().max())),
+            )
 
-        hooks.append(layer.register_forward_pre_hook(hook))
+        hooks.append(layer.register_forward_hook(hook))
     try:
         _outputs(module, calib)
     finally:
@@ -94,27 +109,31 @@ def _input_ranges(module: Any, layers: list[tuple[str, Any]], calib: Any) -> dic
     return ranges
 
 
+def _rounded(x: Any, amax: float) -> Any:
+    """``x`` rounded to int8 steps over [-amax, amax] (per tensor)."""
+    step = max(amax, 1e-12) / 127.0
+    return ((x / step).round().clamp(-128, 127) * step).to(x.dtype)
+
+
 @contextlib.contextmanager
-def _fake_int8(layer: Any, amax: float) -> Iterator[None]:
-    """``layer`` computing with int8-rounded weights (per output channel) and inputs (per tensor)."""
+def _fake_int8(layer: Any, amax: float, out_amax: float | None = None) -> Iterator[None]:
+    """``layer`` computing with int8-rounded weights (per output channel) and inputs (per tensor), and
+    with ``out_amax`` its output rounded too."""
     import torch
 
     weight = layer.weight.data
     flat = weight.reshape(weight.shape[0], -1)
     scale = flat.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
     layer.weight.data = ((flat / scale).round().clamp(-127, 127) * scale).reshape(weight.shape)
-    step = max(amax, 1e-12) / 127.0
-
-    def hook(mod: Any, args: Any) -> Any:
-        x = args[0]
-        return ((x / step).round().clamp(-128, 127) * step).to(x.dtype), *args[1:]
-
-    handle = layer.register_forward_pre_hook(hook)
+    handles = [layer.register_forward_pre_hook(lambda mod, args: (_rounded(args[0], amax), *args[1:]))]
+    if out_amax is not None:
+        handles.append(layer.register_forward_hook(lambda mod, args, out: _rounded(out, out_amax)))
     try:
         with torch.inference_mode():
             yield
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
         layer.weight.data = weight
 
 
@@ -179,10 +198,12 @@ def _goal(ctx: Any, n: int) -> float:
     return 1 - (1 - ctx.min_cosine) / (1 + 1 / math.sqrt(max(n, 1)))
 
 
-def fewest_float_layers(trials: Trials, ranked: list[str], seconds_left: Any) -> tuple[int | None, list[str]]:
+def fewest_float_layers(
+    trials: Trials, ranked: list[str], seconds_left: Any, max_trials: int = MAX_TRIALS, start: int = 2
+) -> tuple[int | None, list[str]]:
     """The fewest of the ``ranked`` layers (most harmful first) to keep float so that the trial holds
-    (``ptopt.core.search.ladder``: k doubles from 2 until one holds, then the gap to the last that did
-    not is halved), within ``MAX_TRIALS`` builds and the time left; (k or None, what each trial
+    (``ptopt.core.search.ladder``: k doubles from ``start`` until one holds, then the gap to the last that
+    did not is halved), within ``max_trials`` builds and the time left; (k or None, what each trial
     measured)."""
     from ptopt.core.search import ladder
 
@@ -197,6 +218,6 @@ def fewest_float_layers(trials: Trials, ranked: list[str], seconds_left: Any) ->
 
     def room() -> bool:
         per = max(trials.seconds, default=0.0)
-        return len(tried) < MAX_TRIALS and seconds_left() > 2 * per
+        return len(tried) < max_trials and seconds_left() > 2 * per
 
-    return ladder(attempt, len(ranked), start=min(2, len(ranked)), floor=0, room=room), log
+    return ladder(attempt, len(ranked), start=min(start, len(ranked)), floor=0, room=room), log

@@ -143,6 +143,9 @@ class StaticQuantConfig(QuantConfig):
         "static quantization needs calibration data: pass --calib-data DATA "
         "(e.g. builtin:digits32:train), or use --mode dynamic",
     )
+    #: static int8 tries the engines in turn, with float layers where needed (``auto_int8``; the
+    #: technique table's chooser, ``registry.CHOOSER``)
+    engine: str = "auto"
     observer: str = option(
         "histogram",
         help="Activation observer: histogram (error-minimizing, 'entropy'), minmax, percentile (99.99); "

@@ -93,6 +93,63 @@ def _conv_bn_patterns_present_only() -> Iterator[None]:
                 setattr(qat_utils, name, original)
 
 
+#: torchao's train/eval switches of an exported graph (``move_exported_model_to_eval`` / ``_train``)
+_MODE_PASSES = {"_replace_dropout": "dropout", "_replace_batchnorm": "batch_norm"}
+
+
+@contextlib.contextmanager
+def _mode_patterns_present_only() -> Iterator[None]:
+    """Run torchao's dropout / batch-norm train<->eval rewrites only on graphs that hold such an op in
+    the mode being switched from. Each rewrite exports its match and replacement patterns (12
+    ``torch.export`` calls for a switch to eval, whether the graph has those ops or not: most of the
+    time ``prepare`` takes on a small model); a graph without them is rewritten to itself. A graph
+    whose op's mode cannot be read is rewritten as before."""
+    from torchao.quantization.pt2e import export_utils
+
+    originals = {name: getattr(export_utils, name, None) for name in _MODE_PASSES}
+    for name, original in originals.items():
+        if original is not None:
+            setattr(export_utils, name, _skip_absent_mode(original, _MODE_PASSES[name]))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is not None:
+                setattr(export_utils, name, original)
+
+
+def _skip_absent_mode(helper: Any, kind: str) -> Any:
+    def run(m: Any, train_to_eval: bool) -> Any:
+        if _has_mode(m, kind, training=train_to_eval) is False:
+            return None
+        return helper(m, train_to_eval)
+
+    return run
+
+
+def _has_mode(m: Any, kind: str, training: bool) -> bool | None:
+    """Whether the graph has a ``kind`` op (dropout, batch_norm) running in ``training`` mode; None when
+    one's mode cannot be read."""
+    for node in m.graph.nodes:
+        target = str(node.target)
+        if node.op != "call_function" or kind not in target:
+            continue
+        if "no_training" in target:
+            flag: Any = False
+        else:
+            at = 2 if kind == "dropout" else 5
+            flag = (
+                node.args[at]
+                if len(node.args) > at
+                else node.kwargs.get("train", node.kwargs.get("training"))
+            )
+        if not isinstance(flag, bool):
+            return None
+        if flag == training:
+            return True
+    return False
+
+
 def _skip_absent_conv(helper: Any) -> Any:
     def run(m: Any, conv_fn: Any, *args: Any, **kwargs: Any) -> Any:
         kind = f"aten.{conv_fn.__name__}"
@@ -156,7 +213,35 @@ def build_quantizer(scheme: Any, qat: bool = False) -> Any:
         quantizer = ao.x86.X86InductorQuantizer().set_global(cfg)
         for name in getattr(scheme, "float_modules", ()) or ():
             quantizer.set_module_name_qconfig(name, None)
+    annotate = quantizer.annotate
+
+    def float_tensors_only(model: Any) -> Any:
+        model = annotate(model)
+        drop_integer_annotations(model)
+        return model
+
+    quantizer.annotate = float_tensors_only
     return quantizer
+
+
+def drop_integer_annotations(model: Any) -> None:
+    """X86InductorQuantizer annotates ``add`` (and other ops) whatever their dtype: RoBERTa's position
+    ids (``cumsum(input_ids != pad) + pad``) are integer adds, and an observer on them stops prepare
+    with ``"histogram_cpu" not implemented for 'Int'``. Quantization applies to floating tensors only:
+    annotations of integer inputs and outputs are removed."""
+    import torch
+
+    def floating(node: Any) -> bool:
+        val = node.meta.get("val") if hasattr(node, "meta") else None
+        return not isinstance(val, torch.Tensor) or val.dtype.is_floating_point
+
+    for node in model.graph.nodes:
+        note = node.meta.get("quantization_annotation")
+        if note is None:
+            continue
+        note.input_qspec_map = {a: q for a, q in note.input_qspec_map.items() if floating(a)}
+        if not floating(node):
+            note.output_qspec = None
 
 
 def _percentile_observer(ao: Any) -> Any:
@@ -226,10 +311,40 @@ def prepare(
     check_module_names(module, getattr(scheme, "float_modules", ()) or ())
     if graph is None:
         graph = capture(module, specs, style, example)
-    with _quiet(), _conv_bn_patterns_present_only():
+    one_partition_per_call(graph)
+    with _quiet(), _conv_bn_patterns_present_only(), _mode_patterns_present_only():
         prepared = (ao.flow.prepare_qat_pt2e if qat else ao.flow.prepare_pt2e)(graph, quantizer)
         (ao.to_train if qat else ao.to_eval)(prepared)
     return prepared
+
+
+def one_partition_per_call(graph: Any) -> None:
+    """Give each call of a module called more than once its own name in the captured graph's
+    ``nn_module_stack`` (``layer1.0.relu`` -> ``layer1.0.relu@1`` for the second call).
+
+    torch.export without strict mode records no ``source_fn_stack``, so the quantizer's pattern
+    matcher groups ops by their innermost module: torchvision's BasicBlock applies ``self.relu``
+    twice, the two calls become one partition with two outputs, and X86InductorQuantizer stops with
+    "Input partition has more than one output node". Each call is a connected run of the module's
+    ops; the first keeps the module's name (what ``float_modules`` and ``int8_modules`` read)."""
+    groups: dict[str, list[Any]] = {}
+    for node in graph.graph.nodes:
+        stack = node.meta.get("nn_module_stack") if node.op == "call_function" else None
+        if stack:
+            groups.setdefault(list(stack.values())[-1][0], []).append(node)
+    for fqn, nodes in groups.items():
+        members = set(nodes)
+        if sum(any(u not in members for u in n.users) for n in nodes) < 2:
+            continue
+        call: dict[Any, int] = {}
+        for node in nodes:  # graph order: a node joins the call of an input it takes from this module
+            mine = [call[a] for a in node.all_input_nodes if a in call]
+            call[node] = mine[0] if mine else len(set(call.values()))
+            if call[node]:
+                stack = dict(node.meta["nn_module_stack"])
+                key = list(stack)[-1]
+                stack[key] = (f"{fqn}@{call[node]}", stack[key][1])
+                node.meta["nn_module_stack"] = stack
 
 
 def copy_graph(graph: Any) -> Any:
@@ -259,14 +374,14 @@ def set_training(prepared: Any, training: bool) -> None:
     """QAT: switch a prepared graph between train and eval behaviour (BatchNorm, dropout) — an
     exported graph ignores ``.train()``."""
     ao = _torchao()
-    with _quiet():
+    with _quiet(), _mode_patterns_present_only():
         (ao.to_train if training else ao.to_eval)(prepared)
 
 
 def convert(prepared: Any) -> Any:
     """Observed / fake-quant graph → the int8 q/dq graph (eval mode)."""
     ao = _torchao()
-    with _quiet(), _conv_bn_patterns_present_only():
+    with _quiet(), _conv_bn_patterns_present_only(), _mode_patterns_present_only():
         converted = ao.flow.convert_pt2e(prepared)
         ao.to_eval(converted)
     return converted

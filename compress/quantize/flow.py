@@ -123,7 +123,9 @@ def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any) -> Non
         refuse_if_mostly_float(result, prep, row.min_int8_share)
     if not row.gated:
         return
-    made_by = config.replace(engine=result.config.get("engine", config.engine))
+    made_by = config
+    if row.advise is None:  # a chooser without advice of its own: the advice of the engine it chose
+        made_by = config.replace(engine=result.config.get("engine", config.engine))
     advise = table.technique(made_by.mode, made_by.engine).advise
     refuse_if_unfaithful(result, output, (lambda: advise(made_by, prep)) if advise else None)
 

@@ -81,3 +81,21 @@ def linearize_conv1d(model: nn.Module, skip: Any = ()) -> list[str]:
         setattr(model.get_submodule(parent) if parent else model, leaf, lin)
         swapped.append(name)
     return swapped
+
+
+def uncalled(model: nn.Module, kinds: tuple[type, ...], example: Any) -> list[str]:
+    """The layers of ``kinds`` that one forward pass on ``example`` never calls as modules: a parent
+    reads their weight itself (torchvision's Swin attention: ``F.linear(x, self.qkv.weight)``).
+    Swapped for an int8 layer, whose ``weight`` is a method, the parent would fail; they stay float."""
+    from ptopt.core.inputspec import call_model
+
+    layers = {m: n for n, m in model.named_modules() if n and isinstance(m, kinds)}
+    called: set[str] = set()
+    hooks = [m.register_forward_pre_hook(lambda mod, args: called.add(layers[mod])) for m in layers]
+    try:
+        with torch.no_grad(), mha_fastpath_disabled():
+            call_model(model, example)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [n for n in layers.values() if n not in called]

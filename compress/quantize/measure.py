@@ -22,12 +22,13 @@ def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[
     import torch
 
     from ptopt.core.inputspec import call_model
+    from ptopt.formats.runner import primary_output
 
     n = correct32 = correct8 = agree = 0
     with torch.no_grad():
         for b in ds.batches(batch):
-            p32 = call_model(fp32, b.x).argmax(-1)
-            p8 = call_model(int8, b.x).argmax(-1)
+            p32 = primary_output(call_model(fp32, b.x)).argmax(-1)
+            p8 = primary_output(call_model(int8, b.x)).argmax(-1)
             n += int(p32.shape[0])
             agree += int((p32 == p8).sum())
             if b.y is not None:

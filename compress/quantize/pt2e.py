@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,8 @@ def _int8_program(converted: Any, path: Path, specs: list, style: str, samples: 
     from ptopt.export.writers import Check, reload, write_model
 
     facts = write_model(converted, "exported_program", path, specs=specs, style=style, precision="int8",
-                        check=Check(samples=samples))  # fmt: skip
+                        check=Check(samples=samples, what="the int8 ExportedProgram read back",
+                                    advice=" (compared with the int8 graph it was saved from)"))  # fmt: skip
     facts["extra"]["pt2e"] = {"quantizer": "X86InductorQuantizer", "compiled": False}
     return facts, reload(path, "exported_program", style=style)
 
@@ -207,7 +209,12 @@ def float_layers(module: Any, converted: Any, excluded: Any) -> dict[str, str]:
         own = name and any(True for _ in m.parameters(recurse=False))
         if not own or name in int8 or name in out or isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             continue
-        out[name] = f"{type(m).__name__}: float in PT2E (X86InductorQuantizer makes conv / linear int8)"
+        block = next((e for e in excluded if name.startswith(e + ".")), None)
+        out[name] = (
+            f"inside {block}: excluded (--exclude)"
+            if block is not None
+            else f"{type(m).__name__}: float in PT2E (X86InductorQuantizer makes conv / linear int8)"
+        )
     return out
 
 
@@ -298,8 +305,18 @@ def advise(config: Any, prep: Prepared) -> str:
 
 def candidate(config: Any, prep: Prepared) -> Any:
     """The converted q/dq graph of a static config (no package): what accuracy-aware search measures
-    eagerly and times compiled (``autoquant_tuner``)."""
+    eagerly and times compiled (``autoquant_tuner``) and ``--engine auto`` judges. The model is
+    captured once per model and input specs; each candidate prepares a copy of that graph."""
     from ptopt.compress.quantize import engine_pt2e
 
     batches = calibration_batches(config, prep.calib)
-    return engine_pt2e.quantize_static(prep.module, prep.specs, prep.style, config, batches)
+    key = (tuple(s.describe() for s in prep.specs), prep.style)
+    graphs = _CAPTURED.setdefault(prep.module, {})
+    if key not in graphs:
+        graphs[key] = engine_pt2e.capture(prep.module, prep.specs, prep.style)
+    graph = engine_pt2e.copy_graph(graphs[key])
+    return engine_pt2e.quantize_static(prep.module, prep.specs, prep.style, config, batches, graph=graph)
+
+
+#: model -> {(its input specs, calling style): its torch.export graph}, while the model lives
+_CAPTURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

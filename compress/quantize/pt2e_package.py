@@ -36,6 +36,13 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+#: what quantize says when the compiled package does not compute what the int8 graph computes
+PACKAGE_ADVICE = (
+    " (compared with the int8 graph it was compiled from; --no-compile writes that graph as an int8 "
+    "ExportedProgram instead, and --engine fx writes int8 TorchScript)"
+)
+
+
 def probe_batches(spec: InputSpec) -> list[int]:
     """The batch sizes a dynamic-batch package is tried at: min, 2, 3, opt, max-1, max (in range)."""
     lo, opt, hi = spec.min_shape[0], spec.opt_shape[0], spec.max_shape[0]
@@ -78,7 +85,7 @@ def compile_int8(
     with _runtime_checks():
         model = load_aoti(path)
         probed = _probe(model, specs, style)
-    rule = Check(reference=converted, samples=samples)
+    rule = Check(reference=converted, samples=samples, what="the compiled int8 package", advice=PACKAGE_ADVICE)
     parity = check_reload(path, "aoti_package", specs, style, rule, precision="int8", model=model)
     facts["metrics"] = {"parity": parity}
     facts["extra"]["pt2e"] = {

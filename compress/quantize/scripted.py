@@ -24,11 +24,15 @@ from ptopt.compress.quantize.config import ORT_CALIBRATION
 
 #: parity of the int8 TorchScript against the int8 module it was traced from
 TRACE_ATOL = 1e-3
-#: ... and relative to the output scale: dynamic int8 re-quantizes activations per batch, so a float
-#: summation order that differs (threads, ops fused by freezing) moves a scale and the rounding with
-#: it; measured 0.11 % of the output scale on random-weight EfficientNet-B0 at 1 thread. A broken file
-#: is off by far more.
-TRACE_RTOL = 1e-2
+#: ... and relative to the output scale. The traced file is not bit-equal to the module: dynamic int8
+#: re-quantizes activations per batch, so a float summation order that differs (threads, ops fused by
+#: freezing) moves a scale and the rounding with it (0.11 % of the output scale on random-weight
+#: EfficientNet-B0 at 1 thread); in static int8 with float modules, freezing folds their BatchNorms in
+#: float, and a value that lands on the other side of an int8 rounding boundary downstream moves the
+#: output by a quantization step, which the layers after it amplify (5.5 % on one sample of a
+#: random-weight ResNet-18 with 4 blocks float; the other samples bit-equal). A broken trace is off by
+#: far more, and the file itself is judged against fp32 afterwards by the int8 rule.
+TRACE_RTOL = 0.1
 
 
 @contextlib.contextmanager
@@ -43,6 +47,21 @@ def _eval_mode(module: Any) -> Iterator[None]:
             m.training = was
 
 
+#: what quantize says when torch.jit.trace cannot take the int8 model (it has no --script)
+TRACE_HINT = (
+    "quantize writes its int8 TorchScript by tracing: keep the module that fails in float (--exclude MODULE), "
+    "or let ONNX Runtime quantize the fp32 model instead (ptopt export MODEL --target onnx --precision int8 "
+    "--data DATA)"
+)
+
+
+#: what quantize says when the traced TorchScript does not compute what the int8 model computes
+TRACED_ADVICE = (
+    " (compared with the int8 model it was traced from: the tracer records one path through data-dependent "
+    "code; keep that module in float with --exclude MODULE, or use --engine pt2e)"
+)
+
+
 def frozen_torchscript(module: Any, example: Any, style: str) -> tuple[Any, dict[str, Any]]:
     """``module`` traced on ``example`` and frozen (as ``ptopt.formats.torchscript`` writes it);
     returns the ScriptModule and how it was made (method, frozen, the tracer's warnings)."""
@@ -52,7 +71,7 @@ def frozen_torchscript(module: Any, example: Any, style: str) -> tuple[Any, dict
     from ptopt.formats.torchscript import self_serializing
 
     with _eval_mode(module):
-        sm, notes = capture.trace(module, example, style)
+        sm, notes = capture.trace(module, example, style, "; " + TRACE_HINT)
     sm, frozen = sm.eval(), False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -95,7 +114,8 @@ def int8_torchscript(config: Any, prep: Prepared, qres: QuantResult) -> Quantize
         scripted, made = frozen_torchscript(qres.module, prep.example, prep.style)
         data = saved_bytes(scripted)
         model = torch.jit.load(io.BytesIO(data), map_location="cpu").eval()
-        rule = Check(qres.module, prep.example, atol=TRACE_ATOL, rtol=TRACE_RTOL)
+        rule = Check(qres.module, prep.example, atol=TRACE_ATOL, rtol=TRACE_RTOL, what="the traced int8 TorchScript",
+                     advice=TRACED_ADVICE)  # fmt: skip
         parity = check_reload(
             Path("model.int8.pt"), "torchscript", specs, prep.style, rule, precision="int8", model=model
         )

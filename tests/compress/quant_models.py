@@ -209,3 +209,82 @@ class SharedVocab(nn.Module):
 def shared_vocab() -> SharedVocab:
     torch.manual_seed(0)
     return SharedVocab().eval()
+
+
+@torch.fx.wrap
+def _signed(x: torch.Tensor) -> torch.Tensor:
+    """Data-dependent: torch.fx calls it as one function (wrapped), torch.export cannot capture it."""
+    return x if bool(x.sum() >= 0) else -x
+
+
+class GatedOneLayer(nn.Module):
+    """One Linear whose input has a massive channel it barely reads: int8 of its input rounds every other
+    channel to zero, and with its only layer float nothing is int8. Behind ``_signed``: fx only."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 10)
+        with torch.no_grad():
+            self.fc.weight[:, 0] *= 1e-4
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.cat([torch.full((1,), 1000.0), torch.ones(15)])
+        return self.fc(_signed(x))
+
+
+def gated_one_layer() -> GatedOneLayer:
+    torch.manual_seed(0)
+    return GatedOneLayer().eval()
+
+
+class RobertaPositions(nn.Module):
+    """What broke PT2E on real models, small: position ids counted from the token ids (RoBERTa's
+    ``cumsum(ids != pad) + pad``, an integer add the quantizer used to observe) and a residual block
+    that applies one ReLU module twice (torchvision's BasicBlock: one partition with two outputs)."""
+
+    def __init__(self, vocab: int = 50, dim: int = 8):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(64, dim)
+        self.conv1 = nn.Conv1d(dim, dim, 3, padding=1)
+        self.conv2 = nn.Conv1d(dim, dim, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(dim, 3)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        mask = input_ids.ne(1).int()
+        pos = torch.cumsum(mask, dim=1) * mask + 1
+        h = (self.tokens(input_ids) + self.positions(pos)).transpose(1, 2)
+        out = self.relu(self.conv1(h))
+        out = self.relu(self.conv2(out) + h)
+        return self.fc(out.mean(2))
+
+
+def roberta_positions() -> RobertaPositions:
+    torch.manual_seed(0)
+    return RobertaPositions().eval()
+
+
+def position_tokens() -> dict:
+    """32 sequences of 12 token ids, the last ones padding (id 1)."""
+    ids = torch.randint(2, 50, (32, 12), generator=torch.Generator().manual_seed(0))
+    ids[:, 9:] = 1
+    return {"x": ids}
+
+
+class ReadsWeight(nn.Module):
+    """torchvision's Swin attention, small: the parent reads ``self.qkv.weight`` and calls ``F.linear``
+    itself (the layer is never called); dynamic int8 must leave that layer float."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.qkv = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(F.linear(x, self.qkv.weight, self.qkv.bias)))
+
+
+def reads_weight() -> ReadsWeight:
+    torch.manual_seed(0)
+    return ReadsWeight().eval()

@@ -1,14 +1,17 @@
-"""Rows ``("static", "auto")`` and ``("qat", "auto")``: every other engine's row of the mode, each
-timed at the opt batch in the same interleaved rounds; the faster is kept when its accuracy drop
-(with ``eval_data``) stays within ``AUTO_MAX_DROP`` points of fp32 (else the other). An engine that
-cannot take the model (torch.fx cannot trace it) drops out, and the choice says why. The choice and
-the measurements go into the sidecar (``engine_choice``)."""
+"""Rows ``("static", "auto")`` and ``("qat", "auto")``.
+
+Static (the default engine of ``--mode static``): the engines in order, the first whose int8 model
+holds the int8 rule, whole or with the fewest float modules found (``auto_int8``). QAT: every other
+engine's row, each timed at the opt batch in the same interleaved rounds; the faster is kept when its
+accuracy drop (with ``eval_data``) stays within ``AUTO_MAX_DROP`` points of fp32 (else the other). An
+engine that cannot take the model (torch.fx cannot trace it) drops out, and the choice says why. The
+choice and the measurements go into the sidecar (``engine_choice``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ptopt.compress.quantize import fx_support, pt2e
+from ptopt.compress.quantize import auto_int8, fx_support, pt2e
 from ptopt.compress.quantize.base import Prepared, Quantized
 from ptopt.compress.quantize.config import MIN_STATIC_SHARE, QATConfig, StaticQuantConfig, refuse_no_compile
 from ptopt.compress.quantize.registry import CHOOSER, TECHNIQUES, engines_loaded, register_technique
@@ -25,13 +28,13 @@ def _check(config: Any) -> None:
 @register_technique(
     StaticQuantConfig,
     CHOOSER,
-    help="both engines timed; the faster within 0.5 accuracy points",
-    check=_check,
+    help="the default: fx, then pt2e; the first whose int8 holds the int8 rule, with float layers if needed",
     requires=fx_support.require_backend,
     min_int8_share=MIN_STATIC_SHARE,
+    advise=lambda config, prep: auto_int8.ADVICE,
 )
 def static_auto(config: Any, prep: Prepared, progress: bool) -> Quantized:
-    return choose(config, prep, progress)
+    return auto_int8.first_that_holds(config, prep, progress)
 
 
 @register_technique(

@@ -53,7 +53,8 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None
     from ptopt.compress.quantize.tied import tied_names, tied_partners
 
     raw = raw_embeddings(model, config, example)
-    floats = tuple(config.float_modules) + tuple(n for n in raw if n not in config.float_modules)
+    idle = _uncalled(model, config, example)
+    floats = tuple(config.float_modules) + tuple(n for n in raw + idle if n not in config.float_modules)
     # a layer tied to a float one stays float with it: their one matrix is stored once
     partners = tied_partners(model, floats) if {"linear", "embedding"} <= set(config.layers) else {}
     floats += tuple(partners)
@@ -80,6 +81,7 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None
         summary["dynamic"]["tied_int8_stored_once"] = tied
     floats_why = float_layers(model, q, config)
     floats_why.update({n: _RAW_REASON for n in raw if n not in config.float_modules})
+    floats_why.update({n: _IDLE_REASON for n in idle if n not in config.float_modules})
     floats_why.update(
         {
             n: f"tied to {held} (float): stays float so their one matrix is stored once"
@@ -87,6 +89,20 @@ def quantize_dynamic(model: Any, config: DynamicQuantConfig, example: Any = None
         }
     )
     return QuantResult(q, floats_why, summary)
+
+
+_IDLE_REASON = "never called as a layer (its parent reads its weight itself, or it is unused): it stays float"
+
+
+def _uncalled(model: Any, config: DynamicQuantConfig, example: Any) -> list[str]:
+    """The Linear / LSTM / GRU layers the model never calls (``layers.uncalled``): they stay float."""
+    import torch
+
+    from ptopt.compress.quantize.layers import uncalled
+
+    kinds = {"linear": torch.nn.Linear, "lstm": torch.nn.LSTM, "gru": torch.nn.GRU}
+    chosen = tuple(kinds[t] for t in config.layers if t in kinds)
+    return uncalled(model, chosen, example) if chosen and example is not None else []
 
 
 def raw_embeddings(model: Any, config: DynamicQuantConfig, example: Any) -> list[str]:

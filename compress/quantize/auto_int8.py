@@ -1,0 +1,367 @@
+"""Static int8 that gets an artifact: ``--engine auto``, the default of ``--mode static``.
+
+The engines are tried in order (``CHAIN``: torch.fx, then torchao's PT2E on torch.export's graph).
+An engine that cannot take the model (fx cannot trace it, torch.export cannot capture it, its
+calibration or its artifact fails inside torch) drops out, saying why. On the first engine that
+takes it, the whole-model int8 is judged by the int8 fidelity rule (``ptopt.compress.fidelity``);
+when it misses, the parts whose int8 costs the most are kept float until it holds:
+
+1. **ranked**: each Linear / Conv layer fake-quantized alone (int8 weights per channel, int8 inputs
+   over their calibration range), the outputs' mean deviation from fp32 on the calibration data
+   (``ptopt.optimize.float_layers.sensitivity``, the ranking of optimize's float-layer candidate);
+2. **kept float**: the k highest-ranked, k doubling from 1 then bisected
+   (``ptopt.optimize.float_layers.fewest_float_layers``), each k a real int8 model of the engine
+   (its ``candidate``: no artifact built), judged on the calibration data and then on the
+   evaluation data it never fitted (a k that fails there leads to the next k);
+3. **blocks**: when no k of single layers holds (fx quantizes the functional ops between layers,
+   ``x + y``, ``x * s``, whatever the layers around them), the same over blocks: the children of
+   the model's ``Sequential`` / ``ModuleList`` containers, each kept float whole (not traced into).
+
+The first engine where one holds writes the artifact (float modules named in ``float_layers`` with
+why); when none holds, one refusal names what each engine reached (UnsupportedModelError, exit 2).
+A set of float layers leaving under ``MIN_STATIC_SHARE`` of the parameters int8 does not count:
+that file would be fp32's size and speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ptopt.compress.quantize.base import Prepared, Quantized
+
+#: the engines auto tries, in order
+CHAIN = ("fx", "pt2e")
+#: engines whose artifact costs little more than their int8 model (tracing, no compiling): their whole
+#: model is built as the artifact and judged as written, so a model that holds is made once
+ARTIFACT_FIRST = ("fx",)
+#: int8 models the float search builds per engine and granularity (layers, blocks)
+MAX_BUILDS = 8
+#: seconds the float search may take over all engines (a build already started finishes)
+SEARCH_SECONDS = 900.0
+#: what a refusal adds when the artifact written misses the rule the search's model held
+ADVICE = (
+    " (--engine auto's search held the rule with the int8 model it measured, its artifact does not: "
+    "name the engine, --engine fx or --engine pt2e, with --exclude MODULE for the layers to keep float)"
+)
+
+
+@dataclasses.dataclass
+class Attempt:
+    """What one engine reached: ``floats`` (the float modules that make it hold) or why not."""
+
+    engine: str
+    holds: bool = False
+    floats: tuple[str, ...] = ()
+    figure: str = ""
+    why: str = ""
+    best: tuple[float, str] = (-2.0, "")
+    log: list[str] = dataclasses.field(default_factory=list)
+    ranked: list[str] = dataclasses.field(default_factory=list)
+    cfg: Any = None
+    trials: Any = None
+
+    def record(self) -> dict[str, Any]:
+        out = {"engine": self.engine, "holds": self.holds, "trials": self.log}
+        if self.holds:
+            out |= {"float_modules": list(self.floats), "figure": self.figure}
+        else:
+            out |= {"why": self.why, "best": self.best[1]}
+        return out
+
+
+def first_that_holds(config: Any, prep: Prepared, progress: bool) -> Quantized:
+    """The int8 artifact of the first engine of ``CHAIN`` whose whole-model int8 holds the int8 rule;
+    else of the first where the fewest float modules found make it hold (the engines searched in
+    ``CHAIN`` order); UnsupportedModelError naming what each reached otherwise."""
+    log = _logger(progress)
+    data = _data(prep)
+    deadline = time.perf_counter() + SEARCH_SECONDS
+    attempts = [_whole(engine, config, prep, data, log) for engine in CHAIN]
+    for att in attempts:
+        made = (att.trials.made or _built(att, prep, data, progress, log)) if att.holds else None
+        if made is not None:
+            return _described(made, att, attempts, data)
+    rankings: dict[str, list[str]] = {}
+    for att in (a for a in attempts if a.trials is not None):
+        _search(att, prep, data, rankings, lambda: deadline - time.perf_counter(), log)
+        made = _built(att, prep, data, progress, log) if att.holds else None
+        if made is not None:
+            return _described(made, att, attempts, data)
+    raise _nothing_holds(attempts)
+
+
+def _whole(engine: str, config: Any, prep: Prepared, data: tuple[Any, Any], log: Any) -> Attempt:
+    """``engine``'s whole-model int8, judged; an engine that cannot take the model says why."""
+    from ptopt.core.errors import UsageError
+
+    att = Attempt(engine)
+    try:  # fx has no --no-compile of its own; pt2e makes x86 per-channel int8 only
+        att.cfg = config.replace(engine=engine, compile=config.compile or engine != "fx")
+    except UsageError as e:
+        att.why = f"{engine}: {e}"
+        return att
+    trials = _Trials(engine, att.cfg, prep, data, att, log)
+    try:
+        ok, figure = trials.holds([])
+    except Exception as e:  # noqa: BLE001 - fx cannot trace / torch.export cannot capture / calibration fails in torch
+        att.why = _cannot(engine, e)
+        log(att.why)
+        return att
+    log(f"{engine}: whole model int8: {figure}{'' if ok else ' (misses the int8 rule)'}")
+    att.trials, att.holds, att.figure = trials, ok, figure
+    return att
+
+
+def _search(
+    att: Attempt, prep: Prepared, data: tuple[Any, Any], rankings: dict[str, list[str]],
+    seconds_left: Callable[[], float], log: Any,
+) -> None:  # fmt: skip
+    """The fewest float units (layers, then blocks) that make ``att``'s engine hold, ranked once for all
+    engines (``rankings``)."""
+    for level, units in _granularities(prep.module, att.cfg.float_modules):
+        if seconds_left() <= 0 or len(units) < 2:
+            continue
+        if level not in rankings:
+            rankings[level] = _ranked(prep, units, data[0])
+        ranked = rankings[level]
+        log(
+            f"{att.engine}: {len(units)} {level} ranked by int8 sensitivity; keeping the worst float until it holds"
+        )
+        k, _ = _fewest(att.trials, ranked, seconds_left)
+        if k is not None:
+            att.holds, att.floats, att.ranked = True, tuple(ranked[:k]), ranked
+            att.figure = att.trials.figures[tuple(ranked[:k])]
+            return
+    att.why = f"{att.engine}: no set of float layers tried holds the int8 rule"
+
+
+def _built(att: Attempt, prep: Prepared, data: tuple[Any, Any], progress: bool, log: Any) -> Quantized | None:
+    """``att``'s int8 artifact (its engine's handler), judged again as written (a traced file can differ
+    from the model it was traced from); None when building it fails inside torch or it misses."""
+    from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
+    from ptopt.compress.quantize.table import technique
+
+    final = att.cfg.replace(float_modules=tuple(att.cfg.float_modules) + att.floats)
+    try:
+        made = technique("static", att.engine).handler(final, prep, progress)
+        with made.context():
+            fid = measure_fidelity(prep.module, made.model, data[1] or data[0], **INT8_VS_FP32)
+    except Exception as e:  # noqa: BLE001 - the engine's artifact failing inside torch: its limit, the next engine is tried
+        att.holds, att.why = False, f"{att.engine}: its int8 artifact fails ({_first_line(e)})"
+        log(att.why)
+        return None
+    if not fid["passed"]:
+        att.holds = False
+        att.why = (
+            f"{att.engine}: its {made.format} artifact misses the int8 rule (min cosine {fid['min_cosine']:.4f} "
+            f"on {fid['data']}) where the int8 model it was made from held"
+        )
+        log(att.why)
+        return None
+    return made
+
+
+def _fewest(trials: _Trials, ranked: list[str], seconds_left: Callable[[], float]) -> tuple[int | None, list]:
+    from ptopt.optimize.float_layers import fewest_float_layers
+
+    return fewest_float_layers(trials, ranked, seconds_left, max_trials=MAX_BUILDS, start=1)
+
+
+class _Trials:
+    """One engine's int8 model with some modules float, judged by the int8 rule on the search data,
+    then on the acceptance data (the evaluation data, never fitted on), within ``MIN_STATIC_SHARE``."""
+
+    def __init__(self, engine: str, cfg: Any, prep: Prepared, data: tuple[Any, Any], att: Attempt, log: Any):
+        from ptopt.compress.quantize.table import technique
+
+        self.log = log
+        self.row, self.cfg, self.prep, self.data, self.att = technique("static", engine), cfg, prep, data, att
+        self.seconds: list[float] = []
+        self.figures: dict[tuple[str, ...], str] = {}
+        self.params = _own_params(prep.module)
+        #: the whole model's artifact, when it was built first (``ARTIFACT_FIRST``)
+        self.made: Quantized | None = None
+
+    def holds(self, floats: list[str]) -> tuple[bool, str]:
+        """Whether the engine's int8 model with ``floats`` float holds the rule (and its figure); the
+        whole model of an ``ARTIFACT_FIRST`` engine is built as its artifact and judged as written."""
+        from ptopt.compress.quantize.flow import MIN_STATIC_SHARE
+
+        t0 = time.perf_counter()
+        share = _int8_share(self.params, tuple(self.cfg.float_modules) + tuple(floats))
+        if floats and share < MIN_STATIC_SHARE:
+            self.seconds.append(0.0)
+            return self._note(
+                floats, False, f"{len(floats)} float: only {100 * share:.1f}% of the parameters int8"
+            )
+        cfg = self.cfg.replace(float_modules=tuple(self.cfg.float_modules) + tuple(floats))
+        try:
+            fids = self._measured(cfg)
+        except Exception as e:  # noqa: BLE001 - a float/int8 mix the engine cannot run is a failed trial
+            if not floats:
+                raise
+            self.seconds.append(time.perf_counter() - t0)
+            return self._note(floats, False, f"{len(floats)} float: does not run ({_first_line(e)[:120]})")
+        self.seconds.append(time.perf_counter() - t0)
+        ok = all(f["passed"] for f in fids)
+        figure = "; ".join(
+            f"min cosine {f['min_cosine']:.4f} on {f['samples']} samples of {f['data']}" for f in fids
+        )
+        if fids[-1]["min_cosine"] > self.att.best[0]:
+            self.att.best = (fids[-1]["min_cosine"], f"{len(floats)} float: {figure}")
+        return self._note(floats, ok, f"{len(floats)} float: {figure}")
+
+    def _measured(self, cfg: Any) -> list[dict[str, Any]]:
+        """The int8 rule's record on the search data, then (when it holds there) the acceptance data."""
+        from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
+        from ptopt.compress.quantize.engine_fx import quantize_context
+
+        with quantize_context(cfg.backend):
+            if self.row.engine in ARTIFACT_FIRST and not self.figures:  # the whole model, first
+                self.made = self.row.handler(cfg, self.prep, False)
+                q = self.made.model
+            else:
+                q = self.row.candidate(cfg, self.prep)
+            fids = [measure_fidelity(self.prep.module, q, self.data[0], **INT8_VS_FP32)]
+            if fids[0]["passed"] and self.data[1] is not None:
+                fids.append(measure_fidelity(self.prep.module, q, self.data[1], **INT8_VS_FP32))
+        return fids
+
+    def _note(self, floats: list[str], ok: bool, figure: str) -> tuple[bool, str]:
+        self.figures[tuple(floats)] = figure
+        self.att.log.append(figure + ("" if ok else " (misses)"))
+        if floats:
+            self.log(f"{self.att.engine}: {figure}{'' if ok else ' (misses)'}: {', '.join(floats[:6])}"
+                     + (f" and {len(floats) - 6} more" if len(floats) > 6 else ""))  # fmt: skip
+        return ok, figure
+
+
+def _data(prep: Prepared) -> tuple[Any, Any]:
+    """(what the search fits on: the calibration data; what accepts it: the evaluation data, or None)."""
+    from ptopt.compress.fidelity import fidelity_data
+
+    search = fidelity_data(prep.calib)
+    accept = fidelity_data(prep.evald) if prep.evald is not None and len(prep.evald) else None
+    return search, accept
+
+
+def _ranked(prep: Prepared, units: dict[str, list[str]], data: Any) -> list[str]:
+    from ptopt.optimize.float_layers import sensitivity
+
+    return [name for name, _ in sensitivity(prep.module, prep.calib, data, units, outputs=True)]
+
+
+def _granularities(module: Any, excluded: Any) -> list[tuple[str, dict[str, list[str]]]]:
+    """The units the float search ranks: Linear / Conv layers, then the blocks holding them."""
+    from ptopt.optimize.float_layers import layer_kinds
+
+    def skip(name: str) -> bool:
+        return any(name == e or name.startswith(e + ".") for e in excluded)
+
+    layers = [n for n, m in module.named_modules() if isinstance(m, layer_kinds()) and not skip(n)]
+    blocks: dict[str, list[str]] = {}
+    for name in block_names(module):
+        members = [n for n in layers if n == name or n.startswith(name + ".")]
+        if members and not skip(name):
+            blocks[name] = members
+    singles = {n: [n] for n in layers}
+    return [("layers", singles)] + ([("blocks", blocks)] if blocks != singles else [])
+
+
+def block_names(module: Any, prefix: str = "") -> list[str]:
+    """The blocks of a model: the modules its ``Sequential`` / ``ModuleList`` / ``ModuleDict``
+    containers hold (a ResNet's ``layer1.0``, a ViT's ``blocks.3``, a BERT's ``encoder.layer.1``; a
+    container in a container is opened: a Swin stage's blocks), and the layers outside any container
+    (``conv1``, ``fc``)."""
+    from torch import nn
+
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    out: list[str] = []
+    for name, child in module.named_children():
+        full = f"{prefix}{name}"
+        leaf = not any(True for _ in child.children())
+        if leaf or (isinstance(module, containers) and not isinstance(child, containers)):
+            out.append(full)
+        else:
+            out += block_names(child, full + ".")
+    return out
+
+
+def _own_params(module: Any) -> dict[str, int]:
+    return {
+        n: sum(p.numel() for p in m.parameters(recurse=False))
+        for n, m in module.named_modules()
+        if n and any(True for _ in m.parameters(recurse=False))
+    }
+
+
+def _int8_share(params: dict[str, int], floats: tuple[str, ...]) -> float:
+    """The share of the parameters outside ``floats`` (modules and what they hold): at most what the
+    int8 model can make int8 (norms and embeddings stay float anyway; the flow checks the real share)."""
+    total = sum(params.values()) or 1
+    kept = sum(v for n, v in params.items() if not any(n == f or n.startswith(f + ".") for f in floats))
+    return kept / total
+
+
+def _described(made: Quantized, att: Attempt, attempts: list[Attempt], data: tuple) -> Quantized:
+    """``made`` with its float layers' reasons and the search in the sidecar (``extra.auto_int8``)."""
+    for name in list(made.float_layers):
+        unit = next((f for f in att.floats if name == f or name.startswith(f + ".")), None)
+        if unit is not None:
+            rank = att.ranked.index(unit) + 1
+            made.float_layers[name] = (
+                f"kept float by --engine auto ({unit}: #{rank} of {len(att.ranked)} by int8 sensitivity); "
+                f"with {len(att.floats)} kept float the int8 rule holds: {att.figure.split(': ', 1)[-1]}"
+            )
+    earlier = [a for a in attempts if CHAIN.index(a.engine) < CHAIN.index(att.engine)]
+    dropped = [a.why or f"{a.engine}'s whole-model int8 misses the int8 rule" for a in earlier]
+    held = "the whole-model int8 holds the int8 rule" if not att.floats else (
+        f"its int8 holds the int8 rule with {len(att.floats)} module(s) kept float")  # fmt: skip
+    made.summary["engine_choice"] = {"chosen": att.engine, "why": "; ".join([*dropped, held]), "p50_ms": {}}
+    made.summary["auto_int8"] = {
+        "engines": [a.record() for a in attempts],
+        "float_modules": list(att.floats),
+        "search_data": data[0].name,
+        "accepted_on": data[1].name if data[1] is not None else None,
+    }
+    return made
+
+
+def _nothing_holds(attempts: list[Attempt]) -> Exception:
+    from ptopt.core.errors import UnsupportedModelError
+
+    reached = "; ".join(a.why + (f" (best: {a.best[1]})" if a.best[1] else "") for a in attempts)
+    return UnsupportedModelError(
+        f"static int8 of this model holds the int8 rule on no engine, whole or with float layers ({reached}). "
+        "Keep it in fp32 (ptopt export MODEL --target onnx), try --mode dynamic, or search further with "
+        "--eval-data DATA --min-cosine C (it writes the closest model it finds)"
+    )
+
+
+def _cannot(engine: str, e: BaseException) -> str:
+    """Why ``engine`` cannot take the model, in one clause: its tracer's failure, else the error."""
+    from ptopt.compress.quantize.table import technique
+    from ptopt.core.errors import UnsupportedModelError
+
+    text = _first_line(e)
+    if isinstance(e, UnsupportedModelError) and ("cannot trace" in text or "cannot capture" in text):
+        short = text.split("the model", 1)[-1].lstrip(":( ").split(". ")[0].split("); ")[0]
+        return f"{technique('static', engine).tracer} cannot trace the model ({short[:160]})"
+    return f"{engine}: its int8 model fails ({text})"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text.removeprefix("error: ")[:240]
+
+
+def _logger(progress: bool) -> Callable[[str], None]:
+    if not progress:
+        return lambda msg: None
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    return lambda msg: console.print(f"[dim]auto:[/dim] {msg}")
