@@ -173,9 +173,7 @@ def bert() -> nn.Module:
 
 def distilbert() -> nn.Module:
     tf = _hf()
-    cfg = tf.DistilBertConfig(
-        dim=128, n_layers=2, n_heads=4, hidden_dim=256, num_labels=3, **_text_sizes()
-    )
+    cfg = tf.DistilBertConfig(dim=128, n_layers=2, n_heads=4, hidden_dim=256, num_labels=3, **_text_sizes())
     return tf.DistilBertForSequenceClassification(cfg).eval()
 
 
@@ -191,7 +189,13 @@ def roberta() -> nn.Module:
 def t5_encoder() -> nn.Module:
     tf = _hf()
     cfg = tf.T5Config(
-        vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu"
+        vocab_size=VOCAB,
+        d_model=128,
+        d_kv=32,
+        d_ff=256,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
     )
     return tf.T5EncoderModel(cfg).eval()
 

@@ -109,7 +109,9 @@ def unseen(rec: dict[str, Any]) -> dict[str, Any]:
 
 def verdict(rec: dict[str, Any]) -> str:
     if rec["exit"] == 0:
-        return "artifact within the rule" if rec.get("unseen_holds") else "artifact, misses the rule on unseen"
+        return (
+            "artifact within the rule" if rec.get("unseen_holds") else "artifact, misses the rule on unseen"
+        )
     return "refused (exit 2)" if rec["exit"] == 2 else f"exit {rec['exit']}"
 
 
@@ -161,7 +163,9 @@ def main() -> None:
             f"than 0/2 or a printed traceback: {', '.join(bad) or 'none'}."
         )
     md = (
-        f"{table(recs)}\n\n" + "\n".join(summary) + "\n\nRule (int8 vs fp32): worst-sample cosine >= 0.99 and max "
+        f"{table(recs)}\n\n"
+        + "\n".join(summary)
+        + "\n\nRule (int8 vs fp32): worst-sample cosine >= 0.99 and max "
         "abs diff <= 1e-6 + 0.2 x the output's scale, on 64 unseen samples (seed 2), the artifact loaded back "
         "by validate's runner. Random weights; calibration on 64 samples (seed 0), --eval-data 64 others (seed 1)."
     )

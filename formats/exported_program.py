@@ -74,7 +74,11 @@ class ExportedProgram(Format):
         with quiet_export():
             torch.export.save(ep, buf)
         path.write_bytes(buf.getvalue())
-        return {"files": [path.name], "method": "torch.export.export (strict=False)", "example_inputs": EXAMPLE_NOTE}
+        return {
+            "files": [path.name],
+            "method": "torch.export.export (strict=False)",
+            "example_inputs": EXAMPLE_NOTE,
+        }
 
     def reload(self, path: Path, *, style: str = "positional", device: str = "cpu", **kw: Any) -> Any:
         import torch
@@ -97,7 +101,9 @@ class ExportedProgram(Format):
 FORMAT = ExportedProgram()
 
 #: what the program file keeps of the batch it was captured with (``ExportedProgram.example_inputs``)
-EXAMPLE_NOTE = "zeros of the captured inputs' shapes and dtypes at batch 1 (none of the data it was captured with)"
+EXAMPLE_NOTE = (
+    "zeros of the captured inputs' shapes and dtypes at batch 1 (none of the data it was captured with)"
+)
 
 
 def zero_example(example: Any) -> Any:

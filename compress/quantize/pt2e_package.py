@@ -85,7 +85,9 @@ def compile_int8(
     with _runtime_checks():
         model = load_aoti(path)
         probed = _probe(model, specs, style)
-    rule = Check(reference=converted, samples=samples, what="the compiled int8 package", advice=PACKAGE_ADVICE)
+    rule = Check(
+        reference=converted, samples=samples, what="the compiled int8 package", advice=PACKAGE_ADVICE
+    )
     parity = check_reload(path, "aoti_package", specs, style, rule, precision="int8", model=model)
     facts["metrics"] = {"parity": parity}
     facts["extra"]["pt2e"] = {
