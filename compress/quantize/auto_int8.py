@@ -37,6 +37,10 @@ CHAIN = ("fx", "pt2e")
 #: engines whose artifact costs little more than their int8 model (tracing, no compiling): their whole
 #: model is built as the artifact and judged as written, so a model that holds is made once
 ARTIFACT_FIRST = ("fx",)
+#: what each engine keeps float, in the order tried: torch.fx quantizes the functional ops between
+#: layers (``x + y``, ``x * s``) whatever their layers, so single float layers rarely make it hold
+#: (ResNet-18, Swin: the blocks did); PT2E quantizes convolutions and linear layers only
+LEVELS = {"fx": ("blocks",), "pt2e": ("layers", "blocks")}
 #: int8 models the float search builds per engine and granularity (layers, blocks)
 MAX_BUILDS = 8
 #: seconds the float search may take over all engines (a build already started finishes)
@@ -121,9 +125,11 @@ def _search(
 ) -> None:  # fmt: skip
     """The fewest float units (layers, then blocks) that make ``att``'s engine hold, ranked once for all
     engines (``rankings``)."""
+    tried: list[dict[str, list[str]]] = []
     for level, units in _granularities(prep.module, att.cfg.float_modules):
-        if seconds_left() <= 0 or len(units) < 2:
+        if seconds_left() <= 0 or len(units) < 2 or level not in LEVELS[att.engine] or units in tried:
             continue
+        tried.append(units)
         if level not in rankings:
             rankings[level] = _ranked(prep, units, data[0])
         ranked = rankings[level]
@@ -267,8 +273,7 @@ def _granularities(module: Any, excluded: Any) -> list[tuple[str, dict[str, list
         members = [n for n in layers if n == name or n.startswith(name + ".")]
         if members and not skip(name):
             blocks[name] = members
-    singles = {n: [n] for n in layers}
-    return [("layers", singles)] + ([("blocks", blocks)] if blocks != singles else [])
+    return [("layers", {n: [n] for n in layers}), ("blocks", blocks)]
 
 
 def block_names(module: Any, prefix: str = "") -> list[str]:

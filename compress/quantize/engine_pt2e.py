@@ -312,6 +312,7 @@ def prepare(
     if graph is None:
         graph = capture(module, specs, style, example)
     one_partition_per_call(graph)
+    layer_ops_as_layers(graph)
     with _quiet(), _conv_bn_patterns_present_only(), _mode_patterns_present_only():
         prepared = (ao.flow.prepare_qat_pt2e if qat else ao.flow.prepare_pt2e)(graph, quantizer)
         (ao.to_train if qat else ao.to_eval)(prepared)
@@ -345,6 +346,29 @@ def one_partition_per_call(graph: Any) -> None:
                 key = list(stack)[-1]
                 stack[key] = (f"{fqn}@{call[node]}", stack[key][1])
                 node.meta["nn_module_stack"] = stack
+
+
+def layer_ops_as_layers(graph: Any) -> None:
+    """Mark every convolution and linear op of the captured graph as its layer's call
+    (``source_fn_stack``), whatever module made it.
+
+    The quantizer finds the ops it makes int8 by the module that ran them, compared by exact class:
+    a subclass of ``nn.Conv2d`` (EfficientNet-Lite's ``Conv2dStaticSamePadding``, all 65 of its
+    convolutions) or a parent calling ``F.linear`` with its child's weight (torchvision's Swin
+    attention) was left float, and EfficientNet-Lite0's "int8" package held its weights in fp32
+    (0.9x the fp32 file). Each op is its own call, named after its node."""
+    import torch
+
+    layers = {
+        torch.ops.aten.conv1d.default: torch.nn.Conv1d,
+        torch.ops.aten.conv2d.default: torch.nn.Conv2d,
+        torch.ops.aten.conv3d.default: torch.nn.Conv3d,
+        torch.ops.aten.linear.default: torch.nn.Linear,
+    }
+    for node in graph.graph.nodes:
+        layer = layers.get(node.target) if node.op == "call_function" else None
+        if layer is not None and not node.meta.get("source_fn_stack"):
+            node.meta["source_fn_stack"] = [(node.name, layer)]
 
 
 def copy_graph(graph: Any) -> Any:

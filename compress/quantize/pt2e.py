@@ -234,10 +234,37 @@ def token_sequence_specs(module: Any, specs: list, style: str) -> list:
     )
     if not (specs and tokens and isinstance(limit, int) and len(seqs) == 1 and max(seqs) <= limit):
         return specs
+    limit = longest_sequence(module, specs, limit)
+    if limit is None or max(seqs) > limit:
+        return specs
     return [
         dataclasses.replace(s, min_shape=(s.min_shape[0], 1), max_shape=(s.max_shape[0], limit))
         for s in specs
     ]
+
+
+def longest_sequence(module: Any, specs: list, limit: int) -> int | None:
+    """The longest token sequence ``module`` runs: its position limit, or that less the offset of models
+    that count positions from the padding id (RoBERTa's start at ``pad_token_id + 1``: 64 tokens in a
+    66-wide table); tried on one sequence of each length. None when neither runs."""
+    import torch
+
+    pad = getattr(getattr(module, "config", None), "pad_token_id", None)
+    fill = {"input_ids": 2, "attention_mask": 1, "token_type_ids": 0}
+    for n in dict.fromkeys((limit, limit - (pad if isinstance(pad, int) else 0) - 1)):
+        x = {
+            s.name: torch.arange(n)[None]
+            if s.name == "position_ids"
+            else torch.full((1, n), fill.get(s.name, 0))
+            for s in specs
+        }
+        try:
+            with torch.no_grad():
+                module(**x)
+        except (IndexError, RuntimeError, ValueError):
+            continue
+        return n
+    return None
 
 
 def logits(out: Any) -> Any:

@@ -214,8 +214,9 @@ def _probe(model: Any, specs: Sequence[InputSpec], style: str) -> list[int]:
     if fails:
         raise UnsupportedModelError(
             f"--engine pt2e: the compiled int8 package fails at batch size(s) {_sizes(fails)} ({why}) and runs "
-            f"at {_sizes(works) or 'none'}; build one package per batch size (--dynamic-batch B:B:B) for a "
-            f"size that works, or use --engine fx"
+            f"at {_sizes(works) or 'none'}; quantize with --no-compile (the int8 ExportedProgram), then "
+            f"compile it for one size that works (ptopt export OUT.pt2 --target aoti --dynamic-batch B:B:B), "
+            f"or use --engine fx"
         )
     return sizes
 

@@ -223,3 +223,76 @@ class TokenClassifier(nn.Module):
 def token_classifier() -> nn.Module:
     torch.manual_seed(0)
     return TokenClassifier().eval()
+
+
+# -- the families of issue 41 (static int8 with --engine auto) ---------------------------------------
+
+
+def shufflenet_v2() -> nn.Module:
+    """torchvision's ShuffleNetV2 x0.5 (channel shuffle: view/transpose between its branches)."""
+    torch.manual_seed(0)
+    return settle_batchnorm(_torchvision().models.shufflenet_v2_x0_5(num_classes=10))
+
+
+def swin() -> nn.Module:
+    """torchvision's Swin, small: its attention reads ``self.qkv.weight`` and calls ``F.linear`` itself."""
+    torch.manual_seed(0)
+    swin_transformer = _torchvision().models.swin_transformer
+    return swin_transformer.SwinTransformer(
+        patch_size=[4, 4], embed_dim=24, depths=[1, 1], num_heads=[2, 4], window_size=[4, 4], num_classes=10
+    ).eval()
+
+
+def _hf_config(kind: str, **sizes):
+    ensure_torchvision_ops()
+    import transformers
+
+    torch.manual_seed(0)
+    return getattr(transformers, kind)(**sizes)
+
+
+def distilbert() -> nn.Module:
+    from transformers import DistilBertForSequenceClassification
+
+    cfg = _hf_config(
+        "DistilBertConfig", vocab_size=VOCAB, dim=64, n_layers=2, n_heads=2, hidden_dim=128, num_labels=3,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    return DistilBertForSequenceClassification(cfg).eval()
+
+
+def roberta() -> nn.Module:
+    """RoBERTa counts its position ids from the token ids (an integer cumsum + add in the graph)."""
+    from transformers import RobertaForSequenceClassification
+
+    cfg = _hf_config(
+        "RobertaConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128, num_labels=3, max_position_embeddings=66, pad_token_id=1,
+    )  # fmt: skip
+    return RobertaForSequenceClassification(cfg).eval()
+
+
+def t5_encoder() -> nn.Module:
+    from transformers import T5EncoderModel
+
+    cfg = _hf_config(
+        "T5Config", vocab_size=VOCAB, d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2,
+        feed_forward_proj="gated-gelu",
+    )  # fmt: skip
+    return T5EncoderModel(cfg).eval()
+
+
+#: audio samples per clip of the wav2vec2 row
+AUDIO = 4000
+
+
+def wav2vec2() -> nn.Module:
+    from transformers import Wav2Vec2ForSequenceClassification
+
+    cfg = _hf_config(
+        "Wav2Vec2Config", hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        num_labels=4, conv_dim=(32, 32, 32), conv_stride=(5, 4, 4), conv_kernel=(10, 4, 4),
+        num_feat_extract_layers=3, num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        classifier_proj_size=32,
+    )  # fmt: skip
+    return Wav2Vec2ForSequenceClassification(cfg).eval()

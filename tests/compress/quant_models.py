@@ -288,3 +288,30 @@ class ReadsWeight(nn.Module):
 def reads_weight() -> ReadsWeight:
     torch.manual_seed(0)
     return ReadsWeight().eval()
+
+
+class SamePadConv(nn.Conv2d):
+    """A convolution subclass with "same" padding of its own (EfficientNet-Lite's
+    ``Conv2dStaticSamePadding``): it pads, then calls ``F.conv2d`` itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(F.pad(x, (1, 1, 1, 1)), self.weight, self.bias, self.stride, 0)
+
+
+class SamePadNet(nn.Module):
+    """Two ``SamePadConv`` layers and a Linear head over N×1×8×8 digits."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = SamePadConv(1, 8, 3)
+        self.conv2 = SamePadConv(8, 8, 3)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv2(F.relu(self.conv1(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+def same_pad_net() -> SamePadNet:
+    torch.manual_seed(0)
+    return SamePadNet().eval()
