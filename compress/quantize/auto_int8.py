@@ -66,6 +66,8 @@ class Attempt:
     ranked: list[str] = dataclasses.field(default_factory=list)
     cfg: Any = None
     trials: Any = None
+    #: the whole-model int8's figure
+    whole: str = ""
 
     def record(self) -> dict[str, Any]:
         out = {"engine": self.engine, "holds": self.holds, "trials": self.log}
@@ -115,7 +117,7 @@ def _whole(engine: str, config: Any, prep: Prepared, data: tuple[Any, Any], log:
         log(att.why)
         return att
     log(f"{engine}: whole model int8: {figure}{'' if ok else ' (misses the int8 rule)'}")
-    att.trials, att.holds, att.figure = trials, ok, figure
+    att.trials, att.holds, att.figure, att.whole = trials, ok, figure, figure.split(": ", 1)[-1]
     return att
 
 
@@ -324,7 +326,8 @@ def _described(made: Quantized, att: Attempt, attempts: list[Attempt], data: tup
     earlier = [a for a in attempts if CHAIN.index(a.engine) < CHAIN.index(att.engine)]
     dropped = [a.why or f"{a.engine}'s whole-model int8 misses the int8 rule" for a in earlier]
     held = "the whole-model int8 holds the int8 rule" if not att.floats else (
-        f"its int8 holds the int8 rule with {len(att.floats)} module(s) kept float")  # fmt: skip
+        f"the whole-model int8 misses the int8 rule ({att.whole}); with {len(att.floats)} module(s) kept "
+        "float it holds")  # fmt: skip
     made.summary["engine_choice"] = {"chosen": att.engine, "why": "; ".join([*dropped, held]), "p50_ms": {}}
     made.summary["auto_int8"] = {
         "engines": [a.record() for a in attempts],

@@ -71,8 +71,9 @@ class QuantConfig(Config):
     engine: str = option(
         DEFAULT_ENGINE,
         help="fx: torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by AOTInductor into a "
-        ".pt2 package (static/qat, x86); auto: both, keeps the faster within 0.5 points. --mode weight-only: "
-        "torchao (a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
+        ".pt2 package (static/qat, x86); auto (static's default): fx, then pt2e, the whole model first, then "
+        "the most sensitive layers kept float until the int8 rule holds (qat: both, the faster within 0.5 "
+        "points). --mode weight-only: torchao (a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
     )
     compile: bool = option(
         True,
