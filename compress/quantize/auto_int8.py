@@ -1,4 +1,4 @@
-"""Static int8 that gets an artifact: ``--engine auto``, the default of ``--mode static``.
+"""Static int8 that gets an artifact: ``--mode static --engine auto``.
 
 The engines are tried in order (``CHAIN``: torch.fx, then torchao's PT2E on torch.export's graph).
 An engine that cannot take the model (fx cannot trace it, torch.export cannot capture it, its
@@ -85,8 +85,10 @@ def first_that_holds(config: Any, prep: Prepared, progress: bool) -> Quantized:
     log = _logger(progress)
     data = _data(prep)
     deadline = time.perf_counter() + SEARCH_SECONDS
-    attempts = [_whole(engine, config, prep, data, log) for engine in CHAIN]
-    for att in attempts:
+    attempts: list[Attempt] = []
+    for engine in CHAIN:  # the next engine's whole model only when this one's misses
+        att = _whole(engine, config, prep, data, log)
+        attempts.append(att)
         made = (att.trials.made or _built(att, prep, data, progress, log)) if att.holds else None
         if made is not None:
             return _described(made, att, attempts, data)

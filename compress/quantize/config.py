@@ -71,9 +71,9 @@ class QuantConfig(Config):
     engine: str = option(
         DEFAULT_ENGINE,
         help="fx: torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by AOTInductor into a "
-        ".pt2 package (static/qat, x86); auto (static's default): fx, then pt2e, the whole model first, then "
-        "the most sensitive layers kept float until the int8 rule holds (qat: both, the faster within 0.5 "
-        "points). --mode weight-only: torchao (a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
+        ".pt2 package (static/qat, x86); auto: static: fx, then pt2e, the whole model first, then the most "
+        "sensitive layers kept float until the int8 rule holds; qat: both, the faster within 0.5 points. "
+        "--mode weight-only: torchao (a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
     )
     compile: bool = option(
         True,
@@ -144,9 +144,6 @@ class StaticQuantConfig(QuantConfig):
         "static quantization needs calibration data: pass --calib-data DATA "
         "(e.g. builtin:digits32:train), or use --mode dynamic",
     )
-    #: static int8 tries the engines in turn, with float layers where needed (``auto_int8``; the
-    #: technique table's chooser, ``registry.CHOOSER``)
-    engine: str = "auto"
     observer: str = option(
         "histogram",
         help="Activation observer: histogram (error-minimizing, 'entropy'), minmax, percentile (99.99); "

@@ -1,4 +1,4 @@
-"""``--mode static`` with ``--engine auto``, the default (``compress/quantize/auto_int8.py``): the engines in
+"""``--mode static --engine auto`` (``compress/quantize/auto_int8.py``): the engines in
 order, the whole model first, then the most sensitive layers kept float until the int8 rule holds; one
 refusal naming what each engine reached when nothing holds. Real quantization of tiny models: a
 "massive activation" MLP (``quant_models.OutlierMLP``) whose whole-model int8 breaks on every engine."""
@@ -26,7 +26,12 @@ def _heldout() -> torch.Tensor:
 
 def test_auto_keeps_the_most_sensitive_layers_float_until_int8_holds():
     res = ptopt.quantize(
-        outlier_mlp(), "static", calib_data=outlier_data(), eval_data=_heldout(), progress=False
+        outlier_mlp(),
+        "static",
+        calib_data=outlier_data(),
+        eval_data=_heldout(),
+        engine="auto",
+        progress=False,
     )
     assert res.format == "torchscript" and res.config["engine"] == "fx"
     kept = {n: why for n, why in res.extra["float_layers"].items() if "kept float by --engine auto" in why}
@@ -47,9 +52,11 @@ def test_auto_keeps_the_most_sensitive_layers_float_until_int8_holds():
     assert res.extra["int8_share"]["parameters"] > 0.1
 
 
-def test_cli_static_default_names_what_stayed_float_and_why(cli, tmp_path):
+def test_cli_auto_names_what_stayed_float_and_why(cli, tmp_path):
     out = tmp_path / "o.int8.pt"
-    code, stdout, err = cli("quantize", MODEL, "--mode", "static", "--calib-data", DATA, "-o", out)
+    code, stdout, err = cli(
+        "quantize", MODEL, "--mode", "static", "--engine", "auto", "--calib-data", DATA, "-o", out
+    )
     assert code == 0, err
     assert "engine: fx (" in stdout and "kept float by --engine auto" in stdout
     assert "whole model int8: 0 float: min cosine" in err  # the search's progress, on stderr
@@ -61,7 +68,7 @@ def test_cli_static_default_names_what_stayed_float_and_why(cli, tmp_path):
 
 def test_nothing_holds_is_one_refusal_naming_what_each_engine_reached(cli, tmp_path):
     msg = assert_refused(
-        cli, "quantize", "tests.compress.quant_models:gated_one_layer", "--mode", "static",
+        cli, "quantize", "tests.compress.quant_models:gated_one_layer", "--mode", "static", "--engine", "auto",
         "--calib-data", "tests.compress.quant_models:features16", "-o", tmp_path / "g.pt", "--no-progress",
         match=("holds the int8 rule on no engine", "fx: no set of float layers", "torch.export cannot trace"),
         where=tmp_path,

@@ -245,7 +245,8 @@ def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path, monkeypatch):
     assert "this PT2E int8 package runs SLOWER than its fp32 source here (0.80x at batch 1" in err
 
 
-def test_auto_keeps_the_faster_engine_and_says_why(digits):
+def test_static_auto_keeps_the_first_engine_that_holds_and_says_why(digits):
+    """A model fx quantizes within the int8 rule: auto writes fx's artifact and builds no PT2E model."""
     import ptopt
 
     res = ptopt.quantize(
@@ -253,8 +254,9 @@ def test_auto_keeps_the_faster_engine_and_says_why(digits):
         calibration_batches=2, engine="auto", progress=False,
     )  # fmt: skip
     choice = res.extra["engine_choice"]
-    assert choice["chosen"] in ("fx", "pt2e") and set(choice["p50_ms"]) == {"fx", "pt2e"}
-    assert res.format == ("aoti_package" if choice["chosen"] == "pt2e" else "torchscript")
+    assert choice["chosen"] == "fx" and choice["why"] == "the whole-model int8 holds the int8 rule"
+    assert [e["engine"] for e in res.extra["auto_int8"]["engines"]] == ["fx"]
+    assert res.format == "torchscript" and res.metrics["vs_fp32"]["passed"]
     x = digits[0]
     assert res.model(x).shape == (32, 10)
 
@@ -265,7 +267,7 @@ def test_auto_keeps_the_faster_engine_and_says_why(digits):
         (["--mode", "dynamic", "--engine", "pt2e"], ("--engine pt2e", "--mode dynamic runs on --engine fx")),
         (["--mode", "static", "--engine", "pt2e", "--per-tensor", "--calib-data", "builtin:digits:train"],
          ("per-channel", "--engine fx")),
-        (["--mode", "static", "--engine", "auto", "--backend", "qnnpack", "--calib-data", "builtin:digits:train"],
+        (["--mode", "qat", "--engine", "auto", "--backend", "qnnpack", "--train-data", "builtin:digits:train"],
          ("--backend qnnpack runs on --engine fx",)),
     ],
     ids=["dynamic", "per-tensor", "qnnpack"],

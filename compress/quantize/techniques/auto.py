@@ -1,6 +1,6 @@
 """Rows ``("static", "auto")`` and ``("qat", "auto")``.
 
-Static (the default engine of ``--mode static``): the engines in order, the first whose int8 model
+Static: the engines in order, the first whose int8 model
 holds the int8 rule, whole or with the fewest float modules found (``auto_int8``). QAT: every other
 engine's row, each timed at the opt batch in the same interleaved rounds; the faster is kept when its
 accuracy drop (with ``eval_data``) stays within ``AUTO_MAX_DROP`` points of fp32 (else the other). An
@@ -28,7 +28,7 @@ def _check(config: Any) -> None:
 @register_technique(
     StaticQuantConfig,
     CHOOSER,
-    help="the default: fx, then pt2e; the first whose int8 holds the int8 rule, with float layers if needed",
+    help="fx, then pt2e; the first whose int8 holds the int8 rule, with float layers if needed",
     requires=fx_support.require_backend,
     min_int8_share=MIN_STATIC_SHARE,
     advise=lambda config, prep: auto_int8.ADVICE,
