@@ -152,11 +152,11 @@ def _built(att: Attempt, prep: Prepared, data: tuple[Any, Any], progress: bool, 
     """``att``'s int8 artifact (its engine's handler), judged again as written (a traced file can differ
     from the model it was traced from); None when building it fails inside torch or it misses."""
     from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
-    from ptopt.compress.quantize.table import technique
+    from ptopt.compress.quantize.registry import TECHNIQUES
 
     final = att.cfg.replace(float_modules=tuple(att.cfg.float_modules) + att.floats)
     try:
-        made = technique("static", att.engine).handler(final, prep, progress)
+        made = TECHNIQUES[("static", att.engine)].handler(final, prep, progress)
         with made.context():
             fid = measure_fidelity(prep.module, made.model, data[1] or data[0], **INT8_VS_FP32)
     except Exception as e:  # noqa: BLE001 - the engine's artifact failing inside torch: its limit, the next engine is tried
@@ -185,10 +185,16 @@ class _Trials:
     then on the acceptance data (the evaluation data, never fitted on), within ``MIN_STATIC_SHARE``."""
 
     def __init__(self, engine: str, cfg: Any, prep: Prepared, data: tuple[Any, Any], att: Attempt, log: Any):
-        from ptopt.compress.quantize.table import technique
+        from ptopt.compress.quantize.registry import TECHNIQUES
 
         self.log = log
-        self.row, self.cfg, self.prep, self.data, self.att = technique("static", engine), cfg, prep, data, att
+        self.row, self.cfg, self.prep, self.data, self.att = (
+            TECHNIQUES[("static", engine)],
+            cfg,
+            prep,
+            data,
+            att,
+        )
         self.seconds: list[float] = []
         self.figures: dict[tuple[str, ...], str] = {}
         self.params = _own_params(prep.module)
@@ -198,7 +204,7 @@ class _Trials:
     def holds(self, floats: list[str]) -> tuple[bool, str]:
         """Whether the engine's int8 model with ``floats`` float holds the rule (and its figure); the
         whole model of an ``ARTIFACT_FIRST`` engine is built as its artifact and judged as written."""
-        from ptopt.compress.quantize.flow import MIN_STATIC_SHARE
+        from ptopt.compress.quantize.config import MIN_STATIC_SHARE
 
         t0 = time.perf_counter()
         share = _int8_share(self.params, tuple(self.cfg.float_modules) + tuple(floats))
@@ -353,13 +359,13 @@ def _nothing_holds(attempts: list[Attempt]) -> Exception:
 
 def _cannot(engine: str, e: BaseException) -> str:
     """Why ``engine`` cannot take the model, in one clause: its tracer's failure, else the error."""
-    from ptopt.compress.quantize.table import technique
+    from ptopt.compress.quantize.registry import TECHNIQUES
     from ptopt.core.errors import UnsupportedModelError
 
     text = _first_line(e)
     if isinstance(e, UnsupportedModelError) and ("cannot trace" in text or "cannot capture" in text):
         short = text.split("the model", 1)[-1].lstrip(":( ").split(". ")[0].split("); ")[0]
-        return f"{technique('static', engine).tracer} cannot trace the model ({short[:160]})"
+        return f"{TECHNIQUES[('static', engine)].tracer} cannot trace the model ({short[:160]})"
     return f"{engine}: its int8 model fails ({text})"
 
 
