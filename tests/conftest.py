@@ -36,6 +36,8 @@ LONGEST_FIRST = (
     "tests/formats/test_openvino.py",  # 35
     "tests/export/test_aoti_static.py",  # 33
     "tests/compress/test_autoquant_engines.py",  # 26
+    "tests/compress/test_auto_int8.py",  # 55 at load average ~12 (fx and PT2E whole models, a search)
+    "tests/compress/test_int8_arch_fixes.py",  # 24-45 at load average ~12 (two PT2E quantizations)
     "tests/compress/test_distill_lm.py",  # 75 at load average 11
     "tests/compress/test_trainer_checkpoint.py",  # 70 at load average 11
     "tests/validate/test_validate_cli.py",  # 26
