@@ -3,6 +3,7 @@ ptopt sidecar, so these tests depend on no other stage."""
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import Path
 
@@ -143,8 +144,8 @@ def serve_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.mktemp("serve-lm")
     llama(256, hidden=64).save_pretrained(root / "llama")
+    shutil.copytree(root / "llama", root / "bare")  # the same model's files, before the tokenizer's
     word_tokenizer(root / "llama", 256)
-    llama(256, hidden=64).save_pretrained(root / "bare")
     return root
 
 

@@ -224,18 +224,19 @@ def test_routes_and_methods(served):
     assert _post(f"{served.url}/v2/models/cnn/infer", gz, {"Content-Encoding": "gzip"})[0] == 200
 
 
-def _load(served, reference, stop: threading.Event, results: list, seed: int) -> None:
-    """One client: requests of 1-3 samples until ``stop``; records (status, answer right?)."""
+def _load(served, pool: list, stop: threading.Event, results: list, seed: int) -> None:
+    """One client: requests of 1-3 samples (from ``pool``: inputs and their reference outputs) until
+    ``stop``; records (status, answer right?)."""
     from ptopt.serve.ray_server import http
 
-    i = 0
+    i = seed
     while not stop.is_set():
-        x = _x(1 + i % 3, seed=seed * 1000 + i)
+        x, want = pool[i % len(pool)]
         body = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
                                        "data": x.reshape(-1).tolist()}]}).encode()  # fmt: skip
         code, raw = http("POST", f"{served.url}/v2/models/cnn/infer", body, timeout=120)
         ok = code == 200 and np.allclose(
-            np.asarray(json.loads(raw)["outputs"][0]["data"]).reshape(-1, 10), reference(x), atol=1e-5
+            np.asarray(json.loads(raw)["outputs"][0]["data"]).reshape(-1, 10), want, atol=1e-5
         )
         results.append((code, ok))
         i += 1
@@ -248,7 +249,9 @@ def test_replica_killed_under_load_every_request_answered_and_replaced(served, r
     before = replicas()
     assert len(before) == 2
     stop, results = threading.Event(), []
-    clients = [threading.Thread(target=_load, args=(served, reference, stop, results, k)) for k in range(16)]
+    # 24 inputs and their references, computed once: the clients' CPU is left to Ray's new replica
+    pool = [(x, reference(x)) for x in (_x(1 + i % 3, seed=100 + i) for i in range(24))]
+    clients = [threading.Thread(target=_load, args=(served, pool, stop, results, k)) for k in range(16)]
     for c in clients:
         c.start()
     try:
