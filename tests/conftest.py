@@ -25,8 +25,8 @@ LONGEST_FIRST = (
     "tests/compat/test_matrix.py",  # 163
     "tests/optimize/test_optimize.py",  # 87
     "tests/demo/test_demo.py",  # 75 (106 before its --rounds 3)
-    # 60 alone (one torchrun launch of 2 processes: ~25 of it is each process importing torch and
-    # transformers); 130 measured while the machine's load average was 11
+    # 110 at load average 8 (one torchrun launch of 2 processes running 6 distillations; each process
+    # importing torch and transformers is ~25 of it)
     "tests/compress/test_distill_processes.py",
     "tests/compress/test_pt2e_hf.py",  # 52
     "tests/serve/test_ray_package.py",  # 45 (the serve fixtures' first use: a CNN's formats, an LM)
@@ -38,8 +38,6 @@ LONGEST_FIRST = (
     "tests/compress/test_autoquant_engines.py",  # 26
     "tests/compress/test_auto_int8.py",  # 55 at load average ~12 (fx and PT2E whole models, a search)
     "tests/compress/test_int8_arch_fixes.py",  # 24-45 at load average ~12 (two PT2E quantizations)
-    "tests/compress/test_distill_lm.py",  # 75 at load average 11
-    "tests/compress/test_trainer_checkpoint.py",  # 70 at load average 11
     "tests/validate/test_validate_cli.py",  # 26
     "tests/serve/test_serve_pt2.py",  # 23
     "tests/serve/test_torchserve.py",  # 22
@@ -48,6 +46,7 @@ LONGEST_FIRST = (
     "tests/compress/test_autoquant.py",  # 20
     "tests/validate/test_validate_lm.py",  # 18
     "tests/compress/test_pt2e_program.py",  # 18
+    "tests/compress/test_distill_lm.py",  # 15
     "tests/validate/test_validate_trust.py",  # 15
     "tests/compress/test_messages.py",  # 14
     "tests/compat/test_prune_families.py",  # ~25 (118 on this session's machine at load 10)
