@@ -95,7 +95,7 @@ REFUSED = [
     (["--target", "aoti", "--cuda-graphs"], "--cuda-graphs needs --target aoti --device cuda"),
     (
         ["--target", "torchscript", "--device", "cuda", "--cuda-graphs"],
-        "--cuda-graphs is for --target aoti, not --target torchscript",
+        "--cuda-graphs applies to --target aoti, not --target torchscript",
     ),
     (["--target", "torchscript", "--device", "tpu"], "unknown device 'tpu'"),
     (["--target", "torchscript", "--precision", "bf8"], "unknown precision 'bf8'"),

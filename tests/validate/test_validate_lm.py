@@ -145,7 +145,7 @@ BAD = [
     ("other-vocab", lambda lm: ("ref", "other", ["--data", lm["ids"]]), ("vocabulary of 256", "512")),
     ("negative-budget", lambda lm: ("ref", "int8", ["--data", lm["ids"], "--max-perplexity-increase", "-1"]), (">= 0",)),
     ("cnn-option-with-lm", lambda lm: ("ref", "int8", ["--data", lm["ids"], "--min-speedup", "1.1"]),
-     ("--min-speedup does not apply",)),
+     ("--min-speedup applies only to a model on tensor data",)),
     ("lm-option-with-cnn", lambda lm: (CNN, CNN, ["--data", "builtin:digits:test", "--context", "64"]),
      ("--context applies only",)),
     ("non-lm-artifact", lambda lm: ("ref", "eval.pt", ["--data", lm["ids"]]), ("not a causal language model",)),
