@@ -49,7 +49,7 @@ LONGEST_FIRST = (
     "tests/compress/test_distill_lm.py",  # 15
     "tests/validate/test_validate_trust.py",  # 15
     "tests/compress/test_messages.py",  # 14
-    "tests/compat/test_prune_families.py",  # ~25 (118 on this session's machine at load 10)
+    "tests/compat/test_prune_families.py",  # 38 at load average 5 (118 at 10)
     "tests/validate/test_validate_compile.py",  # 14
 )
 

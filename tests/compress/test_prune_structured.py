@@ -123,16 +123,18 @@ def test_cli_structured(cli, tmp_path):
 
 
 def test_gradual_steps_with_fine_tuning(tmp_path):
-    out = tmp_path / "g.pt"
+    from ptopt.core.data import load_data
+
+    digits = load_data("builtin:digits:test").first_batch(96)  # 96 digits: 2 rounds in seconds
     art = prune(
         TINY,
         "structured",
         0.5,
-        out,
+        tmp_path / "g.pt",
         steps=2,
         epochs=1,
-        fine_tune_data="builtin:digits:test",
-        eval_data="builtin:digits:test",
+        fine_tune_data=(digits.x, digits.y),
+        eval_data=(digits.x, digits.y),
     )
     rows = {r["layer"]: r for r in art.extra["layers"]}
     # two rounds (to 0.25, then 0.5 of the original channels) end where one round would
