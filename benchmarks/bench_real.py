@@ -521,7 +521,7 @@ def run_ptopt(case: Case, work: Path, args: Any, **options: Any) -> tuple[list[E
     import ptopt
     from ptopt.validate.runners import open_runner
 
-    budget = {"min_cosine" if case.metric == "cosine" else "max_accuracy_drop": case.budget}
+    budget = {"min_cosine" if case.metric == "cosine" else "accuracy_budget": case.budget}
     quick = {"rounds": 5, "min_seconds": 0.3} if args.quick else {}
     if args.search_budget is not None:  # else optimize's own default
         quick["time_budget"] = args.search_budget

@@ -78,9 +78,9 @@ class Result:
         old = check_folder_output(path, self.template.format) if self.folder else None
         if path.is_dir() and not self.folder:
             raise UsageError(f"output {path} is a folder; give a file name")
+        check_outputs(self._inputs_paths, [path])  # first: overwriting an input is the graver mistake
         if not self.folder:
             check_suffix(path, self.template.format, self.suffixes)
-        check_outputs(self._inputs_paths, [path])
         created = _missing_folders(path)
         with output_lock(path):
             remove_stale_temps(path)

@@ -112,9 +112,12 @@ def assert_refused(call, *args, match=(), where=None, error=None, **kwargs) -> s
         assert "Traceback" not in err, err
         # a heartbeat (ptopt.core.progress: "  ptopt validate: still working (9 s)") is no message: a
         # slow machine writes one before anything
+        # nor are the steps it reported before the refusal ("calibrating (32 batches)"): the message is the
+        # one "error:" line, and it is the last thing said
         lines = [ln for ln in err.splitlines() if ln.strip() and not is_heartbeat(ln)]
-        assert len(lines) == 1 and lines[0].startswith("error:"), f"not one 'error:' line: {err!r}"
-        message = lines[0]
+        errors = [ln for ln in lines if ln.startswith("error:")]
+        assert len(errors) == 1 and lines[-1] == errors[0], f"not one 'error:' line, last: {err!r}"
+        message = errors[0]
     else:
         try:
             call(*args, **kwargs)

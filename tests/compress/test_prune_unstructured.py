@@ -147,7 +147,7 @@ def test_teacher_self_distills(tmp_path):
         (("--epochs", "2"), "--epochs needs --fine-tune-data"),
         (("--fine-tune-data", "builtin:digits:test"), "--fine-tune-data needs --epochs"),
         (("--teacher", "self"), "--teacher distills while fine-tuning"),
-        (("--criterion", "l2"), "--criterion applies to structured"),
+        (("--criterion", "l2"), "--criterion applies to --method structured"),
         (("--amount", "2"), "--amount must be a fraction strictly between 0 and 1"),
     ],
     ids=["epochs-no-data", "data-no-epochs", "teacher-no-data", "criterion", "amount"],

@@ -128,7 +128,7 @@ def test_static_batch_is_for_aoti_only(tmp_path):
         tmp_path / "m.onnx",
         input_shapes="2x1x8x8",
         static_batches="4",
-        match=("--static-batch is for --target aoti",),
+        match=("--static-batch applies to --target aoti",),
         where=tmp_path,
     )
 
@@ -149,7 +149,9 @@ def test_static_batch_options_compare_as_sets_of_sizes():
 
     assert ExportConfig(target="aoti", static_batches=4).static_batches == (4,)
     config = ExportConfig(target="aoti", static_batches="32,1")
-    assert settle_config(None, config, static_batches=[1, 32]) is not None  # the same sizes: no contradiction
+    assert (
+        settle_config(None, config, {"static_batches": [1, 32]}) is not None
+    )  # the same sizes: no contradiction
 
 
 def test_dispatch_copes_with_scalars_and_copies():

@@ -138,8 +138,9 @@ def test_runner_is_placed_on_the_gpu_and_timed_with_cuda_events(fake_trt, monkey
     with pytest.raises(UsageError, match="runs on a GPU"):
         runner.place("cpu")
     seen = {}
+    stats = {"round_spread_pct": 1.0}
     monkeypatch.setattr(
-        latency, "measure_interleaved", lambda fns, sizes, **kw: seen.update(kw) or {k: {} for k in fns}
+        latency, "measure_interleaved", lambda fns, sizes, **kw: seen.update(kw) or {k: stats for k in fns}
     )
     monkeypatch.setattr(runner, "timed_call", lambda x: lambda: None)
     latency.measure_runners([runner], Dataset(torch.randn(4, 1, 8, 8)), [1, 2], latency.LatencyOptions())
