@@ -337,8 +337,14 @@ class _MetadataUnpickler:
 
         import torch
 
-        if module.startswith(self._MODULES) or (module, name) in self._NAMES:
+        if (module, name) in self._NAMES:
             return base(module, name)
+        if module.startswith(self._MODULES) and "." not in name:
+            # only classes defined by DCP itself: a dotted name (``filesystem`` + ``os.system``) or a
+            # function would let a checkpoint's index run code on --resume
+            found = base(module, name)
+            if isinstance(found, type) and found.__module__.startswith(self._MODULES):
+                return found
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.memory_format)):
             return base(module, name)
         raise pickle.UnpicklingError(f"refused to load {module}.{name}")

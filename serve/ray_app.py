@@ -114,12 +114,23 @@ class PtoptIngress:
         self.limit = int(manifest["max_request_bytes"])
         self.max_tokens = int(manifest.get("max_tokens", 256))
         self.meta: dict[str, dict[str, Any]] = {}
+        self.max_rows = {
+            name: max(1, min(int(manifest["max_batch_size"]), int(m["max_batch"])))
+            for name, m in self.models.items()
+        }
         self.batchers = {
             name: self._batcher(name, m, manifest) for name, m in self.models.items() if m["kind"] == "tensor"
         }
 
+    async def _batched(self, name: str, arrays: dict[str, Any]) -> Any:
+        """The model's answer to one request: through Serve's batcher, or alone when the request has more
+        rows than a batch holds (Serve refuses such an item with a RuntimeError: an HTTP 500)."""
+        if int(next(iter(arrays.values())).shape[0]) > self.max_rows[name]:
+            return (await self._call(name, "infer", [arrays]))[0]
+        return await self.batchers[name](arrays)
+
     def _batcher(self, name: str, model: dict[str, Any], manifest: dict[str, Any]) -> Any:
-        max_rows = max(1, min(int(manifest["max_batch_size"]), int(model["max_batch"])))
+        max_rows = self.max_rows[name]
 
         @serve.batch(
             max_batch_size=max_rows,
@@ -253,7 +264,7 @@ class PtoptIngress:
     ) -> tuple[int, bytes, dict[str, str]]:
         request = oip.parse_infer_request(body, oip.header(headers, oip.HEADER_LENGTH))
         arrays = oip.checked_inputs(request, self.models[name]["inputs"])
-        answer = await self.batchers[name](arrays)
+        answer = await self._batched(name, arrays)
         if isinstance(answer, str):
             raise oip.ProtocolError(422, answer)
         content, out_headers = oip.encode_infer_response(name, request, answer)
@@ -302,7 +313,7 @@ class PtoptIngress:
                 raise ValueError("inputs disagree on the batch size")
         except ValueError as e:
             raise oip.ProtocolError(400, str(e), expected=_expected(specs)) from None
-        answer = await self.batchers[name](checked)
+        answer = await self._batched(name, checked)
         if isinstance(answer, str):
             raise oip.ProtocolError(422, answer, expected=_expected(specs))
         one = ones.pop()
@@ -352,7 +363,7 @@ def _config(meta: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
 
 
 def _max_tokens(params: Any, limit: int) -> int:
-    value = (params or {}).get("max_tokens", 16)
+    value = (params or {}).get("max_tokens", min(16, limit))  # the default never above the server's limit
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
         raise oip.ProtocolError(400, f"max_tokens {value!r}: give an integer from 1 to {limit}")
     return value

@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import PtoptError, UsageError
+from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
 from ptopt.serve.ray_config import DEFAULT_START_TIMEOUT_S, RayServeConfig
 
 LOOPBACK = "127.0.0.1"
@@ -121,6 +121,7 @@ class RayServer:
             shutil.rmtree(self.workdir, ignore_errors=True)
             raise
         self._started_ray = False
+        self._owns_app = False  # set once this server deploys its application (stop deletes only that)
         self._session: list[int] = []
         self._saved_env: dict[str, str | None] = {}
 
@@ -153,7 +154,8 @@ class RayServer:
                     f"{packaged[0]}: a Ray Serve package is served alone, not beside other artifacts"
                 )
             self.packaged = True
-            return packaged[0].resolve(), read_manifest(packaged[0])
+            folder = packaged[0].resolve()
+            return folder, _trusted_manifest(folder, read_manifest(folder), allow_pickle)
         models, names = [], set()
         for a in items:
             name = _checked_model_name(model_name_for(default_name(a)))
@@ -282,6 +284,7 @@ class RayServer:
                     "give another --route-prefix"
                 )
         serve.start(http_options={"host": LOOPBACK, "port": self.port}, proxy_location="HeadOnly")
+        self._owns_app = True  # past the refusals: the application named app_name is ours from here
         if self.packaged:
             self._deploy_config()
             return
@@ -315,6 +318,8 @@ class RayServer:
 
         app = yaml.safe_load((self.folder / CONFIG_FILE).read_text(encoding="utf-8"))["applications"][0]
         app["route_prefix"] = self.route_prefix
+        if self.address is None:  # a local instance: this folder, wherever it was moved or copied to
+            app.setdefault("runtime_env", {})["working_dir"] = f"local://{self.folder}"
         client = _get_global_client()
         apps = client.get_serve_details().get("applications") or {}
         kept = [
@@ -386,8 +391,10 @@ class RayServer:
         if ray.is_initialized():
             from ray import serve
 
-            with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
-                serve.delete(self.app_name)  # drains the replicas; a local Ray goes down with it
+            if self._owns_app:  # never a cluster's application this server refused to replace
+                with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
+                    serve.delete(self.app_name)  # drains the replicas; a local Ray goes down with it
+                self._owns_app = False
             self._session = sorted(set(self._session) | set(session_processes(str(self.ray_temp_dir))))
             ray.shutdown()
         if self._started_ray:
@@ -502,3 +509,58 @@ def end_processes(pids: list[int], grace_s: float = 10.0) -> None:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(p, os.WNOHANG)
             time.sleep(0.1)
+
+
+def _trusted_manifest(folder: Path, manifest: dict[str, Any], allow_pickle: bool) -> dict[str, Any]:
+    """A package folder a user was handed loads only what its own files are, and no pickle unless this
+    command says ``--allow-pickle`` (the manifest's word is not enough): each model's path stays inside
+    the folder; a malformed manifest is one line (exit 2)."""
+    models = manifest.get("models")
+    if not isinstance(models, list) or not models:
+        raise ModelLoadError(f"{folder}: its manifest lists no models")
+    for entry in models:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or "name" not in entry:
+            raise ModelLoadError(f"{folder}: a model of its manifest has no name or path: {entry!r}"[:300])
+        if not (folder / entry["path"]).resolve().is_relative_to(folder):
+            raise ModelLoadError(
+                f"{folder}: model {entry['name']!r} points outside the package ({entry['path']})"
+            )
+        if entry.get("allow_pickle") and not allow_pickle:
+            raise UsageError(
+                f"{folder}: model {entry['name']!r} was packaged with --allow-pickle (loading it runs pickled "
+                "code); serve it with --allow-pickle only if you trust where the folder came from"
+            )
+    _check_app_file(folder)
+    return manifest
+
+
+def _check_app_file(folder: Path) -> None:
+    """Serving a package folder imports its application file: only the one ``ptopt package`` writes
+    (any ptopt version), under the import path it writes; anything else is refused (one line)."""
+    import re
+
+    import yaml
+
+    from ptopt.serve.ray_package import _APP_SOURCE, APP_FILE, CONFIG_FILE
+
+    try:
+        app = yaml.safe_load((folder / CONFIG_FILE).read_text(encoding="utf-8"))["applications"][0]
+    except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError) as e:
+        raise ModelLoadError(f"{folder}: no readable {CONFIG_FILE} ({e})"[:300]) from None
+
+    expected_path = APP_FILE[: -len(".py")] + ":app"
+    try:
+        text = (folder / APP_FILE).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ModelLoadError(f"{folder}: no {APP_FILE} ({e.strerror})") from None
+    found = re.search(r"the version that wrote this folder: (.*?)\)\.", text)
+    if (
+        not isinstance(app, dict)
+        or app.get("import_path") != expected_path
+        or found is None
+        or text != _APP_SOURCE.format(version=found.group(1))
+    ):
+        raise UsageError(
+            f"{folder}: its {APP_FILE} or import path is not what ptopt package writes, and serving runs it; "
+            "package the artifact again (or run it with Ray's own `serve run` if you trust the folder)"
+        )

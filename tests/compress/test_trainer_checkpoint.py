@@ -209,3 +209,29 @@ def test_old_call_signature_still_works(data):
         False,
     )
     assert r.model is model and len(r.history) == 1 and r.world_size == 1
+
+
+def test_a_checkpoint_index_that_would_run_code_is_refused():
+    """DCP's ``.metadata`` is a pickle: only DCP's own classes (and a few torch/pathlib types) load; a
+    dotted name reached through an admitted module (``filesystem`` + ``os.system``) or a function does
+    not, so ``--resume`` of a folder a user was handed runs nothing."""
+    import io
+    import pickle
+
+    from ptopt.compress.checkpoint import _MetadataUnpickler
+    from ptopt.core.errors import UsageError
+
+    def crafted(module: str, name: str) -> bytes:  # protocol 4: GLOBAL by module and (dotted) name
+        return b"\x80\x04" + b"c" + module.encode() + b"\n" + name.encode() + b"\n" + b"(S'true'\ntR."
+
+    for module, name in [
+        ("torch.distributed.checkpoint.filesystem", "os.system"),
+        ("torch.distributed.checkpoint.filesystem", "cast"),
+        ("os", "system"),
+    ]:
+        with pytest.raises(UsageError, match="refused to load"):
+            _MetadataUnpickler(io.BytesIO(crafted(module, name))).load()
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    ok = pickle.dumps(Metadata(state_dict_metadata={}), protocol=4)
+    assert isinstance(_MetadataUnpickler(io.BytesIO(ok)).load(), Metadata)

@@ -81,6 +81,12 @@ def test_autoscaling_in_the_config(serve_artifacts, tmp_path):
            if d["name"] == "model_cnn"][0]  # fmt: skip
     assert dep["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 4, "target_ongoing_requests": 1.0}
     assert "num_replicas" not in dep
+    # serving the folder imports its application file: a changed one is refused before Ray starts
+    from ptopt.serve.ray_server import RayServer
+
+    app_file = art.path / "ptopt_ray_app.py"
+    app_file.write_text(app_file.read_text() + "\nimport os  # anything\n")
+    assert_refused(RayServer, art.path, match="is not what ptopt package writes", error=UsageError)
 
 
 @pytest.mark.parametrize(
@@ -135,3 +141,33 @@ def test_language_model_without_tokenizer_is_refused(serve_lm, tmp_path):
         error=ModelLoadError,
         where=tmp_path,
     )
+
+
+@pytest.mark.parametrize(
+    "entry, allow, words, error",
+    [
+        (
+            {"name": "m", "path": "m.pt2", "allow_pickle": True},
+            False,
+            "was packaged with --allow-pickle",
+            "usage",
+        ),
+        ({"name": "m", "path": "../../etc/passwd"}, True, "points outside the package", "load"),
+        ({"name": "m"}, True, "has no name or path", "load"),
+    ],
+    ids=["pickle-needs-the-flag", "path-outside", "no-path"],
+)
+def test_a_handed_package_folder_is_checked_before_ray_starts(tmp_path, entry, allow, words, error):
+    """A package folder from elsewhere: its manifest's word does not allow pickles (this command's
+    --allow-pickle does), and its models' paths stay inside it; refused before any Ray process."""
+    import json
+
+    from ptopt.core.errors import ModelLoadError, UsageError
+    from ptopt.serve.ray_package import MANIFEST, SCHEMA
+    from ptopt.serve.ray_server import RayServer
+
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / MANIFEST).write_text(json.dumps({"schema": SCHEMA, "models": [entry]}))
+    err = UsageError if error == "usage" else ModelLoadError
+    assert_refused(RayServer, folder, allow_pickle=allow, match=words, error=err)

@@ -162,6 +162,15 @@ def test_infer_equals_the_artifacts_own_run(client, reference, binary_in, binary
     assert res.get_response()["id"] == "r1"
 
 
+def test_a_request_larger_than_a_batch_is_answered_alone(client, reference):
+    """12 rows where Serve's batches hold 8 (Serve's batcher refuses such an item: it was an HTTP 500):
+    the request goes to a replica alone and is answered like the artifact's own run."""
+    x = _x(12, seed=3)
+    inp = th.InferInput("input", list(x.shape), "FP32").set_data_from_numpy(x)
+    res = client.infer("cnn", [inp])
+    np.testing.assert_allclose(res.as_numpy("output__0"), reference(x), atol=1e-5)
+
+
 def test_plain_json_route_answers_like_the_mar(served, reference):
     from ptopt.serve.ray_server import http
 
