@@ -75,7 +75,13 @@ def _logits_of_lm(loaded: Any) -> Any:
     if not is_causal_lm(loaded.module):
         return loaded
     view = logits_view(loaded.module)
-    return dataclasses.replace(loaded, module=view, input_specs=[], input_style="keyword")
+    # the view takes input_ids and attention_mask: specs the model came with that name only these are
+    # kept (an artifact must take the inputs its sidecar records); any others are guessed anew
+    specs = loaded.input_specs
+    keep = bool(specs) and {s.name for s in specs} <= {"input_ids", "attention_mask"}
+    return dataclasses.replace(
+        loaded, module=view, input_specs=list(specs) if keep else [], input_style="keyword"
+    )
 
 
 def quantize_prepared(config: QuantConfig, prep: Prepared, progress: bool) -> Any:

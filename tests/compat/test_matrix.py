@@ -117,16 +117,16 @@ def test_cell(matrix, name, stage):
         assert needle in cell.detail, f"{needle!r} not in {cell.detail!r}"
 
 
-def test_gpt2_onnx_records_its_eager_attention(matrix):
-    """GPT-2's ONNX passes its parity check at random (left-padded) masks: the export ran attention as
-    eager, said so in the sidecar, and left the model's own sdpa in place."""
-    import json
-
+def test_gpt2_onnx_runs_eager_attention(matrix):
+    """GPT-2's ONNX folder (with its KV cache) passes its parity check at random (left-padded) masks:
+    the ONNX format captures attention as eager and the model's own sdpa is left in place."""
     pytest.importorskip("transformers")
+    from ptopt.formats.onnx_lm import OnnxLMFolder
+
     cell = matrix.cell("gpt2", "export onnx")
     assert cell.status == PASS, cell.detail
-    side = json.loads(cell.result.with_name(cell.result.name + ".ptopt.json").read_text())
-    assert side["extra"]["attention"].startswith("eager")
+    assert (cell.result / "model.onnx").is_file() and OnnxLMFolder.attention == "eager"
+    assert matrix.fp32("gpt2")[0].config._attn_implementation == "sdpa"
 
 
 def test_onnx_attention_is_restored_even_when_the_export_fails():
