@@ -369,6 +369,10 @@ def _max_tokens(params: Any, limit: int) -> int:
     return value
 
 
+#: prompts one infer request may hold (a language model generates them one after the other)
+MAX_PROMPTS = 32
+
+
 def _generate_request(body: bytes, limit: int) -> tuple[list[str], int, None]:
     try:
         req = json.loads(body)
@@ -386,6 +390,10 @@ def _text_inputs(request: oip.InferRequest, limit: int) -> tuple[list[str], int]
     prompts = [v.decode("utf-8", "replace") for v in request.inputs["text_input"].reshape(-1).tolist()]
     if not prompts:
         raise oip.ProtocolError(400, "text_input holds no text")
+    if len(prompts) > MAX_PROMPTS:  # each is generated in turn while the replica is held
+        raise oip.ProtocolError(
+            400, f"text_input holds {len(prompts)} prompts: send at most {MAX_PROMPTS} a request"
+        )
     return prompts, _max_tokens(request.parameters, limit)
 
 

@@ -209,3 +209,20 @@ def test_metadata_shapes_and_datatypes_from_specs():
     assert [oip.spec_datatype(s) for s in SPECS] == ["FP32", "INT64"]
     assert oip.spec_shape(SPECS[0]) == [-1, 3]
     assert oip.datatype_of("bool") == "BOOL" and oip.datatype_of(np.dtype("U3")) == "BYTES"
+
+
+def test_a_language_model_request_holds_at_most_max_prompts():
+    """Prompts are generated one after the other while the replica is held: one request carries at most
+    MAX_PROMPTS of them (400 naming the limit), so one client cannot hold a replica for thousands."""
+    pytest.importorskip("ray.serve", reason="ray[serve] (the ray extra) is not installed")
+    from ptopt.serve.ray_app import MAX_PROMPTS, _text_inputs
+
+    def request(n):
+        text = np.array([b"hi"] * n, dtype=object)
+        body, length = _client_body([th.InferInput("text_input", [n], "BYTES").set_data_from_numpy(text)])
+        return oip.parse_infer_request(body, length)
+
+    assert _text_inputs(request(MAX_PROMPTS), 16) == (["hi"] * MAX_PROMPTS, 16)
+    with pytest.raises(oip.ProtocolError, match=f"send at most {MAX_PROMPTS} a request") as e:
+        _text_inputs(request(MAX_PROMPTS + 1), 16)
+    assert e.value.status == 400
