@@ -230,3 +230,12 @@ def test_an_int8_artifact_checked_on_another_cpu_is_logged_once(tmp_path, serve_
     cpuinfo.write_text("flags\t: fpu sse4_1 fma\n")
     assert handler_mod.cpu_moved(meta, "m", str(cpuinfo)) is None  # the same flags: nothing to say
     assert handler_mod.cpu_moved(dict(meta, precision="fp32"), "m") is None  # fp32 TorchScript: not sensitive
+
+
+def test_the_handlers_cpu_flags_are_ptopts():
+    """The handler runs where ptopt is not installed, so it keeps its own copy of the int8 CPU flags;
+    it must be the same list the sidecar records (``ptopt.core.system.ISA_FLAGS``)."""
+    from ptopt.core.system import ISA_FLAGS
+    from ptopt.serve.handler import INT8_FLAGS
+
+    assert INT8_FLAGS == ISA_FLAGS
