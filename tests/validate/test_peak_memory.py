@@ -32,9 +32,11 @@ def test_someone_elses_freeze_is_left_as_it_is():
     gc.freeze()
     try:
         before = gc.get_freeze_count()
+        # frozen objects freed by refcount (another thread of the worker) leave the count a few lower:
+        # thawing would leave it at 0
         with older_objects_frozen():
-            assert gc.get_freeze_count() == before
-        assert gc.get_freeze_count() == before  # not thawed by us
+            assert before - 100 <= gc.get_freeze_count() <= before
+        assert before - 100 <= gc.get_freeze_count() <= before  # not thawed by us
     finally:
         gc.unfreeze()
 
