@@ -43,7 +43,7 @@ from typing import Any
 
 from ptopt.compress.distributed import is_main_process
 from ptopt.compress.quantize.config import OPTIONS, QuantConfig, SearchOptions, require_data
-from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared
+from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared, winner_output
 from ptopt.compress.quantize.resolve import resolve_config
 from ptopt.compress.quantize.table import technique
 from ptopt.compress.stage import check_output, finish
@@ -120,6 +120,7 @@ def quantize(
     result = quantize_prepared(config, prep, progress)
     if config.mode == "qat" and not is_main_process():
         return None  # under torchrun every process trained (the trainer's DDP); rank 0 judges and writes
+    output = winner_output(result, config.engine, output)
     judged(result, config, prep, output)
     return finish(result, output)
 

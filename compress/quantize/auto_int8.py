@@ -107,7 +107,7 @@ def _whole(engine: str, config: Any, prep: Prepared, data: tuple[Any, Any], log:
 
     att = Attempt(engine)
     try:  # fx has no --no-compile of its own; pt2e makes x86 per-channel int8 only
-        att.cfg = config.replace(engine=engine, compile=config.compile or engine != "fx")
+        att.cfg = config.replace(engine=engine, compile=config.compile or engine == "fx")
     except UsageError as e:
         att.why = f"{engine}: {e}"
         return att

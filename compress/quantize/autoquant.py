@@ -116,7 +116,7 @@ def run_search(
 ) -> AutoQuantResult:
     """The search of ``autoquantize`` with its options resolved (``base`` config, ``search``)."""
     from ptopt.compress.quantize.config import require_data
-    from ptopt.compress.quantize.flow import prepare
+    from ptopt.compress.quantize.flow import prepare, winner_output
 
     trials, seconds = parse_tuning_budget(search.tuning_budget)
     goal = AccuracyGoal(
@@ -134,7 +134,8 @@ def run_search(
     # data; the answer is judged, and its figures reported, on the other half it never saw
     search_data, heldout, split = split_eval(prep.evald) if not analyze else (prep.evald, None, None)
     prep = dataclasses.replace(prep, evald=search_data)
-    if base.engine == "auto":
+    engine = base.engine
+    if engine == "auto":
         found, search_, tuner, base, choice = _search_both(
             prep, base, goal, threads, heldout, _logger(progress)
         )
@@ -148,7 +149,7 @@ def run_search(
     if choice is not None:
         found.result.template.extra["engine_choice"] = choice
     if output is not None:
-        found.artifact = found.result.save(output)
+        found.artifact = found.result.save(winner_output(found.result, engine, output))
     return found
 
 

@@ -136,6 +136,30 @@ def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any) -> Non
     refuse_if_unfaithful(result, output, (lambda: advise(made_by, prep)) if advise else None)
 
 
+def winner_output(result: Any, engine: str, output: Any) -> Any:
+    """The path an ``engine`` result is saved at. On ``auto`` the engine that won decides the file:
+    an output named for the other engine (``.pt`` when PT2E's ``.pt2`` package won, ``.pt2`` when fx's
+    TorchScript did) takes the winner's suffix, said in a note (``wrote`` prints the path). The output
+    of a named engine is left as given (``Result.save`` refuses a suffix that does not fit)."""
+    from pathlib import Path
+
+    from ptopt.core.formats import find_format
+
+    if output is None or engine != "auto":
+        return output
+    path, row = Path(output), find_format(result.template.format)
+    allowed = result.suffixes or (row.suffixes if row is not None else ())
+    if not allowed or path.suffix.lower() in allowed:
+        return output
+    torch_suffixes = {".pt", ".pt2"}
+    new = (
+        path.with_suffix(allowed[0]) if path.suffix.lower() in torch_suffixes else Path(f"{path}{allowed[0]}")
+    )
+    chosen = result.template.config.get("engine", "?")
+    progress.note(f"engine {chosen} won: its {row.label if row else 'file'} is written as {new}")
+    return new
+
+
 def refuse_if_mostly_float(result: Any, prep: Prepared, minimum: float = MIN_STATIC_SHARE) -> None:
     """Int8 that leaves (nearly) every weight float is refused before anything is written, pointing
     to ``--mode dynamic`` when that quantizes the layers this mode cannot."""

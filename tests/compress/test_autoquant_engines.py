@@ -47,11 +47,27 @@ def test_cli_auto_compares_both_engines(cli, tmp_path):
     )  # fmt: skip
     assert code in (0, 1), err
     assert "engine: " in stdout and "search p50 ms" in stdout
-    side = json.loads((tmp_path / "m.int8.pt.ptopt.json").read_text())
+    # the engine that won names the file: fx's TorchScript stays m.int8.pt, PT2E's package is m.int8.pt2
+    (written,) = [p for p in tmp_path.iterdir() if p.name in ("m.int8.pt", "m.int8.pt2")]
+    assert f"wrote {written}" in stdout
+    side = json.loads(written.with_name(written.name + ".ptopt.json").read_text())
     choice = side["extra"]["engine_choice"]
     assert set(choice["search_latency_ms"]) == {"fx", "pt2e"} and choice["chosen"] in ("fx", "pt2e")
+    assert written.suffix == (".pt2" if choice["chosen"] == "pt2e" else ".pt")
     assert side["format"] == ("aoti_package" if choice["chosen"] == "pt2e" else "torchscript")
     assert side["config"]["engine"] == choice["chosen"]
+
+
+def test_auto_output_named_for_the_engine_that_lost_takes_the_winners_suffix(tmp_path):
+    """Deterministic: fx cannot trace ``rank_branch``, so PT2E wins; ``-o x.pt`` becomes ``x.pt2``."""
+    from ptopt.compress.quantize import quantize
+
+    res = quantize(
+        "tests.compress.quant_models:rank_branch", "static", tmp_path / "m.int8.pt", engine="auto",
+        calib_data="tests.compress.quant_models:features16", compile=False, progress=False,
+    )  # fmt: skip
+    assert res.artifact.path == tmp_path / "m.int8.pt2"
+    assert res.artifact.format == "exported_program" and not (tmp_path / "m.int8.pt").exists()
 
 
 def test_auto_with_analyze_is_refused(cli, tmp_path):
