@@ -93,8 +93,34 @@ def test_every_cell_is_expected():
     assert set(EXPECTED) == set(CELLS)
 
 
-@pytest.mark.parametrize("name,stage", CELLS, ids=[f"{m}-{s.replace(' ', '-')}" for m, s in CELLS])
+def cells_of(*names: str) -> list[tuple[str, str]]:
+    """The CI cells of these rows, in the matrix's order: the rows are split over three files so that
+    pytest-xdist (``--dist loadfile``) runs them on different workers, each row whole on one."""
+    return [cell for cell in CELLS if cell[0] in names]
+
+
+def cell_ids(cells: list[tuple[str, str]]) -> list[str]:
+    return [f"{m}-{s.replace(' ', '-')}" for m, s in cells]
+
+
+#: this file's rows; tests/compat/test_matrix_mobile.py and test_matrix_transformers.py hold the others
+HERE = cells_of("resnet18", "vit_tiny", "lstm", "gru")
+
+
+def test_the_three_files_hold_every_cell_once():
+    from tests.compat import test_matrix_mobile, test_matrix_transformers
+
+    split = HERE + test_matrix_mobile.HERE + test_matrix_transformers.HERE
+    assert sorted(split) == sorted(CELLS) and len(split) == len(set(split))
+
+
+@pytest.mark.parametrize("name,stage", HERE, ids=cell_ids(HERE))
 def test_cell(matrix, name, stage):
+    check_cell(matrix, name, stage)
+
+
+def check_cell(matrix, name, stage):
+    """The cell passes within its bounds, or refuses with one line holding its needles."""
     library = BY_NAME[name].library
     if importlib.util.find_spec(_LIBRARY_MODULE[library]) is None:
         pytest.skip(f"{library} is not installed (pip install -e '.[compat]')")
@@ -115,18 +141,6 @@ def test_cell(matrix, name, stage):
     assert "\n" not in cell.detail.strip() and "Traceback" not in cell.detail, cell.detail
     for needle in what:
         assert needle in cell.detail, f"{needle!r} not in {cell.detail!r}"
-
-
-def test_gpt2_onnx_runs_eager_attention(matrix):
-    """GPT-2's ONNX folder (with its KV cache) passes its parity check at random (left-padded) masks:
-    the ONNX format captures attention as eager and the model's own sdpa is left in place."""
-    pytest.importorskip("transformers")
-    from ptopt.formats.onnx_lm import OnnxLMFolder
-
-    cell = matrix.cell("gpt2", "export onnx")
-    assert cell.status == PASS, cell.detail
-    assert (cell.result / "model.onnx").is_file() and OnnxLMFolder.attention == "eager"
-    assert matrix.fp32("gpt2")[0].config._attn_implementation == "sdpa"
 
 
 def test_onnx_attention_is_restored_even_when_the_export_fails():

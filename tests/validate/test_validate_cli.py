@@ -398,3 +398,25 @@ def test_artifact_against_the_base_commits_artifact(cli, artifacts, tmp_path):
     assert data["artifacts"][0]["accuracy_drop"] == 0 and set(data["artifacts"][0]["speedup"]) == {"1", "4"}
     code, out, err = cli(*args, "--min-speedup", "1000")  # "the pull request made it slower"
     assert code == 1 and "min-speedup@bs1" in err and "build/tiny.onnx" in err
+
+
+def test_timing_defaults_and_the_environment(monkeypatch):
+    """Without PTOPT_VALIDATE_* the CLI times with LatencyOptions' defaults (the suite's conftest shortens
+    them through the environment, as a CI runner would); a value in the environment replaces the default."""
+    from ptopt.cli.main import cli
+    from ptopt.validate.latency import MIN_SECONDS, ROUNDS, LatencyOptions
+
+    def params(*args):
+        ctx = cli.make_context(
+            "ptopt", ["validate", "m.pt", "a.onnx", "--data", "d.pt", *args], auto_envvar_prefix="PTOPT"
+        )
+        sub = cli.get_command(ctx, "validate")
+        return sub.make_context("validate", ["m.pt", "a.onnx", "--data", "d.pt", *args], parent=ctx).params
+
+    for key in ("PTOPT_VALIDATE_MIN_SECONDS", "PTOPT_VALIDATE_ROUNDS"):
+        monkeypatch.delenv(key, raising=False)
+    got = params()  # not given: LatencyOptions' defaults apply
+    assert (got["min_seconds"], got["rounds"]) == (None, None)
+    assert (LatencyOptions().min_seconds, LatencyOptions().rounds) == (MIN_SECONDS, ROUNDS) == (3.0, 15)
+    monkeypatch.setenv("PTOPT_VALIDATE_ROUNDS", "4")
+    assert params()["rounds"] == 4 and params("--rounds", "7")["rounds"] == 7
