@@ -161,22 +161,7 @@ def tiny_cnn_factory() -> str:
     return "tests.helpers:tiny_cnn"
 
 
-#: the CLI's timing options, shortened for the whole suite (``PTOPT_<COMMAND>_<OPTION>``, as a CI runner
-#: sets them; in-process CliRunner calls and ``ptopt`` subprocesses both read them): what the suite checks is
-#: that a command runs and reports, not its speed, and the defaults (3 s in 15 rounds per artifact and batch
-#: size) made timing loops ~8% of the suite's CPU. An option given on a command line still wins; a value
-#: already in the environment is kept. tests/validate/test_validate_cli.py checks the defaults without them.
-QUICK_TIMING = {
-    "PTOPT_VALIDATE_MIN_SECONDS": "0.2",
-    "PTOPT_VALIDATE_ROUNDS": "4",
-    "PTOPT_OPTIMIZE_MIN_SECONDS": "0.2",
-    "PTOPT_OPTIMIZE_ROUNDS": "4",
-}
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    for key, value in QUICK_TIMING.items():
-        os.environ.setdefault(key, value)
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist would order files by test count
         config.option.loadscopereorder = False
 

@@ -401,8 +401,8 @@ def test_artifact_against_the_base_commits_artifact(cli, artifacts, tmp_path):
 
 
 def test_timing_defaults_and_the_environment(monkeypatch):
-    """Without PTOPT_VALIDATE_* the CLI times with LatencyOptions' defaults (the suite's conftest shortens
-    them through the environment, as a CI runner would); a value in the environment replaces the default."""
+    """Without PTOPT_VALIDATE_* the CLI times with LatencyOptions' defaults; a value in the environment
+    replaces the default, and one on the command line replaces both."""
     from ptopt.cli.main import cli
     from ptopt.validate.latency import MIN_SECONDS, ROUNDS, LatencyOptions
 
