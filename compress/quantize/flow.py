@@ -143,7 +143,7 @@ def winner_output(result: Any, engine: str, output: Any) -> Any:
     of a named engine is left as given (``Result.save`` refuses a suffix that does not fit)."""
     from pathlib import Path
 
-    from ptopt.core.formats import find_format
+    from ptopt.core.formats import find_format, targets
 
     if output is None or engine != "auto":
         return output
@@ -151,7 +151,8 @@ def winner_output(result: Any, engine: str, output: Any) -> Any:
     allowed = result.suffixes or (row.suffixes if row is not None else ())
     if not allowed or path.suffix.lower() in allowed:
         return output
-    torch_suffixes = {".pt", ".pt2"}
+    # the suffixes of the torch formats (the engines' files): replaced; any other suffix is part of the name
+    torch_suffixes = {s for r in targets().values() if r.runtime == "torch" for s in r.suffixes}
     new = (
         path.with_suffix(allowed[0]) if path.suffix.lower() in torch_suffixes else Path(f"{path}{allowed[0]}")
     )
