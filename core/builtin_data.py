@@ -30,11 +30,31 @@ SPLITS = ("train", "test", "all")
 
 @functools.cache
 def _digits_raw():
+    """The 1,797 digits as ``(N×8×8 float32 images, N int64 labels)``: read from the file scikit-learn
+    ships (``sklearn/datasets/data/digits.csv.gz``, 64 pixel columns then the label) without importing
+    scikit-learn (1-3 s of SciPy imports in every command that names builtin data); through
+    ``load_digits`` where that file is not where this expects it."""
     import numpy as np
-    from sklearn.datasets import load_digits
 
-    d = load_digits()
-    return d.images.astype(np.float32), d.target.astype(np.int64)
+    path = _digits_file()
+    if path is None:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.images.astype(np.float32), d.target.astype(np.int64)
+    data = np.loadtxt(path, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8).astype(np.float32), data[:, -1].astype(np.int64)
+
+
+def _digits_file():
+    from importlib.machinery import PathFinder
+    from pathlib import Path
+
+    spec = PathFinder.find_spec("sklearn")  # where it is installed, imported or not
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("builtin data needs scikit-learn's digits: pip install scikit-learn")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    return path if path.is_file() else None
 
 
 @functools.cache

@@ -18,6 +18,22 @@ def test_builtin_variants_and_splits():
     assert set(tok.x) == {"input_ids", "attention_mask"} and tok.x["input_ids"].dtype == torch.int64
 
 
+def test_builtin_digits_are_scikit_learns_read_without_importing_it(monkeypatch):
+    """The digits file scikit-learn ships, read directly (no 1-3 s of SciPy imports per command):
+    the same images and labels as ``load_digits``, read with every scikit-learn module unimportable."""
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from ptopt.core.builtin_data import _digits_raw
+
+    ref = load_digits()
+    for name in [n for n in sys.modules if n == "sklearn" or n.startswith("sklearn.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # an import of it now raises ImportError
+    images, target = _digits_raw.__wrapped__()
+    assert np.array_equal(images, ref.images.astype(np.float32)) and np.array_equal(target, ref.target)
+
+
 @pytest.mark.parametrize(
     "ref,match",
     [
