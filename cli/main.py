@@ -6,10 +6,12 @@ command lives in ``ptopt.cli.<name>`` and imports torch and the library inside i
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 
 import click
 
@@ -46,16 +48,53 @@ def _reported(command: click.Command) -> click.Command:
 
     def reported(ctx: click.Context) -> object:
         from ptopt.core import progress
+        from ptopt.core.options import soft_options
 
         quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress"))
+        env = _from_environment(ctx)
         # the command itself is a step: whatever no inner step covers (imports, a call nothing times)
         # still gets its heartbeat
         with progress.reporting(not quiet), progress.step(f"ptopt {command.name}", announce=False):
-            return invoke(ctx)
+            with soft_options(env), _naming_the_environment(ctx, env):
+                return invoke(ctx)
 
     command.invoke = reported  # type: ignore[method-assign]
     command._ptopt_reported = True  # type: ignore[attr-defined]
     return command
+
+
+def _from_environment(ctx: click.Context) -> set[str]:
+    """The command's options whose value came from ``PTOPT_<COMMAND>_<OPTION>``: soft defaults
+    (``ptopt.core.options.soft_options``), applied where they apply and left out where not, while
+    the same option typed on the command line is refused where it does not apply."""
+    from click.core import ParameterSource
+
+    return {
+        name
+        for name, value in ctx.params.items()
+        if value not in (None, ()) and ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT
+    }
+
+
+@contextlib.contextmanager
+def _naming_the_environment(ctx: click.Context, env: set[str]) -> Iterator[None]:
+    """A refusal that names an option set in the environment says so (a user who typed nothing of the
+    kind sees where it came from), e.g. ``--max-regression needs --baseline ... (--max-regression:
+    PTOPT_VALIDATE_MAX_REGRESSION=5 in the environment)``."""
+    from ptopt.core.errors import PtoptError
+
+    try:
+        yield
+    except PtoptError as e:
+        notes = []
+        for param in ctx.command.params:
+            flags = [f for f in param.opts if f.startswith("--")]
+            if param.name in env and flags and any(f in str(e) for f in flags):
+                var = f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+                notes.append(f"{flags[0]}: {var}={os.environ.get(var, '')} in the environment")
+        if notes and len(e.args) == 1:
+            e.args = (f"{e.args[0]} ({'; '.join(notes)})",)
+        raise
 
 
 def _module_exists(module: str) -> bool:

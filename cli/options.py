@@ -99,8 +99,11 @@ def save_recipe_option(f: F) -> F:
 def maybe_save_recipe(path: str | None, command: str, options: dict[str, Any]) -> None:
     """Write the recipe of one step when ``--save-recipe`` was given."""
     if path:
+        from ptopt.core.options import soft_left_out
         from ptopt.core.recipe import recipe_step, save_recipe
 
+        # an option set in the environment that did not apply is not part of the step
+        options = {k: v for k, v in options.items() if k not in soft_left_out()}
         save_recipe(path, [recipe_step(command, options)])
         click.echo(f"recipe: {path}", err=True)
 

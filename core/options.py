@@ -26,6 +26,8 @@ means "not given" (the config's default applies). The library's value of a flag 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import difflib
 import functools
@@ -33,13 +35,50 @@ import inspect
 import types
 import typing
 import warnings
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from ptopt.core.errors import OptionRenamed, UsageError
 
 #: the metadata key of a field's :class:`Opt`
 OPT = "ptopt.option"
+
+
+#: the options of the running command set in the environment (``PTOPT_<COMMAND>_<OPTION>``, see
+#: :func:`soft_options`) and those of them dropped because they did not apply
+_SOFT: contextvars.ContextVar[tuple[frozenset[str], set[str]] | None] = contextvars.ContextVar(
+    "ptopt_soft_options", default=None
+)
+
+
+@contextlib.contextmanager
+def soft_options(names: Collection[str]) -> Iterator[set[str]]:
+    """Within it the options ``names`` are soft defaults, not requests: values a CI runner sets for
+    every command in the environment (``PTOPT_VALIDATE_MIN_SECONDS``). One that does not apply to the
+    chosen mode / target / kind is left out without a word (:meth:`Options.check`) instead of refused
+    as the same option typed on the command line is. Yields the set of the names left out."""
+    dropped: set[str] = set()
+    token = _SOFT.set((frozenset(names), dropped))
+    try:
+        yield dropped
+    finally:
+        _SOFT.reset(token)
+
+
+def soft(name: str) -> bool:
+    """True, noting ``name`` as left out, when ``name`` is a soft default (:func:`soft_options`): the
+    caller leaves it out where it does not apply."""
+    state = _SOFT.get()
+    if state is None or name not in state[0]:
+        return False
+    state[1].add(name)
+    return True
+
+
+def soft_left_out() -> frozenset[str]:
+    """The soft defaults left out so far in this :func:`soft_options` (a recipe of the step omits them)."""
+    state = _SOFT.get()
+    return frozenset(state[1]) if state is not None else frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,6 +305,8 @@ class Options:
             if name in out:
                 raise UsageError(f"{self.command}: {d.flag} given twice ({key}= and {name}=)")
             if not self.applies(name, choice):
+                if soft(name):
+                    continue
                 raise UsageError(self._inapplicable(d, choice))
             out[name] = coerce(d, value)
         return out

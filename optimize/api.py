@@ -311,10 +311,11 @@ def _optimize_lm(
 ) -> Any:
     """``optimize(max_perplexity_increase=...)``: the language-model search (``optimize/lm.py``);
     ``others``: the arguments of the other search, refused here when given."""
+    from ptopt.core.options import soft
     from ptopt.core.timing import torch_threads
     from ptopt.optimize.lm import optimize_lm
 
-    given = sorted(k for k, v in others.items() if v not in (None, (), []))
+    given = sorted(k for k, v in others.items() if v not in (None, (), []) and not soft(k))
     if given:
         raise UsageError(
             f"{', '.join(given)}: not options of the language-model search (--max-perplexity-increase)"

@@ -55,9 +55,12 @@ def test_budget_rejects_and_calibrated_methods_need_text(lm):
     assert (rtn["status"] == "rejected") == (rtn["increase_pct_choice"] > 0)
 
 
-def test_cli_prints_the_table(cli, lm, tmp_path):
+def test_cli_prints_the_table(cli, lm, tmp_path, monkeypatch):
+    # --rounds from the environment applies; --min-seconds (of the other search) there is left out
+    monkeypatch.setenv("PTOPT_OPTIMIZE_ROUNDS", "1")
+    monkeypatch.setenv("PTOPT_OPTIMIZE_MIN_SECONDS", "0.2")
     code, out, err = cli("optimize", lm / "llama", "--eval-data", lm / "eval.pt", "--max-perplexity-increase", "5",
-                         "--candidates", "int8-wo", "--rounds", "1", "-o", tmp_path / "o")  # fmt: skip
+                         "--candidates", "int8-wo", "-o", tmp_path / "o")  # fmt: skip
     assert code == 0, err
     # the winner is the faster decode on this machine, shown in bold: either may win
     assert (
@@ -66,6 +69,9 @@ def test_cli_prints_the_table(cli, lm, tmp_path):
         and "KV cache" in out
     )
     assert "threads: None" not in out and f"threads: {torch.get_num_threads()}" in out  # the timed threads
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["settings"]["rounds"] == 1
+    assert_refused(cli, "optimize", lm / "llama", "--eval-data", lm / "eval.pt", "--max-perplexity-increase", "5",
+                   "--min-seconds", "0.2", "-o", tmp_path / "o2", match="--min-seconds applies only to")  # fmt: skip
 
 
 def test_bad_input(cli, lm, tmp_path):

@@ -420,3 +420,17 @@ def test_timing_defaults_and_the_environment(monkeypatch):
     assert (LatencyOptions().min_seconds, LatencyOptions().rounds) == (MIN_SECONDS, ROUNDS) == (3.0, 15)
     monkeypatch.setenv("PTOPT_VALIDATE_ROUNDS", "4")
     assert params()["rounds"] == 4 and params("--rounds", "7")["rounds"] == 7
+
+
+def test_environment_values_apply_to_a_tensor_model(cli, artifacts, tmp_path, monkeypatch):
+    """The timing options set in the environment time a tensor model; a language-model option set there
+    (--context) is left out, not refused, and a refusal naming an option from the environment says so."""
+    for key, value in {"MIN_SECONDS": "0.01", "ROUNDS": "2", "MIN_ITERS": "3", "CONTEXT": "64"}.items():
+        monkeypatch.setenv(f"PTOPT_VALIDATE_{key}", value)
+    args = ("validate", FACTORY, artifacts["torchscript"], "--data", artifacts["data"], "--batch-sizes", "1")
+    code, out, err = cli(*args, "--json", tmp_path / "r.json")
+    assert code == 0, err
+    got = json.loads((tmp_path / "r.json").read_text())["latency_options"]
+    assert (got["min_seconds"], got["rounds"], got["min_iters"]) == (0.01, 2, 3)
+    monkeypatch.setenv("PTOPT_VALIDATE_MAX_REGRESSION", "5")
+    assert_refused(cli, *args, match="--max-regression: PTOPT_VALIDATE_MAX_REGRESSION=5 in the environment")

@@ -127,6 +127,23 @@ def test_cli_a_gate_that_cannot_pass_exits_1_naming_it(cli, lm, tmp_path):
         )
 
 
+def test_cli_options_from_the_environment_are_soft_defaults(cli, lm, tmp_path, monkeypatch):
+    """PTOPT_VALIDATE_<OPTION>, as a CI runner sets it for every command: applied where it applies
+    (--rounds), left out without a word where it does not (--min-seconds times tensor models) and out of
+    the recipe; the same option typed on the command line is still refused."""
+    monkeypatch.setenv("PTOPT_VALIDATE_MIN_SECONDS", "0.2")
+    monkeypatch.setenv("PTOPT_VALIDATE_ROUNDS", "1")
+    args = ("validate", lm["ref"], lm["int8"], "--data", lm["ids"], *FAST[2:])
+    code, out, err = cli(*args, "--json", tmp_path / "r.json", "--save-recipe", tmp_path / "r.yaml")
+    assert code == 0, err
+    assert json.loads((tmp_path / "r.json").read_text())["artifacts"][0]["lm"]["rounds"] == 1
+    recipe = (tmp_path / "r.yaml").read_text()
+    assert "rounds: 1" in recipe and "min_seconds" not in recipe
+    assert_refused(
+        cli, *args, "--min-seconds", "0.2", match="--min-seconds applies only to a model on tensor data"
+    )
+
+
 def test_subprocess_loads_an_int4_folder(run_ptopt, lm):
     """A fresh process (no quantization ran in it) reads the int4 weights (torchao's tensor is
     registered as safe to load by ptopt, not by the quantize that wrote it)."""
