@@ -68,4 +68,19 @@ def setup(threads: int = 2) -> int:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     sys.path.insert(0, str(HERE.parent))
+    _quiet_torchao()
     return threads
+
+
+def _quiet_torchao() -> None:
+    """torchao imported once now, as ptopt's commands import it (``ptopt.core.quiet.quiet_imports``): its
+    import notices (``Skipping import of cpp extensions``, ``Failed to load ..._C_mxfp8...so``, torch's
+    ``_pytree`` deprecations of its Enums) are dropped, and a later import anywhere is silent."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return
+    from ptopt.core.quiet import quiet_imports
+
+    with quiet_imports():
+        import torchao  # noqa: F401

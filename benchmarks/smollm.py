@@ -61,6 +61,18 @@ def smollm_dir() -> Path:
 
 
 def _build(src: Path, out: Path) -> None:
+    from ptopt.core import progress
+    from ptopt.core.quiet import quiet_imports
+
+    # the GGUF reader imports torchao, whose import notices (``Failed to load ..._C_mxfp8...so``,
+    # ``_pytree`` deprecations) are not this script's business: dropped as ptopt's commands drop them;
+    # the minute it takes is reported as theirs is (a line, then one every few seconds in a log)
+    title = f"building {out.name} from {src.name} (once, about a minute)"
+    with progress.reporting(True), progress.step(title), quiet_imports():
+        _convert(src, out)
+
+
+def _convert(src: Path, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
