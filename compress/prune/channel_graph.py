@@ -44,7 +44,13 @@ class ChannelGraph(Rules, Spaces):
     #: the graph the analysis read (``fx`` here, ``export`` for ``ATenChannelGraph``)
     kind = "fx"
 
-    def __init__(self, model: Any, example_inputs: Any, input_style: str = "positional"):
+    #: the hidden size is pruned: embedding tables produce channels (the residual stream), reductions
+    #: over the last dim (a norm written in Python) are statistics, and the stream may reach the output
+    hidden = False
+
+    def __init__(
+        self, model: Any, example_inputs: Any, input_style: str = "positional", hidden: bool = False
+    ):
         import torch
         import torch.fx
         from torch.fx.passes.shape_prop import ShapeProp
@@ -52,6 +58,7 @@ class ChannelGraph(Rules, Spaces):
         from ptopt.core.inputspec import call_args
 
         self.model = model
+        self.hidden = hidden
         try:
             self.gm = torch.fx.symbolic_trace(model)
         except Exception as e:  # noqa: BLE001 - tracing fails in many ways (control flow on values, ...)
@@ -115,6 +122,8 @@ class ChannelGraph(Rules, Spaces):
         #: (module path, space, stride, count) of every split of channels into blocks (heads): the
         #: module's head-count attributes follow them (``attention.set_counts``)
         self.head_splits: list[tuple[str, int, int, int]] = []
+        #: per output tensor: the channels of the hidden size it carries (pruned with it), else None
+        self.output_infos: list[Any] = []
         self._info: dict[Any, Any] = {}
         for node in self.gm.graph.nodes:
             self._info[node] = self._visit(node)
@@ -124,7 +133,12 @@ class ChannelGraph(Rules, Spaces):
             return None
         if node.op == "output":
             for n in self._tensor_inputs(node):
-                self._freeze_info(self._info.get(n), "reaches the model output")
+                info = self._info.get(n)
+                if self._hidden_stream(info):
+                    self.output_infos.append(info)
+                    continue
+                self.output_infos.append(None)
+                self._freeze_info(info, "reaches the model output")
             return None
         if node.op == "call_module":
             return self._visit_module(node)
@@ -162,6 +176,18 @@ class ChannelGraph(Rules, Spaces):
                 self._freeze(prev, f"{name} reads differently laid out channels")
                 self._freeze(info.space, f"{name} reads differently laid out channels")
         self._module_in.setdefault(name, info.space)
+
+    def space_of(self, layer: str) -> _Info | None:
+        """The output channels of ``layer`` (no digits), or None when it makes none."""
+        return _Info(self._module_out[layer], ()) if layer in self._module_out else None
+
+    def _hidden_stream(self, info: Any) -> bool:
+        """With the hidden size pruned: ``info``'s channels are the residual stream (its group holds an
+        embedding table), which is pruned where it reaches the model output too."""
+        if not self.hidden or not isinstance(info, _Info) or info.space in self._parts:
+            return False
+        producers = self._spaces[self._find(info.space)].producers
+        return any(L.kind(self.modules.get(p)) == "embedding" for p in producers)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _tensor_inputs(self, node: Any) -> list[Any]:
@@ -217,7 +243,9 @@ class ChannelGraph(Rules, Spaces):
             return self._h_same_rank(node)
         if cls in ("Flatten", "Unflatten"):
             return self._h_reshape(node)
-        if cls in ("Embedding", "EmbeddingBag"):
+        if cls in ("Embedding", "EmbeddingBag") or L.kind(mod) == "embedding":
+            if self.hidden and L.kind(mod) == "embedding":
+                return self._produce(name, L.out_size(mod), len(self._shape(node)) - 1)
             return None
         return self._unknown(node, cls)
 

@@ -84,6 +84,13 @@ class StructuredPruneConfig(PruneConfig):
     prune_first_last: bool = option(
         False, help="Also prune the first layer and the last linear (classifier outputs never are)."
     )
+    prune_hidden: bool = option(
+        True,
+        help="Prune a transformer's hidden size too: the residual stream its embeddings start (embeddings, "
+        "every block's input/output projections, norms, a tied output head) as one group; "
+        "--no-prune-hidden keeps it (and the width of a base model's output).",
+        toggle=True,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -49,8 +49,9 @@ class ATenChannelGraph(ChannelGraph):
 
     kind = "export"
 
-    def __init__(self, model: Any, example_inputs: Any):
+    def __init__(self, model: Any, example_inputs: Any, hidden: bool = False):
         self.model = model
+        self.hidden = hidden
         ep = export_graph(model, example_inputs)
         self.gm = ep.graph_module
         sig = ep.graph_signature

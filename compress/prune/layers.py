@@ -12,6 +12,8 @@ kind           modules
 ``batch_norm`` ``nn.BatchNorm1d/2d/3d`` and subclasses (timm ``BatchNormAct2d``)
 ``layer_norm`` ``nn.LayerNorm``, ``nn.RMSNorm`` and subclasses
 ``group_norm`` ``nn.GroupNorm`` and subclasses
+``embedding``  ``nn.Embedding`` and subclasses (weight ``[rows, dim]``: its output channels are the
+               columns, dim 1; a producer only when the hidden size is pruned)
 =============  ======================================================================================
 """
 
@@ -34,6 +36,8 @@ def kind(module: Any) -> str | None:
         return "layer_norm"
     if isinstance(module, nn.GroupNorm):
         return "group_norm"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
     w = getattr(module, "weight", None)
     if type(module).__name__ == "Conv1D" and hasattr(module, "nf") and getattr(w, "dim", lambda: 0)() == 2:
         return "conv1d_t"
@@ -47,7 +51,7 @@ def is_layer(module: Any) -> bool:
 
 def weight_dims(module: Any) -> tuple[int, int]:
     """(output-channel dim, input-channel dim) of the module's weight."""
-    return (1, 0) if kind(module) == "conv1d_t" else (0, 1)
+    return (1, 0) if kind(module) in ("conv1d_t", "embedding") else (0, 1)
 
 
 def out_size(module: Any) -> int:
@@ -56,6 +60,8 @@ def out_size(module: Any) -> int:
         return module.out_features
     if k == "conv1d_t":
         return module.nf
+    if k == "embedding":
+        return module.embedding_dim
     return module.out_channels
 
 
@@ -64,8 +70,8 @@ def in_size(module: Any) -> int:
 
 
 def output_channels(model: Any) -> dict[str, int]:
-    """Output channels / features of every conv and linear, by name."""
-    return {n: out_size(m) for n, m in model.named_modules() if is_layer(m)}
+    """Output channels / features of every conv and linear (and embedding width), by name."""
+    return {n: out_size(m) for n, m in model.named_modules() if is_layer(m) or kind(m) == "embedding"}
 
 
 def slice_param(mod: Any, attr: str, dim: int, idx: Any) -> None:
@@ -124,11 +130,23 @@ def cut(mod: Any, role: str, idx: Any, attr: str = "", axis: int = 0) -> None:
         _cut_norm(mod, k, idx)
 
 
+def sync_sizes(mod: Any) -> None:
+    """Set a layer's size attributes from its weight (a tied weight replaced by its cut twin)."""
+    k = kind(mod)
+    if k in ("linear", "embedding", "conv1d_t"):
+        out_dim, in_dim = weight_dims(mod)
+        _set_out(mod, k, mod.weight.shape[out_dim])
+        if k == "linear":
+            mod.in_features = mod.weight.shape[in_dim]
+
+
 def _set_out(mod: Any, k: str | None, n: int) -> None:
     if k == "linear":
         mod.out_features = n
     elif k == "conv1d_t":
         mod.nf = n
+    elif k == "embedding":
+        mod.embedding_dim = n
     else:
         mod.out_channels = n
 

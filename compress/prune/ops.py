@@ -62,7 +62,7 @@ for _names, _handler in (
     ("scaled_dot_product_attention", "sdpa"),
     ("getitem", "getitem"),
     ("index", "index"),
-    ("embedding", "size"),
+    ("embedding", "embedding"),
 ):
     HANDLERS.update(dict.fromkeys(_names.split(), _handler))
 

@@ -26,6 +26,18 @@ class Rules:
     def _h_size(self, node: Any) -> None:
         return None  # sizes are recomputed when the pruned model runs; new tensors hold no channels
 
+    def _h_embedding(self, node: Any) -> _Info | None:
+        """A lookup in an embedding table (``aten.embedding(weight, ids)``, ``F.embedding(ids, weight)``):
+        with the hidden size pruned its columns are the output channels of a layer (the residual stream
+        starts here); else the result holds channels no layer made."""
+        if not self.hidden:
+            return None
+        for arg in node.args[:2]:
+            found = self._param_module(arg)
+            if found is not None and L.kind(found[1]) == "embedding" and self._owner(arg)[1] == "weight":
+                return self._produce(found[0], L.out_size(found[1]), len(self._out_shape(node)) - 1)
+        return None
+
     def _aligned(self, node: Any) -> list[tuple[Any, Any, int]]:
         """(input node, its info or None, dims it is shifted by) for each tensor input, broadcast
         against the node's output from the right."""
@@ -170,10 +182,23 @@ class Rules:
         if any(not isinstance(d, int) for d in dims):
             return self._unknown(node, _op_name(node))
         dims = sorted({d % len(s) for d in dims})
-        out = self._drop(info, dims, node.name)
+        if self._statistic(node, info, dims, len(s)):
+            self._inexact.add(info.space)  # a norm written in Python: the others' statistic changes
+            out = _Info(info.space, tuple(d for d in info.digits if d.dim not in dims))
+        else:
+            out = self._drop(info, dims, node.name)
         if len(shape) != len(s):  # keepdim=False: later dims move up
             out = _Info(out.space, tuple(d.moved(d.dim - sum(x < d.dim for x in dims)) for d in out.digits))
         return out
+
+    def _statistic(self, node: Any, info: _Info, dims: list[int], rank: int) -> bool:
+        """With the hidden size pruned: a mean / variance / norm over the last dim holding every channel
+        of a space (RMSNorm and LayerNorm written in Python): a per-token statistic, not a mix of units."""
+        if not self.hidden or dims != [rank - 1] or info.space in self._parts:
+            return False
+        on = [d for d in info.digits if d.dim == rank - 1]
+        stat = _op_name(node) in ("mean", "var", "std", "norm", "linalg_vector_norm", "var_mean", "std_mean")
+        return stat and len(on) == 1 and on[0].rep == 1 and on[0].span == self._size(info.space)
 
     def _trace_step(self, node: Any, dim: int) -> tuple[Any, int] | None:
         """One op back from ``node`` toward the parameter it reads: (its input, the input's dim that
@@ -513,11 +538,22 @@ class Rules:
         name = _op_name(node)
         x, w = (node.args[1], node.args[2]) if name == "addmm" else (node.args[0], node.args[1])
         found = self._param_module(w)
+        if found is not None and L.kind(found[1]) == "embedding":
+            found = self._tied_layer(node, found[1]) or found  # an output head sharing the table
         transposed = name == "convolution" and len(node.args) > 6 and node.args[6]
         if found is None or transposed or not L.is_layer(found[1]) or self._owner(w)[1] != "weight":
             return self._unknown(node, name)
         info = self._info.get(x)
         return self._layer(node, found[0], found[1], x, info if isinstance(info, _Info) else None)
+
+    def _tied_layer(self, node: Any, table: Any) -> tuple[str, Any] | None:
+        """The layer ``node`` ran inside whose weight is ``table``'s (a tied output head: the graph
+        names a shared parameter once, after the embedding)."""
+        for path in reversed(self._stack(node)):
+            mod = self.modules.get(path)
+            if mod is not None and L.is_layer(mod) and mod.weight is table.weight:
+                return path, mod
+        return None
 
     def _h_norm(self, node: Any) -> _Info | None:
         """Functional batch_norm / layer_norm / group_norm / rms_norm (timm's BatchNormAct2d calls

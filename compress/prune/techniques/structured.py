@@ -43,6 +43,7 @@ def analyse(
     graph: str = "auto",
     whole: dict[str, str] | None = None,
     kept: dict[str, str] | None = None,
+    hidden: bool = False,
 ) -> tuple[Any, list[ChannelGroup], dict[str, str]]:
     """(channel graph, its groups, default exclusions with their reasons) of ``model``.
 
@@ -51,7 +52,9 @@ def analyse(
     (``ptopt.compress.prune.graph``), and the one that can prune more layers. An
     UnsupportedModelError names why neither works. ``whole``: module types kept whole (type name
     -> why; ``"*"``: every module that splits channels into heads). ``kept``: layers that keep their
-    output channels (name -> why), as excluded ones do.
+    output channels (name -> why), as excluded ones do. ``hidden``: embedding tables produce channels,
+    so the residual stream they start (the hidden size) is one group, pruned where it reaches the
+    output too.
     """
     from ptopt.compress.prune.graph import ATenChannelGraph
 
@@ -60,7 +63,7 @@ def analyse(
     found: list[tuple[Any, list[ChannelGroup], dict[str, str]]] = []
     for cls in kinds[graph]:
         try:
-            g = cls(model, example_inputs)
+            g = cls(model, example_inputs, hidden=hidden)
         except UnsupportedModelError as e:
             errors.append(e)
             continue
@@ -94,10 +97,14 @@ def _default_excluded(graph: Any, prune_first_last: bool) -> dict[str, str]:
         return defaults
     executed = graph.executed_layers()
     first = graph.producer_order[0] if executed[:1] == graph.producer_order[:1] else None
+    if first is not None and L.kind(graph.modules[first]) == "embedding":
+        first = None  # the hidden size: --no-prune-hidden keeps it
     if first is not None:
         defaults[first] = f"{first} is the first layer (excluded by default; --prune-first-last prunes it)"
     linears = [n for n in graph.producer_order if L.kind(graph.modules[n]) in ("linear", "conv1d_t")]
-    if linears and linears[-1] != first:
+    # a base model's last projection makes the hidden size (pruned with it, its output too)
+    hidden = bool(linears) and graph._hidden_stream(graph.space_of(linears[-1]))
+    if linears and linears[-1] != first and not hidden:
         defaults[linears[-1]] = f"{linears[-1]} is the last linear (excluded by default)"
     return defaults
 
@@ -113,6 +120,7 @@ def structured_prune(
     base_channels: dict[str, int] | None = None,
     graph: str = "auto",
     describable: bool = False,
+    hidden: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
     """Remove ``amount`` of the output channels of every prunable group; returns (new model, report).
 
@@ -121,10 +129,13 @@ def structured_prune(
     whole. The model is deep-copied; the result is the same module class with smaller layers (and
     fewer heads, its head-count attributes set), an ordinary dense nn.Module; a Hugging Face
     model's config says its new sizes when it can (``describable``: it must, see ``_hf_config``).
-    ``graph``: see :data:`GRAPHS`. A causal LM runs without its key/value cache meanwhile.
+    ``graph``: see :data:`GRAPHS`. A causal LM runs without its key/value cache meanwhile. ``hidden``:
+    also prune a transformer's hidden size (the residual stream its embeddings start: embeddings,
+    every block's input and output projections, norms, a tied output head) as one group.
     """
     settings = dict(criterion=criterion, exclude=exclude, prune_first_last=prune_first_last,
-                    base_channels=base_channels or {}, graph=graph, describable=describable)  # fmt: skip
+                    base_channels=base_channels or {}, graph=graph, describable=describable,
+                    hidden=hidden)  # fmt: skip
     whole: dict[str, str] = {}
     settings["kept"] = {}
     from ptopt.compress.prune.hf_config import no_cache
@@ -183,6 +194,7 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
         settings["graph"],
         whole,
         settings["kept"],
+        settings.get("hidden", False),
     )
     _refuse_if_nothing(g, groups)
     notes = [
@@ -196,8 +208,10 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     before = L.output_channels(model)
     with torch.no_grad():
         _zero_inputs(g.modules, g.uses, masks)
-        masked = call_model(model, example_inputs)
+        masked = _narrow_outputs(g, kept, call_model(model, example_inputs), notes)
+    shared = _shared_parameters(model)
     _cut(g.modules, g.uses, masks)
+    _tie_again(model, shared)
     heads, splits = _follow_heads(g, kept)
     heads += _hf_config(model, splits, before, settings.get("describable", False))
     model, out = _runnable(model, g, example_inputs, masked)  # masked: the unpruned output's shapes
@@ -209,6 +223,62 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     if cache:  # the copy was made without the cache (``no_cache``): it generates with it again
         model.config.use_cache = cache
     return model, _report(g, groups, defaults, before, heads, notes, exact)
+
+
+def _narrow_outputs(g: Any, kept: dict[int, Any], out: Any, notes: list[str]) -> Any:
+    """``out`` with the pruned hidden channels taken out of every output that carries the hidden size
+    (a base model's ``last_hidden_state``): the shapes and values the pruned model must give."""
+    import torch
+
+    from ptopt.compress.prune.channel_graph import Use
+
+    leaves, spec = torch.utils._pytree.tree_flatten(out)
+    infos = g.output_infos
+    if len(infos) != len(leaves) or not any(infos):
+        return out
+    narrowed = []
+    for leaf, info in zip(leaves, infos, strict=True):
+        if info is not None and isinstance(leaf, torch.Tensor) and len(info.digits) == 1:
+            d = info.digits[0]
+            alive = _alive(g, kept, Use(info.space, "", "", info.digits, leaf.shape[d.dim]))
+            if not bool(alive.all()):
+                note = (f"the model's output is narrower: its hidden size {leaf.shape[d.dim]} → "
+                        f"{int(alive.sum())} (--no-prune-hidden keeps it)")  # fmt: skip
+                if note not in notes:
+                    notes.append(note)
+                leaf = leaf.index_select(d.dim, alive.nonzero().flatten())
+        narrowed.append(leaf)
+    return torch.utils._pytree.tree_unflatten(narrowed, spec)
+
+
+def _shared_parameters(model: Any) -> list[tuple[Any, list[tuple[Any, str]]]]:
+    """Every parameter two or more modules hold (a tied embedding and output head, T5's ``shared``
+    table and its encoder's), with its (module, attribute) holders."""
+    holders: dict[int, tuple[Any, list[tuple[Any, str]]]] = {}
+    for mod in model.modules():
+        for attr, p in mod.named_parameters(recurse=False):
+            holders.setdefault(id(p), (p, []))[1].append((mod, attr))
+    return [h for h in holders.values() if len(h[1]) > 1]
+
+
+def _tie_again(model: Any, shared: list[tuple[Any, list[tuple[Any, str]]]]) -> None:
+    """Tied parameters stay one parameter: the holders the cut reached hold the same new tensor (each
+    was cut from the one tensor at the same positions); it replaces every holder's."""
+    import torch
+
+    for original, holders in shared:
+        cut = [getattr(m, a) for m, a in holders if getattr(m, a) is not original]
+        if not cut:
+            continue
+        if any(c.shape != cut[0].shape or not torch.equal(c, cut[0]) for c in cut[1:]):
+            raise UnsupportedModelError(
+                f"structured pruning: a tied parameter ({holders[0][1]} of {type(holders[0][0]).__name__}) "
+                "was cut differently where it is used; --no-prune-hidden keeps the hidden size"
+            )
+        for mod, attr in holders:
+            setattr(mod, attr, cut[0])
+            if L.kind(mod) is not None:
+                L.sync_sizes(mod)
 
 
 def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bool) -> list[str]:
@@ -511,6 +581,7 @@ class StructuredPruner:
             prune_first_last=c.prune_first_last,
             base_channels=self.base,
             describable=self.describable,
+            hidden=c.prune_hidden,
         )
         return model
 
