@@ -112,6 +112,9 @@ class ChannelGraph(Rules, Spaces):
         self._param_spaces: dict[tuple[str, str, int], int] = {}
         self._parts: dict[int, list[tuple[int | None, int, int]]] = {}
         self._inexact: set[int] = set()
+        #: space -> the norms over its channels, as (module, space, channels): a leaf module to run on the
+        #: kept channels alone when checking the pruned model, or None (a norm inside a larger forward)
+        self._norm_at: dict[int, list[tuple[str | None, int, int]]] = {}
         self.producer_order: list[str] = []
         #: structures kept whole or channels kept by an op the rules do not follow (printed)
         self.notes: list[str] = []
@@ -330,6 +333,10 @@ class ChannelGraph(Rules, Spaces):
                     self._block(info.space, d.span, name)
                 return info
             self._inexact.add(info.space)
+            last = len(normed) == 1 and tuple(on) == plain(rank - 1, self._size(info.space))
+            self._norm_at.setdefault(info.space, []).append(
+                (name if last and L.plain_norm(mod) else None, info.space, self._size(info.space))
+            )
             if len(normed) != 1 or getattr(mod, "weight", None) is None:
                 return info if len(normed) == 1 else self._drop(info, normed, name)
         elif any(d.dim != 1 for d in info.digits):
@@ -415,6 +422,7 @@ class ChannelGraph(Rules, Spaces):
                 list(dict.fromkeys(sp.frozen)),
                 {m: self._spaces[m].size // units for m in ids},
                 inexact=any(m in self._inexact for m in ids),
+                norms=[n for m in ids for n in self._norm_at.get(m, [])],
                 size=self._spaces[first].size,
             )
             self._group_index[root] = len(out)

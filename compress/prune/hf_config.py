@@ -4,7 +4,8 @@ folder ``from_pretrained`` loads.
 ``from_pretrained`` rebuilds every layer from ``config.json``: a pruned model is a Hugging Face folder
 only when its config can say its new sizes. :func:`pruned_config` sets the head counts
 (``num_attention_heads``, ``num_key_value_heads``, ``n_head``...), the FFN width (``intermediate_size``,
-``n_inner``, ``d_ff``, DistilBERT's ``hidden_dim``...) and ``head_dim`` (kept: the head size does not
+``n_inner``, ``d_ff``, DistilBERT's ``hidden_dim``...), the hidden size (``hidden_size``, ``d_model``,
+``dim``, ``n_embd``: the embedding tables' width) and ``head_dim`` (kept: the head size does not
 change) from what the pruning did, then builds the model of that config on the meta device (no
 memory) and compares every tensor's shape with the pruned model's. What does not match is named:
 a config that derives the head size from ``hidden_size / num_attention_heads`` (BERT, GPT-2) cannot
@@ -20,6 +21,8 @@ from typing import Any
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
 KV_KEYS = ("num_key_value_heads",)
 FFN_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "hidden_dim")
+#: config keys holding the hidden size (the embedding width, the residual stream)
+HIDDEN_KEYS = ("hidden_size", "d_model", "dim", "n_embd", "embed_dim")
 
 
 def is_hf_model(model: Any) -> bool:
@@ -32,11 +35,17 @@ def pruned_config(
 ) -> tuple[Any, list[str]]:
     """(the pruned ``model``'s config, what it cannot describe). ``heads``: (head size, old count,
     new count) of every split into heads; ``layers``: output channels (before, after) per layer."""
+    from ptopt.compress.prune import layers as L
+
     config = copy.deepcopy(model.config)
     blockers: list[str] = []
+    tables = {n for n, m in model.named_modules() if L.kind(m) == "embedding"}
+    if getattr(config, "n_inner", 0) is None and isinstance(getattr(config, "n_embd", None), int):
+        config.n_inner = 4 * config.n_embd  # GPT-2's None means 4 x the hidden size, which may change
     for keys, counts in (
         (HEAD_KEYS + KV_KEYS, {(old, new) for _, old, new in heads}),
-        (FFN_KEYS, set(layers.values())),
+        (FFN_KEYS, {size for n, size in layers.items() if n not in tables}),
+        (HIDDEN_KEYS, {size for n, size in layers.items() if n in tables}),
     ):
         for key in keys:
             old = _value(config, key)

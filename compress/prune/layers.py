@@ -44,6 +44,14 @@ def kind(module: Any) -> str | None:
     return None
 
 
+def plain_norm(module: Any) -> bool:
+    """torch's own LayerNorm / RMSNorm forward (normalising the last dims of the module's input)."""
+    from torch import nn
+
+    classes = [nn.LayerNorm, *([nn.RMSNorm] if hasattr(nn, "RMSNorm") else [])]
+    return type(module).forward in [c.forward for c in classes]
+
+
 def is_layer(module: Any) -> bool:
     """A conv / linear whose output channels can be removed."""
     return kind(module) in ("conv", "linear", "conv1d_t")

@@ -34,6 +34,8 @@ class Rules:
             return None
         for arg in node.args[:2]:
             found = self._param_module(arg)
+            if found is not None and L.kind(found[1]) != "embedding":
+                found = self._tied_layer(node, found[1], ("embedding",))  # the graph names the head
             if found is not None and L.kind(found[1]) == "embedding" and self._owner(arg)[1] == "weight":
                 return self._produce(found[0], L.out_size(found[1]), len(self._out_shape(node)) - 1)
         return None
@@ -184,12 +186,22 @@ class Rules:
         dims = sorted({d % len(s) for d in dims})
         if self._statistic(node, info, dims, len(s)):
             self._inexact.add(info.space)  # a norm written in Python: the others' statistic changes
+            self._norm_at.setdefault(info.space, []).append((self._norm_module(node), info.space, s[-1]))
             out = _Info(info.space, tuple(d for d in info.digits if d.dim not in dims))
         else:
             out = self._drop(info, dims, node.name)
         if len(shape) != len(s):  # keepdim=False: later dims move up
             out = _Info(out.space, tuple(d.moved(d.dim - sum(x < d.dim for x in dims)) for d in out.digits))
         return out
+
+    def _norm_module(self, node: Any) -> str | None:
+        """The module a statistic node ran inside when it is a norm alone (a leaf whose parameters are
+        per channel: T5's and Llama's RMSNorm), else None."""
+        stack = self._stack(node)
+        mod = self.modules.get(stack[-1]) if stack else None
+        if mod is None or not stack[-1] or any(True for _ in mod.children()):
+            return None
+        return stack[-1] if all(p.dim() == 1 for p in mod.parameters(recurse=False)) else None
 
     def _statistic(self, node: Any, info: _Info, dims: list[int], rank: int) -> bool:
         """With the hidden size pruned: a mean / variance / norm over the last dim holding every channel
@@ -539,19 +551,19 @@ class Rules:
         x, w = (node.args[1], node.args[2]) if name == "addmm" else (node.args[0], node.args[1])
         found = self._param_module(w)
         if found is not None and L.kind(found[1]) == "embedding":
-            found = self._tied_layer(node, found[1]) or found  # an output head sharing the table
+            found = self._tied_layer(node, found[1], ("linear", "conv1d_t")) or found  # a tied head
         transposed = name == "convolution" and len(node.args) > 6 and node.args[6]
         if found is None or transposed or not L.is_layer(found[1]) or self._owner(w)[1] != "weight":
             return self._unknown(node, name)
         info = self._info.get(x)
         return self._layer(node, found[0], found[1], x, info if isinstance(info, _Info) else None)
 
-    def _tied_layer(self, node: Any, table: Any) -> tuple[str, Any] | None:
-        """The layer ``node`` ran inside whose weight is ``table``'s (a tied output head: the graph
-        names a shared parameter once, after the embedding)."""
+    def _tied_layer(self, node: Any, holder: Any, kinds: tuple[str, ...]) -> tuple[str, Any] | None:
+        """The module of one of ``kinds`` that ``node`` ran inside whose weight is ``holder``'s: a
+        tied embedding and output head share one parameter, which the graph names after one of them."""
         for path in reversed(self._stack(node)):
             mod = self.modules.get(path)
-            if mod is not None and L.is_layer(mod) and mod.weight is table.weight:
+            if mod is not None and L.kind(mod) in kinds and getattr(mod, "weight", None) is holder.weight:
                 return path, mod
         return None
 

@@ -82,6 +82,9 @@ class ChannelGroup:
     inexact: bool = False
     #: channels of the first producer's space (the table's "channels")
     size: int = 0
+    #: the norms over these channels: (leaf module run on the kept channels alone when checking, or
+    #: None; the space at the norm; its channels)
+    norms: list[tuple[str | None, int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def prunable(self) -> bool:
@@ -95,6 +98,7 @@ class Spaces:
     _spaces: list[_Space]
     _parts: dict[int, list[tuple[int | None, int, int]]]
     _inexact: set[int]
+    _norm_at: dict[int, list[tuple[str | None, int, int]]]
 
     # -- spaces, union-find ----------------------------------------------------------------------
     def _new(self, size: int, producer: str | None = None, frozen: str | None = None) -> int:
@@ -219,6 +223,7 @@ class Spaces:
             self._spaces[p].block = sp.block
             if space in self._inexact:
                 self._inexact.add(p)
+                self._norm_at[p] = [(None, p, b - a)]  # a norm over a split space: not checked
             parts.append((p, a, b - a))
         self._parts[space] = parts
         return next(p for p, a, _ in parts if a == lo)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import warnings
 
 import pytest
 import torch
 
+from ptopt.compress.prune.config import PruneWarning
 from tests.compat import prune_families as F
 from tests.helpers import assert_refused
 
@@ -23,16 +25,17 @@ def _needs(*modules: str) -> None:
 
 #: family -> (library, the most parameters kept at --amount 0.3 (measured + 0.03), a layer that must
 #: shrink, whether the pruned model is checked against the masked unpruned one: not when a LayerNorm /
-#: GroupNorm normalizes over pruned channels, as ConvNeXt's, Swin's and wav2vec2's feature stream)
+#: GroupNorm normalizes over pruned channels, as ConvNeXt's, Swin's and wav2vec2's feature stream; a
+#: transformer's hidden size is checked with its norms run on the kept channels alone)
 CASES = {
     "shufflenet": ("torchvision", 0.77, "stage2.0.branch2.0", True),  # read through the channel shuffle
     "mobilenet_timm": ("timm", 0.54, "blocks.1.0.conv_pw", True),  # BatchNormAct2d follows
     "convnext_timm": ("timm", 0.56, "stages.0.blocks.0.mlp.fc1", False),  # channels-last, layer scale
     "swin": ("timm", 0.61, "layers.0.blocks.0.attn.qkv", False),  # heads whole, bias table per head
-    "distilbert": ("transformers", 0.84, "distilbert.transformer.layer.0.attention.q_lin", True),
-    "t5_encoder": ("transformers", 0.83, "encoder.block.0.layer.0.SelfAttention.q", True),
+    "distilbert": ("transformers", 0.60, "distilbert.embeddings.word_embeddings", True),  # hidden size
+    "t5_encoder": ("transformers", 0.59, "encoder.embed_tokens", True),  # shared table, output narrower
     "wav2vec2": ("transformers", 0.80, "wav2vec2.encoder.layers.0.attention.q_proj", False),
-    "llama": ("transformers", 0.81, "model.layers.0.self_attn.k_proj", True),  # grouped-query kv heads
+    "llama": ("transformers", 0.57, "model.layers.0.self_attn.k_proj", True),  # grouped-query kv heads
 }
 
 
@@ -42,11 +45,15 @@ def test_family_prunes(name):
     the pruned model was checked against the unpruned one with the removed channels masked."""
     library, bound, layer, exact = CASES[name]
     _needs(library)
-    res, kept = F.prune_family(name)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PruneWarning)
+        res, kept = F.prune_family(name)
     assert kept <= bound, f"{name} keeps {kept:.3f} > {bound}"
     rows = {r["layer"]: r for r in res.extra["layers"]}
     assert rows[layer]["channels_after"] < rows[layer]["channels_before"], rows[layer]
     assert res.extra["checked_vs_masked"] is exact
+    narrower = [str(w.message) for w in caught if "output is narrower" in str(w.message)]
+    assert bool(narrower) is (name == "t5_encoder"), narrower  # only the base model outputs the hidden size
 
 
 def test_llama_prunes_into_a_hugging_face_folder(tmp_path):
@@ -61,11 +68,56 @@ def test_llama_prunes_into_a_hugging_face_folder(tmp_path):
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
     c = back.config
     assert (c.num_attention_heads, c.num_key_value_heads, c.intermediate_size, c.head_dim) == (2, 1, 45, 8)
+    assert c.hidden_size == 22 == back.model.embed_tokens.embedding_dim  # the hidden size, one group
     assert c.use_cache is True and json.loads((tmp_path / "pruned.ptopt.json").read_text())["format"] == "hf"
     x = torch.randint(0, 100, (2, 6))
     with torch.no_grad():
         torch.testing.assert_close(back(x).logits, res.model(x).logits)
         assert back.generate(x, max_new_tokens=3, do_sample=False).shape == (2, 9)
+
+
+def test_tied_embedding_stays_tied_through_the_hidden_size_and_the_folder(tmp_path):
+    """The hidden size goes as one group: the embedding and the output head tied to it stay one
+    parameter, the norms and every projection follow, the config says the new width, and the folder
+    reloads (tied) as the pruned model; the check against the masked unpruned model ran."""
+    _needs("transformers")
+    from transformers import AutoModelForCausalLM
+
+    import ptopt
+
+    model = F._hf("LlamaConfig", "LlamaForCausalLM", hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True, **F._TEXT)  # fmt: skip
+    res = ptopt.prune(model, "structured", 0.3, output=tmp_path / "tied")
+    m = res.model
+    assert m.lm_head.weight is m.model.embed_tokens.weight
+    width = m.config.hidden_size
+    assert width == m.model.embed_tokens.embedding_dim == m.model.norm.weight.shape[0] == 22
+    assert (
+        m.model.layers[0].self_attn.q_proj.in_features
+        == m.model.layers[0].mlp.down_proj.out_features
+        == width
+    )
+    assert res.extra["checked_vs_masked"] is True
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "tied").eval()
+    assert back.lm_head.weight.data_ptr() == back.model.embed_tokens.weight.data_ptr()
+    x = torch.randint(0, 100, (2, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, m(x).logits)
+
+
+@pytest.mark.parametrize("flags,width", [((), 22), (("--no-prune-hidden",), 32)])
+def test_cli_prune_hidden_of_a_base_model_into_a_folder(cli, tmp_path, flags, width):
+    """A base model outputs its hidden size: pruned by default (the CLI says the output is narrower),
+    kept with --no-prune-hidden; either way the folder loads with from_pretrained."""
+    _needs("transformers")
+    from transformers import T5EncoderModel
+
+    code, out, err = cli("prune", "tests.compat.prune_families:t5_encoder", "--method", "structured",
+                         "--amount", "0.3", *flags, "-o", tmp_path / "t5")  # fmt: skip
+    assert code == 0, err
+    back = T5EncoderModel.from_pretrained(tmp_path / "t5")
+    assert back.config.d_model == width == back.shared.embedding_dim and back.config.num_heads == 3
+    assert ("output is narrower" in out + err) is (width < 32)
 
 
 def test_cli_bert_into_a_folder_keeps_heads_its_config_cannot_say(cli, tmp_path):

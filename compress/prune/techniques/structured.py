@@ -206,7 +206,8 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     kept = _lookup(keep)
     masks = _masks(g, kept)
     before = L.output_channels(model)
-    with torch.no_grad():
+    norms = _checked_norms(g, keep, kept)
+    with torch.no_grad(), _KeptNorms(model, norms or {}) as hooked:
         _zero_inputs(g.modules, g.uses, masks)
         masked = _narrow_outputs(g, kept, call_model(model, example_inputs), notes)
     shared = _shared_parameters(model)
@@ -215,7 +216,8 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     heads, splits = _follow_heads(g, kept)
     heads += _hf_config(model, splits, before, settings.get("describable", False))
     model, out = _runnable(model, g, example_inputs, masked)  # masked: the unpruned output's shapes
-    exact = not any(grp.inexact and i in keep for i, grp in enumerate(g.all_groups))
+    inexact = any(grp.inexact and i in keep for i, grp in enumerate(g.all_groups))
+    exact = not inexact or (norms is not None and hooked.ran)
     if exact:
         _check(out, masked, heads, g)
     for note in notes:
@@ -223,6 +225,65 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     if cache:  # the copy was made without the cache (``no_cache``): it generates with it again
         model.config.use_cache = cache
     return model, _report(g, groups, defaults, before, heads, notes, exact)
+
+
+def _checked_norms(g: Any, keep: dict[int, Any], kept: dict[int, Any]) -> dict[str, Any] | None:
+    """``module -> kept positions`` of every norm over channels that lose some, when each is a leaf
+    module over the last dim of a hidden-size group (LayerNorm, RMSNorm, T5's and Llama's RMSNorm):
+    the check then runs them on the kept channels alone (``_KeptNorms``) and stays exact. None when
+    some norm cannot be run so (the pruned model is then not checked)."""
+    from ptopt.compress.prune.channel_graph import Use
+    from ptopt.compress.prune.layout import plain
+
+    out: dict[str, Any] = {}
+    for i, grp in enumerate(g.all_groups):
+        if not (grp.inexact and i in keep):
+            continue
+        if not g.hidden or not any(L.kind(g.modules.get(p)) == "embedding" for p in grp.producers):
+            return None
+        for module, space, n in grp.norms:
+            if module is None:
+                return None
+            out[module] = _alive(g, kept, Use(space, "", "", plain(0, n), n))
+    return out
+
+
+class _KeptNorms:
+    """While the unpruned model runs for the check, each norm in ``norms`` (module -> kept positions)
+    normalises its kept channels alone, as its pruned twin does; the removed ones come out zero.
+    ``ran``: every hooked norm saw inputs of its width (else the check is not exact)."""
+
+    def __init__(self, model: Any, norms: dict[str, Any]):
+        self.model, self.norms, self.handles, self.ran = model, norms, [], True
+
+    def __enter__(self) -> _KeptNorms:
+        for name, alive in self.norms.items():
+            mod = self.model.get_submodule(name)
+            twin = copy.deepcopy(mod)
+            idx = alive.nonzero().flatten()
+            for attr, t in [*twin.named_parameters(recurse=False), *twin.named_buffers(recurse=False)]:
+                if t.dim() == 1 and t.shape[0] == len(alive):
+                    L.slice_param(twin, attr, 0, idx)
+            if hasattr(twin, "normalized_shape"):
+                twin.normalized_shape = (len(idx),)
+            self.handles.append(mod.register_forward_hook(self._hook(twin, alive)))
+        return self
+
+    def _hook(self, twin: Any, alive: Any) -> Any:
+        def hook(mod: Any, args: tuple, out: Any) -> Any:
+            x = args[0] if args else None
+            if getattr(x, "shape", (0,))[-1:] != (len(alive),) or getattr(out, "shape", None) != x.shape:
+                self.ran = False
+                return None
+            result = out.new_zeros(out.shape)
+            result[..., alive] = twin(x[..., alive]).to(out.dtype)
+            return result
+
+        return hook
+
+    def __exit__(self, *exc: Any) -> None:
+        for h in self.handles:
+            h.remove()
 
 
 def _narrow_outputs(g: Any, kept: dict[int, Any], out: Any, notes: list[str]) -> Any:
@@ -297,6 +358,10 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
         return [f"config.{c}" for c in hf_config.apply_config(model, config)]
     if not describable:
         return []
+    tables = {n: f"{type(model.config).__name__} cannot say the new hidden size ({blockers[0]}): it is kept"
+              for n, (b, a) in sizes.items() if b != a and L.kind(model.get_submodule(n)) == "embedding"}  # fmt: skip
+    if tables:
+        raise _KeepLayers(tables)
     if any(a != b for _, _, a, b in splits):
         raise _KeepWhole("*", f"{type(model.config).__name__} cannot describe fewer heads ({blockers[0]})")
     layers = {
