@@ -85,7 +85,15 @@ def output_channels(model: Any) -> dict[str, int]:
 def slice_param(mod: Any, attr: str, dim: int, idx: Any) -> None:
     """Keep the entries ``idx`` of ``mod.attr`` along ``dim`` (a Parameter stays a Parameter)."""
     import torch
+    from torch.nn.utils import parametrize
 
+    if parametrize.is_parametrized(mod, attr):  # weight norm: cut the tensors the weight is made of
+        size = getattr(mod, attr).shape[dim]
+        originals = getattr(mod.parametrizations, attr)
+        for name, t in list(originals.named_parameters(recurse=False)):
+            if t.dim() > dim and t.shape[dim] == size and size > 1:
+                slice_param(originals, name, dim, idx)
+        return
     t = getattr(mod, attr, None)
     if not isinstance(t, torch.Tensor):
         return

@@ -205,8 +205,9 @@ class Rules:
 
     def _statistic(self, node: Any, info: _Info, dims: list[int], rank: int) -> bool:
         """With the hidden size pruned: a mean / variance / norm over the last dim holding every channel
-        of a space (RMSNorm and LayerNorm written in Python): a per-token statistic, not a mix of units."""
-        if not self.hidden or dims != [rank - 1] or info.space in self._parts:
+        of the residual stream (RMSNorm and LayerNorm written in Python): a per-token statistic, not a
+        mix of units."""
+        if dims != [rank - 1] or not self._hidden_stream(info):
             return False
         on = [d for d in info.digits if d.dim == rank - 1]
         stat = _op_name(node) in ("mean", "var", "std", "norm", "linalg_vector_norm", "var_mean", "std_mean")
@@ -552,11 +553,34 @@ class Rules:
         found = self._param_module(w)
         if found is not None and L.kind(found[1]) == "embedding":
             found = self._tied_layer(node, found[1], ("linear", "conv1d_t")) or found  # a tied head
+        normed = found is None and self._weight_normed(w)
+        if normed:
+            found = normed
         transposed = name == "convolution" and len(node.args) > 6 and node.args[6]
-        if found is None or transposed or not L.is_layer(found[1]) or self._owner(w)[1] != "weight":
+        if (
+            found is None
+            or transposed
+            or not L.is_layer(found[1])
+            or (not normed and self._owner(w)[1] != "weight")
+        ):
             return self._unknown(node, name)
         info = self._info.get(x)
-        return self._layer(node, found[0], found[1], x, info if isinstance(info, _Info) else None)
+        out = self._layer(node, found[0], found[1], x, info if isinstance(info, _Info) else None)
+        for i in (info, out) if normed else ():
+            if isinstance(i, _Info) and i.space not in self._parts:  # the norm spans the channels
+                self._inexact.add(i.space)
+                self._norm_at.setdefault(i.space, []).append((None, i.space, self._size(i.space)))
+        return out
+
+    def _weight_normed(self, w: Any) -> tuple[str, Any] | None:
+        """(path, layer) of a weight-normalised layer (``parametrizations.weight``: the weight is
+        ``_weight_norm(original1, original0, dim)``, wav2vec2's positional convolution), else None."""
+        if getattr(w, "op", None) != "call_function" or _op_name(w) != "weight_norm" or not w.args:
+            return None
+        owner = self._owner(w.args[0])
+        path, sep, _ = (owner[0] if owner else "").rpartition(".parametrizations.")
+        mod = self.modules.get(path) if sep and owner[0].endswith(".weight") else None
+        return (path, mod) if mod is not None and L.is_layer(mod) else None
 
     def _tied_layer(self, node: Any, holder: Any, kinds: tuple[str, ...]) -> tuple[str, Any] | None:
         """The module of one of ``kinds`` that ``node`` ran inside whose weight is ``holder``'s: a

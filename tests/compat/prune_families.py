@@ -14,7 +14,8 @@ libraries' configs, each exercising ops the channel analysis must follow.
 
 ``FAMILIES`` maps a name to (factory, input shape or None: the model's config says). The test
 ``tests/compat/test_prune_families.py`` runs them; ``python -m tests.compat.prune_families`` prints
-each one's parameters kept at ``--amount 0.3`` and seconds.
+each one's parameters kept at ``--amount 0.3`` (with ``--no-prune-hidden`` and by default), whether
+the pruned model was checked against the masked unpruned one, and seconds.
 """
 
 from __future__ import annotations
@@ -162,14 +163,15 @@ FAMILIES = {
 }
 
 
-def prune_family(name: str, amount: float = 0.3):
-    """(the Result of ``ptopt.prune(model, "structured", amount)``, the parameters kept as a fraction)."""
+def prune_family(name: str, amount: float = 0.3, **options):
+    """(the Result of ``ptopt.prune(model, "structured", amount, **options)``, the parameters kept as a
+    fraction)."""
     import ptopt
 
     factory, shape = FAMILIES[name]
     model = factory()
     before = sum(p.numel() for p in model.parameters())
-    res = ptopt.prune(model, "structured", amount, input_shapes=(shape,) if shape else ())
+    res = ptopt.prune(model, "structured", amount, input_shapes=(shape,) if shape else (), **options)
     return res, sum(p.numel() for p in res.model.parameters()) / before
 
 
@@ -178,11 +180,17 @@ def main() -> int:
     import warnings
 
     warnings.simplefilter("ignore")
-    print("| family | parameters kept | seconds |\n| --- | --- | --- |")
+    print("| family | kept, --no-prune-hidden | kept (default) | checked | seconds |")
+    print("| --- | --- | --- | --- | --- |")
     for name in FAMILIES:
+        _, kept_hidden = prune_family(name, prune_hidden=False)
         t = time.perf_counter()
-        _, kept = prune_family(name)
-        print(f"| {name} | {kept:.3f} | {time.perf_counter() - t:.1f} |", flush=True)
+        res, kept = prune_family(name)
+        checked = "yes" if res.extra["checked_vs_masked"] else "no"
+        print(
+            f"| {name} | {kept_hidden:.3f} | {kept:.3f} | {checked} | {time.perf_counter() - t:.1f} |",
+            flush=True,
+        )
     return 0
 
 

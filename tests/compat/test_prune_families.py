@@ -34,7 +34,7 @@ CASES = {
     "swin": ("timm", 0.61, "layers.0.blocks.0.attn.qkv", False),  # heads whole, bias table per head
     "distilbert": ("transformers", 0.60, "distilbert.embeddings.word_embeddings", True),  # hidden size
     "t5_encoder": ("transformers", 0.59, "encoder.embed_tokens", True),  # shared table, output narrower
-    "wav2vec2": ("transformers", 0.80, "wav2vec2.encoder.layers.0.attention.q_proj", False),
+    "wav2vec2": ("transformers", 0.63, "wav2vec2.feature_projection.projection", False),  # weight-norm conv
     "llama": ("transformers", 0.57, "model.layers.0.self_attn.k_proj", True),  # grouped-query kv heads
 }
 
