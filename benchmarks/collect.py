@@ -8,6 +8,7 @@ HERE = Path(__file__).resolve().parent
 ORDER = [
     "quantize",
     "prune",
+    "prune_archs",
     "distill",
     "distill_parity",
     "distill_memory",
