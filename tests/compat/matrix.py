@@ -285,12 +285,14 @@ class Matrix:
 
     def _quantize_static(self, model: Model):
         """torch.fx graph mode; transformers (fx cannot trace them) through the PT2E engine, as fx's
-        refusal advises: an AOTInductor package with a dynamic batch and sequence."""
+        refusal advises: its int8 ExportedProgram (``compile=False``, ``--no-compile``), whose outputs
+        the AOTInductor package reproduces; compiling BERT's package is tests/compress/test_pt2e_hf.py's
+        (30-70 s of C++ compile per model, not repeated here)."""
         import ptopt
 
         m, x, ref = self.fp32(model.name)
-        engine = "pt2e" if model.kind == "text" else None
-        res = ptopt.quantize(m, "static", calib_data=x, engine=engine, progress=False)
+        pt2e = {"engine": "pt2e", "compile": False} if model.kind == "text" else {}
+        res = ptopt.quantize(m, "static", calib_data=x, progress=False, **pt2e)
         metrics = compare(ref, run(res.model, x), x)
         return metrics, _fmt(metrics) + _size(res), res
 
@@ -449,7 +451,8 @@ fine-tuning: on random weights it moves the outputs a lot, so its cosine is repo
 | stage | what runs |
 | --- | --- |
 | quantize dynamic | `ptopt.quantize(model, "dynamic")`, saved as TorchScript |
-| quantize static | `ptopt.quantize(model, "static", calib_data=batch)` (torch.fx; transformers: `engine="pt2e"`) |
+| quantize static | `ptopt.quantize(model, "static", calib_data=batch)` \
+(torch.fx; transformers: `engine="pt2e", compile=False`, int8 ExportedProgram) |
 | prune structured | `ptopt.prune(model, "structured", 0.3)`; *kept*: parameters left |
 | prune global | `ptopt.prune(model, "global", 0.5)`; *kept*: non-zero parameters left |
 | export torchscript | `ptopt.export(model, "torchscript")` (its own parity check, then ours) |
