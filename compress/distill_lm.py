@@ -183,6 +183,80 @@ def load_lm(ref: Any, allow_pickle: bool, role: str, seed: int) -> Any:
     return loaded
 
 
+def load_lm_sharded(ref: Any, tcfg: Any, role: str) -> Any:
+    """Under FSDP (several processes), a Hugging Face folder with safetensors weights loaded in shards:
+    built with its parameters on the meta device, sharded (the trainer's wrap units and policies),
+    then each process reads only its rows of every weight (``distributed.load_sharded``). None where
+    that does not apply (one process, DDP, a fresh model of a config, a pickle, a model in memory):
+    the caller loads it whole. The teacher too: it only runs forward, so its shards suffice."""
+    from ptopt.compress import distributed as dist_util
+    from ptopt.core.hf import config_of, import_transformers, is_causal_lm, is_hf_dir
+    from ptopt.core.modelref import HF_SCHEME, LoadedModel
+    from ptopt.core.quiet import quiet_imports
+
+    if tcfg.strategy != "fsdp" or not dist_util.is_distributed() or not isinstance(ref, (str, os.PathLike)):
+        return None
+    path = Path(str(ref)[len(HF_SCHEME) :] if str(ref).startswith(HF_SCHEME) else ref)
+    tensors = _safetensors_rows(path) if is_hf_dir(path) else None
+    if tensors is None:
+        return None
+    tf, device = import_transformers(), dist_util.resolve_device(tcfg.device)
+    with quiet_imports(), dist_util.parameters_on_meta():
+        module = tf.AutoModelForCausalLM.from_config(config_of(path), dtype=torch.float32)
+    if not is_causal_lm(module) or not tensors.covers(module):
+        return None
+    units = dist_util.shard_units(module, tcfg.shard_modules, strict=role == "student")
+    policies = dist_util.fsdp_policies(tcfg.fsdp_param_dtype, tcfg.fsdp_reduce_dtype, tcfg.cpu_offload, device)
+    dist_util.load_sharded(module.eval(), tensors, units, policies, device, frozen=role == "teacher")
+    return LoadedModel(str(ref), "hf", module, path, None, info={"hf_dir": str(path), "sharded": True})
+
+
+class _SafetensorsRows:
+    """Rows of the tensors of a folder's safetensors files, read by slice (``safe_open``); a name
+    the files lack but that is tied to one they hold (an LM head sharing the embedding) reads that."""
+
+    def __init__(self, files: dict[str, Path]):
+        from safetensors import safe_open
+
+        self.files = {f: safe_open(str(f), "pt") for f in set(files.values())}
+        self.where = {k: self.files[f] for k, f in files.items()}
+        self.alias: dict[str, str] = {}
+
+    def covers(self, module: Any) -> bool:
+        """Whether every parameter of ``module`` is stored (itself or a parameter tied to it)."""
+        groups: dict[int, list[str]] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            groups.setdefault(id(p), []).append(name)
+        for names in groups.values():
+            stored = [n for n in names if n in self.where]
+            if not stored:
+                return False
+            self.alias.update({n: stored[0] for n in names})
+        return True
+
+    def __call__(self, name: str, rows: slice) -> Any:
+        return self.where[self.alias.get(name, name)].get_slice(self.alias.get(name, name))[rows]
+
+
+def _safetensors_rows(path: Path) -> Any:
+    """A :class:`_SafetensorsRows` over ``path``'s ``model.safetensors`` (or the files its index
+    names); None without safetensors weights."""
+    import json
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return _SafetensorsRows({k: path / f for k, f in weight_map.items()})
+    single = path / "model.safetensors"
+    if not single.is_file():
+        return None
+    from safetensors import safe_open
+
+    with safe_open(str(single), "pt") as f:
+        keys = list(f.keys())
+    return _SafetensorsRows(dict.fromkeys(keys, single))
+
+
 def check_pair(teacher: Any, student: Any) -> None:
     """The student must score the teacher's tokens: the same vocabulary (size) on both sides."""
     tv, sv = teacher.config.vocab_size, student.config.vocab_size
@@ -248,8 +322,10 @@ def distill_lm(
     seq_len, qat = lm.seq_len or DEFAULT_SEQ_LEN, lm.qat
     if output is not None:
         check_folder_output(Path(output), "hf_weight_only" if qat else "hf")
-    t_loaded = load_lm(teacher, allow_pickle, "teacher", tcfg.seed)
-    s_loaded = load_lm(student, allow_pickle, "student", tcfg.seed)
+    t_loaded = load_lm_sharded(teacher, tcfg, "teacher") or load_lm(teacher, allow_pickle, "teacher", tcfg.seed)
+    s_loaded = (not qat and load_lm_sharded(student, tcfg, "student")) or load_lm(
+        student, allow_pickle, "student", tcfg.seed
+    )
     check_pair(t_loaded.module, s_loaded.module)
     if qat:
         lm_qat.prepare(s_loaded.module, qat)
@@ -355,7 +431,9 @@ def _result(
         precision=lm_qat.precision(qat) if qat else "fp32",
         metrics={"student_parameters": s_params, "teacher_parameters": t_params, **measured},
         extra={"teacher": t_loaded.parent_record(), "student": s_loaded.parent_record(),
-               **result.summary(), "parameter_ratio": s_params / max(t_params, 1)},
+               **result.summary(), "parameter_ratio": s_params / max(t_params, 1),
+               "loaded_in_shards": [r for r, m in (("teacher", t_loaded), ("student", s_loaded))
+                                    if m.info.get("sharded")]},
     )  # fmt: skip
     tok_dir = s_loaded.info.get("hf_dir") if _has_tokenizer(s_loaded) else t_loaded.info.get("hf_dir")
     sources = input_files(t_loaded.path, s_loaded.path, *refs)

@@ -25,6 +25,7 @@ import contextlib
 import copy
 import fnmatch
 import os
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -248,11 +249,18 @@ def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool =
     return model
 
 
+#: skeletons of models loaded in shards (:func:`load_sharded`), taken before sharding
+_SKELETONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def skeleton(model: Any) -> Any:
     """A copy of ``model`` whose parameters are on the meta device (no memory) and whose buffers are
-    real: :func:`materialize` fills it with a gathered state dict after sharded training."""
+    real: :func:`materialize` fills it with a gathered state dict after sharded training. A model
+    loaded in shards gives the skeleton taken before it was sharded."""
     import torch
 
+    if model in _SKELETONS:
+        return _SKELETONS[model]
     memo = {
         id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
         for p in model.parameters()
@@ -360,3 +368,61 @@ def peak_memory(device: Any) -> dict[str, float]:
     if device.type == "cuda":
         out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
     return out
+
+
+# -- loading in shards -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside hold their parameters on the meta device (no memory) and their buffers
+    for real (a rotary embedding's frequencies are computed, not stored): ``nn.Module.register_parameter``
+    moves each parameter to meta as it is registered (what accelerate's ``init_empty_weights`` does)."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: Any, name: str, param: Any) -> None:
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def load_sharded(
+    model: Any, tensors: Any, units: list[Any], policies: dict[str, Any], device: Any, frozen: bool = False
+) -> Any:
+    """``model`` (built with :func:`parameters_on_meta`) sharded by ``fully_shard`` and filled with its
+    weights, each process reading only its own shard of every parameter: ``tensors(name, rows)`` gives
+    rows ``rows`` (a slice of dim 0, the dimension FSDP2 shards) of the stored tensor ``name``. Peak
+    memory is this process's shard, never the whole model (``frozen``: as :func:`shard`) (torchtitan's meta-device initialization,
+    with the weights read by slice from the checkpoint as DCP's Hugging Face reader does)."""
+    import torch
+
+    _SKELETONS[model] = skeleton(model)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    shard(model, units, policies, frozen)
+    model.to_empty(device=device)  # this process's shards only; buffers come back below
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+        for name, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            start = _row_offset(p)
+            local.copy_(tensors(name, slice(start, start + local.shape[0])))
+    return model
+
+
+def _row_offset(param: Any) -> int:
+    """The first row (dim 0) of this process's shard of ``param`` (a DTensor; 0 for a plain tensor)."""
+    if not hasattr(param, "device_mesh"):
+        return 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return int(offset[0]) if offset else 0

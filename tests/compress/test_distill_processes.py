@@ -72,6 +72,8 @@ def test_ddp_and_fsdp_losses_are_the_single_process_losses(launched, single):
         assert _close([run["final_step_loss"]], [single.extra["final_step_loss"]])
         assert _close([r["loss"] for r in run["history"]], [r["loss"] for r in single.extra["history"]])
     assert (ddp["strategy"], fsdp["strategy"]) == ("ddp", "fsdp")
+    # FSDP read the teacher's safetensors in shards (the student, a fresh config, was built whole)
+    assert fsdp["loaded_in_shards"] == ["teacher"] and ddp["loaded_in_shards"] == []
     assert len(fsdp["history"][-1]["peak_rss_mb"]) == 2 and fsdp["history"][-1]["tokens_per_s"] > 0
 
 
