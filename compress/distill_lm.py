@@ -206,7 +206,9 @@ def load_lm_sharded(ref: Any, tcfg: Any, role: str) -> Any:
     if not is_causal_lm(module) or not tensors.covers(module):
         return None
     units = dist_util.shard_units(module, tcfg.shard_modules, strict=role == "student")
-    policies = dist_util.fsdp_policies(tcfg.fsdp_param_dtype, tcfg.fsdp_reduce_dtype, tcfg.cpu_offload, device)
+    policies = dist_util.fsdp_policies(
+        tcfg.fsdp_param_dtype, tcfg.fsdp_reduce_dtype, tcfg.cpu_offload, device
+    )
     dist_util.load_sharded(module.eval(), tensors, units, policies, device, frozen=role == "teacher")
     return LoadedModel(str(ref), "hf", module, path, None, info={"hf_dir": str(path), "sharded": True})
 
@@ -322,7 +324,9 @@ def distill_lm(
     seq_len, qat = lm.seq_len or DEFAULT_SEQ_LEN, lm.qat
     if output is not None:
         check_folder_output(Path(output), "hf_weight_only" if qat else "hf")
-    t_loaded = load_lm_sharded(teacher, tcfg, "teacher") or load_lm(teacher, allow_pickle, "teacher", tcfg.seed)
+    t_loaded = load_lm_sharded(teacher, tcfg, "teacher") or load_lm(
+        teacher, allow_pickle, "teacher", tcfg.seed
+    )
     s_loaded = (not qat and load_lm_sharded(student, tcfg, "student")) or load_lm(
         student, allow_pickle, "student", tcfg.seed
     )

@@ -399,9 +399,9 @@ def load_sharded(
 ) -> Any:
     """``model`` (built with :func:`parameters_on_meta`) sharded by ``fully_shard`` and filled with its
     weights, each process reading only its own shard of every parameter: ``tensors(name, rows)`` gives
-    rows ``rows`` (a slice of dim 0, the dimension FSDP2 shards) of the stored tensor ``name``. Peak
-    memory is this process's shard, never the whole model (``frozen``: as :func:`shard`) (torchtitan's meta-device initialization,
-    with the weights read by slice from the checkpoint as DCP's Hugging Face reader does)."""
+    rows ``rows`` (a slice of dim 0, the dimension FSDP2 shards) of the stored tensor ``name``; ``frozen``
+    as in :func:`shard`. Peak memory is this process's shard, never the whole model (torchtitan's
+    meta-device initialization, the weights read by slice as DCP's Hugging Face reader does)."""
     import torch
 
     _SKELETONS[model] = skeleton(model)
