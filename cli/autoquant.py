@@ -33,9 +33,9 @@ def print_search(res: Any, as_json: bool) -> None:
         f"{acc}{fp['eval_samples']} eval samples; sensitivity on {fp['sensitivity_samples']}; "
         f"fp32 {fp['latency_ms']:.2f} ms at batch {fp['latency_batch_size']}"
     )
-    echo_table(res.sensitivity_table())
+    echo_table(res.sensitivity_table(), keys=2)
     if res.candidates:
-        echo_table(res.candidates_table())
+        echo_table(res.candidates_table(), keys=2)
     if res.artifact is not None:
         _print_written(res)
 

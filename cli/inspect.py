@@ -64,7 +64,10 @@ def command(
     if report["layers"]:
         t = Table(title="Layers ptopt can act on", show_lines=False)
         for col in ("layer", "type", "params", "techniques", "notes"):
-            t.add_column(col, justify="right" if col == "params" else "left")
+            # a layer's name and type never wrap (the notes do)
+            t.add_column(
+                col, justify="right" if col == "params" else "left", no_wrap=col in ("layer", "type")
+            )
         for r in report["layers"]:
             t.add_row(
                 escape(r["name"]),

@@ -81,11 +81,18 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
 
 
-def echo_table(table: Any) -> None:
-    """Print a rich renderable to stdout."""
+def echo_table(table: Any, keys: int = 1) -> None:
+    """Print a rich table to stdout within the terminal's width (at most 100 columns), wrapped by
+    column where it is wider, its first ``keys`` columns (the names) repeated
+    (``ptopt.validate.reports.terminal.split``)."""
     from rich.console import Console
 
-    Console(soft_wrap=False, width=max(100, Console().width)).print(table)
+    from ptopt.validate.reports.terminal import split, table_width
+
+    width = table_width()
+    console = Console(soft_wrap=False, width=width)
+    for part in split(table, width, keys):
+        console.print(part)
 
 
 def save_recipe_option(f: F) -> F:

@@ -88,7 +88,7 @@ def _print_report(art, method: str) -> None:
     t = Table(title=f"{method} pruning", show_lines=False)
     if method == "structured":
         for col in ("layer", "channels", "pruned with", "kept because"):
-            t.add_column(col)
+            t.add_column(col, no_wrap=col in ("layer", "channels"))
         for r in extra["layers"]:
             t.add_row(
                 escape(r["layer"]),
@@ -98,7 +98,7 @@ def _print_report(art, method: str) -> None:
             )
     else:
         for col in ("layer", "type", "weights", "sparsity"):
-            t.add_column(col, justify="left" if col in ("layer", "type") else "right")
+            t.add_column(col, justify="left" if col in ("layer", "type") else "right", no_wrap=True)
         for r in extra["layers"]:
             t.add_row(escape(r["layer"]), r["type"], f"{r['weights']:,}", f"{r['sparsity']:.3f}")
     echo_table(t)

@@ -460,18 +460,20 @@ def write_markdown(
 
 
 def render_terminal(
-    report: dict[str, Any], directory: str | os.PathLike | None = None, width: int = 200
+    report: dict[str, Any], directory: str | os.PathLike | None = None, width: int = T.WIDTH
 ) -> str:
-    """The candidates table and the verdict, as plain text for the CLI; with ``directory`` (the output
-    folder), also the winner's file and the command that packages it."""
+    """The candidates table and the verdict, as plain text for the CLI, ``width`` columns wide (the
+    table wrapped by column where it is wider, the candidate names whole); with ``directory`` (the
+    output folder), also the winner's file and the command that packages it."""
     from rich.markup import escape
 
-    wrap = {"status": {"min_width": 24}}
-    t = T.table(f"ptopt optimize — {budget_line(report)}", table_head(report), TEXT_COLUMNS, wrap)
+    rows = []
     for c in candidates(report):
         style = "bold green" if c.get("name") == report.get("best") else None
         style = "dim" if c.get("status") not in ("kept", None) else style
-        t.add_row(*(escape(x) for x in table_row(report, c)), style=style)
+        rows.append(([escape(x) for x in table_row(report, c)], style))
+    title = f"ptopt optimize — {budget_line(report)}"
+    tables = T.fitted(title, table_head(report), rows, width, TEXT_COLUMNS, {"status": {}})
     head = [
         ("machine", machine_line(report)),
         ("versions", versions_line(report)),
@@ -482,14 +484,12 @@ def render_terminal(
         lines += [x.replace("`", "") for x in winner_lines(report, directory)]
     lines += [x.replace("`", "") for x in per_batch_lines(report, directory)]
     lines += noise_notes(report)
-    parts = [T.head_lines(head), t, "\n".join(lines)]
+    parts = [T.head_lines(head), *tables, "\n".join(lines)]
     if isa_rows(report):
-        it = T.table(
-            "per CPU level (--isa)", isa_head(report), {"candidate", "level", "kernels", "holds the budget"}
-        )
-        for row in isa_rows(report):
-            it.add_row(*(escape(x) for x in row))
-        parts += [it, "\n".join(isa_lines(report))]
+        isa = [([escape(x) for x in row], None) for row in isa_rows(report)]
+        left = {"candidate", "level", "kernels", "holds the budget"}
+        parts += T.fitted("per CPU level (--isa)", isa_head(report), isa, width, left, keys=1)
+        parts.append("\n".join(isa_lines(report)))
     return T.to_text(parts, width)
 
 

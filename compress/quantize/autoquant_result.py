@@ -236,8 +236,7 @@ class AutoQuantResult:
             t.add_column(
                 col,
                 justify="left" if col in ("layer", "type") else "right",
-                overflow="fold" if col == "layer" else "ellipsis",
-                no_wrap=col != "layer",
+                no_wrap=True,  # a layer's name whole: ptopt.cli.options.echo_table wraps the table by column
             )
         if self.goal.has_target:
             t.add_column(

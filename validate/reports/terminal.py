@@ -36,6 +36,88 @@ def table(
     return t
 
 
+#: the widest a table is printed: an 80-100 column terminal shows every table whole (issue 40)
+WIDTH = 100
+#: a column that wraps its text (gates, status) is given at least this many columns
+WRAP_MIN = 16
+
+
+def table_width() -> int:
+    """The width to print at: the terminal's, at most :data:`WIDTH`; :data:`WIDTH` off a terminal."""
+    from rich.console import Console
+
+    console = Console()
+    return min(console.width, WIDTH) if console.is_terminal else WIDTH
+
+
+def fitted(
+    title: str,
+    head: Sequence[str],
+    rows: Sequence[tuple[Sequence[str], str | None]],
+    width: int,
+    left: Collection[str] = (),
+    wrap: Mapping[str, dict] | None = None,
+    keys: int = 2,
+) -> list[Any]:
+    """``table(title, head, left, wrap)`` of ``rows`` (``(cells, style)``) within ``width`` columns
+    (:func:`split`)."""
+    t = table(title, head, left, wrap)
+    for cells, style in rows:
+        t.add_row(*cells, style=style)
+    return split(t, width, keys)
+
+
+def split(t: Any, width: int, keys: int = 1) -> list[Any]:
+    """The rich table ``t`` within ``width`` columns: itself when it fits, else wrapped by column: tables
+    one under the other, each repeating the first ``keys`` columns (the mark and the name, never
+    split), then as many of the other columns, in order, as fit; a column that wraps its text (gates,
+    status) takes the room left, at least :data:`WRAP_MIN`. The title goes on the first, the caption
+    under the last."""
+    import copy
+    import dataclasses
+
+    sizes = [_natural(c) for c in t.columns]
+    key_need = sum(sizes[:keys]) + 3 * keys + 1
+    if key_need + sum(w + 3 for w in sizes[keys:]) <= width:
+        return [t]
+    parts: list[list[int]] = [[]]
+    room = width - key_need
+    for i in range(keys, len(sizes)):
+        wraps = not t.columns[i].no_wrap
+        need = (min(sizes[i], max(WRAP_MIN, room - 3)) if wraps else sizes[i]) + 3
+        if parts[-1] and need > room:
+            parts.append([])
+            room = width - key_need
+        parts[-1].append(i)
+        room -= need
+    out = []
+    for n, cols in enumerate(parts):
+        free = width - key_need - sum(sizes[i] + 3 for i in cols if t.columns[i].no_wrap)
+        part = copy.copy(t)
+        part.columns, part.rows = [], list(t.rows)
+        part.title = t.title if n == 0 else None
+        part.caption = t.caption if n == len(parts) - 1 else None
+        for i in [*range(keys), *cols]:
+            col = dataclasses.replace(t.columns[i], _cells=list(t.columns[i]._cells))
+            if not col.no_wrap:
+                col.max_width = max(WRAP_MIN, free - 3)
+            part.columns.append(col)
+        out.append(part)
+    return out
+
+
+def _natural(column: Any) -> int:
+    """The widest line of a column's header and cells, in terminal columns (markup not counted)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    def plain(x: Any) -> str:
+        return Text.from_markup(x).plain if isinstance(x, str) else getattr(x, "plain", str(x))
+
+    texts = [plain(column.header), *(plain(c) for c in column._cells)]
+    return max(cell_len(line) for text in texts for line in (text.splitlines() or [""]))
+
+
 def to_text(renderables: Sequence[Any], width: int) -> str:
     """Plain text (no colour, no markup: the caller decides), ``width`` columns wide."""
     from rich.console import Console
@@ -49,11 +131,11 @@ def to_text(renderables: Sequence[Any], width: int) -> str:
 
 # -- validate's table ------------------------------------------------------------------------------
 def print_report(data: dict[str, Any]) -> None:
-    """Print to stdout, wide enough for the table (CI logs are not terminals)."""
+    """Print to stdout, within the terminal's width (at most :data:`WIDTH`; :data:`WIDTH` in a CI log)."""
     from rich.console import Console
 
-    width = Console().width if Console().is_terminal else 0
-    Console(soft_wrap=False, width=max(width, 150)).print(render(data))
+    width = table_width()
+    Console(soft_wrap=False, width=width).print(render(data, width))
 
 
 def _latency_cells(data: dict[str, Any], e: dict[str, Any]) -> list[str]:
@@ -90,10 +172,10 @@ def _foot(data: dict[str, Any]) -> list[str]:
     return out + F.noise_notes(data) + [f"note: {n}" for n in data.get("notes", [])]
 
 
-def render(data: dict[str, Any]) -> Any:
-    """A rich renderable (a Group of the header, the table and the footer)."""
+def render(data: dict[str, Any], width: int = WIDTH) -> Any:
+    """A rich renderable (a Group of the header, the table and the footer) ``width`` columns wide: the
+    table wrapped by column where it is wider (:func:`fitted`), the artifact names whole."""
     from rich.console import Group
-    from rich.markup import escape
     from rich.text import Text
 
     head = (
@@ -103,48 +185,49 @@ def render(data: dict[str, Any]) -> Any:
     )
     if F.is_lm(data):
         head = ["", "artifact", "runtime", *F.LM_HEAD, "gates"]
-    wrap = {"artifact": {"max_width": 28}, "runtime": {"max_width": 22}, "gates": {"max_width": 44}}
-    t = table(f"ptopt validate — {F.summary_line(data)}", head, left={""}, wrap=wrap)
+    title = f"ptopt validate — {F.summary_line(data)}"
+    t = fitted(title, head, _rows(data), width, left={"", "artifact", "runtime"}, wrap={"gates": {}})
+    lines = [
+        ("machine", F.machine_line(data)),
+        ("versions", F.versions_line(data)),
+        ("data", F.data_line(data)),
+    ]
+    parts = [Text(head_lines(lines), style="dim"), *t, Text("\n".join(_foot(data)))]
+    if F.has_isa(data):
+        from rich.markup import escape
+
+        isa = [([escape(c) for c in row], None) for row in F.isa_rows(data)]
+        wrap = {"gates": {}}
+        parts += fitted(
+            "per CPU level (--isa)", F.isa_head(data), isa, width, {"artifact", "level", "kernels"}, wrap, 1
+        )
+        parts.append(Text("\n".join(F.isa_notes(data))))
+    return Group(*parts)
+
+
+def _rows(data: dict[str, Any]) -> list[tuple[list[str], str | None]]:
+    """The table's cells (escaped) and style of each model, the reference first."""
+    from rich.markup import escape
+
+    out: list[tuple[list[str], str | None]] = []
     for e in F.rows(data):
         agr = e.get("agreement") or {}
         status = F.gate_status(e)
         style = "bold green" if e.get("best") else ("red" if status.startswith("FAIL") else None)
         style = "yellow" if status.startswith("INCONCLUSIVE") else style
         if F.is_lm(data):
-            t.add_row(
-                F.mark(e),
-                escape(e["name"]),
-                escape(e["runtime"]),
-                *F.lm_cells(e),
-                escape(status),
-                style=style,
-            )
-            continue
-        t.add_row(
-            F.mark(e),
-            escape(e["name"]),
-            escape(e["runtime"]),
-            F.metric_cell(data, e.get("metric")),
-            F.drop_cell(data, e),
-            common.fmt_frac(agr.get("top1_agreement")),
-            common.fmt_cos(agr.get("min_cosine")),
-            common.fmt_diff(agr.get("max_abs_diff")),
-            common.fmt_mb((e.get("size") or {}).get("bytes")),
-            *_latency_cells(data, e),
-            common.fmt_mem(e.get("peak_memory_mb")),
-            escape(status),
-            style=style,
-        )
-    lines = [
-        ("machine", F.machine_line(data)),
-        ("versions", F.versions_line(data)),
-        ("data", F.data_line(data)),
-    ]
-    parts = [Text(head_lines(lines), style="dim"), t, Text("\n".join(_foot(data)))]
-    if F.has_isa(data):
-        wrap = {"artifact": {"max_width": 28}, "gates": {"max_width": 60}}
-        it = table("per CPU level (--isa)", F.isa_head(data), left={"level", "kernels"}, wrap=wrap)
-        for row in F.isa_rows(data):
-            it.add_row(*(escape(c) for c in row))
-        parts += [it, Text("\n".join(F.isa_notes(data)))]
-    return Group(*parts)
+            cells = [*F.lm_cells(e)]
+        else:
+            cells = [
+                F.metric_cell(data, e.get("metric")),
+                F.drop_cell(data, e),
+                common.fmt_frac(agr.get("top1_agreement")),
+                common.fmt_cos(agr.get("min_cosine")),
+                common.fmt_diff(agr.get("max_abs_diff")),
+                common.fmt_mb((e.get("size") or {}).get("bytes")),
+                *_latency_cells(data, e),
+                common.fmt_mem(e.get("peak_memory_mb")),
+            ]
+        row = [F.mark(e), e["name"], e["runtime"], *cells, status]
+        out.append(([escape(c) for c in row], style))
+    return out
