@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 
@@ -52,9 +53,13 @@ def _reported(command: click.Command) -> click.Command:
 
         quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress"))
         env = _from_environment(ctx)
+        started = _process_started()
         # the command itself is a step: whatever no inner step covers (imports, a call nothing times)
         # still gets its heartbeat
-        with progress.reporting(not quiet), progress.step(f"ptopt {command.name}", announce=False):
+        with (
+            progress.reporting(not quiet, since=started),
+            progress.step(f"ptopt {command.name}", announce=False, since=started),
+        ):
             with soft_options(env), _naming_the_environment(ctx, env):
                 return invoke(ctx)
 
@@ -95,6 +100,21 @@ def _naming_the_environment(ctx: click.Context, env: set[str]) -> Iterator[None]
         if notes and len(e.args) == 1:
             e.args = (f"{e.args[0]} ({'; '.join(notes)})",)
         raise
+
+
+def _process_started() -> float:
+    """When this process started, on ``time.monotonic()``'s clock (Linux: from ``/proc/self/stat``;
+    elsewhere: now). A command's first heartbeat counts from it: the interpreter's start and the
+    imports before the command runs (ptopt's package, click, the command's module: 1-2 s on a busy
+    2-core machine) are part of the silence a CI log shows."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - age if 0 <= age < 60 else now
 
 
 def _module_exists(module: str) -> bool:
@@ -142,7 +162,32 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the group and turns ``PtoptError`` into one line on stderr and its exit code."""
     warnings.showwarning = _show_warning
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or bool(os.environ.get("PTOPT_DEBUG"))
+    try:
+        _run(args, "--debug" in args or bool(os.environ.get("PTOPT_DEBUG")))
+    finally:
+        if argv is None:  # the ``ptopt`` process itself, not a caller's in-process main([...])
+            _before_exit()
+
+
+def _before_exit() -> None:
+    """The process is about to exit: what the command wrote is flushed, its garbage collected now (their
+    finalizers run), and the objects still alive frozen (``gc.freeze``: torch's, OpenVINO's, NNCF's and
+    transformers' modules, millions of them), so that the interpreter's teardown skips them in its full
+    collections. That walk was the silence after the last line: 15 s measured after an optimize run on
+    a busy 2-core EPYC, 6-11 s for the same imports alone, 1-1.5 s with this. atexit handlers (temporary
+    folders, compile-worker pools), the deallocation of what modules hold and the flush of stdout and
+    stderr still run."""
+    import gc
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    gc.collect()
+    gc.freeze()
+
+
+def _run(args: list[str], debug: bool) -> None:
+    """Runs the group; ``PtoptError`` becomes one line on stderr and its exit code (``SystemExit``)."""
     try:
         cli.main(args=args, prog_name="ptopt", standalone_mode=False)
     except click.exceptions.Abort:

@@ -51,10 +51,12 @@ _active: list[Any] = []  # the reporters turned on, innermost last (the innermos
 class Step:
     """One open step: ``advance(n)`` moves it on, ``total``/``done`` say how far it is."""
 
-    def __init__(self, title: str, total: int | None, unit: str, announce: bool = True) -> None:
+    def __init__(
+        self, title: str, total: int | None, unit: str, announce: bool = True, since: float | None = None
+    ) -> None:
         self.title, self.total, self.unit, self.done = title, total, unit, 0
         self.announce = announce
-        self.started = time.monotonic()
+        self.started = time.monotonic() if since is None else since
         self.beat = False  # a heartbeat line was printed for it
         self.task: Any = None
 
@@ -75,8 +77,9 @@ class Step:
 class _Plain:
     """Plain lines to ``write`` (see the module docstring); a heartbeat thread for open steps."""
 
-    def __init__(self, write: Callable[[str], None]) -> None:
-        self.write, self.steps, self.last = write, [], time.monotonic()
+    def __init__(self, write: Callable[[str], None], since: float | None = None) -> None:
+        self.write, self.steps = write, []
+        self.last = time.monotonic() if since is None else since
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="ptopt-progress", daemon=True)
         self._thread.start()
@@ -185,10 +188,13 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def reporting(progress: bool | Callable[[str], None] | None = True) -> Iterator[None]:
+def reporting(
+    progress: bool | Callable[[str], None] | None = True, since: float | None = None
+) -> Iterator[None]:
     """Report the steps and notes of the block: ``True`` to stderr (bars on a terminal, plain lines
     elsewhere), a callable gets each plain line, ``None`` changes nothing (what the caller set
-    applies), ``False`` mutes the block."""
+    applies), ``False`` mutes the block. ``since``: the ``time.monotonic()`` the silence counts from
+    (the CLI: when the process started, so its imports count towards the first heartbeat)."""
     if progress is None:
         yield
         return
@@ -196,14 +202,14 @@ def reporting(progress: bool | Callable[[str], None] | None = True) -> Iterator[
         reporter = None
         closing: Callable[[], None] = lambda: None  # noqa: E731
     elif callable(progress):
-        reporter = _Plain(progress)
+        reporter = _Plain(progress, since)
         closing = reporter.close
     else:
         stream, close_stream = _stderr()
         reporter = (
             _Bars(stream)
             if _terminal(stream)
-            else _Plain(lambda text: (stream.write(text + "\n"), stream.flush()))
+            else _Plain(lambda text: (stream.write(text + "\n"), stream.flush()), since)
         )
 
         def closing() -> None:
@@ -271,11 +277,13 @@ def _stderr() -> tuple[Any, Callable[[], None]]:
 
 
 @contextlib.contextmanager
-def step(title: str, total: int | None = None, unit: str = "", announce: bool = True) -> Iterator[Step]:
+def step(
+    title: str, total: int | None = None, unit: str = "", announce: bool = True, since: float | None = None
+) -> Iterator[Step]:
     """One step of long work (module docstring); reported only where reporting is on. ``announce``:
     False for a step whose start the caller already printed, or that is usually quick (loading a
     model): plain text then shows it only once it has run :data:`HEARTBEAT_S` seconds."""
-    s = Step(title, total, unit, announce)
+    s = Step(title, total, unit, announce, since)
     reporter = _current()
     if reporter is not None:
         reporter.start(s)

@@ -472,8 +472,8 @@ def render_terminal(
         style = "bold green" if c.get("name") == report.get("best") else None
         style = "dim" if c.get("status") not in ("kept", None) else style
         rows.append(([escape(x) for x in table_row(report, c)], style))
-    title = f"ptopt optimize — {budget_line(report)}"
-    tables = T.fitted(title, table_head(report), rows, width, TEXT_COLUMNS, {"status": {}})
+    # the budget on a line of its own (a table's title wraps at the table's width)
+    tables = T.fitted("", table_head(report), rows, width, TEXT_COLUMNS, {"status": {}})
     head = [
         ("machine", machine_line(report)),
         ("versions", versions_line(report)),
@@ -484,7 +484,7 @@ def render_terminal(
         lines += [x.replace("`", "") for x in winner_lines(report, directory)]
     lines += [x.replace("`", "") for x in per_batch_lines(report, directory)]
     lines += noise_notes(report)
-    parts = [T.head_lines(head), *tables, "\n".join(lines)]
+    parts = [T.head_lines(head), f"ptopt optimize — {budget_line(report)}", *tables, "\n".join(lines)]
     if isa_rows(report):
         isa = [([escape(x) for x in row], None) for row in isa_rows(report)]
         left = {"candidate", "level", "kernels", "holds the budget"}

@@ -50,6 +50,22 @@ def test_a_silent_step_gets_a_heartbeat_and_says_when_it_ended(monkeypatch):
     assert lines[-1].startswith("  compiling: done in ")
 
 
+def test_the_silence_counts_from_since():
+    """``since`` (the CLI: the process's start): the time before reporting was turned on (the interpreter
+    starting, the imports) counts towards the first heartbeat, and the step's time includes it."""
+    lines: list[str] = []
+    past = time.monotonic() - progress.HEARTBEAT_S
+    with progress.reporting(lines.append, since=past):
+        with progress.step("ptopt optimize", announce=False, since=past):
+            deadline = time.monotonic() + 30  # the heartbeat thread checks every 0.5 s
+            while not lines and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert lines[0].startswith("  ptopt optimize: still working (") and lines[-1].startswith(
+        "  ptopt optimize: done in "
+    )
+    assert int(lines[-1].split("done in ")[1].split()[0]) >= progress.HEARTBEAT_S - 1
+
+
 def test_a_loop_that_advances_after_a_silence_says_how_far_it_got(monkeypatch):
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.0)
     lines: list[str] = []

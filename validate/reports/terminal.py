@@ -185,14 +185,15 @@ def render(data: dict[str, Any], width: int = WIDTH) -> Any:
     )
     if F.is_lm(data):
         head = ["", "artifact", "runtime", *F.LM_HEAD, "gates"]
-    title = f"ptopt validate — {F.summary_line(data)}"
-    t = fitted(title, head, _rows(data), width, left={"", "artifact", "runtime"}, wrap={"gates": {}})
+    # the verdict on a line of its own (a table's title wraps at the table's width)
+    title = Text(f"ptopt validate — {F.summary_line(data)}")
+    t = fitted("", head, _rows(data), width, left={"", "artifact", "runtime"}, wrap={"gates": {}})
     lines = [
         ("machine", F.machine_line(data)),
         ("versions", F.versions_line(data)),
         ("data", F.data_line(data)),
     ]
-    parts = [Text(head_lines(lines), style="dim"), *t, Text("\n".join(_foot(data)))]
+    parts = [Text(head_lines(lines), style="dim"), title, *t, Text("\n".join(_foot(data)))]
     if F.has_isa(data):
         from rich.markup import escape
 
