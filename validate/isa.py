@@ -3,10 +3,12 @@
 A level (``ptopt.core.isa``) caps the instruction sets the kernel libraries may use. They read their
 caps once, when they load, so each level runs in a child process (``ptopt.validate.isa_child``) started
 with the level's variables set: the same samples (sent as a file), the same models (their files, or the
-in-memory ones pickled into the job's private folder), the same thread count and timing. The child runs
-each model's accuracy pass and compares its outputs with the reference's outputs of this process's
-native run; then it times every model that ran, interleaved as here. Its latency is *emulated*: this
-CPU running the lower level's code, not that CPU.
+in-memory ones pickled into the job's private folder), the same thread count. The child runs each
+model's accuracy pass whole and compares its outputs with the reference's outputs of this process's
+native run; then it times every model that ran, interleaved as here, on its share of the timing budget
+(``child_latency``: ``min_seconds``, ``min_iters`` and ``rounds`` divided by the number of children,
+recorded as the report's ``isa.child_timing``). Its latency is *emulated*: this CPU running the lower
+level's code, not that CPU.
 
 What each entry's ``by_isa[level]`` holds: ``metric``, ``accuracy_drop`` (against the reference's
 native metric, validate's definition), ``agreement``, ``latency`` and ``speedup`` (against the
@@ -123,15 +125,17 @@ class Job:
         self.models = [self._model(i, *m) for i, m in enumerate(models)]
 
     @classmethod
-    def of_run(cls, run: Any, ref_outputs: Any) -> Job:
-        """The job of a validate run (``ptopt.validate.api._Run``)."""
+    def of_run(cls, run: Any, ref_outputs: Any, children: int = 1) -> Job:
+        """The job of a validate run (``ptopt.validate.api._Run``) whose timing is shared by ``children``
+        child processes (``child_latency``)."""
         models = [
             (role, ref, w, name)
             for (role, ref, w), name in zip(run.models.refs, run.models.names, strict=True)
         ]
         return cls(
             models, run.ds, ref_outputs, metric=run.metric if run.metric_measured else None, threads=run.threads,
-            eval_batch_size=run.eval_batch_size, batch_sizes=run.sizes, latency=run.latency,
+            eval_batch_size=run.eval_batch_size, batch_sizes=run.sizes,
+            latency=None if run.latency is None else child_latency(run.latency, children),
             allow_pickle=run.models.allow_pickle, providers=run.models.providers,
         )  # fmt: skip
 
@@ -149,6 +153,27 @@ class Job:
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def child_latency(latency: Any, children: int) -> Any:
+    """The timing each of ``children`` child processes does: the parent's budget split between them.
+
+    ``min_seconds`` and ``min_iters`` (totals per model and batch size) are divided by the number of
+    children, and so are the interleaved ``rounds`` (at least 3, so the spread is still measured); the
+    warm-up stays whole (a child starts cold). Every level's medians then rest on about 1/children of
+    the samples of the native figures: ``validate --isa`` over three levels costs about two plain
+    validates plus the children's start and accuracy passes, not three full timings."""
+    import dataclasses
+
+    n = max(1, int(children))
+    if n == 1:
+        return latency
+    return dataclasses.replace(
+        latency,
+        min_seconds=latency.min_seconds / n,
+        min_iters=max(1, -(-latency.min_iters // n)),
+        rounds=max(min(3, latency.rounds), latency.rounds // n),
+    )
 
 
 def _as_dict(latency: Any) -> dict[str, Any]:
@@ -236,7 +261,10 @@ def measure_levels(run: Any, entries: list[Any], ref_outputs: Any, levels: Seque
                     e.by_isa[level] = _native_figures(e, level)
                 continue
             if job is None:
-                job = Job.of_run(run, ref_outputs)
+                job = Job.of_run(run, ref_outputs, children=sum(not _isa.is_native(lv) for lv in levels))
+                if job.spec["latency"] is not None:
+                    section["child_timing"] = {k: job.spec["latency"][k] for k in ("min_seconds", "min_iters",
+                                                                                   "rounds")}  # fmt: skip
                 if run.metric_measured and job.spec["metric"] is None:
                     section["notes"] = [f"the metric {run.metric.name} cannot be sent to a child process (not "
                                         "picklable): not measured at the emulated levels; agreement is"]  # fmt: skip

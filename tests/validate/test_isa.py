@@ -64,6 +64,18 @@ def test_aoti_kernels_compiled_above_a_level_cannot_run_there():
     assert isa.vec_isa_reaches("", "sse41")  # unknown: not refused
 
 
+def test_children_share_the_timing_budget():
+    from ptopt.validate.isa import child_latency
+
+    lat = LatencyOptions(min_iters=10, min_seconds=3.0, rounds=15)
+    assert child_latency(lat, 1) is lat
+    half = child_latency(lat, 2)
+    assert (half.min_seconds, half.min_iters, half.rounds, half.warmup_iters) == (1.5, 5, 7, lat.warmup_iters)
+    assert (
+        child_latency(LatencyOptions(min_iters=1, min_seconds=0.5, rounds=2), 4).rounds == 2
+    )  # never below 1
+
+
 def test_cpu_difference_in_words():
     rec = {
         "model": "Xeon",
@@ -99,6 +111,11 @@ def test_every_model_at_a_capped_level_in_a_child(artifacts, tmp_path):
     assert {g["gate"] for g in ts["gates"]} == {"max-accuracy-drop", "max-accuracy-drop@sse41"}
     assert not any(g.get("isa") for g in onnx["gates"])  # an ignored level is not gated
     assert res.data["isa"]["children"]["sse41"]["aten_capability"] == "DEFAULT"  # the cap reached the child
+    assert res.data["isa"]["child_timing"] == {
+        "min_seconds": 0.01,
+        "min_iters": 2,
+        "rounds": 2,
+    }  # one child: all
     md, page = (tmp_path / "r.md").read_text(), (tmp_path / "r.html").read_text()
     for text in (md, page):
         assert "Per CPU level" in text and "emu" in text and "ignores cap" in text
