@@ -317,6 +317,7 @@ def run(args: argparse.Namespace, threads: int, work: Path) -> None:
                 args.requests,
             ),
         }
+    print("raw:", json.dumps({"results": results, "faults": faults}), flush=True)  # kept if report fails
     report(models, results, faults, args, threads)
 
 
@@ -363,7 +364,7 @@ def report(
                     m["name"],
                     "Ray / TorchServe throughput",
                     clients,
-                    f"{ray['req_per_s'] / ts['req_per_s']:.2f}x",
+                    f"{ray['req_per_s'] / ts['req_per_s']:.2f}x" if ts["req_per_s"] else "n/a",
                     "",
                     "",
                     "",

@@ -82,7 +82,12 @@ class SentenceEncoder(nn.Module):
             1000, min(self.vocab, 2000), (batch, SEQ_LEN), generator=torch.Generator().manual_seed(0)
         )
         ids[:, 0] = 101
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        mask = torch.ones_like(ids)
+        # the declared value ranges (ptopt.core.inputspec.specs_from_example) are those of a tokenizer's
+        # output: any id of the vocabulary (the last one here), padding (id 0, mask 0) in the last row
+        ids[0, 1] = self.vocab - 1
+        ids[-1, -4:], mask[-1, -4:] = 0, 0
+        return {"input_ids": ids, "attention_mask": mask}
 
 
 def _hf_name(name: str) -> str:
