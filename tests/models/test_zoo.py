@@ -141,3 +141,15 @@ def test_a_model_without_shipped_weights_trains_on_first_use(monkeypatch, tmp_pa
 )
 def test_bad_zoo_references(cli, tmp_path, args, match):
     assert_refused(cli, *args, match=match, where=tmp_path)
+
+
+def test_sentence_encoder_declares_what_a_tokenizer_gives():
+    """MiniLM's example inputs declare every vocabulary id and padding (id 0, mask 0): a server checks
+    requests against these ranges, and real sentences (ids up to 30521, padded rows) must pass it."""
+    from ptopt.core.inputspec import specs_from_example
+    from ptopt.models.minilm import SentenceEncoder
+
+    enc = SentenceEncoder(vocab=30522, dim=8, heads=2, ff=16, layers=1)
+    specs = {s.name: s for s in specs_from_example(enc.example_inputs())}
+    assert specs["input_ids"].value_range == (0, 30522)
+    assert specs["attention_mask"].value_range == (0, 2)
