@@ -56,6 +56,10 @@ class RayServeConfig:
     )
     max_tokens: int = option(256, help="Language models: the most new tokens one request may ask for.")
     ingress_replicas: int = option(1, help="Replicas of the HTTP ingress (no CPU reserved).")
+    access_log: bool = option(
+        False,
+        help="Serve's per-request access log lines (proxy and replicas; off: Serve logs warnings and errors).",
+    )
 
     def __post_init__(self) -> None:
         for name, low in (("replicas", 1), ("max_batch_size", 1), ("max_tokens", 1), ("ingress_replicas", 1)):
@@ -115,6 +119,7 @@ class RayServeConfig:
             "max_request_bytes": int(self.max_request_mb * 1_000_000),
             "max_tokens": self.max_tokens,
             "ingress_replicas": self.ingress_replicas,
+            "logging_config": logging_config(self.access_log),
             "model_max_ongoing": MODEL_MAX_ONGOING,
             # every replica can hold MODEL_MAX_ONGOING batches: the ingress sends that many at once
             "concurrent_batches": self.max_replicas() * MODEL_MAX_ONGOING,
@@ -130,6 +135,23 @@ class RayServeConfig:
                 f"unknown Ray Serve option(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})"
             )
         return cls(**{k: v for k, v in options.items() if v is not None})
+
+
+def logging_config(access_log: bool) -> dict[str, Any]:
+    """Serve's ``LoggingConfig`` (proxy, controller, replicas). Its defaults write an INFO access line per
+    request in the proxy and in every replica a request passes (flushed each time); measured on 2 shared
+    cores (benchmarks/probe_serve_cpu.py) that is CPU the replicas would use, so it is off by default."""
+    return {"enable_access_log": bool(access_log), "log_level": "INFO" if access_log else "WARNING"}
+
+
+#: Ray Serve's throughput flags (its performance guide, "Enable throughput-optimized flags"; the defaults
+#: Ray means to switch to): the replica's code and a handle's router run on the process's own event loop
+#: rather than each on a thread of its own, saving a thread hop (futures across loops) per request in the
+#: proxy, the ingress and the model replicas. The replicas' blocking work runs in threads (``ray_app``).
+SERVE_FAST_PATH = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+}
 
 
 def flag(name: str) -> str:

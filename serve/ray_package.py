@@ -28,7 +28,7 @@ from ptopt.core.artifact import Artifact, staged_dir
 from ptopt.core.errors import ModelLoadError, UsageError
 from ptopt.core.formats import find_format, get_format, sniff_file
 from ptopt.serve.prepare import _checked_model_name, default_name, model_name_for, prepare, servable_formats
-from ptopt.serve.ray_config import INGRESS_MAX_ONGOING, RayServeConfig
+from ptopt.serve.ray_config import INGRESS_MAX_ONGOING, SERVE_FAST_PATH, RayServeConfig, logging_config
 
 MANIFEST = "ptopt_ray.json"
 APP_FILE = "ptopt_ray_app.py"
@@ -215,15 +215,19 @@ def serve_config_yaml(man: dict[str, Any], working_dir: str, host: str, port: in
         else:
             dep["num_replicas"] = int(scaling)
         deployments.append(dep)
+    logs = man.get("logging_config") or logging_config(False)
     config = {
         "proxy_location": "HeadOnly",
         "http_options": {"host": host, "port": int(port)},
+        "logging_config": logs,
         "applications": [
             {
                 "name": man["app_name"],
                 "route_prefix": "/",
                 "import_path": APP_FILE[: -len(".py")] + ":app",
-                "runtime_env": {"working_dir": working_dir},
+                # the replicas' env (a cluster's proxy keeps its node's: set them there for it too)
+                "runtime_env": {"working_dir": working_dir, "env_vars": dict(SERVE_FAST_PATH)},
+                "logging_config": logs,
                 "deployments": deployments,
             }
         ],

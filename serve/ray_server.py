@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
-from ptopt.serve.ray_config import DEFAULT_START_TIMEOUT_S, RayServeConfig
+from ptopt.serve.ray_config import DEFAULT_START_TIMEOUT_S, SERVE_FAST_PATH, RayServeConfig, logging_config
 
 LOOPBACK = "127.0.0.1"
 #: Ray's settings for a local instance that serves and does nothing else
@@ -39,6 +39,7 @@ _QUIET_RAY = {
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage report to Anyscale
     "RAY_DEDUP_LOGS": "0",
     "RAY_SERVE_LOG_TO_STDERR": "0",
+    **SERVE_FAST_PATH,  # inherited by the node's processes: the proxy, the controller, the replicas
 }
 
 
@@ -283,7 +284,10 @@ class RayServer:
                     f"the cluster's Serve already routes {self.route_prefix} to application {taken[0]!r}: "
                     "give another --route-prefix"
                 )
-        serve.start(http_options={"host": LOOPBACK, "port": self.port}, proxy_location="HeadOnly")
+        logs = logging_config(self.config.access_log)
+        serve.start(
+            http_options={"host": LOOPBACK, "port": self.port}, proxy_location="HeadOnly", logging_config=logs
+        )
         self._owns_app = True  # past the refusals: the application named app_name is ours from here
         if self.packaged:
             self._deploy_config()
@@ -291,7 +295,9 @@ class RayServer:
         # on a cluster, every replica runs in the uploaded working_dir (ray.init above)
         app = build_app(self.manifest, "." if self.address is not None else str(self.folder))
         try:
-            serve.run(app, name=self.app_name, route_prefix=self.route_prefix, blocking=False)
+            serve.run(
+                app, name=self.app_name, route_prefix=self.route_prefix, blocking=False, logging_config=logs
+            )
         except RuntimeError as e:  # a deployment failed to start: its replicas' error is in its status
             raise RayServeError(f"the application failed to start: {e}{self._why()}") from None
 

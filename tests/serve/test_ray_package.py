@@ -54,6 +54,12 @@ def test_cli_writes_the_folder(cli, serve_artifacts, tmp_path):
     }
     assert deps["ingress"]["ray_actor_options"] == {"num_cpus": 0}
     assert config["http_options"]["host"] == "127.0.0.1"
+    # Serve's per-request access lines are off (proxy and replicas; --access-log turns them on)
+    assert (
+        config["logging_config"]
+        == app["logging_config"]
+        == {"enable_access_log": False, "log_level": "WARNING"}
+    )
     side = Artifact.load(folder)
     assert side.format == "ray" and side.extra["models"] == ["cnn"] and side.config["replicas"] == 3
 
@@ -75,12 +81,19 @@ def test_api_language_model_folder_as_it_is(serve_lm_int8, tmp_path):
 
 def test_autoscaling_in_the_config(serve_artifacts, tmp_path):
     art = ptopt.package(
-        serve_artifacts["fp32"], "ray", tmp_path / "a", autoscale="0:4", target_ongoing_requests=1
+        serve_artifacts["fp32"],
+        "ray",
+        tmp_path / "a",
+        autoscale="0:4",
+        target_ongoing_requests=1,
+        access_log=True,
     )
     dep = [d for d in yaml.safe_load((art.path / "serve_config.yaml").read_text())["applications"][0]["deployments"]
            if d["name"] == "model_cnn"][0]  # fmt: skip
     assert dep["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 4, "target_ongoing_requests": 1.0}
     assert "num_replicas" not in dep
+    config = yaml.safe_load((art.path / "serve_config.yaml").read_text())
+    assert config["applications"][0]["logging_config"]["enable_access_log"] is True
     # serving the folder imports its application file: a changed one is refused before Ray starts
     from ptopt.serve.ray_server import RayServer
 
