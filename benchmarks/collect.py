@@ -22,6 +22,7 @@ ORDER = [
     "serve",
     "serve_resnet",
     "serve_minilm",
+    "serve_cpu_resnet",
     "overhead",
     "int8_ceiling",
     "autoquant",

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import bench_serve as bs
-from common import setup
+from common import md_table, setup, write_result
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -46,7 +46,8 @@ def role(cmd: str) -> str | None:
     return None
 
 
-def snapshot() -> dict[int, tuple[str, float]]:
+def snapshot(ray_pids: set[int] | None = None) -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of every process with a role; Ray's only of ``ray_pids`` (this server's session)."""
     out = {}
     for p in os.listdir("/proc"):
         if p.isdigit():
@@ -58,6 +59,8 @@ def snapshot() -> dict[int, tuple[str, float]]:
             name = role(cmd)
             if int(p) == os.getpid():
                 name = "clients (this process)"
+            if name and name.startswith("ray") and ray_pids is not None and int(p) not in ray_pids:
+                continue
             if name:
                 out[int(p)] = (name, cpu_s(int(p)))
     return out
@@ -105,7 +108,11 @@ def main() -> None:
                             workers=2, threads=1).path  # fmt: skip
         cfg = {"replicas": 2, "cpus_per_replica": 0.5, "threads": 1, "max_batch_size": 16, "batch_wait_ms": 5}
         cfg.update({k: json.loads(v) for k, v in (e.split("=", 1) for e in args.extra)})
+        rows: list[list] = []
         with TorchServeServer([mar]) as ts, RayServer([m["path"]], config=cfg) as rs:
+            from ptopt.serve.ray_server import session_processes
+
+            mine = set(session_processes(str(rs.ray_temp_dir)))
             route = f"/predictions/{m['name']}"
             servers = {"TorchServe": ts.port, "Ray Serve": rs.port}
             if args.only:
@@ -113,27 +120,44 @@ def main() -> None:
             for r in range(args.rounds):
                 for name in list(servers) if r % 2 == 0 else list(servers)[::-1]:
                     time.sleep(2)
-                    idle0 = snapshot()
+                    idle0 = snapshot(mine)
                     time.sleep(3)
-                    idle = diff(idle0, snapshot())
-                    a, t0 = snapshot(), time.perf_counter()
+                    idle = diff(idle0, snapshot(mine))
+                    a, t0 = snapshot(mine), time.perf_counter()
                     spies = pyspy(args.pyspy, a, name, r) if args.pyspy and name == "Ray Serve" else []
                     res = bs.load(servers[name], route, m, args.clients, args.requests)
                     wall = time.perf_counter() - t0
                     for p in spies:
                         p.send_signal(2)
                         p.wait()
-                    d = diff(a, snapshot())
+                    d = diff(a, snapshot(mine))
                     ok = res["codes"].get(200, 0)
                     print(f"\n{name} round {r}: {res['req_per_s']:.0f} req/s, wall {wall:.1f} s, "
                           f"codes {res['codes']}, wrong {res['wrong']}, load {os.getloadavg()}")  # fmt: skip
                     total = 0.0
+                    head = (
+                        f"{name} round {r + 1}: {res['req_per_s']:.0f} req/s, load {os.getloadavg()[0]:.0f}"
+                    )
                     for k, v in sorted(d.items(), key=lambda kv: -kv[1]):
                         if v > 0.005:
                             total += v
+                            rows.append([head, k, f"{1e3 * v / max(ok, 1):.2f}", f"{100 * v / wall:.0f}%"])
                             print(f"  {k:34s} {v:7.2f} s CPU  {1e3 * v / max(ok, 1):6.2f} ms/request  "
                                   f"{100 * v / wall:5.0f}% of a core   (idle 3 s: {idle.get(k, 0):.2f} s)")  # fmt: skip
                     print(f"  {'total':34s} {total:7.2f} s CPU  {1e3 * total / max(ok, 1):6.2f} ms/request")
+                    rows.append([head, "**total**", f"**{1e3 * total / max(ok, 1):.2f}**", ""])
+        md = md_table(["server, round", "process", "CPU ms per request", "of one core"], rows)
+        md += (
+            f"\n\n{m['label']}, {args.requests} requests per round from {args.clients} keep-alive clients, one "
+            "sample each (JSON at `/predictions/NAME`); both servers up together, dynamic batching on both (16 "
+            "rows, 5 ms), 1 thread per worker/replica. CPU: utime+stime of each process (all its threads) "
+            f"from /proc before and after the round; Ray's counted for this server's session only. Ray config: {cfg}."
+        )
+        extra = "".join(f" {e}" for e in args.extra)
+        write_result(f"serve_cpu_{m['name']}", f"Serving: where the CPU goes per request ({m['name']})", md,
+                     {"rows": rows, "config": cfg}, 1,
+                     command=f"python benchmarks/probe_serve_cpu.py --requests {args.requests} --rounds "
+                     f"{args.rounds} --model {m['name']}" + (f" --extra{extra}" if extra else ""))  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
