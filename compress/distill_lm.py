@@ -108,25 +108,19 @@ class LMDistillLoss(nn.Module):
 
     def forward(self, model: Any, batch: Any) -> tuple[Any, Any]:
         x = batch.x
-        keep = self.scored(x)
-        logits = model(input_ids=x["input_ids"], attention_mask=x["attention_mask"], use_cache=False).logits
+        keep, temp = self.scored(x), self.temperature
+        inputs = dict(input_ids=x["input_ids"], attention_mask=x["attention_mask"], use_cache=False)
+        if self.alpha < 1:  # the teacher first: only its scored log-probabilities outlive its forward
+            with torch.no_grad():
+                t_logits = self._teacher[0](**inputs).logits
+                t_logp = F.log_softmax(t_logits[:, :-1][keep].float() / temp, -1)
+                del t_logits
+        logits = model(**inputs).logits
         s = logits[:, :-1][keep].float()
         target = x["input_ids"][:, 1:][keep]
         loss = F.cross_entropy(s, target, reduction="mean") if self.alpha > 0 else s.new_zeros(())
         if self.alpha < 1:
-            teacher = self._teacher[0]
-            with torch.no_grad():
-                t_logits = teacher(
-                    input_ids=x["input_ids"], attention_mask=x["attention_mask"], use_cache=False
-                ).logits
-            t = t_logits[:, :-1][keep].float()
-            temp = self.temperature
-            kl = F.kl_div(
-                F.log_softmax(s / temp, -1),
-                F.log_softmax(t / temp, -1),
-                reduction="batchmean",
-                log_target=True,
-            )
+            kl = F.kl_div(F.log_softmax(s / temp, -1), t_logp, reduction="batchmean", log_target=True)
             loss = self.alpha * loss + (1 - self.alpha) * temp * temp * kl
         return loss, None
 

@@ -238,15 +238,93 @@ def fsdp_policies(param_dtype: str, reduce_dtype: str, cpu_offload: bool, device
 def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool = False) -> Any:
     """``fully_shard`` each unit, then the model (its root); the model itself, now sharded. A model
     sharded already (loaded in shards) is left as it is. ``frozen`` (a teacher: forward only): its root
-    too gives its gathered parameters back after each forward (FSDP keeps a root's for the backward)."""
+    too gives its gathered parameters back after each forward (FSDP keeps a root's for the backward).
+
+    Tied input and output embeddings (a language model's vocabulary matrix, used by the first layer and
+    by the last) are a unit of their own (:func:`tied_embeddings`), so that the matrix, the largest
+    parameter of a small LM, is gathered only while it is used: a frozen model's after its forward,
+    a trained model's as soon as the output layer's backward is done (:func:`_free_after_output_backward`;
+    the input embedding's backward needs the token ids, not the matrix)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     if isinstance(model, FSDPModule):
         return model
+    tied = tied_embeddings(model, units)
+    if tied:
+        fully_shard(tied, **policies, reshard_after_forward=frozen)
+        if not frozen:
+            _free_after_output_backward(tied[1])
     for unit in units:
         fully_shard(unit, **policies)
     fully_shard(model, **policies, **({"reshard_after_forward": True} if frozen else {}))
+    if not frozen and _backend() == "gloo":
+        comm = _chunked_reduce_scatter()
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(comm)
     return model
+
+
+def _backend() -> str | None:
+    import torch.distributed as dist
+
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+
+
+#: elements per piece of a reduce-scatter on gloo (:func:`_chunked_reduce_scatter`): 4 MiB of fp32
+REDUCE_SCATTER_CHUNK = 1 << 20
+
+
+def _chunked_reduce_scatter() -> Any:
+    """FSDP's gradient reduce-scatter (``set_custom_reduce_scatter``, torch's own hook for it) in pieces
+    of REDUCE_SCATTER_CHUNK elements of every rank's shard: gloo reduces a flat buffer through a working
+    copy of it, which for a unit holding a vocabulary matrix is the largest allocation of the step
+    (``benchmarks/bench_distill_lm.py memory``); piece by piece that copy is a piece. Sums are the same."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+    class ChunkedReduceScatter(ReduceScatter):
+        def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(
+            self, output_tensor: Any, input_tensor: Any, group: Any, op: Any, async_op: bool = False
+        ):
+            shard = output_tensor.numel()
+            rows = input_tensor.view(-1, shard)  # rank r's part of the flat buffer is row r
+            for start in range(0, shard, REDUCE_SCATTER_CHUNK):
+                part = slice(start, min(start + REDUCE_SCATTER_CHUNK, shard))
+                dist.reduce_scatter(output_tensor[part], [row[part] for row in rows], op=op, group=group)
+
+    return ChunkedReduceScatter()
+
+
+def tied_embeddings(model: Any, units: list[Any]) -> list[Any] | None:
+    """``[input embeddings, output layer]`` of a model whose output layer holds the input embedding's
+    weight (Hugging Face's ``tie_word_embeddings``), when neither is a wrap unit already; else None."""
+    try:
+        pair = [model.get_input_embeddings(), model.get_output_embeddings()]
+    except (AttributeError, NotImplementedError):
+        return None
+    weights = [getattr(m, "weight", None) for m in pair]
+    if weights[0] is None or weights[0] is not weights[1] or any(u is m for u in units for m in pair):
+        return None
+    return pair
+
+
+def _free_after_output_backward(output: Any) -> None:
+    """Give the gathered tied matrix back once the output layer's backward has computed its gradients
+    (FSDP would keep it until the input embedding's, the last of the backward): each training
+    forward hooks the output layer's input, whose gradient comes with the weight's."""
+    import torch
+
+    def hook(module: Any, args: tuple, _out: Any) -> None:
+        x = args[0] if args else None
+        if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
+            x.register_hook(lambda _grad: module.reshard())
+
+    output.register_forward_hook(hook)
 
 
 #: skeletons of models loaded in shards (:func:`load_sharded`), taken before sharding

@@ -613,7 +613,10 @@ class _Training:
 
     def finish(self) -> Any:
         """The trained model after the run: the best epoch's weights with keep_best; under FSDP the
-        weights gathered into a new unsharded module on rank 0 (collective; None on other ranks)."""
+        weights gathered into a new unsharded module on rank 0 (collective; None on other ranks). The
+        optimizer's state (AdamW: twice the parameters) goes first: the run is over, and rank 0's
+        gathered copy of the model would otherwise come on top of it."""
+        self.opt.state.clear()
         if self.config.keep_best and self.best_state is not None:
             self.step.model.load_state_dict(self.best_state)
         if self.strategy != "fsdp":

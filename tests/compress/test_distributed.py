@@ -93,6 +93,31 @@ def test_wrap_units_by_name_pattern_class_and_model_default():
     assert dist_util.shard_units(model, ("nope",), strict=False) == blocks[::-1]
 
 
+class TiedLM(nn.Module):
+    """A language model's shape: an input embedding whose matrix the output layer shares (or not)."""
+
+    def __init__(self, tied: bool = True):
+        super().__init__()
+        self.embed, self.body, self.head = nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 10, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def get_output_embeddings(self):
+        return self.head
+
+
+def test_tied_embeddings_are_one_wrap_unit_unless_named_or_untied():
+    tied = TiedLM()
+    assert dist_util.tied_embeddings(tied, []) == [tied.embed, tied.head]
+    assert dist_util.tied_embeddings(tied, [tied.body]) == [tied.embed, tied.head]
+    assert dist_util.tied_embeddings(tied, [tied.embed]) is None  # the user's own unit: left as named
+    assert dist_util.tied_embeddings(TiedLM(tied=False), []) is None
+    assert dist_util.tied_embeddings(Blocks(), []) is None  # no get_input_embeddings
+
+
 def test_skeleton_takes_a_gathered_state_and_ties_again():
     torch.manual_seed(0)
     model = Blocks()
