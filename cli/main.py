@@ -49,6 +49,7 @@ def _reported(command: click.Command) -> click.Command:
 
     def reported(ctx: click.Context) -> object:
         from ptopt.core import progress
+        from ptopt.core.errors import OptionIgnored
         from ptopt.core.options import soft_options
 
         quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress"))
@@ -60,7 +61,12 @@ def _reported(command: click.Command) -> click.Command:
             progress.reporting(not quiet, since=started),
             progress.step(f"ptopt {command.name}", announce=False, since=started),
         ):
-            with soft_options(env), _naming_the_environment(ctx, env):
+            with (
+                soft_options(_origins(ctx, env)),
+                _naming_the_environment(ctx, env),
+                warnings.catch_warnings(),
+            ):
+                warnings.simplefilter("default", OptionIgnored)  # a note line, whatever the filters say
                 return invoke(ctx)
 
     command.invoke = reported  # type: ignore[method-assign]
@@ -79,6 +85,16 @@ def _from_environment(ctx: click.Context) -> set[str]:
         for name, value in ctx.params.items()
         if value not in (None, ()) and ctx.get_parameter_source(name) is ParameterSource.ENVIRONMENT
     }
+
+
+def _origins(ctx: click.Context, env: set[str]) -> dict[str, str]:
+    """Where each option of ``env`` came from, as a note names it: ``PTOPT_VALIDATE_MAX_REGRESSION=5 in
+    the environment``."""
+    out = {}
+    for name in env:
+        var = f"{ctx.auto_envvar_prefix}_{name.upper()}"
+        out[name] = f"{var}={os.environ.get(var, '')} in the environment"
+    return out
 
 
 @contextlib.contextmanager
@@ -149,10 +165,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' hook
-    """An option's old spelling (``ptopt.core.errors.OptionRenamed``) as one note; others as Python shows them."""
-    from ptopt.core.errors import OptionRenamed
+    """An option's old spelling (``ptopt.core.errors.OptionRenamed``) or an environment value left out
+    (``OptionIgnored``) as one note; others as Python shows them."""
+    from ptopt.core.errors import OptionIgnored, OptionRenamed
 
-    if issubclass(category, OptionRenamed):
+    if issubclass(category, (OptionRenamed, OptionIgnored)):
         click.echo(f"note: {message}", err=True)
     else:
         _default_show(message, category, filename, lineno, file, line)

@@ -50,7 +50,7 @@ from ptopt.compress.stage import (
 from ptopt.core import progress as _progress
 from ptopt.core.config import reconcile
 from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
-from ptopt.core.options import Options, Selector, option
+from ptopt.core.options import Options, Selector, drop_without_partner, option
 
 OUTPUT_SUFFIXES = {".pt": "torchscript", ".pt2": "exported_program"}
 
@@ -85,8 +85,11 @@ class RunOptions:
     )
 
     def __post_init__(self) -> None:
-        if self.resume and self.checkpoint_dir is None:
-            raise UsageError("--resume needs --checkpoint-dir (where the killed run wrote its checkpoint)")
+        if self.resume and self.checkpoint_dir is None:  # refused, or left out where the environment set it
+            drop_without_partner(
+                "resume", "--resume needs --checkpoint-dir (where the killed run wrote its checkpoint)"
+            )
+            object.__setattr__(self, "resume", False)
         if self.nproc < 1:
             raise UsageError(f"--nproc must be >= 1, got {self.nproc}")
 

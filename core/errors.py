@@ -69,6 +69,11 @@ class OptionRenamed(FutureWarning):
     as one ``note:`` line."""
 
 
+class OptionIgnored(UserWarning):
+    """A soft default (an option set in the environment, ``ptopt.core.options.soft_options``) left out
+    because the option it needs was not given: the CLI prints it as one ``note:`` line."""
+
+
 class GateFailedError(PtoptError):
     """A validation gate failed (exit 1, reports are still written)."""
 

@@ -38,27 +38,31 @@ import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from ptopt.core.errors import OptionRenamed, UsageError
+from ptopt.core.errors import OptionIgnored, OptionRenamed, UsageError
 
 #: the metadata key of a field's :class:`Opt`
 OPT = "ptopt.option"
 
 
 #: the options of the running command set in the environment (``PTOPT_<COMMAND>_<OPTION>``, see
-#: :func:`soft_options`) and those of them dropped because they did not apply
-_SOFT: contextvars.ContextVar[tuple[frozenset[str], set[str]] | None] = contextvars.ContextVar(
+#: :func:`soft_options`: name → where its value came from) and those of them dropped because they did
+#: not apply
+_SOFT: contextvars.ContextVar[tuple[Mapping[str, str], set[str]] | None] = contextvars.ContextVar(
     "ptopt_soft_options", default=None
 )
 
 
 @contextlib.contextmanager
-def soft_options(names: Collection[str]) -> Iterator[set[str]]:
+def soft_options(names: Collection[str] | Mapping[str, str]) -> Iterator[set[str]]:
     """Within it the options ``names`` are soft defaults, not requests: values a CI runner sets for
     every command in the environment (``PTOPT_VALIDATE_MIN_SECONDS``). One that does not apply to the
     chosen mode / target / kind is left out without a word (:meth:`Options.check`) instead of refused
-    as the same option typed on the command line is. Yields the set of the names left out."""
+    as the same option typed on the command line is; one whose partner option is missing is left out
+    with a note (:func:`drop_without_partner`). A mapping names where each value came from (the CLI:
+    ``PTOPT_VALIDATE_MAX_REGRESSION=5 in the environment``). Yields the set of the names left out."""
     dropped: set[str] = set()
-    token = _SOFT.set((frozenset(names), dropped))
+    origins = dict(names) if isinstance(names, Mapping) else {n: f"{n}= (a soft default)" for n in names}
+    token = _SOFT.set((origins, dropped))
     try:
         yield dropped
     finally:
@@ -73,6 +77,19 @@ def soft(name: str) -> bool:
         return False
     state[1].add(name)
     return True
+
+
+def drop_without_partner(name: str, refusal: str) -> None:
+    """For a rule where option ``name`` needs another that was not given (``refusal`` names both:
+    ``--max-regression needs --baseline ...``): a soft default (:func:`soft_options`, e.g. a CI runner's
+    ``PTOPT_VALIDATE_MAX_REGRESSION`` set for the jobs that pass a baseline) is left out with one
+    :class:`~ptopt.core.errors.OptionIgnored` note saying so and why, and the caller drops it; the
+    same option given by the user is refused: UsageError(``refusal``)."""
+    state = _SOFT.get()
+    if state is None or name not in state[0]:
+        raise UsageError(refusal)
+    state[1].add(name)
+    warnings.warn(f"ignored {state[0][name]}: {refusal}", OptionIgnored, stacklevel=2)
 
 
 def soft_left_out() -> frozenset[str]:

@@ -265,12 +265,6 @@ def check_measurable(
                 f"--max-latency-ms {bs}=...: batch size {bs} is not measured "
                 f"(--batch-sizes {','.join(map(str, batch_sizes))})"
             )
-    if gates.max_regression is not None and baseline is None:
-        raise UsageError(
-            "--max-regression needs --baseline previous.json (a --json report of an earlier run)"
-        )
-    if baseline is not None and gates.max_regression is None:
-        raise UsageError("--baseline needs --max-regression PCT (the regression that fails the run)")
     if gates.min_agreement is not None and classification is False:
         raise UsageError(
             "--min-agreement is top-1 agreement, which needs classification outputs [N, classes] "

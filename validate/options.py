@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import MissingDependencyError, UsageError
-from ptopt.core.options import Options, Selector, option
+from ptopt.core.options import Options, Selector, drop_without_partner, option
 from ptopt.validate.gates import Gates, LMGates
 from ptopt.validate.latency import LatencyOptions
 from ptopt.validate.lm import LMOptions
@@ -204,12 +204,30 @@ def resolve(kind: str, gates: Any, latency: Any, options: Mapping[str, Any]) -> 
                          "--max-perplexity-increase, --min-tokens-per-s, --max-size-mb)")  # fmt: skip
     if kind == "lm" and latency is not None:
         raise UsageError("latency= does not apply to a causal language model on text (--rounds does)")
+    settings, gates = _partnered(OPTIONS.build(Settings, given), OPTIONS.merge(Gates, gates, given, "gates"))
     return Validation(
         kind,
-        OPTIONS.build(Settings, given),
-        OPTIONS.merge(Gates, gates, given, "gates"),
+        settings,
+        gates,
         OPTIONS.merge(LatencyOptions, latency, given, "latency"),
         OPTIONS.build(ReportPaths, given),
         OPTIONS.build(LMOptions, given),
         OPTIONS.build(LMGates, given),
     )
+
+
+def _partnered(settings: Settings, gates: Gates) -> tuple[Settings, Gates]:
+    """``--max-regression`` and ``--baseline`` need each other: one without the other is refused, or left
+    out with a note where it is a soft default (set in the environment: ``drop_without_partner``)."""
+    if gates.max_regression is not None and settings.baseline is None:
+        drop_without_partner(
+            "max_regression",
+            "--max-regression needs --baseline previous.json (a --json report of an earlier run)",
+        )
+        return settings, dataclasses.replace(gates, max_regression=None)
+    if settings.baseline is not None and gates.max_regression is None:
+        drop_without_partner(
+            "baseline", "--baseline needs --max-regression PCT (the regression that fails the run)"
+        )
+        return dataclasses.replace(settings, baseline=None), gates
+    return settings, gates

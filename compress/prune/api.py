@@ -58,6 +58,7 @@ from ptopt.compress.stage import (
 from ptopt.core import progress as _progress
 from ptopt.core.config import reconcile
 from ptopt.core.errors import UsageError
+from ptopt.core.options import drop_without_partner
 from ptopt.core.result import Result
 
 #: the options of ``ptopt prune`` (``ptopt.compress.prune.table.options``)
@@ -147,9 +148,9 @@ def prune(
     ``.extra["layers"]`` the per-layer table. ``output``: also save there (.pt or .pt2).
     """
     config, tune = resolve_config(method, config, {"amount": amount, **options})
-    teacher, epochs = tune.options.teacher, tune.options.epochs
     folder = _check_output(output)
     plan = _fine_tune_plan(fine_tune_data, tune)
+    teacher, epochs, fine_tune_data = plan.teacher, plan.epochs, plan.data  # less any left out
     why = "pruning rewrites an eager nn.Module, and a {format} model cannot be rewritten"
     loaded = load_eager(model, weights, allow_pickle, "pruning", why=why)
     if folder and not is_hf_model(loaded.module):
@@ -263,12 +264,19 @@ def _fine_tune_plan(data: Any, tune: Tune) -> FineTune:
     epochs, teacher = tune.options.epochs, tune.options.teacher
     if not isinstance(epochs, int) or epochs < 0:
         raise UsageError(f"--epochs must be an integer >= 0, got {epochs!r}")
+    # each rule refuses the option given alone, or leaves it out with a note where the environment set
+    # it (a CI runner's PTOPT_PRUNE_EPOCHS for the jobs that fine-tune: core.options.drop_without_partner)
     if epochs and data is None:
-        raise UsageError("--epochs needs --fine-tune-data (the data to fine-tune on)")
+        drop_without_partner("epochs", "--epochs needs --fine-tune-data (the data to fine-tune on)")
+        epochs = 0
     if data is not None and not epochs:
-        raise UsageError("--fine-tune-data needs --epochs N (N >= 1)")
+        drop_without_partner("fine_tune_data", "--fine-tune-data needs --epochs N (N >= 1)")
+        data = None
     if teacher is not None and data is None:
-        raise UsageError("--teacher distills while fine-tuning: give --fine-tune-data and --epochs too")
+        drop_without_partner(
+            "teacher", "--teacher distills while fine-tuning: give --fine-tune-data and --epochs too"
+        )
+        teacher = None
     return FineTune(epochs, data, teacher, tune.loss.temperature, tune.loss.alpha, tune.train)
 
 

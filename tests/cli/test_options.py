@@ -428,3 +428,71 @@ def test_the_old_spelling_of_a_search_budget_still_works_with_a_note(cli, monkey
     assert_refused(
         cli, command, *args, "--max-accuracy-drop", "1", "--accuracy-budget", "1", match="one option"
     )
+
+
+#: (issue 40) rules where one option needs another: (command, option, value, the twin's call, the refusal)
+PARTNERS = [
+    ("validate", "max_regression", "5", "ptopt.validate.api:validate", "--max-regression needs --baseline"),
+    ("validate", "baseline", "prev.json", "ptopt.validate.api:validate", "--baseline needs --max-regression"),
+    ("prune", "epochs", "2", "ptopt.compress.prune.api:prune", "--epochs needs --fine-tune-data"),
+    ("prune", "fine_tune_data", "d.pt", "ptopt.compress.prune.api:prune", "--fine-tune-data needs --epochs"),
+    (
+        "prune",
+        "teacher",
+        "zoo:resnet",
+        "ptopt.compress.prune.api:prune",
+        "--teacher distills while fine-tuning",
+    ),
+    ("distill", "resume", "1", "ptopt.compress.distill:distill", "--resume needs --checkpoint-dir"),
+]
+_PARTNER_ARGS = {  # files that do not exist: every run stops at its first look at one (exit 2)
+    "validate": (
+        ("missing.pt", "missing.onnx", "--data", "missing.pt"),
+        ("missing.pt", "missing.onnx", "missing.pt"),
+    ),
+    "prune": (
+        ("missing.pt", "--method", "global", "--amount", "0.5", "-o", "out.pt"),
+        ("missing.pt", "global", 0.5),
+    ),
+    "distill": (
+        ("--teacher", "missing.pt", "--student", "missing.pt", "--train-data", "missing.pt", "-o", "out.pt"),
+        ("missing.pt", "missing.pt", "missing.pt", "out.pt"),
+    ),
+}
+
+
+@pytest.mark.parametrize(("command", "name", "value", "twin", "refusal"), PARTNERS, ids=lambda v: str(v)[:24])
+def test_an_environment_value_without_its_partner_is_left_out(
+    cli, monkeypatch, command, name, value, twin, refusal
+):
+    """An option set in the environment (``PTOPT_<COMMAND>_<OPTION>``, a soft default) whose partner is
+    missing is left out with one note naming the variable and the rule; typed, it is refused as before.
+    The twin the same: under ``soft_options`` a warning (OptionIgnored), else the UsageError."""
+    from ptopt.core.errors import OptionIgnored
+    from ptopt.core.options import soft_options
+
+    cli_args, twin_args = _PARTNER_ARGS[command]
+    flag = "--" + name.replace("_", "-")
+    typed = (flag,) if value == "1" else (flag, value)
+    assert_refused(cli, command, *cli_args, *typed, match=refusal)
+    var = f"PTOPT_{command.upper()}_{name.upper()}"
+    monkeypatch.setenv(var, value)
+    code, _, err = cli(command, *cli_args)
+    lines = not_progress(err)
+    notes = [line for line in lines if var in line]
+    assert code == 2 and refusal not in lines[-1], err
+    assert len(notes) == 1 and notes[0].startswith(
+        f"note: ignored {var}={value} in the environment: {refusal}"
+    )
+    module, fn = twin.split(":")
+    call = getattr(importlib.import_module(module), fn)
+    kwargs = {name: {"1": True, "5": 5.0, "2": 2}.get(value, value)}
+    with pytest.raises(UsageError, match=re.escape(refusal)):
+        call(*twin_args, **kwargs)
+    with (
+        soft_options({name}),
+        pytest.warns(OptionIgnored, match=re.escape(refusal)),
+        pytest.raises(PtoptError) as e,
+    ):
+        call(*twin_args, **kwargs)
+    assert refusal not in str(e.value)

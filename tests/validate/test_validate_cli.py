@@ -424,13 +424,24 @@ def test_timing_defaults_and_the_environment(monkeypatch):
 
 def test_environment_values_apply_to_a_tensor_model(cli, artifacts, tmp_path, monkeypatch):
     """The timing options set in the environment time a tensor model; a language-model option set there
-    (--context) is left out, not refused, and a refusal naming an option from the environment says so."""
-    for key, value in {"MIN_SECONDS": "0.01", "ROUNDS": "2", "MIN_ITERS": "3", "CONTEXT": "64"}.items():
+    (--context) is left out, not refused; one whose partner is missing (--max-regression without
+    --baseline: a CI runner sets it for the jobs that pass one) is left out with a note, while typed it
+    is refused; a refusal naming an option from the environment says so."""
+    env = {"MIN_SECONDS": "0.01", "ROUNDS": "2", "MIN_ITERS": "3", "CONTEXT": "64", "MAX_REGRESSION": "5"}
+    for key, value in env.items():
         monkeypatch.setenv(f"PTOPT_VALIDATE_{key}", value)
     args = ("validate", FACTORY, artifacts["torchscript"], "--data", artifacts["data"], "--batch-sizes", "1")
     code, out, err = cli(*args, "--json", tmp_path / "r.json")
     assert code == 0, err
-    got = json.loads((tmp_path / "r.json").read_text())["latency_options"]
+    notes = [line for line in err.splitlines() if "PTOPT_VALIDATE_MAX_REGRESSION" in line]
+    assert notes == [
+        "note: ignored PTOPT_VALIDATE_MAX_REGRESSION=5 in the environment: --max-regression needs --baseline "
+        "previous.json (a --json report of an earlier run)"
+    ]
+    report = json.loads((tmp_path / "r.json").read_text())
+    got = report["latency_options"]
     assert (got["min_seconds"], got["rounds"], got["min_iters"]) == (0.01, 2, 3)
-    monkeypatch.setenv("PTOPT_VALIDATE_MAX_REGRESSION", "5")
-    assert_refused(cli, *args, match="--max-regression: PTOPT_VALIDATE_MAX_REGRESSION=5 in the environment")
+    assert report["gates"].get("max_regression") is None
+    assert_refused(cli, *args, "--max-regression", "5", match="--max-regression needs --baseline")
+    monkeypatch.setenv("PTOPT_VALIDATE_MAX_REGRESSION", "-5")
+    assert_refused(cli, *args, match="--max-regression: PTOPT_VALIDATE_MAX_REGRESSION=-5 in the environment")
