@@ -152,16 +152,43 @@ def _module_exists(module: str) -> bool:
 @click.option("--debug", is_flag=True, envvar="PTOPT_DEBUG", help="Show tracebacks for errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """ptopt: compress, export, validate and package PyTorch models, with numbers for every artifact.
-
-    \b
-    MODEL:  model.pt (TorchScript; pickled modules need --allow-pickle), model.pt2 (ExportedProgram),
-            model.onnx, pkg.module:factory [--weights W.pt|W.safetensors], zoo:NAME
-    DATA:   data.pt / data.npz (x, optional y), builtin:digits32[:train|test], pkg.module:function
-    Exit codes: 0 ok, 1 a gate failed, 2 bad usage or input, 4 (validate) a latency gate within the timing noise.
-    """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+
+
+def _group_help() -> str:
+    """The group's help: every MODEL form from the format table (``core.formats.model_files``), the
+    other references and the DATA forms."""
+    import textwrap
+
+    from ptopt.core.builtin_data import NAMES
+    from ptopt.core.formats import model_files
+    from ptopt.core.text import BUILTIN_TEXT
+
+    models = (
+        f"{model_files()}, hf:DIR (a Hugging Face folder), pkg.module:factory [--weights "
+        "W.pt|W.safetensors], zoo:NAME; a .pt that pickles a whole nn.Module needs --allow-pickle"
+    )
+    data = (
+        "data.pt / data.npz (x, optional y), "
+        + ", ".join(f"builtin:{n}[:train|test]" for n in NAMES)
+        + f", text (.txt, builtin:{BUILTIN_TEXT}[:calib|eval]), pkg.module:function"
+    )
+
+    def block(head: str, text: str) -> str:
+        return textwrap.fill(
+            text, 100, initial_indent=head.ljust(8), subsequent_indent=" " * 8, break_on_hyphens=False
+        )
+
+    return (
+        "ptopt: compress, export, validate and package PyTorch models, with numbers for every artifact.\n\n"
+        f"\b\n{block('MODEL:', models)}\n{block('DATA:', data)}\n"
+        "Exit codes: 0 ok, 1 a gate failed, 2 bad usage or input, 4 (validate) a latency gate within the "
+        "timing noise."
+    )
+
+
+cli.help = _group_help()
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' hook

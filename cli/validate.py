@@ -44,13 +44,12 @@ def command(
     save_recipe: str | None,
     **params: Any,
 ) -> None:
-    """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime (eager, TorchScript,
-    ExportedProgram, ONNX Runtime, TensorRT), and compare accuracy, agreement, size, latency per batch
-    size and peak memory. A causal language model (a Hugging Face folder, hf:DIR) with text --data
-    (.txt, builtin:pydoc-text:eval, token ids .pt/.npy) gets perplexity, prefill and decode tokens/s
-    at batch 1, weight bytes, size on disk and peak memory instead. Exit 1 when a gate fails (after
-    writing every report), 2 on bad input, 4 when no gate failed but a latency gate was within the
-    timing noise (inconclusive)."""
+    """Run REFERENCE and every ARTIFACT on the same --data, each in its own runtime ({runtimes}), and
+    compare accuracy, agreement, size, latency per batch size and peak memory. A causal language model
+    (a Hugging Face folder, hf:DIR) with text --data (.txt, builtin:pydoc-text:eval, token ids .pt/.npy)
+    gets perplexity, prefill and decode tokens/s at batch 1, weight bytes, size on disk and peak memory
+    instead. Exit 1 when a gate fails (after writing every report), 2 on bad input, 4 when no gate
+    failed but a latency gate was within the timing noise (inconclusive)."""
     from ptopt.validate.api import raise_for_status, validate
     from ptopt.validate.reports import terminal
 
@@ -71,3 +70,13 @@ def command(
     for key, path in result.report_paths.items():
         click.echo(f"{key}: {path}", err=True)
     raise_for_status(result)
+
+
+def _runtimes_named() -> None:
+    """The help's runtimes from the format table (a format added there is named here too)."""
+    from ptopt.core.formats import runtime_names
+
+    command.help = (command.help or "").replace("{runtimes}", runtime_names())
+
+
+_runtimes_named()

@@ -84,3 +84,20 @@ def file_suffixes() -> list[str]:
         if fmt.suffix and fmt.suffix not in out:
             out.append(fmt.suffix)
     return out
+
+
+def model_files() -> str:
+    """The files a MODEL can be, from the table (help texts): ``model.pt (TorchScript), model.pt2
+    (ExportedProgram or AOTInductor package), ...``, each suffix ptopt exports once, with every format
+    written with it."""
+    labels: dict[str, list[str]] = {}
+    for fmt in targets().values():
+        if fmt.suffix:
+            labels.setdefault(fmt.suffix, []).append(fmt.label)
+    return ", ".join(f"model{suffix} ({' or '.join(names)})" for suffix, names in labels.items())
+
+
+def runtime_names() -> str:
+    """The runtimes the artifacts ptopt exports run in, from the table (help texts): ``TorchScript,
+    ExportedProgram, ..., OpenVINO IR, TensorRT``, after eager PyTorch."""
+    return ", ".join(["eager PyTorch", *(fmt.label for fmt in targets().values())])

@@ -103,7 +103,8 @@ _TABLE = (
     ),
     Command(
         "doctor",
-        "Show which backends work here (ORT, TensorRT, CUDA, TorchServe, Java).",
+        "Show which runtimes work here (ORT, OpenVINO, NNCF, torchao, transformers, TensorRT, CUDA, TorchServe, "
+        "Java, ...) and how to install a missing one.",
         "ptopt.core.doctor:doctor",
     ),
 )

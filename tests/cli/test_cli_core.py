@@ -36,9 +36,16 @@ def test_one_command_table_feeds_the_cli_the_api_and_the_pipeline(cli):
     lines, ``ptopt.<name>`` is each twin, and recipe steps are the commands marked as steps."""
     import ptopt
     from ptopt.commands import COMMANDS, step_commands
+    from ptopt.core.formats import file_suffixes, targets
     from ptopt.pipeline import resolve_twin
 
     code, out, _ = cli("--help")
+    flat = " ".join(out.split())
+    for suffix in file_suffixes():  # (issue 40) every MODEL form from the format table, not by hand
+        assert f"model{suffix} (" in flat
+    assert "hf:DIR" in flat and "builtin:pydoc-text" in flat
+    runtimes = " ".join(cli("validate", "--help")[1].split())
+    assert all(f.label in runtimes for f in targets().values()), runtimes
     listed = [
         ln.split()[0] for ln in out.split("Commands:")[1].splitlines() if ln.startswith("  ") and ln[2] != " "
     ]
