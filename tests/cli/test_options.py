@@ -213,6 +213,7 @@ COMPANIONS = {
         "cpu_offload": {"strategy": "fsdp"},
     },
     "optimize": {},
+    "validate": {"max_regression": {"baseline": "prev.json"}, "baseline": {"max_regression": 5.0}},
 }
 
 
