@@ -105,10 +105,7 @@ def _print_result(art) -> None:
         target = art.extra.get("cpu_isa") or "cpu"
         if str(art.extra.get("device", "cpu")).startswith("cuda"):
             target = str(art.extra["device"]) + (", CUDA graphs" if art.extra.get("cuda_graphs") else "")
-        click.echo(
-            f"compile: AOTInductor ({art.extra.get('compiler')}, {target}) in "
-            f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
-        )
+        click.echo(_compile_line(art.extra, target))
     fixed = p.get("static_batches") or {}
     if fixed:
         each = ", ".join(f"{b} (cosine {v['cosine']:.6f})" for b, v in fixed.items())
@@ -149,10 +146,20 @@ def _print_lm(art) -> None:
             f"batch:   a left-padded batch of 2: max abs diff {b['max_abs_diff']:.3g}, cosine {b['cosine']:.6f}"
         )
     if art.extra.get("compile_seconds") is not None:
-        click.echo(
-            f"compile: AOTInductor ({art.extra.get('compiler')}, {art.extra.get('cpu_isa') or 'cpu'}) in "
-            f"{art.extra['compile_seconds']:.1f} s, torch {art.extra.get('torch_version')}"
+        click.echo(_compile_line(art.extra, art.extra.get("cpu_isa") or "cpu"))
+
+
+def _compile_line(extra: dict, target: str) -> str:
+    """How an AOTInductor package was built: compiled now, or copied from ptopt's compile cache."""
+    head = f"compile: AOTInductor ({extra.get('compiler')}, {target})"
+    torch_v = f"torch {extra.get('torch_version')}"
+    if extra.get("compile_cache"):
+        return (
+            f"{head} from ptopt's compile cache: the same program built the same way on "
+            f"{extra['compile_cache'].get('built')} in {extra['compile_seconds']:.1f} s, {torch_v} "
+            f"(PTOPT_AOTI_CACHE=0 compiles afresh)"
         )
+    return f"{head} in {extra['compile_seconds']:.1f} s, {torch_v}"
 
 
 def _parity_inputs(art, parity: dict) -> str:

@@ -96,10 +96,11 @@ def write_aoti(
     metadata = {CUDA_GRAPHS_KEY: "1"} if cuda_graphs else {}
     threads = torch.get_num_threads()
     started = time.perf_counter()
-    compile_package(ep, path, options, compiler, metadata, statics)
-    seconds = time.perf_counter() - started
+    cached = compile_package(ep, path, options, compiler, metadata, statics, device=device)
+    seconds = cached["seconds"] if cached else time.perf_counter() - started
     meta = package_metadata(path)
     return {
+        **({"compile_cache": {"built": cached["built"]}} if cached else {}),
         "files": [path.name],
         "method": "torch.export.export (strict=False) + torch._inductor.aoti_compile_and_package",
         "compile_options": options,
@@ -168,40 +169,56 @@ def compile_package(
     compiler: str,
     metadata: dict[str, str] | None = None,
     statics: dict[str, Any] | None = None,
-) -> None:
+    device: str = "cpu",
+) -> dict[str, Any]:
     """``aoti_compile_and_package`` into a temporary folder, then moved to ``path`` (any name: the
     compiler wants a ``.pt2`` name and writes scratch files beside it). ``statics``: more programs
     (``{model name: ExportedProgram}``, the fixed-batch ones) compiled into the same package beside
-    ``ep``, which stays the package's default model (``model``)."""
+    ``ep``, which stays the package's default model (``model``). A package ptopt's compile cache
+    holds for the same programs and build (:mod:`ptopt.formats.aoti_cache`) is copied instead; the
+    returned dict says so (``hit``, with the first build's ``seconds`` and ``built``), else it is empty."""
+    import torch
+
+    from ptopt.formats.aoti_cache import cached_compile, package_key
+
+    configs = {**options, "aot_inductor.metadata": {VERSION_KEY: torch.__version__, **(metadata or {})}}
+    programs = {DEFAULT_MODEL: ep, **(statics or {})}
+    key = package_key(programs, configs, compiler, device)
+    with tempfile.TemporaryDirectory(prefix="ptopt-aoti-") as d:
+        out = Path(d) / "model.pt2"
+        with cached_compile(key, out) as cached:
+            if not cached:
+                _compile(out, programs, configs, compiler)
+        shutil.move(str(out), path)
+    return cached
+
+
+def _compile(out: Path, programs: dict[str, Any], configs: dict[str, Any], compiler: str) -> None:
     import torch
 
     from ptopt.formats.capture import first_lines
 
-    configs = {**options, "aot_inductor.metadata": {VERSION_KEY: torch.__version__, **(metadata or {})}}
-    with tempfile.TemporaryDirectory(prefix="ptopt-aoti-") as d, _quiet_inductor():
-        out = Path(d) / "model.pt2"
-        try:
-            # freezing applies only with autograd off (torch._inductor.compile_fx): under grad the
-            # package silently keeps plain aten convolutions instead of oneDNN's packed/int8 kernels
-            with torch.no_grad():
-                if statics:
-                    _compile_models(out, {DEFAULT_MODEL: ep, **statics}, configs)
-                else:
-                    torch._inductor.aoti_compile_and_package(
-                        ep, package_path=str(out), inductor_configs=configs
-                    )
-        except Exception as e:  # noqa: BLE001 - Inductor lowering / the C++ build raise many kinds
-            text = str(e)
-            where = (
-                f" ({compiler} failed to build the generated code)"
-                if "CppCompileError" in (type(e).__name__ + text[:200])
-                else ""
-            )
-            raise UnsupportedModelError(
-                f"AOTInductor cannot compile the model{where}: {type(e).__name__}: {first_lines(text, 2)[:300]}"
-                f"; --target exported_program or onnx still work"
-            ) from None
-        shutil.move(str(out), path)
+    try:
+        # freezing applies only with autograd off (torch._inductor.compile_fx): under grad the
+        # package silently keeps plain aten convolutions instead of oneDNN's packed/int8 kernels
+        with torch.no_grad(), _quiet_inductor():
+            if len(programs) > 1:
+                _compile_models(out, programs, configs)
+            else:
+                torch._inductor.aoti_compile_and_package(
+                    programs[DEFAULT_MODEL], package_path=str(out), inductor_configs=configs
+                )
+    except Exception as e:  # noqa: BLE001 - Inductor lowering / the C++ build raise many kinds
+        text = str(e)
+        where = (
+            f" ({compiler} failed to build the generated code)"
+            if "CppCompileError" in (type(e).__name__ + text[:200])
+            else ""
+        )
+        raise UnsupportedModelError(
+            f"AOTInductor cannot compile the model{where}: {type(e).__name__}: {first_lines(text, 2)[:300]}"
+            f"; --target exported_program or onnx still work"
+        ) from None
 
 
 def _compile_models(out: Path, programs: dict[str, Any], configs: dict[str, Any]) -> None:

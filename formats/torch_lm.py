@@ -133,11 +133,14 @@ class AotiLMFolder(LMFolder):
         batch, longest = tuple(record["batch"]), record["max_positions"]
         program, decode = capture(module, batch, longest), capture(module, batch, longest, decode=True)
         started = time.perf_counter()
-        compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
+        cached = compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
+        seconds = cached["seconds"] if cached else time.perf_counter() - started
+        if cached:
+            record["compile_cache"] = {"built": cached["built"]}
         record |= {
             "method": "torch.export.export (strict=False) + torch._inductor.aoti_compile_and_package",
             "compile_options": options, "compiler": compiler, "compile_threads": torch.get_num_threads(),
-            "compile_seconds": round(time.perf_counter() - started, 2), "torch_version": torch.__version__,
+            "compile_seconds": round(seconds, 2), "torch_version": torch.__version__,
             "cpu_isa": package_metadata(folder / FILE).get("AOTI_CPU_ISA", ""),
         }  # fmt: skip
 

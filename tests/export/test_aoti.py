@@ -69,6 +69,28 @@ def test_cli_writes_package_and_sidecar_with_compile_facts(package):
     assert meta["ptopt_torch_version"] == torch.__version__
 
 
+def test_the_same_export_again_comes_from_the_compile_cache(package, tmp_path):
+    """The same program built the same way is compiled once: a second export copies the package from
+    ptopt's compile cache ($PTOPT_CACHE_DIR/aoti), says so, and records the first build's seconds."""
+    path, _ = package
+    out = tmp_path / "again.pt2"
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-m", "ptopt.cli.main", "export", "tests.helpers:tiny_cnn", "--target", "aoti"]
+        + ["--dynamic-batch", "1:4:16", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=path.parent,  # as the fixture's run: same environment, threads and cache
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "from ptopt's compile cache" in run.stdout and "PTOPT_AOTI_CACHE=0" in run.stdout, run.stdout
+    extra = json.loads(Path(str(out) + ".ptopt.json").read_text())["extra"]
+    assert extra["compile_cache"]["built"] and extra["compile_seconds"] > 0
+    assert _wrapper_code(out) == _wrapper_code(path)  # the very package, parity-checked again on export
+
+
 def test_package_runs_with_plain_torch(package, tmp_path):
     """No ptopt in the loading process: ``torch._inductor.aoti_load_package`` and a call."""
     path, _ = package
