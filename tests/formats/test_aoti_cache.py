@@ -16,7 +16,9 @@ def _program(model=None, batch: int = 2):
 
 
 def _key(ep, configs=None, **kw):
-    return aoti_cache.package_key({"model": ep}, configs or {"freezing": True}, "g++", kw.get("device", "cpu"))
+    return aoti_cache.package_key(
+        {"model": ep}, configs or {"freezing": True}, "g++", kw.get("device", "cpu")
+    )
 
 
 def test_key_follows_the_program_and_the_build_not_the_example_values(monkeypatch):
