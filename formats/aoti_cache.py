@@ -148,7 +148,8 @@ def _vec_isa(device: str) -> str:
 def cached_compile(key: str | None, out: Path) -> Iterator[dict[str, Any]]:
     """Around a compile into ``out``: when ``key``'s package is cached it is copied to ``out`` and the
     yielded dict has ``hit`` (the first build's ``seconds`` and ``built``), and the caller skips its
-    compile; otherwise the caller compiles into ``out`` and, on leaving, the package is stored.
+    compile; otherwise the caller compiles into ``out`` (and may set the dict's ``seconds``, the
+    compile's own time) and, on leaving, the package is stored.
     Holds the key's file lock throughout, so concurrent builds of one key happen once."""
     folder = cache_folder()
     if key is None or folder is None:
@@ -168,7 +169,7 @@ def cached_compile(key: str | None, out: Path) -> Iterator[dict[str, Any]]:
         started = time.perf_counter()
         yield state
         if out.is_file():
-            _store(out, entry, facts, time.perf_counter() - started)
+            _store(out, entry, facts, state.get("seconds", time.perf_counter() - started))
     _trim(folder)
 
 

@@ -95,12 +95,11 @@ def write_aoti(
     options = compile_options(inductor_configs)
     metadata = {CUDA_GRAPHS_KEY: "1"} if cuda_graphs else {}
     threads = torch.get_num_threads()
-    started = time.perf_counter()
-    cached = compile_package(ep, path, options, compiler, metadata, statics, device=device)
-    seconds = cached["seconds"] if cached else time.perf_counter() - started
+    built = compile_package(ep, path, options, compiler, metadata, statics, device=device)
+    seconds = built["seconds"]
     meta = package_metadata(path)
     return {
-        **({"compile_cache": {"built": cached["built"]}} if cached else {}),
+        **({"compile_cache": {"built": built["built"]}} if built.get("hit") else {}),
         "files": [path.name],
         "method": "torch.export.export (strict=False) + torch._inductor.aoti_compile_and_package",
         "compile_options": options,
@@ -175,8 +174,8 @@ def compile_package(
     compiler wants a ``.pt2`` name and writes scratch files beside it). ``statics``: more programs
     (``{model name: ExportedProgram}``, the fixed-batch ones) compiled into the same package beside
     ``ep``, which stays the package's default model (``model``). A package ptopt's compile cache
-    holds for the same programs and build (:mod:`ptopt.formats.aoti_cache`) is copied instead; the
-    returned dict says so (``hit``, with the first build's ``seconds`` and ``built``), else it is empty."""
+    holds for the same programs and build (:mod:`ptopt.formats.aoti_cache`) is copied instead. Returns
+    ``seconds`` (the compile's; for a copy, its first build's) and, for a copy, ``hit`` and ``built``."""
     import torch
 
     from ptopt.formats.aoti_cache import cached_compile, package_key
@@ -187,8 +186,10 @@ def compile_package(
     with tempfile.TemporaryDirectory(prefix="ptopt-aoti-") as d:
         out = Path(d) / "model.pt2"
         with cached_compile(key, out) as cached:
-            if not cached:
+            if not cached.get("hit"):
+                started = time.perf_counter()
                 _compile(out, programs, configs, compiler)
+                cached["seconds"] = time.perf_counter() - started
         shutil.move(str(out), path)
     return cached
 

@@ -121,7 +121,6 @@ class AotiLMFolder(LMFolder):
 
     def write_lm(self, module: Any, folder: Path, record: dict[str, Any]) -> None:
         """Two programs (module docstring) compiled into one package."""
-        import time
 
         import torch
 
@@ -132,11 +131,10 @@ class AotiLMFolder(LMFolder):
         compiler, options = check_compiler(), compile_options()
         batch, longest = tuple(record["batch"]), record["max_positions"]
         program, decode = capture(module, batch, longest), capture(module, batch, longest, decode=True)
-        started = time.perf_counter()
-        cached = compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
-        seconds = cached["seconds"] if cached else time.perf_counter() - started
-        if cached:
-            record["compile_cache"] = {"built": cached["built"]}
+        built = compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
+        seconds = built["seconds"]
+        if built.get("hit"):
+            record["compile_cache"] = {"built": built["built"]}
         record |= {
             "method": "torch.export.export (strict=False) + torch._inductor.aoti_compile_and_package",
             "compile_options": options, "compiler": compiler, "compile_threads": torch.get_num_threads(),
