@@ -214,7 +214,7 @@ def _template(row: Any, config: Any, source: Any, record: dict[str, Any], path: 
     metrics = {k: check[k] for k in ("parity", "greedy", "batch") if k in check}
     lm = {k: record[k] for k in ("inputs", "outputs", "layout", "batch", "max_positions", "stateful",
                                  "weight_bytes") if k in record}  # fmt: skip
-    facts = {k: record[k] for k in ("opset", "exporter", "method", "compile_seconds", "compiler", "cpu_isa",
+    facts = {k: record[k] for k in ("opset", "exporter", "method", "compile_seconds", "compile_cache", "compiler", "cpu_isa",
                                     "torch_version", "inference_precision") if record.get(k) is not None}  # fmt: skip
     return Artifact(
         path=path, format=row.name, precision="fp32", parent=source.loaded.parent_record(),
