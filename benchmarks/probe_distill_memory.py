@@ -101,7 +101,7 @@ def _instrument() -> None:
         return step(self)
 
     T.__init__, T.forward_backward, T.optimizer_step = init_labelled, forward_backward, optimizer_step
-    for name in ("unshard", "post_backward"):
+    for name in ("unshard", "reshard", "post_backward"):
         fn = getattr(group.FSDPParamGroup, name)
 
         def named(self, *a, _fn=fn, _name=name, **k):
