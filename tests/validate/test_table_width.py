@@ -103,3 +103,25 @@ def test_cli_tables_fit_100_columns(cli):
     code, out, err = cli("inspect", FACTORY)
     assert code == 0, err
     _fits(out, 100, ["conv1"], ["layer", "techniques"])
+
+
+@pytest.mark.parametrize("width", range(80, 101, 4))
+def test_a_wrapped_cell_never_splits_a_name(width):
+    """(issue 40) A gates cell wraps between the gates' names, never inside one: seen in a real run at
+    100 columns as ``max-regression:latency@bs3`` / ``2``."""
+    names = ["max-regression:latency@bs1", "max-regression:latency@bs32"]
+    head = ["", "artifact", "MB", "p50 ms @1", "p50 ms @32", "peak MB", "gates"]
+    row = [
+        "",
+        "m.onnx",
+        "1.264",
+        "25.225~ 3.42x",
+        "723.487~ 1.75x",
+        "348",
+        "INCONCLUSIVE: " + ", ".join(names),
+    ]
+    parts = terminal.fitted("", head, [(row, None)], width, left={"", "artifact"}, wrap={"gates": {}})
+    text = terminal.to_text(parts, width)
+    assert all(len(line) <= width for line in text.splitlines())
+    cells = " ".join(line.split("│")[-2].strip() for line in text.splitlines() if line.count("│") > 2)
+    assert all(name in cells.split() or f"{name}," in cells.split() for name in names), text

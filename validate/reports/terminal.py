@@ -77,6 +77,8 @@ def split(t: Any, width: int, keys: int = 1) -> list[Any]:
     import dataclasses
 
     sizes = [_natural(c) for c in t.columns]
+    # a wrapping column is never narrower than its longest word: a gate's name is never split
+    least = [max(WRAP_MIN, _natural(c, words=True)) for c in t.columns]
     key_need = sum(sizes[:keys]) + 3 * keys + 1
     if key_need + sum(w + 3 for w in sizes[keys:]) <= width:
         return [t]
@@ -84,7 +86,7 @@ def split(t: Any, width: int, keys: int = 1) -> list[Any]:
     room = width - key_need
     for i in range(keys, len(sizes)):
         wraps = not t.columns[i].no_wrap
-        need = (min(sizes[i], max(WRAP_MIN, room - 3)) if wraps else sizes[i]) + 3
+        need = (min(sizes[i], max(least[i], room - 3)) if wraps else sizes[i]) + 3
         if parts[-1] and need > room:
             parts.append([])
             room = width - key_need
@@ -100,14 +102,15 @@ def split(t: Any, width: int, keys: int = 1) -> list[Any]:
         for i in [*range(keys), *cols]:
             col = dataclasses.replace(t.columns[i], _cells=list(t.columns[i]._cells))
             if not col.no_wrap:
-                col.max_width = max(WRAP_MIN, free - 3)
+                col.max_width = max(least[i], free - 3)
             part.columns.append(col)
         out.append(part)
     return out
 
 
-def _natural(column: Any) -> int:
-    """The widest line of a column's header and cells, in terminal columns (markup not counted)."""
+def _natural(column: Any, words: bool = False) -> int:
+    """The widest line of a column's header and cells, in terminal columns (markup not counted); with
+    ``words``, the widest word of its cells (what wrapping cannot split)."""
     from rich.cells import cell_len
     from rich.text import Text
 
@@ -115,6 +118,8 @@ def _natural(column: Any) -> int:
         return Text.from_markup(x).plain if isinstance(x, str) else getattr(x, "plain", str(x))
 
     texts = [plain(column.header), *(plain(c) for c in column._cells)]
+    if words:
+        return max((cell_len(w) for text in texts[1:] for w in text.split()), default=0)
     return max(cell_len(line) for text in texts for line in (text.splitlines() or [""]))
 
 
