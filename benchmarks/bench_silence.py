@@ -8,7 +8,8 @@ Issue 40's target: no silent stretch over 10 s.
     python benchmarks/bench_silence.py --only --lm      # the SmolLM2 command alone
     python benchmarks/bench_silence.py -- ptopt demo    # any command
 
-Each line is time-stamped as it arrives (a reader thread per pipe); the report lists every stretch
+Each command runs in a temporary folder; each line is time-stamped as it arrives (a reader thread per
+pipe) and written to ``<folder>/<command>.log``; the report lists every stretch
 over 10 s (none is the target), the command's exit status and the load average (``os.getloadavg``) before
 and after it: the machine may be shared. Writes ``results/silence.md|json``; a command measured before
 and not run this time keeps its earlier row (each row is one run, keyed by its command).
@@ -37,17 +38,19 @@ OPTIMIZE = (
     "ptopt optimize zoo:resnet --calib-data builtin:digits32:train --eval-data builtin:digits32:test "
     "--accuracy-budget 1 --batch-size 1 --rounds 3 --min-seconds 0.3 -o {tmp}/opt"
 )
-DEMO = "ptopt demo -o {tmp}/demo"
+DEMO = "ptopt demo -o ptopt-demo"
 SMOLLM = (
     "ptopt quantize hf:{home}/.cache/ptopt/smollm2-135m --mode weight-only --bits 8 "
     "--eval-data builtin:pydoc-text:eval -o {tmp}/smol-int8"
 )
 
 
-def timed_lines(argv: list[str], env: dict[str, str]) -> tuple[int, list[tuple[float, str, str]], float]:
-    """Run ``argv``; (exit status, [(seconds since start, stream, line)], total seconds)."""
+def timed_lines(
+    argv: list[str], env: dict[str, str], cwd: str | None = None
+) -> tuple[int, list[tuple[float, str, str]], float]:
+    """Run ``argv`` in ``cwd``; (exit status, [(seconds since start, stream, line)], total seconds)."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     lines: list[tuple[float, str, str]] = []
     lock = threading.Lock()
 
@@ -117,8 +120,11 @@ def measure(template: str, tmp: str, env: dict[str, str]) -> dict:
     if argv[0] == "ptopt":  # the console script next to this interpreter (the venv's)
         argv[0] = str(Path(sys.executable).with_name("ptopt"))
     before = os.getloadavg()[0]
-    code, lines, total = timed_lines(argv, env)
+    code, lines, total = timed_lines(argv, env, cwd=tmp)
     load = f"{before:.1f} / {os.getloadavg()[0]:.1f}"
+    out = Path(tmp) / f"{argv[1]}.log"  # what it printed, stdout and stderr as they came (a transcript)
+    out.write_text("".join(f"{text}\n" for _, _, text in lines), encoding="utf-8")
+    print(f"  {command}: output in {out}")
     gaps = silences(lines, total)
     stamps = [0.0, *(t for t, _, _ in lines), total]
     longest = max(b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True))
