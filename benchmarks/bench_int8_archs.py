@@ -133,6 +133,17 @@ def table(recs: list[dict[str, Any]]) -> str:
     return md_table(head, rows)
 
 
+def reused(logs: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The cells an earlier run printed (one JSON object a line) in ``logs``, by (model, engine)."""
+    out = {}
+    for log in logs:
+        for line in Path(log).read_text().splitlines():
+            if line.startswith("{"):
+                rec = json.loads(line)
+                out[rec["model"], rec["engine"]] = rec
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(archs.ARCHS))
@@ -140,13 +151,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--name", default="int8_archs")
+    ap.add_argument("--reuse", action="append", default=[], metavar="LOG",
+                    help="a file holding the JSON lines an earlier run printed: its cells are reused, not rerun "
+                    "(runs split over processes, or cut short, written as one result)")  # fmt: skip
     args = ap.parse_args()
+    done = reused(args.reuse)
     threads = setup(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     recs = []
     with tempfile.TemporaryDirectory(prefix="ptopt-int8-archs-") as d:
         for name in args.models.split(","):
             for engine in args.engines.split(","):
+                if (name, engine) in done:
+                    recs.append(done[name, engine])
+                    continue
                 rec = run_cli(name, engine, Path(d), args.timeout)
                 if rec["exit"] == 0:
                     rec |= unseen(rec)

@@ -403,12 +403,34 @@ def set_training(prepared: Any, training: bool) -> None:
 
 
 def convert(prepared: Any) -> Any:
-    """Observed / fake-quant graph → the int8 q/dq graph (eval mode)."""
+    """Observed / fake-quant graph → the int8 q/dq graph (eval mode), holding only the tensors it reads
+    (:func:`drop_unread`)."""
     ao = _torchao()
     with _quiet(), _conv_bn_patterns_present_only(), _mode_patterns_present_only():
         converted = ao.flow.convert_pt2e(prepared)
         ao.to_eval(converted)
-    return converted
+    return drop_unread(converted)
+
+
+def drop_unread(graph: Any) -> Any:
+    """``graph`` without the parameters and buffers no node reads. ``convert_pt2e`` folds each weight's
+    quantize into an int8 constant and leaves the fp32 weight attached, unread: torch.export lifts every
+    attached tensor into the program, so the ``.pt2`` carried the fp32 weights beside their int8 copies
+    (a 2-layer BERT's ExportedProgram: 1.42x its fp32 TorchScript)."""
+    for node in list(graph.graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            graph.graph.erase_node(node)
+    read = {str(n.target) for n in graph.graph.nodes if n.op == "get_attr"}
+    named = [*graph.named_parameters(remove_duplicate=False), *graph.named_buffers(remove_duplicate=False)]
+    for name, _ in named:
+        if name in read or any(r.startswith(name + ".") for r in read):
+            continue
+        owner_name, _, leaf = name.rpartition(".")
+        owner = graph.get_submodule(owner_name) if owner_name else graph
+        owner._parameters.pop(leaf, None)
+        owner._buffers.pop(leaf, None)
+    graph.recompile()
+    return graph
 
 
 def quantize_static(

@@ -38,6 +38,9 @@ def test_api_writes_the_int8_exported_program(program):
     loaded = load_model(out)  # no --allow-pickle: a program, not native code
     ops = {str(n.target) for n in loaded.info["exported_program"].graph.nodes if n.op == "call_function"}
     assert any("quantize_per_tensor" in o for o in ops) and any("dequantize_per_channel" in o for o in ops)
+    ep = loaded.info["exported_program"]  # the int8 weights only: not their fp32 source beside them
+    held = {k: v.dtype for k, v in {**ep.state_dict, **ep.constants}.items() if v.dim() >= 2}
+    assert held and set(held.values()) == {torch.int8}, held
     from ptopt.core.data import load_data
 
     x = load_data("builtin:digits:test").first_batch(16).x  # like the calibration data
