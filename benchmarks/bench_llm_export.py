@@ -229,13 +229,28 @@ def render(fam_rows: list[dict], smol: dict[str, Any], meta: dict) -> str:
                      f(e.get("export_s") or e.get("build_s"), ".0f")])  # fmt: skip
     sm = md_table(["model", f"greedy = transformers ({NEW} tokens)", "perplexity", "prefill tok/s",
                    "decode tok/s", "decode vs eager (paired)", "export / build s"], rows)  # fmt: skip
-    return (
-        f"Part 1: tiny random-weight decoders (2 layers, hidden 64), {meta['rounds_families']} interleaved rounds, "
-        f"{PROMPT}-token prompt, {NEW} greedy tokens, batch 1. Export s includes the check.\n\n{fam}\n\n"
+    part2 = (
         f"Part 2: SmolLM2-135M-Instruct, prompt = first {PROMPT} tokens of builtin:pydoc-text:eval, perplexity on "
         f"its first 1024 tokens (context 512, stride 256), {meta['rounds_smol']} interleaved rounds, batch 1, KV "
         f"cache, medians; paired = median of per-round ratios.\n\n{sm}\n"
+        if smol
+        else "Part 2 (SmolLM2-135M-Instruct) was not run (`--skip-smollm`).\n"
     )
+    return (
+        f"Part 1: tiny random-weight decoders (2 layers, hidden 64), {meta['rounds_families']} interleaved rounds, "
+        f"{PROMPT}-token prompt, {NEW} greedy tokens, batch 1. Export s includes the check.\n\n{fam}\n\n{part2}"
+    )
+
+
+def reused(log: str) -> list[dict]:
+    """The family rows an earlier run printed (one list of rows a line, as Python prints them)."""
+    import ast
+
+    rows = []
+    for line in Path(log).read_text().splitlines():
+        if line.startswith("[{'family'"):
+            rows += ast.literal_eval(line)
+    return rows
 
 
 def main() -> None:
@@ -245,21 +260,27 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--aoti", action="store_true", help="SmolLM2 to AOTInductor too (two 30-layer compiles)")
     ap.add_argument("--skip-families", action="store_true")
+    ap.add_argument("--skip-smollm", action="store_true", help="part 1 only")
+    ap.add_argument("--reuse", metavar="LOG", help="part 1's rows as an earlier run printed them (a run cut "
+                    "short written as a result; its families are not rerun)")  # fmt: skip
     args = ap.parse_args()
     threads = setup(args.threads)
     targets = [t for t in args.targets.split(",") if t]
     smol_targets = [t for t in targets if t != "aoti" or args.aoti]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        fam = [] if args.skip_families else run_families(targets, max(2, args.rounds // 2), work)
-        smol = run_smollm(smol_targets, args.rounds, threads, work)
+        fam = reused(args.reuse) if args.reuse else []
+        if not args.skip_families and not fam:
+            fam = run_families(targets, max(2, args.rounds // 2), work)
+        smol = {} if args.skip_smollm else run_smollm(smol_targets, args.rounds, threads, work)
         meta = {"rounds_families": max(2, args.rounds // 2), "rounds_smol": args.rounds, "targets": targets}
         kept = {
             k: {x: v for x, v in e.items() if x not in ("speed", "model", "res")} for k, e in smol.items()
         }
         data = {"families": fam, "meta": meta, "smollm2": kept}
+        command = "python benchmarks/bench_llm_export.py " + " ".join(sys.argv[1:])
         write_result("llm_export", "Causal LMs exported with their KV cache (issue 41)", render(fam, smol, meta), data,
-                     threads, "python benchmarks/bench_llm_export.py" + (" --aoti" if args.aoti else ""))  # fmt: skip
+                     threads, command)  # fmt: skip
 
 
 if __name__ == "__main__":
