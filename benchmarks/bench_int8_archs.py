@@ -112,6 +112,8 @@ def verdict(rec: dict[str, Any]) -> str:
         return (
             "artifact within the rule" if rec.get("unseen_holds") else "artifact, misses the rule on unseen"
         )
+    if rec["exit"] == -1:
+        return f"timed out ({rec['seconds']:.0f} s, --timeout)"
     return "refused (exit 2)" if rec["exit"] == 2 else f"exit {rec['exit']}"
 
 
@@ -174,11 +176,12 @@ def main() -> None:
     for engine in args.engines.split(","):
         mine = [r for r in recs if r["engine"] == engine]
         ok = sum(r["exit"] == 0 and r.get("unseen_holds", False) for r in mine)
-        bad = [r["model"] for r in mine if r["exit"] not in (0, 2) or r["traceback"]]
+        bad = [r["model"] for r in mine if r["exit"] not in (0, 2, -1) or r["traceback"]]
+        late = [r["model"] for r in mine if r["exit"] == -1]
         summary.append(
             f"- `--engine {engine}`: an artifact within the int8 rule on unseen samples for **{ok} of "
             f"{len(mine)}** ({100 * ok / max(len(mine), 1):.0f}%; target {100 * TARGET:.0f}%); exit codes other "
-            f"than 0/2 or a printed traceback: {', '.join(bad) or 'none'}."
+            f"than 0/2 or a printed traceback: {', '.join(bad) or 'none'}; timed out: {', '.join(late) or 'none'}."
         )
     md = (
         f"{table(recs)}\n\n"
@@ -188,7 +191,7 @@ def main() -> None:
         "by validate's runner. Random weights; calibration on 64 samples (seed 0), --eval-data 64 others (seed 1)."
     )
     write_result(args.name, "Static int8 on the architectures users bring", md, recs, threads,
-                 command=f"python benchmarks/bench_int8_archs.py --engines {args.engines}")  # fmt: skip
+                 command="python benchmarks/bench_int8_archs.py " + " ".join(sys.argv[1:]))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -136,8 +136,7 @@ def speed_vs_fp32(package: Any, fp32: Any, specs: list, style: str) -> dict[str,
 
 def weight_bytes(graph: Any) -> int:
     """Bytes of the tensors a converted graph reads (its int8 weights, their scales and zero points, the
-    float biases): what an AOTInductor package of it stores as constants, beside its compiled code. The
-    fp32 weights the conversion leaves attached but unread are not counted."""
+    float biases): what an AOTInductor package of it stores as constants, beside its compiled code."""
     import torch
 
     seen: dict[int, int] = {}
