@@ -112,6 +112,8 @@ class OptimizeResult:
         return directory
 
     def _write(self, stage: Path) -> None:
+        # made here, so that saving a candidate does not announce the staging folder it lies in
+        (stage / "candidates").mkdir(exist_ok=True)
         for cand in self.candidates:
             if cand.status == "kept" and cand.result is not None:
                 cand.path = f"candidates/{cand.name}{cand.suffix}"

@@ -106,6 +106,7 @@ def test_cli_writes_the_folder_and_the_best_loads(cli, tmp_path, data):
         "--min-cosine", "0.99", "--candidates", "fp32-onnx,int8-dynamic", *FAST_CLI, "-o", "opt",
     )  # fmt: skip
     assert code == 0, err
+    assert "created folder" not in err  # the staging folder the candidates are written into is not news
     report = json.loads((tmp_path / "opt" / "report.json").read_text())
     assert report["metric"] == "cosine" and report["best"] in ("fp32-onnx", "int8-dynamic")
     for name in ("fp32-onnx", "int8-dynamic"):  # a progress line per candidate, a row per candidate
