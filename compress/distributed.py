@@ -257,11 +257,10 @@ def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool =
     for unit in units:
         fully_shard(unit, **policies)
     fully_shard(model, **policies, **({"reshard_after_forward": True} if frozen else {}))
-    if not frozen and _backend() == "gloo":
-        comm = _chunked_reduce_scatter()
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_custom_reduce_scatter(comm)
+    comm = _chunked_reduce_scatter() if not frozen and _backend() == "gloo" else None
+    for module in model.modules() if comm is not None else ():
+        if isinstance(module, FSDPModule) and hasattr(module, "set_custom_reduce_scatter"):
+            module.set_custom_reduce_scatter(comm)
     return model
 
 
@@ -275,14 +274,18 @@ def _backend() -> str | None:
 REDUCE_SCATTER_CHUNK = 1 << 20
 
 
-def _chunked_reduce_scatter() -> Any:
+def _chunked_reduce_scatter() -> Any | None:
     """FSDP's gradient reduce-scatter (``set_custom_reduce_scatter``, torch's own hook for it) in pieces
     of REDUCE_SCATTER_CHUNK elements of every rank's shard: gloo reduces a flat buffer through a working
     copy of it, which for a unit holding a vocabulary matrix is the largest allocation of the step
     (``benchmarks/bench_distill_lm.py memory``); piece by piece that copy is a piece. Sums are the same."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+    try:  # torch's hook for it is recent (2.13 has it); without it FSDP reduces in one piece, as before
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    except ImportError:
+        return None
 
     class ChunkedReduceScatter(ReduceScatter):
         def allocate(self, size: Any, *, dtype: Any, device: Any) -> Any:
