@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,18 +232,19 @@ def _pool(rs: list[dict[str, Any]]) -> dict[str, Any]:
 # -- faults -----------------------------------------------------------------------------------------
 
 
-def _procs(prefix: str) -> list[int]:
-    out = []
+def cmdlines() -> Iterator[tuple[int, str]]:
+    """``(pid, command line)`` of every process still there while /proc is read."""
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+                    yield int(pid), fh.read().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if prefix in cmd:
-                out.append(int(pid))
-    return sorted(out)
+
+
+def _procs(prefix: str) -> list[int]:
+    return sorted(pid for pid, cmd in cmdlines() if prefix in cmd)
 
 
 def fault(port: int, route: str, model: dict[str, Any], pids: Any, n: int) -> dict[str, Any]:

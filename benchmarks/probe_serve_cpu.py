@@ -49,20 +49,12 @@ def role(cmd: str) -> str | None:
 def snapshot(ray_pids: set[int] | None = None) -> dict[int, tuple[str, float]]:
     """CPU seconds so far of every process with a role; Ray's only of ``ray_pids`` (this server's session)."""
     out = {}
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/cmdline", "rb") as fh:
-                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            name = role(cmd)
-            if int(p) == os.getpid():
-                name = "clients (this process)"
-            if name and name.startswith("ray") and ray_pids is not None and int(p) not in ray_pids:
-                continue
-            if name:
-                out[int(p)] = (name, cpu_s(int(p)))
+    for pid, cmd in bs.cmdlines():
+        name = "clients (this process)" if pid == os.getpid() else role(cmd)
+        if name and name.startswith("ray") and ray_pids is not None and pid not in ray_pids:
+            continue
+        if name:
+            out[pid] = (name, cpu_s(pid))
     return out
 
 

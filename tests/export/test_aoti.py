@@ -28,10 +28,8 @@ def _wrapper_code(path: Path) -> str:
         return z.read(next(n for n in z.namelist() if n.endswith("wrapper.cpp"))).decode()
 
 
-@pytest.fixture(scope="module")
-def package(tmp_path_factory) -> tuple[Path, str]:
-    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16`` (its stdout too)."""
-    out = tmp_path_factory.mktemp("aoti") / "tiny.pt2"
+def _export_tiny(out: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16 -o OUT`` as a user runs it."""
     repo = Path(__file__).resolve().parents[2]  # tests.helpers:tiny_cnn must import in the subprocess
     run = subprocess.run(
         [sys.executable, "-m", "ptopt.cli.main", "export", "tests.helpers:tiny_cnn", "--target", "aoti"]
@@ -39,10 +37,18 @@ def package(tmp_path_factory) -> tuple[Path, str]:
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=out.parent,
+        cwd=cwd,
         env=dict(os.environ, PYTHONPATH=str(repo)),
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory) -> tuple[Path, str]:
+    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16`` (its stdout too)."""
+    out = tmp_path_factory.mktemp("aoti") / "tiny.pt2"
+    run = _export_tiny(out, out.parent)
     assert not_progress(run.stderr) == [], run.stderr[-3000:]  # no upstream noise reaches the user
     return out, run.stdout
 
@@ -74,17 +80,7 @@ def test_the_same_export_again_comes_from_the_compile_cache(package, tmp_path):
     ptopt's compile cache ($PTOPT_CACHE_DIR/aoti), says so, and records the first build's seconds."""
     path, _ = package
     out = tmp_path / "again.pt2"
-    repo = Path(__file__).resolve().parents[2]
-    run = subprocess.run(
-        [sys.executable, "-m", "ptopt.cli.main", "export", "tests.helpers:tiny_cnn", "--target", "aoti"]
-        + ["--dynamic-batch", "1:4:16", "-o", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=path.parent,  # as the fixture's run: same environment, threads and cache
-        env=dict(os.environ, PYTHONPATH=str(repo)),
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _export_tiny(out, path.parent)  # as the fixture's run: same environment, threads and cache
     assert "from ptopt's compile cache" in run.stdout and "PTOPT_AOTI_CACHE=0" in run.stdout, run.stdout
     extra = json.loads(Path(str(out) + ".ptopt.json").read_text())["extra"]
     assert extra["compile_cache"]["built"] and extra["compile_seconds"] > 0
