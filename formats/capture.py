@@ -27,6 +27,44 @@ def quiet_export() -> Iterator[None]:
         yield
 
 
+#: torch.onnx's op registry built once per opset in this process (:func:`torchlib_registry_reused`)
+_REGISTRIES: dict[Any, Any] = {}
+
+
+@contextlib.contextmanager
+def torchlib_registry_reused() -> Iterator[None]:
+    """torch.onnx's dynamo exporter rebuilds its op registry from onnxscript's torchlib at every export
+    (torch 2.11-2.13: the source of ~500 ONNX functions parsed again, 1.5-5 s of each export on 2
+    cores), though nothing in it changes within a process. Inside this block the first build per
+    opset is kept and every export gets its own copy of it (the exporter may add custom ops to the
+    one it gets). Where torch moves that private class, the exporter runs as it is."""
+    try:
+        from torch.onnx._internal.exporter._registration import ONNXRegistry
+    except ImportError:  # a torch without the class: nothing to reuse
+        yield
+        return
+    original = ONNXRegistry.__dict__.get("from_torchlib")
+    if not isinstance(original, classmethod):
+        yield
+        return
+    build = original.__get__(None, ONNXRegistry)
+
+    def from_torchlib(*args: Any, **kwargs: Any) -> Any:
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in _REGISTRIES:
+            _REGISTRIES[key] = build(*args, **kwargs)
+        built, copy = _REGISTRIES[key], ONNXRegistry()
+        copy._opset_version = built._opset_version
+        copy.functions = {target: list(decomps) for target, decomps in built.functions.items()}
+        return copy
+
+    ONNXRegistry.from_torchlib = staticmethod(from_torchlib)  # called on the class and on an instance
+    try:
+        yield
+    finally:
+        ONNXRegistry.from_torchlib = original
+
+
 def first_lines(text: str, n: int) -> str:
     """The first ``n`` non-empty lines of an error message, joined (at most 400 characters)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]

@@ -31,6 +31,7 @@ from ptopt.formats.capture import (
     first_lines,
     output_names,
     quiet_export,
+    torchlib_registry_reused,
     weight_bytes,
 )
 from ptopt.formats.shapes import onnx_dim_names
@@ -146,7 +147,7 @@ def _export_dynamo(
     x = example_for_export(specs, style)
     args, kwargs = ((), dict(x)) if style == "keyword" else ((x,) if not isinstance(x, tuple) else x, {})
     try:
-        with quiet_export():
+        with quiet_export(), torchlib_registry_reused():
             torch.onnx.export(
                 ep,
                 args,

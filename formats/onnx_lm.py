@@ -86,13 +86,13 @@ class OnnxLMFolder(LMFolder):
         import onnx
         import torch
 
-        from ptopt.formats.capture import first_lines, quiet_export
+        from ptopt.formats.capture import first_lines, quiet_export, torchlib_registry_reused
         from ptopt.formats.lm_graph import example, io_names
         from ptopt.formats.onnx_export import EXTERNAL_DATA_BYTES, check_onnx, save_onnx
 
         inputs, outputs = io_names(record["layout"]["layers"])
         try:
-            with quiet_export():
+            with quiet_export(), torchlib_registry_reused():
                 onnx_program = torch.onnx.export(
                     program, example(config, batch=2 if record["batch"][1] > 1 else 1),
                     input_names=inputs, output_names=outputs, opset_version=record.get("opset"),

@@ -149,3 +149,31 @@ def test_training_flags_come_back_per_submodule(tmp_path):
     module.bn1.eval()  # frozen statistics in an otherwise training model
     write_model(module, "torchscript", tmp_path / "m.pt", example=module.example_inputs(2))
     assert module.training and not module.bn1.training and module.bn2.training
+
+
+def test_onnx_op_registry_is_built_once_per_opset_and_each_export_gets_a_copy(monkeypatch):
+    """torch.onnx rebuilds its torchlib registry at every export (seconds each); ptopt keeps the first
+    per opset for the process, hands each export a copy, and leaves torch's class as it found it."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    from ptopt.formats import capture
+
+    built = []
+
+    def fake(cls, opset_version=18):
+        built.append(opset_version)
+        reg = cls()
+        reg._opset_version, reg.functions = opset_version, {"aten::add": ["add"]}
+        return reg
+
+    monkeypatch.setattr(capture, "_REGISTRIES", {})
+    monkeypatch.setattr(ONNXRegistry, "from_torchlib", classmethod(fake))
+    with capture.torchlib_registry_reused():
+        a = ONNXRegistry.from_torchlib(opset_version=18)
+        b = ONNXRegistry().from_torchlib(opset_version=18)  # torch's _compat calls it on an instance
+        c = ONNXRegistry.from_torchlib(opset_version=20)
+    assert built == [18, 20]  # one build per opset
+    assert a is not b and a.functions == b.functions and a.functions is not b.functions
+    a.functions["aten::add"].append("custom")  # an export adding its own op changes only its copy
+    assert b.functions["aten::add"] == ["add"] and c.opset_version == 20
+    assert ONNXRegistry.__dict__["from_torchlib"].__func__ is fake  # restored
