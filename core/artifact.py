@@ -15,7 +15,9 @@ or new files whose old sidecar is stale, or the new consistent pair.
 **Hash cost.** A file is read once per write (sha256 and gzip size in one pass, from the staged
 copy). :func:`sha256_file` remembers a hash for the rest of the process only for a file whose
 inode, size, mtime and ctime are unchanged and were already two seconds old when it was read (so a
-later change cannot hide inside one timestamp tick); a fresh file is hashed again.
+later change cannot hide inside one timestamp tick); a fresh file is hashed again. A gzip size is
+remembered by the sha256 of the bytes it was measured on (the same bytes always compress to the same
+size), so a file written and then validated in one process is compressed once, not twice.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ _CHUNK = 1 << 20
 #: a hash is remembered only for files whose timestamps were at least this old when read
 _MEMO_MIN_AGE_NS = 2_000_000_000
 _sha_memo: dict[tuple, str] = {}
+#: sha256 -> gzip bytes (level 6) of files read with ``scan_file``: exact for any file of those bytes
+_gzip_memo: dict[str, int] = {}
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:
@@ -99,6 +103,8 @@ def scan_file(path: str | os.PathLike, gzip: bool = True) -> FileFacts:
     if z is not None:
         zbytes += len(z.flush())
     digest = h.hexdigest()
+    if z is not None:
+        _gzip_memo[digest] = zbytes
     key = _stat_key(path, before)
     if (
         key == _stat_key(path, after)
@@ -115,8 +121,14 @@ def sha256_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
 
 
 def gzip_size(paths: list[Path]) -> int:
-    """Bytes after gzip (level 6): what the artifact costs to ship; zeros from pruning compress."""
-    return sum(scan_file(p).gzip_bytes or 0 for p in paths)
+    """Bytes after gzip (level 6): what the artifact costs to ship; zeros from pruning compress. A file
+    whose bytes (by sha256, ~100x cheaper than deflate) were compressed before in this process is not
+    compressed again."""
+    total = 0
+    for p in paths:
+        known = _gzip_memo.get(sha256_file(p))
+        total += known if known is not None else scan_file(p).gzip_bytes or 0
+    return total
 
 
 def _now() -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ptopt.core import artifact as artifact_mod
-from ptopt.core.artifact import Artifact, SidecarStatus, scan_file, sha256_file, sidecar_path
+from ptopt.core.artifact import Artifact, SidecarStatus, gzip_size, scan_file, sha256_file, sidecar_path
 from ptopt.core.atomic import (
     atomic_path,
     file_mode,
@@ -179,6 +179,24 @@ def test_scan_file_reads_once_for_sha_and_gzip(tmp_path):
     facts = scan_file(f)
     assert facts.sha256 == hashlib.sha256(data).hexdigest() and facts.size == len(data)
     assert facts.gzip_bytes == len(gzip.compress(data, compresslevel=6, mtime=0))
+
+
+def test_gzip_size_compresses_the_same_bytes_once(tmp_path, monkeypatch):
+    """A file written (its sidecar measured) then validated in one process is deflated once; other bytes
+    at the same path, or the same bytes elsewhere, get their own (exact) size."""
+    monkeypatch.setattr(artifact_mod, "_gzip_memo", {})
+    calls = []
+    real = artifact_mod.zlib.compressobj
+    monkeypatch.setattr(artifact_mod.zlib, "compressobj", lambda *a: calls.append(a) or real(*a))
+    f, g = tmp_path / "w.bin", tmp_path / "copy.bin"
+    first, second = bytes(range(256)) * 300, b"\0" * 70_000 + b"tail"
+    f.write_bytes(first)
+    measured = scan_file(f).gzip_bytes
+    g.write_bytes(first)
+    assert gzip_size([f, g]) == 2 * measured and len(calls) == 1  # served from memory, by content
+    f.write_bytes(second)  # changed in place: compressed anew
+    assert gzip_size([f]) == len(gzip.compress(second, compresslevel=6, mtime=0)) and len(calls) == 2
+    assert gzip_size([g]) == measured == len(gzip.compress(first, compresslevel=6, mtime=0))
 
 
 def test_sha_of_a_fresh_file_is_never_served_from_memory(tmp_path):

@@ -1,8 +1,9 @@
 """``ptopt optimize`` / ``ptopt.optimize``: the search on a tiny CNN with tiny data, through the Python
 API, the CLI and a recipe step; exit 1 when nothing meets the budget; every bad input refused.
 
-Kept fast: 1×8×8 digits, a few dozen samples, batch sizes 1 and 4, one thread, three short timing
-rounds, and only the cheap candidates (``candidates=``); the AOTInductor ones compile C++ for ~20 s.
+Kept fast: 1×8×8 digits, a few dozen samples, batch sizes 1 and 4, one thread, two rounds of a few
+timed iterations with one warm-up call (the timings are never asserted, only that every candidate gets
+them), and only the cheap candidates (``candidates=``); the AOTInductor ones compile C++ for ~20 s.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import pytest
 
 from tests.helpers import assert_refused, tiny_cnn
 
-FAST = dict(batch_sizes=(1, 4), threads=1, rounds=3, min_seconds=0.2, time_budget=300)
-FAST_CLI = ("--batch-size", "1,4", "--threads", "1", "--rounds", "3", "--min-seconds", "0.2")
+#: the validate tests' short timing (tests/validate/test_validate_api.QUICK): a few iterations, no warm-up time
+QUICK = dict(min_iters=3, min_seconds=0.01, warmup_iters=1, warmup_seconds=0.0, rounds=2)
+FAST = dict(batch_sizes=(1, 4), threads=1, latency=QUICK, time_budget=300)
+FAST_CLI = (
+    "--batch-size", "1,4", "--threads", "1", "--rounds", "2", "--min-seconds", "0.01", "--min-iters", "3",
+)  # fmt: skip
 FACTORY = "tests.helpers:tiny_cnn"
 
 
@@ -144,7 +149,7 @@ def test_recipe_step_optimize_then_package(tmp_path, data):
             "optimize": {
                 "id": "opt", "model": FACTORY, "calib_data": str(data["calib"]), "eval_data": str(data["eval"]),
                 "accuracy_budget": 5.0, "candidates": ["int8-dynamic"], "output": str(tmp_path / "opt"),
-                "batch_sizes": [1, 4], "threads": 1, "rounds": 3, "min_seconds": 0.2,
+                "batch_sizes": [1, 4], "threads": 1, "rounds": 2, "min_seconds": 0.01, "min_iters": 3,
             }
         }
     ]  # fmt: skip
@@ -629,8 +634,7 @@ def test_the_fastest_per_batch_size_is_reported_and_printed(cli, tmp_path, data)
     assert saved["best_by_batch"] == by
     code, out, err = cli(
         "optimize", FACTORY, "--calib-data", data["calib"], "--eval-data", data["eval"], "--accuracy-budget",
-        "5", "--candidates", ",".join(names), "--batch-size", "1", "--threads", "1", "--rounds", "3",
-        "--min-seconds", "0.2", "-o", "opt1",
+        "5", "--candidates", ",".join(names), *FAST_CLI[2:], "--batch-size", "1", "-o", "opt1",
     )  # fmt: skip
     assert code == 0, err
     report = json.loads((tmp_path / "opt1" / "report.json").read_text())

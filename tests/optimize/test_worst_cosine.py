@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-FAST = dict(batch_sizes=(1, 4), threads=1, rounds=3, min_seconds=0.2, time_budget=300)
-FAST_CLI = ("--batch-size", "1,4", "--threads", "1", "--rounds", "3", "--min-seconds", "0.2")
+from tests.optimize.test_optimize import FAST, FAST_CLI
 
 
 @pytest.fixture(scope="module")
