@@ -37,7 +37,7 @@ from ptopt.core import progress
 from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, UsageError
 from ptopt.core.search import catalogue
 from ptopt.optimize.candidates import Candidate, Context, Rejected, Spec, runtime_filters
-from ptopt.validate.latency import LatencyOptions
+from ptopt.validate.latency import LatencyOptions, warmup_seconds
 from ptopt.validate.noise import speedup_noisy
 
 #: the pre-screen's subset of the eval data (the whole set when it is not larger)
@@ -105,7 +105,7 @@ class Costs:
         per_round_warmup = max(1, lat.warmup_iters // 10)
         return sum(
             max(lat.min_seconds, lat.min_iters * t) * 1.1
-            + lat.warmup_seconds * (1 + (lat.rounds - 1) / 10)
+            + warmup_seconds(lat) * (1 + (lat.rounds - 1) / 10)
             + (lat.warmup_iters + per_round_warmup * (lat.rounds - 1)) * t
             for t in self.batch_s.values()
         )

@@ -29,6 +29,7 @@ def _validate_step(fixture, **more):
             "threads": 1,
             "min_iters": 3,
             "min_seconds": 0.01,
+            "rounds": 2,
             **more,
         }
     }
@@ -162,6 +163,8 @@ def test_validate_save_recipe_replays(cli, artifacts, tmp_path):
         "3",
         "--min-seconds",
         "0.01",
+        "--rounds",
+        "2",
         "--save-recipe",
         recipe,
     )

@@ -191,6 +191,28 @@ def test_a_stopped_key_leaves_the_others_interleaved():
     assert last_a < len(calls) // 2 and {"b", "c"} <= set(calls[last_a + 1 :])
 
 
+@pytest.mark.parametrize(
+    "given, warm",
+    [({}, 0.2), ({"min_seconds": 0.01}, 0.01), ({"min_seconds": 0.0, "warmup_seconds": 0.5}, 0.0)],
+)
+def test_the_warm_up_is_never_longer_than_the_timing(monkeypatch, given, warm):
+    """A quick look (--min-seconds 0.01) spends no 0.2 s warming up each (artifact, batch size); the defaults
+    keep theirs (0.2 s before 3 s); the warm-up's calls run whatever the seconds."""
+    from ptopt.core.data import Dataset
+    from ptopt.validate import latency
+
+    seen = {}
+    monkeypatch.setattr(
+        latency,
+        "measure_interleaved",
+        lambda fns, sizes, **kw: seen.update(kw) or {k: {"round_spread_pct": 0.0} for k in fns},
+    )
+    runner = type("R", (), {"accepts_batch": lambda self, bs: True, "timed_call": lambda self, x: x,
+                            "timer_device": None})()  # fmt: skip
+    latency.measure_runners([runner], Dataset(torch.zeros(2, 3)), [1], LatencyOptions(**given))
+    assert seen["warmup_seconds"] == warm and seen["warmup_iters"] == LatencyOptions().warmup_iters
+
+
 def test_validate_stops_stable_rounds_early_and_evaluates_once_at_the_largest_batch(artifacts, monkeypatch):
     monkeypatch.setattr("ptopt.validate.noise.NOISY_SPREAD_PCT", 1e9)  # no cell noisy on a busy machine
     said = []
