@@ -95,7 +95,8 @@ def child_minilm(work: Path) -> dict:
 
 # -- part 2: PT2E int8 package vs raw FX int8 ----------------------------------------------------------------
 def child_pt2e(work: Path) -> dict:
-    """Built and timed at this process's level (its caps are in the environment)."""
+    """Built and timed at this process's level (its caps are in the environment): the package with its
+    dynamic-batch model only, and with fixed-batch models for 1 and 32 (``--static-batch 1,32``)."""
     import ptopt
     from ptopt.validate.latency import LatencyOptions
 
@@ -105,22 +106,28 @@ def child_pt2e(work: Path) -> dict:
         "zoo:resnet", mode="static", engine="pt2e", calib_data=calib, output=work / "r.int8.pt2"
     )
     build_s = time.perf_counter() - t0
+    ptopt.quantize("zoo:resnet", mode="static", engine="pt2e", calib_data=calib, static_batches=(1, 32),
+                   output=work / "r.fixed.int8.pt2")  # fmt: skip
     ptopt.quantize("zoo:resnet", mode="static", engine="fx", calib_data=calib, output=work / "r.fx.pt")
     lat = LatencyOptions(min_seconds=4.0, rounds=15)
-    res = ptopt.validate("zoo:resnet", [work / "r.fx.pt", work / "r.int8.pt2"], "builtin:digits32:test",
+    names = ["r.fx.pt", "r.int8.pt2", "r.fixed.int8.pt2"]
+    res = ptopt.validate("zoo:resnet", [work / n for n in names], "builtin:digits32:test",
                          batch_sizes=(1, 32), threads=THREADS, latency=lat, allow_pickle=True)  # fmt: skip
-    fx, pk = res.entry("r.fx.pt"), res.entry("r.int8.pt2")
+    fx, pk, fixed = (res.entry(n) for n in names)
     out = {"package_vec_isa": pt2e.artifact.extra.get("cpu_isa"), "package_build_s": round(build_s, 1),
            "package_bytes": pt2e.artifact.size_bytes,
            "compiled_code_bytes": pt2e.artifact.metrics.get("compiled_code_bytes")}  # fmt: skip
     for bs in ("1", "32"):
+        ms = {k: e["latency"][bs]["p50_ms"] for k, e in (("fx", fx), ("pkg", pk), ("fixed", fixed))}
         out[f"bs{bs}"] = {
             "fp32_eager_ms": round(res.reference["latency"][bs]["p50_ms"], 3),
-            "fx_int8_ms": round(fx["latency"][bs]["p50_ms"], 3),
-            "pt2e_package_ms": round(pk["latency"][bs]["p50_ms"], 3),
-            "pt2e_vs_fx": round(fx["latency"][bs]["p50_ms"] / pk["latency"][bs]["p50_ms"], 3),
+            "fx_int8_ms": round(ms["fx"], 3),
+            "pt2e_package_ms": round(ms["pkg"], 3),
+            "pt2e_fixed_batch_ms": round(ms["fixed"], 3),
+            "pt2e_vs_fx": round(ms["fx"] / ms["pkg"], 3),
+            "pt2e_fixed_vs_fx": round(ms["fx"] / ms["fixed"], 3),
             "pt2e_vs_fp32": round(pk["speedup"][bs], 3),
-            "spread_pct": [round(e["latency"][bs].get("round_spread_pct", 0), 1) for e in (fx, pk)],
+            "spread_pct": [round(e["latency"][bs].get("round_spread_pct", 0), 1) for e in (fx, pk, fixed)],
         }
     return out
 
@@ -159,16 +166,18 @@ def markdown(data: dict) -> str:
             out.append(f"| {lv} | " + " | ".join(cells) + " |")
     if "pt2e" in data["parts"]:
         out += ["", "zoo ResNet, PT2E int8 AOTInductor package (built at the level) vs raw FX int8 (p50 ms; ratio = FX / "
-                "package, > 1: the package is faster):", "", "| level | package ISA | bs1 FX | bs1 pkg | bs1 ratio | "
-                "bs32 FX | bs32 pkg | bs32 ratio |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                "package, > 1: the package is faster); *fixed*: the same package with `--static-batch 1,32`:", "",
+                "| level | package ISA | batch | FX int8 | package | ratio | fixed-batch package | ratio |",
+                "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for lv, r in data["pt2e"].items():
             if "error" in r:
                 out.append(f"| {lv} | {r['error']} |")
                 continue
-            b1, b32 = r["bs1"], r["bs32"]
-            out.append(f"| {lv} | {r['package_vec_isa']} | {b1['fx_int8_ms']} | {b1['pt2e_package_ms']} "
-                       f"| {b1['pt2e_vs_fx']}x"
-                       f" | {b32['fx_int8_ms']} | {b32['pt2e_package_ms']} | {b32['pt2e_vs_fx']}x |")  # fmt: skip
+            for bs in ("1", "32"):
+                b = r[f"bs{bs}"]
+                out.append(f"| {lv} | {r['package_vec_isa']} | {bs} | {b['fx_int8_ms']} | {b['pt2e_package_ms']} "
+                           f"| {b['pt2e_vs_fx']}x | {b.get('pt2e_fixed_batch_ms', '-')} "
+                           f"| {b.get('pt2e_fixed_vs_fx', '-')}x |")  # fmt: skip
     return "\n".join(out) + "\n"
 
 

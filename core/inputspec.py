@@ -53,6 +53,20 @@ class TypedShape(tuple):
         return (tuple(self), self.dtype)
 
 
+def batch_list(value: Any) -> tuple[int, ...]:
+    """``"1,32"`` / ``[1, 32]`` / ``()`` as a sorted tuple of positive batch sizes (UsageError otherwise)."""
+    if isinstance(value, int):
+        value = [value]
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    try:
+        batches = sorted({int(str(b).strip()) for b in items if str(b).strip()})
+    except (TypeError, ValueError):
+        raise UsageError(f"--static-batch {value!r}: give batch sizes as integers, e.g. 1,32") from None
+    if any(b <= 0 for b in batches):
+        raise UsageError(f"--static-batch {value!r}: batch sizes must be positive")
+    return tuple(batches)
+
+
 def dtype_of(shape: Sequence[int]) -> str | None:
     """The dtype a shape was given with (``1x32:int64`` → ``"int64"``), None for a plain one."""
     return getattr(shape, "dtype", None)

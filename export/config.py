@@ -12,6 +12,7 @@ from typing import Any
 from ptopt.core.config import Config, reconcile, register_config
 from ptopt.core.errors import UsageError
 from ptopt.core.formats import format_for_target, targets
+from ptopt.core.inputspec import batch_list
 from ptopt.core.options import Options, Selector, option
 from ptopt.formats.base import HALF, PRECISIONS
 
@@ -115,7 +116,7 @@ class ExportConfig(Config):
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "static_batches", _batch_list(self.static_batches))
+        object.__setattr__(self, "static_batches", batch_list(self.static_batches))
         names = (
             [self.float_modules] if isinstance(self.float_modules, str) else list(self.float_modules or ())
         )
@@ -233,17 +234,3 @@ def settle_config(
         return OPTIONS.build(ExportConfig, given, target=chosen), shapes
     reconcile(config, OPTIONS.of(ExportConfig, given))
     return config, shapes
-
-
-def _batch_list(value: Any) -> tuple[int, ...]:
-    """``"1,32"`` / ``[1, 32]`` / ``()`` as a sorted tuple of positive batch sizes (UsageError otherwise)."""
-    if isinstance(value, int):
-        value = [value]
-    items = value.split(",") if isinstance(value, str) else list(value or ())
-    try:
-        batches = sorted({int(str(b).strip()) for b in items if str(b).strip()})
-    except (TypeError, ValueError):
-        raise UsageError(f"--static-batch {value!r}: give batch sizes as integers, e.g. 1,32") from None
-    if any(b <= 0 for b in batches):
-        raise UsageError(f"--static-batch {value!r}: batch sizes must be positive")
-    return tuple(batches)

@@ -106,8 +106,11 @@ def _whole(engine: str, config: Any, prep: Prepared, data: tuple[Any, Any], log:
     from ptopt.core.errors import UsageError
 
     att = Attempt(engine)
-    try:  # fx has no --no-compile of its own; pt2e makes x86 per-channel int8 only
-        att.cfg = config.replace(engine=engine, compile=config.compile or engine == "fx")
+    try:  # fx has no --no-compile or fixed-batch models of its own; pt2e makes x86 per-channel int8 only
+        fixed = config.static_batches if engine == "pt2e" else ()
+        att.cfg = config.replace(
+            engine=engine, compile=config.compile or engine == "fx", static_batches=fixed
+        )
     except UsageError as e:
         att.why = f"{engine}: {e}"
         return att

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from ptopt.core.config import Config, register_config
 from ptopt.core.errors import UsageError
+from ptopt.core.inputspec import batch_list
 from ptopt.core.options import Options, Selector, fields_of, option
 
 #: the engine a config runs on unless it says otherwise (the technique table lists it first)
@@ -83,11 +84,27 @@ class QuantConfig(Config):
         applies=("static", "qat"),
         note="the pt2e engine's option",
     )
+    static_batches: tuple[int, ...] = option(
+        (),
+        help="pt2e: also compile a fixed-batch model for each of these batch sizes into the package (run for "
+        "a batch of exactly that size; faster, most at batch 1: Inductor prepacks int8 weights only at a "
+        "fixed batch).",
+        flag="--static-batch",
+        metavar="B[,B...]",
+        csv=True,
+        applies=("static", "qat"),
+        note="the pt2e engine's option",
+    )
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise UsageError(f"unknown backend {self.backend!r} (known: {', '.join(BACKENDS)})")
         object.__setattr__(self, "float_modules", tuple(self.float_modules))
+        object.__setattr__(self, "static_batches", batch_list(self.static_batches))
+        if self.static_batches and not self.compile:
+            raise UsageError(
+                "--static-batch compiles fixed-batch models into the package; --no-compile writes none"
+            )
 
 
 def normalize_observer(name: str) -> str:
@@ -405,8 +422,14 @@ def require_data(config: QuantConfig, **data: Any) -> None:
 
 
 def refuse_no_compile(config: QuantConfig) -> None:
-    """For engines without an ExportedProgram of their own: ``compile=False`` means nothing there."""
+    """For engines without an ExportedProgram or a package of their own: ``compile=False`` and
+    ``static_batches`` mean nothing there."""
     if not config.compile:
         raise UsageError(
             f"--no-compile keeps the int8 ExportedProgram of --engine pt2e; --engine {config.engine} has none"
+        )
+    if config.static_batches and config.engine != "auto":  # auto passes them on, should it pick pt2e
+        raise UsageError(
+            f"--static-batch compiles fixed-batch models into --engine pt2e's package; --engine {config.engine} "
+            "writes none"
         )

@@ -79,7 +79,9 @@ def artifact(config: Any, prep: Prepared, converted: Any, summary: dict[str, Any
     samples = prep.calib or prep.train
     if config.compile:
         fmt = "aoti_package"
-        facts = pt2e_package.compile_int8(converted, path, specs, style, samples=samples)
+        facts = pt2e_package.compile_int8(
+            converted, path, specs, style, samples=samples, static_batches=config.static_batches
+        )
         model = load_aoti(path)
     else:
         fmt, facts, model = "exported_program", *_int8_program(converted, path, specs, style, samples)

@@ -198,6 +198,7 @@ NORMALIZED = {"max_latency_ms": ((32, 40.0),), "feature_pairs": (("layers.0", "l
 COMPANIONS = {
     "quantize": {
         "compile": {"engine": "pt2e"},
+        "static_batches": {"engine": "pt2e"},
         "tuning_budget": {"min_cosine": 0.99},
         "threads": {"min_cosine": 0.99},
     },

@@ -224,11 +224,22 @@ def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path, monkeypatch):
     code, stdout, err = cli(
         "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e",
         "--calib-data", "builtin:digits:train", "--eval-data", "builtin:digits:test",
-        "--calibration-batches", "4", "--no-progress", "-o", out,
+        "--calibration-batches", "4", "--static-batch", "1", "--no-progress", "-o", out,
     )  # fmt: skip
     assert code == 0, err
     assert "AOTInductor package int8" in stdout and "calibration: 4 batches" in stdout
-    art = load_model(out, allow_pickle=True).artifact
+    loaded = load_model(out, allow_pickle=True)
+    art = loaded.artifact
+    # --static-batch 1: a fixed-batch model beside the dynamic one, checked where the parity check runs batch 1
+    assert art.extra["static_batches"] == [1] and "hint: the package's model takes any batch" not in stdout
+    assert (
+        art.metrics["parity"]["shapes"]["min"]["shape"].startswith("input=1x")
+        and art.metrics["parity"]["passed"]
+    )
+    with zipfile.ZipFile(out) as z:
+        assert sum(n.endswith("wrapper.cpp") for n in z.namelist()) == 2
+    with torch.no_grad():
+        assert loaded.module(torch.rand(1, 1, 8, 8)).shape == (1, 10)
     assert art.format == "aoti_package" and art.precision == "int8" and art.config["engine"] == "pt2e"
     assert art.metrics["parity"]["passed"] and art.metrics["eval_samples"] > 0
     assert art.metrics["size_ratio_vs_fp32_torchscript"] > 0
@@ -269,8 +280,16 @@ def test_static_auto_keeps_the_first_engine_that_holds_and_says_why(digits):
          ("per-channel", "--engine fx")),
         (["--mode", "qat", "--engine", "auto", "--backend", "qnnpack", "--train-data", "builtin:digits:train"],
          ("--backend qnnpack runs on --engine fx",)),
+        (["--mode", "static", "--engine", "fx", "--static-batch", "1", "--calib-data", "builtin:digits:train"],
+         ("--static-batch", "--engine fx writes none")),
+        (["--mode", "static", "--engine", "pt2e", "--no-compile", "--static-batch", "1",
+          "--calib-data", "builtin:digits:train"], ("--static-batch", "--no-compile writes none")),
+        (["--mode", "static", "--engine", "pt2e", "--static-batch", "0", "--calib-data", "builtin:digits:train"],
+         ("--static-batch", "must be positive")),
+        (["--mode", "dynamic", "--static-batch", "1"], ("--static-batch",)),
     ],
-    ids=["dynamic", "per-tensor", "qnnpack"],
+    ids=["dynamic", "per-tensor", "qnnpack", "static-batch-fx", "static-batch-no-compile", "static-batch-0",
+         "static-batch-dynamic"],
 )  # fmt: skip
 def test_cli_engine_refusals(cli, tmp_path, args, match):
     assert_refused(
@@ -301,3 +320,15 @@ def test_only_the_engines_import_torchao():
                 if any(n == "torchao" or n.startswith("torchao.") for n in names):
                     importers.add(path.relative_to(root).as_posix())
     assert importers == {"compress/quantize/engine_pt2e.py", "compress/quantize/engine_torchao.py"}
+
+
+def test_fixed_batch_hint_only_for_a_dynamic_batch_pt2e_package():
+    from ptopt.cli.quantize import fixed_batch_hint
+
+    def art(fmt="aoti_package", **extra):
+        return types.SimpleNamespace(format=fmt, extra={"pt2e": {}, **extra})
+
+    assert "--static-batch 1" in fixed_batch_hint(art(static_batches=[]))
+    assert fixed_batch_hint(art(static_batches=[1])) is None
+    assert fixed_batch_hint(art("exported_program")) is None  # --no-compile: no package
+    assert fixed_batch_hint(types.SimpleNamespace(format="aoti_package", extra={})) is None  # not PT2E
