@@ -50,6 +50,7 @@ __all__ = [
     "Artifact",
     "SidecarStatus",
     "atomic_path",
+    "gzip_bytes",
     "gzip_size",
     "parent_record",
     "sha256_file",
@@ -129,6 +130,18 @@ def gzip_size(paths: list[Path]) -> int:
         known = _gzip_memo.get(sha256_file(p))
         total += known if known is not None else scan_file(p).gzip_bytes or 0
     return total
+
+
+def gzip_bytes(raw: bytes) -> int:
+    """Bytes of ``raw`` after gzip (level 6, as ``gzip.compress(raw, 6, mtime=0)``), remembered by its
+    sha256 like a file's (:func:`gzip_size`): the same weights measured again (a model pruned twice, then
+    validated) are deflated once."""
+    digest = hashlib.sha256(raw).hexdigest()
+    known = _gzip_memo.get(digest)
+    if known is None:
+        z = zlib.compressobj(6, zlib.DEFLATED, 31)
+        known = _gzip_memo[digest] = len(z.compress(raw)) + len(z.flush())
+    return known
 
 
 def _now() -> str:

@@ -192,16 +192,16 @@ def size_info(files: list[Path], module: Any = None) -> dict[str, Any]:
             "what": "files",
         }
     if module is not None and hasattr(module, "state_dict"):
-        import gzip
-
         import torch
+
+        from ptopt.core.artifact import gzip_bytes
 
         buf = io.BytesIO()
         torch.save(module.state_dict(), buf)
         raw = buf.getvalue()
         return {
             "bytes": len(raw),
-            "gzip_bytes": len(gzip.compress(raw, compresslevel=6, mtime=0)),
+            "gzip_bytes": gzip_bytes(raw),
             "files": [],
             "what": "state_dict (no file)",
         }

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import gzip
 import io
 import os
 import warnings
@@ -72,10 +71,12 @@ def state_dict_bytes(model: Any) -> tuple[int, int]:
     """(raw, gzip) bytes of the model's weights as ``torch.save(state_dict)``: zeros only help gzip."""
     import torch
 
+    from ptopt.core.artifact import gzip_bytes
+
     buf = io.BytesIO()
     torch.save({k: v.detach().contiguous() for k, v in model.state_dict().items()}, buf)
     raw = buf.getvalue()
-    return len(raw), len(gzip.compress(raw, compresslevel=6, mtime=0))
+    return len(raw), gzip_bytes(raw)
 
 
 # -- saving ----------------------------------------------------------------------------------------

@@ -35,5 +35,5 @@ def test_notebook_flow(tmp_path):
     onnx.save(tmp_path / "pruned.onnx")
 
     report = ptopt.validate(model, [tmp_path / "model.int8.pt", tmp_path / "pruned.onnx"], calib[:32],
-                            batch_sizes=[1], min_seconds=0.2, rounds=4)  # fmt: skip
+                            batch_sizes=[1], min_seconds=0.02, rounds=2)  # fmt: skip
     assert report.passed

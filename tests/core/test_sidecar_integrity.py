@@ -16,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from ptopt.core import artifact as artifact_mod
-from ptopt.core.artifact import Artifact, SidecarStatus, gzip_size, scan_file, sha256_file, sidecar_path
+from ptopt.core.artifact import (
+    Artifact,
+    SidecarStatus,
+    gzip_bytes,
+    gzip_size,
+    scan_file,
+    sha256_file,
+    sidecar_path,
+)
 from ptopt.core.atomic import (
     atomic_path,
     file_mode,
@@ -197,6 +205,10 @@ def test_gzip_size_compresses_the_same_bytes_once(tmp_path, monkeypatch):
     f.write_bytes(second)  # changed in place: compressed anew
     assert gzip_size([f]) == len(gzip.compress(second, compresslevel=6, mtime=0)) and len(calls) == 2
     assert gzip_size([g]) == measured == len(gzip.compress(first, compresslevel=6, mtime=0))
+    # bytes in memory (prune's weights before / after, validate's in-memory reference) share the memory
+    assert gzip_bytes(first) == measured and len(calls) == 2
+    assert gzip_bytes(second + b"!") == len(gzip.compress(second + b"!", compresslevel=6, mtime=0))
+    assert len(calls) == 3
 
 
 def test_sha_of_a_fresh_file_is_never_served_from_memory(tmp_path):
