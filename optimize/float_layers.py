@@ -48,27 +48,51 @@ def sensitivity(
     fake-quantized alone to int8, most harmful first (``ptopt.core.search.rank``). ``units``: rank groups
     of layers instead (a block's name -> the layers in it, fake-quantized together); ``outputs``: round each
     layer's output to int8 too (graph-mode int8 quantizes what a layer writes as well as what it reads)."""
-    import torch
+    return Simulated(module, calib, data, units, outputs).ranked()
 
-    from ptopt.core.search import rank
-    from ptopt.validate.metrics import per_sample_cosine
 
-    layers = [(n, m) for n, m in module.named_modules() if isinstance(m, layer_kinds())]
-    ranges = _ranges(module, layers, calib)
-    units = units if units is not None else {n: [n] for n, _ in layers}
-    ref = _outputs(module, data)
+class Simulated:
+    """``module`` with some of its ``units`` fake-quantized to int8 (weights per output channel, inputs,
+    and with ``outputs`` what they write, per tensor over their calibration range), its outputs on ``data``
+    against fp32's: what ``sensitivity`` ranks with, and what ``--engine auto`` predicts a float set with
+    (one forward pass each, no int8 model built)."""
 
-    def deviation(name: str) -> float:
+    def __init__(
+        self,
+        module: Any,
+        calib: Any,
+        data: Any,
+        units: dict[str, list[str]] | None = None,
+        outputs: bool = False,
+    ):
+        layers = [(n, m) for n, m in module.named_modules() if isinstance(m, layer_kinds())]
+        self.module, self.data, self.outputs = module, data, outputs
+        self.ranges = _ranges(module, layers, calib)
+        self.units = units if units is not None else {n: [n] for n, _ in layers}
+        self.ref = _outputs(module, data)
+
+    def cosines(self, int8_units: list[str]) -> Any:
+        """Each sample's output cosine with fp32 when ``int8_units`` are fake-quantized (the rest float)."""
+        from ptopt.validate.metrics import per_sample_cosine
+
         with contextlib.ExitStack() as stack:
-            for member in units[name]:
-                amax, out_amax = ranges.get(member, (0.0, 0.0))
-                layer = module.get_submodule(member)
-                stack.enter_context(_fake_int8(layer, amax, out_amax if outputs else None))
-            out = _outputs(module, data)
-        dev = (1.0 - per_sample_cosine(ref, out)).clamp(min=0.0)
-        return float(dev.mean()) if torch.isfinite(dev).all() else math.inf
+            for member in (m for u in int8_units for m in self.units[u]):
+                amax, out_amax = self.ranges.get(member, (0.0, 0.0))
+                layer = self.module.get_submodule(member)
+                stack.enter_context(_fake_int8(layer, amax, out_amax if self.outputs else None))
+            out = _outputs(self.module, self.data)
+        return per_sample_cosine(self.ref, out)
 
-    return rank(list(units), deviation, lambda dev: dev)
+    def ranked(self) -> list[tuple[str, float]]:
+        import torch
+
+        from ptopt.core.search import rank
+
+        def deviation(name: str) -> float:
+            dev = (1.0 - self.cosines([name])).clamp(min=0.0)
+            return float(dev.mean()) if torch.isfinite(dev).all() else math.inf
+
+        return rank(list(self.units), deviation, lambda dev: dev)
 
 
 def _outputs(module: Any, data: Any) -> Any:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ptopt.compress.quantize.base import Prepared, Quantized
+from ptopt.compress.quantize.config import MIN_STATIC_SHARE
 
 #: the engines auto tries, in order
 CHAIN = ("fx", "pt2e")
@@ -41,10 +42,14 @@ ARTIFACT_FIRST = ("fx",)
 #: layers (``x + y``, ``x * s``) whatever their layers, so single float layers rarely make it hold
 #: (ResNet-18, Swin: the blocks did); PT2E quantizes convolutions and linear layers only
 LEVELS = {"fx": ("blocks",), "pt2e": ("layers", "blocks")}
-#: int8 models the float search builds per engine and granularity (layers, blocks)
-MAX_BUILDS = 8
+#: int8 models the float search builds per engine and granularity (layers, blocks): the simulated
+#: prediction first, then the most float the share allows, then halving the gap
+MAX_BUILDS = 4
 #: seconds the float search may take over all engines (a build already started finishes)
-SEARCH_SECONDS = 900.0
+SEARCH_SECONDS = 600.0
+#: samples of the search data the sensitivity ranking and the simulated int8 run on (one forward pass
+#: each per unit / per prediction: the ranking's order, not the rule's verdict, is what they give)
+RANK_SAMPLES = 16
 #: what a refusal adds when the artifact written misses the rule the search's model held
 ADVICE = (
     " (--engine auto's search held the rule with the int8 model it measured, its artifact does not: "
@@ -127,11 +132,11 @@ def _whole(engine: str, config: Any, prep: Prepared, data: tuple[Any, Any], log:
 
 
 def _search(
-    att: Attempt, prep: Prepared, data: tuple[Any, Any], rankings: dict[str, list[str]],
+    att: Attempt, prep: Prepared, data: tuple[Any, Any], rankings: dict[str, Any],
     seconds_left: Callable[[], float], log: Any,
 ) -> None:  # fmt: skip
     """The fewest float units (layers, then blocks) that make ``att``'s engine hold, ranked once for all
-    engines (``rankings``)."""
+    engines (``rankings``: level -> (ranked names, their ``Simulated``))."""
     tried: list[dict[str, list[str]]] = []
     for level, units in _granularities(prep.module, att.cfg.float_modules):
         if seconds_left() <= 0 or len(units) < 2 or level not in LEVELS[att.engine] or units in tried:
@@ -139,16 +144,80 @@ def _search(
         tried.append(units)
         if level not in rankings:
             rankings[level] = _ranked(prep, units, data[0])
-        ranked = rankings[level]
+        ranked, sim = rankings[level]
+        most = _most_float(att.trials, ranked)
+        start = _predicted(sim, ranked, most)
         log(
-            f"{att.engine}: {len(units)} {level} ranked by int8 sensitivity; keeping the worst float until it holds"
+            f"{att.engine}: {len(units)} {level} ranked by int8 sensitivity; simulated int8 holds with the "
+            f"worst {start} float (at most {most} float: {100 * MIN_STATIC_SHARE:.0f}% of the parameters int8)"
+            if start is not None
+            else f"{att.engine}: {len(units)} {level} ranked by int8 sensitivity; simulated int8 holds with none "
+            f"of up to {most} float (the most tried first)"
         )
-        k, _ = _fewest(att.trials, ranked, seconds_left)
+        k = _fewest(att.trials, ranked, start if start is not None else most, most, seconds_left)
         if k is not None:
             att.holds, att.floats, att.ranked = True, tuple(ranked[:k]), ranked
             att.figure = att.trials.figures[tuple(ranked[:k])]
             return
     att.why = f"{att.engine}: no set of float layers tried holds the int8 rule"
+
+
+def _most_float(trials: _Trials, ranked: list[str]) -> int:
+    """The most of ``ranked`` that can be kept float with ``MIN_STATIC_SHARE`` of the parameters int8."""
+    base = tuple(trials.cfg.float_modules)
+    k = 0
+    while k < len(ranked) and _int8_share(trials.params, base + tuple(ranked[: k + 1])) >= MIN_STATIC_SHARE:
+        k += 1
+    return k
+
+
+def _predicted(sim: Any, ranked: list[str], most: int) -> int | None:
+    """The fewest of ``ranked`` kept float (at most ``most``) with which the simulated int8 (the rest
+    fake-quantized) holds the int8 minimum cosine on the ranking's samples; None when ``most`` does not."""
+    from ptopt.export.parity import min_cosine_for
+
+    goal = min_cosine_for("int8", None)
+
+    def holds(k: int) -> bool:
+        return float(sim.cosines(ranked[k:]).min()) >= goal
+
+    if most < 1 or not holds(most):
+        return None
+    lo, hi = 0, most  # the whole model missed for real
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+    return hi
+
+
+def _fewest(
+    trials: _Trials, ranked: list[str], start: int, most: int, seconds_left: Callable[[], float]
+) -> int | None:
+    """The fewest of ``ranked`` kept float with which the engine's int8 model holds: ``start`` (the
+    simulation's answer) first; when it misses, ``most`` (when that misses too, no k of this ranking will:
+    one build, not a ladder); then the gap to the largest that missed halved, within ``MAX_BUILDS``."""
+    builds = 0
+
+    def holds(k: int) -> bool:
+        nonlocal builds
+        builds += 1
+        return trials.holds(ranked[:k])[0]
+
+    def room() -> bool:
+        return builds < MAX_BUILDS and seconds_left() > 2 * max(trials.seconds, default=0.0)
+
+    lo, hi = 0, None
+    for k in dict.fromkeys((max(start, 1), most)):
+        if k < 1 or not room():
+            break
+        if holds(k):
+            hi = k
+            break
+        lo = k
+    while hi is not None and hi - lo > 1 and room():
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+    return hi
 
 
 def _built(att: Attempt, prep: Prepared, data: tuple[Any, Any], progress: bool, log: Any) -> Quantized | None:
@@ -177,12 +246,6 @@ def _built(att: Attempt, prep: Prepared, data: tuple[Any, Any], progress: bool, 
     return made
 
 
-def _fewest(trials: _Trials, ranked: list[str], seconds_left: Callable[[], float]) -> tuple[int | None, list]:
-    from ptopt.optimize.float_layers import fewest_float_layers
-
-    return fewest_float_layers(trials, ranked, seconds_left, max_trials=MAX_BUILDS, start=1)
-
-
 class _Trials:
     """One engine's int8 model with some modules float, judged by the int8 rule on the search data,
     then on the acceptance data (the evaluation data, never fitted on), within ``MIN_STATIC_SHARE``."""
@@ -203,12 +266,12 @@ class _Trials:
         self.params = _own_params(prep.module)
         #: the whole model's artifact, when it was built first (``ARTIFACT_FIRST``)
         self.made: Quantized | None = None
+        #: what the observers saw in the first calibration, reused by the trials after it (``observed``)
+        self.observers: dict[str, Any] = {}
 
     def holds(self, floats: list[str]) -> tuple[bool, str]:
         """Whether the engine's int8 model with ``floats`` float holds the rule (and its figure); the
         whole model of an ``ARTIFACT_FIRST`` engine is built as its artifact and judged as written."""
-        from ptopt.compress.quantize.config import MIN_STATIC_SHARE
-
         t0 = time.perf_counter()
         share = _int8_share(self.params, tuple(self.cfg.float_modules) + tuple(floats))
         if floats and share < MIN_STATIC_SHARE:
@@ -236,9 +299,10 @@ class _Trials:
     def _measured(self, cfg: Any) -> list[dict[str, Any]]:
         """The int8 rule's record on the search data, then (when it holds there) the acceptance data."""
         from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
+        from ptopt.compress.quantize import observed
         from ptopt.compress.quantize.engine_fx import quantize_context
 
-        with quantize_context(cfg.backend):
+        with quantize_context(cfg.backend), observed.reused(self.observers):
             if self.row.engine in ARTIFACT_FIRST and not self.figures:  # the whole model, first
                 self.made = self.row.handler(cfg, self.prep, False)
                 q = self.made.model
@@ -267,10 +331,13 @@ def _data(prep: Prepared) -> tuple[Any, Any]:
     return search, accept
 
 
-def _ranked(prep: Prepared, units: dict[str, list[str]], data: Any) -> list[str]:
-    from ptopt.optimize.float_layers import sensitivity
+def _ranked(prep: Prepared, units: dict[str, list[str]], data: Any) -> tuple[list[str], Any]:
+    """``units`` most harmful in int8 first, and the simulation that ranked them (``RANK_SAMPLES`` of
+    ``data``)."""
+    from ptopt.optimize.float_layers import Simulated
 
-    return [name for name, _ in sensitivity(prep.module, prep.calib, data, units, outputs=True)]
+    sim = Simulated(prep.module, prep.calib, data.take(min(RANK_SAMPLES, len(data))), units, outputs=True)
+    return [name for name, _ in sim.ranked()], sim
 
 
 def _granularities(module: Any, excluded: Any) -> list[tuple[str, dict[str, list[str]]]]:
@@ -383,4 +450,5 @@ def _logger(progress: bool) -> Callable[[str], None]:
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False)
-    return lambda msg: console.print(f"[dim]auto:[/dim] {msg}")
+    t0 = time.perf_counter()
+    return lambda msg: console.print(f"[dim]auto ({time.perf_counter() - t0:.0f} s):[/dim] {msg}")

@@ -445,8 +445,11 @@ def quantize_static(
     """prepare → calibrate → convert: the int8 q/dq GraphModule (run it fast through
     ``pt2e_package.compile_int8``).
     ``graph``: a :func:`capture` of ``module`` to reuse (consumed)."""
-    prepared = prepare(module, specs, style, scheme, example=example, graph=graph)
-    if calibrate(prepared, batches) == 0:
+    from ptopt.compress.quantize import observed
+
+    prepared, batches = prepare(module, specs, style, scheme, example=example, graph=graph), list(batches)
+    first = batches[0] if batches else None
+    if observed.calibrated(prepared, first, lambda: calibrate(prepared, batches), "pt2e") == 0:
         raise UsageError("--engine pt2e: no calibration batches")
     return convert(prepared)
 

@@ -68,16 +68,31 @@ def quantize_static(
 def calibrate(
     prepared: Any, data: Dataset, max_batches: int, batch_size: int, progress: bool = True
 ) -> dict[str, Any]:
-    """Run up to ``max_batches`` shuffled (seeded) batches through the observed model.
+    """Run up to ``max_batches`` shuffled (seeded) batches through the observed model (or, in a search
+    that calibrated this model before, reuse what its observers saw: ``observed``).
 
     Calibrate in eval mode: BatchNorm statistics must not move and dropout must be off, or the
     observed ranges describe a different network than the one that gets converted.
     """
+    from ptopt.compress.quantize import observed
+
+    prepared.eval()
+    first = next(iter(data.batches(batch_size, shuffle=True, seed=0)), None)
+    return observed.calibrated(
+        prepared,
+        None if first is None else first.x,
+        lambda: _calibrate(prepared, data, max_batches, batch_size, progress),
+        "fx",
+    )
+
+
+def _calibrate(
+    prepared: Any, data: Dataset, max_batches: int, batch_size: int, progress: bool
+) -> dict[str, Any]:
     import torch
 
     from ptopt.core.errors import UnsupportedModelError
 
-    prepared.eval()
     total = min(max_batches, data.num_batches(batch_size))
     batches = samples = 0
     # progress=False (a search calibrating many times): no line per calibration, a heartbeat if it is long
