@@ -74,3 +74,62 @@ def test_nothing_holds_is_one_refusal_naming_what_each_engine_reached(cli, tmp_p
         where=tmp_path,
     )  # fmt: skip
     assert "best: 0 float: min cosine" in msg and "--min-cosine" in msg
+
+
+def _fx_static(model, data, floats=()):
+    from ptopt.compress.quantize.config import StaticQuantConfig
+    from ptopt.compress.quantize.techniques.static_fx import quantize_static
+    from ptopt.core.data import Dataset
+
+    cfg = StaticQuantConfig(float_modules=floats, observer="minmax")
+    return quantize_static(model, cfg, Dataset(data), data[:32], progress=False).module
+
+
+def test_observers_calibrated_once_are_reused_only_for_the_same_tensors(monkeypatch):
+    """A candidate with a block float reuses the whole model's calibration (its observers saw the same fp32
+    tensors) and converts to exactly what calibrating it again makes; other data is calibrated for real."""
+    from ptopt.compress.quantize import observed
+    from ptopt.compress.quantize.techniques import static_fx
+
+    real = []
+    calibrate = static_fx._calibrate
+    monkeypatch.setattr(static_fx, "_calibrate", lambda *a: real.append(1) or calibrate(*a))
+    torch.manual_seed(0)
+    model, data = outlier_mlp(), outlier_data(64)
+    other = data * 2
+    store: dict = {}
+    with observed.reused(store):
+        _fx_static(model, data)
+        reused = _fx_static(model, data, ("block.2",))
+        assert len(real) == 1  # the candidate's observers found what the first calibration saw
+        _fx_static(model, other, ("block.2",))
+        assert len(real) == 2  # other tensors: calibrated for real
+    fresh = _fx_static(model, data, ("block.2",))
+    x = outlier_data(16) * 0.5
+    assert torch.equal(reused(x), fresh(x))
+
+
+class _Ladder:
+    """A trial whose int8 model holds with ``need`` or more of the ranked units float."""
+
+    def __init__(self, need):
+        self.need, self.tried, self.seconds = need, [], []
+
+    def holds(self, floats):
+        self.tried.append(len(floats))
+        return len(floats) >= self.need, ""
+
+
+def test_the_float_search_starts_at_the_simulation_and_probes_the_most_float_once():
+    from ptopt.compress.quantize.auto_int8 import MAX_BUILDS, _fewest
+
+    ranked = [f"u{i}" for i in range(12)]
+    t = _Ladder(need=3)
+    assert _fewest(t, ranked, 4, 12, lambda: 100.0) == 3 and t.tried == [4, 2, 3]  # predicted, then halved
+    t = _Ladder(need=7)
+    assert _fewest(t, ranked, 4, 12, lambda: 100.0) == 8 and t.tried == [4, 12, 8, 6]  # MAX_BUILDS spent
+    assert len(t.tried) == MAX_BUILDS
+    t = _Ladder(need=13)  # nothing the share allows holds: two builds, not a ladder
+    assert _fewest(t, ranked, 4, 12, lambda: 100.0) is None and t.tried == [4, 12]
+    t = _Ladder(need=1)
+    assert _fewest(t, ranked, 1, 12, lambda: 0.0) is None and t.tried == []  # no time left: nothing built
