@@ -7,13 +7,15 @@ takes it, the whole-model int8 is judged by the int8 fidelity rule (``ptopt.comp
 when it misses, the parts whose int8 costs the most are kept float until it holds:
 
 1. **ranked**: each Linear / Conv layer fake-quantized alone (int8 weights per channel, int8 inputs
-   over their calibration range), the outputs' mean deviation from fp32 on the calibration data
-   (``ptopt.optimize.float_layers.sensitivity``, the ranking of optimize's float-layer candidate);
-2. **kept float**: the k highest-ranked, k doubling from 1 then bisected
-   (``ptopt.optimize.float_layers.fewest_float_layers``), each k a real int8 model of the engine
-   (its ``candidate``: no artifact built), judged on the calibration data and then on the
-   evaluation data it never fitted (a k that fails there leads to the next k);
-3. **blocks**: when no k of single layers holds (fx quantizes the functional ops between layers,
+   and outputs over their calibration range), the outputs' mean deviation from fp32 on ``RANK_SAMPLES``
+   of the calibration data (``ptopt.optimize.float_layers.Simulated``: one forward pass per unit);
+2. **predicted**: the same simulation with all but the k highest-ranked fake-quantized, k bisected: the
+   fewest with which it holds, and the most float ``MIN_STATIC_SHARE`` allows (no build);
+3. **kept float**: the engine's real int8 model (its ``candidate``: no artifact built) with the predicted
+   k float, then (when it misses) the most allowed (when that misses too, no k will), then the gap
+   halved, within ``MAX_BUILDS``; each judged on the calibration data and then on the evaluation data it
+   never fitted. Every build after an engine's first reuses its calibration (``observed``);
+4. **blocks**: when no k of single layers holds (fx quantizes the functional ops between layers,
    ``x + y``, ``x * s``, whatever the layers around them), the same over blocks: the children of
    the model's ``Sequential`` / ``ModuleList`` containers, each kept float whole (not traced into).
 
