@@ -120,16 +120,17 @@ class _Ladder:
         return len(floats) >= self.need, ""
 
 
-def test_the_float_search_starts_at_the_simulation_and_probes_the_most_float_once():
+def test_the_float_search_starts_at_the_simulation_and_doubles_to_the_most_float():
     from ptopt.compress.quantize.auto_int8 import MAX_BUILDS, _fewest
 
     ranked = [f"u{i}" for i in range(12)]
     t = _Ladder(need=3)
     assert _fewest(t, ranked, 4, 12, lambda: 100.0) == 3 and t.tried == [4, 2, 3]  # predicted, then halved
     t = _Ladder(need=7)
-    assert _fewest(t, ranked, 4, 12, lambda: 100.0) == 8 and t.tried == [4, 12, 8, 6]  # MAX_BUILDS spent
-    assert len(t.tried) == MAX_BUILDS
-    t = _Ladder(need=13)  # nothing the share allows holds: two builds, not a ladder
-    assert _fewest(t, ranked, 4, 12, lambda: 100.0) is None and t.tried == [4, 12]
+    assert _fewest(t, ranked, 4, 12, lambda: 100.0) == 7 and t.tried == [4, 8, 6, 7]
+    t = _Ladder(need=13)  # nothing the share allows holds
+    assert _fewest(t, ranked, 4, 12, lambda: 100.0) is None and t.tried == [4, 8, 12]
+    t = _Ladder(need=12)
+    assert _fewest(t, ranked, 1, 12, lambda: 100.0) is None and len(t.tried) == MAX_BUILDS  # 1, 2, 4, 8
     t = _Ladder(need=1)
     assert _fewest(t, ranked, 1, 12, lambda: 0.0) is None and t.tried == []  # no time left: nothing built
