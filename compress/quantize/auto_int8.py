@@ -197,8 +197,9 @@ def _fewest(
 ) -> int | None:
     """The fewest of ``ranked`` kept float with which the engine's int8 model holds: ``start`` (the
     simulation's answer) first, doubling up to ``most`` until one holds, then the gap to the largest
-    that missed halved (``ptopt.core.search.ladder``), within ``MAX_BUILDS``. Not "the most first": more
-    float is not always closer (ResNet-18 on fx: the 8 worst blocks float missed where 6 held)."""
+    that missed halved (``ptopt.core.search.ladder``), within ``MAX_BUILDS``. Not "the most allowed
+    second": more float is not always closer (ResNet-18 on fx: the predicted 3 and the allowed 8 worst
+    blocks float both missed, so that search refused where an earlier ladder found 5 blocks that hold)."""
     from ptopt.core.search import ladder
 
     builds: list[int] = []
