@@ -99,7 +99,7 @@ def first_that_holds(config: Any, prep: Prepared, progress: bool) -> Quantized:
         made = (att.trials.made or _built(att, prep, data, progress, log)) if att.holds else None
         if made is not None:
             return _described(made, att, attempts, data)
-    rankings: dict[str, list[str]] = {}
+    rankings: dict[str, Any] = {}
     for att in (a for a in attempts if a.trials is not None):
         _search(att, prep, data, rankings, lambda: deadline - time.perf_counter(), log)
         made = _built(att, prep, data, progress, log) if att.holds else None
