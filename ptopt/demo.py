@@ -28,15 +28,17 @@ SEQ_TEST = "builtin:digits-seq:test"
 MAX_ACCURACY_DROP = 1.0
 #: artifact steps of the CNN: (id, title, command, file name, options)
 CNN_STEPS: tuple[tuple[str, str, str, str, dict[str, Any]], ...] = (
-    ("int8", "static int8", "quantize", "resnet.int8.pt",
-     {"model": CNN, "mode": "static", "calib_data": TRAIN, "eval_data": TEST, "progress": None}),
-    ("qat", "QAT int8 (1 epoch)", "quantize", "resnet.qat.pt",
-     {"model": CNN, "mode": "qat", "train_data": TRAIN, "eval_data": TEST, "epochs": 1, "progress": None}),
+    ("int8", "static int8 (256 calibration samples)", "quantize", "resnet.int8.pt",
+     {"model": CNN, "mode": "static", "calib_data": TRAIN, "calibration_batches": 8, "eval_data": TEST,
+      "progress": None}),
+    ("qat", "QAT int8 (8 steps of 64)", "quantize", "resnet.qat.pt",
+     {"model": CNN, "mode": "qat", "train_data": TRAIN, "eval_data": TEST, "epochs": 1, "max_steps": 8,
+      "progress": None}),
     ("lstm8", "dynamic int8 LSTM", "quantize", "lstm.int8.pt",
      {"model": LSTM, "mode": "dynamic", "eval_data": SEQ_TEST, "progress": None}),
-    ("pruned", "structured pruning 50% + distillation", "prune", "resnet.pruned.pt",
+    ("pruned", "structured pruning 50% + distillation (1 epoch)", "prune", "resnet.pruned.pt",
      {"model": CNN, "method": "structured", "amount": 0.5, "fine_tune_data": TRAIN, "eval_data": TEST,
-      "epochs": 3, "teacher": "self", "temperature": 2.0, "alpha": 0.5, "lr": 2e-3}),
+      "epochs": 1, "teacher": "self", "temperature": 2.0, "alpha": 0.5, "lr": 2e-3}),
     ("sparse", "global pruning 50% + 1 epoch", "prune", "resnet.sparse.pt",
      {"model": CNN, "method": "global", "amount": 0.5, "fine_tune_data": TRAIN, "eval_data": TEST, "epochs": 1}),
     ("ts", "export TorchScript fp32", "export", "resnet.ts.pt", {"model": CNN, "target": "torchscript"}),

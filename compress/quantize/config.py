@@ -201,6 +201,12 @@ class QATConfig(QuantConfig):
         0.75, help="Quantization ranges stop moving after this fraction of the steps."
     )
     seed: int = option(0, help="Seed of the fine-tuning's shuffling.")
+    max_steps: int | None = option(
+        None,
+        help="Stop after this many optimizer steps (the learning-rate schedule and the freeze fractions "
+        "span them).",
+        metavar="N",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -214,6 +220,8 @@ class QATConfig(QuantConfig):
             raise UsageError(f"--epochs must be >= 1 for QAT, got {self.epochs}")
         if self.lr <= 0:
             raise UsageError(f"--lr must be > 0, got {self.lr}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise UsageError(f"--max-steps must be >= 1, got {self.max_steps}")
         for f in ("freeze_bn_after", "freeze_observers_after"):
             if not 0 <= getattr(self, f) <= 1:
                 raise UsageError(f"{f} must be a fraction in [0, 1], got {getattr(self, f)}")

@@ -27,6 +27,8 @@ def test_qat_cli(cli, tmp_path: Path) -> None:
         "5e-3",
         "--batch-size",
         "64",
+        "--max-steps",
+        "16",
         "--no-progress",
         "-o",
         out,
@@ -37,8 +39,8 @@ def test_qat_cli(cli, tmp_path: Path) -> None:
     assert art.config["type"] == "quantize-qat" and art.config["train_data"] == str(tmp_path / "train.pt")
     tr = art.extra["training"]
     assert [h["epoch"] for h in tr["history"]] == [1, 2] and "eval_accuracy" in tr["history"][-1]
-    # 2 epochs of 10 steps: BatchNorm frozen after half of them, observers after three quarters
-    assert tr["bn_frozen_at_step"] == 10 and tr["observers_frozen_at_step"] == 15
+    # 2 epochs of 10 steps cut at 16: BatchNorm frozen after half of them, observers after three quarters
+    assert tr["max_steps"] == 16 and tr["bn_frozen_at_step"] == 8 and tr["observers_frozen_at_step"] == 12
     assert art.metrics["int8_accuracy"] > 0.3  # an untrained tiny CNN starts learning digits in QAT
     assert art.extra["float_layers"] == {}
 
@@ -65,3 +67,22 @@ def test_freeze_schedule_within_one_epoch() -> None:
         QATConfig(epochs=4, freeze_bn_after=0.5, freeze_observers_after=0.75), steps_per_epoch=10
     )
     assert (s.bn_step, s.observer_step) == (20, 30)
+
+
+def test_max_steps_bounds_the_freeze_schedule_and_is_checked(cli, tmp_path: Path) -> None:
+    from ptopt.compress.quantize import QATConfig, quantize
+    from ptopt.compress.quantize.techniques.qat_fx import FreezeSchedule
+    from tests.helpers import assert_refused
+
+    s = FreezeSchedule(QATConfig(epochs=2, max_steps=8), steps_per_epoch=10)
+    assert (s.bn_step, s.observer_step) == (4, 6)
+    s = FreezeSchedule(QATConfig(epochs=1, max_steps=80), steps_per_epoch=10)  # more than the epochs hold
+    assert (s.bn_step, s.observer_step) == (5, 7)
+    assert_refused(
+        cli, "quantize", "tests.helpers:tiny_cnn", "--mode", "qat", "--train-data", "builtin:digits:train",
+        "--max-steps", "0", "-o", tmp_path / "r.pt", match="--max-steps must be >= 1", where=tmp_path,
+    )  # fmt: skip
+    assert_refused(
+        quantize, "tests.helpers:tiny_cnn", "qat", tmp_path / "r.pt", train_data="builtin:digits:train",
+        max_steps=0, match="--max-steps must be >= 1", where=tmp_path,
+    )  # fmt: skip

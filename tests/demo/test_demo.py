@@ -7,52 +7,58 @@ import pytest
 from ptopt.core.artifact import Artifact
 from tests.helpers import worker_threads
 
+EXPECTED = [
+    "resnet.int8.pt",
+    "resnet.qat.pt",
+    "lstm.int8.pt",
+    "resnet.pruned.pt",
+    "resnet.sparse.pt",
+    "resnet.ts.pt",
+    "resnet.onnx",
+    "resnet.int8.onnx",
+]
+
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # ~1.5 min alone on 2 cores (the zoo ships trained), minutes in CI
-def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path, monkeypatch):
-    out = tmp_path / "demo"
-    threads = str(worker_threads() or 2)  # the cores this test process has (pytest-xdist splits them)
-    # validate's timing options, shortened: the pipeline is what is checked here
-    code, stdout, err = cli(
-        "demo", "-o", out, "--threads", threads, "--min-seconds", "0.1", "--min-iters", "5", "--rounds", "3"
-    )
-    assert code == 0, err[-3000:]
-    expected = [
-        "resnet.int8.pt",
-        "resnet.qat.pt",
-        "lstm.int8.pt",
-        "resnet.pruned.pt",
-        "resnet.sparse.pt",
-        "resnet.ts.pt",
-        "resnet.onnx",
-        "resnet.int8.onnx",
-    ]
-    for name in expected:
-        art = Artifact.load(out / name)  # every artifact has its sidecar
-        assert art.size_bytes > 0
-    assert Artifact.load(out / "resnet.int8.pt").precision == "int8"
-    assert Artifact.load(out / "resnet.int8.onnx").precision == "int8"
-    report = json.loads((out / "report.json").read_text())
-    assert report["passed"] and len(report["artifacts"]) == 7
-    timing = report["latency_options"]
-    assert (timing["min_seconds"], timing["min_iters"], timing["rounds"]) == (0.1, 5, 3)
-    assert report["best"] and (out / "resnet-best.mar").is_file() and (out / "report.html").is_file()
-    assert "<img" in (out / "report.html").read_text() and (out / "summary.md").read_text().strip()
-    assert "ptopt validate — PASSED" in stdout and "resnet-best.mar" in stdout
-
-    # the second run through the Python API (short timing rounds: the reuse is what is checked here)
+@pytest.mark.timeout(1500)  # ~1 min alone on 2 cores (the zoo ships trained), minutes in CI
+def test_demo_runs_end_to_end_and_reuses_artifacts(cli, tmp_path):
     from ptopt.demo import demo
 
-    lines = []
-    again = demo(out, threads=int(threads), log=lines.append, min_seconds=0.05, min_iters=3, rounds=2)
-    assert again.passed and sorted(again.reused) == sorted(expected)
-    assert sum("reusing" in line for line in lines) == len(expected) and again.mar == out / "resnet-best.mar"
-    # and what the CLI prints of such a run
-    monkeypatch.setattr("ptopt.demo.demo", lambda *a, **k: again)
-    code, stdout, err = cli("demo", "-o", out)
+    out = tmp_path / "demo"
+    threads = worker_threads() or 2  # the cores this test process has (pytest-xdist splits them)
+    lines: list[str] = []
+    # the first run through the Python API; validate's timing options, shortened: the pipeline is checked here
+    first = demo(out, threads=threads, log=lines.append, min_seconds=0.1, min_iters=5, rounds=3)
+    assert first.passed and first.reused == [] and not any("reusing" in line for line in lines)
+    assert first.mar == out / "resnet-best.mar"
+    assert sorted(p.name for p in first.artifacts.values()) == sorted(EXPECTED)
+    for name in EXPECTED:
+        art = Artifact.load(out / name)  # every artifact has its sidecar
+        assert art.size_bytes > 0
+        assert any(f": {out / name} (" in line for line in lines), name  # built, and said so
+    assert Artifact.load(out / "resnet.int8.pt").precision == "int8"
+    assert Artifact.load(out / "resnet.int8.onnx").precision == "int8"
+    assert Artifact.load(out / "resnet.qat.pt").extra["training"]["max_steps"] == 8
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] and len(report["artifacts"]) == 7 and report["best"] == first.best
+    timing = report["latency_options"]
+    assert (timing["min_seconds"], timing["min_iters"], timing["rounds"]) == (0.1, 5, 3)
+    assert (out / "resnet-best.mar").is_file() and (out / "report.html").is_file()
+    assert "<img" in (out / "report.html").read_text() and (out / "summary.md").read_text().strip()
+    built = {name: (out / name).stat().st_mtime_ns for name in EXPECTED}
+
+    # the second run, as a user types it: every artifact reused (none rewritten), both validations and the
+    # package run again on them (timing at its least: the reuse is what is checked here)
+    code, stdout, err = cli(
+        "demo", "-o", out, "--threads", threads, "--min-seconds", "0", "--min-iters", "1", "--rounds", "1"
+    )
     assert code == 0, err[-3000:]
-    assert "reused 8 cached artifacts" in stdout and "ptopt validate — PASSED" in stdout
+    reusing = [line for line in err.splitlines() if ": reusing " in line]
+    assert sorted(line.rsplit("/", 1)[-1] for line in reusing) == sorted(EXPECTED), err[-3000:]
+    assert {name: (out / name).stat().st_mtime_ns for name in EXPECTED} == built
+    assert "(reused 8 cached artifacts)" in stdout and stdout.count("ptopt validate — PASSED") == 2
+    assert "resnet-best.mar" in stdout
+    assert json.loads((out / "report.json").read_text())["latency_options"]["rounds"] == 1  # validated again
 
 
 @pytest.mark.parametrize("tensorrt", [False, True], ids=["cpu", "tensorrt"])

@@ -50,6 +50,8 @@ class FreezeSchedule:
     def __init__(self, config: QATConfig, steps_per_epoch: int):
         self.steps_per_epoch = steps_per_epoch
         total = steps_per_epoch * config.epochs
+        if config.max_steps is not None:
+            total = min(total, config.max_steps)
         self.bn_step = int(total * config.freeze_bn_after)
         self.observer_step = int(total * config.freeze_observers_after)
         self.step = 0
@@ -118,6 +120,7 @@ def quantize_qat(
         weight_decay=config.weight_decay,
         seed=config.seed,
         keep_best=False,
+        max_steps=config.max_steps,
     )
     schedule = FreezeSchedule(config, train_data.num_batches(tcfg.batch_size))
     base_loss = cross_entropy_loss if train_data.has_labels else distill_loss(model.eval())
@@ -136,6 +139,7 @@ def quantize_qat(
             "data": train_data.name,
             "samples": len(train_data),
             "epochs": config.epochs,
+            "max_steps": config.max_steps,
             "loss": "cross_entropy" if train_data.has_labels else "kl_to_fp32",
             "history": result.history,
             **schedule.summary(),
