@@ -40,12 +40,16 @@ def perplexity(
     total, scored, prev_end = 0.0, 0, 0
     windows = max(1, -(-(n - context) // stride) + 1) if n > context else 1
     shown = progress.step(f"{what} on {n} tokens", windows, "windows")
+    keep = _keeps_logits(module)
     with torch.inference_mode(), shown as step:
         for begin in range(0, n - 1, stride):
             end = min(begin + context, n)
             window = ids[begin:end].unsqueeze(0)
             new = end - max(prev_end, begin + 1)  # tokens not scored by an earlier window
-            logits = module(input_ids=window, use_cache=False).logits[0, :-1].float()
+            # only the logits that score a new token (the output layer over the whole vocabulary is most of
+            # a small model's work, and a window's first half was scored by the one before)
+            extra = {"logits_to_keep": new + 1} if keep else {}
+            logits = module(input_ids=window, use_cache=False, **extra).logits[0, :-1].float()
             target = window[0, 1:]
             nll = torch.nn.functional.cross_entropy(logits[-new:], target[-new:], reduction="sum")
             total, scored, prev_end = total + float(nll), scored + new, end
@@ -54,6 +58,16 @@ def perplexity(
                 break
     mean = total / scored
     return {"perplexity": math.exp(mean), "nll": mean, "tokens": scored, "context": context, "stride": stride}
+
+
+def _keeps_logits(module: Any) -> bool:
+    """Whether ``module`` computes only its last N logits when told (transformers' ``logits_to_keep``)."""
+    import inspect
+
+    try:
+        return "logits_to_keep" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError, AttributeError):  # not a Python forward (a runtime's session wrapper)
+        return False
 
 
 def max_positions(module: Any) -> int | None:

@@ -300,3 +300,28 @@ def test_int8_per_group_through_api_and_cli(cli, lm_dir, tmp_path):
     loaded = load_model(tmp_path / "g").module
     assert list(loaded.model.layers[0].mlp.up_proj.weight.block_size) == [1, 64]
     assert _same_logits(loaded, res.model) == 0
+
+
+def test_perplexity_asks_only_for_the_logits_it_scores(monkeypatch):
+    """Each window computes only the logits of the tokens it scores (``logits_to_keep``): the same
+    perplexity as scoring the whole window, and a model without that argument is called as before."""
+    from ptopt.core import lm
+
+    model = _llama(vocab=64, hidden=32).eval()
+    ids = torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(3))
+    kept, forward = [], model.forward
+
+    def spy(*args, **kwargs):
+        kept.append(kwargs.get("logits_to_keep"))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    monkeypatch.setattr(lm, "_keeps_logits", lambda module: True)
+    fast = lm.perplexity(model, ids, context=128, stride=64)
+    monkeypatch.setattr(lm, "_keeps_logits", lambda module: False)
+    whole = lm.perplexity(model, ids, context=128, stride=64)
+    assert fast["tokens"] == whole["tokens"] == 299 and fast["nll"] == pytest.approx(whole["nll"], rel=1e-6)
+    n = len(kept) // 2
+    assert kept[0] == 128 and kept[1:n] == [65] * (n - 2) + [kept[n - 1]] and kept[n:] == [None] * n
+    monkeypatch.undo()
+    assert lm._keeps_logits(model) and not lm._keeps_logits(torch.nn.Linear(2, 2))
