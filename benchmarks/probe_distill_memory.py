@@ -11,6 +11,7 @@ step). Prints one table per rank; writes nothing. Linux only.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -44,8 +45,24 @@ def _sample() -> None:
         time.sleep(0.002)
 
 
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+
+def _heap() -> str:
+    """glibc's heaps (all arenas): MiB held from the system outside mappings / of it free (``mallinfo2``)."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return "?"
+    fn.restype = _Mallinfo2
+    m = fn()
+    return f"{m.arena >> 20}/{m.fordblks >> 20}"
+
+
 def mark(name: str) -> None:
-    PHASES.append((name, _status("VmRSS"), _status("VmHWM"), _top[0]))
+    PHASES.append((name, _status("VmRSS"), _status("VmHWM"), f"{_top[0]} | {_heap()}"))
     _top[:] = ["", 0]
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -122,7 +139,7 @@ def trace(spec_path: str) -> None:
         bench_distill_lm.worker(spec_path)
     finally:
         mark("end")
-        lines = [f"rank {os.environ.get('RANK', '0')}: phase | RSS at its end | peak in it | at the peak"]
+        lines = [f"rank {os.environ.get('RANK', '0')}: phase | RSS at its end | peak in it | at the peak | heap/free at its end"]
         lines += [f"{n} | {rss} | {hwm} | {at}" for n, rss, hwm, at in PHASES]
         Path(spec_path).with_suffix(f".rank{os.environ.get('RANK', '0')}.txt").write_text("\n".join(lines))
 

@@ -254,6 +254,7 @@ def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool =
         fully_shard(tied, **policies, reshard_after_forward=frozen)
         if not frozen:
             _free_after_output_backward(tied[1])
+            _sparse_input_gradient(tied[0])
     for unit in units:
         fully_shard(unit, **policies)
     fully_shard(model, **policies, **({"reshard_after_forward": True} if frozen else {}))
@@ -328,6 +329,31 @@ def _free_after_output_backward(output: Any) -> None:
             x.register_hook(lambda _grad: module.reshard())
 
     output.register_forward_hook(hook)
+
+
+def _sparse_input_gradient(embedding: Any) -> None:
+    """The tied matrix's gradient accumulated in place: the input embedding's backward gives its rows'
+    gradients as a sparse tensor (``nn.Embedding(sparse=True)``), which autograd adds into the output
+    layer's dense gradient of the same matrix, instead of a second vocabulary-sized matrix (its dense
+    backward's) alive next to the first. Should the embedding's gradient be the only one (an output
+    layer the loss did not use), a hook makes it dense again before FSDP reduces it."""
+    import torch
+
+    if not isinstance(embedding, torch.nn.Embedding):
+        return
+
+    def densify(param: Any) -> None:
+        if param.grad is not None and param.grad.is_sparse:
+            param.grad = param.grad.to_dense()
+
+    def hook(module: Any, _args: tuple) -> None:
+        weight = module.weight  # the gathered matrix: FSDP's pre-forward hook runs first
+        if torch.is_grad_enabled() and weight.requires_grad and not getattr(weight, "_ptopt_densify", False):
+            weight.register_post_accumulate_grad_hook(densify)
+            weight._ptopt_densify = True
+
+    embedding.sparse = True
+    embedding.register_forward_pre_hook(hook)
 
 
 #: skeletons of models loaded in shards (:func:`load_sharded`), taken before sharding
