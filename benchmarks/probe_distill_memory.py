@@ -37,11 +37,24 @@ def _status(key: str) -> int:
     return 0
 
 
+#: (step in flight, VmRSS as it starts) of every step of the run (PROBE_TIMELINE=1 prints the last backward's)
+TIMELINE: list[list] = []
+
+
+def _at(label: str) -> None:
+    _now[0] = label
+    if os.environ.get("PROBE_TIMELINE"):
+        rss = _status("VmRSS")
+        TIMELINE.append([label, rss, rss])
+
+
 def _sample() -> None:
     while True:
         rss = _status("VmRSS")
         if rss > _top[1]:
             _top[:] = [_now[0], rss]
+        if TIMELINE and rss > TIMELINE[-1][2]:
+            TIMELINE[-1][2] = rss
         time.sleep(0.002)
 
 
@@ -83,8 +96,8 @@ def _wrap(owner, name: str) -> None:
 def _label(module, tag: str) -> None:
     for path, m in module.named_modules():
         if path.count(".") <= 2:
-            m.register_forward_pre_hook(lambda *a, p=path: _now.__setitem__(0, f"{tag} forward {p}"))
-            m.register_full_backward_pre_hook(lambda *a, p=path: _now.__setitem__(0, f"{tag} backward {p}"))
+            m.register_forward_pre_hook(lambda *a, p=path: _at(f"{tag} forward {p}"))
+            m.register_full_backward_pre_hook(lambda *a, p=path: _at(f"{tag} backward {p}"))
 
 
 def _instrument() -> None:
@@ -110,11 +123,12 @@ def _instrument() -> None:
             loss, logits = self.runner(batch)
         mark("forward (teacher, student, loss)")
         (loss.float() * share / self.config.grad_accum_steps).backward()
+        _at("backward done")
         mark("backward")
         return loss, logits
 
     def optimizer_step(self):
-        _now[0] = "optimizer step"
+        _at("optimizer step")
         return step(self)
 
     T.__init__, T.forward_backward, T.optimizer_step = init_labelled, forward_backward, optimizer_step
@@ -122,7 +136,7 @@ def _instrument() -> None:
         fn = getattr(group.FSDPParamGroup, name)
 
         def named(self, *a, _fn=fn, _name=name, **k):
-            _now[0] = f"FSDP {_name} {self._module_fqn}"
+            _at(f"FSDP {_name} {self._module_fqn}")
             return _fn(self, *a, **k)
 
         setattr(group.FSDPParamGroup, name, named)
@@ -139,8 +153,13 @@ def trace(spec_path: str) -> None:
         bench_distill_lm.worker(spec_path)
     finally:
         mark("end")
-        lines = [f"rank {os.environ.get('RANK', '0')}: phase | RSS at its end | peak in it | at the peak | heap/free at its end"]
+        head = "phase | RSS at its end | peak in it | at the peak | glibc heap / free in it at its end"
+        lines = [f"rank {os.environ.get('RANK', '0')}: {head}"]
         lines += [f"{n} | {rss} | {hwm} | {at}" for n, rss, hwm, at in PHASES]
+        done = [i for i, (label, *_) in enumerate(TIMELINE) if label == "backward done"]
+        if len(done) > 1:
+            lines += ["", "the last step: step starting | VmRSS at its start | peak until the next"]
+            lines += [f"{label} | {rss} | {top}" for label, rss, top in TIMELINE[done[-2] + 1 : done[-1] + 1]]
         Path(spec_path).with_suffix(f".rank{os.environ.get('RANK', '0')}.txt").write_text("\n".join(lines))
 
 

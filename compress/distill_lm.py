@@ -117,12 +117,48 @@ class LMDistillLoss(nn.Module):
                 del t_logits
         logits = model(**inputs).logits
         s = logits[:, :-1][keep].float()
+        del logits
         target = x["input_ids"][:, 1:][keep]
-        loss = F.cross_entropy(s, target, reduction="mean") if self.alpha > 0 else s.new_zeros(())
-        if self.alpha < 1:
-            kl = F.kl_div(F.log_softmax(s / temp, -1), t_logp, reduction="batchmean", log_target=True)
-            loss = self.alpha * loss + (1 - self.alpha) * temp * temp * kl
-        return loss, None
+        t_logp = t_logp if self.alpha < 1 else None
+        return _LMLoss.apply(s, target, t_logp, self.alpha, temp), None
+
+
+class _LMLoss(torch.autograd.Function):
+    """``α·CE(s, target) + (1−α)·T²·KL(p_t ‖ softmax(s/T))``, means over the rows of ``s`` (scored
+    positions × vocabulary), with its gradient computed in the forward: d/ds = α·(softmax(s) − onehot)/n
+    + (1−α)·T·(softmax(s/T) − p_t)/n. What the backward keeps is that one vocabulary-sized matrix, not
+    the 4-6 that autograd's log-softmaxes, KL and cross-entropy save and allocate (per token, as many
+    floats as the vocabulary: the largest activations of a small LM, alive when its output layer's
+    backward holds the vocabulary matrix and its gradient, which is FSDP's peak)."""
+
+    @staticmethod
+    def forward(ctx: Any, s: Any, target: Any, t_logp: Any, alpha: float, temp: float) -> Any:
+        n = max(s.shape[0], 1)
+        with torch.autocast(s.device.type, enabled=False):
+            loss, grad = s.new_zeros(()), None
+            if alpha > 0:
+                logp = torch.log_softmax(s, -1)
+                loss = loss - alpha * logp.gather(1, target[:, None]).sum() / n
+                grad = logp.exp_().mul_(alpha / n)  # softmax(s), weighed
+                grad.scatter_add_(1, target[:, None], grad.new_full((s.shape[0], 1), -alpha / n))
+            if t_logp is not None:
+                logq = torch.log_softmax(s / temp, -1)
+                p = t_logp.exp()
+                kl = (torch.sub(t_logp, logq).mul_(p)).sum() / n
+                loss = loss + (1 - alpha) * temp * temp * kl
+                q_p = logq.exp_().sub_(p)  # softmax(s/T) - p_t
+                grad = (
+                    q_p.mul_((1 - alpha) * temp / n)
+                    if grad is None
+                    else grad.add_(q_p, alpha=(1 - alpha) * temp / n)
+                )
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Any) -> tuple[Any, ...]:
+        (grad,) = ctx.saved_tensors
+        return grad * grad_out, None, None, None, None
 
 
 # -- data --------------------------------------------------------------------------------------------

@@ -68,6 +68,15 @@ def test_loss_is_the_documented_mix_over_real_tokens_only():
         kl = F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), reduction="batchmean")
     assert torch.allclose(got, a * ce + (1 - a) * T * T * kl, atol=1e-6)
     assert loss.weight(batch) == 6
+    for alpha in (0.0, a, 1.0):  # the gradient it computes in its forward is autograd's
+        grad = torch.autograd.grad(
+            LMDistillLoss(teacher, T, alpha)(student, batch)[0] * 3, student.emb.weight
+        )
+        s = student.emb(ids)[:, :-1][keep]
+        ce = F.cross_entropy(s, ids[:, 1:][keep])
+        kl = F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), reduction="batchmean")
+        want = torch.autograd.grad((alpha * ce + (1 - alpha) * T * T * kl) * 3, student.emb.weight)
+        assert torch.allclose(grad[0], want[0], atol=1e-6)
     padded = Batch({"input_ids": ids.masked_fill(mask == 0, 9), "attention_mask": mask})
     assert torch.equal(loss(student, padded)[0], got)  # what padding holds never counts
 

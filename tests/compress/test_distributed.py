@@ -118,6 +118,23 @@ def test_tied_embeddings_are_one_wrap_unit_unless_named_or_untied():
     assert dist_util.tied_embeddings(Blocks(), []) is None  # no get_input_embeddings
 
 
+def test_tied_embedding_gradient_is_accumulated_in_place_and_stays_dense():
+    """The input embedding's sparse rows add into the output layer's dense gradient of the matrix (the
+    same values as a dense backward), and an embedding whose gradient is the only one is made dense."""
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 2, 2, 7]])
+    dense, sparse = TiedLM(), TiedLM()
+    sparse.load_state_dict(dense.state_dict())
+    dist_util._sparse_input_gradient(sparse.embed)
+    for model in (dense, sparse):
+        model.head(model.body(model.embed(ids))).logsumexp(-1).sum().backward()
+    assert sparse.embed.sparse and not sparse.embed.weight.grad.is_sparse
+    assert torch.allclose(sparse.embed.weight.grad, dense.embed.weight.grad, atol=1e-6)
+    sparse.embed.weight.grad = None
+    sparse.embed(ids).sum().backward()  # no output layer in this backward
+    assert not sparse.embed.weight.grad.is_sparse and sparse.embed.weight.grad[2].tolist() == [2.0] * 4
+
+
 def test_skeleton_takes_a_gathered_state_and_ties_again():
     torch.manual_seed(0)
     model = Blocks()
