@@ -132,6 +132,19 @@ def _instrument() -> None:
         return step(self)
 
     T.__init__, T.forward_backward, T.optimizer_step = init_labelled, forward_backward, optimizer_step
+    import torch.distributed as dist
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
+
+    for owner, name in ((coll, "foreach_reduce_scatter_copy_in"), (dist, "reduce_scatter")):
+        fn = getattr(owner, name)
+
+        def labelled(*a, _fn=fn, _name=name, **k):
+            _at(f"FSDP {_name}")
+            out = _fn(*a, **k)
+            _at(f"FSDP {_name} done")
+            return out
+
+        setattr(owner, name, labelled)
     for name in ("unshard", "reshard", "post_backward"):
         fn = getattr(group.FSDPParamGroup, name)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import fnmatch
+import functools
 import os
 import weakref
 from collections.abc import Iterator
@@ -254,7 +255,8 @@ def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool =
         fully_shard(tied, **policies, reshard_after_forward=frozen)
         if not frozen:
             _free_after_output_backward(tied[1])
-            _sparse_input_gradient(tied[0])
+            if _EmbeddingRows.applies(tied[0]):
+                _EmbeddingRows(tied[0], tied[1])
     for unit in units:
         fully_shard(unit, **policies)
     fully_shard(model, **policies, **({"reshard_after_forward": True} if frozen else {}))
@@ -326,34 +328,95 @@ def _free_after_output_backward(output: Any) -> None:
     def hook(module: Any, args: tuple, _out: Any) -> None:
         x = args[0] if args else None
         if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
-            x.register_hook(lambda _grad: module.reshard())
+            x.register_hook(lambda _grad: _output_backward_done(module))
 
     output.register_forward_hook(hook)
 
 
-def _sparse_input_gradient(embedding: Any) -> None:
-    """The tied matrix's gradient accumulated in place: the input embedding's backward gives its rows'
-    gradients as a sparse tensor (``nn.Embedding(sparse=True)``), which autograd adds into the output
-    layer's dense gradient of the same matrix, instead of a second vocabulary-sized matrix (its dense
-    backward's) alive next to the first. Should the embedding's gradient be the only one (an output
-    layer the loss did not use), a hook makes it dense again before FSDP reduces it."""
+def _output_backward_done(output: Any) -> None:
+    if hasattr(output, "reshard"):  # an FSDP unit (always, but for a unit test's plain module)
+        output.reshard()
+    rows = getattr(output, "_ptopt_rows", None)
+    if rows is not None:
+        rows.output_done = True
+
+
+class _EmbeddingRows:
+    """The tied matrix's gradient accumulated in place. Autograd sums the two uses of one matrix out of
+    place: the output layer's gradient (vocabulary x hidden), plus the input embedding's (a dense
+    matrix of the same size, mostly zeros), into a third. Here the embedding's forward output is cut
+    from the matrix (its backward gives the matrix no gradient) and keeps the gradient of its rows;
+    once autograd has put the output layer's gradient on the matrix (``.grad``, a post-accumulate
+    hook), those rows are added into it (``index_add_``): one vocabulary-sized matrix in the whole
+    backward. Only when the output layer's backward has run in this backward (else the embedding's
+    gradient is autograd's as usual) and for a plain ``nn.Embedding`` (no max_norm, no scaling)."""
+
+    def __init__(self, embedding: Any, output: Any):
+        self.embedding, self.output_done, self.pending = embedding, False, []
+        output._ptopt_rows = self
+        embedding.register_forward_hook(self.forward_hook)
+
+    @staticmethod
+    def applies(embedding: Any) -> bool:
+        import torch
+
+        return (
+            isinstance(embedding, torch.nn.Embedding)
+            and type(embedding).forward is torch.nn.Embedding.forward
+            and embedding.max_norm is None
+            and not embedding.scale_grad_by_freq
+        )
+
+    def forward_hook(self, module: Any, args: tuple, out: Any) -> Any:
+        import torch
+
+        weight, ids = module.weight, args[0] if args else None  # the gathered matrix (FSDP's hook ran)
+        if not (torch.is_grad_enabled() and weight.requires_grad and isinstance(ids, torch.Tensor)):
+            return out
+        self.output_done = False
+        if not getattr(weight, "_ptopt_rows", False):
+            weight.register_post_accumulate_grad_hook(self.add_rows)
+            weight._ptopt_rows = True
+        return _rows_function().apply(out.detach(), weight, ids, self)
+
+    def add_rows(self, weight: Any) -> None:
+        pending, self.pending = self.pending, []
+        for ids, rows in pending:
+            keep = ids != self.embedding.padding_idx if self.embedding.padding_idx is not None else None
+            ids, rows = (ids[keep], rows[keep]) if keep is not None else (ids, rows)
+            weight.grad.index_add_(0, ids, rows.to(weight.grad.dtype))
+
+    def backward(self, grad: Any, num: int, ids: Any) -> Any:
+        """The matrix's gradient from this lookup: none (its rows kept for :meth:`add_rows`) when the
+        output layer's gradient is on its way to the matrix, else the dense one autograd gives."""
+        import torch
+
+        if self.output_done:
+            self.pending.append((ids.reshape(-1), grad.reshape(-1, grad.shape[-1])))
+            return None
+        pad = self.embedding.padding_idx
+        return torch.ops.aten.embedding_dense_backward(grad, ids, num, -1 if pad is None else pad, False)
+
+
+@functools.cache
+def _rows_function() -> Any:
+    """An embedding lookup's output, joined to the matrix in autograd with :class:`_EmbeddingRows`'s
+    backward (the lookup itself is computed by the module)."""
     import torch
 
-    if not isinstance(embedding, torch.nn.Embedding):
-        return
+    class Rows(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, out: Any, weight: Any, ids: Any, owner: Any) -> Any:
+            ctx.owner, ctx.num = owner, weight.shape[0]
+            ctx.save_for_backward(ids)
+            return out.clone()
 
-    def densify(param: Any) -> None:
-        if param.grad is not None and param.grad.is_sparse:
-            param.grad = param.grad.to_dense()
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> tuple[Any, ...]:
+            (ids,) = ctx.saved_tensors
+            return None, ctx.owner.backward(grad, ctx.num, ids), None, None
 
-    def hook(module: Any, _args: tuple) -> None:
-        weight = module.weight  # the gathered matrix: FSDP's pre-forward hook runs first
-        if torch.is_grad_enabled() and weight.requires_grad and not getattr(weight, "_ptopt_densify", False):
-            weight.register_post_accumulate_grad_hook(densify)
-            weight._ptopt_densify = True
-
-    embedding.sparse = True
-    embedding.register_forward_pre_hook(hook)
+    return Rows
 
 
 #: skeletons of models loaded in shards (:func:`load_sharded`), taken before sharding

@@ -118,21 +118,27 @@ def test_tied_embeddings_are_one_wrap_unit_unless_named_or_untied():
     assert dist_util.tied_embeddings(Blocks(), []) is None  # no get_input_embeddings
 
 
-def test_tied_embedding_gradient_is_accumulated_in_place_and_stays_dense():
-    """The input embedding's sparse rows add into the output layer's dense gradient of the matrix (the
-    same values as a dense backward), and an embedding whose gradient is the only one is made dense."""
+def test_tied_embedding_rows_are_added_into_the_output_layers_gradient():
+    """The input embedding's rows go into the output layer's gradient of the matrix once autograd has
+    put it there (the values of autograd's own sum, padding rows left out); an embedding whose gradient
+    is the only one gets autograd's dense gradient."""
     torch.manual_seed(0)
-    ids = torch.tensor([[1, 2, 2, 7]])
-    dense, sparse = TiedLM(), TiedLM()
-    sparse.load_state_dict(dense.state_dict())
-    dist_util._sparse_input_gradient(sparse.embed)
-    for model in (dense, sparse):
+    ids = torch.tensor([[1, 2, 2, 7, 0]])
+    plain, rows = TiedLM(), TiedLM()
+    plain.embed.padding_idx = rows.embed.padding_idx = 0
+    rows.load_state_dict(plain.state_dict())
+    dist_util._free_after_output_backward(rows.head)
+    assert dist_util._EmbeddingRows.applies(rows.embed)
+    hooked = dist_util._EmbeddingRows(rows.embed, rows.head)
+    for model in (plain, rows):
         model.head(model.body(model.embed(ids))).logsumexp(-1).sum().backward()
-    assert sparse.embed.sparse and not sparse.embed.weight.grad.is_sparse
-    assert torch.allclose(sparse.embed.weight.grad, dense.embed.weight.grad, atol=1e-6)
-    sparse.embed.weight.grad = None
-    sparse.embed(ids).sum().backward()  # no output layer in this backward
-    assert not sparse.embed.weight.grad.is_sparse and sparse.embed.weight.grad[2].tolist() == [2.0] * 4
+    assert hooked.output_done and hooked.pending == []  # the rows went through add_rows
+    assert torch.allclose(rows.embed.weight.grad, plain.embed.weight.grad, atol=1e-6)
+    for model in (plain, rows):
+        model.embed.weight.grad = None
+        model.embed(ids).pow(2).sum().backward()  # no output layer in this backward
+    assert not hooked.output_done and torch.equal(rows.embed.weight.grad, plain.embed.weight.grad)
+    assert not dist_util._EmbeddingRows.applies(nn.Embedding(4, 2, max_norm=1.0))
 
 
 def test_skeleton_takes_a_gathered_state_and_ties_again():
