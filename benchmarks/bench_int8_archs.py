@@ -61,6 +61,8 @@ def run_cli(name: str, engine: str, work: Path, timeout: float) -> dict[str, Any
         "traceback": "Traceback (most recent call last)" in stderr + stdout,
         "error": next((ln for ln in reversed(stderr.splitlines()) if ln.startswith("error:")), "")[:600],
     }  # fmt: skip
+    # --engine auto names the file by the engine that wins (-o x.pt is written as x.pt2 when PT2E's does)
+    out = next((o for o in (out, out.with_suffix(".pt2")) if Path(str(o) + ".ptopt.json").exists()), out)
     side = Path(str(out) + ".ptopt.json")
     if rc == 0 and side.exists():
         art = json.loads(side.read_text())
@@ -168,7 +170,7 @@ def main() -> None:
                     recs.append(done[name, engine])
                     continue
                 rec = run_cli(name, engine, Path(d), args.timeout)
-                if rec["exit"] == 0:
+                if rec["exit"] == 0 and "path" in rec:
                     rec |= unseen(rec)
                 print(json.dumps({k: v for k, v in rec.items() if k != "auto"}), flush=True)
                 recs.append(rec)
