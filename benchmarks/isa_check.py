@@ -152,7 +152,8 @@ def run_child(part: str, level: str, work: Path) -> dict:
 
 def markdown(data: dict) -> str:
     out = ["## CPU levels on this machine (benchmarks/isa_check.py)", "",
-           f"Reproduce: `python benchmarks/isa_check.py --levels {','.join(data['levels'])}`", "",
+           f"Reproduce: `python benchmarks/isa_check.py --levels {','.join(data['levels'])} "
+           f"--parts {','.join(data['parts'])}`", "",
            f"CPU: {data['cpu']['model']} (level {data['cpu']['level']}; flags {', '.join(data['cpu']['int8_flags'])}); "
            f"{THREADS} threads; torch {data['versions'].get('torch')}, openvino {data['versions'].get('openvino')}, "
            f"nncf {data['versions'].get('nncf')}.", ""]  # fmt: skip

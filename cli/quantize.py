@@ -175,16 +175,6 @@ def _larger_warning(m: dict[str, Any], floats: dict[str, Any]) -> str:
     )
 
 
-def fixed_batch_hint(art) -> str | None:
-    """For a PT2E package with only its dynamic-batch model: how to make batch 1 faster."""
-    if art.format != "aoti_package" or "pt2e" not in art.extra or art.extra.get("static_batches"):
-        return None
-    return (
-        "hint: the package's model takes any batch; --static-batch 1 adds a fixed-batch model for batch-1 "
-        "latency (Inductor prepacks int8 weights only at a fixed batch: docs/quantize.md)"
-    )
-
-
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
@@ -206,9 +196,6 @@ def _print_report(art, mode: str) -> None:
             "--engine auto times it against FX int8 and keeps the faster",
             err=True,
         )
-    hint = fixed_batch_hint(art)
-    if hint:
-        click.echo(hint)
     cal = art.extra.get("calibration")
     if cal:
         click.echo(

@@ -215,30 +215,19 @@ def _export(target: str, precision: str | None = None, **options: Any) -> Callab
 
 def _quantize(mode: str, engine: str | None = None, source: str | None = None) -> Callable[[Context], Any]:
     def build(ctx: Context) -> Any:
-        from ptopt.core.errors import UsageError
-        from ptopt.core.inputspec import DEFAULT_MAX_BATCH
+        from ptopt.compress.quantize import quantize
+        from ptopt.core.errors import ParityError
 
         module = ctx.module if source is None else ctx.built[source].model
-        kwargs = dict(calib_data=ctx.calib, engine=engine, input_shapes=ctx.input_shapes or ())
-        fixed = [b for b in ctx.batch_sizes if b <= DEFAULT_MAX_BATCH] if engine == "pt2e" else []
-        if fixed:  # a fixed-batch model per timed batch size, as fp32-aoti has (prepacked int8 weights)
-            try:
-                return _quantized(ctx, module, mode, static_batches=fixed, **kwargs)
-            except UsageError:  # e.g. the model declares a narrower batch range: the dynamic model alone
-                pass  # (any other bad input is refused again just below)
-        return _quantized(ctx, module, mode, **kwargs)
+        try:  # dynamic int8 reads the calibration data only as the example its fidelity check runs on
+            return quantize(
+                module, mode, calib_data=ctx.calib, engine=engine, input_shapes=ctx.input_shapes or (),
+                progress=None,  # the search reports the build; its steps (calibration) show inside
+            )  # fmt: skip
+        except ParityError as e:
+            return _within_budget(ctx, e)
 
     return build
-
-
-def _quantized(ctx: Context, module: Any, mode: str, **kwargs: Any) -> Any:
-    from ptopt.compress.quantize import quantize
-    from ptopt.core.errors import ParityError
-
-    try:  # dynamic int8 reads the calibration data only as the example its fidelity check runs on
-        return quantize(module, mode, progress=None, **kwargs)  # the search reports the build and its steps
-    except ParityError as e:
-        return _within_budget(ctx, e)
 
 
 def _within_budget(ctx: Context, err: Any) -> Any:

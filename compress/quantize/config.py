@@ -87,8 +87,7 @@ class QuantConfig(Config):
     static_batches: tuple[int, ...] = option(
         (),
         help="pt2e: also compile a fixed-batch model for each of these batch sizes into the package (run for "
-        "a batch of exactly that size; faster, most at batch 1: Inductor prepacks int8 weights only at a "
-        "fixed batch).",
+        "a batch of exactly that size; what export --static-batch does for fp32).",
         flag="--static-batch",
         metavar="B[,B...]",
         csv=True,

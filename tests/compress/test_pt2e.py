@@ -231,7 +231,7 @@ def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path, monkeypatch):
     loaded = load_model(out, allow_pickle=True)
     art = loaded.artifact
     # --static-batch 1: a fixed-batch model beside the dynamic one, checked where the parity check runs batch 1
-    assert art.extra["static_batches"] == [1] and "hint: the package's model takes any batch" not in stdout
+    assert art.extra["static_batches"] == [1]
     assert (
         art.metrics["parity"]["shapes"]["min"]["shape"].startswith("input=1x")
         and art.metrics["parity"]["passed"]
@@ -320,15 +320,3 @@ def test_only_the_engines_import_torchao():
                 if any(n == "torchao" or n.startswith("torchao.") for n in names):
                     importers.add(path.relative_to(root).as_posix())
     assert importers == {"compress/quantize/engine_pt2e.py", "compress/quantize/engine_torchao.py"}
-
-
-def test_fixed_batch_hint_only_for_a_dynamic_batch_pt2e_package():
-    from ptopt.cli.quantize import fixed_batch_hint
-
-    def art(fmt="aoti_package", **extra):
-        return types.SimpleNamespace(format=fmt, extra={"pt2e": {}, **extra})
-
-    assert "--static-batch 1" in fixed_batch_hint(art(static_batches=[]))
-    assert fixed_batch_hint(art(static_batches=[1])) is None
-    assert fixed_batch_hint(art("exported_program")) is None  # --no-compile: no package
-    assert fixed_batch_hint(types.SimpleNamespace(format="aoti_package", extra={})) is None  # not PT2E

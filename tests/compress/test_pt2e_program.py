@@ -89,12 +89,13 @@ def test_cli_pt2e_qat_on_labelled_data(cli, tmp_path):
     out = tmp_path / "qat.int8.pt2"
     code, stdout, err = cli(
         "quantize", *QUANT, "--mode", "qat", "--no-compile", "--train-data", "builtin:digits:train",
-        "--eval-data", "builtin:digits:test", "--epochs", "1", "--lr", "1e-3", "-o", out,
+        "--eval-data", "builtin:digits:test", "--epochs", "1", "--max-steps", "6", "--lr", "1e-3", "-o", out,
     )  # fmt: skip
     assert code == 0, err
     assert "QAT: 1 epoch(s)" in stdout and "accuracy on builtin:digits:test" in stdout
     side = json.loads((tmp_path / "qat.int8.pt2.ptopt.json").read_text())
     assert side["config"]["mode"] == "qat" and side["config"]["engine"] == "pt2e"
     training = side["extra"]["training"]
-    assert training["engine"] == "pt2e" and training["epochs"] == 1 and training["history"]
+    assert training["engine"] == "pt2e" and training["epochs"] == 1 and training["max_steps"] == 6
+    assert training["history"][-1]["steps"] == 6  # --max-steps stops the epoch early
     assert side["metrics"]["parity"]["passed"]

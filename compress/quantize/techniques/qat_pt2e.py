@@ -40,7 +40,7 @@ def _train_and_convert(config: QATConfig, prep: Prepared, specs: list, progress:
     prepared = _trainable(graph)
     tcfg = TrainConfig(
         epochs=config.epochs, batch_size=config.batch_size, lr=config.lr,
-        weight_decay=config.weight_decay, seed=config.seed, keep_best=False,
+        weight_decay=config.weight_decay, seed=config.seed, keep_best=False, max_steps=config.max_steps,
     )  # fmt: skip
     data = prep.train
     teacher = prep.module.eval()
@@ -50,7 +50,8 @@ def _train_and_convert(config: QATConfig, prep: Prepared, specs: list, progress:
     result = train(prepared, data, tcfg, loss_fn=loss, progress=progress and "QAT (pt2e)")
     engine_pt2e.set_training(graph, False)
     converted = engine_pt2e.convert(graph)
-    summary = {"data": data.name, "samples": len(data), "epochs": config.epochs, "history": result.history}
+    summary = {"data": data.name, "samples": len(data), "epochs": config.epochs, "max_steps": config.max_steps,
+               "history": result.history}  # fmt: skip
     return converted, {"training": summary | {"engine": "pt2e"}, "conv1d_as_linear": swapped}
 
 
