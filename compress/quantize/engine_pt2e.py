@@ -449,7 +449,7 @@ def quantize_static(
 
     prepared, batches = prepare(module, specs, style, scheme, example=example, graph=graph), list(batches)
     first = batches[0] if batches else None
-    if observed.calibrated(prepared, first, lambda: calibrate(prepared, batches), "pt2e") == 0:
+    if observed.calibrated(prepared, lambda: first, lambda: calibrate(prepared, batches), "pt2e") == 0:
         raise UsageError("--engine pt2e: no calibration batches")
     return convert(prepared)
 

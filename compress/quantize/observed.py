@@ -35,13 +35,15 @@ def reused(store: dict[str, Any]) -> Iterator[None]:
         _STORE.reset(token)
 
 
-def calibrated(prepared: Any, first: Any, run: Callable[[], Any], key: str) -> Any:
-    """``run()`` (calibrating ``prepared``, in eval mode, whose first batch is ``first``) or, within
+def calibrated(prepared: Any, first: Callable[[], Any], run: Callable[[], Any], key: str) -> Any:
+    """``run()`` (calibrating ``prepared``, in eval mode, whose first batch ``first()`` gives) or, within
     :func:`reused`, the observers' states of an earlier calibration of ``key`` that saw the same tensors;
-    ``run``'s value either way (the earlier one's when reused)."""
+    ``run``'s value either way (the earlier one's when reused). Outside :func:`reused` only ``run`` runs."""
     store = _STORE.get()
-    observers = _observers(prepared)
-    if store is None or not observers or first is None:
+    if store is None:
+        return run()
+    observers, first = _observers(prepared), first()
+    if not observers or first is None:
         return run()
     entries, value = store.get(key, ([], None))
     if entries and _copied(prepared, observers, first, entries):

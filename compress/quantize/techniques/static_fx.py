@@ -77,12 +77,13 @@ def calibrate(
     from ptopt.compress.quantize import observed
 
     prepared.eval()
-    first = next(iter(data.batches(batch_size, shuffle=True, seed=0)), None)
+
+    def first() -> Any:  # the batch calibration starts with (read only inside a search)
+        batch = next(iter(data.batches(batch_size, shuffle=True, seed=0)), None)
+        return None if batch is None else batch.x
+
     return observed.calibrated(
-        prepared,
-        None if first is None else first.x,
-        lambda: _calibrate(prepared, data, max_batches, batch_size, progress),
-        "fx",
+        prepared, first, lambda: _calibrate(prepared, data, max_batches, batch_size, progress), "fx"
     )
 
 
