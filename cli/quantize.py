@@ -158,6 +158,23 @@ def _print_weight_only(art) -> None:
         )
 
 
+def _slower_warnings(pt2e: dict) -> None:
+    """One line per reference a PT2E package runs slower than here: its fp32 source, the FX int8 model."""
+    for key, what, todo in (
+        ("speed_vs_fp32", "its fp32 source", "--engine auto times it against FX int8 and keeps the faster"),
+        (
+            "speed_vs_fx_int8",
+            "torch.ao FX int8 of the same model",
+            "--engine fx writes the faster artifact here",
+        ),
+    ):
+        slower = {b: r for b, r in (pt2e.get(key) or {}).items() if r < 1.0}
+        if slower:
+            at = ", ".join(f"{r:.2f}x at batch {b}" for b, r in slower.items())
+            click.echo(f"warning: this PT2E int8 package runs SLOWER than {what} here ({at}; a short timing): {todo}",
+                       err=True)  # fmt: skip
+
+
 def _larger_warning(m: dict[str, Any], floats: dict[str, Any]) -> str:
     """Why an int8 file is larger than its fp32 source: an AOTInductor package's compiled code, or float
     layers and int8 packing."""
@@ -188,14 +205,7 @@ def _print_report(art, mode: str) -> None:
     )
     if m.get("larger_than_fp32"):
         click.echo(_larger_warning(m, art.extra.get("float_layers") or {}), err=True)
-    slower = {b: r for b, r in ((art.extra.get("pt2e") or {}).get("speed_vs_fp32") or {}).items() if r < 1.0}
-    if slower:
-        at = ", ".join(f"{r:.2f}x at batch {b}" for b, r in slower.items())
-        click.echo(
-            f"warning: this PT2E int8 package runs SLOWER than its fp32 source here ({at}; a short timing): "
-            "--engine auto times it against FX int8 and keeps the faster",
-            err=True,
-        )
+    _slower_warnings(art.extra.get("pt2e") or {})
     cal = art.extra.get("calibration")
     if cal:
         click.echo(

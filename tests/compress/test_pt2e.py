@@ -216,10 +216,9 @@ def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path, monkeypatch):
     from ptopt.compress.quantize import pt2e
     from ptopt.core.modelref import load_model
 
-    timed, real = [], pt2e.speed_vs_fp32  # the real timing runs (its figures are this machine's); the
-    monkeypatch.setattr(
-        pt2e, "speed_vs_fp32", lambda *a: timed.append(real(*a)) or {"1": 0.8, "8": 1.3}
-    )  # warning shows
+    timed, real = [], pt2e.speeds  # the real timing runs (its figures are this machine's); the figures
+    fake = {"fp32": {"1": 0.8, "8": 1.3}, "fx_int8": {"1": 0.75, "8": 1.36}}  # given make both warnings show
+    monkeypatch.setattr(pt2e, "speeds", lambda *a: timed.append(real(*a)) or fake)
     out = tmp_path / "tiny.int8.pt2"
     code, stdout, err = cli(
         "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e",
@@ -241,9 +240,15 @@ def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path, monkeypatch):
         and m["weight_bytes"] < m["fp32_torchscript_bytes"]
     )
     assert "warning: this int8 file is LARGER" in err and "compiled code (a fixed cost of the format" in err
-    assert art.extra["pt2e"]["speed_vs_fp32"] == {"1": 0.8, "8": 1.3} and "1" in timed[0]
-    assert all(r > 0 for r in timed[0].values())
+    assert art.extra["pt2e"]["speed_vs_fp32"] == {"1": 0.8, "8": 1.3}
+    assert art.extra["pt2e"]["speed_vs_fx_int8"] == {"1": 0.75, "8": 1.36}
+    # the package was timed against both: its fp32 source and the int8 TorchScript --engine fx writes
+    assert set(timed[0]) == {"fp32", "fx_int8"} and timed[0]["fp32"].keys() == timed[0]["fx_int8"].keys()
+    assert "1" in timed[0]["fp32"]
+    assert all(v > 0 for r in timed[0].values() for v in r.values())
     assert "this PT2E int8 package runs SLOWER than its fp32 source here (0.80x at batch 1" in err
+    assert "SLOWER than torch.ao FX int8 of the same model here (0.75x at batch 1" in err
+    assert "--engine fx writes the faster artifact here" in err
 
 
 def test_static_auto_keeps_the_first_engine_that_holds_and_says_why(digits):
@@ -331,3 +336,40 @@ def test_static_batches_reach_the_package_writer(monkeypatch, digits):
             calibration_batches=1, progress=False,
         )  # fmt: skip
     assert seen.value.args[0] == {"static_batches": (1, 32)}
+
+
+class _Branchy(nn.Module):
+    """A data-dependent ``if``: torch.fx cannot trace it (torch.export would, with torch.cond)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return self.fc(x) if x.sum() > 0 else -self.fc(x)
+
+
+@pytest.mark.parametrize("model, traces", [(tiny_cnn, True), (_Branchy, False)], ids=["tiny-cnn", "branchy"])
+def test_the_fx_int8_model_a_package_is_timed_against(model, traces):
+    """What ``--engine pt2e`` times its package against besides fp32: the int8 TorchScript ``--engine fx``
+    writes (frozen, int8 kernels, same outputs within int8 error), or the reason there is none."""
+    from types import SimpleNamespace
+
+    from ptopt.compress.quantize import pt2e
+    from ptopt.compress.quantize.base import Prepared
+    from ptopt.core.data import Dataset
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 1, 8, 8)
+    fp32 = model().eval()
+    prep = Prepared(SimpleNamespace(input_style="positional"), fp32, Dataset(x), None, None, x[:4])
+    ts, why = pt2e.fx_int8_to_time(_scheme(), prep)
+    if not traces:
+        assert ts is None and why.startswith("torch.fx int8 could not be built (") and "trace" in why
+        return
+    assert why is None and isinstance(ts, torch.jit.ScriptModule)
+    assert any("quantized" in n.kind() for n in ts.graph.nodes())  # int8 kernels, not fp32
+    with torch.no_grad():
+        ref, got = fp32(x[:8]), ts(x[:8])
+    assert F.cosine_similarity(ref, got).min() > 0.9
