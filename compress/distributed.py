@@ -251,16 +251,17 @@ def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool =
     if isinstance(model, FSDPModule):
         return model
     tied = tied_embeddings(model, units)
+    comm = _chunked_reduce_scatter() if not frozen and _backend() == "gloo" else None
     if tied:
         fully_shard(tied, **policies, reshard_after_forward=frozen)
         if not frozen:
             _free_after_output_backward(tied[1])
             if _EmbeddingRows.applies(tied[0]):
-                _EmbeddingRows(tied[0], tied[1])
+                rows = _EmbeddingRows(tied[0], tied[1])
+                rows.reduce = comm is not None and "mp_policy" not in policies
     for unit in units:
         fully_shard(unit, **policies)
     fully_shard(model, **policies, **({"reshard_after_forward": True} if frozen else {}))
-    comm = _chunked_reduce_scatter() if not frozen and _backend() == "gloo" else None
     for module in model.modules() if comm is not None else ():
         if isinstance(module, FSDPModule) and hasattr(module, "set_custom_reduce_scatter"):
             module.set_custom_reduce_scatter(comm)
@@ -349,10 +350,15 @@ class _EmbeddingRows:
     once autograd has put the output layer's gradient on the matrix (``.grad``, a post-accumulate
     hook), those rows are added into it (``index_add_``): one vocabulary-sized matrix in the whole
     backward. Only when the output layer's backward has run in this backward (else the embedding's
-    gradient is autograd's as usual) and for a plain ``nn.Embedding`` (no max_norm, no scaling)."""
+    gradient is autograd's as usual) and for a plain ``nn.Embedding`` (no max_norm, no scaling).
+
+    With ``reduce`` (gloo, no mixed precision) that complete gradient is also reduce-scattered right
+    there (:func:`_reduce_scatter_tied`), so that FSDP, finding no gradient on the matrix, does not copy
+    it into a reduce-scatter buffer of the same size: the end of the backward holds one
+    vocabulary-sized matrix, not two."""
 
     def __init__(self, embedding: Any, output: Any):
-        self.embedding, self.output_done, self.pending = embedding, False, []
+        self.embedding, self.output_done, self.pending, self.reduce = embedding, False, [], False
         output._ptopt_rows = self
         embedding.register_forward_hook(self.forward_hook)
 
@@ -385,6 +391,8 @@ class _EmbeddingRows:
             keep = ids != self.embedding.padding_idx if self.embedding.padding_idx is not None else None
             ids, rows = (ids[keep], rows[keep]) if keep is not None else (ids, rows)
             weight.grad.index_add_(0, ids, rows.to(weight.grad.dtype))
+        if pending and self.reduce:
+            _reduce_scatter_tied(self.embedding, weight)
 
     def backward(self, grad: Any, num: int, ids: Any) -> Any:
         """The matrix's gradient from this lookup: none (its rows kept for :meth:`add_rows`) when the
@@ -396,6 +404,53 @@ class _EmbeddingRows:
             return None
         pad = self.embedding.padding_idx
         return torch.ops.aten.embedding_dense_backward(grad, ids, num, -1 if pad is None else pad, False)
+
+
+def _reduce_scatter_tied(embedding: Any, weight: Any) -> None:
+    """The gathered tied matrix's complete gradient (``weight.grad``, its last contribution added)
+    averaged over the ranks into this rank's shard, which FSDP would do at its post-backward: pieces of
+    REDUCE_SCATTER_CHUNK elements (as :func:`_chunked_reduce_scatter`) written into a shard-sized tensor,
+    accumulated into the sharded parameter's ``.grad`` as FSDP accumulates it (a DTensor of the same
+    placement), then ``weight.grad = None``. FSDP's own path copies the gradient into a new buffer of
+    its size first (``foreach_reduce``) while the gradient is still held: that copy was the peak of the
+    step. Public API only (the sharded parameter is the module's ``weight`` once the group is resharded
+    by :func:`_output_backward_done`); anything else (uneven rows, a dtype FSDP would reduce in another
+    precision) is left to FSDP, as before. ptopt never turns FSDP's gradient sync off (no ``no_sync``
+    under FSDP), so every backward reduces."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    sharded, grad = embedding.weight, weight.grad
+    if not isinstance(sharded, DTensor) or grad is None or isinstance(grad, DTensor):
+        return
+    group = sharded.device_mesh.get_group()
+    world = dist.get_world_size(group)
+    if (
+        grad.dtype != sharded.dtype
+        or grad.dtype not in (torch.float32, torch.bfloat16)
+        or grad.shape[0] % world
+        or tuple(sharded.to_local().shape) != (grad.shape[0] // world, *grad.shape[1:])
+        or not grad.is_contiguous()
+    ):
+        return
+    local = torch.empty_like(sharded.to_local())
+    flat, rows = local.view(-1), grad.view(world, -1)
+    for start in range(0, flat.numel(), REDUCE_SCATTER_CHUNK):
+        part = slice(start, min(start + REDUCE_SCATTER_CHUNK, flat.numel()))
+        dist.reduce_scatter(flat[part], [row[part] for row in rows], op=dist.ReduceOp.AVG, group=group)
+    weight.grad = None
+    if sharded.grad is None:
+        sharded.grad = DTensor.from_local(
+            local,
+            sharded.device_mesh,
+            sharded.placements,
+            run_check=False,
+            shape=sharded.shape,
+            stride=sharded.stride(),
+        )
+    else:
+        sharded.grad.to_local().add_(local)
 
 
 @functools.cache

@@ -108,6 +108,9 @@ class TiedLM(nn.Module):
     def get_output_embeddings(self):
         return self.head
 
+    def forward(self, ids):
+        return self.head(self.body(self.embed(ids)))
+
 
 def test_tied_embeddings_are_one_wrap_unit_unless_named_or_untied():
     tied = TiedLM()
@@ -139,6 +142,32 @@ def test_tied_embedding_rows_are_added_into_the_output_layers_gradient():
         model.embed(ids).pow(2).sum().backward()  # no output layer in this backward
     assert not hooked.output_done and torch.equal(rows.embed.weight.grad, plain.embed.weight.grad)
     assert not dist_util._EmbeddingRows.applies(nn.Embedding(4, 2, max_norm=1.0))
+
+
+def test_fsdp_on_gloo_reduces_the_tied_gradient_in_the_rows_hook(tmp_path, monkeypatch):
+    """Under FSDP on gloo the tied matrix's complete gradient is reduce-scattered by the rows' hook (so
+    FSDP has none to copy into a buffer of its size); the sharded gradients, accumulated over two
+    backwards, are the plain model's. One process: a world of 1 runs the same code."""
+    import torch.distributed as dist
+
+    calls, real = [], dist_util._reduce_scatter_tied
+    monkeypatch.setattr(dist_util, "_reduce_scatter_tied", lambda e, w: (calls.append(w.grad), real(e, w)))
+    torch.manual_seed(0)
+    ids = torch.tensor([1, 2, 2, 7, 3])  # 1-d: the output layer returns no view (FSDP warns of one)
+    plain, model = TiedLM(), TiedLM()
+    model.load_state_dict(plain.state_dict())
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        dist_util.shard(model, [model.body], {})
+        for m in (plain, model):
+            for _ in range(2):
+                m(ids).logsumexp(-1).sum().backward()
+        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    finally:
+        dist.destroy_process_group()
+    assert len(calls) == 2 and all(g is not None and g.shape == (10, 4) for g in calls)
+    for name, p in plain.named_parameters():
+        assert torch.allclose(grads[name], p.grad, atol=1e-6), name
 
 
 def test_skeleton_takes_a_gathered_state_and_ties_again():
