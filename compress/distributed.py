@@ -245,20 +245,22 @@ def shard(model: Any, units: list[Any], policies: dict[str, Any], frozen: bool =
     by the last) are a unit of their own (:func:`tied_embeddings`), so that the matrix, the largest
     parameter of a small LM, is gathered only while it is used: a frozen model's after its forward,
     a trained model's as soon as the output layer's backward is done (:func:`_free_after_output_backward`;
-    the input embedding's backward needs the token ids, not the matrix)."""
+    the input embedding's backward needs the token ids, not the matrix). On gloo, without mixed
+    precision, its gradient is reduce-scattered as soon as it is complete (:class:`_EmbeddingRows`)."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     if isinstance(model, FSDPModule):
         return model
     tied = tied_embeddings(model, units)
-    comm = _chunked_reduce_scatter() if not frozen and _backend() == "gloo" else None
+    gloo = not frozen and _backend() == "gloo"
+    comm = _chunked_reduce_scatter() if gloo else None
     if tied:
         fully_shard(tied, **policies, reshard_after_forward=frozen)
         if not frozen:
             _free_after_output_backward(tied[1])
             if _EmbeddingRows.applies(tied[0]):
                 rows = _EmbeddingRows(tied[0], tied[1])
-                rows.reduce = comm is not None and "mp_policy" not in policies
+                rows.reduce = gloo and "mp_policy" not in policies
     for unit in units:
         fully_shard(unit, **policies)
     fully_shard(model, **policies, **({"reshard_after_forward": True} if frozen else {}))
