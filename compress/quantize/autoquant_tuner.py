@@ -271,11 +271,12 @@ MAX_RANKED_LAYERS = 48
 
 def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8) -> Any:
     """The layers to keep in float so that ``config``'s int8 model holds export's parity rule against
-    the fp32 model on ``data`` (``ptopt.compress.fidelity``): the layers ranked by sensitivity (each
-    quantized alone), most sensitive first; the fewest of them that hold (``ptopt.core.search.ladder``,
-    up to ``max_float``), then as few as hold (``drop_unneeded``). Returns ``(layers, fidelity
-    record)``, or None when no quantizable layer can be ranked or ``max_float`` float layers are not
-    enough."""
+    the fp32 model on ``data`` (``ptopt.compress.fidelity``): the layers ranked by sensitivity, most
+    sensitive first (:func:`_ranked_for_advice`); the fewest of them that hold (``ptopt.core.search.ladder``,
+    up to ``max_float``), then as few as hold (``drop_unneeded``). The most allowed float is built first:
+    when it does not hold, no fewer will, and the advice costs one int8 build instead of a ladder of them.
+    Returns ``(layers, fidelity record)``, or None when no quantizable layer can be ranked or ``max_float``
+    float layers are not enough."""
     from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
     from ptopt.compress.quantize.engine_fx import quantize_context
     from ptopt.core.search import drop_unneeded, ladder
@@ -286,23 +287,41 @@ def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8
         names = tuner.quantizable_layers()
         if not names or len(names) > MAX_RANKED_LAYERS:
             return None
-        ranked = [row["layer"] for row in tuner.sensitivity(names)]
+        ranked = _ranked_for_advice(tuner, prep, config, names, data)
         records: dict[tuple[str, ...], Any] = {}
 
         def holds(floats: list[str], *_: Any) -> bool:
-            candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
-            try:
-                fid = measure_fidelity(prep.module, tuner.quantize(candidate), data, **INT8_VS_FP32)
-            except (RuntimeError, NotImplementedError):  # a float/int8 mix graph mode cannot run
-                return False
-            records[tuple(floats)] = fid
-            return bool(fid["passed"])
+            if tuple(floats) not in records:
+                candidate = config.replace(float_modules=tuple(config.float_modules) + tuple(floats))
+                try:
+                    records[tuple(floats)] = measure_fidelity(
+                        prep.module, tuner.quantize(candidate), data, **INT8_VS_FP32
+                    )
+                except (RuntimeError, NotImplementedError):  # a float/int8 mix graph mode cannot run
+                    records[tuple(floats)] = None
+            return bool(records[tuple(floats)] and records[tuple(floats)]["passed"])
 
-        k = ladder(lambda k: holds(ranked[:k]), min(max_float, len(ranked) - 1))
-        if k is None:
+        most = min(max_float, len(ranked) - 1)
+        if most < 1 or not holds(ranked[:most]):
             return None
+        k = ladder(lambda k: holds(ranked[:k]), most)
         floats = drop_unneeded(ranked[:k], holds)
         return floats, records[tuple(floats)]
+
+
+def _ranked_for_advice(tuner: Tuner, prep: Any, config: Any, names: list[str], data: Any) -> list[str]:
+    """``names`` most harmful in int8 first. Static int8: its Linear / Conv layers simulated, each alone
+    fake-quantized as graph mode does (``ptopt.optimize.float_layers.Simulated``, what ``--engine auto``
+    ranks with: one forward pass per layer, no int8 model built), then the layers the simulation does not
+    model (a LayerNorm...) in the model's order: tried float only when the ranked ones are not enough.
+    Otherwise each layer quantized alone by the engine (``Tuner.sensitivity``: one int8 build per layer)."""
+    from ptopt.optimize.float_layers import Simulated, layer_kinds
+
+    simulated = [n for n in names if isinstance(tuner.module.get_submodule(n), layer_kinds())]
+    if config.mode != "static" or prep.calib is None or not len(prep.calib) or not simulated:
+        return [row["layer"] for row in tuner.sensitivity(names)]
+    sim = Simulated(prep.module, prep.calib, data, {n: [n] for n in simulated}, outputs=True)
+    return [name for name, _ in sim.ranked()] + [n for n in names if n not in simulated]
 
 
 def _as_matrix(y: Any) -> Any:

@@ -36,7 +36,8 @@ def quantized(config: Any, prep: Prepared, technique: Callable[[], QuantResult])
 
 def advise(config: Any, prep: Prepared) -> str:
     """What to do when the int8 model breaks the rule: the layers to keep in float, found by
-    autoquant's sensitivity ranking and verified (the rule holds with them float), else the search."""
+    a sensitivity ranking (static: simulated, no int8 build per layer) and verified (the rule holds
+    with them float), else the search."""
     from ptopt.compress.quantize.autoquant_tuner import float_layers_that_hold
     from ptopt.compress.quantize.measure import check_data
 
