@@ -36,9 +36,8 @@ LONGEST_FIRST = (
     "tests/serve/test_ray_package.py",  # 45 (the serve fixtures' first use: a CNN's formats, an LM)
     "tests/export/test_export_lm.py",  # 115-233 under a load of 6-12 on 2 cores (four LM exports)
     "tests/compress/test_pt2e.py",  # 42
-    "tests/export/test_aoti.py",  # 41
+    "tests/export/test_aoti.py",  # 41 (with test_aoti_static.py, 33, now in it: one package for both)
     "tests/formats/test_openvino.py",  # 35
-    "tests/export/test_aoti_static.py",  # 33
     "tests/compress/test_autoquant_engines.py",  # 26
     "tests/compress/test_auto_int8.py",  # 55 at load average ~12 (fx and PT2E whole models, a search)
     "tests/compress/test_int8_arch_fixes.py",  # 24-45 at load average ~12 (two PT2E quantizations)

@@ -3,7 +3,8 @@ prepare_qat_pt2e → calibrate / train → convert_pt2e with X86InductorQuantize
 package (``pt2e_package``) whose int8 kernels come from Inductor's lowering, accepted at every batch
 size of its range.
 
-One package is compiled (module fixture, ~20-60 s); the rest runs the converted graph eagerly."""
+One package is compiled (``ptopt quantize --engine pt2e`` of the tiny CNN, a module fixture read by
+the CLI's test and the package's); the rest runs the converted graph eagerly."""
 
 from __future__ import annotations
 
@@ -40,15 +41,30 @@ def specs(digits):
 
 
 @pytest.fixture(scope="module")
-def compiled(digits, specs, tmp_path_factory):
-    from ptopt.compress.quantize import engine_pt2e as pt2e
-    from ptopt.compress.quantize import pt2e_package
+def cli_package(tmp_path_factory):
+    """``ptopt quantize tests.helpers:tiny_cnn --mode static --engine pt2e ... -o tiny.int8.pt2`` (the
+    module's one compile): its path, stdout, stderr and the real speed figures it timed (the figures
+    it reports are replaced by fixed ones, so both slower-than warnings always show)."""
+    from click.testing import CliRunner
 
-    source = tiny_cnn().eval()
-    converted = pt2e.quantize_static(source, specs, "positional", _scheme(), digits[:8])
-    path = tmp_path_factory.mktemp("pt2e") / "tiny.int8.pt2"
-    facts = pt2e_package.compile_int8(converted, path, specs, "positional", samples=torch.cat(digits[8:12]))
-    return source, converted, path, facts
+    from ptopt.cli.main import main
+    from ptopt.compress.quantize import pt2e
+    from tests.conftest import _entry
+
+    out = tmp_path_factory.mktemp("pt2e-cli") / "tiny.int8.pt2"
+    timed, real = [], pt2e.speeds  # the real timing runs (its figures are this machine's); the figures
+    fake = {"fp32": {"1": 0.8, "8": 1.3}, "fx_int8": {"1": 0.75, "8": 1.36}}  # given make both warnings show
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(out.parent)
+        mp.setattr(pt2e, "speeds", lambda *a: timed.append(real(*a)) or fake)
+        args = [
+            "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e",
+            "--calib-data", "builtin:digits:train", "--eval-data", "builtin:digits:test",
+            "--calibration-batches", "4", "--no-progress", "-o", str(out),
+        ]  # fmt: skip
+        result = CliRunner().invoke(_entry(main), args, catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    return out, result.stdout, result.stderr, timed
 
 
 def test_converted_graph_is_int8_qdq_and_close_to_fp32(digits, specs):
@@ -64,10 +80,13 @@ def test_converted_graph_is_int8_qdq_and_close_to_fp32(digits, specs):
     assert cos > 0.98
 
 
-def test_compiled_package_has_int8_kernels_and_takes_batches_1_to_64(compiled, digits):
+def test_compiled_package_has_int8_kernels_and_takes_batches_1_to_64(cli_package, digits):
+    from ptopt.core.artifact import Artifact
     from ptopt.formats.aoti import load_aoti
 
-    source, converted, path, facts = compiled
+    path = cli_package[0]
+    source = tiny_cnn().eval()
+    facts = Artifact.load(path).to_dict()
     with zipfile.ZipFile(path) as z:
         code = z.read(next(n for n in z.namelist() if n.endswith("wrapper.cpp"))).decode()
     assert "qconv" in code and "qlinear" in code  # oneDNN int8 kernels, not fp32 convolutions
@@ -212,20 +231,10 @@ def test_failing_batches_become_one_line_naming_what_works(monkeypatch, specs):
 # -- ptopt quantize --engine pt2e|auto ---------------------------------------------------------------
 
 
-def test_cli_quantize_engine_pt2e_writes_a_package(cli, tmp_path, monkeypatch):
-    from ptopt.compress.quantize import pt2e
+def test_cli_quantize_engine_pt2e_writes_a_package(cli_package):
     from ptopt.core.modelref import load_model
 
-    timed, real = [], pt2e.speeds  # the real timing runs (its figures are this machine's); the figures
-    fake = {"fp32": {"1": 0.8, "8": 1.3}, "fx_int8": {"1": 0.75, "8": 1.36}}  # given make both warnings show
-    monkeypatch.setattr(pt2e, "speeds", lambda *a: timed.append(real(*a)) or fake)
-    out = tmp_path / "tiny.int8.pt2"
-    code, stdout, err = cli(
-        "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e",
-        "--calib-data", "builtin:digits:train", "--eval-data", "builtin:digits:test",
-        "--calibration-batches", "4", "--no-progress", "-o", out,
-    )  # fmt: skip
-    assert code == 0, err
+    out, stdout, err, timed = cli_package
     assert "AOTInductor package int8" in stdout and "calibration: 4 batches" in stdout
     art = load_model(out, allow_pickle=True).artifact
     assert art.extra["static_batches"] == []  # the dynamic-batch model only, unless asked
@@ -319,7 +328,7 @@ def test_only_the_engines_import_torchao():
 
 def test_static_batches_reach_the_package_writer(monkeypatch, digits):
     """``--static-batch`` is the AOTInductor writer's own option (compiled and checked by
-    tests/export/test_aoti_static.py); quantize hands it over as given, sorted."""
+    tests/export/test_aoti.py); quantize hands it over as given, sorted."""
     import ptopt
     from ptopt.compress.quantize import pt2e_package
 

@@ -1,8 +1,14 @@
 """``--target aoti``: an AOTInductor package (``.pt2``) compiled with freezing, a dynamic batch from
 the InputSpecs, checked at min/opt/max after ``aoti_load_package``, loadable with plain torch.
 
-Compiling takes ~20 s per model on a quiet machine: one package (the CLI's) is shared by the
-module, plus one in-memory export."""
+``--static-batch``: fixed-batch models compiled into the same package beside the dynamic-batch one
+(Inductor prepacks convolution weights only at a fixed batch), each checked at its batch, picked by
+ptopt's loaders for a batch of exactly that size; plain torch still loads the dynamic model by
+default, and each fixed one by name.
+
+Compiling takes ~10-20 s per model on a quiet machine: one package (the CLI's, a dynamic-batch model
+and a batch-4 one) is shared by the module, plus one in-memory export (from the compile cache) and
+one bf16 package."""
 
 from __future__ import annotations
 
@@ -29,11 +35,12 @@ def _wrapper_code(path: Path) -> str:
 
 
 def _export_tiny(out: Path, cwd: Path) -> subprocess.CompletedProcess:
-    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16 -o OUT`` as a user runs it."""
+    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16 --static-batch 4 -o OUT``
+    as a user runs it."""
     repo = Path(__file__).resolve().parents[2]  # tests.helpers:tiny_cnn must import in the subprocess
     run = subprocess.run(
         [sys.executable, "-m", "ptopt.cli.main", "export", "tests.helpers:tiny_cnn", "--target", "aoti"]
-        + ["--dynamic-batch", "1:4:16", "-o", str(out)],
+        + ["--dynamic-batch", "1:4:16", "--static-batch", "4", "-o", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -46,7 +53,9 @@ def _export_tiny(out: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory) -> tuple[Path, str]:
-    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16`` (its stdout too)."""
+    """``ptopt export tests.helpers:tiny_cnn --target aoti --dynamic-batch 1:4:16 --static-batch 4`` (its
+    stdout too): the module's one package, for the dynamic-batch tests and the fixed-batch ones (two
+    compiles in one)."""
     out = tmp_path_factory.mktemp("aoti") / "tiny.pt2"
     run = _export_tiny(out, out.parent)
     assert not_progress(run.stderr) == [], run.stderr[-3000:]  # no upstream noise reaches the user
@@ -205,7 +214,7 @@ def test_inmemory_model_runs_here_and_saves(tmp_path):
 
     source = tiny_cnn().eval()
     # the package fixture's program and options: after it, this comes from the compile cache (one g++ run fewer)
-    res = ptopt.export(source, "aoti", input_shapes="4x1x8x8", dynamic_batch="1:4:16")
+    res = ptopt.export(source, "aoti", input_shapes="4x1x8x8", dynamic_batch="1:4:16", static_batches=4)
     assert list(tmp_path.iterdir()) == []  # nothing written before save
     x = torch.randn(8, 1, 8, 8)
     torch.testing.assert_close(res.model(x), source(x).detach(), atol=1e-4, rtol=1e-4)
@@ -316,7 +325,9 @@ def test_where_the_package_loader_crashes_the_container_runner_loads_it(package,
     monkeypatch.setattr(aoti_files, "CHILD_LOAD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     path, _ = package
     model = aoti_files.load_package(path)
-    assert isinstance(model, ContainerModel) and list(aoti_files._LOADS_SAFELY.values()) == ["container"]
+    # the package's dynamic-batch model (its batch-4 one: test_the_container_runner_loads_every_model_...)
+    assert isinstance(model.default, ContainerModel)
+    assert list(aoti_files._LOADS_SAFELY.values()) == ["container"]
     x = torch.randn(3, 1, 8, 8)
     torch.testing.assert_close(model(x), torch._inductor.aoti_load_package(str(path))(x))
     args = (str(path), "--allow-pickle", "--data", DATA, "--max-samples", "16", "--json", tmp_path / "r.json")
@@ -336,3 +347,173 @@ def test_a_loader_that_hangs_is_one_message(package, monkeypatch):
     monkeypatch.setattr(aoti_files, "CHILD_TIMEOUT_S", 1)
     with pytest.raises(ModelLoadError, match="did not finish loading this package in 1 s"):
         aoti_files.load_package(package[0])
+
+
+# --static-batch: the fixed-batch model in the package fixture's package
+
+
+def test_cli_records_and_checks_each_fixed_batch(package):
+    path, stdout = package
+    side = json.loads(path.with_name(path.name + ".ptopt.json").read_text())
+    assert side["extra"]["static_batches"] == [4]
+    fixed = side["metrics"]["parity"]["static_batches"]
+    assert list(fixed) == ["4"] and fixed["4"]["passed"] and fixed["4"]["cosine"] > 0.9999
+    assert "fixed:   batch-size models 4 (cosine" in stdout
+    from ptopt.formats.aoti_files import package_models
+
+    assert package_models(path) == ["batch_4", "model"]
+
+
+def test_loader_runs_a_batch_of_four_on_the_fixed_model(package):
+    from ptopt.formats.aoti_files import FixedBatchDispatch, load_package
+
+    path, _ = package
+    model = load_package(path)
+    assert isinstance(model, FixedBatchDispatch) and set(model.fixed) == {4}
+    calls = []
+    fixed = model.fixed[4]
+    model.fixed[4] = lambda *a: calls.append(a[0].shape[0]) or fixed(*a)
+    src = tiny_cnn().eval()
+    for b in (3, 4, 8):
+        x = torch.randn(b, 1, 8, 8, generator=torch.Generator().manual_seed(b))
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), src(x), rtol=1e-4, atol=1e-5)
+    assert calls == [4]  # only the batch of 4 ran on the fixed-batch model
+
+
+def test_plain_torch_loads_the_dynamic_model_and_the_fixed_one_by_name(package):
+    from torch._inductor.package import load_package
+
+    path, _ = package
+    dynamic = torch._inductor.aoti_load_package(str(path))
+    assert dynamic(torch.randn(5, 1, 8, 8)).shape == (5, 10)
+    assert load_package(str(path), "batch_4")(torch.randn(4, 1, 8, 8)).shape == (4, 10)
+
+
+def test_the_child_load_check_loads_every_model_of_the_package(package, monkeypatch, tmp_path):
+    """Under an untested torch the child process loads the default model and each fixed-batch one: it is
+    given their names (here it only records its arguments)."""
+    from ptopt.formats import aoti_files
+
+    record = tmp_path / "argv.txt"
+    monkeypatch.setenv(aoti_files.LOAD_CHECK_ENV, "1")
+    monkeypatch.setattr(aoti_files, "_LOADS_SAFELY", {})
+    script = f"import sys, pathlib; pathlib.Path({str(record)!r}).write_text(' '.join(sys.argv[1:]))"
+    monkeypatch.setattr(aoti_files, "CHILD_LOAD", script)
+    path, _ = package
+    aoti_files.check_loads_in_child(path, -1)
+    assert record.read_text() == f"{path} -1 batch_4" and len(aoti_files._LOADS_SAFELY) == 1
+
+
+def test_the_container_runner_loads_every_model_of_the_package(package, monkeypatch):
+    """``PTOPT_AOTI_LOADER=container``: the dynamic model and the fixed-batch one run through torch's
+    model-container runner, each the same as through torch's package loader."""
+    from ptopt.formats import aoti_files
+    from ptopt.formats.aoti_container import ContainerModel
+
+    monkeypatch.setenv(aoti_files.LOADER_ENV, "container")
+    path, _ = package
+    model = aoti_files.load_package(path)
+    assert isinstance(model.default, ContainerModel) and set(model.fixed) == {4}
+    for batch in (4, 5):
+        x = torch.randn(batch, 1, 8, 8)
+        torch.testing.assert_close(model(x), torch._inductor.aoti_load_package(str(path))(x))
+
+
+def test_handler_dispatches_by_batch():
+    from ptopt.serve.handler import _by_batch
+
+    run = _by_batch(lambda x: ("dynamic", x.shape[0]), {4: lambda x: ("fixed", x.shape[0])})
+    assert run(torch.zeros(4, 2)) == ("fixed", 4) and run(torch.zeros(3, 2)) == ("dynamic", 3)
+    assert run(x=torch.zeros(4, 2)) == ("fixed", 4)
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--static-batch", "16"], ("--static-batch 16", "[1, 8]")),
+        (["--static-batch", "two"], ("integers",)),
+        (["--static-batch", "0"], ("positive",)),
+    ],
+    ids=["outside-range", "not-a-number", "zero"],
+)
+def test_bad_static_batches_refused(cli, tmp_path, extra, match):
+    args = ["export", "tests.helpers:tiny_cnn", "--target", "aoti", "--dynamic-batch", "1:2:8"]
+    assert_refused(cli, *args, *extra, "-o", tmp_path / "m.pt2", match=match, where=tmp_path)
+
+
+def test_static_batch_is_for_aoti_only(tmp_path):
+    import ptopt
+
+    assert_refused(
+        ptopt.export,
+        tiny_cnn(),
+        "onnx",
+        tmp_path / "m.onnx",
+        input_shapes="2x1x8x8",
+        static_batches="4",
+        match=("--static-batch applies to --target aoti",),
+        where=tmp_path,
+    )
+
+
+def test_bf16_package_checks_its_fixed_batch_in_bf16(tmp_path):
+    """AOTInductor compiles the bf16 programs for this CPU (the suite's one bf16 package: it also
+    stands for ``--precision bf16 --target aoti`` in tests/export/test_export_half.py)."""
+    import ptopt
+
+    res = ptopt.export(
+        tiny_cnn(), "aoti", tmp_path / "h.pt2", input_shapes="2x1x8x8", dynamic_batch="1:2:8",
+        static_batches=4, precision="bf16",
+    )  # fmt: skip
+    side = json.loads((tmp_path / "h.pt2.ptopt.json").read_text())
+    assert side["precision"] == "bf16" and side["inputs"][0]["dtype"] == "bfloat16"
+    assert side["metrics"]["parity"]["passed"] and res.extra["device"] == "cpu"
+    assert res.metrics["parity"]["static_batches"]["4"]["passed"]
+    assert res.model(torch.randn(4, 1, 8, 8).bfloat16()).dtype == torch.bfloat16
+
+
+def test_static_batch_options_compare_as_sets_of_sizes():
+    from ptopt.export.config import ExportConfig, settle_config
+
+    assert ExportConfig(target="aoti", static_batches=4).static_batches == (4,)
+    config = ExportConfig(target="aoti", static_batches="32,1")
+    assert (
+        settle_config(None, config, {"static_batches": [1, 32]}) is not None
+    )  # the same sizes: no contradiction
+
+
+def test_dispatch_copes_with_scalars_and_copies():
+    import copy
+
+    from ptopt.formats.aoti_files import FixedBatchDispatch, static_model_batch, static_model_name
+
+    assert static_model_batch(static_model_name(32)) == 32
+    assert static_model_batch("batch_x") is None and static_model_batch("model") is None
+    d = FixedBatchDispatch(lambda *a: "dynamic", {2: lambda *a: "fixed"})
+    assert d(torch.tensor(1.0), torch.zeros(2, 3)) == "fixed"  # a 0-d tensor has no batch: skipped
+    assert d(torch.tensor(1.0)) == "dynamic"
+    assert copy.copy(d)(torch.zeros(2, 3)) == "fixed"
+
+
+def test_torchserve_handler_agrees_with_the_format_table(package):
+    """The TorchServe handler keeps a self-contained copy of the loaders (it runs without ptopt): it
+    loads exactly the formats the table says TorchServe serves, names fixed-batch models as the
+    AOTInductor row does, and its package loader gives the row's outputs, batch for batch."""
+    from ptopt.core.artifact import Artifact
+    from ptopt.core.formats import get_format
+    from ptopt.formats.aoti_files import static_model_batch, static_model_name
+    from ptopt.serve import handler
+    from ptopt.serve.package import servable_formats
+
+    assert set(handler.LOADED_FORMATS) == set(servable_formats("mar"))
+    assert all(handler.STATIC_MODEL.format(b) == static_model_name(b) for b in (1, 4, 32))
+    assert static_model_batch(handler.STATIC_MODEL.format(7)) == 7
+    path, _ = package
+    meta = Artifact.load(path).to_dict()
+    ours = handler._load_torch(str(path), "aoti_package", meta)
+    table = get_format("aoti_package").reload(path)
+    for b in (3, 4):
+        x = torch.randn(b, 1, 8, 8, generator=torch.Generator().manual_seed(b))
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), table(x), rtol=0, atol=0)

@@ -1,7 +1,9 @@
 """``--precision fp16|bf16`` and ``--device`` for ``ptopt export``: half-precision artifacts (weights and
 activations, inputs cast at the boundary, the half dtype in the InputSpecs, parity at the half
 tolerance), and the refusals (fp16 or ONNX bf16 on the CPU, CUDA where there is none, CUDA graphs
-off the aoti/CUDA path). bf16 runs on this CPU; the CUDA tests run only where a GPU is."""
+off the aoti/CUDA path). bf16 runs on this CPU; the CUDA tests run only where a GPU is. The bf16
+AOTInductor package (precision, bf16 InputSpec, parity, device) is checked with its fixed-batch model
+in tests/export/test_aoti.py::test_bf16_package_checks_its_fixed_batch_in_bf16."""
 
 from __future__ import annotations
 
@@ -56,22 +58,6 @@ def test_bf16_cli(cli, tmp_path):
     assert "(torchscript, bf16," in stdout and "device:  cpu, bfloat16" in stdout
     assert "input:   input: [1..64]x1x8x8 bfloat16" in stdout
     assert _side(out)["inputs"][0]["dtype"] == "bfloat16"
-
-
-@pytest.mark.slow
-def test_bf16_aoti_package(tmp_path):
-    """AOTInductor compiles the bf16 program for this CPU (a one-Linear model: the C++ build of the
-    wrapper dominates; 1-6 min on the loaded 2-core VM)."""
-    from ptopt.formats.aoti_compile import check_compiler
-
-    try:
-        check_compiler()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no C++ compiler for AOTInductor here: {e}")
-    res = export(f"{MODELS}:linear", "aoti", tmp_path / "m.pt2", precision="bf16", dynamic_batch="1:2:4")
-    side = _side(tmp_path / "m.pt2")
-    assert side["precision"] == "bf16" and side["inputs"][0]["dtype"] == "bfloat16"
-    assert side["metrics"]["parity"]["passed"] and res.extra["device"] == "cpu"
 
 
 def test_half_divergence_is_a_parity_error_with_failed_kept(cli, tmp_path):
