@@ -28,6 +28,9 @@ LONGEST_FIRST = (
     "tests/compat/test_matrix_transformers.py",
     "tests/compat/test_matrix_mobile.py",
     "tests/optimize/test_optimize.py",  # 87
+    # 78 + 63 quiet as two files (2026-11-28 profile); merged with test_aoti_static.py on one package:
+    # 145 CPU-s for the merged file vs 191 for the two, at load 12-19
+    "tests/export/test_aoti.py",
     "tests/demo/test_demo.py",  # 75 (106 before its --rounds 3)
     # 110 at load average 8 (one torchrun launch of 2 processes running 6 distillations; each process
     # importing torch and transformers is ~25 of it)
@@ -36,7 +39,6 @@ LONGEST_FIRST = (
     "tests/serve/test_ray_package.py",  # 45 (the serve fixtures' first use: a CNN's formats, an LM)
     "tests/export/test_export_lm.py",  # 115-233 under a load of 6-12 on 2 cores (four LM exports)
     "tests/compress/test_pt2e.py",  # 42
-    "tests/export/test_aoti.py",  # 41 (with test_aoti_static.py, 33, now in it: one package for both)
     "tests/formats/test_openvino.py",  # 35
     "tests/compress/test_autoquant_engines.py",  # 26
     "tests/compress/test_auto_int8.py",  # 55 at load average ~12 (fx and PT2E whole models, a search)
