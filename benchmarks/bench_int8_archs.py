@@ -50,6 +50,7 @@ def run_cli(name: str, engine: str, work: Path, timeout: float) -> dict[str, Any
            "--calib-data", f"benchmarks.archs:{name}_calib", "--eval-data", f"benchmarks.archs:{name}_eval",
            "-o", str(out), "--engine", engine, "--no-progress"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -58,6 +59,8 @@ def run_cli(name: str, engine: str, work: Path, timeout: float) -> dict[str, Any
         rc, stdout, stderr = -1, "", f"timed out after {timeout:.0f} s"
     rec: dict[str, Any] = {
         "model": name, "engine": engine, "exit": rc, "seconds": round(time.perf_counter() - t0, 1),
+        # the machine may be shared: the 1-minute load average at the start and the end of the run
+        "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "traceback": "Traceback (most recent call last)" in stderr + stdout,
         "error": next((ln for ln in reversed(stderr.splitlines()) if ln.startswith("error:")), "")[:600],
     }  # fmt: skip

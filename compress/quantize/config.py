@@ -18,8 +18,13 @@ from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import batch_list
 from ptopt.core.options import Options, Selector, fields_of, option
 
-#: the engine a config runs on unless it says otherwise (the technique table lists it first)
+#: the engine a config runs on unless it says otherwise (the technique table lists it first);
+#: static int8's default is ``STATIC_ENGINE``, weight-only's torchao
 DEFAULT_ENGINE = "fx"
+#: static int8 runs on auto unless told otherwise: fx, then PT2E, the whole model first, then the most
+#: sensitive layers kept float until the int8 rule holds (``auto_int8``; a model fx quantizes whole
+#: within the rule costs what ``engine="fx"`` costs: its artifact is built first and judged as written)
+STATIC_ENGINE = "auto"
 #: static int8 below this share of the parameters is refused: the file would be about fp32's size
 MIN_STATIC_SHARE = 0.1
 BACKENDS = ("x86", "fbgemm", "qnnpack")
@@ -72,9 +77,10 @@ class QuantConfig(Config):
     engine: str = option(
         DEFAULT_ENGINE,
         help="fx: torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by AOTInductor into a "
-        ".pt2 package (static/qat, x86); auto: static: fx, then pt2e, the whole model first, then the most "
-        "sensitive layers kept float until the int8 rule holds; qat: both, the faster within 0.5 points. "
-        "--mode weight-only: torchao (a Hugging Face folder) or openvino (NNCF weights, OpenVINO IR).",
+        ".pt2 package (static/qat, x86); auto (static's default): static: fx, then pt2e, the whole model "
+        "first, then the most sensitive layers kept float until the int8 rule holds (what stayed float and "
+        "why is printed); qat: both, the faster within 0.5 points. --mode weight-only: torchao (a Hugging "
+        "Face folder) or openvino (NNCF weights, OpenVINO IR).",
     )
     compile: bool = option(
         True,
@@ -160,6 +166,7 @@ class StaticQuantConfig(QuantConfig):
         "static quantization needs calibration data: pass --calib-data DATA "
         "(e.g. builtin:digits32:train), or use --mode dynamic",
     )
+    engine: str = STATIC_ENGINE
     observer: str = option(
         "histogram",
         help="Activation observer: histogram (error-minimizing, 'entropy'), minmax, percentile (99.99); "

@@ -113,7 +113,7 @@ class _Ladder:
     """A trial whose int8 model holds with ``need`` or more of the ranked units float."""
 
     def __init__(self, need):
-        self.need, self.tried, self.seconds = need, [], []
+        self.need, self.tried, self.seconds, self.plain = need, [], [], set()
 
     def holds(self, floats):
         self.tried.append(len(floats))
@@ -134,3 +134,28 @@ def test_the_float_search_starts_at_the_simulation_and_doubles_to_the_most_float
     assert _fewest(t, ranked, 1, 12, lambda: 100.0) is None and len(t.tried) == MAX_BUILDS  # 1, 2, 4, 8
     t = _Ladder(need=1)
     assert _fewest(t, ranked, 1, 12, lambda: 0.0) is None and t.tried == []  # no time left: nothing built
+
+
+class _Spared(_Ladder):
+    """Holds the int8 rule with ``need`` or more float, the search's headroom with ``spare`` or more."""
+
+    def __init__(self, need, spare):
+        super().__init__(need)
+        self.spare = spare
+
+    def holds(self, floats):
+        self.tried.append(len(floats))
+        if self.need <= len(floats) < self.spare:
+            self.plain.add(tuple(floats))
+        return len(floats) >= self.spare, ""
+
+
+def test_a_kept_float_set_needs_the_headroom_else_the_fewest_that_hold_the_rule():
+    from ptopt.compress.quantize.auto_int8 import _fewest, spared
+
+    assert round(spared(), 6) == 0.9925  # a quarter of the rule's 0.01 to spare
+    ranked = [f"u{i}" for i in range(12)]
+    t = _Spared(need=2, spare=5)  # 2 and 4 hold the rule only: the ladder goes on to more float
+    assert _fewest(t, ranked, 2, 12, lambda: 100.0) == 6 and t.tried == [2, 4, 8, 6]
+    t = _Spared(need=3, spare=13)  # none has the headroom: the fewest that held the rule
+    assert _fewest(t, ranked, 2, 12, lambda: 100.0) == 4 and t.tried == [2, 4, 8, 12]

@@ -55,7 +55,7 @@ def test_static_int8_that_breaks_names_the_layers_to_keep_float(monkeypatch):
     monkeypatch.setattr(Tuner, "sensitivity", no_build_per_layer)
     x = outlier_data()
     with pytest.raises(ParityError) as err:
-        ptopt.quantize(outlier_mlp(), "static", calib_data=x)
+        ptopt.quantize(outlier_mlp(), "static", calib_data=x, engine="fx")
     message = str(err.value)
     assert "output 0" in message and "worst-sample cosine" in message
     fid = err.value.metrics["vs_fp32"]
@@ -63,7 +63,7 @@ def test_static_int8_that_breaks_names_the_layers_to_keep_float(monkeypatch):
     assert err.value.result.model is not None  # the refused model is there to inspect
     floats = _suggested_excludes(message)[1::2]
     assert set(floats) <= {"block.0", "block.2", "embed", "norm", "head"} and floats
-    res = ptopt.quantize(outlier_mlp(), "static", calib_data=x, exclude=floats)
+    res = ptopt.quantize(outlier_mlp(), "static", calib_data=x, engine="fx", exclude=floats)
     assert res.metrics["vs_fp32"]["passed"] and res.metrics["min_cosine"] >= 0.99
 
 

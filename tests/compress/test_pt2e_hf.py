@@ -118,7 +118,9 @@ def test_cli_fx_refusal_names_pt2e_and_its_suggestion_runs(cli, tmp_path):
     from tests.compress.hf_models import bert_one_layer
 
     args = ("quantize", MODEL1, "--mode", "static", "--calib-data", DATA, "--no-progress")
-    msg = assert_refused(cli, *args, "-o", tmp_path / "bert.int8.pt", where=tmp_path, match="cannot trace")
+    msg = assert_refused(
+        cli, *args, "--engine", "fx", "-o", tmp_path / "bert.int8.pt", where=tmp_path, match="cannot trace"
+    )
     assert "add --engine pt2e" in msg
     out = tmp_path / "bert.int8.pt2"
     excludes = [a for n in HEAD for a in ("--exclude", n)]
@@ -176,7 +178,7 @@ def test_pt2e_advice_keeps_the_head_float(monkeypatch, seven_bit):
 
 def test_fx_refusal_without_pt2e_when_export_cannot_capture(cli, tmp_path):
     msg = assert_refused(
-        cli, "quantize", "tests.compress.quant_models:untraceable", "--mode", "static",
+        cli, "quantize", "tests.compress.quant_models:untraceable", "--mode", "static", "--engine", "fx",
         "--calib-data", "builtin:digits:train", "-o", tmp_path / "m.pt", where=tmp_path, match="cannot trace",
     )  # fmt: skip
     assert "--engine pt2e" not in msg
