@@ -42,21 +42,29 @@ TARGET = 12 / 14
 UNSEEN = 64
 
 
-def run_cli(name: str, engine: str, work: Path, timeout: float) -> dict[str, Any]:
+def run_cli(name: str, engine: str, work: Path, timeout: float, logs: Path | None = None) -> dict[str, Any]:
     """One ``ptopt quantize`` of ``name`` on ``engine`` in its own process: exit code, seconds, the last
-    stderr line, whether a traceback was printed, and the sidecar when something was written."""
+    stderr line, whether a traceback was printed, and the sidecar when something was written. With
+    ``logs``, the run shows its progress (the search's steps, with their seconds) into
+    ``logs/NAME.ENGINE.log``."""
     out = work / f"{name}.{engine}.int8.pt"
     cmd = [sys.executable, "-m", "ptopt.cli.main", "quantize", f"benchmarks.archs:{name}", "--mode", "static",
            "--calib-data", f"benchmarks.archs:{name}_calib", "--eval-data", f"benchmarks.archs:{name}_eval",
-           "-o", str(out), "--engine", engine, "--no-progress"]  # fmt: skip
+           "-o", str(out), "--engine", engine] + ([] if logs else ["--no-progress"])  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
+    log = (logs / f"{name}.{engine}.log").open("w") if logs else None
     try:
-        p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        rc, stdout, stderr = p.returncode, p.stdout, p.stderr
+        p = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log or subprocess.PIPE,
+                           text=True, timeout=timeout)  # fmt: skip
+        rc, stdout = p.returncode, p.stdout
+        stderr = p.stderr if log is None else Path(log.name).read_text()
     except subprocess.TimeoutExpired:
         rc, stdout, stderr = -1, "", f"timed out after {timeout:.0f} s"
+    finally:
+        if log is not None:
+            log.close()
     rec: dict[str, Any] = {
         "model": name, "engine": engine, "exit": rc, "seconds": round(time.perf_counter() - t0, 1),
         # the machine may be shared: the 1-minute load average at the start and the end of the run
@@ -158,6 +166,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--name", default="int8_archs")
+    ap.add_argument("--log-dir", type=Path, help="each run's progress (stderr) into DIR/NAME.ENGINE.log")
     ap.add_argument("--reuse", action="append", default=[], metavar="LOG",
                     help="a file holding the JSON lines an earlier run printed: its cells are reused, not rerun "
                     "(runs split over processes, or cut short, written as one result)")  # fmt: skip
@@ -172,7 +181,7 @@ def main() -> None:
                 if (name, engine) in done:
                     recs.append(done[name, engine])
                     continue
-                rec = run_cli(name, engine, Path(d), args.timeout)
+                rec = run_cli(name, engine, Path(d), args.timeout, args.log_dir)
                 if rec["exit"] == 0 and "path" in rec:
                     rec |= unseen(rec)
                 print(json.dumps({k: v for k, v in rec.items() if k != "auto"}), flush=True)

@@ -234,17 +234,19 @@ def _built(att: Attempt, prep: Prepared, data: tuple[Any, Any], progress: bool, 
     """``att``'s int8 artifact (its engine's handler), judged again as written (a traced file can differ
     from the model it was traced from); None when building it fails inside torch or it misses."""
     from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
+    from ptopt.compress.quantize.measure import check_data
     from ptopt.compress.quantize.registry import TECHNIQUES
 
     final = att.cfg.replace(float_modules=tuple(att.cfg.float_modules) + att.floats)
     try:
         made = TECHNIQUES[("static", att.engine)].handler(final, prep, progress)
         with made.context():
-            fid = measure_fidelity(prep.module, made.model, data[1] or data[0], **INT8_VS_FP32)
+            fid = measure_fidelity(prep.module, made.model, check_data(prep), **INT8_VS_FP32)
     except Exception as e:  # noqa: BLE001 - the engine's artifact failing inside torch: its limit, the next engine is tried
         att.holds, att.why = False, f"{att.engine}: its int8 artifact fails ({_first_line(e)})"
         log(att.why)
         return None
+    made.metrics["vs_fp32"] = fid  # what the flow records (measured once)
     if not fid["passed"]:
         att.holds = False
         att.why = (
@@ -295,7 +297,7 @@ class _Trials:
             )
         cfg = self.cfg.replace(float_modules=tuple(self.cfg.float_modules) + tuple(floats))
         try:
-            fids = self._measured(cfg)
+            fids = self._measured(cfg, bool(floats))
         except Exception as e:  # noqa: BLE001 - a float/int8 mix the engine cannot run is a failed trial
             if not floats:
                 raise
@@ -314,11 +316,15 @@ class _Trials:
             self.att.best = (fids[-1]["min_cosine"], f"{len(floats)} float: {figure}")
         return self._note(floats, ok, f"{len(floats)} float: {figure}")
 
-    def _measured(self, cfg: Any) -> list[dict[str, Any]]:
-        """The int8 rule's record on the search data, then (when it holds there) the acceptance data."""
+    def _measured(self, cfg: Any, search: bool) -> list[dict[str, Any]]:
+        """A candidate of the search (``search``: some float): the int8 rule's record on the search data,
+        then (when it holds there) the acceptance data. The whole model: on what the flow checks an int8
+        model on (``measure.check_data``: the evaluation data, else the calibration data), once; when it
+        is the artifact built first, the flow takes that record as is."""
         from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
         from ptopt.compress.quantize import observed
         from ptopt.compress.quantize.engine_fx import quantize_context
+        from ptopt.compress.quantize.measure import check_data
 
         with quantize_context(cfg.backend), observed.reused(self.observers):
             if self.row.engine in ARTIFACT_FIRST and not self.figures:  # the whole model, first
@@ -326,6 +332,11 @@ class _Trials:
                 q = self.made.model
             else:
                 q = self.row.candidate(cfg, self.prep)
+            if not search:
+                fids = [measure_fidelity(self.prep.module, q, check_data(self.prep), **INT8_VS_FP32)]
+                if self.made is not None and q is self.made.model:
+                    self.made.metrics["vs_fp32"] = fids[0]
+                return fids
             fids = [measure_fidelity(self.prep.module, q, self.data[0], **INT8_VS_FP32)]
             if fids[0]["passed"] and self.data[1] is not None:
                 fids.append(measure_fidelity(self.prep.module, q, self.data[1], **INT8_VS_FP32))

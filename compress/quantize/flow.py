@@ -103,7 +103,8 @@ def build_result(config: QuantConfig, prep: Prepared, q: Quantized) -> Any:
         metrics = measure.accuracy(prep.module, q.model, prep.evald, prep.refs.get("eval_data"), q.eval_batch)
         metrics |= measure.sizes(q.size, torchscript_bytes(prep.module, prep.example, prep.style))
         metrics |= q.metrics
-        metrics |= measure.vs_fp32(prep.module, q.model, prep)
+        # a chooser that judged its pick as written on check_data (auto) hands its record on
+        metrics |= measure.vs_fp32(prep.module, q.model, prep, q.metrics.get("vs_fp32"))
     share = measure.int8_share(prep.module, prep.example, q.float_layers)
     template = Artifact(
         path=UNSAVED,

@@ -68,12 +68,13 @@ def check_data(prep: Prepared) -> Any:
     return Dataset(x, name="random inputs of the model's input shapes (no data given)")
 
 
-def vs_fp32(fp32: Any, model: Any, prep: Prepared) -> dict[str, Any]:
+def vs_fp32(fp32: Any, model: Any, prep: Prepared, known: dict[str, Any] | None = None) -> dict[str, Any]:
     """The int8 model against its fp32 source under export's parity rule (``compress.fidelity``):
-    ``vs_fp32`` (the full record) and its headline numbers ``min_cosine`` / ``top1_agreement_vs_fp32``."""
+    ``vs_fp32`` (the full record) and its headline numbers ``min_cosine`` / ``top1_agreement_vs_fp32``.
+    ``known``: that record, when the handler already measured this model on ``check_data(prep)``."""
     from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
 
-    fid = measure_fidelity(fp32, model, check_data(prep), **INT8_VS_FP32)
+    fid = known or measure_fidelity(fp32, model, check_data(prep), **INT8_VS_FP32)
     out = {"vs_fp32": fid, "min_cosine": fid["min_cosine"]}
     if fid["top1_agreement"] is not None:
         out["top1_agreement_vs_fp32"] = fid["top1_agreement"]

@@ -224,7 +224,7 @@ class Matrix:
         m, x, ref = self.fp32(name)
         excludes = [e.strip("'\"").rstrip(";,)") for e in re.findall(r"--exclude ('[^']+'|\S+)", d)]
         mode = stage.split()[-1]
-        data = {"calib_data": x} if mode == "static" else {}
+        data = {"calib_data": x, "engine": "fx"} if mode == "static" else {}  # the cell's engine
         model = m if mode == "static" else self.loaded(name)
         if stage.startswith("quantize") and "--min-cosine" in d:
             what = "--eval-data (the batch) --min-cosine 0.99"
@@ -291,8 +291,9 @@ class Matrix:
         import ptopt
 
         m, x, ref = self.fp32(model.name)
-        pt2e = {"engine": "pt2e", "compile": False} if model.kind == "text" else {}
-        res = ptopt.quantize(m, "static", calib_data=x, progress=False, **pt2e)
+        # fx named: the default engine, auto, would search float layers where fx's refusal is the cell
+        engine = {"engine": "pt2e", "compile": False} if model.kind == "text" else {"engine": "fx"}
+        res = ptopt.quantize(m, "static", calib_data=x, progress=False, **engine)
         metrics = compare(ref, run(res.model, x), x)
         return metrics, _fmt(metrics) + _size(res), res
 
@@ -451,7 +452,7 @@ fine-tuning: on random weights it moves the outputs a lot, so its cosine is repo
 | stage | what runs |
 | --- | --- |
 | quantize dynamic | `ptopt.quantize(model, "dynamic")`, saved as TorchScript |
-| quantize static | `ptopt.quantize(model, "static", calib_data=batch)` \
+| quantize static | `ptopt.quantize(model, "static", calib_data=batch, engine="fx")` \
 (torch.fx; transformers: `engine="pt2e", compile=False`, int8 ExportedProgram) |
 | prune structured | `ptopt.prune(model, "structured", 0.3)`; *kept*: parameters left |
 | prune global | `ptopt.prune(model, "global", 0.5)`; *kept*: non-zero parameters left |
