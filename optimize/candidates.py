@@ -262,6 +262,7 @@ def _search(ctx: Context, mode: str) -> Any:
     found = autoquantize(
         ctx.module,
         mode,
+        engine="fx",  # int8-fx-float-layers / int8-dynamic-search: TorchScript (static's default is auto)
         eval_data=ctx.evald,
         calib_data=ctx.calib if mode == "static" else None,
         accuracy_budget=ctx.max_accuracy_drop,

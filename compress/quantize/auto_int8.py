@@ -82,6 +82,8 @@ class Attempt:
     trials: Any = None
     #: the whole-model int8's figure
     whole: str = ""
+    #: why the engine could not take the model, as it said it
+    error: BaseException | None = None
 
     def record(self) -> dict[str, Any]:
         out = {"engine": self.engine, "holds": self.holds, "trials": self.log}
@@ -131,12 +133,15 @@ def _whole(
     except UsageError as e:
         att.why = f"{engine}: {e}"
         return att
+    from ptopt.compress.quantize.registry import choosing
+
     trials = _Trials(engine, att.cfg, prep, data, att, log)
     trials.progress = progress
     try:
-        ok, figure = trials.holds([])
+        with choosing():  # the next engine is tried here, not named in this one's refusal
+            ok, figure = trials.holds([])
     except Exception as e:  # noqa: BLE001 - fx cannot trace / torch.export cannot capture / calibration fails in torch
-        att.why = _cannot(engine, e)
+        att.why, att.error = _cannot(engine, e), e
         log(att.why)
         return att
     log(f"{engine}: whole model int8: {figure}{'' if ok else ' (misses the int8 rule)'}")
@@ -453,8 +458,14 @@ def _described(made: Quantized, att: Attempt, attempts: list[Attempt], data: tup
 
 
 def _nothing_holds(attempts: list[Attempt]) -> Exception:
-    from ptopt.core.errors import UnsupportedModelError
+    """One refusal naming what each engine reached; when no engine could take the model at all, the
+    first engine's own refusal (fx's names the module to keep float, ``--exclude gate``) and the rest."""
+    from ptopt.core.errors import PtoptError, UnsupportedModelError
 
+    first = attempts[0].error
+    if all(a.trials is None for a in attempts) and isinstance(first, PtoptError):
+        others = "; ".join(a.why for a in attempts[1:])
+        return UnsupportedModelError(f"{str(first).strip()} (--engine auto tried the others: {others})")
     reached = "; ".join(a.why + (f" (best: {a.best[1]})" if a.best[1] else "") for a in attempts)
     return UnsupportedModelError(
         f"static int8 of this model holds the int8 rule on no engine, whole or with float layers ({reached}). "

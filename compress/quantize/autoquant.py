@@ -86,8 +86,9 @@ def autoquantize(
     the search's ``SearchOptions``, and the base config's fields). ``engine``: fx (default), pt2e
     (static: layers left float through X86InductorQuantizer's module-name config, candidates timed
     compiled by Inductor; the answer is an AOTInductor package, or with ``compile=False`` the int8
-    ExportedProgram) or auto (the search runs on both engines, the tuning budget each, and the faster
-    answer that meets the goal is kept: ``extra["engine_choice"]``).
+    ExportedProgram) or auto (static's default: the search runs on both engines, the tuning budget each,
+    and the faster answer that meets the goal is kept: ``extra["engine_choice"]``; ``analyze`` ranks
+    the layers on fx).
 
     Returns an :class:`AutoQuantResult` (``.result`` the chosen model's Result, ``.artifact`` its
     saved Artifact, ``.candidates``, ``.sensitivity``, ``.met``); when no candidate meets the goal
@@ -124,6 +125,8 @@ def run_search(
         search.latency_batch_size, search.sensitivity_samples,
     )  # fmt: skip
     analyze, threads = search.analyze, search.threads
+    if analyze and base.engine == "auto":  # one engine's layers are ranked: auto's first (static's default)
+        base = base.replace(engine="fx")
     _check_request(base.mode, goal, eval_data, analyze)
     _check_base(base, analyze, output)
     require_data(base, calib_data=calib_data)
@@ -156,8 +159,6 @@ def run_search(
 def _check_base(base: Any, analyze: bool, output: Any) -> None:
     from ptopt.compress.stage import check_output
 
-    if base.engine == "auto" and analyze:
-        raise UsageError("--analyze ranks the layers of one engine: give --engine fx or --engine pt2e")
     if not analyze:
         check_output(output, hint=" such as model.int8.pt")
 

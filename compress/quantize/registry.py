@@ -7,8 +7,10 @@ loads them, so no import loop runs through the folder the table walks.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ptopt.compress.quantize.config import DEFAULT_ENGINE
@@ -92,9 +94,26 @@ def check_row(config: Any) -> None:
         row.check(config)
 
 
+#: off while a chooser (``--engine auto``) tries the engines itself (:func:`choosing`)
+_SUGGEST = contextvars.ContextVar("ptopt_suggest_other_engine", default=True)
+
+
+@contextlib.contextmanager
+def choosing() -> Iterator[None]:
+    """Within it an engine's refusal names no other engine: the chooser tries them itself (and
+    probing whether torch.export captures the model would capture it twice)."""
+    token = _SUGGEST.set(False)
+    try:
+        yield
+    finally:
+        _SUGGEST.reset(token)
+
+
 def suggest_other_engine(config: Any, prep: Any, err: Exception) -> Exception:
     """``err`` (the model cannot be traced by ``config.engine``), naming another engine of the same
     mode that captures the model (tried, so the suggestion is one that runs); else ``err``."""
+    if not _SUGGEST.get():
+        return err
     for row in TECHNIQUES.values():
         if row.mode != config.mode or row.engine == config.engine or row.captures is None:
             continue

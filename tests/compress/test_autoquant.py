@@ -165,6 +165,7 @@ def test_static_accuracy_budget_python_api(tmp_path: Path) -> None:
         "tests.helpers:tiny_cnn",
         "static",
         tmp_path / "s.pt",
+        engine="fx",  # the search on one engine (static's default, auto, runs it on fx and on PT2E)
         calib_data="builtin:digits:train",
         eval_data=DIGITS,
         accuracy_budget=5.0,

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import assert_refused
-
 DATA = dict(calib_data="builtin:digits:train", eval_data="builtin:digits:test")
 
 
@@ -70,9 +68,11 @@ def test_auto_output_named_for_the_engine_that_lost_takes_the_winners_suffix(tmp
     assert res.artifact.format == "exported_program" and not (tmp_path / "m.int8.pt").exists()
 
 
-def test_auto_with_analyze_is_refused(cli, tmp_path):
-    assert_refused(
-        cli, "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "auto", "--analyze",
+def test_analyze_on_the_default_engine_ranks_fx_layers(cli, tmp_path):
+    """static's default engine is auto; --analyze ranks one engine's layers: auto's first, fx."""
+    code, out, err = cli(
+        "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--analyze", "--no-progress",
         "--calib-data", DATA["calib_data"], "--eval-data", DATA["eval_data"],
-        match="--engine fx or --engine pt2e", where=tmp_path,
     )  # fmt: skip
+    assert code == 0, err
+    assert "Layer sensitivity" in out and "conv1" in out and list(tmp_path.iterdir()) == []
