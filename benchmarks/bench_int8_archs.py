@@ -141,10 +141,12 @@ def table(recs: list[dict[str, Any]]) -> str:
             floats if r["exit"] == 0 else "-",
             f"{100 * r['int8_params']:.0f}%" if "int8_params" in r else "-",
             r.get("unseen_min_cosine", "-"), r.get("size_ratio", "-"), r["seconds"],
+            "-".join(f"{v:.0f}" for v in r["load"]) if r.get("load") else "not recorded",
             "yes" if r["traceback"] else "", why[:300],
         ])  # fmt: skip
     head = ["model", "library", "--engine", "result", "engine used", "kept float (by auto or --exclude)",
-            "int8 params", "worst cosine, unseen", "size vs fp32 TS", "s", "traceback", "refusal"]  # fmt: skip
+            "int8 params", "worst cosine, unseen", "size vs fp32 TS", "s", "load avg (start-end)", "traceback",
+            "refusal"]  # fmt: skip
     return md_table(head, rows)
 
 

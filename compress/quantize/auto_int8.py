@@ -177,7 +177,11 @@ def _search(
             att.holds, att.floats, att.ranked = True, tuple(ranked[:k]), ranked
             att.figure = att.trials.figures[tuple(ranked[:k])]
             return
-    att.why = f"{att.engine}: no set of float layers tried holds the int8 rule"
+    att.why = (
+        f"{att.engine}: no set of float layers tried holds the int8 rule"
+        if att.trials.figures.keys() - {()}
+        else f"{att.engine}: the search's {SEARCH_SECONDS:.0f} s ran out before a set of float layers was built"
+    )
 
 
 def _most_float(trials: _Trials, ranked: list[str]) -> int:
@@ -224,8 +228,10 @@ def _fewest(
         builds.append(k)
         return trials.holds(ranked[:k])[0]
 
-    def room() -> bool:
-        return len(builds) < MAX_BUILDS and seconds_left() > 2 * max(trials.seconds, default=0.0)
+    def room() -> bool:  # the prediction, once ranked, is built whatever the time left: an answer
+        return not builds or (
+            len(builds) < MAX_BUILDS and seconds_left() > 2 * max(trials.seconds, default=0.0)
+        )
 
     if most < 1:
         return None

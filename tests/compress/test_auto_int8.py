@@ -132,8 +132,10 @@ def test_the_float_search_starts_at_the_simulation_and_doubles_to_the_most_float
     assert _fewest(t, ranked, 4, 12, lambda: 100.0) is None and t.tried == [4, 8, 12]
     t = _Ladder(need=12)
     assert _fewest(t, ranked, 1, 12, lambda: 100.0) is None and len(t.tried) == MAX_BUILDS  # 1, 2, 4, 8
-    t = _Ladder(need=1)
-    assert _fewest(t, ranked, 1, 12, lambda: 0.0) is None and t.tried == []  # no time left: nothing built
+    t = _Ladder(need=3)  # the ranking used up the time: its prediction is still built, once
+    assert _fewest(t, ranked, 4, 12, lambda: 0.0) == 4 and t.tried == [4]
+    t = _Ladder(need=5)
+    assert _fewest(t, ranked, 4, 12, lambda: 0.0) is None and t.tried == [4]
 
 
 class _Spared(_Ladder):
