@@ -36,18 +36,12 @@ def gpt2_tokens(n: int = 32, seq: int = 16) -> dict:
     return {"x": {"input_ids": torch.randint(0, 1000, (n, seq), generator=torch.Generator().manual_seed(0))}}
 
 
-def bert(layers: int = 2) -> nn.Module:
+def bert() -> nn.Module:
     """BertForSequenceClassification (2 layers, hidden 128, 4 heads, vocab 1000, 3 labels): fx cannot
     trace it; the PT2E engine (torch.export) captures it with its attention mask."""
     from tests.compat.models import bert_classifier
 
-    return bert_classifier(1000, hidden=128, layers=layers, heads=4, ffn=256, positions=64)
-
-
-def bert_one_layer() -> nn.Module:
-    """``bert`` with one encoder layer: the tests that compile or write a package (the same code path,
-    half the graph to lower and to compile)."""
-    return bert(layers=1)
+    return bert_classifier(1000, hidden=128, layers=2, heads=4, ffn=256, positions=64)
 
 
 def bert_tokens(n: int = 64, seq: int = 32, seed: int = 0) -> dict:
