@@ -23,7 +23,14 @@ from ptopt.formats.shapes import torch_export_dynamic_shapes
 @contextlib.contextmanager
 def quiet_export() -> Iterator[None]:
     """The exporters print progress and log warnings (missing torchvision ops, opset conversion)."""
-    with silenced(("torch.onnx", "torch.export", "torch._export", "onnxscript"), streams=True):
+    loggers = (
+        "torch.onnx",
+        "torch.export",
+        "torch._export",
+        "torch.fx.experimental.symbolic_shapes",
+        "onnxscript",
+    )
+    with silenced(loggers, streams=True):
         yield
 
 

@@ -177,11 +177,15 @@ def _search(
             att.holds, att.floats, att.ranked = True, tuple(ranked[:k]), ranked
             att.figure = att.trials.figures[tuple(ranked[:k])]
             return
-    att.why = (
-        f"{att.engine}: no set of float layers tried holds the int8 rule"
-        if att.trials.figures.keys() - {()}
-        else f"{att.engine}: the search's {SEARCH_SECONDS:.0f} s ran out before a set of float layers was built"
-    )
+    if att.trials.figures.keys() - {()}:
+        att.why = f"{att.engine}: no set of float layers tried holds the int8 rule"
+    elif seconds_left() <= 0:
+        att.why = f"{att.engine}: the search's {SEARCH_SECONDS:.0f} s ran out before a set of float layers was built"
+    else:  # one unit, or any unit kept float leaves less int8 than MIN_STATIC_SHARE
+        att.why = (
+            f"{att.engine}: no set of float layers to try (keeping any float would leave under "
+            f"{100 * MIN_STATIC_SHARE:.0f}% of the parameters int8)"
+        )
 
 
 def _most_float(trials: _Trials, ranked: list[str]) -> int:

@@ -78,7 +78,7 @@ def test_cli_no_compile_then_validate_and_export(cli, tmp_path):
 
 def test_no_compile_is_refused_off_pt2e(cli, tmp_path):
     assert_refused(
-        cli, "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--no-compile",
+        cli, "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "fx", "--no-compile",
         "--calib-data", "builtin:digits:train", "-o", tmp_path / "m.pt",
         match=("--no-compile", "--engine fx"), where=tmp_path,
     )  # fmt: skip
