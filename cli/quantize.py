@@ -158,14 +158,22 @@ def _print_weight_only(art) -> None:
         )
 
 
-def _slower_warnings(pt2e: dict) -> None:
-    """One line per reference a PT2E package runs slower than here: its fp32 source, the FX int8 model."""
+def _slower_warnings(extra: dict) -> None:
+    """One line per reference a PT2E package runs slower than here: its fp32 source, the FX int8 model
+    (whose artifact is the way out only where it holds the int8 rule: not when ``--engine auto`` went on to
+    PT2E because FX int8 missed it)."""
+    pt2e = extra.get("pt2e") or {}
+    fx_missed = any(
+        e["engine"] == "fx" and not e["holds"] for e in (extra.get("auto_int8") or {}).get("engines", [])
+    )
     for key, what, todo in (
-        ("speed_vs_fp32", "its fp32 source", "--engine auto times it against FX int8 and keeps the faster"),
+        ("speed_vs_fp32", "its fp32 source", "the fp32 model is faster here (ptopt validate compares them)"),
         (
             "speed_vs_fx_int8",
             "torch.ao FX int8 of the same model",
-            "--engine fx writes the faster artifact here",
+            "FX int8 missed the int8 rule on this model (--engine auto went on to PT2E)"
+            if fx_missed
+            else "--engine fx writes the faster artifact here",
         ),
     ):
         slower = {b: r for b, r in (pt2e.get(key) or {}).items() if r < 1.0}
@@ -205,7 +213,7 @@ def _print_report(art, mode: str) -> None:
     )
     if m.get("larger_than_fp32"):
         click.echo(_larger_warning(m, art.extra.get("float_layers") or {}), err=True)
-    _slower_warnings(art.extra.get("pt2e") or {})
+    _slower_warnings(art.extra)
     cal = art.extra.get("calibration")
     if cal:
         click.echo(

@@ -274,7 +274,8 @@ def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8
     the fp32 model on ``data`` (``ptopt.compress.fidelity``): the layers ranked by sensitivity, most
     sensitive first (:func:`_ranked_for_advice`); the fewest of them that hold (``ptopt.core.search.ladder``,
     up to ``max_float``), then as few as hold (``drop_unneeded``). The most allowed float is built first:
-    when it does not hold, no fewer will, and the advice costs one int8 build instead of a ladder of them.
+    when it misses, the advice is none, for one int8 build instead of a ladder of them (more float is
+    usually, not always, closer: a smaller set that holds where the largest misses is not looked for).
     Returns ``(layers, fidelity record)``, or None when no quantizable layer can be ranked or ``max_float``
     float layers are not enough."""
     from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity

@@ -382,3 +382,18 @@ def test_the_fx_int8_model_a_package_is_timed_against(model, traces):
     with torch.no_grad():
         ref, got = fp32(x[:8]), ts(x[:8])
     assert F.cosine_similarity(ref, got).min() > 0.9
+
+
+def test_slower_than_fx_int8_names_fx_only_where_fx_int8_held(capsys):
+    """The way out of a PT2E package slower than FX int8 is ``--engine fx`` only when FX int8 holds the int8
+    rule: after ``--engine auto`` went on to PT2E because FX int8 missed it, the warning says that instead."""
+    from ptopt.cli.quantize import _slower_warnings
+
+    pt2e = {"speed_vs_fp32": {"1": 1.2}, "speed_vs_fx_int8": {"1": 0.7, "32": 1.4}}
+    _slower_warnings({"pt2e": pt2e})
+    err = capsys.readouterr().err
+    assert "SLOWER than torch.ao FX int8 of the same model here (0.70x at batch 1;" in err
+    assert "--engine fx writes the faster artifact here" in err and "fp32 source" not in err
+    _slower_warnings({"pt2e": pt2e, "auto_int8": {"engines": [{"engine": "fx", "holds": False}]}})
+    err = capsys.readouterr().err
+    assert "FX int8 missed the int8 rule on this model" in err and "--engine fx writes" not in err
