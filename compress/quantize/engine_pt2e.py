@@ -59,12 +59,53 @@ def _torchao() -> Any:
                 observer,
             )
             from torchao.quantization.pt2e import quantize_pt2e as flow
+
+            _tolerate_symbolic_expand()  # before the quantizer's import registers the x86 passes
             from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
     except ImportError as e:
         raise MissingDependencyError(
             f"--engine pt2e needs torchao (PT2E quantization): pip install 'ptopt[torchao]' ({e})"
         ) from None
     return _Torchao(observer, flow, x86, move_exported_model_to_train, move_exported_model_to_eval)
+
+
+def _tolerate_symbolic_expand() -> None:
+    """The x86 Inductor pass that packs int8 Linear weights checks a Linear on a non-contiguous 3-D
+    input (lowered as ``expand`` + ``bmm``) with ``torch.Size(expand's sizes)``; under a dynamic batch
+    those sizes hold an fx Node, and the check raises ``TypeError: torch.Size() takes an iterable of
+    'int'``, failing the whole AOTInductor compile (LeViT's attention; torch 2.13, torchao 0.18). Both
+    copies of that check (torchao's and Inductor's own) are wrapped so that such a Linear is simply not
+    fused (it runs as dequantize -> fp32 linear, the same numbers) and the rest compiles. Applied before
+    the passes are registered (torchao's on ``x86_inductor_quantizer``'s import, Inductor's on its first
+    freezing compile), once per process; a version without this private check runs unchanged."""
+    import importlib
+
+    for name in ("torchao.quantization.pt2e.inductor_passes.x86", "torch._inductor.fx_passes.quantization"):
+        try:
+            passes = importlib.import_module(name)
+        except ImportError:
+            continue
+        original = getattr(passes, "_is_valid_dequant_linear_pattern", None)
+        if original is not None and not getattr(original, "ptopt_tolerant", False):
+            passes._is_valid_dequant_linear_pattern = _tolerant(original)
+
+
+def _tolerant(original: Any) -> Any:
+    """``original`` (a factory of pattern checks) whose checks answer False where they raise TypeError."""
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        check = original(*args, **kwargs)
+
+        def inner(match: Any) -> bool:
+            try:
+                return check(match)
+            except TypeError:  # torch.Size() of sizes that hold a dynamic dimension's Node
+                return False
+
+        return inner
+
+    factory.ptopt_tolerant = True  # type: ignore[attr-defined]
+    return factory
 
 
 #: torchao's QAT conv-bn passes, each run once per conv kind (conv1d/2d, transposed 1d/2d)

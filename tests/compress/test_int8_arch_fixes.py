@@ -63,3 +63,26 @@ def test_dynamic_leaves_a_layer_its_parent_reads_float(cli, tmp_path):
     )  # fmt: skip
     assert code == 0, err
     assert "qkv: never called as a layer" in stdout
+
+
+def test_linear_on_a_transposed_input_no_longer_fails_the_pt2e_compile():
+    """LeViT's attention: a Linear on a transposed 3-D input under a dynamic batch made both x86
+    weight-packing checks (torchao's and Inductor's) raise TypeError, and AOTInductor refused the
+    model. Their checks now answer "not this pattern" instead (the Linear stays unfused); compiling
+    such a model takes ~30 s, so the end-to-end run is LeViT in benchmarks/bench_int8_archs.py."""
+    import importlib
+
+    from ptopt.compress.quantize import engine_pt2e
+
+    engine_pt2e._torchao()
+    for name in ("torchao.quantization.pt2e.inductor_passes.x86", "torch._inductor.fx_passes.quantization"):
+        assert importlib.import_module(name)._is_valid_dequant_linear_pattern.ptopt_tolerant
+
+    def raising(*args):
+        def check(match):
+            raise TypeError("torch.Size() takes an iterable of 'int' (item 0 is 'Node')")
+
+        return check
+
+    assert engine_pt2e._tolerant(raising)(torch.float32, True, False)(object()) is False
+    assert engine_pt2e._tolerant(lambda *a: lambda m: m == 1)()(1) is True
