@@ -72,8 +72,10 @@ def run_cli(name: str, engine: str, work: Path, timeout: float, logs: Path | Non
         "traceback": "Traceback (most recent call last)" in stderr + stdout,
         "error": next((ln for ln in reversed(stderr.splitlines()) if ln.startswith("error:")), "")[:600],
     }  # fmt: skip
-    # --engine auto names the file by the engine that wins (-o x.pt is written as x.pt2 when PT2E's does)
-    out = next((o for o in (out, out.with_suffix(".pt2")) if Path(str(o) + ".ptopt.json").exists()), out)
+    # --engine auto names the file by the engine that wins (-o x.pt is written as x.pt2 when PT2E's does,
+    # as x.xml when OpenVINO's does); validate's runner loads each
+    written = (out, out.with_suffix(".pt2"), out.with_suffix(".xml"))
+    out = next((o for o in written if Path(str(o) + ".ptopt.json").exists()), out)
     side = Path(str(out) + ".ptopt.json")
     if rc == 0 and side.exists():
         art = json.loads(side.read_text())

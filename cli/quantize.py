@@ -203,9 +203,11 @@ def _larger_warning(m: dict[str, Any], floats: dict[str, Any]) -> str:
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
-    kind = {"aoti_package": "AOTInductor package", "exported_program": "ExportedProgram"}.get(
-        art.format, "TorchScript"
-    )
+    kind = {
+        "aoti_package": "AOTInductor package",
+        "exported_program": "ExportedProgram",
+        "openvino": "OpenVINO IR",
+    }.get(art.format, "TorchScript")
     click.echo(
         f"wrote {art.path} ({kind} int8, {mode}, backend {art.config['backend']}): "
         f"{art.size_bytes:,} bytes = {m['size_ratio_vs_fp32_torchscript']:.2f}x the fp32 TorchScript "

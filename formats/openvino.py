@@ -51,7 +51,8 @@ _HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 SMOOTH_QUANT_ALPHA = 0.75
 #: calibration samples NNCF sees (its default subset size)
 CALIB_SAMPLES = 300
-_CALIB_BATCH = 8
+#: the batch NNCF's calibration items are made of
+CALIB_BATCH = 8
 
 
 class OpenVINO(Format):
@@ -287,6 +288,11 @@ def write_ir(
     return info
 
 
+def convert_ir(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, str]:
+    """The fp32 IR of ``module`` with the specs' bounds, and what it was converted from (``_convert``)."""
+    return _convert(module, specs, style)
+
+
 def _convert(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, str]:
     """The IR of ``module``: from its ExportedProgram, else (conversion failed) from its ONNX export. An
     IR from the program that still computes shapes at run time (``ShapeOf``: ``view(n, t, heads, d)``
@@ -367,7 +373,7 @@ def _nncf_options(model: Any, calib: Any, model_type: str | None) -> tuple[list,
     nncf = imported("nncf")
 
     names = [p.get_any_name() for p in model.inputs]
-    items = [_feed(b.x, names) for b in calib.take(CALIB_SAMPLES).batches(_CALIB_BATCH)]
+    items = [_feed(b.x, names) for b in calib.take(CALIB_SAMPLES).batches(CALIB_BATCH)]
     attention = any(op.get_type_name() in ("Softmax", "ScaledDotProductAttention") for op in model.get_ops())
     kind = model_type or ("transformer" if attention else "default")
     # a CNN gets the full bias correction, not the fast one (the zoo ResNet's worst-sample cosine on
@@ -433,6 +439,38 @@ def ignored_scope(model: Any, source: Any, float_modules: Sequence[str]) -> Any:
             )
         names += found
     return nncf.IgnoredScope(names=names)
+
+
+def weight_ops(model: Any, source: Any, names: Sequence[str]) -> dict[str, list[str]]:
+    """The IR ops (friendly names) that carry each of ``names``' weights (Linear / Conv modules of the
+    torch ``source``), found by the weights' values in the fp32 IR ``model``."""
+    consts = _weight_consts(model)
+    out = {}
+    for name in names:
+        weight = source.get_submodule(name).weight.detach().float().cpu().numpy()
+        out[name] = [op.get_friendly_name() for op, c in consts if _carries(c, weight)]
+    return out
+
+
+def int8_ops(model: Any) -> set[str]:
+    """The MatMul / Convolution ops of the int8 IR ``model`` whose weight is int8: an 8-bit constant
+    (NNCF's compressed weight, through its Convert and scale) or a FakeQuantize on its way."""
+    out = set()
+    for op in model.get_ops():
+        if op.get_type_name() not in ("MatMul", "Convolution", "GroupConvolution"):
+            continue
+        todo = [op.input_value(1).get_node()]
+        while todo:
+            node = todo.pop()
+            kind = node.get_type_name()
+            if kind == "FakeQuantize" or (
+                kind == "Constant" and node.get_element_type().get_type_name() in ("i8", "u8", "i4", "u4")
+            ):
+                out.add(op.get_friendly_name())
+                break
+            if kind in ("Convert", "Multiply", "Subtract", "Reshape", "Transpose"):
+                todo += [v.get_node() for v in node.input_values()]
+    return out
 
 
 def _weight_consts(model: Any) -> list[tuple[Any, Any]]:
@@ -510,7 +548,7 @@ def _validation(source: Any, control: dict[str, Any], names: Sequence[str], styl
     data, cosine = control["data"], "min_cosine" in control
     items = []
     with torch.inference_mode():
-        for b in data.batches(_CALIB_BATCH):
+        for b in data.batches(CALIB_BATCH):
             if cosine:
                 out = primary_output(call_model(source, b.x))
                 target = out.detach().float().reshape(len(out), -1).numpy()
@@ -692,6 +730,17 @@ class OpenVINOModel:
         model = read_ir(self.path)
         self.compiled = compile_ir(model, threads or torch.get_num_threads())
         self.input_names = [p.get_any_name() for p in model.inputs]
+
+    @classmethod
+    def of(cls, model: Any, *, style: str = "positional", threads: int | None = None) -> OpenVINOModel:
+        """An IR in memory (``openvino.Model``), compiled as a file of it would be."""
+        import torch
+
+        self = cls.__new__(cls)
+        self.path, self.style = None, style
+        self.compiled = compile_ir(model, threads or torch.get_num_threads())
+        self.input_names = [p.get_any_name() for p in model.inputs]
+        return self
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch

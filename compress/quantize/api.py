@@ -42,6 +42,7 @@ import os
 from typing import Any
 
 from ptopt.compress.distributed import is_main_process
+from ptopt.compress.quantize import auto_int8
 from ptopt.compress.quantize.config import OPTIONS, QuantConfig, SearchOptions, require_data
 from ptopt.compress.quantize.flow import judged, prepare, quantize_prepared, winner_output
 from ptopt.compress.quantize.resolve import resolve_config
@@ -114,10 +115,11 @@ def quantize(
     check_output(output, hint=" such as model.int8.pt")
     if config.mode == "qat":
         _refuse_lm_qat(model)
-    _check_suffix(output)
+    _check_suffix(output, config)
     require_data(config, calib_data=calib_data, train_data=train_data)
     prep = prepare(config, model, weights, allow_pickle, input_shapes, calib_data, train_data, eval_data)
-    result = quantize_prepared(config, prep, progress)
+    with auto_int8.writing(output):
+        result = quantize_prepared(config, prep, progress)
     if config.mode == "qat" and not is_main_process():
         return None  # under torchrun every process trained (the trainer's DDP); rank 0 judges and writes
     output = winner_output(result, config.engine, output)
@@ -125,9 +127,10 @@ def quantize(
     return finish(result, output)
 
 
-def _check_suffix(output: Any) -> None:
-    """Before any work: quantize writes int8 TorchScript (``.pt``) or a PT2E ``.pt2``; an int8 file of
-    another runtime (``.onnx``, ``.xml``) is ``ptopt export --precision int8``'s, which the error says."""
+def _check_suffix(output: Any, config: Any) -> None:
+    """Before any work: quantize writes int8 TorchScript (``.pt``) or a PT2E ``.pt2``; static int8 also an
+    OpenVINO IR (``.xml``: ``--engine openvino``, or ``auto`` asked for that file); an int8 file of another
+    runtime (``.onnx``) is ``ptopt export --precision int8``'s, which the error says."""
     from pathlib import Path
 
     from ptopt.core.formats import targets
@@ -136,10 +139,18 @@ def _check_suffix(output: Any) -> None:
         return
     suffix = Path(output).suffix.lower()
     torch_rows = [row for row in targets().values() if row.runtime == "torch"]
+    only = auto_int8.ONLY_FOR_SUFFIX.get(suffix)
+    if config.mode == "static" and only is not None and config.engine in ("auto", only):
+        return
     if any(suffix in row.suffixes for row in torch_rows):
+        if config.mode == "static" and config.engine in auto_int8.ONLY_FOR_SUFFIX.values():
+            fmt = next(s for s, e in auto_int8.ONLY_FOR_SUFFIX.items() if e == config.engine)
+            raise UsageError(f"output {output}: --engine {config.engine} writes a {fmt} file (-o NAME{fmt})")
         return
     other = next((row for row in targets().values() if suffix in row.suffixes), None)
     hint = "int8 TorchScript (.pt) or a PT2E .pt2 (--engine pt2e)"
+    if config.mode == "static":
+        hint += ", or an OpenVINO IR (.xml: --engine openvino or auto)"
     if other is not None and "int8" in other.converts:
         hint += (
             f"; an int8 {other.label} file is made by ptopt export MODEL --target {other.target} "

@@ -77,9 +77,10 @@ class QuantConfig(Config):
     engine: str = option(
         DEFAULT_ENGINE,
         help="fx: torch.ao graph mode, int8 TorchScript; pt2e: torchao PT2E compiled by AOTInductor into a "
-        ".pt2 package (static/qat, x86); auto (static's default): static: fx, then pt2e, the whole model "
-        "first, then the most sensitive layers kept float until the int8 rule holds (what stayed float and "
-        "why is printed); qat: both, the faster within 0.5 points. --mode weight-only: torchao (a Hugging "
+        ".pt2 package (static/qat, x86); openvino (static): NNCF int8 of the OpenVINO IR (.xml); auto "
+        "(static's default): static: fx, then pt2e, then openvino (-o NAME.xml: openvino alone), the whole "
+        "model first, then the most sensitive layers kept float until the int8 rule holds (what stayed float "
+        "and why is printed); qat: both, the faster within 0.5 points. --mode weight-only: torchao (a Hugging "
         "Face folder) or openvino (NNCF weights, OpenVINO IR).",
     )
     compile: bool = option(
