@@ -39,11 +39,6 @@ def test_engine_openvino_writes_an_int8_ir_with_its_float_layers_named(tmp_path)
     runner.prepare(1)
     x = _calib()[:8]
     assert torch.allclose(runner.predict(x), res.model(x), atol=1e-5)
-    excluded = ptopt.quantize(
-        tiny_cnn(), "static", calib_data=_calib(), engine="openvino", exclude=["fc"], progress=False
-    )
-    assert "--exclude" in excluded.extra["float_layers"]["fc"]
-    assert excluded.extra["int8_share"]["parameters"] < res.extra["int8_share"]["parameters"]
 
 
 def test_cli_auto_with_an_xml_output_writes_openvino_int8(cli, tmp_path):
@@ -71,11 +66,16 @@ def test_auto_goes_on_to_openvino_after_the_torch_engines(cli, tmp_path):
     )  # fmt: skip
 
 
-def test_a_torch_output_names_the_openvino_file_auto_writes_instead(tmp_path):
-    """``-o NAME.pt`` when openvino's IR is the one that held: written as NAME.xml, and said."""
+def test_exclude_keeps_layers_float_and_a_torch_output_names_the_xml_auto_writes(tmp_path):
+    """``--exclude fc``: its op an ``nncf.IgnoredScope``; ``-o NAME.pt`` when openvino's IR is the one that
+    held: written as NAME.xml (and said)."""
     from ptopt.compress.quantize.flow import winner_output
 
-    res = ptopt.quantize(tiny_cnn(), "static", calib_data=_calib(), engine="openvino", progress=False)
+    res = ptopt.quantize(
+        tiny_cnn(), "static", calib_data=_calib(), engine="openvino", exclude=["fc"], progress=False
+    )
+    assert "--exclude" in res.extra["float_layers"]["fc"] and "conv1" not in res.extra["float_layers"]
+    assert 0.1 < res.extra["int8_share"]["parameters"] < 0.5  # fc holds most of tiny_cnn's weights
     assert winner_output(res, "auto", tmp_path / "m.int8.pt") == tmp_path / "m.int8.xml"
     assert winner_output(res, "openvino", tmp_path / "m.int8.xml") == tmp_path / "m.int8.xml"
 
@@ -85,6 +85,7 @@ def test_a_torch_output_names_the_openvino_file_auto_writes_instead(tmp_path):
     [
         (["--engine", "openvino", "-o", "m.pt"], ("--engine openvino writes a .xml file", "-o NAME.xml")),
         (["--engine", "openvino", "--no-compile", "-o", "m.xml"], ("--no-compile",)),
+        (["--engine", "openvino", "--per-tensor", "-o", "m.xml"], ("per-channel", "drop --per-tensor")),
         (
             ["--engine", "fx", "-o", "m.xml"],
             ("quantize writes", "OpenVINO IR (.xml: --engine openvino or auto)"),

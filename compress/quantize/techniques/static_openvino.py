@@ -22,6 +22,17 @@ from ptopt.compress.quantize.registry import register_technique
 _CONVERTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def _check(config: Any) -> None:
+    from ptopt.core.errors import UsageError
+
+    refuse_no_compile(config)
+    if not config.per_channel or config.backend == "qnnpack":
+        raise UsageError(
+            "--engine openvino: NNCF makes per-channel int8 weights for OpenVINO's CPU plugin; drop "
+            "--per-tensor / --backend qnnpack"
+        )
+
+
 def _requires(config: Any) -> None:
     from ptopt.formats.openvino import require_openvino
 
@@ -95,7 +106,7 @@ def _float_layers(prep: Prepared, q: Any, config: Any) -> dict[str, str]:
     StaticQuantConfig,
     "openvino",
     help="NNCF int8 of the OpenVINO IR (calibrated; --exclude left float); an OpenVINO IR (.xml + .bin)",
-    check=refuse_no_compile,
+    check=_check,
     requires=_requires,
     min_int8_share=MIN_STATIC_SHARE,
     tracer="torch.export (for the OpenVINO IR)",
