@@ -161,3 +161,20 @@ def test_a_kept_float_set_needs_the_headroom_else_the_fewest_that_hold_the_rule(
     assert _fewest(t, ranked, 2, 12, lambda: 100.0) == 6 and t.tried == [2, 4, 8, 6]
     t = _Spared(need=3, spare=13)  # none has the headroom: the fewest that held the rule
     assert _fewest(t, ranked, 2, 12, lambda: 100.0) == 4 and t.tried == [2, 4, 8, 12]
+
+
+def test_a_pt2e_package_that_fails_to_compile_is_written_as_its_int8_program(monkeypatch):
+    """LeViT's int8 graph held the rule and its AOTInductor package failed to compile (a torch bug): auto
+    writes the graph that held as the int8 ExportedProgram (``--no-compile``'s artifact) and says why."""
+    from ptopt.compress.quantize import pt2e_package
+    from ptopt.core.errors import UnsupportedModelError
+    from tests.compress.quant_models import features16, rank_branch
+
+    def fails(*args, **kwargs):
+        raise UnsupportedModelError("AOTInductor cannot compile the model: TypeError: torch.Size() takes ...")
+
+    monkeypatch.setattr(pt2e_package, "compile_int8", fails)
+    res = ptopt.quantize(rank_branch(), "static", calib_data=features16()["x"], engine="auto", progress=False)
+    assert res.format == "exported_program" and res.config["engine"] == "pt2e"
+    assert res.config["compile"] is False and res.metrics["vs_fp32"]["passed"]
+    assert "its AOTInductor package fails (AOTInductor cannot compile" in res.extra["engine_choice"]["why"]
