@@ -159,6 +159,12 @@ def run_search(
 def _check_base(base: Any, analyze: bool, output: Any) -> None:
     from ptopt.compress.stage import check_output
 
+    if base.engine not in ("fx", "pt2e", "auto"):
+        raise UsageError(
+            f"accuracy-aware quantization (--min-cosine / --accuracy-budget) searches on --engine fx or pt2e; "
+            f"--engine {base.engine}'s float layers: ptopt export MODEL --target openvino --precision int8 "
+            "--accuracy-control, or --engine auto (it keeps layers float until the int8 rule holds)"
+        )
     if not analyze:
         check_output(output, hint=" such as model.int8.pt")
 

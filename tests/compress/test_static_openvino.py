@@ -91,6 +91,10 @@ def test_exclude_keeps_layers_float_and_a_torch_output_names_the_xml_auto_writes
             ("quantize writes", "OpenVINO IR (.xml: --engine openvino or auto)"),
         ),
         (["-o", "m.onnx"], ("ptopt export MODEL --target onnx --precision int8",)),
+        (
+            ["--engine", "openvino", "--min-cosine", "0.99", "--eval-data", DATA, "-o", "m.xml"],
+            ("searches on --engine fx or pt2e", "--accuracy-control"),
+        ),
     ],
 )
 def test_bad_openvino_requests_are_one_line_refusals(cli, tmp_path, args, match):
