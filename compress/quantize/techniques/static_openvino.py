@@ -16,6 +16,7 @@ from typing import Any
 from ptopt.compress.quantize.base import Prepared, Quantized
 from ptopt.compress.quantize.config import MIN_STATIC_SHARE, StaticQuantConfig, refuse_no_compile
 from ptopt.compress.quantize.registry import register_technique
+from ptopt.core.errors import UnsupportedModelError
 
 #: model -> {(its input specs, calling style): its fp32 IR}, while the model lives (the search's
 #: candidates quantize copies of one conversion)
@@ -65,7 +66,12 @@ def _int8_ir(config: Any, prep: Prepared) -> tuple[Any, dict[str, Any]]:
 
     ir, how = _fp32_ir(prep)
     floats = float_layer_names(prep.module, config.float_modules)
-    q, record = quantize_ir(ir, prep.calib, None, ignored_scope(ir, prep.module, floats))
+    ignored = ignored_scope(ir, prep.module, floats)
+    try:
+        q, record = quantize_ir(ir, prep.calib, None, ignored)
+    except Exception as e:  # noqa: BLE001 - NNCF and OpenVINO raise many kinds
+        text = str(e).strip().splitlines()[0][:240] if str(e).strip() else type(e).__name__
+        raise UnsupportedModelError(f"NNCF cannot quantize the model's OpenVINO IR: {text}") from None
     q.set_rt_info("int8", list(HINT_KEY))  # compiled as the artifact is (its float ops in f32)
     record |= {"converted_from": how, "float_modules": floats}
     return q, record
