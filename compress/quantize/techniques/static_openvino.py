@@ -102,7 +102,11 @@ def _float_layers(prep: Prepared, q: Any, config: Any) -> dict[str, str]:
         if name in excluded:
             out[name] = "--exclude (an nncf.IgnoredScope op)"
         elif name in layers:
-            out[name] = "NNCF left its op float" if ops.get(name) else "its weight is in no op of the IR"
+            out[name] = (
+                "NNCF left its op float"
+                if ops.get(name)
+                else "its weight is not found in the IR (an OpenVINO fusion changed it): not counted int8"
+            )
         else:
             out[name] = f"{type(m).__name__}: not a Linear / Conv (OpenVINO folds it or runs it in float)"
     return out
