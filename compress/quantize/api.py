@@ -92,9 +92,11 @@ def quantize(
     accuracy-aware search (``ptopt.compress.quantize.autoquant``): returns the chosen model's Result
     (``.search``: the search), or raises GateFailedError (after saving the closest model when
     ``output`` is given; ``.result``: the search) when no candidate holds; ``analyze=True`` returns the
-    search's layer ranking and writes nothing. ``engine``: fx (default, int8 TorchScript) | pt2e
-    (torchao PT2E, an AOTInductor ``.pt2`` package) | auto (both timed, the faster within 0.5 accuracy
-    points kept): the rows of ``ptopt.compress.quantize.table``. ``compile=False`` (pt2e): the int8
+    search's layer ranking and writes nothing. ``engine``: fx (int8 TorchScript; dynamic's default) |
+    pt2e (torchao PT2E, an AOTInductor ``.pt2`` package) | openvino (static: NNCF int8 of the OpenVINO
+    IR, ``.xml``) | auto (static's default: fx, then pt2e, then openvino, the first whose int8 holds the
+    int8 rule, whole or with the most sensitive layers float; qat: both timed, the faster within 0.5
+    accuracy points): the rows of ``ptopt.compress.quantize.table``. ``compile=False`` (pt2e): the int8
     ExportedProgram ``.pt2`` instead of an AOTInductor package. ``mode="weight-only"`` (language
     models): ``bits`` 8 | 4, ``group_size``, ``method`` rtn | hqq | awq | gptq (awq, gptq fitted on
     ``calib_data`` text), perplexity on ``eval_data`` text; a folder (``lm_flow``); ``decode_step=N``
