@@ -258,7 +258,7 @@ def write_ir(
     ov = imported("openvino")
 
     source = fp32_module if fp32_module is not None else module
-    model, converted_from = _convert(source, specs, style)
+    model, converted_from = convert_ir(source, specs, style)
     info: dict[str, Any] = {"method": f"openvino.convert_model ({converted_from})"}
     if precision == "int8":
         if calib is None:
@@ -289,11 +289,6 @@ def write_ir(
 
 
 def convert_ir(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, str]:
-    """The fp32 IR of ``module`` with the specs' bounds, and what it was converted from (``_convert``)."""
-    return _convert(module, specs, style)
-
-
-def _convert(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, str]:
     """The IR of ``module``: from its ExportedProgram, else (conversion failed) from its ONNX export. An
     IR from the program that still computes shapes at run time (``ShapeOf``: ``view(n, t, heads, d)``
     with a symbolic batch) is converted from the ONNX export too, and the smaller graph is kept: the

@@ -325,8 +325,8 @@ def _built(att: Attempt, prep: Prepared, data: tuple[Any, Any], progress: bool, 
         log(att.why)
         if att.engine != "pt2e" or not final.compile or final.static_batches:
             return None
-        # the package failed to compile (LeViT: AOTInductor's torch.Size() of a Node): the int8 graph that
-        # held is still an artifact, as --no-compile writes it
+        # the package failed to compile (as LeViT's did before engine_pt2e._tolerate_symbolic_expand): the
+        # int8 graph that held is still an artifact, as --no-compile writes it
         att.cfg, att.holds = att.cfg.replace(compile=False), True
         att.note = (
             f"its AOTInductor package fails ({_first_line(e)[:160]}): written as the int8 ExportedProgram "
