@@ -15,13 +15,15 @@ data has, as training would leave them, or the networks would output ~0.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
-#: samples of calibration and of held-out data per model
-CALIB, EVAL = 64, 64
+#: samples of calibration and of held-out data per model (calibration: ``PTOPT_ARCHS_CALIB``, which
+#: ``bench_int8_archs.py --calib-samples`` sets for its runs)
+CALIB, EVAL = int(os.environ.get("PTOPT_ARCHS_CALIB", "64")), 64
 IMAGE = 64
 SEQ = 32
 VOCAB = 1000

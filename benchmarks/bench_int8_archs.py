@@ -139,14 +139,15 @@ def table(recs: list[dict[str, Any]]) -> str:
         floats = f"{len(kept)}: {', '.join(kept[:4])}{' ...' if len(kept) > 4 else ''}" if kept else "none"
         why = r.get("error", "").removeprefix("error: ")
         rows.append([
-            r["model"], archs.ARCHS[r["model"]][1], r["engine"], verdict(r), r.get("engine_used") or "-",
+            r["model"], archs.ARCHS[r["model"]][1], r.get("calib_samples", 64), r["engine"], verdict(r),
+            r.get("engine_used") or "-",
             floats if r["exit"] == 0 else "-",
             f"{100 * r['int8_params']:.0f}%" if "int8_params" in r else "-",
             r.get("unseen_min_cosine", "-"), r.get("size_ratio", "-"), r["seconds"],
             "-".join(f"{v:.0f}" for v in r["load"]) if r.get("load") else "not recorded",
             "yes" if r["traceback"] else "", why[:300],
         ])  # fmt: skip
-    head = ["model", "library", "--engine", "result", "engine used", "kept float (by auto or --exclude)",
+    head = ["model", "library", "calib", "--engine", "result", "engine used", "kept float (by auto or --exclude)",
             "int8 params", "worst cosine, unseen", "size vs fp32 TS", "s", "load avg (start-end)", "traceback",
             "refusal"]  # fmt: skip
     return md_table(head, rows)
@@ -170,12 +171,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--name", default="int8_archs")
+    ap.add_argument("--calib-samples", type=int, default=64,
+                    help="calibration samples per model (seed 0): 64 by default; ptopt's own default calibration "
+                    "takes up to 1,024 (32 batches of 32)")  # fmt: skip
     ap.add_argument("--log-dir", type=Path, help="each run's progress (stderr) into DIR/NAME.ENGINE.log")
     ap.add_argument("--reuse", action="append", default=[], metavar="LOG",
                     help="a file holding the JSON lines an earlier run printed: its cells are reused, not rerun "
                     "(runs split over processes, or cut short, written as one result)")  # fmt: skip
     args = ap.parse_args()
     done = reused(args.reuse)
+    os.environ["PTOPT_ARCHS_CALIB"] = str(args.calib_samples)  # read by archs.py in each run's process
     threads = setup(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     recs = []
@@ -186,6 +191,7 @@ def main() -> None:
                     recs.append(done[name, engine])
                     continue
                 rec = run_cli(name, engine, Path(d), args.timeout, args.log_dir)
+                rec["calib_samples"] = args.calib_samples
                 if rec["exit"] == 0 and "path" in rec:
                     rec |= unseen(rec)
                 print(json.dumps({k: v for k, v in rec.items() if k != "auto"}), flush=True)
@@ -206,7 +212,9 @@ def main() -> None:
         + "\n".join(summary)
         + "\n\nRule (int8 vs fp32): worst-sample cosine >= 0.99 and max "
         "abs diff <= 1e-6 + 0.2 x the output's scale, on 64 unseen samples (seed 2), the artifact loaded back "
-        "by validate's runner. Random weights; calibration on 64 samples (seed 0), --eval-data 64 others (seed 1)."
+        "by validate's runner. Random weights; calibration on "
+        + ", ".join(sorted({f"{r.get('calib_samples', 64)}" for r in recs}, key=int))
+        + " samples (seed 0; the column *calib*), --eval-data 64 others (seed 1)."
     )
     write_result(args.name, "Static int8 on the architectures users bring", md, recs, threads,
                  command="python benchmarks/bench_int8_archs.py " + " ".join(sys.argv[1:]))  # fmt: skip

@@ -21,7 +21,7 @@ from ptopt.cli.options import (
     progress_option,
     save_recipe_option,
 )
-from ptopt.compress.quantize.config import OPTIONS
+from ptopt.compress.quantize.config import FEW_CALIBRATION_SAMPLES, OPTIONS
 from ptopt.core.errors import UsageError
 
 #: below this share of int8 parameters the CLI warns (static mode refuses, see compress.quantize.flow)
@@ -200,6 +200,14 @@ def _larger_warning(m: dict[str, Any], floats: dict[str, Any]) -> str:
     )
 
 
+def _few_samples_warning(samples: int) -> str:
+    return (
+        f"warning: int8 activation ranges fitted on {samples} calibration samples: an input whose activations "
+        f"go beyond what they showed is clipped, and a check on a few dozen samples may not show it; calibrate on "
+        f"{FEW_CALIBRATION_SAMPLES} or more (--calib-data, --calibration-batches x --batch-size)"
+    )
+
+
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
@@ -222,6 +230,8 @@ def _print_report(art, mode: str) -> None:
             f"calibration: {cal['batches']} batches, {cal['samples']} samples of {cal['data']} "
             f"({cal['observer']} observer, {'per-channel' if cal['per_channel'] else 'per-tensor'} weights)"
         )
+        if cal["samples"] < FEW_CALIBRATION_SAMPLES:
+            click.echo(_few_samples_warning(cal["samples"]), err=True)
     tr = art.extra.get("training")
     if tr:
         last = tr["history"][-1] if tr["history"] else {}

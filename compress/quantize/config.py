@@ -27,6 +27,11 @@ DEFAULT_ENGINE = "fx"
 STATIC_ENGINE = "auto"
 #: static int8 below this share of the parameters is refused: the file would be about fp32's size
 MIN_STATIC_SHARE = 0.1
+#: static int8 calibrated on fewer samples than this is warned about: activation ranges fitted on a few
+#: dozen inputs clip the ones beyond them (random-weight EfficientNet-B0, PT2E with 66 layers float, worst
+#: cosine over six draws of 64 unseen samples: 0.88 after 64 calibration samples, 0.9845 after 256, 0.9993
+#: after 1,024: one input's late activations reached 8.6x what the 64 showed)
+FEW_CALIBRATION_SAMPLES = 256
 BACKENDS = ("x86", "fbgemm", "qnnpack")
 OBSERVERS = ("minmax", "histogram", "percentile")
 #: spellings of observers users know from other tools

@@ -44,6 +44,8 @@ def test_static_cli_writes_int8_torchscript(cli, tmp_path: Path) -> None:
     )
     assert code == 0, stderr
     assert "TorchScript int8" in stdout and "accuracy on builtin:digits:test" in stdout
+    # 4 batches of 32: fewer than FEW_CALIBRATION_SAMPLES, said once on stderr
+    assert stderr.count("int8 activation ranges fitted on 128 calibration samples") == 1, stderr
     art = Artifact.load(out)
     assert art.format == "torchscript" and art.precision == "int8"
     assert art.config["type"] == "quantize-static" and art.config["mode"] == "static"
@@ -65,6 +67,23 @@ def test_static_cli_writes_int8_torchscript(cli, tmp_path: Path) -> None:
     assert "quantized::conv2d" in str(m.graph) or "quantized::conv2d" in str(m.inlined_graph)
     assert m(torch.rand(5, 1, 8, 8)).shape == (5, 10)
     assert "quantize:" in recipe.read_text() and CALIB in recipe.read_text()
+
+
+@pytest.mark.parametrize("samples,warned", [(255, True), (256, False)])
+def test_few_calibration_samples_are_warned_about(capsys, samples: int, warned: bool) -> None:
+    from types import SimpleNamespace
+
+    from ptopt.cli.quantize import _print_report
+
+    cal = {"batches": 8, "samples": samples, "data": CALIB, "observer": "histogram", "per_channel": True}
+    art = SimpleNamespace(
+        path="q.pt", format="torchscript", size_bytes=10, config={"backend": "x86", "mode": "static"},
+        metrics={"size_ratio_vs_fp32_torchscript": 0.3, "fp32_torchscript_bytes": 33},
+        extra={"calibration": cal},
+    )  # fmt: skip
+    _print_report(art, "static")
+    err = capsys.readouterr().err
+    assert (f"fitted on {samples} calibration samples" in err) is warned, err
 
 
 @pytest.mark.parametrize(
