@@ -94,6 +94,13 @@ def cpu_info() -> dict[str, object]:
     }
 
 
+def int8_dot_products() -> bool:
+    """Whether this CPU has int8 dot-product instructions (VNNI or AMX). Without them x86 int8 kernels
+    sum u8 x s8 pairs into saturating 16-bit lanes, so int8 activations are kept to 7 bits there."""
+    isa = cpu_info()["isa"]
+    return any(isa.get(f) for f in ("avx512_vnni", "avx_vnni", "amx_int8"))  # type: ignore[union-attr]
+
+
 def machine_summary() -> dict[str, object]:
     """One dict that heads every report and benchmark table."""
     return {

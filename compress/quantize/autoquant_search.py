@@ -55,7 +55,8 @@ def _schemes(base: Any, smoothable: bool = False) -> list[tuple[bool, str | None
     if base.mode != "static":
         alphas = (None,) + (SMOOTH_ALPHAS if smoothable else ())
         return [(pc, None, a) for a in alphas for pc in pcs]
-    obs = [base.observer] + [o for o in ("histogram", "minmax", "percentile") if o != base.observer]
+    own = base.observed().observer or "histogram"
+    obs = [own] + [o for o in ("histogram", "minmax", "percentile") if o != own]
     return [(pc, o, None) for pc in pcs for o in obs]
 
 

@@ -14,7 +14,7 @@ int8 kernels (``qconv2d_pointwise``, ``qlinear_pointwise``; a ``+`` residual and
 
 The quantizer is X86InductorQuantizer: uint8 per-tensor affine activations, int8 per-channel
 symmetric weights. The scheme's ``observer`` picks the activation observer (histogram, minmax,
-percentile), as in the FX engine; ``float_modules`` stay float (``set_module_name_qconfig(name,
+percentile; when it names none, ``config.engine_observer``); ``float_modules`` stay float (``set_module_name_qconfig(name,
 None)``). Per-tensor weights and dynamic int8 are not offered by this quantizer's Inductor lowering:
 refused with the way out (``--engine fx``).
 
@@ -31,6 +31,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ptopt.compress.quantize.config import engine_observer
 from ptopt.core.errors import MissingDependencyError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.quiet import quiet_imports, silenced
@@ -225,7 +226,7 @@ def check_scheme(scheme: Any, mode: str) -> None:
             "--engine pt2e quantizes weights per channel (X86InductorQuantizer); per-tensor weights "
             "run on --engine fx"
         )
-    observer = getattr(scheme, "observer", None) or "histogram"
+    observer = getattr(scheme, "observer", None) or engine_observer("pt2e")
     if observer not in OBSERVERS:
         raise UsageError(f"unknown observer {observer!r} for --engine pt2e (known: {', '.join(OBSERVERS)})")
 
@@ -233,10 +234,9 @@ def check_scheme(scheme: Any, mode: str) -> None:
 def reduce_range() -> bool:
     """7-bit activations on CPUs without VNNI (their int8 dot products saturate 16-bit sums), as
     torchao advises and the FX engine does for x86."""
-    from ptopt.core.system import cpu_info
+    from ptopt.core.system import int8_dot_products
 
-    isa = cpu_info()["isa"]
-    return not any(isa.get(f) for f in ("avx512_vnni", "avx_vnni", "amx_int8"))  # type: ignore[union-attr]
+    return not int8_dot_products()
 
 
 def build_quantizer(scheme: Any, qat: bool = False) -> Any:
@@ -244,7 +244,7 @@ def build_quantizer(scheme: Any, qat: bool = False) -> Any:
     ao = _torchao()
     with _quiet():
         cfg = ao.x86.get_default_x86_inductor_quantization_config(is_qat=qat, reduce_range=reduce_range())
-        observer = getattr(scheme, "observer", None) or "histogram"
+        observer = getattr(scheme, "observer", None) or engine_observer("pt2e")
         if not qat and observer != "histogram":
             ctr = {"minmax": ao.observer.MinMaxObserver, "percentile": _percentile_observer(ao)}[observer]
             act = dataclasses.replace(

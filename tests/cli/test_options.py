@@ -144,6 +144,7 @@ SAMPLES = {
     "max_accuracy_drop": 1.0,
     "min_cosine": 0.99,
     "tuning_budget": "4",
+    "observer": "percentile",
     "threads": 1,
     "group_size": 64,
     "decode_step": 8,

@@ -124,6 +124,22 @@ def test_qat_prepare_train_convert(digits, specs):
     assert "aten.batch_norm" not in kinds and "aten.conv2d" in kinds
 
 
+@pytest.mark.parametrize("dots,observer", [(True, "minmax"), (False, "histogram")], ids=["vnni", "avx2"])
+def test_the_default_observer_follows_the_cpus_int8_activation_bits(monkeypatch, dots, observer):
+    from ptopt.compress.quantize import engine_pt2e
+    from ptopt.compress.quantize.config import StaticQuantConfig
+    from ptopt.core import system
+
+    monkeypatch.setattr(system, "int8_dot_products", lambda: dots)
+    assert StaticQuantConfig(engine="pt2e").observed().observer == observer
+    assert engine_pt2e.reduce_range() is not dots  # 7-bit activations where the histogram is kept
+    assert StaticQuantConfig(engine="fx").observed().observer == "histogram"
+    assert StaticQuantConfig(engine="auto").observed().observer is None  # each engine it tries decides
+    assert StaticQuantConfig(engine="pt2e", observer="entropy").observed().observer == "histogram"
+    ctr = engine_pt2e.build_quantizer(_scheme(observer=None)).global_config.input_activation
+    assert ("MinMaxObserver" if dots else "HistogramObserver") in repr(ctr.observer_or_fake_quant_ctr)
+
+
 def test_conv_bn_passes_run_only_for_conv_kinds_in_the_graph(monkeypatch):
     qat_utils = torchao("torchao.quantization.pt2e.qat_utils")
 
@@ -242,6 +258,10 @@ def test_cli_quantize_engine_pt2e_writes_a_package(cli_package):
     assert art.metrics["parity"]["passed"] and art.metrics["eval_samples"] > 0
     assert art.metrics["size_ratio_vs_fp32_torchscript"] > 0
     assert art.extra["pt2e"]["batches_probed"][0] == 1
+    # no --observer: the engine's own for this CPU's int8 activation bits, used and recorded
+    from ptopt.compress.quantize.config import engine_observer
+
+    assert art.config["observer"] == art.extra["calibration"]["observer"] == engine_observer("pt2e")
     # the tiny CNN's package is mostly compiled code: it is larger than the fp32 TorchScript, and says why
     m = art.metrics
     assert (

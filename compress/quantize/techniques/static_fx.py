@@ -39,10 +39,11 @@ _NO_STATIC_KERNEL = {
     min_int8_share=MIN_STATIC_SHARE,
     advise=fx_support.advise,
     candidate=lambda config, prep: (
-        quantize_static(prep.module, config, prep.calib, prep.example, progress=False).module
+        quantize_static(prep.module, config.observed(), prep.calib, prep.example, progress=False).module
     ),
 )
 def static_fx(config: StaticQuantConfig, prep: Prepared, progress: bool) -> Quantized:
+    config = config.observed()
     return fx_support.quantized(
         config, prep, lambda: quantize_static(prep.module, config, prep.calib, prep.example, progress)
     )

@@ -26,6 +26,7 @@ def static_pt2e(config: StaticQuantConfig, prep: Prepared, progress: bool) -> Qu
     from ptopt.compress.quantize import engine_pt2e
     from ptopt.core.inputspec import batch_size_of
 
+    config = config.observed()
     specs = pt2e.specs_of(prep)
     batches = pt2e.calibration_batches(config, prep.calib)
     module, swapped = pt2e.linearized(prep.module, config.float_modules)
