@@ -82,6 +82,12 @@ def _worker_threads():
 
     if worker_threads() is not None:
         torch.set_num_threads(worker_threads())
+        # the processes a test starts (the CLI as a user runs it, the README's tour, a package loaded in a
+        # child) get the worker's share too: at torch's default (every core) beside the other worker,
+        # OpenMP threads spin waiting for a descheduled sibling. The README's tour alone: 60 -> 31 CPU-s
+        # at 1 thread (2026-11-29, 2 cores). It also keeps an AOTInductor package built in a child the
+        # compile-cache twin of one built here (the cache key holds the threads and OMP_NUM_THREADS).
+        os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
 
 
 @pytest.fixture(autouse=True)
