@@ -82,6 +82,20 @@ def _worker_threads():
 
     if worker_threads() is not None:
         torch.set_num_threads(worker_threads())
+        # the processes a test starts (the CLI as a user runs it, the README's tour, a package loaded in a
+        # child) get the worker's share too: at torch's default (every core) beside the other worker,
+        # OpenMP threads spin waiting for a descheduled sibling. The README's tour alone: 60 -> 31 CPU-s
+        # at 1 thread (2026-11-29, 2 cores). It also keeps an AOTInductor package built in a child the
+        # compile-cache twin of one built here (the cache key holds the threads and OMP_NUM_THREADS).
+        os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
+        # Inductor compiles in this process, not in a pool of compile workers (each a fresh interpreter
+        # importing torch) started by every process that compiles: the other worker has the other core.
+        # tests/validate/test_validate_compile.py: 93 -> 48 s wall, 28.8 -> 26.8 CPU-s (load ~5)
+        if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+            import torch._inductor.config as inductor_config
+
+            inductor_config.compile_threads = 1  # read from the environment when first imported
 
 
 @pytest.fixture(autouse=True)
@@ -92,6 +106,19 @@ def _seed_and_threads(_worker_threads):
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _short_search_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accuracy-aware searches' timing (autoquant's tuner: fp32 for 1.0 s, each candidate 0.3 s
+    interleaved with it), shortened to 0.2 and 0.1 s: the tests check which candidates are tried, measured
+    and recorded, never how fast one is (none compares a latency to a figure; a choice between two that
+    both hold accepts either). Every candidate is still timed, its min_iters interleaved with fp32.
+    Under cProfile the tuner's timing was 18.9 s of test_autoquant.py's 50 and 13.5 of test_optimize.py's 54."""
+    from ptopt.compress.quantize import autoquant_tuner
+
+    monkeypatch.setattr(autoquant_tuner, "FP32_TIMING_SECONDS", 0.2)
+    monkeypatch.setattr(autoquant_tuner, "CANDIDATE_TIMING_SECONDS", 0.1)
 
 
 @pytest.fixture

@@ -21,6 +21,9 @@ from ptopt.core.search import rank
 from ptopt.core.timing import torch_threads
 
 EVAL_BATCH = 64
+#: seconds the fp32 model is timed (once), and each candidate's interleaved timing beside it (all rounds)
+FP32_TIMING_SECONDS = 1.0
+CANDIDATE_TIMING_SECONDS = 0.3
 
 
 class Tuner:
@@ -172,13 +175,18 @@ class Tuner:
                     lambda: call_model(model, x),
                     batch_size=self.goal.latency_batch_size,
                     min_iters=5,
-                    min_seconds=1.0,
+                    min_seconds=FP32_TIMING_SECONDS,
                     warmup_iters=2,
                     warmup_seconds=0.0,
                 )["p50_ms"]
             fns = {"fp32": lambda: call_model(self.module, x), "candidate": lambda: call_model(model, x)}
             st = measure_interleaved(
-                fns, rounds=3, min_iters=6, min_seconds=0.3, warmup_iters=2, warmup_seconds=0.0
+                fns,
+                rounds=3,
+                min_iters=6,
+                min_seconds=CANDIDATE_TIMING_SECONDS,
+                warmup_iters=2,
+                warmup_seconds=0.0,
             )
         return st["candidate"]["p50_ms"] / st["fp32"]["p50_ms"] * self.fp32_latency
 

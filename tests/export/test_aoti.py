@@ -209,12 +209,17 @@ def test_validate_cli_scores_the_package(package, cli, tmp_path):
     assert "aoti_package" in text and "AOTInductor" in text
 
 
-def test_inmemory_model_runs_here_and_saves(tmp_path):
+def test_inmemory_model_runs_here_and_saves(package, tmp_path):
     import ptopt
 
     source = tiny_cnn().eval()
-    # the package fixture's program and options: after it, this comes from the compile cache (one g++ run fewer)
+    # the package fixture's program and options, at its thread count (part of the cache key: under
+    # pytest-xdist this process runs fewer threads than the CLI's subprocess): this comes from the
+    # compile cache (two g++ builds fewer)
+    side = json.loads(Path(str(package[0]) + ".ptopt.json").read_text())
+    torch.set_num_threads(side["extra"]["compile_threads"])  # the autouse fixture restores it
     res = ptopt.export(source, "aoti", input_shapes="4x1x8x8", dynamic_batch="1:4:16", static_batches=4)
+    assert "compile_cache" in res.extra
     assert list(tmp_path.iterdir()) == []  # nothing written before save
     x = torch.randn(8, 1, 8, 8)
     torch.testing.assert_close(res.model(x), source(x).detach(), atol=1e-4, rtol=1e-4)
