@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 #: samples of calibration and of held-out data per model (calibration: ``PTOPT_ARCHS_CALIB``, which
-#: ``bench_int8_archs.py --calib-samples`` sets for its runs)
-CALIB, EVAL = int(os.environ.get("PTOPT_ARCHS_CALIB", "64")), 64
+#: ``bench_int8_archs.py --calib-samples`` sets for its runs; 512 since 2026-11-29, 64 before: 64 inputs
+#: did not show the activation range of inputs a random-weight net amplifies, EfficientNet-B0's to 8.6x)
+CALIB, EVAL = int(os.environ.get("PTOPT_ARCHS_CALIB", "512")), 64
 IMAGE = 64
 SEQ = 32
 VOCAB = 1000

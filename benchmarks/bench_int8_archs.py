@@ -8,11 +8,12 @@ it, in its own process:
     ptopt quantize benchmarks.archs:NAME --mode static --calib-data benchmarks.archs:NAME_calib \\
         --eval-data benchmarks.archs:NAME_eval -o NAME.int8.pt [--engine E]
 
-``--calib-data`` is what calibration and the float-layer search fit on; ``--eval-data`` what quantize
-accepts the answer on. The written artifact is then loaded back by validate's runner and compared with the
-fp32 model on a third set of samples that neither saw (``unseen``, seed 2): the worst sample's cosine
-there is the figure reported, with the int8 rule's verdict on those samples. A cell records the exit
-code, whether a traceback reached the terminal, and the one-line refusal when there is one.
+``--calib-data`` (512 samples unless ``--calib-samples``) is what calibration and the float-layer search
+fit on; ``--eval-data`` (64) what quantize accepts the answer on. The written artifact is then loaded back
+by validate's runner and compared with the fp32 model on a third set of 64 samples that neither saw
+(``unseen``, seed 2): the worst sample's cosine there is the figure reported, with the int8 rule's verdict
+on those samples. A cell records the exit code, whether a traceback reached the terminal, and the one-line
+refusal when there is one.
 
     python benchmarks/bench_int8_archs.py                        # every architecture, --engine auto
     python benchmarks/bench_int8_archs.py --engines auto,fx,pt2e --models resnet18,bert
@@ -171,9 +172,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--name", default="int8_archs")
-    ap.add_argument("--calib-samples", type=int, default=64,
-                    help="calibration samples per model (seed 0): 64 by default; ptopt's own default calibration "
-                    "takes up to 1,024 (32 batches of 32)")  # fmt: skip
+    ap.add_argument("--calib-samples", type=int, default=512,
+                    help="calibration samples per model (seed 0): 512 by default (64 before 2026-11-29; quantize "
+                    "warns under 256); ptopt's own default calibration takes up to 1,024 (32 batches of 32)")  # fmt: skip
     ap.add_argument("--log-dir", type=Path, help="each run's progress (stderr) into DIR/NAME.ENGINE.log")
     ap.add_argument("--reuse", action="append", default=[], metavar="LOG",
                     help="a file holding the JSON lines an earlier run printed: its cells are reused, not rerun "
