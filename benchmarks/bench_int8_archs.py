@@ -154,14 +154,15 @@ def table(recs: list[dict[str, Any]]) -> str:
     return md_table(head, rows)
 
 
-def reused(logs: list[str]) -> dict[tuple[str, str], dict[str, Any]]:
-    """The cells an earlier run printed (one JSON object a line) in ``logs``, by (model, engine)."""
+def reused(logs: list[str]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """The cells an earlier run printed (one JSON object a line) in ``logs``, by (model, engine, calibration
+    samples: 64 in a log from before ``--calib-samples``)."""
     out = {}
     for log in logs:
         for line in Path(log).read_text().splitlines():
             if line.startswith("{"):
                 rec = json.loads(line)
-                out[rec["model"], rec["engine"]] = rec
+                out[rec["model"], rec["engine"], rec.get("calib_samples", 64)] = rec
     return out
 
 
@@ -188,8 +189,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ptopt-int8-archs-") as d:
         for name in args.models.split(","):
             for engine in args.engines.split(","):
-                if (name, engine) in done:
-                    recs.append(done[name, engine])
+                if (name, engine, args.calib_samples) in done:
+                    recs.append(done[name, engine, args.calib_samples])
                     continue
                 rec = run_cli(name, engine, Path(d), args.timeout, args.log_dir)
                 rec["calib_samples"] = args.calib_samples

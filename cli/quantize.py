@@ -104,6 +104,7 @@ def command(
     elif not options.get("analyze"):
         maybe_save_recipe(save_recipe, "quantize", options)
     found = getattr(res, "search", None) if searching else None
+    _warn_few_samples(res)
     if searching:
         autoquant.print_search(found if found is not None else res, as_json)
     elif as_json:
@@ -200,12 +201,19 @@ def _larger_warning(m: dict[str, Any], floats: dict[str, Any]) -> str:
     )
 
 
-def _few_samples_warning(samples: int) -> str:
-    return (
-        f"warning: int8 activation ranges fitted on {samples} calibration samples: an input whose activations "
-        f"go beyond what they showed is clipped, and a check on a few dozen samples may not show it; calibrate on "
-        f"{FEW_CALIBRATION_SAMPLES} or more (--calib-data, --calibration-batches x --batch-size)"
-    )
+def _warn_few_samples(res) -> None:
+    """On stderr, whatever stdout shows (report, --json, a search's tables): static int8 calibrated on
+    fewer than ``FEW_CALIBRATION_SAMPLES`` samples."""
+    cal = (getattr(res, "extra", None) or {}).get("calibration") or {}
+    samples = cal.get("samples")
+    if isinstance(samples, int) and samples < FEW_CALIBRATION_SAMPLES:
+        click.echo(
+            f"warning: int8 activation ranges fitted on {samples} calibration samples: an input whose "
+            "activations go beyond what they showed is clipped, and a check on a few dozen samples may not "
+            f"show it; calibrate on {FEW_CALIBRATION_SAMPLES} or more (--calib-data; --calibration-batches "
+            "x --batch-size)",
+            err=True,
+        )
 
 
 def _print_report(art, mode: str) -> None:
@@ -230,8 +238,6 @@ def _print_report(art, mode: str) -> None:
             f"calibration: {cal['batches']} batches, {cal['samples']} samples of {cal['data']} "
             f"({cal['observer']} observer, {'per-channel' if cal['per_channel'] else 'per-tensor'} weights)"
         )
-        if cal["samples"] < FEW_CALIBRATION_SAMPLES:
-            click.echo(_few_samples_warning(cal["samples"]), err=True)
     tr = art.extra.get("training")
     if tr:
         last = tr["history"][-1] if tr["history"] else {}

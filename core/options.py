@@ -127,6 +127,8 @@ class Opt:
     aliases: tuple[str, ...] = ()
     deprecated: Mapping[str, str] = dataclasses.field(default_factory=dict)
     note: str = ""
+    #: what the help says the default is where a config's default is None (``"the engine's"``)
+    default_label: str = ""
     cli: bool = True
     path: str = ""
     #: the CLI cannot run without it (the twin takes it positionally)
@@ -169,7 +171,7 @@ class Declared:
     def default_text(self, label: Callable[[type], str] | None = None) -> str:
         """The default as the help shows it: one value, or ``fx (weight-only: torchao)`` where the
         configs differ (the most common first)."""
-        shown = [(c, _show_default(d)) for c, d in self.defaults]
+        shown = [(c, _show_default(d) or self.opt.default_label) for c, d in self.defaults]
         values = [v for _, v in shown]
         common = max(values, key=values.count, default="")
         others = [f"{label(c)}: {v or 'none'}" for c, v in shown if v != common] if label else []

@@ -197,8 +197,9 @@ class StaticQuantConfig(QuantConfig):
     observer: str | None = option(
         None,
         help="Activation observer: histogram (error-minimizing, 'entropy'), minmax, percentile (99.99); "
-        "default: the engine's (fx histogram; pt2e minmax on CPUs with VNNI or AMX, else histogram); QAT learns "
-        "min-max ranges.",
+        "the engine's by default (fx histogram; pt2e minmax on CPUs with VNNI or AMX, else histogram); QAT "
+        "learns min-max ranges.",
+        default_label="the engine's",
     )
     calibration_batches: int = option(32, help="Calibrate on at most this many batches.")
     batch_size: int = option(32, help="Batch size of calibration or QAT training.")

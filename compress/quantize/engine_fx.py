@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ptopt.compress.quantize.config import BACKENDS, normalize_observer
+from ptopt.compress.quantize.config import BACKENDS, engine_observer, normalize_observer
 from ptopt.compress.quantize.layers import linearize_conv1d, mha_fastpath_disabled
 from ptopt.compress.quantize.tied import INT8_MARK, tie_int8, tied_groups
 from ptopt.core.errors import UnsupportedModelError, UsageError
@@ -136,7 +136,9 @@ def _weight(per_channel: bool, qat: bool):
 
 
 def build_qconfig(scheme: Any, qat: bool = False) -> QConfig:
-    observer = normalize_observer(getattr(scheme, "observer", None) or "minmax")
+    observer = normalize_observer(
+        getattr(scheme, "observer", None) or ("minmax" if qat else engine_observer("fx"))
+    )
     return QConfig(
         activation=_activation(scheme.backend, observer, qat), weight=_weight(scheme.per_channel, qat)
     )

@@ -73,15 +73,10 @@ def test_static_cli_writes_int8_torchscript(cli, tmp_path: Path) -> None:
 def test_few_calibration_samples_are_warned_about(capsys, samples: int, warned: bool) -> None:
     from types import SimpleNamespace
 
-    from ptopt.cli.quantize import _print_report
+    from ptopt.cli.quantize import _warn_few_samples
 
     cal = {"batches": 8, "samples": samples, "data": CALIB, "observer": "histogram", "per_channel": True}
-    art = SimpleNamespace(
-        path="q.pt", format="torchscript", size_bytes=10, config={"backend": "x86", "mode": "static"},
-        metrics={"size_ratio_vs_fp32_torchscript": 0.3, "fp32_torchscript_bytes": 33},
-        extra={"calibration": cal},
-    )  # fmt: skip
-    _print_report(art, "static")
+    _warn_few_samples(SimpleNamespace(extra={"calibration": cal}))
     err = capsys.readouterr().err
     assert (f"fitted on {samples} calibration samples" in err) is warned, err
 
@@ -138,6 +133,7 @@ def test_exclude_keeps_module_float(cli, tmp_path: Path) -> None:
     )
     assert code == 0, stderr
     side = json.loads(stdout)
+    assert "int8 activation ranges fitted on 64 calibration samples" in stderr  # --json: stderr still says it
     assert side["extra"]["float_layers"] == {"fc": "excluded (--exclude / float_modules)"}
     assert side["config"]["float_modules"] == ["fc"]
 
@@ -212,3 +208,13 @@ def test_sidecar_written_atomically_with_artifact(tmp_path: Path) -> None:
     quantize(TINY, "static", out, calib_data=CALIB, calibration_batches=1, progress=False)
     assert sidecar_path(out).is_file()
     assert sorted(p.name for p in out.parent.iterdir()) == ["q.pt", "q.pt.ptopt.json"]
+
+
+def test_fx_without_a_named_observer_calibrates_with_its_own_the_histogram():
+    from ptopt.compress.quantize import engine_fx
+    from ptopt.compress.quantize.config import StaticQuantConfig
+
+    cfg = StaticQuantConfig(engine="fx")
+    assert cfg.observer is None  # the config names none: the engine decides, with or without .observed()
+    assert "HistogramObserver" in repr(engine_fx.build_qconfig(cfg).activation)
+    assert "MinMaxObserver" in repr(engine_fx.build_qconfig(cfg, qat=True).activation)

@@ -39,11 +39,11 @@ _NO_STATIC_KERNEL = {
     min_int8_share=MIN_STATIC_SHARE,
     advise=fx_support.advise,
     candidate=lambda config, prep: (
-        quantize_static(prep.module, config.observed(), prep.calib, prep.example, progress=False).module
+        quantize_static(prep.module, config, prep.calib, prep.example, progress=False).module
     ),
 )
 def static_fx(config: StaticQuantConfig, prep: Prepared, progress: bool) -> Quantized:
-    config = config.observed()
+    config = config.observed()  # fx_support.quantized records it (the ONNX recipe's calibration method)
     return fx_support.quantized(
         config, prep, lambda: quantize_static(prep.module, config, prep.calib, prep.example, progress)
     )
@@ -55,6 +55,7 @@ def quantize_static(
     """Static int8 of ``model`` (left untouched) calibrated on ``calib``; ``example`` is one batch."""
     from ptopt.compress.quantize import engine_fx as engine
 
+    config = config.observed()
     args, kwargs = call_args(example)
     prepared = engine.prepare_static(model, config, args, kwargs)
     summary = calibrate(prepared, calib, config.calibration_batches, config.batch_size, progress)
