@@ -104,7 +104,6 @@ def command(
     elif not options.get("analyze"):
         maybe_save_recipe(save_recipe, "quantize", options)
     found = getattr(res, "search", None) if searching else None
-    _warn_few_samples(res)
     if searching:
         autoquant.print_search(found if found is not None else res, as_json)
     elif as_json:
@@ -113,6 +112,7 @@ def command(
         _print_weight_only(res)
     else:
         _print_report(res, options["mode"])
+    _warn_few_samples(res)
 
 
 def _print_weight_only(art) -> None:
