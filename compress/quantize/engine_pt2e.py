@@ -14,9 +14,9 @@ int8 kernels (``qconv2d_pointwise``, ``qlinear_pointwise``; a ``+`` residual and
 
 The quantizer is X86InductorQuantizer: uint8 per-tensor affine activations, int8 per-channel
 symmetric weights. The scheme's ``observer`` picks the activation observer (histogram, minmax,
-percentile; when it names none, ``config.engine_observer``); ``float_modules`` stay float (``set_module_name_qconfig(name,
-None)``). Per-tensor weights and dynamic int8 are not offered by this quantizer's Inductor lowering:
-refused with the way out (``--engine fx``).
+percentile; when it names none, ``config.engine_observer``); ``float_modules`` stay float
+(``set_module_name_qconfig(name, None)``). Per-tensor weights and dynamic int8 are not offered by this
+quantizer's Inductor lowering: refused with the way out (``--engine fx``).
 
 torchao is imported lazily, inside ``core.quiet.quiet_imports``: on a machine without CUDA it is
 told not to load its CUDA kernels (``TORCHAO_FORCE_SKIP_LOADING_SO_FILES=1`` for that import only),

@@ -367,8 +367,7 @@ def candidate(config: Any, prep: Prepared) -> Any:
     captured once per model and input specs; each candidate prepares a copy of that graph."""
     from ptopt.compress.quantize import engine_pt2e
 
-    config = config.observed()
-    batches = calibration_batches(config, prep.calib)
+    batches = calibration_batches(config, prep.calib)  # no observer named: engine_pt2e uses its own
     key = (tuple(s.describe() for s in prep.specs), prep.style)
     graphs = _CAPTURED.setdefault(prep.module, {})
     if key not in graphs:
