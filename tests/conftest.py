@@ -3,6 +3,7 @@ one session folder (or $PTOPT_CACHE_DIR when set, so a developer's cache is reus
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -96,6 +97,21 @@ def _worker_threads():
             import torch._inductor.config as inductor_config
 
             inductor_config.compile_threads = 1  # read from the environment when first imported
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _older_objects_frozen():
+    """Each test file starts with the worker's older objects frozen (``gc.freeze``): its garbage
+    collections, validate's among them, scan only what was made since the file started. validate's own
+    ``older_objects_frozen`` (one full collection per validate run, then the heap frozen) finds the heap
+    frozen and leaves it as it is, as in any process that froze its heap before (``tests/validate/
+    test_peak_memory.py`` thaws it to test that path). A test worker's heap grows with every file; a
+    full pass per validate run was 104 of the suite's 814 sampled CPU-s (py-spy, 2026-11-29: ~90 in the
+    workers, the rest in the CLI processes tests start). The collection here scans only the previous
+    file's survivors; objects frozen that die later in a cycle stay until the worker exits."""
+    gc.collect()
+    gc.freeze()
+    yield
 
 
 @pytest.fixture(autouse=True)

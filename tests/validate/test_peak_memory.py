@@ -12,6 +12,17 @@ from ptopt.validate.metrics import older_objects_frozen
 LINUX_PEAK = os.access("/proc/self/clear_refs", os.W_OK)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _thawed(_older_objects_frozen):
+    """These tests check ``older_objects_frozen`` where nothing was frozen before it (a CLI process, a
+    notebook): tests/conftest.py freezes each file's older objects, so this file thaws them, and freezes
+    them again after."""
+    gc.unfreeze()
+    yield
+    gc.collect()
+    gc.freeze()
+
+
 class _Cycle:
     def __init__(self):
         self.me = self
