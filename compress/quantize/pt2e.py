@@ -188,12 +188,19 @@ def weight_bytes(graph: Any) -> int:
 def _int8_program(converted: Any, path: Path, specs: list, style: str, samples: Any) -> tuple[dict, Any]:
     """The converted q/dq graph saved as an ExportedProgram, reloaded and compared with it (facts,
     the reloaded program's module)."""
+    from ptopt.compress.quantize.engine_pt2e import reduce_range
     from ptopt.export.writers import Check, reload, write_model
 
     facts = write_model(converted, "exported_program", path, specs=specs, style=style, precision="int8",
                         check=Check(samples=samples, what="the int8 ExportedProgram read back",
                                     advice=" (compared with the int8 graph it was saved from)"))  # fmt: skip
-    facts["extra"]["pt2e"] = {"quantizer": "X86InductorQuantizer", "compiled": False}
+    # the activation bits travel with the program: torch.compile of 8-bit activations on a CPU without
+    # VNNI drifts (7-bit there, ``engine_pt2e.reduce_range``)
+    facts["extra"]["pt2e"] = {
+        "quantizer": "X86InductorQuantizer",
+        "compiled": False,
+        "reduce_range": reduce_range(),
+    }
     return facts, reload(path, "exported_program", style=style)
 
 

@@ -8,9 +8,11 @@ the CLI's test and the package's); the rest runs the converted graph eagerly."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -138,6 +140,32 @@ def test_the_default_observer_follows_the_cpus_int8_activation_bits(monkeypatch,
     assert StaticQuantConfig(engine="pt2e", observer="entropy").observed().observer == "histogram"
     ctr = engine_pt2e.build_quantizer(_scheme(observer=None)).global_config.input_activation
     assert ("MinMaxObserver" if dots else "HistogramObserver") in repr(ctr.observer_or_fake_quant_ctr)
+
+
+@pytest.mark.parametrize("cap", ["AVX2", "avx512_core", "AVX512_CORE_VNNI", ""])
+def test_a_onednn_cap_below_vnni_means_7_bit_activations(monkeypatch, cli, cap):
+    """Under ``ONEDNN_MAX_CPU_ISA`` below VNNI (running as a lower CPU would) PT2E's int8 kernels have no
+    dot products whatever the CPU: 7-bit activations and the histogram, said and recorded. A cap at or
+    above VNNI, or none, leaves this CPU's answer."""
+    from ptopt.compress.quantize import engine_pt2e
+    from ptopt.core import system
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    isa = system.cpu_info()["isa"]
+    dots = cap.upper() in ("", "AVX512_CORE_VNNI") and any(
+        isa[f] for f in ("avx512_vnni", "avx_vnni", "amx_int8")
+    )
+    assert system.int8_dot_products() is dots and engine_pt2e.reduce_range() is not dots
+    if cap != "AVX2":
+        return
+    code, out, err = cli(
+        "quantize", "tests.helpers:tiny_cnn", "--mode", "static", "--engine", "pt2e", "--no-compile",
+        "--calib-data", "builtin:digits:train", "--calibration-batches", "1", "--no-progress", "-o", "m.pt2",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "(histogram observer" in out
+    side = json.loads(Path("m.pt2.ptopt.json").read_text())
+    assert side["config"]["observer"] == "histogram" and side["extra"]["pt2e"]["reduce_range"] is True
 
 
 def test_conv_bn_passes_run_only_for_conv_kinds_in_the_graph(monkeypatch):
