@@ -620,7 +620,7 @@ def time_all(entries: list[Entry], case: Case, rounds: int, seconds: float) -> d
     import torch
 
     from ptopt.core.data import rebatch
-    from ptopt.core.timing import measure_interleaved
+    from ptopt.core.timing import WARMUP_SECONDS, measure_interleaved
 
     xs = {
         1: case.unseen.first_batch(1).x,
@@ -634,7 +634,12 @@ def time_all(entries: list[Entry], case: Case, rounds: int, seconds: float) -> d
             fns[(e.name, bs)] = e.timed(x) if e.timed else (lambda f=e.fn, x=x: f(x))
             sizes[(e.name, bs)] = bs
     with torch.inference_mode():
-        st = measure_interleaved(fns, sizes, rounds=rounds, min_iters=5, min_seconds=seconds * rounds)
+        # the warm-up no longer than one round's slice: 0.2 s at the default --seconds 0.4; a quick run's
+        # (tests: 0.01 s) was ~0.2 s per entry and batch size, most of its timing
+        st = measure_interleaved(
+            fns, sizes, rounds=rounds, min_iters=5, min_seconds=seconds * rounds,
+            warmup_seconds=min(WARMUP_SECONDS, seconds),
+        )  # fmt: skip
     out: dict[str, dict[int, dict]] = {}
     for (name, bs), s in st.items():
         out.setdefault(name, {})[bs] = {"p50_ms": s["p50_ms"], "spread_pct": s["round_spread_pct"]}
