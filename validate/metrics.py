@@ -215,8 +215,10 @@ def older_objects_frozen() -> Iterator[None]:
     probes' and the models' own garbage. A full pass costs ~0.15-0.3 s in a fresh CLI process and grows
     with the heap (seconds in a long-lived one: a notebook, an optimize search, a test worker); it ran
     once per model before (200 s of the profiled test suite's CPU). Process-wide, as ``gc`` is: where
-    someone else froze objects already (a pre-forking server, another thread's validate), nothing is
-    frozen or unfrozen here and each collection inside is a full one again."""
+    someone else froze objects already (a pre-forking server, another thread's validate, a test runner),
+    nothing is frozen or unfrozen here: the collections inside scan what that freeze left out. Finding
+    that out (``gc.get_freeze_count``) walks the frozen objects: ~0.09 s per 6 million, a sixth of a full
+    pass over them."""
     import gc
 
     if gc.get_freeze_count():
