@@ -91,7 +91,8 @@ def main() -> None:
     picked = [OPTIMIZE] * (not args.only) + [DEMO] * args.demo + [SMOLLM] * args.lm
     commands = [" ".join(args.command)] if args.command else picked
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    data = {row["shown"]: row for row in _earlier()}
+    here = _machine()
+    data = {row["shown"]: row for row in _earlier() if row.get("machine") == here}  # rows are this CPU's
     for template in commands:
         row = measure(template, tmp, env)
         data.pop(row["shown"], None)
@@ -105,12 +106,13 @@ def main() -> None:
     md = md_table(heads, rows)
     md += (
         "\n\nstdout and stderr are pipes (a CI log): progress is plain lines with a heartbeat after 8 s of "
-        "silence. The machine was shared with other jobs while these ran (load: 1-minute load average on "
-        "2 cores before and after the command; a load over 2 means the command waited for a core)."
+        "silence. Load: the 1-minute load average before and after the command (on 2 cores, over 2 means "
+        "the command waited for a core: the machine was shared)."
     )
     write_result(
-        "silence", "Silent stretches (issue 40)", md, list(data.values()), threads=os.cpu_count() or 1
-    )
+        "silence", "Silent stretches (issue 40)", md, list(data.values()), threads=os.cpu_count() or 1,
+        command=_reproduce(data),
+    )  # fmt: skip
 
 
 def measure(template: str, tmp: str, env: dict[str, str]) -> dict:
@@ -130,9 +132,29 @@ def measure(template: str, tmp: str, env: dict[str, str]) -> dict:
     longest = max(b - a for a, b in zip(stamps[:-1], stamps[1:], strict=True))
     for start, length, line in gaps:
         print(f"  silent {length:.1f} s from {start:.1f} s, after: {line}")
-    shown = template.replace("{tmp}/", "").replace("{home}", "~")
-    return {"shown": shown, "command": command, "exit": code, "seconds": round(total, 1), "lines": len(lines),
-            "longest_silence_s": round(longest, 1), "silences_over_10s": gaps, "load": load}  # fmt: skip
+    return {"shown": _shown(template), "machine": _machine(), "command": command, "exit": code,
+            "seconds": round(total, 1), "lines": len(lines), "longest_silence_s": round(longest, 1),
+            "silences_over_10s": gaps, "load": load}  # fmt: skip
+
+
+def _machine() -> str:
+    """The CPU a row was measured on (a row from another CPU is not kept under this one's header)."""
+    from ptopt.core.system import cpu_info
+
+    cpu = cpu_info()
+    return f"{cpu['model']}; " + ", ".join(k for k, v in cpu["isa"].items() if v)
+
+
+def _shown(template: str) -> str:
+    """A command as its row shows it (no temporary folder, ``~`` for the home folder)."""
+    return template.replace("{tmp}/", "").replace("{home}", "~")
+
+
+def _reproduce(data: dict[str, dict]) -> str:
+    """The command that measures the rows ``data`` holds."""
+    flags = [flag for flag, t in (("--demo", DEMO), ("--lm", SMOLLM)) if _shown(t) in data]
+    flags = ["--only"] * (_shown(OPTIMIZE) not in data) + flags
+    return " ".join(["python benchmarks/bench_silence.py", *flags])
 
 
 def _earlier() -> list[dict]:
