@@ -99,6 +99,22 @@ LEVELS = {
 }  # fmt: skip
 
 
+#: the cpuinfo flags of int8 dot-product instructions
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def int8_dot_products() -> bool:
+    """Whether this process's int8 kernels have dot-product instructions (VNNI or AMX). Without them x86
+    int8 kernels sum u8 x s8 pairs into saturating 16-bit lanes, so int8 activations are kept to 7 bits
+    there. A process whose oneDNN is capped at a level without them (``ONEDNN_MAX_CPU_ISA=AVX2``: running
+    as a lower CPU would) has none, whatever the CPU: PT2E's int8 kernels are oneDNN's, and an 8-bit
+    package of a small test model built under that cap drifted (worst-sample cosine 0.70; 0.993 with
+    7-bit activations)."""
+    cap = os.environ.get(LIBRARIES["onednn"].env or "", "").strip().upper()
+    below = {lv.caps["onednn"] for lv in LEVELS.values() if not set(INT8_DOT_FLAGS) & set(lv.requires)}
+    return cap not in below and bool(set(INT8_DOT_FLAGS) & cpu_flags())
+
+
 def cpu_flags() -> set[str]:
     """This CPU's cpuinfo flags (empty where /proc/cpuinfo cannot be read)."""
     from ptopt.core import system

@@ -94,24 +94,6 @@ def cpu_info() -> dict[str, object]:
     }
 
 
-#: oneDNN's ``ONEDNN_MAX_CPU_ISA`` caps below its first level with int8 dot products (AVX2_VNNI)
-ONEDNN_CAPS_WITHOUT_INT8_DOTS = frozenset({"SSE41", "AVX", "AVX2", "AVX512_CORE"})
-
-
-def int8_dot_products() -> bool:
-    """Whether this process's int8 kernels have dot-product instructions (VNNI or AMX). Without them x86
-    int8 kernels sum u8 x s8 pairs into saturating 16-bit lanes, so int8 activations are kept to 7 bits
-    there. A process whose oneDNN is capped below them (``ONEDNN_MAX_CPU_ISA=AVX2``: running as a lower
-    CPU would, ``ptopt.core.isa``) has none, whatever the CPU: PT2E's int8 kernels are oneDNN's, and an
-    8-bit package of a small test model built under that cap drifted (worst-sample cosine 0.70; 0.993 with
-    7-bit activations)."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if cap in ONEDNN_CAPS_WITHOUT_INT8_DOTS:
-        return False
-    isa = cpu_info()["isa"]
-    return any(isa.get(f) for f in ("avx512_vnni", "avx_vnni", "amx_int8"))  # type: ignore[union-attr]
-
-
 def machine_summary() -> dict[str, object]:
     """One dict that heads every report and benchmark table."""
     return {

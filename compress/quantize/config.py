@@ -133,7 +133,7 @@ def engine_observer(engine: str) -> str | None:
     if engine == "fx":
         return "histogram"
     if engine == "pt2e":
-        from ptopt.core.system import int8_dot_products
+        from ptopt.core.isa import int8_dot_products
 
         return "minmax" if int8_dot_products() else "histogram"
     return None

@@ -234,7 +234,7 @@ def check_scheme(scheme: Any, mode: str) -> None:
 def reduce_range() -> bool:
     """7-bit activations on CPUs without VNNI (their int8 dot products saturate 16-bit sums), as
     torchao advises and the FX engine does for x86."""
-    from ptopt.core.system import int8_dot_products
+    from ptopt.core.isa import int8_dot_products
 
     return not int8_dot_products()
 

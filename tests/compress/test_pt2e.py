@@ -130,9 +130,9 @@ def test_qat_prepare_train_convert(digits, specs):
 def test_the_default_observer_follows_the_cpus_int8_activation_bits(monkeypatch, dots, observer):
     from ptopt.compress.quantize import engine_pt2e
     from ptopt.compress.quantize.config import StaticQuantConfig
-    from ptopt.core import system
+    from ptopt.core import isa
 
-    monkeypatch.setattr(system, "int8_dot_products", lambda: dots)
+    monkeypatch.setattr(isa, "int8_dot_products", lambda: dots)
     assert StaticQuantConfig(engine="pt2e").observed().observer == observer
     assert engine_pt2e.reduce_range() is not dots  # 7-bit activations where the histogram is kept
     assert StaticQuantConfig(engine="fx").observed().observer == "histogram"
@@ -148,14 +148,11 @@ def test_a_onednn_cap_below_vnni_means_7_bit_activations(monkeypatch, cli, cap):
     dot products whatever the CPU: 7-bit activations and the histogram, said and recorded. A cap at or
     above VNNI, or none, leaves this CPU's answer."""
     from ptopt.compress.quantize import engine_pt2e
-    from ptopt.core import system
+    from ptopt.core import isa
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-    isa = system.cpu_info()["isa"]
-    dots = cap.upper() in ("", "AVX512_CORE_VNNI") and any(
-        isa[f] for f in ("avx512_vnni", "avx_vnni", "amx_int8")
-    )
-    assert system.int8_dot_products() is dots and engine_pt2e.reduce_range() is not dots
+    dots = cap.upper() in ("", "AVX512_CORE_VNNI") and bool(set(isa.INT8_DOT_FLAGS) & isa.cpu_flags())
+    assert isa.int8_dot_products() is dots and engine_pt2e.reduce_range() is not dots
     if cap != "AVX2":
         return
     code, out, err = cli(
