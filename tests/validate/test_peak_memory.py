@@ -16,9 +16,15 @@ LINUX_PEAK = os.access("/proc/self/clear_refs", os.W_OK)
 def _thawed(_older_objects_frozen):
     """These tests check ``older_objects_frozen`` where nothing was frozen before it (a CLI process, a
     notebook): tests/conftest.py freezes each file's older objects, so this file thaws them, and freezes
-    them again after."""
+    them again after; it also gives validate back the real function, which the conftest replaced by its
+    frozen branch."""
+    from ptopt.validate import api, metrics
+
     gc.unfreeze()
-    yield
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (api, metrics):
+            patch.setattr(module, "older_objects_frozen", older_objects_frozen)
+        yield
     gc.collect()
     gc.freeze()
 
