@@ -110,9 +110,30 @@ def int8_dot_products() -> bool:
     as a lower CPU would) has none, whatever the CPU: PT2E's int8 kernels are oneDNN's, and an 8-bit
     package of a small test model built under that cap drifted (worst-sample cosine 0.70; 0.993 with
     7-bit activations)."""
+    return not onednn_capped_without(INT8_DOT_FLAGS) and bool(set(INT8_DOT_FLAGS) & cpu_flags())
+
+
+#: the cpuinfo flags of the levels where OpenVINO's CPU plugin runs bf16 when asked to: AVX-512 and up,
+#: emulated where the CPU lacks avx512_bf16 (its ``hasHardwareSupport(bf16)``: oneDNN's ``avx512_core``)
+OPENVINO_BF16_FLAGS = ("avx512f",)
+#: ... and where it runs bf16 by default (asked for nothing): a CPU with bf16 instructions
+OPENVINO_DEFAULT_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def openvino_bf16_capped_away(default: bool = False) -> bool:
+    """Whether a oneDNN cap (``ONEDNN_MAX_CPU_ISA``) below the level where OpenVINO's CPU plugin runs bf16
+    (asked for; ``default``: by default) took those kernels away in this process. The plugin (2026.4) picks
+    bf16 from the CPU itself, not from the cap, and then finds no kernels (``Supported primitive descriptors
+    list is empty``, zero output rows), where a CPU at that level runs f32: a capped process asks for f32,
+    as that CPU gets. Uncapped: False (the plugin's own choice holds)."""
+    return onednn_capped_without(OPENVINO_DEFAULT_BF16_FLAGS if default else OPENVINO_BF16_FLAGS)
+
+
+def onednn_capped_without(flags: Iterable[str]) -> bool:
+    """Whether this process's oneDNN is capped (``ONEDNN_MAX_CPU_ISA``) at a level with none of ``flags``."""
     cap = os.environ.get(LIBRARIES["onednn"].env or "", "").strip().upper()
-    below = {lv.caps["onednn"] for lv in LEVELS.values() if not set(INT8_DOT_FLAGS) & set(lv.requires)}
-    return cap not in below and bool(set(INT8_DOT_FLAGS) & cpu_flags())
+    below = {lv.caps["onednn"] for lv in LEVELS.values() if not set(flags) & set(lv.requires)}
+    return cap in below
 
 
 def cpu_flags() -> set[str]:

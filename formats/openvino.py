@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -165,6 +166,14 @@ def check_bf16() -> None:
     """bf16 runs only where OpenVINO's CPU plugin has bf16 kernels: UsageError naming the flags seen."""
     ov = imported("openvino")
 
+    from ptopt.core.isa import LIBRARIES, openvino_bf16_capped_away
+
+    if openvino_bf16_capped_away():
+        cap = LIBRARIES["onednn"].env
+        raise UsageError(
+            f"--target openvino --precision bf16: {cap}={os.environ.get(cap or '')} caps oneDNN below AVX-512, "
+            f"where OpenVINO's CPU plugin has no bf16 kernels (a CPU without AVX-512 runs f32); use fp32 or int8"
+        )
     caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     if "BF16" not in caps:
         from ptopt.core.system import cpu_info
@@ -210,13 +219,44 @@ def compile_ir(model: Any, threads: int | None = None) -> Any:
     """The IR compiled for the CPU at its precision, ``threads`` intra-op threads, latency hint."""
     ov = imported("openvino")
 
-    config = {"PERFORMANCE_HINT": "LATENCY"}
-    hint = _HINTS.get(precision_of(model), "f32")
-    if hint:
-        config["INFERENCE_PRECISION_HINT"] = hint
+    config: dict[str, Any] = {
+        "PERFORMANCE_HINT": "LATENCY",
+        **level_properties(_HINTS.get(precision_of(model), "f32")),
+    }
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     return ov.Core().compile_model(model, "CPU", config)
+
+
+def level_properties(wanted: str | None) -> dict[str, Any]:
+    """The CPU plugin's properties for a model run at ``wanted`` precision (``bf16``, ``f32``; None: the
+    plugin's default), as a CPU at this process's oneDNN cap gets them. The plugin (2026.4) decides bf16
+    and the dynamic int8 quantization of activations (for weight-compressed FullyConnected layers) from the
+    CPU itself, not from ``ONEDNN_MAX_CPU_ISA``, then finds no kernels under the cap ("could not create a
+    primitive descriptor"): capped below AVX-512 it is asked for f32 (:func:`inference_hint`), below VNNI
+    for no dynamic quantization, which is what a CPU at that level gets (its rule: avx2_vnni or
+    avx512_core_vnni)."""
+    from ptopt.core.isa import INT8_DOT_FLAGS, onednn_capped_without
+
+    props: dict[str, Any] = {}
+    hint = inference_hint(wanted)
+    if hint:
+        props["INFERENCE_PRECISION_HINT"] = hint
+    if onednn_capped_without(INT8_DOT_FLAGS):
+        props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+    return props
+
+
+def inference_hint(wanted: str | None) -> str | None:
+    """The ``INFERENCE_PRECISION_HINT`` to compile with for ``wanted`` (``bf16``, ``f32``; None: the
+    plugin's default, bf16 on a CPU with bf16 instructions): f32 where a oneDNN cap took the bf16 kernels
+    away (``ptopt.core.isa.openvino_bf16_capped_away``: below AVX-512 for bf16 asked for, below AVX-512 BF16
+    for the default), as a CPU at that level runs it."""
+    from ptopt.core.isa import openvino_bf16_capped_away
+
+    if wanted in (None, "bf16") and openvino_bf16_capped_away(default=wanted is None):
+        return "f32"
+    return wanted
 
 
 def specs_from_ir(model: Any) -> list[InputSpec]:

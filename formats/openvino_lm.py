@@ -35,7 +35,14 @@ from typing import Any
 from ptopt.core.errors import ModelLoadError, UnsupportedModelError
 from ptopt.formats.base import Format, loaded_model
 from ptopt.formats.lm_folder import Output
-from ptopt.formats.openvino import imported, openvino_message, quiet, read_ir, require_openvino
+from ptopt.formats.openvino import (
+    imported,
+    level_properties,
+    openvino_message,
+    quiet,
+    read_ir,
+    require_openvino,
+)
 
 IR_FILE = "openvino_model.xml"
 RECORD_FILE = "openvino_lm.json"
@@ -132,11 +139,10 @@ class OpenVINOLM:
     ) -> None:
         ov = imported("openvino")
 
-        props: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        # precision f32 / bf16; None: the plugin's default
+        props: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", **level_properties(precision)}
         if threads:
             props["INFERENCE_NUM_THREADS"] = int(threads)
-        if precision:  # f32 / bf16; None: the plugin's default
-            props["INFERENCE_PRECISION_HINT"] = precision
         self.compiled = ov.Core().compile_model(ov_model, "CPU", props)
         self.request = self.compiled.create_infer_request()
         self.config, self.seen, self.ov_model = config, 0, ov_model

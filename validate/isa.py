@@ -309,6 +309,18 @@ def _native_figures(entry: Any, level: str) -> dict[str, Any]:
     }
 
 
+def _f32_at(entry: Any, level: str) -> str:
+    """What a bf16 OpenVINO IR runs in at a level without AVX-512: f32, as OpenVINO's CPU plugin runs it
+    on such a CPU (``ptopt.formats.openvino.inference_hint``)."""
+    if entry.format != "openvino" or entry.precision != "bf16" or level == _isa.NATIVE:
+        return ""
+    if set(_isa.OPENVINO_BF16_FLAGS) & set(_isa.LEVELS[level].requires):
+        return ""
+    return (
+        f"{entry.name} is a bf16 IR: at {level} it runs in f32 (OpenVINO has no bf16 kernels below AVX-512)"
+    )
+
+
 def _lat(st: dict[str, Any]) -> dict[str, Any]:
     keep = ("p50_ms", "p90_ms", "p99_ms", "samples_per_s", "round_spread_pct", "rounds", "skipped")
     return {k: st[k] for k in keep if k in st}
@@ -318,7 +330,8 @@ def _level_figures(entry: Any, level: str, data: dict[str, Any], skip: dict[str,
                    unsendable: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     cov = coverage_for(entry, level)
     got = data["models"].get(entry.name, {})
-    fig: dict[str, Any] = {"emulated": True, "coverage": cov.to_dict(), "note": cov.note(entry.runtime, level),
+    note = "; ".join(n for n in (cov.note(entry.runtime, level), _f32_at(entry, level)) if n)
+    fig: dict[str, Any] = {"emulated": True, "coverage": cov.to_dict(), "note": note,
                            "metric": got.get("metric"), "accuracy_drop": None, "agreement": got.get("agreement"),
                            "latency": {bs: _lat(st) for bs, st in (got.get("latency") or {}).items()},
                            "speedup": {}, "error": None}  # fmt: skip

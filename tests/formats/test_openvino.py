@@ -22,9 +22,13 @@ pytestmark = pytest.mark.skipif(
 
 
 def _has_bf16() -> bool:
+    """The plugin reports bf16 kernels and no oneDNN cap below AVX-512 took them away."""
     import openvino as ov
 
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    from ptopt.core.isa import openvino_bf16_capped_away
+
+    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return "BF16" in caps and not openvino_bf16_capped_away()
 
 
 def _calib(n: int = 64):
@@ -123,9 +127,51 @@ def test_bf16_refused_where_the_cpu_has_no_bf16_kernels(cli, tmp_path, monkeypat
         return ["FP32", "INT8"] if name == "OPTIMIZATION_CAPABILITIES" else real(self, device, name)
 
     monkeypatch.setattr(ov.Core, "get_property", caps)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # the plugin's own report decides here
     args = ["export", "tests.helpers:tiny_cnn", "--target", "openvino", "--precision", "bf16", "-o", "m.xml"]
     msg = assert_refused(cli, *args, match=("bf16", "ISA flags seen", "FP32, INT8"), where=tmp_path)
     assert "avx512_bf16" in msg
+
+
+@pytest.mark.parametrize("cap", ["AVX2", "AVX2_VNNI", "SSE41"])
+def test_bf16_refused_under_a_onednn_cap_below_avx512(cli, tmp_path, monkeypatch, cap):
+    """Capped below AVX-512 the plugin still reports BF16 (2026.4) but has no bf16 kernels: refused,
+    naming the cap, before anything is converted."""
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    args = ["export", "tests.helpers:tiny_cnn", "--target", "openvino", "--precision", "bf16", "-o", "m.xml"]
+    assert_refused(
+        cli, *args, match=(f"ONEDNN_MAX_CPU_ISA={cap}", "below AVX-512", "use fp32 or int8"), where=tmp_path
+    )
+
+
+@pytest.mark.parametrize(
+    "cap, wanted, hint",
+    [("AVX2", "bf16", "f32"), ("AVX2", None, "f32"), ("AVX2", "f32", "f32"), ("AVX512_CORE", "bf16", "bf16"),
+     ("AVX512_CORE", None, "f32"), ("AVX512_CORE_BF16", None, None), ("", "bf16", "bf16"), ("", None, None)],
+)  # fmt: skip
+def test_precision_hint_follows_a_onednn_cap(monkeypatch, cap, wanted, hint):
+    """bf16 becomes f32 under a cap below AVX-512 (asked for) or below AVX-512 BF16 (the plugin's default),
+    as a CPU at that level runs it; above, and uncapped, the plugin decides as it does."""
+    from ptopt.formats.openvino import inference_hint
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert inference_hint(wanted) == hint
+
+
+@pytest.mark.parametrize(
+    "cap, props",
+    [("AVX2", {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
+     ("AVX2_VNNI", {"INFERENCE_PRECISION_HINT": "f32"}),
+     ("AVX512_CORE", {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}),
+     ("AVX512_CORE_VNNI", {"INFERENCE_PRECISION_HINT": "f32"}), ("AVX512_CORE_BF16", {}), ("", {})],
+)  # fmt: skip
+def test_plugin_properties_follow_a_onednn_cap(monkeypatch, cap, props):
+    """bf16 below AVX-512 and the dynamic int8 quantization of activations below VNNI: what the plugin
+    picks from the CPU itself, turned off where the cap takes their kernels away."""
+    from ptopt.formats.openvino import level_properties
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert level_properties(None) == props
 
 
 def test_missing_openvino_names_the_extra(cli, tmp_path, monkeypatch):

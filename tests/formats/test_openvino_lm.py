@@ -108,6 +108,38 @@ def test_api_quantize_writes_a_folder_that_loads_back(lm, int8, tmp_path, bits):
     assert ov.Core().read_model(tmp_path / "q" / "openvino_model.xml").inputs  # plain OpenVINO reads it
 
 
+@pytest.mark.parametrize("cap", ["AVX2", "AVX512_CORE"])
+def test_the_int8_folder_runs_in_a_process_capped_below_vnni(lm, int8, tmp_path, cap):
+    """A process capped below VNNI (as a CPU without it: ``ONEDNN_MAX_CPU_ISA``) runs the int8 folder with
+    the plugin's plain weight decompression: the plugin picks the dynamic int8 quantization of activations
+    from the CPU itself and, under the cap, then found no kernel for it ("could not create a primitive
+    descriptor"). Its perplexity is the uncapped one's."""
+    import os
+    import subprocess
+    import sys
+
+    from ptopt.core.lm import perplexity
+
+    root, _ = lm
+    int8.save(tmp_path / "q")
+    code = (
+        "import sys, torch\n"
+        "from ptopt.core.lm import perplexity\n"
+        "from ptopt.core.modelref import load_model\n"
+        "m = load_model(sys.argv[1]).module\n"
+        "print(m.compiled.get_property('DYNAMIC_QUANTIZATION_GROUP_SIZE'), m.precision)\n"
+        "print(perplexity(m, torch.load(sys.argv[2]))['perplexity'])\n"
+    )
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=cap)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "q"), str(root / "eval.pt")],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    props, ppl = done.stdout.split("\n")[:2]
+    assert props.split() == ["0", "f32"]  # no dynamic quantization, f32: what a CPU at the cap gets
+    here = perplexity(int8.model, torch.load(root / "eval.pt"))["perplexity"]
+    assert float(ppl) == pytest.approx(here, rel=0.02)
+
+
 def test_exclude_keeps_the_named_layer_float(lm, int8):
     from ptopt.formats.openvino_lm import compressed_matrices
 

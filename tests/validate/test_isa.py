@@ -121,6 +121,29 @@ def test_every_model_at_a_capped_level_in_a_child(artifacts, tmp_path):
         assert "Per CPU level" in text and "emu" in text and "ignores cap" in text
 
 
+@pytest.mark.skipif(
+    not isa.reaches("avx512") or isa.openvino_bf16_capped_away(),
+    reason="a bf16 OpenVINO IR runs in bf16 on an AVX-512 CPU only (uncapped below it)",
+)
+def test_a_bf16_openvino_ir_runs_in_f32_at_a_level_below_avx512(artifacts, tmp_path):
+    """Under an AVX2 cap OpenVINO's CPU plugin (2026.4) still reports bf16, picks it and fails (zero output
+    rows); a CPU without AVX-512 runs the IR in f32, and so does the child at that level, saying so."""
+    pytest.importorskip("openvino")
+    import ptopt
+
+    ir = tmp_path / "m.bf16.xml"
+    ptopt.export(FACTORY, "openvino", ir, precision="bf16", input_shapes="1x1x8x8")
+    res = validate(
+        FACTORY, [ir], artifacts["data"], batch_sizes=(1,), threads=1, latency=QUICK, isa=["avx2"],
+        max_accuracy_drop=5,
+    )  # fmt: skip
+    fig = res.entry("m.bf16.xml")["by_isa"]["avx2"]
+    assert fig["error"] is None and fig["metric"] is not None, fig
+    assert fig["agreement"]["min_cosine"] > 0.9999  # f32 kernels: the reference's outputs, not bf16's
+    assert "m.bf16.xml is a bf16 IR: at avx2 it runs in f32" in fig["note"]
+    assert res.passed, res.failed_gates
+
+
 def test_cli_a_level_that_crashes_is_named_and_the_rest_reported(cli, artifacts):
     code, out, err = cli(
         "validate", FACTORY, "tests.validate.fns:dies_at_avx", artifacts["torchscript"], "--data", artifacts["data"],
