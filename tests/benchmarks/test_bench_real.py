@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from ptopt.core import isa
 from tests.benchmarks import bench_script
 
 
@@ -87,9 +88,16 @@ def test_every_peer_builds_and_the_tables_render(bench, tmp_path):
     case = _case(bench)
     args = argparse.Namespace(threads=1, rounds=1, seconds=0.01, quick=True, search_budget="120s")
     rec = bench.bench_case(case, tmp_path, args, candidates=["fp32-torchscript", "fp32-onnx"])
+    # OpenVINO called as a user does (the plugin's default precision) in a process capped below bf16
+    # (ONEDNN_MAX_CPU_ISA): the plugin picks bf16 from the CPU and answers 0 rows; the table says so
+    capped = isa.openvino_bf16_capped_away(default=True)
     for name in bench.PEERS:
+        entry = rec["entries"][name]
         optional = name.startswith("OpenVINO") and importlib.util.find_spec("openvino") is None
-        assert rec["entries"][name]["error"] is None or optional, (name, rec["entries"][name])
+        if capped and "bf16" in (entry.get("note") or "") and entry["error"]:
+            assert "outputs (0, 3)" in entry["error"], (name, entry)
+            continue
+        assert entry["error"] is None or optional, (name, entry)
     # the pick for each batch size is the one ptopt's report names for it (its best_by_batch), timed as such
     by = rec["ptopt"]["report"]["best_by_batch"]
     assert rec["picks"] == {bs: f"ptopt optimize -> {by[bs]['name']}" for bs in ("1", "8")}
