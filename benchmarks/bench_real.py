@@ -605,7 +605,7 @@ def judge(entries: list[Entry], case: Case) -> dict[str, dict[str, float]]:
         except Exception as ex:  # noqa: BLE001 - a runtime may refuse a batch: the table says so
             e.error, e.fn = f"on the unseen samples: {_first_line(ex)}", None
             continue
-        if out.shape != ref.shape:  # OpenVINO's plugin under a oneDNN cap it ignores answered 0 rows
+        if out.shape != ref.shape:  # OpenVINO called with its defaults under a oneDNN cap: 0 rows
             e.error, e.fn = f"on the unseen samples: outputs {tuple(out.shape)}, not {tuple(ref.shape)}", None
             continue
         cos = F.cosine_similarity(out.double(), ref.double(), dim=1)
