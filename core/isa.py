@@ -114,8 +114,9 @@ def int8_dot_products() -> bool:
 
 
 #: the cpuinfo flags of the levels where OpenVINO's CPU plugin runs bf16 when asked to: AVX-512 and up,
-#: emulated where the CPU lacks avx512_bf16 (its ``hasHardwareSupport(bf16)``: oneDNN's ``avx512_core``)
-OPENVINO_BF16_FLAGS = ("avx512f",)
+#: emulated where the CPU lacks avx512_bf16, or AVX2-VNNI-2 (its ``hasHardwareSupport(bf16)``: oneDNN's
+#: ``avx512_core`` or ``avx2_vnni_2``)
+OPENVINO_BF16_FLAGS = ("avx512f", "avx_ne_convert")
 #: ... and where it runs bf16 by default (asked for nothing): a CPU with bf16 instructions
 OPENVINO_DEFAULT_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -129,11 +130,19 @@ def openvino_bf16_capped_away(default: bool = False) -> bool:
     return onednn_capped_without(OPENVINO_DEFAULT_BF16_FLAGS if default else OPENVINO_BF16_FLAGS)
 
 
+#: oneDNN caps users may set that no level sets, with the cpuinfo flags of what they allow (a cap above
+#: AVX512_CORE_BF16, the AVX10 and AMX ones, keeps every flag the rules here ask about)
+ONEDNN_OTHER_CAPS = {"AVX2_VNNI_2": (*_AVX2, "avx_vnni", "avx_vnni_int8", "avx_ne_convert")}
+
+
 def onednn_capped_without(flags: Iterable[str]) -> bool:
-    """Whether this process's oneDNN is capped (``ONEDNN_MAX_CPU_ISA``) at a level with none of ``flags``."""
+    """Whether this process's oneDNN is capped (``ONEDNN_MAX_CPU_ISA``) so that it runs none of ``flags``:
+    what the cap allows, on this CPU (a cap above the CPU leaves the CPU's own level)."""
     cap = os.environ.get(LIBRARIES["onednn"].env or "", "").strip().upper()
-    below = {lv.caps["onednn"] for lv in LEVELS.values() if not set(flags) & set(lv.requires)}
-    return cap in below
+    allowed = {lv.caps["onednn"]: lv.requires for lv in LEVELS.values()} | ONEDNN_OTHER_CAPS
+    if cap not in allowed:
+        return False
+    return not set(flags) & set(allowed[cap]) & cpu_flags()
 
 
 def cpu_flags() -> set[str]:

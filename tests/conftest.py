@@ -103,18 +103,17 @@ def _worker_threads():
 @pytest.fixture(scope="module", autouse=True)
 def _older_objects_frozen():
     """Each test file starts with the worker's older objects frozen (``gc.freeze``): its garbage
-    collections, validate's among them, scan only what was made since the file started. validate's own
-    ``older_objects_frozen`` (one full collection per validate run, then the heap frozen) finds the heap
-    frozen and leaves it as it is, as in any process that froze its heap before (``tests/validate/
-    test_peak_memory.py`` thaws it to test that path). A test worker's heap grows with every file; a
-    full pass per validate run was 104 of the suite's 814 sampled CPU-s (py-spy, 2026-11-29: ~90 in the
-    workers, the rest in the CLI processes tests start); its check of the freeze is left (17 sampled s,
-    ``validate.metrics.older_objects_frozen``). The collection here scans only the previous file's
-    survivors; objects frozen that die later in a cycle stay until the worker exits.
+    collections, validate's among them, scan only what was made since the file started: validate's own
+    ``older_objects_frozen`` (one full collection per validate run, then the heap frozen) takes its branch
+    for a heap frozen before (nothing frozen or thawed), as in any process that froze its heap. A test
+    worker's heap grows with every file; a full pass per validate run was 104 of the suite's 814 sampled
+    CPU-s (py-spy, 2026-11-29: ~90 in the workers, the rest in the CLI processes tests start). The
+    collection here scans only the previous file's survivors; objects frozen that die later in a cycle
+    stay until the worker exits.
 
     validate's check of the freeze (``gc.get_freeze_count``) walks every frozen object: 0.09 s per 6
     million, 17 of the suite's sampled CPU-s (py-spy, 2026-11-29). Here the answer is known (frozen just
-    above), so validate is handed its frozen branch as it is (nothing frozen or thawed) without the walk.
+    above), so validate is handed that branch directly, without the walk.
     Both branches of the real function are tested in ``tests/validate/test_peak_memory.py``, which puts it
     back (and thaws the heap) for its own tests; the CLI processes tests start run it as a user's do."""
     from ptopt.validate import api, metrics

@@ -144,16 +144,28 @@ def test_bf16_refused_under_a_onednn_cap_below_avx512(cli, tmp_path, monkeypatch
     )
 
 
+#: a Sapphire Rapids Xeon's flags that matter here (AMX, no AVX2-VNNI-2)
+XEON_AMX = {"sse4_1", "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+            "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "cap, wanted, hint",
-    [("AVX2", "bf16", "f32"), ("AVX2", None, "f32"), ("AVX2", "f32", "f32"), ("AVX512_CORE", "bf16", "bf16"),
-     ("AVX512_CORE", None, "f32"), ("AVX512_CORE_BF16", None, None), ("", "bf16", "bf16"), ("", None, None)],
+    "flags, cap, wanted, hint",
+    [(XEON_AMX, "AVX2", "bf16", "f32"), (XEON_AMX, "AVX2", None, "f32"), (XEON_AMX, "AVX2", "f32", "f32"),
+     (XEON_AMX, "AVX2_VNNI_2", "bf16", "f32"), (XEON_AMX, "AVX512_CORE", "bf16", "bf16"),
+     (XEON_AMX, "AVX512_CORE", None, "f32"), (XEON_AMX, "AVX512_CORE_BF16", None, None),
+     (XEON_AMX, "", "bf16", "bf16"), (XEON_AMX, "", None, None), (XEON_AMX, "ALL", None, None),
+     # a CPU with AVX2-VNNI-2 runs bf16 under that cap; one without AVX-512 under a cap above it: as it is
+     (XEON_AMX | {"avx_vnni_int8", "avx_ne_convert"}, "AVX2_VNNI_2", "bf16", "bf16"),
+     ({"sse4_1", "avx", "avx2", "fma"}, "AVX512_CORE", "bf16", "f32")],
 )  # fmt: skip
-def test_precision_hint_follows_a_onednn_cap(monkeypatch, cap, wanted, hint):
+def test_precision_hint_follows_a_onednn_cap(monkeypatch, flags, cap, wanted, hint):
     """bf16 becomes f32 under a cap below AVX-512 (asked for) or below AVX-512 BF16 (the plugin's default),
     as a CPU at that level runs it; above, and uncapped, the plugin decides as it does."""
+    from ptopt.core import isa
     from ptopt.formats.openvino import inference_hint
 
+    monkeypatch.setattr(isa, "cpu_flags", lambda: set(flags))
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
     assert inference_hint(wanted) == hint
 
@@ -168,8 +180,10 @@ def test_precision_hint_follows_a_onednn_cap(monkeypatch, cap, wanted, hint):
 def test_plugin_properties_follow_a_onednn_cap(monkeypatch, cap, props):
     """bf16 below AVX-512 and the dynamic int8 quantization of activations below VNNI: what the plugin
     picks from the CPU itself, turned off where the cap takes their kernels away."""
+    from ptopt.core import isa
     from ptopt.formats.openvino import level_properties
 
+    monkeypatch.setattr(isa, "cpu_flags", lambda: set(XEON_AMX))
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
     assert level_properties(None) == props
 
