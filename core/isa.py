@@ -135,10 +135,13 @@ def openvino_bf16_capped_away(default: bool = False) -> bool:
 ONEDNN_OTHER_CAPS = {"AVX2_VNNI_2": (*_AVX2, "avx_vnni", "avx_vnni_int8", "avx_ne_convert")}
 
 
-def onednn_capped_without(flags: Iterable[str]) -> bool:
-    """Whether this process's oneDNN is capped (``ONEDNN_MAX_CPU_ISA``) so that it runs none of ``flags``:
-    what the cap allows, on this CPU (a cap above the CPU leaves the CPU's own level)."""
-    cap = os.environ.get(LIBRARIES["onednn"].env or "", "").strip().upper()
+def onednn_capped_without(flags: Iterable[str], cap: str | None = None) -> bool:
+    """Whether this process's oneDNN is capped (``ONEDNN_MAX_CPU_ISA``; ``cap``: that value instead, a
+    level's) so that it runs none of ``flags``: what the cap allows, on this CPU (a cap above the CPU leaves
+    the CPU's own level)."""
+    if cap is None:
+        cap = os.environ.get(LIBRARIES["onednn"].env or "", "")
+    cap = cap.strip().upper()
     allowed = {lv.caps["onednn"]: lv.requires for lv in LEVELS.values()} | ONEDNN_OTHER_CAPS
     if cap not in allowed:
         return False

@@ -314,7 +314,7 @@ def _f32_at(entry: Any, level: str) -> str:
     on such a CPU (``ptopt.formats.openvino.inference_hint``)."""
     if entry.format != "openvino" or entry.precision != "bf16" or level == _isa.NATIVE:
         return ""
-    if set(_isa.OPENVINO_BF16_FLAGS) & set(_isa.LEVELS[level].requires):
+    if not _isa.onednn_capped_without(_isa.OPENVINO_BF16_FLAGS, _isa.LEVELS[level].caps["onednn"]):
         return ""
     return (
         f"{entry.name} is a bf16 IR: at {level} it runs in f32 (OpenVINO has no bf16 kernels below AVX-512)"
