@@ -166,7 +166,7 @@ def _group_help() -> str:
     from ptopt.core.text import BUILTIN_TEXT
 
     models = (
-        f"{model_files()}, hf:DIR (a Hugging Face folder), pkg.module:factory [--weights "
+        f"{model_files()}, hf:DIR (a Hugging Face causal language model's folder), pkg.module:factory [--weights "
         "W.pt|W.safetensors], zoo:NAME; a .pt that pickles a whole nn.Module needs --allow-pickle"
     )
     data = (

@@ -101,16 +101,36 @@ def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
     if not _is_causal_lm(tf, config):
         raise ModelLoadError(
             f"{path}: a {type(config).__name__} ({config.model_type}) has no causal language model head "
-            "(AutoModelForCausalLM does not know it)"
+            "(AutoModelForCausalLM does not know it). hf:DIR loads causal language models; load any other model "
+            "with a factory (pkg.module:factory, see ptopt --help)"
         )
     from ptopt.core.quiet import quiet_imports
 
     with quiet_imports():
         try:
-            model = tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype="float32")
+            model, info = tf.AutoModelForCausalLM.from_pretrained(
+                str(path), local_files_only=True, dtype="float32", output_loading_info=True
+            )
         except (OSError, ValueError, RuntimeError) as e:
             raise ModelLoadError(f"{path}: transformers cannot load it: {type(e).__name__}: {e}") from None
+    _refuse_random_weights(path, config, type(model).__name__, sorted(info.get("missing_keys") or ()))
     return model.eval()
+
+
+def _refuse_random_weights(path: Path, config: Any, built: str, missing: list[str]) -> None:
+    """A folder whose weights lack tensors of the causal LM ``from_pretrained`` built (a ``BertModel`` or a
+    classifier's folder read as ``BertLMHeadModel``: its head would be new random weights) is refused:
+    every figure measured on it would be of a model nobody trained."""
+    if not missing:
+        return
+    saved = ", ".join(getattr(config, "architectures", None) or []) or "no architectures entry"
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    raise ModelLoadError(
+        f"{path}: not a causal language model's folder: its weights lack {len(missing)} tensor(s) of the "
+        f"{built} that AutoModelForCausalLM builds from it ({shown}), which would be random. Its config.json "
+        f"names {saved}. hf:DIR loads causal language models; load any other model with a factory "
+        "(pkg.module:factory, see ptopt --help)"
+    )
 
 
 def _is_causal_lm(tf: Any, config: Any) -> bool:
