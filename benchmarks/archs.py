@@ -32,9 +32,9 @@ AUDIO = 8000
 
 
 def _vision() -> Any:
-    from ptopt.core.hf import _ensure_torchvision_ops
+    from ptopt.core.hf import ensure_torchvision_ops
 
-    _ensure_torchvision_ops()
+    ensure_torchvision_ops()
     import torchvision
 
     return torchvision

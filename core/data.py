@@ -318,10 +318,24 @@ def _cast_float64(x: Any) -> Any:
     return c(x)
 
 
+def import_user_module(name: str) -> Any:
+    """The module of a ``pkg.module:function`` reference (a model factory, data, a metric), imported as
+    ``python -m`` finds it: from the current folder too (searched last, so an installed package of the
+    same name wins), with torchvision importable (``core.hf.ensure_torchvision_ops``)."""
+    import sys
+
+    from ptopt.core.hf import ensure_torchvision_ops
+
+    ensure_torchvision_ops()
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    return importlib.import_module(name)
+
+
 def _load_factory(ref: str) -> Dataset:
     module_name, _, func_name = ref.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except Exception as e:  # noqa: BLE001 - any import failure is the user's module
         raise DataError(f"data {ref!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
     fn = getattr(module, func_name, None)

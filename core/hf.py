@@ -9,6 +9,8 @@ transformers imports torchvision whenever it is installed; PyPI's torchvision be
 cannot load its C++ ops and dies on import (``operator torchvision::nms does not exist``), taking
 ``import transformers`` with it. :func:`import_transformers` defines the two op names first (the
 language models use neither), as REFERENCE.md describes, and drops transformers' import notices.
+:func:`ensure_torchvision_ops` does the same before a user's factory module is imported and before a
+pickled module is loaded: a torchvision model, as ``torch.save(model)`` writes it, imports torchvision.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def has_tokenizer(path: str | os.PathLike) -> bool:
     return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
-def _ensure_torchvision_ops() -> None:
+def ensure_torchvision_ops() -> None:
     """``import torchvision`` works beside the CPU torch (module docstring): its own C++ ops when
     they load, else the two op names its import registers fake kernels for."""
     import torch
@@ -66,7 +68,7 @@ def import_transformers() -> Any:
         raise MissingDependencyError(
             "language models need transformers: pip install 'ptopt[llm]' (or pip install transformers)"
         )
-    _ensure_torchvision_ops()
+    ensure_torchvision_ops()
     with quiet_imports():
         import transformers
 

@@ -17,14 +17,13 @@ State dicts are always read with ``weights_only=True``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import pickle
 from pathlib import Path
 from typing import Any
 
 from ptopt.core.artifact import Artifact
-from ptopt.core.data import FACTORY_RE
+from ptopt.core.data import FACTORY_RE, import_user_module
 from ptopt.core.errors import ModelLoadError, WeightsMismatchError
 from ptopt.core.formats import file_suffixes, find_format, formats, sniff_file
 from ptopt.core.inputspec import InputSpec, specs_from_example
@@ -259,7 +258,7 @@ def _load_factory(ref: str, weights: str | os.PathLike | None) -> LoadedModel:
     module_name, _, attr = ref.partition(":")
     try:
         with quiet_imports():  # a transformers model imports torchao as it is built: its notices
-            mod = importlib.import_module(module_name)
+            mod = import_user_module(module_name)
     except Exception as e:  # noqa: BLE001 - any failure inside the user's module
         raise ModelLoadError(
             f"model {ref!r}: cannot import {module_name!r}: {type(e).__name__}: {e}"

@@ -51,6 +51,9 @@ class Pickle(Eager):
         _refuse_plain_tensors(path)
         if not allow_pickle:
             raise UnsafePickleError(f"{path}: refusing to load: {PICKLE_HINT}")
+        from ptopt.core.hf import ensure_torchvision_ops
+
+        ensure_torchvision_ops()  # a pickled torchvision model imports torchvision (core.hf's docstring)
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # noqa: BLE001 - a missing class raises AttributeError/ModuleNotFoundError...

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import io
 import os
 import re
@@ -99,8 +98,10 @@ def resolve_metric(metric: str | Callable | Metric) -> Metric:
             f"unknown metric {text!r}: use {', '.join(BUILTIN_METRICS)} or a function pkg.module:fn"
         )
     module_name, _, fn_name = text.partition(":")
+    from ptopt.core.data import import_user_module
+
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except Exception as e:  # noqa: BLE001 - anything the user's module raises
         raise UsageError(f"metric {text!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
     fn = getattr(module, fn_name, None)
