@@ -1,6 +1,6 @@
-"""int8 ONNX: an int8 source stays int8 in ONNX, as a QDQ graph ORT runs with its int8 kernels.
+"""int8 ONNX: an int8 source stays int8 in ONNX, a graph ORT runs with its int8 kernels.
 
-Two ways, both QDQ:
+The ways:
 
 - ``ort_static`` (default): ORT's own static quantization of the **fp32 parent** (recorded in the
   int8 artifact's sidecar) with the **calibration data the sidecar records** (``config.calib_data``;
@@ -8,6 +8,9 @@ Two ways, both QDQ:
   ``quantize_static`` (QDQ, per-channel int8 weights, uint8 activations with ``reduce_range``,
   MinMax calibration). Works for every int8 source, TorchScript archives included, and for an fp32
   model with ``--precision int8 --data CALIB``.
+- ``ort_dynamic``: ORT's dynamic quantization (int8 weights, activations quantized per batch) of an
+  fp32 model, or of a **dynamic** int8 source's fp32 parent: ``auto`` picks it for a source whose
+  sidecar records ``mode: dynamic``, so the ONNX file quantizes what the source quantized.
 - ``qdq_export``: the quantized nn.Module itself (eager or FX int8) through the TorchScript exporter
   (``dynamo=False``, opset 17: the only exporter that knows the quantized ops). TorchScript int8
   archives do not export this way (their packed weights are not constants the exporter can read).
@@ -92,6 +95,10 @@ def int8_options(
     if method == "ort_dynamic" and source.precision != "int8":
         return {**options, "int8_method": method, "fp32_module": source.module}, None
     parent = source.loaded
+    if method == "ort_dynamic":  # a dynamic int8 source: ORT's dynamic quantization of its fp32 parent
+        parent = fp32_parent(source.loaded, allow_pickle)
+        fp32 = parent.require_module("ORT dynamic quantization")
+        return {**options, "int8_method": method, "fp32_module": fp32}, parent.parent_record()
     if source.precision == "int8":
         parent = fp32_parent(source.loaded, allow_pickle)
     fp32 = parent.require_module("ORT static quantization")
@@ -103,10 +110,11 @@ def choose_method(method: str, loaded: Any, have_calib: bool) -> str:
     if method not in METHODS:
         raise UsageError(f"unknown int8 ONNX method {method!r} (choose from {', '.join(METHODS)})")
     source_int8 = is_int8_source(loaded)
-    if method == "ort_dynamic" and source_int8:
+    parent = loaded.artifact.parent if loaded.artifact is not None else None
+    if method == "ort_dynamic" and source_int8 and not (parent and parent.get("path")):
         raise UsageError(
-            "int8 method ort_dynamic quantizes an fp32 model's matrix products; this source is already "
-            "int8: export its fp32 parent with --precision int8 --int8-method ort_dynamic"
+            "int8 method ort_dynamic quantizes an fp32 model's matrix products; this source is int8 and its "
+            "sidecar records no fp32 parent: export the fp32 model with --precision int8 --int8-method ort_dynamic"
         )
     if method == "qdq_export" and not source_int8:
         raise UsageError(
@@ -117,7 +125,8 @@ def choose_method(method: str, loaded: Any, have_calib: bool) -> str:
         return method
     if not source_int8:
         return "ort_static"
-    parent = loaded.artifact.parent if loaded.artifact is not None else None
+    if parent and parent.get("path") and _source_mode(loaded) == "dynamic":
+        return "ort_dynamic"  # the source's own scheme: int8 weights, activations quantized per batch
     if have_calib and parent and parent.get("path"):
         return DEFAULT_METHOD
     if loaded.format == "torchscript":
@@ -131,6 +140,12 @@ def choose_method(method: str, loaded: Any, have_calib: bool) -> str:
             )
         )
     return "qdq_export"
+
+
+def _source_mode(loaded: Any) -> str | None:
+    """How the int8 source was quantized, as its sidecar records it (``dynamic``, ``static``, ``qat``)."""
+    art = loaded.artifact
+    return (art.config or {}).get("mode") if art is not None else None
 
 
 class _Reader:

@@ -157,10 +157,37 @@ def test_cli_ort_dynamic_and_refusal_for_an_int8_source(cli, tmp_path, int8_arti
     assert side["config"]["int8_method"] == "ort_dynamic" and side["config"]["calib_data"] is None
     from tests.helpers import assert_refused
 
+    orphan = tmp_path / "orphan.int8.pt"  # an int8 file whose sidecar records no fp32 parent
+    orphan.write_bytes(int8_artifact.read_bytes())
+    source = Artifact.load(int8_artifact)
+    Artifact(path=orphan, format="torchscript", inputs=source.inputs, input_style="positional",
+             config=source.config, precision="int8").finalize()  # fmt: skip
     assert_refused(
-        cli, "export", int8_artifact, "--target", "onnx", "--int8-method", "ort_dynamic", "-o", "x.onnx",
-        match="ort_dynamic quantizes an fp32 model", where=tmp_path,
+        cli, "export", orphan, "--target", "onnx", "--int8-method", "ort_dynamic", "-o", "x.onnx",
+        match=("ort_dynamic quantizes an fp32 model", "no fp32 parent"), where=tmp_path,
     )  # fmt: skip
+
+
+def test_a_dynamic_int8_source_stays_dynamic_in_onnx(cli, tmp_path):
+    """``quantize --mode dynamic`` then ``export --target onnx``: ``auto`` quantizes the fp32 parent the way
+    the source was (ORT's dynamic quantization: int8 weights, activations per batch), not statically with
+    calibrated activation ranges the source never had; the same from the Python API on the Result."""
+    import onnx
+
+    import ptopt
+
+    code, _, err = cli("quantize", FACTORY, "--mode", "dynamic", "--calib-data", CALIB, "-o", "d.int8.pt")
+    assert code == 0, err
+    code, out, err = cli("export", "d.int8.pt", "--target", "onnx", "-o", "d.int8.onnx")
+    assert code == 0, err
+    assert "int8:    ort_dynamic" in out
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "d.int8.onnx")).graph.node}
+    assert "DynamicQuantizeLinear" in ops and "QuantizeLinear" not in ops, ops
+    side = json.loads((tmp_path / "d.int8.onnx.ptopt.json").read_text())
+    assert side["config"]["int8_method"] == "ort_dynamic" and side["parent"]["path"] == "d.int8.pt"
+    res = ptopt.quantize(FACTORY, "dynamic", tmp_path / "api.int8.pt", calib_data=CALIB)
+    onnx_res = ptopt.export(res, "onnx", tmp_path / "api.int8.onnx")
+    assert onnx_res.extra["int8_method"] == "ort_dynamic", onnx_res.extra
 
 
 def test_pre_processing_falls_back_when_shape_inference_fails(tmp_path, monkeypatch):
