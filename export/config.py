@@ -47,7 +47,9 @@ class ExportConfig(Config):
         "tensorrt: fp16/bf16/int8 engines.",
         choices=PRECISIONS,
     )
-    opset: int | None = option(None, help="ONNX opset (default: the exporter's).")
+    opset: int | None = option(
+        None, help="ONNX opset (default: the exporter's); below 18 through torch's TorchScript exporter."
+    )
     optimize: bool = option(False, help="Save ORT's offline graph optimization of the model.")
     script: bool = option(False, help="torch.jit.script instead of tracing.")
     atol: float | None = option(
@@ -138,8 +140,10 @@ class ExportConfig(Config):
             raise UsageError(
                 f"unknown int8 ONNX method {self.int8_method!r} (choose from {', '.join(INT8_METHODS)})"
             )
-        if self.opset is not None and (not isinstance(self.opset, int) or self.opset <= 0):
-            raise UsageError(f"opset must be a positive integer, got {self.opset!r}")
+        if self.opset is not None and (not isinstance(self.opset, int) or self.opset < 7):
+            raise UsageError(
+                f"--opset is an ONNX opset, 7 or later (what ONNX Runtime runs), got {self.opset!r}"
+            )
         for name in ("atol", "rtol"):
             value = getattr(self, name)
             if value is not None and not value >= 0:

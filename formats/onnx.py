@@ -59,7 +59,7 @@ class Onnx(Format):
             model = onnx.load(str(path), load_external_data=False)
         except Exception as e:  # noqa: BLE001 - protobuf decode errors
             raise ModelLoadError(f"{path}: not a readable ONNX model: {str(e).splitlines()[0]}") from None
-        info = {"onnx_opset": model.opset_import[0].version if model.opset_import else None}
+        info = {"onnx_opset": default_opset(model)}
         return loaded_model(path, self.name, None, path, art, specs=specs_from_onnx(model), info=info)
 
     def files(self, path: Path) -> list[Path]:
@@ -175,6 +175,11 @@ def source_format_of(module: Any) -> str:
     import torch
 
     return "torchscript" if isinstance(module, torch.jit.ScriptModule) else "eager"
+
+
+def default_opset(model: Any) -> int | None:
+    """The opset of ONNX's own operator domain that ``model`` imports (other domains have their own)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def specs_from_onnx(model: Any) -> list[InputSpec]:

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import UnsupportedModelError
+from ptopt.core.errors import UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec, make_inputs
 from ptopt.formats.capture import (
     count_outputs,
@@ -34,12 +34,16 @@ from ptopt.formats.capture import (
     torchlib_registry_reused,
     weight_bytes,
 )
+from ptopt.formats.onnx import default_opset
 from ptopt.formats.shapes import onnx_dim_names
 
 #: Above this many bytes of weights, write external data (protobuf files cannot exceed 2 GiB).
 EXTERNAL_DATA_BYTES = 1 << 30
 #: opset of the TorchScript exporter (dynamo=False) when none is asked: what eager/FX int8 needs.
 TORCHSCRIPT_EXPORTER_OPSET = 17
+#: the lowest opset torch's dynamo exporter writes: asked for less, it writes this one (REFERENCE.md),
+#: so a lower ``--opset`` goes through the TorchScript exporter, which writes what it is asked (7-20)
+DYNAMO_MIN_OPSET = 18
 
 
 def rename_dims(model: Any, specs: Sequence[InputSpec], input_names: Sequence[str]) -> None:
@@ -92,12 +96,18 @@ def export_onnx(
 ) -> dict:
     """Write ``path`` (+ ``path.data`` when large); return facts for the sidecar (files, opset, exporter...)."""
     import onnx
+    import onnx.defs
 
+    if opset is not None and opset > onnx.defs.onnx_opset_version():
+        raise UsageError(
+            f"--opset {opset}: the newest opset onnx {onnx.__version__} knows is {onnx.defs.onnx_opset_version()}"
+        )
     names = [s.name for s in specs]
     x = make_inputs(specs, style, which="opt")
     outs = output_names(count_outputs(module, x))
     big = weight_bytes(module) >= EXTERNAL_DATA_BYTES if external_data is None else bool(external_data)
-    if source_format == "torchscript" or has_rnn(module):
+    old_opset = opset is not None and opset < DYNAMO_MIN_OPSET
+    if source_format == "torchscript" or has_rnn(module) or old_opset:
         exporter = torchscript_exporter(module, specs, style, path, names, outs, opset)
     else:
         exporter = _export_dynamo(module, specs, style, path, names, outs, opset)
@@ -109,12 +119,18 @@ def export_onnx(
         _optimize(path, big)
         check_onnx(path)
     final = onnx.load(str(path), load_external_data=False)
+    written = default_opset(final)
+    if opset is not None and written != opset:
+        raise UnsupportedModelError(
+            f"--opset {opset}: {exporter.split(',')[0]} wrote opset {written} instead (it cannot convert this "
+            f"graph to {opset}); ask for opset {written}, or leave --opset out for the exporter's default"
+        )
     files = [path.name] + (
         [path.name + ".data"] if big and (path.parent / (path.name + ".data")).exists() else []
     )
     return {
         "files": files,
-        "opset": final.opset_import[0].version if final.opset_import else None,
+        "opset": written,
         "exporter": exporter,
         "input_names": names,
         "output_names": outs,

@@ -333,6 +333,7 @@ def qdq_export(
 ) -> dict:
     from ptopt.core.inputspec import make_inputs
     from ptopt.formats.capture import count_outputs, output_names
+    from ptopt.formats.onnx import default_opset
     from ptopt.formats.onnx_export import check_onnx, torchscript_exporter
 
     names = [s.name for s in specs]
@@ -356,7 +357,7 @@ def qdq_export(
         "exporter": exporter,
         "input_names": names,
         "output_names": outs,
-        "opset": model.opset_import[0].version if model.opset_import else None,
+        "opset": default_opset(model),
         "external_data": False,
         "optimized": False,
     }

@@ -174,7 +174,7 @@ def test_config_plus_contradicting_option_is_refused(tmp_path, kwargs, message):
         (dict(target="torchscript", precision="int8"), "not available for --target torchscript"),
         (dict(target="onnx", precision="bf8"), "unknown precision 'bf8'"),
         (dict(target="onnx", int8_method="magic"), "unknown int8 ONNX method"),
-        (dict(target="onnx", opset=0), "opset must be a positive integer"),
+        (dict(target="onnx", opset=0), "--opset is an ONNX opset, 7 or later"),
         (dict(target="onnx", atol=-1.0), "atol must be >= 0"),
     ],
     ids=["precision-target", "precision", "int8-method", "opset", "atol"],

@@ -148,3 +148,29 @@ def test_parity_failure_keeps_the_artifact_aside(cli, tmp_path):
             dynamic_batch="1:2:8",
             atol=1e-3,
         )
+
+
+def test_the_opset_asked_for_is_the_opset_written(cli, tmp_path):
+    """``--opset 13`` (torch's dynamo exporter writes 18 and later, REFERENCE.md): the TorchScript exporter
+    writes 13, and the file, the sidecar and ORT agree; an opset onnx does not know, or below 7, is refused
+    before anything is exported, and nothing is written."""
+    import onnx
+
+    from ptopt.export.api import export
+    from tests.helpers import assert_refused, tiny_cnn
+
+    code, _, err = cli(
+        "export", "tests.helpers:tiny_cnn", "--target", "onnx", "--opset", "13", "-o", "m13.onnx"
+    )
+    assert code == 0, err
+    assert [o.version for o in onnx.load(str(tmp_path / "m13.onnx")).opset_import if o.domain == ""] == [13]
+    art = Artifact.load(tmp_path / "m13.onnx")
+    assert art.config["opset"] == art.extra["opset"] == 13 and "dynamo=False" in art.extra["exporter"]
+    assert (
+        export(tiny_cnn(), "onnx", tmp_path / "m21.onnx", input_shapes="1x1x8x8", opset=21).extra["opset"]
+        == 21
+    )
+    assert_refused(cli, "export", "tests.helpers:tiny_cnn", "--target", "onnx", "--opset", "99", "-o", "x.onnx",
+                   match="the newest opset onnx", where=tmp_path)  # fmt: skip
+    assert_refused(cli, "export", "tests.helpers:tiny_cnn", "--target", "onnx", "--opset", "3", "-o", "x.onnx",
+                   match="7 or later", where=tmp_path)  # fmt: skip
