@@ -59,6 +59,8 @@ class Onnx(Format):
             model = onnx.load(str(path), load_external_data=False)
         except Exception as e:  # noqa: BLE001 - protobuf decode errors
             raise ModelLoadError(f"{path}: not a readable ONNX model: {str(e).splitlines()[0]}") from None
+        from ptopt.formats.onnx_export import default_opset
+
         info = {"onnx_opset": default_opset(model)}
         return loaded_model(path, self.name, None, path, art, specs=specs_from_onnx(model), info=info)
 
@@ -175,11 +177,6 @@ def source_format_of(module: Any) -> str:
     import torch
 
     return "torchscript" if isinstance(module, torch.jit.ScriptModule) else "eager"
-
-
-def default_opset(model: Any) -> int | None:
-    """The opset of ONNX's own operator domain that ``model`` imports (other domains have their own)."""
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def specs_from_onnx(model: Any) -> list[InputSpec]:

@@ -34,7 +34,6 @@ from ptopt.formats.capture import (
     torchlib_registry_reused,
     weight_bytes,
 )
-from ptopt.formats.onnx import default_opset
 from ptopt.formats.shapes import onnx_dim_names
 
 #: Above this many bytes of weights, write external data (protobuf files cannot exceed 2 GiB).
@@ -137,6 +136,11 @@ def export_onnx(
         "external_data": big,
         "optimized": bool(optimize),
     }
+
+
+def default_opset(model: Any) -> int | None:
+    """The opset of ONNX's own operator domain that ``model`` imports (other domains have their own)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
 
 
 def has_rnn(module: Any) -> bool:

@@ -333,8 +333,7 @@ def qdq_export(
 ) -> dict:
     from ptopt.core.inputspec import make_inputs
     from ptopt.formats.capture import count_outputs, output_names
-    from ptopt.formats.onnx import default_opset
-    from ptopt.formats.onnx_export import check_onnx, torchscript_exporter
+    from ptopt.formats.onnx_export import check_onnx, default_opset, torchscript_exporter
 
     names = [s.name for s in specs]
     outs = output_names(count_outputs(int8_module, make_inputs(specs, style, which="opt")))
