@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import click
@@ -283,7 +284,32 @@ def _print_report(art, mode: str) -> None:
     floats = art.extra.get("float_layers") or {}
     if floats:
         click.echo(f"stayed float ({len(floats)}):")
-        for name, why in floats.items():
-            click.echo(f"  {name}: {why}")
+        for line in float_lines(floats):
+            click.echo(line)
     else:
         click.echo("every layer with weights is int8")
+
+
+#: the per-layer part of --engine auto's reason (its rank), dropped where layers share the rest
+_RANK = re.compile(r" \([^()]*: #\d+ of \d+ by int8 sensitivity\)")
+
+
+def float_lines(floats: dict[str, str], width: int = 100) -> list[str]:
+    """The layers that stayed float, a line each; layers that share a reason (``--engine auto``'s 51, each
+    with its rank) share one line of it, their names wrapped below, in the order given (the most
+    int8-sensitive first). Each layer's own reason stays in the sidecar (``extra.float_layers``)."""
+    import textwrap
+
+    groups: dict[str, list[str]] = {}
+    for name, why in floats.items():
+        groups.setdefault(_RANK.sub("", why), []).append(name)
+    lines = []
+    for why, names in groups.items():
+        if len(names) < 3:
+            lines += [f"  {n}: {floats[n]}" for n in names]
+            continue
+        order = ", the most int8-sensitive first" if _RANK.search(floats[names[0]]) else ""
+        lines.append(f"  {len(names)} layers{order}: {why}")
+        lines += textwrap.wrap(", ".join(names), width, initial_indent="    ", subsequent_indent="    ",
+                               break_on_hyphens=False, break_long_words=False)  # fmt: skip
+    return lines

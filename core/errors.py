@@ -78,3 +78,13 @@ class GateFailedError(PtoptError):
     """A validation gate failed (exit 1, reports are still written)."""
 
     exit_code = EXIT_GATE_FAILED
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters for a one-line message: cut at a word boundary, with "…"
+    where something was cut (never mid-word)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[: width - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[width // 2 :] else cut).rstrip(" ,;:(") + "…"

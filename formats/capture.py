@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import re
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ptopt.core.errors import UnsupportedModelError
+from ptopt.core.errors import UnsupportedModelError, clip
 from ptopt.core.inputspec import InputSpec, call_args, flatten_inputs, make_inputs
 from ptopt.core.quiet import silenced
 from ptopt.formats.shapes import torch_export_dynamic_shapes
@@ -75,7 +77,7 @@ def torchlib_registry_reused() -> Iterator[None]:
 def first_lines(text: str, n: int) -> str:
     """The first ``n`` non-empty lines of an error message, joined (at most 400 characters)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return " ".join(lines[:n])[:400]
+    return clip(" ".join(lines[:n]), 400)
 
 
 def output_names(n: int) -> list[str]:
@@ -163,8 +165,9 @@ def trace(module: Any, x: Any, style: str, hint: str = "") -> tuple[Any, list[st
         warnings.simplefilter("always", torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
+        said = io.StringIO()  # a failing torch.fx GraphModule prints its own traceback to stderr
         try:
-            with torch.inference_mode(False), torch.no_grad():
+            with torch.inference_mode(False), torch.no_grad(), contextlib.redirect_stderr(said):
                 if style == "keyword":
                     sm = torch.jit.trace(
                         module, example_kwarg_inputs=dict(x), check_trace=False, strict=False
@@ -177,6 +180,7 @@ def trace(module: Any, x: Any, style: str, hint: str = "") -> tuple[Any, list[st
                 f"torch.jit.trace cannot trace {type(module).__name__}: {type(e).__name__}: "
                 f"{without_values(first_lines(str(e), 1))[:300]}{hint}"
             ) from None
+    sys.stderr.write(said.getvalue())  # what the trace said when it worked
     notes = sorted(
         {
             str(w.message).splitlines()[0][:200]

@@ -39,6 +39,7 @@ from typing import Any
 
 from ptopt.compress.quantize.base import Prepared, Quantized
 from ptopt.compress.quantize.config import MIN_STATIC_SHARE
+from ptopt.core.errors import clip
 
 #: the engines auto tries, in order: the torch engines first (their artifacts run in torch), then
 #: OpenVINO's (random-weight MobileViT-S, worst-sample cosine: PT2E's best 0.975 with 48 of 72 layers
@@ -329,7 +330,7 @@ def _built(att: Attempt, prep: Prepared, data: tuple[Any, Any], progress: bool, 
         # int8 graph that held is still an artifact, as --no-compile writes it
         att.cfg, att.holds = att.cfg.replace(compile=False), True
         att.note = (
-            f"its AOTInductor package fails ({_first_line(e)[:160]}): written as the int8 ExportedProgram "
+            f"its AOTInductor package fails ({clip(_first_line(e), 160)}): written as the int8 ExportedProgram "
             "(--no-compile; run it with torch.compile)"
         )
         log(f"{att.engine}: {att.note}")
@@ -390,7 +391,9 @@ class _Trials:
             if not floats:
                 raise
             self.seconds.append(time.perf_counter() - t0)
-            return self._note(floats, False, f"{len(floats)} float: does not run ({_first_line(e)[:120]})")
+            return self._note(
+                floats, False, f"{len(floats)} float: does not run ({clip(_first_line(e), 120)})"
+            )
         self.seconds.append(time.perf_counter() - t0)
         ok = all(f["passed"] for f in fids)
         figure = "; ".join(
@@ -572,13 +575,13 @@ def _cannot(engine: str, e: BaseException) -> str:
     text = _first_line(e)
     if isinstance(e, UnsupportedModelError) and ("cannot trace" in text or "cannot capture" in text):
         short = text.split("the model", 1)[-1].lstrip(":( ").split(". ")[0].split("); ")[0]
-        return f"{TECHNIQUES[('static', engine)].tracer} cannot trace the model ({short[:160]})"
+        return f"{TECHNIQUES[('static', engine)].tracer} cannot trace the model ({clip(short, 160)})"
     return f"{engine}: its int8 model fails ({text})"
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return text.removeprefix("error: ")[:240]
+    return clip(text.removeprefix("error: "), 240)
 
 
 def _logger(progress: bool) -> Callable[[str], None]:

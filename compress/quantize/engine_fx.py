@@ -28,7 +28,7 @@ from torch import nn
 from ptopt.compress.quantize.config import BACKENDS, engine_observer, normalize_observer
 from ptopt.compress.quantize.layers import linearize_conv1d, mha_fastpath_disabled
 from ptopt.compress.quantize.tied import INT8_MARK, tie_int8, tied_groups
-from ptopt.core.errors import UnsupportedModelError, UsageError
+from ptopt.core.errors import UnsupportedModelError, UsageError, clip
 
 # Activation observers for static calibration: "histogram" minimizes the quantization error over a
 # histogram (the entropy-style choice, upstream's default), "minmax" takes the full range, and
@@ -203,7 +203,7 @@ def _trace_failure(model: nn.Module, err: BaseException, qat: bool) -> Unsupport
     mode = "QAT" if qat else "static quantization"
     if where is None:
         return FxTraceError(
-            f"graph mode ({mode}) cannot trace the model: {reason[:300]}. "
+            f"graph mode ({mode}) cannot trace the model: {clip(reason, 300)}. "
             "Use --mode dynamic (Linear/LSTM/GRU only), or make the model "
             "symbolically traceable (torch.fx)"
         )
@@ -217,7 +217,7 @@ def _trace_failure(model: nn.Module, err: BaseException, qat: bool) -> Unsupport
     src = f" at `{line}`" if line else ""
     return FxTraceError(
         f"graph mode ({mode}) cannot trace the model: tracing stopped in {at}{src}: "
-        f"{reason[:200]}. {todo[0].upper() + todo[1:]}"
+        f"{clip(reason, 200)}. {todo[0].upper() + todo[1:]}"
     )
 
 

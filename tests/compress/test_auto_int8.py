@@ -208,3 +208,20 @@ def test_a_whole_model_that_holds_on_eval_is_judged_on_the_calibration_data_too(
     )
     assert pt2e["holds"] and res.config["engine"] == "pt2e" and res.format == "exported_program"
     assert "samples of builtin:digits:test; min cosine" in pt2e["trials"][0]  # both data sets, both held
+
+
+def test_layers_that_share_a_reason_share_one_line():
+    """``--engine auto``'s 51 float layers of a ShuffleNet are one line of their shared reason and their
+    names wrapped below, most sensitive first; a layer with a reason of its own keeps its line."""
+    from ptopt.cli.quantize import float_lines
+
+    why = "kept float by --engine auto ({}: #{} of 9 by int8 sensitivity); with 4 kept float the int8 rule holds: x"
+    floats = {f"layer.{i}": why.format(f"layer.{i}", i + 1) for i in range(4)}
+    floats["head"] = "in --exclude"
+    lines = float_lines(floats, width=40)
+    assert lines[0] == (
+        "  4 layers, the most int8-sensitive first: kept float by --engine auto; with 4 kept float the int8 "
+        "rule holds: x"
+    )
+    assert " ".join(lines[1:-1]).split() == ["layer.0,", "layer.1,", "layer.2,", "layer.3"]
+    assert lines[-1] == "  head: in --exclude" and all(len(ln) <= 40 for ln in lines[1:-1])

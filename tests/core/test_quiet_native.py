@@ -43,3 +43,26 @@ def test_export_of_int8_torchscript_prints_no_cpp_warning(run_ptopt, tmp_path):
     out = run_ptopt("export", path, "--target", "onnx", "-o", tmp_path / "tiny.int8.onnx")
     assert out.returncode == 0, out.stderr
     assert "Quantizer.cpp" not in out.stderr and not_progress(out.stderr) == [], out.stderr
+
+
+def test_a_failing_trace_of_an_fx_graph_module_prints_nothing(capfd):
+    """torch.fx's GraphModule prints its own traceback to stderr when its code raises; ptopt's trace (which
+    quantize's fx engine runs, ``--engine auto`` as a probe) reports the failure in its one message only."""
+    import pytest
+    import torch
+
+    from ptopt.core.errors import UnsupportedModelError
+    from ptopt.formats.capture import trace
+
+    class MatMul(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            return torch.relu(x @ self.w)  # an op of the graph's own code: where fx prints from
+
+    gm = torch.fx.symbolic_trace(MatMul())
+    with pytest.raises(UnsupportedModelError, match="torch.jit.trace cannot trace MatMul"):
+        trace(gm, torch.randn(2, 3), "positional")  # 3 features into a 4x4 matrix
+    assert "Traceback" not in capfd.readouterr().err
