@@ -46,22 +46,31 @@ def _until_stopped(server: Any, name: str, stopped: Any, banner: Any) -> None:
     def _terminate(signum, frame):  # noqa: ANN001 - signal handler signature
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    # Ctrl-C stops the server even where SIGINT arrived ignored (a background job of a script)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    from ptopt.core import progress
+
+    def _handlers() -> None:
+        signal.signal(signal.SIGTERM, _terminate)
+        # Ctrl-C stops the server even where SIGINT arrived ignored (a background job of a script)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous, previous_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    _handlers()
     try:
         server.start()
+        _handlers()  # again: ray.init installs its own (C++) SIGTERM handler, which aborts the process
         banner()
         click.echo("Ctrl-C to stop.", err=True)
-        while True:
-            time.sleep(0.5)
-            stopped()
+        with progress.paused():  # serving is waiting, not long work: no "still working" lines
+            while True:
+                time.sleep(0.5)
+                stopped()
     except KeyboardInterrupt:
         click.echo(f"stopping {name} ...", err=True)
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+        for sig, handler in ((signal.SIGTERM, previous), (signal.SIGINT, previous_int)):
+            if handler is not None:  # None: a handler not installed from Python
+                signal.signal(sig, handler)
     click.echo("stopped.", err=True)
 
 

@@ -294,6 +294,29 @@ def step(
             reporter.finish(s)
 
 
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """No heartbeat and no bar inside the block: a server waiting for requests is idle, not at work.
+    The steps it runs inside of go on after it as if it had not run (no "done in" for the wait)."""
+    reporter = _current()
+    if isinstance(reporter, _Plain):
+        with _lock:
+            held, reporter.steps[:] = reporter.steps[:], []
+            for s in held:
+                s.beat = False
+    elif isinstance(reporter, _Bars) and reporter.open:
+        reporter.bars.stop()
+    try:
+        yield
+    finally:
+        if isinstance(reporter, _Plain):
+            with _lock:
+                reporter.steps[:0] = held
+                reporter.last = time.monotonic()
+        elif isinstance(reporter, _Bars) and reporter.open:
+            reporter.bars.start()
+
+
 def note(text: str) -> None:
     """A line of its own (what a step found, a file written, a choice made); dropped when off."""
     reporter = _current()

@@ -50,6 +50,26 @@ def test_a_silent_step_gets_a_heartbeat_and_says_when_it_ended(monkeypatch):
     assert lines[-1].startswith("  compiling: done in ")
 
 
+def test_no_heartbeat_while_paused_and_the_step_goes_on_after(monkeypatch):
+    """``ptopt serve``: once the server answers, waiting for requests is not long work."""
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
+    lines: list[str] = []
+
+    def beats(more_than: int) -> int:  # waits for the heartbeat thread (a busy machine is slow)
+        deadline = time.monotonic() + 30
+        while len(lines) <= more_than and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return len(lines)
+
+    with progress.reporting(lines.append), progress.step("ptopt serve", announce=False):
+        started = beats(0)  # starting: heartbeats
+        with progress.paused():
+            time.sleep(1.2)  # the thread looks twice a second
+        assert len(lines) == started  # nothing while serving
+        beats(started)  # stopping: heartbeats again
+    assert started >= 1 and len(lines) > started + 1 and lines[-1].startswith("  ptopt serve: done in")
+
+
 def test_the_silence_counts_from_since():
     """``since`` (the CLI: the process's start): the time before reporting was turned on (the interpreter
     starting, the imports) counts towards the first heartbeat, and the step's time includes it."""

@@ -4,7 +4,7 @@
 through the folder's Serve config as ``serve deploy`` sends it; the Python API joins that instance to
 serve a language-model folder beside it (uploaded as the application's working_dir, as
 for a remote cluster). A replica is killed under load: every request is still answered, and Serve
-brings the replica back. The module ends with Ctrl-C: exit 0 and no process of that Ray session left."""
+brings the replica back. The module ends with SIGTERM: exit 0 and no process of that Ray session left."""
 
 from __future__ import annotations
 
@@ -100,14 +100,17 @@ def served(serve_artifacts, tmp_path_factory):
         yield Served(url, gcs, token, ray_dir, proc, out)
     finally:
         session = session_processes(ray_dir) if lines and "ray_dir" in locals() else []
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # what a process manager sends; ray.init installs its own handler
         try:
             _, err = proc.communicate(timeout=180)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
-    # Ctrl-C: exit 0, and nothing of that Ray session is left (GCS, raylet, agents, Serve's actors)
+    # SIGTERM (as Ctrl-C): exit 0, and nothing of that Ray session is left (GCS, raylet, agents, Serve's
+    # actors); while it served, no "still working" heartbeat (serving is waiting, not long work)
     assert proc.returncode == 0 and "stopped." in err, err
+    serving = err.split("Ctrl-C to stop.", 1)[1].split("stopping Ray Serve", 1)[0]
+    assert "still working" not in serving and "done in" not in err.split("stopping Ray Serve", 1)[1], err
     assert session and not [p for p in session if alive(p)], "Ray processes left behind"
     assert not [c for c in _cmdlines().values() if ray_dir in c or c.startswith(REPLICA)]
     assert not os.path.exists(ray_dir) and not list(cwd.iterdir())
