@@ -78,7 +78,29 @@ def load_eager(
             f"{role}{loaded.ref} is a {loaded.format} model; {why} "
             "(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle)"
         )
+    _refuse_quantized(loaded, module, for_what, role)
     return loaded
+
+
+def _refuse_quantized(loaded: Any, module: Any, for_what: str, role: str) -> None:
+    """A model already compressed into a deployment format (a weight-only folder: its weights are torchao
+    tensors no second rewrite takes) is refused, naming the source its sidecar records."""
+    from ptopt.core.formats import find_format, with_article
+
+    row = find_format(loaded.format)
+    torchao = next(
+        (type(p).__name__ for p in module.parameters() if type(p).__module__.startswith("torchao")), None
+    )
+    if (row is None or row.reexportable) and torchao is None:
+        return
+    what = (
+        with_article(row.label)
+        if row is not None and not row.reexportable
+        else f"quantized ({torchao} weights)"
+    )
+    parent = (loaded.artifact.parent or {}).get("path") if loaded.artifact is not None else None
+    source = f"; its sidecar names its source: {parent}" if parent else ""
+    raise UsageError(f"{role}{loaded.ref} is already {what}: {for_what} starts from the fp32 model{source}")
 
 
 def load_dataset(data: Any, what: str, *, finite: bool = True) -> Any:

@@ -101,3 +101,8 @@ def runtime_names() -> str:
     """The runtimes the artifacts ptopt exports run in, from the table (help texts): ``TorchScript,
     ExportedProgram, ..., OpenVINO IR, TensorRT``, after eager PyTorch."""
     return ", ".join(["eager PyTorch", *(fmt.label for fmt in targets().values())])
+
+
+def with_article(label: str) -> str:
+    """``label`` after "a" or "an" (by its first letter: "an ONNX model", "a TorchScript archive")."""
+    return ("an " if label[:1].lower() in "aeio" else "a ") + label

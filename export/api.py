@@ -188,14 +188,16 @@ class _Source:
 
 
 def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportConfig) -> _Source:
-    from ptopt.core.formats import find_format
+    from ptopt.core.formats import find_format, with_article
     from ptopt.core.modelref import as_loaded
     from ptopt.formats.onnx_int8 import is_int8_source
 
     loaded = as_loaded(model, weights, allow_pickle)
     row = find_format(loaded.format)
     if row is not None and not row.reexportable:
-        raise UsageError(f"{loaded.ref} is already {row.label}; export starts from a PyTorch model")
+        raise UsageError(
+            f"{loaded.ref} is already {with_article(row.label)}; export starts from a PyTorch model"
+        )
     module = loaded.require_module(f"--target {config.target}")
     if is_int8_source(loaded):
         precision = "int8"

@@ -325,3 +325,19 @@ def test_perplexity_asks_only_for_the_logits_it_scores(monkeypatch):
     assert kept[0] == 128 and kept[1:n] == [65] * (n - 2) + [kept[n - 1]] and kept[n:] == [None] * n
     monkeypatch.undo()
     assert lm._keeps_logits(model) and not lm._keeps_logits(torch.nn.Linear(2, 2))
+
+
+def test_a_weight_only_folder_is_not_compressed_again(cli, lm_dir, tmp_path):
+    """Its weights are torchao tensors no second rewrite takes (it was an internal error, exit 3): the
+    folder, and the in-memory result, are refused naming the source the sidecar records."""
+    from tests.helpers import assert_refused
+
+    res = ptopt.quantize(lm_dir, "weight-only", tmp_path / "q8", bits=8)
+    for args in (["quantize", "--mode", "weight-only", "--bits", "4"], ["prune", "--method", "structured", "--amount", "0.3"]):
+        assert_refused(
+            cli, args[0], f"hf:{tmp_path / 'q8'}", *args[1:], "-o", tmp_path / "again",
+            match=("is already a weight-only quantized Hugging Face folder", f"its source: {lm_dir}"),
+            where=tmp_path,
+        )  # fmt: skip
+    with pytest.raises(UsageError, match=r"is already quantized \(Int8Tensor weights\)"):
+        ptopt.quantize(res.model, "weight-only", bits=8)
