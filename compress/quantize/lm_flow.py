@@ -50,6 +50,9 @@ def quantize_lm(
         model, options.get("weights"), options.get("allow_pickle", False), "weight-only quantization"
     )
     source = loaded.module
+    from ptopt.compress.quantize.layers import check_module_names
+
+    check_module_names(source, config.float_modules)  # a misspelt --exclude is no silent full quantization
     hf_dir = loaded.info.get("hf_dir")
     calib = _token_ids(calib_data, source, hf_dir, "calibration text")
     evald = _token_ids(eval_data, source, hf_dir, "evaluation text")

@@ -213,6 +213,8 @@ def test_builtin_text_splits_are_disjoint():
 
 
 def test_bad_input_api(lm_dir, ids, tmp_path):
+    with pytest.raises(UsageError, match="--exclude model.layer.0: no such module"):  # not model.layers.0
+        ptopt.quantize(lm_dir, "weight-only", float_modules=("model.layer.0",))
     with pytest.raises(UsageError, match="--bits 3"):
         ptopt.quantize(lm_dir, "weight-only", bits=3)
     with pytest.raises(UsageError, match="fitted on text"):
