@@ -180,7 +180,7 @@ def test_bad_input_gets_one_line_and_nothing_written(cli, lm, tmp_path):
         (("--bits", "4", "--method", "gptq"), "--method rtn"),
         (("--bits", "8", "--group-size", "64"), "drop --group-size"),
         (("--bits", "8", "--decode-step", "32"), "--engine torchao"),
-        (("--bits", "8", "--exclude", "no.such.layer"), "no module"),
+        (("--bits", "8", "--exclude", "no.such.layer"), "no such module"),
     )
     for extra, match in cases:
         assert_refused(cli, *base, *extra, "-o", tmp_path / "x", match=match, where=tmp_path)
