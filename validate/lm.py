@@ -282,7 +282,7 @@ def _evaluate_one(m: _Model, ids: Any, opts: LMOptions, allow_pickle: bool) -> t
         name=m.name, ref=str(m.obj) if m.folder is not None else loaded.ref, role=m.role,
         format=loaded.format, runtime=_runtime(loaded.format), precision=_precision(loaded, module),
         parent=getattr(art, "parent", None), config=getattr(art, "config", None), batch_range=[1, 1],
-        eval_batch_size=1, size=size_info(files, module),
+        eval_batch_size=1, size=size_info(files, module, gzip=False),
         peak_memory_mb=None if mem.peak_mb is None else round(mem.peak_mb, 1),
         peak_memory_delta_mb=None if mem.delta_mb is None else round(mem.delta_mb, 1),
         metric=ppl["perplexity"],
