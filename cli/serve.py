@@ -21,7 +21,7 @@ def command(artifacts: tuple[str, ...], engine: str | None, **params: Any) -> No
 
     \b
     TorchServe: ARTIFACT is a .mar (ptopt package --format mar).
-    Ray Serve: any artifact (.pt, .pt2, .onnx, .xml, a weight-only LM folder) or a folder of
+    Ray Serve: any artifact (.pt, .pt2, .onnx, .xml, a language-model folder) or a folder of
     `ptopt package --format ray`, on a local Ray instance or a cluster (--address); the Open
     Inference Protocol (KServe v2, what tritonclient speaks) at /v2 and the .mar's JSON route at
     /predictions/NAME.

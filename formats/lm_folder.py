@@ -188,6 +188,9 @@ class LMFolder(Format):
     folder = True
     reexportable = False
     devices = ("cpu",)
+    #: served as text (greedy generation through the exported step) by Ray Serve, as the OpenVINO folder
+    servers = ("ray",)
+    generates_text = True
     sniff_rank = 37  # before the Hugging Face folders: it has a config.json too
     #: the graph's file inside the folder
     file: ClassVar[str] = ""

@@ -82,6 +82,7 @@ def prepare(
         artifact = artifact.path
     _refuse_missing_file(artifact)
     loaded = as_loaded(artifact, weights=weights, allow_pickle=allow_pickle)
+    _refuse_text_model(loaded)
     if input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
     if loaded.format in (servable_formats("mar") if servable is None else servable) and loaded.path:
@@ -92,6 +93,19 @@ def prepare(
 def servable_formats(format: str) -> list[str]:
     """The artifact formats the server of ``--format`` runs as they are (the rest become TorchScript)."""
     return [f.name for f in formats() if SERVER[format] in f.servers]
+
+
+def _refuse_text_model(loaded: LoadedModel) -> None:
+    """A language-model folder generates text: Ray Serve serves it; a .mar or a Triton repository holds
+    tensor models (it asked for an image's --input-shape before)."""
+    from ptopt.core.formats import find_format
+
+    row = find_format(loaded.format)
+    if row is not None and row.generates_text:
+        raise UsageError(
+            f"{loaded.ref} is a language-model folder ({row.name}): Ray Serve serves it as text "
+            "(ptopt serve FOLDER, or ptopt package FOLDER --format ray); .mar and Triton packages hold tensor models"
+        )
 
 
 def _refuse_missing_file(artifact: Any) -> None:

@@ -110,3 +110,22 @@ def test_weight_only_folder_generates_its_own_greedy_text(serve_lm_int8):
 
 def test_language_model_without_tokenizer_is_refused(serve_lm):
     assert_refused(ServedModel, serve_lm / "bare", match="has no tokenizer", error=ModelLoadError)
+
+
+def test_an_exported_language_model_folder_generates_its_sources_greedy_text(serve_lm, tmp_path, cli):
+    """``ptopt export hf:DIR --target exported_program``'s folder (the decoder step with its KV cache) is
+    served as text, as the weight-only and OpenVINO folders are: the same words as the source's greedy
+    run; a .mar of it is refused naming Ray Serve (it asked for an image's --input-shape)."""
+    from ptopt.core.hf import load_causal_lm, load_tokenizer
+    from ptopt.core.lm import greedy_tokens
+
+    out = tmp_path / "llama.ep"
+    ptopt.export(f"hf:{serve_lm / 'llama'}", "exported_program", out)
+    served = ServedModel(out, name="lm", max_tokens=8)
+    assert served.generates_text and served.format == "exported_program_lm"
+    tok = load_tokenizer(serve_lm / "llama")
+    ids = torch.tensor(tok("w5 w17 w99 w3")["input_ids"])
+    want = tok.decode(greedy_tokens(load_causal_lm(serve_lm / "llama"), ids, 6), skip_special_tokens=True)
+    assert served.generate("w5 w17 w99 w3", 6) == want
+    assert_refused(cli, "package", out, "--format", "mar", "-o", tmp_path / "lm.mar",
+                   match=("language-model folder", "Ray Serve"), where=tmp_path)  # fmt: skip
