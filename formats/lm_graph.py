@@ -47,10 +47,21 @@ def layout(config: Any) -> dict[str, int]:
     heads = getattr(config, "num_attention_heads", None) or config.n_head
     return {
         "layers": int(config.num_hidden_layers),
-        "kv_heads": int(getattr(config, "num_key_value_heads", None) or heads),
+        "kv_heads": int(getattr(config, "num_key_value_heads", None) or _falcon_kv_heads(config) or heads),
         "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
         "vocab": int(config.vocab_size),
     }
+
+
+def _falcon_kv_heads(config: Any) -> int | None:
+    """Falcon's cached heads (transformers' ``FalconAttention``): all of them with the new decoder
+    architecture (it repeats its key/value heads before caching), else one for multi-query attention,
+    else ``num_kv_heads``; None for other families."""
+    if getattr(config, "model_type", None) != "falcon":
+        return None
+    if config.new_decoder_architecture:
+        return config.num_attention_heads
+    return 1 if config.multi_query else config.num_kv_heads
 
 
 def cache_shape(config: Any, past: int, batch: int = 1) -> tuple[int, int, int, int]:

@@ -36,6 +36,19 @@ def build(family: str, layers: int = 1):
         cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=layers, n_head=4, n_positions=POSITIONS,
                             initializer_range=0.2, bos_token_id=1, eos_token_id=2)  # fmt: skip
         model = tf.GPT2LMHeadModel(cfg)
+    elif family == "falcon":  # multi-query attention: one cached key/value head, fused qkv
+        cfg = tf.FalconConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            multi_query=True,
+            new_decoder_architecture=False,
+            max_position_embeddings=POSITIONS,
+            bos_token_id=1,
+            eos_token_id=2,
+        )  # fmt: skip (its default init: see the note)
+        model = tf.FalconForCausalLM(cfg)
     elif family == "mistral":  # sliding-window layers: refused
         model = tf.MistralForCausalLM(tf.MistralConfig(num_key_value_heads=2, sliding_window=16, **common))
     else:

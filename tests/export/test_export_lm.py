@@ -171,3 +171,25 @@ def test_api_bad_input_same_refusals(lms, tmp_path):
     assert_refused(ptopt.export, load_causal_lm(lms["mistral"]), "onnx", error=UnsupportedModelError,
                    match="sliding-window")  # fmt: skip
     assert_refused(ptopt.export, "tests.helpers:tiny_cnn", "onnx", new_tokens=4, error=UsageError)
+
+
+def test_falcon_caches_the_heads_its_attention_caches(tmp_path):
+    """Falcon names its key/value heads its own way (``num_kv_heads``, ``multi_query``,
+    ``new_decoder_architecture``): the cache inputs have the heads transformers' FalconAttention caches,
+    and a multi-query Falcon exports with greedy tokens equal to transformers' (the export's own check;
+    before, torch.export failed on 4 heads of cache against 1)."""
+    from ptopt.core.hf import import_transformers
+    from ptopt.formats.lm_graph import layout
+    from tests.export.lm_models import build
+    from tests.export.lm_models import save as save_lm
+
+    tf = import_transformers()
+    kw = dict(hidden_size=32, num_attention_heads=8, num_kv_heads=2)
+    assert layout(tf.FalconConfig(multi_query=True, new_decoder_architecture=False, **kw))["kv_heads"] == 1
+    assert layout(tf.FalconConfig(multi_query=False, new_decoder_architecture=False, **kw))["kv_heads"] == 2
+    assert layout(tf.FalconConfig(new_decoder_architecture=True, **kw))["kv_heads"] == 8
+    assert layout(build("falcon").config)["kv_heads"] == 1
+    res = ptopt.export(
+        f"hf:{save_lm('falcon', tmp_path / 'falcon')}", "onnx", tmp_path / "falcon.onnx", new_tokens=8
+    )
+    assert res.metrics["greedy"]["equal"] and res.metrics["parity"]["passed"], res.metrics
