@@ -335,7 +335,10 @@ def test_a_weight_only_folder_is_not_compressed_again(cli, lm_dir, tmp_path):
     from tests.helpers import assert_refused
 
     res = ptopt.quantize(lm_dir, "weight-only", tmp_path / "q8", bits=8)
-    again = (["quantize", "--mode", "weight-only", "--bits", "4"], ["prune", "--method", "structured", "--amount", "0.3"])
+    again = (
+        ["quantize", "--mode", "weight-only", "--bits", "4"],
+        ["prune", "--method", "structured", "--amount", "0.3"],
+    )
     for args in again:
         assert_refused(
             cli, args[0], f"hf:{tmp_path / 'q8'}", *args[1:], "-o", tmp_path / "again",
