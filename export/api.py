@@ -30,17 +30,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ptopt.core import progress as _progress
 from ptopt.core.artifact import Artifact
 from ptopt.core.errors import UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.result import Result
 from ptopt.export.config import HALF, OPTIONS, PRECISIONS, ExportConfig, settle_config
+from ptopt.export.parity import INT8_VS_FP32_RTOL
 from ptopt.formats.shapes import settle_specs
 
 __all__ = ["PRECISIONS", "ExportConfig", "export"]
 
 
 @OPTIONS.twin
+@_progress.reported
 def export(
     model: Any,
     target: str | None = None,
@@ -54,6 +57,7 @@ def export(
     weights: Any = None,
     allow_pickle: bool = False,
     external_data: bool | None = None,
+    progress: Any = True,
     **options: Any,
 ) -> Result:
     """Export ``model`` to ``target``; returns a Result (``.model`` runs the checked artifact here,
@@ -87,7 +91,8 @@ def export(
       ``float_modules``: the modules (``"layers.0.ff2"``, ...) whose ops NNCF leaves float.
     - A causal language model (``hf:DIR``, a transformers causal LM) exports as a folder with its KV cache
       as inputs and outputs (``ptopt.export.lm``): onnx, openvino, exported_program, aoti; ``new_tokens``:
-      the greedy tokens it is checked on against transformers (default 32), after a prompt from ``data``."""
+      the greedy tokens it is checked on against transformers (default 32), after a prompt from ``data``.
+    - ``progress``: the long steps on stderr (``True``), to a callable (each plain line), or none (``False``)."""
     config, shape_options = settle_config(target, config, options)
     shapes = dataclasses.asdict(shape_options)
     if _lm_export(model, config, output):
@@ -490,7 +495,14 @@ def _write_and_check(
     )
     # the check runs on the very object .model returns (one reload, not two)
     model = reload(path, config.format, style=style, device=device, cuda_graphs=config.cuda_graphs)
-    rule = Check(source.module, calib, config.atol, config.rtol, config.min_cosine, keep_failed_as=output)
+    rtol = config.rtol
+    if (
+        precision == "int8"
+        and source.precision != "int8"
+        and (config.atol, rtol, config.min_cosine) == (None,) * 3
+    ):
+        rtol = INT8_VS_FP32_RTOL  # quantized here from fp32: quantize's int8 rule (export.parity)
+    rule = Check(source.module, calib, config.atol, rtol, config.min_cosine, keep_failed_as=output)
     check = dict(
         precision=precision,
         files=facts["files"],

@@ -80,6 +80,7 @@ def test_cli_int8_torchscript_to_int8_onnx(cli, tmp_path, int8_artifact):
     assert side["precision"] == "int8" and side["config"]["int8_method"] == "ort_static"
     assert side["config"]["calib_data"] == CALIB and side["parent"]["path"] == str(int8_artifact)
     assert side["metrics"]["parity"]["passed"] and side["extra"]["quantized_from"]["path"] == FACTORY
+    assert side["metrics"]["parity"]["rtol"] == 0.1  # an int8 file against its int8 source: two roundings
     assert {"QuantizeLinear", "DequantizeLinear"} <= _qdq_ops(out)
     y = ort.InferenceSession(str(out)).run(None, {"input": torch.randn(3, 1, 8, 8).numpy()})[0]
     assert y.shape == (3, 10)
@@ -102,6 +103,10 @@ def test_fp32_model_to_int8_onnx_with_calibration(tmp_path):
 
     art = export(FACTORY, "onnx", tmp_path / "c.onnx", precision="int8", data=CALIB)
     assert art.precision == "int8" and art.config["calib_data"] == CALIB
+    # quantized here from fp32: quantize's int8 rule (20 % of each output's scale, cosine 0.99), as
+    # ptopt quantize judges the same quantization; all-MiniLM-L6-v2's OpenVINO int8 (worst cosine 0.9925,
+    # 10.7 % of its scale) failed the 10 % meant for an int8 file against an int8 source
+    assert (art.metrics["parity"]["rtol"], art.metrics["parity"]["min_cosine"]) == (0.2, 0.99)
     fp32 = export(FACTORY, "onnx", tmp_path / "f.onnx")
     assert art.size_bytes < fp32.size_bytes
 
