@@ -224,3 +224,17 @@ def test_a_stage_result_exports_in_memory_int8_onnx_from_its_fp32_source(tmp_pat
     q.save(tmp_path / "q.pt")
     with pytest.raises(PtoptError, match="parent"):
         ptopt.export(tmp_path / "q.pt", "onnx", tmp_path / "q2.onnx", data=x)
+
+
+def test_progress_goes_where_the_twin_is_told(monkeypatch, capsys):
+    """``progress=`` as every Python twin takes it (docs/reference.md): a callable gets the plain lines,
+    ``False`` mutes them (it was refused: "export() takes no option progress=")."""
+    import ptopt
+    from ptopt.core import progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.0)  # every step says how it goes at once
+    lines: list[str] = []
+    ptopt.export(torch.nn.Linear(4, 2), "onnx", input_shapes="1x4", progress=lines.append)
+    assert lines and lines[-1].startswith("  writing ONNX fp32: done in"), lines
+    ptopt.export(torch.nn.Linear(4, 2), "onnx", input_shapes="1x4", progress=False)
+    assert "writing ONNX" not in capsys.readouterr().err
