@@ -288,15 +288,23 @@ def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8
     float layers are not enough."""
     from ptopt.compress.fidelity import INT8_VS_FP32, measure_fidelity
     from ptopt.compress.quantize.engine_fx import quantize_context
+    from ptopt.core import progress
     from ptopt.core.search import drop_unneeded, ladder
 
     goal = AccuracyGoal(min_cosine=0.0, sensitivity_samples=max(len(data), 1), latency_batch_size=1)
+    ranking: list[Any] = []  # the open step the ranking advances, one layer per log line
     with quantize_context(config.backend):
-        tuner = Tuner(prep, config, data, goal, None, lambda msg: None)
+        tuner = Tuner(prep, config, data, goal, None, lambda msg: [s.advance() for s in ranking])
         names = tuner.quantizable_layers()
         if not names or len(names) > MAX_RANKED_LAYERS:
             return None
-        ranked = _ranked_for_advice(tuner, prep, config, names, data)
+        with progress.step("ranking layers by int8 sensitivity", len(names), "layers", announce=False) as st:
+            ranking.append(st)
+            ranked = _ranked_for_advice(tuner, prep, config, names, data)
+        ranking.clear()
+        progress.note(
+            f"  ranked {len(ranked)} layers by int8 sensitivity; most sensitive: {', '.join(ranked[:3])}"
+        )
         records: dict[tuple[str, ...], Any] = {}
 
         def holds(floats: list[str], *_: Any) -> bool:
@@ -308,6 +316,11 @@ def float_layers_that_hold(prep: Any, config: Any, data: Any, max_float: int = 8
                     )
                 except (RuntimeError, NotImplementedError):  # a float/int8 mix graph mode cannot run
                     records[tuple(floats)] = None
+                rec = records[tuple(floats)]
+                said = f"min cosine {rec['min_cosine']:.4f}" if rec else "does not run"
+                progress.note(
+                    f"  {len(floats)} float ({', '.join(floats[:3])}{', ...' if len(floats) > 3 else ''}): {said}"
+                )
             return bool(records[tuple(floats)] and records[tuple(floats)]["passed"])
 
         most = min(max_float, len(ranked) - 1)

@@ -12,6 +12,7 @@ Nothing here names an engine: what differs between engines is in their rows
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ptopt.compress.quantize import table
@@ -43,7 +44,9 @@ def prepare(
     eval_data: Any = None,
 ) -> Prepared:
     """Load the eager model and the data, check they fit (typed errors), settle the input specs."""
-    loaded = _logits_of_lm(load_eager(model, weights, allow_pickle, "quantization"))
+    name = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
+    with progress.step(f"loading {name}", announce=False):  # heartbeats name what they wait for
+        loaded = _logits_of_lm(load_eager(model, weights, allow_pickle, "quantization"))
     row = table.technique(config.mode, config.engine)
     if row.requires is not None:
         row.requires(config)
@@ -51,9 +54,10 @@ def prepare(
         from ptopt.compress.quantize.layers import check_module_names
 
         check_module_names(loaded.module, config.float_modules)
-    calib = load_dataset(calib_data, "calibration")
-    train = load_dataset(train_data, "training")
-    evald = load_dataset(eval_data, "evaluation")
+    with progress.step("reading the data", announce=False):
+        calib = load_dataset(calib_data, "calibration")
+        train = load_dataset(train_data, "training")
+        evald = load_dataset(eval_data, "evaluation")
     fit = calib or train
     example = settle_inputs(loaded, fit or evald, input_shapes, "data (--calib-data / --eval-data)")
     for ds in (calib, train, evald):
@@ -87,7 +91,10 @@ def _logits_of_lm(loaded: Any) -> Any:
 def quantize_prepared(config: QuantConfig, prep: Prepared, progress: bool) -> Any:
     """The unsaved Result of ``config``'s row for the prepared model and data: the handler makes the
     int8 artifact in memory, the flow measures it and describes it (its sidecar-to-be) once."""
-    made = table.technique(config.mode, config.engine).handler(config, prep, progress)
+    from ptopt.core import progress as steps
+
+    with steps.step(f"quantizing to int8 ({config.mode}, engine {config.engine})", announce=False):
+        made = table.technique(config.mode, config.engine).handler(config, prep, progress)
     return build_result(config, prep, made)
 
 

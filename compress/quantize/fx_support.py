@@ -40,9 +40,13 @@ def advise(config: Any, prep: Prepared) -> str:
     with them float), else the search."""
     from ptopt.compress.quantize.autoquant_tuner import float_layers_that_hold
     from ptopt.compress.quantize.measure import check_data
+    from ptopt.core import progress
 
     data = check_data(prep)
-    found = float_layers_that_hold(prep, config, data)
+    with progress.step(
+        "int8 breaks the rule: searching for layers to keep float (up to 8, most sensitive first)"
+    ):
+        found = float_layers_that_hold(prep, config, data)
     if found is None:
         dynamic = _dynamic_holds(prep, config, data) if config.mode != "dynamic" else None
         if dynamic is not None:  # verified here, so the suggestion is one that works when pasted

@@ -33,6 +33,9 @@ def test_dynamic_int8_that_breaks_is_refused_and_the_suggested_command_works(cli
     )
     assert re.search(r"worst-sample cosine 0\.\d+ < 0\.99", message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.int8.pt.failed"]  # no sidecar: not an artifact
+    # the search says what it does (a sentence encoder's ran 224 s as "ptopt quantize: still working")
+    _, _, err = cli(*args)
+    assert "searching for layers to keep float" in err and "ranked " in err and "float (block.2" in err, err
     flags = _suggested_excludes(message)
     assert flags == ["--exclude", "block.2"]
     # the suggestion, pasted: it holds
