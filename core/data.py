@@ -409,7 +409,15 @@ def _from_memory(obj: Any, name: str) -> Dataset:
 
 def _load_reference(ref: str | os.PathLike) -> Dataset:
     """A DATA reference: builtin:NAME, a .pt / .npz file, or pkg.module:function."""
+    from ptopt.core.text import is_text_ref
+
     text = str(ref)
+    if is_text_ref(text):
+        raise DataError(
+            f"data {text!r} is text: a language model reads it through its tokenizer (quantize --mode "
+            "weight-only, validate's perplexity, distill); this step takes tensors: token ids as a .pt or "
+            ".npy of int64, or another DATA form (file.pt, file.npz, builtin:digits, pkg.module:function)"
+        )
     if text.startswith("builtin:"):
         from ptopt.core.builtin_data import load_builtin
 

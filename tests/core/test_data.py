@@ -6,6 +6,7 @@ import torch
 
 from ptopt.core.data import Dataset, load_data
 from ptopt.core.errors import DataError
+from tests.helpers import assert_refused
 
 
 def test_builtin_variants_and_splits():
@@ -170,3 +171,14 @@ def test_load_data_refuses_batches_that_do_not_stack() -> None:
     assert_refused(
         load_data, [torch.randn(2, 3), torch.randn(2, 4)], match="cannot read batches", error=DataError
     )
+
+
+def test_text_given_where_tensors_are_read_says_what_reads_text(cli, tmp_path):
+    """``quantize --mode static --calib-data corpus.txt`` tried ``torch.load`` on the text ("holds more than
+    tensors; ... weights_only"): the message now says it is text and what reads text."""
+    (tmp_path / "corpus.txt").write_text("some words " * 50, encoding="utf-8")
+    for ref in (tmp_path / "corpus.txt", "builtin:pydoc-text:calib"):
+        with pytest.raises(DataError, match="is text: a language model reads it through its tokenizer"):
+            load_data(ref)
+    assert_refused(cli, "quantize", "zoo:resnet", "--mode", "static", "--calib-data", "corpus.txt", "-o",
+                   "r.int8.pt", match=("is text", "--mode weight-only"), where=tmp_path)  # fmt: skip
