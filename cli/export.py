@@ -25,7 +25,11 @@ from ptopt.export.config import OPTIONS
 @data_option("--data", "DATA: input shapes when the model declares none, and int8 calibration.")
 @data_option("--validation-data", "DATA --accuracy-control validates on (default: --data).")
 @model_options
-@output_option()
+@output_option(
+    help="Where to write the artifact (a .ptopt.json sidecar is written next to it); a folder for a "
+    "causal language model (hf:DIR).",
+    folder_ok=True,
+)
 @save_recipe_option
 @guard_paths(
     {"model": "MODEL", "weights": "--weights", "data": "--data", "validation_data": "--validation-data"},

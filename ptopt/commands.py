@@ -74,7 +74,7 @@ _TABLE = (
     ),
     Command(
         "package",
-        "Package an artifact for serving (TorchServe .mar, Triton repository).",
+        "Package an artifact for serving (a Ray Serve folder, a TorchServe .mar, a Triton repository).",
         "ptopt.serve.package:package",
         step=True,
     ),
@@ -85,7 +85,11 @@ _TABLE = (
         step=True,
         api="ptopt.optimize",
     ),
-    Command("serve", "Serve a .mar with a local TorchServe on 127.0.0.1.", api=None),
+    Command(
+        "serve",
+        "Serve artifacts on 127.0.0.1: Ray Serve (Open Inference Protocol) or TorchServe (.mar).",
+        api=None,
+    ),
     Command(
         "run",
         "Run a pipeline recipe (compress, export, validate with gates) from YAML.",

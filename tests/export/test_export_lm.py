@@ -105,6 +105,7 @@ def test_api_onnx_qwen2_in_memory_generates_as_transformers(lms):
 
 def test_cli_exported_program_with_text_prompt_loads_in_plain_torch(cli, lms, tmp_path):
     out = tmp_path / "phi3-ep"
+    out.mkdir()  # an empty folder made for it is taken (click refused any existing folder as "-o")
     code, stdout, err = cli("export", f"hf:{lms['phi3']}", "--target", "exported_program", "--data",
                             lms["text"], "--new-tokens", NEW, "--dynamic-batch", "1:1:4", "-o", out)  # fmt: skip
     assert code == 0, err
