@@ -181,8 +181,11 @@ def _arrays_from_payload(payload, specs, style):
                     ".npz is missing input(s) {} (has {})".format(", ".join(missing), ", ".join(loaded.files))
                 )
             return {n: loaded[n] for n in names}
-    if not isinstance(payload, dict) or "inputs" not in payload:
+    if not isinstance(payload, dict):
         raise ValueError('the JSON body must be an object {"inputs": ...}')
+    if "inputs" not in payload:
+        keys = ", ".join(sorted(map(str, payload))[:5]) or "none"
+        raise ValueError(f'the JSON body has no "inputs" key (its keys: {keys}); send {{"inputs": ...}}')
     inputs = payload["inputs"]
     if isinstance(inputs, dict):
         unknown = sorted(set(inputs) - set(names))

@@ -80,6 +80,7 @@ def test_mixed_batch_good_and_bad_requests(tmp_path, serve_artifacts):
         {"body": npy.getvalue()},  # .npy bytes
         {"data": {"inputs": x[1].tolist()}},  # already parsed JSON (TorchServe decodes it)
         _json({"inputs": [[["x"] * 8] * 8]}),  # not numbers
+        _json({"x": 1}),  # an object without "inputs"
     ]
     answers = h.handle(data, ctx)
     assert len(answers) == len(data)
@@ -89,10 +90,11 @@ def test_mixed_batch_good_and_bad_requests(tmp_path, serve_artifacts):
     np.testing.assert_allclose(out[2]["outputs"], want[:2], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[4]["outputs"], want[2:], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[5]["outputs"], want[1], rtol=1e-5, atol=1e-6)
-    assert set(ctx.status) == {1, 3, 6} and all(c == 400 for c, _ in ctx.status.values())
+    assert set(ctx.status) == {1, 3, 6, 7} and all(c == 400 for c, _ in ctx.status.values())
     assert "malformed JSON" in out[1]["error"]
     assert "shape" in out[3]["error"] and "input: 1x8x8 float32" in out[3]["expected"]
     assert "numbers" in out[6]["error"]
+    assert 'no "inputs" key (its keys: x)' in out[7]["error"]
 
 
 def test_requests_of_different_lengths_share_a_call(tmp_path, serve_artifacts):
