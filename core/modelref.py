@@ -448,8 +448,22 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
             return call_model(module, x)
     except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        expected = expected_input(loaded)
+        # specs guessed from this very batch say nothing the model's own error does not ("expected
+        # [1..64]x3x32x32, got 8x3x32x32" where the model needs 64x64): only what was given is named
+        echo = bool(loaded.input_specs) and _specs_echo(loaded.input_specs, flatten_inputs(x))
         raise ShapeMismatchError(
             f"{what} does not fit model {loaded.ref}: {reason[:300]}",
-            expected=expected_input(loaded),
+            expected=None if echo else expected,
             got=got,
         ) from None
+
+
+def _specs_echo(specs: Any, given: list) -> bool:
+    """Whether every spec's sample shape (past the batch) and dtype are those of the batch ``given``."""
+    if len(specs) != len(given):
+        return False
+    return all(
+        tuple(s.opt_shape[1:]) == tuple(t.shape[1:]) and str(t.dtype) == f"torch.{s.dtype}"
+        for s, (_, t) in zip(specs, given, strict=True)
+    )

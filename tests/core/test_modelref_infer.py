@@ -224,3 +224,28 @@ def test_no_guess_says_how_to_write_one(tmp_path):
         where=tmp_path,
         error=UsageError,
     )
+
+
+NEEDS_64 = """import torch
+
+
+class Needs64(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[-1] != 64:
+            raise ValueError(f"width {x.shape[-1]} is not the 64 this model takes")
+        return x.mean((2, 3))
+
+
+def needs_64():
+    return Needs64()
+"""
+
+
+def test_a_shape_guessed_from_the_data_is_not_called_expected(cli, tmp_path):
+    """Specs guessed from the very batch that failed echo it: "expected [1..64]x3x32x32, got 8x3x32x32"
+    where the model needs 64x64. Only what was given is named beside the model's own reason."""
+    (tmp_path / "needs64_models.py").write_text(NEEDS_64)
+    torch.save({"x": torch.randn(8, 3, 32, 32)}, tmp_path / "img32.pt")
+    msg = assert_refused(cli, "inspect", "needs64_models:needs_64", "--data", "img32.pt",
+                         match=("is not the 64 this model takes", "got input: 8x3x32x32"))  # fmt: skip
+    assert "expected" not in msg
