@@ -229,10 +229,15 @@ def _token_ids(data: Any, models: list[_Model], opts: LMOptions) -> Any:
         data, getattr(models[0].config, "vocab_size", None), tok_dir, f"--data {_data_name(data)}"
     )
     longest = max_positions(type("M", (), {"config": models[0].config})())
-    need = min(opts.prompt_tokens, int(ids.numel())) + opts.new_tokens
+    prompt = min(opts.prompt_tokens, int(ids.numel()))
+    need = prompt + opts.new_tokens
     if longest is not None and need > longest:
+        given = f"--prompt-tokens {opts.prompt_tokens}" + (
+            f" (the data holds {prompt} tokens)" if prompt < opts.prompt_tokens else ""
+        )
         raise UsageError(
-            f"--prompt-tokens + --new-tokens = {need} tokens, and {models[0].name} covers {longest} positions"
+            f"{given} + --new-tokens {opts.new_tokens} = {need} tokens, and {models[0].name} covers {longest} "
+            "positions"
         )
     return ids
 
