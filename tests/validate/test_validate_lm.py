@@ -169,7 +169,8 @@ BAD = [
     ("lm-option-with-cnn", lambda lm: (CNN, CNN, ["--data", "builtin:digits:test", "--context", "64"]),
      ("--context applies only",)),
     ("non-lm-artifact", lambda lm: ("ref", "eval.pt", ["--data", lm["ids"]]), ("not a causal language model",)),
-    ("past-the-positions", lambda lm: ("ref", "int8", ["--data", lm["ids"], "--prompt-tokens", "100000", "--new-tokens", "4000"]),
+    ("past-the-positions",
+     lambda lm: ("ref", "int8", ["--data", lm["ids"], "--prompt-tokens", "100000", "--new-tokens", "4000"]),
      ("--prompt-tokens 100000 (the data holds", "positions")),
 ]  # fmt: skip
 
