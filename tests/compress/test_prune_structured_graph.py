@@ -197,3 +197,17 @@ def test_nothing_prunable_names_why(tmp_path):
         where=tmp_path,
         error=UnsupportedModelError,
     )
+
+
+def test_a_module_type_kept_whole_is_refused_with_its_reason():
+    """When nothing can be pruned, the refusal says why a module type was kept whole, once, first
+    (all-MiniLM-L6-v2: "Block kept whole" per layer, never why, and cut mid-word at 600 characters)."""
+    import types
+
+    from ptopt.compress.prune.techniques.structured import _refuse_if_nothing
+
+    g = types.SimpleNamespace(notes=[])
+    why = "its forward fails with fewer channels (shape '[2, 32, 8, 48]' is invalid for input of size 16384)"
+    with pytest.raises(UnsupportedModelError) as e:
+        _refuse_if_nothing(g, [], {"Block": why})
+    assert f"removed: Block kept whole ({why})" in str(e.value)

@@ -196,7 +196,7 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
         settings["kept"],
         settings.get("hidden", False),
     )
-    _refuse_if_nothing(g, groups)
+    _refuse_if_nothing(g, groups, whole)
     notes = [
         *g.notes,
         *(f"{cls} kept whole: {why}" for cls, why in whole.items()),
@@ -378,14 +378,19 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
     )
 
 
-def _refuse_if_nothing(g: Any, groups: list[ChannelGroup]) -> None:
+def _refuse_if_nothing(g: Any, groups: list[ChannelGroup], whole: dict[str, str]) -> None:
+    """UnsupportedModelError when no group can lose a channel: why (the module types kept whole first,
+    with the reason each was, then each layer's), cut at a word."""
+    from ptopt.core.errors import clip
+
     if any(grp.prunable for grp in groups):
         return
-    why = [f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen]
+    why = [f"{cls} kept whole ({reason})" for cls, reason in whole.items()]
+    why += [f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen]
     why = why + list(g.notes) or ["the model has no conv or linear layer whose outputs another layer reads"]
     raise UnsupportedModelError(
         "structured pruning found no layer whose output channels can be removed: "
-        + "; ".join(why)[:600]
+        + clip("; ".join(why), 600)
         + " (use --method global or l1-unstructured: they zero weights and need no graph)"
     )
 
