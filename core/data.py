@@ -415,8 +415,8 @@ def _load_reference(ref: str | os.PathLike) -> Dataset:
     if is_text_ref(text):
         raise DataError(
             f"data {text!r} is text: a language model reads it through its tokenizer (quantize --mode "
-            "weight-only, validate's perplexity, distill); this step takes tensors: token ids as a .pt or "
-            ".npy of int64, or another DATA form (file.pt, file.npz, builtin:digits, pkg.module:function)"
+            "weight-only, validate's perplexity, distill); this step takes tensors: token ids in a .pt "
+            "(int64), or another DATA form (file.pt, file.npz, builtin:digits, pkg.module:function)"
         )
     if text.startswith("builtin:"):
         from ptopt.core.builtin_data import load_builtin

@@ -95,17 +95,12 @@ def export_onnx(
 ) -> dict:
     """Write ``path`` (+ ``path.data`` when large); return facts for the sidecar (files, opset, exporter...)."""
     import onnx
-    import onnx.defs
 
-    if opset is not None and opset > onnx.defs.onnx_opset_version():
-        raise UsageError(
-            f"--opset {opset}: the newest opset onnx {onnx.__version__} knows is {onnx.defs.onnx_opset_version()}"
-        )
     names = [s.name for s in specs]
+    old_opset = check_opset(opset, style, source_format, names)
     x = make_inputs(specs, style, which="opt")
     outs = output_names(count_outputs(module, x))
     big = weight_bytes(module) >= EXTERNAL_DATA_BYTES if external_data is None else bool(external_data)
-    old_opset = opset is not None and opset < DYNAMO_MIN_OPSET
     if source_format == "torchscript" or has_rnn(module) or old_opset:
         exporter = torchscript_exporter(module, specs, style, path, names, outs, opset)
     else:
@@ -136,6 +131,26 @@ def export_onnx(
         "external_data": big,
         "optimized": bool(optimize),
     }
+
+
+def check_opset(opset: int | None, style: str, source_format: str, names: Sequence[str]) -> bool:
+    """UsageError, before anything is exported, for an ``--opset`` the export cannot write: one the
+    installed onnx does not know, or one below 18 (the TorchScript exporter's) for a model that takes
+    named inputs. Returns whether ``opset`` is below 18."""
+    import onnx
+    import onnx.defs
+
+    newest = onnx.defs.onnx_opset_version()
+    if opset is not None and opset > newest:
+        raise UsageError(f"--opset {opset}: the newest opset onnx {onnx.__version__} knows is {newest}")
+    old = opset is not None and opset < DYNAMO_MIN_OPSET
+    if old and style == "keyword" and source_format != "torchscript":
+        raise UsageError(
+            f"--opset {opset}: below {DYNAMO_MIN_OPSET} ONNX is written by torch's TorchScript exporter, which "
+            f"passes inputs by position; this model takes named inputs ({', '.join(names)}), which it can "
+            f"mis-bind (BERT: 'multiple values for use_cache'): use --opset {DYNAMO_MIN_OPSET} or later"
+        )
+    return old
 
 
 def default_opset(model: Any) -> int | None:

@@ -194,6 +194,11 @@ def ort_static_quantize(
     from ptopt.formats.capture import quiet_export
     from ptopt.formats.onnx_export import check_onnx, export_onnx
 
+    if opset is not None and opset < 13:
+        raise UsageError(
+            f"--opset {opset}: ORT's static int8 writes per-channel weights (DequantizeLinear's axis), which "
+            "need opset 13 or later"
+        )
     calib = load_data(calib)
     calib.check_finite()
     path = Path(path).resolve()  # quant_pre_process runs in the temporary folder below

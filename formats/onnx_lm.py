@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ptopt.core.errors import UnsupportedModelError
+from ptopt.core.errors import UnsupportedModelError, UsageError
 from ptopt.formats.lm_folder import CachedLM, LMFolder
 
 FILE = "model.onnx"
@@ -88,8 +88,19 @@ class OnnxLMFolder(LMFolder):
 
         from ptopt.formats.capture import first_lines, quiet_export, torchlib_registry_reused
         from ptopt.formats.lm_graph import example, io_names
-        from ptopt.formats.onnx_export import EXTERNAL_DATA_BYTES, check_onnx, save_onnx
+        from ptopt.formats.onnx_export import (
+            DYNAMO_MIN_OPSET,
+            EXTERNAL_DATA_BYTES,
+            check_onnx,
+            default_opset,
+            save_onnx,
+        )
 
+        asked = record.get("opset")
+        if asked is not None and asked < DYNAMO_MIN_OPSET:  # dynamo writes 18 when asked for less
+            raise UsageError(
+                f"--opset {asked}: a language model's ONNX export writes opset {DYNAMO_MIN_OPSET} or later"
+            )
         inputs, outputs = io_names(record["layout"]["layers"])
         try:
             with quiet_export(), torchlib_registry_reused():
@@ -107,7 +118,7 @@ class OnnxLMFolder(LMFolder):
         big = record["weight_bytes"] >= EXTERNAL_DATA_BYTES
         save_onnx(model, folder / FILE, big)
         check_onnx(folder / FILE)
-        record |= {"opset": model.opset_import[0].version, "external_data": big,
+        record |= {"opset": default_opset(model), "external_data": big,
                    "exporter": f"torch.onnx (dynamo=True), torch {torch.__version__}, onnx {onnx.__version__}"}  # fmt: skip
         genai = genai_config(config, record)
         if genai is not None:

@@ -174,3 +174,11 @@ def test_the_opset_asked_for_is_the_opset_written(cli, tmp_path):
                    match="the newest opset onnx", where=tmp_path)  # fmt: skip
     assert_refused(cli, "export", "tests.helpers:tiny_cnn", "--target", "onnx", "--opset", "3", "-o", "x.onnx",
                    match="7 or later", where=tmp_path)  # fmt: skip
+    # the TorchScript exporter passes inputs by position: a model of named inputs is refused below 18
+    assert_refused(cli, "export", "tests.helpers:two_input", "--target", "onnx", "--opset", "17", "--min-shape",
+                   "input_ids=1x6", "--min-shape", "attention_mask=1x6", "-o", "t.onnx",
+                   match=("named inputs (input_ids, attention_mask)", "--opset 18 or later"), where=tmp_path)  # fmt: skip
+    # ORT's static int8 writes per-channel weights: opset 13 or later
+    assert_refused(cli, "export", "tests.helpers:tiny_cnn", "--target", "onnx", "--opset", "12", "--precision",
+                   "int8", "--data", "builtin:digits:train", "-o", "q.onnx", match="need opset 13 or later",
+                   where=tmp_path)  # fmt: skip
