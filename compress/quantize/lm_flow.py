@@ -54,7 +54,11 @@ def quantize_lm(
 
     check_module_names(source, config.float_modules)  # a misspelt --exclude is no silent full quantization
     hf_dir = loaded.info.get("hf_dir")
-    calib = _token_ids(calib_data, source, hf_dir, "calibration text")
+    calib = _token_ids(calib_data, source, hf_dir, "calibration text") if config.needs is not None else None
+    if calib_data is not None and calib is None:  # nor is it checked against the evaluation text
+        from ptopt.core import progress
+
+        progress.note(f"--calib-data unused: --method {config.method} reads no calibration text")
     evald = _token_ids(eval_data, source, hf_dir, "evaluation text")
     if calib is not None and evald is not None and _overlap(calib, evald):
         raise UsageError("--calib-data and --eval-data hold the same text: perplexity must be measured on "

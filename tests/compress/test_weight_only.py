@@ -229,6 +229,12 @@ def test_bad_input_api(lm_dir, ids, tmp_path):
         ptopt.quantize(
             lm_dir, "weight-only", bits=4, method="awq", calib_data=ids / "eval.pt", eval_data=ids / "eval.pt"
         )
+    # rtn reads no calibration text: given, it is said unused, and not refused as overlapping the eval text
+    lines: list[str] = []
+    res = ptopt.quantize(lm_dir, "weight-only", bits=8, method="rtn", calib_data=ids / "eval.pt",
+                         eval_data=ids / "eval.pt", progress=lines.append)  # fmt: skip
+    assert "--calib-data unused: --method rtn reads no calibration text" in lines
+    assert res.extra["weight_only"].get("calibration") is None
     with pytest.raises(UsageError, match="has none"):  # text needs a tokenizer; this folder has none
         (tmp_path / "t.txt").write_text("hello world " * 20, encoding="utf-8")
         ptopt.quantize(lm_dir, "weight-only", eval_data=tmp_path / "t.txt")
