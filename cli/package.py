@@ -63,10 +63,12 @@ def command(
 
 
 def _describe(art: Any, fmt: str, workers: Any) -> None:
+    from ptopt.core.formats import with_article
+
     name = art.extra["model_name"]
     click.echo(
         f"wrote {art.path} ({art.size_bytes:,} bytes): {fmt} of "
-        f"{'an' if art.extra['model_format'][0] in 'aeiou' else 'a'} {art.extra['model_format']} "
+        f"{with_article(art.extra['model_format'])} "
         f"{art.precision} model, served as {name!r}"
     )
     for s in art.inputs:

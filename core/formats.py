@@ -105,4 +105,4 @@ def runtime_names() -> str:
 
 def with_article(label: str) -> str:
     """``label`` after "a" or "an" (by its first letter: "an ONNX model", "a TorchScript archive")."""
-    return ("an " if label[:1].lower() in "aeio" else "a ") + label
+    return ("an " if label[:1].lower() in "aeiou" else "a ") + label

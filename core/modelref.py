@@ -53,14 +53,13 @@ class LoadedModel:
         """Why a model of another runtime cannot be ``for_what``, and the command that does it: the
         PyTorch model it was made from (its sidecar's parent), and for quantization the export that
         writes an int8 file of that runtime."""
-        from ptopt.core.formats import find_format
+        from ptopt.core.formats import find_format, with_article
 
         row = find_format(self.format)
         label = row.label if row is not None else self.format
-        article = "an" if label[:1].lower() in "aeiou" else "a"
         made = ((self.artifact.parent if self.artifact else None) or {}).get("path")
         source = f"the PyTorch model it was made from ({made})" if made else "the PyTorch model it came from"
-        msg = f"{self.ref}: {article} {label} model cannot be used for {for_what}; give {source}"
+        msg = f"{self.ref}: {with_article(label)} model cannot be used for {for_what}; give {source}"
         if for_what == "quantization" and row is not None and row.target and "int8" in row.converts:
             msg += (
                 f"; an int8 {label} file is written by ptopt export {made or 'MODEL'} --target {row.target} "

@@ -143,15 +143,14 @@ def check_folder_output(path: Path, fmt: str) -> Artifact | None:
 def check_suffix(path: Path, fmt: str, suffixes: tuple[str, ...] | None = None) -> None:
     """UsageError when ``path``'s suffix is not one its format is written with (an ONNX file named
     ``.pt`` is read as TorchScript by every tool after), naming the path to use."""
-    from ptopt.core.formats import find_format
+    from ptopt.core.formats import find_format, with_article
 
     row = find_format(fmt)
     allowed = suffixes if suffixes is not None else (row.suffixes if row is not None else ())
     if allowed and path.suffix.lower() not in allowed:
         label = row.label if row is not None else fmt
-        article = "an" if label[:1].lower() in "aeiou" else "a"
         raise UsageError(
-            f"output {path}: {article} {label} file is named {' or '.join(allowed)}; "
+            f"output {path}: {with_article(label)} file is named {' or '.join(allowed)}; "
             f"use {path.with_suffix(allowed[0])}"
         )
 
