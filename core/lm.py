@@ -152,20 +152,57 @@ def greedy_tokens(module: Any, ids: Any, new_tokens: int, eos_token_id: Any = No
     """Up to ``new_tokens`` token ids greedily generated after ``ids`` (1-D int64) with the KV cache, as
     :func:`generation_speed` runs them, stopping after an end-of-sequence id (``eos_token_id``: an int
     or a list of them). One sequence at a time (a stateful runtime holds one)."""
+    return decode_tokens(module, ids, new_tokens, eos_token_id)
+
+
+def decode_tokens(
+    module: Any,
+    ids: Any,
+    new_tokens: int,
+    eos_token_id: Any = None,
+    *,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> list[int]:
+    """:func:`greedy_tokens` when ``temperature`` is 0; above 0, each token drawn from
+    ``softmax(logits / temperature)`` by a generator seeded with ``seed`` (the same seed, prompt and
+    model give the same tokens; None: a fresh seed each call)."""
     import torch
 
     stop = set(eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]) - {None}
     key = cache_keyword(module)
+    pick = _token_picker(temperature, seed)
     out_ids: list[int] = []
     with torch.inference_mode():
         out = module(input_ids=ids.reshape(1, -1), use_cache=True)
         for step in range(new_tokens):
-            nxt = out.logits[:, -1:].argmax(-1)
+            nxt = pick(out.logits[:, -1:])
             out_ids.append(int(nxt))
             if out_ids[-1] in stop or step == new_tokens - 1:
                 break
             out = module(input_ids=nxt, use_cache=True, **{key: out[key]})
     return out_ids
+
+
+def _token_picker(temperature: float, seed: int | None) -> Any:
+    """``logits [1, 1, vocab] -> token [1, 1]``: the most likely one, or one sampled (``decode_tokens``)."""
+    import torch
+
+    if not temperature:
+        return lambda logits: logits.argmax(-1)
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(int(seed))
+
+    def sample(logits: Any) -> Any:
+        row = logits.reshape(-1).float().cpu()
+        # the best logit subtracted first: a tiny temperature then gives 0 and -inf, never inf - inf
+        probs = torch.softmax((row - row.max()) / float(temperature), -1)
+        return torch.multinomial(probs, 1, generator=generator).reshape(1, 1).to(logits.device)
+
+    return sample
 
 
 def token_ids(ref: Any, vocab_size: int | None, tokenizer_dir: Any, name: str = "text data") -> Any:

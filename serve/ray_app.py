@@ -19,7 +19,8 @@ Routes (the Open Inference Protocol, KServe v2, as ``tritonclient.http`` calls t
 ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/NAME[/versions/1]`` (metadata),
 ``.../ready``, ``.../config``, ``POST .../infer``; ``POST /v2/repository/index``; for language models
 ``POST .../generate`` (Triton's generate extension: ``{"text_input": ..., "parameters":
-{"max_tokens": N}}``) and ``infer`` with a ``BYTES`` ``text_input``. Plus the .mar's plain JSON route,
+{"max_tokens": N, "temperature": T, "seed": S}}``; greedy without a temperature or at 0) and ``infer``
+with a ``BYTES`` ``text_input`` (the same parameters). Plus the .mar's plain JSON route,
 ``POST /predictions/NAME`` with ``{"inputs": ...}``, answered as the .mar's handler answers it.
 
 This module imports Ray; the replicas import ptopt (the cluster's Python needs ``ptopt[ray]``).
@@ -79,14 +80,16 @@ class PtoptModel:
     async def infer(self, requests: list[dict[str, Any]]) -> list[Any]:
         return await self._one_at_a_time(self.model.run_requests, requests)
 
-    async def generate(self, prompts: list[str], max_tokens: int) -> list[Any]:
+    async def generate(
+        self, prompts: list[str], max_tokens: int, sampling: dict[str, Any] | None = None
+    ) -> list[Any]:
         from ptopt.core.errors import PtoptError
 
         def run() -> list[Any]:
             out: list[Any] = []
             for p in prompts:
                 try:
-                    out.append(self.model.generate(p, max_tokens))
+                    out.append(self.model.generate(p, max_tokens, **(sampling or {})))
                 except PtoptError as e:  # the request's fault (too long, too many tokens): 400
                     out.append({"error": str(e)})
             return out
@@ -276,11 +279,13 @@ class PtoptIngress:
         if self.models[name]["kind"] != "text":
             raise oip.ProtocolError(400, f"model {name!r} takes tensors, not text: POST .../infer")
         if action == "generate":
-            prompts, max_tokens, request = _generate_request(body, self.max_tokens)
+            (prompts, params), request = _generate_request(body), None
         else:
             request = oip.parse_infer_request(body, oip.header(headers, oip.HEADER_LENGTH))
-            prompts, max_tokens = _text_inputs(request, self.max_tokens)
-        texts = await self._call(name, "generate", prompts, max_tokens)
+            prompts, params = _text_inputs(request), request.parameters
+        params = _parameters(params)
+        max_tokens, sampling = _max_tokens(params, self.max_tokens), _sampling(params)
+        texts = await self._call(name, "generate", prompts, max_tokens, sampling)
         bad = next((t["error"] for t in texts if isinstance(t, dict)), None)
         if bad is not None:
             raise oip.ProtocolError(400, bad)
@@ -369,21 +374,42 @@ def _max_tokens(params: Any, limit: int) -> int:
     return value
 
 
+def _parameters(params: Any) -> dict[str, Any]:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise oip.ProtocolError(400, f'"parameters" must be a JSON object, got {type(params).__name__}')
+    return params
+
+
+def _sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """The request's temperature and seed (``serve.runtime.sampling_options``), checked here: a bad
+    value is a 400 naming the field, and never reaches a replica."""
+    from ptopt.core.errors import UsageError
+    from ptopt.serve.runtime import sampling_options
+
+    try:
+        return sampling_options(params)
+    except UsageError as e:
+        raise oip.ProtocolError(400, str(e)) from None
+
+
 #: prompts one infer request may hold (a language model generates them one after the other)
 MAX_PROMPTS = 32
 
 
-def _generate_request(body: bytes, limit: int) -> tuple[list[str], int, None]:
+def _generate_request(body: bytes) -> tuple[list[str], Any]:
+    """(prompts, parameters) of a generate request's JSON body."""
     try:
         req = json.loads(body)
     except (UnicodeDecodeError, ValueError) as e:
         raise oip.ProtocolError(400, f'malformed JSON body ({e}); send {{"text_input": "..."}}') from None
     if not isinstance(req, dict) or not isinstance(req.get("text_input"), str):
         raise oip.ProtocolError(400, 'the generate request must be a JSON object with a "text_input" string')
-    return [req["text_input"]], _max_tokens(req.get("parameters"), limit), None
+    return [req["text_input"]], req.get("parameters")
 
 
-def _text_inputs(request: oip.InferRequest, limit: int) -> tuple[list[str], int]:
+def _text_inputs(request: oip.InferRequest) -> list[str]:
     if set(request.inputs) != {"text_input"} or request.datatypes["text_input"] != "BYTES":
         got = ", ".join(f"{n} ({request.datatypes[n]})" for n in request.inputs)
         raise oip.ProtocolError(400, f"a language model takes one input text_input (BYTES), got {got}")
@@ -394,7 +420,7 @@ def _text_inputs(request: oip.InferRequest, limit: int) -> tuple[list[str], int]
         raise oip.ProtocolError(
             400, f"text_input holds {len(prompts)} prompts: send at most {MAX_PROMPTS} a request"
         )
-    return prompts, _max_tokens(request.parameters, limit)
+    return prompts
 
 
 # -- the application ---------------------------------------------------------------------------

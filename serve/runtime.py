@@ -5,7 +5,8 @@ then the format row's runner: TorchScript, ExportedProgram, AOTInductor, ONNX Ru
 runs numpy batches and answers every output by name (the runtime's names for ONNX / OpenVINO,
 ``output__i`` otherwise). The language-model folders (a Hugging Face folder, ``quantize --mode
 weight-only`` folders, their OpenVINO form: rows with ``generates_text``) generate text instead:
-their tokenizer in, greedy decoding with the KV cache (``core.lm.greedy_tokens``), text out.
+their tokenizer in, decoding with the KV cache (``core.lm.decode_tokens``: greedy, or sampled at the
+request's ``temperature`` with its ``seed``: :func:`sampling_options`), text out.
 
 ``run_requests`` is the server-side batch: requests whose non-batch shapes agree run as one model
 call (at most the spec's max batch rows), the outputs are split back per request, and a call the
@@ -154,13 +155,18 @@ class ServedModel:
         self.specs, self.style, self.max_batch = [], "text", 1
         self.outputs = [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
 
-    def generate(self, prompt: str, max_tokens: int) -> str:
-        """The text greedily generated after ``prompt`` (at most ``max_tokens`` tokens; UsageError when
-        the request asks for more than the server allows or than the model's positions hold)."""
+    def generate(
+        self, prompt: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None
+    ) -> str:
+        """The text generated after ``prompt`` (at most ``max_tokens`` tokens): greedy when
+        ``temperature`` is 0, else sampled at that temperature, seeded by ``seed`` (``core.lm.decode_tokens``).
+        UsageError when the request asks for more tokens than the server allows or than the model's
+        positions hold, or for a bad temperature or seed (:func:`sampling_options`)."""
         import torch
 
-        from ptopt.core.lm import greedy_tokens
+        from ptopt.core.lm import decode_tokens
 
+        sampling = sampling_options({"temperature": temperature, "seed": seed})
         if not 1 <= max_tokens <= self.max_tokens:
             raise UsageError(f"max_tokens {max_tokens}: this server generates 1 to {self.max_tokens} tokens")
         ids = torch.tensor(self.tokenizer(prompt)["input_ids"], dtype=torch.int64)
@@ -171,7 +177,7 @@ class ServedModel:
                 f"the prompt is {ids.numel()} tokens; with max_tokens {max_tokens} that is past the "
                 f"model's {self.positions} positions"
             )
-        new = greedy_tokens(self.module, ids, max_tokens, self.eos)
+        new = decode_tokens(self.module, ids, max_tokens, self.eos, **sampling)
         return self.tokenizer.decode(new, skip_special_tokens=True)
 
     # -- what clients see ----------------------------------------------------------------------
@@ -191,6 +197,44 @@ class ServedModel:
             "outputs": list(self.outputs),
             "parameters": {"precision": self.precision, "max_batch": self.max_batch},
         }
+
+
+#: sampling parameters a generation request may carry only at their neutral value (this server samples
+#: from the whole distribution: no nucleus or top-k filtering), each with that value
+NEUTRAL_SAMPLING = {"top_p": 1.0, "top_k": 0}
+
+
+def sampling_options(params: Any) -> dict[str, Any]:
+    """``{"temperature": T, "seed": S}`` for :meth:`ServedModel.generate` from a generation request's
+    parameters: ``temperature`` a finite number >= 0 (0 or absent: greedy decoding), ``seed`` an integer
+    in [0, 2**64) or absent (sampling then differs between requests). ``top_p`` / ``top_k`` are refused
+    unless neutral (``NEUTRAL_SAMPLING``): ignoring them would answer another distribution than the one
+    asked for. Other parameters are not sampling's. UsageError naming the field."""
+    import math
+
+    params = params or {}
+    temperature = params.get("temperature")
+    temperature = 0.0 if temperature is None else temperature
+    if (
+        not isinstance(temperature, (int, float))
+        or isinstance(temperature, bool)
+        or not math.isfinite(temperature)
+        or temperature < 0
+    ):
+        raise UsageError(
+            f"temperature {temperature!r}: give a number >= 0 (0 or leaving it out: greedy decoding)"
+        )
+    seed = params.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64):
+        raise UsageError(f"seed {seed!r}: give an integer from 0 to 2**64 - 1")
+    for name, neutral in NEUTRAL_SAMPLING.items():
+        value = params.get(name)
+        if value is not None and (isinstance(value, bool) or value != neutral):
+            raise UsageError(
+                f"{name} {value!r}: this server samples from the whole distribution (temperature and "
+                f"seed only); leave {name} out (or {neutral!r})"
+            )
+    return {"temperature": float(temperature), "seed": seed}
 
 
 def _as_list(x: Any, specs: list[dict[str, Any]]) -> list[Any]:

@@ -1,0 +1,133 @@
+"""The Ray Serve ingress's routes run in this process, without a Ray instance: the class Serve deploys as
+the ingress, its handles replaced by ones that call a real model replica (``PtoptModel``'s class, serving
+the seeded Llama folder of ``serve_lm``) directly. What a request carries to the replica (temperature,
+seed) and the 4xx a bad one gets; the real Ray Serve end to end: ``test_ray_serve.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ray.serve", reason="ray[serve] (the ray extra) is not installed")
+from ptopt.serve import oip  # noqa: E402 - after the importorskip
+
+PROMPT = "w5 w17 w99 w3"
+
+
+class _Handle:
+    """A DeploymentHandle's shape: ``handle.METHOD.remote(*args)`` is awaited for the replica's answer."""
+
+    def __init__(self, replica):
+        self.replica = replica
+
+    def __getattr__(self, method):
+        fn = getattr(self.replica, method)
+        return type("Method", (), {"remote": staticmethod(lambda *args: fn(*args))})
+
+
+@pytest.fixture(scope="module")
+def ingress(serve_lm):
+    from ptopt.serve.ray_app import PtoptIngress, PtoptModel
+
+    replica = PtoptModel.func_or_class(str(serve_lm), {"name": "llama", "path": "llama"}, None, 8)
+    manifest = {
+        "models": [{"name": "llama", "kind": "text", "max_batch": 1}, {"name": "cnn", "kind": "text", "max_batch": 1}],
+        "max_request_bytes": 1 << 20, "max_tokens": 8, "max_batch_size": 8,
+    }  # fmt: skip
+    server = PtoptIngress.func_or_class({"llama": _Handle(replica), "cnn": None}, manifest)
+    server.models["cnn"]["kind"] = "tensor"  # its batcher is never built: no request here reaches it
+    return server
+
+
+def _post(ingress, path, body, headers=None):
+    """(status, JSON answer) of one POST, as the ingress's ``__call__`` answers it."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        status, content, _ = asyncio.run(ingress.respond("POST", path, headers or {}, raw))
+    except oip.ProtocolError as e:
+        status, content = e.status, e.body()
+    return status, json.loads(content) if content else None
+
+
+def _generate(ingress, **params):
+    code, answer = _post(ingress, "/v2/models/llama/generate", {"text_input": PROMPT, "parameters": params})
+    assert code == 200, answer
+    return answer["text_output"]
+
+
+def _expected(serve_lm, n, **sampling):
+    from ptopt.core.hf import load_tokenizer
+    from ptopt.core.lm import decode_tokens
+    from ptopt.core.modelref import load_model
+
+    tok = load_tokenizer(serve_lm / "llama")
+    ids = torch.tensor(tok(PROMPT)["input_ids"])
+    new = decode_tokens(load_model(serve_lm / "llama").module, ids, n, **sampling)
+    return tok.decode(new, skip_special_tokens=True)
+
+
+def test_generate_samples_at_the_requests_temperature_with_its_seed(ingress, serve_lm):
+    """Greedy without a temperature or at 0; above 0 sampled, the same seed giving the same text (the
+    replica's own ``decode_tokens``), and the infer route (BYTES ``text_input``) samples alike. Before,
+    the temperature never reached the replica: every request was answered greedily."""
+    greedy = _expected(serve_lm, 6)
+    assert _generate(ingress, max_tokens=6) == greedy
+    assert _generate(ingress, max_tokens=6, temperature=0) == greedy
+    hot = _generate(ingress, max_tokens=6, temperature=5.0, seed=7)
+    assert hot == _generate(ingress, max_tokens=6, temperature=5.0, seed=7)
+    assert hot == _expected(serve_lm, 6, temperature=5.0, seed=7) and hot != greedy
+    assert _generate(ingress, max_tokens=6, temperature=5.0, seed=8) != hot
+    th = pytest.importorskip(
+        "tritonclient.http", reason="tritonclient[http] (the test extra) is not installed"
+    )
+    from tritonclient.http._utils import _get_inference_request
+
+    text = th.InferInput("text_input", [1], "BYTES").set_data_from_numpy(
+        np.array([PROMPT.encode()], dtype=object)
+    )
+    params = {"max_tokens": 6, "temperature": 5.0, "seed": 7}
+    json_out = [th.InferRequestedOutput("text_output", binary_data=False)]
+    body, size = _get_inference_request([text], "", json_out, 0, False, False, 0, None, params)
+    code, answer = _post(
+        ingress, "/v2/models/llama/infer", body, {oip.HEADER_LENGTH: str(size)} if size else None
+    )
+    assert code == 200 and answer["outputs"][0]["data"] == [hot]
+
+
+@pytest.mark.parametrize(
+    "params, words",
+    [
+        ({"temperature": -0.5}, "temperature -0.5: give a number >= 0"),
+        ({"temperature": "hot"}, "temperature 'hot'"),
+        ({"temperature": True}, "temperature True"),
+        ({"temperature": 1.0, "seed": -1}, "seed -1: give an integer"),
+        ({"temperature": 1.0, "seed": 1.5}, "seed 1.5"),
+        ({"temperature": 1.0, "top_p": 0.9}, "top_p 0.9: this server samples from the whole distribution"),
+        ({"temperature": 1.0, "top_k": 40}, "top_k 40"),
+        ([1], '"parameters" must be a JSON object'),
+    ],
+    ids=["negative", "string", "bool", "negative-seed", "float-seed", "top-p", "top-k", "not-an-object"],
+)  # fmt: skip
+def test_bad_sampling_parameters_are_400_naming_the_field(ingress, params, words):
+    code, answer = _post(ingress, "/v2/models/llama/generate", {"text_input": PROMPT, "parameters": params})
+    assert code == 400 and words in answer["error"], answer
+
+
+def test_neutral_top_p_and_top_k_are_accepted(ingress, serve_lm):
+    assert _generate(ingress, max_tokens=4, top_p=1.0, top_k=0) == _expected(serve_lm, 4)
+
+
+def test_the_python_twin_refuses_the_same_temperature(serve_lm):
+    from ptopt.core.errors import UsageError
+    from ptopt.serve.runtime import ServedModel
+    from tests.helpers import assert_refused
+
+    served = ServedModel(serve_lm / "llama", name="lm", max_tokens=8)
+    assert served.generate(PROMPT, 4, temperature=5.0, seed=7) == _expected(
+        serve_lm, 4, temperature=5.0, seed=7
+    )
+    assert_refused(served.generate, PROMPT, 4, temperature=-1, match="temperature -1", error=UsageError)
