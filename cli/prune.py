@@ -28,7 +28,11 @@ from ptopt.compress.prune.api import OPTIONS
 @data_option(
     "--fine-tune-data", "Fine-tune after pruning on this DATA (labelled, or --teacher).", metavar="DATA"
 )
-@data_option("--eval-data", "Held-out DATA: accuracy before/after; keeps the best epoch.")
+@data_option(
+    "--eval-data",
+    "Held-out DATA: the cosine to the unpruned model; with labels also accuracy before/after, and the "
+    "best epoch is kept.",
+)
 @model_options
 @input_shape_option
 @save_recipe_option

@@ -290,8 +290,6 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
     ev = load_dataset(eval_data, "evaluation")
     if ft is not None and plan.teacher is None:
         ft.require_labels("fine-tuning with cross-entropy (or give --teacher to distill)")
-    if ev is not None:
-        ev.require_labels("measuring accuracy before and after pruning")
     shapes = parse_named_shapes(input_shapes) if input_shapes else ()
     if shapes or not loaded.input_specs:
         resolve_inputs(loaded, data=ft or ev, input_shapes=shapes)
@@ -351,7 +349,7 @@ def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[
     }
     if "sparsity" in report:
         metrics["sparsity"] = report["sparsity"]
-    if ev is not None:
+    if ev is not None and ev.has_labels:  # unlabelled: the cosine to the unpruned model alone (_vs_source)
         before, after = evaluate_accuracy(original, ev), evaluate_accuracy(work, ev)
         metrics.update(
             accuracy_before=before, accuracy_after=after, accuracy_drop_points=100 * (before - after)

@@ -393,16 +393,18 @@ class ChannelGraph(Rules, Spaces):
         exclude: Iterable[str] = (),
         reasons: dict[str, str] | None = None,
         whole: dict[str, str] | None = None,
+        heads: dict[str, str] | None = None,
     ) -> list[ChannelGroup]:
         """Channel groups after all links; layers in ``exclude`` (names) keep their output channels
         (``reasons[name]`` says why, default "NAME excluded"), and so does every channel tied to them.
         ``whole``: module types (``"*"``: modules splitting channels into heads) whose layers keep
-        every channel they read or make."""
+        every channel they read or make; ``heads``: module types whose head splits keep their heads (their
+        other channels still go)."""
         exclude = set(exclude)
         for use in self.uses:
             if use.module in exclude and use.role in ("out", "depthwise", "norm", "grouped"):
                 self._freeze(use.space, (reasons or {}).get(use.module, f"{use.module} excluded"))
-        self._keep_types(whole or {})
+        self._keep_types(whole or {}, heads or {})
         members: dict[int, list[int]] = {}
         for i in range(len(self._spaces)):
             if i not in self._parts:
@@ -431,18 +433,16 @@ class ChannelGraph(Rules, Spaces):
         self.all_groups = out
         return [g for g in out if g.producers or len(g.members) > 1]
 
-    def _keep_types(self, whole: dict[str, str]) -> None:
+    def _keep_types(self, whole: dict[str, str], heads: dict[str, str]) -> None:
+        for path, space, _, _ in self.head_splits:
+            owner = L.owner_of_type(self.modules, path, {*whole, *heads})
+            if "*" in whole or owner is not None:
+                cls = type(self.modules.get(owner if owner is not None else path)).__name__
+                self._freeze(space, f"{cls} keeps its heads" if cls in heads else f"{cls} kept whole")
         if not whole:
             return
-        inside = {p for p, m in self.modules.items() if type(m).__name__ in whole}
-        for path, space, _, _ in self.head_splits:
-            if "*" in whole or path in inside:
-                self._freeze(space, f"{type(self.modules.get(path)).__name__} kept whole")
         for use in self.uses:
-            parts = use.module.split(".")
-            owner = next(
-                (".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in inside), None
-            )
+            owner = L.owner_of_type(self.modules, use.module, whole)
             if owner is not None:
                 self._freeze(use.space, f"{type(self.modules[owner]).__name__} kept whole")
 

@@ -77,6 +77,22 @@ def in_size(module: Any) -> int:
     return module.weight.shape[weight_dims(module)[1]] * (getattr(module, "groups", 1) or 1)
 
 
+def owner_of_type(modules: dict[str, Any], path: str, types: Any) -> str | None:
+    """The innermost of ``path`` and its parents (module names in ``modules``) whose class name is in
+    ``types``, or None."""
+    parts = path.split(".") if path else []
+    for i in range(len(parts), -1, -1):
+        name = ".".join(parts[:i])
+        if name in modules and type(modules[name]).__name__ in types:
+            return name
+    return None
+
+
+def inside_type(modules: dict[str, Any], path: str, cls: str) -> bool:
+    """Module ``path`` is of class ``cls`` or inside one."""
+    return owner_of_type(modules, path, (cls,)) is not None
+
+
 def output_channels(model: Any) -> dict[str, int]:
     """Output channels / features of every conv and linear (and embedding width), by name."""
     return {n: out_size(m) for n, m in model.named_modules() if is_layer(m) or kind(m) == "embedding"}

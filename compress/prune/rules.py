@@ -286,6 +286,8 @@ class Rules:
             return {k: k - (k > d) for k in range(r) if k != d}
         if name in ("slice", "narrow"):
             return {k: k for k in range(r)}
+        if name == "getitem" and not any(hasattr(i, "op") for i in _as_tuple(args[1])):
+            return _basic_index_dims(args[1], r)
         if name in ("index", "getitem") and isinstance(args[1], (list, tuple)):
             return self._index_dims(args[1], s, out)
         return None
@@ -686,3 +688,32 @@ class Rules:
         if v_out is None:
             return None
         return _Info(v_out.space, tuple(d for d in v_out.digits if d.dim in kept or d.dim >= r - 2))
+
+
+def _as_tuple(index: Any) -> tuple:
+    return tuple(index) if isinstance(index, (list, tuple)) else (index,)
+
+
+def _basic_index_dims(index: Any, r: int) -> dict[int, int] | None:
+    """Input dim -> output dim of ``x[index]`` on a rank-``r`` tensor for basic indexing (ints,
+    slices, None, Ellipsis; an int drops its dim, None adds one); None for anything else (a list is
+    advanced indexing)."""
+    if isinstance(index, list):
+        return None
+    idx = _as_tuple(index)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx):
+        return None
+    named = sum(i is not None and i is not Ellipsis for i in idx)
+    if Ellipsis in idx:
+        at = idx.index(Ellipsis)
+        idx = idx[:at] + (slice(None),) * (r - named) + idx[at + 1 :]
+    idx = idx + (slice(None),) * (r - sum(i is not None for i in idx))
+    mapping, k, o = {}, 0, 0
+    for i in idx:
+        if i is None:
+            o += 1
+        elif isinstance(i, int):
+            k += 1
+        else:
+            mapping[k], k, o = o, k + 1, o + 1
+    return mapping

@@ -211,3 +211,79 @@ def test_a_module_type_kept_whole_is_refused_with_its_reason():
     with pytest.raises(UnsupportedModelError) as e:
         _refuse_if_nothing(g, [], {"Block": why})
     assert f"removed: Block kept whole ({why})" in str(e.value)
+
+
+# -- a forward that derives sizes from its input's width (all-MiniLM-L6-v2's plain-PyTorch port) --------
+
+
+def test_block_deriving_head_size_keeps_heads_and_hidden_but_prunes_its_ffn():
+    """``Block.forward`` splits q/k/v into ``d // self.heads`` with ``d`` the hidden width: fewer heads
+    or a smaller hidden size break it. Its heads are kept first, then the hidden size; its
+    feed-forward still loses channels (it was kept whole: nothing pruned, exit 2)."""
+    from ptopt.models.minilm import minilm_tiny
+
+    model = minilm_tiny().eval()
+    x = model.example_inputs()
+    with pytest.warns(PruneWarning) as caught:
+        pruned, report = structured_prune(model, x, 0.3)  # 0.5 halves heads and width alike: it runs
+    notes = " | ".join(str(w.message) for w in caught)
+    assert "Block keeps its attention heads: its forward fails" in notes
+    assert "the hidden size kept: Block: its forward fails" in notes and "kept whole" not in notes
+    block, orig = pruned.layers[0], model.layers[0]
+    assert block.ff1.out_features == block.ff2.in_features == 45 < orig.ff1.out_features
+    assert block.q.out_features == orig.q.out_features and block.heads == orig.heads
+    assert pruned.tok.embedding_dim == orig.q.in_features
+    assert report["checked"]  # equal to the unpruned model with the removed FFN units zeroed
+    assert pruned(**x).shape == model(**x).shape
+
+
+def test_cli_sentence_encoder_with_unlabelled_eval_data(cli, tmp_path):
+    """A sentence encoder's held-out sentences have no labels: the cosine to the unpruned model on
+    them is the figure (it was refused: "has no labels (y)")."""
+    code, out, err = cli(
+        "prune", "ptopt.models.minilm:minilm_tiny", "--method", "structured", "--amount", "0.3",
+        "--eval-data", "ptopt.models.minilm:heldout_sentences", "-o", tmp_path / "m.pt",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "64 → 45" in out and "Block keeps its heads" in out
+    assert "samples of minilm:heldout-sentences" in out and "accuracy" not in out
+    assert (tmp_path / "m.pt").exists()
+
+
+def test_an_embedding_row_added_to_the_hidden_stream_is_cut_with_it():
+    """``h = tok(ids) + typ.weight[0]`` (a token-type row added by hand): the row is a parameter seen
+    through an index, cut with the hidden size (it kept the hidden size: "a tensor no layer made")."""
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.typ = torch.nn.Embedding(50, 16), torch.nn.Embedding(2, 16)
+            self.ff1, self.ff2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+            self.head = torch.nn.Linear(16, 4)
+
+        def forward(self, ids):
+            h = self.tok(ids) + self.typ.weight[0]
+            h = h + self.ff2(torch.relu(self.ff1(h)))
+            return self.head(h.mean(1))
+
+    model = Encoder().eval()
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    pruned, report = structured_prune(model, ids, 0.5)
+    assert pruned.tok.embedding_dim == pruned.typ.weight.shape[1] == pruned.ff2.out_features == 8
+    assert report["checked"] and pruned(ids).shape == (2, 4)
+
+
+@pytest.mark.parametrize(
+    ("index", "rank", "expected"),
+    [
+        (0, 2, {1: 0}),
+        ((None, slice(None)), 2, {0: 1, 1: 2}),
+        ((Ellipsis, 0), 3, {0: 0, 1: 1}),
+        ((slice(None), None, 1), 3, {0: 0, 2: 2}),
+        ([0, 1], 2, None),
+    ],
+)
+def test_basic_index_dims(index, rank, expected):
+    from ptopt.compress.prune.rules import _basic_index_dims
+
+    assert _basic_index_dims(index, rank) == expected

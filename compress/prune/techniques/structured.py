@@ -44,6 +44,7 @@ def analyse(
     whole: dict[str, str] | None = None,
     kept: dict[str, str] | None = None,
     hidden: bool = False,
+    heads: dict[str, str] | None = None,
 ) -> tuple[Any, list[ChannelGroup], dict[str, str]]:
     """(channel graph, its groups, default exclusions with their reasons) of ``model``.
 
@@ -51,10 +52,11 @@ def analyse(
     (or when it finds nothing to prune) also the ATen graph of ``torch.export``
     (``ptopt.compress.prune.graph``), and the one that can prune more layers. An
     UnsupportedModelError names why neither works. ``whole``: module types kept whole (type name
-    -> why; ``"*"``: every module that splits channels into heads). ``kept``: layers that keep their
-    output channels (name -> why), as excluded ones do. ``hidden``: embedding tables produce channels,
-    so the residual stream they start (the hidden size) is one group, pruned where it reaches the
-    output too.
+    -> why; ``"*"``: every module that splits channels into heads); ``heads``: module types that keep
+    only their attention heads (type name -> why; their other channels, a feed-forward's, go).
+    ``kept``: layers that keep their output channels (name -> why), as excluded ones do. ``hidden``:
+    embedding tables produce channels, so the residual stream they start (the hidden size) is one
+    group, pruned where it reaches the output too.
     """
     from ptopt.compress.prune.graph import ATenChannelGraph
 
@@ -70,7 +72,7 @@ def analyse(
         defaults = _default_excluded(g, prune_first_last)
         excluded = {n for n in g.modules if matches(n, exclude)}
         reasons = {**defaults, **(kept or {})}
-        found.append((g, g.groups(excluded | set(reasons), reasons, whole or {}), defaults))
+        found.append((g, g.groups(excluded | set(reasons), reasons, whole or {}, heads or {}), defaults))
         if _prunable_layers(found[-1][1]) and not g.kept_by_op:
             break  # fx saw everything (and is ~10-100x faster than export)
     if found:
@@ -137,7 +139,7 @@ def structured_prune(
                     base_channels=base_channels or {}, graph=graph, describable=describable,
                     hidden=hidden)  # fmt: skip
     whole: dict[str, str] = {}
-    settings["kept"] = {}
+    settings["kept"], settings["heads"] = {}, {}
     from ptopt.compress.prune.hf_config import no_cache
 
     for _ in range(MAX_RETRIES):
@@ -151,14 +153,20 @@ def structured_prune(
         except _KeepWhole as e:
             if e.cls in whole:
                 raise UnsupportedModelError(f"structured pruning: {e.reason}") from None
-            whole[e.cls] = e.reason
+            if e.heads_inside:  # first its heads alone: its feed-forward may still lose channels
+                settings["heads"][e.cls] = e.reason
+            elif e.hidden_cut:  # then the hidden size (a forward that derives sizes from its input's width)
+                settings["hidden"], settings["hidden_kept"] = False, f"{e.cls}: {e.reason}"
+            else:
+                whole[e.cls] = e.reason
     raise UnsupportedModelError(
         f"structured pruning: {len(whole)} module types do not run with fewer channels"
     )
 
 
-#: prunings tried, each keeping one more module type whole (one whose forward cannot follow)
-MAX_RETRIES = 6
+#: prunings tried, each keeping the heads of one more module type, or one more type whole (one whose
+#: forward cannot follow)
+MAX_RETRIES = 8
 
 
 class _KeepWhole(Exception):
@@ -168,6 +176,10 @@ class _KeepWhole(Exception):
     def __init__(self, cls: str, reason: str):
         super().__init__(reason)
         self.cls, self.reason = cls, reason
+        #: heads were removed inside modules of type ``cls`` and they were not yet kept: keep those first
+        self.heads_inside = False
+        #: the hidden size was pruned: keep it next
+        self.hidden_cut = False
 
 
 class _KeepLayers(Exception):
@@ -195,11 +207,14 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
         whole,
         settings["kept"],
         settings.get("hidden", False),
+        settings.get("heads"),
     )
-    _refuse_if_nothing(g, groups, whole)
+    _refuse_if_nothing(g, groups, whole, settings.get("heads", {}))
     notes = [
         *g.notes,
         *(f"{cls} kept whole: {why}" for cls, why in whole.items()),
+        *(f"{cls} keeps its attention heads: {why}" for cls, why in settings.get("heads", {}).items()),
+        *([f"the hidden size kept: {settings['hidden_kept']}"] if settings.get("hidden_kept") else []),
         *filter(None, [g.kept_note()]),
     ]
     keep = _choose(g, groups, amount, settings["criterion"], settings["base_channels"])
@@ -215,7 +230,12 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     _tie_again(model, shared)
     heads, splits = _follow_heads(g, kept)
     heads += _hf_config(model, splits, before, settings.get("describable", False))
-    model, out = _runnable(model, g, example_inputs, masked)  # masked: the unpruned output's shapes
+    try:
+        model, out = _runnable(model, g, example_inputs, masked)  # masked: the unpruned output's shapes
+    except _KeepWhole as e:
+        e.heads_inside = e.cls not in settings.get("heads", {}) and _heads_cut_in(g, splits, e.cls)
+        e.hidden_cut = bool(settings.get("hidden")) and _hidden_cut(g, keep)
+        raise
     inexact = any(grp.inexact and i in keep for i, grp in enumerate(g.all_groups))
     exact = not inexact or (norms is not None and hooked.ran)
     if exact:
@@ -378,7 +398,20 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
     )
 
 
-def _refuse_if_nothing(g: Any, groups: list[ChannelGroup], whole: dict[str, str]) -> None:
+def _heads_cut_in(g: Any, splits: list[tuple[str, int, int, int]], cls: str) -> bool:
+    """Some module of type ``cls`` (or one inside it) lost attention heads (``splits``: see
+    ``_follow_heads``)."""
+    return any(new != old and L.inside_type(g.modules, path, cls) for path, _, old, new in splits)
+
+
+def _hidden_cut(g: Any, keep: dict[int, Any]) -> bool:
+    """The group of the hidden size (one an embedding table makes) loses channels."""
+    return any(L.kind(g.modules.get(p)) == "embedding" for i in keep for p in g.all_groups[i].producers)
+
+
+def _refuse_if_nothing(
+    g: Any, groups: list[ChannelGroup], whole: dict[str, str], heads: dict[str, str] | None = None
+) -> None:
     """UnsupportedModelError when no group can lose a channel: why (the module types kept whole first,
     with the reason each was, then each layer's), cut at a word."""
     from ptopt.core.errors import clip
@@ -386,6 +419,7 @@ def _refuse_if_nothing(g: Any, groups: list[ChannelGroup], whole: dict[str, str]
     if any(grp.prunable for grp in groups):
         return
     why = [f"{cls} kept whole ({reason})" for cls, reason in whole.items()]
+    why += [f"{cls} keeps its attention heads ({reason})" for cls, reason in (heads or {}).items()]
     why += [f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen]
     why = why + list(g.notes) or ["the model has no conv or linear layer whose outputs another layer reads"]
     raise UnsupportedModelError(
