@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import UsageError
+from ptopt.validate.noise import combined_spread
 
 #: name -> the quantize options of the candidate (None: a float candidate); in the order tried
 CATALOGUE: dict[str, dict[str, Any] | None] = {
@@ -44,6 +45,12 @@ CATALOGUE: dict[str, dict[str, Any] | None] = {
     "int4-g32-gptq": {"bits": 4, "group_size": 32, "method": "gptq"},
 }
 CALIBRATED = ("awq", "gptq")
+#: why a row's group size is not the common 128 (printed under the table)
+GROUP_WHY: dict[str, str] = {
+    "int4-g64-hqq": "groups of 64, hqq's own default (its half-quadratic fit is tuned for them)",
+    "int4-g32-gptq": "groups of 32, the finest and most accurate int4 row: the one left when g128 is past the "
+    "budget or does not divide a layer's width (SmolLM2's 576)",
+}
 
 
 @dataclasses.dataclass
@@ -61,18 +68,26 @@ class LMCandidate:
     prefill: list[float] = dataclasses.field(default_factory=list)
 
     def row(self, base: LMCandidate) -> dict[str, Any]:
+        from ptopt.core.lm import speed_summary
+
         med = statistics.median(self.decode) if self.decode else None
         base_med = statistics.median(base.decode) if base.decode else None
         pct = lambda p, b: None if p is None or b is None else 100 * (p / b - 1)  # noqa: E731
+        speedup = paired_speedup(self.decode, base.decode) if med and base_med else None
+        spread, base_spread = (
+            speed_summary(self.decode)["spread_pct"],
+            speed_summary(base.decode)["spread_pct"],
+        )
         return {
             "name": self.name, "status": self.status, "reason": self.reason, "build_s": self.build_s,
             "weight_bytes": self.weight_bytes, "perplexity_choice": self.perplexity,
             "perplexity_unseen": self.perplexity_unseen,
             "increase_pct_choice": pct(self.perplexity, base.perplexity),
             "increase_pct_unseen": pct(self.perplexity_unseen, base.perplexity_unseen),
-            "decode_tokens_per_s": med, "decode_spread_pct": _spread(self.decode),
+            "decode_tokens_per_s": med, "decode_spread_pct": spread,
             "prefill_tokens_per_s": statistics.median(self.prefill) if self.prefill else None,
-            "decode_speedup": paired_speedup(self.decode, base.decode) if med and base_med else None,
+            "decode_speedup": speedup,
+            "decode_noise": decode_noise(speedup, spread, base_spread, self is base),
         }  # fmt: skip
 
 
@@ -83,10 +98,19 @@ def paired_speedup(decode: list[float], base: list[float]) -> float:
     return statistics.median(d / b for d, b in zip(decode, base, strict=True))
 
 
-def _spread(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return None
-    return 100 * (max(values) - min(values)) / statistics.median(values)
+def decode_noise(
+    speedup: float | None, spread: float | None, base_spread: float | None, ref: bool
+) -> str | None:
+    """The one timing verdict of a candidate's decode (``ptopt.validate.noise``, as validate's LM rows):
+    ``"spread"`` when its rounds spread more than the rule allows, ``"within"`` when its speedup over
+    fp32 is within the combined spread of the two (not for fp32 itself), else None (stable)."""
+    from ptopt.validate.noise import latency_noisy, speedup_noisy
+
+    if latency_noisy(spread):
+        return "spread"
+    if not ref and speedup is not None and speedup_noisy(speedup, spread, base_spread):
+        return "within"
+    return None
 
 
 @dataclasses.dataclass
@@ -198,13 +222,37 @@ def _evaluate(
     catalogue(cands, lambda c: _skip_reason(c.name, calib, bf16) or clock(c), run, skipped)
 
 
-def _time(kept: list[LMCandidate], prompt: Any, new_tokens: int, rounds: int) -> None:
-    """Interleaved rounds (``core.lm.interleaved_generation``): one generation per candidate a round."""
-    from ptopt.core.lm import interleaved_generation
+def _time(kept: list[LMCandidate], prompt: Any, new_tokens: int, rounds: int, say: Any) -> dict[str, Any]:
+    """Interleaved rounds (``core.lm.interleaved_generation``): one generation per candidate a round.
+    When most decode timings are noisy (``validate.noise.busy``) the machine is busy: timed again, up
+    to ``BUSY_RETIMES`` more times, keeping the attempt with the fewest noisy ones. Returns the
+    report's ``timing`` entry."""
+    from ptopt.core.lm import interleaved_generation, speed_summary
+    from ptopt.validate import noise
 
-    speeds = interleaved_generation([c.module for c in kept], prompt, new_tokens, rounds)
+    def measure() -> tuple[list[dict], int]:
+        speeds = interleaved_generation([c.module for c in kept], prompt, new_tokens, rounds)
+        return speeds, sum(noise.latency_noisy(speed_summary(sp["decode"])["spread_pct"]) for sp in speeds)
+
+    speeds, noisy = measure()
+    retimed = 0
+    while len(kept) > 1 and noise.busy(noisy, len(kept)) and retimed < noise.BUSY_RETIMES:
+        retimed += 1
+        say(
+            f"the machine is busy: {noisy} of {len(kept)} decode timings are noisy (their rounds spread more "
+            f"than {noise.NOISY_SPREAD_PCT:g}%); timing again ({retimed}/{noise.BUSY_RETIMES})"
+        )
+        again, fewer = measure()
+        if fewer <= noisy:
+            speeds, noisy = again, fewer
     for cand, speed in zip(kept, speeds, strict=True):
         cand.decode, cand.prefill = speed["decode"], speed["prefill"]
+    return {
+        "noisy_cells": noisy,
+        "cells": len(kept),
+        "retimed": retimed,
+        "busy": noise.busy(noisy, len(kept)),
+    }
 
 
 def optimize_lm(
@@ -240,13 +288,15 @@ def optimize_lm(
     say(
         f"timing {len(kept)} candidates: {rounds} interleaved rounds, {prompt_tokens}-token prompt, {new_tokens} new"
     )
-    _time(kept, texts[1][:prompt_tokens], new_tokens, rounds)
+    timing = _time(kept, texts[1][:prompt_tokens], new_tokens, rounds, say)
+    say(f"perplexity of the {len(kept)} kept candidates on the unseen half ({texts[1].numel()} tokens)")
     for cand in kept:
         cand.perplexity_unseen = perplexity(cand.module, texts[1])["perplexity"]
     winner = _accepted(cands, kept, max_perplexity_increase)
     report = _report(
         cands, winner, loaded, texts, locals_of(max_perplexity_increase, rounds, prompt_tokens, new_tokens)
     )
+    report["timing"] = timing
     result = LMOptimizeResult(report, winner)
     if output is not None:
         result.directory = _write(result, Path(output))
@@ -365,19 +415,62 @@ def render_lm(report: dict[str, Any]) -> str:
     ]
     for r in report["candidates"]:
         lines.append(_md_row(r, r["name"] == report["winner"]))
-    lines += ["", f"Winner: {report['winner'] or 'none within the budget'}"]
+    notes = _noise_notes(report["candidates"])
+    lines += [""] + notes if notes else []
+    groups = [
+        f"{n}: {why}" for n, why in GROUP_WHY.items() if any(r["name"] == n for r in report["candidates"])
+    ]
+    lines += ["", "Group sizes: " + "; ".join(groups) + "."] if groups else []
+    t = report.get("timing") or {}
+    if t.get("busy"):
+        lines += ["", f"The machine was busy: {t['noisy_cells']} of {t['cells']} decode timings noisy after "
+                      f"{t['retimed']} more timing(s); the speeds above are not to be trusted."]  # fmt: skip
+    lines += ["", f"Winner: {report['winner'] or 'none within the budget'}{_winner_caveat(report)}"]
     return "\n".join(lines)
+
+
+def _noise_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """A footnote per candidate whose decode is marked (the noise rule, as validate's)."""
+    from ptopt.validate.reports import common
+
+    out = []
+    for r in rows:
+        if r.get("decode_noise") == "spread":
+            out.append(common.spread_note(r["name"], 1, r["decode_spread_pct"]))
+        elif r.get("decode_noise") == "within":
+            ref = next((x for x in rows if x["name"] == "fp32"), {})
+            both = combined_spread(r["decode_spread_pct"], ref.get("decode_spread_pct"))
+            out.append(common.within_note(r["name"], 1, r["decode_speedup"], both))
+    return out
+
+
+def _winner_caveat(report: dict[str, Any]) -> str:
+    """Why the winner's lead cannot be trusted, when the timing says so."""
+    from ptopt.validate.reports.common import NOISY_MARK
+
+    rows = {r["name"]: r for r in report["candidates"]}
+    w = rows.get(report.get("winner") or "")
+    if w is None or w["name"] == "fp32" or not w.get("decode_noise"):
+        return ""
+    return (
+        f" (its decode lead over fp32 is within the timing noise ({NOISY_MARK.strip()}): it is the smaller "
+        "model within the budget; time it again on a quiet machine before calling it faster)"
+    )
 
 
 def _md_row(r: dict[str, Any], best: bool) -> str:
     f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
     ppl = lambda p, inc: "-" if p is None else f"{p:.3f} ({inc:+.2f}%)"  # noqa: E731
+    from ptopt.validate.reports import common
+
     name = f"**{r['name']}**" if best else r["name"]
     spread = f" ({r['decode_spread_pct']:.0f}%)" if r["decode_spread_pct"] is not None else ""
     mb = r["weight_bytes"] / 1e6 if r["weight_bytes"] else None
+    noise = r.get("decode_noise")
+    rate = common.fmt_rate(r["decode_tokens_per_s"], noise == "spread")
+    speedup = common.fmt_speedup(r["decode_speedup"], noise is not None, reference=r["name"] == "fp32")
     return (
         f"| {name} | {r['status']} | {ppl(r['perplexity_choice'], r['increase_pct_choice'])} "
         f"| {ppl(r['perplexity_unseen'], r['increase_pct_unseen'])} | {f(mb, '.1f')} "
-        f"| {f(r['decode_tokens_per_s'], '.1f')}{spread} | {f(r['decode_speedup'], '.2f')}x "
-        f"| {f(r['prefill_tokens_per_s'], '.0f')} | {r['reason']} |"
+        f"| {rate}{spread} | {speedup} | {f(r['prefill_tokens_per_s'], '.0f')} | {r['reason']} |"
     )

@@ -93,3 +93,43 @@ def test_the_pick_is_the_median_of_paired_round_ratios():
     b = [30.0, 42.0, 30.0, 42.0, 30.0]  # 3.0x, 2.1x, 3.0x, 2.1x, 1.5x: median 30, paired 2.1x
     assert paired_speedup(a, base) == 2.0 and paired_speedup(b, base) == pytest.approx(2.1)
     assert statistics.median(a) > statistics.median(b) and paired_speedup(b, base) > paired_speedup(a, base)
+
+
+def test_one_timing_verdict_per_row_and_the_busy_machine_is_timed_again(lm, monkeypatch):
+    """The decode column follows validate's noise rule: a row whose rounds spread past it, or whose
+    speedup is within the combined spread of 1.0, is marked and footnoted (a 165% spread was shown
+    bare beside 1.00x); most rows noisy: timed once more, the calmer attempt kept, and a winner
+    within the noise is said to be so."""
+    import ptopt.core.lm as core_lm
+    from ptopt.optimize.lm import render_lm
+
+    calls = []
+
+    def fake(modules, prompt, new_tokens, rounds):
+        calls.append(len(modules))
+        if len(calls) == 1:  # a busy machine: every candidate's rounds spread far
+            return [{"decode": [10.0, 30.0, 10.0, 30.0], "prefill": [1.0] * 4} for _ in modules]
+        steady = [{"decode": [100.0, 101.0, 100.0, 101.0], "prefill": [1.0] * 4}]  # fp32
+        return steady + [{"decode": [104.0, 95.0, 110.0, 99.0], "prefill": [1.0] * 4} for _ in modules[1:]]
+
+    monkeypatch.setattr(core_lm, "interleaved_generation", fake)
+    said = []
+    res = ptopt.optimize(lm / "llama", eval_data=lm / "eval.pt", max_perplexity_increase=5,
+                         candidates="int8-wo", rounds=4, progress=said.append)  # fmt: skip
+    assert calls == [2, 2] and any("the machine is busy: 2 of 2 decode timings" in s for s in said)
+    assert res.report["timing"] == {"noisy_cells": 0, "cells": 2, "retimed": 1, "busy": False}
+    rows = {r["name"]: r for r in res.report["candidates"]}
+    assert rows["fp32"]["decode_noise"] is None and rows["int8-wo"]["decode_noise"] == "within"
+    text = render_lm(res.report)
+    assert "| ref |" in text and "x~ |" in text and "~ noisy: int8-wo at batch 1: its speedup" in text
+    if res.report["winner"] == "int8-wo":
+        assert "within the timing noise" in text.split("Winner:")[1]
+
+
+def test_decode_noise_rule():
+    from ptopt.optimize.lm import decode_noise
+
+    assert decode_noise(1.0, 40.0, 1.0, ref=True) == "spread"  # rule 1, the reference too
+    assert decode_noise(1.05, 5.0, 5.0, ref=False) == "within"  # 5% from 1.0, combined spread 7%
+    assert decode_noise(1.5, 5.0, 5.0, ref=False) is None
+    assert decode_noise(1.05, 5.0, 5.0, ref=True) is None
