@@ -20,7 +20,8 @@ Routes (the Open Inference Protocol, KServe v2, as ``tritonclient.http`` calls t
 ``.../ready``, ``.../config``, ``POST .../infer``; ``POST /v2/repository/index``; for language models
 ``POST .../generate`` (Triton's generate extension: ``{"text_input": ..., "parameters":
 {"max_tokens": N, "temperature": T, "seed": S}}``; greedy without a temperature or at 0) and ``infer``
-with a ``BYTES`` ``text_input`` (the same parameters). Plus the .mar's plain JSON route,
+with a ``BYTES`` ``text_input`` (the same parameters). No streaming: ``.../generate_stream`` and any
+other path under a model answer 404 naming the model's endpoints. Plus the .mar's plain JSON route,
 ``POST /predictions/NAME`` with ``{"inputs": ...}``, answered as the .mar's handler answers it.
 
 This module imports Ray; the replicas import ptopt (the cluster's Python needs ``ptopt[ray]``).
@@ -48,7 +49,10 @@ from ptopt.serve.ray_package import INGRESS, read_manifest
 logger = logging.getLogger("ray.serve")
 #: times the ingress sends a batch again when the replica answering it died
 RETRIES = 4
-_MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(infer|ready|config|generate))?/?$")
+_MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/([^/]+))?/?$")
+#: what may follow /v2/models/NAME[/versions/1]: "" (metadata) and the actions (generate: a language
+#: model's; a tensor model answers it 400, naming infer)
+_ACTIONS = ("", "ready", "config", "infer", "generate")
 
 
 def model_deployment_name(model: str) -> str:
@@ -217,6 +221,7 @@ class PtoptIngress:
             )
         name, version, action = m.group(1), m.group(2), m.group(3) or ""
         self._model(name, version)
+        self._action(name, action)
         if action in ("infer", "generate"):
             _method(method, "POST", path)
             if action == "generate" or self.models[name]["kind"] == "text":
@@ -240,6 +245,25 @@ class PtoptIngress:
             raise oip.ProtocolError(
                 404, f"model {name!r} has version {oip.MODEL_VERSION} only, not {version!r}"
             )
+
+    def _action(self, name: str, action: str) -> None:
+        """An endpoint this model does not have (``generate_stream``: no streaming here) is a 404 naming
+        the model and the endpoints it has."""
+        if action in _ACTIONS:
+            return
+        kind = self.models[name]["kind"]
+        base = f"/v2/models/{name}"
+        have = [f"GET {base}", f"GET {base}/ready", f"GET {base}/config", f"POST {base}/infer"]
+        have += [f"POST {base}/generate"] if kind == "text" else []
+        if action != "generate_stream":
+            why = "no such endpoint"
+        elif kind == "text":
+            why = "this server does not stream tokens: POST .../generate answers the whole text at once"
+        else:
+            why = "this server streams nothing, and this model takes tensors, not text"
+        raise oip.ProtocolError(
+            404, f"model {name!r} has no {action!r} endpoint ({why}); its endpoints: {', '.join(have)}"
+        )
 
     async def _health(self, path: str) -> tuple[int, bytes, dict[str, str]]:
         which = path[len("/v2/health/") :].strip("/")

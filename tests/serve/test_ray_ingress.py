@@ -131,3 +131,26 @@ def test_the_python_twin_refuses_the_same_temperature(serve_lm):
         serve_lm, 4, temperature=5.0, seed=7
     )
     assert_refused(served.generate, PROMPT, 4, temperature=-1, match="temperature -1", error=UsageError)
+
+
+@pytest.mark.parametrize(
+    "path, words, absent",
+    [
+        ("llama/generate_stream", ("model 'llama' has no 'generate_stream' endpoint", "does not stream tokens",
+                                   "POST /v2/models/llama/generate", "GET /v2/models/llama/ready"), "no route"),
+        ("llama/versions/1/generate_stream", ("model 'llama' has no 'generate_stream' endpoint",), "no route"),
+        ("cnn/generate_stream", ("model 'cnn' has no 'generate_stream' endpoint", "takes tensors",
+                                 "POST /v2/models/cnn/infer"), "/cnn/generate"),
+        ("llama/stats", ("model 'llama' has no 'stats' endpoint (no such endpoint)",), "no route"),
+        ("nope/generate_stream", ("unknown model 'nope'; this server serves: cnn, llama",), "no route"),
+    ],
+    ids=["lm", "versioned", "tensor-model", "other-action", "unknown-model"],
+)  # fmt: skip
+def test_a_path_under_a_model_it_lacks_is_404_naming_the_model_and_its_endpoints(
+    ingress, path, words, absent
+):
+    """Before, ``.../generate_stream`` answered "no route ... (the Open Inference Protocol's are under /v2)"
+    for a path that is under /v2, naming neither the model nor what it serves."""
+    code, answer = _post(ingress, f"/v2/models/{path}", {"text_input": PROMPT})
+    assert code == 404 and set(answer) == {"error"}, answer
+    assert all(w in answer["error"] for w in words) and absent not in answer["error"], answer
