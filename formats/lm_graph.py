@@ -80,25 +80,45 @@ def io_names(layers: int, position_ids: bool = True) -> tuple[list[str], list[st
 
 
 def check_cache(model: Any) -> None:
-    """UnsupportedModelError when the model's cache is not one full-attention key/value pair per layer
-    (sliding-window layers keep only their last tokens; state-space layers keep states)."""
+    """UnsupportedModelError when the model's cache is not one full-attention key/value pair per layer:
+    state-space / linear-attention layers (Mamba, its hybrids) keep fixed-size states, not keys and
+    values, and are named as such; sliding-window layers keep only their last tokens."""
     from ptopt.core.hf import import_transformers
 
     tf = import_transformers()
     try:
-        kinds = {type(layer).__name__ for layer in tf.DynamicCache(config=model.config).layers}
+        layers = tf.DynamicCache(config=model.config).layers
     except (TypeError, ValueError, AttributeError) as e:
         raise UnsupportedModelError(
             f"{type(model).__name__}: transformers builds no DynamicCache for it ({e}); ptopt exports "
             "decoders whose cache is one key/value pair per layer"
         ) from None
+    kinds = {type(layer).__name__ for layer in layers}
+    # transformers' state-space cache layers (LinearAttentionLayer and its hybrids with attention)
+    state = sorted(k for k in kinds if "LinearAttention" in k)
+    if state:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has state-space (recurrent) layers: its cache holds fixed-size "
+            f"convolution and SSM states per layer ({', '.join(state)}), not the growing key/value pairs "
+            "of attention, so ptopt's language-model export (onnx, openvino, exported_program, aoti), which "
+            "lays out a KV cache as graph inputs and outputs, cannot take it, and no config.json setting "
+            "changes that. Export a full-attention decoder instead (Llama, Qwen2, GPT-2, Phi, Gemma ...), "
+            "or run this model with transformers as it is"
+        )
     other = sorted(kinds - {"DynamicLayer"})
     if other:
+        sliding = all("SlidingWindow" in k for k in other)
         raise UnsupportedModelError(
-            f"{type(model).__name__}: its cache has {', '.join(other)} layers (sliding-window or recurrent "
-            "state), which keep other tensors than one growing key/value pair per layer; ptopt exports "
-            "full-attention decoders (Llama, Qwen2, GPT-2, Phi, Gemma ...). A sliding-window model whose "
-            "sequences stay under its window: set sliding_window to null in a copy of config.json"
+            f"{type(model).__name__}: its cache has {', '.join(other)} layers"
+            + (" (sliding-window attention: they keep only their last tokens)" if sliding else "")
+            + ", not one growing key/value pair per layer; ptopt exports full-attention decoders (Llama, "
+            "Qwen2, GPT-2, Phi, Gemma ...)"
+            + (
+                ". A sliding-window model whose sequences stay under its window: set sliding_window to null "
+                "in a copy of config.json"
+                if sliding
+                else ""
+            )
         )
 
 

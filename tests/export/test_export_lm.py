@@ -174,6 +174,20 @@ def test_api_bad_input_same_refusals(lms, tmp_path):
     assert_refused(ptopt.export, "tests.helpers:tiny_cnn", "onnx", new_tokens=4, error=UsageError)
 
 
+def test_a_state_space_model_is_refused_for_what_it_is(cli, tmp_path):
+    """Mamba has no attention: its cache is convolution and SSM states. The refusal says so and that no
+    setting changes it (before, it was lumped with sliding-window models and advised setting
+    sliding_window to null, which Mamba has no use for); the API refuses the same."""
+    folder = save("mamba", tmp_path / "mamba")
+    message = assert_refused(
+        cli, "export", f"hf:{folder}", "--target", "onnx", "-o", tmp_path / "out", where=tmp_path,
+        match=("MambaForCausalLM has state-space (recurrent) layers", "SSM states", "no config.json setting"),
+    )  # fmt: skip
+    assert "sliding" not in message
+    assert_refused(ptopt.export, load_causal_lm(folder), "exported_program", error=UnsupportedModelError,
+                   match="state-space")  # fmt: skip
+
+
 def test_falcon_caches_the_heads_its_attention_caches(tmp_path):
     """Falcon names its key/value heads its own way (``num_kv_heads``, ``multi_query``,
     ``new_decoder_architecture``): the cache inputs have the heads transformers' FalconAttention caches,
