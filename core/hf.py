@@ -116,6 +116,7 @@ def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
         except (OSError, ValueError, RuntimeError) as e:
             raise ModelLoadError(f"{path}: transformers cannot load it: {type(e).__name__}: {e}") from None
     _refuse_random_weights(path, config, type(model).__name__, sorted(info.get("missing_keys") or ()))
+    _refuse_non_causal(path, config, type(model).__name__)
     return model.eval()
 
 
@@ -132,6 +133,44 @@ def _refuse_random_weights(path: Path, config: Any, built: str, missing: list[st
         f"{built} that AutoModelForCausalLM builds from it ({shown}), which would be random. Its config.json "
         f"names {saved}. hf:DIR loads causal language models; load any other model with a factory "
         "(pkg.module:factory, see ptopt --help)"
+    )
+
+
+#: how the name of a causal language model's class ends (transformers' naming)
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel", "WithLMHead")
+
+
+def _refuse_non_causal(path: Path, config: Any, built: str) -> None:
+    """A folder whose config.json names a model that is no decoder (``is_decoder`` false) and whose
+    ``architectures`` holds no causal LM (nor the family's base model, whose causal head is its tied
+    embeddings: GPT-2's) is refused, though every weight was found: a ``BertForMaskedLM`` folder loads as
+    ``BertLMHeadModel``, an encoder that never learned to predict the next token."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+    names = [str(a) for a in getattr(config, "architectures", None) or []]
+    fits = {
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type),
+        MODEL_MAPPING_NAMES.get(config.model_type),
+    }
+    if (
+        getattr(config, "is_decoder", False)
+        or not names
+        or any(n.endswith(CAUSAL_SUFFIXES) or n in fits for n in names)
+    ):
+        return
+    if getattr(config, "is_encoder_decoder", False):
+        kind = (
+            "an encoder-decoder (sequence-to-sequence) model, trained to write an output from a whole input"
+        )
+    elif any(n.endswith("ForMaskedLM") for n in names):
+        kind = "an encoder (a masked language model, trained to fill in masked tokens seeing both sides)"
+    else:
+        kind = "an encoder's task model"
+    raise ModelLoadError(
+        f"{path}: not a causal language model's folder: its config.json names {', '.join(names)}, {kind}, with "
+        f"is_decoder false. AutoModelForCausalLM would read it as {built}, predicting next tokens it never "
+        "learned to predict. hf:DIR loads causal language models (*ForCausalLM, *LMHeadModel); load an encoder "
+        "or any other model with a factory (pkg.module:factory, see ptopt --help)"
     )
 
 
