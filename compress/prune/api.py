@@ -162,10 +162,9 @@ def prune(
         plan = dataclasses.replace(plan, data=ft, teacher=_teacher(teacher, loaded.module))
         for pattern in unmatched_patterns(loaded.module, config.exclude):
             warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
-        pruner = make_pruner(config, loaded.module, example)
-        if folder and hasattr(pruner, "describable"):
-            pruner.describable = True  # the config must say the new sizes: from_pretrained rebuilds from it
-        work, report, history = _run_rounds(pruner, config, loaded.module, plan, ev, progress)
+        config, pruner, (work, report, history) = _pruned(
+            config, loaded.module, example, folder, plan, ev, progress
+        )
         if use_cache:  # a causal LM generates with its cache again (pruning ran without it)
             work.config.use_cache = use_cache
         with no_cache(work):
@@ -303,11 +302,56 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
     return ft, ev, example
 
 
+def _pruned(config: Any, original: Any, example: Any, folder: bool, plan: FineTune, ev: Any, progress: bool):
+    """(the config used, its pruner, ``_run_rounds``'s result). Distilling from a teacher needs the
+    pruned model's outputs as wide as the teacher's: a base model whose hidden size (its output's width)
+    was pruned is pruned again with the hidden size kept, with a warning."""
+    for _ in range(2):
+        pruner = make_pruner(config, original, example)
+        if folder and hasattr(pruner, "describable"):
+            pruner.describable = True  # the config must say the new sizes: from_pretrained rebuilds from it
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # the notes of a pruning kept, only
+                warnings.simplefilter("always")
+                done = _run_rounds(pruner, config, original, plan, ev, progress, example)
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return config, pruner, done
+        except _NarrowerThanTeacher as e:
+            warnings.warn(
+                f"the hidden size kept: distilling from the teacher needs its output width ({e}); "
+                "--no-prune-hidden says so",
+                PruneWarning,
+                stacklevel=3,
+            )
+            config = dataclasses.replace(config, prune_hidden=False)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _NarrowerThanTeacher(Exception):
+    """The pruned model's outputs are narrower than the teacher's (the message: their shapes)."""
+
+
+def _check_teacher_width(teacher: Any, work: Any, example: Any) -> None:
+    """``_NarrowerThanTeacher`` when ``work``'s outputs on ``example`` differ in shape from the teacher's."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+
+    with torch.no_grad():
+        a, b = (torch.utils._pytree.tree_leaves(call_model(m, example)) for m in (teacher, work))
+    shapes = [tuple(t.shape) for t in a if isinstance(t, torch.Tensor)]
+    mine = [tuple(t.shape) for t in b if isinstance(t, torch.Tensor)]
+    if shapes != mine:
+        raise _NarrowerThanTeacher(f"{', '.join(map(str, shapes))}, pruned {', '.join(map(str, mine))}")
+
+
 def _run_rounds(
-    pruner: Any, config: PruneConfig, original: Any, plan: FineTune, ev: Any, progress: bool
+    pruner: Any, config: PruneConfig, original: Any, plan: FineTune, ev: Any, progress: bool, example: Any
 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
     """``config.steps`` rounds of pruning, each followed by fine-tuning when planned; returns
-    (pruned dense model in eval mode, the pruner's report, the fine-tuning history)."""
+    (pruned dense model in eval mode, the pruner's report, the fine-tuning history). ``example``: a
+    batch the teacher's and the pruned model's output widths are compared on."""
     from ptopt.compress.trainer import train
 
     work = copy.deepcopy(original).eval()
@@ -316,6 +360,8 @@ def _run_rounds(
         work = pruner.step(work, config.amount * k / config.steps)
         if plan.data is None:
             continue
+        if plan.teacher is not None and getattr(config, "prune_hidden", False):
+            _check_teacher_width(plan.teacher, work.eval(), example)
         loss_fn = None
         if plan.teacher is not None:
             from ptopt.compress.distill import make_distill_loss
