@@ -6,7 +6,8 @@ of the model, the trainable parts of the loss, the optimizer state and the best-
 ``__<rank>_0.distcp``, and rank 0 the ``.metadata`` index) and ``trainer.pt`` (rank 0: the scheduler,
 the gradient scaler, the optimizer's hyper-parameters, every rank's RNG states, the position in the
 run, the history, and a fingerprint of everything that decides the result: train config, model
-architecture, data, loss options). ``<checkpoint_dir>/latest`` names the current one. A checkpoint is
+architecture, data, loss options; the run's length, epochs and max_steps, may change on resume).
+``<checkpoint_dir>/latest`` names the current one. A checkpoint is
 written under a temporary name and renamed into place when complete, then ``latest`` is replaced
 atomically and the previous checkpoint removed: a run killed while writing leaves the previous one
 whole. State dicts go through ``torch.distributed.checkpoint.state_dict`` (fully qualified names, whole
@@ -47,6 +48,9 @@ NON_RESULT_FIELDS = (
     "cpu_offload",
     "checkpoint_every",
 )
+#: TrainConfig fields that say how long the run is: a resumed run may change them, and trains on up to
+#: the new length (its learning-rate schedule then spans the new total; ``ptopt.compress.trainer``)
+LENGTH_FIELDS = ("epochs", "max_steps")
 
 
 def tensor_digest(tensors: Any) -> str:
@@ -237,7 +241,7 @@ def read_trainer_state(folder: Path, expected_fingerprint: dict[str, Any]) -> di
         raise UsageError(
             f"{path}: checkpoint version {state.get('version')} (this ptopt reads {CHECKPOINT_VERSION})"
         )
-    diffs = describe_differences(state["fingerprint"], expected_fingerprint)
+    diffs = describe_differences(_without_length(state["fingerprint"]), _without_length(expected_fingerprint))
     if diffs:
         raise UsageError(
             f"{folder} was written by another configuration, cannot resume: "
@@ -245,6 +249,11 @@ def read_trainer_state(folder: Path, expected_fingerprint: dict[str, Any]) -> di
             + " (resume with the original options, or use another --checkpoint-dir)"
         )
     return state
+
+
+def _without_length(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    train = {k: v for k, v in (fingerprint.get("train") or {}).items() if k not in LENGTH_FIELDS}
+    return {**fingerprint, "train": train}
 
 
 def load_tensors(folder: Path, template: dict[str, Any]) -> None:

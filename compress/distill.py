@@ -65,7 +65,12 @@ class RunOptions:
         "another number of processes).",
         metavar="DIR",
     )
-    resume: bool = option(False, help="Continue the run whose checkpoint is in --checkpoint-dir.")
+    resume: bool = option(
+        False,
+        help="Continue the run whose checkpoint is in --checkpoint-dir, with its options. A larger --max-steps "
+        "or --epochs trains on from the checkpoint's step to the new total (the learning-rate schedule then "
+        "spans it); one the run already reached trains nothing and writes the checkpoint's model (exit 0).",
+    )
     log_dir: Any = option(None, help="TensorBoard logs and metrics.jsonl.", metavar="DIR")
     metrics_file: Any = option(
         None, help="One JSON line per epoch (default: LOG_DIR/metrics.jsonl).", path="out"

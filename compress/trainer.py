@@ -5,7 +5,8 @@ autocast on CPU; fp16 with a GradScaler or bf16 on CUDA), evaluation after each 
 keeping the best weights, a rich progress bar (loss, accuracy, throughput), TensorBoard logs and a
 JSONL metrics file, sharded checkpoints (``torch.distributed.checkpoint``) after every epoch and every ``checkpoint_every``
 steps that ``resume`` continues from, on the same or another number of processes (a resumed run ends
-with the same weights as an uninterrupted one), and training across processes under ``torchrun`` with
+with the same weights as an uninterrupted one; resumed with a larger ``max_steps`` or ``epochs``, it trains
+on to the new total), and training across processes under ``torchrun`` with
 torch's DistributedDataParallel or FSDP2 (``ptopt.compress.distributed``). Deterministic for a seed;
 the global batch, its order and the loss are the same whatever the number of processes.
 """
@@ -467,6 +468,40 @@ class _Training:
         train_state.load(self, folder, state)
         self.start_epoch, self.start_batch, self.step_no = pos["epoch"], pos["batch"], pos["step"]
         self.resumed_from, self.resumed_step = pos["epoch"], pos["step"]
+        self._new_length(state["fingerprint"]["train"])
+
+    def _new_length(self, saved: dict[str, Any]) -> None:
+        """A resumed run whose length (``epochs``, ``max_steps``) is the checkpoint's continues as it
+        was. A longer one trains on from the checkpoint's step to the new total, its learning-rate
+        schedule spanning the new total from here on (the checkpoint's run had set the rate of its own
+        schedule, which ends at 0 where it stopped). One the checkpoint already reached trains nothing:
+        the result is the checkpoint's model."""
+        now = {k: getattr(self.config, k) for k in ckpt_util.LENGTH_FIELDS}
+        by_steps = (
+            self.config.max_steps is not None
+            and self.config.max_steps <= self.steps_per_epoch * self.config.epochs
+        )
+        limit = f"--max-steps {self.config.max_steps}" if by_steps else f"--epochs {self.config.epochs}"
+        if self.step_no >= self.total_steps:
+            if self.main:
+                _note(
+                    f"the run in {self.checkpoint_dir} already reached step {self.step_no}, and {limit} "
+                    f"({self.total_steps} optimizer steps) asks for no more: nothing is trained, the result is "
+                    "the checkpoint's model (a larger --max-steps or --epochs trains on)"
+                )
+            return
+        if all(saved.get(k) == v for k, v in now.items()):
+            return
+        for i, group in enumerate(self.opt.param_groups):
+            group["lr"] = self.sched.base_lrs[i] * self.sched.lr_lambdas[i](self.sched.last_epoch)
+        if self.main:
+            was = ", ".join(
+                f"{k} {'unset' if saved.get(k) is None else saved[k]}" for k in ckpt_util.LENGTH_FIELDS
+            )
+            _note(
+                f"training on from step {self.step_no} to {self.total_steps} ({limit}; the checkpoint's run "
+                f"had {was}); the learning-rate schedule now spans {self.total_steps} steps"
+            )
 
     def save_checkpoint(self, epoch: int, batch: int, stats: _EpochStats | None) -> None:
         """Every rank writes its shard; rank 0 the rest (``ptopt.compress.checkpoint``)."""

@@ -207,6 +207,35 @@ def test_python_twin_resume_with_feature_projection_is_exact(tmp_path, files):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_cli_resume_with_a_larger_max_steps_trains_on_to_it(cli, files, tmp_path):
+    """A finished run (--max-steps 4 of the 12 steps of 2 epochs) resumed with --max-steps 8 trains steps
+    5-8 from its checkpoint; resumed with --max-steps 6, below the 8 it reached, it trains nothing and
+    writes the checkpoint's model, saying so (exit 0). Before, any other --max-steps was refused as
+    'another configuration'."""
+    from ptopt.core.artifact import Artifact
+
+    ck, first, longer, shorter = tmp_path / "ck", tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "c.pt"
+    code, _, err = cli(*_args(files, first, "--checkpoint-dir", ck, "--max-steps", "4"))
+    assert code == 0, err
+    code, _, err = cli(*_args(files, longer, "--checkpoint-dir", ck, "--max-steps", "8", "--resume"))
+    assert code == 0, err
+    assert (
+        "training on from step 4 to 8 (--max-steps 8; the checkpoint's run had epochs 2, max_steps 4)" in err
+    )
+    extra = Artifact.load(longer).extra
+    assert (extra["steps"], extra["resumed_from_step"]) == (8, 4) and len(extra["step_losses"]) == 8
+    a, b = (torch.jit.load(str(p)).state_dict() for p in (first, longer))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    code, _, err = cli(*_args(files, shorter, "--checkpoint-dir", ck, "--max-steps", "6", "--resume"))
+    assert code == 0, err
+    assert (
+        "already reached step 8, and --max-steps 6 (6 optimizer steps) asks for no more: nothing is trained"
+        in err
+    )
+    c = torch.jit.load(str(shorter)).state_dict()
+    assert all(torch.equal(b[k], c[k]) for k in b) and Artifact.load(shorter).extra["steps"] == 8
+
+
 # -- bad input: exit 2, a clear message, nothing written ---------------------------------------
 
 
