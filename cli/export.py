@@ -11,6 +11,7 @@ from ptopt.cli.options import (
     declared,
     given,
     guard_paths,
+    input_shape_option,
     maybe_save_recipe,
     model_options,
     output_option,
@@ -25,6 +26,7 @@ from ptopt.export.config import OPTIONS
 @data_option("--data", "DATA: input shapes when the model declares none, and int8 calibration.")
 @data_option("--validation-data", "DATA --accuracy-control validates on (default: --data).")
 @model_options
+@input_shape_option
 @output_option(
     help="Where to write the artifact (a .ptopt.json sidecar is written next to it); a folder for a "
     "causal language model (hf:DIR).",
@@ -42,11 +44,14 @@ def command(
     validation_data: str | None,
     weights: str | None,
     allow_pickle: bool,
+    input_shapes: tuple[str, ...],
     save_recipe: str | None,
     **params: Any,
 ) -> None:
     """Export MODEL to TARGET, run the artifact against MODEL at the min/opt/max shapes (parity), and
-    write OUT with its .ptopt.json sidecar.
+    write OUT with its .ptopt.json sidecar. A model that declares no inputs takes --data or
+    --input-shape (its first dimension the batch, dynamic from 1 to 64, as in quantize; --dynamic-batch
+    sets the range), or a --min/--opt/--max-shape range (--opt-shape alone: a static shape).
 
     \b
     Examples:
@@ -59,8 +64,9 @@ def command(
     from ptopt.export.api import export
 
     common = dict(
-        data=data, validation_data=validation_data, weights=weights, allow_pickle=allow_pickle or None
-    )
+        data=data, validation_data=validation_data, weights=weights, allow_pickle=allow_pickle or None,
+        input_shapes=list(input_shapes) or None,
+    )  # fmt: skip
     options = {"model": model, "output": output, **given(common), **given(params)}
     art = export(**options)
     _print_result(art)

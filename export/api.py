@@ -68,8 +68,9 @@ def export(
       aoti (an AOTInductor package, compiled for this CPU) | tensorrt (the targets of the format table).
     - ``config``: an ExportConfig instead of ``target`` and the loose ``options`` (its fields, listed
       below; a loose option contradicting it is refused, one another target takes too).
-    - ``input_shapes``: ``"1x3x32x32"`` (or one NAME=SHAPE per input; batch dynamic in [1, 64]),
-      InputSpecs, or an example batch (tensor, tuple or dict of tensors).
+    - ``input_shapes``: ``"1x3x32x32"`` (or one NAME=SHAPE per input; batch dynamic in [1, 64]: the
+      CLI's ``--input-shape``; as shapes, not with ``min/opt/max_shape``), InputSpecs, or an example
+      batch (tensor, tuple or dict of tensors).
       ``min_shape/opt_shape/max_shape``: ``"1x1x32x32"``, ``["input_ids=1x16", ...]`` or
       ``{"input_ids": (1, 16)}``; ``dynamic_batch``: ``"1:8:64"`` (dimension 0 of every input).
       Without any, the model's declared inputs (or ``data``'s) are used, batch dynamic in [1, 64].
@@ -95,6 +96,7 @@ def export(
     - ``progress``: the long steps on stderr (``True``), to a callable (each plain line), or none (``False``)."""
     config, shape_options = settle_config(target, config, options)
     shapes = dataclasses.asdict(shape_options)
+    _one_shape_source(input_shapes, shapes)
     if _lm_export(model, config, output):
         from ptopt.export.lm import export_lm
 
@@ -137,6 +139,24 @@ def _lm_export(model: Any, config: ExportConfig, output: Any) -> bool:
     resolve_device(config.device, allow_auto=False)
     config.row.check_available(config)
     return True
+
+
+def _one_shape_source(input_shapes: Any, shapes: dict[str, Any]) -> None:
+    """``input_shapes`` as shapes (``--input-shape``: each a shape whose batch is dynamic) and a
+    ``--min/--opt/--max-shape`` range both say what the inputs are: refused together, rather than one
+    silently redrawing the other."""
+    strings = isinstance(input_shapes, str) or (
+        isinstance(input_shapes, (list, tuple))
+        and bool(input_shapes)
+        and all(isinstance(v, str) for v in input_shapes)
+    )
+    ranged = [f"--{k.replace('_', '-')}" for k in ("min_shape", "opt_shape", "max_shape") if shapes[k]]
+    if strings and ranged:
+        raise UsageError(
+            f"--input-shape and {'/'.join(ranged)} both give the input shapes: give --input-shape (its first "
+            "dimension the batch, dynamic from 1 to 64; --dynamic-batch MIN:OPT:MAX sets that range) or the "
+            "--min/--opt/--max-shape range (--opt-shape alone: a static shape), not both"
+        )
 
 
 def _input_specs(

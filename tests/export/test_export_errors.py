@@ -23,13 +23,27 @@ CLI_CASES = [
     (["--target", "onnx", "--precision", "int8"], "needs calibration data: pass --data"),
     (["--target", "onnx", "--dynamic-batch", "4:2:8"], "min > opt"),
     (["--target", "onnx", "--int8-method", "magic"], "unknown int8 ONNX method 'magic'"),
+    (
+        ["--target", "onnx", "--input-shape", "2x1x8x8", "--min-shape", "1x1x8x8", "--max-shape", "4x1x8x8"],
+        "--input-shape and --min-shape/--max-shape both give the input shapes",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "args, message",
     CLI_CASES,
-    ids=["min>opt", "opt>max", "rank", "target", "int8-torchscript", "int8-no-data", "batch", "int8-method"],
+    ids=[
+        "min>opt",
+        "opt>max",
+        "rank",
+        "target",
+        "int8-torchscript",
+        "int8-no-data",
+        "batch",
+        "int8-method",
+        "input-shape-and-range",
+    ],
 )
 def test_bad_options_exit_2_nothing_written(cli, tmp_path, tiny_cnn_factory, args, message):
     out = tmp_path / "out" / f"m{SUFFIX.get(args[1], '.bin')}"  # a file name its target writes
@@ -93,13 +107,28 @@ PY_CASES = [
     (dict(target="onnx", precision="int8", data=[_nan_batch()]), DataError, "NaN"),
     (dict(target="onnx", input_shapes=3.5), UsageError, "input_shapes"),
     (dict(target="onnx", input_shapes="1x1x8x8", input_specs=[]), UsageError, "not both"),
+    (
+        dict(target="onnx", input_shapes=["2x1x8x8"], opt_shape="2x1x8x8"),
+        UsageError,
+        "--input-shape and --opt-shape",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     "kwargs, error, message",
     PY_CASES,
-    ids=["target", "rank", "wrong-tensor", "wrong-shape-string", "nan", "nan-calib", "bad-type", "both"],
+    ids=[
+        "target",
+        "rank",
+        "wrong-tensor",
+        "wrong-shape-string",
+        "nan",
+        "nan-calib",
+        "bad-type",
+        "both",
+        "input-shape-and-opt",
+    ],
 )
 def test_python_api_refuses_bad_input(tmp_path, kwargs, error, message):
     from ptopt.export.api import export

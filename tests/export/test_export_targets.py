@@ -57,6 +57,31 @@ def test_cli_torchscript_dynamic_batch(cli, tmp_path, tiny_cnn_factory):
     assert export(**opts).inputs == Artifact.load(out).inputs
 
 
+def test_cli_input_shape_exports_a_model_that_declares_no_inputs(cli, tmp_path):
+    """``--input-shape`` as quantize, prune and inspect take it (the batch dynamic from 1 to 64,
+    ``--dynamic-batch`` setting that range): a factory model with no example_inputs() and no --data
+    exports; the saved recipe replays it. Before, export had no --input-shape (click: no such option)."""
+    from ptopt.core.recipe import load_recipe
+    from ptopt.export.api import export
+
+    ref, out = "tests.compat.models:pooled_cnn", tmp_path / "m.pt"
+    code, stdout, err = cli("export", ref, "--target", "torchscript", "--input-shape", "1x3x32x32",
+                            "-o", out, "--save-recipe", tmp_path / "r.yaml")  # fmt: skip
+    assert code == 0, err
+    assert (
+        "input:   input: [1..64]x3x32x32 float32" in stdout and _sidecar(out)["metrics"]["parity"]["passed"]
+    )
+    (step,) = load_recipe(tmp_path / "r.yaml")["steps"]
+    assert step["export"]["input_shapes"] == ["1x3x32x32"]
+    assert (
+        export(**dict(step["export"], output=str(tmp_path / "replayed.pt"))).inputs
+        == Artifact.load(out).inputs
+    )
+    code, stdout, err = cli("export", ref, "--target", "torchscript", "--input-shape", "2x3x32x32",
+                            "--dynamic-batch", "1:2:8", "-o", tmp_path / "b.pt")  # fmt: skip
+    assert code == 0 and "input:   input: [1..8]x3x32x32 float32" in stdout, err
+
+
 def test_cli_onnx_single_file_symbolic_batch_and_trtexec_line(cli, tmp_path, tiny_cnn_factory, monkeypatch):
     import onnx
     import onnxruntime as ort
