@@ -28,17 +28,25 @@ PAD = 3
 
 
 def greedy_reference(source: Any, prompt: Any, new_tokens: int) -> Any:
-    """transformers' greedy generation of ``new_tokens`` tokens after ``prompt`` ([1, P]): [1, P + N]."""
+    """transformers' greedy generation of ``new_tokens`` tokens after ``prompt`` ([1, P]): [1, P + N].
+
+    No token stops it and none is suppressed: the end-of-sequence ids are emptied in a copy of the
+    generation config (``min_new_tokens`` would instead forbid them, so a model whose greedy choice is
+    its end-of-sequence token got another reference token than the artifact's greedy loop)."""
+    import copy
+
     import torch
 
     from ptopt.core.quiet import silenced
 
+    config = copy.deepcopy(source.generation_config)
+    config.update(max_new_tokens=new_tokens, min_new_tokens=None, do_sample=False, num_beams=1,
+                  temperature=None, top_p=None, top_k=None, eos_token_id=[], pad_token_id=_pad_id(source))  # fmt: skip
     with torch.inference_mode(), silenced(["transformers"]):
-        return source.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
-            pad_token_id=_pad_id(source),
-        )  # fmt: skip
+        out = source.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    if out.shape[1] != prompt.shape[1] + new_tokens:  # pragma: no cover - a transformers that stops anyway
+        raise RuntimeError(f"transformers generated {out.shape[1] - prompt.shape[1]} of {new_tokens} tokens")
+    return out
 
 
 def _pad_id(source: Any) -> int:

@@ -45,9 +45,10 @@ def build(family: str, layers: int = 1):
             multi_query=True,
             new_decoder_architecture=False,
             max_position_embeddings=POSITIONS,
+            initializer_range=0.2,
             bos_token_id=1,
             eos_token_id=2,
-        )  # fmt: skip (its default init: see the note)
+        )  # fmt: skip
         model = tf.FalconForCausalLM(cfg)
     elif family == "mistral":  # sliding-window layers: refused
         model = tf.MistralForCausalLM(tf.MistralConfig(num_key_value_heads=2, sliding_window=16, **common))

@@ -96,10 +96,9 @@ def test_api_onnx_qwen2_in_memory_generates_as_transformers(lms):
         res.metrics["greedy"]["equal"] and res.metrics["parity"]["passed"] and res.metrics["batch"]["passed"]
     )
     prompt = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
-    with torch.inference_mode():
-        want = load_causal_lm(lms["qwen2"]).generate(
-            prompt, max_new_tokens=10, min_new_tokens=10, do_sample=False, pad_token_id=2
-        )
+    from ptopt.export.lm_check import greedy_reference
+
+    want = greedy_reference(load_causal_lm(lms["qwen2"]), prompt, 10)  # no token stops or is forbidden
     assert torch.equal(res.model.generate(prompt, 10), want)
 
 
@@ -208,3 +207,23 @@ def test_falcon_caches_the_heads_its_attention_caches(tmp_path):
         f"hf:{save_lm('falcon', tmp_path / 'falcon')}", "onnx", tmp_path / "falcon.onnx", new_tokens=8
     )
     assert res.metrics["greedy"]["equal"] and res.metrics["parity"]["passed"], res.metrics
+
+
+def test_the_reference_generation_neither_stops_at_nor_forbids_the_end_token():
+    """The check's reference is transformers' greedy generation with no token stopping or suppressed:
+    with ``min_new_tokens`` it forbade the end-of-sequence id, so a model whose greedy choice was that id
+    (Falcon with wide weights at its second new token) failed the export's check against a token its
+    own forward never picks."""
+    import torch
+
+    from ptopt.export.lm_check import greedy_reference
+    from tests.export.lm_models import build
+
+    model = build("llama")
+    prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ids = prompt
+        for _ in range(4):  # the model's own greedy choice, one full forward per token
+            ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
+    model.generation_config.eos_token_id = int(ids[0, 9])  # its second new token ends sequences
+    assert torch.equal(greedy_reference(model, prompt, 4), ids)
