@@ -39,6 +39,7 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
 
     tied = _tied_output(model)
     shared = shared_embedding(model, config)
+    called = _called_linears(model)
     chosen: list[str] = []
     floats: dict[str, str] = {}
     for name, m in model.named_modules():
@@ -46,6 +47,8 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
             continue
         if _excluded(name, config):
             floats[name] = "excluded (--exclude)"
+        elif called is not None and name not in called:
+            floats[name] = NOT_CALLED
         elif name == tied and shared is None:
             floats[name] = _why_float_tie(model, config)
         elif config.bits == 4 and m.out_features % INT4_ROWS:
@@ -68,6 +71,38 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
                 "or --exclude the layer"
             )
     return chosen, floats
+
+
+#: why a Linear the model's forward never calls stays float
+NOT_CALLED = (
+    "its forward never runs: the model reads its weight directly (as Mamba does: dt_proj.weight @ x), which a "
+    "quantized weight cannot do"
+)
+
+
+def _called_linears(model: Any) -> set[str] | None:
+    """The Linear layers a causal LM's forward calls on a few tokens (hooks on the float model), or None
+    when the model is not one or that forward fails (every layer is then taken as called)."""
+    import torch
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 4:
+        return None
+    called: set[str] = set()
+    handles = [
+        m.register_forward_hook(lambda *_, n=name: called.add(n))
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.arange(1, 5).reshape(1, 4) % vocab)
+    except Exception:  # noqa: BLE001 - not a plain causal LM call: no layer is judged by it
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    return called
 
 
 def _excluded(name: str, config: WeightOnlyConfig) -> bool:

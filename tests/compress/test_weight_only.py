@@ -353,3 +353,27 @@ def test_a_weight_only_folder_is_not_compressed_again(cli, lm_dir, tmp_path):
         )  # fmt: skip
     with pytest.raises(UsageError, match=r"is already quantized \(Int8Tensor weights\)"):
         ptopt.quantize(res.model, "weight-only", bits=8)
+
+
+def test_a_linear_whose_weight_the_model_reads_directly_stays_float(cli, tmp_path):
+    """Mamba's mixer computes ``dt_proj.weight @ x`` without calling ``dt_proj``: a quantized weight
+    there made every later forward fail (``validate`` of the written folder: an internal error in
+    torchao's Int8Tensor). The layer stays float, and says why; the folder runs."""
+    from tests.export.lm_models import save
+
+    save("mamba", tmp_path / "mamba")
+    ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    res = ptopt.quantize(f"hf:{tmp_path / 'mamba'}", "weight-only", tmp_path / "mq")
+    floats = res.extra["weight_only"]["float_layers"]
+    assert (
+        list(floats) == ["backbone.layers.0.mixer.dt_proj"]
+        and "reads its weight directly" in floats["backbone.layers.0.mixer.dt_proj"]
+    )
+    assert type(res.model.backbone.layers[0].mixer.x_proj.weight).__name__ == "Int8Tensor"
+    with torch.inference_mode():
+        assert load_model(tmp_path / "mq").module(input_ids=ids).logits.shape == (1, 12, 256)
+    code, out, err = cli(
+        "quantize", f"hf:{tmp_path / 'mamba'}", "--mode", "weight-only", "-o", tmp_path / "mq2"
+    )
+    assert code == 0, err
+    assert "float: backbone.layers.0.mixer.dt_proj: its forward never runs" in out + err
