@@ -278,14 +278,26 @@ def coverage(libraries: Sequence[str], level: str, vendor: str | None = None) ->
     return Coverage(tuple(capped), tuple(uncapped))
 
 
-#: Inductor's vector ISA (``AOTI_CPU_ISA`` of a package, lower case) -> the level a CPU needs to run its code
+#: Inductor's vector ISA (a word of ``AOTI_CPU_ISA``, lower case) -> the level a CPU needs to run its code
 VEC_ISA_LEVELS = {"avx2": "avx2", "avx512": "avx512", "avx512_vnni": "avx512_vnni", "amx_tile": "amx"}
+
+
+def vec_isa_level(compiled_for: str | None) -> str | None:
+    """The level a CPU needs to run kernels Inductor compiled for ``compiled_for``: a package's
+    ``AOTI_CPU_ISA`` names each extension of its ISA (``AVX512 AVX512_VNNI``, ``AVX512 AVX512_VNNI
+    AMX_TILE``), so the highest one known counts. None for an unknown or scalar ISA."""
+    known = [
+        VEC_ISA_LEVELS[w]
+        for w in str(compiled_for or "").lower().replace(",", " ").split()
+        if w in VEC_ISA_LEVELS
+    ]
+    return max(known, key=lambda lv: len(LEVELS[lv].requires), default=None)
 
 
 def vec_isa_reaches(compiled_for: str | None, level: str) -> bool:
     """Whether a CPU at ``level`` runs kernels Inductor compiled for ``compiled_for`` (an unknown or
     scalar ISA: yes)."""
-    needed = VEC_ISA_LEVELS.get(str(compiled_for or "").lower())
+    needed = vec_isa_level(compiled_for)
     if needed is None or level == NATIVE:
         return True
     return set(LEVELS[needed].requires) <= set(LEVELS[level].requires)

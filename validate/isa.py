@@ -64,9 +64,9 @@ def _cannot_run(entry: Any, level: str) -> str | None:
     compiled_for = (entry.info or {}).get("cpu_isa")
     if entry.format == "aoti_package" and not _isa.vec_isa_reaches(compiled_for, level):
         return (
-            f"its Inductor kernels were compiled for {str(compiled_for).lower()}, which a CPU at {level} cannot "
-            f"execute (illegal instruction); build the package on such a CPU, or with ATEN_CPU_CAPABILITY set "
-            f"to that level's"
+            f"its Inductor kernels were compiled for {_isa.vec_isa_level(compiled_for)} ({compiled_for}), which a "
+            f"CPU at {level} cannot execute (illegal instruction); build the package on such a CPU, or with "
+            f"ATEN_CPU_CAPABILITY set to that level's"
         )
     return None
 

@@ -209,6 +209,27 @@ def test_validate_cli_scores_the_package(package, cli, tmp_path):
     assert "aoti_package" in text and "AOTInductor" in text
 
 
+def test_validate_isa_does_not_run_a_vnni_package_at_a_lower_level(package, cli, tmp_path):
+    """A package compiled on an AVX-512 VNNI CPU (``AOTI_CPU_ISA`` ``AVX512 AVX512_VNNI``, faked in the
+    sidecar: the real one is this CPU's) cannot run on a CPU at avx: ``runs@avx`` fails, nothing timed."""
+    path, _ = package
+    pkg = tmp_path / "vnni.pt2"
+    shutil.copy(path, pkg)
+    side = json.loads(Path(str(path) + ".ptopt.json").read_text())
+    side["extra"]["cpu_isa"] = "AVX512 AVX512_VNNI"
+    side.update(path=pkg.name, files=[pkg.name], hashes={pkg.name: side["sha256"]})
+    Path(str(pkg) + ".ptopt.json").write_text(json.dumps(side))
+    code, out, err = cli(
+        "validate", "tests.helpers:tiny_cnn", str(pkg), "--data", DATA, "--allow-pickle", "--isa", "avx",
+        "--batch-sizes", "1", "--min-iters", "2", "--min-seconds", "0.01", "--rounds", "2",
+        "--max-samples", "16", "--threads", "1", "--json", str(tmp_path / "r.json"),
+    )  # fmt: skip
+    assert code == 1, err
+    fig = json.loads((tmp_path / "r.json").read_text())["artifacts"][0]["by_isa"]["avx"]
+    assert "compiled for avx512_vnni (AVX512 AVX512_VNNI)" in fig["error"] and not fig.get("latency"), fig
+    assert "FAIL: runs@avx" in " ".join(out.split())
+
+
 def test_inmemory_model_runs_here_and_saves(package, tmp_path):
     import ptopt
 

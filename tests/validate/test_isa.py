@@ -64,6 +64,21 @@ def test_aoti_kernels_compiled_above_a_level_cannot_run_there():
     assert isa.vec_isa_reaches("", "sse41")  # unknown: not refused
 
 
+def test_aoti_isa_as_torch_writes_it_names_every_extension():
+    """A package's ``AOTI_CPU_ISA`` is ``str(pick_vec_isa()).upper()``: ``AVX512 AVX512_VNNI`` on a VNNI CPU,
+    ``AVX512 AVX512_VNNI AMX_TILE`` on an AMX one (read as unknown before, so such a package ran at avx2)."""
+    from torch._inductor import cpu_vec_isa as vec
+
+    vnni, amx = str(vec.VecAVX512VNNI()).upper(), str(vec.VecAMX()).upper()
+    assert (isa.vec_isa_level(vnni), isa.vec_isa_level(amx)) == ("avx512_vnni", "amx")
+    assert not isa.vec_isa_reaches(vnni, "avx2") and not isa.vec_isa_reaches(vnni, "avx512")
+    assert isa.vec_isa_reaches(vnni, "avx512_vnni") and not isa.vec_isa_reaches(amx, "avx512_bf16")
+    assert (
+        isa.vec_isa_level(str(vec.VecAVX2()).upper()) == "avx2"
+        and isa.vec_isa_level("INVALID_VEC_ISA") is None
+    )
+
+
 def test_children_share_the_timing_budget():
     from ptopt.validate.isa import child_latency
 
