@@ -231,7 +231,7 @@ def _search(
             ref_runner.prepare(settings.threads)
             costs = measure_costs(ref_runner, data["eval"], settings)
             check_budget(costs, settings)
-            _set_aside(clock, settings.isa, costs, settings)
+            _set_aside(clock, settings.isa, costs, settings, say)
             ctx = Context(
                 loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
                 settings.max_accuracy_drop, settings.min_cosine, clock.left,
@@ -266,13 +266,21 @@ def _output_checked(output: Any, *refs: Any) -> tuple[Path, ...]:
     return inputs_paths
 
 
-def _set_aside(clock: Clock, levels: Sequence[str], costs: Any, settings: Settings) -> None:
-    """The search's time budget; with --isa, less the level checks' (they run after the search)."""
+def _set_aside(
+    clock: Clock, levels: Sequence[str], costs: Any, settings: Settings, say: Callable[[str], None] = print
+) -> None:
+    """The search's time budget; with --isa, less the level checks' (they run after the search), said in
+    one line (a candidate skipped for time otherwise sees only what was left)."""
     clock.budget = settings.time_budget
     if levels:
         from ptopt.optimize.isa import reserve_s
 
         clock.budget = max(clock.budget - reserve_s(levels, costs, settings), costs.reference_s(settings))
+        if clock.budget < settings.time_budget:
+            say(
+                f"--isa {','.join(levels)}: {settings.time_budget - clock.budget:.0f} s of the "
+                f"{settings.time_budget:.0f} s --time-budget set aside for the level checks after the search"
+            )
 
 
 def _check_levels(

@@ -27,8 +27,38 @@ def test_every_kept_candidate_judged_at_the_level(cli, tmp_path, data):  # noqa:
     assert ts["within_budget"] is True and ts["accuracy_drop"] == pytest.approx(0, abs=0.7)
     assert set(ts["speedup"]) == {"1", "4"} and ts["coverage"] in ("partly", "follows")
     assert "--isa avx: judging 1 candidate(s) in a child process" in err
+    assert (
+        "s --time-budget set aside for the level checks after the search" in err
+    )  # what the skips are short of
     assert "per CPU level (--isa)" in out
     assert "Per CPU level" in (tmp_path / "opt" / "summary.md").read_text()
+
+
+def test_the_reserve_rests_on_the_fastest_reference_call_not_one_slow_one(monkeypatch):
+    """One reference call slowed by a busy host, scaled by the samples and the survivors, set aside most of
+    the budget for the level checks (MiniLM, 480 s: 390 s reserved, 5 of 6 candidates skipped, the checks
+    took 6 s): the costs rest on the fastest of a few calls (a fake clock: 1.6 s, then 0.1 s)."""
+    import types
+
+    import torch
+
+    from ptopt.core.data import Dataset
+    from ptopt.optimize import search as osearch
+    from ptopt.optimize.isa import reserve_s
+    from ptopt.validate.latency import LatencyOptions
+
+    clock, calls = [0.0], iter([0.0, 1.6, 0.1, 0.1, 0.1])  # warm-up, then the timed calls
+
+    def predict(x):
+        clock[0] += next(calls)
+
+    monkeypatch.setattr(osearch.time, "perf_counter", lambda: clock[0])
+    settings = osearch.Settings([1, 32], "any", 480.0, LatencyOptions(), 1, None, 0.98)
+    costs = osearch.measure_costs(
+        types.SimpleNamespace(predict=predict), Dataset(torch.randn(256, 4)), settings
+    )
+    assert costs.batch_s[32] == pytest.approx(0.1)
+    assert reserve_s(["avx2", "avx512_vnni"], costs, settings) < 120
 
 
 def test_a_candidate_that_misses_at_a_level_leaves_the_budget(monkeypatch, tmp_path):
