@@ -125,15 +125,26 @@ def layer_macs(module: Any, example: Any) -> dict[str, float]:
     return out
 
 
+def weight_layers(module: Any) -> dict[str, Any]:
+    """The layers with weights: ``{name: (module, parameter count)}`` of each module with parameters of
+    its own. A parametrized layer (``weight_norm``: ``conv.parametrizations.weight`` holds ``original0``
+    and ``original1``) is one layer, its parametrizations' parameters counted as its own."""
+    out: dict[str, Any] = {}
+    for n, m in module.named_modules():
+        count = sum(p.numel() for p in m.parameters(recurse=False))
+        owner, sep, _ = n.rpartition(".parametrizations.")
+        if sep and count:
+            out[owner] = (module.get_submodule(owner), out.get(owner, (None, 0))[1] + count)
+        elif n and count and not sep:
+            out[n] = (m, count)
+    return out
+
+
 def int8_share(module: Any, example: Any, float_layers: dict[str, str]) -> dict[str, Any]:
-    """What share of the model is int8: its layers with weights (modules with parameters of their
-    own), their parameters, and their multiply-accumulates per sample (:func:`layer_macs`), each
-    layer int8 unless ``float_layers`` lists it."""
-    own = {
-        n: sum(p.numel() for p in m.parameters(recurse=False))
-        for n, m in module.named_modules()
-        if n and any(True for _ in m.parameters(recurse=False))
-    }
+    """What share of the model is int8: its layers with weights (:func:`weight_layers`), their
+    parameters, and their multiply-accumulates per sample (:func:`layer_macs`), each layer int8 unless
+    ``float_layers`` lists it."""
+    own = {n: count for n, (_, count) in weight_layers(module).items()}
     int8 = [n for n in own if n not in float_layers]
     macs = layer_macs(module, example)
     total_params, total_macs = sum(own.values()), sum(macs.values())

@@ -240,18 +240,18 @@ def float_layers(module: Any, converted: Any, excluded: Any) -> dict[str, str]:
     import torch
 
     from ptopt.compress.quantize.engine_pt2e import int8_modules
+    from ptopt.compress.quantize.measure import weight_layers
 
     int8 = int8_modules(converted)
     out = {n: "excluded (--exclude)" for n in excluded}
-    for name, m in module.named_modules():
-        own = name and any(True for _ in m.parameters(recurse=False))
-        if not own or name in int8 or name in out or isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+    for name, (m, _) in weight_layers(module).items():
+        if name in int8 or name in out or isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             continue
         block = next((e for e in excluded if name.startswith(e + ".")), None)
         out[name] = (
             f"inside {block}: excluded (--exclude)"
             if block is not None
-            else f"{type(m).__name__}: float in PT2E (X86InductorQuantizer makes conv / linear int8)"
+            else f"{type(m).__name__}: float in PT2E (X86InductorQuantizer makes Linear and Conv2d int8)"
         )
     return out
 

@@ -315,3 +315,26 @@ class SamePadNet(nn.Module):
 def same_pad_net() -> SamePadNet:
     torch.manual_seed(0)
     return SamePadNet().eval()
+
+
+class WeightNormed(nn.Module):
+    """A weight-normalised Conv1d (wav2vec2's positional convolution: ``parametrizations.weight`` holds
+    ``original0`` / ``original1``) before a Linear: PT2E's x86 quantizer leaves the Conv1d float."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 8, 3, padding=1), dim=2)
+        self.fc = nn.Linear(8 * 16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def weight_normed() -> WeightNormed:
+    torch.manual_seed(0)
+    return WeightNormed().eval()
+
+
+def sequences16() -> dict:
+    """64 samples of 4 channels x 16 steps for ``weight_normed``."""
+    return {"x": torch.randn(64, 4, 16, generator=torch.Generator().manual_seed(0))}

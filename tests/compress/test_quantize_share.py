@@ -49,3 +49,31 @@ def test_share_counts_what_stays_float():
     share = res.extra["int8_share"]
     assert share["layers"] == 5 and share["of_layers"] == 6 and 0.8 < share["parameters"] < 1.0
     assert res.extra["float_layers"]["fc"].startswith("excluded")
+
+
+def test_a_weight_normed_layer_is_one_layer_and_its_float_reason_is_true(cli, tmp_path):
+    """wav2vec2's positional Conv1d is weight-normalised: its ``parametrizations.weight`` (a
+    ParametrizationList) was listed as a float layer of its own and counted twice; PT2E's reason said the
+    quantizer makes convolutions int8 while a Conv1d stayed float."""
+    code, stdout, err = cli(
+        "quantize", "tests.compress.quant_models:weight_normed", "--mode", "static", "--engine", "pt2e",
+        "--no-compile", "--calib-data", "tests.compress.quant_models:sequences16", "-o", tmp_path / "w.pt2",
+    )  # fmt: skip
+    assert code == 0, err
+    side = json.loads((tmp_path / "w.pt2.ptopt.json").read_text())
+    assert list(side["extra"]["float_layers"]) == ["conv"] and "ParametrizationList" not in stdout
+    assert "makes Linear and Conv2d int8" in side["extra"]["float_layers"]["conv"]
+    assert "int8: 1 of 2 layers with weights" in stdout
+
+
+def test_weight_layers_folds_parametrizations_into_their_layer():
+    import torch
+
+    from ptopt.compress.quantize.measure import int8_share, weight_layers
+    from tests.compress.quant_models import weight_normed
+
+    model = weight_normed()
+    layers = weight_layers(model)
+    assert list(layers) == ["conv", "fc"] and layers["conv"][1] == 8 * 4 * 3 + 3 + 8  # v, g (per step), bias
+    share = int8_share(model, torch.randn(2, 4, 16), {"conv": "float"})
+    assert (share["layers"], share["of_layers"]) == (1, 2)
