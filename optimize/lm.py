@@ -223,36 +223,14 @@ def _evaluate(
 
 
 def _time(kept: list[LMCandidate], prompt: Any, new_tokens: int, rounds: int, say: Any) -> dict[str, Any]:
-    """Interleaved rounds (``core.lm.interleaved_generation``): one generation per candidate a round.
-    When most decode timings are noisy (``validate.noise.busy``) the machine is busy: timed again, up
-    to ``BUSY_RETIMES`` more times, keeping the attempt with the fewest noisy ones. Returns the
-    report's ``timing`` entry."""
-    from ptopt.core.lm import interleaved_generation, speed_summary
-    from ptopt.validate import noise
+    """Interleaved rounds, one generation per candidate a round, timed again on a busy machine
+    (``validate.lm.timed_generation``, validate's own); returns the report's ``timing`` entry."""
+    from ptopt.validate.lm import timed_generation
 
-    def measure() -> tuple[list[dict], int]:
-        speeds = interleaved_generation([c.module for c in kept], prompt, new_tokens, rounds)
-        return speeds, sum(noise.latency_noisy(speed_summary(sp["decode"])["spread_pct"]) for sp in speeds)
-
-    speeds, noisy = measure()
-    retimed = 0
-    while len(kept) > 1 and noise.busy(noisy, len(kept)) and retimed < noise.BUSY_RETIMES:
-        retimed += 1
-        say(
-            f"the machine is busy: {noisy} of {len(kept)} decode timings are noisy (their rounds spread more "
-            f"than {noise.NOISY_SPREAD_PCT:g}%); timing again ({retimed}/{noise.BUSY_RETIMES})"
-        )
-        again, fewer = measure()
-        if fewer <= noisy:
-            speeds, noisy = again, fewer
+    speeds, timing = timed_generation([c.module for c in kept], prompt, new_tokens, rounds, say)
     for cand, speed in zip(kept, speeds, strict=True):
         cand.decode, cand.prefill = speed["decode"], speed["prefill"]
-    return {
-        "noisy_cells": noisy,
-        "cells": len(kept),
-        "retimed": retimed,
-        "busy": noise.busy(noisy, len(kept)),
-    }
+    return timing
 
 
 def optimize_lm(

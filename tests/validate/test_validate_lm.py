@@ -191,3 +191,34 @@ def test_bad_input_api(lm, tmp_path):
     assert_refused(ptopt.validate, lm["ref"], lm["other"], lm["ids"], match="vocabulary of 256")
     assert_refused(ptopt.validate, lm["ref"], lm["int8"], lm["ids"], batch_sizes="1,8", match="--batch-sizes")
     assert_refused(ptopt.validate, lm["bare"], lm["bare"], lm["text"], match="give token ids instead")
+
+
+def test_a_language_model_best_is_crowned_only_on_a_clear_timing(cli, lm, tmp_path, monkeypatch):
+    """Validate's one timing rule on language models too: most decode timings noisy is a busy machine,
+    timed once more; a best whose decode lead is within the noise is not crowned (★ was given to the
+    fastest median whatever the spread)."""
+    import ptopt.core.lm as core_lm
+
+    calls = []
+
+    def noisy(modules, prompt, new_tokens, rounds):
+        calls.append(len(modules))
+        return [{"decode": [10.0, 30.0, 10.0, 30.0], "prefill": [1.0] * 4} for _ in modules]
+
+    monkeypatch.setattr(core_lm, "interleaved_generation", noisy)
+    code, out, err = cli("validate", lm["ref"], lm["int8"], "--data", lm["ids"], "--rounds", "4", "--prompt-tokens",
+                         "16", "--new-tokens", "3", "--json", tmp_path / "r.json")  # fmt: skip
+    assert code == 0, err
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert calls == [2, 2] and "the machine is busy: 2 of 2 decode timings" in err
+    assert data["timing_noise"] == {"noisy_cells": 2, "cells": 2, "retimed": 1, "busy": True}
+    assert data["best"] == "llama.int8" and data["best_verdict"] == "noisy" and "spread" in data["best_why"]
+    assert not data["artifacts"][0]["best"] and "no clear best" in out and "busy machine" in out
+
+    def calm(modules, prompt, new_tokens, rounds):
+        return [{"decode": [100.0 * (1 + i)] * 4, "prefill": [1.0] * 4} for i in range(len(modules))]
+
+    monkeypatch.setattr(core_lm, "interleaved_generation", calm)
+    res = ptopt.validate(lm["ref"], [lm["int8"]], lm["ids"], **(FAST_API | {"rounds": 4}))
+    assert res.best == "llama.int8" and res.data["best_verdict"] == "clear"
+    assert res.entry("llama.int8")["best"] and not res.data["timing_noise"]["busy"]
