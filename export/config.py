@@ -14,7 +14,23 @@ from ptopt.core.errors import UsageError
 from ptopt.core.formats import format_for_target, targets
 from ptopt.core.inputspec import batch_list
 from ptopt.core.options import Options, Selector, option
+from ptopt.export.parity import DEFAULT_TOLERANCES, INT8_VS_FP32_RTOL
 from ptopt.formats.base import HALF, PRECISIONS
+
+
+#: the command that writes an int8 model of a target that cannot convert to int8 itself
+INT8_FIRST = {
+    "torchscript": "ptopt quantize MODEL --mode static --calib-data DATA -o model.int8.pt",
+    "exported_program": "ptopt quantize MODEL --mode static --engine pt2e --no-compile --calib-data DATA "
+    "-o model.int8.pt2",
+    "aoti": "ptopt quantize MODEL --mode static --engine pt2e --calib-data DATA -o model.int8.pt2",
+}
+
+
+def _defaults(i: int) -> str:
+    """The defaults of tolerance ``i`` (0: atol, 1: rtol) by precision, from ``DEFAULT_TOLERANCES``."""
+    return ", ".join(f"{v[i]:g} {p}" for p, v in DEFAULT_TOLERANCES.items())
+
 
 __all__ = ["HALF", "INT8_METHODS", "OPTIONS", "PRECISIONS", "ExportConfig", "ShapeOptions", "settle_config"]
 
@@ -53,9 +69,13 @@ class ExportConfig(Config):
     optimize: bool = option(False, help="Save ORT's offline graph optimization of the model.")
     script: bool = option(False, help="torch.jit.script instead of tracing.")
     atol: float | None = option(
-        None, help="Parity tolerance, absolute (default 1e-4 fp32, 1e-1 int8, 1e-2 fp16)."
+        None, help=f"Parity tolerance, absolute: a floor for outputs near zero (default {_defaults(0)})."
     )
-    rtol: float | None = option(None, help="Parity tolerance, relative to the largest source output.")
+    rtol: float | None = option(
+        None,
+        help=f"Parity tolerance, relative to the largest source output (default {_defaults(1)}; "
+        f"{INT8_VS_FP32_RTOL:g} for int8 quantized here from an fp32 source).",
+    )
     min_cosine: float | None = option(
         None,
         help="Your budget: the worst sample's cosine with the source the artifact must keep (default 0.99 "
@@ -133,7 +153,9 @@ class ExportConfig(Config):
         if precision not in (None, "fp32", *row.converts):
             raise UsageError(
                 f"--precision {precision} is not available for --target {self.target} "
-                f"(it can build: fp32, {', '.join(row.converts)}; for int8 quantize first: ptopt quantize)"
+                f"(it can build: fp32, {', '.join(row.converts)}"
+                + (f"; for int8 quantize first: {INT8_FIRST[self.target]}" if precision == "int8" else "")
+                + ")"
             )
         row.check_config(self)
         if self.int8_method is not None and self.int8_method not in INT8_METHODS:

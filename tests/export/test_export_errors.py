@@ -20,6 +20,10 @@ CLI_CASES = [
         ["--target", "torchscript", "--precision", "int8"],
         "--precision int8 is not available for --target torchscript",
     ),
+    (
+        ["--target", "exported_program", "--precision", "int8"],
+        "quantize first: ptopt quantize MODEL --mode static --engine pt2e --no-compile",
+    ),
     (["--target", "onnx", "--precision", "int8"], "needs calibration data: pass --data"),
     (["--target", "onnx", "--dynamic-batch", "4:2:8"], "min > opt"),
     (["--target", "onnx", "--int8-method", "magic"], "unknown int8 ONNX method 'magic'"),
@@ -39,6 +43,7 @@ CLI_CASES = [
         "rank",
         "target",
         "int8-torchscript",
+        "ep-int8",
         "int8-no-data",
         "batch",
         "int8-method",
@@ -150,3 +155,17 @@ def test_python_api_refuses_a_module_it_cannot_capture(tmp_path, factory, target
     assert_refused(
         export, module, target, input_shapes="2x1x8x8", where=tmp_path, error=UnsupportedModelError
     )
+
+
+def test_help_states_the_parity_defaults_the_check_uses(cli):
+    """--atol's help said "1e-1 int8" (int8's rtol) while an int8 export printed atol 1e-06: the
+    defaults are read from the table the check uses."""
+    from ptopt.export.parity import DEFAULT_TOLERANCES, INT8_VS_FP32_RTOL
+
+    code, out, _ = cli("export", "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    for precision, (atol, rtol) in DEFAULT_TOLERANCES.items():
+        assert f"{atol:g} {precision}" in text.split("--atol")[1].split("--rtol")[0]
+        assert f"{rtol:g} {precision}" in text.split("--rtol")[1].split("--min-cosine")[0]
+    assert f"{INT8_VS_FP32_RTOL:g} for int8 quantized here from an fp32 source" in text
