@@ -17,7 +17,6 @@ from ptopt.core.options import Options, Selector, option
 from ptopt.export.parity import DEFAULT_TOLERANCES, INT8_VS_FP32_RTOL
 from ptopt.formats.base import HALF, PRECISIONS
 
-
 #: the command that writes an int8 model of a target that cannot convert to int8 itself
 INT8_FIRST = {
     "torchscript": "ptopt quantize MODEL --mode static --calib-data DATA -o model.int8.pt",
