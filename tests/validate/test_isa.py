@@ -179,8 +179,9 @@ def test_cli_a_level_that_crashes_is_named_and_the_rest_reported(cli, artifacts)
 @pytest.mark.parametrize(
     "extra, match",
     [(("--isa", "avx9"), "unknown CPU level"), (("--isa", "amx"), "this CPU cannot run AMX"),
-     (("--isa", "avx", "--device", "cuda"), "")],
-    ids=["unknown-level", "above-this-cpu", "not-on-a-gpu"],
+     (("--isa", "avx", "--device", "cuda"), ""), (("--isa", ""), "--isa '': names nothing"),
+     (("--isa", " , "), "names nothing")],
+    ids=["unknown-level", "above-this-cpu", "not-on-a-gpu", "empty (it ran without levels)", "commas"],
 )  # fmt: skip
 def test_cli_bad_isa_refused(cli, artifacts, monkeypatch, tmp_path, extra, match):
     monkeypatch.setattr(isa, "cpu_flags", lambda: set(AVX2_ONLY))
@@ -192,6 +193,8 @@ def test_api_bad_isa_refused(artifacts, monkeypatch):
     monkeypatch.setattr(isa, "cpu_flags", lambda: set(AVX2_ONLY))
     assert_refused(validate, FACTORY, artifacts["torchscript"], artifacts["data"], isa=["avx512"],
                    match="cannot run AVX-512 code", error=UsageError)  # fmt: skip
+    assert_refused(validate, FACTORY, artifacts["torchscript"], artifacts["data"], isa="",
+                   match="names nothing", error=UsageError)  # fmt: skip
 
 
 # -- the CPU an artifact was checked on -------------------------------------------------------------------
