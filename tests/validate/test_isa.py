@@ -134,6 +134,13 @@ def test_every_model_at_a_capped_level_in_a_child(artifacts, tmp_path):
     md, page = (tmp_path / "r.md").read_text(), (tmp_path / "r.html").read_text()
     for text in (md, page):
         assert "Per CPU level" in text and "emu" in text and "ignores cap" in text
+    # the level's top-1 agreement is a column (a failing --min-agreement@LEVEL showed no figure)
+    from ptopt.validate.reports import facts
+
+    head, rows = facts.isa_head(res.data), facts.isa_rows(res.data)
+    ts_row = next(r for r in rows if r[:2] == ["tiny.ts.pt", "sse41"])
+    assert head[5] == "agree" and ts_row[5].endswith("%") and len(ts_row) == len(head)
+    assert all(len(r) == len(head) for r in rows)
 
 
 @pytest.mark.skipif(

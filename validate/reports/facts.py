@@ -187,7 +187,7 @@ def has_isa(data: dict[str, Any]) -> bool:
 def isa_head(data: dict[str, Any]) -> list[str]:
     """The columns of the per-level table."""
     sizes = data["batch_sizes"]
-    return (["artifact", "level", "kernels", metric_header(data), "drop", "cos min"]
+    return (["artifact", "level", "kernels", metric_header(data), "drop", "agree", "cos min"]
             + [f"p50 ms @{bs}" for bs in sizes] + ["gates"])  # fmt: skip
 
 
@@ -199,7 +199,7 @@ def isa_rows(data: dict[str, Any]) -> list[list[str]]:
         for level, fig in (e.get("by_isa") or {}).items():
             cov = (fig.get("coverage") or {}).get("verdict", "")
             if fig.get("ignored"):
-                out.append([e["name"], level, "ignores cap", *[common.NONE] * (3 + len(data["batch_sizes"])),
+                out.append([e["name"], level, "ignores cap", *[common.NONE] * (4 + len(data["batch_sizes"])),
                             "not run (figures would be this CPU's)"])  # fmt: skip
                 continue
             lat = [ms_cell(fig["latency"].get(str(bs))) for bs in data["batch_sizes"]]
@@ -211,9 +211,10 @@ def isa_rows(data: dict[str, Any]) -> list[list[str]]:
                 if (g.get("isa") or None) == (level if fig.get("emulated") else None)
             ]
             status = "" if is_reference(e) else _level_status(gates, fig)
-            cos = (fig.get("agreement") or {}).get("min_cosine")
+            agreement = fig.get("agreement") or {}
             drop = common.fmt_drop(fig.get("accuracy_drop"), data["accuracy_drop"]["unit"], is_reference(e))
-            out.append([e["name"], level, cov, metric_cell(data, fig.get("metric")), drop, common.fmt_cos(cos),
+            out.append([e["name"], level, cov, metric_cell(data, fig.get("metric")), drop,
+                        common.fmt_frac(agreement.get("top1_agreement")), common.fmt_cos(agreement.get("min_cosine")),
                         *lat, status])  # fmt: skip
     return out
 
