@@ -74,9 +74,15 @@ def load_eager(
         "ScriptModule",
     ):
         why = (why or "{for_what} needs the eager nn.Module").format(format=loaded.format, for_what=for_what)
+        int8 = (
+            f"; an int8 model of this file itself (a pruned one has no other source): ptopt export {loaded.ref} "
+            "--target openvino (or onnx) --precision int8 --data CALIB"
+            if for_what == "quantization"
+            else ""
+        )
         raise UnsupportedModelError(
             f"{role}{loaded.ref} is a {loaded.format} model; {why} "
-            "(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle)"
+            f"(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle){int8}"
         )
     _refuse_quantized(loaded, module, for_what, role)
     return loaded

@@ -101,7 +101,10 @@ def export_onnx(
     x = make_inputs(specs, style, which="opt")
     outs = output_names(count_outputs(module, x))
     big = weight_bytes(module) >= EXTERNAL_DATA_BYTES if external_data is None else bool(external_data)
-    if source_format == "torchscript" or has_rnn(module) or old_opset:
+    import torch
+
+    scripted = source_format == "torchscript" or isinstance(module, torch.jit.ScriptModule)
+    if scripted or has_rnn(module) or old_opset:
         exporter = torchscript_exporter(module, specs, style, path, names, outs, opset)
     else:
         exporter = _export_dynamo(module, specs, style, path, names, outs, opset)

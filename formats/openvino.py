@@ -334,10 +334,16 @@ def convert_ir(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any
     with a symbolic batch) is converted from the ONNX export too, and the smaller graph is kept: the
     ONNX exporter folds that shape arithmetic, and on all-MiniLM-L6-v2 the program's IR (504 ops) ran
     bf16 at 0.86x / 0.93x (batch 1 / 64) of the same model read from its ONNX export (417 ops)."""
+    import torch
+
     ov = imported("openvino")
 
     from ptopt.formats.capture import export_program, first_lines
 
+    if isinstance(module, torch.jit.ScriptModule):  # torch.export takes no ScriptModule; its ONNX export does
+        model = _convert_via_onnx(module, specs, style, "a TorchScript model has no ExportedProgram")
+        _bound_inputs(model, specs)
+        return model, "ONNX (the source is TorchScript)"
     ep = export_program(module, specs, style)
     try:
         with quiet():

