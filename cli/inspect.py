@@ -53,8 +53,10 @@ def command(
             "input:      unknown (pass --data or --input-shape"
             + (f"; its first layer suggests {guess})" if guess else ")")
         )
+    ran = next(iter(report.get("ran_batch", {}).values()), "")
+    batch = f" (from a batch of {ran.split('x')[0]})" if ran and "data" not in report else ""
     for o in report.get("outputs", []):
-        click.echo(f"output:     {o['name']}: {'x'.join(map(str, o['shape']))} {o['dtype']}")
+        click.echo(f"output:     {o['name']}: {'x'.join(map(str, o['shape']))} {o['dtype']}{batch}")
     if "data" in report:
         d = report["data"]
         click.echo(
