@@ -31,7 +31,7 @@ from ptopt.compress.prune.api import OPTIONS
 @data_option(
     "--eval-data",
     "Held-out DATA: the cosine to the unpruned model; with labels also accuracy before/after, and the "
-    "best epoch is kept.",
+    "best epoch is kept; a causal language model's text (.txt, token ids): perplexity before/after.",
 )
 @model_options
 @input_shape_option
@@ -122,6 +122,13 @@ def _print_report(art, method: str) -> None:
         click.echo(
             f"accuracy:   {100 * m['accuracy_before']:.2f}% → {100 * m['accuracy_after']:.2f}% "
             f"(drop {m['accuracy_drop_points']:.2f} points)"
+        )
+    if "perplexity_before" in m:
+        w = m["perplexity_window"]
+        click.echo(
+            f"perplexity: {m['perplexity_before']:.3f} → {m['perplexity_after']:.3f} "
+            f"({m['perplexity_increase_pct']:+.2f}%) on {w['tokens']} tokens of {m['eval_data']} "
+            f"(context {w['context']}, stride {w['stride']})"
         )
     if m.get("vs_source"):
         from ptopt.compress.fidelity import describe

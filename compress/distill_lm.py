@@ -37,8 +37,6 @@ from ptopt.core.options import option
 
 #: tokens per training window unless told
 DEFAULT_SEQ_LEN = 256
-#: the sidecar's perplexities read at most this many evaluation tokens (validate reads them all)
-EVAL_TOKENS = 8192
 #: the reloaded folder's logits may differ from the trained model's by this much (float noise)
 RELOAD_ATOL = 1e-4
 
@@ -414,7 +412,7 @@ def _perplexities(t_loaded: Any, result: Any, ids: Any, ref: Any, qat: str | Non
     every rank scores the same windows (a sharded model's forward is collective). A QAT student is
     scored quantized, on rank 0 (rank 0 alone holds it converted)."""
     from ptopt.compress import distributed as dist_util
-    from ptopt.core.lm import perplexity
+    from ptopt.core.lm import EVAL_TOKENS, perplexity
 
     if ids is None:
         return {}

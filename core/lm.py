@@ -18,6 +18,9 @@ INT8_KERNEL_ISA = ("avx2", "avx512_bf16", "amx_bf16")
 #: the window perplexity is scored with unless told otherwise (tokens of history, tokens per step)
 CONTEXT = 512
 STRIDE = 256
+#: a compress command's perplexities (the sidecar's) read at most this many evaluation tokens (validate
+#: reads them all)
+EVAL_TOKENS = 8192
 
 
 def perplexity(

@@ -157,8 +157,9 @@ def prune(
     if folder and not is_hf_model(loaded.module):
         raise UsageError(_NOT_HF.format(output=output, ref=loaded.ref))
     use_cache = getattr(getattr(loaded.module, "config", None), "use_cache", None)
+    text = _eval_text(loaded, eval_data)  # a causal LM's --eval-data: text, judged by perplexity
     with no_cache(loaded.module):
-        ft, ev, example = _prepare_data(loaded, plan, eval_data, input_shapes)
+        ft, ev, example = _prepare_data(loaded, plan, None if text is not None else eval_data, input_shapes)
         plan = dataclasses.replace(plan, data=ft, teacher=_teacher(teacher, loaded.module))
         for pattern in unmatched_patterns(loaded.module, config.exclude):
             warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
@@ -168,7 +169,9 @@ def prune(
         if use_cache:  # a causal LM generates with its cache again (pruning ran without it)
             work.config.use_cache = use_cache
         with no_cache(work):
-            metrics = _measure(loaded.module, work, report, ev)
+            metrics = _measure(loaded.module, work, report, ev) | _perplexities(
+                loaded.module, work, text, eval_data
+            )
             metrics["vs_source"] = _vs_source(loaded.module, work, ev or plan.data, example)
     record = config.to_dict() | {
         "fine_tune_data": ref_name(fine_tune_data),
@@ -300,6 +303,42 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
     example = loaded.example_inputs("opt", batch=2)
     run_checked(loaded, example, "sample input")
     return ft, ev, example
+
+
+def _eval_text(loaded: Any, eval_data: Any) -> Any:
+    """A causal language model's ``--eval-data`` as token ids (text, a .txt, ids .pt/.npy), or None."""
+    from ptopt.core.hf import is_causal_lm
+
+    if eval_data is None or not is_causal_lm(loaded.module):
+        return None
+    from ptopt.core.lm import EVAL_TOKENS, token_ids
+
+    vocab = getattr(loaded.module.config, "vocab_size", None)
+    ids = token_ids(eval_data, vocab, loaded.info.get("hf_dir"), "--eval-data")
+    if ids.numel() < 2:
+        raise UsageError(f"--eval-data holds {ids.numel()} token(s): perplexity needs at least 2")
+    return ids[:EVAL_TOKENS]
+
+
+def _perplexities(original: Any, work: Any, ids: Any, ref: Any) -> dict[str, Any]:
+    """Perplexity before and after pruning on ``ids`` (``core.lm.perplexity``), or nothing."""
+    if ids is None:
+        return {}
+    from ptopt.core.lm import perplexity
+
+    before = perplexity(original, ids, what="perplexity before pruning")
+    after = perplexity(work, ids, what="perplexity after pruning")
+    return {
+        "eval_data": ref_name(ref),
+        "perplexity_window": {
+            "context": before["context"],
+            "stride": before["stride"],
+            "tokens": before["tokens"],
+        },
+        "perplexity_before": before["perplexity"],
+        "perplexity_after": after["perplexity"],
+        "perplexity_increase_pct": 100 * (after["perplexity"] / before["perplexity"] - 1),
+    }
 
 
 def _pruned(config: Any, original: Any, example: Any, folder: bool, plan: FineTune, ev: Any, progress: bool):

@@ -18,9 +18,6 @@ from ptopt.compress.stage import UNSAVED, input_files, load_eager
 from ptopt.core import progress
 from ptopt.core.errors import UsageError
 
-#: perplexity in the sidecar reads at most this many evaluation tokens (validate reads them all)
-EVAL_TOKENS = 8192
-
 
 def quantize_lm(
     config: WeightOnlyConfig,
@@ -137,7 +134,7 @@ def _name(ref: Any) -> str:
 
 def _measure(source: Any, q: Any, ids: Any, ref: Any) -> dict[str, Any]:
     from ptopt.core.hf import is_causal_lm
-    from ptopt.core.lm import perplexity, weight_bytes
+    from ptopt.core.lm import EVAL_TOKENS, perplexity, weight_bytes
 
     fp, qb = weight_bytes(source), weight_bytes(q)
     metrics: dict[str, Any] = {"fp32_weight_bytes": fp, "weight_bytes": qb, "weight_bytes_ratio": qb / fp}

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from ptopt.compress.distill import distill
-from ptopt.compress.distill_lm import EVAL_TOKENS, LMDistillLoss, windows
+from ptopt.compress.distill_lm import LMDistillLoss, windows
 from ptopt.core.data import Batch
 from ptopt.core.errors import ShapeMismatchError, UsageError
+from ptopt.core.lm import EVAL_TOKENS
 from tests.compress.lm_pair import make_pair
 from tests.helpers import assert_refused
 

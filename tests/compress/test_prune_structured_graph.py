@@ -305,3 +305,24 @@ def test_distilling_a_base_model_keeps_its_output_width():
     x = model.example_inputs()
     assert res.model(**x).shape == model(**x).shape and res.model.layers[0].ff1.out_features == 32
     assert res.metrics["vs_source"]["mean_cosine"] > 0.9
+
+
+def test_a_causal_lm_is_judged_by_perplexity_on_its_eval_text(cli, tmp_path):
+    """A language model's --eval-data is text (token ids here): perplexity before and after pruning, the
+    figure LLM pruning is judged by (the ids were read as 1200 one-token samples: 'does not fit')."""
+    from ptopt.core.lm import perplexity
+    from tests.compress.hf_models import llama
+
+    llama(512).save_pretrained(tmp_path / "llama")
+    ids = torch.randint(1, 512, (600,), generator=torch.Generator().manual_seed(3))
+    torch.save(ids, tmp_path / "eval.pt")
+    code, out, err = cli("prune", f"hf:{tmp_path / 'llama'}", "--method", "structured", "--amount", "0.3",
+                         "--eval-data", tmp_path / "eval.pt", "-o", tmp_path / "pruned")  # fmt: skip
+    assert code == 0, err
+    assert "perplexity: " in out and "on 599 tokens of " in out and "eval.pt (context 512, stride 256)" in out
+    res = prune(f"hf:{tmp_path / 'llama'}", "structured", 0.3, eval_data=tmp_path / "eval.pt")
+    m = res.metrics
+    assert m["perplexity_after"] == pytest.approx(perplexity(res.model, ids)["perplexity"], rel=1e-9)
+    assert m["perplexity_increase_pct"] == pytest.approx(
+        100 * (m["perplexity_after"] / m["perplexity_before"] - 1)
+    )
