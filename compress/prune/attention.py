@@ -93,3 +93,39 @@ def follow_heads(modules: dict[str, Any], splits: list[tuple[str, int, int, int]
             setattr(modules[path], attr, after)
             done.append(f"{path}.{attr}: {before} → {after}" if path else f"{attr}: {before} → {after}")
     return done
+
+
+def joint_targets(graph: Any, keep: dict[int, Any], cls: str) -> dict[int, int] | None:
+    """``group index -> units to keep`` for the width that modules of type ``cls`` read, so that each
+    reads ``kept heads x head size`` channels: a forward that derives its head size from its input's
+    width (``x.view(n, t, self.heads, d // self.heads)``, torchvision Swin's ``C // num_heads``) runs when
+    its heads and the width it reads are cut together. ``keep``: ``group index -> kept units`` chosen so
+    far. None when no such width is found, or two modules ask different sizes of one."""
+    from ptopt.compress.prune.layers import inside_type
+    from ptopt.compress.prune.layout import plain
+    from ptopt.compress.prune.spaces import Use
+
+    def groups_of(space: int, n: int) -> set[int]:
+        return set(graph.resolve(Use(space, "", "", plain(0, n), n))[0].tolist()) - {-1}
+
+    targets: dict[int, int] = {}
+    for path, space, stride, count in graph.head_splits:
+        if not path or not inside_type(graph.modules, path, cls):
+            continue
+        heads = groups_of(space, stride * count)
+        if len(heads) != 1 or graph.all_groups[next(iter(heads))].units != count:
+            continue  # not a split into heads (a fused qkv's three parts)
+        (h,) = heads
+        width = (len(keep[h]) if h in keep else count) * stride
+        inside = [u for u in graph.uses if u.role == "in" and (u.module + ".").startswith(path + ".")]
+        reads = [
+            graph.all_groups[gi] for gi in {gi for u in inside for gi in groups_of(u.space, u.n)} - heads
+        ]
+        reads = [(graph.all_groups.index(grp), grp) for grp in reads if grp.size == stride * count]
+        if any(not grp.prunable or (width * grp.units) % grp.size for _, grp in reads):
+            targets[h] = count  # a width that cannot follow (a layer kept): the heads stay
+            continue
+        for gi, grp in reads:
+            if targets.setdefault(gi, width * grp.units // grp.size) != width * grp.units // grp.size:
+                return None
+    return targets or None

@@ -216,25 +216,30 @@ def test_a_module_type_kept_whole_is_refused_with_its_reason():
 # -- a forward that derives sizes from its input's width (all-MiniLM-L6-v2's plain-PyTorch port) --------
 
 
-def test_block_deriving_head_size_keeps_heads_and_hidden_but_prunes_its_ffn():
-    """``Block.forward`` splits q/k/v into ``d // self.heads`` with ``d`` the hidden width: fewer heads
-    or a smaller hidden size break it. Its heads are kept first, then the hidden size; its
-    feed-forward still loses channels (it was kept whole: nothing pruned, exit 2)."""
+def test_block_deriving_head_size_from_its_width_cuts_heads_and_width_together():
+    """``Block.forward`` splits q/k/v into ``d // self.heads`` with ``d`` its input's width: fewer heads
+    alone, or a narrower stream alone, break it (it was kept whole: nothing pruned, exit 2). Its heads and
+    the stream are cut together (kept heads x head size); with the stream kept (--no-prune-hidden) its
+    heads stay and its feed-forward still shrinks."""
     from ptopt.models.minilm import minilm_tiny
 
     model = minilm_tiny().eval()
     x = model.example_inputs()
+    orig = model.layers[0]
     with pytest.warns(PruneWarning) as caught:
-        pruned, report = structured_prune(model, x, 0.3)  # 0.5 halves heads and width alike: it runs
+        pruned, report = structured_prune(model, x, 0.3)
     notes = " | ".join(str(w.message) for w in caught)
-    assert "Block keeps its attention heads: its forward fails" in notes
-    assert "the hidden size kept: Block: its forward fails" in notes and "kept whole" not in notes
-    block, orig = pruned.layers[0], model.layers[0]
-    assert block.ff1.out_features == block.ff2.in_features == 45 < orig.ff1.out_features
-    assert block.q.out_features == orig.q.out_features and block.heads == orig.heads
-    assert pruned.tok.embedding_dim == orig.q.in_features
-    assert report["checked"]  # equal to the unpruned model with the removed FFN units zeroed
-    assert pruned(**x).shape == model(**x).shape
+    assert "Block: heads and the width it reads cut together" in notes and "kept whole" not in notes
+    block = pruned.layers[0]
+    assert block.heads == 3 and block.q.out_features == 3 * (orig.q.out_features // orig.heads)
+    assert pruned.tok.embedding_dim == block.q.in_features == block.q.out_features  # width = heads x 8
+    assert block.ff1.out_features == 45 and report["checked"]  # the masked unpruned model's output
+    assert pruned(**x).shape == (2, block.q.out_features)
+    with pytest.warns(PruneWarning) as caught:
+        kept, report = structured_prune(model, x, 0.3, hidden=False)
+    assert "Block keeps its attention heads: its forward derives the head size" in str(caught[0].message)
+    assert kept.layers[0].heads == orig.heads and kept.layers[0].ff1.out_features == 45
+    assert kept(**x).shape == model(**x).shape and report["checked"]
 
 
 def test_cli_sentence_encoder_with_unlabelled_eval_data(cli, tmp_path):
@@ -242,10 +247,10 @@ def test_cli_sentence_encoder_with_unlabelled_eval_data(cli, tmp_path):
     them is the figure (it was refused: "has no labels (y)")."""
     code, out, err = cli(
         "prune", "ptopt.models.minilm:minilm_tiny", "--method", "structured", "--amount", "0.3",
-        "--eval-data", "ptopt.models.minilm:heldout_sentences", "-o", tmp_path / "m.pt",
+        "--no-prune-hidden", "--eval-data", "ptopt.models.minilm:heldout_sentences", "-o", tmp_path / "m.pt",
     )  # fmt: skip
     assert code == 0, err
-    assert "64 → 45" in out and "Block keeps its heads" in out
+    assert "64 → 45" in out and "32 → 32" in out  # the embedding width kept: the cosine is measurable
     assert "samples of minilm:heldout-sentences" in out and "accuracy" not in out
     assert (tmp_path / "m.pt").exists()
 
@@ -326,3 +331,28 @@ def test_a_causal_lm_is_judged_by_perplexity_on_its_eval_text(cli, tmp_path):
     assert m["perplexity_increase_pct"] == pytest.approx(
         100 * (m["perplexity_after"] / m["perplexity_before"] - 1)
     )
+
+
+def test_torchvision_swin_cuts_heads_and_stage_widths_together():
+    """torchvision's ``shifted_window_attention`` reshapes by ``C // num_heads``: its heads and each
+    stage's width are cut together (it was kept whole: 0.82 of the parameters at 0.3, over the 0.75
+    bound). A stage whose width cannot shrink (the first: the patch convolution is the first layer)
+    keeps its heads."""
+    _needs("torchvision")
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.swin_transformer.SwinTransformer(
+        patch_size=[4, 4], embed_dim=48, depths=[2, 2], num_heads=[3, 6], window_size=[4, 4], num_classes=10
+    ).eval()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    before = sum(p.numel() for p in model.parameters())
+    with pytest.warns(
+        PruneWarning, match="ShiftedWindowAttention: heads and the width it reads cut together"
+    ):
+        pruned, _ = structured_prune(model, x, 0.3)
+    assert sum(p.numel() for p in pruned.parameters()) / before < 0.6
+    stage2 = pruned.features[3][0]
+    assert stage2.attn.num_heads == 4 and stage2.attn.qkv.in_features == 4 * 16  # kept heads x head size
+    assert pruned.features[1][0].attn.num_heads == 3  # the first stage's width is the first layer's: kept
+    assert pruned(x).shape == (2, 10)

@@ -139,7 +139,7 @@ def structured_prune(
                     base_channels=base_channels or {}, graph=graph, describable=describable,
                     hidden=hidden)  # fmt: skip
     whole: dict[str, str] = {}
-    settings["kept"], settings["heads"] = {}, {}
+    settings["kept"], settings["heads"], settings["joint"], settings["joint_tried"] = {}, {}, {}, set()
     from ptopt.compress.prune.hf_config import no_cache
 
     for _ in range(MAX_RETRIES):
@@ -153,7 +153,11 @@ def structured_prune(
         except _KeepWhole as e:
             if e.cls in whole:
                 raise UnsupportedModelError(f"structured pruning: {e.reason}") from None
-            if e.heads_inside:  # first its heads alone: its feed-forward may still lose channels
+            if e.heads_inside and e.cls not in settings["joint_tried"]:
+                settings["joint"][e.cls] = e.reason  # first heads and width together (d // heads)
+                settings["joint_tried"].add(e.cls)
+            elif e.heads_inside:  # then its heads alone: its feed-forward may still lose channels
+                settings["joint"].pop(e.cls, None)
                 settings["heads"][e.cls] = e.reason
             elif e.hidden_cut:  # then the hidden size (a forward that derives sizes from its input's width)
                 settings["hidden"], settings["hidden_kept"] = False, f"{e.cls}: {e.reason}"
@@ -164,9 +168,9 @@ def structured_prune(
     )
 
 
-#: prunings tried, each keeping the heads of one more module type, or one more type whole (one whose
-#: forward cannot follow)
-MAX_RETRIES = 8
+#: prunings tried, each cutting a module type's heads and width together, keeping its heads, the hidden
+#: size, or the type whole (one whose forward cannot follow)
+MAX_RETRIES = 10
 
 
 class _KeepWhole(Exception):
@@ -218,6 +222,7 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
         *filter(None, [g.kept_note()]),
     ]
     keep = _choose(g, groups, amount, settings["criterion"], settings["base_channels"])
+    keep = _joint(g, groups, keep, amount, settings, notes)
     kept = _lookup(keep)
     masks = _masks(g, kept)
     before = L.output_channels(model)
@@ -398,6 +403,30 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
     )
 
 
+def _joint(g: Any, groups: list, keep: dict, amount: float, settings: dict, notes: list[str]) -> dict:
+    """``keep`` with the widths that modules of the ``settings["joint"]`` types read cut to their kept
+    heads x head size (``attention.joint_targets``), a note per type; as it was when none applies."""
+    from ptopt.compress.prune.attention import joint_targets
+
+    targets: dict[int, int] = {}
+    for cls in settings.get("joint", {}):
+        found = joint_targets(g, keep, cls)
+        if found is None:
+            continue
+        targets |= found
+        cut = any(n < g.all_groups[gi].units for gi, n in found.items())
+        notes.append(
+            f"{cls}: heads and the width it reads cut together (its forward derives the head size from its "
+            "input's width)"
+            if cut
+            else f"{cls} keeps its attention heads: its forward derives the head size from its input's width, "
+            "which is kept"
+        )
+    if not targets:
+        return keep
+    return _choose(g, groups, amount, settings["criterion"], settings["base_channels"], targets)
+
+
 def _heads_cut_in(g: Any, splits: list[tuple[str, int, int, int]], cls: str) -> bool:
     """Some module of type ``cls`` (or one inside it) lost attention heads (``splits``: see
     ``_follow_heads``)."""
@@ -461,9 +490,12 @@ def _report(g: Any, groups, defaults, before, heads, notes, exact) -> dict[str, 
     }
 
 
-def _choose(g: Any, groups: list[ChannelGroup], amount: float, criterion: str, base: dict) -> dict[int, Any]:
+def _choose(
+    g: Any, groups: list[ChannelGroup], amount: float, criterion: str, base: dict, targets: dict | None = None
+) -> dict[int, Any]:
     """``group index -> kept units`` (sorted) of every group that loses some: the units with the
-    largest summed L1 / L2 norm of the rows that produce them."""
+    largest summed L1 / L2 norm of the rows that produce them. ``targets``: ``group index -> units to
+    keep`` instead of ``amount`` (``attention.joint_targets``)."""
     import torch
 
     index = {id(grp): i for i, grp in enumerate(g.all_groups)}
@@ -486,6 +518,7 @@ def _choose(g: Any, groups: list[ChannelGroup], amount: float, criterion: str, b
         scale = max(base.get(n, L.out_size(g.modules[n])) / L.out_size(g.modules[n]) for n in grp.producers)
         start = max(1, round(grp.units * scale))
         n_keep = min(grp.units, max(1, start - int(round(amount * start))))
+        n_keep = (targets or {}).get(gi, n_keep)
         if n_keep < grp.units:
             keep[gi] = torch.sort(torch.topk(scores[gi], n_keep).indices).values
     return keep
