@@ -118,10 +118,8 @@ def joint_targets(graph: Any, keep: dict[int, Any], cls: str) -> dict[int, int] 
         (h,) = heads
         width = (len(keep[h]) if h in keep else count) * stride
         inside = [u for u in graph.uses if u.role == "in" and (u.module + ".").startswith(path + ".")]
-        reads = [
-            graph.all_groups[gi] for gi in {gi for u in inside for gi in groups_of(u.space, u.n)} - heads
-        ]
-        reads = [(graph.all_groups.index(grp), grp) for grp in reads if grp.size == stride * count]
+        found = sorted({gi for u in inside for gi in groups_of(u.space, u.n)} - heads)
+        reads = [(gi, graph.all_groups[gi]) for gi in found if graph.all_groups[gi].size == stride * count]
         if any(not grp.prunable or (width * grp.units) % grp.size for _, grp in reads):
             targets[h] = count  # a width that cannot follow (a layer kept): the heads stay
             continue
