@@ -229,10 +229,20 @@ def _click_option(spec: Any, d: Any, label: Any) -> tuple[tuple[str, ...], dict[
         kw |= {"is_flag": True, "flag_value": not o.negate}
     else:
         kw["type"] = str if o.csv else {int: int, float: float}.get(d.kind, str)
+        if o.csv:  # `--isa ""` typed names nothing: a mistake, not the default (a recipe's "" is "not given")
+            kw["callback"] = _names_something
         kw["metavar"] = o.metavar or ("FILE" if o.path else None)
         if o.repeat:
             kw |= {"multiple": True, "default": ()}
     return (*flags, d.name), kw
+
+
+def _names_something(ctx: Any, param: Any, value: Any) -> Any:
+    from ptopt.core.errors import UsageError
+
+    if isinstance(value, str) and not any(v.strip() for v in value.split(",")):
+        raise UsageError(f"{param.opts[0]} {value!r}: names nothing (give comma-separated values)")
+    return value
 
 
 def _help(spec: Any, d: Any, label: Any) -> str:

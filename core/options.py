@@ -433,9 +433,7 @@ def coerce(d: Declared, value: Any) -> Any:
     """A given value in its field's type: a comma-separated string or a list becomes a tuple."""
     if d.many or typing.get_origin(d.hint) is tuple or _optional_tuple(d.hint):
         if isinstance(value, str):
-            given, value = value, [v.strip() for v in value.split(",") if v.strip()] if d.opt.csv else [value]
-            if not value:  # `--isa ""` named nothing: a mistake, not "the default"
-                raise UsageError(f"{d.flag} {given!r}: names nothing (give comma-separated values)")
+            value = [v.strip() for v in value.split(",") if v.strip()] if d.opt.csv else [value]
         if isinstance(value, (list, tuple)):
             return tuple(tuple(v) if isinstance(v, list) else v for v in value)
     return value

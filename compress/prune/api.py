@@ -24,12 +24,13 @@ channels before → after, and the parent model::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ptopt.compress.prune.config import (
@@ -343,19 +344,19 @@ def _perplexities(original: Any, work: Any, ids: Any, ref: Any) -> dict[str, Any
 
 def _pruned(config: Any, original: Any, example: Any, folder: bool, plan: FineTune, ev: Any, progress: bool):
     """(the config used, its pruner, ``_run_rounds``'s result). Distilling from a teacher needs the
-    pruned model's outputs as wide as the teacher's: a base model whose hidden size (its output's width)
-    was pruned is pruned again with the hidden size kept, with a warning."""
-    for _ in range(2):
+    pruned model's output as wide as the teacher's: a base model whose hidden size (its output's width)
+    was pruned is pruned again with the hidden size kept, with a warning (the dropped attempt's
+    ``PruneWarning`` notes are not shown; every other warning passes as it comes)."""
+    retry = plan.teacher is not None and getattr(config, "prune_hidden", False)
+    while True:
         pruner = make_pruner(config, original, example)
         if folder and hasattr(pruner, "describable"):
             pruner.describable = True  # the config must say the new sizes: from_pretrained rebuilds from it
+        if not retry:
+            return config, pruner, _run_rounds(pruner, config, original, plan, ev, progress, example)
         try:
-            with warnings.catch_warnings(record=True) as caught:  # the notes of a pruning kept, only
-                warnings.simplefilter("always")
+            with _held_notes() as notes:
                 done = _run_rounds(pruner, config, original, plan, ev, progress, example)
-            for w in caught:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            return config, pruner, done
         except _NarrowerThanTeacher as e:
             warnings.warn(
                 f"the hidden size kept: distilling from the teacher needs its output width ({e}); "
@@ -363,26 +364,48 @@ def _pruned(config: Any, original: Any, example: Any, folder: bool, plan: FineTu
                 PruneWarning,
                 stacklevel=3,
             )
-            config = dataclasses.replace(config, prune_hidden=False)
-    raise AssertionError("unreachable")  # pragma: no cover
+            config, retry = dataclasses.replace(config, prune_hidden=False), False
+            continue
+        for note in notes:
+            warnings.warn(note, stacklevel=3)
+        return config, pruner, done
+
+
+@contextlib.contextmanager
+def _held_notes() -> Iterator[list[Warning]]:
+    """The ``PruneWarning`` notes raised inside, held back (yielded: the list they go to); every other
+    warning is shown as it would have been."""
+    shown = warnings.showwarning
+    held: list[Warning] = []
+
+    def hold(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, PruneWarning):
+            held.append(message if isinstance(message, Warning) else category(message))
+        else:
+            shown(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = hold
+        yield held
 
 
 class _NarrowerThanTeacher(Exception):
-    """The pruned model's outputs are narrower than the teacher's (the message: their shapes)."""
+    """The pruned model's output is narrower than the teacher's (the message: their shapes)."""
 
 
 def _check_teacher_width(teacher: Any, work: Any, example: Any) -> None:
-    """``_NarrowerThanTeacher`` when ``work``'s outputs on ``example`` differ in shape from the teacher's."""
+    """``_NarrowerThanTeacher`` when ``work``'s output on ``example`` differs in shape from the teacher's:
+    the first tensor of each, the one distillation compares (``distill_loss.first_tensor``)."""
     import torch
 
+    from ptopt.compress.distill_loss import first_tensor
     from ptopt.core.inputspec import call_model
 
     with torch.no_grad():
-        a, b = (torch.utils._pytree.tree_leaves(call_model(m, example)) for m in (teacher, work))
-    shapes = [tuple(t.shape) for t in a if isinstance(t, torch.Tensor)]
-    mine = [tuple(t.shape) for t in b if isinstance(t, torch.Tensor)]
-    if shapes != mine:
-        raise _NarrowerThanTeacher(f"{', '.join(map(str, shapes))}, pruned {', '.join(map(str, mine))}")
+        mine, theirs = (first_tensor(call_model(m, example)) for m in (work, teacher))
+    shape = lambda t: tuple(getattr(t, "shape", ()))  # noqa: E731
+    if shape(mine) != shape(theirs):
+        raise _NarrowerThanTeacher(f"{shape(theirs)}, pruned {shape(mine)}")
 
 
 def _run_rounds(

@@ -356,3 +356,38 @@ def test_torchvision_swin_cuts_heads_and_stage_widths_together():
     assert stage2.attn.num_heads == 4 and stage2.attn.qkv.in_features == 4 * 16  # kept heads x head size
     assert pruned.features[1][0].attn.num_heads == 3  # the first stage's width is the first layer's: kept
     assert pruned(x).shape == (2, 10)
+
+
+def test_keeping_the_hidden_size_lets_the_heads_go_again():
+    """A block whose head size is fixed but whose width is written in its forward breaks with a narrower
+    stream, not with fewer heads: the retries kept its heads first and never let them go once the hidden
+    size was kept (4 of 4 heads, where 2 of 4 run)."""
+    import math
+
+    class Block(torch.nn.Module):
+        def __init__(self, dim=32, heads=4):
+            super().__init__()
+            self.heads, self.head_dim, self.dim = heads, dim // heads, dim
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim) for _ in range(4))
+
+        def forward(self, h):
+            n, t, _ = h.shape
+            split = lambda x: x.view(n, t, self.heads, self.head_dim).transpose(1, 2)  # noqa: E731
+            q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(self.head_dim), -1)
+            h = h + self.o((att @ v).transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
+            return h.reshape(n, t, self.dim)  # the width, written down
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.tok, self.block, self.head = torch.nn.Embedding(100, 32), Block(), torch.nn.Linear(32, 3)
+
+        def forward(self, ids):
+            return self.head(self.block(self.tok(ids)).mean(1))
+
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(PruneWarning, match="the hidden size kept: Block"):
+        pruned, report = structured_prune(Encoder().eval(), ids, 0.5)
+    assert pruned.block.heads == 2 and pruned.tok.embedding_dim == 32 and report["checked"]

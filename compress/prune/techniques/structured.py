@@ -161,10 +161,14 @@ def structured_prune(
                 settings["heads"][e.cls] = e.reason
             elif e.hidden_cut:  # then the hidden size (a forward that derives sizes from its input's width)
                 settings["hidden"], settings["hidden_kept"] = False, f"{e.cls}: {e.reason}"
+                settings["heads"].pop(e.cls, None)  # with the width kept, its heads may go again
+                settings["joint"].pop(e.cls, None)
+                settings["joint_tried"].discard(e.cls)
             else:
                 whole[e.cls] = e.reason
+    kept = [*whole, *settings["heads"], *(["the hidden size"] if settings.get("hidden_kept") else [])]
     raise UnsupportedModelError(
-        f"structured pruning: {len(whole)} module types do not run with fewer channels"
+        f"structured pruning: no runnable pruned model after {MAX_RETRIES} tries (kept: {', '.join(kept)})"
     )
 
 
