@@ -30,20 +30,26 @@ PAD = 3
 def greedy_reference(source: Any, prompt: Any, new_tokens: int) -> Any:
     """transformers' greedy generation of ``new_tokens`` tokens after ``prompt`` ([1, P]): [1, P + N].
 
-    No token stops it and none is suppressed: the end-of-sequence ids are emptied in a copy of the
-    generation config (``min_new_tokens`` would instead forbid them, so a model whose greedy choice is
-    its end-of-sequence token got another reference token than the artifact's greedy loop)."""
-    import copy
-
+    No token stops it and nothing bends the logits: it runs with a fresh generation config, not the
+    model's (``generate`` fills what a given config leaves unset from the model's own, which may ship a
+    repetition penalty, Qwen2.5-Instruct's, or suppressed tokens), with no end-of-sequence id
+    (``min_new_tokens`` would instead forbid it, so a model whose greedy choice was its end-of-sequence
+    token got another reference token than the artifact's greedy loop)."""
     import torch
 
+    from ptopt.core.hf import import_transformers
     from ptopt.core.quiet import silenced
 
-    config = copy.deepcopy(source.generation_config)
-    config.update(max_new_tokens=new_tokens, min_new_tokens=None, do_sample=False, num_beams=1,
-                  temperature=None, top_p=None, top_k=None, eos_token_id=[], pad_token_id=_pad_id(source))  # fmt: skip
-    with torch.inference_mode(), silenced(["transformers"]):
-        out = source.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    fresh = import_transformers().GenerationConfig(
+        max_new_tokens=new_tokens, do_sample=False, num_beams=1, eos_token_id=[], pad_token_id=_pad_id(source)
+    )
+    was = source.generation_config
+    source.generation_config = fresh
+    try:
+        with torch.inference_mode(), silenced(["transformers"]):
+            out = source.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=fresh)
+    finally:
+        source.generation_config = was
     if out.shape[1] != prompt.shape[1] + new_tokens:  # pragma: no cover - a transformers that stops anyway
         raise RuntimeError(f"transformers generated {out.shape[1] - prompt.shape[1]} of {new_tokens} tokens")
     return out

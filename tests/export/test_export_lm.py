@@ -227,3 +227,8 @@ def test_the_reference_generation_neither_stops_at_nor_forbids_the_end_token():
             ids = torch.cat([ids, model(ids).logits[:, -1:].argmax(-1)], dim=1)
     model.generation_config.eos_token_id = int(ids[0, 9])  # its second new token ends sequences
     assert torch.equal(greedy_reference(model, prompt, 4), ids)
+    # settings a generation_config may ship that bend the logits (Qwen2.5-Instruct: a repetition penalty)
+    model.generation_config.update(
+        suppress_tokens=[int(ids[0, 8])], repetition_penalty=1.3, no_repeat_ngram_size=1
+    )
+    assert torch.equal(greedy_reference(model, prompt, 4), ids)
