@@ -77,7 +77,7 @@ def load_eager(
         int8 = (
             f"; an int8 model of this file itself (a pruned one has no other source): ptopt export {loaded.ref} "
             "--target openvino (or onnx) --precision int8 --data CALIB"
-            if for_what == "quantization"
+            if for_what == "quantization" and loaded.path is not None
             else ""
         )
         raise UnsupportedModelError(

@@ -165,7 +165,7 @@ def _refuse_non_causal(path: Path, config: Any, built: str) -> None:
     elif any(n.endswith("ForMaskedLM") for n in names):
         kind = "an encoder (a masked language model, trained to fill in masked tokens seeing both sides)"
     else:
-        kind = "an encoder's task model"
+        kind = "a task model (a classification or other head), not a causal language model"
     raise ModelLoadError(
         f"{path}: not a causal language model's folder: its config.json names {', '.join(names)}, {kind}, with "
         f"is_decoder false. AutoModelForCausalLM would read it as {built}, predicting next tokens it never "

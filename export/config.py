@@ -153,7 +153,11 @@ class ExportConfig(Config):
             raise UsageError(
                 f"--precision {precision} is not available for --target {self.target} "
                 f"(it can build: fp32, {', '.join(row.converts)}"
-                + (f"; for int8 quantize first: {INT8_FIRST[self.target]}" if precision == "int8" else "")
+                + (
+                    f"; for int8 quantize first: {INT8_FIRST.get(self.target, 'ptopt quantize')}"
+                    if precision == "int8"
+                    else ""
+                )
                 + ")"
             )
         row.check_config(self)

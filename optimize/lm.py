@@ -274,7 +274,7 @@ def optimize_lm(
     report = _report(
         cands, winner, loaded, texts, locals_of(max_perplexity_increase, rounds, prompt_tokens, new_tokens)
     )
-    report["timing"] = timing
+    report["timing_noise"] = timing  # validate's name for it
     result = LMOptimizeResult(report, winner)
     if output is not None:
         result.directory = _write(result, Path(output))
@@ -399,7 +399,7 @@ def render_lm(report: dict[str, Any]) -> str:
         f"{n}: {why}" for n, why in GROUP_WHY.items() if any(r["name"] == n for r in report["candidates"])
     ]
     lines += ["", "Group sizes: " + "; ".join(groups) + "."] if groups else []
-    t = report.get("timing") or {}
+    t = report.get("timing_noise") or {}
     if t.get("busy"):
         lines += ["", f"The machine was busy: {t['noisy_cells']} of {t['cells']} decode timings noisy after "
                       f"{t['retimed']} more timing(s); the speeds above are not to be trusted."]  # fmt: skip
@@ -430,9 +430,14 @@ def _winner_caveat(report: dict[str, Any]) -> str:
     w = rows.get(report.get("winner") or "")
     if w is None or w["name"] == "fp32" or not w.get("decode_noise"):
         return ""
+    why = (
+        f"its own decode rounds spread {w['decode_spread_pct']:.0f}%"
+        if w["decode_noise"] == "spread"
+        else "its decode lead over fp32 is within the timing noise"
+    )
     return (
-        f" (its decode lead over fp32 is within the timing noise ({NOISY_MARK.strip()}): it is the smaller "
-        "model within the budget; time it again on a quiet machine before calling it faster)"
+        f" ({why} ({NOISY_MARK.strip()}): it is the smaller model within the budget; time it again on a quiet "
+        "machine before calling it faster)"
     )
 
 

@@ -510,24 +510,13 @@ def _time(run: _Run, entries: list[Entry], say: Callable[[str], None]) -> None:
 
 
 def _retime_while_busy(run: _Run, measure: Callable[[], Any], lats: Any, say: Callable[[str], None]) -> Any:
-    """When most cells are noisy (``noise.busy``), the machine is busy: say so and time everything
-    again, up to ``noise.BUSY_RETIMES`` more times; keep the attempt with the fewest noisy cells."""
-    noisy, cells = _noise.noisy_cells(lats)
-    retimed = 0
-    while _noise.busy(noisy, cells) and retimed < _noise.BUSY_RETIMES:
-        retimed += 1
-        say(
-            f"the machine is busy: {noisy} of {cells} timings are noisy (their rounds spread more than "
-            f"{_noise.NOISY_SPREAD_PCT:g}%); timing again ({retimed}/{_noise.BUSY_RETIMES})"
-        )
-        again = measure()
-        fewer = _noise.noisy_cells(again)
-        if fewer[0] <= noisy:
-            lats, (noisy, cells) = again, fewer
-    run.timing = {"noisy_cells": noisy, "cells": cells, "retimed": retimed, "busy": _noise.busy(noisy, cells)}
+    """When most cells are noisy, the machine is busy: time everything again (``noise.retime_while_busy``)
+    and say so; ``run.timing`` records the verdict."""
+    lats, run.timing = _noise.retime_while_busy(measure, _noise.noisy_cells, say, first=lats)
     if run.timing["busy"]:
         say(
-            f"still busy after {retimed} more timing(s): {noisy} of {cells} timings noisy; no best is named on them"
+            f"still busy after {run.timing['retimed']} more timing(s): {run.timing['noisy_cells']} of "
+            f"{run.timing['cells']} timings noisy; no best is named on them"
         )
     return lats
 

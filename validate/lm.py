@@ -301,33 +301,18 @@ def _evaluate_one(m: _Model, ids: Any, opts: LMOptions, allow_pickle: bool) -> t
 
 def timed_generation(modules: list[Any], prompt: Any, new_tokens: int, rounds: int, say: Callable) -> tuple:
     """``(speeds, timing)``: ``core.lm.interleaved_generation`` of ``modules`` (per module
-    ``{"decode": [...], "prefill": [...]}`` tokens/s per round) and the run's timing verdict
-    (``timing_noise`` of the reports). When most decode timings are noisy (``noise.busy``) the machine
-    is busy: everything is timed again, up to ``noise.BUSY_RETIMES`` more times, and the attempt with
-    the fewest noisy timings kept. Shared by validate and ``optimize --max-perplexity-increase``."""
+    ``{"decode": [...], "prefill": [...]}`` tokens/s per round), timed again on a busy machine
+    (``noise.retime_while_busy``: its decode timings are the cells). Shared by validate and ``optimize
+    --max-perplexity-increase``."""
     from ptopt.core.lm import interleaved_generation, speed_summary
 
-    def measure() -> tuple[list[dict], int]:
-        speeds = interleaved_generation(modules, prompt, new_tokens, rounds)
-        return speeds, sum(_noise.latency_noisy(speed_summary(sp["decode"])["spread_pct"]) for sp in speeds)
+    def count(speeds: list[dict]) -> tuple[int, int]:
+        noisy = sum(_noise.latency_noisy(speed_summary(sp["decode"])["spread_pct"]) for sp in speeds)
+        return noisy, len(speeds)
 
-    speeds, noisy = measure()
-    cells, retimed = len(modules), 0
-    while cells > 1 and _noise.busy(noisy, cells) and retimed < _noise.BUSY_RETIMES:
-        retimed += 1
-        say(
-            f"the machine is busy: {noisy} of {cells} decode timings are noisy (their rounds spread more "
-            f"than {_noise.NOISY_SPREAD_PCT:g}%); timing again ({retimed}/{_noise.BUSY_RETIMES})"
-        )
-        again, fewer = measure()
-        if fewer <= noisy:
-            speeds, noisy = again, fewer
-    return speeds, {
-        "noisy_cells": noisy,
-        "cells": cells,
-        "retimed": retimed,
-        "busy": _noise.busy(noisy, cells),
-    }
+    return _noise.retime_while_busy(
+        lambda: interleaved_generation(modules, prompt, new_tokens, rounds), count, say
+    )
 
 
 def _time(entries: list[Entry], modules: list[Any], prompt: Any, opts: LMOptions, say: Callable) -> dict:

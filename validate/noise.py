@@ -18,6 +18,8 @@ the round medians in % of their median (``round_spread_pct`` in validate's laten
 
 from __future__ import annotations
 
+from typing import Any
+
 #: a latency whose timing rounds spread more than this (% of their median) is noisy (rule 1)
 NOISY_SPREAD_PCT = 25.0
 
@@ -89,3 +91,24 @@ def clear_lead(best: dict | None, runner_up: dict | None) -> str | None:
         lead = 100.0 * (runner_up["p50_ms"] / best["p50_ms"] - 1)
         return f"its lead ({lead:.0f}%) is within the combined spread of the timings ({spread:.0f}%)"
     return None
+
+
+def retime_while_busy(measure: Any, count: Any, say: Any, first: Any = None) -> tuple[Any, dict[str, Any]]:
+    """``(measurement, timing)``: ``measure()`` (or ``first``, a measurement already taken), timed again
+    while most of its cells are noisy (``busy``), up to ``BUSY_RETIMES`` more times, keeping the attempt
+    with the fewest noisy cells. ``count(measurement) -> (noisy, cells)``; ``say``: one line per retry.
+    ``timing``: ``noisy_cells``, ``cells``, ``retimed``, ``busy`` (the reports' ``timing_noise``). One
+    rule for validate's models, its language models and optimize's language-model search."""
+    got = measure() if first is None else first
+    (noisy, cells), retimed = count(got), 0
+    while busy(noisy, cells) and retimed < BUSY_RETIMES:
+        retimed += 1
+        say(
+            f"the machine is busy: {noisy} of {cells} timings are noisy (their rounds spread more than "
+            f"{NOISY_SPREAD_PCT:g}%); timing again ({retimed}/{BUSY_RETIMES})"
+        )
+        again = measure()
+        fewer = count(again)
+        if fewer[0] <= noisy:
+            got, (noisy, cells) = again, fewer
+    return got, {"noisy_cells": noisy, "cells": cells, "retimed": retimed, "busy": busy(noisy, cells)}

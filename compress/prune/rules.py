@@ -701,8 +701,10 @@ def _basic_index_dims(index: Any, r: int) -> dict[int, int] | None:
     if isinstance(index, list):
         return None
     idx = _as_tuple(index)
-    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx):
-        return None
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx) or any(
+        isinstance(i, bool) for i in idx
+    ):
+        return None  # x[True] adds a dim, as None does: not followed
     named = sum(i is not None and i is not Ellipsis for i in idx)
     if Ellipsis in idx:
         at = idx.index(Ellipsis)

@@ -75,8 +75,8 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
 
 #: why a Linear the model's forward never calls stays float
 NOT_CALLED = (
-    "its forward never runs: the model reads its weight directly (as Mamba does: dt_proj.weight @ x), which a "
-    "quantized weight cannot do"
+    "its forward never runs in the model's forward on text: the model reads its weight directly (as Mamba "
+    "does: dt_proj.weight @ x), which a quantized weight cannot do, or does not use it there"
 )
 
 
@@ -95,7 +95,7 @@ def _called_linears(model: Any) -> set[str] | None:
         if isinstance(m, torch.nn.Linear)
     ]
     try:
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: a cache built lazily here must stay a plain tensor
             model(input_ids=torch.arange(1, 5).reshape(1, 4) % vocab)
     except Exception:  # noqa: BLE001 - not a plain causal LM call: no layer is judged by it
         return None

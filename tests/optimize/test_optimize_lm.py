@@ -116,14 +116,17 @@ def test_one_timing_verdict_per_row_and_the_busy_machine_is_timed_again(lm, monk
     said = []
     res = ptopt.optimize(lm / "llama", eval_data=lm / "eval.pt", max_perplexity_increase=5,
                          candidates="int8-wo", rounds=4, progress=said.append)  # fmt: skip
-    assert calls == [2, 2] and any("the machine is busy: 2 of 2 decode timings" in s for s in said)
-    assert res.report["timing"] == {"noisy_cells": 0, "cells": 2, "retimed": 1, "busy": False}
+    assert calls == [2, 2] and any("the machine is busy: 2 of 2 timings" in s for s in said)
+    assert res.report["timing_noise"] == {"noisy_cells": 0, "cells": 2, "retimed": 1, "busy": False}
     rows = {r["name"]: r for r in res.report["candidates"]}
     assert rows["fp32"]["decode_noise"] is None and rows["int8-wo"]["decode_noise"] == "within"
     text = render_lm(res.report)
     assert "| ref |" in text and "x~ |" in text and "~ noisy: int8-wo at batch 1: its speedup" in text
-    if res.report["winner"] == "int8-wo":
-        assert "within the timing noise" in text.split("Winner:")[1]
+    # paired ratios 1.035, 0.94, 1.10, 0.98: int8-wo wins on a median of 1.0075, within the noise
+    assert (
+        res.report["winner"] == "int8-wo"
+        and "lead over fp32 is within the timing noise" in text.split("Winner:")[1]
+    )
 
 
 def test_decode_noise_rule():

@@ -210,7 +210,7 @@ def test_a_language_model_best_is_crowned_only_on_a_clear_timing(cli, lm, tmp_pa
                          "16", "--new-tokens", "3", "--json", tmp_path / "r.json")  # fmt: skip
     assert code == 0, err
     data = json.loads((tmp_path / "r.json").read_text())
-    assert calls == [2, 2] and "the machine is busy: 2 of 2 decode timings" in err
+    assert calls == [2, 2] and "the machine is busy: 2 of 2 timings" in err
     assert data["timing_noise"] == {"noisy_cells": 2, "cells": 2, "retimed": 1, "busy": True}
     assert data["best"] == "llama.int8" and data["best_verdict"] == "noisy" and "spread" in data["best_why"]
     assert not data["artifacts"][0]["best"] and "no clear best" in out and "busy machine" in out
