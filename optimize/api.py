@@ -548,6 +548,4 @@ def _load(
             f"--eval-data {data['eval'].name} has no labels, which --accuracy-budget needs; "
             "use --min-cosine C to compare outputs with the fp32 model's instead"
         )
-    if data["train"] is not None and not data["train"].has_labels:
-        raise DataError(f"--train-data {data['train'].name} has no labels, which the fine-tune needs")
     return loaded, data

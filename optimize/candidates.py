@@ -336,6 +336,9 @@ def _prune(ctx: Context) -> Any:
         PRUNE_AMOUNT,
         fine_tune_data=ctx.train,
         epochs=FINE_TUNE_EPOCHS,
+        # unlabelled training data (a sentence encoder's text): distilled from the unpruned model, whose
+        # output width it then keeps
+        teacher=None if ctx.train.has_labels else "self",
         input_shapes=ctx.input_shapes or (),
         progress=None,
     )
@@ -557,7 +560,10 @@ def _after_pruned(ctx: Context) -> str | None:
     return None if "pruned30-ft" in ctx.built else "pruned30-ft was not built"
 
 
-_PRUNE_STEP = f"prune --method structured --amount {PRUNE_AMOUNT} --epochs {FINE_TUNE_EPOCHS}"
+_PRUNE_STEP = (
+    f"prune --method structured --amount {PRUNE_AMOUNT} --epochs {FINE_TUNE_EPOCHS} (--teacher self when "
+    "--train-data has no labels)"
+)
 
 
 def _gpu(

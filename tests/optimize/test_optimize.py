@@ -312,6 +312,24 @@ def test_train_data_adds_pruned_candidates_built_by_prune_then_quantize(tmp_path
     assert res.exit_code == 0 and res.best.name in rows
 
 
+def test_unlabelled_train_data_fine_tunes_the_pruned_candidate_by_distillation(tmp_path, data):
+    """A sentence encoder's training text has no labels: the pruned candidate is distilled from the
+    unpruned model (it was refused: "has no labels, which the fine-tune needs")."""
+    import ptopt
+    from ptopt.core.data import Dataset, load_data
+    from tests.compress.prune_models import lenet
+
+    Dataset(load_data(data["train"]).x).save(tmp_path / "train-unlabelled.pt")
+    res = ptopt.optimize(lenet(), calib_data=data["calib"], eval_data=data["eval-unlabelled"],
+                         train_data=tmp_path / "train-unlabelled.pt", min_cosine=0.5, candidates=["pruned30-ft"],
+                         **FAST)  # fmt: skip
+    row = next(c for c in res.candidates if c.name == "pruned30-ft")
+    assert row.status == "kept", row.reason
+    assert (
+        row.model.conv2.out_channels < 16 and "--teacher self when --train-data has no labels" in row.steps[0]
+    )
+
+
 def test_int8_with_float_layers_when_plain_int8_is_rejected(data):
     """Plain static int8 misses a tight cosine goal (its worst cosine projected to 1000 samples does); autoquant
     keeps the layers that must stay float, held to the same projection (its search fits on a quarter of the
