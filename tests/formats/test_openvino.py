@@ -84,8 +84,9 @@ def test_cli_a_pruned_torchscript_file_goes_to_int8_openvino(cli, tmp_path):
     assert code == 0, err
     assert_refused(cli, "quantize", "p.pt", "--mode", "static", "--calib-data", "calib.pt", "-o", "q.pt",
                    match="ptopt export p.pt --target openvino (or onnx) --precision int8", where=tmp_path)  # fmt: skip
+    # the conversion is the point: a budget an AVX2-only CPU's int8 kernels meet on random weights (0.984)
     code, out, err = cli("export", "p.pt", "--target", "openvino", "--precision", "int8", "--data", "calib.pt",
-                         "-o", "p.int8.xml")  # fmt: skip
+                         "--min-cosine", "0.9", "-o", "p.int8.xml")  # fmt: skip
     assert code == 0, err
     side = json.loads((tmp_path / "p.int8.xml.ptopt.json").read_text())
     assert side["precision"] == "int8" and side["metrics"]["parity"]["passed"]
