@@ -134,6 +134,8 @@ def _print_report(art, method: str) -> None:
         from ptopt.compress.fidelity import describe
 
         click.echo(f"vs unpruned: {describe(m['vs_source'])}")
+    elif any("output is narrower" in n for n in extra.get("notes") or []):
+        click.echo("vs unpruned: not compared: the output is narrower (--no-prune-hidden keeps its width)")
     if extra.get("note"):
         click.echo(f"note:       {extra['note']}")
     click.echo(

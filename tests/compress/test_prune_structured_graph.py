@@ -4,6 +4,8 @@ and FFN neurons in Hugging Face BERT and timm ViT, ``nn.MultiheadAttention`` kep
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -253,6 +255,12 @@ def test_cli_sentence_encoder_with_unlabelled_eval_data(cli, tmp_path):
     assert "64 → 45" in out and "32 → 32" in out  # the embedding width kept: the cosine is measurable
     assert "samples of minilm:heldout-sentences" in out and "accuracy" not in out
     assert (tmp_path / "m.pt").exists()
+    code, out, err = cli("prune", "ptopt.models.minilm:minilm_tiny", "--method", "structured", "--amount", "0.3",
+                         "--eval-data", "ptopt.models.minilm:heldout_sentences", "-o", tmp_path / "n.pt")  # fmt: skip
+    assert code == 0, err  # the stream pruned: 32 -> 24 wide embeddings, not comparable (it said nothing)
+    assert "vs unpruned: not compared: the output is narrower" in out
+    side = json.loads((tmp_path / "n.pt.ptopt.json").read_text())
+    assert any("output is narrower" in n for n in side["extra"]["notes"])
 
 
 def test_an_embedding_row_added_to_the_hidden_stream_is_cut_with_it():

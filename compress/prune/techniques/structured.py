@@ -747,4 +747,5 @@ class StructuredPruner:
             "graph": self.report.get("graph"),
             "heads": self.report.get("heads", []),
             "checked_vs_masked": self.report.get("checked"),
+            "notes": self.report.get("notes", []),  # the warnings, recorded (the sidecar says why too)
         }
