@@ -453,21 +453,15 @@ class Rules:
 
     def _basic_index(self, node: Any, info: _Info, s: tuple) -> _Info | None:
         """``x[:, 0]``, ``x[..., :n]``, ``x[:, None]`` (torch.fx): ints, slices, None and Ellipsis."""
-        idx = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
-        plain_slices = all(
+        idx = _basic_indices(node.args[1], len(s))
+        plain_slices = idx is not None and all(
             isinstance(b, (int, type(None)))
             for i in idx
             if isinstance(i, slice)
             for b in (i.start, i.stop, i.step)
         )
-        if not plain_slices or not all(
-            i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx
-        ):
+        if not plain_slices:
             return self._unknown(node, "getitem")
-        named = sum(i is not None and i is not Ellipsis for i in idx)
-        if Ellipsis in idx:
-            at = idx.index(Ellipsis)
-            idx = idx[:at] + (slice(None),) * (len(s) - named) + idx[at + 1 :]
         shape, d, cur = list(s), 0, info
         for it in idx:
             if it is None:
@@ -694,22 +688,30 @@ def _as_tuple(index: Any) -> tuple:
     return tuple(index) if isinstance(index, (list, tuple)) else (index,)
 
 
-def _basic_index_dims(index: Any, r: int) -> dict[int, int] | None:
-    """Input dim -> output dim of ``x[index]`` on a rank-``r`` tensor for basic indexing (ints,
-    slices, None, Ellipsis; an int drops its dim, None adds one); None for anything else (a list is
-    advanced indexing)."""
+def _basic_indices(index: Any, r: int) -> tuple | None:
+    """``x[index]`` on a rank-``r`` tensor as one entry per dim it reads (ints and slices; None adds a
+    dim; Ellipsis expanded, trailing dims ``:``), or None when it is not basic indexing (a list is
+    advanced indexing; ``x[True]`` adds a dim as None does, and is not followed)."""
     if isinstance(index, list):
         return None
     idx = _as_tuple(index)
-    if not all(i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx) or any(
-        isinstance(i, bool) for i in idx
+    if any(isinstance(i, bool) for i in idx) or not all(
+        i is None or i is Ellipsis or isinstance(i, (int, slice)) for i in idx
     ):
-        return None  # x[True] adds a dim, as None does: not followed
+        return None
     named = sum(i is not None and i is not Ellipsis for i in idx)
     if Ellipsis in idx:
         at = idx.index(Ellipsis)
         idx = idx[:at] + (slice(None),) * (r - named) + idx[at + 1 :]
-    idx = idx + (slice(None),) * (r - sum(i is not None for i in idx))
+    return idx + (slice(None),) * (r - sum(i is not None for i in idx))
+
+
+def _basic_index_dims(index: Any, r: int) -> dict[int, int] | None:
+    """Input dim -> output dim of ``x[index]`` (``_basic_indices``: an int drops its dim, None adds
+    one); None for anything else."""
+    idx = _basic_indices(index, r)
+    if idx is None:
+        return None
     mapping, k, o = {}, 0, 0
     for i in idx:
         if i is None:
