@@ -387,8 +387,8 @@ def _compare(
     why = _noise.clear_lead(*(_as_latency(e) for e in ranked[:2])) if len(ranked) > 1 else None
     if best is not None and why is None:  # alone: its own rounds' spread still decides
         why = _noise.clear_lead(_as_latency(best), None)
-    for e in entries[1:]:
-        e.best = e is best
+    for e in entries[1:]:  # crowned (★) only when the timing can tell it from the next (validate.noise)
+        e.best = e is best and why is None
     return results, (best, why)
 
 
@@ -418,8 +418,6 @@ def _report(entries: list[Entry], ids: Any, data: Any, run: _LMRun) -> dict[str,
     results, (crowned, why) = _compare(entries, run.lm_gates, run.gates, run.reference)
     opts, ref = run.options, entries[0]
     best = crowned.name if crowned is not None else None
-    for e in entries[1:]:  # crowned (★) only when the timing can tell it from the next (validate.noise)
-        e.best = e.best and why is None
     lm = {"context": ref.lm["context"], "stride": ref.lm["stride"], "tokens": int(ids.numel()),
           "scored_tokens": ref.lm["tokens"], "prompt_tokens": int(min(opts.prompt_tokens, ids.numel())),
           "new_tokens": opts.new_tokens, "rounds": opts.rounds, "batch_size": 1, "kv_cache": True}  # fmt: skip
