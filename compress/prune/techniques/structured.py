@@ -164,8 +164,10 @@ def structured_prune(
                 settings["heads"].pop(e.cls, None)  # with the width kept, its heads may go again
                 settings["joint"].pop(e.cls, None)
                 settings["joint_tried"].discard(e.cls)
-            else:
+            else:  # whole supersedes its heads' and width's steps (one note)
                 whole[e.cls] = e.reason
+                settings["heads"].pop(e.cls, None)
+                settings["joint"].pop(e.cls, None)
     kept = [*whole, *settings["heads"], *(["the hidden size"] if settings.get("hidden_kept") else [])]
     raise UnsupportedModelError(
         f"structured pruning: no runnable pruned model after {MAX_RETRIES} tries (kept: {', '.join(kept)})"
