@@ -63,6 +63,20 @@ def perplexity(
     return {"perplexity": math.exp(mean), "nll": mean, "tokens": scored, "context": context, "stride": stride}
 
 
+def perplexity_change(reference: Any, model: Any, ids: Any, names: tuple[str, str]) -> dict[str, Any]:
+    """:func:`perplexity` of ``reference`` and ``model`` on the same ``ids`` (``names``: the progress
+    steps'): ``before``, ``after``, ``increase_pct`` (after over before, in %) and the ``window`` scored,
+    what quantize and prune record."""
+    before = perplexity(reference, ids, what=names[0])
+    after = perplexity(model, ids, what=names[1])
+    return {
+        "window": {"context": before["context"], "stride": before["stride"], "tokens": before["tokens"]},
+        "before": before["perplexity"],
+        "after": after["perplexity"],
+        "increase_pct": 100 * (after["perplexity"] / before["perplexity"] - 1),
+    }
+
+
 def _keeps_logits(module: Any) -> bool:
     """Whether ``module`` computes only its last N logits when told (transformers' ``logits_to_keep``)."""
     import inspect

@@ -322,23 +322,18 @@ def _eval_text(loaded: Any, eval_data: Any) -> Any:
 
 
 def _perplexities(original: Any, work: Any, ids: Any, ref: Any) -> dict[str, Any]:
-    """Perplexity before and after pruning on ``ids`` (``core.lm.perplexity``), or nothing."""
+    """Perplexity before and after pruning on ``ids`` (``core.lm.perplexity_change``), or nothing."""
     if ids is None:
         return {}
-    from ptopt.core.lm import perplexity
+    from ptopt.core.lm import perplexity_change
 
-    before = perplexity(original, ids, what="perplexity before pruning")
-    after = perplexity(work, ids, what="perplexity after pruning")
+    ppl = perplexity_change(original, work, ids, ("perplexity before pruning", "perplexity after pruning"))
     return {
         "eval_data": ref_name(ref),
-        "perplexity_window": {
-            "context": before["context"],
-            "stride": before["stride"],
-            "tokens": before["tokens"],
-        },
-        "perplexity_before": before["perplexity"],
-        "perplexity_after": after["perplexity"],
-        "perplexity_increase_pct": 100 * (after["perplexity"] / before["perplexity"] - 1),
+        "perplexity_window": ppl["window"],
+        "perplexity_before": ppl["before"],
+        "perplexity_after": ppl["after"],
+        "perplexity_increase_pct": ppl["increase_pct"],
     }
 
 

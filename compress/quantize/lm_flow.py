@@ -134,24 +134,18 @@ def _name(ref: Any) -> str:
 
 def _measure(source: Any, q: Any, ids: Any, ref: Any) -> dict[str, Any]:
     from ptopt.core.hf import is_causal_lm
-    from ptopt.core.lm import EVAL_TOKENS, perplexity, weight_bytes
+    from ptopt.core.lm import EVAL_TOKENS, perplexity_change, weight_bytes
 
     fp, qb = weight_bytes(source), weight_bytes(q)
     metrics: dict[str, Any] = {"fp32_weight_bytes": fp, "weight_bytes": qb, "weight_bytes_ratio": qb / fp}
     if ids is not None and is_causal_lm(source):
-        ids = ids[:EVAL_TOKENS]
-        base = perplexity(source, ids, what="fp32 perplexity")
-        mine = perplexity(q, ids, what="quantized perplexity")
+        ppl = perplexity_change(source, q, ids[:EVAL_TOKENS], ("fp32 perplexity", "quantized perplexity"))
         metrics |= {
             "eval_data": _name(ref),
-            "perplexity_window": {
-                "context": base["context"],
-                "stride": base["stride"],
-                "tokens": base["tokens"],
-            },
-            "fp32_perplexity": base["perplexity"],
-            "perplexity": mine["perplexity"],
-            "perplexity_increase_pct": 100 * (mine["perplexity"] / base["perplexity"] - 1),
+            "perplexity_window": ppl["window"],
+            "fp32_perplexity": ppl["before"],
+            "perplexity": ppl["after"],
+            "perplexity_increase_pct": ppl["increase_pct"],
         }
     return metrics
 
