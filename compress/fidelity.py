@@ -87,13 +87,27 @@ def measure_fidelity(
         "samples": int(len(data)),
         "min_cosine": m["cosine"],
         "mean_cosine": min(o["mean_cosine"] for o in m["outputs"]) if m["outputs"] else 1.0,
-        "top1_agreement": top1_agreement(ref[0], got[0]) if ref else None,
+        "top1_agreement": top1_agreement(ref[0], got[0])
+        if ref and _class_scores(source, data, ref[0])
+        else None,
         "max_rel_error": m["rel_error"],
         "rule": {"precision": precision, "atol": atol, "rtol": rtol, "min_cosine": min_cos},
         "outputs": m["outputs"],
         "worst_output": worst if m["outputs"] else None,
         "passed": bool(m["ok"]),
     }
+
+
+def _class_scores(source: Any, data: Any, ref: Any) -> bool:
+    """Whether ``source``'s first output (``ref``, on ``data``) is class scores (``core.scores``)."""
+    import torch
+
+    from ptopt.core.scores import class_scores, output_layer
+
+    if ref.ndim not in (2, 3) or ref.shape[-1] < 2:
+        return False
+    layer = output_layer(source, data.take(min(2, len(data))).x)
+    return class_scores(ref.shape, layer, labels=data.has_labels, outputs=torch.as_tensor(ref))[0]
 
 
 def top1_agreement(ref: Any, got: Any) -> float | None:

@@ -45,3 +45,20 @@ def flatten_named_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
                     f"outputs are tensors, or tuples, lists or dicts of tensors"
                 ) from None
     return arrays
+
+
+def primary_output(out: Any) -> Any:
+    """The tensor metrics compare: the output itself, the first of a tuple/list, the first dict value,
+    or a HuggingFace-style object's ``logits``."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out:
+        return primary_output(out[0])
+    if isinstance(out, dict) and out:
+        return primary_output(out["logits"] if "logits" in out else next(iter(out.values())))
+    logits = getattr(out, "logits", None)
+    if logits is not None:
+        return primary_output(logits)
+    raise TypeError(f"model output of type {type(out).__name__} holds no tensor")

@@ -258,6 +258,11 @@ class OnnxRuntimeRunner(Runner):
             providers=providers,
         )
 
+    def output_layer(self, x: Any) -> str | None:
+        from ptopt.core.scores import onnx_output_layer
+
+        return onnx_output_layer(self.path) if self.path is not None else None
+
     def prepare(self, threads: int) -> None:
         try:
             import onnxruntime as ort

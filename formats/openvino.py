@@ -839,6 +839,11 @@ class OpenVINORunner(Runner):
         outs = self.compiled(_feed(x, self.input_names))
         return torch.from_numpy(outs[self.compiled.outputs[0]].copy())
 
+    def output_layer(self, x: Any) -> str | None:
+        from ptopt.core.scores import openvino_output_layer
+
+        return openvino_output_layer(self.model) if self.model is not None else None
+
     def named_outputs(self, x: Any) -> list[tuple[str, Any]]:
         import torch
 

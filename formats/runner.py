@@ -23,28 +23,12 @@ from typing import Any
 from ptopt.core.device import half_dtype, to_device
 from ptopt.core.errors import PtoptError, UsageError
 from ptopt.core.inputspec import InputSpec, call_model
+from ptopt.core.tensors import primary_output
 
 
 class ArtifactRunError(PtoptError):
     """An artifact that loaded and took the data, then failed while running it (not a shape problem:
     the same samples fail in smaller batches too). Names the artifact, the runtime and the phase."""
-
-
-def primary_output(out: Any) -> Any:
-    """The tensor metrics compare: the output itself, the first of a tuple/list, the first dict value,
-    or a HuggingFace-style object's ``logits``."""
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out:
-        return primary_output(out[0])
-    if isinstance(out, dict) and out:
-        return primary_output(out["logits"] if "logits" in out else next(iter(out.values())))
-    logits = getattr(out, "logits", None)
-    if logits is not None:
-        return primary_output(logits)
-    raise TypeError(f"model output of type {type(out).__name__} holds no tensor")
 
 
 @dataclasses.dataclass
@@ -98,6 +82,11 @@ class Runner:
     def predict(self, x: Any) -> Any:
         """The primary output of one batch, as a float32 CPU tensor."""
         return primary_output(self.call(x)).detach().to("cpu").float()
+
+    def output_layer(self, x: Any) -> str | None:
+        """The first layer with weights behind the primary output (``core.scores``), read on the
+        batch ``x``; None where this runtime's graph is not read (the shape alone decides then)."""
+        return None
 
     def named_outputs(self, x: Any) -> list[tuple[str, Any]]:
         """Every output of one batch with its name (what a server answers): the runtime's own names
@@ -157,6 +146,11 @@ class TorchModuleRunner(Runner):
 
         with torch.inference_mode():
             return call_model(self.module, to_device(x, self.device, self.input_dtype))
+
+    def output_layer(self, x: Any) -> str | None:
+        from ptopt.core.scores import output_layer
+
+        return output_layer(self.module, to_device(x, self.device, self.input_dtype))
 
     def timed_call(self, x: Any) -> Callable[[], Any]:
         import torch

@@ -37,6 +37,7 @@ from ptopt.core.errors import (
     UsageError,
 )
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
+from ptopt.core.scores import class_scores
 from ptopt.validate import gates as _gates
 from ptopt.validate import lineage as _lineage
 from ptopt.validate import lm as _lm
@@ -57,12 +58,12 @@ from ptopt.validate.runners import ArtifactRunError, Runner, display_name, open_
 
 SCHEMA = "ptopt.validate/1"
 DEFAULT_EVAL_BATCH_SIZE = 64
-#: without an accuracy or agreement gate, an artifact losing more than this (in the drop's unit)
+#: without an accuracy, agreement or cosine gate, an artifact losing more than this (in the drop's unit)
 #: is not eligible as "best"
 BEST_MAX_DROP = 1.0
 BEST_RULE = (
     "best = the fastest artifact (p50 at the smallest batch size, then the next) among those that pass "
-    f"every gate; without an accuracy or agreement gate, among those whose accuracy drop is at most "
+    f"every gate; without an accuracy, agreement or cosine gate, among those whose accuracy drop is at most "
     f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)"
 )
 
@@ -136,6 +137,9 @@ class _Run:
     isa_section: dict[str, Any] | None = None
     #: the reference's outputs of the accuracy pass (kept for --isa: the children compare with them)
     ref_outputs: Any = None
+    #: whether the reference's outputs are class scores (top-1 agreement is measured), and if not why
+    class_scores: bool = True
+    not_scores_why: str | None = None
     #: the timing's noise: noisy and timed cells, how often it was timed again (``_retime_while_busy``)
     timing: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -148,6 +152,7 @@ class _Run:
             batch_sizes=self.sizes,
             baseline=self.baseline,
             classification=classification,
+            not_scores_why=self.not_scores_why,
         )
 
 
@@ -394,8 +399,7 @@ def _available_memory_bytes() -> int | None:
 
 
 def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
-    """Probe every model; returns whether the reference's outputs are classification logits."""
-    shapes = []
+    """Probe every model; returns whether the reference's outputs are class scores (``core.scores``)."""
     for i, (role, _, name) in enumerate(run.models):
         say(f"checking {name}")
         with _progress.step(f"loading {name}", announce=False):
@@ -404,17 +408,25 @@ def _check_models(run: _Run, say: Callable[[str], None]) -> bool:
             say(runner.info["device_note"])
         run.formats.append(runner.format)
         try:
-            out, labels = _probe(runner, run.ds, run.data_name)
-            shapes.append(tuple(out.shape))
-            if role == "reference" and run.metric_measured:
-                if run.metric.name in ("top1", "top5"):  # labels must index the classes: never 0% PASSED
-                    run.ds.check_labels(out, name)
-                compute_metric(
-                    run.metric, out, labels
-                )  # a metric that can't work fails now, not after timing
+            out, labels, x = _probe(runner, run.ds, run.data_name)
+            if role == "reference":
+                _check_reference(run, runner, out, labels, x)
         finally:
             runner.close()
-    return len(shapes[0]) in (2, 3) and shapes[0][-1] >= 2
+    return run.class_scores
+
+
+def _check_reference(run: _Run, runner: Runner, out: Any, labels: Any, x: Any) -> None:
+    """The metric must work on the reference's outputs (it fails now, not after timing); whether
+    those are class scores (``core.scores``) decides if top-1 agreement is measured."""
+    if run.metric_measured:
+        if run.metric.name in ("top1", "top5"):  # labels must index the classes: never 0% PASSED
+            run.ds.check_labels(out, runner.name)
+        compute_metric(run.metric, out, labels)
+    layer = runner.output_layer(x)
+    run.class_scores, run.not_scores_why = class_scores(
+        out.shape, layer, labels=run.ds.has_labels, outputs=out
+    )
 
 
 def _add_compiled(run: _Run, say: Callable[[str], None]) -> None:
@@ -467,7 +479,7 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
             if run.isa:
                 run.ref_outputs = outputs
         else:
-            entry.agreement = agreement(ref_outputs, outputs)
+            entry.agreement = agreement(ref_outputs, outputs, class_scores=run.class_scores)
         entries.append(entry)
     return entries
 
@@ -670,10 +682,20 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
         "gate_results": [r.to_dict() for r in gate_results],
         "notes": _baseline_notes(run, entries[0].name)
         + _cpu_notes(run, entries)
-        + _lineage.notes(entries, run.gates.strict_lineage),
+        + _lineage.notes(entries, run.gates.strict_lineage)
+        + _scores_notes(run),
         **({"isa": run.isa_section} if run.isa_section is not None else {}),
         "elapsed_s": round(time.perf_counter() - t_start, 2),
     }
+
+
+def _scores_notes(run: _Run) -> list[str]:
+    if not run.not_scores_why:
+        return []
+    return [
+        f"top-1 agreement not measured, since the reference's outputs are not class scores: {run.not_scores_why}. "
+        "The worst-sample cosine is the figure that means something (gate: --min-cosine)."
+    ]
 
 
 def failure_message(result: ValidationResult) -> str:
@@ -811,9 +833,9 @@ def evaluate_outputs(
     return torch.cat(outs)
 
 
-def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
+def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any, Any]:
     """Run one small batch; data that doesn't fit becomes a ShapeMismatchError naming the artifact.
-    Returns the batch's outputs and labels (None without labels)."""
+    Returns the batch's outputs, its labels (None without labels) and its inputs."""
     import torch
 
     bs = min(2, len(ds))
@@ -846,7 +868,7 @@ def _probe(runner: Runner, ds: Dataset, data_name: str) -> tuple[Any, Any]:
             f"{runner.name}: output of shape {tuple(out.shape)} for a batch of {bs}; "
             "validate needs one output row per sample"
         )
-    return out, labels
+    return out, labels, x
 
 
 def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: PeakMemory) -> Entry:
@@ -879,7 +901,9 @@ def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: P
 
 def _ranked(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> list[Entry]:
     """The artifacts eligible as best (``BEST_RULE``), fastest first."""
-    accuracy_gated = gates.max_accuracy_drop is not None or gates.min_agreement is not None
+    accuracy_gated = any(
+        g is not None for g in (gates.max_accuracy_drop, gates.min_agreement, gates.min_cosine)
+    )
     eligible = []
     for e in entries:
         if not e.passed or _lineage.flagged(e.to_dict()):

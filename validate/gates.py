@@ -92,6 +92,12 @@ class Gates:
         help="Fail below this top-1 agreement with the reference (fraction, 0.99 = 99%).",
         applies=_MODEL,
     )
+    min_cosine: float | None = option(
+        None,
+        help="Fail when the worst sample's cosine similarity to the reference's output is below this (any "
+        "outputs: embeddings and hidden states too).",
+        applies=_MODEL,
+    )
     #: ((batch_size or None for every batch size, milliseconds at p50), ...)
     max_latency_ms: tuple[tuple[int | None, float], ...] = option(
         (),
@@ -149,6 +155,8 @@ class Gates:
             raise UsageError(
                 f"--min-agreement is a fraction in [0, 1] (0.99 = 99%), got {self.min_agreement}"
             )
+        if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
+            raise UsageError(f"--min-cosine is a cosine similarity in [-1, 1], got {self.min_cosine}")
         for bs, ms in self.max_latency_ms:
             if ms <= 0 or (bs is not None and bs < 1):
                 raise UsageError(
@@ -252,6 +260,7 @@ def check_measurable(
     batch_sizes: Sequence[int],
     baseline: dict | None,
     classification: bool | None,
+    not_scores_why: str | None = None,
 ) -> None:
     """Raise UsageError for a gate on something this run will not measure (before measuring)."""
     if gates.max_accuracy_drop is not None and not metric_measured:
@@ -267,9 +276,9 @@ def check_measurable(
             )
     if gates.min_agreement is not None and classification is False:
         raise UsageError(
-            "--min-agreement is top-1 agreement, which needs classification outputs [N, classes] "
-            "or language-model logits [N, tokens, vocab]; "
-            "these outputs are not"
+            "--min-agreement is top-1 agreement, which needs class scores: classification outputs "
+            "[N, classes] or language-model logits [N, tokens, vocab]; the reference's are not: "
+            f"{not_scores_why or 'another shape'}. Gate on --min-cosine instead"
         )
     if gates.max_regression is not None and baseline is not None:
         check_baseline(
@@ -386,6 +395,13 @@ def _accuracy_gates(gates: Gates, entry: dict[str, Any], metric: dict[str, Any])
             else "top-1 agreement not measurable"
         )
         out.append(GateResult(name, "min-agreement", limit, agr, ok, message))
+    if gates.min_cosine is not None:
+        cos, limit = (entry.get("agreement") or {}).get("min_cosine"), gates.min_cosine
+        ok = cos is not None and cos >= limit - 1e-12
+        message = (
+            f"worst-sample cosine {cos:.4f} (min {limit:.4f})" if cos is not None else "cosine not measurable"
+        )
+        out.append(GateResult(name, "min-cosine", limit, cos, ok, message))
     return out
 
 

@@ -98,7 +98,8 @@ class Job:
 
     def __init__(self, models: Sequence[tuple[str, Any, Any, str]], ds: Any, ref_outputs: Any, *,
                  metric: Any, threads: int, eval_batch_size: int, batch_sizes: Sequence[int], latency: Any,
-                 allow_pickle: bool = False, providers: Sequence[str] | None = None, cosines: bool = False):  # fmt: skip
+                 allow_pickle: bool = False, providers: Sequence[str] | None = None, cosines: bool = False,
+                 class_scores: bool = True):  # fmt: skip
         import torch
 
         self.dir = Path(tempfile.mkdtemp(prefix="ptopt-isa-"))
@@ -121,6 +122,7 @@ class Job:
             "batch_sizes": list(batch_sizes),
             "latency": None if latency is None else _as_dict(latency),
             "cosines": cosines,
+            "class_scores": bool(class_scores),
         }
         self.models = [self._model(i, *m) for i, m in enumerate(models)]
 
@@ -136,7 +138,7 @@ class Job:
             models, run.ds, ref_outputs, metric=run.metric if run.metric_measured else None, threads=run.threads,
             eval_batch_size=run.eval_batch_size, batch_sizes=run.sizes,
             latency=None if run.latency is None else child_latency(run.latency, children),
-            allow_pickle=run.models.allow_pickle, providers=run.models.providers,
+            allow_pickle=run.models.allow_pickle, providers=run.models.providers, class_scores=run.class_scores,
         )  # fmt: skip
 
     def _model(self, i: int, role: str, ref: Any, weights: Any, name: str) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def _accuracy(
     if metric is not None:
         fig["metric"] = compute_metric(metric, out, ds.y)
     if spec["role"] != "reference":
-        fig["agreement"] = agreement(ref_out, out)
+        fig["agreement"] = agreement(ref_out, out, class_scores=job.get("class_scores", True))
     if spec["role"] != "reference" and tuple(out.shape) == tuple(ref_out.shape):
         if job.get("cosines"):
             fig["cosines"] = [float(c) for c in per_sample_cosine(ref_out, out)]

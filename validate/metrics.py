@@ -138,12 +138,13 @@ def is_classification(outputs: Any) -> bool:
     return outputs.dim() in (2, 3) and outputs.shape[-1] >= 2
 
 
-def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
+def agreement(reference: Any, outputs: Any, *, class_scores: bool = True) -> dict[str, Any]:
     """How closely ``outputs`` follow the reference's on the same samples.
 
     ``top1_agreement``: fraction of samples whose arg-max class matches the reference's, for
     [N, classes] outputs; for [N, tokens, vocab] (language-model logits) the fraction of all token
-    positions whose arg-max matches (``top1_per`` says which); None for other outputs.
+    positions whose arg-max matches (``top1_per`` says which); None for other outputs, and where
+    ``class_scores`` is False (``core.scores``: features, whose arg-max is one feature dimension).
     ``cosine``: mean per-sample cosine similarity of the flattened outputs; ``min_cosine``: the worst
     sample's; ``max_abs_diff``: the largest element-wise difference.
     """
@@ -159,7 +160,7 @@ def agreement(reference: Any, outputs: Any) -> dict[str, Any]:
     b = outputs.reshape(outputs.shape[0], -1).double()
     cos = per_sample_cosine(reference, outputs)
     top1, per = None, None
-    if is_classification(reference):
+    if class_scores and is_classification(reference):
         top1 = float((reference.argmax(-1) == outputs.argmax(-1)).double().mean())
         per = "sample" if reference.dim() == 2 else "token"
     out = {"top1_agreement": top1, "cosine": float(cos.mean()), "min_cosine": float(cos.min())}

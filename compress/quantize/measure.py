@@ -25,6 +25,7 @@ def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[
     from ptopt.formats.runner import primary_output
 
     n = correct32 = correct8 = agree = 0
+    why = None if ds.has_labels else not_class_scores(fp32, ds)
     with torch.no_grad():
         for b in ds.batches(batch):
             p32 = primary_output(call_model(fp32, b.x)).argmax(-1)
@@ -39,6 +40,9 @@ def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[
         "eval_samples": n,
         "top1_agreement": agree / n,
     }
+    if why:  # the arg-max of an embedding is one feature dimension: its agreement says nothing
+        del out["top1_agreement"]
+        out["top1_not_measured"] = why
     if ds.has_labels:
         out |= {
             "fp32_accuracy": correct32 / n,
@@ -66,6 +70,21 @@ def check_data(prep: Prepared) -> Any:
     batch = min([CHECK_SAMPLES] + [s.max_shape[0] for s in specs if s.max_shape])
     x = prep.loaded.example_inputs(which="opt", batch=batch)
     return Dataset(x, name="random inputs of the model's input shapes (no data given)")
+
+
+def not_class_scores(model: Any, ds: Any) -> str | None:
+    """Why ``model``'s outputs on ``ds`` are not class scores (``core.scores``), or None if they are."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+    from ptopt.core.scores import class_scores, output_layer
+    from ptopt.core.tensors import primary_output
+
+    x = ds.take(min(2, len(ds))).x
+    layer = output_layer(model, x)
+    with torch.no_grad():
+        out = primary_output(call_model(model, x))
+    return class_scores(out.shape, layer, labels=ds.has_labels, outputs=out)[1]
 
 
 def vs_fp32(fp32: Any, model: Any, prep: Prepared, known: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,0 +1,234 @@
+"""Are a model's outputs class scores? Top-1 agreement means something only for those.
+
+Top-1 agreement (the share of samples whose arg-max matches the reference's) is a fair figure for
+class scores: a classifier's logits or probabilities, a language model's next-token logits, a CTC
+head's per-frame scores. For a sentence embedding or an encoder's hidden states the arg-max is one
+feature dimension and its agreement says nothing: a faithful int8 sentence encoder (worst cosine
+0.99) can agree on 60%. A tensor does not say which it is; the layer that computes it does.
+``output_layer`` walks back from the primary output to the first layer with weights: a Linear, a
+Conv or a matrix product is a head (class scores); a normalization, a recurrent layer or an
+embedding computes features. Labels settle it too, since they index the classes.
+
+::
+
+    layer = output_layer(module, x)            # "Linear", "LayerNorm", "aten::layer_norm", or None
+    ok, why = class_scores(out.shape, layer)   # (False, "its output comes from a normalization ...")
+
+Each format reads its own graph (``Runner.output_layer``): an eager module through forward hooks,
+TorchScript, fx / ExportedProgram, ONNX and OpenVINO graphs through ``walk_back``. Where none can
+be read (a compiled package) the shape alone decides, as it did before.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+HEAD, NORM, RECURRENT, EMBEDDING = "head", "normalization", "recurrent", "embedding"
+#: how far ``walk_back`` looks before giving up (nodes visited)
+MAX_VISITED = 5000
+
+_HEAD_TOKENS = {
+    "gemm",
+    "addmm",
+    "mm",
+    "bilinear",
+    "convolution",
+    "groupconvolution",
+    "convinteger",
+    "qlinearconv",
+}
+_NOT_HEADS = {"quantizelinear", "dequantizelinear"}  # ONNX's quantize / dequantize pair
+_RECURRENT_TOKENS = {"lstm", "gru", "rnn", "lstmsequence", "grusequence", "rnnsequence"}
+
+
+def family(name: str) -> str | None:
+    """What a layer or op computes, from its name (a module class, ``aten::linear``,
+    ``aten.layer_norm.default``, an ONNX ``op_type``, an OpenVINO type): ``HEAD``, ``NORM``,
+    ``RECURRENT``, ``EMBEDDING``, or None for a layer without weights of its own (an activation,
+    pooling, reshaping, a quantize/dequantize pair)."""
+    for t in re.split(r"[^a-z0-9]+", name.lower()):
+        if "norm" in t or t == "mvn":
+            return NORM
+        if t in _RECURRENT_TOKENS or t.startswith(("lstm", "gru")):
+            return RECURRENT
+        if "embedding" in t:
+            return EMBEDDING
+        if t in _HEAD_TOKENS or (t.endswith("linear") and t not in _NOT_HEADS) or "matmul" in t:
+            return HEAD
+        if t.startswith("conv") and not t.startswith("convert"):
+            return HEAD
+    return None
+
+
+def class_scores(
+    shape: Iterable[int], layer: str | None, *, labels: bool = False, outputs: Any = None
+) -> tuple[bool, str | None]:
+    """Whether outputs of ``shape`` ([N, classes] or [N, tokens, vocab]) computed by ``layer``
+    (``output_layer``; None: not known) are class scores, and if not, why (one clause). Labels say
+    they are; ``outputs`` (a sample of them) whose every row has length 1 are an embedding."""
+    shape = tuple(shape)
+    if len(shape) not in (2, 3) or shape[-1] < 2:
+        return False, f"its outputs {list(shape)} are not [N, classes] or [N, tokens, classes]"
+    if labels:
+        return True, None
+    if outputs is not None and _unit_rows(outputs):
+        return False, "every output row has length 1: a normalized embedding"
+    if layer is None or family(layer) == HEAD:
+        return True, None
+    what = {NORM: "a normalization", RECURRENT: "a recurrent layer", EMBEDDING: "an embedding"}[family(layer)]
+    return (
+        False,
+        f"its output comes from {what} ({layer}), so it holds features: an embedding or hidden states",
+    )
+
+
+def _unit_rows(outputs: Any) -> bool:
+    """Every row (last axis) of a float tensor of L2 length 1, to 1e-3 (probabilities, one-hot aside)."""
+    import torch
+
+    if not torch.is_tensor(outputs) or not outputs.is_floating_point() or outputs.numel() == 0:
+        return False
+    o = outputs.detach().double()
+    if bool((o >= 0).all()) and bool(((o.sum(-1) - 1).abs() < 1e-3).all()):
+        return False  # probabilities: a one-hot row has length 1 too
+    return bool(((o.norm(dim=-1) - 1).abs() < 1e-3).all())
+
+
+def output_layer(model: Any, x: Any) -> str | None:
+    """The first layer with weights behind ``model``'s primary output on the batch ``x`` (its type or
+    op name), or None where it cannot be read. ``model``: an eager module, a TorchScript module or an
+    fx GraphModule (``ExportedProgram.module()``)."""
+    import torch
+
+    if isinstance(model, torch.jit.ScriptModule):
+        return _script_output_layer(model)
+    if isinstance(model, torch.fx.GraphModule):
+        return fx_output_layer(model)
+    if isinstance(model, torch.nn.Module):
+        return _eager_output_layer(model, x)
+    return None
+
+
+def walk_back(
+    start: Iterable[Any],
+    inputs_of: Callable[[Any], Iterable[Any]],
+    name_of: Callable[[Any], str],
+    key_of: Callable[[Any], Any] = id,
+) -> str | None:
+    """Breadth-first from ``start`` (the nodes that produce the output) through ``inputs_of``: the name
+    of the nearest node whose ``family`` is known, or None. ``key_of``: a node's identity (the nodes
+    seen are kept alive, so ``id`` stays unique)."""
+    queue, seen = deque(start), {}
+    while queue and len(seen) < MAX_VISITED:
+        node = queue.popleft()
+        if key_of(node) in seen:
+            continue
+        seen[key_of(node)] = node
+        name = name_of(node)
+        if family(name) is not None:
+            return name
+        queue.extend(inputs_of(node))
+    return None
+
+
+def _eager_output_layer(model: Any, x: Any) -> str | None:
+    """Forward hooks on every leaf module: the layer whose output *is* the primary output, else the
+    last layer with a known family to run (a softmax or pooling after it computes nothing new)."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+    from ptopt.core.tensors import primary_output
+
+    called: list[tuple[str, Any]] = []
+
+    def hook(mod: Any, _args: Any, out: Any) -> None:
+        if family(type(mod).__name__) is not None:
+            called.append((type(mod).__name__, out))
+
+    leaves = [m for m in model.modules() if next(m.children(), None) is None]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        with torch.inference_mode():
+            out = call_model(model, x)
+    except Exception:  # noqa: BLE001 - the caller's own forward reports its failures; here: unknown
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    try:
+        primary = primary_output(out)
+    except TypeError:
+        return None
+    for name, got in reversed(called):
+        if got is primary:
+            return name
+    return called[-1][0] if called else None
+
+
+def _script_output_layer(module: Any) -> str | None:
+    try:
+        graph = module.inlined_graph
+    except (AttributeError, RuntimeError):
+        return None
+    outs = list(graph.outputs())
+    if not outs:
+        return None
+    node = outs[0].node()
+    while node.kind() in ("prim::TupleConstruct", "prim::ListConstruct", "prim::DictConstruct"):
+        ins = list(node.inputs())
+        if not ins:
+            return None
+        node = ins[1 if node.kind() == "prim::DictConstruct" and len(ins) > 1 else 0].node()
+    return walk_back([node], lambda n: [v.node() for v in n.inputs()], lambda n: n.kind())
+
+
+def fx_output_layer(gm: Any) -> str | None:
+    """``output_layer`` of an fx graph (an ExportedProgram's ``module()`` or a traced module)."""
+    out = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if out is None or not out.args:
+        return None
+    first = out.args[0]
+    while isinstance(first, (tuple, list, dict)) and first:
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    if not hasattr(first, "all_input_nodes"):
+        return None
+
+    def name_of(n: Any) -> str:
+        if n.op == "call_module":
+            return type(gm.get_submodule(n.target)).__name__
+        return str(getattr(n.target, "__name__", n.target)) if n.op == "call_function" else ""
+
+    return walk_back([first], lambda n: n.all_input_nodes, name_of)
+
+
+def onnx_output_layer(path: Any) -> str | None:
+    """``output_layer`` of an ONNX file's graph (its first output): the ``op_type`` found."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - a graph that cannot be read here is simply not known
+        return None
+    if not graph.output:
+        return None
+    producer = {o: n for n in graph.node for o in n.output}
+    start = producer.get(graph.output[0].name)
+    if start is None:
+        return None
+    return walk_back([start], lambda n: [producer[i] for i in n.input if i in producer], lambda n: n.op_type)
+
+
+def openvino_output_layer(model: Any) -> str | None:
+    """``output_layer`` of an OpenVINO ``Model`` (its first output): the op type found."""
+    try:
+        start = model.outputs[0].get_node()
+    except (AttributeError, IndexError, RuntimeError):
+        return None
+
+    def inputs_of(n: Any) -> list[Any]:
+        return [i.get_source_output().get_node() for i in n.inputs()]
+
+    return walk_back([start], inputs_of, lambda n: n.get_type_name(), key_of=lambda n: n.get_name())

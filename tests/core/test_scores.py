@@ -1,0 +1,146 @@
+"""``core.scores``: which outputs are class scores (top-1 agreement means something) and which are
+features (a sentence embedding, an encoder's hidden states), read from the layer behind the output in
+each format's graph."""
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from ptopt.core.scores import (
+    EMBEDDING,
+    HEAD,
+    NORM,
+    RECURRENT,
+    class_scores,
+    family,
+    fx_output_layer,
+    onnx_output_layer,
+    openvino_output_layer,
+    output_layer,
+)
+
+
+class Classifier(nn.Module):
+    def __init__(self, softmax: bool = False):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Linear(8, 5)
+        self.softmax = softmax
+
+    def forward(self, x):
+        h = self.fc(self.bn(self.conv(x)).mean((2, 3)))
+        return h.softmax(-1) if self.softmax else h
+
+
+class Encoder(nn.Module):
+    """Mean-pooled LayerNorm states, as a sentence encoder's: the last layer is a LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.ff, self.ln = nn.Embedding(20, 16), nn.Linear(16, 16), nn.LayerNorm(16)
+
+    def forward(self, ids, mask):
+        h = self.ln(self.ff(self.emb(ids)))
+        m = mask.unsqueeze(-1).float()
+        return (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def _encoder_inputs():
+    g = torch.Generator().manual_seed(0)
+    return {"ids": torch.randint(0, 20, (2, 6), generator=g), "mask": torch.ones(2, 6, dtype=torch.long)}
+
+
+@pytest.mark.parametrize(
+    "name, want",
+    [
+        ("Linear", HEAD), ("NonDynamicallyQuantizableLinear", HEAD), ("Conv1D", HEAD), ("aten::addmm", HEAD),
+        ("aten.linear.default", HEAD), ("quantized::linear_dynamic", HEAD), ("Gemm", HEAD), ("MatMul", HEAD),
+        ("QLinearConv", HEAD), ("Convolution", HEAD), ("aten::_convolution", HEAD),
+        ("LayerNorm", NORM), ("LlamaRMSNorm", NORM), ("aten::layer_norm", NORM), ("LayerNormalization", NORM),
+        ("MVN", NORM), ("aten::linalg_vector_norm", NORM),
+        ("LSTM", RECURRENT), ("aten::gru", RECURRENT), ("Embedding", EMBEDDING),
+        ("Convert", None), ("prims.convert_element_type.default", None), ("aten::upsample_bilinear2d", None),
+        ("Softmax", None), ("DequantizeLinear", None), ("aten::mean", None),
+    ],
+)  # fmt: skip
+def test_family_of_layer_and_op_names(name, want):
+    assert family(name) == want
+
+
+def test_eager_classifier_is_scored_by_its_head_even_behind_a_softmax():
+    x = torch.randn(2, 3, 8, 8)
+    assert output_layer(Classifier().eval(), x) == "Linear"
+    assert output_layer(Classifier(softmax=True).eval(), x) == "Linear"
+
+
+def test_every_format_finds_the_encoders_layernorm(tmp_path):
+    enc, x = Encoder().eval(), _encoder_inputs()
+    assert output_layer(enc, x) == "LayerNorm"
+    traced = torch.jit.trace(enc, (x["ids"], x["mask"]))
+    assert output_layer(traced, x) == "aten::layer_norm"
+    ep = torch.export.export(enc, (), dict(x))
+    assert family(fx_output_layer(ep.module())) == NORM
+    path = tmp_path / "enc.onnx"
+    with warnings.catch_warnings():  # the exporters' own deprecation notices
+        warnings.simplefilter("ignore")
+        torch.onnx.export(enc, (), str(path), kwargs=dict(x), dynamo=True)
+        import openvino as ov
+
+        ir = ov.convert_model(enc, example_input=dict(x))
+    assert onnx_output_layer(path) == "LayerNormalization"
+    assert family(openvino_output_layer(ir)) == NORM
+
+
+def test_every_format_finds_the_classifiers_head(tmp_path):
+    model, x = Classifier(softmax=True).eval(), torch.randn(2, 3, 8, 8)
+    assert family(output_layer(torch.jit.trace(model, x), x)) == HEAD
+    assert family(fx_output_layer(torch.export.export(model, (x,)).module())) == HEAD
+    path = tmp_path / "c.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), dynamo=True)
+    assert family(onnx_output_layer(path)) == HEAD
+
+
+def test_huggingface_base_model_is_features_and_its_heads_are_scores():
+    from ptopt.core.hf import ensure_torchvision_ops
+
+    ensure_torchvision_ops()  # transformers imports torchvision (REFERENCE.md)
+    T = pytest.importorskip("transformers")
+
+    cfg = T.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=32)  # fmt: skip
+    x = {"input_ids": torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0))}
+    torch.manual_seed(0)
+    assert output_layer(T.BertModel(cfg).eval(), x) == "LayerNorm"  # last_hidden_state, not the pooler
+    assert output_layer(T.BertForSequenceClassification(cfg).eval(), x) == "Linear"
+
+
+def test_class_scores_verdicts():
+    assert class_scores((4, 10), "Linear") == (True, None)
+    assert class_scores((4, 10), None) == (True, None)  # not known: the shape decides, as before
+    ok, why = class_scores((4, 16), "LayerNorm")
+    assert not ok and "normalization (LayerNorm)" in why and "embedding or hidden states" in why
+    assert class_scores((4, 16), "LayerNorm", labels=True) == (True, None)  # labels index the classes
+    assert not class_scores((4, 1), "Linear")[0] and not class_scores((4, 3, 8, 8), "Conv2d")[0]
+    unit = nn.functional.normalize(torch.randn(4, 16), dim=-1)
+    ok, why = class_scores(unit.shape, "Linear", outputs=unit)
+    assert not ok and "length 1" in why
+    probs = torch.randn(4, 10).softmax(-1)
+    assert class_scores(probs.shape, "Linear", outputs=probs)[0]
+    onehot = torch.eye(4)
+    assert class_scores(onehot.shape, "Linear", outputs=onehot)[0]  # one-hot rows sum to 1: probabilities
+
+
+def test_a_forward_that_fails_is_not_known():
+    class Broken(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            raise ValueError("no")
+
+    assert output_layer(Broken(), torch.randn(1, 3)) is None
+    assert output_layer(object(), None) is None

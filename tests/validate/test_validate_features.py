@@ -1,0 +1,90 @@
+"""validate on a model whose outputs are features, not class scores (a sentence encoder's pooled
+LayerNorm states): top-1 agreement is not measured (it was: the arg-max of an embedding is one feature
+dimension, and a faithful int8 encoder scored far below 99% on it, which also kept it from ★ best);
+the report says why, --min-agreement is refused naming --min-cosine, and --min-cosine gates any output."""
+
+import pytest
+
+from tests.helpers import assert_refused
+from tests.validate.conftest import FACTORY, FAST
+
+ENCODER = "ptopt.models.minilm:minilm_tiny"
+SENTENCES = "ptopt.models.minilm:heldout_sentences"
+LATENCY = {"min_iters": 3, "min_seconds": 0.01, "rounds": 2}
+
+
+@pytest.fixture(scope="module")
+def int8_encoder(tmp_path_factory):
+    from ptopt.compress.quantize.api import quantize
+
+    path = tmp_path_factory.mktemp("features") / "enc-int8.pt"
+    quantize(ENCODER, "dynamic", path, progress=False)
+    return path
+
+
+def _validate(int8_encoder, **gates):
+    from ptopt.validate.api import validate
+
+    return validate(ENCODER, [int8_encoder], SENTENCES, batch_sizes=[1], max_samples=32, threads=1,
+                    latency=LATENCY, **gates)  # fmt: skip
+
+
+def test_api_embeddings_get_no_top1_and_the_cosine_gates_them(int8_encoder):
+    res = _validate(int8_encoder, min_cosine=0.9).to_dict()
+    agr = res["artifacts"][0]["agreement"]
+    assert agr["top1_agreement"] is None and agr["min_cosine"] > 0.99
+    note = next(n for n in res["notes"] if n.startswith("top-1 agreement not measured"))
+    assert "normalization (LayerNorm)" in note and "--min-cosine" in note
+    (gate,) = res["gate_results"]
+    assert gate["gate"] == "min-cosine" and gate["passed"] and "worst-sample cosine" in gate["message"]
+    assert res["best"] == res["artifacts"][0]["name"]
+    failed = _validate(int8_encoder, min_cosine=1.0 - 1e-12).to_dict()  # int8 is not bit-exact
+    assert not failed["passed"] and failed["gate_results"][0]["value"] < 1.0
+
+
+def test_a_classifier_without_labels_keeps_its_top1_agreement(artifacts):
+    from ptopt.validate.api import validate
+
+    res = validate(FACTORY, [artifacts["onnx"]], artifacts["unlabeled"], batch_sizes=[1], threads=1,
+                   latency=LATENCY, min_agreement=0.9, min_cosine=0.99).to_dict()  # fmt: skip
+    assert res["artifacts"][0]["agreement"]["top1_agreement"] is not None
+    assert not any(n.startswith("top-1 agreement not measured") for n in res["notes"])
+    assert {g["gate"] for g in res["gate_results"]} == {"min-agreement", "min-cosine"} and res["passed"]
+
+
+def test_cli_min_agreement_on_embeddings_is_refused_naming_the_cosine_gate(cli, int8_encoder):
+    code, out, err = cli("validate", ENCODER, int8_encoder, "--data", SENTENCES, "--max-samples", "16",
+                         "--batch-sizes", "1", "--threads", "1", "--min-agreement", "0.9", *FAST)  # fmt: skip
+    assert code == 2 and "Traceback" not in err
+    assert all(
+        s in " ".join(err.split())
+        for s in ("needs class scores", "normalization (LayerNorm)", "--min-cosine")
+    )
+
+
+def test_cli_min_cosine_gates_and_the_note_is_printed(cli, int8_encoder):
+    args = ("validate", ENCODER, int8_encoder, "--data", SENTENCES, "--max-samples", "16", "--batch-sizes", "1",
+            "--threads", "1", *FAST)  # fmt: skip
+    code, out, err = cli(*args, "--min-cosine", "0.9")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "top-1 agreement not measured" in flat and "worst-sample cosine" in flat
+    code, out, err = cli(*args, "--min-cosine", "0.999999999999")
+    assert code == 1 and "min-cosine" in out + err
+    assert_refused(cli, *args, "--min-cosine", "1.5", match="--min-cosine is a cosine similarity in [-1, 1]")
+
+
+def test_quantize_and_prune_name_no_top1_for_embeddings(cli, tmp_path):
+    code, out, err = cli(
+        "quantize", ENCODER, "--mode", "dynamic", "--eval-data", SENTENCES, "-o", tmp_path / "q.pt"
+    )
+    assert code == 0, err
+    assert "top-1 agreement not measured: its output comes from a normalization (LayerNorm)" in out
+    assert "top-1 agreement with fp32" not in out and "vs fp32: min cosine" in out
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.prune.config import PruneWarning
+
+    with pytest.warns(PruneWarning, match="keeps its attention heads"):
+        res = prune(ENCODER, "structured", 0.3, prune_hidden=False, eval_data=SENTENCES)
+    vs = res.metrics["vs_source"]
+    assert vs["top1_agreement"] is None and vs["min_cosine"] > 0
