@@ -39,7 +39,7 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
 
     tied = _tied_output(model)
     shared = shared_embedding(model, config)
-    called = _called_linears(model)
+    read = _read_directly(model) or set()
     chosen: list[str] = []
     floats: dict[str, str] = {}
     for name, m in model.named_modules():
@@ -47,8 +47,8 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
             continue
         if _excluded(name, config):
             floats[name] = "excluded (--exclude)"
-        elif called is not None and name not in called:
-            floats[name] = NOT_CALLED
+        elif name in read:
+            floats[name] = READ_DIRECTLY
         elif name == tied and shared is None:
             floats[name] = _why_float_tie(model, config)
         elif config.bits == 4 and m.out_features % INT4_ROWS:
@@ -73,36 +73,73 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
     return chosen, floats
 
 
-#: why a Linear the model's forward never calls stays float
-NOT_CALLED = (
-    "its forward never runs in the model's forward on text: the model reads its weight directly (as Mamba "
-    "does: dt_proj.weight @ x), which a quantized weight cannot do, or does not use it there"
+#: why a Linear whose weight the model's forward reads outside the layer stays float
+READ_DIRECTLY = (
+    "the model reads its weight directly, outside the layer (as Mamba does: dt_proj.weight @ x), which a "
+    "quantized weight cannot do"
 )
 
 
-def _called_linears(model: Any) -> set[str] | None:
-    """The Linear layers a causal LM's forward calls on a few tokens (hooks on the float model), or None
-    when the model is not one or that forward fails (every layer is then taken as called)."""
+def _read_directly(model: Any) -> set[str] | None:
+    """The Linear layers whose weight a causal LM's forward on a few tokens uses in an op outside the
+    layer's own forward (watched by a ``TorchFunctionMode``; a shape or dtype read is not a use), or None
+    when the model is not one or that forward fails. A Linear the forward never touches (a multimodal
+    model's vision tower, on text) is not among them: quantized, it still runs where it is called.
+    ``dt_proj.weight.shape`` reads no values; ``.T`` does."""
     import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 4:
         return None
-    called: set[str] = set()
-    handles = [
-        m.register_forward_hook(lambda *_, n=name: called.add(n))
-        for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear)
-    ]
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    by_weight = {id(m.weight): n for n, m in linears.items()}
+    # every module holding a Linear's weight as its own (a tied embedding too): a use inside one is no read
+    owners = {id(m): m for m in model.modules() for p in m.parameters(recurse=False) if id(p) in by_weight}
+    held = {id(p): {id(m) for m in owners.values() if any(q is p for q in m.parameters(recurse=False))}
+            for m in linears.values() for p in [m.weight]}  # fmt: skip
+    inside: list[int] = []
+    read: set[str] = set()
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not _metadata(func):
+                for t in tree_leaves((args, kwargs or {})):
+                    if id(t) in by_weight and not held[id(t)].intersection(inside):
+                        read.add(by_weight[id(t)])
+            return func(*args, **(kwargs or {}))
+
+    def leave(*_: Any) -> None:  # a forward hook that returns a value replaces the layer's output
+        inside.pop()
+
+    handles = [m.register_forward_pre_hook(lambda *_, i=i: inside.append(i)) for i, m in owners.items()]
+    handles += [m.register_forward_hook(leave) for m in owners.values()]
     try:
-        with torch.no_grad():  # not inference_mode: a cache built lazily here must stay a plain tensor
+        with (
+            torch.no_grad(),
+            Watch(),
+        ):  # not inference_mode: a cache built lazily here must stay a plain tensor
             model(input_ids=torch.arange(1, 5).reshape(1, 4) % vocab)
     except Exception:  # noqa: BLE001 - not a plain causal LM call: no layer is judged by it
         return None
     finally:
         for h in handles:
             h.remove()
-    return called
+    return read
+
+
+#: tensor attributes that read no values (``.T`` and ``.data`` do)
+_METADATA = {"shape", "dtype", "device", "ndim", "layout", "requires_grad", "is_leaf", "grad", "grad_fn",
+             "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "itemsize", "nbytes", "names"}  # fmt: skip
+
+
+def _metadata(func: Any) -> bool:
+    """A property read of a tensor's metadata (``w.shape``): not a use of its values."""
+    return (
+        getattr(func, "__name__", "") == "__get__"
+        and getattr(getattr(func, "__self__", None), "__name__", "") in _METADATA
+    )
 
 
 def _excluded(name: str, config: WeightOnlyConfig) -> bool:

@@ -376,4 +376,34 @@ def test_a_linear_whose_weight_the_model_reads_directly_stays_float(cli, tmp_pat
         "quantize", f"hf:{tmp_path / 'mamba'}", "--mode", "weight-only", "-o", tmp_path / "mq2"
     )
     assert code == 0, err
-    assert "float: backbone.layers.0.mixer.dt_proj: its forward never runs" in out + err
+    assert "float: backbone.layers.0.mixer.dt_proj: the model reads its weight directly" in out + err
+
+
+def test_a_linear_the_text_forward_never_touches_is_quantized():
+    """A multimodal model's vision tower is not called on text: it is quantized (it stayed float, taken
+    for a layer whose weight is read directly). A weight used outside its layer stays float, and a
+    head tied to the embedding is not taken for one (the embedding's own forward uses it)."""
+    from types import SimpleNamespace
+
+    from ptopt.compress.quantize.config import WeightOnlyConfig
+    from ptopt.compress.quantize.weight_only import plan
+
+    class TextAndVision(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config = SimpleNamespace(vocab_size=64)
+            self.emb, self.vision = torch.nn.Embedding(64, 32), torch.nn.Linear(48, 32)
+            self.mix, self.gate = torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)
+            self.head = torch.nn.Linear(32, 64, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, input_ids, pixel_values=None):
+            h = self.emb(input_ids)
+            if pixel_values is not None:
+                h = h + self.vision(pixel_values).unsqueeze(1)
+            h = self.mix(h) * torch.sigmoid(h @ self.gate.weight.T)  # gate's weight read directly
+            return self.head(h)
+
+    chosen, floats = plan(TextAndVision().eval(), WeightOnlyConfig(bits=8))
+    assert "vision" in chosen and "mix" in chosen
+    assert list(floats) == ["gate"] and "reads its weight directly" in floats["gate"]
