@@ -24,14 +24,14 @@ def _needs(*modules: str) -> None:
 
 
 #: family -> (library, the most parameters kept at --amount 0.3 (measured + 0.03), a layer that must
-#: shrink, whether the pruned model is checked against the masked unpruned one: not when a LayerNorm /
-#: GroupNorm normalizes over pruned channels, as ConvNeXt's, Swin's and wav2vec2's feature stream; a
-#: transformer's hidden size is checked with its norms run on the kept channels alone)
+#: shrink, whether the pruned model is checked against the masked unpruned one: not when a GroupNorm or a
+#: channels-first LayerNorm normalizes over pruned channels, as ConvNeXt's and wav2vec2's feature stream;
+#: a transformer's hidden size, Swin's too, is checked with its norms run on the kept channels alone)
 CASES = {
     "shufflenet": ("torchvision", 0.77, "stage2.0.branch2.0", True),  # read through the channel shuffle
     "mobilenet_timm": ("timm", 0.54, "blocks.1.0.conv_pw", True),  # BatchNormAct2d follows
     "convnext_timm": ("timm", 0.56, "stages.0.blocks.0.mlp.fc1", False),  # channels-last, layer scale
-    "swin": ("timm", 0.61, "layers.0.blocks.0.attn.qkv", False),  # heads whole, bias table per head
+    "swin": ("timm", 0.61, "layers.0.blocks.0.attn.qkv", True),  # bias table per head; LayerNorms on kept
     "distilbert": ("transformers", 0.60, "distilbert.embeddings.word_embeddings", True),  # hidden size
     "t5_encoder": ("transformers", 0.59, "encoder.embed_tokens", True),  # shared table, output narrower
     "wav2vec2": ("transformers", 0.63, "wav2vec2.feature_projection.projection", False),  # weight-norm conv

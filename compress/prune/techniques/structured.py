@@ -260,9 +260,10 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
 
 def _checked_norms(g: Any, keep: dict[int, Any], kept: dict[int, Any]) -> dict[str, Any] | None:
     """``module -> kept positions`` of every norm over channels that lose some, when each is a leaf
-    module over the last dim of a hidden-size group (LayerNorm, RMSNorm, T5's and Llama's RMSNorm):
-    the check then runs them on the kept channels alone (``_KeptNorms``) and stays exact. None when
-    some norm cannot be run so (the pruned model is then not checked)."""
+    module over the last dim of a hidden-size group: any norm of a stream an embedding makes (LayerNorm,
+    RMSNorm, T5's and Llama's RMSNorm); of one a patch-embedding conv or a Linear makes (Swin's), a
+    ``_last_dim_norm``. The check then runs them on the kept channels alone (``_KeptNorms``) and stays
+    exact. None when some norm cannot be run so (the pruned model is then not checked)."""
     from ptopt.compress.prune.channel_graph import Use
     from ptopt.compress.prune.layout import plain
 
@@ -270,13 +271,23 @@ def _checked_norms(g: Any, keep: dict[int, Any], kept: dict[int, Any]) -> dict[s
     for i, grp in enumerate(g.all_groups):
         if not (grp.inexact and i in keep):
             continue
-        if not g.hidden or not any(L.kind(g.modules.get(p)) == "embedding" for p in grp.producers):
+        if not g.hidden:
             return None
+        text = any(L.kind(g.modules.get(p)) == "embedding" for p in grp.producers)
         for module, space, n in grp.norms:
-            if module is None:
+            if module is None or not (text or _last_dim_norm(g.modules.get(module))):
                 return None
             out[module] = _alive(g, kept, Use(space, "", "", plain(0, n), n))
     return out
+
+
+def _last_dim_norm(module: Any) -> bool:
+    """A norm whose forward surely normalizes the last dimension: ``nn.LayerNorm``'s own forward (not a
+    subclass's, such as timm's channels-first ``LayerNorm2d``) or ``nn.RMSNorm``'s."""
+    from torch import nn
+
+    forward = type(module).forward
+    return forward is nn.LayerNorm.forward or forward is getattr(nn, "RMSNorm", nn.LayerNorm).forward
 
 
 class _KeptNorms:
