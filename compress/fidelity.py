@@ -17,6 +17,8 @@ weights): they record the same numbers (``metrics["vs_fp32"]``, ``["vs_source"]`
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from typing import Any
 
 from ptopt.export.parity import INT8_VS_FP32_RTOL
@@ -98,6 +100,10 @@ def measure_fidelity(
     }
 
 
+#: ``core.scores.output_layer`` of each source measured, while it lives
+_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _class_scores(source: Any, data: Any, ref: Any) -> bool:
     """Whether ``source``'s first output (``ref``, on ``data``) is class scores (``core.scores``)."""
     import torch
@@ -106,7 +112,12 @@ def _class_scores(source: Any, data: Any, ref: Any) -> bool:
 
     if ref.ndim not in (2, 3) or ref.shape[-1] < 2:
         return False
-    layer = output_layer(source, data.take(min(2, len(data))).x)
+    try:
+        layer = _LAYERS[source]
+    except (KeyError, TypeError):  # TypeError: a source that takes no weak reference
+        layer = output_layer(source, data.take(min(2, len(data))).x)
+        with contextlib.suppress(TypeError):
+            _LAYERS[source] = layer  # a search measures one source against many candidates
     return class_scores(ref.shape, layer, labels=data.has_labels, outputs=torch.as_tensor(ref))[0]
 
 
