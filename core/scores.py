@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 HEAD, NORM, RECURRENT, EMBEDDING = "head", "normalization", "recurrent", "embedding"
+#: an output whose name says it holds features (``image_embeds``, ``last_hidden_state``, ``pooler_output``)
+NAMED = "named"
 #: how far ``walk_back`` looks before giving up (nodes visited)
 MAX_VISITED = 5000
 
@@ -38,20 +40,29 @@ _HEAD_TOKENS = {
     "convolution",
     "groupconvolution",
     "convinteger",
+    "bmm",
+    "baddbmm",
+    "einsum",
     "qlinearconv",
 }
 _NOT_HEADS = {"quantizelinear", "dequantizelinear"}  # ONNX's quantize / dequantize pair
 _RECURRENT_TOKENS = {"lstm", "gru", "rnn", "lstmsequence", "grusequence", "rnnsequence"}
+#: an RMSNorm made of primitives (T5's, Llama's) in a traced graph: x * rsqrt(mean(x²) + eps);
+#: ONNX writes rsqrt as Sqrt then Reciprocal, OpenVINO as x / Sqrt(...)
+_NORM_TOKENS = {"mvn", "rsqrt", "sqrt", "reciprocal", "rms"}
+_NAMED_TOKENS = {"embeds", "hidden", "pooler", "features"}
 
 
 def family(name: str) -> str | None:
     """What a layer or op computes, from its name (a module class, ``aten::linear``,
-    ``aten.layer_norm.default``, an ONNX ``op_type``, an OpenVINO type): ``HEAD``, ``NORM``,
-    ``RECURRENT``, ``EMBEDDING``, or None for a layer without weights of its own (an activation,
-    pooling, reshaping, a quantize/dequantize pair)."""
+    ``aten.layer_norm.default``, an ONNX ``op_type``, an OpenVINO type, an output's name): ``HEAD``,
+    ``NORM``, ``RECURRENT``, ``EMBEDDING``, ``NAMED`` (an output named as features), or None for a
+    layer without weights of its own (an activation, pooling, reshaping, a quantize/dequantize pair)."""
     for t in re.split(r"[^a-z0-9]+", name.lower()):
-        if "norm" in t or t == "mvn":
+        if "norm" in t or t in _NORM_TOKENS:
             return NORM
+        if t in _NAMED_TOKENS:
+            return NAMED
         if t in _RECURRENT_TOKENS or t.startswith(("lstm", "gru")):
             return RECURRENT
         if "embedding" in t:
@@ -78,6 +89,8 @@ def class_scores(
         return False, "every output row has length 1: a normalized embedding"
     if layer is None or family(layer) == HEAD:
         return True, None
+    if family(layer) == NAMED:
+        return False, f"its output is named {layer}, so it holds features: an embedding or hidden states"
     what = {NORM: "a normalization", RECURRENT: "a recurrent layer", EMBEDDING: "an embedding"}[family(layer)]
     return (
         False,
@@ -112,6 +125,14 @@ def output_layer(model: Any, x: Any) -> str | None:
     return None
 
 
+def named(layer: str | None, name: Any) -> str | None:
+    """``layer``, or the primary output's ``name`` where that says features (``image_embeds``: a
+    CLIP projection is a Linear, yet it computes an embedding) and the layer says class scores."""
+    if isinstance(name, str) and family(name) in (NAMED, EMBEDDING) and family(layer or "") in (HEAD, None):
+        return name
+    return layer
+
+
 def walk_back(
     start: Iterable[Any],
     inputs_of: Callable[[Any], Iterable[Any]],
@@ -119,39 +140,44 @@ def walk_back(
     key_of: Callable[[Any], Any] = id,
 ) -> str | None:
     """Breadth-first from ``start`` (the nodes that produce the output) through ``inputs_of``: the name
-    of the nearest node whose ``family`` is known, or None. ``key_of``: a node's identity (the nodes
-    seen are kept alive, so ``id`` stays unique)."""
-    queue, seen = deque(start), {}
+    of the nearest node whose ``family`` is known, or None; of several as near, a normalization
+    (OpenVINO's RMSNorm ``x / Sqrt(...)`` is as far from the output as the residual's MatMul).
+    ``key_of``: a node's identity (the nodes seen are kept alive, so ``id`` stays unique)."""
+    queue, seen, found = deque((s, 0) for s in start), {}, []
     while queue and len(seen) < MAX_VISITED:
-        node = queue.popleft()
+        node, depth = queue.popleft()
+        if found and depth > found[0][0]:
+            break
         if key_of(node) in seen:
             continue
         seen[key_of(node)] = node
         name = name_of(node)
-        if family(name) is not None:
-            return name
-        queue.extend(inputs_of(node))
-    return None
+        if family(name) not in (None, NAMED):  # a name says features only of the output itself
+            found.append((depth, name))
+        elif not found:
+            queue.extend((i, depth + 1) for i in inputs_of(node))
+    norms = [n for _, n in found if family(n) == NORM]
+    return (norms or [n for _, n in found] or [None])[0]
 
 
 def _eager_output_layer(model: Any, x: Any) -> str | None:
-    """Forward hooks on every leaf module: the layer whose output *is* the primary output, else the
-    last layer with a known family to run (a softmax or pooling after it computes nothing new)."""
+    """Records the torch functions the forward calls (the graph of ops the other formats read) and
+    walks back from the primary output. A function's output returned by a leaf module of a known
+    family takes the module's name (``LayerNorm``, ``T5LayerNorm``: an RMSNorm made of pow / mean /
+    mul). A product after the last layer (a tied LM head ``h @ emb.weight.T``) and a normalization
+    inside a composite module (timm's ``BatchNormAct2d``) are both seen, as no list of modules sees."""
     import torch
 
     from ptopt.core.inputspec import call_model
     from ptopt.core.tensors import primary_output
 
-    called: list[tuple[str, Any]] = []
-
-    def hook(mod: Any, _args: Any, out: Any) -> None:
-        if family(type(mod).__name__) is not None:
-            called.append((type(mod).__name__, out))
-
+    rec = _recorder()
     leaves = [m for m in model.modules() if next(m.children(), None) is None]
-    handles = [m.register_forward_hook(hook) for m in leaves]
+    handles = [
+        m.register_forward_hook(rec.hook) for m in leaves if family(type(m).__name__) not in (None, NAMED)
+    ]
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), rec:
             out = call_model(model, x)
     except Exception:  # noqa: BLE001 - the caller's own forward reports its failures; here: unknown
         return None
@@ -159,13 +185,62 @@ def _eager_output_layer(model: Any, x: Any) -> str | None:
         for h in handles:
             h.remove()
     try:
-        primary = primary_output(out)
+        start = rec.producer.get(primary_output(out))
     except TypeError:
         return None
-    for name, got in reversed(called):
-        if got is primary:
-            return name
-    return called[-1][0] if called else None
+    if start is None:  # the output is an input or a parameter: nothing computed it
+        return None
+    first = next(iter(out), None) if isinstance(out, dict) and "logits" not in out else None
+    return named(walk_back([start], lambda n: n.inputs, lambda n: n.label or n.name), first)
+
+
+class _Op:
+    __slots__ = ("name", "inputs", "label")
+
+    def __init__(self, name: str, inputs: list[Any]):
+        self.name, self.inputs, self.label = name, inputs, None
+
+
+def _tensors(obj: Any) -> Iterable[Any]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _recorder() -> Any:
+    """A torch function mode noting, for every tensor a call returns, the call (an ``_Op``) and the
+    ops that made its tensor arguments (``producer``, which holds tensors weakly); ``hook`` (a forward
+    hook) names an op by the module that returned its output. Made here: torch is imported lazily."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    class Recorder(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.producer = WeakIdKeyDictionary()
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            inputs = [self.producer[t] for t in _tensors((args, kwargs or {})) if t in self.producer]
+            op = _Op(str(getattr(func, "__name__", func)), inputs)
+            for t in _tensors(out):
+                self.producer[t] = op
+            return out
+
+        def hook(self, mod: Any, _args: Any, out: Any) -> None:
+            for t in _tensors(out):
+                op = self.producer.get(t)
+                if op is not None and op.label is None:
+                    op.label = type(mod).__name__
+
+    return Recorder()
 
 
 def _script_output_layer(module: Any) -> str | None:
@@ -218,7 +293,8 @@ def onnx_output_layer(path: Any) -> str | None:
     start = producer.get(graph.output[0].name)
     if start is None:
         return None
-    return walk_back([start], lambda n: [producer[i] for i in n.input if i in producer], lambda n: n.op_type)
+    layer = walk_back([start], lambda n: [producer[i] for i in n.input if i in producer], lambda n: n.op_type)
+    return named(layer, graph.output[0].name)
 
 
 def openvino_output_layer(model: Any) -> str | None:
@@ -231,4 +307,5 @@ def openvino_output_layer(model: Any) -> str | None:
     def inputs_of(n: Any) -> list[Any]:
         return [i.get_source_output().get_node() for i in n.inputs()]
 
-    return walk_back([start], inputs_of, lambda n: n.get_type_name(), key_of=lambda n: n.get_name())
+    layer = walk_back([start], inputs_of, lambda n: n.get_type_name(), key_of=lambda n: n.get_name())
+    return named(layer, next(iter(sorted(model.outputs[0].get_names())), None))

@@ -144,3 +144,92 @@ def test_a_forward_that_fails_is_not_known():
 
     assert output_layer(Broken(), torch.randn(1, 3)) is None
     assert output_layer(object(), None) is None
+
+
+class TiedLM(nn.Module):
+    """A language model whose head is the embedding's weight: ``h @ emb.weight.T`` after the last
+    LayerNorm (no Linear module computes the logits)."""
+
+    def __init__(self, functional: bool = False):
+        super().__init__()
+        self.emb, self.ln, self.functional = nn.Embedding(20, 16), nn.LayerNorm(16), functional
+
+    def forward(self, ids):
+        h = self.ln(self.emb(ids))
+        return nn.functional.linear(h, self.emb.weight) if self.functional else h @ self.emb.weight.T
+
+
+def test_eager_tied_lm_head_after_the_last_layernorm_is_class_scores():
+    ids = _encoder_inputs()["ids"]
+    for model in (TiedLM().eval(), TiedLM(functional=True).eval()):
+        layer = output_layer(model, ids)
+        assert family(layer) == HEAD, layer  # was "LayerNorm": the last module to run
+        assert class_scores((2, 6, 20), layer)[0]
+
+
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: a BatchNorm with an activation child (so not a leaf module)."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        return self.act(super().forward(x))
+
+
+def test_eager_features_behind_a_composite_norm_are_features():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), BatchNormAct(8), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    layer = output_layer(model, torch.randn(2, 3, 8, 8))
+    assert family(layer) == NORM, layer  # was "Conv2d" (an efficientnet with num_classes=0: class scores)
+
+
+class RMSEncoder(nn.Module):
+    """T5's / Llama's RMSNorm, written with primitives: x * rsqrt(mean(x²) + eps) * weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.ff, self.w = (
+            nn.Embedding(20, 16),
+            nn.Linear(16, 16, bias=False),
+            nn.Parameter(torch.ones(16)),
+        )
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = h + self.ff(h)
+        return self.w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+def test_an_rmsnorm_made_of_primitives_is_a_normalization_in_every_graph(tmp_path):
+    model, ids = RMSEncoder().eval(), _encoder_inputs()["ids"]
+    assert family(output_layer(torch.jit.trace(model, (ids,)), ids)) == NORM  # was aten::linear
+    assert family(fx_output_layer(torch.export.export(model, (ids,)).module())) == NORM
+    path = tmp_path / "rms.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (ids,), str(path), dynamo=True)
+        import openvino as ov
+
+        ir = ov.convert_model(model, example_input=(ids,))
+    assert family(onnx_output_layer(path)) == NORM  # Sqrt, Reciprocal
+    assert family(openvino_output_layer(ir)) == NORM  # x / Sqrt(...): as near as the residual's MatMul
+
+
+def test_an_output_named_as_an_embedding_is_features_though_a_linear_computes_it():
+    class Projection(nn.Module):  # CLIPVisionModelWithProjection: {"image_embeds": Linear(pooled)}
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 4, bias=False)
+
+        def forward(self, x):
+            return {"image_embeds": self.proj(x), "last_hidden_state": x}
+
+    layer = output_layer(Projection().eval(), torch.randn(2, 8))
+    assert layer == "image_embeds"
+    ok, why = class_scores((2, 4), layer)
+    assert (
+        not ok
+        and why == "its output is named image_embeds, so it holds features: an embedding or hidden states"
+    )
+    assert family("logits") is None and family("output_0") is None
