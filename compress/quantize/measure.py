@@ -24,13 +24,14 @@ def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[
     from ptopt.core.inputspec import call_model
     from ptopt.formats.runner import primary_output
 
-    n = correct32 = correct8 = agree = 0
+    n = positions = correct32 = correct8 = agree = 0  # positions: samples, or tokens of [N, T, vocab]
     why = None if ds.has_labels else not_class_scores(fp32, ds)
     with torch.no_grad():
         for b in ds.batches(batch):
             p32 = primary_output(call_model(fp32, b.x)).argmax(-1)
             p8 = primary_output(call_model(int8, b.x)).argmax(-1)
             n += int(p32.shape[0])
+            positions += int(p32.numel())
             agree += int((p32 == p8).sum())
             if b.y is not None:
                 correct32 += int((p32 == b.y).sum())
@@ -38,16 +39,16 @@ def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[
     out: dict[str, Any] = {
         "eval_data": str(ref) if isinstance(ref, (str, os.PathLike)) else ds.name,
         "eval_samples": n,
-        "top1_agreement": agree / n,
+        "top1_agreement": agree / positions,
     }
     if why:  # the arg-max of an embedding is one feature dimension: its agreement says nothing
         del out["top1_agreement"]
         out["top1_not_measured"] = why
     if ds.has_labels:
         out |= {
-            "fp32_accuracy": correct32 / n,
-            "int8_accuracy": correct8 / n,
-            "accuracy_drop_points": round(100.0 * (correct32 - correct8) / n, 4),
+            "fp32_accuracy": correct32 / positions,
+            "int8_accuracy": correct8 / positions,
+            "accuracy_drop_points": round(100.0 * (correct32 - correct8) / positions, 4),
         }
     return out
 

@@ -88,3 +88,16 @@ def test_quantize_and_prune_name_no_top1_for_embeddings(cli, tmp_path):
         res = prune(ENCODER, "structured", 0.3, prune_hidden=False, eval_data=SENTENCES)
     vs = res.metrics["vs_source"]
     assert vs["top1_agreement"] is None and vs["min_cosine"] > 0
+
+
+def test_quantize_top1_agreement_of_lm_logits_is_per_token_not_over_100_percent(tmp_path):
+    import torch
+
+    from ptopt.compress.quantize.api import quantize
+
+    data = tmp_path / "ids.pt"
+    torch.save({"x": torch.randint(0, 20, (8, 6), generator=torch.Generator().manual_seed(0))}, data)
+    art = quantize(
+        "tests.core.test_scores:TiedLM", "dynamic", tmp_path / "q.pt", eval_data=str(data), progress=False
+    )
+    assert 0 <= art.metrics["top1_agreement"] <= 1  # was 6.0: token agreements over samples
