@@ -304,6 +304,8 @@ def _report_tail(
     return {
         "best_by_batch": best_by_batch,
         "split": search.split,
+        # noisy_cells, cells, retimed (timed again on a busy machine), busy: as validate's report
+        "timing_noise": search.timing,
         **({"isa": isa} if isa is not None else {}),
     }
 

@@ -315,11 +315,45 @@ def headline(report: dict[str, Any]) -> str:
         sp = (c.get("speedup") or {}).get(rbs)
         speed = f"{sp:.2f}x {ref} at batch {rbs}" if sp is not None else f"no speedup measured at batch {rbs}"
         return (
-            f"best: {c['name']} ({c.get('label') or where(c)}): {speed}, within the budget "
-            f"({budget_line(report)}){_cosine_figures(report, c)}"
+            f"best: {c['name']} ({c.get('label') or where(c)}): {speed}{lead_caveat(report, c, rbs)}, within "
+            f"the budget ({budget_line(report)}){_cosine_figures(report, c)}"
         )
     found = f"; the best found, {c['name']}, does NOT meet it" if c is not None else ""
     return f"NO CANDIDATE MEETS THE BUDGET ({budget_line(report)}){found} (exit 1)"
+
+
+def lead_caveat(report: dict[str, Any], c: dict[str, Any], rbs: str) -> str:
+    """`` (~ not a clear lead: WHY; ...)`` when the timing cannot tell the winner from the next fastest
+    candidate within the budget at ``rbs`` (``validate.noise.clear_lead``, validate's ★ rule), else ``""``."""
+    from ptopt.validate.noise import clear_lead
+
+    def cell(x: dict[str, Any] | None) -> dict[str, Any] | None:
+        if x is None or latency(x, rbs) is None:
+            return None
+        return {"p50_ms": latency(x, rbs), "round_spread_pct": _spread(x, rbs)}
+
+    rivals = [
+        x for x in candidates(report) if x is not c and x.get("status") == "kept" and x.get("within_budget")
+    ]
+    rivals = [x for x in rivals if latency(x, rbs) is not None]
+    runner_up = min(rivals, key=lambda x: latency(x, rbs), default=None)
+    why = clear_lead(cell(c), cell(runner_up))
+    if why is None:
+        return ""
+    vs = f" over {runner_up['name']}" if runner_up is not None and "lead" in why else ""
+    return f" ({common.NOISY_MARK} not a clear lead{vs}: {why}; time it again on a quiet machine)"
+
+
+def busy_line(report: dict[str, Any]) -> list[str]:
+    """The machine was busy during the final timing (most cells noisy after timing again), or nothing."""
+    t = report.get("timing_noise") or {}
+    if not t.get("busy"):
+        return []
+    again = f" after {t['retimed']} more timing(s)" if t.get("retimed") else " (no time left to time again)"
+    return [
+        f"The machine was busy: {t['noisy_cells']} of {t['cells']} timings noisy{again}; the speedups above "
+        "are not to be trusted."
+    ]
 
 
 def _cosine_figures(report: dict[str, Any], c: dict[str, Any]) -> str:
@@ -447,7 +481,7 @@ def render_markdown(report: dict[str, Any], directory: str | os.PathLike | None 
     if isa_rows(report):
         out += ["", "**Per CPU level (`--isa`)**", ""] + M.table(isa_head(report), isa_rows(report))
     out += [""] + isa_lines(report) if isa_lines(report) else []
-    return "\n".join(out + M.noise_section(noise_notes(report)) + [""])
+    return "\n".join(out + M.noise_section(noise_notes(report) + busy_line(report)) + [""])
 
 
 def write_markdown(
@@ -483,7 +517,7 @@ def render_terminal(
     if directory is not None:
         lines += [x.replace("`", "") for x in winner_lines(report, directory)]
     lines += [x.replace("`", "") for x in per_batch_lines(report, directory)]
-    lines += noise_notes(report)
+    lines += noise_notes(report) + busy_line(report)
     parts = [T.head_lines(head), f"ptopt optimize — {budget_line(report)}", *tables, "\n".join(lines)]
     if isa_rows(report):
         isa = [([escape(x) for x in row], None) for row in isa_rows(report)]
@@ -572,7 +606,7 @@ circled: the best; grey: rejected, failed or skipped.</p>
 {H.paragraphs(cosine_note(report), "dim")}
 <p class="dim">ms: median of interleaved timing rounds in one process;
 speedup vs {e_(report.get("reference") or "fp32 eager")}; {e_(common.NOISY_MARK)}: within the timing noise.</p>\
-{H.paragraphs(noise_notes(report), "fail")}""",
+{H.paragraphs(noise_notes(report) + busy_line(report), "fail")}""",
     )
 
 

@@ -301,3 +301,34 @@ def test_the_fastest_per_batch_size_is_printed_when_it_differs():
     assert f"batch 1: `{other}`" in render_markdown(rep)
     rep["best_by_batch"]["1"] = dict(rep["best_by_batch"]["32"])  # the same winner everywhere: no line
     assert "per batch size" not in render_terminal(rep, directory="opt", width=400)
+
+
+def test_a_winner_within_the_noise_is_named_with_its_caveat():
+    """The winner is the fastest by the medians; where the timing cannot tell it from the next fastest
+    within the budget (validate's ★ rule, ``validate.noise.clear_lead``), the headline says so. It used
+    to print the speedup alone, with 13 of 22 cells noisy."""
+    report = winner_report()
+    assert "not a clear lead" not in R.headline(report)  # 13.83 ms against 20.20 ms, rounds within 4%
+    best = R.best_candidate(report)
+    best["latency_ms"]["32"]["median"] = 19.9  # 1.5% ahead of int8-fx's 20.20 ms
+    line = R.headline(report)
+    assert "not a clear lead over int8-fx: its lead (2%) is within the combined spread" in line
+    assert "time it again on a quiet machine" in line and line.index("at batch 32") < line.index(
+        "not a clear"
+    )
+    best["latency_ms"]["32"]["spread_pct"] = 60.0
+    assert "not a clear lead: its own timing rounds spread 60%" in R.headline(report)
+
+
+def test_a_busy_machine_is_said_in_every_report(tmp_path):
+    report = winner_report()
+    report["timing_noise"] = {"noisy_cells": 7, "cells": 12, "retimed": 1, "busy": True}
+    busy = "The machine was busy: 7 of 12 timings noisy after 1 more timing(s)"
+    assert busy in R.render_terminal(report)
+    R.write_markdown(report, tmp_path / "summary.md")
+    R.write_html(report, tmp_path / "report.html")
+    assert busy in (tmp_path / "summary.md").read_text() and busy in (tmp_path / "report.html").read_text()
+    report["timing_noise"] = {"noisy_cells": 7, "cells": 12, "retimed": 0, "busy": True}
+    assert "noisy (no time left to time again)" in R.render_terminal(report)
+    report["timing_noise"]["busy"] = False
+    assert "machine was busy" not in R.render_terminal(report)
