@@ -2,7 +2,9 @@
 (``torch.distributed.launcher.api.elastic_launch``, what ``torchrun --standalone --nproc-per-node N``
 runs), each with the environment torchrun gives (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, a free
 rendezvous port). Rank 0 writes to this terminal; the other ranks' output goes to log files, shown
-only when they fail where rank 0 did not. The exit code is the first failing rank's (2 for bad input).
+only when they fail where rank 0 did not. The exit code is the first failing rank's (2 for bad input;
+a rank the launcher stopped after another failed does not count), 128 + N when the launcher itself
+gets signal N (130 for Ctrl-C: rank 0 says "Aborted.").
 """
 
 from __future__ import annotations
@@ -42,10 +44,13 @@ def launch(nproc: int, args: list[str]) -> int:
     import uuid
 
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:  # some set their own level
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     os.environ["PTOPT_LAUNCHED"] = "1"  # every rank says its error (ranks > 0 into their logs)
     with tempfile.TemporaryDirectory(prefix="ptopt-nproc-") as logs:
@@ -58,15 +63,19 @@ def launch(nproc: int, args: list[str]) -> int:
             elastic_launch(config, sys.executable)("-m", "ptopt.cli.main", *args)
         except ChildFailedError as e:
             return _report(e, logs)
+        except SignalException as e:  # Ctrl-C or kill: the workers got the same signal
+            return 128 + int(e.sigval)
     return 0
 
 
 def _report(error: Any, logs: str) -> int:
     """The first failing rank's exit code; its last error line when rank 0 did not fail (rank 0 prints
-    its own)."""
-    failures = sorted(error.failures.items())
+    its own, and one the launcher stopped may already have). A rank that ended by a signal (a negative
+    exit code: the launcher stops the others once one fails) comes after those that exited by
+    themselves."""
+    failures = sorted(error.failures.items(), key=lambda kv: (not (kv[1].exitcode or 0) > 0, kv[0]))
     rank, failure = failures[0]
-    if rank != 0:
+    if 0 not in error.failures:
         text = _tail(logs, rank)
         click.echo(
             text or f"error: process {rank} of the run failed (exit code {failure.exitcode})", err=True

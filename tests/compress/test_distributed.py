@@ -209,3 +209,36 @@ def test_a_run_never_writes_over_a_checkpoint_it_does_not_resume(tmp_path):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "checkpoint.pt").write_bytes(b"")
     assert_refused(ckpt_util.latest_checkpoint, tmp_path / "old", match="earlier ptopt")
+
+
+def test_launch_exit_codes_ctrl_c_and_a_rank_stopped_after_another_failed(monkeypatch, tmp_path, capsys):
+    """``--nproc``: Ctrl-C (or a kill) of the launcher is exit 128 + N, not an internal error; a rank
+    the launcher stopped (negative exit code) after another exited with 2 does not turn bad input into 3."""
+    import logging
+    import signal
+    import types
+
+    import torch.distributed.launcher.api as launcher
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from ptopt.cli import launch
+
+    def interrupted(config, entry):
+        def run(*args):
+            raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+
+        return run
+
+    monkeypatch.setattr(launcher, "elastic_launch", interrupted)
+    assert launch.launch(2, ["distill"]) == 130
+    # nor torch's "Received 2 death signal, shutting down workers" warning on the terminal
+    assert (
+        logging.getLogger("torch.distributed.elastic.agent.server.api").getEffectiveLevel() > logging.WARNING
+    )
+    failure = types.SimpleNamespace
+    stopped = types.SimpleNamespace(failures={0: failure(exitcode=-15), 1: failure(exitcode=2)})
+    assert launch._report(stopped, str(tmp_path)) == 2
+    assert capsys.readouterr().err == ""  # rank 0 says the error itself (it may already have)
+    alone = types.SimpleNamespace(failures={1: failure(exitcode=2)})
+    assert launch._report(alone, str(tmp_path)) == 2
+    assert "process 1 of the run failed" in capsys.readouterr().err
