@@ -319,12 +319,11 @@ def _train(
         feature_weight=dcfg.feature_weight,
     )
     fingerprint = {**dcfg.to_dict(), "teacher": tensor_digest(t_module.state_dict().values())}
-    cached = (
-        run_options.cache_teacher
-        and not dcfg.feature_pairs
-        and dist_util.resolve_strategy(tcfg.strategy) != "fsdp"
-    )
-    fingerprint["teacher_logits"] = "cached" if cached else "per batch"
+    asked = run_options.cache_teacher and not dcfg.feature_pairs
+    cached = asked and dist_util.resolve_strategy(tcfg.strategy) != "fsdp"
+    # what was asked, not what the strategy chose (FSDP runs the teacher per batch: the same logits to
+    # float rounding), so that a checkpoint resumes under another strategy, as the world size may change
+    fingerprint["teacher_logits"] = "cached" if asked else "per batch"
     train_input = train_ds
     if cached:
         train_input = with_teacher_logits(train_ds, t_module, device=dist_util.resolve_device(tcfg.device))

@@ -53,7 +53,7 @@ def run(root: Path) -> None:
         assert e.code == 0, e.code
     res = distill("tests.helpers:tiny_cnn", "tests.compress.distill_helpers:tiny_student", root / "digits.pt",
                   root / "cnn.pt", eval_data=root / "digits.pt", epochs=1, batch_size=16, device="cpu",
-                  strategy="fsdp", progress=False)  # fmt: skip
+                  strategy="fsdp", progress=False, checkpoint_dir=root / "cnn_ck")  # fmt: skip
     _dump(res, root / "cnn.json")
     res = distill(teacher, teacher, data, root / "qat", qat="8da8w", alpha=1.0, seq_len=16, progress=False,
                   train_config=TrainConfig(epochs=1, batch_size=8, lr=1e-3, device="cpu", strategy="fsdp"))  # fmt: skip

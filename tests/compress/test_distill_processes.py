@@ -112,3 +112,13 @@ def test_a_two_process_checkpoint_resumes_in_one_process(launched, single):
     resumed = _single(root, checkpoint_dir=root / "ck", resume=True)
     assert resumed.extra["resumed_from_step"] == 4 and resumed.extra["steps"] == 8
     assert _close([resumed.extra["final_step_loss"]], [single.extra["final_step_loss"]])
+
+
+def test_a_classifier_fsdp_checkpoint_resumes_in_one_process(launched):
+    """FSDP runs the teacher per batch, one process caches its logits: the same logits, so the
+    checkpoint of the one resumes in the other (it was refused: teacher_logits 'per batch' / 'cached')."""
+    root, _ = launched
+    resumed = distill("tests.helpers:tiny_cnn", "tests.compress.distill_helpers:tiny_student", root / "digits.pt",
+                      eval_data=root / "digits.pt", epochs=2, batch_size=16, device="cpu", progress=False,
+                      checkpoint_dir=root / "cnn_ck", resume=True)  # fmt: skip
+    assert resumed.extra["resumed_from_step"] == 4 and resumed.extra["steps"] == 8
