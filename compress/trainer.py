@@ -790,7 +790,8 @@ class _Logger:
                 ) from None
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(log_dir), purge_step=start_step or None)
+            # a resumed run logs from start_step + 1 on: the killed run's events from there are purged
+            self.writer = SummaryWriter(str(log_dir), purge_step=start_step + 1 if start_step else None)
 
     def step(self, loss: float, lr: float) -> None:
         self.step_no += 1

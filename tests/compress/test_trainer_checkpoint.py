@@ -195,6 +195,22 @@ def test_tensorboard_and_jsonl_logs(tmp_path, data):
     assert list((tmp_path / "logs").glob("events.out.tfevents.*"))
 
 
+def test_resumed_run_keeps_the_checkpoints_last_step_in_tensorboard(tmp_path, data):
+    """The resumed run purges the killed run's events after the checkpoint's step, not at it: every
+    step's loss is in the logs once (step 3, the checkpoint's, was purged)."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    cfg = TrainConfig(epochs=2, batch_size=32)
+    common = dict(progress=False, checkpoint_dir=tmp_path / "ck", log_dir=tmp_path / "logs")
+    with pytest.raises(Killed):
+        train(tiny_cnn(), data[0], cfg, epoch_hooks=[_kill_at(1)], **common)
+    train(tiny_cnn(), data[0], cfg, resume=True, **common)
+    logs = event_accumulator.EventAccumulator(str(tmp_path / "logs"))
+    logs.Reload()
+    assert [e.step for e in logs.Scalars("train/loss_step")] == [1, 2, 3, 4, 5, 6]
+    assert [e.step for e in logs.Scalars("epoch/loss")] == [1, 2]
+
+
 def test_old_call_signature_still_works(data):
     """train() positionally (model, data, config, eval data, loss, hooks, progress) with a TrainConfig
     of the original fields."""
