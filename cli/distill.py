@@ -103,9 +103,11 @@ def _print_report(art) -> None:
     peak memory per process), then the held-out accuracy or perplexity against the teacher's."""
     m, x = art.metrics, art.extra
     ratio = m["teacher_parameters"] / max(m["student_parameters"], 1)
+    # 1/4.2 for a small student; 0.996x for one about the teacher's size (a pruned copy: "1/1.0" said nothing)
+    share = f"1/{ratio:.1f}" if ratio >= 2 else f"{1 / ratio:.3g}x"
     click.echo(
         f"student: {art.path} ({art.format}, {m['student_parameters']:,} parameters, "
-        f"1/{ratio:.1f} of the teacher's {m['teacher_parameters']:,})"
+        f"{share} of the teacher's {m['teacher_parameters']:,})"
     )
     if x.get("world_size", 1) > 1:
         click.echo(f"trained on {x['world_size']} processes ({x['strategy']}), {x['steps']} optimizer steps")

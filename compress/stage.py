@@ -63,11 +63,15 @@ def load_eager(
     """A LoadedModel holding an eager nn.Module that ``for_what`` can rewrite or train.
 
     TorchScript and ExportedProgram models are refused (``why`` says why, ``{format}`` filled in),
-    naming the references that give an eager one.
+    naming the references that give an eager one; but a pruned file whose sidecar names its parent
+    gets its eager module rebuilt (``compress.rebuild``).
     """
+    from ptopt.compress.rebuild import rebuild, rebuildable
     from ptopt.core.modelref import as_loaded
 
     loaded = as_loaded(model, weights, allow_pickle)
+    if rebuildable(loaded):
+        loaded = rebuild(loaded, allow_pickle, for_what)
     module = loaded.require_module(for_what)
     if loaded.format in ("torchscript", "exported_program") or type(module).__name__ in (
         "RecursiveScriptModule",
@@ -75,8 +79,8 @@ def load_eager(
     ):
         why = (why or "{for_what} needs the eager nn.Module").format(format=loaded.format, for_what=for_what)
         int8 = (
-            f"; an int8 model of this file itself (a pruned one has no other source): ptopt export {loaded.ref} "
-            "--target openvino (or onnx) --precision int8 --data CALIB"
+            "; an int8 model of this file itself (one with no sidecar naming its source has no other): "
+            f"ptopt export {loaded.ref} --target openvino (or onnx) --precision int8 --data CALIB"
             if for_what == "quantization" and loaded.path is not None
             else ""
         )

@@ -79,7 +79,9 @@ class LoadedModel:
         """What an artifact made from this model records as its parent (reloadable with load_model)."""
         from ptopt.core.artifact import sha256_file
 
-        rec: dict[str, Any] = {"path": str(self.path) if self.path else self.ref, "format": self.format}
+        # a pruned file whose eager module was rebuilt (``compress.rebuild``) is recorded as the file it is
+        fmt = self.artifact.format if self.info.get("rebuilt_from") and self.artifact else self.format
+        rec: dict[str, Any] = {"path": str(self.path) if self.path else self.ref, "format": fmt}
         if self.path is not None and self.path.is_file():
             # a sidecar that was trusted at load time was checked against these very bytes
             trusted = self.artifact.sha256 if self.artifact is not None else ""

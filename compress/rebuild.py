@@ -1,0 +1,138 @@
+"""The eager module of a pruned file, rebuilt from what its sidecar records.
+
+``ptopt prune`` writes TorchScript (``.pt``) or an ExportedProgram (``.pt2``): files that run and deploy
+with plain torch, but that no stage can train or rewrite. A pruned model is exactly what a user then
+distills, quantizes or prunes again, so a stage that needs the ``nn.Module`` (``stage.load_eager``)
+rebuilds it:
+
+1. the model the sidecar names as its parent is loaded as it was given (its ``--weights`` too; a parent
+   that is itself a pruned file is rebuilt the same way);
+2. it is pruned again with the recorded options (structured pruning: the same channel counts; masks
+   for the unstructured methods leave the shapes as they are);
+3. the file's own tensors are loaded into it (fine-tuned ones included), strictly: every name and
+   shape must match;
+4. the rebuilt module must compute what the file computes on the file's example inputs.
+
+Any step that fails is one clear refusal naming it. A parent the sidecar names as a Python factory
+(``pkg.module:factory``) is imported and called only with ``--allow-pickle``: the file would otherwise
+choose code to run (a module shipped beside it, found on the path), which no file a user hands ptopt
+may do without consent. Files (checked by ``core.safety``), ``zoo:`` and ``hf:`` parents need none.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ptopt.core.errors import PtoptError, UnsupportedModelError
+
+#: the sidecar ``config.type`` of each pruning method
+PRUNE_TYPES = {
+    "prune-structured": "structured",
+    "prune-l1-unstructured": "l1-unstructured",
+    "prune-global": "global",
+}
+#: the recorded options structured pruning is run again with
+_STRUCTURED = ("amount", "exclude", "steps", "criterion", "prune_first_last", "prune_hidden")
+
+
+def rebuildable(loaded: Any) -> bool:
+    """A TorchScript / ExportedProgram file whose sidecar says it was pruned from a recorded parent."""
+    art = loaded.artifact
+    return (
+        loaded.format in ("torchscript", "exported_program")
+        and art is not None
+        and bool((art.parent or {}).get("path"))
+        and (art.config or {}).get("type") in PRUNE_TYPES
+    )
+
+
+def rebuild(loaded: Any, allow_pickle: bool, for_what: str) -> Any:
+    """A LoadedModel holding the eager module of the pruned file ``loaded`` (module docstring); its
+    ``info["rebuilt_from"]`` names the file. UnsupportedModelError when a step fails."""
+    import dataclasses
+
+    from ptopt.compress.stage import load_eager
+
+    art = loaded.artifact
+    method = PRUNE_TYPES[art.config["type"]]
+    source = art.parent["path"]
+    if _runs_code(source) and not allow_pickle:
+        raise UnsupportedModelError(
+            _why(loaded, source, "that reference imports and calls Python code the file names, which runs only "
+                 "with --allow-pickle (allow_pickle=True): pass it if you trust where the file came from")
+        )  # fmt: skip
+    try:
+        parent = load_eager(source, art.parent.get("weights"), allow_pickle, for_what)
+    except PtoptError as e:
+        raise UnsupportedModelError(_why(loaded, source, f"its parent does not load: {e}")) from None
+    if not parent.input_specs:
+        parent.input_specs, parent.input_style = list(loaded.input_specs), loaded.input_style
+    module = _pruned_again(parent, method, art.config, loaded, source)
+    _load_tensors(module, loaded, source)
+    _same_outputs(module, loaded, source)
+    info = {**loaded.info, "rebuilt_from": str(loaded.path)}
+    return dataclasses.replace(loaded, format="eager", module=module, info=info)
+
+
+def _runs_code(ref: str) -> bool:
+    """A parent reference that imports Python to build the model (``pkg.module:factory``), as opposed to
+    a file or folder (loaded by the safe loaders) or a registered scheme (``zoo:``, ``hf:``)."""
+    from pathlib import Path
+
+    from ptopt.core.schemes import model_scheme
+
+    return ":" in ref and model_scheme(ref) is None and not Path(ref).exists()
+
+
+def _pruned_again(parent: Any, method: str, config: dict[str, Any], loaded: Any, source: str) -> Any:
+    if method != "structured":
+        return parent.module  # masks only: the shapes are the parent's
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.prune.config import PruneWarning
+
+    options = {k: config[k] for k in _STRUCTURED if config.get(k) is not None}
+    options["exclude"] = tuple(options.get("exclude") or ())
+    try:
+        with warnings.catch_warnings():  # its notes were shown when it was pruned
+            warnings.simplefilter("ignore", PruneWarning)
+            return prune(parent, "structured", **options).model
+    except PtoptError as e:
+        raise UnsupportedModelError(_why(loaded, source, f"pruning it again fails: {e}")) from None
+
+
+def _load_tensors(module: Any, loaded: Any, source: str) -> None:
+    state = loaded.module.state_dict()
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())[:300]
+        raise UnsupportedModelError(
+            _why(loaded, source, f"pruning it again does not give the file's tensors ({detail})")
+        ) from None
+
+
+def _same_outputs(module: Any, loaded: Any, source: str) -> None:
+    import torch
+
+    from ptopt.core.inputspec import call_model
+    from ptopt.core.tensors import flatten_outputs
+
+    x = loaded.example_inputs(batch=2)
+    module.eval()
+    with torch.no_grad():
+        want = flatten_outputs(call_model(loaded.module, x))
+        got = flatten_outputs(call_model(module, x))
+    for a, b in zip(want, got, strict=False):
+        scale = max(float(abs(a).max()), 1.0) if a.size else 1.0
+        if a.shape != b.shape or float(abs(a - b).max()) > 1e-4 * scale:
+            raise UnsupportedModelError(
+                _why(loaded, source, "the rebuilt model does not compute what the file computes")
+            )
+
+
+def _why(loaded: Any, source: str, what: str) -> str:
+    return (
+        f"{loaded.ref} is a pruned {loaded.format} file: its eager model is rebuilt from the model its "
+        f"sidecar names ({source}), and {what}"
+    )

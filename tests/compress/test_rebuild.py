@@ -1,0 +1,118 @@
+"""A pruned ``.pt`` / ``.pt2`` goes on to distill, quantize and prune again (``compress.rebuild``): its eager
+module is rebuilt from the parent its sidecar names, pruned again the same way, with the file's own
+tensors. It was refused ("a student must be trainable"), so from the command line a pruned model could
+be neither distilled (with --nproc, checkpoints) nor quantized in PyTorch."""
+
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+
+from tests.helpers import assert_refused
+
+ENCODER = "ptopt.models.minilm:minilm_tiny"
+SENTENCES = "ptopt.models.minilm:tuning_sentences"
+CNN = "tests.helpers:tiny_cnn"
+
+
+@pytest.fixture(scope="module")
+def pruned(tmp_path_factory):
+    """The encoder pruned (structured, its FFN: --no-prune-hidden) to .pt and .pt2, and fine-tuned by
+    distillation on a few sentences (its tensors differ from a fresh pruning's)."""
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.prune.config import PruneWarning
+
+    d = tmp_path_factory.mktemp("pruned")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PruneWarning)
+        prune(ENCODER, "structured", 0.5, d / "p.pt", prune_hidden=False)
+        prune(ENCODER, "structured", 0.5, d / "p.pt2", prune_hidden=False)
+        prune(ENCODER, "structured", 0.5, d / "ft.pt", prune_hidden=False, fine_tune_data=SENTENCES, epochs=1,
+              teacher="self")  # fmt: skip
+    return d
+
+
+def _params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("name", ["p.pt", "p.pt2", "ft.pt"])
+def test_the_rebuilt_module_is_the_files_model(pruned, name):
+    from ptopt.compress.stage import load_eager
+    from ptopt.core.modelref import load_model
+
+    loaded = load_eager(pruned / name, None, True, "distillation")  # its parent is a factory: consent
+    assert loaded.format == "eager" and loaded.info["rebuilt_from"] == str(pruned / name)
+    assert isinstance(loaded.module, torch.nn.Module) and not isinstance(
+        loaded.module, torch.jit.ScriptModule
+    )
+    file_model = load_model(pruned / name).module
+    assert all(torch.equal(a, b) for a, b in zip(loaded.module.state_dict().values(),
+                                                  file_model.state_dict().values(), strict=True))  # fmt: skip
+    assert loaded.parent_record()["format"] == ("torchscript" if name.endswith(".pt") else "exported_program")
+
+
+def test_cli_distills_a_pruned_student(cli, pruned, tmp_path):
+    code, out, err = cli("distill", "--teacher", ENCODER, "--student", pruned / "ft.pt", "--train-data", SENTENCES,
+                         "--alpha", "0", "--epochs", "1", "--allow-pickle", "-o", tmp_path / "d.pt")  # fmt: skip
+    assert code == 0, err
+    assert "parameters, 0.9" in out  # the pruned student's share of the teacher: 0.9..x (its FFN halved)
+    side = json.loads((tmp_path / "d.pt.ptopt.json").read_text())
+    assert side["config"]["student"] == str(pruned / "ft.pt")
+
+
+def test_cli_quantizes_and_prunes_again_a_pruned_file(cli, pruned, tmp_path):
+    code, out, err = cli(
+        "quantize", pruned / "p.pt2", "--mode", "dynamic", "--allow-pickle", "-o", tmp_path / "q.pt"
+    )
+    assert code == 0, err
+    assert "vs fp32: min cosine" in out
+    code, out, err = cli("prune", pruned / "p.pt", "--method", "structured", "--amount", "0.3",
+                         "--no-prune-hidden", "--allow-pickle", "-o", tmp_path / "pp.pt")  # fmt: skip
+    assert code == 0, err
+    small = torch.jit.load(str(tmp_path / "pp.pt"))
+    assert _params(small) < _params(torch.jit.load(str(pruned / "p.pt")))
+
+
+def test_unstructured_pruning_rebuilds_as_its_parent_with_the_files_tensors(cli, tmp_path):
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.stage import load_eager
+
+    prune(CNN, "l1-unstructured", 0.5, tmp_path / "u.pt")
+    loaded = load_eager(tmp_path / "u.pt", None, True, "quantization")
+    zeros = sum(int((p == 0).sum()) for n, p in loaded.module.named_parameters() if n.endswith("weight"))
+    assert zeros > 0  # the file's masked weights, not the parent's
+    code, out, err = cli("quantize", tmp_path / "u.pt", "--mode", "static", "--calib-data", "builtin:digits:train",
+                         "--allow-pickle", "-o", tmp_path / "uq.pt")  # fmt: skip
+    assert code == 0, err
+
+
+def test_refusals_name_the_step_that_failed(cli, pruned, tmp_path):
+    for name in ("p.pt", "p.pt.ptopt.json"):
+        shutil.copy(pruned / name, tmp_path / name)
+    side = json.loads((tmp_path / "p.pt.ptopt.json").read_text())
+    side["parent"]["path"] = "tests.helpers:tiny_cnn"  # another model: pruning it again gives other tensors
+    (tmp_path / "p.pt.ptopt.json").write_text(json.dumps(side))
+    args = ("distill", "--teacher", ENCODER, "--student", tmp_path / "p.pt", "--train-data", SENTENCES,
+            "--alpha", "0", "-o", tmp_path / "d.pt")  # fmt: skip
+    # a factory the file names runs only with consent: a module shipped beside it would run
+    assert_refused(
+        cli, *args, match=("is a pruned torchscript file", "runs only with --allow-pickle"), where=tmp_path
+    )
+    args += ("--allow-pickle",)
+    assert_refused(
+        cli, *args, match=("is a pruned torchscript file", "tests.helpers:tiny_cnn"), where=tmp_path
+    )
+    side["parent"]["path"] = str(tmp_path / "gone.pt")
+    (tmp_path / "p.pt.ptopt.json").write_text(json.dumps(side))
+    assert_refused(cli, *args, match="its parent does not load", where=tmp_path)
+
+
+def test_a_zoo_parent_needs_no_consent(tmp_path):
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.stage import load_eager
+
+    prune("zoo:resnet", "structured", 0.3, tmp_path / "r.pt")
+    assert load_eager(tmp_path / "r.pt", None, False, "quantization").format == "eager"
