@@ -218,6 +218,8 @@ def save(
         write_text_atomic(root / LATEST, final.name + "\n")
         if previous is not None and previous != final:
             shutil.rmtree(previous, ignore_errors=True)
+        for stale in root.glob(".tmp-step-*"):  # another step's writer killed mid-write: never resumed from
+            shutil.rmtree(stale, ignore_errors=True)
     dist_util.barrier()
     return final
 

@@ -105,7 +105,9 @@ def test_resume_inside_an_epoch_from_a_step_checkpoint(tmp_path, data):
             checkpoint_dir=tmp_path / "b",
         )
     assert latest_checkpoint(tmp_path / "b").name == "step-00000008"
+    (tmp_path / "b" / ".tmp-step-00000009").mkdir()  # a writer killed mid-write: cleared by the next save
     resumed = train(dropout_mlp(), data[0], cfg, progress=False, checkpoint_dir=tmp_path / "b", resume=True)
+    assert not list((tmp_path / "b").glob(".tmp-*"))
     assert (resumed.resumed_from_epoch, resumed.resumed_from_step) == (1, 8)
     _state_equal(whole.model.state_dict(), resumed.model.state_dict())
     assert resumed.step_losses == whole.step_losses
