@@ -22,6 +22,7 @@ may do without consent. Files (checked by ``core.safety``), ``zoo:`` and ``hf:``
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from ptopt.core.errors import PtoptError, UnsupportedModelError
@@ -47,23 +48,29 @@ def rebuildable(loaded: Any) -> bool:
     )
 
 
-def rebuild(loaded: Any, allow_pickle: bool, for_what: str) -> Any:
-    """A LoadedModel holding the eager module of the pruned file ``loaded`` (module docstring); its
-    ``info["rebuilt_from"]`` names the file. UnsupportedModelError when a step fails."""
-    import dataclasses
+def consent_missing(loaded: Any, allow_pickle: bool) -> str | None:
+    """Why a rebuildable file is not rebuilt without ``allow_pickle`` (its parent is a Python factory the
+    file names), as a clause for the refusal; None when nothing stops it."""
+    source = loaded.artifact.parent["path"]
+    if allow_pickle or not _runs_code(source):
+        return None
+    return (
+        f"its eager model can be rebuilt from the model its sidecar names ({source}), a Python factory "
+        "the file chooses, which is imported and called only with --allow-pickle: pass it if you trust the file"
+    )
 
-    from ptopt.compress.stage import load_eager
+
+def rebuild(loaded: Any, allow_pickle: bool, for_what: str, load: Callable[..., Any]) -> Any:
+    """A LoadedModel holding the eager module of the pruned file ``loaded`` (module docstring); its
+    ``info["rebuilt_from"]`` names the file. ``load``: ``stage.load_eager``, for the parent (passed in:
+    the stage helpers call this module). UnsupportedModelError when a step fails."""
+    import dataclasses
 
     art = loaded.artifact
     method = PRUNE_TYPES[art.config["type"]]
     source = art.parent["path"]
-    if _runs_code(source) and not allow_pickle:
-        raise UnsupportedModelError(
-            _why(loaded, source, "that reference imports and calls Python code the file names, which runs only "
-                 "with --allow-pickle (allow_pickle=True): pass it if you trust where the file came from")
-        )  # fmt: skip
     try:
-        parent = load_eager(source, art.parent.get("weights"), allow_pickle, for_what)
+        parent = load(source, art.parent.get("weights"), allow_pickle, for_what)
     except PtoptError as e:
         raise UnsupportedModelError(_why(loaded, source, f"its parent does not load: {e}")) from None
     if not parent.input_specs:
@@ -86,17 +93,24 @@ def _runs_code(ref: str) -> bool:
 
 
 def _pruned_again(parent: Any, method: str, config: dict[str, Any], loaded: Any, source: str) -> Any:
+    """The parent pruned as the file was: ``steps`` rounds to ``amount`` of its channels (the rounds'
+    fine-tuning changes which channels go, not how many: the file's tensors come next)."""
     if method != "structured":
         return parent.module  # masks only: the shapes are the parent's
-    from ptopt.compress.prune.api import prune
-    from ptopt.compress.prune.config import PruneWarning
+    from ptopt.compress.prune.config import PruneWarning, StructuredPruneConfig
+    from ptopt.compress.prune.techniques.structured import StructuredPruner
 
     options = {k: config[k] for k in _STRUCTURED if config.get(k) is not None}
     options["exclude"] = tuple(options.get("exclude") or ())
     try:
+        cfg = StructuredPruneConfig(**options)
+        example = parent.example_inputs("opt", batch=2)
+        pruner, model = StructuredPruner(cfg, parent.module, example), parent.module
         with warnings.catch_warnings():  # its notes were shown when it was pruned
             warnings.simplefilter("ignore", PruneWarning)
-            return prune(parent, "structured", **options).model
+            for k in range(1, cfg.steps + 1):
+                model = pruner.step(model, cfg.amount * k / cfg.steps)
+        return model
     except PtoptError as e:
         raise UnsupportedModelError(_why(loaded, source, f"pruning it again fails: {e}")) from None
 

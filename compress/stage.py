@@ -66,12 +66,15 @@ def load_eager(
     naming the references that give an eager one; but a pruned file whose sidecar names its parent
     gets its eager module rebuilt (``compress.rebuild``).
     """
-    from ptopt.compress.rebuild import rebuild, rebuildable
+    from ptopt.compress import rebuild
     from ptopt.core.modelref import as_loaded
 
     loaded = as_loaded(model, weights, allow_pickle)
-    if rebuildable(loaded):
-        loaded = rebuild(loaded, allow_pickle, for_what)
+    consent = ""
+    if rebuild.rebuildable(loaded):
+        consent = rebuild.consent_missing(loaded, allow_pickle) or ""
+        if not consent:
+            loaded = rebuild.rebuild(loaded, allow_pickle, for_what, load_eager)
     module = loaded.require_module(for_what)
     if loaded.format in ("torchscript", "exported_program") or type(module).__name__ in (
         "RecursiveScriptModule",
@@ -87,6 +90,7 @@ def load_eager(
         raise UnsupportedModelError(
             f"{role}{loaded.ref} is a {loaded.format} model; {why} "
             f"(pkg.module:factory --weights W, a zoo:NAME, or a pickled module with --allow-pickle){int8}"
+            + (f"; {consent}" if consent else "")
         )
     _refuse_quantized(loaded, module, for_what, role)
     return loaded
