@@ -80,18 +80,36 @@ def first_lines(text: str, n: int) -> str:
     return clip(" ".join(lines[:n]), 400)
 
 
-def output_names(n: int) -> list[str]:
-    return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
+def output_names(n: int, keys: list[str] | None = None) -> list[str]:
+    """The names an exported graph gives its ``n`` outputs: the model's own where it returns a dict
+    (``logits``, ``image_embeds``, ``last_hidden_state``: what a server answers and ``core.scores``
+    reads), else ``output`` / ``output_i``. ``keys``: ``flatten_named_outputs``' names, in order."""
+    import re
+
+    if not keys or len(keys) != n or all(k.replace(".", "").isdigit() for k in keys):
+        return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
+    names: list[str] = []
+    for i, k in enumerate(keys):
+        name = f"output_{i}" if k.replace(".", "").isdigit() else re.sub(r"[^A-Za-z0-9_]", "_", k)
+        names.append(name if name not in names else f"{name}_{i}")
+    return names
 
 
-def count_outputs(module: Any, x: Any) -> int:
+def output_keys(module: Any, x: Any) -> list[str]:
+    """``flatten_named_outputs``' name of each output of ``module`` on ``x`` (``"logits"``, ``"0"``)."""
     import torch
 
     from ptopt.core.inputspec import call_model
-    from ptopt.core.tensors import flatten_outputs
+    from ptopt.core.tensors import flatten_named_outputs
 
     with torch.inference_mode():
-        return len(flatten_outputs(call_model(module, x)))
+        return [n for n, _ in flatten_named_outputs(call_model(module, x))]
+
+
+def graph_output_names(module: Any, x: Any) -> list[str]:
+    """``output_names`` of ``module``'s outputs on ``x``."""
+    keys = output_keys(module, x)
+    return output_names(len(keys), keys)
 
 
 def weight_bytes(module: Any) -> int:

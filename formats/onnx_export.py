@@ -24,12 +24,11 @@ from typing import Any
 from ptopt.core.errors import UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec, make_inputs
 from ptopt.formats.capture import (
-    count_outputs,
     example_for_export,
     export_program,
     failing_op,
     first_lines,
-    output_names,
+    graph_output_names,
     quiet_export,
     torchlib_registry_reused,
     weight_bytes,
@@ -99,7 +98,7 @@ def export_onnx(
     names = [s.name for s in specs]
     old_opset = check_opset(opset, style, source_format, names)
     x = make_inputs(specs, style, which="opt")
-    outs = output_names(count_outputs(module, x))
+    outs = graph_output_names(module, x)
     big = weight_bytes(module) >= EXTERNAL_DATA_BYTES if external_data is None else bool(external_data)
     import torch
 

@@ -337,11 +337,11 @@ def qdq_export(
     source_format: str = "eager",
 ) -> dict:
     from ptopt.core.inputspec import make_inputs
-    from ptopt.formats.capture import count_outputs, output_names
+    from ptopt.formats.capture import graph_output_names
     from ptopt.formats.onnx_export import check_onnx, default_opset, torchscript_exporter
 
     names = [s.name for s in specs]
-    outs = output_names(count_outputs(int8_module, make_inputs(specs, style, which="opt")))
+    outs = graph_output_names(int8_module, make_inputs(specs, style, which="opt"))
     try:
         exporter = torchscript_exporter(int8_module, specs, style, path, names, outs, opset)
     except UnsupportedModelError as e:

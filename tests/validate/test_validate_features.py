@@ -4,7 +4,9 @@ dimension, and a faithful int8 encoder scored far below 99% on it, which also ke
 the report says why, --min-agreement is refused naming --min-cosine, and --min-cosine gates any output."""
 
 import pytest
+import torch
 
+from ptopt.core.errors import UsageError
 from tests.helpers import assert_refused
 from tests.validate.conftest import FACTORY, FAST
 
@@ -101,3 +103,34 @@ def test_quantize_top1_agreement_of_lm_logits_is_per_token_not_over_100_percent(
         "tests.core.test_scores:TiedLM", "dynamic", tmp_path / "q.pt", eval_data=str(data), progress=False
     )
     assert 0 <= art.metrics["top1_agreement"] <= 1  # was 6.0: token agreements over samples
+
+
+class _Embedder(torch.nn.Module):
+    """A projection head that returns a dict, as CLIP's ``*WithProjection`` models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(12, 8)
+
+    def forward(self, x):
+        return {"image_embeds": self.proj(x), "pooled": x.mean(-1, keepdim=True)}
+
+
+def test_an_exported_graph_keeps_the_models_output_names_and_its_verdict(tmp_path):
+    """ONNX outputs are named after the model's dict keys (they were ``output_0``, ``output_1``): a
+    server answers ``image_embeds``, and validate reads the name as features (a Linear computes it)."""
+    import onnx
+
+    from ptopt.core.scores import onnx_output_layer
+    from ptopt.export.api import export
+    from ptopt.validate.api import validate
+
+    torch.manual_seed(0)
+    export(_Embedder().eval(), "onnx", tmp_path / "e.onnx", input_shapes=["2x12"])
+    graph = onnx.load(str(tmp_path / "e.onnx"), load_external_data=False).graph
+    assert [o.name for o in graph.output] == ["image_embeds", "pooled"]
+    assert onnx_output_layer(tmp_path / "e.onnx") == "image_embeds"
+    torch.save(torch.randn(16, 12), tmp_path / "x.pt")
+    with pytest.raises(UsageError, match="its output is named image_embeds"):
+        validate(tmp_path / "e.onnx", [tmp_path / "e.onnx"], tmp_path / "x.pt", batch_sizes=[1], threads=1,
+                 latency=LATENCY, min_agreement=0.9)  # fmt: skip
