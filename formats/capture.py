@@ -13,7 +13,7 @@ import io
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ptopt.core.errors import UnsupportedModelError, clip
@@ -80,18 +80,22 @@ def first_lines(text: str, n: int) -> str:
     return clip(" ".join(lines[:n]), 400)
 
 
-def output_names(n: int, keys: list[str] | None = None) -> list[str]:
+def output_names(n: int, keys: list[str] | None = None, taken: Iterable[str] = ()) -> list[str]:
     """The names an exported graph gives its ``n`` outputs: the model's own where it returns a dict
     (``logits``, ``image_embeds``, ``last_hidden_state``: what a server answers and ``core.scores``
-    reads), else ``output`` / ``output_i``. ``keys``: ``flatten_named_outputs``' names, in order."""
-    import re
-
+    reads), else ``output`` / ``output_i``. ``keys``: ``flatten_named_outputs``' names, in order.
+    ``taken``: the graph's input names; an output never reuses one (nor another output's name)."""
     if not keys or len(keys) != n or all(k.replace(".", "").isdigit() for k in keys):
-        return ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
-    names: list[str] = []
+        keys = ["output"] if n == 1 else [f"output_{i}" for i in range(n)]
+    used, names = set(taken), []
     for i, k in enumerate(keys):
-        name = f"output_{i}" if k.replace(".", "").isdigit() else re.sub(r"[^A-Za-z0-9_]", "_", k)
-        names.append(name if name not in names else f"{name}_{i}")
+        name = re.sub(r"[^A-Za-z0-9_]", "_", k)
+        if not name or k.replace(".", "").isdigit():
+            name = f"output_{i}"
+        while name in used:
+            name = f"{name}_{i}"
+        used.add(name)
+        names.append(name)
     return names
 
 
@@ -106,10 +110,10 @@ def output_keys(module: Any, x: Any) -> list[str]:
         return [n for n, _ in flatten_named_outputs(call_model(module, x))]
 
 
-def graph_output_names(module: Any, x: Any) -> list[str]:
-    """``output_names`` of ``module``'s outputs on ``x``."""
+def graph_output_names(module: Any, x: Any, taken: Iterable[str] = ()) -> list[str]:
+    """``output_names`` of ``module``'s outputs on ``x`` (``taken``: the graph's input names)."""
     keys = output_keys(module, x)
-    return output_names(len(keys), keys)
+    return output_names(len(keys), keys, taken)
 
 
 def weight_bytes(module: Any) -> int:

@@ -98,7 +98,7 @@ def export_onnx(
     names = [s.name for s in specs]
     old_opset = check_opset(opset, style, source_format, names)
     x = make_inputs(specs, style, which="opt")
-    outs = graph_output_names(module, x)
+    outs = graph_output_names(module, x, names)
     big = weight_bytes(module) >= EXTERNAL_DATA_BYTES if external_data is None else bool(external_data)
     import torch
 

@@ -341,7 +341,7 @@ def qdq_export(
     from ptopt.formats.onnx_export import check_onnx, default_opset, torchscript_exporter
 
     names = [s.name for s in specs]
-    outs = graph_output_names(int8_module, make_inputs(specs, style, which="opt"))
+    outs = graph_output_names(int8_module, make_inputs(specs, style, which="opt"), names)
     try:
         exporter = torchscript_exporter(int8_module, specs, style, path, names, outs, opset)
     except UnsupportedModelError as e:

@@ -134,3 +134,29 @@ def test_an_exported_graph_keeps_the_models_output_names_and_its_verdict(tmp_pat
     with pytest.raises(UsageError, match="its output is named image_embeds"):
         validate(tmp_path / "e.onnx", [tmp_path / "e.onnx"], tmp_path / "x.pt", batch_sizes=[1], threads=1,
                  latency=LATENCY, min_agreement=0.9)  # fmt: skip
+
+
+class _EchoNamed(torch.nn.Module):
+    """A dict output whose key is also the graph's input name (``input``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return {"input": self.lin(x), "1": x.sum(-1, keepdim=True), "output_1": x[:, :2]}
+
+
+def test_an_output_key_never_takes_an_input_name(tmp_path):
+    """An ONNX value name is assigned once: a dict key equal to an input name (or to another output's
+    name) is renamed, not a failed export ("'input' has been used as output names multiple times")."""
+    import onnx
+
+    from ptopt.export.api import export
+    from ptopt.formats.capture import output_names
+
+    export(_EchoNamed().eval(), "onnx", tmp_path / "n.onnx", input_shapes=["2x4"])
+    graph = onnx.load(str(tmp_path / "n.onnx"), load_external_data=False).graph
+    names = [i.name for i in graph.input] + [o.name for o in graph.output]
+    assert len(set(names)) == len(names) and graph.output[0].name.startswith("input_")
+    assert output_names(1, None, ["output"]) == ["output_0"]
