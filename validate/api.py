@@ -61,10 +61,13 @@ DEFAULT_EVAL_BATCH_SIZE = 64
 #: without an accuracy, agreement or cosine gate, an artifact losing more than this (in the drop's unit)
 #: is not eligible as "best"
 BEST_MAX_DROP = 1.0
+#: ... and, without a metric, one whose top-1 agreement (features: worst-sample cosine) is below this
+BEST_MIN_AGREEMENT = 0.99
 BEST_RULE = (
     "best = the fastest artifact (p50 at the smallest batch size, then the next) among those that pass "
     f"every gate; without an accuracy, agreement or cosine gate, among those whose accuracy drop is at most "
-    f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least 99%)"
+    f"{BEST_MAX_DROP:g} (points, or % with --relative; without a metric: top-1 agreement at least "
+    f"{BEST_MIN_AGREEMENT:.0%}, or for features, which have none, worst-sample cosine at least {BEST_MIN_AGREEMENT:g})"
 )
 
 
@@ -574,7 +577,7 @@ def _compare(run: _Run, entries: list[Entry]) -> tuple[list[_gates.GateResult], 
 def _crown(run: _Run, arts: list[Entry]) -> str | None:
     """The fastest eligible artifact (``BEST_RULE``), or None; its entry is marked best (★) only when
     the timing can tell it from the next (``noise.clear_lead``); ``run.timing`` records the verdict."""
-    ranked = _ranked(arts, run.gates, run.sizes)
+    ranked = _ranked(arts, run.gates, run.sizes, features=not run.class_scores)
     best = ranked[0].name if ranked else None
     why = None
     if ranked:
@@ -899,8 +902,11 @@ def _entry(runner: Runner, role: str, ref: Any, eval_bs: int, size: dict, mem: P
     )
 
 
-def _ranked(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> list[Entry]:
-    """The artifacts eligible as best (``BEST_RULE``), fastest first."""
+def _ranked(
+    entries: list[Entry], gates: _gates.Gates, sizes: list[int], features: bool = False
+) -> list[Entry]:
+    """The artifacts eligible as best (``BEST_RULE``), fastest first. ``features``: the reference's
+    outputs are not class scores (no top-1 agreement: the worst-sample cosine stands in for it)."""
     accuracy_gated = any(
         g is not None for g in (gates.max_accuracy_drop, gates.min_agreement, gates.min_cosine)
     )
@@ -913,8 +919,8 @@ def _ranked(entries: list[Entry], gates: _gates.Gates, sizes: list[int]) -> list
                 if e.accuracy_drop > BEST_MAX_DROP:
                     continue
             else:
-                agr = (e.agreement or {}).get("top1_agreement")
-                if agr is not None and agr < 0.99:
+                agr = (e.agreement or {}).get("min_cosine" if features else "top1_agreement")
+                if agr is not None and agr < BEST_MIN_AGREEMENT:
                     continue
         eligible.append(e)
 

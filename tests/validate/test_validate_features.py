@@ -160,3 +160,20 @@ def test_an_output_key_never_takes_an_input_name(tmp_path):
     names = [i.name for i in graph.input] + [o.name for o in graph.output]
     assert len(set(names)) == len(names) and graph.output[0].name.startswith("input_")
     assert output_names(1, None, ["output"]) == ["output_0"]
+
+
+def test_an_unrelated_embedding_is_not_best_without_a_gate():
+    """Without a metric or gate, ★ needs 99% top-1 agreement; features have none, so their worst-sample
+    cosine stands in (an artifact whose embeddings have nothing to do with the reference's was ★)."""
+    from ptopt.validate.api import validate
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)
+    )
+    other = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.LayerNorm(64))
+    res = validate(ref.eval(), [other.eval(), ref], torch.randn(32, 16), batch_sizes=[1], threads=1,
+                   latency=LATENCY).to_dict()  # fmt: skip
+    bad, same = res["artifacts"]
+    assert bad["agreement"]["top1_agreement"] is None and bad["agreement"]["min_cosine"] < 0.9
+    assert res["best"] != bad["name"]
