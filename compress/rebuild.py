@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import PtoptError, UnsupportedModelError
@@ -35,6 +36,8 @@ PRUNE_TYPES = {
 }
 #: the recorded options structured pruning is run again with
 _STRUCTURED = ("amount", "exclude", "steps", "criterion", "prune_first_last", "prune_hidden")
+#: the files being rebuilt now, outermost first: a sidecar chain that comes back to one is refused
+_REBUILDING: list[str] = []
 
 
 def rebuildable(loaded: Any) -> bool:
@@ -69,10 +72,16 @@ def rebuild(loaded: Any, allow_pickle: bool, for_what: str, load: Callable[..., 
     art = loaded.artifact
     method = PRUNE_TYPES[art.config["type"]]
     source = art.parent["path"]
+    key = str(Path(loaded.path).resolve()) if loaded.path is not None else loaded.ref
+    if key in _REBUILDING:  # b.pt pruned from a.pt, then a.pt overwritten by a pruning of b.pt
+        raise UnsupportedModelError(_why(loaded, source, "its sidecars' parents lead back to this file"))
+    _REBUILDING.append(key)
     try:
         parent = load(source, art.parent.get("weights"), allow_pickle, for_what)
     except PtoptError as e:
         raise UnsupportedModelError(_why(loaded, source, f"its parent does not load: {e}")) from None
+    finally:
+        _REBUILDING.pop()
     if not parent.input_specs:
         parent.input_specs, parent.input_style = list(loaded.input_specs), loaded.input_style
     module = _pruned_again(parent, method, art.config, loaded, source)
@@ -85,8 +94,6 @@ def rebuild(loaded: Any, allow_pickle: bool, for_what: str, load: Callable[..., 
 def _runs_code(ref: str) -> bool:
     """A parent reference that imports Python to build the model (``pkg.module:factory``), as opposed to
     a file or folder (loaded by the safe loaders) or a registered scheme (``zoo:``, ``hf:``)."""
-    from pathlib import Path
-
     from ptopt.core.schemes import model_scheme
 
     return ":" in ref and model_scheme(ref) is None and not Path(ref).exists()

@@ -115,3 +115,20 @@ def test_a_zoo_parent_needs_no_consent(tmp_path):
 
     prune("zoo:resnet", "structured", 0.4, tmp_path / "r.pt", steps=2)  # rounds to 0.2 then 0.4: same shapes
     assert load_eager(tmp_path / "r.pt", None, False, "quantization").format == "eager"
+
+
+def test_sidecars_whose_parents_lead_back_are_one_refusal(tmp_path):
+    """b.pt pruned from a.pt, then a.pt overwritten by a pruning of b.pt: each names the other as its
+    parent. It was a recursion until Python's limit (an error message of ~100 kB)."""
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.stage import load_eager
+    from ptopt.core.errors import UnsupportedModelError
+
+    prune(CNN, "l1-unstructured", 0.3, tmp_path / "a.pt")
+    prune(tmp_path / "a.pt", "l1-unstructured", 0.5, tmp_path / "b.pt", allow_pickle=True)
+    side = json.loads((tmp_path / "a.pt.ptopt.json").read_text())
+    side["parent"] = {"path": str(tmp_path / "b.pt"), "format": "torchscript"}
+    (tmp_path / "a.pt.ptopt.json").write_text(json.dumps(side))
+    with pytest.raises(UnsupportedModelError, match="lead back to this file") as e:
+        load_eager(tmp_path / "a.pt", None, True, "quantization")
+    assert len(str(e.value)) < 2000
