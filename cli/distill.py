@@ -109,6 +109,9 @@ def _print_report(art) -> None:
         f"student: {art.path} ({art.format}, {m['student_parameters']:,} parameters, "
         f"{share} of the teacher's {m['teacher_parameters']:,})"
     )
+    loss = x.get("output_loss") or {}
+    if loss.get("why"):
+        click.echo(f"output loss: cosine, {loss['why']}")
     if x.get("world_size", 1) > 1:
         click.echo(f"trained on {x['world_size']} processes ({x['strategy']}), {x['steps']} optimizer steps")
     for r in x["history"]:

@@ -199,11 +199,11 @@ def _distill(
         teacher, student, models["teacher_weights"], models["student_weights"], models["allow_pickle"],
         tcfg.seed, train_ds,
     )  # fmt: skip
-    result = _train(t_loaded, s_loaded, train_ds, eval_ds, probe, dcfg, tcfg, run, **hooks)
+    chosen, result = _train(t_loaded, s_loaded, train_ds, eval_ds, probe, dcfg, tcfg, run, **hooks)
     measured = _measure(t_loaded, s_loaded, result, train_ds, eval_ds)  # collective under FSDP
     if not dist_util.is_main_process():
         return None
-    refs = {"train_data": train_data, "eval_data": eval_data}
+    refs = {"train_data": train_data, "eval_data": eval_data, "output_loss": chosen}
     built = _build_result(t_loaded, s_loaded, train_ds, eval_ds, dcfg, tcfg, result, refs, measured)
     return finish(built, output)
 
@@ -303,7 +303,8 @@ def _train(
     run_options: RunOptions,
     **hooks: Any,
 ) -> Any:
-    """The student trained in place with the distillation loss; returns the TrainResult."""
+    """The student trained in place with the distillation loss; returns (the output loss used, the
+    TrainResult)."""
     from ptopt.compress import distributed as dist_util
     from ptopt.compress.checkpoint import tensor_digest
     from ptopt.compress.trainer import train
@@ -317,7 +318,11 @@ def _train(
         student=s_module,
         example_inputs=probe.x,
         feature_weight=dcfg.feature_weight,
+        output_loss=dcfg.output_loss,
+        labels=train_ds.has_labels,
     )
+    # what the student's output was matched by (``--output-loss``; auto: cosine for features), for the sidecar
+    chosen = {"loss": loss.output_loss, "asked": dcfg.output_loss, "why": loss.output_loss_why}
     fingerprint = {**dcfg.to_dict(), "teacher": tensor_digest(t_module.state_dict().values())}
     asked = run_options.cache_teacher and not dcfg.feature_pairs
     cached = asked and dist_util.resolve_strategy(tcfg.strategy) != "fsdp"
@@ -328,7 +333,7 @@ def _train(
     if cached:
         train_input = with_teacher_logits(train_ds, t_module, device=dist_util.resolve_device(tcfg.device))
     try:
-        return train(
+        return chosen, train(
             s_module,
             train_input,
             tcfg,
@@ -412,9 +417,10 @@ def _build_result(
             "student": s_loaded.parent_record(),
             **result.summary(),
             "parameter_ratio": s_params / max(t_params, 1),
+            "output_loss": refs["output_loss"],
         },
     )
-    sources = input_files(t_loaded.path, s_loaded.path, *refs.values())
+    sources = input_files(t_loaded.path, s_loaded.path, refs["train_data"], refs["eval_data"])
     return Result(
         s_module,
         template,

@@ -32,6 +32,10 @@ DEFAULT_TEMPERATURE = 4.0
 DEFAULT_ALPHA = 0.5
 
 
+#: ``--output-loss``: how the student's output follows the teacher's (``DistillLoss.forward``)
+OUTPUT_LOSSES = ("auto", "kl", "cosine")
+
+
 @register_config
 @dataclasses.dataclass(frozen=True)
 class DistillConfig(Config):
@@ -58,6 +62,15 @@ class DistillConfig(Config):
         note="language models distil token by token",
     )
     feature_weight: float = option(1.0, help="Weight of each feature loss.", applies=("classifier",))
+    output_loss: str = option(
+        "auto",
+        help="How the student's output follows the teacher's: kl (softened class scores, --temperature), "
+        "cosine (1 - cosine similarity: features such as sentence embeddings or hidden states), or auto: "
+        "kl for class scores, cosine for features (read from the teacher's last layer; labels mean classes).",
+        choices=OUTPUT_LOSSES,
+        applies=("classifier",),
+        note="language models distil token by token",
+    )
 
     def __post_init__(self) -> None:
         pairs = tuple(parse_feature_pair(p) if isinstance(p, str) else tuple(p) for p in self.feature_pairs)
@@ -68,6 +81,10 @@ class DistillConfig(Config):
             raise UsageError(f"alpha must be in [0, 1], got {self.alpha}")
         if self.feature_weight < 0:
             raise UsageError(f"feature weight must be >= 0, got {self.feature_weight}")
+        if self.output_loss not in OUTPUT_LOSSES:
+            raise UsageError(
+                f"--output-loss must be one of {', '.join(OUTPUT_LOSSES)}, got {self.output_loss!r}"
+            )
 
 
 def parse_feature_pair(text: str) -> tuple[str, str]:
@@ -107,8 +124,12 @@ class DistillLoss(nn.Module):
     projections with the student.
     """
 
-    def __init__(self, teacher: Any, temperature: float, alpha: float, feature_weight: float):
+    def __init__(
+        self, teacher: Any, temperature: float, alpha: float, feature_weight: float, output_loss: str = "kl"
+    ):
         super().__init__()
+        #: ``kl`` or ``cosine`` (resolved: ``make_distill_loss``), and why cosine when ``auto`` chose it
+        self.output_loss, self.output_loss_why = output_loss, None
         # a list hides the teacher from parameters()/state_dict(): it never trains
         self._teacher = [teacher]
         self.temperature, self.alpha, self.feature_weight = (
@@ -152,12 +173,16 @@ class DistillLoss(nn.Module):
             teacher_logits = self._run_teacher(x)
         logits = first_tensor(call_model(model, x))
         t = self.temperature
-        soft = F.kl_div(
-            F.log_softmax(logits.float() / t, dim=-1),
-            F.log_softmax(teacher_logits.float() / t, dim=-1),
-            reduction="batchmean",
-            log_target=True,
-        ) * (t * t)
+        if self.output_loss == "cosine":  # features: the direction ptopt's cosine figures judge
+            cos = F.cosine_similarity(logits.float().flatten(1), teacher_logits.float().flatten(1), dim=1)
+            soft = (1 - cos).mean()
+        else:
+            soft = F.kl_div(
+                F.log_softmax(logits.float() / t, dim=-1),
+                F.log_softmax(teacher_logits.float() / t, dim=-1),
+                reduction="batchmean",
+                log_target=True,
+            ) * (t * t)
         if batch.y is not None and self.alpha > 0:
             loss = self.alpha * F.cross_entropy(logits.float(), batch.y) + (1 - self.alpha) * soft
         else:
@@ -306,19 +331,27 @@ def make_distill_loss(
     student: Any = None,
     example_inputs: Any = None,
     feature_weight: float = 1.0,
+    output_loss: str = "auto",
+    labels: bool = False,
 ) -> Any:
     """A loss for ``trainer.train(loss_fn=...)`` distilling ``teacher_module`` into the model being trained.
 
     ``feature_pairs`` [(teacher layer, student layer)] also need ``student`` (the module being trained)
     and ``example_inputs`` (one batch) to size the projections; the projections are the returned
-    module's parameters, which ``train`` picks up. Call ``.remove_hooks()`` after training.
+    module's parameters, which ``train`` picks up. ``output_loss="auto"`` reads the teacher's outputs on
+    ``example_inputs`` (``core.scores``; ``labels``: the data has labels, so class scores): ``kl`` for
+    class scores, ``cosine`` for features (without ``example_inputs``: ``kl``). Call ``.remove_hooks()``
+    after training.
     """
     from ptopt.core.modelref import LoadedModel
 
-    DistillConfig(temperature, alpha, tuple(feature_pairs), feature_weight)  # validates
+    DistillConfig(temperature, alpha, tuple(feature_pairs), feature_weight, output_loss)  # validates
     if isinstance(teacher_module, LoadedModel):
         teacher_module = teacher_module.require_module("distillation")
     loss = DistillLoss(teacher_module, temperature, alpha, feature_weight)
+    loss.output_loss, loss.output_loss_why = _resolve_output_loss(
+        teacher_module, output_loss, example_inputs, labels
+    )
     if feature_pairs:
         if student is None or example_inputs is None:
             raise UsageError(
@@ -327,6 +360,19 @@ def make_distill_loss(
         for t_name, s_name in feature_pairs:
             loss.add_feature_pair(student, t_name, s_name, example_inputs)
     return loss
+
+
+def _resolve_output_loss(teacher: Any, asked: str, x: Any, labels: bool) -> tuple[str, str | None]:
+    """(``kl`` or ``cosine``, why cosine) for ``asked`` (``OUTPUT_LOSSES``)."""
+    if asked != "auto" or x is None:
+        return ("kl" if asked == "auto" else asked), None
+    from ptopt.core.scores import class_scores, output_layer
+
+    set_eval(teacher)
+    with torch.no_grad():
+        out = first_tensor(call_model(teacher, x))
+    ok, why = class_scores(out.shape, output_layer(teacher, x), labels=labels, outputs=out.detach().float())
+    return ("kl", None) if ok else ("cosine", f"the teacher's outputs are not class scores: {why}")
 
 
 def frozen_teacher(teacher: Any) -> list[Any]:

@@ -423,7 +423,14 @@ def _run_rounds(
         if plan.teacher is not None:
             from ptopt.compress.distill import make_distill_loss
 
-            loss_fn = make_distill_loss(plan.teacher, temperature=plan.temperature, alpha=plan.alpha)
+            # the output loss is auto: cosine for features (a sentence encoder's), kl for class scores
+            loss_fn = make_distill_loss(
+                plan.teacher,
+                temperature=plan.temperature,
+                alpha=plan.alpha,
+                example_inputs=example,
+                labels=plan.data.has_labels,
+            )
         desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
         result = train(work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress and desc)
         if hasattr(loss_fn, "remove_hooks"):

@@ -301,3 +301,40 @@ def test_python_twin_errors_are_typed(tmp_path, files, student, data, error):
     assert_refused(
         distill, tiny_cnn(), student(), data, tmp_path / "s.pt", progress=False, where=tmp_path, error=error
     )
+
+
+# -- the output loss: kl for class scores, cosine for features -------------------------------------
+
+
+def test_the_output_loss_follows_what_the_teacher_outputs(cli, files, tmp_path):
+    """A sentence encoder's output is features: softening it into a distribution over 32 (384) feature
+    dimensions (kl) is not what its users judge. ``--output-loss auto`` reads the teacher's last layer
+    (``core.scores``) and matches features by cosine; a classifier keeps kl."""
+    from ptopt.compress.distill_loss import make_distill_loss
+    from ptopt.models.minilm import minilm_tiny, tuning_sentences
+
+    teacher, student = minilm_tiny().eval(), minilm_tiny()
+    batch = tuning_sentences().first_batch(8)
+    loss = make_distill_loss(teacher, alpha=0.0, example_inputs=batch.x)
+    assert loss.output_loss == "cosine" and "normalization (LayerNorm)" in loss.output_loss_why
+    got, _ = loss(student, Batch(batch.x, None))
+    with torch.no_grad():
+        t, s = teacher(**batch.x), student(**batch.x)
+    assert torch.allclose(got, (1 - F.cosine_similarity(s, t, dim=1)).mean(), atol=1e-6)
+    assert make_distill_loss(teacher, alpha=0.0, example_inputs=batch.x, output_loss="kl").output_loss == "kl"
+    x = load_data("builtin:digits:test").take(8)
+    assert make_distill_loss(tiny_cnn().eval(), example_inputs=x.x, labels=True).output_loss == "kl"
+    assert make_distill_loss(tiny_cnn().eval(), example_inputs=x.x).output_loss == "kl"  # a Linear head
+    code, out, err = cli("distill", "--teacher", "ptopt.models.minilm:minilm_tiny", "--student",
+                         "ptopt.models.minilm:minilm_tiny", "--train-data", "ptopt.models.minilm:tuning_sentences",
+                         "--alpha", "0", "--epochs", "1", "--no-progress", "-o", tmp_path / "e.pt")  # fmt: skip
+    assert code == 0, err
+    assert "output loss: cosine, the teacher's outputs are not class scores" in out
+    side = json.loads((tmp_path / "e.pt.ptopt.json").read_text())
+    assert side["extra"]["output_loss"]["loss"] == "cosine" and side["config"]["output_loss"] == "auto"
+    code, out, err = cli(*_args(files, tmp_path / "c.pt"))
+    assert code == 0 and "output loss" not in out
+    assert json.loads((tmp_path / "c.pt.ptopt.json").read_text())["extra"]["output_loss"]["loss"] == "kl"
+    _assert_refused(
+        cli, _args(files, tmp_path / "b.pt", "--output-loss", "mse"), tmp_path / "b.pt", "--output-loss"
+    )
