@@ -366,12 +366,10 @@ def _resolve_output_loss(teacher: Any, asked: str, x: Any, labels: bool) -> tupl
     """(``kl`` or ``cosine``, why cosine) for ``asked`` (``OUTPUT_LOSSES``)."""
     if asked != "auto" or x is None:
         return ("kl" if asked == "auto" else asked), None
-    from ptopt.core.scores import class_scores, output_layer
+    from ptopt.core.scores import model_class_scores
 
     set_eval(teacher)
-    with torch.no_grad():
-        out = first_tensor(call_model(teacher, x))
-    ok, why = class_scores(out.shape, output_layer(teacher, x), labels=labels, outputs=out.detach().float())
+    ok, why = model_class_scores(teacher, x, labels=labels)
     return ("kl", None) if ok else ("cosine", f"the teacher's outputs are not class scores: {why}")
 
 

@@ -54,7 +54,7 @@ def rebuildable(loaded: Any) -> bool:
 def consent_missing(loaded: Any, allow_pickle: bool) -> str | None:
     """Why a rebuildable file is not rebuilt without ``allow_pickle`` (its parent is a Python factory the
     file names), as a clause for the refusal; None when nothing stops it."""
-    source = loaded.artifact.parent["path"]
+    source = _beside(loaded, loaded.artifact.parent["path"])
     if allow_pickle or not _runs_code(source):
         return None
     return (
@@ -71,13 +71,15 @@ def rebuild(loaded: Any, allow_pickle: bool, for_what: str, load: Callable[..., 
 
     art = loaded.artifact
     method = PRUNE_TYPES[art.config["type"]]
-    source = art.parent["path"]
+    source = _beside(loaded, art.parent["path"])
+    weights = art.parent.get("weights")
+    weights = _beside(loaded, weights) if weights else None
     key = str(Path(loaded.path).resolve()) if loaded.path is not None else loaded.ref
     if key in _REBUILDING:  # b.pt pruned from a.pt, then a.pt overwritten by a pruning of b.pt
         raise UnsupportedModelError(_why(loaded, source, "its sidecars' parents lead back to this file"))
     _REBUILDING.append(key)
     try:
-        parent = load(source, art.parent.get("weights"), allow_pickle, for_what)
+        parent = load(source, weights, allow_pickle, for_what)
     except PtoptError as e:
         raise UnsupportedModelError(_why(loaded, source, f"its parent does not load: {e}")) from None
     finally:
@@ -89,6 +91,16 @@ def rebuild(loaded: Any, allow_pickle: bool, for_what: str, load: Callable[..., 
     _same_outputs(module, loaded, source)
     info = {**loaded.info, "rebuilt_from": str(loaded.path)}
     return dataclasses.replace(loaded, format="eager", module=module, info=info)
+
+
+def _beside(loaded: Any, ref: str) -> str:
+    """A relative path the sidecar records (relative to where the file was made), found from here or
+    beside the file (``ptopt prune model.pt -o p.pt`` in a folder, then used from another)."""
+    path = Path(ref)
+    if path.is_absolute() or path.exists() or loaded.path is None:
+        return ref
+    there = Path(loaded.path).parent / path
+    return str(there) if there.exists() else ref
 
 
 def _runs_code(ref: str) -> bool:

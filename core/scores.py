@@ -110,6 +110,20 @@ def _unit_rows(outputs: Any) -> bool:
     return bool(((o.norm(dim=-1) - 1).abs() < 1e-3).all())
 
 
+def model_class_scores(model: Any, x: Any, *, labels: bool = False) -> tuple[bool, str | None]:
+    """``class_scores`` of ``model``'s primary output on the batch ``x`` (a small one: it runs twice),
+    its layer read by ``output_layer``."""
+    import torch
+
+    from ptopt.core.inputspec import call_model
+    from ptopt.core.tensors import primary_output
+
+    layer = output_layer(model, x)
+    with torch.no_grad():
+        out = primary_output(call_model(model, x)).detach().float()
+    return class_scores(out.shape, layer, labels=labels, outputs=out)
+
+
 def output_layer(model: Any, x: Any) -> str | None:
     """The first layer with weights behind ``model``'s primary output on the batch ``x`` (its type or
     op name), or None where it cannot be read. ``model``: an eager module, a TorchScript module or an
@@ -177,7 +191,7 @@ def _eager_output_layer(model: Any, x: Any) -> str | None:
         m.register_forward_hook(rec.hook) for m in leaves if family(type(m).__name__) not in (None, NAMED)
     ]
     try:
-        with torch.inference_mode(), rec:
+        with torch.no_grad(), rec:  # not inference_mode: a cache built lazily here must stay a plain tensor
             out = call_model(model, x)
     except Exception:  # noqa: BLE001 - the caller's own forward reports its failures; here: unknown
         return None

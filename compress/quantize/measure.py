@@ -75,17 +75,9 @@ def check_data(prep: Prepared) -> Any:
 
 def not_class_scores(model: Any, ds: Any) -> str | None:
     """Why ``model``'s outputs on ``ds`` are not class scores (``core.scores``), or None if they are."""
-    import torch
+    from ptopt.core.scores import model_class_scores
 
-    from ptopt.core.inputspec import call_model
-    from ptopt.core.scores import class_scores, output_layer
-    from ptopt.core.tensors import primary_output
-
-    x = ds.take(min(2, len(ds))).x
-    layer = output_layer(model, x)
-    with torch.no_grad():
-        out = primary_output(call_model(model, x))
-    return class_scores(out.shape, layer, labels=ds.has_labels, outputs=out)[1]
+    return model_class_scores(model, ds.take(min(2, len(ds))).x, labels=ds.has_labels)[1]
 
 
 def vs_fp32(fp32: Any, model: Any, prep: Prepared, known: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -132,3 +132,20 @@ def test_sidecars_whose_parents_lead_back_are_one_refusal(tmp_path):
     with pytest.raises(UnsupportedModelError, match="lead back to this file") as e:
         load_eager(tmp_path / "a.pt", None, True, "quantization")
     assert len(str(e.value)) < 2000
+
+
+def test_a_relative_parent_is_found_beside_the_file_from_another_folder(tmp_path, monkeypatch):
+    """The sidecar records the parent as given (``a.pt``, relative to where prune ran): used from
+    another folder, it is found beside the file (it was "its parent does not load")."""
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.stage import load_eager
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    prune("zoo:resnet", "structured", 0.3, "a.pt")
+    prune("a.pt", "structured", 0.3, "b.pt")
+    assert json.loads((work / "b.pt.ptopt.json").read_text())["parent"]["path"] == "a.pt"
+    monkeypatch.chdir(tmp_path)
+    loaded = load_eager(work / "b.pt", None, False, "quantization")
+    assert loaded.format == "eager" and loaded.info["rebuilt_from"] == str(work / "b.pt")
