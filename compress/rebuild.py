@@ -106,8 +106,11 @@ def _beside(loaded: Any, ref: str) -> str:
 def _runs_code(ref: str) -> bool:
     """A parent reference that imports Python to build the model (``pkg.module:factory``), as opposed to
     a file or folder (loaded by the safe loaders) or a registered scheme (``zoo:``, ``hf:``)."""
+    from ptopt.core.modelref import HF_SCHEME
     from ptopt.core.schemes import model_scheme
 
+    if ref.startswith(HF_SCHEME):  # from_pretrained, local files only, never trust_remote_code
+        return False
     return ":" in ref and model_scheme(ref) is None and not Path(ref).exists()
 
 

@@ -149,3 +149,17 @@ def test_a_relative_parent_is_found_beside_the_file_from_another_folder(tmp_path
     monkeypatch.chdir(tmp_path)
     loaded = load_eager(work / "b.pt", None, False, "quantization")
     assert loaded.format == "eager" and loaded.info["rebuilt_from"] == str(work / "b.pt")
+
+
+def test_which_parents_need_consent(tmp_path):
+    """Only a reference that imports Python (``pkg.module:factory``) needs --allow-pickle; files go
+    through the safe loaders, ``zoo:`` is ptopt's own, ``hf:`` loads local safetensors without remote code."""
+    from ptopt.compress.rebuild import _runs_code
+
+    (tmp_path / "m.py").write_text("raise SystemExit('never imported')\n")
+    assert _runs_code("tests.helpers:tiny_cnn") and _runs_code("m:factory")
+    assert (
+        not _runs_code("zoo:resnet")
+        and not _runs_code(f"hf:{tmp_path}")
+        and not _runs_code(str(tmp_path / "m.py"))
+    )
