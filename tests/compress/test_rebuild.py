@@ -59,6 +59,7 @@ def test_cli_distills_a_pruned_student(cli, pruned, tmp_path):
                          "--alpha", "0", "--epochs", "1", "--allow-pickle", "-o", tmp_path / "d.pt")  # fmt: skip
     assert code == 0, err
     assert "parameters, 0.9" in out  # the pruned student's share of the teacher: 0.9..x (its FFN halved)
+    assert "the student starts from trained weights" in " ".join(err.split())  # and --lr 3e-3 may undo them
     side = json.loads((tmp_path / "d.pt.ptopt.json").read_text())
     assert side["config"]["student"] == str(pruned / "ft.pt")
 
