@@ -99,11 +99,11 @@ class _Plain:
             step.beat = True
             self.line(f"  {step.title}: {step.where()}")
 
-    def finish(self, step: Step) -> None:
+    def finish(self, step: Step, failed: BaseException | None = None) -> None:
         if step in self.steps:
             self.steps.remove(step)
         if step.beat:
-            self.line(f"  {step.title}: done in {time.monotonic() - step.started:.0f} s")
+            self.line(f"  {step.title}: {_ended(failed)} {time.monotonic() - step.started:.0f} s")
 
     def _beat(self) -> None:
         while not self._stop.wait(0.5):
@@ -158,7 +158,7 @@ class _Bars:
     def update(self, step: Step) -> None:
         self.bars.update(step.task, completed=step.done, description=step.title)
 
-    def finish(self, step: Step) -> None:
+    def finish(self, step: Step, failed: BaseException | None = None) -> None:
         if step.task is None:
             return
         self.bars.remove_task(step.task)
@@ -287,11 +287,24 @@ def step(
     reporter = _current()
     if reporter is not None:
         reporter.start(s)
+    failed: BaseException | None = None
     try:
         yield s
+    except BaseException as e:  # only noted ("stopped" / "failed", not "done"), then raised
+        failed = e
+        raise
     finally:
         if reporter is not None:
-            reporter.finish(s)
+            reporter.finish(s, failed)
+
+
+def _ended(failed: BaseException | None) -> str:
+    """How a step that was shown ended: ``done in``, ``stopped after`` (Ctrl-C, a signal, an exit) or
+    ``failed after`` (an error, whose line follows)."""
+    if failed is None:
+        return "done in"
+    stopped = isinstance(failed, (KeyboardInterrupt, SystemExit)) or "Signal" in type(failed).__name__
+    return "stopped after" if stopped else "failed after"
 
 
 @contextlib.contextmanager

@@ -50,6 +50,24 @@ def test_a_silent_step_gets_a_heartbeat_and_says_when_it_ended(monkeypatch):
     assert lines[-1].startswith("  compiling: done in ")
 
 
+@pytest.mark.parametrize(
+    "raised, word",
+    [(KeyboardInterrupt, "stopped after"), (SystemExit, "stopped after"), (ValueError, "failed after")],
+)
+def test_a_step_that_did_not_finish_is_not_said_done(monkeypatch, raised, word):
+    """Ctrl-C during a long step printed "compiling: done in 14 s" (and "ptopt distill: done")."""
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.0)
+    lines: list[str] = []
+    with (
+        pytest.raises(raised),
+        progress.reporting(lines.append),
+        progress.step("compiling", announce=False) as s,
+    ):
+        s.advance()  # a heartbeat line: the step was shown, so its end is said
+        raise raised()
+    assert lines[-1].startswith(f"  compiling: {word} ") and not any("done" in line for line in lines), lines
+
+
 def test_no_heartbeat_while_paused_and_the_step_goes_on_after(monkeypatch):
     """``ptopt serve``: once the server answers, waiting for requests is not long work."""
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
