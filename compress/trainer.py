@@ -677,11 +677,17 @@ def _as_batch(ds: Dataset) -> Batch:
 
 
 def _tokens(x: Any) -> int:
-    """Tokens in a language-model batch (attention mask, else every id); 0 for other inputs."""
-    if isinstance(x, dict) and "input_ids" in x:
-        mask = x.get("attention_mask")
-        return int(mask.sum()) if mask is not None else int(x["input_ids"].numel())
-    return 0
+    """Tokens in a language-model batch (attention mask, else every id); 0 for other inputs. A batch
+    that carries the teacher's logits (``distill_loss.with_teacher_logits``) names its inputs
+    ``__ptopt_input:dict:input_ids``: counted the same (tokens/s showed under FSDP only, which runs
+    the teacher per batch)."""
+    if not isinstance(x, dict):
+        return 0
+    named = {k.rsplit(":", 1)[-1] if k.startswith("__ptopt_input:dict:") else k: v for k, v in x.items()}
+    if "input_ids" not in named:
+        return 0
+    mask = named.get("attention_mask")
+    return int(mask.sum()) if mask is not None else int(named["input_ids"].numel())
 
 
 @dataclasses.dataclass

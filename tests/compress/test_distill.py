@@ -338,3 +338,14 @@ def test_the_output_loss_follows_what_the_teacher_outputs(cli, files, tmp_path):
     _assert_refused(
         cli, _args(files, tmp_path / "b.pt", "--output-loss", "mse"), tmp_path / "b.pt", "--output-loss"
     )
+
+
+def test_tokens_are_counted_when_the_batch_carries_the_teachers_logits():
+    """tokens/s showed for a text classifier under FSDP only: cached teacher logits repack the inputs."""
+    from ptopt.compress.distill_loss import with_teacher_logits
+    from ptopt.compress.trainer import _tokens
+    from ptopt.models.minilm import minilm_tiny, tuning_sentences
+
+    data = tuning_sentences().take(8)
+    packed = with_teacher_logits(data, minilm_tiny().eval())
+    assert _tokens(packed.first_batch(8).x) == _tokens(data.first_batch(8).x) > 0
