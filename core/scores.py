@@ -14,9 +14,11 @@ embedding computes features. Labels settle it too, since they index the classes.
     layer = output_layer(module, x)            # "Linear", "LayerNorm", "aten::layer_norm", or None
     ok, why = class_scores(out.shape, layer)   # (False, "its output comes from a normalization ...")
 
-Each format reads its own graph (``Runner.output_layer``): an eager module through forward hooks,
-TorchScript, fx / ExportedProgram, ONNX and OpenVINO graphs through ``walk_back``. Where none can
-be read (a compiled package) the shape alone decides, as it did before.
+Each format reads its own graph (``Runner.output_layer``): an eager module through the ops its forward
+calls (a ``TorchFunctionMode``; its leaf modules name them), TorchScript, fx / ExportedProgram, ONNX and
+OpenVINO graphs as they are; ``walk_back`` goes from the output. An output named as features
+(``image_embeds``) counts too. Where no graph can be read (a compiled package) the shape alone decides,
+as it did before.
 """
 
 from __future__ import annotations
