@@ -69,13 +69,14 @@ def launch(nproc: int, args: list[str]) -> int:
 
 
 def _report(error: Any, logs: str) -> int:
-    """The first failing rank's exit code; its last error line when rank 0 did not fail (rank 0 prints
-    its own, and one the launcher stopped may already have). A rank that ended by a signal (a negative
-    exit code: the launcher stops the others once one fails) comes after those that exited by
-    themselves."""
+    """The first failing rank's exit code; its last error line unless rank 0 exited by itself (rank 0
+    prints its own). A rank that ended by a signal (a negative exit code: the launcher stops the others
+    once one fails) comes after those that exited by themselves."""
     failures = sorted(error.failures.items(), key=lambda kv: (not (kv[1].exitcode or 0) > 0, kv[0]))
     rank, failure = failures[0]
-    if 0 not in error.failures:
+    zero = error.failures.get(0)
+    if rank != 0 and (zero is None or (zero.exitcode or 0) <= 0):  # rank 0 ended by itself: it said why
+        # a rank 0 the launcher stopped may not have printed its line: the same line twice beats none
         text = _tail(logs, rank)
         click.echo(
             text or f"error: process {rank} of the run failed (exit code {failure.exitcode})", err=True

@@ -238,7 +238,11 @@ def test_launch_exit_codes_ctrl_c_and_a_rank_stopped_after_another_failed(monkey
     failure = types.SimpleNamespace
     stopped = types.SimpleNamespace(failures={0: failure(exitcode=-15), 1: failure(exitcode=2)})
     assert launch._report(stopped, str(tmp_path)) == 2
-    assert capsys.readouterr().err == ""  # rank 0 says the error itself (it may already have)
+    # rank 0 was stopped before it could say why: rank 1's line is shown (the review: it was lost)
+    assert "process 1 of the run failed" in capsys.readouterr().err
+    both = types.SimpleNamespace(failures={0: failure(exitcode=2), 1: failure(exitcode=2)})
+    assert launch._report(both, str(tmp_path)) == 2
+    assert capsys.readouterr().err == ""  # rank 0 exited by itself: it said the error
     alone = types.SimpleNamespace(failures={1: failure(exitcode=2)})
     assert launch._report(alone, str(tmp_path)) == 2
     assert "process 1 of the run failed" in capsys.readouterr().err
