@@ -103,9 +103,15 @@ def set_eval(module: Any) -> None:
 
 
 def first_tensor(out: Any) -> Any:
-    while isinstance(out, (tuple, list)):
-        out = out[0]
-    return out
+    """The output distillation compares: ``core.tensors.primary_output`` (the first of a tuple, a
+    dict's or a Hugging Face output's ``logits``: a ``BertForSequenceClassification`` teacher returned
+    its ``SequenceClassifierOutput`` here, an internal error); anything else as it is."""
+    from ptopt.core.tensors import primary_output
+
+    try:
+        return primary_output(out)
+    except TypeError:
+        return out
 
 
 def _submodule(model: Any, name: str, which: str) -> Any:

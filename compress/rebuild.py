@@ -138,7 +138,11 @@ def _pruned_again(parent: Any, method: str, config: dict[str, Any], loaded: Any,
 
 
 def _load_tensors(module: Any, loaded: Any, source: str) -> None:
-    state = loaded.module.state_dict()
+    """The file's tensors into ``module``, strictly. TorchScript keeps the buffers a module marks
+    non-persistent (BERT's ``position_ids``) in its state dict: those are the module's own already."""
+    own = set(module.state_dict())
+    transient = {name for name, _ in module.named_buffers()} - own
+    state = {k: v for k, v in loaded.module.state_dict().items() if k not in transient}
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as e:

@@ -164,3 +164,25 @@ def test_which_parents_need_consent(tmp_path):
         and not _runs_code(f"hf:{tmp_path}")
         and not _runs_code(str(tmp_path / "m.py"))
     )
+
+
+def test_a_pruned_hugging_face_classifier_goes_on_to_quantize_and_distill(cli, tmp_path):
+    """TorchScript keeps BERT's non-persistent buffers (``position_ids``) in its state dict: the strict
+    load refused them ("unexpected keys"). And a Hugging Face teacher's ``SequenceClassifierOutput`` was
+    compared as if it were a tensor (an internal error in distill)."""
+    from tests.compress.hf_models import bert_tokens
+
+    torch.save(bert_tokens(16, 12), tmp_path / "tok.pt")
+    shapes = ("--input-shape", "input_ids=2x12", "--input-shape", "attention_mask=2x12")
+    code, out, err = cli("prune", "tests.compress.hf_models:bert", "--method", "structured", "--amount", "0.3",
+                         *shapes, "-o", tmp_path / "b.pt")  # fmt: skip
+    assert code == 0, err
+    code, out, err = cli(
+        "quantize", tmp_path / "b.pt", "--mode", "dynamic", "--allow-pickle", "-o", tmp_path / "q.pt"
+    )
+    assert code == 0, err
+    code, out, err = cli("distill", "--teacher", "tests.compress.hf_models:bert", "--student", tmp_path / "b.pt",
+                         "--allow-pickle", "--train-data", tmp_path / "tok.pt", "--alpha", "0", "--max-steps", "1",
+                         "-o", tmp_path / "d.pt")  # fmt: skip
+    assert code == 0, err
+    assert "top-1 agreement" in out  # class scores: a Linear head
