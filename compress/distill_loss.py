@@ -114,6 +114,16 @@ def first_tensor(out: Any) -> Any:
         return out
 
 
+def _samples(student: Any, teacher: Any) -> tuple[Any, Any]:
+    """Both outputs as rows the cosine compares, as ``export.parity.sample_cosines`` takes them: one per
+    sample, flattened ([N, T, H] too); a vector or one value per sample ([N], [N, 1]: a regression's)
+    is one row (``flatten(1)`` of [N] was an IndexError, an internal error)."""
+    s, t = student.float(), teacher.float()
+    if s.dim() >= 2 and s[0].numel() > 1:
+        return s.reshape(s.shape[0], -1), t.reshape(t.shape[0], -1)
+    return s.reshape(1, -1), t.reshape(1, -1)
+
+
 def _submodule(model: Any, name: str, which: str) -> Any:
     modules = dict(model.named_modules())
     if name not in modules or not name:
@@ -180,8 +190,7 @@ class DistillLoss(nn.Module):
         logits = first_tensor(call_model(model, x))
         t = self.temperature
         if self.output_loss == "cosine":  # features: the direction ptopt's cosine figures judge
-            cos = F.cosine_similarity(logits.float().flatten(1), teacher_logits.float().flatten(1), dim=1)
-            soft = (1 - cos).mean()
+            soft = (1 - F.cosine_similarity(*_samples(logits, teacher_logits), dim=1)).mean()
         else:
             soft = F.kl_div(
                 F.log_softmax(logits.float() / t, dim=-1),

@@ -349,3 +349,33 @@ def test_tokens_are_counted_when_the_batch_carries_the_teachers_logits():
     data = tuning_sentences().take(8)
     packed = with_teacher_logits(data, minilm_tiny().eval())
     assert _tokens(packed.first_batch(8).x) == _tokens(data.first_batch(8).x) > 0
+
+
+class _Squeezed(torch.nn.Module):
+    """One value per sample ([N]): a regression's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(x).squeeze(-1)
+
+
+def test_the_cosine_loss_takes_one_value_per_sample_as_one_vector():
+    """A regression teacher ([N] outputs) is not class scores, so auto chose cosine, whose
+    ``flatten(1)`` of [N] was an IndexError: an internal error where kl had trained. One value per
+    sample is one vector, as ``export.parity.sample_cosines`` judges it; [N, T, H] is one row a sample."""
+    torch.manual_seed(0)
+    teacher, student, x = _Squeezed().eval(), _Squeezed(), torch.randn(8, 4)
+    loss = make_distill_loss(teacher, alpha=0.0, example_inputs=x)
+    assert loss.output_loss == "cosine"
+    got, _ = loss(student, Batch(x, None))
+    with torch.no_grad():
+        t, s = teacher(x), student(x)
+    assert torch.allclose(got, 1 - F.cosine_similarity(s, t, dim=0), atol=1e-6)
+    teacher, student, x = torch.nn.Linear(4, 4).eval(), torch.nn.Linear(4, 4), torch.randn(2, 3, 4)
+    got, _ = make_distill_loss(teacher, alpha=0.0, output_loss="cosine")(student, Batch(x, None))
+    with torch.no_grad():
+        t, s = teacher(x), student(x)
+    assert torch.allclose(got, (1 - F.cosine_similarity(s.flatten(1), t.flatten(1))).mean(), atol=1e-6)
