@@ -42,7 +42,9 @@ from typing import Any
 #: a plain-text reporter writes a line when a step has been silent this long (seconds)
 HEARTBEAT_S = 8.0
 #: the lines a plain-text reporter writes on its own while a step runs (heartbeats, how far, the end)
-HEARTBEAT_LINE = re.compile(r"^  \S.*: (still working \(.*\)|\d+/\d+ .*, \d+ s|\d+ s|done in \d+ s)$")
+HEARTBEAT_LINE = re.compile(
+    r"^  \S.*: (still working \(.*\)|\d+/\d+ .*, \d+ s|\d+ s|(done in|stopped after|failed after) \d+ s)$"
+)
 
 _lock = threading.RLock()
 _active: list[Any] = []  # the reporters turned on, innermost last (the innermost one reports)

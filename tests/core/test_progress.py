@@ -66,6 +66,8 @@ def test_a_step_that_did_not_finish_is_not_said_done(monkeypatch, raised, word):
         s.advance()  # a heartbeat line: the step was shown, so its end is said
         raise raised()
     assert lines[-1].startswith(f"  compiling: {word} ") and not any("done" in line for line in lines), lines
+    # still the reporter's own line, not a message (tests.helpers: a refusal's error line is the last)
+    assert all(progress.is_heartbeat(line) for line in lines), lines
 
 
 def test_no_heartbeat_while_paused_and_the_step_goes_on_after(monkeypatch):
