@@ -331,7 +331,12 @@ def _train(
     )
     # what the student's output was matched by (``--output-loss``; auto: cosine for features), for the sidecar
     chosen = {"loss": loss.output_loss, "asked": dcfg.output_loss, "why": loss.output_loss_why}
-    fingerprint = {**dcfg.to_dict(), "teacher": tensor_digest(t_module.state_dict().values())}
+    # the loss used, not the one asked: auto and kl train alike where kl is chosen, and a checkpoint
+    # written before --output-loss (kl, no such field) still resumes where kl is still the loss
+    same = {k: v for k, v in dcfg.to_dict().items() if k != "output_loss"}
+    fingerprint = {**same, "teacher": tensor_digest(t_module.state_dict().values())}
+    if loss.output_loss != "kl":
+        fingerprint["output_loss"] = loss.output_loss
     asked = run_options.cache_teacher and not dcfg.feature_pairs
     cached = asked and dist_util.resolve_strategy(tcfg.strategy) != "fsdp"
     # what was asked, not what the strategy chose (FSDP runs the teacher per batch: the same logits to

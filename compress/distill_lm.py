@@ -368,7 +368,9 @@ def distill_lm(
     pad = _pad_id(t_loaded.module)
     data = windows(train_ids, seq_len, pad, _name(train_data, "training text"))
     loss = LMDistillLoss(t_loaded.module.eval(), dcfg.temperature, dcfg.alpha)
-    fingerprint = {**dcfg.to_dict(), "seq_len": seq_len, "qat": qat, "teacher": teacher_digest(t_loaded)}
+    # output_loss: the classifier's (refused here); checkpoints written before it have no such field
+    same = {k: v for k, v in dcfg.to_dict().items() if k != "output_loss"}
+    fingerprint = {**same, "seq_len": seq_len, "qat": qat, "teacher": teacher_digest(t_loaded)}
     hooks = dict(epoch_hooks=epoch_hooks, progress=progress)
     result = _train(s_loaded.module, data, tcfg, loss, fingerprint, run, hooks)
     if qat and dist_util.is_main_process():

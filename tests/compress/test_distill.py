@@ -379,3 +379,22 @@ def test_the_cosine_loss_takes_one_value_per_sample_as_one_vector():
     with torch.no_grad():
         t, s = teacher(x), student(x)
     assert torch.allclose(got, (1 - F.cosine_similarity(s.flatten(1), t.flatten(1))).mean(), atol=1e-6)
+
+
+def test_a_checkpoint_resumes_under_the_output_loss_it_trained_with(tmp_path, files):
+    """The fingerprint holds the loss used: a checkpoint of ``auto`` (kl, a classifier) resumes with
+    ``--output-loss kl``, and one written before the option existed (no such field, kl) resumes; one
+    that trained by cosine does not resume by kl."""
+    kw = dict(epochs=1, batch_size=32, max_steps=1, progress=False, checkpoint_dir=tmp_path / "ck")
+    distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "a.pt", **kw)
+    state_file = next((tmp_path / "ck").rglob("trainer.pt"))
+    state = torch.load(state_file, weights_only=True)
+    state["fingerprint"]["loss"].pop("output_loss", None)  # as a checkpoint of the earlier version
+    torch.save(state, state_file)
+    kw |= dict(resume=True, max_steps=2)
+    art = distill(TEACHER, STUDENT, files / "train.pt", tmp_path / "b.pt", output_loss="kl", **kw)
+    assert art.extra["output_loss"]["loss"] == "kl"
+    assert_refused(
+        distill, TEACHER, STUDENT, files / "train.pt", tmp_path / "c.pt", output_loss="cosine", **kw,
+        where=tmp_path, match="output_loss",
+    )  # fmt: skip
