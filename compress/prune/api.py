@@ -432,12 +432,27 @@ def _run_rounds(
                 labels=plan.data.has_labels,
             )
         desc = f"fine-tune round {k}/{config.steps}" if config.steps > 1 else "fine-tune"
-        result = train(work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress and desc)
-        if hasattr(loss_fn, "remove_hooks"):
-            loss_fn.remove_hooks()
+        try:
+            result = train(
+                work, plan.data, plan.train, eval_data=ev, loss_fn=loss_fn, progress=progress and desc
+            )
+        finally:
+            if hasattr(loss_fn, "remove_hooks"):
+                loss_fn.remove_hooks()
+            _teacher_home(plan.teacher)  # the loss may have taken it to the training device: the next
+            # round's width check and output-loss probe run it on the CPU example, as distill does
         history += [dict(h, round=k) for h in result.history]
     work, report = pruner.finish(work)
     return work.eval(), report, history
+
+
+def _teacher_home(teacher: Any) -> None:
+    """A distillation teacher back on the CPU after a round trained elsewhere (a GPU)."""
+    if teacher is None:
+        return
+    from ptopt.compress.distill_loss import move_module
+
+    move_module(getattr(teacher, "module", teacher), "cpu")
 
 
 def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[str, Any]:
