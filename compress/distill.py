@@ -25,18 +25,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ptopt.compress.distill_loss import (  # noqa: F401 - re-exported: the loss's public home stays here
+from ptopt.compress.distill_config import (  # noqa: F401 - re-exported: the config's public home stays here
     DEFAULT_ALPHA,
     DEFAULT_TEMPERATURE,
     DistillConfig,
-    DistillLoss,
-    first_tensor,
-    make_distill_loss,
-    move_module,
     parse_feature_pair,
-    set_eval,
-    unpack_teacher_logits,
-    with_teacher_logits,
 )
 from ptopt.compress.stage import (
     UNSAVED,
@@ -53,6 +46,19 @@ from ptopt.core.errors import DataError, ShapeMismatchError, UsageError
 from ptopt.core.options import Options, Selector, drop_without_partner, option
 
 OUTPUT_SUFFIXES = {".pt": "torchscript", ".pt2": "exported_program"}
+
+#: the loss's names, re-exported here (their public home) but imported on first use: the loss imports
+#: torch, which ``ptopt distill --help`` must not (it read this module's options for 1.1 s more)
+_FROM_LOSS = ("DistillLoss", "first_tensor", "make_distill_loss", "move_module", "set_eval",
+              "unpack_teacher_logits", "with_teacher_logits")  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_LOSS:
+        from ptopt.compress import distill_loss
+
+        return getattr(distill_loss, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +106,7 @@ class RunOptions:
 
 
 def _groups() -> tuple[type, ...]:
-    from ptopt.compress.distill_lm import LMOptions
+    from ptopt.compress.distill_config import LMOptions
     from ptopt.compress.trainer import TrainConfig
 
     return (DistillConfig, TrainConfig, RunOptions, LMOptions)
@@ -234,7 +240,7 @@ def resolve_config(
     """The loss's config, the trainer's, the run's and the language model's (``kind``: ``_KINDS``) from
     the configs given or the loose ``options`` (a loose option contradicting a config given, or one
     that does not apply to ``kind``, is refused)."""
-    from ptopt.compress.distill_lm import LMOptions
+    from ptopt.compress.distill_config import LMOptions
     from ptopt.compress.trainer import TrainConfig
 
     given = OPTIONS.check(options, kind)
@@ -279,6 +285,7 @@ def _load_models(
     """(teacher, student, a probe batch both ran): outputs of one shape, labels within it."""
     import torch
 
+    from ptopt.compress.distill_loss import first_tensor
     from ptopt.core.modelref import as_loaded, run_checked
 
     t_loaded = as_loaded(teacher, teacher_weights, allow_pickle)
@@ -315,6 +322,7 @@ def _train(
     TrainResult)."""
     from ptopt.compress import distributed as dist_util
     from ptopt.compress.checkpoint import tensor_digest
+    from ptopt.compress.distill_loss import make_distill_loss, move_module, with_teacher_logits
     from ptopt.compress.trainer import train
 
     t_module, s_module = t_loaded.module, s_loaded.module
@@ -368,6 +376,7 @@ def _train(
 def _measure(t_loaded: Any, s_loaded: Any, result: Any, train_ds: Any, eval_ds: Any) -> dict[str, Any]:
     """The teacher's eval accuracy and how closely the student follows it. Every rank runs this: under
     FSDP both models are sharded and each forward is collective."""
+    from ptopt.compress.distill_loss import set_eval
     from ptopt.compress.trainer import evaluate_accuracy
 
     student = result.sharded if result.sharded is not None else s_loaded.module
@@ -445,6 +454,7 @@ def _build_result(
 
 def _vs_teacher(teacher: Any, student: Any, data: Any) -> dict[str, Any] | None:
     """How closely the student follows the teacher on ``data`` (``compress.fidelity.vs_source``)."""
+    from ptopt.compress.distill_loss import set_eval
     from ptopt.compress.fidelity import fidelity_data, vs_source
 
     set_eval(teacher)

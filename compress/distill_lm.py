@@ -22,7 +22,6 @@ is a causal LM (a Hugging Face folder, ``hf:DIR``, or a transformers model in me
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -31,42 +30,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ptopt.compress.quantize.engine_torchao import QAT_SCHEMES
+from ptopt.compress.distill_config import DEFAULT_SEQ_LEN, LMOptions  # noqa: F401 - re-exported
 from ptopt.core.errors import ShapeMismatchError, UsageError
-from ptopt.core.options import option
 
-#: tokens per training window unless told
-DEFAULT_SEQ_LEN = 256
 #: the reloaded folder's logits may differ from the trained model's by this much (float noise)
 RELOAD_ATOL = 1e-4
-
-
-@dataclasses.dataclass(frozen=True)
-class LMOptions:
-    """The options of a causal language model's distillation (``ptopt.distill``'s ``lm`` kind)."""
-
-    seq_len: int | None = option(
-        None,
-        help=f"Language models: tokens per training window (default {DEFAULT_SEQ_LEN}).",
-        metavar="N",
-        applies=("lm",),
-    )
-    qat: str | None = option(
-        None,
-        help="Language models: quantization-aware training of the student (torchao): int8 dynamic activations "
-        "with int4 (groups of 32) or int8 (per channel) weights; OUT holds the quantized student.",
-        choices=tuple(QAT_SCHEMES),
-        applies=("lm",),
-        note="a classifier's QAT is ptopt quantize --mode qat",
-    )
-
-    def __post_init__(self) -> None:
-        if self.seq_len is not None and self.seq_len < 2:
-            raise UsageError(
-                f"--seq-len must be >= 2 (a token and the next one it predicts), got {self.seq_len}"
-            )
-        if self.qat is not None and self.qat not in QAT_SCHEMES:
-            raise UsageError(f"--qat must be one of {', '.join(QAT_SCHEMES)}, got {self.qat!r}")
 
 
 def is_lm_request(teacher: Any) -> bool:

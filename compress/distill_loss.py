@@ -10,7 +10,6 @@ runs in eval mode under no_grad; only the student (and the feature projections) 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,81 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ptopt.core.config import Config, register_config
+from ptopt.compress.distill_config import (  # noqa: F401 - re-exported: the config's names stay here too
+    DEFAULT_ALPHA,
+    DEFAULT_TEMPERATURE,
+    OUTPUT_LOSSES,
+    DistillConfig,
+    parse_feature_pair,
+)
 from ptopt.core.data import Batch
 from ptopt.core.errors import ShapeMismatchError, UnsupportedModelError, UsageError
 from ptopt.core.inputspec import call_model
-from ptopt.core.options import option
-
-#: the textbook defaults (Hinton et al., 2015): soft targets at T=4 carry the teacher's "dark
-#: knowledge" (which wrong classes look alike), and α=0.5 keeps the labels as an anchor. They were
-#: NOT tuned here: benchmarks/bench_distill.py, choosing on a validation split for a 4-epoch budget
-#: on digits, picked T=1, α=0.1 (docs/distill.md); pick T and α on a validation split for your run.
-DEFAULT_TEMPERATURE = 4.0
-DEFAULT_ALPHA = 0.5
-
-
-#: ``--output-loss``: how the student's output follows the teacher's (``DistillLoss.forward``)
-OUTPUT_LOSSES = ("auto", "kl", "cosine")
-
-
-@register_config
-@dataclasses.dataclass(frozen=True)
-class DistillConfig(Config):
-    """Options of the distillation loss."""
-
-    type_name = "distill"
-    temperature: float = option(
-        DEFAULT_TEMPERATURE,
-        help="Softmax temperature T (the textbook default; benchmarks/bench_distill.py chose 1 with --alpha 0.1 "
-        "for a 4-epoch budget, on a validation split).",
-        short="-T",
-    )
-    alpha: float = option(
-        DEFAULT_ALPHA,
-        help="Weight of the label loss; 1-alpha weighs the teacher's soft targets (0: soft targets only).",
-    )
-    feature_pairs: tuple[tuple[str, str], ...] = option(
-        (),
-        help="Also match an intermediate layer's output (a learned projection when widths differ). Repeatable.",
-        flag="--feature-pair",
-        metavar="TEACHER_LAYER=STUDENT_LAYER",
-        repeat=True,
-        applies=("classifier",),
-        note="language models distil token by token",
-    )
-    feature_weight: float = option(1.0, help="Weight of each feature loss.", applies=("classifier",))
-    output_loss: str = option(
-        "auto",
-        help="How the student's output follows the teacher's: kl (softened class scores, --temperature), "
-        "cosine (1 - cosine similarity: features such as sentence embeddings or hidden states), or auto: "
-        "kl for class scores, cosine for features (read from the teacher's last layer; labels mean classes).",
-        choices=OUTPUT_LOSSES,
-        applies=("classifier",),
-        note="language models distil token by token",
-    )
-
-    def __post_init__(self) -> None:
-        pairs = tuple(parse_feature_pair(p) if isinstance(p, str) else tuple(p) for p in self.feature_pairs)
-        object.__setattr__(self, "feature_pairs", pairs)
-        if not self.temperature > 0:
-            raise UsageError(f"temperature must be > 0, got {self.temperature}")
-        if not 0 <= self.alpha <= 1:
-            raise UsageError(f"alpha must be in [0, 1], got {self.alpha}")
-        if self.feature_weight < 0:
-            raise UsageError(f"feature weight must be >= 0, got {self.feature_weight}")
-        if self.output_loss not in OUTPUT_LOSSES:
-            raise UsageError(
-                f"--output-loss must be one of {', '.join(OUTPUT_LOSSES)}, got {self.output_loss!r}"
-            )
-
-
-def parse_feature_pair(text: str) -> tuple[str, str]:
-    """``teacher.layer=student.layer`` → ("teacher.layer", "student.layer")."""
-    t, sep, s = text.partition("=")
-    if not sep or not t.strip() or not s.strip():
-        raise UsageError(f"feature pair {text!r}: write TEACHER_LAYER=STUDENT_LAYER, e.g. layers.2=layers.2")
-    return t.strip(), s.strip()
 
 
 def set_eval(module: Any) -> None:

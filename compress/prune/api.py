@@ -248,7 +248,7 @@ def resolve_config(
         config = OPTIONS.build(config_class(chosen), given)
     else:
         reconcile(config, OPTIONS.of(type(config), given))
-    from ptopt.compress.distill_loss import DistillConfig
+    from ptopt.compress.distill_config import DistillConfig
     from ptopt.compress.trainer import TrainConfig
 
     tune = OPTIONS.build(FineTuneOptions, given)

@@ -63,7 +63,7 @@ def options() -> Any:
 
 
 def _groups() -> tuple[Any, ...]:
-    from ptopt.compress.distill_loss import DistillConfig
+    from ptopt.compress.distill_config import DistillConfig
     from ptopt.compress.prune.config import FineTuneOptions
     from ptopt.compress.trainer import TrainConfig
     from ptopt.core.options import Part
