@@ -153,22 +153,18 @@ def _load_tensors(module: Any, loaded: Any, source: str) -> None:
 
 
 def _same_outputs(module: Any, loaded: Any, source: str) -> None:
-    import torch
+    """The rebuilt module against the file on the file's example inputs, by export's fp32 parity rule
+    (``compress.fidelity.measure_fidelity``: each output within its tolerance, cosine 1)."""
+    from ptopt.compress.fidelity import fidelity_data, measure_fidelity
 
-    from ptopt.core.inputspec import call_model
-    from ptopt.core.tensors import flatten_outputs
-
-    x = loaded.example_inputs(batch=2)
     module.eval()
-    with torch.no_grad():
-        want = flatten_outputs(call_model(loaded.module, x))
-        got = flatten_outputs(call_model(module, x))
-    for a, b in zip(want, got, strict=False):
-        scale = max(float(abs(a).max()), 1.0) if a.size else 1.0
-        if a.shape != b.shape or float(abs(a - b).max()) > 1e-4 * scale:
-            raise UnsupportedModelError(
-                _why(loaded, source, "the rebuilt model does not compute what the file computes")
-            )
+    fid = measure_fidelity(
+        loaded.module, module, fidelity_data(example=loaded.example_inputs(batch=2)), precision="fp32"
+    )
+    if not fid["passed"]:
+        raise UnsupportedModelError(
+            _why(loaded, source, "the rebuilt model does not compute what the file computes")
+        )
 
 
 def _why(loaded: Any, source: str, what: str) -> str:
