@@ -17,9 +17,10 @@ embedding computes features. Labels settle it too, since they index the classes.
 Each format reads its own graph (``Runner.output_layer``): an eager module through the ops its forward
 calls (a ``TorchFunctionMode``; its leaf modules name them), TorchScript, fx / ExportedProgram, ONNX and
 OpenVINO graphs as they are; ``walk_back`` goes from the output. An output named as features
-(``image_embeds``) counts too. Where no graph can be read (a compiled package) the shape alone decides,
-as it did before.
-"""
+(``image_embeds``) counts too, and so does an ``nn.Identity`` where a classifier was (``model.fc =
+nn.Identity()``, timm's ``num_classes=0``): ``REMOVED``. A file ptopt wrote carries the reading of the
+module it was written from (``extra.output_layer``, ``Runner.score_layer``): its own graph can lose it.
+Where nothing can be read (a compiled package with no record) the shape alone decides."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 HEAD, NORM, RECURRENT, EMBEDDING = "head", "normalization", "recurrent", "embedding"
+#: a classifier replaced by ``nn.Identity`` (``model.fc = nn.Identity()``, timm's ``num_classes=0``)
+REMOVED = "removed head"
+#: how ``_eager_output_layer`` names such a module's output: ``"Identity as fc"``
+_REMOVED_PREFIX = "Identity as "
+#: what a classifier is called (``fc``, ``classifier``, timm's ``head`` / ``head.fc``, ``heads.head``):
+#: an ``nn.Identity`` of that name, or the last child of a Sequential of that name, is a removed head
+_HEAD_NAMES = {"fc", "classifier", "head", "heads", "last_linear", "lm_head", "score", "logits", "cls_head"}
 #: an output whose name says it holds features (``image_embeds``, ``last_hidden_state``, ``pooler_output``)
 NAMED = "named"
 #: how far ``walk_back`` looks before giving up (nodes visited)
@@ -60,6 +68,8 @@ def family(name: str) -> str | None:
     ``aten.layer_norm.default``, an ONNX ``op_type``, an OpenVINO type, an output's name): ``HEAD``,
     ``NORM``, ``RECURRENT``, ``EMBEDDING``, ``NAMED`` (an output named as features), or None for a
     layer without weights of its own (an activation, pooling, reshaping, a quantize/dequantize pair)."""
+    if name.startswith(_REMOVED_PREFIX):
+        return REMOVED
     for t in re.split(r"[^a-z0-9]+", name.lower()):
         if "norm" in t or t in _NORM_TOKENS:
             return NORM
@@ -93,6 +103,9 @@ def class_scores(
         return True, None
     if family(layer) == NAMED:
         return False, f"its output is named {layer}, so it holds features: an embedding or hidden states"
+    if family(layer) == REMOVED:
+        head = layer[len(_REMOVED_PREFIX) :]
+        return False, f"its {head} is nn.Identity (the classifier was removed), so it holds features"
     what = {NORM: "a normalization", RECURRENT: "a recurrent layer", EMBEDDING: "an embedding"}[family(layer)]
     return (
         False,
@@ -192,6 +205,9 @@ def _eager_output_layer(model: Any, x: Any) -> str | None:
     handles = [
         m.register_forward_hook(rec.hook) for m in leaves if family(type(m).__name__) not in (None, NAMED)
     ]
+    handles += [
+        m.register_forward_hook(rec.named_hook(_REMOVED_PREFIX + n)) for m, n in _removed_heads(model)
+    ]
     try:
         with torch.no_grad(), rec:  # not inference_mode: a cache built lazily here must stay a plain tensor
             out = call_model(model, x)
@@ -208,6 +224,25 @@ def _eager_output_layer(model: Any, x: Any) -> str | None:
         return None
     first = next(iter(out), None) if isinstance(out, dict) and "logits" not in out else None
     return named(walk_back([start], lambda n: n.inputs, lambda n: n.label or n.name), first)
+
+
+def _removed_heads(model: Any) -> list[tuple[Any, str]]:
+    """Each ``nn.Identity`` standing where a classifier was, with its name: one named as a head
+    (``fc``, ``classifier``, ``head``), or the last child of a Sequential so named (``classifier.6``)."""
+    import torch
+
+    found = []
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.Identity) or not name:
+            continue
+        parent, _, last = name.rpartition(".")
+        if last in _HEAD_NAMES:
+            found.append((m, name))
+        elif last.isdigit() and parent.rpartition(".")[2] in _HEAD_NAMES:
+            seq = model.get_submodule(parent)
+            if isinstance(seq, torch.nn.Sequential) and int(last) == len(seq) - 1:
+                found.append((m, name))
+    return found
 
 
 class _Op:
@@ -251,10 +286,16 @@ def _recorder() -> Any:
             return out
 
         def hook(self, mod: Any, _args: Any, out: Any) -> None:
+            self.label(out, type(mod).__name__)
+
+        def named_hook(self, label: str) -> Callable[..., None]:
+            return lambda _mod, _args, out: self.label(out, label)
+
+        def label(self, out: Any, label: str) -> None:
             for t in _tensors(out):
                 op = self.producer.get(t)
                 if op is not None and op.label is None:
-                    op.label = type(mod).__name__
+                    op.label = label
 
     return Recorder()
 

@@ -128,6 +128,9 @@ def write_model(
             precision=precision, device=dev, options=options,
         )  # fmt: skip
         facts = _facts(fmt, info, wspecs)
+        layer = _source_layer(module, specs, style, example)
+        if layer is not None:
+            facts["extra"]["output_layer"] = layer
         if dev != "cpu" or half is not None:
             facts["extra"].update(device=dev, dtype=str(half or "torch.float32").replace("torch.", ""))
         if rule:
@@ -300,6 +303,26 @@ def _eval_mode(*modules: Any) -> Iterator[None]:
     finally:
         for sub, was in flags.items():
             sub.training = was
+
+
+def _source_layer(module: Any, specs: Sequence[InputSpec], style: str, example: Any) -> str | None:
+    """The layer behind ``module``'s primary output (``core.scores.output_layer``, on the example's
+    first sample, else on one made at the smallest shape), recorded in the sidecar: the written file's
+    own graph may not show it (ONNX and OpenVINO fold a last BatchNorm into the Conv before it; an
+    AOTInductor package has no graph to read; an ``nn.Identity`` classifier leaves nothing behind).
+    None where it cannot be read."""
+    from ptopt.core.inputspec import make_inputs
+    from ptopt.core.scores import output_layer
+
+    try:
+        x = (
+            _as_samples(example).take(1).x
+            if example is not None
+            else make_inputs(specs, style, "min", batch=1)
+        )
+    except Exception:  # noqa: BLE001 - specs this helper cannot sample: the layer is simply not recorded
+        return None
+    return output_layer(module, x)
 
 
 def _source_format(module: Any) -> str:

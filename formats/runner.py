@@ -51,6 +51,9 @@ class Runner:
     threads: int | None = None
     #: where the artifact runs (``place``): ``cpu`` or ``cuda:N``
     device: str = "cpu"
+    #: the layer behind the primary output as read on the module the file was written from (its
+    #: sidecar's ``extra.output_layer``); None: not recorded
+    recorded_layer: str | None = None
 
     @property
     def input_dtype(self) -> Any:
@@ -87,6 +90,12 @@ class Runner:
         """The first layer with weights behind the primary output (``core.scores``), read on the
         batch ``x``; None where this runtime's graph is not read (the shape alone decides then)."""
         return None
+
+    def score_layer(self, x: Any) -> str | None:
+        """``output_layer`` as the sidecar recorded it from the source module, else as this runtime's
+        graph reads it. The source says more: ONNX and OpenVINO fold a last BatchNorm into the Conv
+        before it, a compiled package has no graph to read, and an ``nn.Identity`` classifier is gone."""
+        return self.recorded_layer or self.output_layer(x)
 
     def named_outputs(self, x: Any) -> list[tuple[str, Any]]:
         """Every output of one batch with its name (what a server answers): the runtime's own names

@@ -426,7 +426,7 @@ def _check_reference(run: _Run, runner: Runner, out: Any, labels: Any, x: Any) -
         if run.metric.name in ("top1", "top5"):  # labels must index the classes: never 0% PASSED
             run.ds.check_labels(out, runner.name)
         compute_metric(run.metric, out, labels)
-    layer = runner.output_layer(x)
+    layer = runner.score_layer(x)
     run.class_scores, run.not_scores_why = class_scores(
         out.shape, layer, labels=run.ds.has_labels, outputs=out
     )

@@ -233,3 +233,46 @@ def test_an_output_named_as_an_embedding_is_features_though_a_linear_computes_it
         and why == "its output is named image_embeds, so it holds features: an embedding or hidden states"
     )
     assert family("logits") is None and family("output_0") is None
+
+
+class Backbone(nn.Module):
+    """A classifier whose head a user replaced to get features: ``fc`` (``model.fc = nn.Identity()``)
+    or the last child of a ``classifier`` Sequential (torchvision VGG's ``classifier[6]``)."""
+
+    def __init__(self, fc: nn.Module | None = None, classifier: nn.Module | None = None):
+        super().__init__()
+        self.conv, self.act = nn.Conv2d(3, 8, 3), nn.ReLU()
+        self.norm_head = nn.Identity()  # timm's: an Identity where there is no norm, before the head
+        self.fc = fc if fc is not None else nn.Linear(8, 5)
+        self.classifier = classifier if classifier is not None else nn.Identity()
+
+    def forward(self, x):
+        return self.classifier(self.fc(self.norm_head(self.act(self.conv(x))).mean((2, 3))))
+
+
+@pytest.mark.parametrize(
+    "model, layer",
+    [
+        (Backbone(fc=nn.Identity()), "Identity as fc"),  # and its classifier: fc's is nearer
+        (
+            Backbone(fc=nn.Identity(), classifier=nn.Sequential(nn.ReLU(), nn.Identity())),
+            "Identity as classifier.1",
+        ),
+        (Backbone(), "Linear"),  # the Identity classifier after a Linear: the Linear is the head
+        (Backbone(fc=nn.Sequential(nn.Linear(8, 5), nn.Identity())), "Linear"),  # an Identity right after it
+        (
+            Backbone(fc=nn.Sequential(nn.Identity(), nn.ReLU()), classifier=nn.ReLU()),
+            "Conv2d",
+        ),  # an Identity that is not the last child of the head: the Conv (no removed head here)
+    ],
+)
+def test_a_classifier_replaced_by_identity_is_features(model, layer):
+    """An ``nn.Identity`` where a classifier was (timm's ``num_classes=0``, ``fc = nn.Identity()``): the
+    Conv before it would read as a head, as SqueezeNet's last Conv + ReLU is a real one."""
+    got = output_layer(model.eval(), torch.randn(2, 3, 8, 8))
+    assert got == layer
+    ok, why = class_scores((2, 8), got)
+    assert ok == (family(layer) == HEAD)
+    if layer.startswith("Identity"):
+        name = layer.removeprefix("Identity as ")
+        assert why == f"its {name} is nn.Identity (the classifier was removed), so it holds features"

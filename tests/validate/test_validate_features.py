@@ -177,3 +177,52 @@ def test_an_unrelated_embedding_is_not_best_without_a_gate():
     bad, same = res["artifacts"]
     assert bad["agreement"]["top1_agreement"] is None and bad["agreement"]["min_cosine"] < 0.9
     assert res["best"] != bad["name"]
+
+
+class _BatchNormFeatures(torch.nn.Module):
+    """Pooled BatchNorm states (a ResNet's feature extractor ends so): ONNX and OpenVINO fold the
+    BatchNorm into the Conv before it, so their graphs read as a Conv head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)).mean((2, 3))
+
+
+def test_the_sidecar_keeps_the_source_modules_verdict_where_the_file_graph_loses_it(tmp_path, cli):
+    """The layer read on the module a file was written from is recorded (``extra.output_layer``) and
+    decides for the file as a reference: its ONNX graph alone reads as a Conv, i.e. class scores."""
+    from ptopt.core.artifact import sidecar_path
+    from ptopt.core.scores import onnx_output_layer
+    from ptopt.export.api import export
+    from ptopt.validate.runners import open_runner
+
+    torch.manual_seed(0)
+    path = tmp_path / "f.onnx"
+    art = export(_BatchNormFeatures().eval(), "onnx", path, input_shapes=["2x3x8x8"]).artifact
+    assert art.extra["output_layer"] == "BatchNorm2d" and onnx_output_layer(path) == "Conv"
+    torch.save(torch.randn(16, 3, 8, 8), tmp_path / "x.pt")
+    args = (
+        "validate",
+        path,
+        path,
+        "--data",
+        tmp_path / "x.pt",
+        "--batch-sizes",
+        "1",
+        "--threads",
+        "1",
+        *FAST,
+    )
+    code, out, err = cli(*args, "--min-agreement", "0.9")
+    assert code == 2 and "normalization (BatchNorm2d)" in " ".join(err.split()), err
+    x = torch.randn(1, 3, 8, 8)
+    runner = open_runner(path, "f.onnx")
+    assert runner.score_layer(x) == "BatchNorm2d"
+    runner.close()
+    sidecar_path(path).unlink()  # a file with no record: its own graph decides
+    runner = open_runner(path, "f.onnx")
+    assert runner.score_layer(x) == "Conv"
+    runner.close()

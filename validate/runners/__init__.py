@@ -76,7 +76,10 @@ def runner_for_loaded(name: str, loaded: Any, providers: Sequence[str] | None = 
     row = find_format(loaded.format)
     if row is None:
         raise ModelLoadError(f"{name}: no runner for format {loaded.format!r}")
-    return row.runner(name, loaded, providers=providers)
+    runner = row.runner(name, loaded, providers=providers)
+    extra = loaded.artifact.extra if loaded.artifact is not None else {}
+    runner.recorded_layer = extra.get("output_layer") if isinstance(extra.get("output_layer"), str) else None
+    return runner
 
 
 def display_name(ref: Any) -> str:
