@@ -24,7 +24,9 @@ Where nothing can be read (a compiled package with no record) the shape alone de
 
 from __future__ import annotations
 
+import contextlib
 import re
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -139,11 +141,25 @@ def model_class_scores(model: Any, x: Any, *, labels: bool = False) -> tuple[boo
     return class_scores(out.shape, layer, labels=labels, outputs=out)
 
 
+#: the layers read on the modules loaded files were written from (their sidecars' ``extra.output_layer``)
+_RECORDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def remember_layer(module: Any, layer: str) -> None:
+    """``output_layer`` of ``module`` (loaded from a file) is ``layer``, as read on the module the file
+    was written from: a frozen TorchScript graph folds a last BatchNorm into the Conv before it."""
+    with contextlib.suppress(TypeError):  # a module that takes no weak reference: read its graph
+        _RECORDED[module] = layer
+
+
 def output_layer(model: Any, x: Any) -> str | None:
     """The first layer with weights behind ``model``'s primary output on the batch ``x`` (its type or
     op name), or None where it cannot be read. ``model``: an eager module, a TorchScript module or an
-    fx GraphModule (``ExportedProgram.module()``)."""
+    fx GraphModule (``ExportedProgram.module()``); a loaded file's ``remember_layer`` answers first."""
     import torch
+
+    with contextlib.suppress(KeyError, TypeError):
+        return _RECORDED[model]
 
     if isinstance(model, torch.jit.ScriptModule):
         return _script_output_layer(model)

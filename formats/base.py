@@ -189,4 +189,8 @@ def loaded_model(ref: Any, fmt: str, module: Any, path: Path, art: Any, **kw: An
     specs, style = kw.pop("specs", []), kw.pop("style", "positional")
     if art is not None:
         specs, style = list(art.inputs) or specs, art.input_style if art.inputs else style
+        if module is not None and isinstance(art.extra.get("output_layer"), str):
+            from ptopt.core.scores import remember_layer
+
+            remember_layer(module, art.extra["output_layer"])
     return LoadedModel(str(ref), fmt, module, path, art, list(specs), style, kw.pop("info", {}))

@@ -276,3 +276,30 @@ def test_a_classifier_replaced_by_identity_is_features(model, layer):
     if layer.startswith("Identity"):
         name = layer.removeprefix("Identity as ")
         assert why == f"its {name} is nn.Identity (the classifier was removed), so it holds features"
+
+
+def test_a_loaded_file_answers_with_the_layer_its_source_module_had(tmp_path):
+    """A frozen TorchScript folds a last BatchNorm into the Conv before it: its graph reads as a Conv
+    head. The sidecar's ``extra.output_layer`` (read on the module the file was written from) answers
+    for the loaded module, in quantize, prune and distill as in validate."""
+    from ptopt.core.artifact import sidecar_path
+    from ptopt.core.modelref import as_loaded
+    from ptopt.core.scores import _script_output_layer
+    from ptopt.export.api import export
+
+    class Features(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return self.bn(self.conv(x)).mean((2, 3))
+
+    torch.manual_seed(0)
+    export(Features().eval(), "torchscript", tmp_path / "f.pt", input_shapes=["2x3x8x8"])
+    x = torch.randn(1, 3, 8, 8)
+    module = as_loaded(tmp_path / "f.pt").module
+    assert _script_output_layer(module) == "aten::_convolution"
+    assert output_layer(module, x) == "BatchNorm2d"
+    sidecar_path(tmp_path / "f.pt").unlink()
+    assert output_layer(as_loaded(tmp_path / "f.pt").module, x) == "aten::_convolution"
