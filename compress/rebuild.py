@@ -86,9 +86,12 @@ def rebuild(loaded: Any, allow_pickle: bool, for_what: str, load: Callable[..., 
         _REBUILDING.pop()
     if not parent.input_specs:
         parent.input_specs, parent.input_style = list(loaded.input_specs), loaded.input_style
-    module = _pruned_again(parent, method, art.config, loaded, source)
-    _load_tensors(module, loaded, source)
-    _same_outputs(module, loaded, source)
+    try:
+        module = _pruned_again(parent, method, art.config, loaded, source)
+        _load_tensors(module, loaded, source)
+        _same_outputs(module, loaded, source)
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{e}{_changed(art.parent, source)}") from None
     info = {**loaded.info, "rebuilt_from": str(loaded.path)}
     return dataclasses.replace(loaded, format="eager", module=module, info=info)
 
@@ -165,6 +168,16 @@ def _same_outputs(module: Any, loaded: Any, source: str) -> None:
         raise UnsupportedModelError(
             _why(loaded, source, "the rebuilt model does not compute what the file computes")
         )
+
+
+def _changed(parent: dict[str, Any], source: str) -> str:
+    """Why a rebuild may fail, when it does: the parent file is not the one the sidecar recorded."""
+    from ptopt.core.artifact import sha256_file
+
+    path = Path(source)
+    if not parent.get("sha256") or not path.is_file() or sha256_file(path) == parent["sha256"]:
+        return ""
+    return f"; {source} is not the file it was pruned from (its sha256 differs from the one recorded)"
 
 
 def _why(loaded: Any, source: str, what: str) -> str:

@@ -152,6 +152,23 @@ def test_a_relative_parent_is_found_beside_the_file_from_another_folder(tmp_path
     assert loaded.format == "eager" and loaded.info["rebuilt_from"] == str(work / "b.pt")
 
 
+def test_a_parent_changed_since_the_pruning_is_named_when_the_rebuild_fails(tmp_path):
+    from ptopt.compress.prune.api import prune
+    from ptopt.compress.stage import load_eager
+    from ptopt.core.errors import UnsupportedModelError
+
+    prune("zoo:resnet", "structured", 0.3, tmp_path / "a.pt")
+    prune(tmp_path / "a.pt", "structured", 0.3, tmp_path / "b.pt")
+    assert load_eager(tmp_path / "b.pt", None, False, "quantization").format == "eager"
+    prune("zoo:resnet", "structured", 0.5, tmp_path / "a.pt")  # another a.pt since
+    with pytest.raises(UnsupportedModelError) as e:
+        load_eager(tmp_path / "b.pt", None, False, "quantization")
+    assert "does not give the file's tensors" in str(e.value)
+    assert str(e.value).endswith(
+        "is not the file it was pruned from (its sha256 differs from the one recorded)"
+    )
+
+
 def test_which_parents_need_consent(tmp_path):
     """Only a reference that imports Python (``pkg.module:factory``) needs --allow-pickle; files go
     through the safe loaders, ``zoo:`` is ptopt's own, ``hf:`` loads local safetensors without remote code."""
