@@ -32,6 +32,9 @@ from ptopt.core.outputs import check_outputs
 Writer = Callable[[Path], "dict[str, Any] | None"]
 
 _MERGED = ("extra", "metrics")
+#: extra keys the template keeps over a writer's: the layer behind the output as read on the model a
+#: stage started from (a quantized graph has lost an ``nn.Identity`` classifier the fp32 model shows)
+_TEMPLATE_KEEPS = ("output_layer",)
 _REPLACED = ("files", "outputs", "inputs", "input_style", "precision", "format")
 
 
@@ -108,6 +111,7 @@ class Result:
                 setattr(art, key, value)
             else:
                 raise KeyError(f"a writer returned an unknown sidecar field {key!r}")
+        art.extra.update({k: self.template.extra[k] for k in _TEMPLATE_KEEPS if k in self.template.extra})
         return art
 
     def __getattr__(self, name: str) -> Any:

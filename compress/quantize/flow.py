@@ -122,10 +122,20 @@ def build_result(config: QuantConfig, prep: Prepared, q: Quantized) -> Any:
         parent=prep.loaded.parent_record(),
         precision="int8",
         metrics=metrics,
-        extra={"float_layers": q.float_layers, "int8_share": share, **q.summary},
+        extra={"float_layers": q.float_layers, "int8_share": share, **q.summary, **_source_layer(prep)},
     )
     sources = input_files(prep.loaded.path, prep.loaded.info.get("weights"), *prep.refs.values())
     return Result(q.model, template, q.write, inputs_paths=sources, source=prep.loaded)
+
+
+def _source_layer(prep: Prepared) -> dict[str, str]:
+    """``{"output_layer": ...}`` read on the fp32 model (``core.scores``): the int8 graph may have lost
+    what says its outputs are features (an ``nn.Identity`` classifier); empty where it cannot be read."""
+    from ptopt.core.data import Dataset
+    from ptopt.core.scores import output_layer
+
+    layer = output_layer(prep.module, Dataset(prep.example, name="example").take(1).x)
+    return {"output_layer": layer} if layer is not None else {}
 
 
 def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any) -> None:

@@ -226,3 +226,34 @@ def test_the_sidecar_keeps_the_source_modules_verdict_where_the_file_graph_loses
     runner = open_runner(path, "f.onnx")
     assert runner.score_layer(x) == "Conv"
     runner.close()
+
+
+class _IdentityHead(torch.nn.Module):
+    """A CNN whose classifier a user replaced by ``nn.Identity`` to get its features."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.act, self.fc = torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Identity()
+
+    def forward(self, x):
+        return self.fc(self.act(self.conv(x)).mean((2, 3)))
+
+
+def test_an_int8_file_keeps_the_fp32_models_verdict(tmp_path, cli):
+    """The int8 graph has lost the ``nn.Identity`` (it reads as a quantized Conv head): the sidecar
+    records the fp32 model's reading, so the int8 file as a reference gets no top-1 agreement."""
+    from ptopt.compress.quantize.api import quantize
+    from ptopt.core.modelref import as_loaded
+    from ptopt.core.scores import _script_output_layer
+
+    torch.manual_seed(0)
+    torch.save(torch.randn(32, 3, 8, 8), tmp_path / "x.pt")
+    res = quantize(
+        _IdentityHead().eval(), "static", tmp_path / "q.pt", calib_data=tmp_path / "x.pt", progress=False
+    )
+    assert res.artifact.extra["output_layer"] == "Identity as fc"
+    assert "conv" in _script_output_layer(as_loaded(tmp_path / "q.pt").module)  # the graph alone: a head
+    args = ("validate", tmp_path / "q.pt", tmp_path / "q.pt", "--data", tmp_path / "x.pt", "--batch-sizes", "1",
+            "--threads", "1", *FAST)  # fmt: skip
+    code, out, err = cli(*args, "--min-agreement", "0.9")
+    assert code == 2 and "its fc is nn.Identity" in " ".join(err.split()), err
