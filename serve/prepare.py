@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 #: ``package --format`` -> the server it packages for (a format row's ``servers`` say which run it as it is)
 SERVER = {"mar": "torchserve", "triton": "triton", "ray": "ray"}
+PACKAGE_LABELS = {"mar": "a TorchServe .mar", "triton": "a Triton repository", "ray": "a Ray Serve folder"}
 
 
 @dataclasses.dataclass
@@ -85,8 +86,10 @@ def prepare(
     _refuse_text_model(loaded)
     if input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
-    if loaded.format in (servable_formats("mar") if servable is None else servable) and loaded.path:
+    servable = servable_formats("mar") if servable is None else servable
+    if loaded.format in servable and loaded.path:
         return _prepare_servable(loaded)
+    _refuse_unservable(loaded, servable)
     return _prepare_by_export(loaded, tmp)
 
 
@@ -106,6 +109,24 @@ def _refuse_text_model(loaded: LoadedModel) -> None:
             f"{loaded.ref} is a language-model folder ({row.name}): Ray Serve serves it as text "
             "(ptopt serve FOLDER, or ptopt package FOLDER --format ray); .mar and Triton packages hold tensor models"
         )
+
+
+def _refuse_unservable(loaded: LoadedModel, servable: Sequence[str]) -> None:
+    """A file of a runtime this server does not run, which no export turns into TorchScript (an
+    OpenVINO IR for Triton): the packages that take it, and the model to give instead."""
+    from ptopt.core.formats import find_format, with_article
+
+    row = find_format(loaded.format)
+    if row is None or row.reexportable:
+        return
+    package = next((p for p in SERVER if servable_formats(p) == list(servable)), None)
+    takes = [f"--format {p}" for p, server in SERVER.items() if server in row.servers]
+    made = ((loaded.artifact.parent if loaded.artifact else None) or {}).get("path")
+    raise UsageError(
+        f"{loaded.ref}: {PACKAGE_LABELS.get(package, 'this package')} does not take {with_article(row.label)}"
+        + (f"; package it with {' or '.join(takes)}" if takes else "")
+        + f", or package the PyTorch model it was made from ({made or 'MODEL'})"
+    )
 
 
 def _refuse_missing_file(artifact: Any) -> None:

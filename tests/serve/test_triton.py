@@ -131,3 +131,18 @@ def test_read_config_parses_lists_and_comments(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "int64", "bool", "float16"])
 def test_dtype_names(dtype):
     assert TRITON_DTYPES[dtype].startswith("TYPE_")
+
+
+def test_an_openvino_ir_is_refused_naming_the_packages_that_take_it(cli, tmp_path):
+    """Triton's repository takes ONNX, TorchScript and AOTInductor files; an IR cannot be exported to
+    TorchScript (it said "already an OpenVINO IR; export starts from a PyTorch model")."""
+    from ptopt.export.api import export
+    from tests.helpers import assert_refused
+
+    export("tests.helpers:tiny_cnn", "openvino", tmp_path / "m.xml")
+    assert_refused(
+        cli, "package", tmp_path / "m.xml", "--format", "triton", "-o", tmp_path / "repo",
+        match=("m.xml: a Triton repository does not take an OpenVINO IR", "--format mar or --format ray",
+               "the PyTorch model it was made from (tests.helpers:tiny_cnn)"),
+    )  # fmt: skip
+    assert not (tmp_path / "repo").exists()
