@@ -357,3 +357,21 @@ def test_bad_python_input_is_refused(artifacts, tmp_path, case):
     kwargs.setdefault("data", artifacts["data"])
     kwargs.setdefault("latency", QUICK)
     assert_refused(validate, FACTORY, threads=1, error=error, match=match, where=tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "gates, agreement, want",
+    [
+        ({"min_cosine": 0.99999}, {"min_cosine": 0.99962}, "worst-sample cosine 0.99962 (min 0.99999)"),
+        ({"min_cosine": 0.98}, {"min_cosine": 0.98123}, "worst-sample cosine 0.9812 (min 0.9800)"),
+        ({"min_agreement": 0.99995}, {"top1_agreement": 0.99991}, "top-1 agreement 99.991% (min 99.995%)"),
+        ({"min_agreement": 0.99}, {"top1_agreement": 0.98765}, "top-1 agreement 98.77% (min 99.00%)"),
+    ],
+)
+def test_a_gate_message_shows_its_limit_as_given(gates, agreement, want):
+    """``--min-cosine 0.99999`` read "worst-sample cosine 0.9996 (min 1.0000)": a limit rounded past
+    what the user gave, beside a figure rounded the same way."""
+    from ptopt.validate.gates import Gates, evaluate
+
+    (result,) = evaluate(Gates(**gates), {"name": "a", "agreement": agreement}, {}, {"name": "top1"})
+    assert result.message == want
