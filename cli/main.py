@@ -40,11 +40,22 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
 
+_QUIET_KEY = "ptopt.quiet"
+#: ``--quiet`` for a command whose function takes none (export, prune, package, inspect, ...): noted in
+#: ``ctx.meta``, read by ``_reported``
+_QUIET = click.Option(
+    ["--quiet", "-q"], is_flag=True, expose_value=False, help="No progress lines.",
+    callback=lambda ctx, _param, value: ctx.meta.__setitem__(_QUIET_KEY, value),
+)  # fmt: skip
+
+
 def _reported(command: click.Command) -> click.Command:
     """The command with its long work reported on stderr (``ptopt.core.progress``: bars on a terminal,
     plain lines in a log), except under its ``--quiet`` / ``--no-progress``."""
     if getattr(command, "_ptopt_reported", False):
         return command
+    if not {"quiet", "no_progress"} & {p.name for p in command.params}:
+        command.params.append(_QUIET)
     invoke = command.invoke
 
     def reported(ctx: click.Context) -> object:
@@ -52,7 +63,7 @@ def _reported(command: click.Command) -> click.Command:
         from ptopt.core.errors import OptionIgnored
         from ptopt.core.options import soft_options
 
-        quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress"))
+        quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress") or ctx.meta.get(_QUIET_KEY))
         env = _from_environment(ctx)
         started = _process_started()
         # the command itself is a step: whatever no inner step covers (imports, a call nothing times)

@@ -70,7 +70,10 @@ def data_option(flag: str, help: str, *, required: bool = False, metavar: str = 
 
 
 def progress_option(f: F) -> F:
-    return click.option("--no-progress", is_flag=True, help="No progress bars.")(f)
+    """``--quiet`` / ``-q``, as every command has it, also spelled ``--no-progress`` (its older name)."""
+    return click.option(
+        "--quiet", "-q", "--no-progress", "no_progress", is_flag=True, help="No progress lines."
+    )(f)
 
 
 def quiet_option(f: F) -> F:

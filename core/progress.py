@@ -184,6 +184,12 @@ def is_heartbeat(line: str) -> bool:
     return bool(HEARTBEAT_LINE.match(line.rstrip("\n")))
 
 
+def _muted() -> bool:
+    """Whether a caller muted reporting here (``reporting(False)``: ``--quiet``)."""
+    with _lock:
+        return bool(_active) and _active[-1] is None
+
+
 def enabled() -> bool:
     """Whether anything is reported (a caller turned reporting on and no inner block muted it)."""
     return _current() is not None
@@ -230,11 +236,11 @@ def reporting(
 
 def twin(progress: bool | Callable[[str], None] | None) -> contextlib.AbstractContextManager:
     """What a Python twin's ``progress`` argument turns on: ``True`` (stderr) or a callable (its lines)
-    where nothing reports yet (under the CLI, the command's reporting goes on), ``False`` mutes the
-    call, ``None`` changes nothing."""
+    where nothing reports yet (under the CLI, the command's reporting goes on; under its ``--quiet``,
+    ``True`` stays muted), ``False`` mutes the call, ``None`` changes nothing."""
     if progress is False:
         return reporting(False)
-    if progress is None or enabled():
+    if progress is None or enabled() or (progress is True and _muted()):
         return contextlib.nullcontext()
     return reporting(progress)
 

@@ -254,3 +254,22 @@ def test_doctor_lists_every_runtime_a_format_needs_with_its_fix(cli, monkeypatch
     for fix in ("pip install 'ptopt[openvino]'", "pip install 'ptopt[llm]'", "pip install 'ptopt[torchao]'"):
         assert fix in out, fix
     assert "missing: each row says how to install it" in out
+
+
+def test_every_command_takes_quiet(cli, run_ptopt, tmp_path):
+    """``--quiet`` / ``-q`` was on validate, optimize and run only (quantize and distill: ``--no-progress``;
+    export, prune, package, inspect: neither), though the docs said every command has it."""
+    from ptopt.commands import COMMANDS
+
+    for name in COMMANDS:
+        code, out, _ = cli(name, "--help")
+        assert code == 0 and "-q, --quiet" in out, name
+    args = ("export", "tests.helpers:tiny_cnn", "--target", "torchscript", "-o")
+    run = run_ptopt(*args, tmp_path / "new" / "a.pt")  # a note on stderr: "created folder new/ ..."
+    assert run.returncode == 0 and "created folder" in run.stderr, run.stderr
+    run = run_ptopt(*args, tmp_path / "new2" / "b.pt", "-q")
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    code, _, err = cli(
+        "quantize", "tests.helpers:tiny_cnn", "--mode", "dynamic", "--no-progress", "-o", tmp_path / "q.pt"
+    )
+    assert code == 0, err  # the older name still works
