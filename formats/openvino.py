@@ -314,6 +314,7 @@ def write_ir(
             info["method"] += " + nncf.quantize"
         if float_modules:
             info["nncf"]["float_modules"] = list(float_modules)
+    _name_outputs(model, source, specs, style)
     model.set_rt_info(precision, list(HINT_KEY))
     with quiet():
         ov.save_model(model, str(path), compress_to_fp16=False)
@@ -326,6 +327,23 @@ def write_ir(
         output_names=[o.get_any_name() for o in model.outputs],
     )
     return info
+
+
+def _name_outputs(model: Any, source: Any, specs: Sequence[InputSpec], style: str) -> None:
+    """The IR's outputs named as the ONNX export names them (``formats.capture.graph_output_names``: the
+    model's dict keys, else ``output`` / ``output_i``); the conversion named them after the last op
+    (``view:0``), which is what a server answered. Left as converted where the outputs do not match."""
+    from ptopt.core.inputspec import make_inputs
+    from ptopt.formats.capture import graph_output_names
+
+    try:
+        x = make_inputs(specs, style, "min", batch=1)
+        names = graph_output_names(source, x, [i.get_any_name() for i in model.inputs if i.get_names()])
+    except Exception:  # noqa: BLE001 - a source that does not run on sampled inputs keeps the converted names
+        return
+    if len(names) == len(model.outputs):
+        for out, name in zip(model.outputs, names, strict=True):
+            out.get_tensor().set_names({name})
 
 
 def convert_ir(module: Any, specs: Sequence[InputSpec], style: str) -> tuple[Any, str]:

@@ -53,6 +53,34 @@ def test_api_fp32_ir_reloads_in_plain_openvino(tmp_path):
     assert str(shape) == "[1..64,1,8,8]"
 
 
+class _TwoOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(12, 4)
+
+    def forward(self, x):
+        return {"image_embeds": self.proj(x), "pooled": x.mean(-1, keepdim=True)}
+
+
+def test_ir_outputs_are_named_as_the_onnx_exports_are(tmp_path):
+    """The conversion named outputs after their last op (``view:0``), which is what a server answered;
+    they are the model's dict keys (else ``output``), as in the ONNX export."""
+    import onnx
+    import openvino as ov
+
+    import ptopt
+
+    ptopt.export(_TwoOutputs(), "openvino", tmp_path / "m.xml", input_shapes=["2x12"])
+    ptopt.export(_TwoOutputs(), "onnx", tmp_path / "m.onnx", input_shapes=["2x12"])
+    ir = ov.Core().read_model(str(tmp_path / "m.xml"))
+    graph = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False).graph
+    assert (
+        [o.get_any_name() for o in ir.outputs] == [o.name for o in graph.output] == ["image_embeds", "pooled"]
+    )
+    ptopt.export(tiny_cnn(), "openvino", tmp_path / "c.xml", input_shapes=_calib(4))
+    assert [o.get_any_name() for o in ov.Core().read_model(str(tmp_path / "c.xml")).outputs] == ["output"]
+
+
 def test_cli_int8_with_calibration_then_validate(cli, tmp_path):
     torch.save({"x": _calib(128)}, tmp_path / "calib.pt")
     code, out, err = cli(
