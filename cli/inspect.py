@@ -33,9 +33,32 @@ def command(
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
-    from rich.markup import escape
-    from rich.table import Table
+    _echo_summary(report)
+    _echo_tables(report)
 
+
+def _shape_text(shape: list) -> str:
+    """``2x10``; a dimension read from a graph as a range or a symbol: ``[1..64]x10``."""
+    return "x".join(str(d) if isinstance(d, int) else f"[{d}]" for d in shape)
+
+
+def _weights_line(report: dict) -> str | None:
+    """``parameters:`` of a torch module (its int8 layers' packed weights counted), ``weights:`` of a
+    graph of another runtime (its initializers / constants)."""
+    if report.get("parameters") is None:
+        return None
+    total = f"{report['parameters']:,} ({report['parameter_bytes']:,} bytes"
+    if "weights" in report:
+        kinds = "".join(f"{w['count']:,} {k}, " for k, w in report["weights"].items())
+        return f"weights:    {kinds}{report['parameters']:,} values ({report['parameter_bytes']:,} bytes)"
+    int8 = report.get("int8_layers") or []
+    if int8:
+        n = sum(r["params"] for r in int8)
+        total += f"; {n:,} of them in the packed weights of {len(int8)} int8 layer{'s' * (len(int8) > 1)}"
+    return f"parameters: {total})"
+
+
+def _echo_summary(report: dict) -> None:
     size = report.get("size_bytes")
     click.echo(f"model:      {report['model']} ({report['format']})")
     if size is not None:
@@ -43,8 +66,11 @@ def command(
     side = report.get("sidecar")
     if side:  # a stale sidecar (its sha256 no longer matches the file) is ignored: say so
         click.echo(f"sidecar:    {side['state']}" + (f" ({side['reason']})" if side["reason"] else ""))
-    if report.get("parameters") is not None:
-        click.echo(f"parameters: {report['parameters']:,} ({report['parameter_bytes']:,} bytes)")
+    if report.get("precision"):
+        click.echo(f"precision:  {report['precision']} (from its {report['precision_from']})")
+    line = _weights_line(report)
+    if line:
+        click.echo(line)
     for s in report["inputs"]:
         click.echo(f"input:      {s['describe']}")
     if not report["inputs"]:
@@ -53,16 +79,30 @@ def command(
             "input:      unknown (pass --data or --input-shape"
             + (f"; its first layer suggests {guess})" if guess else ")")
         )
-    ran = next(iter(report.get("ran_batch", {}).values()), "")
-    batch = f" (from a batch of {ran.split('x')[0]})" if ran and "data" not in report else ""
+    ran = report.get("ran_batch") or {}
+    first = next(iter(ran.values()), "")
+    batch = f" (from a batch of {first.split('x')[0]})" if first and "data" not in report else ""
     for o in report.get("outputs", []):
-        click.echo(f"output:     {o['name']}: {'x'.join(map(str, o['shape']))} {o['dtype']}{batch}")
+        click.echo(f"output:     {o['name']}: {_shape_text(o['shape'])} {o['dtype']}{batch}")
     if "data" in report:
         d = report["data"]
         click.echo(
             f"data:       {d['name']}: {d['samples']} samples, labels: {'yes' if d['labels'] else 'no'}; "
-            f"one batch ran: {', '.join(f'{k} {v}' for k, v in report['ran_batch'].items())}"
+            f"one batch ran: {', '.join(f'{k} {v}' for k, v in ran.items())}"
         )
+
+
+def _echo_tables(report: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    if report.get("int8_layers"):
+        t = Table(title="int8 layers (weights packed)", show_lines=False)
+        for col in ("layer", "type", "params", "bytes", "weight"):
+            t.add_column(col, justify="right" if col in ("params", "bytes") else "left", no_wrap=True)
+        for r in report["int8_layers"]:
+            t.add_row(escape(r["name"]), r["type"], f"{r['params']:,}", f"{r['bytes']:,}", r["weight"])
+        echo_table(t)
     if report["layers"]:
         t = Table(title="Layers ptopt can act on", show_lines=False)
         for col in ("layer", "type", "params", "techniques", "notes"):

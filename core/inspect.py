@@ -35,8 +35,9 @@ def _type_name(m: Any) -> str:
     return getattr(m, "original_name", None) or type(m).__name__
 
 
-def layer_table(module: Any) -> list[dict[str, Any]]:
-    """Leaf-ish layers with parameters, with the techniques that apply to each."""
+def layer_table(module: Any, skip: Any = ()) -> list[dict[str, Any]]:
+    """Leaf-ish layers with parameters, with the techniques that apply to each (``skip``: names of
+    layers already int8, which ``int8_layers`` lists)."""
     rows = []
     last_linear = None
     for name, m in module.named_modules():
@@ -44,7 +45,7 @@ def layer_table(module: Any) -> list[dict[str, Any]]:
             last_linear = name
     for name, m in module.named_modules():
         t = _type_name(m)
-        if t not in _TECHNIQUES:
+        if t not in _TECHNIQUES or name in skip:
             continue
         params = sum(p.numel() for p in m.parameters(recurse=True))
         techniques = list(_TECHNIQUES[t])
@@ -57,6 +58,114 @@ def layer_table(module: Any) -> list[dict[str, Any]]:
             techniques = [x for x in techniques if x != "prune-structured"]
         rows.append({"name": name, "type": t, "params": params, "techniques": techniques, "notes": notes})
     return rows
+
+
+def module_weights(module: Any, report: dict[str, Any]) -> None:
+    """Parameters, int8 layers and float layers of a torch module into ``report``: the packed weights of
+    int8 modules counted, and a frozen TorchScript's weights read from its graph's constants."""
+    from ptopt.core.weights import dtype_name, graph_weights, module_packed_layers
+
+    tensors = list(module.parameters())
+    int8 = module_packed_layers(module)
+    if not int8 and not tensors:  # a frozen TorchScript: its weights are constants of the graph
+        int8, tensors = graph_weights(module)
+    report["parameters"] = sum(t.numel() for t in tensors) + sum(r["params"] for r in int8)
+    report["parameter_bytes"] = sum(t.numel() * t.element_size() for t in tensors) + sum(
+        r["bytes"] for r in int8
+    )
+    report["layers"] = layer_table(module, skip={r["name"] for r in int8})
+    report["int8_layers"] = int8
+    elements: dict[str, int] = {}
+    for dtype, n in [(dtype_name(t), t.numel()) for t in tensors] + [(r["dtype"], r["params"]) for r in int8]:
+        elements[dtype] = elements.get(dtype, 0) + n
+    report["weight_dtypes"] = elements
+
+
+def _precision(loaded: Any, report: dict[str, Any]) -> None:
+    """The artifact's precision and where it was read: its sidecar, else its graph or weights."""
+    from ptopt.core.weights import precision_of_weights
+
+    if loaded.artifact is not None and loaded.artifact.precision:
+        report["precision"], report["precision_from"] = loaded.artifact.precision, "sidecar"
+        return
+    said = report.pop("graph_precision", None)
+    if said:  # what the graph records (OpenVINO's rt_info), else what its weights' dtypes say
+        report["precision"], report["precision_from"] = said, "graph"
+    elif precision_of_weights(report.get("weight_dtypes") or {}):
+        report["precision"] = precision_of_weights(report["weight_dtypes"])
+        report["precision_from"] = "weights"
+
+
+def _graph_facts(loaded: Any, report: dict[str, Any]) -> None:
+    """What a file of another runtime's graph says without running it (its format's ``describe``):
+    outputs, weight count and bytes (initializers / constants), the precision its weights say."""
+    from ptopt.core.formats import find_format
+
+    row = find_format(loaded.format)
+    facts = row.describe(loaded) if row is not None else {}
+    report["parameters"] = facts.get("parameters")
+    if facts.get("parameters") is not None:
+        report["parameter_bytes"] = facts["parameter_bytes"]
+        report["weights"] = facts.get("weights", {})
+    report["weight_dtypes"] = facts.get("weight_dtypes", {})
+    if facts.get("precision"):
+        report["graph_precision"] = facts["precision"]
+    report["outputs"] = facts.get("outputs", [])
+    report["layers"] = []
+
+
+def _run_in_runtime(loaded: Any, x: Any, what: str) -> list[tuple[str, Any]]:
+    """One batch through a file of another runtime (ONNX Runtime, OpenVINO) by its validate runner;
+    a failure is a ShapeMismatchError naming what was given."""
+    import torch
+
+    from ptopt.core.errors import PtoptError, ShapeMismatchError
+    from ptopt.core.formats import get_format
+
+    runner = get_format(loaded.format).runner(loaded.ref, loaded)
+    try:
+        runner.prepare(torch.get_num_threads())
+        return runner.named_outputs(x)
+    except PtoptError:
+        raise
+    except Exception as e:  # noqa: BLE001 - each runtime raises its own types for a batch it cannot take
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        got = ", ".join(
+            f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x)
+        )
+        raise ShapeMismatchError(f"{what} does not fit model {loaded.ref}: {reason[:300]}", got=got) from None
+    finally:
+        runner.close()
+
+
+def _batch_size(loaded: Any, ds: Any) -> int:
+    """Up to 8 samples; a file whose batch dimension is fixed (or bounded) gets a batch it takes."""
+    n = min(len(ds), 8)
+    spec = loaded.input_specs[0]
+    if spec.min_shape and not spec.min_shape[0] <= n <= spec.max_shape[0]:
+        return max(1, min(spec.min_shape[0], len(ds)))
+    return n
+
+
+def _run_batch(loaded: Any, ds: Any, report: dict[str, Any]) -> None:
+    """Run one batch (of the data, else a sample input from the specs) and list the outputs it gave:
+    a torch module in this process, a file of another runtime (ONNX, OpenVINO) in its own runtime,
+    only with data (without, its outputs are read from its graph). The graph's output dtypes are kept
+    (ONNX Runtime's bfloat16 comes back as float32)."""
+    if ds is None and loaded.module is None:
+        return
+    x = ds.first_batch(_batch_size(loaded, ds)).x if ds is not None else loaded.example_inputs(which="opt")
+    what = ds.name if ds is not None else "sample input"
+    if loaded.module is not None:
+        outs = named_outputs(run_checked(loaded, x, what=what))
+    else:
+        outs = _run_in_runtime(loaded, x, what)
+    declared = {o["name"]: o["dtype"] for o in report.get("outputs", [])}
+    report["outputs"] = [
+        {"name": n, "shape": list(t.shape), "dtype": declared.get(n) or str(t.dtype).replace("torch.", "")}
+        for n, t in outs
+    ]
+    report["ran_batch"] = {n: format_shape(t.shape) for n, t in flatten_inputs(x)}
 
 
 def _implied_or_suggested(loaded: Any, report: dict[str, Any]) -> None:
@@ -121,20 +230,10 @@ def inspect_model(
     report["input_style"] = loaded.input_style
 
     if loaded.module is not None:
-        module = loaded.module
-        params = list(module.parameters())
-        report["parameters"] = sum(p.numel() for p in params)
-        report["parameter_bytes"] = sum(p.numel() * p.element_size() for p in params)
-        report["layers"] = layer_table(module)
-        if loaded.input_specs:
-            x = ds.first_batch(min(len(ds), 8)).x if ds is not None else loaded.example_inputs(which="opt")
-            out = run_checked(loaded, x, what=ds.name if ds is not None else "sample input")
-            report["outputs"] = [
-                {"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
-                for n, t in named_outputs(out)
-            ]
-            report["ran_batch"] = {n: format_shape(t.shape) for n, t in flatten_inputs(x)}
+        module_weights(loaded.module, report)
     else:
-        report["parameters"] = None
-        report["layers"] = []
+        _graph_facts(loaded, report)
+    if loaded.input_specs:
+        _run_batch(loaded, ds, report)
+    _precision(loaded, report)
     return report

@@ -9,6 +9,8 @@ is, whether loading it runs native code) and does the format's work:
 - ``write(module, path, ...)``: an in-memory model as this format's file(s) (``export.writers``);
 - ``reload(path, ...)``: the written file loaded back the way a user loads it (for the parity check);
 - ``runner(name, loaded)``: the validate runner that runs it in its own runtime;
+- ``describe(loaded)``: what its graph says without running it (``ptopt inspect`` of a file without a
+  torch module: outputs, weight count and bytes, the precision its weights say);
 - ``check_config`` / ``check_available`` / ``export_options``: what ``ptopt export`` asks of it.
 
 The table itself lives in ``ptopt.core.formats`` (core reads it without importing this package);
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ptopt.core.errors import ModelLoadError, UsageError
+from ptopt.core.formats import with_article
 
 #: half precisions: weights and floating-point activations in float16 / bfloat16
 HALF = ("fp16", "bf16")
@@ -107,7 +110,15 @@ class Format:
 
     def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
         """``path`` as a ``ptopt.core.modelref.LoadedModel`` (``art``: its trusted sidecar or None)."""
-        raise ModelLoadError(f"{path}: a {self.label or self.name} file is not a model ptopt loads")
+        raise ModelLoadError(f"{path}: {with_article(self.kind_of(path))} is not a model ptopt loads")
+
+    def kind_of(self, path: Path) -> str:
+        """What ``path`` is, for messages: "TorchServe .mar file", "Ray Serve application folder"
+        (a folder is never called a file; a label that names its container is not repeated)."""
+        label = self.label or self.name
+        noun = "folder" if path.is_dir() else "file"
+        last = label.rsplit(" ", 1)[-1].lower()
+        return label if last in ("folder", "repository", "directory", "file", noun) else f"{label} {noun}"
 
     def check_file(self, path: Path) -> None:
         """A quick check that ``path`` loads (ModelLoadError), made before anything is measured."""
@@ -115,6 +126,14 @@ class Format:
     def files(self, path: Path) -> list[Path]:
         """Every file of the artifact at ``path`` (the main one first), for its size."""
         return [path]
+
+    def describe(self, loaded: Any) -> dict[str, Any]:
+        """What the file's graph says without running it, for ``ptopt inspect`` of a model without a torch
+        module: ``outputs`` (``name``, ``shape``: ints, a dynamic dim as text, ``dtype``), ``parameters``
+        and ``parameter_bytes`` (its weights), ``weights`` (counts and bytes by kind), ``weight_dtypes``
+        (dtype -> element count) and ``precision`` (the one its graph records or its weights' dtypes say).
+        Empty: nothing is read (a format ptopt runs as a torch module)."""
+        return {}
 
     # -- writing -----------------------------------------------------------------------------------
     def write(self, module: Any, path: Path, **kw: Any) -> dict[str, Any]:

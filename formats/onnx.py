@@ -67,6 +67,11 @@ class Onnx(Format):
     def files(self, path: Path) -> list[Path]:
         return onnx_files(path)
 
+    def describe(self, loaded: Any) -> dict[str, Any]:
+        from ptopt.formats.graph_facts import onnx_facts
+
+        return onnx_facts(loaded.path, loaded.input_specs)
+
     def write(self, module: Any, path: Path, **kw: Any) -> dict[str, Any]:
         return write_onnx(module, path, **kw)
 

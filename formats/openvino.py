@@ -96,6 +96,12 @@ class OpenVINO(Format):
         info = {"openvino_precision": precision_of(model)}
         return loaded_model(path, self.name, None, path, art, specs=specs, info=info)
 
+    def describe(self, loaded: Any) -> dict[str, Any]:
+        from ptopt.formats.graph_facts import openvino_facts
+
+        model = read_ir(loaded.path)
+        return openvino_facts(model, precision_of(model) if model.has_rt_info(list(HINT_KEY)) else None)
+
     def write(self, module: Any, path: Path, **kw: Any) -> dict[str, Any]:
         return write_ir(module, path, **kw)
 
