@@ -32,6 +32,8 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import numbers
+import os
 import types
 import typing
 import warnings
@@ -156,6 +158,12 @@ class Declared:
         return self.opt.flag or "--" + self.name.replace("_", "-")
 
     @property
+    def key(self) -> str:
+        """The option's recipe key: its flag's name, dashes as underscores (``--batch-size`` →
+        ``batch_size``). The field's name (the Python keyword) is accepted too."""
+        return self.flag[2:].replace("-", "_")
+
+    @property
     def kind(self) -> type:
         """bool, int, float or str: the type of one value (of each item, for a tuple)."""
         return scalar_type(self.hint)
@@ -277,9 +285,45 @@ class Options:
         if name in table:
             return name
         for d in table.values():
-            if name in d.opt.aliases or name in d.opt.deprecated:
+            if name == d.key or name in d.opt.aliases or name in d.opt.deprecated:
                 return d.name
         return None
+
+    def accepted(self) -> list[str]:
+        """The keys the options take, as an unknown-key refusal lists them: the recipe key (the
+        flag's name), and the field's name in parentheses where it differs."""
+        return [
+            d.key if d.key == n else f"{d.key} ({'not ' * d.opt.negate}{n})"
+            for n, d in self.declared().items()
+        ]
+
+    def recipe_keys(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` (keyword → value) with each option under its recipe key (:attr:`Declared.key`;
+        ``per_channel=False`` → ``per_tensor: true``); other keys as they are."""
+        table = self.declared()
+        out: dict[str, Any] = {}
+        for k, v in options.items():
+            d = table.get(k)
+            if d is not None and d.opt.negate and isinstance(v, bool):
+                v = not v
+            out[d.key if d is not None else k] = v
+        return out
+
+    def check_choices(self, given: Mapping[str, Any], choice: Any = None) -> None:
+        """UsageError for a value outside its option's ``choices`` or a selector value outside the
+        selector's (``mode: statik``), before the twin's config would say so (a recipe's dry run)."""
+        sel = self.selector
+        if sel is not None and sel.cli and choice is not None and str(choice) not in sel.choices():
+            raise UsageError(f"{sel.name}: {choice!r} is not one of {', '.join(sel.choices())}")
+        for key, value in given.items():
+            name = self.keyword(key)
+            d = self.declared().get(name) if name else None
+            if d is None or not d.opt.choices or value is None:
+                continue
+            value = coerce(d, value, key)
+            for item in value if isinstance(value, tuple) else (value,):
+                if str(item) not in d.opt.choices:
+                    raise UsageError(f"{key}: {item!r} is not one of {', '.join(d.opt.choices)}")
 
     def applies(self, name: str, choice: str | None) -> bool:
         """Whether option ``name`` applies where the selector chose ``choice`` (None: not chosen)."""
@@ -327,7 +371,9 @@ class Options:
                 if soft(name):
                     continue
                 raise UsageError(self._inapplicable(d, choice))
-            out[name] = coerce(d, value)
+            value = coerce(d, value, key)
+            negated = d.opt.negate and key == d.key != name  # per_tensor: true → per_channel=False
+            out[name] = not value if negated else value
         return out
 
     def build(self, cls: type, given: Mapping[str, Any], **fixed: Any) -> Any:
@@ -355,7 +401,7 @@ class Options:
             unknown = sorted(set(obj) - set(fields_of(cls)))
             if unknown:
                 raise UsageError(f"{keyword}: unknown option(s) {', '.join(unknown)}")
-            return self.build(cls, {k: coerce(self.declared()[k], v) if k in self.declared() else v
+            return self.build(cls, {k: coerce(self.declared()[k], v, k) if k in self.declared() else v
                                     for k, v in obj.items()})  # fmt: skip
         if not isinstance(obj, cls):
             raise UsageError(f"{keyword} must be a {cls.__name__}, got {type(obj).__name__}")
@@ -367,9 +413,9 @@ class Options:
         return {k: v for k, v in given.items() if k in names}
 
     def _unknown(self, key: str) -> str:
-        names = list(self.declared())
+        names = [*self.declared(), *(d.key for d in self.declared().values())]
         close = difflib.get_close_matches(key, names, n=1)
-        hint = f"; did you mean {close[0]}=?" if close else f" (its options: {', '.join(names)})"
+        hint = f"; did you mean {close[0]}=?" if close else f" (its options: {', '.join(self.accepted())})"
         return f"{self.command}() takes no option {key}={hint}"
 
     def _inapplicable(self, d: Declared, choice: str | None) -> str:
@@ -429,14 +475,105 @@ def _declared(groups: tuple[type | Part, ...]) -> dict[str, Declared]:
     return {n: Declared(n, opts[n], hints[n], tuple(defaults[n])) for n in opts}
 
 
-def coerce(d: Declared, value: Any) -> Any:
-    """A given value in its field's type: a comma-separated string or a list becomes a tuple."""
+def coerce(d: Declared, value: Any, key: str | None = None) -> Any:
+    """A given value in its field's type, as the CLI flag's type would read it (``"false"`` → False,
+    ``"5"`` → 5); a comma-separated string or a list becomes a tuple. UsageError naming ``key`` (the
+    keyword or recipe key given) for a value the option does not take (``per_channel: maybe``)."""
+    key = key or d.name
+    if value is None:
+        return None
     if d.many or typing.get_origin(d.hint) is tuple or _optional_tuple(d.hint):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()] if d.opt.csv else [value]
-        if isinstance(value, (list, tuple)):
-            return tuple(tuple(v) if isinstance(v, list) else v for v in value)
-    return value
+        elif not isinstance(value, (list, tuple)):
+            value = [value]
+        item = _item_hint(d.hint)
+        return tuple(tuple(v) if isinstance(v, list) else typed(item, v, key) for v in value)
+    return typed(d.hint, value, key)
+
+
+#: the words click's BOOL reads as true / false
+_TRUE = ("true", "1", "yes", "y", "on", "t")
+_FALSE = ("false", "0", "no", "n", "off", "f")
+
+
+def typed(hint: Any, value: Any, key: str) -> Any:
+    """``value`` as a scalar of ``hint`` (bool, int, float, str, a union of them; anything else is
+    taken as it is); UsageError ``KEY: VALUE is not WHAT`` where it is not one."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if len(args) == 1:
+            return typed(args[0], value, key)
+        return _one_of(args, value, key)
+    if typing.get_origin(hint) is typing.Literal:
+        hint = type(args[0]) if args else str
+    convert = _CONVERT.get(hint)
+    if convert is None or isinstance(value, os.PathLike) and hint is str:
+        return value
+    try:
+        return convert(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{key}: {value!r} is not {_WHAT[hint]}") from None
+
+
+def _one_of(kinds: list[Any], value: Any, key: str) -> Any:
+    """``value`` as it is where it is one of ``kinds`` (``int | str``: 4 or ``"auto"``)."""
+    if any(k not in _CONVERT for k in kinds):
+        return value
+    for k in kinds:
+        if isinstance(value, k) and (k is bool or not isinstance(value, bool)):
+            return value
+    if str in kinds and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return value
+    for k in kinds:
+        with contextlib.suppress(TypeError, ValueError):
+            return _CONVERT[k](value)
+    raise UsageError(f"{key}: {value!r} is not {' or '.join(_WHAT[k] for k in kinds)}")
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ValueError(value)
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str):
+        return int(value.strip())
+    raise ValueError(value)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return value if isinstance(value, float) else float(value)
+    if isinstance(value, str):
+        return float(value.strip())
+    raise ValueError(value)
+
+
+def _to_str(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(value)
+
+
+_CONVERT: dict[Any, Callable[[Any], Any]] = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+_WHAT = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
+def _item_hint(hint: Any) -> Any:
+    """The type of one item of ``tuple[X, ...]`` (or ``tuple[X, ...] | None``); Any where unknown."""
+    for h in (hint, *typing.get_args(hint)):
+        if typing.get_origin(h) is tuple and typing.get_args(h):
+            return typing.get_args(h)[0]
+    return Any
 
 
 def _optional_tuple(hint: Any) -> bool:

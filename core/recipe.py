@@ -16,12 +16,18 @@ from ptopt.core.errors import UsageError
 RECIPE_VERSION = 1
 #: the top-level keys a recipe may have (a typo in one must not be silently ignored)
 TOP_LEVEL_KEYS = ("version", "vars", "steps")
+#: a step's key that is a flag's name for a twin's own argument, beside its keyword (which
+#: ``--save-recipe`` writes: the twin takes it, so a saved step replays in Python): key → keyword.
+#: A declared option's recipe key is its flag's name (``ptopt.core.options.Declared.key``).
+TWIN_KEYWORDS = {"input_shape": "input_shapes"}
 
 
 def recipe_step(command: str, options: dict[str, Any]) -> dict[str, Any]:
-    """One step; None values and empty tuples are dropped, tuples become lists, paths strings."""
+    """One step, each option under its recipe key (its flag's name: ``batch_size`` for optimize's
+    ``--batch-size``, ``per_tensor: true`` for ``--per-tensor``); None values and empty tuples are
+    dropped, tuples become lists, paths strings."""
     clean: dict[str, Any] = {}
-    for k, v in options.items():
+    for k, v in _recipe_keys(command, options).items():
         if v is None or v == () or v == []:
             continue
         if isinstance(v, tuple):
@@ -30,6 +36,21 @@ def recipe_step(command: str, options: dict[str, Any]) -> dict[str, Any]:
             v = os.fspath(v)
         clean[k] = v
     return {command: clean}
+
+
+def _recipe_keys(command: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` (the twin's keywords) with each declared option under its recipe key (the command's
+    ``Options``, found through the command table; the twin takes these keys too)."""
+    import importlib
+
+    from ptopt.commands import COMMANDS
+
+    cmd = COMMANDS.get(command)
+    if cmd is None or not cmd.twin:
+        return options
+    module, _, attr = cmd.twin.partition(":")
+    spec = getattr(getattr(importlib.import_module(module), attr, None), "__ptopt_options__", None)
+    return spec.recipe_keys(options) if spec is not None else options
 
 
 def save_recipe(path: str | os.PathLike, steps: list[dict[str, Any]]) -> None:

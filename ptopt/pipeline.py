@@ -16,11 +16,14 @@ A recipe (the ``ptopt.core.recipe`` format, as ``--save-recipe`` writes it)::
 
 Each step is ``{command: {option: value}}``; the commands are those of the command table
 (``ptopt.commands``) marked as steps, the options the twin's keyword arguments
-(``ptopt.quantize(model=..., mode=..., output=...)``). Three keys are the step's own, not options:
+(``ptopt.quantize(model=..., mode=..., output=...)``) or the flags' names (``batch_size`` for
+optimize's ``--batch-size``: ``Declared.key``; ``input_shape``: ``TWIN_KEYWORDS``), as
+``--save-recipe`` writes them. Three keys are the step's own, not options:
 
 - ``id`` names a step so later steps can refer to what it produced: ``${ID}`` or ``${ID.output}`` is
   the artifact path it wrote, ``${prev}`` the previous step's; a validate step offers ``${ID.passed}``,
-  ``${ID.best}``, ``${ID.best_path}`` (the best artifact as it was given) and its report paths.
+  ``${ID.best}`` (the best artifact's name; its path where a step reads a file: ``artifact:``),
+  ``${ID.best_path}`` (the best artifact as it was given) and its report paths.
 - ``title``: what progress lines call the step (``${...}`` allowed).
 - ``when``: ``${...}``; the step runs only when it is true (non-empty); otherwise it is skipped and
   its ``${ID...}`` are empty. A built-in recipe may give a function of the scope that returns why
@@ -30,7 +33,9 @@ A value that is exactly ``${...}`` keeps its type (a list var stays a list). Rel
 relative to the working directory.
 
 Before any step runs, every step is checked: known command, its twin importable, its options
-accepted by the twin's signature, every ``${...}`` defined by a var or an earlier step. A validate
+accepted by the twin's signature, each value of its option's type and choices (vars substituted),
+every ``${...}`` defined by a var or an earlier step; then (``check_files``) every file a step reads
+that no earlier step writes exists, and no output is one its stage refuses up front. A validate
 step whose gates fail stops the pipeline with exit 1 (its reports are written first), unless the
 run is asked to go on (the demo reports every gate at the end); so does an optimize step in which no
 candidate meets the accuracy budget (its folder is written first). An optimize step's ``${ID}`` /
@@ -56,12 +61,19 @@ from typing import Any
 from ptopt.commands import COMMANDS, step_commands
 from ptopt.core.errors import GateFailedError, UsageError
 from ptopt.core.options import Options, option
+from ptopt.core.recipe import TWIN_KEYWORDS
 
 #: what ``${ID.attr}`` can name, per kind of step result
 ARTIFACT_ATTRS = ("output", "path", "format", "precision")
 VALIDATE_ATTRS = ("passed", "best", "best_path", "json", "junit", "markdown", "html")
 #: keys of a step that belong to the step, not to the twin's options
 STEP_KEYS = ("id", "title", "when")
+#: the twins' arguments that name something read before the step runs (a MODEL, DATA or artifact);
+#: with the options declared ``path="in"`` (``--baseline``)
+INPUT_KEYS = frozenset(
+    ("model", "reference", "artifacts", "artifact", "teacher", "student", "weights", "teacher_weights",
+     "student_weights", "data", "calib_data", "train_data", "eval_data", "fine_tune_data", "validation_data")
+)  # fmt: skip
 
 _REF = re.compile(r"\$\{([A-Za-z_][\w-]*)(?:\.([A-Za-z_]\w*))?\}")
 
@@ -156,8 +168,8 @@ def plan(
     kinds: dict[str, str] = {}  # id -> command, of the steps seen so far
     for i, raw in enumerate(recipe["steps"], start=1):
         command, options = next(iter(raw.items()))
-        options = dict(options or {})
         where = f"{source}: step {i} ({command})"
+        options = _twin_keywords(dict(options or {}), where)
         twin = resolve_twin(command, where)
         own = {k: options.pop(k) for k in STEP_KEYS if k in options}
         step_id = None if own.get("id") is None else str(own["id"])
@@ -166,9 +178,10 @@ def plan(
         when = own.get("when")
         if when is not None and not callable(when) and not _REF.fullmatch(str(when)):
             raise UsageError(f"{where}: when: {when!r}: write one ${{NAME}} or ${{ID.attr}}")
+        options = _best_as_path(twin, options)
         checked = [options, own.get("title"), None if callable(when) else when]
         _check_refs(checked, merged, kinds, where, previous=steps[-1].command if steps else None)
-        _check_signature(twin, options, where)
+        _check_signature(twin, substitute(options, merged, partial=True), where)
         _check_config(options.get("config"), where)
         steps.append(Step(i, command, options, step_id, twin, own.get("title"), when))
         if step_id is not None:
@@ -246,24 +259,152 @@ def _as_config(config: Any, where: str) -> Any:
 
 
 def _check_signature(twin: Callable, options: dict, where: str) -> None:
+    """Every key an option of the twin (its keyword, or the flag's name: ``batch_size`` for
+    ``--batch-size``), the required ones given, and each value the type and choice its option takes
+    (vars substituted; a value naming an earlier step is judged when the step runs)."""
     try:
         sig = inspect.signature(twin)
     except (TypeError, ValueError):
         return
-    try:
-        sig.bind(**options)
-    except TypeError as e:
-        accepted = ", ".join(p for p in sig.parameters if p not in ("progress",))
-        raise UsageError(f"{where}: {e} (options: {accepted})") from None
     spec = getattr(twin, "__ptopt_options__", None)
-    if spec is not None:  # the options the twin resolves: known, and applying to the mode/target given
+    names: dict[str, str] = {}  # key given -> the twin's keyword
+    for key in options:
+        name = key if key in sig.parameters else spec.keyword(key) if spec is not None else None
+        if name is None:
+            raise UsageError(f"{where}: unknown key {key!r} (it takes: {', '.join(_accepted(sig, spec))})")
+        other = next((k for k, n in names.items() if n == name), None)
+        if other is not None:
+            raise UsageError(f"{where}: {other} and {key} are one option: give one")
+        names[key] = name
+    try:
+        sig.bind(**{names[k]: v for k, v in options.items()})
+    except TypeError as e:
+        raise UsageError(f"{where}: {e} (it takes: {', '.join(_accepted(sig, spec))})") from None
+    if spec is not None:  # the options the twin resolves: typed, known, applying to the mode/target given
         declared = spec.declared()
-        mine = {k: v for k, v in options.items() if spec.keyword(k) in declared and not _refers(v)}
+        mine = {k: v for k, v in options.items() if names[k] in declared and not _refers(v)}
         choice = options.get(spec.selector.name) if spec.selector is not None else None
+        choice = None if _refers(choice) else choice
         try:
-            spec.check(mine, None if _refers(choice) else choice)
+            spec.check_choices(mine, choice)
+            spec.check(mine, choice)
         except UsageError as e:
             raise UsageError(f"{where}: {e}") from None
+
+
+def _accepted(sig: inspect.Signature, spec: Any) -> list[str]:
+    """The keys a step of this twin takes, as the refusal of an unknown one lists them."""
+    declared = spec.declared() if spec is not None else {}
+    twin_keys = {v: k for k, v in TWIN_KEYWORDS.items()}
+    own = [f"{twin_keys[p]} ({p})" if p in twin_keys else p for p in sig.parameters if p not in declared]
+    return [k for k in own if k != "progress"] + (spec.accepted() if spec is not None else [])
+
+
+def _twin_keywords(options: dict[str, Any], where: str) -> dict[str, Any]:
+    """A step's keys that are a flag's name for a twin's own argument (``input_shape`` for
+    ``--input-shape``) as the twin's keyword (``input_shapes``)."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # keyword -> the key that gave it
+    for key, value in options.items():
+        name = TWIN_KEYWORDS.get(key, key)
+        if name in out:
+            raise UsageError(f"{where}: {' and '.join(sorted((given[name], key)))} are one option: give one")
+        out[name], given[name] = value, key
+    return out
+
+
+_BEST = re.compile(r"\$\{([A-Za-z_][\w-]*)\.best\}")
+
+
+def _best_as_path(twin: Callable, options: dict[str, Any]) -> dict[str, Any]:
+    """``${ID.best}`` where a step reads a file (``artifact:``, ``model:``) is the best artifact's path,
+    ``${ID.best_path}``; elsewhere (a title) it stays the best artifact's name."""
+    spec = getattr(twin, "__ptopt_options__", None)
+    return {k: substitute_best(v) if _input_key(spec, k) else v for k, v in options.items()}
+
+
+def substitute_best(value: Any) -> Any:
+    if isinstance(value, str):
+        return _BEST.sub(r"${\1.best_path}", value)
+    if isinstance(value, list):
+        return [substitute_best(v) for v in value]
+    return value
+
+
+def _input_key(spec: Any, key: str) -> bool:
+    """Whether a step's ``key`` names something the step reads (a file where it is a path)."""
+    name = spec.keyword(key) if spec is not None else None
+    if name is None:
+        return key in INPUT_KEYS
+    return name in INPUT_KEYS or spec.declared()[name].opt.path == "in"
+
+
+def _paths(value: Any) -> list[str]:
+    """The file paths in a step's value: strings that are not a reference (``zoo:NAME``,
+    ``builtin:digits``, ``pkg.module:function``, ``self``) nor ``${...}``."""
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [
+        str(v)
+        for v in items
+        if isinstance(v, (str, os.PathLike))
+        and not _refers(str(v))
+        and ":" not in str(v)
+        and ("/" in str(v) or os.sep in str(v) or Path(v).suffix)
+    ]
+
+
+def check_files(steps: list[Step], scope: dict[str, Any], source: str = "recipe") -> None:
+    """Before the first step runs: each file a step reads exists unless an earlier step writes it,
+    and no step's output is one its stage would refuse (a Ray Serve package or optimize folder that
+    exists and is not empty). A step with ``when`` may not run: its files are not required."""
+    written: list[Path] = []
+    for step in steps:
+        options = substitute(step.options, scope, partial=True)
+        spec = getattr(step.twin, "__ptopt_options__", None)
+        where = f"{source}: {step.label}"
+        if step.when is None:
+            for key, value in options.items():
+                for path in _paths(value) if _input_key(spec, key) else ():
+                    if not Path(path).exists() and not _written(Path(path), written):
+                        raise UsageError(
+                            f"{where}: {key}: {path}: no such file (and no earlier step writes it)"
+                        )
+            check = _OUTPUT_CHECKS.get(step.command)
+            out = options.get("output")
+            if check is not None and isinstance(out, str) and not _refers(out):
+                try:
+                    check(Path(out), options)
+                except UsageError as e:
+                    raise UsageError(f"{where}: {e}") from None
+        for key, value in options.items():
+            name = spec.keyword(key) if spec is not None else None
+            if key == "output" or (name is not None and spec.declared()[name].opt.path == "out"):
+                written += [Path(p) for p in _paths(value)]
+
+
+def _written(path: Path, written: list[Path]) -> bool:
+    real = path.resolve()
+    return any(real == w.resolve() or w.resolve() in real.parents for w in written)
+
+
+def _optimize_output(out: Path, options: dict[str, Any]) -> None:
+    from ptopt.optimize.api import check_output_dir
+
+    check_output_dir(out, ())
+
+
+def _package_output(out: Path, options: dict[str, Any]) -> None:
+    if options.get("format") == "ray":
+        from ptopt.serve.ray_package import check_new_folder
+
+        check_new_folder(out)
+
+
+#: the outputs a stage refuses whatever the run: checked before the first step (``check_files``)
+_OUTPUT_CHECKS: dict[str, Callable[[Path, dict[str, Any]], None]] = {
+    "optimize": _optimize_output,
+    "package": _package_output,
+}
 
 
 def _refers(value: Any) -> bool:
@@ -447,6 +588,7 @@ def run_recipe(
     else:
         source, data = source or str(recipe), load_recipe(recipe)
     steps, merged = plan(data, variables, source=source)
+    check_files(steps, merged, source)
     if dry_run:
         say = run_options.get("progress") or (lambda msg: None)
         results = []

@@ -241,6 +241,15 @@ def serve_config_yaml(man: dict[str, Any], working_dir: str, host: str, port: in
     return head + yaml.safe_dump(config, sort_keys=False)
 
 
+def check_new_folder(output: Path) -> None:
+    """A Ray Serve package is a new (or empty) folder: anything else is refused before any work
+    (``ptopt run`` asks before its first step)."""
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise UsageError(
+            f"-o {output}: a Ray Serve package is a new folder, and this one exists and is not empty"
+        )
+
+
 def write_package(
     models: list[RayModel],
     output: Path,
@@ -251,10 +260,7 @@ def write_package(
     port: int = DEFAULT_HTTP_PORT,
 ) -> Artifact:
     """Write the package folder (module docstring) and its sidecar; returns the Artifact."""
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise UsageError(
-            f"-o {output}: a Ray Serve package is a new folder, and this one exists and is not empty"
-        )
+    check_new_folder(output)
     man = manifest(models, app_name, config)
     # the config names the folder where it will be: staged_dir moves the files there
     serve_config = serve_config_yaml(man, f"local://{output.resolve()}", host, port)

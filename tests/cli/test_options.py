@@ -499,3 +499,68 @@ def test_an_environment_value_without_its_partner_is_left_out(
     ):
         call(*twin_args, **kwargs)
     assert refusal not in str(e.value)
+
+
+def test_every_option_takes_its_flags_name_as_its_key():
+    """The flag's name (dashes as underscores) is a key of its option everywhere (recipe, twin), beside
+    the field's name: ``batch_size:`` for optimize's ``--batch-size``; ``per_tensor: true`` for
+    ``--per-tensor`` is ``per_channel=False``; and ``--save-recipe`` writes it."""
+    from ptopt.serve.package import OPTIONS as PACKAGE
+
+    for spec in [*(_obj(case.spec) for case in CASES.values()), PACKAGE]:
+        for name, d in spec.declared().items():
+            assert spec.keyword(d.key) == name and spec.keyword(name) == name, (spec.command, name)
+    assert _obj(CASES["optimize"].spec).check({"batch_size": "1,4"}) == {"batch_sizes": (1, 4)}
+    assert PACKAGE.check({"max_batch_delay": 50, "response_timeout": 60}, "mar") == {
+        "max_batch_delay_ms": 50,
+        "response_timeout_s": 60,
+    }
+    assert PACKAGE.check({"max_request_size": 2}, "ray") == {"max_request_mb": 2.0}
+    quantize = _obj(CASES["quantize"].spec)
+    assert quantize.check({"per_tensor": True, "static_batch": [4]}, "static") == {
+        "per_channel": False,
+        "static_batches": (4,),
+    }
+    assert quantize.recipe_keys({"per_channel": False, "float_modules": ("fc",)}) == {
+        "per_tensor": True,
+        "exclude": ("fc",),
+    }
+    assert_refused(
+        quantize.check, {"per_tensor": True, "per_channel": False}, "static", match="--per-tensor given twice"
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "expect"),
+    [
+        (
+            {"per_channel": "false", "calibration_batches": "2"},
+            {"per_channel": False, "calibration_batches": 2},
+        ),
+        ({"per_channel": "maybe"}, "per_channel: 'maybe' is not true or false"),
+        ({"calibration_batches": "two"}, "calibration_batches: 'two' is not a whole number"),
+        ({"calibration_batches": 2.5}, "calibration_batches: 2.5 is not a whole number"),
+        ({"per_channel": 1.5}, "per_channel: 1.5 is not true or false"),
+        ({"min_cosine": "high"}, "min_cosine: 'high' is not a number"),
+        ({"observer": ["minmax"]}, "observer: ['minmax'] is not text"),
+    ],
+    ids=[
+        "as-the-flag-reads-it",
+        "flag",
+        "count",
+        "fraction-for-a-count",
+        "number-for-a-flag",
+        "number",
+        "list",
+    ],
+)
+def test_a_value_is_read_as_its_flag_reads_it_or_refused_naming_it(given, expect):
+    """A value is of its option's declared type (what the CLI flag's type reads: ``"false"`` is false,
+    ``"2"`` is 2), through the twin as through a recipe; else one line naming the key and the value."""
+    import ptopt
+
+    quantize = _obj(CASES["quantize"].spec)
+    if isinstance(expect, dict):
+        assert quantize.check(given, "static") == expect
+    else:
+        assert_refused(ptopt.quantize, "zoo:resnet", "static", output="q.pt", **given, match=expect)

@@ -6,6 +6,7 @@ import json
 import pytest
 import yaml
 
+from ptopt.core.errors import UsageError
 from tests.helpers import assert_refused
 from tests.validate.conftest import FACTORY
 
@@ -121,6 +122,47 @@ BAD_RECIPES = {
         lambda ok, a, m: [{"prune": {"model": FACTORY, "config": {"type": "prune-random", "amount": 0.5}}}],
         "config: unknown config type 'prune-random'",
     ),
+    **{  # a value of the wrong type or outside the choices, a missing file: refused before any step runs
+        case: (lambda ok, a, m, step=step: [ok, step(a)], expect)
+        for case, (step, expect) in {
+            "quoted-word-for-a-flag": (
+                lambda a: _quantize(per_channel="maybe"),
+                "step 2 (quantize): per_channel: 'maybe' is not true or false",
+            ),
+            "word-for-a-count": (
+                lambda a: _quantize(calibration_batches="two"),
+                "calibration_batches: 'two' is not a whole number",
+            ),
+            "word-for-a-number": (
+                lambda a: _validate_step(a, min_cosine="high"),
+                "step 2 (validate): min_cosine: 'high' is not a number",
+            ),
+            "unknown-mode": (
+                lambda a: _quantize(mode="statik"),
+                "mode: 'statik' is not one of dynamic, static",
+            ),
+            "number-for-a-target": (
+                lambda a: {"export": {"model": FACTORY, "target": 5, "output": "m.onnx"}},
+                "target: 5 is not one of torchscript, onnx",
+            ),
+            "missing-model-file": (
+                lambda a: _quantize(model="models/nothere.pt"),
+                "model: models/nothere.pt: no such file",
+            ),
+            "missing-data-file": (
+                lambda a: _validate_step(a, data="nothere.npz"),
+                "step 2 (validate): data: nothere.npz: no such file",
+            ),
+            "ray-folder-not-empty": (
+                lambda a: {"package": {"artifact": str(a["onnx"]), "format": "ray", "output": "."}},
+                "-o .: a Ray Serve package is a new folder, and this one exists and is not empty",
+            ),
+            "unknown-key-lists-the-flag-names": (
+                lambda a: {"optimize": {"model": FACTORY, "output": "o", "batch_sizez": [1]}},
+                "unknown key 'batch_sizez' (it takes: model, ",
+            ),
+        }.items()
+    },
     "not-yaml": ("steps: [unclosed", "not valid YAML"),
     "no-steps": ("version: 1\nsteps: []\n", "no steps"),
     "step-not-a-mapping": ("version: 1\nsteps: [validate]\n", "step 1 must be one mapping"),
@@ -133,8 +175,14 @@ BAD_RECIPES = {
 }
 
 
+def _quantize(**more):
+    return {"quantize": {"model": FACTORY, "mode": "static", "calib_data": "builtin:digits:train",
+                         "output": "q.pt", **more}}  # fmt: skip
+
+
+@pytest.mark.parametrize("dry_run", [(), ("--dry-run",)], ids=["run", "dry-run"])
 @pytest.mark.parametrize("case", list(BAD_RECIPES), ids=list(BAD_RECIPES))
-def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monkeypatch, case):
+def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monkeypatch, case, dry_run):
     make, expect = BAD_RECIPES[case]
     ok = _validate_step(artifacts, json_path=str(tmp_path / "ran.json"))  # fine, but must never run
     if isinstance(make, (str, bytes)):
@@ -144,7 +192,7 @@ def test_bad_recipe_exits_2_before_any_step_runs(cli, artifacts, tmp_path, monke
         path = _recipe(
             tmp_path, make(ok, artifacts, monkeypatch), {"ref": FACTORY, "art": str(artifacts["onnx"])}
         )
-    assert_refused(cli, "run", path, match=expect, where=tmp_path)
+    assert_refused(cli, "run", path, *dry_run, match=expect, where=tmp_path)
 
 
 def test_validate_save_recipe_replays(cli, artifacts, tmp_path):
@@ -261,3 +309,62 @@ def test_a_step_config_mapping_is_the_config_it_names(cli, tmp_path):
     assert code == 0, err
     config = json.loads(out.with_name(out.name + ".ptopt.json").read_text())["config"]
     assert (config["type"], config["amount"], config["exclude"]) == ("prune-global", 0.25, ["fc"])
+
+
+def test_a_var_of_the_wrong_type_is_refused_before_any_step_runs(cli, artifacts, tmp_path):
+    """``--var cos=abc`` for ``min_cosine: ${cos}``: the vars are known up front, so is the value."""
+    steps = [_validate_step(artifacts, json_path=str(tmp_path / "ran.json"), min_cosine="${cos}")]
+    path = _recipe(tmp_path, steps, {"ref": FACTORY, "art": str(artifacts["onnx"]), "cos": 0.9})
+    for dry_run in ((), ("--dry-run",)):
+        assert_refused(
+            cli, "run", path, "--var", "cos=abc", *dry_run,
+            match="step 1 (validate): min_cosine: 'abc' is not a number", where=tmp_path,
+        )  # fmt: skip
+
+
+def test_best_feeds_a_later_step_as_the_best_artifacts_path(cli, artifacts, tmp_path):
+    """``${ID.best}`` where a step reads a file is the best artifact's path (``${ID.best_path}``); in a
+    title it stays its name."""
+    steps = [
+        _validate_step(artifacts, id="v"),
+        _validate_step(
+            artifacts, title="again: ${v.best}", artifacts=["${v.best}"], json_path=str(tmp_path / "2.json")
+        ),
+    ]
+    code, out, err = cli("run", _recipe(tmp_path, steps, {"ref": FACTORY, "art": str(artifacts["onnx"])}))
+    assert code == 0, err
+    assert [e["ref"] for e in json.loads((tmp_path / "2.json").read_text())["artifacts"]] == [
+        str(artifacts["onnx"])
+    ]
+
+
+def test_recipe_keys_are_the_flags_names_and_values_read_as_the_flags_read_them(cli, tmp_path):
+    """``--save-recipe`` writes each option under its flag's name (``per_tensor: true``); the recipe
+    replays; a quoted ``"false"`` is false and ``"2"`` is 2 (as the flags read them), never a string
+    that counts as true."""
+    from ptopt.core.artifact import Artifact
+
+    args = ("quantize", FACTORY, "--mode", "static", "--calib-data", "builtin:digits:train")
+    code, _, err = cli(
+        *args, "--calibration-batches", "2", "--per-tensor", "-o", "a.pt", "--save-recipe", "r.yaml", "-q"
+    )
+    assert code == 0, err
+    step = yaml.safe_load((tmp_path / "r.yaml").read_text())["steps"][0]["quantize"]
+    assert step["per_tensor"] is True and "per_channel" not in step and step["calibration_batches"] == 2
+    assert Artifact.load(tmp_path / "a.pt").config["per_channel"] is False
+    del step["per_tensor"]
+    step |= {"per_channel": "false", "calibration_batches": "2", "output": "b.pt"}
+    code, out, err = cli("run", _recipe(tmp_path, [{"quantize": step}], name="b.yaml"))
+    assert code == 0, err
+    config = Artifact.load(tmp_path / "b.pt").config
+    assert config["per_channel"] is False and config["calibration_batches"] == 2
+
+
+def test_input_shape_is_the_flags_name_for_input_shapes():
+    from ptopt.pipeline import plan
+
+    step = {"model": FACTORY, "method": "global", "amount": 0.5, "input_shape": ["2x1x8x8"], "output": "p.pt"}
+    (planned,), _ = plan({"steps": [{"prune": step}]})
+    assert planned.options["input_shapes"] == ["2x1x8x8"] and "input_shape" not in planned.options
+    with pytest.raises(UsageError, match="input_shape and input_shapes are one option"):
+        plan({"steps": [{"prune": step | {"input_shapes": ["2x1x8x8"]}}]})
