@@ -13,9 +13,11 @@ from ptopt.cli.options import (
     given,
     guard_paths,
     input_shape_option,
+    maybe_save_recipe,
     model_options,
     output_option,
     quiet_option,
+    save_recipe_option,
 )
 from ptopt.optimize.options import OPTIONS
 
@@ -30,10 +32,11 @@ from ptopt.optimize.options import OPTIONS
 @model_options
 @output_option(folder=True)
 @quiet_option
+@save_recipe_option
 @guard_paths(
     {"model": "MODEL", "calib_data": "--calib-data", "eval_data": "--eval-data", "train_data": "--train-data",
      "weights": "--weights"},
-    {"output": "-o"},
+    {"output": "-o", "save_recipe": "--save-recipe"},
 )  # fmt: skip
 def command(
     model: str,
@@ -45,6 +48,7 @@ def command(
     allow_pickle: bool,
     output: str,
     quiet: bool,
+    save_recipe: str | None,
     **params: Any,
 ) -> None:
     """Build every candidate artifact of MODEL (fp32 in TorchScript, ExportedProgram, ONNX Runtime,
@@ -54,9 +58,7 @@ def command(
     `ptopt package`), DIR/candidates/ and the reports. A causal language model with
     --max-perplexity-increase: the weight-only search for the fastest decode. Exit 0 with a winner, 1
     when no candidate meets the budget (the best found is still written), 2 on bad input."""
-    from ptopt.core.errors import GateFailedError
-    from ptopt.optimize.api import OptimizeResult, optimize, render
-    from ptopt.optimize.lm import render_lm
+    from ptopt.optimize.api import optimize
 
     def progress(msg: str) -> None:
         if not quiet:
@@ -64,15 +66,28 @@ def command(
 
     data = dict(calib_data=calib_data, eval_data=eval_data, train_data=train_data, weights=weights)
     common = dict(input_shapes=list(input_shapes) or None, allow_pickle=allow_pickle or None, **data)
-    result = optimize(model, output=output, progress=progress, **given(common), **given(params))
+    options = {"model": model, "output": output, **given(common), **given(params)}
+    result = optimize(**options, progress=progress)
+    if getattr(result, "winner", True) is not None and getattr(result, "exit_code", 0) == 0:
+        maybe_save_recipe(save_recipe, "optimize", options)
+    print_result(result)
+
+
+def print_result(result: Any, gate: bool = True) -> None:
+    """The summary ``ptopt optimize`` prints (a ``ptopt run`` optimize step too); with ``gate``,
+    GateFailedError (exit 1) when no candidate meets the budget."""
+    from ptopt.core.errors import GateFailedError
+    from ptopt.optimize.api import OptimizeResult, render
+    from ptopt.optimize.lm import render_lm
+
     if not isinstance(result, OptimizeResult):  # the language-model search
         click.echo(render_lm(result.report))
-        if result.winner is None:
+        if gate and result.winner is None:
             raise GateFailedError("no candidate meets the perplexity budget")
         return
     out = result.directory
     click.echo(render(result.report, out))
-    if result.exit_code == 1:
+    if gate and result.exit_code == 1:
         closest = result.report["best"]
         where = f"the closest ({closest}) is in {out}" if closest else f"nothing to write as best; see {out}"
         raise GateFailedError(f"no candidate meets the accuracy budget within the time budget; {where}")

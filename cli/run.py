@@ -39,6 +39,11 @@ def command(recipe: str, quiet: bool, **params: Any) -> None:
             from ptopt.validate.reports import terminal
 
             terminal.print_report(res.value.data)
+        elif res.step.command == "optimize":  # its summary, as `ptopt optimize` prints it
+            from ptopt.cli.optimize import print_result
+
+            print_result(res.value, gate=False)
+            click.echo(f"{res.step.label}: wrote {res.outputs.get('output')}")
         else:
             out = res.outputs.get("output")
             click.echo(f"{res.step.label}: wrote {out}" if out else f"{res.step.label}: done")
