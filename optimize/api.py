@@ -30,6 +30,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -231,13 +232,13 @@ def _search(
             ref_runner.prepare(settings.threads)
             costs = measure_costs(ref_runner, data["eval"], settings)
             check_budget(costs, settings)
-            _set_aside(clock, settings.isa, costs, settings, say)
             ctx = Context(
                 loaded.module, data["calib"], data["eval"], data["train"], input_shapes,
                 settings.max_accuracy_drop, settings.min_cosine, clock.left,
                 batch_sizes=tuple(settings.batch_sizes), device=settings.device,
             )  # fmt: skip
             search = Search(ctx, specs, settings, costs, clock)
+            _set_aside(search, say)
             _run(search, ref_runner, settings, say)
             isa_section = _check_levels(search, settings.isa, say, clock)
         finally:
@@ -266,29 +267,34 @@ def _output_checked(output: Any, *refs: Any) -> tuple[Path, ...]:
     return inputs_paths
 
 
-def _set_aside(
-    clock: Clock, levels: Sequence[str], costs: Any, settings: Settings, say: Callable[[str], None] = print
-) -> None:
-    """The search's time budget; with --isa, less the level checks' (they run after the search), said in
-    one line (a candidate skipped for time otherwise sees only what was left)."""
-    clock.budget = settings.time_budget
-    if levels:
-        from ptopt.optimize.isa import reserve_s
+def _set_aside(search: Search, say: Callable[[str], None] = print) -> None:
+    """With --isa, the level checks (they run after the search) keep part of the budget: what they need for
+    the candidates kept so far (``Search.reserved_s``, asked at every ``Clock.left``), said in one line (a
+    candidate skipped for time otherwise sees only what was left)."""
+    settings, clock = search.settings, search.clock
+    clock.reserve = search.reserved_s
+    if not settings.isa:
+        return
+    from ptopt.core.isa import is_native
+    from ptopt.optimize.isa import RESERVE_SHARE, per_level_s
 
-        clock.budget = max(clock.budget - reserve_s(levels, costs, settings), costs.reference_s(settings))
-        if clock.budget < settings.time_budget:
-            say(
-                f"--isa {','.join(levels)}: {settings.time_budget - clock.budget:.0f} s of the "
-                f"{settings.time_budget:.0f} s --time-budget set aside for the level checks after the search"
-            )
+    now, cap = search.reserved_s(), RESERVE_SHARE * settings.time_budget
+    if now >= 0.5:
+        per_model = per_level_s(search.costs, settings, 1) - per_level_s(search.costs, settings, 0)
+        capped = ",".join(lv for lv in settings.isa if not is_native(lv))
+        say(
+            f"--isa {capped}: {now:.0f} s of the {settings.time_budget:.0f} s --time-budget kept "
+            f"for the level checks after the search, growing by about {per_model:.1f} s per level for each "
+            f"candidate kept, up to {cap:.0f} s; what they do not need goes back to the search"
+        )
 
 
 def _check_levels(
     search: Search, levels: Sequence[str], say: Callable[[str], None], clock: Clock
 ) -> dict[str, Any] | None:
-    """--isa: the kept candidates judged at every level (``ptopt.optimize.isa``), in the budget set aside
-    for them; None without levels."""
-    clock.budget = search.settings.time_budget
+    """--isa: the kept candidates judged at every level (``ptopt.optimize.isa``), in the budget kept for
+    them; None without levels."""
+    clock.reserve = lambda: 0.0
     if not levels:
         return None
     from ptopt.optimize.isa import check_levels
@@ -355,7 +361,9 @@ def _run(search: Search, ref_runner: Any, settings: Settings, say: Callable[[str
     select, heldout, search.split = split_eval(search.ctx.evald)
     held = f", {len(heldout)} held out to accept on" if heldout is not None else ""
     say(f"evaluating the fp32 reference on {len(select)} samples to choose on{held}")
+    t0 = time.perf_counter()
     search.evaluator = Evaluator(ref_runner, select, settings, heldout)
+    search.costs.observe_eval(time.perf_counter() - t0)  # a whole pass: steadier than the first few calls
     ref.status, ref.within_budget = "kept", True
     ev = search.evaluator
     ref_acc = ev.ref_acc if heldout is None else ev._top1(ev.held_ref, heldout)

@@ -20,21 +20,37 @@ from typing import Any
 
 from ptopt.core import isa as _isa
 
-#: what the level checks take, reserved from the time budget before the search: per level, a child's
-#: start-up (torch and ptopt import, the models load) plus this many candidates' evaluation and timing
-EXPECTED_SURVIVORS = 4
+#: what a level check takes: a child's start-up (torch and ptopt import, the models load), then one
+#: evaluation and a short timing per model (``per_level_s``); before any candidate is kept the search keeps
+#: room for the reference and one candidate, and the reserve grows with the candidates kept
+#: (``Search.reserved_s``), so what the checks turn out not to need goes back to the search
 CHILD_START_S = 15.0
+#: the candidates the reserve is sized for when no count is given (``reserve_s``' default)
+EXPECTED_SURVIVORS = 4
+#: the level checks never keep more than this share of ``--time-budget`` (all levels together): the estimate
+#: rests on timings of the reference, and one disturbed by load elsewhere (MiniLM: 52.8 ms for ~7 ms) set
+#: 250 of 360 s aside and starved the search for checks that took seconds
+RESERVE_SHARE = 0.25
 
 
-def reserve_s(levels: Sequence[str], costs: Any, settings: Any) -> float:
-    """Seconds to keep for the level checks out of the search's budget."""
-    from ptopt.optimize.search import minimal
+def per_level_s(costs: Any, settings: Any, models: int) -> float:
+    """One child process judging ``models`` models (the reference included): its start, then each model's
+    pass over the held-out samples (at most one pass over the eval data, at a capped level) and short timing."""
+    from ptopt.optimize.search import EVAL_PASSES, minimal
 
+    return CHILD_START_S + models * (costs.eval_s / EVAL_PASSES + costs.timing_s(minimal(settings.latency)))
+
+
+def reserve_s(levels: Sequence[str], costs: Any, settings: Any, survivors: int = EXPECTED_SURVIVORS) -> float:
+    """Seconds to keep for the level checks out of the search's budget, with ``survivors`` candidates to
+    judge: every emulated level's ``per_level_s``, at most ``RESERVE_SHARE`` of the budget, and never so much
+    that the fp32 reference alone no longer fits."""
     emulated = [lv for lv in levels if not _isa.is_native(lv)]
-    per_level = CHILD_START_S + (EXPECTED_SURVIVORS + 1) * (
-        costs.eval_s + costs.timing_s(minimal(settings.latency))
-    )
-    return len(emulated) * per_level
+    if not emulated:
+        return 0.0
+    need = len(emulated) * per_level_s(costs, settings, survivors + 1)
+    room = max(0.0, settings.time_budget - costs.reference_s(settings))
+    return min(need, RESERVE_SHARE * settings.time_budget, room)
 
 
 def _as_entry(cand: Any) -> Any:
@@ -56,8 +72,10 @@ def check_levels(search: Any, levels: Sequence[str], say: Callable[[str], None])
     ds, ref_out = (ev.heldout, ev.held_ref) if ev.heldout is not None else (ev.evald, ev.ref_out)
     ref = search.candidates[0]
     judged = [c for c in search.candidates[1:] if c.status == "kept" and c.within_budget and c.work_path]
-    section = {"levels": list(levels), "native_level": _isa.top_level(), "samples": len(ds), "children": {}}
     emulated = [lv for lv in levels if not _isa.is_native(lv)]
+    section = {"levels": list(levels), "native_level": _isa.top_level(), "samples": len(ds), "children": {},
+               # this CPU's own level: the search's figures, not a child's
+               "measured_here": [lv for lv in levels if lv not in emulated]}  # fmt: skip
     if not judged or not emulated:
         return section
     models = [("reference", search.ctx.module, None, ref.name)] + [
@@ -106,15 +124,19 @@ def _judge(
     search: Any, ref: Any, cands: list[Any], level: str, data: dict[str, Any], skip: dict[str, str]
 ) -> None:
     """Each candidate's figures at ``level`` and whether they meet the budget."""
-    from ptopt.validate.isa import _cannot_run, coverage_for
+    from ptopt.validate.isa import _cannot_run, _f32_at, coverage_for
 
     got, ref_lat = data["models"], (data["models"].get(ref.name) or {}).get("latency") or {}
     ref.by_isa = ref.by_isa or {}
     ref.by_isa[level] = {"latency_ms": _ms(ref_lat)}
+    ref_failed = _failure(got.get(ref.name) or {}, data, level, _ms(ref_lat))
+    if ref_failed:  # the candidates' accuracy stands (against this process's outputs); no speedups
+        ref.by_isa[level]["error"] = ref_failed
     for c in cands:
         entry, fig = _as_entry(c), got.get(c.name) or {}
         cov = coverage_for(entry, level)
-        out: dict[str, Any] = {"emulated": True, "coverage": cov.verdict, "note": cov.note(c.runtime, level)}
+        note = "; ".join(n for n in (cov.note(c.runtime, level), _f32_at(entry, level)) if n)
+        out: dict[str, Any] = {"emulated": True, "coverage": cov.verdict, "note": note}
         c.by_isa = c.by_isa or {}
         c.by_isa[level] = out
         if _cannot_run(entry, level):
@@ -132,6 +154,23 @@ def _judge(
             out["speedup"] = {
                 bs: round(ref_ms / lat[bs], 3) for bs, ref_ms in _ms(ref_lat).items() if lat.get(bs)
             }
+            why_not = ref_failed and f"the reference {ref.name} did not run at {level}: {ref_failed}"
+            why_not = why_not or _failure(fig, data, level, lat, timing_only=True)
+            if why_not:
+                out["no_speedup"] = why_not
+
+
+def _failure(
+    fig: dict[str, Any], data: dict[str, Any], level: str, lat: dict[str, float], timing_only: bool = False
+) -> str | None:
+    """Why a model of the child has no figures (or, ``timing_only``, no timing) at ``level``, or None."""
+    if not timing_only and fig.get("error"):
+        return fig["error"]
+    if fig.get("latency_error"):
+        return fig["latency_error"]
+    if not lat:
+        return f"{data.get('crash') or 'the child process returned no timing'} (at {level})"
+    return None
 
 
 def _ms(latency: dict[str, Any]) -> dict[str, float]:

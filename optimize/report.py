@@ -200,8 +200,16 @@ def search_line(report: dict[str, Any]) -> str:
     return (
         f"model {report.get('model', '?')}; runtime {report.get('runtime', 'any')}; batch sizes {sizes} "
         f"(ranked at {ranking_batch_size(report)}); speedups vs {report.get('reference', 'fp32 eager')}"
-        f"{took}" + ("" if limit is None else f" of a {limit:g} s time budget")
+        f"{took}" + ("" if limit is None else f" of a {limit:g} s time budget") + _native_note(report)
     )
+
+
+def _native_note(report: dict[str, Any]) -> str:
+    """With --isa: which CPU level the main table's figures were measured at (this CPU's, uncapped)."""
+    isa = report.get("isa")
+    if not isa:
+        return ""
+    return f"; figures measured on this CPU, uncapped (level {isa.get('native_level') or 'unknown'})"
 
 
 # -- the candidates table --------------------------------------------------------------------------
@@ -338,19 +346,36 @@ def lead_caveat(report: dict[str, Any], c: dict[str, Any], rbs: str) -> str:
     rivals = [x for x in rivals if latency(x, rbs) is not None]
     runner_up = min(rivals, key=lambda x: latency(x, rbs), default=None)
     why = clear_lead(cell(c), cell(runner_up))
-    if why is None:
+    ref = reference_candidate(report)
+    # the speedup divides by the reference's median: a noisy one makes the headline figure noisy too
+    ref_noisy = ref is not None and ref is not c and latency_noisy(_spread(ref, rbs))
+    if why is None and not ref_noisy:
         return ""
-    vs = f" over {runner_up['name']}" if runner_up is not None and "lead" in why else ""
-    return f" ({common.NOISY_MARK} not a clear lead{vs}: {why}; time it again on a quiet machine)"
+    parts = []
+    if why is not None:
+        vs = f" over {runner_up['name']}" if runner_up is not None and "lead" in why else ""
+        parts.append(f"not a clear lead{vs}: {why}")
+    if ref_noisy:
+        parts.append(
+            f"the speedup divides by the reference {ref.get('name')}, whose timing rounds spread "
+            f"{_spread(ref, rbs):.0f}%"
+        )
+    return f" ({common.NOISY_MARK} {'; '.join(parts)}; time it again on a quiet machine)"
 
 
 def busy_line(report: dict[str, Any]) -> list[str]:
     """The machine was busy during the final timing (most cells noisy after timing again), or nothing."""
     t = report.get("timing_noise") or {}
+    out = []
+    if t.get("reference_noisy"):
+        out.append(
+            f"The reference's timing was noisy at batch size(s) {', '.join(map(str, t['reference_noisy']))}: every "
+            "speedup there divides by it and is not to be trusted."
+        )
     if not t.get("busy"):
-        return []
+        return out
     again = f" after {t['retimed']} more timing(s)" if t.get("retimed") else " (no time left to time again)"
-    return [
+    return out + [
         f"The machine was busy: {t['noisy_cells']} of {t['cells']} timings noisy{again}; the speedups above "
         "are not to be trusted."
     ]
@@ -425,8 +450,10 @@ def write_json(report: dict[str, Any], path: str | os.PathLike) -> None:
 
 def isa_head(report: dict[str, Any]) -> list[str]:
     """``--isa``: the columns of the per-level table."""
+    # what the level's column holds: the drop in top-1 points (validate's definition), or the cosine judged
+    y = "top-1 drop vs fp32 native" if report.get("metric") != "cosine" else y_label(report)
     return (
-        ["candidate", "level", "kernels", y_label(report)]
+        ["candidate", "level", "kernels", y]
         + [f"speedup @{bs} emu" for bs in batch_sizes(report)]
         + ["holds the budget"]
     )
@@ -449,21 +476,57 @@ def isa_rows(report: dict[str, Any]) -> list[list[str]]:
                 if y is None
                 else (f"{y:+.2f} pts" if report.get("metric") == "top1" else f"{y:.5f}")
             )
+            if f["within_budget"] and _f32_notes(f):
+                held += " (run in f32 at this level)"
             rows.append([c.get("name") or "?", level, f.get("coverage") or "", cell, *sp, held])
     return rows
 
 
 def isa_lines(report: dict[str, Any]) -> list[str]:
-    """``--isa``: what the per-level table needs said."""
+    """``--isa``: what the per-level table needs said; a level that is this CPU's own (``native``, or its
+    highest) is the search's figures, measured in this process, not a child's."""
     isa = report.get("isa")
     if not isa:
         return []
-    out = [
-        f"--isa {', '.join(isa['levels'])}: every candidate kept within the budget judged again at each level on "
-        f"the {isa.get('samples')} samples that accepted it, in a child process with the kernel libraries capped "
-        f"(this CPU: {isa.get('native_level')}); emu: emulated speedup, this CPU running that level's code"
-    ]
+    levels, native = list(isa.get("levels") or []), isa.get("native_level")
+    own = isa.get("measured_here")
+    own = [lv for lv in levels if lv in ("native", native)] if own is None else list(own)
+    capped = [lv for lv in levels if lv not in own]
+    out = []
+    if own:
+        out.append(
+            f"--isa {', '.join(own)}: this CPU's own level ({native}): the search's figures above, measured in "
+            "this process without a cap"
+        )
+    if capped:
+        out.append(
+            f"--isa {', '.join(capped)}: every candidate kept within the budget judged again at each level on the "
+            f"{isa.get('samples')} samples that accepted it, in a child process with the kernel libraries capped "
+            f"(this CPU: {native}); emu: emulated speedup, this CPU running that level's code"
+        )
     out += [f"level {lv}: {ch['crash']}" for lv, ch in (isa.get("children") or {}).items() if ch.get("crash")]
+    out += _level_notes(report)
+    return out
+
+
+def _f32_notes(f: dict[str, Any]) -> list[str]:
+    """The parts of a level's note that say a bf16 artifact ran in f32 there (``validate.isa._f32_at``)."""
+    return [n for n in str(f.get("note") or "").split("; ") if "runs in f32" in n]
+
+
+def _level_notes(report: dict[str, Any]) -> list[str]:
+    """Each level's notes once (a bf16 IR run in f32 under the cap, a runtime that follows partly) and why a
+    level has no speedups (the reference failed there, or a candidate's timing)."""
+    out: list[str] = []
+    for c in candidates(report):
+        for level, f in (c.get("by_isa") or {}).items():
+            if "within_budget" not in f and f.get("error"):  # the reference
+                out.append(
+                    f"level {level}: no emulated speedups: the reference {c.get('name')} failed there: {f['error']}"
+                )
+            elif f.get("no_speedup") and "the reference" not in f["no_speedup"]:
+                out.append(f"{c.get('name')} at {level}: no emulated speedup: {f['no_speedup']}")
+            out += [n for n in _f32_notes(f) if n not in out]
     return out
 
 

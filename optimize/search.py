@@ -38,7 +38,7 @@ from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, U
 from ptopt.core.search import catalogue
 from ptopt.optimize.candidates import Candidate, Context, Rejected, Spec, runtime_filters
 from ptopt.validate.latency import LatencyOptions, warmup_seconds
-from ptopt.validate.noise import speedup_noisy
+from ptopt.validate.noise import latency_noisy, speedup_noisy
 
 #: the pre-screen's subset of the eval data (the whole set when it is not larger)
 PRESCREEN_SAMPLES = 128
@@ -49,6 +49,9 @@ MIN_ROUNDS = 5
 #: measure_costs: the fastest of this many timed calls of the reference's largest batch, within this many seconds
 COST_CALLS = 3
 COST_SECONDS = 2.0
+#: a candidate's evaluation, in passes over the eval data (the pre-screen's subset, the search's half and
+#: the held-out half): ``Costs.eval_s`` is this many times the reference's one pass
+EVAL_PASSES = 1.5
 #: a build's estimate when no build was timed yet (seconds, before the model-size scaling)
 UNIT_FLOOR_S = 0.5
 #: a search is skipped when a kept candidate runs at least this much faster, at every batch size, than the
@@ -81,17 +84,20 @@ class Settings:
 
 
 class Clock:
-    """Seconds since the search began, and what is left of the budget."""
+    """Seconds since the search began, and what is left of the budget: less ``reserve()``, what is kept
+    for later (``--isa``'s level checks, ``Search.reserved_s``: re-estimated at every call, so what they
+    turn out not to need goes back to the search)."""
 
     def __init__(self, budget: float):
         self.start = time.perf_counter()
         self.budget = budget
+        self.reserve: Callable[[], float] = lambda: 0.0
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
     def left(self) -> float:
-        return self.budget - self.elapsed()
+        return self.budget - self.elapsed() - self.reserve()
 
 
 @dataclasses.dataclass
@@ -119,6 +125,13 @@ class Costs:
 
     def build_s(self, spec: Spec) -> float:
         return spec.fixed + spec.cost * self.unit_s
+
+    def observe_eval(self, seconds: float) -> None:
+        """The reference's whole first evaluation took ``seconds`` (one pass over the eval data, hundreds of
+        calls): the evaluations' estimate is the lower of it and the first one's (a few calls of one batch,
+        which one burst of load elsewhere inflated 7x on MiniLM), as a busy host only ever adds time."""
+        if seconds > 0:
+            self.eval_s = min(self.eval_s, seconds * EVAL_PASSES)
 
 
 def minimal(lat: LatencyOptions) -> LatencyOptions:
@@ -149,7 +162,7 @@ def measure_costs(runner: Any, evald: Any, settings: Settings) -> Costs:
         calls.append(time.perf_counter() - t0)
     per_sample = min(calls) / largest
     batch_s = {bs: per_sample * bs for bs in settings.batch_sizes}
-    return Costs(batch_s, eval_s=per_sample * len(evald) * 1.5)
+    return Costs(batch_s, eval_s=per_sample * len(evald) * EVAL_PASSES)
 
 
 def check_budget(costs: Costs, settings: Settings) -> None:
@@ -319,6 +332,8 @@ class Search:
         self.split: dict[str, Any] = {}
         #: the final timing's noise (``validate.noise.retime_while_busy``): the report's ``timing_noise``
         self.timing: dict[str, Any] = {}
+        #: candidates still to be built whose --isa checks the reserve counts (1 while the builds run)
+        self.pending = 0
 
     def close(self) -> None:
         """Remove the working copies; the Results forget them (``OptimizeResult.save`` writes anew)."""
@@ -342,6 +357,17 @@ class Search:
         """What the builds still have: the budget less the time already promised."""
         return self.clock.left() - self.promised_s()
 
+    def reserved_s(self) -> float:
+        """What ``--isa``'s level checks after the search need (``ptopt.optimize.isa.reserve_s``) for the
+        candidates kept within the budget so far, and the one being built while the builds run: it grows with
+        what they will judge, never past its share of the budget, and is 0 without levels."""
+        if not self.settings.isa:
+            return 0.0
+        from ptopt.optimize.isa import reserve_s
+
+        judged = sum(1 for c in self.candidates[1:] if c.status == "kept" and c.within_budget)
+        return reserve_s(self.settings.isa, self.costs, self.settings, survivors=judged + self.pending)
+
     def _why_not(self, spec: Spec) -> str | None:
         allowed = runtime_filters()[self.settings.runtime]
         if allowed is not None and spec.runtime not in allowed:
@@ -354,7 +380,9 @@ class Search:
         )
         left = self.seconds_left()
         if need > left:
-            return f"time budget: needs about {need:.0f} s, {max(left, 0):.0f} s left"
+            kept = self.clock.reserve()
+            aside = f" ({kept:.0f} s more kept for the --isa level checks)" if kept >= 0.5 else ""
+            return f"time budget: needs about {need:.0f} s, {max(left, 0):.0f} s left{aside}"
         return None
 
     def run(self, say: Callable[[str], None]) -> None:
@@ -369,15 +397,18 @@ class Search:
                 self.ctx.build_seconds[cand.name] = cand.build_seconds
             say(_progress_line(cand))
 
-        catalogue(
-            self.candidates[1:], lambda c: self._why_not(c.spec), lambda c: self._try(c, say), skipped, after
-        )
+        self.pending = 1
+        try:
+            catalogue(self.candidates[1:], lambda c: self._why_not(c.spec), lambda c: self._try(c, say),
+                      skipped, after)  # fmt: skip
+        finally:
+            self.pending = 0
 
     def _try(self, cand: Candidate, say: Callable[[str], None]) -> None:
         say(f"building {cand.name}: {cand.label}")
         t0 = time.perf_counter()
         try:
-            with _quiet(), progress.step(f"building {cand.name}", announce=False):
+            with _quiet(), progress.step(f"building {cand.name}", announce=False), _stage_checks():
                 cand.result = cand.spec.build(self.ctx)
             cand.build_seconds = round(time.perf_counter() - t0, 2)
             self._calibrate_costs(cand)
@@ -508,15 +539,18 @@ class Search:
     ) -> Any:
         """``measure()``, timed again while the machine is busy (most cells noisy; validate's rule) when
         the budget has room for another timing; ``self.timing`` records the noise."""
-        from ptopt.validate.noise import busy, noisy_cells, retime_while_busy
+        from ptopt.validate.noise import busy, retime_while_busy
 
         stats = measure()
         room = self.costs.timing_s(lat) * len(stats) <= self.clock.left() - self.writing_s()
         if room:
-            stats, self.timing = retime_while_busy(measure, noisy_cells, say, first=stats)
+            stats, self.timing = retime_while_busy(measure, speedup_cells, say, first=stats)
         else:
-            noisy, cells = noisy_cells(stats)
+            noisy, cells = speedup_cells(stats)
             self.timing = {"noisy_cells": noisy, "cells": cells, "retimed": 0, "busy": busy(noisy, cells)}
+        self.timing["reference_noisy"] = [
+            bs for bs, st in stats[0].items() if "p50_ms" in st and latency_noisy(st.get("round_spread_pct"))
+        ]
         return stats
 
     def _latency(self, n_runners: int) -> LatencyOptions:
@@ -544,6 +578,22 @@ class Search:
                     c.speedup[bs] = round(base["median"] / st["median"], 3)
                     if speedup_noisy(c.speedup[bs], st.get("spread_pct"), base.get("spread_pct")):
                         c.noisy = True  # the report places it on the batch sizes where it holds
+
+
+def speedup_cells(stats: list[dict]) -> tuple[int, int]:
+    """(noisy, timed) cells over ``[reference, candidate, ...]`` (``{batch size: stats}`` each), a cell noisy
+    when its own rounds or the reference's at that batch size spread too much (``validate.noise``, rule 1):
+    every speedup divides by the reference's median, so a noisy reference makes its batch size's speedups
+    noisy, and a run whose reference was disturbed is timed again like a busy one."""
+    ref = stats[0] if stats else {}
+    cells = [(bs, st) for lat in stats for bs, st in lat.items() if "p50_ms" in st]
+    noisy = sum(
+        1
+        for bs, st in cells
+        if latency_noisy(st.get("round_spread_pct"))
+        or latency_noisy((ref.get(bs) or {}).get("round_spread_pct"))
+    )
+    return noisy, len(cells)
 
 
 def probe(runner: Any, data: Any, batch_sizes: list[int]) -> dict[str, float]:
@@ -631,6 +681,16 @@ def _progress_line(cand: Candidate) -> str:
             )
         return f"  {cand.name}: kept ({', '.join(figures)}; built in {cand.build_seconds:.1f} s)"
     return f"  {cand.name}: {cand.status}: {cand.reason}"
+
+
+def _stage_checks() -> Any:
+    """The stages' own int8 checks run on the calibration data here (the eval data is the search's, to judge
+    by): their figures say so, not "no --eval-data given"."""
+    from ptopt.compress.quantize.measure import no_eval_data_because
+
+    return no_eval_data_because(
+        "the int8 stage's own check: optimize judges a candidate on --eval-data only after it"
+    )
 
 
 def _quiet() -> Any:

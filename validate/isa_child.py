@@ -20,6 +20,11 @@ from typing import Any
 def _load(path: str) -> Any:
     import torch
 
+    from ptopt.core.hf import ensure_torchvision_ops
+
+    # a pickled model whose module imports torchvision (timm's, torchvision's own) needs its ops beside the
+    # CPU torch before it unpickles, as in the parent (``formats.eager``); else every model here fails
+    ensure_torchvision_ops()
     # the parent wrote these files into its private temporary folder a moment ago: its own objects
     return torch.load(path, weights_only=False)
 

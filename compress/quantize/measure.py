@@ -4,7 +4,10 @@ share of the model that is int8 (layers, parameters, multiply-accumulates)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from ptopt.compress.quantize.base import Prepared
@@ -12,6 +15,20 @@ from ptopt.compress.quantize.base import Prepared
 #: random samples the fidelity check runs on when no data is given (the example batch has 2: dynamic
 #: int8 of EfficientNet-B0 passed on those with cosine 0.99 and measured 0.85 on 8 others)
 CHECK_SAMPLES = 16
+#: why the int8 check runs on the calibration (or training) data, after its name: the quantize command's
+#: hint, or what a caller that withholds its eval data on purpose says (``no_eval_data_because``)
+_NO_EVAL = contextvars.ContextVar("no_eval", default="no --eval-data given")
+
+
+@contextlib.contextmanager
+def no_eval_data_because(why: str) -> Iterator[None]:
+    """Inside: a check on the calibration data names ``why`` no eval data was passed (``optimize`` judges its
+    candidates on its --eval-data itself, after the stages' own checks) instead of "no --eval-data given"."""
+    token = _NO_EVAL.set(why)
+    try:
+        yield
+    finally:
+        _NO_EVAL.reset(token)
 
 
 def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[str, Any]:
@@ -63,7 +80,7 @@ def check_data(prep: Prepared) -> Any:
         found = fidelity_data(prep.evald, prep.calib, prep.train)
         if prep.evald is None or not len(prep.evald):  # a figure on the data it was fitted on says so
             role = "calibration" if prep.calib is not None and len(prep.calib) else "training"
-            found = Dataset(found.x, found.y, name=f"{found.name} (the {role} data; no --eval-data given)")
+            found = Dataset(found.x, found.y, name=f"{found.name} (the {role} data; {_NO_EVAL.get()})")
         return found
     specs = prep.loaded.input_specs
     if not specs:

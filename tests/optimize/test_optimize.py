@@ -685,3 +685,31 @@ def test_a_busy_final_timing_is_timed_again_and_recorded(tmp_path, data, monkeyp
     t = res.report["timing_noise"]
     assert t["retimed"] == 1 and not t["busy"] and t["cells"] == 4  # 2 candidates x 2 batch sizes
     assert any("the machine is busy: 4 of 4 timings are noisy" in s for s in said)
+
+
+def test_a_stage_check_on_the_calibration_data_does_not_say_no_eval_data_was_given(
+    tmp_path, data, monkeypatch
+):
+    """optimize hands its int8 builds the calibration data only (its --eval-data is what it judges by): a build
+    their own int8 check refused said ``on 64 samples of calib.pt (the calibration data; no --eval-data
+    given)`` although --eval-data was given. It names the calibration data and why (quantize alone keeps
+    its hint)."""
+    import ptopt
+    from ptopt.compress import fidelity
+    from ptopt.compress.quantize.measure import check_data
+
+    monkeypatch.setitem(fidelity.INT8_VS_FP32, "min_cosine", 1.5)  # no int8 model passes
+    res = ptopt.optimize(  # nor the user's budget (it keeps a build the default rule refused when it holds)
+        tiny_cnn(), calib_data=data["calib"], eval_data=data["eval"], min_cosine=0.99999,
+        candidates=["int8-fx"], **FAST,
+    )  # fmt: skip
+    cand = res.candidate("int8-fx")
+    assert cand.status == "rejected" and "samples of" in cand.reason, (cand.status, cand.reason)
+    assert "no --eval-data given" not in cand.reason
+    assert "(the calibration data; the int8 stage's own check: optimize judges" in cand.reason
+    import types
+
+    from ptopt.core.data import load_data
+
+    prep = types.SimpleNamespace(evald=None, calib=load_data(str(data["calib"])), train=None)
+    assert check_data(prep).name.endswith("(the calibration data; no --eval-data given)")

@@ -332,3 +332,33 @@ def test_a_busy_machine_is_said_in_every_report(tmp_path):
     assert "noisy (no time left to time again)" in R.render_terminal(report)
     report["timing_noise"]["busy"] = False
     assert "machine was busy" not in R.render_terminal(report)
+
+
+def test_a_noisy_reference_makes_the_headline_and_the_timing_noisy():
+    """Every speedup divides by the reference's median: ``best: ... 5.32x fp32-eager at batch 16`` rested on a
+    reference whose rounds spread 148%, with ``busy: False`` and no caveat. The headline now says so, and the
+    search counts the reference's noise in every speedup cell at that batch size (``speedup_cells``)."""
+    from ptopt.optimize.search import speedup_cells
+
+    report = winner_report()
+    assert "~" not in R.headline(report)  # the winner's lead is clear, the reference's rounds within 4%
+    R.reference_candidate(report)["latency_ms"]["32"]["spread_pct"] = 148.0
+    line = R.headline(report)
+    assert "the speedup divides by the reference fp32-eager, whose timing rounds spread 148%" in line
+    assert "not a clear lead" not in line and "time it again on a quiet machine" in line
+    report["timing_noise"] = {
+        "noisy_cells": 6,
+        "cells": 12,
+        "retimed": 1,
+        "busy": False,
+        "reference_noisy": [32],
+    }
+    assert "The reference's timing was noisy at batch size(s) 32" in R.render_terminal(report)
+
+    def st(spread):
+        return {"p50_ms": 1.0, "round_spread_pct": spread}
+
+    # the reference noisy at batch 16, every candidate clean: each speedup cell at 16 is noisy, so the run is busy
+    stats = [{1: st(3.0), 16: st(148.0)}, {1: st(3.0), 16: st(2.0)}, {1: st(4.0), 16: st(5.0)}]
+    assert speedup_cells(stats) == (3, 6)
+    assert speedup_cells([{16: st(148.0)}, {16: st(2.0)}, {16: st(5.0)}]) == (3, 3)  # busy: 3 > half of 3

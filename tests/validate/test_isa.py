@@ -229,3 +229,17 @@ def test_an_int8_artifact_from_another_cpu_says_so(cli, tmp_path, capsys, artifa
     assert code == 0, err
     said = " ".join(out.split())  # the footer wraps at the table's width
     assert f"ptopt validate {FACTORY} {tmp_path / 'm.int8.pt'} --data {artifacts['data']} --isa" in said
+
+
+def test_the_notes_name_the_level_the_main_table_was_measured_at():
+    """The main table's figures are this CPU's own level, uncapped: only the ``emu`` note named that level;
+    a note now says which level the main table is, and that ``native`` rows are the same figures."""
+    from ptopt.validate.reports.facts import isa_notes
+
+    data = {"isa": {"levels": ["avx", "native"], "native_level": "avx2", "children": {}},
+            "reference": {"name": "ref", "role": "reference"}, "artifacts": []}  # fmt: skip
+    notes = isa_notes(data)
+    want = (
+        "the main table: this CPU's own level (avx2), uncapped, measured in this process (the per-level rows "
+    )
+    assert want + "at native are the same figures)" in notes

@@ -236,6 +236,11 @@ def isa_notes(data: dict[str, Any]) -> list[str]:
         f"emu: emulated latency: this CPU ({isa.get('native_level')}) running the lower level's code, not a "
         "CPU at that level; accuracy at a level is that level's kernels' own"
     ]
+    own = [lv for lv in isa.get("levels") or [] if lv in ("native", isa.get("native_level"))]
+    out.append(
+        f"the main table: this CPU's own level ({isa.get('native_level')}), uncapped, measured in this process"
+        + (f" (the per-level rows at {', '.join(own)} are the same figures)" if own else "")
+    )
     out += list(isa.get("notes") or [])
     if isa.get("inherited_caps"):
         caps = ", ".join(f"{k}={v}" for k, v in isa["inherited_caps"].items())
