@@ -72,7 +72,11 @@ class LoadedModel:
         if self.artifact is not None:
             return self.artifact.size_bytes
         if self.path is not None and self.path.is_file():
-            return self.path.stat().st_size
+            from ptopt.core.formats import find_format
+
+            row = find_format(self.format)  # all of its files: an IR's .bin, ONNX external data
+            files = row.files(self.path) if row is not None else [self.path]
+            return sum(f.stat().st_size for f in files if f.is_file())
         return None
 
     def parent_record(self) -> dict[str, Any]:

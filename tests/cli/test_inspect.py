@@ -182,6 +182,12 @@ def test_openvino_bf16_and_fp32_irs_read_differently(cli, files, tmp_path):
     assert "precision:  bf16 (from its graph)" in out
     report = inspect_model(str(files["xml"]))
     assert report["weights"]["constants"]["bytes"] >= 23120 and report["parameters"] >= 5780
+    # no sidecar: the size is the IR's two files (it was the .xml alone)
+    full = tmp_path / "full.xml"
+    assert (
+        inspect_model(str(full))["size_bytes"]
+        == full.stat().st_size + full.with_suffix(".bin").stat().st_size
+    )
 
 
 # -- 3. a folder is called a folder ----------------------------------------------------------------------
