@@ -20,37 +20,18 @@ from typing import Any
 
 from ptopt.core import isa as _isa
 
-#: what a level check takes: a child's start-up (torch and ptopt import, the models load), then one
-#: evaluation and a short timing per model (``per_level_s``); before any candidate is kept the search keeps
-#: room for the reference and one candidate, and the reserve grows with the candidates kept
-#: (``Search.reserved_s``), so what the checks turn out not to need goes back to the search
-CHILD_START_S = 15.0
-#: the candidates the reserve is sized for when no count is given (``reserve_s``' default)
-EXPECTED_SURVIVORS = 4
-#: the level checks never keep more than this share of ``--time-budget`` (all levels together): the estimate
-#: rests on timings of the reference, and one disturbed by load elsewhere (MiniLM: 52.8 ms for ~7 ms) set
-#: 250 of 360 s aside and starved the search for checks that took seconds
-RESERVE_SHARE = 0.25
+# the time the level checks keep out of the search's budget is sized in ``ptopt.optimize.search``
+# (``reserve_s``: the search asks it at every step; this module imports the search, not the reverse)
+from ptopt.optimize.search import (
+    CHILD_START_S,
+    EXPECTED_SURVIVORS,
+    RESERVE_SHARE,
+    minimal,
+    per_level_s,
+    reserve_s,
+)
 
-
-def per_level_s(costs: Any, settings: Any, models: int) -> float:
-    """One child process judging ``models`` models (the reference included): its start, then each model's
-    pass over the held-out samples (at most one pass over the eval data, at a capped level) and short timing."""
-    from ptopt.optimize.search import EVAL_PASSES, minimal
-
-    return CHILD_START_S + models * (costs.eval_s / EVAL_PASSES + costs.timing_s(minimal(settings.latency)))
-
-
-def reserve_s(levels: Sequence[str], costs: Any, settings: Any, survivors: int = EXPECTED_SURVIVORS) -> float:
-    """Seconds to keep for the level checks out of the search's budget, with ``survivors`` candidates to
-    judge: every emulated level's ``per_level_s``, at most ``RESERVE_SHARE`` of the budget, and never so much
-    that the fp32 reference alone no longer fits."""
-    emulated = [lv for lv in levels if not _isa.is_native(lv)]
-    if not emulated:
-        return 0.0
-    need = len(emulated) * per_level_s(costs, settings, survivors + 1)
-    room = max(0.0, settings.time_budget - costs.reference_s(settings))
-    return min(need, RESERVE_SHARE * settings.time_budget, room)
+__all__ = ["CHILD_START_S", "EXPECTED_SURVIVORS", "RESERVE_SHARE", "check_levels", "per_level_s", "reserve_s"]
 
 
 def _as_entry(cand: Any) -> Any:
@@ -64,7 +45,6 @@ def _as_entry(cand: Any) -> Any:
 def check_levels(search: Any, levels: Sequence[str], say: Callable[[str], None]) -> dict[str, Any]:
     """Judge every candidate kept within the budget at each of ``levels`` (module docstring); fills each
     candidate's ``by_isa``; returns the report's ``isa`` section."""
-    from ptopt.optimize.search import minimal
     from ptopt.validate.isa import Job, run_level
     from ptopt.validate.metrics import resolve_metric
 

@@ -29,12 +29,13 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ptopt.core import progress
 from ptopt.core.errors import MissingDependencyError, ParityError, PtoptError, UsageError
+from ptopt.core.isa import is_native
 from ptopt.core.search import catalogue
 from ptopt.optimize.candidates import Candidate, Context, Rejected, Spec, runtime_filters
 from ptopt.validate.latency import LatencyOptions, warmup_seconds
@@ -363,8 +364,6 @@ class Search:
         what they will judge, never past its share of the budget, and is 0 without levels."""
         if not self.settings.isa:
             return 0.0
-        from ptopt.optimize.isa import reserve_s
-
         judged = sum(1 for c in self.candidates[1:] if c.status == "kept" and c.within_budget)
         return reserve_s(self.settings.isa, self.costs, self.settings, survivors=judged + self.pending)
 
@@ -698,3 +697,36 @@ def _quiet() -> Any:
 
     # the stages report what matters; upstream loggers and warnings of a build are not the user's business
     return silenced(("torch", "onnxscript", "onnxruntime", "torchao"))
+
+
+# -- --isa: the time the level checks keep (``ptopt.optimize.isa`` runs them after the search) ---------------
+
+#: what a level check takes: a child's start-up (torch and ptopt import, the models load), then one
+#: evaluation and a short timing per model (``per_level_s``); before any candidate is kept the search keeps
+#: room for the reference and one candidate, and the reserve grows with the candidates kept
+#: (``Search.reserved_s``), so what the checks turn out not to need goes back to the search
+CHILD_START_S = 15.0
+#: the candidates the reserve is sized for when no count is given (``reserve_s``' default)
+EXPECTED_SURVIVORS = 4
+#: the level checks never keep more than this share of ``--time-budget`` (all levels together): the estimate
+#: rests on timings of the reference, and one disturbed by load elsewhere (MiniLM: 52.8 ms for ~7 ms) set
+#: 250 of 360 s aside and starved the search for checks that took seconds
+RESERVE_SHARE = 0.25
+
+
+def per_level_s(costs: Any, settings: Any, models: int) -> float:
+    """One child process judging ``models`` models (the reference included): its start, then each model's
+    pass over the held-out samples (at most one pass over the eval data, at a capped level) and short timing."""
+    return CHILD_START_S + models * (costs.eval_s / EVAL_PASSES + costs.timing_s(minimal(settings.latency)))
+
+
+def reserve_s(levels: Sequence[str], costs: Any, settings: Any, survivors: int = EXPECTED_SURVIVORS) -> float:
+    """Seconds to keep for the level checks out of the search's budget, with ``survivors`` candidates to
+    judge: every emulated level's ``per_level_s``, at most ``RESERVE_SHARE`` of the budget, and never so much
+    that the fp32 reference alone no longer fits."""
+    emulated = [lv for lv in levels if not is_native(lv)]
+    if not emulated:
+        return 0.0
+    need = len(emulated) * per_level_s(costs, settings, survivors + 1)
+    room = max(0.0, settings.time_budget - costs.reference_s(settings))
+    return min(need, RESERVE_SHARE * settings.time_budget, room)
