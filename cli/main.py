@@ -61,7 +61,7 @@ def _reported(command: click.Command) -> click.Command:
     def reported(ctx: click.Context) -> object:
         from ptopt.core import progress
         from ptopt.core.errors import OptionIgnored
-        from ptopt.core.options import soft_options
+        from ptopt.core.options import named_by_flags, soft_options
 
         quiet = bool(ctx.params.get("quiet") or ctx.params.get("no_progress") or ctx.meta.get(_QUIET_KEY))
         env = _from_environment(ctx)
@@ -73,6 +73,7 @@ def _reported(command: click.Command) -> click.Command:
             progress.step(f"ptopt {command.name}", announce=False, since=started),
         ):
             with (
+                named_by_flags(),
                 soft_options(_origins(ctx, env)),
                 _naming_the_environment(ctx, env),
                 warnings.catch_warnings(),

@@ -54,6 +54,22 @@ _SOFT: contextvars.ContextVar[tuple[Mapping[str, str], set[str]] | None] = conte
 )
 
 
+#: whether a refusal names an option by its flag (under the CLI) or by its keyword (a twin, a recipe)
+_FLAGS: contextvars.ContextVar[bool] = contextvars.ContextVar("ptopt_option_flags", default=False)
+
+
+@contextlib.contextmanager
+def named_by_flags(on: bool = True) -> Iterator[None]:
+    """Within it a value an option does not take is refused naming the option's flag (``--static-batch``,
+    what a CLI user typed) rather than its keyword (``static_batches``); ``ptopt run`` turns it off
+    again for its steps, whose keys are the recipe's."""
+    token = _FLAGS.set(on)
+    try:
+        yield
+    finally:
+        _FLAGS.reset(token)
+
+
 @contextlib.contextmanager
 def soft_options(names: Collection[str] | Mapping[str, str]) -> Iterator[set[str]]:
     """Within it the options ``names`` are soft defaults, not requests: values a CI runner sets for
@@ -479,7 +495,7 @@ def coerce(d: Declared, value: Any, key: str | None = None) -> Any:
     """A given value in its field's type, as the CLI flag's type would read it (``"false"`` → False,
     ``"5"`` → 5); a comma-separated string or a list becomes a tuple. UsageError naming ``key`` (the
     keyword or recipe key given) for a value the option does not take (``per_channel: maybe``)."""
-    key = key or d.name
+    key = d.flag if _FLAGS.get() and key in (None, d.name) else key or d.name
     if value is None:
         return None
     if d.many or typing.get_origin(d.hint) is tuple or _optional_tuple(d.hint):

@@ -580,6 +580,19 @@ def run_recipe(
 ) -> list[StepResult]:
     """Load (a path) or take (a dict: a built-in recipe), check, then run every step of a recipe; with
     ``dry_run`` only check it and resolve what the vars give. ``run_options``: see ``run_steps``."""
+    from ptopt.core.options import named_by_flags
+
+    with named_by_flags(False):  # a refusal names the recipe's key, not a flag
+        return _run_recipe(recipe, variables, dry_run, source, run_options)
+
+
+def _run_recipe(
+    recipe: Any,
+    variables: dict[str, Any] | None,
+    dry_run: bool,
+    source: str | None,
+    run_options: dict[str, Any],
+) -> list[StepResult]:
     from ptopt.core.recipe import check_recipe, load_recipe
 
     if isinstance(recipe, dict):

@@ -458,7 +458,7 @@ def test_handler_dispatches_by_batch():
     "extra, match",
     [
         (["--static-batch", "16"], ("--static-batch 16", "[1, 8]")),
-        (["--static-batch", "two"], ("integers",)),
+        (["--static-batch", "two"], ("--static-batch: 'two' is not a whole number",)),
         (["--static-batch", "0"], ("positive",)),
     ],
     ids=["outside-range", "not-a-number", "zero"],
