@@ -585,7 +585,8 @@ def render_terminal(
     if isa_rows(report):
         isa = [([escape(x) for x in row], None) for row in isa_rows(report)]
         left = {"candidate", "level", "kernels", "holds the budget"}
-        parts += T.fitted("per CPU level (--isa)", isa_head(report), isa, width, left, keys=1)
+        wrap = {"holds the budget": {}}  # a long reason wraps; the candidate names stay whole
+        parts += T.fitted("per CPU level (--isa)", isa_head(report), isa, width, left, wrap, keys=1)
         parts.append("\n".join(isa_lines(report)))
     return T.to_text(parts, width)
 

@@ -326,3 +326,19 @@ def test_a_bf16_ir_that_holds_at_a_level_without_bf16_says_it_ran_in_f32(monkeyp
     row = next(r for r in isa_rows(report) if r[0] == "bf16-openvino")
     assert row[-1] == "yes (run in f32 at this level)"
     assert any(ln.startswith("bf16-openvino is a bf16 IR: at avx it runs in f32") for ln in isa_lines(report))
+
+
+def test_the_per_level_table_keeps_candidate_names_whole_at_100_columns(monkeypatch, tmp_path):
+    """A long reason (onnxruntime ignores the cap) took the room: the names read ``fp32…``, ``int8…``."""
+    from ptopt.optimize.report import render_terminal
+
+    def child(names):
+        return {"models": {n: _fig() for n in names}, "crash": None, "aten_capability": "DEFAULT"}
+
+    _, report = _judged(monkeypatch, tmp_path, ["fp32-torchscript", "fp32-onnx"], "avx", child)
+    text = render_terminal(report, width=100)
+    table = text[text.index("per CPU level (--isa)") :]
+    assert "ignores the avx cap" in " ".join(table.split())  # the reason is there, wrapped
+    assert all(name in table for name in ("fp32-torchscript", "fp32-onnx"))
+    boxed = [line for line in table.splitlines() if line[:1] in "┏┃┡│└"]
+    assert "…" not in table and max(len(line) for line in boxed) <= 100
