@@ -269,9 +269,17 @@ def table_row(report: dict[str, Any], c: dict[str, Any]) -> list[str]:
     )
 
 
+#: a status cell shows this much of its reason (report.json keeps it whole)
+STATUS_CHARS = 400
+
+
 def fmt_status(c: dict[str, Any]) -> str:
+    from ptopt.core.errors import clip
+
     status = c.get("status") or "?"
-    return status if status == "kept" or not c.get("reason") else f"{status}: {c['reason']}"
+    return (
+        status if status == "kept" or not c.get("reason") else clip(f"{status}: {c['reason']}", STATUS_CHARS)
+    )
 
 
 # -- the verdict and the package command -----------------------------------------------------------

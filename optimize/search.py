@@ -313,7 +313,11 @@ def open_candidate(cand: Candidate, threads: int, device: str = "cpu") -> Any:
 
 
 def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    """The reason a candidate records: the error's first line (cut at a word, with "…", past 1000 characters;
+    it was cut mid-word at 300: "a lower worst-sample cosine is wit")."""
+    from ptopt.core.errors import clip
+
+    return clip((str(e).strip().splitlines() or [type(e).__name__])[0], 1000)
 
 
 class Search:

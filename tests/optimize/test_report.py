@@ -362,3 +362,18 @@ def test_a_noisy_reference_makes_the_headline_and_the_timing_noisy():
     stats = [{1: st(3.0), 16: st(148.0)}, {1: st(3.0), 16: st(2.0)}, {1: st(4.0), 16: st(5.0)}]
     assert speedup_cells(stats) == (3, 6)
     assert speedup_cells([{16: st(148.0)}, {16: st(2.0)}, {16: st(5.0)}]) == (3, 3)  # busy: 3 > half of 3
+
+
+def test_a_long_reason_is_cut_at_a_word_with_an_ellipsis():
+    """A rejection's reason was cut mid-word at 300 characters with no mark ("... a lower worst-sample
+    cosine is wit"): the record keeps up to 1000, the status cell 400, each cut at a word, with "…"."""
+    from ptopt.optimize.report import STATUS_CHARS, fmt_status
+    from ptopt.optimize.search import _first_line
+
+    reason = _first_line(
+        ValueError("the outputs no longer follow the source's: " + "within " * 200 + "\nmore")
+    )
+    assert 300 < len(reason) <= 1000 and reason.endswith("within…") and "more" not in reason
+    cell = fmt_status({"status": "rejected", "reason": reason})
+    assert len(cell) <= STATUS_CHARS and cell.startswith("rejected: the outputs") and cell.endswith("within…")
+    assert fmt_status({"status": "rejected", "reason": "short"}) == "rejected: short"
