@@ -572,12 +572,16 @@ def _to_float(value: Any) -> float:
     raise ValueError(value)
 
 
-def _to_str(value: Any) -> str:
+def _to_str(value: Any) -> Any:
+    """Text as it is, a number as its text; a bool, list or mapping is refused (``observer: [minmax]``).
+    Any other object stays as it is: a twin's ``device=torch.device("cuda")`` is the twin's to judge."""
     if isinstance(value, str):
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return str(value)
-    raise ValueError(value)
+    if isinstance(value, (bool, list, tuple, set, dict)):
+        raise ValueError(value)
+    return value
 
 
 _CONVERT: dict[Any, Callable[[Any], Any]] = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}

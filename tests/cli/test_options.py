@@ -564,3 +564,13 @@ def test_a_value_is_read_as_its_flag_reads_it_or_refused_naming_it(given, expect
         assert quantize.check(given, "static") == expect
     else:
         assert_refused(ptopt.quantize, "zoo:resnet", "static", output="q.pt", **given, match=expect)
+
+
+def test_a_twin_keeps_an_object_a_text_option_takes():
+    """``device=torch.device("cpu")`` reached the twin before values were typed (``resolve_device`` takes a
+    ``torch.device``); it must not be refused as "not text", while a list for a text option still is."""
+    import torch
+
+    validate = _obj(CASES["validate"].spec)
+    assert validate.check({"device": torch.device("cpu")}, "model") == {"device": torch.device("cpu")}
+    assert_refused(validate.check, {"device": ["cpu"]}, "model", match="device: ['cpu'] is not text")
