@@ -131,7 +131,8 @@ class Format:
         """What the file's graph says without running it, for ``ptopt inspect`` of a model without a torch
         module: ``outputs`` (``name``, ``shape``: ints, a dynamic dim as text, ``dtype``), ``parameters``
         and ``parameter_bytes`` (its weights), ``weights`` (counts and bytes by kind), ``weight_dtypes``
-        (dtype -> element count) and ``precision`` (the one its graph records or its weights' dtypes say).
+        (dtype -> element count) and ``precision`` (the one its graph records, else None: inspect
+        reads the weights' dtypes then, and says so).
         Empty: nothing is read (a format ptopt runs as a torch module)."""
         return {}
 

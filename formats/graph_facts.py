@@ -1,7 +1,8 @@
 """What an ONNX or OpenVINO IR graph says without running it, for ``ptopt inspect`` (``Format.describe``):
 its outputs (name, shape, dtype), its weights (ONNX initializers and ``Constant`` nodes, OpenVINO
-``Constant`` ops: count, elements, bytes, by dtype) and the precision they say. Neither runtime's
-session is created: ONNX is read without its external data, the IR without compiling it."""
+``Constant`` ops: count, elements, bytes, by dtype) and the precision the graph records (OpenVINO's
+rt_info). Neither runtime's session is created: ONNX is read without its external data, the IR without
+compiling it."""
 
 from __future__ import annotations
 
@@ -25,8 +26,6 @@ def _dim_text(lo: int, hi: int) -> int | str:
 
 def _facts(outputs: list[dict[str, Any]], sizes: list[tuple[str, str, int, int]], precision: Any) -> dict:
     """The ``describe`` answer from the outputs and ``(kind, dtype, elements, bytes)`` per weight."""
-    from ptopt.core.weights import precision_of_weights
-
     elements: dict[str, int] = {}
     weights: dict[str, dict[str, int]] = {}
     for kind, dtype, n, nbytes in sizes:
@@ -40,7 +39,8 @@ def _facts(outputs: list[dict[str, Any]], sizes: list[tuple[str, str, int, int]]
         "parameter_bytes": sum(b for _, _, _, b in sizes),
         "weights": weights,
         "weight_dtypes": elements,
-        "precision": precision or precision_of_weights(elements),
+        # only what the graph records (OpenVINO's rt_info); inspect says what the weights' dtypes say as such
+        "precision": precision,
     }
 
 
@@ -101,7 +101,7 @@ def _onnx_size(kind: str, t: Any) -> tuple[str, str, int, int]:
 
 def openvino_facts(model: Any, recorded: str | None) -> dict[str, Any]:
     """An IR's outputs and ``Constant`` ops (``model``: read, not compiled); ``recorded``: the precision
-    ptopt recorded in it (its ``rt_info``), else its weights' dtypes say."""
+    ptopt recorded in it (its ``rt_info``), else None."""
     outputs = []
     for i, o in enumerate(model.outputs):
         shape = [

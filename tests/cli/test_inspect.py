@@ -150,12 +150,12 @@ def _fp16_onnx(path):
 def test_onnx_precision_from_its_weights_without_a_sidecar(cli, tmp_path):
     path = _fp16_onnx(tmp_path / "half.onnx")
     report = inspect_model(str(path))
-    assert report["precision"] == "fp16" and report["precision_from"] == "graph"
+    assert report["precision"] == "fp16" and report["precision_from"] == "weights"  # ONNX records none
     assert report["parameters"] == 12 and report["parameter_bytes"] == 24
     assert report["outputs"] == [{"name": "y", "shape": ["1..64", 3], "dtype": "float16"}]
     code, out, err = cli("inspect", path)
     assert code == 0, err
-    assert "precision:  fp16 (from its graph)" in out and "output:     y: [1..64]x3 float16" in out
+    assert "precision:  fp16 (from its weights)" in out and "output:     y: [1..64]x3 float16" in out
 
 
 @needs_openvino
