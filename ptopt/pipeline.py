@@ -60,6 +60,7 @@ from typing import Any
 
 from ptopt.commands import COMMANDS, step_commands
 from ptopt.core.errors import GateFailedError, UsageError
+from ptopt.core.formats import with_article
 from ptopt.core.options import Options, option
 from ptopt.core.recipe import TWIN_KEYWORDS
 
@@ -178,9 +179,9 @@ def plan(
         when = own.get("when")
         if when is not None and not callable(when) and not _REF.fullmatch(str(when)):
             raise UsageError(f"{where}: when: {when!r}: write one ${{NAME}} or ${{ID.attr}}")
-        options = _best_as_path(twin, options)
         checked = [options, own.get("title"), None if callable(when) else when]
         _check_refs(checked, merged, kinds, where, previous=steps[-1].command if steps else None)
+        options = _best_as_path(twin, options)  # after the check: a refusal quotes what the recipe says
         _check_signature(twin, substitute(options, merged, partial=True), where)
         _check_config(options.get("config"), where)
         steps.append(Step(i, command, options, step_id, twin, own.get("title"), when))
@@ -223,7 +224,8 @@ def _check_refs(options: Any, merged: dict, kinds: dict, where: str, previous: s
                 )
             allowed = VALIDATE_ATTRS if command == "validate" else ARTIFACT_ATTRS
             if attr and attr not in allowed:
-                raise UsageError(f"{where}: {m.group(0)}: a {command} step offers {', '.join(allowed)}")
+                offers = f"{with_article(command)} step offers {', '.join(allowed)}"
+                raise UsageError(f"{where}: {m.group(0)}: {offers}")
 
 
 #: the modules whose configs a recipe step's ``config:`` mapping may name

@@ -163,6 +163,13 @@ BAD_RECIPES = {
             ),
         }.items()
     },
+    "best-of-a-step-that-is-not-validate": (  # quoted as written, not as the path it would become
+        lambda ok, a, m: [
+            {"export": {"id": "e", "model": FACTORY, "target": "onnx", "output": "m.onnx"}},
+            {"package": {"artifact": "${e.best}", "format": "mar", "output": "m.mar"}},
+        ],
+        "step 2 (package): ${e.best}: an export step offers output, path, format, precision",
+    ),
     "not-yaml": ("steps: [unclosed", "not valid YAML"),
     "no-steps": ("version: 1\nsteps: []\n", "no steps"),
     "step-not-a-mapping": ("version: 1\nsteps: [validate]\n", "step 1 must be one mapping"),
