@@ -243,3 +243,21 @@ def test_the_notes_name_the_level_the_main_table_was_measured_at():
         "the main table: this CPU's own level (avx2), uncapped, measured in this process (the per-level rows "
     )
     assert want + "at native are the same figures)" in notes
+
+
+def test_the_main_table_note_minds_inherited_caps():
+    """With a cap inherited from the environment this process is capped, and its top level ran in a child
+    (``is_native`` is false): the main table is not "uncapped", nor the same figures as that level's rows."""
+    from ptopt.validate.reports.facts import isa_notes
+
+    data = {"isa": {"levels": ["avx2", "native"], "native_level": "avx2", "children": {},
+                    "inherited_caps": {"ONEDNN_MAX_CPU_ISA": "AVX"}},
+            "reference": {"name": "ref", "role": "reference"}, "artifacts": []}  # fmt: skip
+    (note,) = [n for n in isa_notes(data) if n.startswith("the main table")]
+    assert note == (
+        "the main table: this CPU's own level (avx2), with the caps it inherited, measured in this process "
+        "(the per-level rows at native are the same figures)"
+    )
+    data["isa"].pop("inherited_caps")
+    (note,) = [n for n in isa_notes(data) if n.startswith("the main table")]
+    assert "uncapped" in note and "rows at avx2, native are the same figures" in note

@@ -236,9 +236,14 @@ def isa_notes(data: dict[str, Any]) -> list[str]:
         f"emu: emulated latency: this CPU ({isa.get('native_level')}) running the lower level's code, not a "
         "CPU at that level; accuracy at a level is that level's kernels' own"
     ]
-    own = [lv for lv in isa.get("levels") or [] if lv in ("native", isa.get("native_level"))]
+    # caps inherited from the environment cap this process too: its top level then ran in a child
+    # (``core.isa.is_native``), and the main table is not uncapped
+    caps, native = isa.get("inherited_caps"), isa.get("native_level")
+    own = [lv for lv in isa.get("levels") or [] if lv == "native" or (lv == native and not caps)]
     out.append(
-        f"the main table: this CPU's own level ({isa.get('native_level')}), uncapped, measured in this process"
+        f"the main table: this CPU's own level ({native}), "
+        + ("with the caps it inherited" if caps else "uncapped")
+        + ", measured in this process"
         + (f" (the per-level rows at {', '.join(own)} are the same figures)" if own else "")
     )
     out += list(isa.get("notes") or [])
