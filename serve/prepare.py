@@ -122,10 +122,10 @@ def _refuse_unservable(loaded: LoadedModel, servable: Sequence[str]) -> None:
     package = next((p for p in SERVER if servable_formats(p) == list(servable)), None)
     takes = [f"--format {p}" for p, server in SERVER.items() if server in row.servers]
     made = ((loaded.artifact.parent if loaded.artifact else None) or {}).get("path")
+    instead = f"package the PyTorch model it was made from ({made or 'MODEL'})"
     raise UsageError(
         f"{loaded.ref}: {PACKAGE_LABELS.get(package, 'this package')} does not take {with_article(row.label)}"
-        + (f"; package it with {' or '.join(takes)}" if takes else "")
-        + f", or package the PyTorch model it was made from ({made or 'MODEL'})"
+        + (f"; package it with {' or '.join(takes)}, or {instead}" if takes else f"; {instead}")
     )
 
 

@@ -146,3 +146,19 @@ def test_an_openvino_ir_is_refused_naming_the_packages_that_take_it(cli, tmp_pat
                "the PyTorch model it was made from (tests.helpers:tiny_cnn)"),
     )  # fmt: skip
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_file_no_package_takes_is_refused_in_one_sentence():
+    """A TensorRT engine runs in no package's server: the refusal says what to package instead (it read
+    "does not take a TensorRT, or package the PyTorch model ...")."""
+    from types import SimpleNamespace
+
+    from ptopt.core.errors import UsageError
+    from ptopt.serve.prepare import _refuse_unservable, servable_formats
+
+    loaded = SimpleNamespace(format="tensorrt", ref="m.engine", artifact=None)
+    with pytest.raises(UsageError) as e:
+        _refuse_unservable(loaded, servable_formats("triton"))
+    assert str(e.value) == (
+        "m.engine: a Triton repository does not take a TensorRT; package the PyTorch model it was made from (MODEL)"
+    )
