@@ -68,8 +68,8 @@ def command(
     common = dict(input_shapes=list(input_shapes) or None, allow_pickle=allow_pickle or None, **data)
     options = {"model": model, "output": output, **given(common), **given(params)}
     result = optimize(**options, progress=progress)
-    if getattr(result, "winner", True) is not None and getattr(result, "exit_code", 0) == 0:
-        maybe_save_recipe(save_recipe, "optimize", options)
+    # as validate's: written when no candidate met the budget too (exit 1), to rerun with another budget
+    maybe_save_recipe(save_recipe, "optimize", options)
     print_result(result)
 
 

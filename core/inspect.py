@@ -8,6 +8,7 @@ from typing import Any
 from ptopt.core.artifact import Artifact
 from ptopt.core.inputspec import flatten_inputs, format_shape, parse_named_shapes
 from ptopt.core.modelref import load_model, resolve_inputs, run_checked
+from ptopt.core.weights import type_name
 
 #: module type -> techniques that can act on it
 _TECHNIQUES = {
@@ -31,20 +32,16 @@ def named_outputs(out: Any) -> list[tuple[str, Any]]:
     return [("output", out)]
 
 
-def _type_name(m: Any) -> str:
-    return getattr(m, "original_name", None) or type(m).__name__
-
-
 def layer_table(module: Any, skip: Any = ()) -> list[dict[str, Any]]:
     """Leaf-ish layers with parameters, with the techniques that apply to each (``skip``: names of
     layers already int8, which ``int8_layers`` lists)."""
     rows = []
     last_linear = None
     for name, m in module.named_modules():
-        if _type_name(m) == "Linear":
+        if type_name(m) == "Linear":
             last_linear = name
     for name, m in module.named_modules():
-        t = _type_name(m)
+        t = type_name(m)
         if t not in _TECHNIQUES or name in skip:
             continue
         params = sum(p.numel() for p in m.parameters(recurse=True))

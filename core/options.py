@@ -547,7 +547,16 @@ def _one_of(kinds: list[Any], value: Any, key: str) -> Any:
     raise UsageError(f"{key}: {value!r} is not {' or '.join(_WHAT[k] for k in kinds)}")
 
 
+def _scalar(value: Any) -> Any:
+    """A numpy scalar or a one-value tensor as the Python value it holds (a twin's ``epochs=np.int64(3)``,
+    ``per_channel=np.bool_(True)``, ``lr=torch.tensor(1e-3)``); anything else as it is."""
+    if not isinstance(value, (str, bytes)) and getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
 def _to_bool(value: Any) -> bool:
+    value = _scalar(value)
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower() if isinstance(value, str) else None
@@ -557,7 +566,10 @@ def _to_bool(value: Any) -> bool:
 
 
 def _to_int(value: Any) -> int:
+    value = _scalar(value)
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():  # a twin's epochs=3.0; 2.5 is refused
         return int(value)
     if isinstance(value, str):
         return int(value.strip())
@@ -565,6 +577,7 @@ def _to_int(value: Any) -> int:
 
 
 def _to_float(value: Any) -> float:
+    value = _scalar(value)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return value if isinstance(value, float) else float(value)
     if isinstance(value, str):

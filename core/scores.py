@@ -147,9 +147,16 @@ _RECORDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def remember_layer(module: Any, layer: str) -> None:
     """``output_layer`` of ``module`` (loaded from a file) is ``layer``, as read on the module the file
-    was written from: a frozen TorchScript graph folds a last BatchNorm into the Conv before it."""
+    was written from: a frozen TorchScript graph folds a last BatchNorm into the Conv before it. The
+    record holds while the module's layers are the ones it was loaded with (``gm.fc = nn.Identity()``
+    afterwards: its own graph is read again)."""
     with contextlib.suppress(TypeError):  # a module that takes no weak reference: read its graph
-        _RECORDED[module] = layer
+        _RECORDED[module] = (layer, _layers_of(module))
+
+
+def _layers_of(module: Any) -> tuple[tuple[str, int], ...]:
+    """Which submodule sits where (names and identities): what an edit in place changes."""
+    return tuple((n, id(m)) for n, m in module.named_modules()) if hasattr(module, "named_modules") else ()
 
 
 def output_layer(model: Any, x: Any) -> str | None:
@@ -159,7 +166,9 @@ def output_layer(model: Any, x: Any) -> str | None:
     import torch
 
     with contextlib.suppress(KeyError, TypeError):
-        return _RECORDED[model]
+        layer, layers = _RECORDED[model]
+        if layers == _layers_of(model):
+            return layer
 
     if isinstance(model, torch.jit.ScriptModule):
         return _script_output_layer(model)

@@ -70,7 +70,8 @@ def _row(name: str, type_: str, tensors: list[Any], op: str | None = None) -> di
     return row | ({"op": op} if op else {})
 
 
-def _type_name(m: Any) -> str:
+def type_name(m: Any) -> str:
+    """A module's class name; a TorchScript module's ``original_name`` (not ``RecursiveScriptModule``)."""
     return getattr(m, "original_name", None) or type(m).__name__
 
 
@@ -93,10 +94,10 @@ def module_packed_layers(module: Any) -> list[dict[str, Any]]:
         tensors = _unpack(packed) if packed is not None else []
         if not tensors:
             continue
-        if _type_name(m) in _HOLDERS and name:  # ``fc._packed_params``: the layer is ``fc``
+        if type_name(m) in _HOLDERS and name:  # ``fc._packed_params``: the layer is ``fc``
             name = name.rpartition(".")[0]
             m = modules.get(name, m)
-        rows.append(_row(name, _type_name(m), tensors))
+        rows.append(_row(name, type_name(m), tensors))
     return rows
 
 

@@ -322,7 +322,9 @@ def _source_layer(module: Any, specs: Sequence[InputSpec], style: str, example: 
         )
     except Exception:  # noqa: BLE001 - specs this helper cannot sample: the layer is simply not recorded
         return None
-    return output_layer(module, x)
+    params = module.parameters() if hasattr(module, "parameters") else iter(())
+    where = next((p.device for p in params), None)  # a module already on a GPU reads its sample there
+    return output_layer(module, to_device(x, str(where)) if where is not None and where.type != "cpu" else x)
 
 
 def _source_format(module: Any) -> str:

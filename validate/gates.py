@@ -374,11 +374,15 @@ def evaluate(
     return out
 
 
-def _places(limit: float, least: int) -> int:
+def _places(limit: float, least: int, value: float | None = None) -> int:
     """Decimals that show a gate's ``limit`` as given (``--min-cosine 0.99999``: 5; it read "min
-    1.0000"), at least ``least``; the measured figure beside it is shown with as many."""
+    1.0000"), at least ``least``, and more while the measured ``value`` beside it would read the same
+    as a limit it differs from (a failed 0.999986 read "0.99999 (min 0.99999)")."""
     text = f"{limit:.12g}"
-    return max(least, len(text.split(".")[1]) if "." in text and "e" not in text else 0)
+    p = max(least, len(text.split(".")[1]) if "." in text and "e" not in text else 0)
+    while value is not None and value != limit and f"{value:.{p}f}" == f"{limit:.{p}f}" and p < 12:
+        p += 1
+    return p
 
 
 def _accuracy_gates(gates: Gates, entry: dict[str, Any], metric: dict[str, Any]) -> list[GateResult]:
@@ -395,7 +399,10 @@ def _accuracy_gates(gates: Gates, entry: dict[str, Any], metric: dict[str, Any])
         out.append(GateResult(name, "max-accuracy-drop", limit, drop, ok, message))
     if gates.min_agreement is not None:
         agr, limit = (entry.get("agreement") or {}).get("top1_agreement"), gates.min_agreement
-        ok, p = agr is not None and agr >= limit - 1e-12, _places(limit * 100, 2)
+        ok, p = (
+            agr is not None and agr >= limit - 1e-12,
+            _places(limit * 100, 2, None if agr is None else agr * 100),
+        )
         message = (
             f"top-1 agreement {agr * 100:.{p}f}% (min {limit * 100:.{p}f}%)"
             if agr is not None
@@ -404,7 +411,7 @@ def _accuracy_gates(gates: Gates, entry: dict[str, Any], metric: dict[str, Any])
         out.append(GateResult(name, "min-agreement", limit, agr, ok, message))
     if gates.min_cosine is not None:
         cos, limit = (entry.get("agreement") or {}).get("min_cosine"), gates.min_cosine
-        ok, p = cos is not None and cos >= limit - 1e-12, _places(limit, 4)
+        ok, p = cos is not None and cos >= limit - 1e-12, _places(limit, 4, cos)
         message = (
             f"worst-sample cosine {cos:.{p}f} (min {limit:.{p}f})"
             if cos is not None
@@ -430,9 +437,7 @@ def _latency_gates(gates: Gates, entry: dict[str, Any], reference: dict[str, Any
                 )
         if gates.min_speedup is not None and "p50_ms" in ref_lat.get(bs_key, {}):
             sp, limit = ref_lat[bs_key]["p50_ms"] / p50, gates.min_speedup
-            message = (
-                f"speedup {sp:.{_places(limit, 2)}f}x at batch {bs} (min {limit:.{_places(limit, 2)}f}x)"
-            )
+            message = f"speedup {sp:.{_places(limit, 2, sp)}f}x at batch {bs} (min {limit:.{_places(limit, 2, sp)}f}x)"
             spread = spread_of(stats, ref_lat[bs_key])
             out.append(_timed(name, f"min-speedup@bs{bs}", limit, sp, sp >= limit, message, spread))
     for limit_bs, ms in gates.max_latency_ms:

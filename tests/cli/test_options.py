@@ -11,7 +11,9 @@ import importlib
 import re
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 from ptopt.core.errors import OptionRenamed, PtoptError, UsageError
 from tests.helpers import assert_refused, not_progress
@@ -537,6 +539,10 @@ def test_every_option_takes_its_flags_name_as_its_key():
             {"per_channel": "false", "calibration_batches": "2"},
             {"per_channel": False, "calibration_batches": 2},
         ),
+        (  # a twin's numpy scalars, one-value tensors and whole floats: the values they hold
+            {"per_channel": np.bool_(True), "calibration_batches": 3.0, "min_cosine": torch.tensor(0.5)},
+            {"per_channel": True, "calibration_batches": 3, "min_cosine": 0.5},
+        ),
         ({"per_channel": "maybe"}, "per_channel: 'maybe' is not true or false"),
         ({"calibration_batches": "two"}, "calibration_batches: 'two' is not a whole number"),
         ({"calibration_batches": 2.5}, "calibration_batches: 2.5 is not a whole number"),
@@ -546,6 +552,7 @@ def test_every_option_takes_its_flags_name_as_its_key():
     ],
     ids=[
         "as-the-flag-reads-it",
+        "python-scalars",
         "flag",
         "count",
         "fraction-for-a-count",

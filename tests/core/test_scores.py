@@ -303,3 +303,8 @@ def test_a_loaded_file_answers_with_the_layer_its_source_module_had(tmp_path):
     assert output_layer(module, x) == "BatchNorm2d"
     sidecar_path(tmp_path / "f.pt").unlink()
     assert output_layer(as_loaded(tmp_path / "f.pt").module, x) == "aten::_convolution"
+    export(Features().eval(), "exported_program", tmp_path / "f.pt2", input_shapes=["2x3x8x8"])
+    gm = as_loaded(tmp_path / "f.pt2").module
+    assert output_layer(gm, x) == "BatchNorm2d"
+    gm.head = nn.Linear(8, 4)  # edited in place after loading: the record no longer speaks for it
+    assert output_layer(gm, x) != "BatchNorm2d"

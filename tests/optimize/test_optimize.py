@@ -126,8 +126,12 @@ def test_exit_1_when_nothing_meets_the_budget_best_found_still_written(cli, tmp_
     code, out, err = cli(
         "optimize", FACTORY, "--calib-data", data["calib"], "--eval-data", data["eval"],
         "--min-cosine", "1.0", "--candidates", "int8-dynamic,int8-fx", *FAST_CLI, "-o", "opt",
+        "--save-recipe", "r.yaml",
     )  # fmt: skip
     assert code == 1, err
+    assert (
+        "min_cosine: 1.0" in (tmp_path / "r.yaml").read_text()
+    )  # to rerun with another budget, as validate's
     report = json.loads((tmp_path / "opt" / "report.json").read_text())
     assert report["exit_code"] == 1 and report["best_within_budget"] is False
     assert (

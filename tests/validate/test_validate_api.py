@@ -366,6 +366,8 @@ def test_bad_python_input_is_refused(artifacts, tmp_path, case):
         ({"min_cosine": 0.98}, {"min_cosine": 0.98123}, "worst-sample cosine 0.9812 (min 0.9800)"),
         ({"min_agreement": 0.99995}, {"top1_agreement": 0.99991}, "top-1 agreement 99.991% (min 99.995%)"),
         ({"min_agreement": 0.99}, {"top1_agreement": 0.98765}, "top-1 agreement 98.77% (min 99.00%)"),
+        ({"min_cosine": 0.99999}, {"min_cosine": 0.999986}, "worst-sample cosine 0.999986 (min 0.999990)"),
+        ({"min_agreement": 0.99}, {"top1_agreement": 0.98999}, "top-1 agreement 98.999% (min 99.000%)"),
     ],
 )
 def test_a_gate_message_shows_its_limit_as_given(gates, agreement, want):
