@@ -187,10 +187,22 @@ class TrainResult:
         }
 
 
+def model_logits(model: Any, x: Any) -> Any:
+    """``model(x)``'s primary output (``core.tensors.primary_output``: a Hugging Face model's
+    ``logits``, the first of a tuple), the tensor losses and accuracy read; anything else as it is."""
+    from ptopt.core.tensors import primary_output
+
+    out = call_model(model, x)
+    try:
+        return primary_output(out)
+    except TypeError:
+        return out
+
+
 def cross_entropy_loss(model: Any, batch: Batch) -> tuple[Any, Any]:
     import torch.nn.functional as F
 
-    logits = call_model(model, batch.x)
+    logits = model_logits(model, batch.x)
     return F.cross_entropy(logits.float(), batch.y), logits
 
 
@@ -234,7 +246,7 @@ def evaluate_accuracy(model: Any, data: Dataset, batch_size: int = 256, device: 
         for b, counts in eval_batches(data, batch_size, distributed):
             b = to_device(b, device) if device is not None else b
             if counts:
-                correct += int((call_model(model, b.x).argmax(-1) == b.y).sum())
+                correct += int((model_logits(model, b.x).argmax(-1) == b.y).sum())
                 total += int(b.y.shape[0])
             else:
                 call_model(model, b.x)  # a rank out of samples still takes part

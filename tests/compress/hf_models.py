@@ -57,6 +57,14 @@ def bert_tokens(n: int = 64, seq: int = 32, seed: int = 0) -> dict:
     return {"x": {"input_ids": ids * mask, "attention_mask": mask}}
 
 
+def bert_labelled(n: int = 32, seq: int = 16) -> dict:
+    """``bert_tokens`` with labels: what ``bert`` (3 classes) predicts on them, so top-1 is 100%."""
+    d = bert_tokens(n, seq)
+    with torch.no_grad():
+        y = bert()(**d["x"]).logits.argmax(-1)
+    return {"x": d["x"], "y": y}
+
+
 def llama(vocab: int = 512, hidden: int = 128, tie: bool = False) -> nn.Module:
     """LlamaForCausalLM (2 layers, 4 heads, 2 key/value heads, 1024 positions), seeded random weights:
     the language model of the weight-only, optimize and validate tests."""

@@ -18,7 +18,7 @@ from ptopt.compress.quantize.config import QATConfig, refuse_no_compile
 from ptopt.compress.quantize.registry import register_technique
 from ptopt.compress.quantize.techniques.static_fx import float_layers
 from ptopt.core.data import Batch, Dataset
-from ptopt.core.inputspec import call_args, call_model
+from ptopt.core.inputspec import call_args
 
 
 # QAT trains: its numbers against fp32 are recorded, not gated
@@ -90,11 +90,13 @@ def distill_loss(teacher: Any):
     import torch
     import torch.nn.functional as F
 
+    from ptopt.compress.trainer import model_logits
+
     def loss(model: Any, batch: Batch):
-        logits = call_model(model, batch.x)
+        logits = model_logits(model, batch.x)
         with torch.no_grad():
-            target = F.softmax(call_model(teacher, batch.x), -1)
-        return F.kl_div(F.log_softmax(logits, -1), target, reduction="batchmean"), logits
+            target = F.softmax(model_logits(teacher, batch.x).float(), -1)
+        return F.kl_div(F.log_softmax(logits.float(), -1), target, reduction="batchmean"), logits
 
     return loss
 
