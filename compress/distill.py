@@ -402,6 +402,7 @@ def _build_result(
 ) -> Any:
     """Wrap the trained student (rank 0's: under FSDP the gathered copy) in an unsaved Result."""
     from ptopt.core.artifact import Artifact
+    from ptopt.core.input_infer import token_ranges
     from ptopt.core.inputspec import input_style, specs_from_example
     from ptopt.core.result import Result
 
@@ -422,7 +423,9 @@ def _build_result(
     template = Artifact(
         path=UNSAVED,
         format="torchscript",  # until saved: .pt2 makes it exported_program
-        inputs=specs_from_example(train_ds.first_batch(min(len(train_ds), 32)).x),
+        inputs=token_ranges(
+            s_module, specs_from_example(train_ds.first_batch(min(len(train_ds), 32)).x), input_style(example)
+        ),
         input_style=input_style(example),
         config=config,
         parent=teacher_record,

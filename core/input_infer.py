@@ -95,10 +95,7 @@ def _token_inputs(module: Any, config: Any) -> tuple[list[InputSpec], str]:
         takes = set(dummy)
     dummy = {k: v for k, v in dummy.items() if k in takes}  # T5's encoder takes no decoder ids
     seq = min(DEFAULT_SEQ, max(1, _positions(module, config)))
-    ranges = {
-        "input_ids": _hf_config_int(config, "vocab_size"),
-        "token_type_ids": _hf_config_int(config, "type_vocab_size"),
-    }
+    ranges = hf_token_sizes(config)
     specs = []
     for name, t in dummy.items():
         dtype = str(t.dtype).replace("torch.", "")
@@ -111,6 +108,43 @@ def _token_inputs(module: Any, config: Any) -> tuple[list[InputSpec], str]:
         spec = InputSpec.static(name, (1, *shape[1:]), dtype, value_range=vr)
         specs.append(spec.with_batch(1, 1, DEFAULT_MAX_BATCH))
     return specs, "keyword"
+
+
+def hf_token_sizes(config: Any) -> dict[str, int | None]:
+    """``{input name suffix: how many ids}`` a Hugging Face config states (``vocab_size``,
+    ``type_vocab_size``); None where it states none."""
+    return {
+        "input_ids": _hf_config_int(config, "vocab_size"),
+        "token_type_ids": _hf_config_int(config, "type_vocab_size"),
+    }
+
+
+def token_ranges(module: Any, specs: list[InputSpec], style: str) -> list[InputSpec]:
+    """``specs`` read from data, with the token inputs' value ranges the model's rather than the data's.
+
+    An integer input an ``nn.Embedding`` receives takes ``[0, num_embeddings)`` (found by
+    :func:`embedding_inputs`), else a Hugging Face ``input_ids`` / ``token_type_ids`` ``[0, vocab_size)``
+    / ``[0, type_vocab_size)`` of the model's config, an ``attention_mask`` ``[0, 2)``. A range is only
+    ever widened: the ids of a data sample are not all the ids a request may send (servers refuse values
+    outside the recorded range). Runs the model once at batch 1 when it has integer inputs.
+    """
+    import dataclasses
+
+    ranged = {s.name for s in specs if s.value_range and not s.is_float and s.dtype != "bool"}
+    if not ranged or module is None:
+        return list(specs)
+    sizes = {k: v for k, v in hf_token_sizes(getattr(module, "config", None)).items() if v}
+    probed = embedding_inputs(module, list(specs), style, set())
+    out = []
+    for s in specs:
+        top = probed.get(s.name) or next((v for k, v in sizes.items() if s.name.endswith(k)), None)
+        if top is None and s.name.endswith("attention_mask"):
+            top = 2
+        if s.name in ranged and top:
+            lo, hi = s.value_range
+            s = dataclasses.replace(s, value_range=(min(int(lo), 0), max(int(hi), top)))
+        out.append(s)
+    return out
 
 
 def _positions(module: Any, config: Any) -> int:

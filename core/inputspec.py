@@ -266,6 +266,17 @@ def _dtype_name(t: Any) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+def data_range(name: str, t: Any) -> tuple[int, int]:
+    """``[low, high)`` of an integer input read from data: from 0 (or the lowest value, when negative)
+    to past the highest seen, an ``attention_mask`` at least ``[0, 2)``. Data shows some token ids,
+    never the lowest one a request may send (padding 0, special ids), so no low bound comes from it;
+    where the model is at hand, ``ptopt.core.input_infer.token_ranges`` widens ids to its vocabulary."""
+    lo, hi = min(0, int(t.min())), int(t.max()) + 1
+    if name.endswith("attention_mask"):
+        hi = max(hi, 2)
+    return lo, hi
+
+
 def specs_from_example(
     x: Any, max_batch: int = DEFAULT_MAX_BATCH, dynamic_batch: bool = True
 ) -> list[InputSpec]:
@@ -274,9 +285,7 @@ def specs_from_example(
     for name, t in flatten_inputs(x):
         shape = tuple(t.shape)
         dtype = _dtype_name(t)
-        vr = None
-        if dtype in _INT_DTYPES and dtype != "bool" and t.numel():
-            vr = (int(t.min()), int(t.max()) + 1)
+        vr = data_range(name, t) if dtype in _INT_DTYPES and dtype != "bool" and t.numel() else None
         spec = InputSpec.static(name, shape, dtype, value_range=vr)
         if dynamic_batch and shape:
             spec = spec.with_batch(1, shape[0], max(max_batch, shape[0]))

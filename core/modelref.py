@@ -348,7 +348,8 @@ def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()
     """Settle ``loaded.input_specs``: ``--input-shape`` first, then the data, then what the model declares.
 
     ``input_shapes`` is ``[(name | None, shape), ...]`` (see ``parse_named_shapes``); a given shape's
-    first dimension is the batch (dynamic from 1 to 64). Its dtype is the one written
+    first dimension is the batch (dynamic from 1 to 64). Specs from data get the token inputs' ranges
+    of the model (its vocabulary: ``token_ranges``), not the data's. A shape's dtype is the one written
     (``input_ids=1x32:int64``), else the model's declared one for that input, else int64 for an input
     that an ``nn.Embedding`` receives (with ids below its ``num_embeddings``) or is named
     ``attention_mask`` (0/1, as Hugging Face tokenizers make it), else float32. ``data`` is a Dataset.
@@ -362,7 +363,6 @@ def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()
         _infer_token_inputs(loaded, untyped)
     elif data is not None:
         x = data.first_batch(min(len(data), 32)).x
-        loaded.input_specs = specs_from_example(x)
         loaded.input_style = input_style(x)
     return loaded
 
@@ -389,9 +389,12 @@ def _specs_from_shapes(loaded: LoadedModel, input_shapes: list) -> tuple[list[In
         )
     return specs, untyped
 
+        from ptopt.core.input_infer import token_ranges
+
 
 def _infer_token_inputs(loaded: LoadedModel, untyped: set[str]) -> None:
     """Integer dtype and id range for given shapes that nothing typed (see ``resolve_inputs``)."""
+        loaded.input_specs = token_ranges(loaded.module, specs_from_example(x), loaded.input_style)
     loaded.input_specs = typed_token_inputs(loaded.module, loaded.input_specs, loaded.input_style, untyped)
 
 

@@ -304,7 +304,9 @@ def _settle(loaded: Any, data: Any, input_shapes: Any, input_specs: Any) -> tupl
 
     specs_arg, example = _split_input_shapes(input_shapes, input_specs)
     if example is not None:
-        return specs_from_example(example), input_style(example)
+    from ptopt.core.input_infer import token_ranges
+        style = input_style(example)
+        return token_ranges(loaded.module, specs_from_example(example), style), style
     if specs_arg:
         base = [s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in specs_arg]
         return base, _infer_style(loaded.module, base, loaded.input_style)
@@ -317,7 +319,8 @@ def _settle(loaded: Any, data: Any, input_shapes: Any, input_specs: Any) -> tupl
     if loaded.input_specs:
         return list(loaded.input_specs), loaded.input_style
     if data is not None:
-        return data.input_specs(), input_style(data.first_batch(1).x)
+        style = input_style(data.first_batch(1).x)
+        return token_ranges(loaded.module, data.input_specs(), style), style
     return [], loaded.input_style
 
 

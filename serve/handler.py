@@ -119,13 +119,23 @@ def cpu_moved(meta, name, cpuinfo="/proc/cpuinfo"):
 
 
 def _describe(spec, sample=False):
-    """``input: [1..64]x1x8x8 float32`` (or without the batch dim for one sample)."""
+    """``input: [1..64]x1x8x8 float32`` (or without the batch dim for one sample); an integer input
+    with the values it takes: ``input_ids: [1..64]x16 int64 in [0, 1000)``."""
     dims = []
     for lo, hi in zip(spec["min_shape"], spec["max_shape"], strict=False):
         dims.append(str(lo) if lo == hi else f"[{lo}..{hi}]")
     if sample:
         dims = dims[1:]
-    return "{}: {} {}".format(spec["name"], "x".join(dims) or "scalar", spec["dtype"])
+    text = "{}: {} {}".format(spec["name"], "x".join(dims) or "scalar", spec["dtype"])
+    vr = spec.get("value_range")
+    if vr is not None and spec["dtype"] not in _FLOAT and spec["dtype"] != "bool":
+        text += f" in [{_num(vr[0])}, {_num(vr[1])})"
+    return text
+
+
+def _num(v):
+    """A range bound as written: ``2`` for 2.0 (a sidecar's JSON may hold either)."""
+    return int(v) if float(v).is_integer() else v
 
 
 def _expected(specs):
@@ -262,7 +272,7 @@ def _check_array(arr, spec):
             )
         vr = spec.get("value_range")
         if vr is not None and arr.size and (arr.min() < vr[0] or arr.max() >= vr[1]):
-            raise ValueError(f"input {spec['name']!r} has values outside [{vr[0]}, {vr[1]})")
+            raise ValueError(f"input {spec['name']!r} has values outside [{_num(vr[0])}, {_num(vr[1])})")
         arr = arr.astype(want, copy=False)
     return np.ascontiguousarray(arr), one
 

@@ -241,3 +241,25 @@ def test_the_handlers_cpu_flags_are_ptopts():
     from ptopt.serve.handler import INT8_FLAGS
 
     assert INT8_FLAGS == ISA_FLAGS
+
+
+def test_a_padded_request_passes_and_the_refusal_states_the_range(tmp_path):
+    """Exported with unpadded data (ids 2.., masks all ones), the artifact still takes padding (id 0,
+    mask 0): its ranges are the vocabulary and 0/1; an id past the vocabulary answers 400 stating it."""
+    import ptopt
+    from tests.helpers import two_input
+
+    vocab = two_input().embed.num_embeddings
+    ids = torch.randint(2, vocab - 1, (8, 6), generator=torch.Generator().manual_seed(0))
+    data = {"input_ids": ids, "attention_mask": torch.ones(8, 6, dtype=torch.long)}
+    art = tmp_path / "m.pt"
+    ptopt.export(two_input(), target="torchscript", data=data, output=art)
+    h, ctx = _handler(tmp_path, art)
+    padded = {"input_ids": [1, 5, 9, 0, 0, 0], "attention_mask": [1, 1, 1, 0, 0, 0]}
+    over = {"input_ids": [1, 5, vocab, 0, 0, 0], "attention_mask": [1, 1, 1, 0, 0, 0]}
+    answers = h.handle([_json({"inputs": padded}), _json({"inputs": over})], ctx)
+    assert set(ctx.status) == {1} and ctx.status[1][0] == 400
+    assert len(json.loads(answers[0])["outputs"]) == 10
+    bad = json.loads(answers[1])
+    assert bad["error"] == f"input 'input_ids' has values outside [0, {vocab})"
+    assert f"input_ids: 6 int64 in [0, {vocab}), attention_mask: 6 int64 in [0, 2)" in bad["expected"]

@@ -171,9 +171,24 @@ def test_malformed_requests_are_400_naming_the_problem(body, length, status, wor
             "input 'x' has shape 1x4; the model takes x: [1..8]x3",
         ),
         ([X, {**IDS, "data": [1, 2, 3, 400]}], "outside [0, 100)"),
+        (
+            [X, {**IDS, "data": [-1, 2, 3, 4]}],
+            "outside [0, 100); the model takes ids: [1..8]x4 int64 in [0, 100)",
+        ),
         ([{**X, "shape": [2, 3], "data": [1] * 6}, IDS], "disagree on the batch size"),
     ],
-    ids=["missing", "unknown", "float64", "int32", "rank-low", "rank-high", "dim", "value-range", "batch"],
+    ids=[
+        "missing",
+        "unknown",
+        "float64",
+        "int32",
+        "rank-low",
+        "rank-high",
+        "dim",
+        "value-range",
+        "value-range-stated",
+        "batch",
+    ],
 )
 def test_inputs_not_fitting_the_specs_are_400_naming_what_the_model_takes(inputs, words):
     req = oip.parse_infer_request(_json(inputs), None)
