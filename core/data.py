@@ -6,8 +6,9 @@ Forms (``--calib-data``, ``--train-data``, ``--eval-data``, ``--data``):
   dict of tensors (``input_ids`` + ``attention_mask``); loaded with ``weights_only=True``.
 - ``file.npz``: ``x`` (and optional ``y``); multi-input as ``x.0``, ``x.1``... or ``x.<name>``.
 - ``builtin:NAME[:SPLIT]``: bundled data (see ``ptopt.core.builtin_data``), SPLIT train|test|all.
-- ``package.module:function``: returns batches (tensors, ``(x, y)`` pairs or ``{"x", "y"}`` dicts),
-  a ``{"x", "y"}`` mapping, or a ``Dataset``.
+- ``package.module:function``: returns data in any in-memory form below, read exactly as the same
+  object given to the Python API is (a tensor is the inputs, ``(x, y)`` a labelled pair, a list the
+  batches), or a ``Dataset``.
 
 In memory (the Python API: ``ptopt.quantize(model, "static", calib_data=x)``), ``load_data`` also takes:
 
@@ -341,19 +342,28 @@ def _load_factory(ref: str) -> Dataset:
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise DataError(f"data {ref!r}: {module_name!r} has no function {func_name!r}")
-    obj = fn()
+    try:
+        obj = fn()
+    except Exception as e:  # noqa: BLE001 - the user's function can fail in any way
+        raise DataError(
+            f"data {ref!r}: the function raised {type(e).__name__}: {str(e).strip()[:200]}"
+        ) from None
     if isinstance(obj, Dataset):
         return obj
-    if isinstance(obj, dict):
-        return _from_mapping(obj, ref)
-    return from_batches(obj, ref)
+    if obj is None or isinstance(obj, (str, bytes, os.PathLike, int, float, bool)):
+        raise DataError(
+            f"data {ref!r}: the function returned {'None' if obj is None else type(obj).__name__}; it returns {MEMORY_FORMS}"
+        )
+    return _from_memory(obj, ref)  # a function's value reads as the same object given in memory
 
 
-#: what a DATA argument may be, for error messages
-DATA_FORMS = (
-    "a DATA reference (file.pt, file.npz, builtin:digits, pkg.module:function), a tensor, a tuple or "
-    "dict of tensors, an (x, y) pair, a torch Dataset or DataLoader, or a list of batches"
+#: what in-memory data may be (and a DATA function return), for error messages
+MEMORY_FORMS = (
+    "a tensor (the inputs), an (x, y) tuple, a tuple or dict of input tensors, a {'x': ..., 'y': ...} "
+    "dict, a torch Dataset or DataLoader, or a list of batches"
 )
+#: what a DATA argument may be, for error messages
+DATA_FORMS = f"a DATA reference (file.pt, file.npz, builtin:digits, pkg.module:function), {MEMORY_FORMS}"
 
 
 def load_data(ref: Any, name: str | None = None) -> Dataset:
@@ -390,7 +400,10 @@ def _from_memory(obj: Any, name: str) -> Dataset:
     if isinstance(obj, dict):
         return _from_mapping(obj, name) if "x" in obj else Dataset(obj, None, name)
     if isinstance(obj, tuple):
-        return Dataset(*obj, name) if _is_xy_pair(obj) else Dataset(obj, None, name)
+        if _is_xy_pair(obj):
+            return Dataset(*obj, name)
+        _refuse_unpaired_labels(obj, name)
+        return Dataset(obj, None, name)
     if isinstance(obj, torch.utils.data.Dataset) and not isinstance(obj, torch.utils.data.IterableDataset):
         if not hasattr(obj, "__len__"):
             raise DataError(f"{name}: a map-style torch Dataset needs __len__")
@@ -402,9 +415,34 @@ def _from_memory(obj: Any, name: str) -> Dataset:
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001 - a user's iterable or collate can fail in any way
+        hint = "; a list is a list of batches: give (x, y) as a tuple" if isinstance(obj, list) else ""
         raise DataError(
-            f"{name}: cannot read batches from it ({type(e).__name__}: {str(e).strip()[:200]})"
+            f"{name}: cannot read batches from it ({type(e).__name__}: {str(e).strip()[:200]}){hint}"
         ) from None
+
+
+def _refuse_unpaired_labels(obj: tuple, name: str) -> None:
+    """``(x, y)`` with y integer labels (1-D) but not one per sample of x: neither a labelled pair nor
+    two inputs of one model (their sample counts differ too), so one clear DataError."""
+    import torch
+
+    if (
+        len(obj) != 2
+        or not isinstance(obj[1], torch.Tensor)
+        or obj[1].dim() != 1
+        or obj[1].is_floating_point()
+    ):
+        return
+    try:
+        from ptopt.core.inputspec import batch_size_of
+
+        n = batch_size_of(obj[0])
+    except (IndexError, AttributeError, TypeError):
+        return
+    raise DataError(
+        f"{name}: an (x, y) pair needs one label per sample: x holds {n} samples, y {obj[1].shape[0]} labels "
+        f"(accepted: {MEMORY_FORMS})"
+    )
 
 
 def _load_reference(ref: str | os.PathLike) -> Dataset:

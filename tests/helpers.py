@@ -66,6 +66,32 @@ def digits8_batches():
     return [(b.x, b.y) for b in ds.batches(50)]
 
 
+def digits8_xy():
+    """A DATA function returning ``(x, y)``: the 8×8 test digits (N×1×8×8) and their labels."""
+    from ptopt.core.data import load_data
+
+    ds = load_data("builtin:digits:test")
+    return ds.x, ds.y
+
+
+def digits8_x():
+    """A DATA function returning one tensor: the inputs, N×1×8×8 (not N batches of 1×8×8)."""
+    return digits8_xy()[0]
+
+
+def tokens_xy():
+    """A DATA function returning ``(keyword inputs, labels)`` for ``two_input``."""
+    from ptopt.core.data import load_data
+
+    ds = load_data("builtin:digits-tokens:test")
+    return ds.x, ds.y
+
+
+def tokens_kw():
+    """A DATA function returning the keyword inputs of ``two_input`` as a dict (no ``x`` key)."""
+    return tokens_xy()[0]
+
+
 # -- refusals ----------------------------------------------------------------------------------------
 
 

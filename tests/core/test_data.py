@@ -73,6 +73,70 @@ def test_function_of_batches():
     assert len(ds) == len(load_data("builtin:digits:test")) and ds.has_labels
 
 
+FUNCTION_FORMS = (
+    "tensor", "xy-pair", "xy-mapping", "list-of-batches", "list-of-xy-batches", "torch-dataset",
+    "dataloader", "generator", "numpy", "keyword-inputs", "keyword-inputs-and-labels",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("form", FUNCTION_FORMS)
+def test_a_function_returns_what_memory_takes(form, monkeypatch):
+    """A DATA function's value reads exactly as the same object given in memory: a tensor is the
+    inputs (an N×3×64×64 tensor was read as N batches of 3×64×64), (x, y) a labelled pair (an
+    internal error), a dict without 'x' the keyword inputs (refused)."""
+    import tests.helpers
+
+    def value():
+        x, y, forms = _in_memory_forms()
+        ids = {"input_ids": torch.randint(1, 9, (10, 5), generator=torch.Generator().manual_seed(0))}
+        forms |= {"keyword-inputs": (ids, False), "keyword-inputs-and-labels": ((ids, y), True)}
+        return forms[form][0]
+
+    monkeypatch.setattr(tests.helpers, "returned_data", value, raising=False)
+    got, memory = load_data("tests.helpers:returned_data"), load_data(value())
+    assert got.name == "tests.helpers:returned_data" and len(got) == len(memory) == 10
+    assert repr(got).split(",", 1)[1] == repr(memory).split(",", 1)[1]
+    assert got.has_labels is memory.has_labels and (not got.has_labels or torch.equal(got.y, memory.y))
+
+
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        (lambda: (torch.zeros(10, 3), torch.arange(4)), "x holds 10 samples, y 4 labels (accepted: a tensor"),
+        (
+            lambda: [torch.zeros(10, 3), torch.arange(10)],
+            "a list is a list of batches: give (x, y) as a tuple",
+        ),
+        (lambda: None, "the function returned None; it returns a tensor (the inputs), an (x, y) tuple"),
+        (lambda: 1 / 0, "the function raised ZeroDivisionError: division by zero"),
+    ],
+    ids=["unpaired-labels", "list-xy", "none", "raises"],
+)
+def test_a_function_whose_value_is_not_data_is_one_clear_error(value, needle, monkeypatch):
+    import tests.helpers
+
+    monkeypatch.setattr(tests.helpers, "returned_data", value, raising=False)
+    assert_refused(load_data, "tests.helpers:returned_data", match=needle, error=DataError)
+
+
+def test_data_functions_returning_pairs_tensors_and_keyword_inputs(cli, tmp_path):
+    for model, mode, calib, evald in (
+        ("tests.helpers:tiny_cnn", "static", "tests.helpers:digits8_x", "tests.helpers:digits8_xy"),
+        ("tests.helpers:two_input", "dynamic", "tests.helpers:tokens_kw", "tests.helpers:tokens_xy"),
+    ):
+        args = ("quantize", model, "--mode", mode, "--calib-data", calib, "--eval-data", evald)
+        code, out, err = cli(*args, "-o", tmp_path / "q.pt")
+        assert code == 0 and "error:" not in err and "UserWarning" not in err, err
+        assert "accuracy" in out or "top-1" in out, out
+    import ptopt
+    from tests.helpers import tiny_cnn
+
+    result = ptopt.quantize(
+        tiny_cnn(), "static", calib_data="tests.helpers:digits8_x", eval_data="tests.helpers:digits8_xy"
+    )
+    assert result.metrics["fp32_accuracy"] is not None  # the labels of (x, y) were read
+
+
 def test_batches_split_and_seed():
     ds = Dataset(torch.arange(10).float().unsqueeze(1), torch.arange(10))
     assert [len(b.y) for b in ds.batches(4)] == [4, 4, 2]
