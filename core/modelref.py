@@ -362,8 +362,11 @@ def resolve_inputs(loaded: LoadedModel, data: Any = None, input_shapes: Any = ()
             loaded.input_style = "keyword"
         _infer_token_inputs(loaded, untyped)
     elif data is not None:
+        from ptopt.core.input_infer import token_ranges
+
         x = data.first_batch(min(len(data), 32)).x
         loaded.input_style = input_style(x)
+        loaded.input_specs = token_ranges(loaded.module, specs_from_example(x), loaded.input_style)
     return loaded
 
 
@@ -389,12 +392,9 @@ def _specs_from_shapes(loaded: LoadedModel, input_shapes: list) -> tuple[list[In
         )
     return specs, untyped
 
-        from ptopt.core.input_infer import token_ranges
-
 
 def _infer_token_inputs(loaded: LoadedModel, untyped: set[str]) -> None:
     """Integer dtype and id range for given shapes that nothing typed (see ``resolve_inputs``)."""
-        loaded.input_specs = token_ranges(loaded.module, specs_from_example(x), loaded.input_style)
     loaded.input_specs = typed_token_inputs(loaded.module, loaded.input_specs, loaded.input_style, untyped)
 
 

@@ -300,11 +300,11 @@ def _dataset(data: Any) -> Any:
 
 def _settle(loaded: Any, data: Any, input_shapes: Any, input_specs: Any) -> tuple[list[InputSpec], str]:
     """The base specs before min/opt/max: given specs, ``input_shapes``, the model's own, the data's."""
+    from ptopt.core.input_infer import token_ranges
     from ptopt.core.inputspec import input_style, specs_from_example
 
     specs_arg, example = _split_input_shapes(input_shapes, input_specs)
     if example is not None:
-    from ptopt.core.input_infer import token_ranges
         style = input_style(example)
         return token_ranges(loaded.module, specs_from_example(example), style), style
     if specs_arg:
