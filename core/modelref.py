@@ -138,6 +138,34 @@ def _from_result(res: Any) -> LoadedModel:
     )
 
 
+#: ``rebuilder(loaded, allow_pickle, for_what) -> (LoadedModel | None, why_not)``: the eager module of a
+#: file that runs as it is but was made from a model ptopt can make again (a pruned TorchScript / .pt2:
+#: ``compress.rebuild``); registered at ``import ptopt`` (``ptopt/_schemes.py``): core imports no stage
+_EAGER_REBUILDERS: list[Any] = []
+
+
+def register_eager_rebuilder(rebuilder: Any) -> None:
+    """Let :func:`rebuilt_eager` ask ``rebuilder`` (see ``_EAGER_REBUILDERS``); registering it twice is once."""
+    if rebuilder not in _EAGER_REBUILDERS:
+        _EAGER_REBUILDERS.append(rebuilder)
+
+
+def rebuilt_eager(loaded: LoadedModel, allow_pickle: bool, for_what: str) -> tuple[LoadedModel, str]:
+    """``loaded`` with its eager module where a registered rebuilder makes one, and ``""``; else ``loaded``
+    as it is and why it was not rebuilt (a clause; ``""`` when no rebuilder takes it). A rebuild that fails
+    (``PtoptError``) is such a why: the file itself still runs."""
+    from ptopt.core.errors import PtoptError
+
+    for rebuilder in _EAGER_REBUILDERS:
+        try:
+            eager, why = rebuilder(loaded, allow_pickle, for_what)
+        except PtoptError as e:
+            return loaded, str(e)
+        if eager is not None or why:
+            return (eager if eager is not None else loaded), why
+    return loaded, ""
+
+
 #: ``hf:DIR``: a Hugging Face model folder (a folder with config.json loads the same without it)
 HF_SCHEME = "hf:"
 

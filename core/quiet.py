@@ -17,7 +17,8 @@ import re
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 #: one line of a C++ warning from c10 (``TORCH_WARN`` / ``TORCH_WARN_ONCE``), or of an absl log that a
 #: library's native code writes while it probes (OpenVINO's TensorFlow frontend trying an IR it cannot
@@ -30,11 +31,18 @@ NATIVE_WARNING = re.compile(
 
 @contextlib.contextmanager
 def silenced(
-    loggers: Iterable[str], *, streams: bool = False, level: int = logging.ERROR, native: bool = False
+    loggers: Iterable[str],
+    *,
+    streams: bool = False,
+    level: int = logging.ERROR,
+    native: bool = False,
+    native_stdout: bool = False,
 ) -> Iterator[None]:
     """Raise ``loggers`` to ``level``, ignore warnings and, with ``streams``, swallow stdout/stderr
     for the block; with ``native``, drop C++ warning lines written to file descriptor 2 too (see the
-    module docstring). Every logger gets its own level back afterwards."""
+    module docstring); with ``native_stdout``, drop all that native code writes to descriptor 1 (the
+    TorchScript ONNX exporter's C++ log: its whole graph when it fails). Every logger gets its own level
+    back afterwards."""
     saved = [(lg, lg.level) for lg in map(logging.getLogger, loggers)]
     sink = io.StringIO()
     try:
@@ -43,7 +51,9 @@ def silenced(
         with warnings.catch_warnings(), contextlib.ExitStack() as stack:
             warnings.simplefilter("ignore")
             if native:
-                stack.enter_context(_native_warnings_dropped())
+                stack.enter_context(_descriptor_filtered(sys.__stderr__, NATIVE_WARNING.match))
+            if native_stdout:
+                stack.enter_context(_descriptor_filtered(sys.__stdout__, lambda line: True))
             if streams:
                 stack.enter_context(contextlib.redirect_stdout(sink))
                 stack.enter_context(contextlib.redirect_stderr(sink))
@@ -54,36 +64,40 @@ def silenced(
 
 
 @contextlib.contextmanager
-def _native_warnings_dropped() -> Iterator[None]:
-    """File descriptor 2 into a temporary file for the block; afterwards every line but the C++
-    warnings goes on to the real stderr. A no-op where stderr is no file descriptor (a test runner's
-    captured stream): nothing native reaches it there anyway."""
+def _descriptor_filtered(stream: Any, drop: Callable[[str], Any]) -> Iterator[None]:
+    """The file descriptor of ``stream`` (``sys.__stderr__``, ``sys.__stdout__``) into a temporary file
+    for the block; afterwards every line ``drop`` does not match goes on to it. A no-op where the
+    stream is no file descriptor (a test runner's captured stream): nothing native reaches it there
+    anyway."""
     try:
-        fd = sys.__stderr__.fileno() if sys.__stderr__ is not None else -1
+        fd = stream.fileno() if stream is not None else -1
     except (AttributeError, ValueError, io.UnsupportedOperation):
         fd = -1
     if fd < 0:
         yield
         return
-    sys.stderr.flush()
+    _flush(stream)
     saved = os.dup(fd)
     with tempfile.TemporaryFile() as tmp:
         os.dup2(tmp.fileno(), fd)
         try:
             yield
         finally:
-            with contextlib.suppress(Exception):
-                sys.stderr.flush()
+            _flush(stream)
             os.dup2(saved, fd)
             os.close(saved)
             tmp.seek(0)
-            kept = [
-                ln
-                for ln in tmp.read().decode("utf-8", "replace").splitlines(keepends=True)
-                if not NATIVE_WARNING.match(ln)
-            ]
+            text = tmp.read().decode("utf-8", "replace")
+            kept = [ln for ln in text.splitlines(keepends=True) if not drop(ln)]
             if kept:
                 os.write(fd, "".join(kept).encode("utf-8"))
+
+
+def _flush(stream: Any) -> None:
+    """``stream`` and the current ``sys.stdout`` / ``sys.stderr`` (which may buffer onto its descriptor)."""
+    for s in (stream, sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            s.flush()
 
 
 #: loggers of the libraries whose import prints notices that are not the user's business: torchao

@@ -32,7 +32,7 @@ from typing import Any
 
 from ptopt.core import progress as _progress
 from ptopt.core.artifact import Artifact
-from ptopt.core.errors import UsageError
+from ptopt.core.errors import UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.result import Result
 from ptopt.export.config import HALF, OPTIONS, PRECISIONS, ExportConfig, settle_config
@@ -206,6 +206,8 @@ class _Source:
     loaded: Any
     module: Any
     precision: str
+    #: why a file made from a model ptopt can make again exports as it is (``core.modelref.rebuilt_eager``)
+    not_rebuilt: str = ""
 
     @property
     def path(self) -> Path | None:
@@ -214,7 +216,7 @@ class _Source:
 
 def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportConfig) -> _Source:
     from ptopt.core.formats import find_format, with_article
-    from ptopt.core.modelref import as_loaded
+    from ptopt.core.modelref import as_loaded, rebuilt_eager
     from ptopt.formats.onnx_int8 import is_int8_source
 
     loaded = as_loaded(model, weights, allow_pickle)
@@ -223,12 +225,14 @@ def _load_source(model: Any, weights: Any, allow_pickle: bool, config: ExportCon
         raise UsageError(
             f"{loaded.ref} is already {with_article(row.label)}; export starts from a PyTorch model"
         )
+    # a pruned file exports from its eager module (TorchScript's dict outputs, say, no ONNX exporter takes)
+    loaded, not_rebuilt = rebuilt_eager(loaded, allow_pickle, "export")
     module = loaded.require_module(f"--target {config.target}")
     if is_int8_source(loaded):
         precision = "int8"
     else:
         precision = loaded.artifact.precision if loaded.artifact is not None else "fp32"
-    return _Source(loaded, module, precision)
+    return _Source(loaded, module, precision, not_rebuilt)
 
 
 def _resolve_precision(source: _Source, config: ExportConfig) -> str:
@@ -476,6 +480,13 @@ def _build(
             facts["extra"]["attention"] = (
                 f"{attention} (the source's sdpa masks fully padded rows unlike ONNX)"
             )
+    except UnsupportedModelError as e:
+        folder.cleanup()
+        if not source.not_rebuilt:
+            raise
+        raise UnsupportedModelError(
+            f"{e}; {source.loaded.ref} was exported as it is: {source.not_rebuilt}"
+        ) from None
     except BaseException:
         folder.cleanup()
         raise

@@ -24,7 +24,10 @@ from ptopt.formats.shapes import torch_export_dynamic_shapes
 
 @contextlib.contextmanager
 def quiet_export() -> Iterator[None]:
-    """The exporters print progress and log warnings (missing torchvision ops, opset conversion)."""
+    """The exporters print progress and log warnings (missing torchvision ops, opset conversion); and
+    torch turns its ONNX C++ log on for every TorchScript-path export (``setup_onnx_logging`` tests the
+    function ``_jit_is_onnx_log_enabled``, not its value), which prints the whole Torch IR graph to file
+    descriptor 1 when a translation fails: all that native code writes there is dropped."""
     loggers = (
         "torch.onnx",
         "torch.export",
@@ -32,7 +35,7 @@ def quiet_export() -> Iterator[None]:
         "torch.fx.experimental.symbolic_shapes",
         "onnxscript",
     )
-    with silenced(loggers, streams=True):
+    with silenced(loggers, streams=True, native_stdout=True):
         yield
 
 
