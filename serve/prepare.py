@@ -5,13 +5,14 @@ Shared by every packaging format (``serve.package``: .mar, Triton; ``serve.ray_p
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ptopt.core.artifact import Artifact, sidecar_path
+from ptopt.core.artifact import SIDECAR_SUFFIX, Artifact, sha256_file, sidecar_path
 from ptopt.core.errors import MissingDependencyError, ModelLoadError, UsageError
 from ptopt.core.formats import file_suffixes, formats, get_format
 from ptopt.core.inputspec import InputSpec
@@ -139,12 +140,38 @@ def _refuse_missing_file(artifact: Any) -> None:
         raise ModelLoadError(f"artifact {artifact}: no such file")
 
 
+def no_sidecar(path: Path, ref: Any, then: str) -> str:
+    """Why ``path`` has no sidecar to read, as ``ptopt inspect`` says it (none next to it; one that
+    describes other files, as a renamed copy's does: it names the file it was written for; unreadable),
+    then ``then`` (what that leaves unknown)."""
+    status = Artifact.sidecar_status(path)
+    if status.state == status.MISSING:
+        return f"{ref}: no sidecar ({sidecar_path(path).name}) and {then}"
+    why = status.reason
+    try:
+        meta = json.loads(sidecar_path(path).read_text(encoding="utf-8"))
+        named = [n for n, d in (meta.get("hashes") or {}).items() if d == meta.get("sha256")]
+        if named and named[0] != path.name and meta.get("sha256") == sha256_file(path):
+            why += (
+                f"; it was written for {named[0]}, which {path.name} is a renamed copy of (a sidecar names the "
+                f"files it describes: keep the name {named[0]}, with {named[0]}{SIDECAR_SUFFIX})"
+            )
+    except (OSError, ValueError, AttributeError):
+        pass
+    why += f"; {then}"
+    return why
+
+
 def _prepare_servable(loaded: LoadedModel) -> Prepared:
     """A model file served as is, with all its files (ONNX external data too)."""
     if not loaded.input_specs:
         raise ModelLoadError(
-            f"{loaded.ref}: no sidecar ({sidecar_path(loaded.path).name}) and no way to tell its input shape; "
-            "pass --input-shape, e.g. --input-shape 1x3x224x224 (the first dimension is the batch)"
+            no_sidecar(
+                loaded.path,
+                loaded.ref,
+                "no way to tell its input shape; pass --input-shape, e.g. --input-shape 1x3x224x224 (the first "
+                "dimension is the batch)",
+            )
         )
     art = loaded.artifact
     side = art.to_dict() if art is not None else {}

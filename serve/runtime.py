@@ -56,8 +56,10 @@ class ServedModel:
             self._init_text(loaded)
             return
         if not loaded.input_specs:
+            from ptopt.serve.prepare import no_sidecar
+
             raise ModelLoadError(
-                f"{path}: no input specs (no sidecar): cannot check requests against anything"
+                no_sidecar(self.path, path, "no input specs: nothing to check requests against")
             )
         self.style = loaded.input_style
         self.specs = [s.to_dict() for s in loaded.input_specs]

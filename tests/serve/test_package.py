@@ -276,3 +276,34 @@ def test_workers_auto_is_one_per_physical_core(cli, tmp_path, serve_artifacts):
         cli, "package", serve_artifacts["fp32"], "--format", "mar", "-o", "b.mar", "--workers", "many",
         match="--workers 'many'", where=tmp_path,
     )  # fmt: skip
+
+
+def test_a_renamed_copy_is_said_to_be_one_not_to_have_no_sidecar(cli, tmp_path, serve_artifacts):
+    """``cnn.int8.pt`` and its sidecar copied to ``s/cnn_int8_pt.pt`` (+ ``.ptopt.json``): the sidecar
+    is there but names ``cnn.int8.pt``; serve and package say so, as ``inspect`` does (it said "no
+    sidecar (cnn_int8_pt.pt.ptopt.json)")."""
+    from ptopt.core.errors import ModelLoadError
+    from ptopt.serve.package import package
+    from ptopt.serve.runtime import ServedModel
+
+    src = serve_artifacts["int8"]
+    d = tmp_path / "s"
+    d.mkdir()
+    renamed = d / "cnn_int8_pt.pt"
+    shutil.copy2(src, renamed)
+    shutil.copy2(f"{src}.ptopt.json", f"{renamed}.ptopt.json")
+    said = (
+        "stale sidecar",
+        "cnn.int8.pt is missing",
+        "renamed copy",
+        "keep the name cnn.int8.pt",
+        "--input-shape",
+    )
+    code, out, _ = cli("inspect", renamed)
+    assert code == 0 and "stale" in out and "cnn.int8.pt is missing" in out
+    msg = assert_refused(cli, "package", renamed, "--format", "mar", "-o", tmp_path / "m.mar", match=said)
+    assert "no sidecar" not in msg
+    assert_refused(cli, "serve", renamed, match=said, where=tmp_path)
+    assert_refused(package, renamed, "mar", tmp_path / "m.mar", match=said, error=ModelLoadError)
+    with pytest.raises(ModelLoadError, match="renamed copy .*nothing to check requests against"):
+        ServedModel(renamed)
