@@ -225,3 +225,17 @@ def test_layers_that_share_a_reason_share_one_line():
     )
     assert " ".join(lines[1:-1]).split() == ["layer.0,", "layer.1,", "layer.2,", "layer.3"]
     assert lines[-1] == "  head: in --exclude" and all(len(ln) <= 40 for ln in lines[1:-1])
+
+
+def test_the_same_data_to_search_and_accept_on_is_one_figure(cli, tmp_path):
+    """--eval-data the calibration data: the search data (its first 256 samples) and the acceptance data are
+    the same samples, and each figure said the same clause twice ("min cosine 0.9982 on 64 samples of D;
+    min cosine 0.9982 on 64 samples of D")."""
+    code, out, err = cli("quantize", MODEL, "--mode", "static", "--engine", "auto", "--calib-data", DATA,
+                         "--eval-data", DATA, "-o", tmp_path / "o.pt")  # fmt: skip
+    assert code == 0, err
+    clause = f"samples of {DATA}; min cosine"
+    assert "min cosine" in err and clause not in " ".join((out + err).split())
+    res = ptopt.quantize(MODEL, "static", calib_data=DATA, eval_data=DATA, engine="auto", progress=False)
+    trials = [t for e in res.extra["auto_int8"]["engines"] for t in e["trials"]]
+    assert trials and not any(clause in t for t in trials), trials
