@@ -14,7 +14,7 @@ from ptopt.serve.engines import OPTIONS
 
 
 @click.command("serve")
-@click.argument("artifacts", nargs=-1, required=True, metavar="ARTIFACT...")
+@click.argument("artifacts", nargs=-1, required=True, metavar="[NAME=]ARTIFACT...")
 @declared(OPTIONS)
 def command(artifacts: tuple[str, ...], engine: str | None, **params: Any) -> None:
     """Serve ARTIFACT(s) on 127.0.0.1 until Ctrl-C (or SIGTERM).
@@ -25,6 +25,10 @@ def command(artifacts: tuple[str, ...], engine: str | None, **params: Any) -> No
     `ptopt package --format ray`, on a local Ray instance or a cluster (--address); the Open
     Inference Protocol (KServe v2, what tritonclient speaks) at /v2 and the .mar's JSON route at
     /predictions/NAME.
+
+    NAME=ARTIFACT serves it as model NAME (letters, digits, _ and -); by default a file's name up to
+    its first dot, or without its suffix where two of those meet (bert.int8.pt beside bert.onnx:
+    bert_int8 and bert); a .mar, the name it was packaged with.
 
     Waits until every model answers a real request, prints the URLs and an example, and on Ctrl-C
     stops the server and every process it started.

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,59 @@ def default_name(artifact: Any) -> str:
     if ":" in text and not Path(text).exists():
         text = text.rsplit(":", 1)[1]
     return Path(text).name.split(".")[0] or "model"
+
+
+def named_artifacts(items: Any) -> list[tuple[str | None, Any]]:
+    """``(model name or None, artifact)`` per item of ``ptopt serve``: ``NAME=PATH`` names its model
+    (``bert_int8=bert.int8.pt``, as TorchServe's ``--models NAME=FILE``; an existing path is never split);
+    a mapping is ``{NAME: PATH}``. A name holds letters, digits, ``_`` and ``-``, starting with a letter:
+    what TorchServe (``[A-Za-z0-9][A-Za-z0-9_.-]*``), Ray Serve (no ``#``), Triton (a folder name) and an
+    Open Inference Protocol URL (``/v2/models/NAME``) all take."""
+    if isinstance(items, Mapping):
+        return [(_checked_model_name(str(n)), a) for n, a in items.items()]
+    out = []
+    for a in [items] if isinstance(items, (str, os.PathLike)) else list(items):
+        name, sep, path = str(a).partition("=")
+        if sep and path and not Path(str(a)).exists():
+            out.append((_checked_model_name(name), path))
+        else:
+            out.append((None, a))
+    return out
+
+
+def serve_names(items: Any) -> list[tuple[str, Any]]:
+    """``(model name, artifact)`` per artifact served together: the name given (``NAME=PATH``), else the
+    file name up to its first dot (``bert.int8.pt``: ``bert``), else where two of those meet, the file name
+    without its format's suffix (``bert_int8``, beside ``bert.onnx``'s ``bert``). Two that still meet
+    are refused, naming the way out."""
+    named = named_artifacts(items)
+    short = [n or model_name_for(default_name(a)) for n, a in named]
+    out = []
+    for (given, a), name in zip(named, short, strict=True):
+        if not given and short.count(name) > 1:
+            name = _checked_model_name(model_name_for(_full_stem(a)))
+        out.append((_checked_model_name(name), a))
+    seen: dict[str, Any] = {}
+    for name, a in out:
+        if name in seen:
+            raise UsageError(
+                f"two artifacts would be served as the same model name {name!r} ({seen[name]} and {a}); name "
+                f"each model: ptopt serve NAME=PATH ..., e.g. {name}_1={seen[name]} {name}_2={a}"
+            )
+        seen[name] = a
+    return out
+
+
+def _full_stem(artifact: Any) -> str:
+    """A file name without its format's suffix (``bert.int8.pt``: ``bert.int8``); a factory's name."""
+    text = str(artifact)
+    if ":" in text and not Path(text).exists():
+        return text.rsplit(":", 1)[1] or "model"
+    name = Path(text).name
+    for suffix in sorted((*file_suffixes(), ".mar"), key=len, reverse=True):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name or "model"
 
 
 def prepare(

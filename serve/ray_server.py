@@ -142,30 +142,28 @@ class RayServer:
     # -- what is served ------------------------------------------------------------------------
     def _package(self, artifacts: Any, allow_pickle: bool, input_shapes: Any) -> tuple[Path, dict[str, Any]]:
         """The package folder to deploy: the one given, or one made here from the artifacts."""
-        from ptopt.serve.prepare import _checked_model_name, default_name, model_name_for
+        from ptopt.serve.prepare import named_artifacts, serve_names
         from ptopt.serve.ray_package import prepare_model, read_manifest, write_package
 
-        items = [artifacts] if isinstance(artifacts, (str, os.PathLike)) else list(artifacts)
+        items = named_artifacts(artifacts)
         if not items:
             raise UsageError("nothing to serve: give at least one artifact")
-        packaged = [Path(a) for a in items if Path(a).is_dir() and (Path(a) / "ptopt_ray.json").is_file()]
+        packaged = [
+            (n, Path(a)) for n, a in items if Path(a).is_dir() and (Path(a) / "ptopt_ray.json").is_file()
+        ]
         if packaged:
-            if len(items) > 1:
+            if len(items) > 1 or packaged[0][0]:
                 raise UsageError(
-                    f"{packaged[0]}: a Ray Serve package is served alone, not beside other artifacts"
+                    f"{packaged[0][1]}: a Ray Serve package is served alone, under the names it was packaged "
+                    "with, not beside other artifacts or renamed"
                 )
             self.packaged = True
-            folder = packaged[0].resolve()
+            folder = packaged[0][1].resolve()
             return folder, _trusted_manifest(folder, read_manifest(folder), allow_pickle)
-        models, names = [], set()
-        for a in items:
-            name = _checked_model_name(model_name_for(default_name(a)))
-            if name in names:
-                raise UsageError(f"two artifacts would be served as the same model name {name!r}; rename one")
-            names.add(name)
-            models.append(
-                prepare_model(a, self.workdir, name, input_shapes=input_shapes, allow_pickle=allow_pickle)
-            )
+        models = [
+            prepare_model(a, self.workdir, name, input_shapes=input_shapes, allow_pickle=allow_pickle)
+            for name, a in serve_names(artifacts)
+        ]
         folder = self.workdir / "package"
         app = "ptopt" if len(models) > 1 else models[0].name
         write_package(models, folder, app, self.config, port=self.port)

@@ -290,15 +290,19 @@ class TorchServeServer:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         settings: ServeSettings | None = None,
     ):
-        mars = [mar] if isinstance(mar, (str, os.PathLike)) else list(mar)
+        from ptopt.serve.prepare import named_artifacts
+
         #: model name -> (archive path, packaged sidecar or None)
         self.models: dict[str, tuple[Path, dict[str, Any] | None]] = {}
-        for m in mars:
+        for given, m in named_artifacts(mar):
             path = Path(m).resolve()
             info = read_mar(path)
-            name = info["model_name"] or path.stem
+            name = given or info["model_name"] or path.stem
             if name in self.models:
-                raise UsageError(f"two archives serve the same model name {name!r}")
+                raise UsageError(
+                    f"two archives serve the same model name {name!r} ({self.models[name][0].name} and "
+                    f"{path.name}); name each model: ptopt serve NAME=ARCHIVE ..., e.g. {name}_2={m}"
+                )
             self.models[name] = (path, info["sidecar"])
         self.model_name = next(iter(self.models))
         self.mar, self.sidecar = self.models[self.model_name]
