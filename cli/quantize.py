@@ -255,6 +255,8 @@ def _print_report(art, mode: str) -> None:
         click.echo(f"top-1 agreement with fp32 on {m['eval_data']}: {100 * m['top1_agreement']:.2f}%")
     elif "top1_not_measured" in m:
         click.echo(f"top-1 agreement not measured: {m['top1_not_measured']} (the cosine below is the figure)")
+    if m.get("labels_note"):
+        click.echo(f"note: {m['labels_note']}")
     if m.get("vs_fp32"):
         from ptopt.compress.fidelity import describe
 

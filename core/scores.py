@@ -115,6 +115,20 @@ def class_scores(
     )
 
 
+def labels_on_features(shape: Iterable[int], layer: str | None, outputs: Any = None) -> str | None:
+    """With labels given (they make ``class_scores`` say yes), the note to print when the outputs still
+    look like features (the layer behind them is a normalization, a removed head, an embedding...): top-1
+    is measured as asked, but against these labels it may mean nothing. None for a head's outputs."""
+    shape = tuple(shape)
+    ok, why = class_scores(shape, layer, outputs=outputs)
+    if ok or not class_scores(shape, layer, labels=True)[0]:
+        return None
+    return (
+        f"labels were given, but the outputs look like features: {why}; top-1 against these labels may "
+        "mean nothing (the worst-sample cosine is the figure that does)"
+    )
+
+
 def _unit_rows(outputs: Any) -> bool:
     """Every row (last axis) of a float tensor of L2 length 1, to 1e-3 (probabilities, one-hot aside)."""
     import torch
@@ -130,6 +144,17 @@ def _unit_rows(outputs: Any) -> bool:
 def model_class_scores(model: Any, x: Any, *, labels: bool = False) -> tuple[bool, str | None]:
     """``class_scores`` of ``model``'s primary output on the batch ``x`` (a small one: it runs twice),
     its layer read by ``output_layer``."""
+    out, layer = _output_and_layer(model, x)
+    return class_scores(out.shape, layer, labels=labels, outputs=out)
+
+
+def model_labels_on_features(model: Any, x: Any) -> str | None:
+    """``labels_on_features`` of ``model``'s primary output on the batch ``x`` (labels given)."""
+    out, layer = _output_and_layer(model, x)
+    return labels_on_features(out.shape, layer, outputs=out)
+
+
+def _output_and_layer(model: Any, x: Any) -> tuple[Any, str | None]:
     import torch
 
     from ptopt.core.inputspec import call_model
@@ -138,7 +163,7 @@ def model_class_scores(model: Any, x: Any, *, labels: bool = False) -> tuple[boo
     layer = output_layer(model, x)
     with torch.no_grad():
         out = primary_output(call_model(model, x)).detach().float()
-    return class_scores(out.shape, layer, labels=labels, outputs=out)
+    return out, layer
 
 
 #: the layers read on the modules loaded files were written from (their sidecars' ``extra.output_layer``)

@@ -34,6 +34,13 @@ def tiny_cnn() -> TinyCNN:
     return TinyCNN()
 
 
+def tiny_cnn_features() -> TinyCNN:
+    """``tiny_cnn`` with its classifier removed (``fc = nn.Identity()``): 512 features, not class scores."""
+    model = tiny_cnn()
+    model.fc = nn.Identity()
+    return model
+
+
 class TwoInput(nn.Module):
     """Keyword inputs like a text model: ``input_ids`` + ``attention_mask``."""
 

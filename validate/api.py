@@ -37,7 +37,7 @@ from ptopt.core.errors import (
     UsageError,
 )
 from ptopt.core.inputspec import check_inputs, flatten_inputs, format_shape
-from ptopt.core.scores import class_scores
+from ptopt.core.scores import class_scores, labels_on_features
 from ptopt.validate import gates as _gates
 from ptopt.validate import lineage as _lineage
 from ptopt.validate import lm as _lm
@@ -143,6 +143,8 @@ class _Run:
     #: whether the reference's outputs are class scores (top-1 agreement is measured), and if not why
     class_scores: bool = True
     not_scores_why: str | None = None
+    #: labels given, but the reference's outputs look like features (``core.scores.labels_on_features``)
+    labels_note: str | None = None
     #: the timing's noise: noisy and timed cells, how often it was timed again (``_retime_while_busy``)
     timing: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -430,6 +432,8 @@ def _check_reference(run: _Run, runner: Runner, out: Any, labels: Any, x: Any) -
     run.class_scores, run.not_scores_why = class_scores(
         out.shape, layer, labels=run.ds.has_labels, outputs=out
     )
+    if run.ds.has_labels:  # measured as asked; said where the outputs look like features
+        run.labels_note = labels_on_features(out.shape, layer, outputs=out)
 
 
 def _add_compiled(run: _Run, say: Callable[[str], None]) -> None:
@@ -693,6 +697,8 @@ def _report(run: _Run, entries: list[Entry], t_start: float) -> dict[str, Any]:
 
 
 def _scores_notes(run: _Run) -> list[str]:
+    if run.labels_note:
+        return [run.labels_note]
     if not run.not_scores_why:
         return []
     return [

@@ -43,6 +43,7 @@ def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[
 
     n = positions = correct32 = correct8 = agree = 0  # positions: samples, or tokens of [N, T, vocab]
     why = None if ds.has_labels else not_class_scores(fp32, ds)
+    labels_note = labels_on_features(fp32, ds) if ds.has_labels else None
     with torch.no_grad():
         for b in ds.batches(batch):
             p32 = primary_output(call_model(fp32, b.x)).argmax(-1)
@@ -67,6 +68,8 @@ def accuracy(fp32: Any, int8: Any, ds: Any, ref: Any, batch: int = 256) -> dict[
             "int8_accuracy": correct8 / positions,
             "accuracy_drop_points": round(100.0 * (correct32 - correct8) / positions, 4),
         }
+    if labels_note:  # measured as asked, but the outputs look like features
+        out["labels_note"] = labels_note
     return out
 
 
@@ -95,6 +98,13 @@ def not_class_scores(model: Any, ds: Any) -> str | None:
     from ptopt.core.scores import model_class_scores
 
     return model_class_scores(model, ds.take(min(2, len(ds))).x, labels=ds.has_labels)[1]
+
+
+def labels_on_features(model: Any, ds: Any) -> str | None:
+    """With labels, the note that ``model``'s outputs on ``ds`` look like features (``core.scores``)."""
+    from ptopt.core.scores import model_labels_on_features
+
+    return model_labels_on_features(model, ds.take(min(2, len(ds))).x)
 
 
 def vs_fp32(fp32: Any, model: Any, prep: Prepared, known: dict[str, Any] | None = None) -> dict[str, Any]:
