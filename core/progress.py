@@ -110,10 +110,19 @@ class _Plain:
     def _beat(self) -> None:
         while not self._stop.wait(0.5):
             with _lock:
-                if self.steps and time.monotonic() - self.last >= HEARTBEAT_S:
-                    step = self.steps[-1]
+                step = self._due()
+                if step is not None:
                     step.beat = True
                     self.line(f"  {step.title}: still working ({step.where()})")
+
+    def _due(self) -> Step | None:
+        """The step a heartbeat names now, after :data:`HEARTBEAT_S` of silence: the innermost open one
+        that has run a second at least (one opened a moment ago, after quiet ones, read "still working
+        (0 s)"); None: no line now (the innermost one is named once it has run that second)."""
+        now = time.monotonic()
+        if not self.steps or now - self.last < HEARTBEAT_S:
+            return None
+        return next((s for s in reversed(self.steps) if now - s.started >= 1.0), None)
 
     def close(self) -> None:
         self._stop.set()

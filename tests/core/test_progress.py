@@ -167,3 +167,20 @@ def test_cli_reports_unless_quiet_and_says_it_created_folders(cli, tmp_path):
     assert "on 32 samples of" in stdout and "(the calibration data; no --eval-data given)" in stdout, stdout
     code, stdout, err = cli(*quantize, "--no-progress", "-o", tmp_path / "y.pt")
     assert code == 0 and "calibrating" not in err and "created folder" not in err, err
+
+
+def test_a_heartbeat_never_says_0_s():
+    """After a long silence, a step opened a moment before the heartbeat was named with its own time:
+    "still working (0 s)". The heartbeat names the innermost step that has run a second at least."""
+    lines: list[str] = []
+    past = time.monotonic() - progress.HEARTBEAT_S
+    with (
+        progress.reporting(lines.append, since=past),
+        progress.step("ptopt export", announce=False, since=past),
+    ):
+        for _ in range(6):  # quick steps one after another, each less than the heartbeat thread's 0.5 s
+            with progress.step("loading", announce=False):
+                time.sleep(0.25)
+    beats = [ln for ln in lines if "still working" in ln]
+    assert beats and not any("(0 s)" in ln for ln in lines), lines
+    assert beats[0].startswith("  ptopt export: still working (")
