@@ -124,7 +124,24 @@ def export(
 def _saved(result: Result, output: Any) -> Result:
     if output is not None:
         result.save(output)
+        _stale_failed_removed(result.artifact)
     return result
+
+
+def _stale_failed_removed(art: Artifact) -> None:
+    """A failed export's files kept aside as ``OUT.failed`` (``writers._keep_failed``; a folder's, by
+    ``export.lm``) go once an export to OUT succeeds: only those names, each of the artifact's files'."""
+    import shutil
+
+    names = dict.fromkeys([art.path.name, *art.files])
+    for stale in (art.path.parent / f"{name}.failed" for name in names):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        elif stale.is_file() or stale.is_symlink():
+            stale.unlink(missing_ok=True)
+        else:
+            continue
+        _progress.note(f"removed {stale}: a failed export's files, kept aside for inspection")
 
 
 def _lm_export(model: Any, config: ExportConfig, output: Any) -> bool:

@@ -175,6 +175,31 @@ def test_parity_failure_keeps_the_artifact_aside(cli, tmp_path):
         )
 
 
+def test_a_successful_export_removes_the_failed_files_of_its_output(cli, tmp_path):
+    """A failed export's ``b.pt.failed`` stayed beside the ``b.pt`` a later export wrote; only the output's
+    own ``.failed`` names go (an OpenVINO IR's ``.xml.failed`` and ``.bin.failed``), nothing else."""
+    from ptopt.export.api import export
+
+    code, _, _ = cli("export", "tests.export.export_models:batch_baked", "--target", "torchscript",
+                     "--dynamic-batch", "1:2:8", "-o", tmp_path / "b.pt")  # fmt: skip
+    assert code == 2 and (tmp_path / "b.pt.failed").is_file()
+    (tmp_path / "other.pt.failed").write_text("not this output's")
+    code, _, err = cli("export", "tests.export.export_models:batch_baked", "--target", "torchscript",
+                       "--opt-shape", "2x1x8x8", "-o", tmp_path / "b.pt")  # fmt: skip
+    assert code == 0, err
+    assert "removed" in err and sorted(p.name for p in tmp_path.iterdir() if "failed" in p.name) == [
+        "other.pt.failed"
+    ]
+    pytest.importorskip("openvino")
+    for name in ("m.xml.failed", "m.bin.failed", "m.xml.failed.txt"):
+        (tmp_path / name).write_text("stale")
+    export("tests.helpers:tiny_cnn", "openvino", tmp_path / "m.xml", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir() if "failed" in p.name) == [
+        "m.xml.failed.txt",
+        "other.pt.failed",
+    ]
+
+
 def test_the_opset_asked_for_is_the_opset_written(cli, tmp_path):
     """``--opset 13`` (torch's dynamo exporter writes 18 and later, REFERENCE.md): the TorchScript exporter
     writes 13, and the file, the sidecar and ORT agree; an opset onnx does not know, or below 7, is refused
