@@ -203,3 +203,20 @@ def test_a_pruned_hugging_face_classifier_goes_on_to_quantize_and_distill(cli, t
                          "-o", tmp_path / "d.pt")  # fmt: skip
     assert code == 0, err
     assert "top-1 agreement" in out  # class scores: a Linear head
+
+
+def test_quantizing_a_pruned_file_says_what_its_size_is_compared_with(cli, pruned, tmp_path):
+    """The int8 file is compared with the fp32 model as frozen TorchScript, not with the file given (a pruned
+    .pt of other bytes): the line read "the fp32 TorchScript (7,981,414 bytes)" of an 8,754,959-byte file."""
+    import ptopt
+
+    code, out, err = cli(
+        "quantize", pruned / "p.pt", "--mode", "dynamic", "--allow-pickle", "-o", tmp_path / "q.pt"
+    )
+    assert code == 0, err
+    fp32 = json.loads((tmp_path / "q.pt.ptopt.json").read_text())["metrics"]["fp32_torchscript_bytes"]
+    given = (pruned / "p.pt").stat().st_size
+    line = " ".join(out.split())
+    assert f"the fp32 model as frozen TorchScript ({fp32:,} bytes; p.pt itself: {given:,} bytes)" in line, out
+    res = ptopt.quantize(pruned / "p.pt", "dynamic", allow_pickle=True, progress=False)
+    assert res.metrics["fp32_torchscript_bytes"] < given  # frozen: not the file's bytes
