@@ -149,13 +149,24 @@ def _request_error(message, specs):
     return {"error": message, "expected": _expected(specs)}
 
 
+#: what a request that TorchServe decoded as a form (no body left) is told
+_FORM_BODY = (
+    "no JSON body arrived: it was sent as form data (Content-Type application/x-www-form-urlencoded, what "
+    "curl -d sends unless told otherwise), which TorchServe decodes into form fields, dropping a JSON body; "
+    "send it with -H 'Content-Type: application/json' (any other type but a form's works), or .npy bytes"
+)
+
+
 def _decode_body(row):
-    """The request payload: a parsed JSON value, or raw bytes; raises ValueError on malformed JSON."""
+    """The request payload: a parsed JSON value, or raw bytes; raises ValueError on malformed JSON.
+
+    The body is read whatever its content type (JSON, text, none, octet-stream). A form body (curl -d's
+    default type) reaches the handler as TorchServe's form fields, not as a body: see ``_form_body``."""
     value = row.get("body")
     if value is None:
         value = row.get("data")
-    if value is None and row:
-        value = next(iter(row.values()))
+    if value is None:
+        return _form_body(row)
     if isinstance(value, (bytes, bytearray)):
         raw = bytes(value)
         if raw.startswith(_NPY_MAGIC) or raw.startswith(_ZIP_MAGIC):
@@ -170,6 +181,25 @@ def _decode_body(row):
         except ValueError as e:
             raise ValueError(f'malformed JSON body ({e}); send {{"inputs": ...}} or .npy bytes') from None
     return value
+
+
+def _form_body(row):
+    """A request TorchServe decoded as a form (its frontend parses an x-www-form-urlencoded or multipart
+    body into fields and passes no body): one uploaded file (``curl -F f=@x.npy``), or a JSON text that
+    held a ``=`` (split there into a field's name and value); else ValueError saying what to send."""
+    if len(row) == 1:
+        ((name, value),) = row.items()
+        raw = bytes(value) if isinstance(value, (bytes, bytearray)) else str(value).encode("utf-8")
+        if raw.startswith(_NPY_MAGIC) or raw.startswith(_ZIP_MAGIC):
+            return raw
+        for text in (raw.decode("utf-8", "replace"), f"{name}={raw.decode('utf-8', 'replace')}"):
+            try:
+                payload = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(payload, dict):
+                return payload
+    raise ValueError(_FORM_BODY)
 
 
 def _arrays_from_payload(payload, specs, style):

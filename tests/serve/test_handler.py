@@ -263,3 +263,29 @@ def test_a_padded_request_passes_and_the_refusal_states_the_range(tmp_path):
     bad = json.loads(answers[1])
     assert bad["error"] == f"input 'input_ids' has values outside [0, {vocab})"
     assert f"input_ids: 6 int64 in [0, {vocab}), attention_mask: 6 int64 in [0, 2)" in bad["expected"]
+
+
+def test_a_body_is_read_whatever_its_content_type_and_a_form_is_told_what_to_send(tmp_path, serve_artifacts):
+    """TorchServe passes a body of any type but a form's as "body" (read as JSON here); a form body
+    (curl -d's default type) arrives as its fields: an uploaded file or a JSON text split at a '=' is
+    read, anything else (the fields of ``curl -d '{"inputs": ...}'``: none) answers 400 saying what to send
+    (it said 'the JSON body must be an object', which it was)."""
+    h, ctx = _handler(tmp_path, serve_artifacts["fp32"])
+    sample = [[[0.5] * 8] * 8]
+    npy = io.BytesIO()
+    np.save(npy, np.asarray(sample, np.float32))  # one sample
+    text = json.dumps({"inputs": sample, "note": "a=b"})
+    name, _, value = text.partition("=")
+    rows = [
+        {"body": json.dumps({"inputs": sample})},  # text/plain: a str
+        {"file": npy.getvalue()},  # curl -F file=@x.npy
+        {name: value.encode()},  # a form-encoded JSON holding '=': split into a field
+        {},  # curl -d '{"inputs": ...}': TorchServe's form decoder keeps nothing
+        {"a": b"1"},  # a real form
+    ]
+    answers = [json.loads(a) for a in h.handle(rows, ctx)]
+    assert set(ctx.status) == {3, 4} and all(c == 400 for c, _ in ctx.status.values())
+    for a in answers[:3]:
+        assert len(a["outputs"]) == 10
+    for a in answers[3:]:
+        assert "sent as form data" in a["error"] and "Content-Type: application/json" in a["error"]

@@ -320,3 +320,14 @@ def test_bad_requests_all_answer_4xx_and_the_server_keeps_serving(server, serve_
     np.testing.assert_allclose(
         np.array(body["outputs"]), _reference(serve_artifacts["fp32"], x), rtol=1e-5, atol=1e-5
     )
+
+
+def test_a_json_body_of_another_type_is_read_and_a_form_is_told_what_to_send(server):
+    """curl -d sends x-www-form-urlencoded, whose body TorchServe's frontend turns into form fields (a
+    JSON text with no '=' into none): answered 400 naming the header to send; any other type is read."""
+    body = json.dumps({"inputs": [[[0.5] * 8] * 8]}).encode()
+    code, answer = server.predict(body=body, content_type="text/plain")
+    assert code == 200 and len(answer["outputs"]) == 10
+    code, answer = server.predict(body=body, content_type="application/x-www-form-urlencoded")
+    assert code == 400 and "sent as form data" in answer["error"], answer
+    assert "Content-Type: application/json" in answer["error"]
