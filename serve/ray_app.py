@@ -379,16 +379,34 @@ def _version() -> str:
 
 
 def _config(meta: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
-    """Triton's model configuration (``GET .../config``), as far as it describes this model."""
+    """Triton's model configuration (``GET .../config``), as far as it describes this model, by the rules
+    ``package --format triton`` follows (``serve/triton.py``): a batch dimension dynamic in every input
+    gives ``max_batch_size`` (the model's max batch) and dims without it, inputs' and outputs' alike;
+    otherwise ``max_batch_size: 0`` and whole dims (a language model's too)."""
+    specs = model.get("inputs") or []
+    batched = (
+        model.get("kind", "tensor") == "tensor"
+        and bool(specs)
+        and all(s["min_shape"] and s["min_shape"][0] != s["max_shape"][0] for s in specs)
+    )
+
+    def tensors(meta_tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t["name"],
+                "data_type": "TYPE_" + t["datatype"].replace("BYTES", "STRING"),
+                "dims": list(t["shape"][1:] if batched else t["shape"]),
+            }
+            for t in meta_tensors
+        ]
+
     return {
         "name": meta["name"],
         "platform": meta["platform"],
-        "max_batch_size": int(model.get("max_batch", 0)),
-        "input": [{"name": t["name"], "data_type": "TYPE_" + t["datatype"].replace("BYTES", "STRING"),
-                   "dims": t["shape"]} for t in meta["inputs"]],
-        "output": [{"name": t["name"], "data_type": "TYPE_" + t["datatype"].replace("BYTES", "STRING"),
-                    "dims": t["shape"]} for t in meta["outputs"]],
-    }  # fmt: skip
+        "max_batch_size": int(model.get("max_batch", 0)) if batched else 0,
+        "input": tensors(meta["inputs"]),
+        "output": tensors(meta["outputs"]),
+    }
 
 
 def _max_tokens(params: Any, limit: int) -> int:

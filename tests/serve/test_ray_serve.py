@@ -145,7 +145,9 @@ def test_banner_health_and_metadata(served, client):
     meta = client.get_model_metadata("cnn")
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
     assert meta["outputs"] == [{"name": "output__0", "datatype": "FP32", "shape": [-1, 10]}]
-    assert client.get_model_config("cnn")["max_batch_size"] == 64
+    config = client.get_model_config("cnn")  # Triton's rules: a dynamic batch is max_batch_size, not a dim
+    assert config["max_batch_size"] == 64 and config["input"][0]["dims"] == [1, 8, 8]
+    assert config["output"][0]["dims"] == [10]
     assert client.get_model_repository_index() == [{"name": "cnn", "version": "1", "state": "READY"}]
     assert len(replicas()) == 2
 

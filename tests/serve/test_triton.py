@@ -162,3 +162,42 @@ def test_a_file_no_package_takes_is_refused_in_one_sentence():
     assert str(e.value) == (
         "m.engine: a Triton repository does not take a TensorRT; package the PyTorch model it was made from (MODEL)"
     )
+
+
+@pytest.mark.parametrize("which", ["fp32", "onnx"])
+def test_ray_serves_the_config_the_triton_repository_holds(tmp_path, serve_artifacts, which):
+    """Ray Serve's ``GET /v2/models/NAME/config`` follows the repository's rules: with a dynamic batch,
+    ``max_batch_size`` and dims without the batch (it gave ``[-1, 1, 8, 8]`` beside ``max_batch_size: 64``);
+    a fixed batch gives 0 and whole dims. Names and types as each server names them (TorchScript's
+    ``input__0`` on Triton): only dims and the batch are compared."""
+    import dataclasses
+
+    import ptopt
+    from ptopt.serve.ray_app import _config
+    from ptopt.serve.ray_config import RayServeConfig
+    from ptopt.serve.ray_package import manifest, prepare_model
+    from ptopt.serve.runtime import ServedModel
+
+    def configs(artifact, name):
+        cfg = read_config(ptopt.package(artifact, "triton", tmp_path / name).path / "cnn" / "config.pbtxt")
+        model = prepare_model(artifact, tmp_path / f"{name}-ray", "cnn")
+        entry = manifest([model], "cnn", RayServeConfig())["models"][0]
+        ray = _config(ServedModel(artifact, name="cnn", threads=1).metadata(), entry)
+        return cfg, ray
+
+    triton, ray = configs(serve_artifacts[which], "repo")
+    assert ray["max_batch_size"] == triton["max_batch_size"] == 64
+    assert [t["dims"] for t in ray["input"]] == [t["dims"] for t in triton["input"]] == [[1, 8, 8]]
+    assert [t["dims"] for t in ray["output"]] == [t["dims"] for t in triton["output"]] == [[10]]
+    if which == "onnx":
+        return  # Triton's ONNX dims are the graph's (a dynamic batch here): a fixed spec on it would disagree
+    fixed = tmp_path / "fixed" / serve_artifacts[which].name
+    fixed.parent.mkdir()
+    art = Artifact.load(serve_artifacts[which])
+    for f in art.file_paths:
+        (fixed.parent / f.name).write_bytes(f.read_bytes())
+    Artifact(fixed, art.format, [dataclasses.replace(s).with_batch(2, 2, 2) for s in art.inputs], art.input_style,
+             precision=art.precision).finalize()  # fmt: skip
+    triton, ray = configs(fixed, "repo-fixed")
+    assert ray["max_batch_size"] == triton["max_batch_size"] == 0
+    assert [t["dims"] for t in ray["input"]] == [t["dims"] for t in triton["input"]] == [[2, 1, 8, 8]]
