@@ -24,7 +24,10 @@ def pruned_bert(tmp_path_factory):
     d = tmp_path_factory.mktemp("pruned_bert")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PruneWarning)
-        prune(BERT, "structured", 0.3, d / "b.pt", input_shapes=["input_ids=2x12", "attention_mask=2x12"])
+        # the hidden size kept (128): OpenVINO 2026.4's CPU plugin segfaults under ONEDNN_MAX_CPU_ISA=AVX2 on
+        # this BERT pruned to a hidden size of 90 (docs/prune.md); the heads and the FFN are still pruned
+        prune(BERT, "structured", 0.3, d / "b.pt", input_shapes=["input_ids=2x12", "attention_mask=2x12"],
+              prune_hidden=False)  # fmt: skip
     return d / "b.pt"
 
 
