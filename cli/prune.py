@@ -119,10 +119,13 @@ def _print_report(art, method: str) -> None:
         f"gzip {m['weights_gzip_bytes_before']:,} → {m['weights_gzip_bytes_after']:,} bytes"
     )
     if "accuracy_before" in m:
+        on = f" on {m['accuracy_data']} ({m['accuracy_samples']} samples)" if "accuracy_data" in m else ""
         click.echo(
             f"accuracy:   {100 * m['accuracy_before']:.2f}% → {100 * m['accuracy_after']:.2f}% "
-            f"(drop {m['accuracy_drop_points']:.2f} points)"
+            f"(drop {m['accuracy_drop_points']:.2f} points){on}"
         )
+    if m.get("labels_note"):
+        click.echo(f"note:       {m['labels_note']}")
     if "perplexity_before" in m:
         w = m["perplexity_window"]
         click.echo(

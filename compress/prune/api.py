@@ -458,6 +458,7 @@ def _teacher_home(teacher: Any) -> None:
 def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[str, Any]:
     """Parameters, raw/gzip weight bytes and (with ``ev``) accuracy, before and after."""
     from ptopt.compress.trainer import evaluate_accuracy
+    from ptopt.core.scores import model_labels_on_features
 
     params_before, params_after = count_parameters(original), count_parameters(work)
     raw_before, gz_before = state_dict_bytes(original)
@@ -477,8 +478,15 @@ def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[
     if ev is not None and ev.has_labels:  # unlabelled: the cosine to the unpruned model alone (_vs_source)
         before, after = evaluate_accuracy(original, ev), evaluate_accuracy(work, ev)
         metrics.update(
-            accuracy_before=before, accuracy_after=after, accuracy_drop_points=100 * (before - after)
+            accuracy_before=before,
+            accuracy_after=after,
+            accuracy_drop_points=100 * (before - after),
+            accuracy_samples=len(ev),
+            accuracy_data=ev.name,
         )
+        note = model_labels_on_features(original, ev.take(min(2, len(ev))).x)
+        if note:  # measured as asked, but the outputs look like features
+            metrics["labels_note"] = note
     return metrics
 
 

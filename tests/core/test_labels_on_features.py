@@ -56,3 +56,18 @@ def test_validate_notes_labels_on_features_and_keeps_the_verdict(cli, tmp_path):
     assert any(n.startswith(NOTE) for n in result.data["notes"])
     result = ptopt.validate(tiny_cnn(), [tiny_cnn()], data=DATA, batch_sizes=[1], max_accuracy_drop=1, **FAST)
     assert result.passed and not any("look like features" in n for n in result.data["notes"])
+
+
+def test_prune_names_its_accuracy_data_and_notes_labels_on_features(cli, tmp_path):
+    for model, noted in ((FEATURES, True), (HEAD, False)):
+        args = ("prune", model, "--method", "l1-unstructured", "--amount", "0.3", "--eval-data", DATA)
+        code, out, err = cli(*args, "-o", tmp_path / "p.pt")
+        assert code == 0, err
+        assert (
+            "on tests.helpers:digits8_xy (" in out.split("accuracy:")[1].splitlines()[0]
+        )  # what it measured on
+        assert (f"note:       {NOTE}" in out) is noted and out.count("labels were given") == int(noted), out
+    from tests.helpers import tiny_cnn_features
+
+    result = ptopt.prune(tiny_cnn_features(), "l1-unstructured", 0.3, eval_data=DATA)
+    assert result.metrics["labels_note"].startswith(NOTE) and result.metrics["accuracy_samples"] > 0
