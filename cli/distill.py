@@ -120,8 +120,9 @@ def _print_report(art) -> None:
         mem = ", peak memory " + "/".join(f"{v:.0f}" for v in r.get("peak_rss_mb") or []) + " MiB"
         click.echo(f"  epoch {r['epoch']}: loss {r['loss']:.4f}{acc}{speed}{mem}")
     if m.get("eval_accuracy") is not None:
+        on = f" on {m['eval_data']} ({m['eval_samples']} samples)" if m.get("eval_samples") else ""
         click.echo(
-            f"eval accuracy: {m['eval_accuracy']:.4f} (best epoch {m['best_epoch']}; "
+            f"eval accuracy{on}: {m['eval_accuracy']:.4f} (best epoch {m['best_epoch']}; "
             f"teacher {m['teacher_eval_accuracy']:.4f})"
         )
     if m.get("perplexity") is not None:

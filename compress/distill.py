@@ -435,6 +435,11 @@ def _build_result(
             "best_epoch": result.best_epoch,
             "student_parameters": s_params,
             "teacher_parameters": t_params,
+            **(
+                {"eval_data": config["eval_data"], "eval_samples": len(eval_ds)}
+                if eval_ds is not None
+                else {}
+            ),
             **measured,
         },
         extra={
