@@ -751,14 +751,21 @@ class _EpochBar:
     def advance(self, epoch: int, stats: _EpochStats, world: int) -> None:
         if not self.bar:
             return
-        rate = stats.seen * world / max(time.perf_counter() - stats.t0, 1e-9)
         acc = f" acc {stats.correct / stats.labelled:.3f}" if stats.labelled else ""
         loss = stats.loss_sum / stats.weight if stats.weight else float("nan")
         self.bar.update(
             self.task,
             advance=1,
-            description=f"{self.description} epoch {epoch + 1}/{self.epochs} loss {loss:.4f}{acc} {rate:.0f}/s",
+            description=f"{self.description} epoch {epoch + 1}/{self.epochs} loss {loss:.4f}{acc} {_rate(stats, world)}",
         )
+
+
+def _rate(stats: _EpochStats, world: int) -> str:
+    """Throughput over all ranks with its unit: tokens/s for token inputs (a language model's window of
+    hundreds of tokens is one sample: it read '0/s'), else samples/s; 2 significant digits below 10."""
+    count, unit = (stats.tokens, "tokens") if stats.tokens else (stats.seen, "samples")
+    rate = count * world / max(time.perf_counter() - stats.t0, 1e-9)
+    return f"{rate:.0f} {unit}/s" if rate >= 10 else f"{rate:.2g} {unit}/s"
 
 
 def _device_of(model: Any) -> Any:

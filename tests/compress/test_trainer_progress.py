@@ -1,0 +1,27 @@
+"""The trainer's progress line: throughput with its unit."""
+
+from __future__ import annotations
+
+import torch
+
+from ptopt.compress import trainer
+from ptopt.core.data import Batch
+
+
+def _stats(batch: Batch) -> trainer._EpochStats:
+    stats = trainer._EpochStats()
+    stats.add(batch, torch.tensor(1.0), None, weight=1.0)
+    stats.t0 -= 10.0  # as if the batch took ten seconds
+    return stats
+
+
+def test_a_language_models_rate_is_in_tokens_not_a_rounded_zero():
+    """Four windows of 64 tokens in ten seconds read '0/s' (samples, no decimals)."""
+    ids = torch.ones(4, 64, dtype=torch.long)
+    text = trainer._rate(_stats(Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, None)), 1)
+    assert text.endswith(" tokens/s") and 20 <= float(text.split()[0]) <= 26
+
+
+def test_a_slow_classifiers_rate_keeps_two_digits_and_says_samples():
+    text = trainer._rate(_stats(Batch(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))), 2)
+    assert text.endswith(" samples/s") and 0.7 <= float(text.split()[0]) <= 0.8  # 8 samples over 2 ranks
