@@ -29,10 +29,13 @@ def print_search(res: Any, as_json: bool) -> None:
         return
     fp = res.fp32
     acc = f"fp32 accuracy {100 * fp['accuracy']:.2f}% on " if fp.get("accuracy") is not None else "on "
+    of = f" of {fp['eval_data']}" if fp.get("eval_data") else ""
     click.echo(
-        f"{acc}{fp['eval_samples']} eval samples; sensitivity on {fp['sensitivity_samples']}; "
+        f"{acc}{fp['eval_samples']} eval samples{of}; sensitivity on {fp['sensitivity_samples']}; "
         f"fp32 {fp['latency_ms']:.2f} ms at batch {fp['latency_batch_size']}"
     )
+    if fp.get("labels_note"):
+        click.echo(f"note: {fp['labels_note']}")
     echo_table(res.sensitivity_table(), keys=2)
     if res.candidates:
         echo_table(res.candidates_table(), keys=2)

@@ -587,8 +587,7 @@ def _first_line(e: BaseException) -> str:
 def _logger(progress: bool) -> Callable[[str], None]:
     if not progress:
         return lambda msg: None
-    from rich.console import Console
+    from ptopt.core import progress as report  # one line per message (muted by --quiet), never wrapped
 
-    console = Console(stderr=True, highlight=False)
     t0 = time.perf_counter()
-    return lambda msg: console.print(f"[dim]auto ({time.perf_counter() - t0:.0f} s):[/dim] {msg}")
+    return lambda msg: report.note(f"auto ({time.perf_counter() - t0:.0f} s): {msg}")

@@ -135,6 +135,7 @@ def run_search(
         prep.evald.require_labels("--accuracy-budget (use --min-cosine to compare outputs without labels)")
     # the search (sensitivity, SmoothQuant's alpha, float layers, scheme) fits on one half of the eval
     # data; the answer is judged, and its figures reported, on the other half it never saw
+    data_note = _data_note(prep)
     search_data, heldout, split = split_eval(prep.evald) if not analyze else (prep.evald, None, None)
     prep = dataclasses.replace(prep, evald=search_data)
     engine = base.engine
@@ -145,6 +146,7 @@ def run_search(
     else:
         found, search_, tuner = _search(prep, base, goal, threads, heldout, analyze, _logger(progress))
         choice = None
+    found.fp32.update(data_note)
     if analyze:
         return found
     found.result = _chosen_result(found, search_, tuner, base, prep)
@@ -154,6 +156,16 @@ def run_search(
     if output is not None:
         found.artifact = found.result.save(winner_output(found.result, engine, output))
     return found
+
+
+def _data_note(prep: Any) -> dict[str, Any]:
+    """The eval data's name and, with labels on a feature output, the note that top-1 (the
+    --accuracy-budget's measure) may mean nothing there (``core.scores.labels_on_features``)."""
+    from ptopt.compress.quantize.measure import labels_on_features
+
+    ev = prep.evald
+    note = labels_on_features(prep.loaded.module, ev) if ev.has_labels else None
+    return {"eval_data": ev.name} | ({"labels_note": note} if note else {})
 
 
 def _check_base(base: Any, analyze: bool, output: Any) -> None:
@@ -360,7 +372,6 @@ def _figure(m: Any) -> str:
 def _logger(progress: bool) -> Callable[[str], None]:
     if not progress:
         return lambda msg: None
-    from rich.console import Console
+    from ptopt.core import progress as report  # one line per message (muted by --quiet), never wrapped
 
-    console = Console(stderr=True, highlight=False)
-    return lambda msg: console.print(f"[dim]autoquant:[/dim] {msg}")
+    return lambda msg: report.note(f"autoquant: {msg}")

@@ -72,12 +72,14 @@ def test_cli_budget_that_holds_keeps_fragile_float(cli, tmp_path: Path) -> None:
         "0.99",
         "--threads",
         "1",
-        "--no-progress",
         "-o",
         out_file,
     )
     assert code == 0, err
     assert "Candidates tried" in out and "meets min cosine >= 0.99" in out
+    # each search message is one line (it was a rich console of its own, wrapped at 80 columns in a log)
+    line = next(x for x in err.splitlines() if x.startswith("autoquant: candidate 1 (all int8)"))
+    assert line.rstrip().endswith(("holds", "fails")), err
     art = Artifact.load(out_file)
     aq = art.extra["autoquant"]
     assert aq["met"] is True and aq["goal"]["min_cosine"] == 0.99
@@ -324,3 +326,15 @@ def test_output_still_required_without_analyze(cli, tmp_path: Path) -> None:
     code, out, err = cli("quantize", FRAGILE, "--mode", "dynamic")
     assert code == 2 and "--output" in err
     assert _files(tmp_path) == []
+
+
+def test_search_lines_name_the_data_and_note_labels_on_features(cli) -> None:
+    """The fp32 line names the eval data; labels on a feature output (an nn.Identity head) get the note
+    that the budget's top-1 may mean nothing there; -q silences the search's lines."""
+    data = "tests.helpers:digits8_xy"
+    args = ("quantize", "tests.helpers:tiny_cnn_features", "--mode", "static", "--engine", "fx")
+    code, out, err = cli(*args, "--calib-data", data, "--eval-data", data, "--analyze", "-q")
+    assert code == 0, err
+    assert f"eval samples of {data};" in out, out
+    assert "note: labels were given, but the outputs look like features" in out
+    assert "autoquant:" not in err
