@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 import io
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +45,13 @@ class ExportedProgram(Format):
         from ptopt.core.safety import quiet_upstream
 
         _quantized_ops()
+        missing = ensure_container_types(path)
         try:
             with quiet_upstream():  # torch logs a traceback before raising; ours is one line
                 ep = torch.export.load(str(path))
         except Exception as e:  # noqa: BLE001
             raise ModelLoadError(
-                f"{path}: not a loadable ExportedProgram: {str(e).splitlines()[0]}"
+                f"{path}: not a loadable ExportedProgram: {str(e).splitlines()[0]}{unregistered_note(missing)}"
             ) from None
         specs, style = specs_from_program(ep)
         info = {"exported_program": ep}
@@ -86,6 +89,7 @@ class ExportedProgram(Format):
         from ptopt.core.device import program_on
 
         _quantized_ops()
+        ensure_container_types(path)
         # through a buffer: torch.export.load warns about a file not named .pt2 (a temporary one)
         ep = torch.export.load(io.BytesIO(path.read_bytes()))
         return program_on(ep, device).module()
@@ -127,6 +131,62 @@ def _quantized_ops() -> None:
     """The quantize/dequantize ops a PT2E int8 program calls (``quantized_decomposed.*``), defined by
     this module of torch itself (no torchao needed, no deprecation warning on import)."""
     importlib.import_module("torch.ao.quantization.fx._decomposed")
+
+
+#: a container class a saved pytree spec names (``"type": "transformers.modeling_outputs.X"``, JSON in JSON)
+_SPEC_TYPE = re.compile(r'\\*"type\\*": \\*"([A-Za-z_]\w*(?:\.\w+)+)')
+
+
+def container_types(text: str) -> set[str]:
+    """The container classes (dotted names) that the pytree specs in ``text`` name."""
+    return set(_SPEC_TYPE.findall(text))
+
+
+def ensure_container_types(path: Path, texts: list[str] | None = None) -> list[str]:
+    """A program whose inputs or outputs are a library's container class (a Hugging Face model returns
+    a ``SequenceClassifierOutput``) reads back only once that class is registered with torch's pytree,
+    which importing its module does; otherwise ``torch.export.load`` fails with "error when
+    deserializing" and no cause. transformers' module of such a class (installed library code) is
+    imported here; the classes still unregistered are returned, for the error to name (ptopt imports
+    no other module a file names: that would run its code). ``texts``: the specs (default: the
+    archive's ``models/*.json``)."""
+    from torch.utils import _pytree as pytree
+
+    if texts is None:
+        texts = _model_jsons(path)
+    known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    missing = sorted({t for text in texts for t in container_types(text) if t not in known})
+    ours = [t for t in missing if t.startswith("transformers.")]
+    if ours:
+        from ptopt.core.hf import import_transformers
+
+        import_transformers()
+        for module in sorted({t.rpartition(".")[0] for t in ours}):
+            try:
+                importlib.import_module(module)  # defining a ModelOutput class registers it
+            except ImportError:
+                pass  # left unregistered: named by the caller's error
+    return [t for t in missing if t not in known]
+
+
+def unregistered_note(missing: list[str]) -> str:
+    """What a load failure says about the container classes no import registered (``""`` for none)."""
+    if not missing:
+        return ""
+    return (
+        f"; its inputs or outputs are {', '.join(missing)}, which torch reads back only once the module "
+        "defining it is imported (it registers the class with torch.utils._pytree): import that module and "
+        "load the file in Python (ptopt imports no module a file names)"
+    )
+
+
+def _model_jsons(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if "/models/" in n and n.endswith(".json")]
+            return [z.read(n).decode("utf-8", "replace") for n in names]
+    except (OSError, zipfile.BadZipFile):
+        return []
 
 
 class ExportedProgramRunner(TorchModuleRunner):
