@@ -74,6 +74,18 @@ def load(run: Any, folder: Any, state: dict[str, Any]) -> None:
     rngs = state["rng"]
     ckpt_util.set_rng_state(rngs[dist_util.rank() % len(rngs)])
     run.history, run.step_losses = list(state["history"]), list(state["step_losses"])
-    run.carried = state["epoch_stats"]
+    run.carried = _carried(state["epoch_stats"])
     run.best_acc, run.best_epoch = state["best_accuracy"], state["best_epoch"]
     run.best_state = tensors.get("best")
+
+
+#: an unfinished epoch's running sums (``trainer._EpochStats``); the checkpoint holds every rank's total
+_SUMS = ("seen", "loss_sum", "weight", "correct", "labelled", "tokens")
+
+
+def _carried(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """This rank's share of the checkpoint's running sums: rank 0 takes them all, the others none (the
+    epoch's end sums them over the ranks)."""
+    if stats is None or dist_util.rank() == 0:
+        return stats
+    return {k: (0 if k in _SUMS else v) for k, v in stats.items()}

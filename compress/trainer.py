@@ -518,7 +518,17 @@ class _Training:
     def save_checkpoint(self, epoch: int, batch: int, stats: _EpochStats | None) -> None:
         """Every rank writes its shard; rank 0 the rest (``ptopt.compress.checkpoint``)."""
         position = {"epoch": epoch, "batch": batch, "step": self.step_no}
-        train_state.save(self, position, dataclasses.asdict(stats) if stats is not None else None)
+        train_state.save(self, position, self._global_stats(stats) if stats is not None else None)
+
+    def _global_stats(self, stats: _EpochStats) -> dict[str, Any]:
+        """An unfinished epoch's running sums over every rank (collective): rank 0 carries them on resume
+        and the other ranks start from zero (``train_state.load``), on any number of processes. Rank 0's
+        own sums alone made a resumed epoch's loss and accuracy count its slice twice and the others'
+        not at all."""
+        record = dataclasses.replace(stats)
+        if self.distributed:
+            record.sum_over_ranks(self.device)
+        return dataclasses.asdict(record)
 
     # -- epochs ------------------------------------------------------------------------------------
     def fit(self, epoch_hooks: Sequence[EpochHook], logger: _Logger | None, bar: _EpochBar) -> None:
@@ -552,8 +562,9 @@ class _Training:
             bar.advance(epoch, stats, self.world)
             if not stepping:
                 continue
+            lr = self.opt.param_groups[0]["lr"]  # the rate this step uses (after it, the next one's)
             self.optimizer_step()
-            self._step_done(step_loss / ((i % self.config.grad_accum_steps) + 1), logger)
+            self._step_done(step_loss / ((i % self.config.grad_accum_steps) + 1), lr, logger)
             step_loss = 0.0
             if self._checkpoint_due(i):
                 stats.elapsed = time.perf_counter() - stats.t0
@@ -562,13 +573,14 @@ class _Training:
                 break
         return self._epoch_record(epoch, stats)
 
-    def _step_done(self, local_loss: float, logger: _Logger | None) -> None:
-        """Count the step; its loss over every rank's slice into the step record (and the log)."""
+    def _step_done(self, local_loss: float, lr: float, logger: _Logger | None) -> None:
+        """Count the step; its loss over every rank's slice and the rate it used into the step record
+        (and the log)."""
         self.step_no += 1
         loss = dist_util.all_reduce_sum([local_loss], self.device)[0] if self.distributed else local_loss
         self.step_losses.append(loss)
         if logger is not None:
-            logger.step(loss, self.sched.get_last_lr()[0])
+            logger.step(loss, lr)
 
     def _checkpoint_due(self, i: int) -> bool:
         every = self.config.checkpoint_every

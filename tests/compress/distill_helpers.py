@@ -36,3 +36,9 @@ class DropoutMLP(nn.Module):
 def dropout_mlp() -> DropoutMLP:
     torch.manual_seed(2)
     return DropoutMLP()
+
+
+def plain_mlp() -> torch.nn.Module:
+    """No BatchNorm, no dropout: trains alike on any number of processes (to float rounding)."""
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))

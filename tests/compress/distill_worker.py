@@ -61,6 +61,50 @@ def run(root: Path) -> None:
     res = quantize("tests.helpers:tiny_cnn", "qat", root / "cnn.int8.pt", train_data=root / "digits.pt",
                    epochs=1, batch_size=16, progress=False)  # fmt: skip
     _dump(res, root / "cnn_qat.json")
+    _mid_epoch(root)
+
+
+def mid_epoch_config(strategy: str) -> TrainConfig:
+    return TrainConfig(epochs=1, batch_size=16, device="cpu", strategy=strategy, checkpoint_every=2)
+
+
+def _mid_epoch(root: Path) -> None:
+    """DDP killed inside its epoch after the step-2 checkpoint, resumed: its epoch's loss and accuracy
+    against the unbroken run's; the checkpoint is kept (mid_ck1) for a one-process resume."""
+    import shutil
+
+    from ptopt.compress.trainer import cross_entropy_loss, train
+    from ptopt.core.data import load_data
+    from tests.compress.distill_helpers import plain_mlp
+
+    data, cfg = load_data(root / "digits.pt"), mid_epoch_config("ddp")
+    whole = train(plain_mlp(), data, cfg, progress=False)
+    calls = 0
+
+    def killed_at_call_4(model, batch):
+        nonlocal calls
+        calls += 1
+        if calls == 4:  # batch 4 of 4: the last checkpoint is step 2
+            raise Killed
+        return cross_entropy_loss(model, batch)
+
+    try:
+        train(
+            plain_mlp(), data, cfg, loss_fn=killed_at_call_4, progress=False, checkpoint_dir=root / "mid_ck"
+        )
+    except Killed:
+        pass
+    if dist.get_rank() == 0:
+        shutil.copytree(root / "mid_ck", root / "mid_ck1")
+    dist.barrier()
+    resumed = train(plain_mlp(), data, cfg, progress=False, checkpoint_dir=root / "mid_ck", resume=True)
+    if dist.get_rank() == 0:
+        record = {
+            "whole": whole.history,
+            "resumed": resumed.history,
+            "resumed_step": resumed.resumed_from_step,
+        }
+        (root / "mid.json").write_text(json.dumps(record))
 
 
 def _dump(res, path: Path) -> None:

@@ -122,3 +122,24 @@ def test_a_classifier_fsdp_checkpoint_resumes_in_one_process(launched):
                       eval_data=root / "digits.pt", epochs=2, batch_size=16, device="cpu", progress=False,
                       checkpoint_dir=root / "cnn_ck", resume=True)  # fmt: skip
     assert resumed.extra["resumed_from_step"] == 4 and resumed.extra["steps"] == 8
+
+
+def test_a_mid_epoch_checkpoint_carries_every_ranks_running_sums(launched):
+    """A 2-process run killed inside its epoch and resumed reports the epoch's loss and accuracy of the
+    unbroken run, on 2 processes and on 1 (the checkpoint held rank 0's sums alone: the resumed epoch
+    counted rank 0's first half twice and rank 1's not at all)."""
+    from ptopt.compress.trainer import train
+    from tests.compress.distill_helpers import plain_mlp
+    from tests.compress.distill_worker import mid_epoch_config
+
+    root, _ = launched
+    mid = json.loads((root / "mid.json").read_text())
+    whole, resumed = mid["whole"][-1], mid["resumed"][-1]
+    assert mid["resumed_step"] == 2 and resumed["steps"] == whole["steps"] == 4
+    assert (
+        _close([resumed["loss"]], [whole["loss"]], 1e-6)
+        and resumed["train_accuracy"] == whole["train_accuracy"]
+    )
+    one = train(plain_mlp(), load_data(root / "digits.pt"), mid_epoch_config("none"), progress=False,
+                checkpoint_dir=root / "mid_ck1", resume=True).history[-1]  # fmt: skip
+    assert _close([one["loss"]], [whole["loss"]], 1e-5) and one["train_accuracy"] == whole["train_accuracy"]

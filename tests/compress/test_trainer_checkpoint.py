@@ -253,3 +253,20 @@ def test_a_checkpoint_index_that_would_run_code_is_refused():
 
     ok = pickle.dumps(Metadata(state_dict_metadata={}), protocol=4)
     assert isinstance(_MetadataUnpickler(io.BytesIO(ok)).load(), Metadata)
+
+
+def test_tensorboard_logs_the_learning_rate_each_step_used(tmp_path, data):
+    """Step 1 of a 2-step warmup runs at half the peak rate; the log said the peak (the rate after the
+    step: step N's entry was step N+1's rate, and the last step read 0)."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    from ptopt.compress.trainer import warmup_cosine
+
+    cfg = TrainConfig(epochs=2, batch_size=32, lr=1e-2, warmup_fraction=0.4)  # 6 steps, 2 warming up
+    train(tiny_cnn(), data[0], cfg, progress=False, log_dir=tmp_path / "logs")
+    logs = event_accumulator.EventAccumulator(str(tmp_path / "logs"))
+    logs.Reload()
+    factor = warmup_cosine(6, 2)
+    logged = [(e.step, e.value) for e in logs.Scalars("train/lr")]
+    assert logged == [(s + 1, pytest.approx(1e-2 * factor(s))) for s in range(6)]
+    assert logged[0][1] == pytest.approx(5e-3) and logged[-1][1] > 0
