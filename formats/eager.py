@@ -5,7 +5,9 @@ code from the file). Run in eager mode, as a model is deployed behind a plain Py
 
 from __future__ import annotations
 
+import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +56,16 @@ class Pickle(Eager):
         from ptopt.core.hf import ensure_torchvision_ops
 
         ensure_torchvision_ops()  # a pickled torchvision model imports torchvision (core.hf's docstring)
+        _current_folder_importable()
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001 - a missing class raises AttributeError/ModuleNotFoundError...
+        except ModuleNotFoundError as e:
+            raise ModelLoadError(
+                f"{path}: cannot unpickle: the module {e.name!r} that defines its classes is not importable "
+                "here (neither installed nor in the current folder): run ptopt in the folder that holds it, or "
+                "put that folder on PYTHONPATH"
+            ) from None
+        except Exception as e:  # noqa: BLE001 - a missing class raises AttributeError...
             raise ModelLoadError(f"{path}: cannot unpickle: {type(e).__name__}: {e}") from None
         if not isinstance(obj, torch.nn.Module):
             raise ModelLoadError(f"{path}: holds a {type(obj).__name__}, not an nn.Module")
@@ -70,6 +79,14 @@ class Pickle(Eager):
 
 
 FORMATS = (Eager(), Pickle())
+
+
+def _current_folder_importable() -> None:
+    """A pickled module names the module of its classes (``mymodels.Net``), which ``python -c
+    "torch.load(...)"`` finds in the current folder: so does ptopt, as for a ``pkg.module:factory``
+    (searched last, so an installed package of the same name wins)."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
 
 
 def is_legacy_torch_pickle(path: Path) -> bool:
