@@ -93,6 +93,7 @@ def measure_fidelity(
         if ref and _class_scores(source, data, ref[0])
         else None,
         "max_rel_error": m["rel_error"],
+        "max_abs_ref": m["max_abs_ref"],
         "rule": {"precision": precision, "atol": atol, "rtol": rtol, "min_cosine": min_cos},
         "outputs": m["outputs"],
         "worst_output": worst if m["outputs"] else None,

@@ -57,6 +57,19 @@ SHAPES = ("min", "opt", "max")
 #: a sample whose source output norm is below this share of the largest sample's is judged by the
 #: tolerance rule only (the cosine of a zero vector says nothing)
 _ZERO_SAMPLE = 1e-6
+#: a source whose outputs never reach this magnitude computes nothing a lower precision can follow (a
+#: random-init EfficientNet-B0 gives |y| ~ 3e-13 on random images: its int8 twin gives zeros, cosine 0)
+VANISHING_OUTPUT = 1e-6
+
+
+def vanishing(max_abs_ref: float | None) -> str | None:
+    """The clause that explains a failed cosine when the source's outputs vanish, else None."""
+    if max_abs_ref is None or not 0 <= max_abs_ref < VANISHING_OUTPUT:
+        return None
+    return (
+        f"the fp32 outputs vanish (largest |value| {max_abs_ref:.2g}), which no cosine can follow: random "
+        "weights whose activations die out do this, trained weights do not"
+    )
 
 
 def tolerances(precision: str, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
@@ -145,10 +158,13 @@ def judge(m: dict[str, Any], atol: float, rtol: float, min_cosine: float) -> lis
         aligned = o["cosine"] >= min_cosine  # False for NaN
         o["ok"] = bool(within and aligned)
         if not o["ok"]:
+            vanish = "" if aligned or not vanishing(o["max_abs_ref"]) else f"; {vanishing(o['max_abs_ref'])}"
             why = (
                 []
                 if aligned
-                else [f"worst-sample cosine {o['cosine']:.6f} < {min_cosine:g} (sample {o['worst_sample']})"]
+                else [
+                    f"worst-sample cosine {o['cosine']:.6f} < {min_cosine:g} (sample {o['worst_sample']}{vanish})"
+                ]
             )
             if not within:
                 why.append(

@@ -100,6 +100,8 @@ class Attempt:
     error: BaseException | None = None
     #: what changed in the artifact the engine writes (its package fell back to its ExportedProgram)
     note: str = ""
+    #: why no cosine can hold: the fp32 outputs vanish (``export.parity.vanishing``)
+    vanish: str = ""
 
     def record(self) -> dict[str, Any]:
         out = {"engine": self.engine, "holds": self.holds, "trials": self.log}
@@ -377,6 +379,8 @@ class _Trials:
     def holds(self, floats: list[str]) -> tuple[bool, str]:
         """Whether the engine's int8 model with ``floats`` float holds the rule (and its figure); the
         whole model of an ``ARTIFACT_FIRST`` engine is built as its artifact and judged as written."""
+        from ptopt.export.parity import vanishing
+
         t0 = time.perf_counter()
         share = _int8_share(self.params, tuple(self.cfg.float_modules) + tuple(floats))
         if floats and share < MIN_STATIC_SHARE:
@@ -396,6 +400,8 @@ class _Trials:
             )
         self.seconds.append(time.perf_counter() - t0)
         ok = all(f["passed"] for f in fids)
+        if not floats and not ok:
+            self.att.vanish = vanishing(min(f.get("max_abs_ref", 1.0) for f in fids)) or ""
         # the search and the acceptance data the same samples (--eval-data the calibration data): said once
         said = [f"min cosine {f['min_cosine']:.4f} on {f['samples']} samples of {f['data']}" for f in fids]
         figure = "; ".join(dict.fromkeys(said))
@@ -560,8 +566,10 @@ def _nothing_holds(attempts: list[Attempt]) -> Exception:
         others = "; ".join(a.why for a in attempts[1:])
         return UnsupportedModelError(f"{str(first).strip()} (--engine auto tried the others: {others})")
     reached = "; ".join(a.why + (f" (best: {a.best[1]})" if a.best[1] else "") for a in attempts)
+    vanish = next((f"; {a.vanish}" for a in attempts if a.vanish), "")
     return UnsupportedModelError(
-        f"static int8 of this model holds the int8 rule on no engine, whole or with float layers ({reached}). "
+        f"static int8 of this model holds the int8 rule on no engine, whole or with float layers "
+        f"({reached}){vanish}. "
         "Keep it in fp32 (ptopt export MODEL --target onnx), try --mode dynamic, or search further with "
         "--eval-data DATA --min-cosine C (it writes the closest model it finds)"
     )
