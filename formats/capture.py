@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import re
 import sys
 import warnings
@@ -206,14 +207,17 @@ def trace(module: Any, x: Any, style: str, hint: str = "") -> tuple[Any, list[st
                 f"{without_values(first_lines(str(e), 1))[:300]}{hint}"
             ) from None
     sys.stderr.write(said.getvalue())  # what the trace said when it worked
-    notes = sorted(
-        {
-            str(w.message).splitlines()[0][:200]
-            for w in caught
-            if issubclass(w.category, torch.jit.TracerWarning)
-        }
-    )
+    notes = sorted({tracer_note(w) for w in caught if issubclass(w.category, torch.jit.TracerWarning)})
     return sm, notes
+
+
+def tracer_note(w: warnings.WarningMessage) -> str:
+    """A tracer warning as one short note: its first sentence (whole, never cut mid-word) and the line
+    of the model's code that raised it (``modeling_bert.py:1023``), where the user can look."""
+    first = str(w.message).strip().splitlines()[0] if str(w.message).strip() else ""
+    sentence = re.split(r"(?<=[.!?])\s", first, maxsplit=1)[0].rstrip(".")
+    where = f" ({os.path.basename(w.filename)}:{w.lineno})" if w.filename else ""
+    return f"{clip(sentence, 200)}{where}"
 
 
 def without_values(message: str) -> str:

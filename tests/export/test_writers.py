@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -177,3 +179,21 @@ def test_onnx_op_registry_is_built_once_per_opset_and_each_export_gets_a_copy(mo
     a.functions["aten::add"].append("custom")  # an export adding its own op changes only its copy
     assert b.functions["aten::add"] == ["add"] and c.opset_version == 20
     assert ONNXRegistry.__dict__["from_torchlib"].__func__ is fake  # restored
+
+
+class _BranchOnValue(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # the tracer bakes this branch in: its warning names this line
+            return x * 2
+        return x
+
+
+def test_tracer_notes_are_whole_sentences_naming_the_models_line():
+    """The CLI's `note: tracer: ...` was the warning cut at 200 characters ("This means tha")."""
+    from ptopt.formats.capture import trace
+
+    _, notes = trace(_BranchOnValue(), torch.ones(2, 3), "positional")
+    line = next(i for i, s in enumerate(Path(__file__).read_text().splitlines(), 1) if "x.sum() > 0" in s)
+    assert notes == [
+        f"Converting a tensor to a Python boolean might cause the trace to be incorrect (test_writers.py:{line})"
+    ]
