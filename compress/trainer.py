@@ -440,6 +440,7 @@ class _Training:
         self.resumed_from: int | None = None
         self.resumed_step: int | None = None
         self.carried: dict[str, Any] | None = None  # the epoch stats a mid-epoch checkpoint carried
+        self.cut: tuple[int, dict[str, Any]] | None = None  # (next batch, sums) of an epoch max_steps ended
 
     def _wrap(self, policies: dict[str, Any]) -> Any:
         """The module each step calls: the step module, in DDP, or with its parts sharded by FSDP."""
@@ -481,6 +482,9 @@ class _Training:
         self.start_epoch, self.start_batch, self.step_no = pos["epoch"], pos["batch"], pos["step"]
         self.resumed_from, self.resumed_step = pos["epoch"], pos["step"]
         self._new_length(state["fingerprint"]["train"])
+        cut = bool(pos["batch"]) and bool(self.history) and self.history[-1]["epoch"] == pos["epoch"] + 1
+        if cut and self.step_no < self.total_steps:
+            self.history.pop()  # the epoch --max-steps ended early now runs on to its end: recorded anew
 
     def _new_length(self, saved: dict[str, Any]) -> None:
         """A resumed run whose length (``epochs``, ``max_steps``) is the checkpoint's continues as it
@@ -542,7 +546,10 @@ class _Training:
             self.evaluate(epoch, record)
             self.history.append(record)
             if self.checkpoint_dir is not None:
-                self.save_checkpoint(epoch + 1, 0, None)
+                cut, self.cut = self.cut, None
+                # an epoch that max_steps ended early resumes (with a larger max_steps) at its next batch
+                position = {"epoch": epoch, "batch": cut[0]} if cut else {"epoch": epoch + 1, "batch": 0}
+                train_state.save(self, position | {"step": self.step_no}, cut[1] if cut else None)
             if logger is not None:
                 logger.epoch(record)
 
@@ -570,6 +577,9 @@ class _Training:
                 stats.elapsed = time.perf_counter() - stats.t0
                 self.save_checkpoint(epoch, i + 1, stats)
             if self.step_no >= self.total_steps:
+                if i + 1 < self.n_batches and self.checkpoint_dir is not None:
+                    stats.elapsed = time.perf_counter() - stats.t0
+                    self.cut = (i + 1, self._global_stats(stats))
                 break
         return self._epoch_record(epoch, stats)
 

@@ -270,3 +270,30 @@ def test_tensorboard_logs_the_learning_rate_each_step_used(tmp_path, data):
     logged = [(e.step, e.value) for e in logs.Scalars("train/lr")]
     assert logged == [(s + 1, pytest.approx(1e-2 * factor(s))) for s in range(6)]
     assert logged[0][1] == pytest.approx(5e-3) and logged[-1][1] > 0
+
+
+def test_a_longer_max_steps_resumes_inside_the_epoch_the_shorter_one_ended(tmp_path, data):
+    """--max-steps 3 ends the first epoch (6 batches) at batch 3; resumed with max_steps 5, steps 4-5
+    train on its batches 4-5, as an unbroken 5-step run does (they took the next epoch's first batches,
+    and the rest of the first epoch's data was never seen); one record for the epoch, its sums whole."""
+    from ptopt.compress.trainer import cross_entropy_loss
+
+    def recording(seen):
+        def loss(model, batch):
+            seen.append(float(batch.x.sum()))
+            return cross_entropy_loss(model, batch)
+
+        return loss
+
+    cfg = TrainConfig(epochs=2, batch_size=16, max_steps=5)
+    whole_seen, resumed_seen = [], []
+    train(tiny_cnn(), data[0], cfg, loss_fn=recording(whole_seen), progress=False)
+    common = dict(progress=False, checkpoint_dir=tmp_path / "ck")
+    train(tiny_cnn(), data[0], TrainConfig(epochs=2, batch_size=16, max_steps=3), **common)
+    resumed = train(tiny_cnn(), data[0], cfg, loss_fn=recording(resumed_seen), resume=True, **common)
+    assert resumed_seen == whole_seen[3:]
+    assert [r["epoch"] for r in resumed.history] == [1] and resumed.history[0]["steps"] == 5
+    assert len(resumed.step_losses) == 5  # the epoch's loss: all 5 batches of 16 (3 carried over)
+    assert resumed.history[0]["loss"] == pytest.approx(sum(resumed.step_losses) / 5, rel=1e-6)
+    done = train(tiny_cnn(), data[0], cfg, resume=True, **common)  # the run reached 5: nothing trained
+    assert [r["epoch"] for r in done.history] == [1] and done.resumed_from_step == 5
