@@ -107,13 +107,23 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: d}
 
 
+#: what a digest in the fingerprint stands for: said in words, since two hashes alone tell a user nothing
+_DIGESTS = {
+    "model": "another model to train (its layers' names, shapes or dtypes differ)",
+    "loss.teacher": "another teacher (its weights differ)",
+    "train_data.sha": "other training data (same number of samples, other values)",
+    "eval_data.sha": "other evaluation data (same number of samples, other values)",
+}
+
+
 def describe_differences(saved: dict[str, Any], now: dict[str, Any], limit: int = 6) -> list[str]:
     a, b = _flatten(saved), _flatten(now)
     diffs = []
     for k in sorted(set(a) | set(b)):
         if json.dumps(a.get(k), default=str) != json.dumps(b.get(k), default=str):
             name = k.replace("train.", "", 1)
-            diffs.append(f"{name}: checkpoint {a.get(k, '(unset)')!r}, now {b.get(k, '(unset)')!r}")
+            values = f"checkpoint {a.get(k, '(unset)')!r}, now {b.get(k, '(unset)')!r}"
+            diffs.append(f"{name}: {_DIGESTS[k]} ({values})" if k in _DIGESTS else f"{name}: {values}")
     return diffs[:limit] + ([f"(+{len(diffs) - limit} more)"] if len(diffs) > limit else [])
 
 

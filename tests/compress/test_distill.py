@@ -277,6 +277,17 @@ def test_cli_refuses_checkpoint_of_another_configuration(cli, files, tmp_path):
         files, out, "--epochs", "1", "--checkpoint-dir", tmp_path / "ck", "--resume", "--temperature", "2"
     )
     _assert_refused(cli, args, out, "another configuration", "temperature: checkpoint 4.0, now 2.0")
+    # another student and another teacher are said in words, not as two hashes alone
+    args = _args(files, out, "--epochs", "1", "--checkpoint-dir", tmp_path / "ck", "--resume")
+    args[args.index(STUDENT)] = "tests.compress.distill_helpers:dropout_mlp"
+    args[args.index(TEACHER)] = STUDENT  # 10 class scores, other weights
+    _assert_refused(
+        cli,
+        args,
+        out,
+        "model: another model to train (its layers' names",
+        "teacher: another teacher (its weights",
+    )
 
 
 def test_cli_refuses_bad_options(cli, files, tmp_path):
