@@ -45,8 +45,9 @@ def _shape_text(shape: list) -> str:
 def _weights_line(report: dict) -> str | None:
     """``parameters:`` of a torch module (its int8 layers' packed weights counted), ``weights:`` of a
     graph of another runtime (its initializers / constants)."""
-    if report.get("parameters") is None:
-        return None
+    if report.get("parameters") is None:  # a language-model folder another runtime runs
+        held = report.get("weight_bytes")
+        return None if held is None else f"weights:    {held:,} bytes as {report.get('runtime')} holds them"
     total = f"{report['parameters']:,} ({report['parameter_bytes']:,} bytes"
     if "weights" in report:
         kinds = "".join(f"{w['count']:,} {k}, " for k, w in report["weights"].items())
@@ -73,7 +74,10 @@ def _echo_summary(report: dict) -> None:
         click.echo(line)
     for s in report["inputs"]:
         click.echo(f"input:      {s['describe']}")
-    if not report["inputs"]:
+    graph = report.get("lm_graph")
+    if graph is not None:  # a decoder with its KV cache: the folder's record names its graph
+        _echo_lm_graph(graph)
+    elif not report["inputs"]:
         guess = " ".join(f"--input-shape {s}" for s in report.get("suggested_input_shapes", []))
         click.echo(
             "input:      unknown (pass --data or --input-shape"
@@ -90,6 +94,19 @@ def _echo_summary(report: dict) -> None:
             f"data:       {d['name']}: {d['samples']} samples, labels: {'yes' if d['labels'] else 'no'}; "
             f"one batch ran: {', '.join(f'{k} {v}' for k, v in ran.items())}"
         )
+
+
+def _echo_lm_graph(graph: dict) -> None:
+    names = lambda key: ", ".join(graph.get(key) or []) or "?"  # noqa: E731
+    inputs = (
+        names("inputs") if graph.get("inputs") else "input_ids, attention_mask (the KV cache is its state)"
+    )
+    click.echo(f"graph:      {inputs} -> {names('outputs') if graph.get('outputs') else 'logits'}")
+    batch, positions = graph.get("batch"), graph.get("max_positions")
+    if batch or positions:
+        span = f"batch {batch[0]}..{batch[1]}" if batch else ""
+        click.echo(f"range:      {span}{'; ' if span and positions else ''}"
+                   f"{f'up to {positions} positions' if positions else ''}")  # fmt: skip
 
 
 def _echo_tables(report: dict) -> None:

@@ -60,6 +60,7 @@ def layer_table(module: Any, skip: Any = ()) -> list[dict[str, Any]]:
 def module_weights(module: Any, report: dict[str, Any]) -> None:
     """Parameters, int8 layers and float layers of a torch module into ``report``: the packed weights of
     int8 modules counted, and a frozen TorchScript's weights read from its graph's constants."""
+    from ptopt.core.lm import stored_bytes
     from ptopt.core.weights import dtype_name, graph_weights, module_packed_layers
 
     tensors = list(module.parameters())
@@ -67,15 +68,32 @@ def module_weights(module: Any, report: dict[str, Any]) -> None:
     if not int8 and not tensors:  # a frozen TorchScript: its weights are constants of the graph
         int8, tensors = graph_weights(module)
     report["parameters"] = sum(t.numel() for t in tensors) + sum(r["params"] for r in int8)
-    report["parameter_bytes"] = sum(t.numel() * t.element_size() for t in tensors) + sum(
-        r["bytes"] for r in int8
-    )
+    # as stored: a weight-only int8/int4 tensor's bytes, not its elements times the float dtype it shows
+    report["parameter_bytes"] = sum(stored_bytes(t) for t in tensors) + sum(r["bytes"] for r in int8)
     report["layers"] = layer_table(module, skip={r["name"] for r in int8})
     report["int8_layers"] = int8
     elements: dict[str, int] = {}
     for dtype, n in [(dtype_name(t), t.numel()) for t in tensors] + [(r["dtype"], r["params"]) for r in int8]:
         elements[dtype] = elements.get(dtype, 0) + n
     report["weight_dtypes"] = elements
+
+
+def lm_runtime_facts(loaded: Any, report: dict[str, Any]) -> None:
+    """A language-model folder another runtime runs (ONNX Runtime, OpenVINO, torch.export: no torch
+    module's parameters to count): the weight bytes its runtime holds and its graph's inputs and outputs
+    as the folder's record names them. Nothing is run: a decoder step takes a KV cache, not one batch."""
+    from ptopt.core.formats import find_format
+    from ptopt.core.lm import weight_bytes
+
+    record = getattr(loaded.module, "record", None) or {}
+    row = find_format(loaded.format)
+    report["parameters"] = None
+    report["weight_bytes"] = weight_bytes(loaded.module)
+    report["lm_graph"] = {
+        k: record[k] for k in ("inputs", "outputs", "batch", "max_positions") if k in record
+    }
+    report["runtime"] = getattr(row, "runtime", None) or getattr(loaded.module, "runtime", None)
+    report["layers"] = []
 
 
 def _precision(loaded: Any, report: dict[str, Any]) -> None:
@@ -171,7 +189,7 @@ def _implied_or_suggested(loaded: Any, report: dict[str, Any]) -> None:
     from ptopt.core.input_infer import suggest_input_shapes
     from ptopt.core.modelref import require_input_specs
 
-    if loaded.input_specs or loaded.module is None:
+    if loaded.input_specs or loaded.module is None or not hasattr(loaded.module, "parameters"):
         return
     try:
         require_input_specs(loaded)
@@ -226,7 +244,9 @@ def inspect_model(
     report["inputs"] = [s.to_dict() | {"describe": s.describe()} for s in loaded.input_specs]
     report["input_style"] = loaded.input_style
 
-    if loaded.module is not None:
+    if loaded.module is not None and not hasattr(loaded.module, "parameters"):
+        lm_runtime_facts(loaded, report)
+    elif loaded.module is not None:
         module_weights(loaded.module, report)
     else:
         _graph_facts(loaded, report)

@@ -110,6 +110,12 @@ def _storage(t: Any) -> list[Any]:
     return [t]
 
 
+def stored_bytes(t: Any) -> int:
+    """Bytes ``t`` stores: a quantized tensor subclass (torchao's int8 / int4) its inner tensors' bytes,
+    not its logical elements times the float dtype it presents."""
+    return sum(inner.numel() * inner.element_size() for inner in _storage(t))
+
+
 def weight_bytes(module: Any) -> int:
     """Bytes of ``module``'s parameters and buffers as stored (shared storage counted once); a model
     run by another runtime (``formats.openvino_lm``) states its own as an int ``weight_bytes``."""

@@ -1,0 +1,57 @@
+"""``ptopt inspect`` of language-model folders: an exported decoder with its KV cache (ONNX Runtime
+here) has no torch parameters to count (it was an internal error: ``'OnnxLM' object has no attribute
+'parameters'``), and a weight-only folder's parameters are counted as stored (int8 bytes, not the float
+dtype its tensors present). Tiny random-weight Llama (``tests.export.lm_models``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import ptopt
+from ptopt.core.inspect import inspect_model
+from tests.export.lm_models import save
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inspect_lm")
+    src = save("llama", root / "llama")
+    out = {"src": src, "onnx": root / "llama-onnx", "int8": root / "llama-int8"}
+    ptopt.export(f"hf:{src}", "onnx", out["onnx"], new_tokens=2, progress=False)
+    ptopt.quantize(f"hf:{src}", "weight-only", out["int8"], bits=8, progress=False)
+    return out
+
+
+def test_cli_inspect_of_an_onnx_lm_folder_names_its_graph(cli, folders):
+    code, out, err = cli("inspect", folders["onnx"])
+    assert code == 0, err  # was exit 3: internal error: AttributeError
+    assert "internal error" not in err
+    assert "model:      " in out and "(onnx_lm)" in out
+    weights = next(ln for ln in out.splitlines() if ln.startswith("weights:"))
+    assert "bytes as onnxruntime holds them" in weights
+    graph = next(ln for ln in out.splitlines() if ln.startswith("graph:"))
+    assert "input_ids, attention_mask, position_ids, past_key_values.0.key" in graph
+    assert "-> logits, present.0.key" in graph
+    assert "batch 1..8" in out
+
+
+def test_api_inspect_of_an_onnx_lm_folder(folders):
+    report = inspect_model(str(folders["onnx"]))
+    assert report["format"] == "onnx_lm" and report["runtime"] == "onnxruntime"
+    record = json.loads((folders["onnx"] / "ptopt_lm.json").read_text())
+    assert report["weight_bytes"] == record["weight_bytes"] > 0
+    assert report["lm_graph"]["inputs"][:2] == ["input_ids", "attention_mask"]
+    assert report["layers"] == []
+
+
+def test_inspect_counts_a_weight_only_folders_bytes_as_stored(cli, folders):
+    fp32 = inspect_model(f"hf:{folders['src']}")
+    int8 = inspect_model(str(folders["int8"]))
+    assert int8["parameters"] == fp32["parameters"]
+    # was the fp32 figure (each int8 tensor's elements x 4 bytes)
+    assert int8["parameter_bytes"] < 0.6 * fp32["parameter_bytes"]
+    code, out, err = cli("inspect", folders["int8"])
+    assert code == 0, err
+    assert f"({int8['parameter_bytes']:,} bytes" in out
