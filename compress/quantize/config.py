@@ -328,6 +328,10 @@ class WeightOnlyConfig(QuantConfig):
             raise UsageError(
                 "--method hqq is int4 here (torchao's HQQ scales): use --bits 4, or rtn for int8"
             )
+        if self.method == "gptq" and self.bits != 4:  # it packs into the int4 CPU layout only
+            raise UsageError(
+                "--method gptq is int4 here (ptopt's GPTQ): use --bits 4, or rtn or awq for int8"
+            )
         g = self.group_size
         if g is not None and (not isinstance(g, int) or g < 1):
             raise UsageError(f"--group-size must be a positive integer, got {g!r}")

@@ -274,11 +274,17 @@ def test_cli_writes_the_folder_and_reports(cli, lm_dir, ids, tmp_path):
         (["--bits", "4", "--method", "gptq"], "is fitted on text"),
         (["--bits", "4", "--group-size", "100"], "--group-size 100"),
         (["--method", "hqq"], "hqq is int4"),
+        (["--method", "gptq"], "gptq is int4"),  # with --bits 8 it was an internal error (TypeError)
     ],
 )
 def test_cli_refusals_exit_2_and_write_nothing(cli, lm_dir, tmp_path, args, message):
     assert_refused(cli, "quantize", lm_dir, "--mode", "weight-only", *args, "-o", tmp_path / "never",
                    match=(message,), where=tmp_path)  # fmt: skip
+
+
+def test_api_gptq_at_8_bits_is_refused(lm_dir, ids, tmp_path):
+    assert_refused(ptopt.quantize, lm_dir, "weight-only", tmp_path / "never", bits=8, method="gptq",
+                   calib_data=ids / "calib.pt", match="gptq is int4", where=tmp_path)  # fmt: skip
 
 
 def test_cli_refuses_a_foreign_non_empty_folder(cli, lm_dir, tmp_path):
