@@ -256,6 +256,7 @@ def load_package(
     import torch
 
     check_version(path, recorded_version)
+    check_container_types(path)
     built = package_device(path)
     device = built if device is None else str(device)
     wanted = device.split(":")[0]
@@ -283,6 +284,25 @@ def load_package(
         return default
     fixed = {b: load_model(str(path), n, **how) for n, b in fixed_names.items()}
     return FixedBatchDispatch(default, fixed)
+
+
+def check_container_types(path: str | os.PathLike) -> None:
+    """A package whose inputs or outputs are a library's container class (a Hugging Face model's
+    ``SequenceClassifierOutput``) rebuilds them with torch's pytree at every call, which fails unless
+    the class is registered (its module imported): transformers' classes are registered here, before
+    loading, from the call spec the generated wrapper code holds; any other class is one line now
+    rather than a failure inside every call."""
+    from ptopt.formats.exported_program import ensure_container_types, unregistered_note
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if n.endswith(".wrapper.cpp")]
+            texts = [z.read(n).decode("utf-8", "replace") for n in names]
+    except (OSError, zipfile.BadZipFile):
+        return
+    missing = ensure_container_types(Path(path), texts)
+    if missing:
+        raise ModelLoadError(f"{Path(path).name}: its calls cannot run{unregistered_note(missing)}")
 
 
 def package_device(path: str | os.PathLike) -> str:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import ptopt
+from ptopt.core.errors import ModelLoadError
 from ptopt.formats.exported_program import ensure_container_types, unregistered_note
 
 pytest.importorskip("transformers")
@@ -63,3 +64,40 @@ def test_builtin_containers_and_devices_need_nothing(tmp_path):
     text = '{"type": "builtins.dict"} {"type": "cpu"} {\\"type\\": \\"collections.OrderedDict\\"}'
     assert ensure_container_types(Path(tmp_path / "m.pt2"), texts=[text]) == []
     assert unregistered_note([]) == ""
+
+
+WRAPPER = 'out_spec_ = R"([1, {"type": "%s", "context": "[\\"logits\\"]", "children_spec": []}])";\n'
+
+
+def _package(path: Path, out_type: str) -> Path:
+    """A zip laid out as an AOTInductor package whose generated wrapper names ``out_type`` (the spec
+    is all that is read before loading)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("model/data/aotinductor/model/abc.wrapper.cpp", WRAPPER % out_type)
+    return path
+
+
+def test_aoti_package_registers_transformers_outputs_before_loading(tmp_path):
+    """An `aoti` package of a HF classifier loaded where transformers was not imported failed at every
+    call (validate: 'data does not fit ...: Deserializing ... SequenceClassifierOutput ... not registered')."""
+    pkg = _package(tmp_path / "clf.pt2", "transformers.modeling_outputs.SequenceClassifierOutput")
+    code = (
+        "import sys; from ptopt.formats.aoti_files import check_container_types as c; c(sys.argv[1]); "
+        "from torch.utils._pytree import SERIALIZED_TYPE_TO_PYTHON_TYPE as R; "
+        "print('transformers.modeling_outputs.SequenceClassifierOutput' in R)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(pkg)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "True"
+
+
+def test_aoti_package_with_an_unregistered_output_class_is_refused_in_one_line(tmp_path):
+    from ptopt.formats.aoti_files import check_container_types
+
+    pkg = _package(tmp_path / "m.pt2", "mylib.outputs.Out")
+    with pytest.raises(
+        ModelLoadError, match=r"m\.pt2: its calls cannot run; its inputs or outputs are mylib"
+    ):
+        check_container_types(pkg)
