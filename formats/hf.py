@@ -45,8 +45,12 @@ from ptopt.formats.runner import TorchModuleRunner
 QUANT_FILE = "quantization.json"
 INT8_WEIGHTS = "model.safetensors"
 INT4_WEIGHTS = "model.pt"
-#: tokenizer and generation files copied from the source folder
-COMPANIONS = (*TOKENIZER_FILES, "special_tokens_map.json", "merges.txt", "generation_config.json")
+#: tokenizer and generation files copied from the source folder (transformers 5 saves a chat template
+#: as its own file, and named ones in a folder: without them the copy's ``apply_chat_template`` fails)
+COMPANIONS = (*TOKENIZER_FILES, "special_tokens_map.json", "merges.txt", "generation_config.json",
+              "added_tokens.json", "chat_template.jinja", "chat_template.json")  # fmt: skip
+#: folders of tokenizer files copied whole
+COMPANION_DIRS = ("additional_chat_templates",)
 
 
 class HFModel(Format):
@@ -199,6 +203,9 @@ def copy_companions(source_dir: Any, folder: Path) -> list[str]:
         for name in COMPANIONS:
             if (Path(source_dir) / name).is_file():
                 shutil.copyfile(Path(source_dir) / name, folder / name)
+        for name in COMPANION_DIRS:
+            if (Path(source_dir) / name).is_dir():
+                shutil.copytree(Path(source_dir) / name, folder / name, dirs_exist_ok=True)
     return sorted(p.relative_to(folder.parent).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
