@@ -228,6 +228,19 @@ def _warn_few_samples(res) -> None:
         )
 
 
+def _qat_line(tr: dict, batch_size: int | None) -> str:
+    """How long QAT trained and on what. --max-steps may end it inside an epoch: "1 epoch(s) on 1438
+    samples" read as a pass over all of them."""
+    last = tr["history"][-1] if tr["history"] else {}
+    steps, epochs, data = last.get("steps"), len(tr["history"]), f"{tr['samples']} samples of {tr['data']}"
+    loss = f"final loss {last.get('loss', float('nan')):.4f}"
+    optimizer_steps = f"{steps} optimizer step{'' if steps == 1 else 's'}"
+    if batch_size and steps is not None and steps < epochs * -(-tr["samples"] // batch_size):
+        return f"QAT: {optimizer_steps} of {batch_size} samples (--max-steps, within epoch {epochs}) on {data}, {loss}"
+    of = f", {optimizer_steps}" if steps is not None else ""
+    return f"QAT: {epochs} epoch(s){of} on {data}, {loss}"
+
+
 def _print_report(art, mode: str) -> None:
     """What the saved int8 artifact is: size vs fp32, calibration / training, accuracy, float layers."""
     m = art.metrics
@@ -252,11 +265,7 @@ def _print_report(art, mode: str) -> None:
         )
     tr = art.extra.get("training")
     if tr:
-        last = tr["history"][-1] if tr["history"] else {}
-        click.echo(
-            f"QAT: {tr['epochs']} epoch(s) on {tr['samples']} samples of {tr['data']}, "
-            f"final loss {last.get('loss', float('nan')):.4f}"
-        )
+        click.echo(_qat_line(tr, art.config["batch_size"]))
     if "fp32_accuracy" in m:
         click.echo(
             f"accuracy on {m['eval_data']} ({m['eval_samples']} samples): fp32 {100 * m['fp32_accuracy']:.2f}% "

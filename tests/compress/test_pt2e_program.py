@@ -92,7 +92,9 @@ def test_cli_pt2e_qat_on_labelled_data(cli, tmp_path):
         "--eval-data", "builtin:digits:test", "--epochs", "1", "--max-steps", "6", "--lr", "1e-3", "-o", out,
     )  # fmt: skip
     assert code == 0, err
-    assert "QAT: 1 epoch(s)" in stdout and "accuracy on builtin:digits:test" in stdout
+    # 6 of the epoch's 23 steps: said so, not "1 epoch(s)" (a pass over all the samples)
+    assert "QAT: 6 optimizer steps of 64 samples (--max-steps, within epoch 1) on 1438 samples" in stdout
+    assert "accuracy on builtin:digits:test" in stdout
     side = json.loads((tmp_path / "qat.int8.pt2.ptopt.json").read_text())
     assert side["config"]["mode"] == "qat" and side["config"]["engine"] == "pt2e"
     training = side["extra"]["training"]

@@ -34,7 +34,8 @@ def test_qat_cli(cli, tmp_path: Path) -> None:
         out,
     )
     assert code == 0, stderr
-    assert "QAT: 2 epoch(s)" in stdout
+    # --max-steps 16 of the 2 epochs' 20 steps: it read "QAT: 2 epoch(s)", as if both ran through
+    assert "QAT: 16 optimizer steps of 64 samples (--max-steps, within epoch 2) on 640 samples of" in stdout
     art = Artifact.load(out)
     assert art.config["type"] == "quantize-qat" and art.config["train_data"] == str(tmp_path / "train.pt")
     tr = art.extra["training"]
