@@ -94,6 +94,11 @@ def read_token_ids(ref: Any, tokenizer: Any = None, *, name: str = "text data") 
     suffix = Path(text).suffix.lower()
     if suffix in ID_SUFFIXES and not text.startswith("builtin:"):
         return _checked_ids(_load_ids(Path(text)), f"{name} {text}")
+    if tokenizer is None and not is_text_ref(text):  # image data, a .npz, a typo: no text to tokenize
+        raise DataError(
+            f"{name} {text} is not text: a language model reads a {'/'.join(TEXT_SUFFIXES)} file, token ids "
+            f"in a {'/'.join(ID_SUFFIXES)}, or builtin:{BUILTIN_TEXT}:calib|eval"
+        )
     if tokenizer is None:
         raise DataError(f"{name} {text} is text: tokenizing it needs the model's tokenizer")
     from ptopt.core.quiet import silenced

@@ -275,11 +275,18 @@ def test_cli_writes_the_folder_and_reports(cli, lm_dir, ids, tmp_path):
         (["--bits", "4", "--group-size", "100"], "--group-size 100"),
         (["--method", "hqq"], "hqq is int4"),
         (["--method", "gptq"], "gptq is int4"),  # with --bits 8 it was an internal error (TypeError)
+        # image data: it said "is text: tokenizing it needs the model's tokenizer"
+        (["--eval-data", "builtin:digits"], "builtin:digits is not text: a language model reads a .txt"),
     ],
 )
 def test_cli_refusals_exit_2_and_write_nothing(cli, lm_dir, tmp_path, args, message):
     assert_refused(cli, "quantize", lm_dir, "--mode", "weight-only", *args, "-o", tmp_path / "never",
                    match=(message,), where=tmp_path)  # fmt: skip
+
+
+def test_api_data_that_is_not_text_is_named_so(lm_dir, tmp_path):
+    assert_refused(ptopt.quantize, lm_dir, "weight-only", tmp_path / "never", calib_data="calib.npz",
+                   method="awq", match="calib.npz is not text", where=tmp_path)  # fmt: skip
 
 
 def test_api_gptq_at_8_bits_is_refused(lm_dir, ids, tmp_path):
