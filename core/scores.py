@@ -281,18 +281,47 @@ def _removed_heads(model: Any) -> list[tuple[Any, str]]:
     (``fc``, ``classifier``, ``head``), or the last child of a Sequential so named (``classifier.6``)."""
     import torch
 
-    found = []
-    for name, m in model.named_modules():
-        if not isinstance(m, torch.nn.Identity) or not name:
+    return [
+        (m, name)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Identity) and _head_slot(model, name, torch.nn.Sequential)
+    ]
+
+
+def _head_slot(model: Any, name: str, sequential: Any) -> bool:
+    """Whether the submodule ``name`` stands where a classifier is: named as a head, or the last child
+    of a ``sequential`` (a class, or a TorchScript ``original_name``) so named."""
+    parent, _, last = name.rpartition(".")
+    if not name or last in _HEAD_NAMES:
+        return bool(name)
+    if not last.isdigit() or parent.rpartition(".")[2] not in _HEAD_NAMES:
+        return False
+    seq = _submodule(model, parent)
+    kind = isinstance(seq, sequential) if isinstance(sequential, type) else seq.original_name == sequential
+    return kind and int(last) == len(list(seq.children())) - 1
+
+
+def _submodule(model: Any, path: str) -> Any:
+    """``model.get_submodule(path)``, which a loaded TorchScript module does not support."""
+    for part in path.split(".") if path else ():
+        model = getattr(model, part)
+    return model
+
+
+def _script_removed_head(module: Any) -> str | None:
+    """``"Identity as NAME"`` for a TorchScript module (traced or scripted, not frozen) whose classifier
+    was replaced by ``nn.Identity`` and is called: its inlined graph loses the Identity (traced, it
+    returns what came before), but the submodule and its parent's call stay."""
+    for name, m in module.named_modules():
+        if getattr(m, "original_name", None) != "Identity" or not _head_slot(module, name, "Sequential"):
             continue
         parent, _, last = name.rpartition(".")
-        if last in _HEAD_NAMES:
-            found.append((m, name))
-        elif last.isdigit() and parent.rpartition(".")[2] in _HEAD_NAMES:
-            seq = model.get_submodule(parent)
-            if isinstance(seq, torch.nn.Sequential) and int(last) == len(seq) - 1:
-                found.append((m, name))
-    return found
+        with contextlib.suppress(AttributeError, RuntimeError):
+            for node in _submodule(module, parent).graph.nodes():
+                src = next(iter(node.inputs()), None) if node.kind() == "prim::CallMethod" else None
+                if src is not None and src.node().kind() == "prim::GetAttr" and src.node().s("name") == last:
+                    return _REMOVED_PREFIX + name
+    return None
 
 
 class _Op:
@@ -351,6 +380,9 @@ def _recorder() -> Any:
 
 
 def _script_output_layer(module: Any) -> str | None:
+    removed = _script_removed_head(module)
+    if removed:
+        return removed
     try:
         graph = module.inlined_graph
     except (AttributeError, RuntimeError):

@@ -71,3 +71,38 @@ def test_prune_names_its_accuracy_data_and_notes_labels_on_features(cli, tmp_pat
 
     result = ptopt.prune(tiny_cnn_features(), "l1-unstructured", 0.3, eval_data=DATA)
     assert result.metrics["labels_note"].startswith(NOTE) and result.metrics["accuracy_samples"] > 0
+
+
+class _VggLike(torch.nn.Module):
+    """A classifier Sequential whose last Linear was replaced by nn.Identity (VGG's ``classifier[6]``)."""
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten())
+        self.classifier = torch.nn.Sequential(torch.nn.Linear(144, 16), torch.nn.ReLU(), head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def test_a_users_torchscript_file_keeps_its_removed_head(cli, tmp_path):
+    """A TorchScript file the user traced (no sidecar): its inlined graph loses the nn.Identity (traced,
+    it returns what came before), so a feature extractor ending in Conv + ReLU or Linear + ReLU read as
+    class scores. The submodule and its parent's call stay in the archive."""
+    from ptopt.core.scores import output_layer
+    from tests.helpers import tiny_cnn, tiny_cnn_features
+
+    x = torch.randn(2, 1, 8, 8)
+    cases = (
+        (tiny_cnn_features().eval(), "Identity as fc"),
+        (_VggLike(torch.nn.Identity()).eval(), "Identity as classifier.2"),
+        (_VggLike(torch.nn.Linear(16, 10)).eval(), "aten::linear"),
+        (tiny_cnn().eval(), "aten::linear"),
+    )
+    for i, (model, layer) in enumerate(cases):
+        torch.jit.trace(model, x).save(tmp_path / f"m{i}.pt")
+        assert output_layer(torch.jit.load(tmp_path / f"m{i}.pt"), x) == layer
+    args = ("validate", tmp_path / "m0.pt", tmp_path / "m0.pt", "--data", DATA, "--batch-sizes", "1")
+    code, out, err = cli(*args, "--min-iters", "3", "--min-seconds", "0.01", "--rounds", "2")
+    assert code == 0, err
+    assert f"note: {NOTE}" in " ".join(out.split())  # the report wraps its notes
