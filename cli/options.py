@@ -138,6 +138,8 @@ def guard_paths(inputs: dict[str, str], outputs: dict[str, str], spec: Any = Non
         for param, label in names.items():
             value = kwargs.get(param)
             for item in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(item, str) and item.startswith("hf:"):
+                    item = item[3:]  # a Hugging Face folder: an output there writes over it
                 if item is not None and item != "":
                     out.append((label, item))
         return out

@@ -267,3 +267,22 @@ def test_api_errors_are_typed(pair, tmp_path):
         distill, f"hf:{pair['teacher']}", f"hf:{pair['student']}", pair["train.txt"], tmp_path / "o",
         error=UsageError, match=("nproc=2 starts processes", "torchrun --nproc-per-node 2"), nproc=2,
     )  # fmt: skip
+
+
+def test_an_output_over_the_teacher_or_student_folder_is_refused(cli, pair, tmp_path):
+    """-o naming the folder of hf:TEACHER or hf:STUDENT (an earlier ptopt student, so the folder check
+    let it through) wrote the new student over it; refused now, before loading (CLI) and on save (API),
+    the folder left as it was."""
+    first = tmp_path / "first"
+    code, _, err = cli(*_args(pair, first))
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    teacher_over = _args(pair, first)
+    teacher_over[teacher_over.index(f"hf:{pair['teacher']}")] = f"hf:{first}"
+    assert_refused(cli, *teacher_over, match=["-o", "would overwrite", "first"])
+    student_over = _args(pair, first)
+    student_over[student_over.index(f"hf:{pair['student']}")] = f"hf:{first}"
+    assert_refused(cli, *student_over, match=["-o", "would overwrite", "first"])
+    with pytest.raises(UsageError, match="would overwrite"):
+        distill(f"hf:{first}", f"hf:{pair['student']}", pair["train.txt"], first, max_steps=1, **FAST)
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
