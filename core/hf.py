@@ -100,12 +100,7 @@ def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
         )
     tf = import_transformers()
     config = config_of(path)
-    if not _is_causal_lm(tf, config):
-        raise ModelLoadError(
-            f"{path}: a {type(config).__name__} ({config.model_type}) has no causal language model head "
-            "(AutoModelForCausalLM does not know it). hf:DIR loads causal language models; load any other model "
-            "with a factory (pkg.module:factory, see ptopt --help)"
-        )
+    _refuse_unknown_head(tf, path, config)
     from ptopt.core.quiet import quiet_imports
 
     with quiet_imports():
@@ -118,6 +113,27 @@ def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
     _refuse_random_weights(path, config, type(model).__name__, sorted(info.get("missing_keys") or ()))
     _refuse_non_causal(path, config, type(model).__name__)
     return model.eval()
+
+
+def _refuse_unknown_head(tf: Any, path: Path, config: Any) -> None:
+    if not _is_causal_lm(tf, config):
+        raise ModelLoadError(
+            f"{path}: a {type(config).__name__} ({config.model_type}) has no causal language model head "
+            "(AutoModelForCausalLM does not know it). hf:DIR loads causal language models; load any other model "
+            "with a factory (pkg.module:factory, see ptopt --help)"
+        )
+
+
+def check_causal_config(path: str | os.PathLike) -> None:
+    """The refusals of :func:`load_causal_lm` that config.json alone decides (no weights read): a model
+    transformers has no causal head for, or one that names no causal architecture and is no decoder.
+    For a stage that must refuse a folder before measuring anything else (``ptopt validate``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    tf = import_transformers()
+    config = config_of(Path(path))
+    _refuse_unknown_head(tf, Path(path), config)
+    _refuse_non_causal(Path(path), config, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type])
 
 
 def _refuse_random_weights(path: Path, config: Any, built: str, missing: list[str]) -> None:

@@ -171,7 +171,7 @@ class _Model:
 
 def _describe(role: str, obj: Any) -> _Model:
     from ptopt.core.formats import sniff_file
-    from ptopt.core.hf import config_of, is_hf_dir
+    from ptopt.core.hf import check_causal_config, config_of, is_hf_dir
     from ptopt.core.result import Result
     from ptopt.validate.runners import display_name
 
@@ -188,6 +188,7 @@ def _describe(role: str, obj: Any) -> _Model:
         fmt = sniff_file(folder)
         if fmt is not None:
             fmt.check_file(folder)  # an unreadable artifact is refused before anything is measured
+        check_causal_config(folder)  # so is a classifier's or an encoder's folder (from its config.json)
         return _Model(role, obj, display_name(folder), folder, config_of(folder))
     module = _module_of(obj)
     if not is_lm_model(module):

@@ -222,3 +222,32 @@ def test_a_language_model_best_is_crowned_only_on_a_clear_timing(cli, lm, tmp_pa
     res = ptopt.validate(lm["ref"], [lm["int8"]], lm["ids"], **(FAST_API | {"rounds": 4}))
     assert res.best == "llama.int8" and res.data["best_verdict"] == "clear"
     assert res.entry("llama.int8")["best"] and not res.data["timing_noise"]["busy"]
+
+
+def _classifier(root):
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    folder = root / "classifier"
+    if not folder.exists():
+        cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64, num_labels=3)  # fmt: skip
+        tf.BertForSequenceClassification(cfg).save_pretrained(folder)
+    return folder
+
+
+def test_a_classifier_folder_is_refused_before_anything_is_measured(cli, lm, tmp_path, monkeypatch):
+    """The docs promise it: a folder that is no causal LM is refused before the reference is scored (it
+    was refused only when loaded, after the reference's perplexity: minutes on a real model)."""
+    import ptopt.core.lm as core_lm
+
+    def measured(*a, **k):
+        raise AssertionError("a perplexity was measured before the refusal")
+
+    monkeypatch.setattr(core_lm, "perplexity", measured)
+    folder = _classifier(lm["root"])
+    match = ("classifier", "BertForSequenceClassification", "not a causal language model")
+    assert_refused(
+        cli, "validate", lm["ref"], folder, "--data", lm["ids"], *FAST, match=match, where=tmp_path
+    )
+    assert_refused(ptopt.validate, lm["ref"], [lm["int8"], folder], lm["ids"], match=match, **FAST_API)
