@@ -96,6 +96,22 @@ def lm_runtime_facts(loaded: Any, report: dict[str, Any]) -> None:
     report["layers"] = []
 
 
+def compiled_facts(loaded: Any, report: dict[str, Any]) -> None:
+    """A compiled model file (an AOTInductor package): its weights are constants of native code, with no
+    parameters to count; the batch run below lists its outputs."""
+    from ptopt.core.formats import find_format
+
+    report["parameters"] = None
+    report["runtime"] = getattr(find_format(loaded.format), "label", None)
+    report["layers"] = []
+
+
+def _is_folder(loaded: Any) -> bool:
+    from ptopt.core.formats import find_format
+
+    return bool(getattr(find_format(loaded.format), "folder", False))
+
+
 def _precision(loaded: Any, report: dict[str, Any]) -> None:
     """The artifact's precision and where it was read: its sidecar, else its graph or weights."""
     from ptopt.core.weights import precision_of_weights
@@ -158,7 +174,7 @@ def _batch_size(loaded: Any, ds: Any) -> int:
     n = min(len(ds), 8)
     spec = loaded.input_specs[0]
     if spec.min_shape and not spec.min_shape[0] <= n <= spec.max_shape[0]:
-        return max(1, min(spec.min_shape[0], len(ds)))
+        return max(1, min(max(spec.min_shape[0], min(n, spec.max_shape[0])), len(ds)))
     return n
 
 
@@ -236,7 +252,8 @@ def inspect_model(
             from ptopt.core.inputspec import check_inputs
 
             check_inputs(declared, ds.first_batch(min(len(ds), 8)).x, what=ds.name)
-        resolve_inputs(loaded, data=ds)
+        if not declared:  # a file's inputs stay as it declares them ([1..16]x[8..64]); the data only runs
+            resolve_inputs(loaded, data=ds)
         report["data"] = {"name": ds.name, "samples": len(ds), "labels": ds.has_labels}
     elif input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
@@ -245,7 +262,7 @@ def inspect_model(
     report["input_style"] = loaded.input_style
 
     if loaded.module is not None and not hasattr(loaded.module, "parameters"):
-        lm_runtime_facts(loaded, report)
+        (lm_runtime_facts if _is_folder(loaded) else compiled_facts)(loaded, report)
     elif loaded.module is not None:
         module_weights(loaded.module, report)
     else:

@@ -204,3 +204,37 @@ def test_a_package_folder_is_not_called_a_file(cli, tmp_path):
     assert "folder file" not in str(e.value)
     (tmp_path / "m.mar").write_bytes(b"PK")
     assert_refused(cli, "inspect", tmp_path / "m.mar", match=("a TorchServe .mar file is not a model",))
+
+
+# -- 4. a file's inputs are what it declares, whatever the data ------------------------------------------
+
+
+class _SeqSum(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).sum(1)
+
+
+def test_data_runs_a_batch_the_file_takes_and_leaves_its_declared_inputs(cli, tmp_path):
+    """`inspect FILE --data D` printed the data's shapes as the file's inputs ([1..64]x5x3 for a file
+    that takes [1..4]x[2..6]x3) and ran a batch of 8 past its largest batch."""
+    import ptopt
+
+    out = tmp_path / "seq.pt"
+    ptopt.export(
+        _SeqSum().eval(),
+        "torchscript",
+        out,
+        min_shape="1x2x3",
+        opt_shape="2x4x3",
+        max_shape="4x6x3",
+        progress=False,
+    )
+    torch.save({"x": torch.randn(16, 5, 3)}, tmp_path / "d.pt")
+    code, out_text, err = cli("inspect", out, "--data", tmp_path / "d.pt")
+    assert code == 0, err
+    assert "input:      input: [1..4]x[2..6]x3 float32" in out_text, out_text
+    assert "one batch ran: input 4x5x3" in out_text, out_text

@@ -96,6 +96,16 @@ def test_the_same_export_again_comes_from_the_compile_cache(package, tmp_path):
     assert _wrapper_code(out) == _wrapper_code(path)  # the very package, parity-checked again on export
 
 
+def test_inspect_describes_a_package_which_has_no_parameters(package, cli):
+    """`ptopt inspect m.pt2 --allow-pickle` of an AOTInductor package was an internal error (exit 3:
+    'AOTICompiledModel' object has no attribute 'parameters')."""
+    path, _ = package
+    code, out, err = cli("inspect", path, "--allow-pickle")
+    assert code == 0, err
+    assert "input:      input: [1..16]x1x8x8 float32" in out, out
+    assert "output:     output: 4x10 float32 (from a batch of 4)" in out, out
+
+
 def test_package_runs_with_plain_torch(package, tmp_path):
     """No ptopt in the loading process: ``torch._inductor.aoti_load_package`` and a call."""
     path, _ = package
