@@ -169,7 +169,9 @@ def _build(cand: LMCandidate, loaded: Any, calib: Any) -> None:
     elif cand.name == "bf16":
         cand.module = copy.deepcopy(loaded.module).to(torch.bfloat16)
     else:
-        cand.result = quantize(loaded, "weight-only", calib_data=calib, progress=None, **options)
+        fitted = options.get("method") in CALIBRATED  # rtn and hqq read none: no "--calib-data unused" note
+        calib_data = calib if fitted else None
+        cand.result = quantize(loaded, "weight-only", calib_data=calib_data, progress=None, **options)
         cand.module = cand.result.model
 
 
