@@ -166,7 +166,7 @@ def package(
         require("torchserve", "packaging a .mar")  # torch-model-archiver comes with it (the serve extra)
     with tempfile.TemporaryDirectory(prefix="ptopt-package-") as tmp:
         opts = dict(input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle)
-        prep = prepare(artifact, Path(tmp), servable=servable_formats(format), **opts)
+        prep = prepare(artifact, Path(tmp), package=format, **opts)
         _check_batch_fits(batch_size, prep)
         if format == "triton" and get_format(prep.format).triton_platform == "torch_aoti" and batch_size > 1:
             raise UsageError(

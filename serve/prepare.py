@@ -123,13 +123,13 @@ def prepare(
     input_shapes: Sequence = (),
     weights: Any = None,
     allow_pickle: bool = False,
-    servable: Sequence[str] | None = None,
+    package: str = "mar",
 ) -> Prepared:
     """The servable model file for ``artifact``, with a sidecar dict for it.
 
-    A file in one of the ``servable`` formats is used as is (its sidecar, or ``input_shapes``, or for
-    ONNX the graph's inputs say what it takes); any other MODEL is exported to TorchScript into
-    ``tmp`` first.
+    A file in one of the formats the ``package``'s server runs (``servable_formats``) is used as is
+    (its sidecar, or ``input_shapes``, or for ONNX the graph's inputs say what it takes); any other
+    MODEL is exported to TorchScript into ``tmp`` first.
     """
     from ptopt.core.modelref import as_loaded, resolve_inputs
 
@@ -140,10 +140,9 @@ def prepare(
     _refuse_text_model(loaded)
     if input_shapes:
         resolve_inputs(loaded, input_shapes=input_shapes)
-    servable = servable_formats("mar") if servable is None else servable
-    if loaded.format in servable and loaded.path:
+    if loaded.format in servable_formats(package) and loaded.path:
         return _prepare_servable(loaded)
-    _refuse_unservable(loaded, servable)
+    _refuse_unservable(loaded, package)
     return _prepare_by_export(loaded, tmp)
 
 
@@ -165,7 +164,7 @@ def _refuse_text_model(loaded: LoadedModel) -> None:
         )
 
 
-def _refuse_unservable(loaded: LoadedModel, servable: Sequence[str]) -> None:
+def _refuse_unservable(loaded: LoadedModel, package: str) -> None:
     """A file of a runtime this server does not run, which no export turns into TorchScript (an
     OpenVINO IR for Triton): the packages that take it, and the model to give instead."""
     from ptopt.core.formats import find_format, with_article
@@ -173,7 +172,6 @@ def _refuse_unservable(loaded: LoadedModel, servable: Sequence[str]) -> None:
     row = find_format(loaded.format)
     if row is None or row.reexportable:
         return
-    package = next((p for p in SERVER if servable_formats(p) == list(servable)), None)
     takes = [f"--format {p}" for p, server in SERVER.items() if server in row.servers]
     made = ((loaded.artifact.parent if loaded.artifact else None) or {}).get("path")
     instead = f"package the PyTorch model it was made from ({made or 'MODEL'})"

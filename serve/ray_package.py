@@ -27,7 +27,7 @@ from typing import Any
 from ptopt.core.artifact import Artifact, staged_dir
 from ptopt.core.errors import ModelLoadError, UsageError
 from ptopt.core.formats import find_format, get_format, sniff_file
-from ptopt.serve.prepare import _checked_model_name, default_name, model_name_for, prepare, servable_formats
+from ptopt.serve.prepare import _checked_model_name, default_name, model_name_for, prepare
 from ptopt.serve.ray_config import INGRESS_MAX_ONGOING, SERVE_FAST_PATH, RayServeConfig, logging_config
 
 MANIFEST = "ptopt_ray.json"
@@ -95,7 +95,7 @@ def prepare_model(
         return text
     prep = prepare(
         artifact, tmp, input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle,
-        servable=servable_formats("ray"),
+        package="ray",
     )  # fmt: skip
     trusted = get_format(prep.format).trusted_load and allow_pickle  # prepare() refused it otherwise
     return RayModel(

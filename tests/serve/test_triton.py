@@ -154,11 +154,11 @@ def test_a_file_no_package_takes_is_refused_in_one_sentence():
     from types import SimpleNamespace
 
     from ptopt.core.errors import UsageError
-    from ptopt.serve.prepare import _refuse_unservable, servable_formats
+    from ptopt.serve.prepare import _refuse_unservable
 
     loaded = SimpleNamespace(format="tensorrt", ref="m.engine", artifact=None)
     with pytest.raises(UsageError) as e:
-        _refuse_unservable(loaded, servable_formats("triton"))
+        _refuse_unservable(loaded, "triton")
     assert str(e.value) == (
         "m.engine: a Triton repository does not take a TensorRT; package the PyTorch model it was made from (MODEL)"
     )
