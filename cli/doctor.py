@@ -25,7 +25,9 @@ def command(as_json: bool) -> None:
     from rich.table import Table
 
     cpu = report["cpu"]
-    isa = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu["isa"].items())
+    has = [k for k, v in cpu["isa"].items() if v]
+    lacks = [k for k, v in cpu["isa"].items() if not v]  # two lists fit 100 columns ("k yes, ..." did not)
+    isa = "; ".join(f"{say} {' '.join(ks)}" for say, ks in (("has", has), ("lacks", lacks)) if ks)
     click.echo(f"cpu:     {cpu['model']} ({cpu['arch']}, {cpu['usable_cores']} usable cores)")
     click.echo(f"isa:     {isa}")
     click.echo(

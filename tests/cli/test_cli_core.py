@@ -226,6 +226,9 @@ def test_doctor(cli):
         assert "ptopt[tensorrt]" in trt["fix"]
     code, out, _ = cli("doctor")
     assert code == 0 and "Runtimes and backends" in out and "ptopt[tensorrt]" in out
+    isa = next(line for line in out.splitlines() if line.startswith("isa:"))
+    assert "has avx2" in isa or "lacks avx2" in isa
+    assert len(isa) <= 100, isa  # it read "avx2 yes, fma yes, ...": 118 columns
 
 
 def test_doctor_lists_every_runtime_a_format_needs_with_its_fix(cli, monkeypatch):
