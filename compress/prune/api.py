@@ -161,7 +161,8 @@ def prune(
     text = _eval_text(loaded, eval_data)  # a causal LM's --eval-data: text, judged by perplexity
     with no_cache(loaded.module):
         ft, ev, example = _prepare_data(loaded, plan, None if text is not None else eval_data, input_shapes)
-        plan = dataclasses.replace(plan, data=ft, teacher=_teacher(teacher, loaded.module))
+        teaching = _teacher(teacher, loaded.module, tune.options.teacher_weights)
+        plan = dataclasses.replace(plan, data=ft, teacher=teaching)
         for pattern in unmatched_patterns(loaded.module, config.exclude):
             warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
         config, pruner, (work, report, history) = _pruned(
@@ -179,6 +180,7 @@ def prune(
         "eval_data": ref_name(eval_data),
         "epochs": epochs,
         "teacher": ref_name(teacher),
+        "teacher_weights": ref_name(tune.options.teacher_weights),
         "temperature": plan.temperature if teacher is not None else None,
         "alpha": plan.alpha if teacher is not None else None,
         "train": plan.train.to_dict() if epochs else None,
@@ -281,6 +283,8 @@ def _fine_tune_plan(data: Any, tune: Tune) -> FineTune:
             "teacher", "--teacher distills while fine-tuning: give --fine-tune-data and --epochs too"
         )
         teacher = None
+    if tune.options.teacher_weights is not None and (teacher is None or teacher == TEACHER_SELF):
+        raise UsageError("--teacher-weights go with a pkg.module:factory --teacher (not 'self' or none)")
     return FineTune(epochs, data, teacher, tune.loss.temperature, tune.loss.alpha, tune.train)
 
 
@@ -555,12 +559,13 @@ def _write(model: Any, example: Any, specs: list[Any], style: str, hf_dir: Any, 
         return save_dense(model, example, path, output_format(path), specs, style)
 
 
-def _teacher(teacher: Any, module: Any) -> Any:
-    """The distillation teacher as an eval-mode module (``"self"``: a copy of the unpruned model)."""
+def _teacher(teacher: Any, module: Any, weights: Any = None) -> Any:
+    """The distillation teacher as an eval-mode module (``"self"``: a copy of the unpruned model;
+    ``weights``: a factory teacher's state dict)."""
     if teacher is None:
         return None
     if isinstance(teacher, str) and teacher == TEACHER_SELF:
         return copy.deepcopy(module).eval()
     from ptopt.core.modelref import as_loaded
 
-    return as_loaded(teacher).require_module("a distillation teacher").eval()
+    return as_loaded(teacher, weights).require_module("a distillation teacher").eval()

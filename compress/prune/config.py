@@ -124,3 +124,10 @@ class FineTuneOptions:
         metavar="MODEL|self",
         path="in",
     )
+    teacher_weights: Any = option(
+        None,
+        help="State dict (.pt or .safetensors) for a pkg.module:factory --teacher (without it the "
+        "factory's own weights: fresh ones, unless it loads trained ones itself).",
+        metavar="FILE",
+        path="in",
+    )

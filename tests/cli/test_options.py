@@ -185,6 +185,7 @@ SAMPLES = {
     "time_budget": "90s",
     "amount": 0.3,
     "teacher": "self",
+    "teacher_weights": "teacher.pt",
     "feature_pairs": ("layers.0=layers.0",),
     "checkpoint_dir": "ckpt",
     "log_dir": "logs",

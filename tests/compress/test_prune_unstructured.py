@@ -175,3 +175,29 @@ def test_cli_bad_output_suffix_and_torchscript_input(cli, tmp_path):
         tmp_path / "again.pt",
     )
     assert_refused(cli, *again, match="cannot be rewritten", where=tmp_path)
+
+
+def test_teacher_weights_load_into_a_factory_teacher(cli, tmp_path):
+    """--teacher pkg.module:factory took the factory's fresh weights: no option gave it trained ones.
+    A teacher whose weights say 'class 3' for every input teaches the pruned model to say it too."""
+    from tests.helpers import tiny_cnn
+
+    teacher = tiny_cnn()
+    state = {k: torch.zeros_like(v) for k, v in teacher.state_dict().items()}
+    state["fc.bias"][3] = 20.0
+    torch.save(state, tmp_path / "says3.pt")
+    kw = dict(fine_tune_data="builtin:digits:test", epochs=2, lr=0.05, alpha=0.0, temperature=1.0)
+    art = prune(TINY, "l1-unstructured", 0.5, teacher=TINY, teacher_weights=tmp_path / "says3.pt", **kw)
+    x = art.model(torch.randn(64, 1, 8, 8, generator=torch.Generator().manual_seed(0)))
+    assert float((x.argmax(-1) == 3).float().mean()) > 0.9
+    assert art.config["teacher_weights"] == str(tmp_path / "says3.pt")
+    base = ["prune", TINY, "--method", "l1-unstructured", "--amount", "0.5", "-o", tmp_path / "p.pt"]
+    tune = ["--fine-tune-data", "builtin:digits:test", "--epochs", "1"]
+    code, _, err = cli(*base, *tune, "--teacher", TINY, "--teacher-weights", tmp_path / "says3.pt")
+    assert code == 0, err
+    assert json.loads((tmp_path / "p.pt.ptopt.json").read_text())["config"]["teacher_weights"] == str(
+        tmp_path / "says3.pt"
+    )
+    for extra in ([], ["--teacher", "self"]):
+        args = [*base, *tune, *extra, "--teacher-weights", tmp_path / "says3.pt"]
+        assert_refused(cli, *args, match="--teacher-weights go with a pkg.module:factory --teacher")
