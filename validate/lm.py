@@ -98,7 +98,18 @@ def is_lm_model(obj: Any) -> bool:
 
     if isinstance(obj, (str, os.PathLike)):
         return str(obj).startswith("hf:") or is_hf_dir(obj)
-    return is_causal_lm(_module_of(obj))
+    module = _module_of(obj)
+    return is_causal_lm(module) or _runs_elsewhere(module)
+
+
+def _runs_elsewhere(module: Any) -> bool:
+    """A language model another runtime runs (an exported decoder with its KV cache, an OpenVINO LM: what
+    ``ptopt.export(lm, "onnx")`` returns in memory): a config, a greedy ``generate`` and its folder's record."""
+    return (
+        getattr(module, "config", None) is not None
+        and hasattr(module, "generate")
+        and hasattr(module, "record")
+    )
 
 
 def _module_of(obj: Any) -> Any:
@@ -191,9 +202,10 @@ def _describe(role: str, obj: Any) -> _Model:
         check_causal_config(folder)  # so is a classifier's or an encoder's folder (from its config.json)
         return _Model(role, obj, display_name(folder), folder, config_of(folder))
     module = _module_of(obj)
+    name = display_name(module) if hasattr(module, "parameters") else type(module).__name__  # not its repr
     if not is_lm_model(module):
-        raise UsageError(f"{display_name(module)} is not a causal language model (a transformers model)")
-    return _Model(role, obj, display_name(module), None, module.config)
+        raise UsageError(f"{name} is not a causal language model (a transformers model)")
+    return _Model(role, obj, name, None, module.config)
 
 
 def _models(reference: Any, artifacts: Any) -> list[_Model]:

@@ -251,3 +251,13 @@ def test_a_classifier_folder_is_refused_before_anything_is_measured(cli, lm, tmp
         cli, "validate", lm["ref"], folder, "--data", lm["ids"], *FAST, match=match, where=tmp_path
     )
     assert_refused(ptopt.validate, lm["ref"], [lm["int8"], folder], lm["ids"], match=match, **FAST_API)
+
+
+def test_api_an_in_memory_export_result_is_validated_in_its_runtime(lm):
+    """``ptopt.export(lm, "onnx")`` unsaved is a MODEL for the next stage: validate scored it (it said
+    '<ptopt.formats.onnx_lm.OnnxLM object at 0x...> is not a causal language model')."""
+    exported = ptopt.export(f"hf:{lm['ref']}", "onnx", new_tokens=2, progress=False)
+    res = ptopt.validate(lm["ref"], [exported], lm["ids"], **FAST_API)
+    (entry,) = [e for e in res.entries if e["role"] == "artifact"]
+    assert entry["name"] == "OnnxLM" and entry["runtime"] == "onnxruntime"
+    assert abs(entry["lm"]["perplexity_increase_pct"]) < 0.01  # the same fp32 model in another runtime
