@@ -111,8 +111,8 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 _DIGESTS = {
     "model": "another model to train (its layers' names, shapes or dtypes differ)",
     "loss.teacher": "another teacher (its weights differ)",
-    "train_data.sha": "other training data (same number of samples, other values)",
-    "eval_data.sha": "other evaluation data (same number of samples, other values)",
+    "train_data.sha": "other training data (its values differ)",
+    "eval_data.sha": "other evaluation data (its values differ)",
 }
 
 
@@ -123,7 +123,8 @@ def describe_differences(saved: dict[str, Any], now: dict[str, Any], limit: int 
         if json.dumps(a.get(k), default=str) != json.dumps(b.get(k), default=str):
             name = k.replace("train.", "", 1)
             values = f"checkpoint {a.get(k, '(unset)')!r}, now {b.get(k, '(unset)')!r}"
-            diffs.append(f"{name}: {_DIGESTS[k]} ({values})" if k in _DIGESTS else f"{name}: {values}")
+            said = k in _DIGESTS and k in a and k in b  # one side unset: the values say it
+            diffs.append(f"{name}: {_DIGESTS[k]} ({values})" if said else f"{name}: {values}")
     return diffs[:limit] + ([f"(+{len(diffs) - limit} more)"] if len(diffs) > limit else [])
 
 

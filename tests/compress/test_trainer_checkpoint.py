@@ -297,3 +297,15 @@ def test_a_longer_max_steps_resumes_inside_the_epoch_the_shorter_one_ended(tmp_p
     assert resumed.history[0]["loss"] == pytest.approx(sum(resumed.step_losses) / 5, rel=1e-6)
     done = train(tiny_cnn(), data[0], cfg, resume=True, **common)  # the run reached 5: nothing trained
     assert [r["epoch"] for r in done.history] == [1] and done.resumed_from_step == 5
+
+
+def test_a_refusal_says_what_a_differing_digest_stands_for():
+    from ptopt.compress.checkpoint import describe_differences
+
+    saved = {"train_data": {"samples": 3, "sha": "x"}, "eval_data": {"samples": 3, "sha": "e"}}
+    now = {"train_data": {"samples": 3, "sha": "y"}, "eval_data": None}
+    assert describe_differences(saved, now) == [
+        "eval_data.samples: checkpoint 3, now '(unset)'",
+        "eval_data.sha: checkpoint 'e', now '(unset)'",  # gone, not 'other' data: the values say it
+        "train_data.sha: other training data (its values differ) (checkpoint 'x', now 'y')",
+    ]
