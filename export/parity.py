@@ -219,7 +219,10 @@ def check_parity(
         if x is None:
             x = make_inputs(specs, style, which=which, seed=seed)
         named = flatten_named_outputs(source(x))
-        m = compare([a for _, a in named], flatten_outputs(artifact(x)), [n for n, _ in named])
+        ref, got, padded = real_tokens(specs, x, [a for _, a in named], flatten_outputs(artifact(x)))
+        m = compare(ref, got, [n for n, _ in named])
+        if padded:
+            m["padding"] = f"{padded} padded position(s) of attention_mask left out of per-token outputs"
         m["shape"] = ", ".join(f"{s.name}={format_shape(s.shape(which))}" for s in specs)
         m["inputs"] = source_of_inputs
         if judge(m, atol, rtol, min_cos):
@@ -232,6 +235,36 @@ def check_parity(
         err.metrics = metrics  # type: ignore[attr-defined]
         raise err
     return metrics
+
+
+def real_tokens(specs: Sequence[InputSpec], x: Any, ref: list[Any], got: list[Any]) -> tuple[list, list, int]:
+    """``ref`` and ``got`` with every per-token output (``[N, T, ...]``, 3-d or more, beside an
+    ``attention_mask`` input ``[N, T]``) zeroed at the padded positions (mask 0), and how many positions
+    that is. Nothing reads a padded position's output (attention and pooling mask it out), and its
+    values are whatever the model computed for a token it ignores: all-MiniLM-L6-v2's ORT dynamic int8
+    export measured a worst-sample cosine of 0.646 on ``last_hidden_state`` with its padding, 0.951
+    on its real tokens. Zeroed in both, a padded position adds nothing to the difference, the scale or
+    either side of the cosine."""
+    import numpy as np
+
+    from ptopt.core.inputspec import flatten_inputs
+
+    names = [s.name for s in specs]
+    inputs = flatten_inputs(x)
+    if "attention_mask" not in names or len(inputs) != len(names) or len(ref) != len(got):
+        return ref, got, 0
+    mask = inputs[names.index("attention_mask")][1]
+    mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask) != 0
+    per_token = [a.ndim >= 3 and a.shape[:2] == mask.shape for a in ref]
+    if mask.ndim != 2 or mask.all() or not any(per_token):
+        return ref, got, 0
+
+    def keep(a: Any, token: bool) -> Any:
+        return np.where(mask.reshape(mask.shape + (1,) * (a.ndim - 2)), a, 0.0) if token else a
+
+    ref = [keep(a, t) for a, t in zip(ref, per_token, strict=True)]
+    got = [keep(b, t and b.shape == a.shape) for a, b, t in zip(ref, got, per_token, strict=True)]
+    return ref, got, int((~mask).sum())
 
 
 def failure_text(metrics: dict[str, Any]) -> str:

@@ -120,3 +120,53 @@ def test_a_drift_within_the_cosine_minimum_suggests_looser_tolerances(tmp_path):
     x = module.example_inputs(2)
     with pytest.raises(ParityError, match=r"loosen with --atol/--rtol"):
         write_model(module, "torchscript", tmp_path / "a.pt", example=x, check=Check(other))
+
+
+# -- per-token outputs are judged at the real tokens of attention_mask --------------------------------
+
+
+class _Encoder(nn.Module):
+    """[N, T, 8] hidden states and [N, T] scores (as many as tokens: not per-token features)."""
+
+    def __init__(self, noise: float = 0.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 8)
+        self.noise = noise
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+        h = self.emb(input_ids)
+        pad = (attention_mask == 0).unsqueeze(-1)
+        garbage = torch.sin(h * 1000 + 1) * self.noise  # what a lossy runtime leaves at ignored positions
+        return {"last_hidden_state": torch.where(pad, h + garbage, h), "scores": h.sum(-1)}
+
+
+def _token_specs():
+    ids = torch.randint(0, 50, (4, 6))
+    mask = torch.ones(4, 6, dtype=torch.int64)
+    mask[:, 4:] = 0
+    return specs_from_example({"input_ids": ids, "attention_mask": mask})
+
+
+def test_padded_positions_of_per_token_outputs_are_left_out():
+    """all-MiniLM-L6-v2 to ONNX int8 (ort_dynamic) was refused at a worst-sample cosine of 0.646 on
+    last_hidden_state, 0.951 on its real tokens: padding nothing reads decided the verdict."""
+    specs = _token_specs()
+    source, artifact = torch_runner(_Encoder().eval()), torch_runner(_Encoder(noise=5.0).eval())
+    metrics = check_parity(source, artifact, specs, "keyword", precision="fp32")
+    assert metrics["passed"] and metrics["cosine"] == pytest.approx(1.0)
+    assert "padded position(s) of attention_mask left out" in metrics["shapes"]["opt"]["padding"]
+
+
+def test_outputs_that_are_not_per_token_keep_every_position():
+    """A [N, T] output (one score per token, or as many classes as tokens) is not masked."""
+
+    class Scores(_Encoder):
+        def forward(self, input_ids, attention_mask):
+            out = super().forward(input_ids, attention_mask)
+            garbage = torch.sin(out["scores"] * 1000) * self.noise * (attention_mask == 0)
+            return {"scores": out["scores"] + garbage}
+
+    specs = _token_specs()
+    with pytest.raises(ParityError, match="output scores"):
+        check_parity(torch_runner(Scores().eval()), torch_runner(Scores(noise=5.0).eval()), specs, "keyword")
