@@ -522,7 +522,16 @@ class _Training:
     def save_checkpoint(self, epoch: int, batch: int, stats: _EpochStats | None) -> None:
         """Every rank writes its shard; rank 0 the rest (``ptopt.compress.checkpoint``)."""
         position = {"epoch": epoch, "batch": batch, "step": self.step_no}
-        train_state.save(self, position, self._global_stats(stats) if stats is not None else None)
+        self._write_checkpoint(position, self._global_stats(stats) if stats is not None else None)
+
+    def _write_checkpoint(self, position: dict[str, int], stats: dict[str, Any] | None) -> None:
+        """``train_state.save`` as a step of its own: a slow write's heartbeat names it (it repeated the
+        epoch's last batch count, as if training had stalled)."""
+        from ptopt.core import progress
+
+        name = ckpt_util.step_name(position["step"])
+        with progress.step(f"writing checkpoint {name} in {self.checkpoint_dir}", announce=False):
+            train_state.save(self, position, stats)
 
     def _global_stats(self, stats: _EpochStats) -> dict[str, Any]:
         """An unfinished epoch's running sums over every rank (collective): rank 0 carries them on resume
@@ -549,7 +558,7 @@ class _Training:
                 cut, self.cut = self.cut, None
                 # an epoch that max_steps ended early resumes (with a larger max_steps) at its next batch
                 position = {"epoch": epoch, "batch": cut[0]} if cut else {"epoch": epoch + 1, "batch": 0}
-                train_state.save(self, position | {"step": self.step_no}, cut[1] if cut else None)
+                self._write_checkpoint(position | {"step": self.step_no}, cut[1] if cut else None)
             if logger is not None:
                 logger.epoch(record)
 
@@ -641,7 +650,11 @@ class _Training:
         """Held-out accuracy into ``record``; remember the best epoch (and its weights with keep_best)."""
         if self.eval_data is None or not self.eval_data.has_labels:
             return
-        acc = evaluate_accuracy(self.step.model, self.eval_data, self.config.eval_batch_size, self.device)
+        from ptopt.core import progress
+
+        title = f"evaluating epoch {epoch + 1} on {self.eval_data.name} ({len(self.eval_data)} samples)"
+        with progress.step(title, announce=False):  # a heartbeat names it, not the epoch's last batch count
+            acc = evaluate_accuracy(self.step.model, self.eval_data, self.config.eval_batch_size, self.device)
         record["eval_accuracy"] = acc
         if self.best_acc is None or acc > self.best_acc:
             self.best_acc, self.best_epoch = acc, epoch + 1

@@ -25,3 +25,24 @@ def test_a_language_models_rate_is_in_tokens_not_a_rounded_zero():
 def test_a_slow_classifiers_rate_keeps_two_digits_and_says_samples():
     text = trainer._rate(_stats(Batch(torch.zeros(4, 1, 8, 8), torch.zeros(4, dtype=torch.long))), 2)
     assert text.endswith(" samples/s") and 0.7 <= float(text.split()[0]) <= 0.8  # 8 samples over 2 ranks
+
+
+def test_evaluation_and_checkpoint_writes_are_steps_a_heartbeat_names(monkeypatch, tmp_path):
+    """Between epochs the heartbeat repeated the epoch's last batch count ('23/46 batches') while the
+    held-out data was scored or a checkpoint written, as if training had stalled."""
+    from ptopt.core import progress
+    from ptopt.core.data import load_data
+    from tests.helpers import tiny_cnn
+
+    titles, real = [], progress.step
+
+    def recording(title, *args, **kwargs):
+        titles.append(title)
+        return real(title, *args, **kwargs)
+
+    monkeypatch.setattr(progress, "step", recording)
+    data = load_data("builtin:digits:train").take(32)
+    config = trainer.TrainConfig(epochs=1, batch_size=16)
+    trainer.train(tiny_cnn(), data, config, eval_data=data, progress=False, checkpoint_dir=tmp_path / "ck")
+    assert f"evaluating epoch 1 on {data.name} (32 samples)" in titles
+    assert f"writing checkpoint step-00000002 in {tmp_path / 'ck'}" in titles
