@@ -319,6 +319,11 @@ class WeightOnlyConfig(QuantConfig):
         """The group size in effect (int4 defaults to 128; int8 to one scale per output channel)."""
         return self.group_size if self.group_size is not None or self.bits == 8 else 128
 
+    @property
+    def group_flag(self) -> str:
+        """``--group-size N`` as a message names it: the default said so (the user never typed it)."""
+        return f"--group-size {self.groups}" + (" (int4's default)" if self.group_size is None else "")
+
     def __post_init__(self) -> None:
         if self.bits not in WEIGHT_ONLY_BITS:
             raise UsageError(f"--bits {self.bits}: weight-only quantization writes 8 or 4 bits")

@@ -66,7 +66,7 @@ def plan(model: Any, config: WeightOnlyConfig) -> tuple[list[str], dict[str, str
         if bad:
             width = model.get_submodule(bad[0]).in_features
             raise UsageError(
-                f"--group-size {group} does not divide the {width} inputs of {bad[0]}"
+                f"{config.group_flag} does not divide the {width} inputs of {bad[0]}"
                 f"{f' (and {len(bad) - 1} more)' if len(bad) > 1 else ''}: choose a divisor of {width}, "
                 "or --exclude the layer"
             )

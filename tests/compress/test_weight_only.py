@@ -225,6 +225,12 @@ def test_bad_input_api(lm_dir, ids, tmp_path):
         ptopt.quantize(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)), "weight-only")
     with pytest.raises(UsageError, match="does not divide the 96 inputs"):
         ptopt.quantize(torch.nn.Sequential(torch.nn.Linear(96, 16)), "weight-only", bits=4, group_size=64)
+    with pytest.raises(
+        UsageError, match=r"--group-size 128 \(int4's default\) does not divide the 96 inputs"
+    ):
+        ptopt.quantize(
+            torch.nn.Sequential(torch.nn.Linear(96, 16)), "weight-only", bits=4
+        )  # a size not typed
     with pytest.raises(UsageError, match="the same text"):
         ptopt.quantize(
             lm_dir, "weight-only", bits=4, method="awq", calib_data=ids / "eval.pt", eval_data=ids / "eval.pt"

@@ -52,7 +52,7 @@ def _check_groups(module: Any, config: WeightOnlyConfig) -> None:
         name, width = bad[0]
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise UsageError(
-            f"--group-size {config.groups} does not divide the {width} inputs of {name}{more}: choose a "
+            f"{config.group_flag} does not divide the {width} inputs of {name}{more}: choose a "
             f"divisor of {width}"
         )
 
