@@ -176,4 +176,14 @@ def _result(
         extra={"weight_only": record, "float_layers": record.get("float_layers", {})},
     )
     sources = input_files(loaded.path, loaded.info.get("weights"), *refs)
-    return Result(q, template, writer, inputs_paths=sources, source=loaded, folder=True)
+    return Result(q, template, _writing(writer, config), inputs_paths=sources, source=loaded, folder=True)
+
+
+def _writing(writer: Any, config: WeightOnlyConfig) -> Any:
+    """``writer`` as a progress step: SmolLM2's int8 folder with its decode step takes ~50 s to write."""
+
+    def write(path: Any) -> Any:
+        with progress.step(f"writing the int{config.bits} folder"):
+            return writer(path)
+
+    return write
