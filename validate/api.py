@@ -486,7 +486,8 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
             if run.isa:
                 run.ref_outputs = outputs
         else:
-            entry.agreement = agreement(ref_outputs, outputs, class_scores=run.class_scores)
+            mask = run.ds.x.get("attention_mask") if isinstance(run.ds.x, dict) else None
+            entry.agreement = agreement(ref_outputs, outputs, class_scores=run.class_scores, mask=mask)
         entries.append(entry)
     return entries
 
