@@ -126,10 +126,12 @@ def _print_report(art) -> None:
             f"teacher {m['teacher_eval_accuracy']:.4f})"
         )
     if m.get("perplexity") is not None:
+        from ptopt.core.lm import scored_tokens
+
         w = m["perplexity_window"]
         click.echo(
             f"held-out perplexity: {m['perplexity']:.3f} (teacher {m['teacher_perplexity']:.3f}; "
-            f"{w['tokens']} tokens of {m['eval_data']}, context {w['context']}, stride {w['stride']})"
+            f"{scored_tokens(w)} of {m['eval_data']}, context {w['context']}, stride {w['stride']})"
         )
     if m.get("vs_teacher"):
         from ptopt.compress.fidelity import describe

@@ -127,10 +127,12 @@ def _print_report(art, method: str) -> None:
     if m.get("labels_note"):
         click.echo(f"note:       {m['labels_note']}")
     if "perplexity_before" in m:
+        from ptopt.core.lm import scored_tokens
+
         w = m["perplexity_window"]
         click.echo(
             f"perplexity: {m['perplexity_before']:.3f} → {m['perplexity_after']:.3f} "
-            f"({m['perplexity_increase_pct']:+.2f}%) on {w['tokens']} tokens of {m['eval_data']} "
+            f"({m['perplexity_increase_pct']:+.2f}%) on {scored_tokens(w)} of {m['eval_data']} "
             f"(context {w['context']}, stride {w['stride']})"
         )
     if m.get("vs_source"):

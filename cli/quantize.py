@@ -137,9 +137,11 @@ def _print_weight_only(art) -> None:
             f"calibration: {cal['windows']} windows x {cal['tokens_per_window']} tokens of {cal['data']}"
         )
     if "perplexity" in m:
+        from ptopt.core.lm import scored_tokens
+
         w = m["perplexity_window"]
         click.echo(
-            f"perplexity on {m['eval_data']} ({w['tokens']} tokens, context {w['context']}, stride {w['stride']}): "
+            f"perplexity on {m['eval_data']} ({scored_tokens(w)}, context {w['context']}, stride {w['stride']}): "
             f"fp32 {m['fp32_perplexity']:.3f} -> {m['perplexity']:.3f} ({m['perplexity_increase_pct']:+.2f}%)"
         )
     if "compressed_matrices" in rec:

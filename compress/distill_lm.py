@@ -382,11 +382,11 @@ def _perplexities(t_loaded: Any, result: Any, ids: Any, ref: Any, qat: str | Non
     every rank scores the same windows (a sharded model's forward is collective). A QAT student is
     scored quantized, on rank 0 (rank 0 alone holds it converted)."""
     from ptopt.compress import distributed as dist_util
-    from ptopt.core.lm import EVAL_TOKENS, perplexity
+    from ptopt.core.lm import eval_window, perplexity
 
     if ids is None:
         return {}
-    ids = ids[:EVAL_TOKENS]
+    ids, of = eval_window(ids)
     base = perplexity(t_loaded.module.eval(), ids)
     if qat:
         if not dist_util.is_main_process():
@@ -397,7 +397,8 @@ def _perplexities(t_loaded: Any, result: Any, ids: Any, ref: Any, qat: str | Non
     mine = perplexity(student.eval(), ids)
     return {
         "eval_data": _name(ref, "evaluation text"),
-        "perplexity_window": {"context": mine["context"], "stride": mine["stride"], "tokens": mine["tokens"]},
+        "perplexity_window": {"context": mine["context"], "stride": mine["stride"], "tokens": mine["tokens"]}
+        | ({"of_tokens": of} if of else {}),
         "perplexity": mine["perplexity"],
         "teacher_perplexity": base["perplexity"],
     }

@@ -23,6 +23,19 @@ STRIDE = 256
 EVAL_TOKENS = 8192
 
 
+def eval_window(ids: Any) -> tuple[Any, int | None]:
+    """The first ``EVAL_TOKENS`` of ``ids`` (what a compress command scores) and how many tokens they
+    were cut from (None: all of them)."""
+    n = int(ids.numel())
+    return ids[:EVAL_TOKENS], (n if n > EVAL_TOKENS else None)
+
+
+def scored_tokens(window: dict[str, Any]) -> str:
+    """``8191 tokens``, or ``8191 tokens (the first 8192 of 22,376)`` where the text was longer."""
+    cut = window.get("of_tokens")
+    return f"{window['tokens']} tokens" + (f" (the first {EVAL_TOKENS} of {cut:,})" if cut else "")
+
+
 def perplexity(
     module: Any, ids: Any, context: int = CONTEXT, stride: int = STRIDE, what: str = "perplexity"
 ) -> dict[str, Any]:

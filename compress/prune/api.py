@@ -316,25 +316,26 @@ def _eval_text(loaded: Any, eval_data: Any) -> Any:
 
     if eval_data is None or not is_causal_lm(loaded.module):
         return None
-    from ptopt.core.lm import EVAL_TOKENS, token_ids
+    from ptopt.core.lm import token_ids
 
     vocab = getattr(loaded.module.config, "vocab_size", None)
     ids = token_ids(eval_data, vocab, loaded.info.get("hf_dir"), "--eval-data")
     if ids.numel() < 2:
         raise UsageError(f"--eval-data holds {ids.numel()} token(s): perplexity needs at least 2")
-    return ids[:EVAL_TOKENS]
+    return ids
 
 
 def _perplexities(original: Any, work: Any, ids: Any, ref: Any) -> dict[str, Any]:
     """Perplexity before and after pruning on ``ids`` (``core.lm.perplexity_change``), or nothing."""
     if ids is None:
         return {}
-    from ptopt.core.lm import perplexity_change
+    from ptopt.core.lm import eval_window, perplexity_change
 
+    ids, of = eval_window(ids)
     ppl = perplexity_change(original, work, ids, ("perplexity before pruning", "perplexity after pruning"))
     return {
         "eval_data": ref_name(ref),
-        "perplexity_window": ppl["window"],
+        "perplexity_window": ppl["window"] | ({"of_tokens": of} if of else {}),
         "perplexity_before": ppl["before"],
         "perplexity_after": ppl["after"],
         "perplexity_increase_pct": ppl["increase_pct"],

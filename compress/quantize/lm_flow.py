@@ -134,15 +134,16 @@ def _name(ref: Any) -> str:
 
 def _measure(source: Any, q: Any, ids: Any, ref: Any) -> dict[str, Any]:
     from ptopt.core.hf import is_causal_lm
-    from ptopt.core.lm import EVAL_TOKENS, perplexity_change, weight_bytes
+    from ptopt.core.lm import eval_window, perplexity_change, weight_bytes
 
     fp, qb = weight_bytes(source), weight_bytes(q)
     metrics: dict[str, Any] = {"fp32_weight_bytes": fp, "weight_bytes": qb, "weight_bytes_ratio": qb / fp}
     if ids is not None and is_causal_lm(source):
-        ppl = perplexity_change(source, q, ids[:EVAL_TOKENS], ("fp32 perplexity", "quantized perplexity"))
+        ids, of = eval_window(ids)
+        ppl = perplexity_change(source, q, ids, ("fp32 perplexity", "quantized perplexity"))
         metrics |= {
             "eval_data": _name(ref),
-            "perplexity_window": ppl["window"],
+            "perplexity_window": ppl["window"] | ({"of_tokens": of} if of else {}),
             "fp32_perplexity": ppl["before"],
             "perplexity": ppl["after"],
             "perplexity_increase_pct": ppl["increase_pct"],

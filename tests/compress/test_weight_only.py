@@ -258,7 +258,10 @@ def test_bad_input_api(lm_dir, ids, tmp_path):
         ptopt.quantize(tmp_path / "noweights", "weight-only")
 
 
-def test_cli_writes_the_folder_and_reports(cli, lm_dir, ids, tmp_path):
+def test_cli_writes_the_folder_and_reports(cli, lm_dir, ids, tmp_path, monkeypatch):
+    from ptopt.core import lm
+
+    monkeypatch.setattr(lm, "EVAL_TOKENS", 512)  # a compress command scores the first EVAL_TOKENS only
     out = tmp_path / "q4"
     args = ["--bits", "4", "--method", "gptq", "--calibration-samples", "2", "--calib-data", ids / "calib.pt"]
     code, stdout, stderr = cli(
@@ -267,6 +270,7 @@ def test_cli_writes_the_folder_and_reports(cli, lm_dir, ids, tmp_path):
     assert code == 0, stderr
     assert "int4 weight-only, gptq, group 128, bfloat16 activations" in stdout
     assert "perplexity on" in stdout and "context 512, stride 256" in stdout
+    assert "(511 tokens (the first 512 of 700), context 512" in stdout  # it said 511 tokens, of 700 given
     assert json.loads((tmp_path / "q4.ptopt.json").read_text())["format"] == "hf_weight_only"
     # the same output again, now int8: the int4 weights file it no longer uses is removed
     code, stdout, stderr = cli("quantize", lm_dir, "--mode", "weight-only", "-o", out)
