@@ -148,6 +148,7 @@ def settle_specs(
                         expected=spec.describe(),
                         got=format_shape(shape),
                     )
+            _check_order(name, lo, opt, hi, given_opt=given["opt"].get(name) is not None)
             dtype = dtype_of(opt) or dtype_of(lo) or dtype_of(hi) or (spec.dtype if spec else "float32")
             vr = spec.value_range if spec and spec.dtype == dtype else None
             spec = InputSpec(name, lo, opt, hi, dtype, vr)
@@ -158,6 +159,19 @@ def settle_specs(
     if batch is not None:
         specs = [s.with_batch(*batch) if s.rank else s for s in specs]
     return specs
+
+
+def _check_order(name: str, lo: Any, opt: Any, hi: Any, given_opt: bool) -> None:
+    """Without --opt-shape (filled from --max-shape), a --min-shape above --max-shape is named as the two
+    shapes the user gave, not as an opt they never wrote (``min > opt``)."""
+    if given_opt or len(lo) != len(hi):
+        return
+    for i, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        if a > b:
+            raise UsageError(
+                f"input {name!r}: --min-shape {format_shape(lo)} is larger than --max-shape {format_shape(hi)} "
+                f"at dimension {i} ({a} > {b})"
+            )
 
 
 # -- translations ----------------------------------------------------------------------------

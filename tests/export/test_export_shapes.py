@@ -63,8 +63,14 @@ def test_per_input_named_shapes_and_fill_in():
         (dict(opt_shape="8x1x8x8", max_shape="4x1x8x8"), UsageError, "opt > max"),
         (dict(opt_shape="1x8x8"), ShapeMismatchError, "rank 3, but the model takes rank 4"),
         (dict(opt_shape=["nope=1x8"]), UsageError, "no input 'nope'"),
+        # no --opt-shape: the two shapes given are named (it said "min > opt", an opt never written)
+        (
+            dict(min_shape="1x1x16x16", max_shape="4x1x8x8"),
+            UsageError,
+            r"--min-shape 1x1x16x16 is larger than --max-shape 4x1x8x8 at dimension 2 \(16 > 8\)",
+        ),
     ],
-    ids=["min>opt", "opt>max", "rank", "unknown-name"],
+    ids=["min>opt", "opt>max", "rank", "unknown-name", "min>max-without-opt"],
 )
 def test_bad_shapes(kw, err, msg):
     with pytest.raises(err, match=msg):
@@ -173,3 +179,14 @@ def test_export_takes_one_shape_string_or_a_tuple_per_bound(tmp_path):
     res = ptopt.export(m, "onnx", tmp_path / "m.onnx", min_shape="1x1x8x8", max_shape=(4, 1, 8, 8))
     (spec,) = res.inputs
     assert (spec.min_shape, spec.max_shape) == ((1, 1, 8, 8), (4, 1, 8, 8))
+
+
+def test_cli_min_above_max_without_opt_names_the_shapes_given(cli, tmp_path, tiny_cnn_factory):
+    out = tmp_path / "m.onnx"
+    code, _, err = cli(
+        "export", tiny_cnn_factory, "--target", "onnx", "--min-shape", "1x1x16x16", "--max-shape", "4x1x8x8",
+        "-o", out,
+    )  # fmt: skip
+    assert code == 2 and "Traceback" not in err
+    assert "--min-shape 1x1x16x16 is larger than --max-shape 4x1x8x8 at dimension 2 (16 > 8)" in err, err
+    assert not out.exists()
