@@ -253,6 +253,15 @@ def call_args(x: Any) -> tuple[tuple, dict]:
     return (x,), {}
 
 
+def bind_inputs(x: Any, specs: Sequence[InputSpec], style: str) -> Any:
+    """A lone tensor for a model of one keyword input (``pixel_values``) as that keyword: an
+    ExportedProgram or AOTInductor package captured with keywords refuses a positional call, where
+    ONNX Runtime and OpenVINO take one input by position."""
+    if style == "keyword" and len(specs) == 1 and not isinstance(x, (dict, tuple, list)):
+        return {specs[0].name: x}
+    return x
+
+
 def call_model(model: Any, x: Any) -> Any:
     args, kwargs = call_args(x)
     return model(*args, **kwargs)

@@ -473,7 +473,7 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
     import torch
 
     from ptopt.core.errors import ShapeMismatchError
-    from ptopt.core.inputspec import call_model, flatten_inputs, format_shape
+    from ptopt.core.inputspec import bind_inputs, call_model, flatten_inputs, format_shape
 
     got = ", ".join(
         f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x)
@@ -481,7 +481,7 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
     module = loaded.require_module("running a batch")
     try:
         with torch.inference_mode():
-            return call_model(module, x)
+            return call_model(module, bind_inputs(x, loaded.input_specs, loaded.input_style))
     except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         expected = expected_input(loaded)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ptopt.core.device import half_dtype, to_device
 from ptopt.core.errors import PtoptError, UsageError
-from ptopt.core.inputspec import InputSpec, call_model
+from ptopt.core.inputspec import InputSpec, bind_inputs, call_model
 from ptopt.core.tensors import primary_output
 
 
@@ -153,19 +153,21 @@ class TorchModuleRunner(Runner):
     def call(self, x: Any) -> Any:
         import torch
 
+        x = bind_inputs(x, self.input_specs, self.input_style)
         with torch.inference_mode():
             return call_model(self.module, to_device(x, self.device, self.input_dtype))
 
     def output_layer(self, x: Any) -> str | None:
         from ptopt.core.scores import output_layer
 
+        x = bind_inputs(x, self.input_specs, self.input_style)
         return output_layer(self.module, to_device(x, self.device, self.input_dtype))
 
     def timed_call(self, x: Any) -> Callable[[], Any]:
         import torch
 
         module = self.module
-        x = to_device(x, self.device, self.input_dtype)  # once per batch, outside the timed call
+        x = to_device(bind_inputs(x, self.input_specs, self.input_style), self.device, self.input_dtype)
 
         def run() -> Any:
             with torch.inference_mode():
