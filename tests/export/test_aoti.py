@@ -217,6 +217,8 @@ def test_validate_cli_scores_the_package(package, cli, tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     text = json.dumps(report)
     assert "aoti_package" in text and "AOTInductor" in text
+    # the export's compile, from the sidecar: this run compiled nothing (it said "torch.compile: ...")
+    assert f"AOTInductor: {path.name} was compiled in" in out and "torch.compile:" not in out, out
 
 
 def test_validate_isa_does_not_run_a_vnni_package_at_a_lower_level(package, cli, tmp_path):
