@@ -122,6 +122,17 @@ class Result:
             raise AttributeError(name)
         return getattr(art, name)
 
+    @property
+    def label(self) -> str:
+        """How reports name an unsaved result: what it is and how it was made (``torchscript int8 static
+        fx (in memory)``, ``hf_weight_only int4 weight-only rtn (in memory)``), not its module's class."""
+        t, how = self.template, []
+        for key in ("mode", "engine", "method"):
+            value = (t.config or {}).get(key)
+            if isinstance(value, str) and value not in how:
+                how.append(value)
+        return " ".join([t.format, t.precision, *how, "(in memory)"])
+
     def __repr__(self) -> str:
         where = f"saved at {self.artifact.path}" if self.artifact else "not saved"
         return f"Result({self.template.format}, {self.template.precision}, {where})"

@@ -364,7 +364,7 @@ def _model_ref(obj: Any) -> Any:
             "and validate the file"
         )
     fmt = "torchscript" if isinstance(obj.model, torch.jit.ScriptModule) else "eager"
-    name = f"{t.format} {t.precision} (in memory)"
+    name = obj.label
     info = {"precision": t.precision}
     return LoadedModel(name, fmt, obj.model, input_specs=list(t.inputs), input_style=t.input_style, info=info)
 

@@ -203,6 +203,8 @@ def _describe(role: str, obj: Any) -> _Model:
         return _Model(role, obj, display_name(folder), folder, config_of(folder))
     module = _module_of(obj)
     name = display_name(module) if hasattr(module, "parameters") else type(module).__name__  # not its repr
+    if isinstance(obj, Result):  # what it is and how it was made, not LlamaForCausalLM (2), (3)
+        name = obj.label
     if not is_lm_model(module):
         raise UsageError(f"{name} is not a causal language model (a transformers model)")
     return _Model(role, obj, name, None, module.config)

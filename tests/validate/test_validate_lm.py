@@ -86,6 +86,8 @@ def test_api_in_memory_models_and_text_through_the_tokenizer(lm):
         perplexity(q.model, ids)["perplexity"], rel=1e-9
     )
     assert res.data["lm"]["context"] == 512 and res.data["lm"]["stride"] == 256  # core.lm's defaults
+    # named by what it is and how it was made (two such results read LlamaForCausalLM, LlamaForCausalLM (2))
+    assert res.entries[0]["name"] == "hf_weight_only int8 weight-only torchao rtn (in memory)"
     by_text = ptopt.validate(lm["ref"], lm["int8"], lm["text"], **FAST_API)
     assert by_text.reference["lm"]["perplexity"] == pytest.approx(res.reference["lm"]["perplexity"], rel=1e-9)
 
@@ -259,5 +261,5 @@ def test_api_an_in_memory_export_result_is_validated_in_its_runtime(lm):
     exported = ptopt.export(f"hf:{lm['ref']}", "onnx", new_tokens=2, progress=False)
     res = ptopt.validate(lm["ref"], [exported], lm["ids"], **FAST_API)
     (entry,) = [e for e in res.entries if e["role"] == "artifact"]
-    assert entry["name"] == "OnnxLM" and entry["runtime"] == "onnxruntime"
+    assert entry["name"] == "onnx_lm fp32 (in memory)" and entry["runtime"] == "onnxruntime"
     assert abs(entry["lm"]["perplexity_increase_pct"]) < 0.01  # the same fp32 model in another runtime
