@@ -253,7 +253,9 @@ def real_tokens(specs: Sequence[InputSpec], x: Any, ref: list[Any], got: list[An
     inputs = flatten_inputs(x)
     if "attention_mask" not in names or len(inputs) != len(names) or len(ref) != len(got):
         return ref, got, 0
-    mask = inputs[names.index("attention_mask")][1]
+    # a dict is read by name: the data's order (a tokenizer's input_ids, token_type_ids, attention_mask)
+    # need not be the specs' (the model's signature: input_ids, attention_mask, token_type_ids)
+    mask = x["attention_mask"] if isinstance(x, dict) else inputs[names.index("attention_mask")][1]
     mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask) != 0
     per_token = [a.ndim >= 3 and a.shape[:2] == mask.shape for a in ref]
     if mask.ndim != 2 or mask.all() or not any(per_token):

@@ -170,3 +170,19 @@ def test_outputs_that_are_not_per_token_keep_every_position():
     specs = _token_specs()
     with pytest.raises(ParityError, match="output scores"):
         check_parity(torch_runner(Scores().eval()), torch_runner(Scores(noise=5.0).eval()), specs, "keyword")
+
+
+def test_the_mask_of_a_dict_batch_is_read_by_name_not_by_the_specs_order():
+    """Data whose keys come in another order than the specs (a tokenizer's dict beside a model
+    signature's order) still masks at its attention_mask, not at whatever input stands in its slot."""
+    from ptopt.export.parity import real_tokens
+
+    specs = _token_specs()  # input_ids, attention_mask
+    ids = torch.randint(1, 50, (4, 6))  # no id 0: read as a mask, every position would look real
+    mask = torch.ones(4, 6, dtype=torch.int64)
+    mask[:, 4:] = 0
+    x = {"attention_mask": mask, "input_ids": ids}
+    out = np.ones((4, 6, 8), dtype=np.float32)
+    _, got, padded = real_tokens(specs, x, [out], [out.copy()])
+    assert padded == 8
+    assert not got[0][:, 4:].any() and got[0][:, :4].all()
