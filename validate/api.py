@@ -48,6 +48,7 @@ from ptopt.validate.metrics import (
     Metric,
     PeakMemory,
     agreement,
+    attention_mask_of,
     compute_metric,
     older_objects_frozen,
     resolve_metric,
@@ -486,7 +487,7 @@ def _evaluate(run: _Run, say: Callable[[str], None]) -> list[Entry]:
             if run.isa:
                 run.ref_outputs = outputs
         else:
-            mask = run.ds.x.get("attention_mask") if isinstance(run.ds.x, dict) else None
+            mask = attention_mask_of(run.ds.x)
             entry.agreement = agreement(ref_outputs, outputs, class_scores=run.class_scores, mask=mask)
         entries.append(entry)
     return entries

@@ -76,7 +76,13 @@ def _accuracy(
     spec: dict[str, Any], job: dict[str, Any], ds: Any, ref_out: Any, metric: Any
 ) -> dict[str, Any]:
     from ptopt.validate.api import _eval_batch_size, evaluate_outputs
-    from ptopt.validate.metrics import agreement, compute_metric, per_sample_cosine
+    from ptopt.validate.metrics import (
+        agreement,
+        at_real_tokens,
+        attention_mask_of,
+        compute_metric,
+        per_sample_cosine,
+    )
 
     t0 = time.perf_counter()
     runner = _open(spec, job)
@@ -89,11 +95,12 @@ def _accuracy(
     fig: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 2)}
     if metric is not None:
         fig["metric"] = compute_metric(metric, out, ds.y)
+    mask = attention_mask_of(ds.x)  # judged at the real tokens, as the main table's figures are
     if spec["role"] != "reference":
-        fig["agreement"] = agreement(ref_out, out, class_scores=job.get("class_scores", True))
+        fig["agreement"] = agreement(ref_out, out, class_scores=job.get("class_scores", True), mask=mask)
     if spec["role"] != "reference" and tuple(out.shape) == tuple(ref_out.shape):
         if job.get("cosines"):
-            fig["cosines"] = [float(c) for c in per_sample_cosine(ref_out, out)]
+            fig["cosines"] = [float(c) for c in per_sample_cosine(*at_real_tokens(ref_out, out, mask))]
     return fig
 
 

@@ -160,9 +160,7 @@ def agreement(reference: Any, outputs: Any, *, class_scores: bool = True, mask: 
             "note": f"output shape {tuple(outputs.shape)} differs from the reference's {tuple(reference.shape)}",
         }
     real = real_token_mask(reference, mask)
-    if real is not None:
-        keep = real.reshape(*real.shape, *([1] * (reference.dim() - 2)))
-        reference, outputs = reference.where(keep, 0), outputs.where(keep, 0)
+    reference, outputs = at_real_tokens(reference, outputs, mask)
     a = reference.reshape(reference.shape[0], -1).double()
     b = outputs.reshape(outputs.shape[0], -1).double()
     cos = per_sample_cosine(reference, outputs)
@@ -189,6 +187,21 @@ def real_token_mask(reference: Any, mask: Any) -> Any:
         return None
     real = mask.to(reference.device) != 0
     return None if bool(real.all()) else real
+
+
+def at_real_tokens(reference: Any, outputs: Any, mask: Any) -> tuple[Any, Any]:
+    """``reference`` and ``outputs`` zeroed at the padded positions of ``mask`` where they are per
+    token (:func:`real_token_mask`), else as given: a padded position then adds to no figure."""
+    real = real_token_mask(reference, mask)
+    if real is None:
+        return reference, outputs
+    keep = real.reshape(*real.shape, *([1] * (reference.dim() - 2)))
+    return reference.where(keep, 0), outputs.where(keep, 0)
+
+
+def attention_mask_of(x: Any) -> Any:
+    """The data's ``attention_mask`` (a dict batch's), else None."""
+    return x.get("attention_mask") if isinstance(x, dict) else None
 
 
 def per_sample_cosine(reference: Any, outputs: Any) -> Any:

@@ -50,3 +50,30 @@ def test_agreement_without_a_mask_or_per_sample_outputs_keeps_every_value():
     assert agreement(ref, out, mask=mask)["min_cosine"] > 1 - 1e-12
     # [N, classes] scores: no tokens to mask, even when the classes number the tokens
     assert agreement(ref[:, 0, :3], -ref[:, 0, :3], mask=mask)["min_cosine"] < -1 + 1e-12
+
+
+def test_isa_child_judges_per_token_outputs_at_the_real_tokens():
+    """validate --isa / optimize's per-level figures (agreement, each sample's cosine) are those of the
+    main table: a level's row showed the padding's cosine beside the native row's real-token one."""
+    from ptopt.core.data import Dataset
+    from ptopt.validate.api import evaluate_outputs
+    from ptopt.validate.isa_child import _accuracy
+
+    data = _data()
+    ds = Dataset(data["x"], name="tokens")
+    ref = Encoder().eval()
+    job = {"allow_pickle": False, "threads": 1, "eval_batch_size": 4, "cosines": True}
+    ref_out = evaluate_outputs(_runner(ref), ds, 4)
+    fig = _accuracy(
+        {"ref": Encoder(noise=5.0).eval(), "name": "noisy", "role": "artifact"}, job, ds, ref_out, None
+    )
+    assert fig["agreement"]["min_cosine"] > 0.9999 and fig["agreement"]["max_abs_diff"] == 0.0, fig
+    assert min(fig["cosines"]) > 0.9999, fig["cosines"]
+
+
+def _runner(module):
+    from ptopt.validate.runners import open_runner
+
+    runner = open_runner(module, "reference")
+    runner.prepare(1)
+    return runner
