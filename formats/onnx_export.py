@@ -104,7 +104,9 @@ def export_onnx(
 
     scripted = source_format == "torchscript" or isinstance(module, torch.jit.ScriptModule)
     if scripted or has_rnn(module) or old_opset:
-        exporter = torchscript_exporter(module, specs, style, path, names, outs, opset)
+        exporter = torchscript_exporter(
+            module, specs, style, path, names, outs, opset, _way_out(scripted, old_opset)
+        )
     else:
         exporter = _export_dynamo(module, specs, style, path, names, outs, opset)
     model = onnx.load(str(path))
@@ -206,6 +208,16 @@ def _export_dynamo(
     return f"torch.onnx (dynamo=True), torch {torch.__version__}"
 
 
+def _way_out(scripted: bool, old_opset: bool) -> str:
+    """Why the TorchScript exporter was taken, as the way around it when it fails."""
+    if scripted:
+        return (
+            "; a TorchScript archive goes through that exporter only: export the original nn.Module "
+            "(pkg.module:factory --weights W) to take torch.export's"
+        )
+    return "; --opset 18 or later takes torch.export's exporter" if old_opset else ""
+
+
 def _summary(e: BaseException) -> str:
     text = str(e)
     m = re.search(r"DispatchError'>: (.*)", text)
@@ -220,8 +232,10 @@ def torchscript_exporter(
     names: list[str],
     outs: list[str],
     opset: int | None,
+    way_out: str = "",
 ) -> str:
-    """The TorchScript exporter: for ScriptModules (and eager/FX int8 models, as QDQ graphs)."""
+    """The TorchScript exporter: for ScriptModules (and eager/FX int8 models, as QDQ graphs).
+    ``way_out``: what the user can do when it fails (``_way_out``), appended to the error."""
     import torch
 
     x = example_for_export(specs, style)
@@ -246,6 +260,7 @@ def torchscript_exporter(
         op = failing_op(e)
         raise UnsupportedModelError(
             f"the ONNX exporter (TorchScript path) cannot translate {op or 'the model'}: {first_lines(str(e), 1)}"
+            f"{way_out}"
         ) from None
     return f"torch.onnx (dynamo=False, TorchScript exporter), torch {torch.__version__}"
 

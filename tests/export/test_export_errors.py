@@ -169,3 +169,25 @@ def test_help_states_the_parity_defaults_the_check_uses(cli):
         assert f"{atol:g} {precision}" in text.split("--atol")[1].split("--rtol")[0]
         assert f"{rtol:g} {precision}" in text.split("--rtol")[1].split("--min-cosine")[0]
     assert f"{INT8_VS_FP32_RTOL:g} for int8 quantized here from an fp32 source" in text
+
+
+class _DictOut(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> dict:
+        return {"feat": self.fc(x)}
+
+
+def test_a_torchscript_archive_the_onnx_exporter_refuses_names_the_way_out(cli, tmp_path):
+    """A TorchScript archive takes torch's TorchScript ONNX exporter only; a dict output stops it. The
+    one line said what failed but not that the original nn.Module exports (through torch.export)."""
+    ts = tmp_path / "m.pt"
+    torch.jit.save(torch.jit.trace(_DictOut().eval(), torch.randn(2, 4), strict=False), str(ts))
+    out = tmp_path / "m.onnx"
+    msg = assert_refused(
+        cli, "export", ts, "--target", "onnx", "--input-shape", "1x4", "-o", out, match="DictConstruct"
+    )
+    assert "export the original nn.Module (pkg.module:factory --weights W)" in msg
+    assert not (tmp_path / "m.onnx").exists()
