@@ -63,7 +63,7 @@ def measure_fidelity(
 
     from ptopt.core.inputspec import call_model
     from ptopt.core.tensors import flatten_named_outputs, flatten_outputs
-    from ptopt.export.parity import compare, judge, min_cosine_for
+    from ptopt.export.parity import compare, judge, min_cosine_for, padding_left_out
     from ptopt.export.parity import tolerances as default_tolerances
 
     refs: list[list[Any]] = []
@@ -79,6 +79,9 @@ def measure_fidelity(
     got = [
         np.concatenate([g[i] for g in gots]) if gots[0][i].ndim else gots[0][i] for i in range(len(gots[0]))
     ]
+    mask = data.x.get("attention_mask") if isinstance(data.x, dict) else None
+    if mask is not None and len(ref) == len(got):  # per-token outputs at the real tokens, as export's parity
+        ref, got, _ = padding_left_out(mask, ref, got)
     m = compare(ref, got, names)
     atol, rtol = default_tolerances(precision, atol, rtol)
     min_cos = min_cosine_for(precision, min_cosine)

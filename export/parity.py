@@ -245,8 +245,6 @@ def real_tokens(specs: Sequence[InputSpec], x: Any, ref: list[Any], got: list[An
     export measured a worst-sample cosine of 0.646 on ``last_hidden_state`` with its padding, 0.951
     on its real tokens. Zeroed in both, a padded position adds nothing to the difference, the scale or
     either side of the cosine."""
-    import numpy as np
-
     from ptopt.core.inputspec import flatten_inputs
 
     names = [s.name for s in specs]
@@ -256,6 +254,14 @@ def real_tokens(specs: Sequence[InputSpec], x: Any, ref: list[Any], got: list[An
     # a dict is read by name: the data's order (a tokenizer's input_ids, token_type_ids, attention_mask)
     # need not be the specs' (the model's signature: input_ids, attention_mask, token_type_ids)
     mask = x["attention_mask"] if isinstance(x, dict) else inputs[names.index("attention_mask")][1]
+    return padding_left_out(mask, ref, got)
+
+
+def padding_left_out(mask: Any, ref: list[Any], got: list[Any]) -> tuple[list, list, int]:
+    """:func:`real_tokens` under a given ``attention_mask`` ([N, T]): the per-token outputs zeroed at its
+    padded positions in both, and how many positions that is."""
+    import numpy as np
+
     mask = np.asarray(mask.detach().cpu() if hasattr(mask, "detach") else mask) != 0
     per_token = [a.ndim >= 3 and a.shape[:2] == mask.shape for a in ref]
     if mask.ndim != 2 or mask.all() or not any(per_token):

@@ -186,3 +186,17 @@ def test_the_mask_of_a_dict_batch_is_read_by_name_not_by_the_specs_order():
     _, got, padded = real_tokens(specs, x, [out], [out.copy()])
     assert padded == 8
     assert not got[0][:, 4:].any() and got[0][:, :4].all()
+
+
+def test_quantize_fidelity_judges_per_token_outputs_at_the_real_tokens_as_parity_does():
+    """compress.fidelity (the int8 rule of quantize's held-out acceptance and engine search) follows
+    export's parity: a model whose export passes was refused there on its padding's cosine."""
+    from ptopt.compress.fidelity import measure_fidelity
+    from ptopt.core.data import Dataset
+
+    ids = torch.randint(0, 50, (8, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(8, 6, dtype=torch.int64)
+    mask[:, 3:] = 0
+    data = Dataset({"input_ids": ids, "attention_mask": mask}, name="tokens")
+    fid = measure_fidelity(_Encoder().eval(), _Encoder(noise=5.0).eval(), data, precision="int8")
+    assert fid["passed"] and fid["min_cosine"] == pytest.approx(1.0), fid
