@@ -320,6 +320,7 @@ def write_ir(
             info["method"] += " + nncf.quantize"
         if float_modules:
             info["nncf"]["float_modules"] = list(float_modules)
+    _name_inputs(model, specs)
     _name_outputs(model, source, specs, style)
     model.set_rt_info(precision, list(HINT_KEY))
     with quiet():
@@ -333,6 +334,22 @@ def write_ir(
         output_names=[o.get_any_name() for o in model.outputs],
     )
     return info
+
+
+def _name_inputs(model: Any, specs: Sequence[InputSpec]) -> None:
+    """The IR's inputs named as the specs, the sidecar, ``inspect`` and the ONNX export name them
+    (``input``, ``input_0``): the conversion from the program named them after ``forward``'s arguments
+    (``x``), so a client feeding ``{"input": ...}`` to the IR failed. Inputs named as the specs already
+    (keyword inputs: ``input_ids``) are left in the IR's own order."""
+    ports = list(model.inputs)
+    if len(ports) != len(specs) or [p.get_any_name() for p in ports if p.get_names()] == [
+        s.name for s in specs
+    ]:
+        return
+    if {p.get_any_name() for p in ports if p.get_names()} == {s.name for s in specs}:
+        return  # the same names in another order: keep the IR's binding
+    for port, spec in zip(ports, specs, strict=True):
+        port.get_tensor().set_names({spec.name})
 
 
 def _name_outputs(model: Any, source: Any, specs: Sequence[InputSpec], style: str) -> None:

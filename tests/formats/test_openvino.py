@@ -79,6 +79,8 @@ def test_ir_outputs_are_named_as_the_onnx_exports_are(tmp_path):
     )
     ptopt.export(tiny_cnn(), "openvino", tmp_path / "c.xml", input_shapes=_calib(4))
     assert [o.get_any_name() for o in ov.Core().read_model(str(tmp_path / "c.xml")).outputs] == ["output"]
+    # inputs too: the specs' names, as the sidecar and inspect say (the IR said forward's argument, "x")
+    assert [i.get_any_name() for i in ir.inputs] == [i.name for i in graph.input] == ["input"]
 
 
 def test_cli_int8_with_calibration_then_validate(cli, tmp_path):
