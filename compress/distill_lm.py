@@ -439,10 +439,7 @@ def _result(
                                     if m.info.get("sharded")]},
     )  # fmt: skip
     tok_dir = s_loaded.info.get("hf_dir") if _has_tokenizer(s_loaded) else t_loaded.info.get("hf_dir")
-    folders = tuple(
-        Path(m.path) for m in (t_loaded, s_loaded) if m.path is not None and Path(m.path).is_dir()
-    )
-    sources = input_files(t_loaded.path, s_loaded.path, *refs) + folders  # never written over
+    sources = input_files(t_loaded.path, s_loaded.path, *refs)  # their folders too: never written over
     if qat:
         write = lambda p: lm_qat.write_folder(module, p, tok_dir, qat)  # noqa: E731
     else:

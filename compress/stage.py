@@ -50,8 +50,9 @@ def check_output(output: Any, suffixes: Mapping[str, str] | None = None, hint: s
 
 
 def input_files(*refs: Any) -> tuple[Path, ...]:
-    """The references that are files: a Result never saves over one of them."""
-    return tuple(Path(r) for r in refs if isinstance(r, (str, os.PathLike)) and Path(r).is_file())
+    """The references that are files or folders (a Hugging Face model's, an earlier ptopt output's): a
+    Result never saves over one of them."""
+    return tuple(Path(r) for r in refs if isinstance(r, (str, os.PathLike)) and Path(r).exists())
 
 
 # -- model and data -----------------------------------------------------------------------------------

@@ -399,3 +399,17 @@ def test_keeping_the_hidden_size_lets_the_heads_go_again():
     with pytest.warns(PruneWarning, match="the hidden size kept: Block"):
         pruned, report = structured_prune(Encoder().eval(), ids, 0.5)
     assert pruned.block.heads == 2 and pruned.tok.embedding_dim == 32 and report["checked"]
+
+
+def test_the_python_twin_never_writes_over_the_folder_it_pruned(tmp_path):
+    """ptopt.prune('hf:P', ..., output=P) of an earlier ptopt output P (its folder check lets a previous
+    artifact be replaced) wrote the pruned model over its own source: only files were kept from it."""
+    from ptopt.core.errors import UsageError
+    from tests.compress.hf_models import llama
+
+    llama(512).save_pretrained(tmp_path / "llama")
+    prune(f"hf:{tmp_path / 'llama'}", "l1-unstructured", 0.3, output=tmp_path / "p", progress=False)
+    before = (tmp_path / "p" / "model.safetensors").read_bytes()
+    with pytest.raises(UsageError, match="would overwrite"):
+        prune(f"hf:{tmp_path / 'p'}", "l1-unstructured", 0.3, output=tmp_path / "p", progress=False)
+    assert (tmp_path / "p" / "model.safetensors").read_bytes() == before
