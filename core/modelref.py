@@ -24,7 +24,7 @@ from typing import Any
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE, import_user_module
-from ptopt.core.errors import ModelLoadError, WeightsMismatchError
+from ptopt.core.errors import ModelLoadError, UnsupportedModelError, WeightsMismatchError
 from ptopt.core.formats import file_suffixes, find_format, formats, sniff_file
 from ptopt.core.inputspec import InputSpec, specs_from_example
 from ptopt.core.safety import check_model_file
@@ -468,6 +468,10 @@ def expected_input(loaded: LoadedModel) -> str | None:
     return None
 
 
+#: how torchvision's error starts when a model calls its C++ ops and they could not load
+TORCHVISION_OPS_MISSING = "Couldn't load custom C++ ops"
+
+
 def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
     """Run one batch through the model; a failure becomes a ShapeMismatchError naming expected vs got."""
     import torch
@@ -484,6 +488,13 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
             return call_model(module, bind_inputs(x, loaded.input_specs, loaded.input_style))
     except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if reason.startswith(TORCHVISION_OPS_MISSING):
+            raise UnsupportedModelError(
+                f"model {loaded.ref} calls torchvision's C++ ops (nms, roi_align: detection models), which "
+                "this torchvision cannot load beside this torch (PyPI's torchvision is a CUDA build; "
+                "docs/compat.md): install the torchvision built for this torch; classification and "
+                "segmentation models need none of them"
+            ) from None
         expected = expected_input(loaded)
         # specs guessed from this very batch say nothing the model's own error does not ("expected
         # [1..64]x3x32x32, got 8x3x32x32" where the model needs 64x64): only what was given is named

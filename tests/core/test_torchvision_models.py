@@ -57,3 +57,41 @@ def test_a_pickled_torchvision_model_with_allow_pickle(run_ptopt, tmp_path):
     run = run_ptopt("inspect", "sq.pt", "--allow-pickle", "--input-shape", "1x3x32x32")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "pickle" in run.stdout and "1x10" in run.stdout.replace(" ", "")
+
+
+DETECTOR = '''
+import torch
+
+
+class Detector(torch.nn.Module):
+    """Calls an op torchvision could not load, as a detection model's nms does beside the CPU torch."""
+
+    def forward(self, x):
+        raise RuntimeError(
+            "Couldn't load custom C++ ops. This can happen if your PyTorch and torchvision versions are "
+            "incompatible, or if you had errors while compiling torchvision from source."
+        )
+
+
+def detector():
+    return Detector()
+'''
+
+
+def test_a_model_calling_torchvision_ops_that_cannot_load_is_not_called_a_shape_mismatch(cli, tmp_path):
+    """`ptopt export` of ssdlite320 said 'the min shape does not fit model ...: Couldn't load custom C++
+    ops', blaming the shape for a torchvision that cannot load its C++ ops here."""
+    import ptopt
+    from ptopt.core.errors import UnsupportedModelError
+    from tests.helpers import assert_refused
+
+    (tmp_path / "det_mod_ops.py").write_text(DETECTOR)
+    msg = assert_refused(
+        cli, "export", "det_mod_ops:detector", "--target", "onnx", "--input-shape", "1x3x32x32", "-o",
+        tmp_path / "d.onnx", match="calls torchvision's C++ ops (nms, roi_align",
+    )  # fmt: skip
+    assert "does not fit" not in msg
+    import det_mod_ops
+
+    with pytest.raises(UnsupportedModelError, match="install the torchvision built for this torch"):
+        ptopt.export(det_mod_ops.detector(), "onnx", tmp_path / "d.onnx", input_shapes=["1x3x32x32"])
