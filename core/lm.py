@@ -31,9 +31,10 @@ def eval_window(ids: Any) -> tuple[Any, int | None]:
 
 
 def scored_tokens(window: dict[str, Any]) -> str:
-    """``8191 tokens``, or ``8191 tokens (the first 8192 of 22,376)`` where the text was longer."""
+    """``8191 tokens`` (scored: each but the first), or ``the first 8192 of 22,376 tokens`` where the
+    text was longer."""
     cut = window.get("of_tokens")
-    return f"{window['tokens']} tokens" + (f" (the first {EVAL_TOKENS} of {cut:,})" if cut else "")
+    return f"the first {window['tokens'] + 1} of {cut:,} tokens" if cut else f"{window['tokens']} tokens"
 
 
 def perplexity(

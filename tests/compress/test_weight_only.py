@@ -270,7 +270,7 @@ def test_cli_writes_the_folder_and_reports(cli, lm_dir, ids, tmp_path, monkeypat
     assert code == 0, stderr
     assert "int4 weight-only, gptq, group 128, bfloat16 activations" in stdout
     assert "perplexity on" in stdout and "context 512, stride 256" in stdout
-    assert "(511 tokens (the first 512 of 700), context 512" in stdout  # it said 511 tokens, of 700 given
+    assert "(the first 512 of 700 tokens, context 512" in stdout  # it said 511 tokens, of 700 given
     assert json.loads((tmp_path / "q4.ptopt.json").read_text())["format"] == "hf_weight_only"
     # the same output again, now int8: the int4 weights file it no longer uses is removed
     code, stdout, stderr = cli("quantize", lm_dir, "--mode", "weight-only", "-o", out)
