@@ -47,7 +47,8 @@ def _weights_line(report: dict) -> str | None:
     graph of another runtime (its initializers / constants)."""
     if report.get("parameters") is None:  # a language-model folder another runtime runs
         held = report.get("weight_bytes")
-        return None if held is None else f"weights:    {held:,} bytes as {report.get('runtime')} holds them"
+        by = f" as {report['runtime']} holds them" if report.get("runtime") else " in memory"
+        return None if held is None else f"weights:    {held:,} bytes{by}"
     total = f"{report['parameters']:,} ({report['parameter_bytes']:,} bytes"
     if "weights" in report:
         kinds = "".join(f"{w['count']:,} {k}, " for k, w in report["weights"].items())

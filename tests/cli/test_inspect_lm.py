@@ -55,3 +55,13 @@ def test_inspect_counts_a_weight_only_folders_bytes_as_stored(cli, folders):
     code, out, err = cli("inspect", folders["int8"])
     assert code == 0, err
     assert f"({int8['parameter_bytes']:,} bytes" in out
+
+
+def test_weights_line_names_no_runtime_it_does_not_know():
+    """A report without a runtime said 'as None holds them'."""
+    from ptopt.cli.inspect import _weights_line
+
+    assert _weights_line({"parameters": None, "weight_bytes": 1234}) == "weights:    1,234 bytes in memory"
+    assert _weights_line({"parameters": None, "weight_bytes": 1234, "runtime": "onnxruntime"}).endswith(
+        "1,234 bytes as onnxruntime holds them"
+    )
