@@ -567,7 +567,7 @@ class _Training:
         self.step.train()
         first = self.start_batch if epoch == self.start_epoch else 0
         stats = _EpochStats(**self.carried) if first and self.carried else _EpochStats()
-        stats.t0 = time.perf_counter() - stats.elapsed
+        stats.t0, stats.carried = time.perf_counter() - stats.elapsed, (stats.seen, stats.tokens)
         self.opt.zero_grad(set_to_none=True)
         step_loss = 0.0
         for i, (batch, weight, total) in self._batches(epoch, first):
@@ -751,6 +751,8 @@ class _EpochStats:
     tokens: int = 0
     #: seconds spent before a checkpoint this epoch resumed from
     elapsed: float = 0.0
+    #: (samples, tokens) the checkpoint carried: every rank's, on rank 0 (``train_state._carried``)
+    carried: tuple[int, int] = (0, 0)
 
     def add(self, batch: Batch, loss: Any, logits: Any, weight: float) -> float:
         """Count one batch (``weight`` 0: a stand-in that does not count); returns its loss."""
@@ -798,8 +800,10 @@ class _EpochBar:
 def _rate(stats: _EpochStats, world: int) -> str:
     """Throughput over all ranks with its unit: tokens/s for token inputs (a language model's window of
     hundreds of tokens is one sample: it read '0/s'), else samples/s; 2 significant digits below 10."""
-    count, unit = (stats.tokens, "tokens") if stats.tokens else (stats.seen, "samples")
-    rate = count * world / max(time.perf_counter() - stats.t0, 1e-9)
+    which = 1 if stats.tokens else 0
+    count, unit = (stats.tokens, "tokens") if which else (stats.seen, "samples")
+    before = stats.carried[which]  # already over every rank; what this run counted, on each rank alike
+    rate = (before + (count - before) * world) / max(time.perf_counter() - stats.t0, 1e-9)
     return f"{rate:.0f} {unit}/s" if rate >= 10 else f"{rate:.2g} {unit}/s"
 
 

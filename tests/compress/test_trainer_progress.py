@@ -46,3 +46,12 @@ def test_evaluation_and_checkpoint_writes_are_steps_a_heartbeat_names(monkeypatc
     trainer.train(tiny_cnn(), data, config, eval_data=data, progress=False, checkpoint_dir=tmp_path / "ck")
     assert f"evaluating epoch 1 on {data.name} (32 samples)" in titles
     assert f"writing checkpoint step-00000002 in {tmp_path / 'ck'}" in titles
+
+
+def test_a_resumed_epochs_rate_counts_the_carried_samples_once():
+    """A mid-epoch checkpoint of 2 processes carries every rank's sums on rank 0: the rate multiplied them
+    by the world size again (100 carried + 50 per rank since, over 10 s: 20 samples/s, not 30)."""
+    stats = trainer._EpochStats(seen=100, carried=(100, 0))
+    stats.t0 -= 10.0
+    stats.seen += 50
+    assert trainer._rate(stats, 2) == "20 samples/s"
