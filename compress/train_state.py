@@ -79,8 +79,9 @@ def load(run: Any, folder: Any, state: dict[str, Any]) -> None:
     run.best_state = tensors.get("best")
 
 
-#: an unfinished epoch's running sums (``trainer._EpochStats``); the checkpoint holds every rank's total
-_SUMS = ("seen", "loss_sum", "weight", "correct", "labelled", "tokens")
+#: an unfinished epoch's running sums (``trainer._EpochStats``, summed over ranks at the epoch's end);
+#: the checkpoint holds every rank's total
+SUMS = ("seen", "loss_sum", "weight", "correct", "labelled", "tokens")
 
 
 def _carried(stats: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -88,4 +89,4 @@ def _carried(stats: dict[str, Any] | None) -> dict[str, Any] | None:
     epoch's end sums them over the ranks)."""
     if stats is None or dist_util.rank() == 0:
         return stats
-    return {k: (0 if k in _SUMS else v) for k, v in stats.items()}
+    return {k: (0 if k in SUMS else v) for k, v in stats.items()}

@@ -770,9 +770,8 @@ class _EpochStats:
         return loss_value
 
     def sum_over_ranks(self, device: Any) -> None:
-        fields = ("seen", "loss_sum", "weight", "correct", "labelled", "tokens")
-        summed = dist_util.all_reduce_sum([float(getattr(self, f)) for f in fields], device)
-        for f, v in zip(fields, summed, strict=True):
+        summed = dist_util.all_reduce_sum([float(getattr(self, f)) for f in train_state.SUMS], device)
+        for f, v in zip(train_state.SUMS, summed, strict=True):
             setattr(self, f, v if f in ("loss_sum", "weight") else int(v))
 
 
