@@ -24,7 +24,7 @@ from typing import Any
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.data import FACTORY_RE, import_user_module
-from ptopt.core.errors import ModelLoadError, UnsupportedModelError, WeightsMismatchError
+from ptopt.core.errors import ModelLoadError, UnsupportedModelError, UsageError, WeightsMismatchError
 from ptopt.core.formats import file_suffixes, find_format, formats, sniff_file
 from ptopt.core.inputspec import InputSpec, specs_from_example
 from ptopt.core.safety import check_model_file
@@ -108,6 +108,11 @@ def as_loaded(
     stage's Result (its model in memory, its artifact's facts, the model it was made from)."""
     from ptopt.core.result import Result
 
+    if weights is not None and not isinstance(model, (str, os.PathLike)):  # they were dropped unsaid
+        raise UsageError(
+            f"weights {weights} go with a MODEL reference (pkg.module:factory); a built "
+            f"{type(model).__name__} takes them itself: model.load_state_dict(torch.load(path))"
+        )
     if isinstance(model, LoadedModel):
         return model
     if isinstance(model, Result):
