@@ -323,14 +323,21 @@ def import_user_module(name: str) -> Any:
     """The module of a ``pkg.module:function`` reference (a model factory, data, a metric), imported as
     ``python -m`` finds it: from the current folder too (searched last, so an installed package of the
     same name wins), with torchvision importable (``core.hf.ensure_torchvision_ops``)."""
-    import sys
-
     from ptopt.core.hf import ensure_torchvision_ops
 
     ensure_torchvision_ops()
+    search_current_folder()
+    return importlib.import_module(name)
+
+
+def search_current_folder() -> None:
+    """Make the current folder importable, last (an installed package of the same name wins), as
+    ``python -m`` and ``python -c`` have it: for the process, since a user's module may import more of
+    its own later (a pickled module's classes, a factory's lazy imports)."""
+    import sys
+
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    return importlib.import_module(name)
 
 
 def _load_factory(ref: str) -> Dataset:

@@ -5,9 +5,7 @@ code from the file). Run in eager mode, as a model is deployed behind a plain Py
 
 from __future__ import annotations
 
-import os
 import pickle
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +51,11 @@ class Pickle(Eager):
         _refuse_plain_tensors(path)
         if not allow_pickle:
             raise UnsafePickleError(f"{path}: refusing to load: {PICKLE_HINT}")
+        from ptopt.core.data import search_current_folder
         from ptopt.core.hf import ensure_torchvision_ops
 
         ensure_torchvision_ops()  # a pickled torchvision model imports torchvision (core.hf's docstring)
-        _current_folder_importable()
+        search_current_folder()  # a pickled module names its classes' module (mymodels.Net), as python -c finds it
         try:
             obj = torch.load(path, map_location="cpu", weights_only=False)
         except ModuleNotFoundError as e:
@@ -79,14 +78,6 @@ class Pickle(Eager):
 
 
 FORMATS = (Eager(), Pickle())
-
-
-def _current_folder_importable() -> None:
-    """A pickled module names the module of its classes (``mymodels.Net``), which ``python -c
-    "torch.load(...)"`` finds in the current folder: so does ptopt, as for a ``pkg.module:factory``
-    (searched last, so an installed package of the same name wins)."""
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
 
 
 def is_legacy_torch_pickle(path: Path) -> bool:
