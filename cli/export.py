@@ -75,6 +75,8 @@ def command(
 
 def _print_result(art) -> None:
     """What was written, its inputs, the parity numbers and the target's own facts."""
+    from ptopt.export.parity import all_zero_note
+
     if "lm" in art.extra:
         _print_lm(art)
         return
@@ -95,6 +97,8 @@ def _print_result(art) -> None:
         f"parity:  max abs diff {p['max_abs_diff']:.3g}, rel error {p['rel_error']:.3g}, cosine "
         f"{p['cosine']:.6f} at min/opt/max on {_parity_inputs(art, p)} ({rule})"
     )
+    if all_zero_note(p):
+        click.echo(f"note:    {all_zero_note(p)}")
     if art.extra.get("int8_method"):
         click.echo(f"int8:    {art.extra['int8_method']}")
     control = (art.extra.get("nncf") or {}).get("accuracy_control")

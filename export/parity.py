@@ -72,6 +72,18 @@ def vanishing(max_abs_ref: float | None) -> str | None:
     )
 
 
+def all_zero_note(metrics: dict[str, Any]) -> str | None:
+    """What a passed check is worth when the source's outputs were all zero at every shape (a random-init
+    torchvision ViT: its head starts at zero): no cosine was taken, only ``|artifact| <= atol``."""
+    tops = [m.get("max_abs_ref") for m in (metrics.get("shapes") or {}).values()]
+    if not tops or any(t is None or t > 0 for t in tops):
+        return None
+    return (
+        "the source's outputs are all zero on these inputs, so the check compared nothing but the artifact's "
+        "zeros (no cosine); check it on real --data, or on trained weights"
+    )
+
+
 def tolerances(precision: str, atol: float | None = None, rtol: float | None = None) -> tuple[float, float]:
     d_atol, d_rtol = DEFAULT_TOLERANCES.get(precision, DEFAULT_TOLERANCES["int8"])
     return (d_atol if atol is None else float(atol)), (d_rtol if rtol is None else float(rtol))

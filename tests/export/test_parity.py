@@ -200,3 +200,33 @@ def test_quantize_fidelity_judges_per_token_outputs_at_the_real_tokens_as_parity
     data = Dataset({"input_ids": ids, "attention_mask": mask}, name="tokens")
     fid = measure_fidelity(_Encoder().eval(), _Encoder(noise=5.0).eval(), data, precision="int8")
     assert fid["passed"] and fid["min_cosine"] == pytest.approx(1.0), fid
+
+
+class _ZeroHead(nn.Module):
+    """A random-init torchvision ViT's head starts at zero: every output is 0 whatever the input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 3)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)
+
+
+def test_a_source_whose_outputs_are_all_zero_is_said_so(cli, tmp_path, monkeypatch):
+    """`cosine 1.000000` was printed for a ViT whose outputs were all zero: nothing was compared."""
+    import sys
+
+    import ptopt
+    from ptopt.export.parity import all_zero_note
+
+    res = ptopt.export(_ZeroHead().eval(), "torchscript", input_shapes=["1x4"], progress=False)
+    assert "all zero" in all_zero_note(res.metrics["parity"])
+    assert all_zero_note(_check(Scaled(0).eval(), Scaled(0).eval(), torch.randn(4, 16), "fp32")) is None
+    monkeypatch.setattr(sys.modules[__name__], "zero_head", lambda: _ZeroHead(), raising=False)
+    code, out, err = cli("export", f"{__name__}:zero_head", "--target", "torchscript", "--input-shape", "1x4",
+                         "-o", tmp_path / "z.pt")  # fmt: skip
+    assert code == 0, err
+    assert "note:    the source's outputs are all zero on these inputs" in out
