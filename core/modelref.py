@@ -457,20 +457,39 @@ def expected_input(loaded: LoadedModel) -> str | None:
     """What the model expects, for error messages: its specs, or what its first layer takes."""
     if loaded.input_specs:
         return ", ".join(s.describe() for s in loaded.input_specs)
-    module = loaded.module
+    first = _first_layer(loaded.module)
+    return None if first is None else f"{first[1]} input {first[0]} (first layer {first[2]})"
+
+
+#: what a first layer takes, by its attribute: (the words for it, the input dimension that holds it)
+_FIRST_LAYER = {
+    "in_channels": ("channels", 1),
+    "in_features": ("features", -1),
+    "input_size": ("features", -1),
+    "num_embeddings": ("token ids below", None),
+}
+
+
+def _first_layer(module: Any) -> tuple[str, int, str, int | None] | None:
+    """(what, how many, layer type, input dimension) of the first layer that says what it takes."""
     if module is None:
         return None
     for _, m in module.named_modules():
-        for attr, what in (
-            ("in_channels", "channels"),
-            ("in_features", "features"),
-            ("input_size", "features"),
-            ("num_embeddings", "token ids below"),
-        ):
+        for attr, (what, dim) in _FIRST_LAYER.items():
             v = getattr(m, attr, None)
             if isinstance(v, int):
-                return f"{v} input {what} (first layer {type(m).__name__})"
+                return what, v, type(m).__name__, dim
     return None
+
+
+def _first_layer_fed(loaded: LoadedModel, given: list) -> bool:
+    """Whether the batch already gives the first layer what ``expected_input`` would name (16 channels
+    at dimension 1 of a Conv1d's input): then naming it explains nothing about the failure."""
+    first = _first_layer(loaded.module) if not loaded.input_specs else None
+    if first is None or first[3] is None or len(given) != 1:
+        return False
+    shape = tuple(given[0][1].shape)
+    return len(shape) > abs(first[3]) and shape[first[3]] == first[1]
 
 
 #: how torchvision's error starts when a model calls its C++ ops and they could not load
@@ -503,7 +522,10 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
         expected = expected_input(loaded)
         # specs guessed from this very batch say nothing the model's own error does not ("expected
         # [1..64]x3x32x32, got 8x3x32x32" where the model needs 64x64): only what was given is named
-        echo = bool(loaded.input_specs) and _specs_echo(loaded.input_specs, flatten_inputs(x))
+        given = flatten_inputs(x)
+        echo = (bool(loaded.input_specs) and _specs_echo(loaded.input_specs, given)) or _first_layer_fed(
+            loaded, given
+        )
         raise ShapeMismatchError(
             f"{what} does not fit model {loaded.ref}: {reason[:300]}",
             expected=None if echo else expected,

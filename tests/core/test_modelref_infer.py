@@ -249,3 +249,28 @@ def test_a_shape_guessed_from_the_data_is_not_called_expected(cli, tmp_path):
     msg = assert_refused(cli, "inspect", "needs64_models:needs_64", "--data", "img32.pt",
                          match=("is not the 64 this model takes", "got input: 8x3x32x32"))  # fmt: skip
     assert "expected" not in msg
+
+
+class _FixedLength(nn.Module):
+    """A Whisper-like encoder: a Conv1d over 16 mel channels that takes 100 frames, no other length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(16, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != 100:
+            raise ValueError(f"expects the mel input features to be of length 100, but found {x.shape[-1]}")
+        return self.conv(x)
+
+
+def test_a_first_layer_the_batch_already_feeds_is_not_named_as_the_cause():
+    """`--min-shape 1x16x50` of a Whisper encoder said '(expected 16 input channels (first layer Conv1d),
+    got input: 1x16x50 float32)': 16 channels were given; the length was wrong."""
+    from ptopt.core.errors import ShapeMismatchError
+
+    with pytest.raises(ShapeMismatchError) as err:
+        run_checked(as_loaded(_FixedLength()), torch.randn(1, 16, 50), what="the min shape")
+    assert "length 100, but found 50" in str(err.value) and "input channels" not in str(err.value)
+    with pytest.raises(ShapeMismatchError, match=r"expected 16 input channels \(first layer Conv1d\)"):
+        run_checked(as_loaded(_FixedLength()), torch.randn(1, 3, 100))
