@@ -320,7 +320,8 @@ def write_ir(
             info["method"] += " + nncf.quantize"
         if float_modules:
             info["nncf"]["float_modules"] = list(float_modules)
-    _name_inputs(model, specs)
+    if style != "keyword":  # keyword inputs are bound by name, and the IR has forward's names already
+        _name_inputs(model, specs)
     _name_outputs(model, source, specs, style)
     model.set_rt_info(precision, list(HINT_KEY))
     with quiet():
