@@ -452,6 +452,27 @@ def _refuse_unpaired_labels(obj: tuple, name: str) -> None:
     )
 
 
+#: suffixes of the files a DATA reference names (tensors, arrays, token ids, text)
+DATA_SUFFIXES = (".pt", ".pth", ".npz", ".npy", ".txt", ".text", ".md")
+_NO_FILE = "no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)"
+
+
+def refuse_missing_file(**refs: Any) -> None:
+    """DATA references (``calib_data=...``) that look like files (a data suffix or a path separator)
+    and are not there: one DataError now, before a stage loads its model (seconds for a Hugging Face
+    factory) only to find the data missing. Names the option as the user gave it (flag or keyword)."""
+    from ptopt.core.options import option_name
+
+    for keyword, ref in refs.items():
+        if not isinstance(ref, (str, os.PathLike)):
+            continue
+        text = os.fspath(ref)
+        if text.startswith("builtin:") or FACTORY_RE.match(text) or Path(text).exists():
+            continue
+        if Path(text).suffix.lower() in DATA_SUFFIXES or "/" in text or os.sep in text:
+            raise DataError(f"{option_name(keyword)} {text!r}: {_NO_FILE}")
+
+
 def _load_reference(ref: str | os.PathLike) -> Dataset:
     """A DATA reference: builtin:NAME, a .pt / .npz file, or pkg.module:function."""
     from ptopt.core.text import is_text_ref
@@ -475,9 +496,7 @@ def _load_reference(ref: str | os.PathLike) -> Dataset:
         return _load_npz(path) if path.suffix == ".npz" else _load_pt(path)
     if FACTORY_RE.match(text):
         return _load_factory(text)
-    raise DataError(
-        f"data {text!r}: no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)"
-    )
+    raise DataError(f"data {text!r}: {_NO_FILE}")
 
 
 # -- held-out data -----------------------------------------------------------------------------------

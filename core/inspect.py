@@ -221,8 +221,9 @@ def inspect_model(
     input_shapes: Any = (),
 ) -> dict[str, Any]:
     """Describe MODEL; with ``data`` (a DATA reference or Dataset) run one batch through it."""
-    from ptopt.core.data import load_data
+    from ptopt.core.data import load_data, refuse_missing_file
 
+    refuse_missing_file(data=data)  # before the model loads
     loaded = load_model(model, weights=weights, allow_pickle=allow_pickle)
     if input_shapes and isinstance(next(iter(input_shapes)), str):
         input_shapes = parse_named_shapes(input_shapes)

@@ -70,6 +70,11 @@ def named_by_flags(on: bool = True) -> Iterator[None]:
         _FLAGS.reset(token)
 
 
+def option_name(keyword: str) -> str:
+    """``keyword`` as a refusal names it: its flag under the CLI (:func:`named_by_flags`), else itself."""
+    return "--" + keyword.replace("_", "-") if _FLAGS.get() else keyword
+
+
 @contextlib.contextmanager
 def soft_options(names: Collection[str] | Mapping[str, str]) -> Iterator[set[str]]:
     """Within it the options ``names`` are soft defaults, not requests: values a CI runner sets for

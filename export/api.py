@@ -32,6 +32,7 @@ from typing import Any
 
 from ptopt.core import progress as _progress
 from ptopt.core.artifact import Artifact
+from ptopt.core.data import refuse_missing_file
 from ptopt.core.errors import UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
 from ptopt.core.result import Result
@@ -104,6 +105,7 @@ def export(
         result = export_lm(_load_source(model, weights, allow_pickle, config), config, output, lm)
         return _saved(result, output)
     _check_target(config, output)
+    refuse_missing_file(data=data, validation_data=validation_data)  # before the model loads
     source = _load_source(model, weights, allow_pickle, config)
     if config.new_tokens is not None:
         raise UsageError(

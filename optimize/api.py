@@ -542,10 +542,11 @@ def _load(
     model: Any, weights: Any, allow_pickle: bool, calib: Any, evald: Any, train: Any, settings: Settings
 ) -> tuple[Any, dict[str, Any]]:
     """The fp32 source as a LoadedModel with a module, and the data as Datasets (finite values)."""
-    from ptopt.core.data import load_data
+    from ptopt.core.data import load_data, refuse_missing_file
     from ptopt.core.modelref import as_loaded
     from ptopt.validate.api import _model_ref
 
+    refuse_missing_file(calib_data=calib, eval_data=evald, train_data=train)  # before the model loads
     loaded = as_loaded(_model_ref(model), weights=weights, allow_pickle=allow_pickle)
     loaded.require_module("optimize")
     data = {}

@@ -57,6 +57,7 @@ from ptopt.compress.stage import (
 )
 from ptopt.core import progress as _progress
 from ptopt.core.config import reconcile
+from ptopt.core.data import refuse_missing_file
 from ptopt.core.errors import UsageError
 from ptopt.core.options import drop_without_partner
 from ptopt.core.result import Result
@@ -154,6 +155,7 @@ def prune(
     plan = _fine_tune_plan(fine_tune_data, tune)
     teacher, epochs, fine_tune_data = plan.teacher, plan.epochs, plan.data  # less any left out
     why = "pruning rewrites an eager nn.Module, and a {format} model cannot be rewritten"
+    refuse_missing_file(fine_tune_data=fine_tune_data, eval_data=eval_data)  # before the model loads
     loaded = load_eager(model, weights, allow_pickle, "pruning", why=why)
     if folder and not is_hf_model(loaded.module):
         raise UsageError(_NOT_HF.format(output=output, ref=loaded.ref))

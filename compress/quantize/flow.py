@@ -28,6 +28,7 @@ from ptopt.compress.stage import (
     settle_inputs,
 )
 from ptopt.core import progress
+from ptopt.core.data import refuse_missing_file
 
 #: layer kinds dynamic int8 quantizes, for pointing there
 _DYNAMIC_KINDS = ("Linear", "LSTM", "GRU", "Embedding", "Conv1D")
@@ -45,6 +46,7 @@ def prepare(
 ) -> Prepared:
     """Load the eager model and the data, check they fit (typed errors), settle the input specs."""
     name = model if isinstance(model, (str, os.PathLike)) else type(model).__name__
+    refuse_missing_file(calib_data=calib_data, train_data=train_data, eval_data=eval_data)  # before the model
     with progress.step(f"loading {name}", announce=False):  # heartbeats name what they wait for
         loaded = _logits_of_lm(load_eager(model, weights, allow_pickle, "quantization"))
     row = table.technique(config.mode, config.engine)
