@@ -172,11 +172,72 @@ def export_program(
         with quiet_export():
             return torch.export.export(module, args, kwargs or None, dynamic_shapes=dyn, strict=False)
     except Exception as e:  # noqa: BLE001 - torch.export raises many kinds (UserError, GuardOnDataDependent...)
+        fix = shape_range_fix(str(e), specs)
+        if fix:
+            raise UnsupportedModelError(fix) from None
         raise UnsupportedModelError(
             f"torch.export cannot capture the model with inputs {', '.join(s.describe() for s in specs)}: "
             f"{type(e).__name__}: {first_lines(str(e), 3)}. If a dimension must stay fixed, give the same "
             f"min/opt/max for it; a model torch.export cannot trace can still go to --target torchscript"
         ) from None
+
+
+#: one line of torch.export's constraint violation: a dynamic dimension whose range the model's code narrows
+_GUARD_RE = re.compile(
+    r"Not all values of \w+ = L\['(\w+)'\]\.size\(\)\[(\d+)\] in the specified range "
+    r"(\d+) <= \w+ <= (\d+) satisfy the generated guard (.+?)\.?$",
+    re.M,
+)
+_GUARD_NAMES = {"Max": max, "Min": min, "Mod": lambda a, b: a % b, "Eq": lambda a, b: a == b}
+
+
+def shape_range_fix(message: str, specs: Sequence[InputSpec]) -> str | None:
+    """torch.export's "Constraints violated ... Not all values of h = L['x'].size()[2] in the specified
+    range 32 <= h <= 96 satisfy the generated guard G" as one line: the dimension, the sizes G allows
+    within the range (G evaluated at each size) and the --min-shape/--max-shape that work; None when
+    the message is not that, or a guard cannot be read."""
+    found: dict[tuple[int, int], tuple[int, int, list[str]]] = {}
+    for arg, dim, lo, hi, guard in _GUARD_RE.findall(message):
+        spec = next((i for i, sp in enumerate(specs) if sp.name == arg), 0 if len(specs) == 1 else None)
+        if spec is None:
+            return None
+        expr = guard.replace(f"L['{arg}'].size()[{dim}]", "v")
+        if not re.fullmatch(r"[\sv\d()+\-*/%<>=!,MaxinodEqrt]*", expr):
+            return None
+        key = (spec, int(dim))
+        found.setdefault(key, (int(lo), int(hi), []))[2].append(expr)
+    if not found:
+        return None
+    mins = {i: list(sp.min_shape) for i, sp in enumerate(specs)}
+    maxs = {i: list(sp.max_shape) for i, sp in enumerate(specs)}
+    said = []
+    for (spec, dim), (lo, hi, exprs) in sorted(found.items()):
+        ok = _sizes_allowed(exprs, lo, hi)
+        if not ok:
+            return None
+        mins[spec][dim], maxs[spec][dim] = ok[0], ok[-1]
+        said.append(f"dimension {dim} of {specs[spec].name} takes {ok[0]}..{ok[-1]}, not all of {lo}..{hi}")
+    flags = [
+        f"{flag} {prefix}{'x'.join(map(str, shape[i]))}"
+        for flag, shape, given in (("--min-shape", mins, "min_shape"), ("--max-shape", maxs, "max_shape"))
+        for i, sp in enumerate(specs)
+        if tuple(shape[i]) != tuple(getattr(sp, given))
+        for prefix in [f"{sp.name}=" if len(specs) > 1 else ""]
+    ]
+    return (
+        f"torch.export cannot keep the range you gave: {'; '.join(said)} (the model's code narrows it, e.g. "
+        f"a downsampling layer that needs the size above a stride); give {' '.join(flags)}"
+    )
+
+
+def _sizes_allowed(exprs: list[str], lo: int, hi: int) -> list[int]:
+    """The sizes in lo..hi at which every guard (an expression in ``v`` of digits and operators,
+    checked by the caller) holds; [] where one cannot be evaluated."""
+    scope = {"__builtins__": {}, **_GUARD_NAMES}
+    try:
+        return [v for v in range(lo, hi + 1) if all(eval(x, scope, {"v": v}) for x in exprs)]  # noqa: S307
+    except Exception:  # noqa: BLE001 - a guard this reader does not follow: the raw message instead
+        return []
 
 
 def trace(module: Any, x: Any, style: str, hint: str = "") -> tuple[Any, list[str]]:
