@@ -3,6 +3,7 @@ technique can act on; with data, one batch is run so a data/model mismatch shows
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ptopt.core.artifact import Artifact
@@ -104,6 +105,44 @@ def compiled_facts(loaded: Any, report: dict[str, Any]) -> None:
     report["parameters"] = None
     report["runtime"] = getattr(find_format(loaded.format), "label", None)
     report["layers"] = []
+
+
+#: how many tokens of a language model's text ``inspect --data`` runs, as one sequence
+LM_TOKENS = 64
+
+
+def _lm_sequence(loaded: Any, data: Any) -> Any:
+    """A causal language model's text data (a .txt, ``builtin:pydoc-text:...``, 1-D token ids in a
+    .pt/.npy, as validate and quantize read them) as one sequence of its first ``LM_TOKENS`` tokens
+    (``input_ids`` [1, T]); None for other data (a dataset of batches), or another model. A 1-D ids
+    file read as data was 300 scalar samples: 'does not fit'."""
+    from pathlib import Path
+
+    from ptopt.core.data import Dataset
+    from ptopt.core.hf import is_causal_lm
+    from ptopt.core.lm import token_ids
+    from ptopt.core.text import ID_SUFFIXES, is_text_ref
+
+    if data is None or not isinstance(data, (str, os.PathLike)) or not is_causal_lm(loaded.module):
+        return None
+    text = str(data)
+    if not is_text_ref(text) and not (Path(text).suffix.lower() in ID_SUFFIXES and _one_row(Path(text))):
+        return None
+    vocab = getattr(loaded.module.config, "vocab_size", None)
+    ids = token_ids(text, vocab, loaded.info.get("hf_dir"), "--data")[:LM_TOKENS].unsqueeze(0)
+    return Dataset({"input_ids": ids}, name=f"{text} (its first {ids.shape[1]} tokens as one sequence)")
+
+
+def _one_row(path: Any) -> bool:
+    """Whether ``path`` holds one 1-D tensor of integers (token ids), not a dataset."""
+    import numpy as np
+    import torch
+
+    try:
+        obj = np.load(path) if path.suffix.lower() == ".npy" else torch.load(path, weights_only=True)
+    except Exception:  # noqa: BLE001 - unreadable: the data reader says so
+        return False
+    return getattr(obj, "ndim", 0) == 1 and not np.issubdtype(np.asarray(obj).dtype, np.floating)
 
 
 def _is_folder(loaded: Any) -> bool:
@@ -228,7 +267,11 @@ def inspect_model(
     if input_shapes and isinstance(next(iter(input_shapes)), str):
         input_shapes = parse_named_shapes(input_shapes)
     declared = list(loaded.input_specs)
-    ds = load_data(data) if data is not None else None
+    ds = _lm_sequence(loaded, data)
+    if ds is not None:  # the model's own tokens, at any length: its implied inputs give way to them
+        declared = []
+    elif data is not None:
+        ds = load_data(data)
     report: dict[str, Any] = {"model": loaded.ref, "format": loaded.format, "size_bytes": loaded.size_bytes}
     if loaded.path is not None and loaded.path.exists():
         # ok / missing / stale (a sidecar whose sha256 does not match the file: ignored) + why

@@ -65,3 +65,17 @@ def test_weights_line_names_no_runtime_it_does_not_know():
     assert _weights_line({"parameters": None, "weight_bytes": 1234, "runtime": "onnxruntime"}).endswith(
         "1,234 bytes as onnxruntime holds them"
     )
+
+
+def test_token_ids_run_through_a_language_model_as_one_sequence(cli, folders, tmp_path):
+    """A 1-D file of token ids (what validate and quantize read for a language model) was read as
+    scalar samples: 'does not fit model ... The size of tensor a (2) must match ...'."""
+    import torch
+
+    ids = tmp_path / "ids.pt"
+    torch.save(torch.randint(0, 64, (300,), generator=torch.Generator().manual_seed(0)), ids)
+    code, out, err = cli("inspect", f"hf:{folders['src']}", "--data", ids)
+    assert code == 0, err
+    assert "(its first 64 tokens as one sequence)" in out and "one batch ran: input_ids 1x64" in out
+    report = inspect_model(f"hf:{folders['src']}", data=str(ids))
+    assert report["data"]["samples"] == 1 and report["inputs"][0]["name"] == "input_ids"
