@@ -779,7 +779,13 @@ class _EpochBar:
     """The progress line: epoch, running loss and accuracy, samples per second over all ranks."""
 
     def __init__(self, bar: Any, description: str, run: _Training):
-        self.bar, self.description, self.epochs = bar, description, run.config.epochs
+        reached = min(run.config.epochs, math.ceil(run.total_steps / max(run.steps_per_epoch, 1)))
+        cut = (
+            f" (--max-steps {run.total_steps})"
+            if run.total_steps < run.steps_per_epoch * run.config.epochs
+            else ""
+        )
+        self.bar, self.description, self.epochs = bar, description, f"{reached}{cut}"  # 1/4 ended in epoch 1
         per_step = run.config.grad_accum_steps
         total = min(run.config.epochs * run.n_batches, run.total_steps * per_step)
         self.task = bar.add_task(description, total=total, completed=run.step_no * per_step) if bar else None

@@ -55,3 +55,30 @@ def test_a_resumed_epochs_rate_counts_the_carried_samples_once():
     stats.t0 -= 10.0
     stats.seen += 50
     assert trainer._rate(stats, 2) == "20 samples/s"
+
+
+class _Bar:
+    def __init__(self) -> None:
+        self.described: list[str] = []
+
+    def add_task(self, description: str, total: int, completed: int) -> int:
+        return 0
+
+    def update(self, task: int, advance: int, description: str) -> None:
+        self.described.append(description)
+
+
+def test_the_bar_counts_the_epochs_max_steps_lets_the_run_reach():
+    """--epochs 4 --max-steps 10 of 46 steps an epoch ended in epoch 1, which the line called 'epoch 1/4'."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(epochs=4, grad_accum_steps=1)
+    for total, said in (
+        (10, "epoch 1/1 (--max-steps 10) loss"),
+        (184, "epoch 1/4 loss"),
+        (60, "epoch 1/2 ("),
+    ):
+        run = SimpleNamespace(config=config, n_batches=46, steps_per_epoch=46, total_steps=total, step_no=0)
+        bar = _Bar()
+        trainer._EpochBar(bar, "distill", run).advance(0, _stats(Batch(torch.zeros(4, 3), None)), 1)
+        assert bar.described[0].startswith(f"distill {said}"), bar.described
