@@ -94,9 +94,14 @@ def _build(model: Any, config: Any) -> Any:
 
     try:
         with torch.device("meta"):
-            return type(model)(config)
+            fresh = type(model)(config)
     except Exception as e:  # noqa: BLE001 - a config the model class refuses
         return f"{type(model).__name__} cannot be built from the pruned config ({type(e).__name__}: {e})"
+    try:  # transformers 5 validates the config in save_pretrained (hidden size a multiple of the heads)
+        getattr(config, "validate", lambda: None)()
+    except Exception as e:  # noqa: BLE001 - a config its own validators refuse
+        return f"{type(config).__name__} refuses the pruned sizes ({e.__cause__ or e})"
+    return fresh
 
 
 def _differences(model: Any, config: Any, fresh: Any) -> dict[str, str]:

@@ -76,6 +76,24 @@ def test_llama_prunes_into_a_hugging_face_folder(tmp_path):
         assert back.generate(x, max_new_tokens=3, do_sample=False).shape == (2, 9)
 
 
+def test_llama_whose_pruned_hidden_size_its_config_refuses_keeps_it_in_a_folder(tmp_path):
+    """Hidden 64 -> 45 with 2 heads left: transformers 5 validates ``hidden_size % num_attention_heads``
+    in ``save_pretrained``; that was an internal error after pruning. The hidden size is kept instead,
+    the table says why, and the folder reloads."""
+    _needs("transformers")
+    from transformers import AutoModelForCausalLM
+
+    import ptopt
+
+    model = F._hf("LlamaConfig", "LlamaForCausalLM", hidden_size=64, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=100)  # fmt: skip
+    res = ptopt.prune(model, "structured", 0.3, output=tmp_path / "pruned")
+    c = AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").config
+    assert (c.hidden_size, c.num_attention_heads, c.intermediate_size) == (64, 2, 90)  # heads, FFN still go
+    why = {row["layer"]: row.get("kept_reason") for row in res.extra["layers"]}["model.embed_tokens"]
+    assert "not a multiple of the number of attention heads" in why
+
+
 def test_tied_embedding_stays_tied_through_the_hidden_size_and_the_folder(tmp_path):
     """The hidden size goes as one group: the embedding and the output head tied to it stay one
     parameter, the norms and every projection follow, the config says the new width, and the folder
