@@ -873,12 +873,15 @@ class _Logger:
             with open(self.metrics_file, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(record) + "\n")
         if self.writer is not None:
+            # at the optimizer step the epoch ended, as the per-step scalars: a resume purges by step, so an
+            # epoch that --max-steps cut short and a resume finished is two points, not one step twice
+            self.writer.add_scalar("epoch/index", record["epoch"], self.step_no)
             for k, v in record.items():
                 if k != "epoch" and isinstance(v, (int, float)):
-                    self.writer.add_scalar(f"epoch/{k}", v, record["epoch"])
+                    self.writer.add_scalar(f"epoch/{k}", v, self.step_no)
                 elif isinstance(v, list):  # one value per rank (peak memory)
                     for r, value in enumerate(v):
-                        self.writer.add_scalar(f"epoch/{k}/rank{r}", value, record["epoch"])
+                        self.writer.add_scalar(f"epoch/{k}/rank{r}", value, self.step_no)
             self.writer.flush()
 
     def close(self) -> None:

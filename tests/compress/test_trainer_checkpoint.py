@@ -210,7 +210,9 @@ def test_resumed_run_keeps_the_checkpoints_last_step_in_tensorboard(tmp_path, da
     logs = event_accumulator.EventAccumulator(str(tmp_path / "logs"))
     logs.Reload()
     assert [e.step for e in logs.Scalars("train/loss_step")] == [1, 2, 3, 4, 5, 6]
-    assert [e.step for e in logs.Scalars("epoch/loss")] == [1, 2]
+    # epoch scalars at the step each epoch ended (epoch/index says which epoch)
+    assert [e.step for e in logs.Scalars("epoch/loss")] == [3, 6]
+    assert [e.value for e in logs.Scalars("epoch/index")] == [1, 2]
 
 
 def test_old_call_signature_still_works(data):
@@ -288,10 +290,16 @@ def test_a_longer_max_steps_resumes_inside_the_epoch_the_shorter_one_ended(tmp_p
     cfg = TrainConfig(epochs=2, batch_size=16, max_steps=5)
     whole_seen, resumed_seen = [], []
     train(tiny_cnn(), data[0], cfg, loss_fn=recording(whole_seen), progress=False)
-    common = dict(progress=False, checkpoint_dir=tmp_path / "ck")
+    common = dict(progress=False, checkpoint_dir=tmp_path / "ck", log_dir=tmp_path / "logs")
     train(tiny_cnn(), data[0], TrainConfig(epochs=2, batch_size=16, max_steps=3), **common)
     resumed = train(tiny_cnn(), data[0], cfg, loss_fn=recording(resumed_seen), resume=True, **common)
     assert resumed_seen == whole_seen[3:]
+    from tensorboard.backend.event_processing import event_accumulator
+
+    logs = event_accumulator.EventAccumulator(str(tmp_path / "logs"))
+    logs.Reload()  # the cut epoch at step 3, then as the resume ended it at step 5 (it was epoch 1 twice)
+    assert [(e.step, e.value) for e in logs.Scalars("epoch/index")] == [(3, 1.0), (5, 1.0)]
+    assert [e.step for e in logs.Scalars("epoch/loss")] == [3, 5]
     assert [r["epoch"] for r in resumed.history] == [1] and resumed.history[0]["steps"] == 5
     assert len(resumed.step_losses) == 5  # the epoch's loss: all 5 batches of 16 (3 carried over)
     assert resumed.history[0]["loss"] == pytest.approx(sum(resumed.step_losses) / 5, rel=1e-6)
