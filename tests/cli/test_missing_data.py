@@ -59,3 +59,16 @@ def test_python_export_refuses_missing_data_before_loading(tmp_path, monkeypatch
     )
     assert "missing.pt" in msg
     assert not (tmp_path / "loaded").exists()
+
+
+def test_a_language_model_export_refuses_missing_data_before_loading(cli, tmp_path):
+    """hf:DIR takes the language-model export, which returned before the check (its folder is read
+    only to see it is one; the data's absence is said before the model loads)."""
+    (tmp_path / "lm").mkdir()
+    (tmp_path / "lm" / "config.json").write_text(
+        '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}'
+    )
+    assert_refused(
+        cli, "export", f"hf:{tmp_path / 'lm'}", "--target", "onnx", "--data", "missing.txt", "-o", tmp_path / "o",
+        match=("'missing.txt'", "no such file"),
+    )  # fmt: skip
