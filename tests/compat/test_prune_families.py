@@ -149,6 +149,9 @@ def test_cli_bert_into_a_folder_keeps_heads_its_config_cannot_say(cli, tmp_path)
     assert code == 0, err
     c = AutoModelForSequenceClassification.from_pretrained(tmp_path / "b").config
     assert (c.num_attention_heads, c.intermediate_size) == (2, 90) and "128 → 90" in out
+    # named as what it is (it was "warning: * kept whole: BertConfig cannot describe fewer heads")
+    assert "warning: every attention module keeps its heads: BertConfig cannot describe fewer heads" in err
+    assert "* kept whole" not in err
 
 
 @pytest.mark.parametrize(

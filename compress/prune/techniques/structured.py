@@ -192,6 +192,11 @@ class _KeepWhole(Exception):
         self.hidden_cut = False
 
 
+def _kept_whole(cls: str) -> str:
+    """How a module type kept whole is named to the user (``"*"``: every module splitting into heads)."""
+    return "every attention module keeps its heads" if cls == "*" else f"{cls} kept whole"
+
+
 class _KeepLayers(Exception):
     """The pruned model's Hugging Face config cannot say these layers' new sizes (name -> why):
     prune again keeping their output channels."""
@@ -222,7 +227,7 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     _refuse_if_nothing(g, groups, whole, settings.get("heads", {}))
     notes = [
         *g.notes,
-        *(f"{cls} kept whole: {why}" for cls, why in whole.items()),
+        *(f"{_kept_whole(cls)}: {why}" for cls, why in whole.items()),
         *(f"{cls} keeps its attention heads: {why}" for cls, why in settings.get("heads", {}).items()),
         *([f"the hidden size kept: {settings['hidden_kept']}"] if settings.get("hidden_kept") else []),
         *filter(None, [g.kept_note()]),
@@ -464,7 +469,7 @@ def _refuse_if_nothing(
 
     if any(grp.prunable for grp in groups):
         return
-    why = [f"{cls} kept whole ({reason})" for cls, reason in whole.items()]
+    why = [f"{_kept_whole(cls)} ({reason})" for cls, reason in whole.items()]
     why += [f"{cls} keeps its attention heads ({reason})" for cls, reason in (heads or {}).items()]
     why += [f"{', '.join(grp.producers)}: {grp.frozen[0]}" for grp in groups if grp.producers and grp.frozen]
     why = why + list(g.notes) or ["the model has no conv or linear layer whose outputs another layer reads"]
