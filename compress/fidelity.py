@@ -135,11 +135,20 @@ def top1_agreement(ref: Any, got: Any) -> float | None:
 
 def describe(fid: dict[str, Any]) -> str:
     """One line: the numbers against the source."""
+    from ptopt.export.parity import VANISHING_OUTPUT
+
     agree = fid.get("top1_agreement")
     top1 = f", top-1 agreement {100 * agree:.2f}%" if agree is not None else ""
+    top = fid.get("max_abs_ref")
+    zero = (
+        f"; the reference's outputs are all zero there (largest |value| {top:.2g}), so this compared nothing: "
+        "random weights do this (torchvision's ViT head starts at zero), trained weights do not"
+        if top is not None and 0 <= top < VANISHING_OUTPUT
+        else ""
+    )
     return (
         f"min cosine {fid['min_cosine']:.4f} (mean {fid['mean_cosine']:.4f}){top1} "
-        f"on {fid['samples']} samples of {fid['data']}"
+        f"on {fid['samples']} samples of {fid['data']}{zero}"
     )
 
 
@@ -165,5 +174,5 @@ def vs_source(source: Any, model: Any, data: Any) -> dict[str, Any] | None:
         fid = measure_fidelity(source, model, data, precision="fp32")
     except ParityError:
         return None
-    keys = ("data", "samples", "min_cosine", "mean_cosine", "top1_agreement")
+    keys = ("data", "samples", "min_cosine", "mean_cosine", "top1_agreement", "max_abs_ref")
     return {k: fid[k] for k in keys}

@@ -91,6 +91,24 @@ def test_prune_records_how_far_it_moved_from_the_source():
     assert -1.0 <= vs["min_cosine"] < 1.0 and vs["top1_agreement"] is not None
 
 
+def test_prune_says_when_the_source_outputs_only_zeros():
+    """A random-init torchvision ViT's head starts at zero: 'vs unpruned: min cosine 1.0000' read as if
+    the pruned model had been judged; the line says the reference's outputs are all zero."""
+    import torch
+
+    from ptopt.compress.fidelity import describe
+    from tests.compress.prune_models import tiny_mobile
+
+    model = tiny_mobile()
+    with torch.no_grad():
+        model.fc2.weight.zero_()
+        model.fc2.bias.zero_()
+    res = ptopt.prune(model, "structured", 0.5)
+    vs = res.metrics["vs_source"]
+    assert vs["max_abs_ref"] == 0 and "the reference's outputs are all zero" in describe(vs)
+    assert "all zero" not in describe(ptopt.prune(tiny_mobile(), "structured", 0.5).metrics["vs_source"])
+
+
 def test_dynamic_int8_without_data_is_checked_on_more_than_the_example_batch(cli, tmp_path):
     """No data given: the check runs on CHECK_SAMPLES random inputs of the model's shapes, not on the
     2-sample example batch (EfficientNet-B0's dynamic int8 passed on 2 and measured 0.85 on 8)."""
