@@ -59,6 +59,10 @@ def _reported(command: click.Command) -> click.Command:
     invoke = command.invoke
 
     def reported(ctx: click.Context) -> object:
+        # tqdm bars of a user's own from_pretrained / save_pretrained (a factory's): ptopt reports progress
+        # itself, and the bars read 'Loading weights: 100%|####| 41/41' in a log; huggingface_hub reads this
+        # when transformers is imported, which the CLI has not done yet
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         from ptopt.core import progress
         from ptopt.core.errors import OptionIgnored
         from ptopt.core.options import named_by_flags, soft_options
