@@ -141,8 +141,8 @@ def describe(fid: dict[str, Any]) -> str:
     top1 = f", top-1 agreement {100 * agree:.2f}%" if agree is not None else ""
     top = fid.get("max_abs_ref")
     zero = (
-        f"; the reference's outputs are all zero there (largest |value| {top:.2g}), so this compared nothing: "
-        "random weights do this (torchvision's ViT head starts at zero), trained weights do not"
+        f"; the reference's outputs are zero there (largest |value| {top:.2g}), so this compared nothing: "
+        "random weights do this (a head that starts at zero, activations that die out), trained weights do not"
         if top is not None and 0 <= top < VANISHING_OUTPUT
         else ""
     )
