@@ -392,6 +392,8 @@ class RayServer:
         """Delete the application; a local instance: shut Serve and Ray down, kill what is left."""
         import ray
 
+        if self._started_ray:  # also when Ctrl-C came inside ray.init: its node's processes are up
+            self._session = sorted(set(self._session) | set(session_processes(str(self.ray_temp_dir))))
         if ray.is_initialized():
             from ray import serve
 

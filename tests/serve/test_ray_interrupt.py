@@ -1,0 +1,72 @@
+"""Ctrl-C while ``ptopt serve --engine ray`` is still starting its local Ray instance: the CLI stops
+cleanly and leaves no process of that instance behind. The interrupt is made to land inside
+``ray.init`` while it waits for its raylet to register (its node's processes, the raylet's agents
+included, are up; Ray has no node object to shut down yet), where a real Ctrl-C a few seconds after
+the command started lands; the child runs the real CLI. The agents outlived the raylet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ptopt.core.features import check_ray
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.skipif(
+    not check_ray().available, reason=f"no Ray Serve here: {check_ray().detail} (pip install 'ptopt[ray]')"
+)
+
+_CHILD = """
+import json, os, sys, time
+import ray._private.services as services
+from ptopt.serve.ray_server import _children, _cmdline
+
+PIDS = sys.argv[1]
+
+def descendants():
+    children, todo, found = _children(), [os.getpid()], set()
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return sorted(found)
+
+def get_node(*args, **kwargs):  # ray.init waits for its raylet to register: Ctrl-C lands here
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(_cmdline(p).startswith("ray::") for p in descendants()):
+        time.sleep(0.2)  # until the raylet has started its agents
+    with open(PIDS, "w") as fh:
+        json.dump(descendants(), fh)
+    raise KeyboardInterrupt
+
+services.get_node = get_node
+from ptopt.cli.main import main
+sys.argv = ["ptopt", "serve", sys.argv[2], "--engine", "ray"]
+main()
+"""
+
+
+def test_ctrl_c_inside_ray_init_leaves_no_ray_process(serve_artifacts, tmp_path):
+    from ptopt.serve.ray_server import _cmdline, alive
+
+    pids_file = tmp_path / "pids.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(pids_file), str(serve_artifacts["fp32"])],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert "stopping Ray Serve" in proc.stderr and "stopped." in proc.stderr, proc.stderr
+    started = json.loads(pids_file.read_text())
+    assert started, "ray.init started no process"
+    deadline = time.monotonic() + 5  # end_processes waited for them; a moment for the kernel to reap
+    while time.monotonic() < deadline and [p for p in started if alive(p)]:
+        time.sleep(0.2)
+    left = {p: _cmdline(p) for p in started if alive(p)}
+    for p in left:  # never leave them to the next test
+        os.kill(p, 9)
+    assert not left, f"Ray processes left behind after Ctrl-C during startup: {left}"
