@@ -277,6 +277,10 @@ def _check_array(arr, spec):
         if i == 0:
             if d < 1:
                 raise ValueError("input {!r} has an empty batch".format(spec["name"]))
+            if d > hi:  # what the metadata and Triton's config promise (max_batch_size)
+                raise ValueError(
+                    "input {!r} has a batch of {} rows, over the model's {}".format(spec["name"], d, hi)
+                )
             continue
         if not lo <= d <= hi:
             raise ValueError(

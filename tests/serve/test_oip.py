@@ -176,6 +176,10 @@ def test_malformed_requests_are_400_naming_the_problem(body, length, status, wor
             "outside [0, 100); the model takes ids: [1..8]x4 int64 in [0, 100)",
         ),
         ([{**X, "shape": [2, 3], "data": [1] * 6}, IDS], "disagree on the batch size"),
+        (
+            [{**X, "shape": [9, 3], "data": [1] * 27}, {**IDS, "shape": [9, 4], "data": [1] * 36}],
+            "'x' has a batch of 9 rows, over the model's 8; the model takes x: [1..8]x3",
+        ),
     ],
     ids=[
         "missing",
@@ -188,6 +192,7 @@ def test_malformed_requests_are_400_naming_the_problem(body, length, status, wor
         "value-range",
         "value-range-stated",
         "batch",
+        "batch-over-max",
     ],
 )
 def test_inputs_not_fitting_the_specs_are_400_naming_what_the_model_takes(inputs, words):
