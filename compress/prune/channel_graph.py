@@ -118,6 +118,8 @@ class ChannelGraph(Rules, Spaces):
         self.producer_order: list[str] = []
         #: structures kept whole or channels kept by an op the rules do not follow (printed)
         self.notes: list[str] = []
+        #: reason -> (index in ``notes``, the structures kept whole for it): one note per reason
+        self._whole_notes: dict[str, tuple[int, list[str]]] = {}
         #: (space, op, node) of channels kept because they reach an op the rules do not follow
         self.kept_by_op: list[tuple[int, str, str]] = []
         #: view/reshape nodes that flatten channels into features: node name -> start dim
@@ -256,9 +258,11 @@ class ChannelGraph(Rules, Spaces):
         """A structure kept whole: the channels it reads stay, what it returns is no layer's output."""
         for _, info in self._known(node):
             self._freeze(info.space, f"read by {name}, kept whole")
-        note = f"{name} kept whole: {reason}"
-        if note not in self.notes:
-            self.notes.append(note)
+        at, names = self._whole_notes.setdefault(reason, (len(self.notes), []))
+        if name not in names:
+            names.append(name)
+            note = f"{_several(names)} kept whole: {reason}"
+            self.notes[at : at + (len(names) > 1)] = [note]  # one note per reason, naming them all
         return None
 
     # -- layers ------------------------------------------------------------------------------------
@@ -494,6 +498,19 @@ class ChannelGraph(Rules, Spaces):
             f"kept the output channels of {len(seen)} layer group(s) whose channels reach an op structured "
             f"pruning does not follow: {where}{more}"
         )
+
+
+def _several(names: list[str]) -> str:
+    """``names`` in a note: the name, or one glob and the count (``encoder.layers.*.self_attention
+    (12 modules)``) when they share a pattern, else the first two and the count."""
+    if len(names) == 1:
+        return names[0]
+    if len({n.count(".") for n in names}) == 1:
+        parts = zip(*(n.split(".") for n in names), strict=True)
+        pattern = ".".join(p[0] if len(set(p)) == 1 else "*" for p in parts)
+        if not pattern.startswith("*"):
+            return f"{pattern} ({len(names)} modules)"
+    return f"{', '.join(names[:2])} and {len(names) - 2} more" if len(names) > 2 else " and ".join(names)
 
 
 def exclude_flags(names: list[str], layers: Any = (), kept: Any = ()) -> str:

@@ -5,6 +5,7 @@ and FFN neurons in Hugging Face BERT and timm ViT, ``nn.MultiheadAttention`` kep
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -135,6 +136,27 @@ def test_timm_vit_heads_and_mlp_exact():
     assert pruned.blocks[1].mlp.fc1.out_features == 48 and pruned.blocks[1].mlp.fc2.in_features == 48
     assert "patch_embed.proj" in report["default_excluded"]
     torch.testing.assert_close(pruned(x), model(x))
+
+
+def test_layers_kept_whole_for_one_reason_are_one_warning():
+    """torchvision's ViT: one nn.MultiheadAttention per block printed one identical warning each (12 for
+    vit_b_16); one warning names them all with a glob and a count."""
+    from tests.compat.models import ensure_torchvision_ops
+
+    ensure_torchvision_ops()
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=16, patch_size=8, num_layers=3, num_heads=2, hidden_dim=16,
+                              mlp_dim=32, num_classes=3).eval()  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        structured_prune(model, torch.randn(2, 3, 16, 16), 0.5)
+    kept = [str(w.message) for w in caught if "kept whole" in str(w.message)]
+    assert kept == [
+        "encoder.layers.*.self_attention (3 modules) kept whole: nn.MultiheadAttention derives head_dim from "
+        "embed_dim, the width of its input: its heads cannot be removed without changing the model's hidden size"
+    ]
 
 
 @pytest.mark.parametrize("graph", ["fx", "export"])
