@@ -319,7 +319,8 @@ class PtoptIngress:
             )
         import numpy as np
 
-        out = np.array([t.encode("utf-8") for t in texts], dtype=object)
+        shape = request.inputs["text_input"].shape  # a [1, 1] prompt (TensorRT-LLM's clients) keeps its shape
+        out = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(shape)
         content, out_headers = oip.encode_infer_response(name, request, [("text_output", out)])
         return 200, content, out_headers
 

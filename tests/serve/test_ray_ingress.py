@@ -154,3 +154,19 @@ def test_a_path_under_a_model_it_lacks_is_404_naming_the_model_and_its_endpoints
     code, answer = _post(ingress, f"/v2/models/{path}", {"text_input": PROMPT})
     assert code == 404 and set(answer) == {"error"}, answer
     assert all(w in answer["error"] for w in words) and absent not in answer["error"], answer
+
+
+def test_text_output_has_the_shape_text_input_came_in(ingress, serve_lm):
+    """A [2, 1] or [1, 1] BYTES text_input (as TensorRT-LLM's clients send) is answered in that shape,
+    prompt for prompt; before, the answer was flattened ([2, 1] -> [2]), so a client reading it by
+    the request's shape got the wrong layout."""
+    for shape in ([2, 1], [1, 1]):
+        n = shape[0] * shape[1]
+        body = {
+            "inputs": [{"name": "text_input", "shape": shape, "datatype": "BYTES", "data": [PROMPT] * n}],
+            "parameters": {"max_tokens": 3},
+        }
+        code, answer = _post(ingress, "/v2/models/llama/infer", body)
+        assert code == 200, answer
+        out = answer["outputs"][0]
+        assert out["shape"] == shape and out["data"] == [_expected(serve_lm, 3)] * n, answer
