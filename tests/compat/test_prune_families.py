@@ -166,6 +166,20 @@ def test_cli_folder_output_refusals(cli, tmp_path, ref, output, match):
                    match=match, where=tmp_path)  # fmt: skip
 
 
+def test_a_folder_its_config_cannot_prune_points_at_pt(tmp_path):
+    """Hugging Face Swin: SwinConfig says neither fewer heads nor an FFN width (mlp_ratio), so into a folder
+    nothing can go; the refusal said only 'use --method global or l1-unstructured', though .pt prunes it."""
+    _needs("transformers")
+    import ptopt
+
+    model = F._hf("SwinConfig", "SwinForImageClassification", image_size=32, patch_size=4, embed_dim=16,
+                  depths=[1, 1], num_heads=[2, 2], window_size=4, num_labels=3)  # fmt: skip
+    assert_refused(ptopt.prune, model, "structured", 0.3, output=tmp_path / "d", where=tmp_path,
+                   match="the output is a Hugging Face folder, which holds only the sizes its config can say: "
+                   "write .pt or .pt2 to prune more")  # fmt: skip
+    assert ptopt.prune(model, "structured", 0.3).metrics["parameter_ratio"] < 0.9
+
+
 def test_saving_a_pruned_non_hf_model_into_a_folder_is_refused(tmp_path):
     import ptopt
     from tests.helpers import tiny_cnn

@@ -224,7 +224,7 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
         settings.get("hidden", False),
         settings.get("heads"),
     )
-    _refuse_if_nothing(g, groups, whole, settings.get("heads", {}))
+    _refuse_if_nothing(g, groups, whole, settings.get("heads", {}), settings.get("describable", False))
     notes = [
         *g.notes,
         *(f"{_kept_whole(cls)}: {why}" for cls, why in whole.items()),
@@ -461,10 +461,12 @@ def _hidden_cut(g: Any, keep: dict[int, Any]) -> bool:
 
 
 def _refuse_if_nothing(
-    g: Any, groups: list[ChannelGroup], whole: dict[str, str], heads: dict[str, str] | None = None
-) -> None:
+    g: Any, groups: list[ChannelGroup], whole: dict[str, str], heads: dict[str, str] | None = None,
+    folder: bool = False,
+) -> None:  # fmt: skip
     """UnsupportedModelError when no group can lose a channel: why (the module types kept whole first,
-    with the reason each was, then each layer's), cut at a word."""
+    with the reason each was, then each layer's), cut at a word; with a Hugging Face ``folder`` as the
+    output (its config must say every new size), that writing .pt / .pt2 lifts that limit."""
     from ptopt.core.errors import clip
 
     if any(grp.prunable for grp in groups):
@@ -476,8 +478,10 @@ def _refuse_if_nothing(
     raise UnsupportedModelError(
         "structured pruning found no layer whose output channels can be removed: "
         + clip("; ".join(why), 600)
-        + " (use --method global or l1-unstructured: they zero weights and need no graph)"
-    )
+        + (" (the output is a Hugging Face folder, which holds only the sizes its config can say: write .pt or "
+           ".pt2 to prune more, or" if folder else " (use")
+        + " --method global or l1-unstructured: they zero weights and need no graph)"
+    )  # fmt: skip
 
 
 def _report(g: Any, groups, defaults, before, heads, notes, exact) -> dict[str, Any]:
