@@ -124,6 +124,8 @@ API_EXTRAS: dict[str, str] = {
     "Result": "ptopt.core.result:Result",
     "InputSpec": "ptopt.core.inputspec:InputSpec",
     "PtoptError": "ptopt.core.errors:PtoptError",
+    # the serving package (its servers: ptopt.serve.ray_server.RayServer, ptopt.serve.server.TorchServeServer)
+    "serve": "ptopt.serve",
 }
 
 
