@@ -24,7 +24,11 @@ from ptopt.compress.prune.api import OPTIONS
 @click.command("prune")
 @click.argument("model")
 @declared(OPTIONS)
-@output_option()
+@output_option(
+    folder_ok=True,
+    help="Where to write the artifact (a .ptopt.json sidecar beside it): .pt TorchScript, .pt2 an "
+    "ExportedProgram; a folder for a Hugging Face model (an earlier ptopt folder is written over).",
+)
 @data_option(
     "--fine-tune-data", "Fine-tune after pruning on this DATA (labelled, or --teacher).", metavar="DATA"
 )

@@ -180,6 +180,18 @@ def test_a_folder_its_config_cannot_prune_points_at_pt(tmp_path):
     assert ptopt.prune(model, "structured", 0.3).metrics["parameter_ratio"] < 0.9
 
 
+def test_cli_prunes_into_a_folder_again_and_never_over_its_source(cli, tmp_path):
+    """-o DIR of an existing folder was click's 'File ... is a directory' (and no rerun of the same
+    command), while the twin writes over an earlier ptopt folder; its source folder stays refused."""
+    _needs("transformers")
+    F.llama().save_pretrained(tmp_path / "src")
+    args = ("prune", f"hf:{tmp_path / 'src'}", "--method", "structured", "--amount", "0.3", "-o")
+    for _ in range(2):
+        code, out, err = cli(*args, tmp_path / "p")
+        assert code == 0 and "wrote" in out, err
+    assert_refused(cli, *args, tmp_path / "src", match="would overwrite MODEL", where=tmp_path)
+
+
 def test_saving_a_pruned_non_hf_model_into_a_folder_is_refused(tmp_path):
     import ptopt
     from tests.helpers import tiny_cnn
