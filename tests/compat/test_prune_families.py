@@ -192,6 +192,21 @@ def test_cli_prunes_into_a_folder_again_and_never_over_its_source(cli, tmp_path)
     assert_refused(cli, *args, tmp_path / "src", match="would overwrite MODEL", where=tmp_path)
 
 
+@pytest.mark.parametrize("method", ["l1-unstructured", "global"])
+def test_unstructured_prunes_gpt2_conv1d_layers(method):
+    """GPT-2's projections are transformers' Conv1D: unstructured pruning zeroed only lm_head (its tied
+    token embedding) and left every transformer block dense, unsaid."""
+    _needs("transformers")
+    import ptopt
+    from tests.compat.models import gpt2
+
+    res = ptopt.prune(gpt2(), method, 0.5)
+    rows = {r["layer"]: r for r in res.extra["layers"]}
+    assert rows["transformer.h.0.attn.c_attn"]["type"] == "Conv1D" and len(rows) == 9  # 4 per block + lm_head
+    w = res.model.transformer.h[1].mlp.c_fc.weight
+    assert float((w == 0).float().mean()) > 0.1 and res.metrics["sparsity"] == pytest.approx(0.5, abs=0.01)
+
+
 def test_saving_a_pruned_non_hf_model_into_a_folder_is_refused(tmp_path):
     import ptopt
     from tests.helpers import tiny_cnn

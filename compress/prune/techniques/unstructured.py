@@ -24,14 +24,15 @@ DENSE_NOTE = (
 
 
 def prunable_layers(model: Any, exclude: Iterable[str] = ()) -> list[tuple[str, Any]]:
-    """Conv and linear layers (by name) whose weights are pruned, minus the excluded ones."""
-    from torch import nn
+    """Conv and linear layers (by name) whose weights are pruned, minus the excluded ones; transformers'
+    ``Conv1D`` (GPT-2's every projection: a linear with its weight transposed) is a linear."""
+    from ptopt.compress.prune import layers as L
 
     exclude = tuple(exclude)
     return [
         (n, m)
         for n, m in model.named_modules()
-        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)) and not matches(n, exclude)
+        if L.kind(m) in ("conv", "linear", "conv1d_t") and not matches(n, exclude)
     ]
 
 
