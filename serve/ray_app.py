@@ -216,9 +216,7 @@ class PtoptIngress:
             return await self._predict(path[len("/predictions/") :].strip("/"), body)
         m = _MODEL_ROUTE.match(path)
         if not m:
-            raise oip.ProtocolError(
-                404, f"no route {method} {path} (the Open Inference Protocol's are under /v2)"
-            )
+            raise oip.ProtocolError(404, _no_route(method, path))
         name, version, action = m.group(1), m.group(2), m.group(3) or ""
         self._model(name, version)
         self._action(name, action)
@@ -438,6 +436,18 @@ def _sampling(params: dict[str, Any]) -> dict[str, Any]:
 
 
 #: prompts one infer request may hold (a language model generates them one after the other)
+def _no_route(method: str, path: str) -> str:
+    """A 404's message: a path under /v2 is an endpoint this server lacks (Triton's model control,
+    logging, trace or statistics extensions), any other is outside the protocol."""
+    if path.rstrip("/") == "/v2" or path.startswith("/v2/"):
+        return (
+            f"no route {method} {path}: this server answers the Open Inference Protocol's health, "
+            "metadata, repository index, infer and generate (GET /v2 lists its extensions), not Triton's "
+            "model control, logging, trace or statistics"
+        )
+    return f"no route {method} {path} (the Open Inference Protocol's are under /v2)"
+
+
 MAX_PROMPTS = 32
 
 

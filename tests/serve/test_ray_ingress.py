@@ -170,3 +170,18 @@ def test_text_output_has_the_shape_text_input_came_in(ingress, serve_lm):
         assert code == 200, answer
         out = answer["outputs"][0]
         assert out["shape"] == shape and out["data"] == [_expected(serve_lm, 3)] * n, answer
+
+
+@pytest.mark.parametrize(
+    "path", ["/v2/repository/models/llama/load", "/v2/logging", "/v2/trace/setting", "/v1/models/llama"]
+)
+def test_an_endpoint_this_server_lacks_is_404_saying_so(ingress, path):
+    """tritonclient's load_model / get_log_settings / get_trace_settings answered "no route ... (the Open
+    Inference Protocol's are under /v2)" for paths under /v2; now the 404 says which parts of the
+    protocol this server answers, and only a path outside /v2 gets the /v2 hint."""
+    code, answer = _post(ingress, path, {})
+    assert code == 404, answer
+    if path.startswith("/v2/"):
+        assert "under /v2" not in answer["error"] and "not Triton's model control" in answer["error"], answer
+    else:
+        assert "the Open Inference Protocol's are under /v2" in answer["error"], answer
