@@ -49,6 +49,21 @@ def test_global_ranks_across_layers(tmp_path):
     assert m(torch.randn(3, 1, 8, 8)).shape == (3, 10)
 
 
+@pytest.mark.parametrize("method", ["l1-unstructured", "global"])
+def test_multihead_attention_projections_are_pruned(method, tmp_path):
+    """nn.MultiheadAttention keeps q/k/v in ``in_proj_weight`` (torchvision's ViT): it was left dense,
+    unsaid, while the table reported the asked sparsity over the other layers."""
+    from tests.compress.prune_graph_models import mha_encoder
+
+    res = prune(mha_encoder(), method, 0.5, tmp_path / "m.pt")
+    rows = {r["layer"]: r for r in res.extra["layers"]}
+    assert rows["attn"]["type"] == "MultiheadAttention" and rows["attn"]["weights"] == 3 * 16 * 16
+    params = dict(res.model.attn.named_parameters())
+    assert _zeros(params["in_proj_weight"]) > 0.1 and "in_proj_weight_orig" not in params  # made permanent
+    x = mha_encoder().example_inputs()
+    torch.testing.assert_close(torch.jit.load(str(tmp_path / "m.pt"))(x), res.model(x))
+
+
 def test_exclude_leaves_layer_dense(tmp_path):
     art = prune(TINY, "l1-unstructured", 0.5, tmp_path / "e.pt", exclude=("fc",))
     assert {r["layer"] for r in art.extra["layers"]} == {"conv1", "conv2"}

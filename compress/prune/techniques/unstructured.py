@@ -25,15 +25,27 @@ DENSE_NOTE = (
 
 def prunable_layers(model: Any, exclude: Iterable[str] = ()) -> list[tuple[str, Any]]:
     """Conv and linear layers (by name) whose weights are pruned, minus the excluded ones; transformers'
-    ``Conv1D`` (GPT-2's every projection: a linear with its weight transposed) is a linear."""
+    ``Conv1D`` (GPT-2's every projection: a linear with its weight transposed) is a linear, and an
+    ``nn.MultiheadAttention`` gives its packed q/k/v weight (:func:`weight_name`)."""
     from ptopt.compress.prune import layers as L
 
     exclude = tuple(exclude)
     return [
         (n, m)
         for n, m in model.named_modules()
-        if L.kind(m) in ("conv", "linear", "conv1d_t") and not matches(n, exclude)
+        if (L.kind(m) in ("conv", "linear", "conv1d_t") or weight_name(m) != "weight")
+        and not matches(n, exclude)
     ]
+
+
+def weight_name(module: Any) -> str:
+    """The weight pruned in ``module``: ``in_proj_weight`` of an ``nn.MultiheadAttention`` (its q/k/v
+    projections, packed; torchvision's ViT), else ``weight``."""
+    from torch import nn
+
+    if isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
+        return "in_proj_weight"
+    return "weight"
 
 
 def make_permanent(model: Any) -> Any:
@@ -50,7 +62,7 @@ def make_permanent(model: Any) -> Any:
 def sparsity_table(layers: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for name, m in layers:
-        w = m.weight.detach()
+        w = getattr(m, weight_name(m)).detach()
         zeros = int((w == 0).sum())
         rows.append(
             {
@@ -102,7 +114,7 @@ class L1UnstructuredPruner(_UnstructuredPruner):
         from torch.nn.utils import prune
 
         for _, m in layers:
-            prune.l1_unstructured(m, "weight", amount=amount)
+            prune.l1_unstructured(m, weight_name(m), amount=amount)
 
 
 @register_pruner(GlobalPruneConfig)
@@ -113,5 +125,5 @@ class GlobalPruner(_UnstructuredPruner):
         from torch.nn.utils import prune
 
         prune.global_unstructured(
-            [(m, "weight") for _, m in layers], pruning_method=prune.L1Unstructured, amount=amount
+            [(m, weight_name(m)) for _, m in layers], pruning_method=prune.L1Unstructured, amount=amount
         )
