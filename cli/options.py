@@ -84,6 +84,11 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
 
 
+def drop_text(points: float) -> str:
+    """``drop 0.56 points``, or ``up 3.12 points`` where the compressed model scored higher."""
+    return f"up {-points:.2f} points" if points < -0.005 else f"drop {max(points, 0.0):.2f} points"
+
+
 def echo_table(table: Any, keys: int = 1) -> None:
     """Print a rich table to stdout within the terminal's width (at most 100 columns), wrapped by
     column where it is wider, its first ``keys`` columns (the names) repeated

@@ -9,6 +9,7 @@ import click
 from ptopt.cli.options import (
     data_option,
     declared,
+    drop_text,
     echo_table,
     given,
     guard_paths,
@@ -126,7 +127,7 @@ def _print_report(art, method: str) -> None:
         on = f" on {m['accuracy_data']} ({m['accuracy_samples']} samples)" if "accuracy_data" in m else ""
         click.echo(
             f"accuracy:   {100 * m['accuracy_before']:.2f}% → {100 * m['accuracy_after']:.2f}% "
-            f"(drop {m['accuracy_drop_points']:.2f} points){on}"
+            f"({drop_text(m['accuracy_drop_points'])}){on}"
         )
     if m.get("labels_note"):
         click.echo(f"note:       {m['labels_note']}")

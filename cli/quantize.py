@@ -12,6 +12,7 @@ from ptopt.cli import autoquant
 from ptopt.cli.options import (
     data_option,
     declared,
+    drop_text,
     given,
     guard_paths,
     input_shape_option,
@@ -271,7 +272,7 @@ def _print_report(art, mode: str) -> None:
     if "fp32_accuracy" in m:
         click.echo(
             f"accuracy on {m['eval_data']} ({m['eval_samples']} samples): fp32 {100 * m['fp32_accuracy']:.2f}% "
-            f"-> int8 {100 * m['int8_accuracy']:.2f}% (drop {m['accuracy_drop_points']:.2f} points)"
+            f"-> int8 {100 * m['int8_accuracy']:.2f}% ({drop_text(m['accuracy_drop_points'])})"
         )
     elif "top1_agreement" in m:
         click.echo(f"top-1 agreement with fp32 on {m['eval_data']}: {100 * m['top1_agreement']:.2f}%")

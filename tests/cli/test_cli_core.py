@@ -276,3 +276,11 @@ def test_every_command_takes_quiet(cli, run_ptopt, tmp_path):
         "quantize", "tests.helpers:tiny_cnn", "--mode", "dynamic", "--no-progress", "-o", tmp_path / "q.pt"
     )
     assert code == 0, err  # the older name still works
+
+
+def test_an_accuracy_gain_is_not_a_negative_drop():
+    """prune printed '(drop -3.12 points)' where the pruned model scored higher."""
+    from ptopt.cli.options import drop_text
+
+    assert drop_text(-3.12) == "up 3.12 points" and drop_text(0.56) == "drop 0.56 points"
+    assert drop_text(-0.001) == "drop 0.00 points"  # no 'up 0.00', no 'drop -0.00'
