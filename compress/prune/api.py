@@ -176,7 +176,8 @@ def prune(
             metrics = _measure(loaded.module, work, report, ev) | _perplexities(
                 loaded.module, work, text, eval_data
             )
-            metrics["vs_source"] = _vs_source(loaded.module, work, ev or plan.data, example)
+            judged_on = ev or _text_windows(text, eval_data) or plan.data
+            metrics["vs_source"] = _vs_source(loaded.module, work, judged_on, example)
     record = config.to_dict() | {
         "fine_tune_data": ref_name(fine_tune_data),
         "eval_data": ref_name(eval_data),
@@ -495,6 +496,19 @@ def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[
         if note:  # measured as asked, but the outputs look like features
             metrics["labels_note"] = note
     return metrics
+
+
+def _text_windows(ids: Any, ref: Any, length: int = 128, most: int = 8) -> Any:
+    """A causal LM's evaluation token ids as up to ``most`` windows of ``length`` tokens (``input_ids``),
+    what 'vs unpruned' is measured on (it was the 2-sample random example batch); None without text."""
+    if ids is None:
+        return None
+    from ptopt.core.data import Dataset
+
+    length = min(length, int(ids.numel()))
+    n = max(1, min(most, int(ids.numel()) // length))
+    x = ids[: n * length].reshape(n, length)
+    return Dataset({"input_ids": x}, name=f"{ref_name(ref)} ({n} windows of {length} tokens)")
 
 
 def _vs_source(original: Any, work: Any, data: Any, example: Any) -> dict[str, Any] | None:

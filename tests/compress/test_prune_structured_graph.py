@@ -355,6 +355,8 @@ def test_a_causal_lm_is_judged_by_perplexity_on_its_eval_text(cli, tmp_path):
                          "--eval-data", tmp_path / "eval.pt", "-o", tmp_path / "pruned")  # fmt: skip
     assert code == 0, err
     assert "perplexity: " in out and "on 599 tokens of " in out and "eval.pt (context 512, stride 256)" in out
+    # vs unpruned on the eval text's windows (it was the 2-sample random example batch)
+    assert "on 4 samples of " in out and "eval.pt (4 windows of 128 tokens)" in out, out
     res = prune(f"hf:{tmp_path / 'llama'}", "structured", 0.3, eval_data=tmp_path / "eval.pt")
     m = res.metrics
     assert m["perplexity_after"] == pytest.approx(perplexity(res.model, ids)["perplexity"], rel=1e-9)
