@@ -77,16 +77,19 @@ def command(
     common = dict(fine_tune_data=fine_tune_data, eval_data=eval_data, weights=weights)
     common |= dict(allow_pickle=allow_pickle or None, input_shapes=input_shapes)
     options = {"model": model, "output": output, **given(common), **given(params)}
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", PruneWarning)
-            art = prune(**options, progress=True)
-    finally:  # a refusal after a note (an environment value left out) still shows the note
-        for w in caught:
-            if issubclass(w.category, PruneWarning):
-                click.echo(f"warning: {w.message}", err=True)
+    with warnings.catch_warnings():  # each pruning warning as it comes (an --exclude that matches nothing:
+        # before the work, not after it); any other warning as the CLI shows it
+        warnings.simplefilter("always", PruneWarning)
+        shown = warnings.showwarning
+
+        def show(message, category, *rest) -> None:  # noqa: ANN001 - warnings.showwarning's signature
+            if issubclass(category, PruneWarning):
+                click.echo(f"warning: {message}", err=True)
             else:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                shown(message, category, *rest)
+
+        warnings.showwarning = show
+        art = prune(**options, progress=True)
     _print_report(art, options["method"])
     maybe_save_recipe(save_recipe, "prune", options)
 

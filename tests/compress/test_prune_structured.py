@@ -254,3 +254,24 @@ def test_cli_nothing_prunable(cli, tmp_path):
         tmp_path / "x.pt",
     )
     assert code == 0, err
+
+
+def test_cli_exclude_warning_comes_before_the_work(cli, tmp_path, monkeypatch):
+    """The pruning warnings were held and printed after the work (8-17 s into a run on a real model): an
+    --exclude that matches nothing is said before pruning starts."""
+    import sys
+
+    from ptopt.compress.prune import api
+
+    said_before: list[str] = []
+    pruned = api._pruned
+
+    def spying(*args, **kwargs):
+        said_before.append(sys.stderr.buffer.getvalue().decode())  # what the CLI printed so far
+        return pruned(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_pruned", spying)
+    args = ("prune", TINY, "--method", "structured", "--amount", "0.5", "--exclude", "nope*", "-q")
+    code, _, err = cli(*args, "-o", tmp_path / "x.pt")
+    assert code == 0, err
+    assert "warning: --exclude 'nope*' matches no layer" in said_before[0]
