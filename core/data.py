@@ -271,6 +271,8 @@ def _load_pt(path: Path) -> Dataset:
         ) from None
     except Exception as e:  # noqa: BLE001 - a non-torch file raises IndexError, EOFError, RuntimeError...
         raise DataError(f"{path}: not a torch.save file of tensors ({type(e).__name__})") from None
+    if isinstance(obj, dict) and "x" not in obj and obj and all(torch.is_tensor(v) for v in obj.values()):
+        return Dataset(obj, None, str(path))  # keyword inputs ({"input_ids", "attention_mask"}), as in memory
     if isinstance(obj, dict):
         return _from_mapping(obj, str(path))
     if isinstance(obj, (tuple, list)) and len(obj) == 2:
