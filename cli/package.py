@@ -76,10 +76,12 @@ def _describe(art: Any, fmt: str, workers: Any) -> None:
     if fmt == "ray":
         c = art.config
         scaling = f"autoscaling {c['autoscale']}" if c["autoscale"] else f"{c['replicas']} replica(s)"
-        click.echo(
-            f"batching: up to {c['max_batch_size']} row(s), {c['batch_wait_ms']:g} ms wait; {scaling} x "
-            f"{c['cpus_per_replica']:g} CPU"
+        batching = (  # a language model (no tensor inputs) generates one prompt at a time: no batching
+            f"batching: up to {c['max_batch_size']} row(s), {c['batch_wait_ms']:g} ms wait"
+            if art.inputs
+            else "batching: none (a language model generates one prompt at a time)"
         )
+        click.echo(f"{batching}; {scaling} x {c['cpus_per_replica']:g} CPU")
         click.echo(f"serve it: serve run {art.path}/serve_config.yaml   (or: ptopt serve {art.path})")
         return
     click.echo(

@@ -141,9 +141,10 @@ def _ray_banner(server: Any) -> None:
 
     c = server.config
     scaling = f"autoscaling {c.autoscale}" if c.autoscale else f"{c.replicas} replica(s)"
-    batching = (
+    tensors = any(m.get("kind") != "text" for m in server.manifest["models"])
+    batching = (  # a language model generates one prompt at a time: it is never batched
         f"batches up to {c.max_batch_size} rows, {c.batch_wait_ms:g} ms wait"
-        if c.max_batch_size > 1
+        if c.max_batch_size > 1 and tensors
         else "no batching"
     )
     for m in server.manifest["models"]:

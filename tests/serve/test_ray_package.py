@@ -184,3 +184,26 @@ def test_a_handed_package_folder_is_checked_before_ray_starts(tmp_path, entry, a
     (folder / MANIFEST).write_text(json.dumps({"schema": SCHEMA, "models": [entry]}))
     err = UsageError if error == "usage" else ModelLoadError
     assert_refused(RayServer, folder, allow_pickle=allow, match=words, error=err)
+
+
+def test_a_language_model_is_not_described_as_batched(cli, serve_lm, tmp_path, capsys):
+    """A language model generates one prompt at a time (the ingress never batches text), so neither
+    ``ptopt package --format ray`` nor ``ptopt serve``'s banner may promise "batching: up to 4 row(s)"
+    for one; both did when --max-batch-size was given."""
+    code, out, err = cli(
+        "package", serve_lm / "llama", "--format", "ray", "-o", tmp_path / "lm", "--max-batch-size", "4"
+    )
+    assert code == 0, err
+    assert "batching: none (a language model generates one prompt at a time)" in out and "row(s)" not in out
+
+    from ptopt.cli.serve import _ray_banner
+    from ptopt.serve.ray_server import RayServer
+
+    server = RayServer(serve_lm / "llama", config={"max_batch_size": 4})  # packaged here; Ray never starts
+    try:
+        capsys.readouterr()
+        _ray_banner(server)
+        banner = capsys.readouterr().out
+    finally:
+        server.stop()
+    assert "no batching" in banner and "batches up to" not in banner, banner
