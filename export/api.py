@@ -98,14 +98,15 @@ def export(
     config, shape_options = settle_config(target, config, options)
     shapes = dataclasses.asdict(shape_options)
     _one_shape_source(input_shapes, shapes)
-    refuse_missing_file(data=data, validation_data=validation_data)  # before the model loads
     if _lm_export(model, config, output):
         from ptopt.export.lm import export_lm
 
+        refuse_missing_file(data=data, validation_data=validation_data)  # before the model loads
         lm = dict(shapes, data=data, input_shapes=input_shapes, input_specs=input_specs)
         result = export_lm(_load_source(model, weights, allow_pickle, config), config, output, lm)
         return _saved(result, output)
-    _check_target(config, output)
+    _check_target(config, output)  # a missing runtime first: it is about the target, whatever the data
+    refuse_missing_file(data=data, validation_data=validation_data)  # before the model loads
     source = _load_source(model, weights, allow_pickle, config)
     if config.new_tokens is not None:
         raise UsageError(
