@@ -118,15 +118,25 @@ class InferRequest:
         return self.binary_default
 
 
+def json_body(body: bytes, send: str) -> Any:
+    """A request's JSON, read as UTF-8 (JSON's encoding; ``json.loads`` of bytes guesses UTF-16 and
+    said "'utf-16-le' codec can't decode" of a Latin-1 body); a 400 naming what to ``send`` otherwise."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(
+            400, f"the body is not UTF-8 text (byte {e.start}); send {send} as UTF-8 JSON"
+        ) from None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ProtocolError(400, f"malformed JSON body ({e}); send {send}") from None
+
+
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """An infer request from its (decompressed) body and ``Inference-Header-Content-Length``."""
     head, blob = _split(body, header_length)
-    try:
-        req = json.loads(head)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ProtocolError(
-            400, f"malformed JSON body ({e}); send an Open Inference Protocol infer request"
-        ) from None
+    req = json_body(head, "an Open Inference Protocol infer request")
     if not isinstance(req, dict) or not isinstance(req.get("inputs"), list) or not req["inputs"]:
         raise ProtocolError(400, 'the infer request must be a JSON object with a non-empty "inputs" list')
     params = req.get("parameters") or {}

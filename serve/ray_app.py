@@ -453,10 +453,7 @@ MAX_PROMPTS = 32
 
 def _generate_request(body: bytes) -> tuple[list[str], Any]:
     """(prompts, parameters) of a generate request's JSON body."""
-    try:
-        req = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise oip.ProtocolError(400, f'malformed JSON body ({e}); send {{"text_input": "..."}}') from None
+    req = oip.json_body(body, '{"text_input": "..."}')
     if not isinstance(req, dict) or not isinstance(req.get("text_input"), str):
         raise oip.ProtocolError(400, 'the generate request must be a JSON object with a "text_input" string')
     return [req["text_input"]], req.get("parameters")

@@ -132,6 +132,8 @@ IDS = {"name": "ids", "shape": [1, 4], "datatype": "INT64", "data": [1, 2, 3, 4]
     "body, length, status, words",
     [
         (b"{not json", None, 400, "malformed JSON body"),
+        # Latin-1: json.loads(bytes) guessed UTF-16 and said "'utf-16-le' codec can't decode"
+        ('{"inputs": "\xe9"}'.encode("latin-1"), None, 400, "the body is not UTF-8 text (byte 12)"),
         (b'{"inputs": []}', None, 400, 'non-empty "inputs"'),
         (_json([{**X, "datatype": "FP99"}]), None, 400, "unknown datatype 'FP99'"),
         (_json([{**X, "shape": [1, -3]}]), None, 400, "shape must be a list of non-negative integers"),
@@ -147,7 +149,7 @@ IDS = {"name": "ids", "shape": [1, 4], "datatype": "INT64", "data": [1, 2, 3, 4]
         (_json([X]), "9999", 400, "not a length within"),
         (_json([X], outputs="logits"), None, 400, '"outputs" must be a list'),
     ],
-    ids=["not-json", "no-inputs", "datatype", "shape", "count", "strings-for-floats", "floats-for-ints",
+    ids=["not-json", "not-utf8", "no-inputs", "datatype", "shape", "count", "strings-for-floats", "floats-for-ints",
          "twice", "no-data", "binary-short", "binary-size", "trailing", "header-length", "outputs"],
 )  # fmt: skip
 def test_malformed_requests_are_400_naming_the_problem(body, length, status, words):
@@ -246,3 +248,12 @@ def test_a_language_model_request_holds_at_most_max_prompts():
     with pytest.raises(oip.ProtocolError, match=f"send at most {MAX_PROMPTS} a request") as e:
         _text_inputs(request(MAX_PROMPTS + 1))
     assert e.value.status == 400
+
+
+def test_a_generate_body_that_is_not_utf8_is_named_so():
+    from ptopt.serve import ray_app
+
+    with pytest.raises(oip.ProtocolError) as e:
+        ray_app._generate_request('{"text_input": "caf\xe9"}'.encode("latin-1"))
+    assert e.value.status == 400 and e.value.message.startswith("the body is not UTF-8 text (byte 19)")
+    assert ray_app._generate_request(b'{"text_input": "hi"}')[0] == ["hi"]
