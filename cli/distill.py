@@ -129,8 +129,9 @@ def _print_report(art) -> None:
         from ptopt.core.lm import scored_tokens
 
         w = m["perplexity_window"]
+        cached = ", cached" if x.get("teacher_perplexity_cached") else ""
         click.echo(
-            f"held-out perplexity: {m['perplexity']:.3f} (teacher {m['teacher_perplexity']:.3f}; "
+            f"held-out perplexity: {m['perplexity']:.3f} (teacher {m['teacher_perplexity']:.3f}{cached}; "
             f"{scored_tokens(w)} of {m['eval_data']}, context {w['context']}, stride {w['stride']})"
         )
     if m.get("vs_teacher"):

@@ -277,15 +277,37 @@ def parameters_of(module: Any) -> int:
     return total
 
 
-def teacher_digest(loaded: Any) -> str:
-    """What identifies the teacher's weights in a checkpoint's fingerprint: the sha256 of its weight
-    files, else of its tensors."""
-    from ptopt.compress.checkpoint import tensor_digest
-    from ptopt.core.artifact import sha256_file
+def weight_files(folder: Any) -> list[Path]:
+    """The files a Hugging Face folder's weights are read from: ``model.safetensors``, or an index and
+    every shard it names (the index alone names tensors, not their values), or ``pytorch_model.bin``."""
+    import json
+
     from ptopt.core.hf import WEIGHT_FILES
 
-    folder = loaded.info.get("hf_dir")
-    files = [Path(folder) / f for f in WEIGHT_FILES if folder and (Path(folder) / f).is_file()]
+    if not folder:
+        return []
+    folder, files = Path(folder), []
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        files.append(path)
+        if name.endswith(".index.json"):
+            try:
+                shards = json.loads(path.read_text()).get("weight_map", {}).values()
+            except (OSError, ValueError, AttributeError):
+                shards = []
+            files += [folder / s for s in sorted(set(shards)) if (folder / s).is_file()]
+    return files
+
+
+def teacher_digest(loaded: Any) -> str:
+    """What identifies the teacher's weights in a checkpoint's fingerprint: the sha256 of its weight
+    files (``weight_files``), else of its tensors."""
+    from ptopt.compress.checkpoint import tensor_digest
+    from ptopt.core.artifact import sha256_file
+
+    files = weight_files(loaded.info.get("hf_dir"))
     if files:
         return "+".join(sha256_file(f)[:16] for f in files)
     return tensor_digest(loaded.module.state_dict().values())
@@ -343,7 +365,8 @@ def distill_lm(
     result = _train(s_loaded.module, data, tcfg, loss, fingerprint, run, hooks)
     if qat and dist_util.is_main_process():
         lm_qat.convert(result.model, qat)
-    measured = _perplexities(t_loaded, result, eval_ids, eval_data, qat)  # collective under FSDP
+    from_files = isinstance(teacher, (str, os.PathLike))  # else a model in memory: its tensors count
+    measured = _perplexities(t_loaded, result, eval_ids, (eval_data, from_files), qat)  # collective (FSDP)
     if not dist_util.is_main_process():
         return None
     facts = {"seq_len": seq_len, "train_tokens": int(train_ids.numel()), "windows": len(data), "pad_id": pad}
@@ -377,31 +400,91 @@ def _name(ref: Any, what: str) -> str:
     return str(ref) if isinstance(ref, (str, os.PathLike)) else f"in-memory {what}"
 
 
-def _perplexities(t_loaded: Any, result: Any, ids: Any, ref: Any, qat: str | None) -> dict[str, Any]:
-    """Held-out perplexity of student and teacher (``core.lm.perplexity``, at most EVAL_TOKENS tokens);
-    every rank scores the same windows (a sharded model's forward is collective). A QAT student is
-    scored quantized, on rank 0 (rank 0 alone holds it converted)."""
+def _perplexities(t_loaded: Any, result: Any, ids: Any, source: tuple, qat: str | None) -> dict[str, Any]:
+    """Held-out perplexity of student and teacher (``core.lm.perplexity``, at most EVAL_TOKENS tokens;
+    the teacher's read from ptopt's cache when its weights and the text were scored before:
+    :func:`teacher_perplexity`); every rank scores the same windows (a sharded model's forward is
+    collective). A QAT student is scored quantized, on rank 0 (rank 0 alone holds it converted).
+    ``source``: the evaluation text's reference and whether the teacher was loaded from files."""
     from ptopt.compress import distributed as dist_util
     from ptopt.core.lm import eval_window, perplexity
 
     if ids is None:
         return {}
+    ref, from_files = source
     ids, of = eval_window(ids)
-    base = perplexity(t_loaded.module.eval(), ids)
+    base = teacher_perplexity(t_loaded, ids, _name(ref, "evaluation text"), from_files)
     if qat:
         if not dist_util.is_main_process():
             return {}
         student = result.model
     else:
         student = result.sharded if result.sharded is not None else result.model
-    mine = perplexity(student.eval(), ids)
+    mine = perplexity(student.eval(), ids, what="student perplexity")
     return {
         "eval_data": _name(ref, "evaluation text"),
         "perplexity_window": {"context": mine["context"], "stride": mine["stride"], "tokens": mine["tokens"]}
         | ({"of_tokens": of} if of else {}),
         "perplexity": mine["perplexity"],
         "teacher_perplexity": base["perplexity"],
-    }
+    } | ({"teacher_perplexity_cached": True} if base.get("cached") else {})
+
+
+#: the cache's name for a teacher's held-out perplexity (``core.figure_cache``)
+TEACHER_PPL = "teacher-perplexity"
+
+
+def teacher_perplexity(t_loaded: Any, ids: Any, eval_name: str, from_files: bool) -> dict[str, Any]:
+    """``core.lm.perplexity`` of the teacher on ``ids``, or the figure a run with the same weights, text
+    and settings stored (``core.figure_cache``; :func:`perplexity_facts`), said in a progress line and
+    marked ``cached``. Every rank takes rank 0's answer: a sharded teacher's forward is collective."""
+    from ptopt.compress import distributed as dist_util
+    from ptopt.core import progress
+    from ptopt.core.figure_cache import read_figure, store_figure
+    from ptopt.core.lm import perplexity
+
+    facts = perplexity_facts(t_loaded, ids, eval_name, from_files) if dist_util.is_main_process() else None
+    hit = dist_util.broadcast_object(read_figure(TEACHER_PPL, facts) if facts else None)
+    if hit and isinstance(hit.get("perplexity"), (int, float)):
+        progress.note(f"teacher perplexity {hit['perplexity']:.3f} (cached, same weights and data)")
+        return {**hit, "cached": True}
+    base = perplexity(t_loaded.module.eval(), ids, what="teacher perplexity")
+    if facts:
+        store_figure(TEACHER_PPL, facts, base)
+    return base
+
+
+def perplexity_facts(t_loaded: Any, ids: Any, eval_name: str, from_files: bool) -> dict[str, Any] | None:
+    """What the teacher's perplexity on ``ids`` depends on: its weights (the sha256 of its weight files
+    when it was loaded from them here, else of its tensors' bytes), its config, parameter dtypes and
+    device, the text (reference and the digest of the token ids scored), the window, and the versions
+    of ptopt, torch and transformers. None when its tensors cannot be digested (nothing is cached)."""
+    import ptopt
+    from ptopt.compress.checkpoint import tensor_digest
+    from ptopt.core.hf import import_transformers
+    from ptopt.core.lm import CONTEXT, STRIDE
+
+    module = t_loaded.module
+    try:
+        if from_files and weight_files(t_loaded.info.get("hf_dir")):
+            weights = "files " + teacher_digest(t_loaded)
+        else:
+            weights = "tensors " + tensor_digest(module.state_dict().values())
+    except (TypeError, RuntimeError, AttributeError, ValueError):  # a tensor subclass with no plain bytes
+        return None
+    config = module.config.to_dict()
+    params = list(module.parameters())
+    return {
+        "weights": weights,
+        "config": {k: v for k, v in config.items() if k not in ("_name_or_path", "transformers_version")},
+        "dtypes": sorted({str(p.dtype) for p in params}),
+        "device": params[0].device.type if params else "cpu",
+        "eval_data": eval_name,
+        "eval_ids": f"{tensor_digest([ids])} ({int(ids.numel())} tokens)",
+        "window": {"context": CONTEXT, "stride": STRIDE},
+        "versions": {"ptopt": ptopt.__version__, "torch": torch.__version__,
+                     "transformers": import_transformers().__version__},
+    }  # fmt: skip
 
 
 def _result(
@@ -424,6 +507,8 @@ def _result(
 
     module = result.model.eval()
     t_params, s_params = parameters_of(t_loaded.module), parameters_of(module)
+    measured = dict(measured)
+    cached = {"teacher_perplexity_cached": True} if measured.pop("teacher_perplexity_cached", False) else {}
     names = {k: _name(v, k) for k, v in zip(("train_data", "eval_data"), refs, strict=True) if v is not None}
     template = Artifact(
         path=UNSAVED,
@@ -434,7 +519,7 @@ def _result(
         precision=lm_qat.precision(qat) if qat else "fp32",
         metrics={"student_parameters": s_params, "teacher_parameters": t_params, **measured},
         extra={"teacher": t_loaded.parent_record(), "student": s_loaded.parent_record(),
-               **result.summary(), "parameter_ratio": s_params / max(t_params, 1),
+               **result.summary(), "parameter_ratio": s_params / max(t_params, 1), **cached,
                "loaded_in_shards": [r for r, m in (("teacher", t_loaded), ("student", s_loaded))
                                     if m.info.get("sharded")]},
     )  # fmt: skip
