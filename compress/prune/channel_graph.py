@@ -336,10 +336,9 @@ class ChannelGraph(Rules, Spaces):
                 for d in on:
                     self._block(info.space, d.span, name)
                 return info
-            self._inexact.add(info.space)
             last = len(normed) == 1 and tuple(on) == plain(rank - 1, self._size(info.space))
-            self._norm_at.setdefault(info.space, []).append(
-                (name if last and L.plain_norm(mod) else None, info.space, self._size(info.space))
+            self._normed(
+                info.space, (name if last and L.plain_norm(mod) else None, info.space, self._size(info.space))
             )
             if len(normed) != 1 or getattr(mod, "weight", None) is None:
                 return info if len(normed) == 1 else self._drop(info, normed, name)

@@ -164,7 +164,10 @@ class Rules:
             return None
         src, info = known[0]
         rank = len(self._shape(src))
-        dim = self._arg(node, 1, "dim", self._arg(node, 1, "dims", None))
+        if _op_name(node) == "roll":  # roll(x, shifts, dims): arg 1 is the shifts; no dims rolls it flat
+            dim = self._arg(node, 2, "dims", None) or list(range(rank))
+        else:
+            dim = self._arg(node, 1, "dim", self._arg(node, 1, "dims", None))
         dims = dim if isinstance(dim, (list, tuple)) else [dim]
         if any(not isinstance(d, int) for d in dims):
             return self._unknown(node, _op_name(node))

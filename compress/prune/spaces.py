@@ -132,6 +132,16 @@ class Spaces:
             return
         self._spaces[self._find(i)].frozen.append(reason)
 
+    def _normed(self, space: int, norm: tuple[str | None, int, int]) -> None:
+        """A norm over every channel of ``space`` (``norm``: module, space, channels): the groups of its
+        channels are checked with it run on their kept channels alone. A concatenation is no group's
+        member: each of its parts carries the norm (Swin's patch merging normalises four copies of a
+        stage's stream; without this the check compared against a norm over the removed channels too)."""
+        for i in [p for p, _, _ in self._parts[space] if p is not None] if space in self._parts else [space]:
+            self._inexact.add(i)
+            if norm not in self._norm_at.setdefault(i, []):
+                self._norm_at[i].append(norm)
+
     def _freeze_info(self, info: Any, reason: str) -> None:
         for i in info if isinstance(info, list) else [info]:
             if isinstance(i, _Info):
