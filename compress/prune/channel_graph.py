@@ -114,7 +114,7 @@ class ChannelGraph(Rules, Spaces):
         self._inexact: set[int] = set()
         #: space -> the norms over its channels, as (module, space, channels): a leaf module to run on the
         #: kept channels alone when checking the pruned model, or None (a norm inside a larger forward)
-        self._norm_at: dict[int, list[tuple[str | None, int, int]]] = {}
+        self._norm_at: dict[int, list[tuple[str | None, int, int, tuple[Digit, ...]]]] = {}
         self.producer_order: list[str] = []
         #: structures kept whole or channels kept by an op the rules do not follow (printed)
         self.notes: list[str] = []
@@ -336,9 +336,11 @@ class ChannelGraph(Rules, Spaces):
                 for d in on:
                     self._block(info.space, d.span, name)
                 return info
-            last = len(normed) == 1 and tuple(on) == plain(rank - 1, self._size(info.space))
+            # over the last dim alone, whatever the channels' layout on it (timm Swin's patch merging:
+            # four copies of the stream, flattened): the check replays it on the positions that stay
+            width, last = self._shape(src)[-1], len(normed) == 1 and L.plain_norm(mod)
             self._normed(
-                info.space, (name if last and L.plain_norm(mod) else None, info.space, self._size(info.space))
+                info.space, (name if last else None, info.space, width, tuple(d.moved(0) for d in on))
             )
             if len(normed) != 1 or getattr(mod, "weight", None) is None:
                 return info if len(normed) == 1 else self._drop(info, normed, name)

@@ -189,7 +189,8 @@ class Rules:
         dims = sorted({d % len(s) for d in dims})
         if self._statistic(node, info, dims, len(s)):
             self._inexact.add(info.space)  # a norm written in Python: the others' statistic changes
-            self._norm_at.setdefault(info.space, []).append((self._norm_module(node), info.space, s[-1]))
+            norm = (self._norm_module(node), info.space, s[-1], plain(0, s[-1]))
+            self._norm_at.setdefault(info.space, []).append(norm)
             out = _Info(info.space, tuple(d for d in info.digits if d.dim not in dims))
         else:
             out = self._drop(info, dims, node.name)
@@ -568,7 +569,7 @@ class Rules:
         for i in (info, out) if normed else ():
             if isinstance(i, _Info) and i.space not in self._parts:  # the norm spans the channels
                 self._inexact.add(i.space)
-                self._norm_at.setdefault(i.space, []).append((None, i.space, self._size(i.space)))
+                self._norm_at.setdefault(i.space, []).append((None, i.space, self._size(i.space), ()))
         return out
 
     def _weight_normed(self, w: Any) -> tuple[str, Any] | None:

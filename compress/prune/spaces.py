@@ -83,8 +83,8 @@ class ChannelGroup:
     #: channels of the first producer's space (the table's "channels")
     size: int = 0
     #: the norms over these channels: (leaf module run on the kept channels alone when checking, or
-    #: None; the space at the norm; its channels)
-    norms: list[tuple[str | None, int, int]] = dataclasses.field(default_factory=list)
+    #: None; the space at the norm; the positions of the dim it normalises; their channels, digits on dim 0)
+    norms: list[tuple[str | None, int, int, tuple[Digit, ...]]] = dataclasses.field(default_factory=list)
 
     @property
     def prunable(self) -> bool:
@@ -98,7 +98,7 @@ class Spaces:
     _spaces: list[_Space]
     _parts: dict[int, list[tuple[int | None, int, int]]]
     _inexact: set[int]
-    _norm_at: dict[int, list[tuple[str | None, int, int]]]
+    _norm_at: dict[int, list[tuple[str | None, int, int, tuple[Digit, ...]]]]
 
     # -- spaces, union-find ----------------------------------------------------------------------
     def _new(self, size: int, producer: str | None = None, frozen: str | None = None) -> int:
@@ -132,8 +132,8 @@ class Spaces:
             return
         self._spaces[self._find(i)].frozen.append(reason)
 
-    def _normed(self, space: int, norm: tuple[str | None, int, int]) -> None:
-        """A norm over every channel of ``space`` (``norm``: module, space, channels): the groups of its
+    def _normed(self, space: int, norm: tuple[str | None, int, int, tuple[Digit, ...]]) -> None:
+        """A norm over every channel of ``space`` (``norm``: see ``ChannelGroup.norms``): the groups of its
         channels are checked with it run on their kept channels alone. A concatenation is no group's
         member: each of its parts carries the norm (Swin's patch merging normalises four copies of a
         stage's stream; without this the check compared against a norm over the removed channels too)."""
@@ -233,7 +233,7 @@ class Spaces:
             self._spaces[p].block = sp.block
             if space in self._inexact:
                 self._inexact.add(p)
-                self._norm_at[p] = [(None, p, b - a)]  # a norm over a split space: not checked
+                self._norm_at[p] = [(None, p, b - a, ())]  # a norm over a split space: not checked
             parts.append((p, a, b - a))
         self._parts[space] = parts
         return next(p for p, a, _ in parts if a == lo)

@@ -270,7 +270,6 @@ def _checked_norms(g: Any, keep: dict[int, Any], kept: dict[int, Any]) -> dict[s
     ``_last_dim_norm``. The check then runs them on the kept channels alone (``_KeptNorms``) and stays
     exact. None when some norm cannot be run so (the pruned model is then not checked)."""
     from ptopt.compress.prune.channel_graph import Use
-    from ptopt.compress.prune.layout import plain
 
     out: dict[str, Any] = {}
     for i, grp in enumerate(g.all_groups):
@@ -279,10 +278,10 @@ def _checked_norms(g: Any, keep: dict[int, Any], kept: dict[int, Any]) -> dict[s
         if not g.hidden:
             return None
         text = any(L.kind(g.modules.get(p)) == "embedding" for p in grp.producers)
-        for module, space, n in grp.norms:
+        for module, space, n, digits in grp.norms:
             if module is None or not (text or _last_dim_norm(g.modules.get(module))):
                 return None
-            out[module] = _alive(g, kept, Use(space, "", "", plain(0, n), n))
+            out[module] = _alive(g, kept, Use(space, "", "", digits, n))
     return out
 
 
