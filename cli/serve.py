@@ -44,6 +44,7 @@ def command(artifacts: tuple[str, ...], engine: str | None, **params: Any) -> No
 
 def _until_stopped(server: Any, name: str, stopped: Any, banner: Any) -> None:
     """Start ``server``, print ``banner()``, wait until Ctrl-C / SIGTERM or ``stopped()``; always stop."""
+    import contextlib
     import signal
     import time
 
@@ -59,23 +60,26 @@ def _until_stopped(server: Any, name: str, stopped: Any, banner: Any) -> None:
 
     previous, previous_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     _handlers()
-    try:
-        server.start()
-        _handlers()  # again: ray.init installs its own (C++) SIGTERM handler, which aborts the process
-        banner()
-        click.echo("Ctrl-C to stop.", err=True)
-        with progress.paused():  # serving is waiting, not long work: no "still working" lines
+    with contextlib.ExitStack() as quiet:
+        try:
+            server.start()
+            _handlers()  # again: ray.init installs its own (C++) SIGTERM handler, which aborts the process
+            banner()
+            click.echo("Ctrl-C to stop.", err=True)
+            # serving is waiting, not long work, and stopping is the end of it: no "still working" lines
+            # from here to the end (a failed start's cleanup keeps them)
+            quiet.enter_context(progress.paused())
             while True:
                 time.sleep(0.5)
                 stopped()
-    except KeyboardInterrupt:
-        click.echo(f"stopping {name} ...", err=True)
-    finally:
-        server.stop()
-        for sig, handler in ((signal.SIGTERM, previous), (signal.SIGINT, previous_int)):
-            if handler is not None:  # None: a handler not installed from Python
-                signal.signal(sig, handler)
-    click.echo("stopped.", err=True)
+        except KeyboardInterrupt:
+            click.echo(f"stopping {name} ...", err=True)
+        finally:
+            server.stop()
+            for sig, handler in ((signal.SIGTERM, previous), (signal.SIGINT, previous_int)):
+                if handler is not None:  # None: a handler not installed from Python
+                    signal.signal(sig, handler)
+        click.echo("stopped.", err=True)
 
 
 def _torchserve(artifacts: tuple[str, ...], settings: Any) -> None:

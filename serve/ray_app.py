@@ -14,6 +14,8 @@ Two deployments per application, built from a manifest (``ptopt_ray.json``, writ
   sends the same batch again, to a replica that is alive (up to ``RETRIES`` times, backing off), so
   the clients of a lost replica get their answer late rather than an error; only when every retry
   fails do they get 503 naming the lost replica. Serve's controller replaces the replica meanwhile.
+  Told to drain (``RayServer.stop``, through Ray's key-value store), it answers every new request
+  the protocol's JSON 503 and finishes those in flight; no failure is ever Serve's plain-text 500.
 
 Routes (the Open Inference Protocol, KServe v2, as ``tritonclient.http`` calls them; ``serve.oip``):
 ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/NAME[/versions/1]`` (metadata),
@@ -30,6 +32,7 @@ This module imports Ray; the replicas import ptopt (the cluster's Python needs `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -43,7 +46,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ptopt.serve import oip
-from ptopt.serve.ray_config import INGRESS_MAX_ONGOING
+from ptopt.serve.ray_config import GRACEFUL_WAIT_LOOP_S, INGRESS_MAX_ONGOING
 from ptopt.serve.ray_package import INGRESS, read_manifest
 
 logger = logging.getLogger("ray.serve")
@@ -53,6 +56,22 @@ _MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/([^/]+)
 #: what may follow /v2/models/NAME[/versions/1]: "" (metadata) and the actions (generate: a language
 #: model's; a tensor model answers it 400, naming infer)
 _ACTIONS = ("", "ready", "config", "infer", "generate")
+
+
+#: Ray's key-value store (the GCS) carries ``RayServer.stop``'s word to every ingress replica: ``drain/APP``
+#: set means "answer every new request 503"; each replica answers under ``drain/APP/REPLICA`` with the
+#: number of requests it still has in flight (``stop`` waits for every replica's 0)
+DRAIN_NAMESPACE = "ptopt"
+#: how often an ingress replica looks for that word (seconds)
+DRAIN_POLL_S = 0.1
+SHUTTING_DOWN = (
+    "the server is shutting down: it takes no new request (those in flight finish); send it again to "
+    "another server, or to this one once it is back"
+)
+
+
+def drain_key(app: str, replica: str | None = None) -> str:
+    return f"drain/{app}" if replica is None else f"drain/{app}/{replica}"
 
 
 def model_deployment_name(model: str) -> str:
@@ -128,6 +147,46 @@ class PtoptIngress:
         self.batchers = {
             name: self._batcher(name, m, manifest) for name, m in self.models.items() if m["kind"] == "tensor"
         }
+        #: set once ``stop`` asked this application to drain: every new request is a JSON 503
+        self.draining = False
+        self.inflight = 0  # requests being answered (not those refused while draining)
+        self._watcher: asyncio.Task | None = None
+        self._watch()
+
+    # -- draining ------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Look for ``stop``'s word to drain, from this replica's event loop (Serve runs the constructor
+        in it; a direct call without a loop, as the tests make, starts the watch at its first request)."""
+        if self._watcher is None:
+            with contextlib.suppress(RuntimeError):  # no running loop
+                self._watcher = asyncio.get_running_loop().create_task(self._watch_drain())
+
+    async def _watch_drain(self) -> None:
+        """Every :data:`DRAIN_POLL_S`: whether ``drain/APP`` is set; once it is, this replica's requests
+        in flight under ``drain/APP/REPLICA`` whenever the number changes."""
+        from ray.experimental import internal_kv as kv
+
+        try:
+            context = serve.get_replica_context()
+        except Exception:  # noqa: BLE001 - not in a Serve replica (the class called directly): no word comes
+            return
+        app, me, said = context.app_name, context.replica_id.unique_id, None
+        while True:
+            await asyncio.sleep(DRAIN_POLL_S)
+            try:
+                if not self.draining:
+                    found = await asyncio.to_thread(
+                        kv._internal_kv_exists, drain_key(app), namespace=DRAIN_NAMESPACE
+                    )
+                    self.draining = bool(found)
+                count = self.inflight
+                if self.draining and said != count:
+                    await asyncio.to_thread(
+                        kv._internal_kv_put, drain_key(app, me), str(count), True, namespace=DRAIN_NAMESPACE
+                    )
+                    said = count
+            except Exception as e:  # noqa: BLE001 - the GCS out of reach a moment: look again
+                logger.warning("ingress: cannot read the drain flag (%s); trying again", e)
 
     async def _batched(self, name: str, arrays: dict[str, Any]) -> Any:
         """The model's answer to one request: through Serve's batcher, or alone when the request has more
@@ -170,14 +229,32 @@ class PtoptIngress:
 
     # -- HTTP --------------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
+        self._watch()
+        if self.draining:
+            status, content, headers = _json(503, {"error": SHUTTING_DOWN})
+        else:
+            self.inflight += 1
+            try:
+                status, content, headers = await self._answer(request)
+            finally:
+                self.inflight -= 1
+        content = oip.compress(content, headers, request.headers.get("accept-encoding"))
+        return Response(content, status_code=status, headers=headers)
+
+    async def _answer(self, request: Request) -> tuple[int, bytes, dict[str, str]]:
+        """(status, body, headers), a failure included: the protocol's JSON error, never Serve's plain
+        500 (an unexpected one is logged with its traceback, and is a 503 while the server stops)."""
         path = request.scope.get("path", "")[len(request.scope.get("root_path", "")) :] or "/"
         try:
             body = await self._body(request) if request.method == "POST" else b""
-            status, content, headers = await self.respond(request.method, path, dict(request.headers), body)
+            return await self.respond(request.method, path, dict(request.headers), body)
         except oip.ProtocolError as e:
-            status, content, headers = e.status, e.body(), {"Content-Type": "application/json"}
-        content = oip.compress(content, headers, request.headers.get("accept-encoding"))
-        return Response(content, status_code=status, headers=headers)
+            return e.status, e.body(), {"Content-Type": "application/json"}
+        except Exception as e:  # noqa: BLE001 - a bug or a lost model deployment: said in JSON, logged whole
+            logger.exception("ingress: %s %s failed", request.method, path)
+            if self.draining:
+                return _json(503, {"error": f"{SHUTTING_DOWN} ({type(e).__name__} while stopping)"})
+            return _json(500, {"error": f"internal error: {type(e).__name__}: {e}"[:500]})
 
     async def _body(self, request: Request) -> bytes:
         """The request body, refused (413) past the limit without reading the rest."""
@@ -487,6 +564,7 @@ def build_app(manifest: dict[str, Any], root: str) -> Any:
             "name": model_deployment_name(entry["name"]),
             "ray_actor_options": replica_options,
             "max_ongoing_requests": int(manifest["model_max_ongoing"]),
+            "graceful_shutdown_wait_loop_s": GRACEFUL_WAIT_LOOP_S,
         }
         if isinstance(scaling, dict):
             options["autoscaling_config"] = {
@@ -500,7 +578,10 @@ def build_app(manifest: dict[str, Any], root: str) -> Any:
             root, entry, manifest.get("threads"), int(manifest.get("max_tokens", 256))
         )
     return PtoptIngress.options(
-        name=INGRESS, num_replicas=int(manifest.get("ingress_replicas", 1)), ray_actor_options={"num_cpus": 0}
+        name=INGRESS,
+        num_replicas=int(manifest.get("ingress_replicas", 1)),
+        ray_actor_options={"num_cpus": 0},
+        graceful_shutdown_wait_loop_s=GRACEFUL_WAIT_LOOP_S,
     ).bind(handles, manifest)
 
 

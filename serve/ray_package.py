@@ -28,7 +28,13 @@ from ptopt.core.artifact import Artifact, staged_dir
 from ptopt.core.errors import ModelLoadError, UsageError
 from ptopt.core.formats import find_format, get_format, sniff_file
 from ptopt.serve.prepare import _checked_model_name, default_name, model_name_for, prepare
-from ptopt.serve.ray_config import INGRESS_MAX_ONGOING, SERVE_FAST_PATH, RayServeConfig, logging_config
+from ptopt.serve.ray_config import (
+    GRACEFUL_WAIT_LOOP_S,
+    INGRESS_MAX_ONGOING,
+    SERVE_FAST_PATH,
+    RayServeConfig,
+    logging_config,
+)
 
 MANIFEST = "ptopt_ray.json"
 APP_FILE = "ptopt_ray_app.py"
@@ -197,6 +203,7 @@ def serve_config_yaml(man: dict[str, Any], working_dir: str, host: str, port: in
             "num_replicas": int(man["ingress_replicas"]),
             "max_ongoing_requests": INGRESS_MAX_ONGOING,
             "ray_actor_options": {"num_cpus": 0},
+            "graceful_shutdown_wait_loop_s": GRACEFUL_WAIT_LOOP_S,
         }
     ]
     for entry in man["models"]:
@@ -204,6 +211,7 @@ def serve_config_yaml(man: dict[str, Any], working_dir: str, host: str, port: in
             "name": f"model_{entry['name']}",
             "max_ongoing_requests": int(man["model_max_ongoing"]),
             "ray_actor_options": {"num_cpus": float(man["cpus_per_replica"])},
+            "graceful_shutdown_wait_loop_s": GRACEFUL_WAIT_LOOP_S,
         }
         scaling = man["replicas"]
         if isinstance(scaling, dict):

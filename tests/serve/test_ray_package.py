@@ -53,6 +53,12 @@ def test_cli_writes_the_folder(cli, serve_artifacts, tmp_path):
         "num_cpus": 0.5
     }
     assert deps["ingress"]["ray_actor_options"] == {"num_cpus": 0}
+    # a deleted replica looks for its last requests every 0.2 s, not Serve's 2 s (the least a stop took)
+    assert (
+        deps["ingress"]["graceful_shutdown_wait_loop_s"]
+        == deps["model_cnn"]["graceful_shutdown_wait_loop_s"]
+        == 0.2
+    )
     assert config["http_options"]["host"] == "127.0.0.1"
     # Serve's per-request access lines are off (proxy and replicas; --access-log turns them on)
     assert (

@@ -100,20 +100,54 @@ def served(serve_artifacts, tmp_path_factory):
         yield Served(url, gcs, token, ray_dir, proc, out)
     finally:
         session = session_processes(ray_dir) if lines and "ray_dir" in locals() else []
+        stop, answers = threading.Event(), []
+        clients = [threading.Thread(target=_stopping_client, args=(url, stop, answers)) for _ in range(4)]
+        for c in clients if "url" in locals() else []:
+            c.start()
         proc.send_signal(signal.SIGTERM)  # what a process manager sends; ray.init installs its own handler
         try:
             _, err = proc.communicate(timeout=180)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             raise
+        finally:
+            stop.set()
+            for c in clients:
+                c.join(timeout=60)
     # SIGTERM (as Ctrl-C): exit 0, and nothing of that Ray session is left (GCS, raylet, agents, Serve's
-    # actors); while it served, no "still working" heartbeat (serving is waiting, not long work)
+    # actors); while it served and while it stopped, no "still working" heartbeat (serving is waiting,
+    # not long work, and stopping ends it)
     assert proc.returncode == 0 and "stopped." in err, err
-    serving = err.split("Ctrl-C to stop.", 1)[1].split("stopping Ray Serve", 1)[0]
-    assert "still working" not in serving, err
+    assert "still working" not in err.split("Ctrl-C to stop.", 1)[1], err
+    # the clients sending while it stopped: answered, or the protocol's JSON 503 (draining), or no
+    # connection once Ray is down; never Serve's plain-text 404 (the application being deleted) or 500
+    wrong = [
+        (code, body[:100])
+        for code, body in answers
+        if code not in (0, 200) and not _shutting_down(code, body)
+    ]
+    assert not wrong, wrong
     assert session and not [p for p in session if alive(p)], "Ray processes left behind"
     assert not [c for c in _cmdlines().values() if ray_dir in c or c.startswith(REPLICA)]
     assert not os.path.exists(ray_dir) and not list(cwd.iterdir())
+
+
+def _stopping_client(url: str, stop: threading.Event, answers: list) -> None:
+    """Infer requests until ``stop``; records (status, body)."""
+    from ptopt.serve.ray_server import http
+
+    body = json.dumps({"inputs": [_tensor([1, 1, 8, 8])]}).encode()
+    while not stop.is_set():
+        answers.append(http("POST", f"{url}/v2/models/cnn/infer", body, timeout=60))
+        if answers[-1][0] != 200:
+            time.sleep(0.02)
+
+
+def _shutting_down(code: int, body: bytes) -> bool:
+    try:
+        return code == 503 and "shutting down" in json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -338,7 +372,20 @@ def test_api_joins_the_instance_and_serves_a_language_model(served, serve_lm, mo
             json.dumps({"text_input": prompt, "parameters": {"max_tokens": 9}}).encode(),
         )
         assert code == 400 and "max_tokens 9: give an integer from 1 to 8" in json.loads(body)["error"]
+        # the Python side: generate (predict sends tensors, and says where a language model's text goes)
+        assert server.generate(prompt, max_tokens=5) == (
+            200,
+            {"model_name": "llama", "model_version": "1", "text_output": want},
+        )
+        code, answer = server.predict([[1, 2]])
+        assert code == 400 and "generates text: POST /v2/models/llama/generate" in answer["error"]
         assert client.is_model_ready("cnn")  # the CLI's application, beside it
+        # what stop does first: every ingress replica, told through Ray's key-value store, answers new
+        # requests the protocol's JSON 503 once _drain returns (the requests in flight answered)
+        server._drain()
+        code, answer = server.generate(prompt, max_tokens=5)
+        assert code == 503 and "shutting down" in answer["error"], answer
+        assert client.is_model_ready("cnn")  # only this application drains
     import ray
 
     assert not ray.is_initialized()

@@ -1,0 +1,170 @@
+"""Stopping a busy Ray Serve server, without a Ray instance: the ingress's draining (a request in flight is
+answered 200, a new one the protocol's JSON 503, an unexpected failure JSON, never Serve's plain-text
+404/500), the CLI's silence while it stops, and the HTTP helper when an answer is cut. The real stop
+under load (SIGTERM with clients sending): ``test_ray_serve.py``'s module fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="ray[serve] (the ray extra) is not installed")
+from starlette.requests import Request  # noqa: E402 - after the importorskip
+
+
+class _Slow:
+    """A model deployment's handle whose ``generate`` answers only once ``release`` is set, or raises
+    ``fail`` (after calling ``before_failing``)."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.fail: BaseException | None = None
+        self.before_failing = lambda: None
+
+    def __getattr__(self, method):
+        async def call(*args):
+            if self.fail is not None:
+                self.before_failing()
+                raise self.fail
+            await self.release.wait()
+            return ["slow answer"]
+
+        return type("Method", (), {"remote": staticmethod(call)})
+
+
+def _ingress(handle):
+    from ptopt.serve.ray_app import PtoptIngress
+
+    manifest = {"models": [{"name": "lm", "kind": "text", "max_batch": 1}], "max_request_bytes": 1 << 20,
+                "max_tokens": 8, "max_batch_size": 1}  # fmt: skip
+    return PtoptIngress.func_or_class({"lm": handle}, manifest)
+
+
+def _request(path="/v2/models/lm/generate", body=b'{"text_input": "hi"}'):
+    scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "query_string": b"",
+             "headers": [(b"content-length", str(len(body)).encode())]}  # fmt: skip
+    sent = []
+
+    async def receive():
+        if sent:
+            return {"type": "http.disconnect"}
+        sent.append(1)
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(scope, receive)
+
+
+async def _answer(ingress, request):
+    response = await ingress(request)
+    assert response.headers["content-type"] == "application/json", response.body
+    return response.status_code, json.loads(response.body)
+
+
+def test_draining_finishes_the_request_in_flight_and_answers_new_ones_json_503():
+    """A request held in the model while ``stop`` turns draining on is answered 200; one arriving after
+    is a JSON 503 saying the server is shutting down (before, Serve's proxy answered it a plain-text
+    404, the application being deleted), and it never reaches the model."""
+    slow = _Slow()
+    ingress = _ingress(slow)
+
+    async def scenario():
+        held = asyncio.create_task(_answer(ingress, _request()))
+        while ingress.inflight == 0:  # the request is in the model, waiting
+            await asyncio.sleep(0)
+        ingress.draining = True  # what the drain watch sets on stop's word
+        code, answer = await _answer(ingress, _request())
+        assert ingress.inflight == 1  # the new request was refused, not counted
+        slow.release.set()
+        return (code, answer), await held
+
+    (code, answer), (held_code, held_answer) = asyncio.run(scenario())
+    assert code == 503 and set(answer) == {"error"} and "shutting down" in answer["error"], answer
+    assert held_code == 200 and held_answer["text_output"] == "slow answer", held_answer
+    assert ingress.inflight == 0
+    assert asyncio.run(_answer(ingress, _request("/v2/health/live")))[0] == 503  # every route, health too
+
+
+@pytest.mark.parametrize("draining, status", [(False, 500), (True, 503)])
+def test_an_unexpected_failure_is_json_never_a_plain_500(draining, status):
+    """A model call failing in a way the ingress does not expect (a deployment being deleted, a bug) was
+    Serve's plain-text "Internal Server Error"; now it is the protocol's JSON error, 503 while stopping."""
+    slow = _Slow()
+    slow.fail = RuntimeError("deployment model_lm is being deleted")
+    ingress = _ingress(slow)
+    if draining:  # the failure comes while the request is in flight and the server starts stopping
+        slow.before_failing = lambda: setattr(ingress, "draining", True)
+
+    async def scenario():
+        return await _answer(ingress, _request())
+
+    code, answer = asyncio.run(scenario())
+    assert code == status and set(answer) == {"error"}, answer
+    assert "RuntimeError" in answer["error"] and ("shutting down" in answer["error"]) == draining, answer
+
+
+def test_stopping_the_cli_server_prints_no_heartbeat(monkeypatch):
+    """``ptopt serve``: after "Ctrl-C to stop." no "still working" line, while serving and while stopping
+    (a stop under load took 20 s and printed them, and "ptopt serve: done in N s" after "stopped.").
+    Checked without waiting: inside ``stop`` the heartbeat thread's own choice, after a long silence,
+    names no step."""
+    import time
+
+    import click
+
+    from ptopt.cli.serve import _until_stopped
+    from ptopt.core import progress
+
+    seen = {}
+
+    class Server:
+        def start(self):
+            pass
+
+        def stop(self):
+            reporter = progress._current()
+            reporter.last = time.monotonic() - 100  # as after a long silence
+            seen["due"] = reporter._due()
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    lines: list[str] = []
+    monkeypatch.setattr(click, "echo", lambda text, err=False: lines.append(text))
+    with progress.reporting(lines.append), progress.step("ptopt serve", announce=False, since=0.0):
+        _until_stopped(Server(), "Ray Serve", ctrl_c, lambda: None)
+    assert seen == {"due": None}, seen
+    assert lines == ["Ctrl-C to stop.", "stopping Ray Serve ...", "stopped."], lines
+
+
+def test_http_helper_returns_a_cut_answer_instead_of_raising():
+    """An answer whose connection closed inside its body (a server stopping) raised ``IncompleteRead``
+    out of ``ray_server.http`` (and out of ``RayServer.predict``); it is a status with the reason now."""
+    from ptopt.serve.ray_server import http
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(2)
+    port = server.getsockname()[1]
+    heads = [b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.1 200 OK"]
+
+    def serve():
+        for head in heads:
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.sendall(head + b"\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabc")  # then closes
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        code, body = http("GET", f"http://127.0.0.1:{port}/", timeout=10)
+        assert code == 503 and b"IncompleteRead" in body, body
+        code, body = http("GET", f"http://127.0.0.1:{port}/", timeout=10)
+        assert code == 0 and body, body
+    finally:
+        t.join(timeout=10)
+        server.close()
