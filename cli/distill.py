@@ -84,14 +84,17 @@ def command(
     Several processes: --nproc N, or torchrun --nproc-per-node N -m ptopt.cli.main distill ...
     """
     from ptopt.cli.launch import launched_here
+    from ptopt.cli.options import warning_lines
     from ptopt.compress.distill import distill
+    from ptopt.compress.teacher_check import UntrainedTeacherWarning
 
     common = dict(teacher_weights=teacher_weights, student_weights=student_weights, eval_data=eval_data)
     options = dict(teacher=teacher, student=student, train_data=train_data, output=output)
     options |= given(common | {"allow_pickle": allow_pickle or None}) | given(params)
     if launched_here(options):  # the processes did the work; rank 0 reported
         return
-    res = distill(**options, progress=not no_progress)
+    with warning_lines(UntrainedTeacherWarning):  # a factory teacher that looks untrained: one line, first
+        res = distill(**options, progress=not no_progress)
     if res is None:  # a torchrun rank other than 0: rank 0 reports
         return
     _print_report(res)

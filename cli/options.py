@@ -84,6 +84,31 @@ def json_option(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(f)
 
 
+def warning_lines(*categories: type[Warning]) -> Any:
+    """A block in which each warning of ``categories`` prints as it comes, as one ``warning: ...``
+    line on stderr (every time, whatever the filters); any other warning as the CLI shows it."""
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def block() -> Any:
+        with warnings.catch_warnings():
+            for category in categories:
+                warnings.simplefilter("always", category)
+            shown = warnings.showwarning
+
+            def show(message, category, *rest) -> None:  # noqa: ANN001 - warnings.showwarning's signature
+                if issubclass(category, categories):
+                    click.echo(f"warning: {message}", err=True)
+                else:
+                    shown(message, category, *rest)
+
+            warnings.showwarning = show
+            yield
+
+    return block()
+
+
 def drop_text(points: float) -> str:
     """``drop 0.56 points``, or ``up 3.12 points`` where the compressed model scored higher."""
     return f"up {-points:.2f} points" if points < -0.005 else f"drop {max(points, 0.0):.2f} points"

@@ -70,25 +70,16 @@ def command(
     Unstructured (l1-unstructured, global) only zeroes weights: same size on disk, no faster;
     what the zeros save is the gzip size.
     """
-    import warnings
-
+    from ptopt.cli.options import warning_lines
     from ptopt.compress.prune import PruneWarning, prune
+    from ptopt.compress.teacher_check import UntrainedTeacherWarning
 
     common = dict(fine_tune_data=fine_tune_data, eval_data=eval_data, weights=weights)
     common |= dict(allow_pickle=allow_pickle or None, input_shapes=input_shapes)
     options = {"model": model, "output": output, **given(common), **given(params)}
-    with warnings.catch_warnings():  # each pruning warning as it comes (an --exclude that matches nothing:
-        # before the work, not after it); any other warning as the CLI shows it
-        warnings.simplefilter("always", PruneWarning)
-        shown = warnings.showwarning
-
-        def show(message, category, *rest) -> None:  # noqa: ANN001 - warnings.showwarning's signature
-            if issubclass(category, PruneWarning):
-                click.echo(f"warning: {message}", err=True)
-            else:
-                shown(message, category, *rest)
-
-        warnings.showwarning = show
+    # each pruning warning as it comes (an --exclude that matches nothing, a factory teacher that looks
+    # untrained: before the work, not after it); any other warning as the CLI shows it
+    with warning_lines(PruneWarning, UntrainedTeacherWarning):
         art = prune(**options, progress=True)
     _print_report(art, options["method"])
     maybe_save_recipe(save_recipe, "prune", options)

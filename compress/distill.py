@@ -198,6 +198,7 @@ def _distill(
 ) -> Any:
     """A classifier's distillation (``distill``'s docstring), inside the process group."""
     from ptopt.compress import distributed as dist_util
+    from ptopt.compress.teacher_check import check_factory_teacher
 
     check_output(output, OUTPUT_SUFFIXES)
     train_ds, eval_ds = _load_data(train_data, eval_data, dcfg.alpha)
@@ -205,6 +206,7 @@ def _distill(
         teacher, student, models["teacher_weights"], models["student_weights"], models["allow_pickle"],
         tcfg.seed, train_ds,
     )  # fmt: skip
+    check_factory_teacher(t_loaded, (eval_ds, train_ds))  # random weights from a factory: one warning
     trained = s_loaded.info.get("rebuilt_from") or s_loaded.info.get("weights")
     if (
         trained and tcfg.lr >= 1e-3

@@ -163,7 +163,7 @@ def prune(
     text = _eval_text(loaded, eval_data)  # a causal LM's --eval-data: text, judged by perplexity
     with no_cache(loaded.module):
         ft, ev, example = _prepare_data(loaded, plan, None if text is not None else eval_data, input_shapes)
-        teaching = _teacher(teacher, loaded.module, tune.options.teacher_weights)
+        teaching = _teacher(teacher, loaded.module, tune.options.teacher_weights, (ev, ft))
         plan = dataclasses.replace(plan, data=ft, teacher=teaching)
         for pattern in unmatched_patterns(loaded.module, config.exclude):
             warnings.warn(f"--exclude {pattern!r} matches no layer of the model", PruneWarning, stacklevel=2)
@@ -576,13 +576,18 @@ def _write(model: Any, example: Any, specs: list[Any], style: str, hf_dir: Any, 
         return save_dense(model, example, path, output_format(path), specs, style)
 
 
-def _teacher(teacher: Any, module: Any, weights: Any = None) -> Any:
+def _teacher(teacher: Any, module: Any, weights: Any = None, datasets: tuple = ()) -> Any:
     """The distillation teacher as an eval-mode module (``"self"``: a copy of the unpruned model;
-    ``weights``: a factory teacher's state dict)."""
+    ``weights``: a factory teacher's state dict). A factory teacher with no weights that scores chance
+    on the labelled ``datasets`` warns (``compress.teacher_check``)."""
     if teacher is None:
         return None
     if isinstance(teacher, str) and teacher == TEACHER_SELF:
         return copy.deepcopy(module).eval()
+    from ptopt.compress.teacher_check import check_factory_teacher
     from ptopt.core.modelref import as_loaded
 
-    return as_loaded(teacher, weights).require_module("a distillation teacher").eval()
+    loaded = as_loaded(teacher, weights)
+    teaching = loaded.require_module("a distillation teacher").eval()
+    check_factory_teacher(loaded, datasets)
+    return teaching
