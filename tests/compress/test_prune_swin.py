@@ -64,6 +64,31 @@ def test_a_norm_over_concatenated_channels_is_replayed_on_the_kept_ones():
     assert [pruned.features[i][0].attn.num_heads for i in (1, 3, 5)] == [2, 3, 6]
     assert pruned.features[4].norm.normalized_shape == (4 * pruned.features[3][0].attn.qkv.in_features,)
     assert pruned(x).shape == (2, 10)
+    for i in (3, 5):
+        _assert_whole_heads_removed(model.features[i][0].attn, pruned.features[i][0].attn)
+
+
+def _assert_whole_heads_removed(a, b) -> None:
+    """``b`` (pruned) holds exactly the q/k/v rows, the relative-position-bias column and the proj input
+    columns of the heads it kept (found by their bias columns), at the input channels it kept."""
+    table, kept = a.relative_position_bias_table, b.relative_position_bias_table
+    heads = [
+        next(j for j in range(a.num_heads) if torch.equal(table[:, j], kept[:, i]))
+        for i in range(b.num_heads)
+    ]
+    width, size = a.qkv.in_features, a.qkv.in_features // a.num_heads
+    inner = [h * size + r for h in heads for r in range(size)]
+    rows = [part * width + c for part in range(3) for c in inner]
+    w = a.qkv.weight[rows]
+    cols = [
+        next(j for j in range(width) if torch.equal(w[:, j], b.qkv.weight[:, i]))
+        for i in range(b.qkv.in_features)
+    ]
+    assert b.num_heads < a.num_heads and len(set(heads)) == b.num_heads
+    assert torch.equal(b.qkv.weight, w[:, cols]) and torch.equal(b.qkv.bias, a.qkv.bias[rows])
+    assert torch.equal(b.proj.weight, a.proj.weight[cols][:, inner]) and torch.equal(
+        b.proj.bias, a.proj.bias[cols]
+    )
 
 
 def test_a_stream_across_shifted_windows_is_pruned():
