@@ -413,7 +413,7 @@ class RayServer:
             if self._owns_app:  # never a cluster's application this server refused to replace
                 if self._serving:  # a failed start has no client to drain (and no ingress to answer)
                     with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
-                        self._drain()
+                        self.drain()
                     self._serving = False
                 if self.address is not None:  # a cluster keeps running: only this application goes
                     with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
@@ -437,9 +437,13 @@ class RayServer:
         self._saved_env = {}
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
         """Tell every ingress replica to answer new requests 503 (JSON, "shutting down") and wait until
-        each has answered those it had in flight (at most ``timeout_s``; ``ray_app.drain_key``)."""
+        each has answered those it had in flight (at most ``timeout_s``; ``ray_app.drain_key``): what
+        ``stop`` does first. True once all did; False when the time ran out. There is no way back:
+        ``stop`` is what follows."""
+        if not self._serving:
+            raise UsageError("RayServer.drain: this server is not serving (start it first)")
         from ray.experimental import internal_kv as kv
 
         from ptopt.serve.ray_app import DRAIN_NAMESPACE, drain_key
@@ -452,8 +456,9 @@ class RayServer:
             keys = kv._internal_kv_list(prefix, namespace=DRAIN_NAMESPACE)
             counts = [kv._internal_kv_get(k, namespace=DRAIN_NAMESPACE) for k in keys]
             if len(keys) >= want and all(c == b"0" for c in counts):
-                return
+                return True
             time.sleep(0.05)
+        return False
 
     def __enter__(self) -> RayServer:
         return self.start()

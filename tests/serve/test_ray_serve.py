@@ -381,8 +381,8 @@ def test_api_joins_the_instance_and_serves_a_language_model(served, serve_lm, mo
         assert code == 400 and "generates text: POST /v2/models/llama/generate" in answer["error"]
         assert client.is_model_ready("cnn")  # the CLI's application, beside it
         # what stop does first: every ingress replica, told through Ray's key-value store, answers new
-        # requests the protocol's JSON 503 once _drain returns (the requests in flight answered)
-        server._drain()
+        # requests the protocol's JSON 503 once drain returns (the requests in flight answered)
+        assert server.drain() is True
         code, answer = server.generate(prompt, max_tokens=5)
         assert code == 503 and "shutting down" in answer["error"], answer
         assert client.is_model_ready("cnn")  # only this application drains
@@ -484,4 +484,7 @@ def test_api_refuses_before_starting(serve_artifacts, tmp_path):
         match="unknown Ray Serve option(s): bogus",
         error=UsageError,
     )
+    server = RayServer(serve_artifacts["fp32"])
+    assert_refused(server.drain, match="this server is not serving", error=UsageError)
+    server.stop()
     assert _workdirs() <= before
