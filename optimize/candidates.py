@@ -223,6 +223,7 @@ def _quantize(mode: str, engine: str | None = None, source: str | None = None) -
             return quantize(
                 module, mode, calib_data=ctx.calib, engine=engine, input_shapes=ctx.input_shapes or (),
                 progress=None,  # the search reports the build; its steps (calibration) show inside
+                advice=False,  # the layers to keep float: the float-layer candidates, under the time budget
             )  # fmt: skip
         except ParityError as e:
             return _within_budget(ctx, e)

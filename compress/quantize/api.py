@@ -78,6 +78,7 @@ def quantize(
     weights: Any = None,
     allow_pickle: bool = False,
     progress: bool = True,
+    advice: bool = True,
     **options: Any,
 ) -> Any:
     """Quantize ``model`` to int8; returns a :class:`~ptopt.core.result.Result` (see the module doc).
@@ -100,7 +101,10 @@ def quantize(
     ExportedProgram ``.pt2`` instead of an AOTInductor package. ``mode="weight-only"`` (language
     models): ``bits`` 8 | 4, ``group_size``, ``method`` rtn | hqq | awq | gptq (awq, gptq fitted on
     ``calib_data`` text), perplexity on ``eval_data`` text; a folder (``lm_flow``); ``decode_step=N``
-    adds the decode step as an ExportedProgram with an N-token static KV cache.
+    adds the decode step as an ExportedProgram with an N-token static KV cache. ``advice=False``: an int8
+    model that breaks the int8 rule is refused without the advice that names the layers to keep float
+    (a search: minutes on a transformer), as ``optimize`` does, whose own float-layer candidates run
+    under its time budget.
     """
     config, search = resolve_config(mode, config, options)
     common = dict(input_shapes=input_shapes, weights=weights, allow_pickle=allow_pickle, progress=progress)
@@ -125,7 +129,7 @@ def quantize(
     if config.mode == "qat" and not is_main_process():
         return None  # under torchrun every process trained (the trainer's DDP); rank 0 judges and writes
     output = winner_output(result, config.engine, output)
-    judged(result, config, prep, output)
+    judged(result, config, prep, output, advice)
     return finish(result, output)
 
 

@@ -140,10 +140,11 @@ def _source_layer(prep: Prepared) -> dict[str, str]:
     return {"output_layer": layer} if layer is not None else {}
 
 
-def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any) -> None:
+def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any, advice: bool = True) -> None:
     """The gates of ``config``'s row: too small an int8 share is refused (UnsupportedModelError), and
     an int8 model that breaks export's parity rule against fp32 (ParityError, the file kept aside as
-    ``<output>.failed``) with the advice of the engine that made it (the layers to keep float)."""
+    ``<output>.failed``) with the advice of the engine that made it (the layers to keep float; with
+    ``advice=False`` without it: finding them is a search)."""
     row = table.technique(config.mode, config.engine)
     if row.min_int8_share:
         refuse_if_mostly_float(result, prep, row.min_int8_share)
@@ -152,7 +153,7 @@ def judged(result: Any, config: QuantConfig, prep: Prepared, output: Any) -> Non
     made_by = config
     if row.advise is None:  # a chooser without advice of its own: the advice of the engine it chose
         made_by = config.replace(engine=result.config.get("engine", config.engine))
-    advise = table.technique(made_by.mode, made_by.engine).advise
+    advise = table.technique(made_by.mode, made_by.engine).advise if advice else None
     refuse_if_unfaithful(result, output, (lambda: advise(made_by, prep)) if advise else None)
 
 

@@ -70,6 +70,27 @@ def test_static_int8_that_breaks_names_the_layers_to_keep_float(monkeypatch):
     assert res.metrics["vs_fp32"]["passed"] and res.metrics["min_cosine"] >= 0.99
 
 
+def test_advice_false_refuses_without_searching_for_float_layers(monkeypatch):
+    """``advice=False`` (what optimize passes: its float-layer candidates search under its time budget):
+    the same refusal, without the advice's search (on all-MiniLM-L6-v2 it ranked 36 layers for 352 s
+    inside optimize's int8-dynamic build, past a 6-minute --time-budget)."""
+    from ptopt.compress.quantize import autoquant_tuner
+
+    def no_search(*a, **k):
+        raise AssertionError("advice=False searched for layers to keep float")
+
+    monkeypatch.setattr(autoquant_tuner, "float_layers_that_hold", no_search)
+    x = outlier_data()
+    for mode in ("dynamic", "static"):
+        with pytest.raises(ParityError) as err:
+            ptopt.quantize(outlier_mlp(), mode, calib_data=x, engine="fx", advice=False)
+        message = str(err.value)
+        assert "worst-sample cosine" in message and "rerun with" not in message, message
+        assert not err.value.metrics["vs_fp32"]["passed"]
+    with pytest.raises(AssertionError, match="searched for layers"):  # the default still advises
+        ptopt.quantize(outlier_mlp(), "dynamic", calib_data=x)
+
+
 def test_a_faithful_int8_model_records_its_numbers(tmp_path):
     from tests.compress.quant_models import tiny_lstm
 
