@@ -42,6 +42,7 @@ from typing import Any
 
 from ray import serve
 from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -50,6 +51,8 @@ from ptopt.serve.ray_config import GRACEFUL_WAIT_LOOP_S, INGRESS_MAX_ONGOING
 from ptopt.serve.ray_package import INGRESS, read_manifest
 
 logger = logging.getLogger("ray.serve")
+#: Serve's errors for a model deployment that cannot take a call now (overloaded, no replica): a 503
+_UNAVAILABLE = (BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError)
 #: times the ingress sends a batch again when the replica answering it died
 RETRIES = 4
 _MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/([^/]+))?/?$")
@@ -254,6 +257,10 @@ class PtoptIngress:
             logger.exception("ingress: %s %s failed", request.method, path)
             if self.draining:
                 return _json(503, {"error": f"{SHUTTING_DOWN} ({type(e).__name__} while stopping)"})
+            if isinstance(e, _UNAVAILABLE):  # Serve's own word that a model deployment cannot take it now
+                return _json(
+                    503, {"error": f"model deployment unavailable ({type(e).__name__}: {e}); try again"[:500]}
+                )
             return _json(500, {"error": f"internal error: {type(e).__name__}: {e}"[:500]})
 
     async def _body(self, request: Request) -> bytes:
