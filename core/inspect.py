@@ -126,23 +126,29 @@ def _lm_sequence(loaded: Any, data: Any) -> Any:
     if data is None or not isinstance(data, (str, os.PathLike)) or not is_causal_lm(loaded.module):
         return None
     text = str(data)
-    if not is_text_ref(text) and not (Path(text).suffix.lower() in ID_SUFFIXES and _one_row(Path(text))):
-        return None
+    source: Any = text
+    if not is_text_ref(text):  # a .pt/.npy of one row of ids, read once: that row is the data
+        source = _one_row(Path(text)) if Path(text).suffix.lower() in ID_SUFFIXES else None
+        if source is None:
+            return None
     vocab = getattr(loaded.module.config, "vocab_size", None)
-    ids = token_ids(text, vocab, loaded.info.get("hf_dir"), "--data")[:LM_TOKENS].unsqueeze(0)
+    name = "--data" if source is text else f"--data {text}"  # a file's reader names the file itself
+    ids = token_ids(source, vocab, loaded.info.get("hf_dir"), name)[:LM_TOKENS].unsqueeze(0)
     return Dataset({"input_ids": ids}, name=f"{text} (its first {ids.shape[1]} tokens as one sequence)")
 
 
-def _one_row(path: Any) -> bool:
-    """Whether ``path`` holds one 1-D tensor of integers (token ids), not a dataset."""
+def _one_row(path: Any) -> Any:
+    """The 1-D integer tensor (token ids) ``path`` holds, or None (not one: a dataset, unreadable)."""
     import numpy as np
     import torch
 
     try:
         obj = np.load(path) if path.suffix.lower() == ".npy" else torch.load(path, weights_only=True)
     except Exception:  # noqa: BLE001 - unreadable: the data reader says so
-        return False
-    return getattr(obj, "ndim", 0) == 1 and not np.issubdtype(np.asarray(obj).dtype, np.floating)
+        return None
+    if getattr(obj, "ndim", 0) != 1 or np.issubdtype(np.asarray(obj).dtype, np.floating):
+        return None
+    return obj if isinstance(obj, torch.Tensor) else torch.from_numpy(np.asarray(obj))
 
 
 def _is_folder(loaded: Any) -> bool:

@@ -79,3 +79,23 @@ def test_token_ids_run_through_a_language_model_as_one_sequence(cli, folders, tm
     assert "(its first 64 tokens as one sequence)" in out and "one batch ran: input_ids 1x64" in out
     report = inspect_model(f"hf:{folders['src']}", data=str(ids))
     assert report["data"]["samples"] == 1 and report["inputs"][0]["name"] == "input_ids"
+
+
+def test_a_token_ids_file_is_read_once(folders, tmp_path, monkeypatch):
+    """inspect read a .pt/.npy of token ids twice: once to see it is one row, once for the ids."""
+    import numpy as np
+    import torch
+
+    row = torch.randint(0, 64, (80,), generator=torch.Generator().manual_seed(1))
+    torch.save(row, tmp_path / "ids.pt")
+    np.save(tmp_path / "ids.npy", row.numpy())
+    reads: list[str] = []
+    for owner, name in ((torch, "load"), (np, "load")):
+        real = getattr(owner, name)
+        monkeypatch.setattr(
+            owner, name, lambda f, *a, _real=real, **k: reads.append(str(f)) or _real(f, *a, **k)
+        )
+    for path in (tmp_path / "ids.pt", tmp_path / "ids.npy"):
+        report = inspect_model(f"hf:{folders['src']}", data=str(path))
+        assert reads.count(str(path)) == 1
+        assert report["data"]["samples"] == 1 and "its first 64 tokens" in report["data"]["name"]
