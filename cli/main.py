@@ -210,10 +210,13 @@ cli.help = _group_help()
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' hook
     """An option's old spelling (``ptopt.core.errors.OptionRenamed``) or an environment value left out
     (``OptionIgnored``) as one note; others as Python shows them."""
+    from ptopt.compress.teacher_check import UntrainedTeacherWarning
     from ptopt.core.errors import OptionIgnored, OptionRenamed
 
     if issubclass(category, (OptionRenamed, OptionIgnored)):
         click.echo(f"note: {message}", err=True)
+    elif issubclass(category, UntrainedTeacherWarning):  # from a pipeline's distill (ptopt run, optimize)
+        click.echo(f"warning: {message}", err=True)
     else:
         _default_show(message, category, filename, lineno, file, line)
 

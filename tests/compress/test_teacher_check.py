@@ -122,3 +122,12 @@ def test_chance_accuracy_bounds_a_constant_guess():
     assert judged["accuracy"] <= judged["bound"] and judged["classes"] == 3
     regression = Dataset(torch.zeros(8, 3), torch.zeros(8))  # float labels: not classes, nothing judged
     assert chance_accuracy(Always(), regression) is None
+
+
+def test_the_cli_shows_it_as_one_line_wherever_it_comes_from(capsys):
+    """A pipeline's distill (``ptopt run``) warns outside distill's own block: one line, not Python's
+    ``file:line: UntrainedTeacherWarning: ...`` with the source line under it."""
+    from ptopt.cli.main import _show_warning
+
+    _show_warning(UntrainedTeacherWarning("teacher m:f looks untrained"), UntrainedTeacherWarning, "x.py", 3)
+    assert capsys.readouterr().err == "warning: teacher m:f looks untrained\n"
