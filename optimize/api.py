@@ -69,6 +69,8 @@ class OptimizeResult:
     inputs_paths: tuple[Path, ...] = ()
     directory: Path | None = None
     _final: Path | None = dataclasses.field(default=None, repr=False)
+    #: the search's clock: ``save`` counts its own time in (``elapsed_s``, ``time_phases``)
+    clock: Clock | None = dataclasses.field(default=None, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -114,6 +116,7 @@ class OptimizeResult:
 
     def _write(self, stage: Path) -> None:
         # made here, so that saving a candidate does not announce the staging folder it lies in
+        t0, planned = time.perf_counter(), _writing_s(self.candidates, self.best)
         (stage / "candidates").mkdir(exist_ok=True)
         for cand in self.candidates:
             if cand.status == "kept" and cand.result is not None:
@@ -128,7 +131,27 @@ class OptimizeResult:
         for entry in (self.report.get("best_by_batch") or {}).values():
             cand = self.candidate(entry["name"])
             entry["path"] = self.report["best_path"] if cand is self.best else cand.path
+        if self.clock is not None:  # the reports say what the whole run took, writing -o included
+            self.clock.phases["writing"] = {"seconds": round(time.perf_counter() - t0, 1), "planned": planned}
+            _account(self.report, self.clock)
         _write_reports(self.report, stage, self._final)
+
+
+def _writing_s(cands: list[Candidate], best: Candidate | None) -> float:
+    """What the search kept for writing the folder (``Search.writing_s``: each kept one, the winner twice)."""
+    kept = [c.save_seconds or 0.0 for c in cands if c.status == "kept"]
+    return round(sum(kept) + (best.save_seconds or 0.0 if best is not None else 0.0), 1)
+
+
+def _account(report: dict[str, Any], clock: Clock) -> None:
+    """The run's time in the report: ``elapsed_s`` (everything so far, writing -o included), each phase's
+    seconds and plan (``time_phases``) and, past the budget, ``over_budget``: by how much and which phase
+    or build ran over (``ptopt.optimize.report.search_line`` prints it)."""
+    from ptopt.optimize.report import overrun
+
+    report["elapsed_s"] = round(clock.elapsed(), 2)
+    report["time_phases"] = dict(clock.phases)
+    report["over_budget"] = overrun(report)
 
 
 def _mark(cand: Candidate, report: str | None, split: dict[str, Any] | None = None) -> None:
@@ -210,9 +233,12 @@ def optimize(
     best, within = _choose(search.candidates, settings)
     report = _report(search.candidates, best, within, settings, loaded, clock)
     report |= _report_tail(search, settings, within, isa_section)
-    result = OptimizeResult(search.candidates, best, report, inputs_paths)
+    result = OptimizeResult(search.candidates, best, report, inputs_paths, clock=clock)
     if output is not None:
-        result.save(output)
+        with _progress.step(f"writing {output}", announce=False):
+            result.save(output)
+    else:
+        _account(report, clock)
     return result
 
 
@@ -239,8 +265,12 @@ def _search(
             )  # fmt: skip
             search = Search(ctx, specs, settings, costs, clock)
             _set_aside(search, say)
+            clock.phases["loading"] = {"seconds": round(clock.elapsed(), 1)}
             _run(search, ref_runner, settings, say)
-            isa_section = _check_levels(search, settings.isa, say, clock)
+            with clock.phase("--isa level checks", clock.reserve()):
+                isa_section = _check_levels(search, settings.isa, say, clock)
+            if not settings.isa:
+                clock.phases.pop("--isa level checks")
         finally:
             ref_runner.close()
             if search is not None:
@@ -276,16 +306,16 @@ def _set_aside(search: Search, say: Callable[[str], None] = print) -> None:
     if not settings.isa:
         return
     from ptopt.core.isa import is_native
-    from ptopt.optimize.isa import RESERVE_SHARE, per_level_s
+    from ptopt.optimize.isa import RESERVE_SHARE
 
     now, cap = search.reserved_s(), RESERVE_SHARE * settings.time_budget
     if now >= 0.5:
-        per_model = per_level_s(search.costs, settings, 1) - per_level_s(search.costs, settings, 0)
         capped = ",".join(lv for lv in settings.isa if not is_native(lv))
         say(
             f"--isa {capped}: {now:.0f} s of the {settings.time_budget:.0f} s --time-budget kept "
-            f"for the level checks after the search, growing by about {per_model:.1f} s per level for each "
-            f"candidate kept, up to {cap:.0f} s; what they do not need goes back to the search"
+            f"for the level checks after the search (up to {cap:.0f} s before a candidate is kept), growing "
+            "with each candidate kept by what opening and judging it took here; what they do not need goes "
+            "back to the search"
         )
 
 
@@ -362,13 +392,14 @@ def _run(search: Search, ref_runner: Any, settings: Settings, say: Callable[[str
     held = f", {len(heldout)} held out to accept on" if heldout is not None else ""
     say(f"evaluating the fp32 reference on {len(select)} samples to choose on{held}")
     t0 = time.perf_counter()
-    search.evaluator = Evaluator(ref_runner, select, settings, heldout)
-    search.costs.observe_eval(time.perf_counter() - t0)  # a whole pass: steadier than the first few calls
-    ref.status, ref.within_budget = "kept", True
-    ev = search.evaluator
-    ref_acc = ev.ref_acc if heldout is None else ev._top1(ev.held_ref, heldout)
-    ref.accuracy, ref.accuracy_drop, ref.cosine_min, ref.cosine_projected = ref_acc, 0.0, 1.0, 1.0
-    search.run(say)
+    with search.clock.phase("builds"):
+        search.evaluator = Evaluator(ref_runner, select, settings, heldout)
+        search.costs.observe_eval(time.perf_counter() - t0)  # a whole pass: steadier than the first few calls
+        ref.status, ref.within_budget = "kept", True
+        ev = search.evaluator
+        ref_acc = ev.ref_acc if heldout is None else ev._top1(ev.held_ref, heldout)
+        ref.accuracy, ref.accuracy_drop, ref.cosine_min, ref.cosine_projected = ref_acc, 0.0, 1.0, 1.0
+        search.run(say)
     search.time_kept(ref_runner, say)
 
 

@@ -114,6 +114,9 @@ class Context:
     batch_sizes: tuple[int, ...] = ()
     #: where the candidates are built and run (``--device``): ``cpu`` or ``cuda:N``
     device: str = "cpu"
+    #: seconds of one fp32 eager pass over the eval data (the search's estimate): what a sensitivity pass
+    #: costs per layer, one such pass over its samples
+    eval_pass_s: Callable[[], float] = lambda: 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -305,15 +308,28 @@ def _openvino_float_layers(ctx: Context) -> Any:
     held-out half like every candidate."""
     from ptopt.core.data import split_eval
     from ptopt.export.api import export
-    from ptopt.optimize.float_layers import Trials, fewest_float_layers, sensitivity
+    from ptopt.optimize.float_layers import OutOfTime, Trials, fewest_float_layers, sensitivity
 
     select = split_eval(ctx.evald)[0]
-    ranked = [name for name, _ in sensitivity(ctx.module, ctx.calib, select)]
+    one_build = ctx.build_seconds.get(
+        "int8-openvino", 0.0
+    )  # what the ranking leaves: one NNCF build at least
+    try:
+        ranked = sensitivity(
+            ctx.module, ctx.calib, select, seconds_left=lambda: ctx.seconds_left() - one_build
+        )
+    except OutOfTime as e:
+        raise Rejected(f"time budget: {e}") from None
+    ranked = [name for name, _ in ranked]
     trials = Trials(ctx, select)
     try:
         k, log = fewest_float_layers(trials, ranked, ctx.seconds_left)
     finally:
         trials.close()
+    if k is None and not log:
+        raise Rejected(
+            f"ranking {len(ranked)} layers left no time for an NNCF build ({ctx.seconds_left():.0f} s left)"
+        )
     if k is None:
         raise Rejected(f"no number of float layers tried held on the search's samples ({'; '.join(log)})")
     res = export(
@@ -490,6 +506,19 @@ def _after_fx_rejected(ctx: Context) -> str | None:
     return f"plain static int8 (int8-fx) was {status or 'not tried'}, not rejected: no float layers needed"
 
 
+#: the samples autoquant's sensitivity pass measures each layer on (``AccuracyGoal.sensitivity_samples``)
+SENSITIVITY_SAMPLES = 256
+#: a layer's share of a plain int8 build in a sensitivity pass: a quantized copy of the model, not scripted,
+#: checked or written (all-MiniLM-L6-v2: the plain build, halved, priced 36 layers at 7411 s)
+QUANTIZE_SHARE = 0.1
+
+
+def _per_layer_s(ctx: Context, samples: int, plain_build_s: float) -> float:
+    """One layer of a sensitivity pass: an fp32-eager-sized pass over ``samples`` of the eval data, and a
+    share of the plain int8 build (a quantized copy: ``QUANTIZE_SHARE``)."""
+    return ctx.eval_pass_s() * samples / max(len(ctx.evald), 1) + QUANTIZE_SHARE * plain_build_s
+
+
 def _search_fits(ctx: Context, plain: str, mode: str) -> str | None:
     """The accuracy-aware search first quantizes each layer alone (its sensitivity): about one plain
     int8 build per quantizable layer. Skipped, with the estimate, when that does not fit the time left."""
@@ -499,7 +528,9 @@ def _search_fits(ctx: Context, plain: str, mode: str) -> str | None:
         (nn.Linear, nn.LSTM, nn.GRU) if mode == "dynamic" else (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     )
     layers = sum(isinstance(m, kinds) for m in ctx.module.modules())
-    need = layers * ctx.build_seconds.get(plain, 0.0) / 2  # a candidate is quantized and measured, not saved
+    need = layers * _per_layer_s(
+        ctx, min(SENSITIVITY_SAMPLES, len(ctx.evald)), ctx.build_seconds.get(plain, 0.0)
+    )
     left = ctx.seconds_left()
     if need <= left:
         return None
@@ -538,12 +569,18 @@ def _float_layers_fit(ctx: Context) -> str | None:
     status = ctx.status.get("int8-openvino")
     if status != "rejected":
         return f"plain OpenVINO int8 (int8-openvino) was {status or 'not tried'}, not rejected: no float layers needed"
-    if not any(isinstance(m, layer_kinds()) for m in ctx.module.modules()):
+    layers = sum(isinstance(m, layer_kinds()) for m in ctx.module.modules())
+    if not layers:
         return "no Linear or Conv layer to keep float"
-    need, left = ctx.build_seconds.get("int8-openvino", 0.0) * 4, ctx.seconds_left()
+    # the ranking: the reference's outputs and one pass per layer over the search's half of the eval data
+    ranking = (layers + 1) * ctx.eval_pass_s() / 2
+    need, left = ranking + ctx.build_seconds.get("int8-openvino", 0.0) * 4, ctx.seconds_left()
     if need <= left:
         return None
-    return f"time budget: the float-layer search needs about {need:.0f} s, {left:.0f} s left"
+    return (
+        f"time budget: the float-layer search (ranking {layers} layers, about {ranking:.0f} s, then NNCF "
+        f"builds) needs about {need:.0f} s, {left:.0f} s left"
+    )
 
 
 def _after_dynamic_rejected(ctx: Context) -> str | None:
@@ -1041,6 +1078,14 @@ class Candidate:
     #: where the artifact was written while searching (the runners load it from there), and how long that took
     work_path: Any = None
     save_seconds: float | None = None
+    #: how long opening its runner took (loading, compiling): paid again by the final timing and each --isa child
+    open_seconds: float = 0.0
+    #: its full evaluation on the eval data (the search's and the held-out samples): a child's pass is about half
+    eval_seconds: float = 0.0
+    #: the seconds its build, evaluation and timing were estimated at when it was tried (the report compares)
+    estimate_s: float | None = None
+    #: what trying it took: build, working copy, evaluation (and a probe)
+    spent_s: float | None = None
     #: a quick look at its speed while searching ("1" -> ms per call; ``search.probe``)
     probe_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     #: ``--isa``: CPU level -> its figures there and whether it holds the budget (``ptopt.optimize.isa``)
@@ -1083,6 +1128,8 @@ class Candidate:
             "search": None if self.search is None else {k: _rounded(v, 6) for k, v in self.search.items()},
             "packageable": s.packageable,
             "build_seconds": self.build_seconds,
+            **({"estimate_s": round(self.estimate_s, 1)} if self.estimate_s is not None else {}),
+            **({"spent_s": round(self.spent_s, 1)} if self.spent_s is not None else {}),
             "steps": list(s.steps),
             **({"by_isa": self.by_isa} if self.by_isa else {}),
         }

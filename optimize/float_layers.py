@@ -41,14 +41,25 @@ def layer_kinds() -> tuple[type, ...]:
     return (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
+class OutOfTime(Exception):
+    """The ranking stopped: at the pace of the layers ranked so far, the rest would not fit the time left."""
+
+
 def sensitivity(
-    module: Any, calib: Any, data: Any, units: dict[str, list[str]] | None = None, outputs: bool = False
+    module: Any,
+    calib: Any,
+    data: Any,
+    units: dict[str, list[str]] | None = None,
+    outputs: bool = False,
+    seconds_left: Any = None,
 ) -> list[tuple[str, float]]:
     """(name, mean deviation 1 - cos of the outputs on ``data``) of each Linear / Conv layer of ``module``
     fake-quantized alone to int8, most harmful first (``ptopt.core.search.rank``). ``units``: rank groups
     of layers instead (a block's name -> the layers in it, fake-quantized together); ``outputs``: round each
-    layer's output to int8 too (graph-mode int8 quantizes what a layer writes as well as what it reads)."""
-    return Simulated(module, calib, data, units, outputs).ranked()
+    layer's output to int8 too (graph-mode int8 quantizes what a layer writes as well as what it reads).
+    ``seconds_left``: a callable; OutOfTime as soon as the layers still to rank, at the pace so far, would
+    not fit in what it returns (mobilenet_v3_small's 54 layers took 150 s of a 3-minute budget)."""
+    return Simulated(module, calib, data, units, outputs).ranked(seconds_left)
 
 
 class Simulated:
@@ -83,13 +94,24 @@ class Simulated:
             out = _outputs(self.module, self.data)
         return per_sample_cosine(self.ref, out)
 
-    def ranked(self) -> list[tuple[str, float]]:
+    def ranked(self, seconds_left: Any = None) -> list[tuple[str, float]]:
         import torch
 
         from ptopt.core.search import rank
 
+        t0, done = time.perf_counter(), [0]
+
         def deviation(name: str) -> float:
+            if seconds_left is not None and done[0]:
+                pace = (time.perf_counter() - t0) / done[0]
+                rest = pace * (len(self.units) - done[0])
+                if rest > seconds_left():
+                    raise OutOfTime(
+                        f"ranking {len(self.units)} layers stopped after {done[0]} ({time.perf_counter() - t0:.0f} s): "
+                        f"the other {len(self.units) - done[0]} need about {rest:.0f} s, {max(seconds_left(), 0):.0f} s left"
+                    )
             dev = (1.0 - self.cosines([name])).clamp(min=0.0)
+            done[0] += 1
             return float(dev.mean()) if torch.isfinite(dev).all() else math.inf
 
         return rank(list(self.units), deviation, lambda dev: dev)

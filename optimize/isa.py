@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ptopt.core import isa as _isa
+from ptopt.core import progress
 
 # the time the level checks keep out of the search's budget is sized in ``ptopt.optimize.search``
 # (``reserve_s``: the search asks it at every step; this module imports the search, not the reverse)
@@ -67,10 +68,11 @@ def check_levels(search: Any, levels: Sequence[str], say: Callable[[str], None])
     try:
         for level in emulated:
             skip = _skipped(judged, level)
-            say(
-                f"--isa {level}: judging {len(judged) - len(skip)} candidate(s) in a child process capped at {level}"
-            )
-            data = run_level(job, level, skip)
+            n = len(judged) - len(skip)
+            say(f"--isa {level}: judging {n} candidate(s) in a child process capped at {level}")
+            # named, so that the heartbeat of a child that runs a minute says what it waits for
+            with progress.step(f"judging {n} candidate(s) at {level} in a child process", announce=False):
+                data = run_level(job, level, skip)
             section["children"][level] = {
                 "crash": data["crash"],
                 "aten_capability": data.get("aten_capability"),

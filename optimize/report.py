@@ -200,8 +200,43 @@ def search_line(report: dict[str, Any]) -> str:
     return (
         f"model {report.get('model', '?')}; runtime {report.get('runtime', 'any')}; batch sizes {sizes} "
         f"(ranked at {ranking_batch_size(report)}); speedups vs {report.get('reference', 'fp32 eager')}"
-        f"{took}" + ("" if limit is None else f" of a {limit:g} s time budget") + _native_note(report)
+        f"{took}"
+        + ("" if limit is None else f" of a {limit:g} s time budget")
+        + _over_note(report)
+        + _native_note(report)
     )
+
+
+def overrun(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Past the time budget: ``{"seconds": by how much, "causes": [...]}``, the causes the phases
+    (``time_phases``) and candidates (``spent_s`` against ``estimate_s``) that took longer than planned,
+    the largest excess first; None within the budget."""
+    elapsed, budget = report.get("elapsed_s"), report.get("time_budget_s")
+    if elapsed is None or budget is None or elapsed <= budget:
+        return None
+    causes = []
+    for name, ph in (report.get("time_phases") or {}).items():
+        if ph.get("planned") is not None and ph["seconds"] > ph["planned"] + 1:
+            causes.append(
+                (
+                    ph["seconds"] - ph["planned"],
+                    f"{name} took {ph['seconds']:.0f} s, {ph['planned']:.0f} s planned",
+                )
+            )
+    for c in report.get("candidates") or []:
+        est, took = c.get("estimate_s"), c.get("spent_s")
+        if est is not None and took is not None and took > est + 1:
+            causes.append((took - est, f"{c['name']} took {took:.0f} s, estimated {est:.0f} s"))
+    causes.sort(key=lambda t: -t[0])
+    return {"seconds": round(elapsed - budget, 1), "causes": [text for _, text in causes[:3]]}
+
+
+def _over_note(report: dict[str, Any]) -> str:
+    over = report.get("over_budget")
+    if not over:
+        return ""
+    why = "; ".join(over["causes"]) or "no phase or build ran more than a second past its estimate"
+    return f" (over by {over['seconds']:.0f} s: {why})"
 
 
 def _native_note(report: dict[str, Any]) -> str:

@@ -23,13 +23,14 @@ survivors together, and finish within the time budget.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,21 @@ class Clock:
         self.start = time.perf_counter()
         self.budget = budget
         self.reserve: Callable[[], float] = lambda: 0.0
+        #: phase -> {"seconds": taken, "planned": what the budget kept for it} (``phase``): the report's
+        #: ``time_phases``, which say which phase ran over when the search did
+        self.phases: dict[str, dict[str, float]] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str, planned: float | None = None) -> Iterator[None]:
+        """Record how long the block took (and what was ``planned`` for it) under ``name``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            entry = {"seconds": round(time.perf_counter() - t0, 1)}
+            if planned is not None:
+                entry["planned"] = round(max(planned, 0.0), 1)
+            self.phases[name] = entry
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -327,6 +343,7 @@ class Search:
         self.ctx, self.settings, self.costs, self.clock = ctx, settings, costs, clock
         self.candidates = [Candidate(s) for s in specs]
         ctx.seconds_left = self.seconds_left  # what a build may spend: the budget less what is promised
+        ctx.eval_pass_s = lambda: self.costs.eval_s / EVAL_PASSES
         self.by_name = {c.name: c for c in self.candidates}
         #: the candidates whose speed bounds a later search's (probed even when rejected)
         self.ceilings = {s.ceiling for s in specs if s.ceiling}
@@ -348,9 +365,14 @@ class Search:
                 c.result.artifact = None
 
     def promised_s(self) -> float:
-        """Time already promised: timing the reference and every kept candidate, and writing them."""
+        """Time already promised: timing the reference and every kept candidate (each opened again: loaded,
+        compiled), and writing them."""
         kept = sum(1 for c in self.candidates if c.status == "kept")
-        return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1) + self.writing_s()
+        return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1) + self.after_s()
+
+    def after_s(self) -> float:
+        """What the end costs besides the timing rounds: opening the kept candidates again, and writing them."""
+        return sum(c.open_seconds for c in self.candidates if c.status == "kept") + self.writing_s()
 
     def writing_s(self) -> float:
         """Writing the output folder at the end: every kept candidate once, the winner twice (each as long
@@ -368,8 +390,9 @@ class Search:
         what they will judge, never past its share of the budget, and is 0 without levels."""
         if not self.settings.isa:
             return 0.0
-        judged = sum(1 for c in self.candidates[1:] if c.status == "kept" and c.within_budget)
-        return reserve_s(self.settings.isa, self.costs, self.settings, survivors=judged + self.pending)
+        judged = [c for c in self.candidates[1:] if c.status == "kept" and c.within_budget]
+        guessed = reserve_s(self.settings.isa, self.costs, self.settings, survivors=self.pending)
+        return guessed + measured_reserve_s(self.settings.isa, judged, self.costs, self.settings)
 
     def _why_not(self, spec: Spec) -> str | None:
         allowed = runtime_filters()[self.settings.runtime]
@@ -382,6 +405,7 @@ class Search:
             self.costs.build_s(spec) + self.costs.eval_s + self.costs.timing_s(minimal(self.settings.latency))
         )
         left = self.seconds_left()
+        self.by_name[spec.name].estimate_s = need
         if need > left:
             kept = self.clock.reserve()
             aside = f" ({kept:.0f} s more kept for the --isa level checks)" if kept >= 0.5 else ""
@@ -433,6 +457,7 @@ class Search:
             cand.status, cand.reason = "failed", f"{type(e).__name__}: {_first_line(e)}"
         if cand.build_seconds is None:
             cand.build_seconds = round(time.perf_counter() - t0, 2)
+        cand.spent_s = time.perf_counter() - t0
 
     def _calibrate_costs(self, cand: Candidate) -> None:
         """Every timed build refines the unit the other estimates scale: the median over the builds so
@@ -446,17 +471,24 @@ class Search:
             self.costs.unit_s = statistics.median(self.unit_samples)
 
     def _screen(self, cand: Candidate) -> None:
-        runner = open_candidate(cand, self.settings.threads, self.settings.device)
-        try:
-            why = self.evaluator.prescreen(cand, runner)
-            if why:
-                cand.status, cand.reason = "rejected", why
-            else:
-                self.evaluator.evaluate(cand, runner)
-            if self._probing(cand):
-                cand.probe_ms = probe(runner, self.evaluator.evald, self.settings.batch_sizes)
-        finally:
-            runner.close()
+        with progress.step(f"judging {cand.name}", announce=False):  # a heartbeat names it
+            t0 = time.perf_counter()
+            runner = open_candidate(cand, self.settings.threads, self.settings.device)
+            cand.open_seconds = (
+                time.perf_counter() - t0
+            )  # paid again by the final timing and --isa's children
+            try:
+                why = self.evaluator.prescreen(cand, runner)
+                if why:
+                    cand.status, cand.reason = "rejected", why
+                else:
+                    t1 = time.perf_counter()
+                    self.evaluator.evaluate(cand, runner)
+                    cand.eval_seconds = time.perf_counter() - t1
+                if self._probing(cand):
+                    cand.probe_ms = probe(runner, self.evaluator.evald, self.settings.batch_sizes)
+            finally:
+                runner.close()
         if cand.status == "pending":
             cand.status = "kept"
 
@@ -524,12 +556,17 @@ class Search:
             f"({lat.rounds} interleaved rounds, {lat.min_seconds:.1f} s each per batch size)"
         )
         runners = [ref_runner]
+        planned = self.costs.timing_s(lat) * (len(kept) + 1) + self.after_s() - self.writing_s()
         try:
-            for c in kept:
-                runners.append(open_candidate(c, self.settings.threads, self.settings.device))
-            stats = self._timed_while_busy(
-                lambda: measure_runners(runners, self.ctx.evald, sizes, lat), lat, say
-            )
+            with (
+                self.clock.phase("timing", planned),
+                progress.step(f"timing {len(kept) + 1} artifacts", announce=False),
+            ):
+                for c in kept:
+                    runners.append(open_candidate(c, self.settings.threads, self.settings.device))
+                stats = self._timed_while_busy(
+                    lambda: measure_runners(runners, self.ctx.evald, sizes, lat), lat, say
+                )
         finally:
             for r in runners[1:]:
                 r.close()
@@ -559,7 +596,7 @@ class Search:
     def _latency(self, n_runners: int) -> LatencyOptions:
         """The settings' latency options when they fit in what is left of the budget (after writing the
         output folder); else the minimal ones with their seconds stretched to fill it."""
-        lat, left = self.settings.latency, self.clock.left() - self.writing_s()
+        lat, left = self.settings.latency, self.clock.left() - self.after_s()
         if self.costs.timing_s(lat) * n_runners <= left:
             return lat
         low = minimal(lat)
@@ -716,6 +753,23 @@ EXPECTED_SURVIVORS = 4
 #: rests on timings of the reference, and one disturbed by load elsewhere (MiniLM: 52.8 ms for ~7 ms) set
 #: 250 of 360 s aside and starved the search for checks that took seconds
 RESERVE_SHARE = 0.25
+
+
+#: a capped level runs a model this much slower than this CPU's own (avx2 kernels on an avx512 machine)
+CAPPED_SLOWDOWN = 1.5
+
+
+def measured_reserve_s(levels: Sequence[str], cands: Sequence[Any], costs: Any, settings: Any) -> float:
+    """The level checks' time for candidates already kept, from what each measured here: opening it
+    (loading, compiling: a child does it again), its pass over the held-out samples (half its evaluation)
+    and a short timing, at a capped level's speed. Not capped by ``RESERVE_SHARE``: these are measured, and a
+    child cannot be stopped half way without losing its figures (all-MiniLM-L6-v2: 4 candidates, ~90 s)."""
+    emulated = [lv for lv in levels if not is_native(lv)]
+    if not emulated or not cands:
+        return 0.0
+    timing = costs.timing_s(minimal(settings.latency))
+    each = sum(c.open_seconds + CAPPED_SLOWDOWN * (c.eval_seconds / 2 + timing) for c in cands)
+    return len(emulated) * each
 
 
 def per_level_s(costs: Any, settings: Any, models: int) -> float:
