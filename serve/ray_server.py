@@ -412,7 +412,9 @@ class RayServer:
 
             if self._owns_app:  # never a cluster's application this server refused to replace
                 if self._serving:  # a failed start has no client to drain (and no ingress to answer)
-                    with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
+                    # a second Ctrl-C / SIGTERM during the wait (up to DRAIN_TIMEOUT_S) cuts the drain
+                    # short, never the rest of the stop (it left the local Ray instance running)
+                    with contextlib.suppress(Exception, KeyboardInterrupt):  # noqa: BLE001 - stopping anyway
                         self.drain()
                     self._serving = False
                 if self.address is not None:  # a cluster keeps running: only this application goes

@@ -178,3 +178,33 @@ def test_http_helper_returns_a_cut_answer_instead_of_raising():
     finally:
         t.join(timeout=10)
         server.close()
+
+
+def test_a_second_interrupt_during_the_drain_still_stops_the_local_instance(monkeypatch, tmp_path):
+    """A second Ctrl-C (or SIGTERM: the CLI raises KeyboardInterrupt for it) while ``stop`` waits for the
+    drain (up to 30 s) escaped ``stop``: Ray was never shut down and the local instance's processes (the
+    HTTP proxy among them, answering 503 for ever) outlived the server. It cuts the drain short now."""
+    import ray
+
+    from ptopt.serve import ray_server
+    from ptopt.serve.ray_server import RayServer
+
+    done: list[str] = []
+    server = object.__new__(RayServer)
+    server.__dict__.update(
+        _started_ray=True, _owns_app=True, _serving=True, address=None, app_name="m", workdir=tmp_path / "w",
+        _session=[], _saved_env={},
+    )  # fmt: skip
+
+    def interrupted(timeout_s=0.0):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server, "drain", interrupted, raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "shutdown", lambda: done.append("ray.shutdown"))
+    monkeypatch.setattr(ray_server, "session_processes", lambda temp_dir: [])
+    monkeypatch.setattr(ray_server, "_kill_proxy", lambda pids: done.append("proxy killed"))
+    monkeypatch.setattr(ray_server, "end_processes", lambda pids: done.append("processes ended"))
+    server.stop()
+    assert done == ["proxy killed", "ray.shutdown", "processes ended"], done
+    assert not server._serving and not server._started_ray
