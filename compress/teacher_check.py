@@ -4,11 +4,13 @@ A factory returns whatever it builds: most build a fresh model (random weights) 
 ``--teacher-weights FILE``; some load their own. Distilling from random weights trains the student to
 imitate noise, and without a check only the teacher's accuracy line, after the training, shows it. So
 before training, a teacher that a factory built with no weights file is judged on up to
-:data:`CHECK_SAMPLES` labelled samples (the evaluation data, else the training data): an accuracy
-within the noise of a constant guess (the most frequent label's share, at least one over the number
-of classes) warns; above it, the factory evidently loaded trained weights and nothing is said. With
-no labelled data there is nothing to judge by, and the warning says so. Never a refusal: the factory
-may load its own weights. One :class:`UntrainedTeacherWarning` (the CLI prints a ``warning:`` line).
+:data:`CHECK_SAMPLES` labelled samples drawn over the evaluation data, else the training data (not
+their first ones: a file sorted by label starts with one class): an accuracy within the noise of a
+constant guess (the most frequent label's share, at least one over the number of classes) warns;
+above it, the factory evidently loaded trained weights and nothing is said. With no labelled data
+there is nothing to judge by, nor where one class is (nearly) every sample, and the warning says so.
+Never a refusal: the factory may load its own weights. One :class:`UntrainedTeacherWarning` (the CLI
+prints a ``warning:`` line).
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ import math
 import warnings
 from typing import Any
 
-__all__ = ["CHECK_SAMPLES", "UntrainedTeacherWarning", "check_factory_teacher", "chance_accuracy"]
+__all__ = [
+    "CHECK_SAMPLES",
+    "UntrainedTeacherWarning",
+    "chance_accuracy",
+    "check_factory_teacher",
+    "spread_sample",
+]
 
 #: samples the teacher's accuracy is judged on at most
 CHECK_SAMPLES = 512
@@ -40,9 +48,15 @@ def check_factory_teacher(
     if "factory" not in loaded.info or loaded.info.get("weights") or not dist_util.is_main_process():
         return None
     data = next((d for d in datasets if d is not None and d.has_labels and len(d)), None)
-    judged = chance_accuracy(loaded.module, data.take(CHECK_SAMPLES)) if data is not None else None
+    judged = chance_accuracy(loaded.module, spread_sample(data)) if data is not None else None
     head = f"teacher {loaded.ref} was built by its factory with no {flag}"
-    if judged is None:
+    if judged is not None and judged["bound"] >= 1:  # one class is (nearly) every sample: nothing can tell
+        message = (
+            f"{head}, and {data.name} cannot show whether it is trained (a constant guess scores "
+            f"{judged['chance']:.3f} on it): unless the factory loads trained weights itself, the student "
+            f"learns from random weights (give {flag} FILE, its state dict)"
+        )
+    elif judged is None:
         message = (
             f"{head}, and no labelled data shows whether it is trained: unless the factory loads trained "
             f"weights itself, the student learns from random weights (give {flag} FILE, its state dict)"
@@ -58,6 +72,17 @@ def check_factory_teacher(
         )
     warnings.warn(message, UntrainedTeacherWarning, stacklevel=3)
     return message
+
+
+def spread_sample(data: Any) -> Any:
+    """At most :data:`CHECK_SAMPLES` of ``data``'s samples, drawn over all of it (seeded), not its first
+    ones: a file sorted by label starts with one class, on which a trained model is at "chance"."""
+    import torch
+
+    if len(data) <= CHECK_SAMPLES:
+        return data
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))
+    return data.select(order[:CHECK_SAMPLES].sort().values)
 
 
 def chance_accuracy(module: Any, data: Any) -> dict[str, Any] | None:

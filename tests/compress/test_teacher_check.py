@@ -131,3 +131,32 @@ def test_the_cli_shows_it_as_one_line_wherever_it_comes_from(capsys):
 
     _show_warning(UntrainedTeacherWarning("teacher m:f looks untrained"), UntrainedTeacherWarning, "x.py", 3)
     assert capsys.readouterr().err == "warning: teacher m:f looks untrained\n"
+
+
+def _factory_built(module):
+    from ptopt.core.modelref import LoadedModel
+
+    return LoadedModel(FITTED, "eager", module, None, None, info={"factory": FITTED})
+
+
+def test_a_label_sorted_file_is_judged_on_samples_drawn_over_it():
+    """The check read the first 512 samples: in a file sorted by label those are one class, on which a
+    constant guess scores 1.0, so a trained teacher (accuracy 1.0) was called "chance level, looks
+    untrained". The samples are drawn over the whole file now; where one class is (nearly) every
+    sample the warning says the data cannot tell, not that the teacher is at chance."""
+    from ptopt.compress.teacher_check import CHECK_SAMPLES, check_factory_teacher
+
+    digits = load_data("builtin:digits:train")
+    zeros = torch.nonzero(digits.y == 0).flatten()
+    first = zeros.repeat(CHECK_SAMPLES // len(zeros) + 1)[: CHECK_SAMPLES + 8]  # class 0 past the 512th
+    rest = torch.nonzero(digits.y != 0).flatten()
+    rest = rest[digits.y[rest].argsort(stable=True)]
+    ordered = digits.select(torch.cat([first, rest]))
+    assert ordered.y[:CHECK_SAMPLES].unique().tolist() == [0]
+    teacher = _factory_built(fitted_teacher())
+    assert _silent(check_factory_teacher, teacher, (ordered,)) is None
+
+    only_zeros = digits.select(first)
+    with pytest.warns(UntrainedTeacherWarning, match="cannot show whether it is trained") as seen:
+        message = check_factory_teacher(teacher, (only_zeros,))
+    assert "chance level" not in message and len(seen) == 1
