@@ -165,7 +165,8 @@ class Rules:
         src, info = known[0]
         rank = len(self._shape(src))
         if _op_name(node) == "roll":  # roll(x, shifts, dims): arg 1 is the shifts; no dims rolls it flat
-            dim = self._arg(node, 2, "dims", None) or list(range(rank))
+            dim = self._arg(node, 2, "dims", None)
+            dim = list(range(rank)) if dim is None or dim == [] or dim == () else dim  # dims=0 is dim 0
         else:
             dim = self._arg(node, 1, "dim", self._arg(node, 1, "dims", None))
         dims = dim if isinstance(dim, (list, tuple)) else [dim]

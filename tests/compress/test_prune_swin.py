@@ -118,6 +118,8 @@ class _Rolled(torch.nn.Module):
 
     def forward(self, x):  # (B, T, 8)
         h = self.fc1(x)
+        if self.flat == "dim0":  # an explicit dims=0, not "no dims"
+            return self.fc2(torch.roll(h, 1, 0))
         return self.fc2(torch.roll(h, 1) if self.flat else torch.roll(h, 2, 1))  # shifts 2 along dim 1
 
 
@@ -132,6 +134,15 @@ def test_roll_moves_positions_not_channels():
         assert not next(g for g in groups if g.producers == ["fc1"]).prunable, graph
     pruned, _ = structured_prune(_Rolled(), x, 0.5, prune_first_last=True)
     assert pruned.fc1.out_features == 8 and pruned(x).shape == (2, 5, 4)
+
+
+def test_roll_along_dim_0_moves_positions_not_channels():
+    """``roll(h, 1, 0)``: dims=0 was read as no dims at all (``0 or every dim``) on the FX graph, so the
+    channels counted as mixed and fc1 kept them all."""
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(2))
+    for graph in ("fx", "export"):
+        _, groups, _ = analyse(_Rolled(flat="dim0"), x, prune_first_last=True, graph=graph)
+        assert next(g for g in groups if g.producers == ["fc1"]).prunable, graph
 
 
 def test_hugging_face_swin_with_unshifted_stages_prunes():
