@@ -170,16 +170,24 @@ def measure_costs(runner: Any, evald: Any, settings: Settings) -> Costs:
     from ptopt.validate.latency import batch_inputs
 
     largest = settings.batch_sizes[-1]
-    x = batch_inputs(evald, largest)
+    per_sample = _fastest_call(runner, batch_inputs(evald, largest)) / largest
+    # a call's fixed cost: the smallest batch is timed too (mobilenet_v3_small: 27 ms at batch 1, where
+    # 1/16 of batch 16 said 11 ms), and no batch is priced below it
+    smallest = settings.batch_sizes[0]
+    floor = _fastest_call(runner, batch_inputs(evald, smallest)) if smallest != largest else 0.0
+    batch_s = {bs: max(per_sample * bs, floor) for bs in settings.batch_sizes}
+    return Costs(batch_s, eval_s=per_sample * len(evald) * EVAL_PASSES)
+
+
+def _fastest_call(runner: Any, x: Any) -> float:
+    """The fastest of up to ``COST_CALLS`` timed calls (after one warm-up), within ``COST_SECONDS``."""
     runner.predict(x)
     calls, start = [], time.perf_counter()
     while len(calls) < COST_CALLS and (not calls or time.perf_counter() - start < COST_SECONDS):
         t0 = time.perf_counter()
         runner.predict(x)
         calls.append(time.perf_counter() - t0)
-    per_sample = min(calls) / largest
-    batch_s = {bs: per_sample * bs for bs in settings.batch_sizes}
-    return Costs(batch_s, eval_s=per_sample * len(evald) * EVAL_PASSES)
+    return min(calls)
 
 
 def check_budget(costs: Costs, settings: Settings) -> None:
@@ -367,8 +375,22 @@ class Search:
     def promised_s(self) -> float:
         """Time already promised: timing the reference and every kept candidate (each opened again: loaded,
         compiled), and writing them."""
-        kept = sum(1 for c in self.candidates if c.status == "kept")
-        return self.costs.timing_s(minimal(self.settings.latency)) * (kept + 1) + self.after_s()
+        return self.timings_s(minimal(self.settings.latency)) + self.after_s()
+
+    def timings_s(self, lat: LatencyOptions, cands: Sequence[Candidate] | None = None) -> float:
+        """Timing the reference and ``cands`` (default: every kept one) with ``lat``, each at its own speed:
+        the reference's per-call seconds scaled by how long its evaluation took against the reference's
+        (mobilenet_v3_small: torch's fp32 formats ran 1.5x the reference at batch 16, and 7 artifacts priced
+        as 7 references took 44 s where 8 s were planned)."""
+        cands = [c for c in self.candidates[1:] if c.status == "kept"] if cands is None else cands
+        ref_pass = self.costs.eval_s / EVAL_PASSES
+        total = self.costs.timing_s(lat)
+        for c in cands:
+            ratio = c.eval_seconds / ref_pass if c.eval_seconds > 0 and ref_pass > 0 else 1.0
+            ratio = min(max(ratio, 0.25), 20.0)
+            scaled = {b: t * ratio for b, t in self.costs.batch_s.items()}
+            total += dataclasses.replace(self.costs, batch_s=scaled).timing_s(lat)
+        return total
 
     def after_s(self) -> float:
         """What the end costs besides the timing rounds: opening the kept candidates again, and writing them."""
@@ -549,14 +571,14 @@ class Search:
         from ptopt.validate.latency import measure_runners
 
         kept = [c for c in self.candidates[1:] if c.status == "kept"]
-        lat = self._latency(len(kept) + 1)
+        lat = self._latency()
         sizes = self.settings.batch_sizes
         say(
             f"timing {len(kept) + 1} artifacts at batch sizes {', '.join(map(str, sizes))} "
             f"({lat.rounds} interleaved rounds, {lat.min_seconds:.1f} s each per batch size)"
         )
         runners = [ref_runner]
-        planned = self.costs.timing_s(lat) * (len(kept) + 1) + self.after_s() - self.writing_s()
+        planned = self.timings_s(lat, kept) + self.after_s() - self.writing_s()
         try:
             with (
                 self.clock.phase("timing", planned),
@@ -582,7 +604,7 @@ class Search:
         from ptopt.validate.noise import busy, retime_while_busy
 
         stats = measure()
-        room = self.costs.timing_s(lat) * len(stats) <= self.clock.left() - self.writing_s()
+        room = self.timings_s(lat) <= self.clock.left() - self.writing_s()
         if room:
             stats, self.timing = retime_while_busy(measure, speedup_cells, say, first=stats)
         else:
@@ -593,18 +615,19 @@ class Search:
         ]
         return stats
 
-    def _latency(self, n_runners: int) -> LatencyOptions:
-        """The settings' latency options when they fit in what is left of the budget (after writing the
-        output folder); else the minimal ones with their seconds stretched to fill it."""
+    def _latency(self) -> LatencyOptions:
+        """The settings' latency options when timing the reference and the kept candidates (``timings_s``)
+        fits in what is left of the budget (after opening them and writing the output folder); else the
+        minimal ones with their seconds stretched to fill it."""
         lat, left = self.settings.latency, self.clock.left() - self.after_s()
-        if self.costs.timing_s(lat) * n_runners <= left:
+        if self.timings_s(lat) <= left:
             return lat
         low = minimal(lat)
-        spare = left / n_runners - self.costs.timing_s(low)
+        spare = left - self.timings_s(low)
         if spare <= 0:
             return low
-        per_second = self.costs.timing_s(dataclasses.replace(low, min_seconds=low.min_seconds + 1)) - (
-            self.costs.timing_s(low)
+        per_second = self.timings_s(dataclasses.replace(low, min_seconds=low.min_seconds + 1)) - (
+            self.timings_s(low)
         )
         seconds = min(lat.min_seconds, low.min_seconds + spare / max(per_second, 1e-9))
         return dataclasses.replace(low, min_seconds=seconds)

@@ -47,7 +47,8 @@ def test_the_reserve_rests_on_the_fastest_reference_call_not_one_slow_one(monkey
     from ptopt.optimize.isa import reserve_s
     from ptopt.validate.latency import LatencyOptions
 
-    clock, calls = [0.0], iter([0.0, 1.6, 0.1, 0.1, 0.1])  # warm-up, then the timed calls
+    # warm-up, then the timed calls at batch 32; the same at batch 1 (a call's fixed cost: its floor)
+    clock, calls = [0.0], iter([0.0, 1.6, 0.1, 0.1, 0.0, 0.02, 0.01, 0.01])
 
     def predict(x):
         clock[0] += next(calls)
@@ -58,6 +59,7 @@ def test_the_reserve_rests_on_the_fastest_reference_call_not_one_slow_one(monkey
         types.SimpleNamespace(predict=predict), Dataset(torch.randn(256, 4)), settings
     )
     assert costs.batch_s[32] == pytest.approx(0.1)
+    assert costs.batch_s[1] == pytest.approx(0.01)  # timed, not 1/32 of batch 32 (0.003)
     assert reserve_s(["avx2", "avx512_vnni"], costs, settings) < 120
 
 

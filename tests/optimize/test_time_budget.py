@@ -3,6 +3,7 @@ checks, the end of the run (timing, writing -o) counted, and a plain line naming
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -168,3 +169,30 @@ def test_the_layer_ranking_stops_when_the_rest_would_not_fit():
     with pytest.raises(OutOfTime, match=r"ranking 3 layers stopped after 1 .*the other 2 need about"):
         sensitivity(tiny_cnn().eval(), calib, samples, seconds_left=lambda: 0.0)
     assert len(sensitivity(tiny_cnn().eval(), calib, samples, seconds_left=lambda: 1e9)) == 3
+
+
+def test_the_final_timing_is_planned_at_each_candidates_own_speed(monkeypatch):
+    """mobilenet_v3_small, 3m: 7 artifacts priced as 7 references (8 s) took 44 s to time: torch's fp32
+    formats ran slower than the reference. Each kept candidate's timing is now scaled by how long its
+    evaluation took against the reference's."""
+    from ptopt.optimize import search as osearch
+    from ptopt.optimize.candidates import Context, select
+    from ptopt.validate.latency import LatencyOptions
+
+    settings = osearch.Settings([1, 16], "any", 180.0, LatencyOptions(), 1, None, 0.98)
+    monkeypatch.setattr(osearch.time, "perf_counter", lambda: 0.0)
+    ctx = Context(tiny_cnn(), None, None, None, None, None, 0.98, lambda: 0.0)
+    costs = _costs(eval_s=3.0, batch_ms=100.0)  # one reference pass: 2 s
+    search = osearch.Search(
+        ctx, select(["fp32-torchscript", "fp32-onnx"]), settings, costs, osearch.Clock(180.0)
+    )
+    try:
+        for c in search.candidates[1:]:
+            c.status, c.eval_seconds = "kept", 8.0  # 4x the reference's pass
+        low = osearch.minimal(settings.latency)
+        assert search.timings_s(low) > 3 * costs.timing_s(low)
+        search.candidates[2].eval_seconds = 2.0  # as fast as the reference
+        slow = dataclasses.replace(costs, batch_s={b: 4 * t for b, t in costs.batch_s.items()})
+        assert search.timings_s(low) == pytest.approx(2 * costs.timing_s(low) + slow.timing_s(low))
+    finally:
+        search.close()
