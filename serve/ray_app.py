@@ -62,8 +62,10 @@ _ACTIONS = ("", "ready", "config", "infer", "generate")
 
 
 #: Ray's key-value store (the GCS) carries ``RayServer.stop``'s word to every ingress replica: ``drain/APP``
-#: set means "answer every new request 503"; each replica answers under ``drain/APP/REPLICA`` with the
-#: number of requests it still has in flight (``stop`` waits for every replica's 0)
+#: written (a fresh token each time) means "answer every new request 503"; each replica answers under
+#: ``drain/APP/REPLICA`` with the number of requests it still has in flight (``stop`` waits for every
+#: replica's 0). A token a replica finds when it starts is not for it: a server that died stopping left it
+#: on the cluster, and it would have made every later application of that name answer 503 for ever
 DRAIN_NAMESPACE = "ptopt"
 #: how often an ingress replica looks for that word (seconds)
 DRAIN_POLL_S = 0.1
@@ -165,23 +167,26 @@ class PtoptIngress:
                 self._watcher = asyncio.get_running_loop().create_task(self._watch_drain())
 
     async def _watch_drain(self) -> None:
-        """Every :data:`DRAIN_POLL_S`: whether ``drain/APP`` is set; once it is, this replica's requests
-        in flight under ``drain/APP/REPLICA`` whenever the number changes."""
+        """Every :data:`DRAIN_POLL_S`: whether ``drain/APP`` holds a token other than the one found at
+        this replica's start (:data:`DRAIN_NAMESPACE`); once it does, this replica's requests in flight
+        under ``drain/APP/REPLICA`` whenever the number changes."""
         from ray.experimental import internal_kv as kv
 
         try:
             context = serve.get_replica_context()
         except Exception:  # noqa: BLE001 - not in a Serve replica (the class called directly): no word comes
             return
-        app, me, said = context.app_name, context.replica_id.unique_id, None
+        app, me, said, stale = context.app_name, context.replica_id.unique_id, None, None
+        with contextlib.suppress(Exception):  # the GCS out of reach: no stale word to ignore
+            stale = await asyncio.to_thread(kv._internal_kv_get, drain_key(app), namespace=DRAIN_NAMESPACE)
         while True:
             await asyncio.sleep(DRAIN_POLL_S)
             try:
                 if not self.draining:
                     found = await asyncio.to_thread(
-                        kv._internal_kv_exists, drain_key(app), namespace=DRAIN_NAMESPACE
+                        kv._internal_kv_get, drain_key(app), namespace=DRAIN_NAMESPACE
                     )
-                    self.draining = bool(found)
+                    self.draining = found is not None and found != stale
                 count = self.inflight
                 if self.draining and said != count:
                     await asyncio.to_thread(

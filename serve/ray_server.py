@@ -450,7 +450,10 @@ class RayServer:
 
         from ptopt.serve.ray_app import DRAIN_NAMESPACE, drain_key
 
-        kv._internal_kv_put(drain_key(self.app_name), b"1", True, namespace=DRAIN_NAMESPACE)
+        # a fresh token: an ingress replica ignores the one it found when it started (left by a server that
+        # died stopping), never this one
+        token = f"{time.time():.6f}/{os.getpid()}/{os.urandom(4).hex()}".encode()
+        kv._internal_kv_put(drain_key(self.app_name), token, True, namespace=DRAIN_NAMESPACE)
         want = int(self.manifest.get("ingress_replicas", 1))
         prefix = drain_key(self.app_name, "")
         deadline = time.monotonic() + timeout_s

@@ -208,3 +208,46 @@ def test_a_second_interrupt_during_the_drain_still_stops_the_local_instance(monk
     server.stop()
     assert done == ["proxy killed", "ray.shutdown", "processes ended"], done
     assert not server._serving and not server._started_ray
+
+
+def test_a_drain_word_left_on_a_cluster_does_not_refuse_a_new_application(monkeypatch):
+    """A server that died stopping (SIGKILL inside the drain, a failed delete) left ``drain/APP`` in the
+    cluster's key-value store: every later ingress of that application name (``serve deploy`` of the
+    package, which nothing clears it for) read it and answered 503 to everything, health included, for
+    ever. A replica now ignores the word it finds when it starts; stop's own, written after, drains it."""
+    from types import SimpleNamespace
+
+    from ray import serve
+    from ray.experimental import internal_kv as kv
+
+    from ptopt.serve import ray_app
+
+    store = {"drain/lm": b"left by a server that died stopping"}
+    monkeypatch.setattr(kv, "_internal_kv_get", lambda key, namespace=None: store.get(key))
+    monkeypatch.setattr(kv, "_internal_kv_exists", lambda key, namespace=None: key in store)
+
+    def put(key, value, overwrite=True, namespace=None):
+        store[key] = value
+
+    monkeypatch.setattr(kv, "_internal_kv_put", put)
+    context = SimpleNamespace(app_name="lm", replica_id=SimpleNamespace(unique_id="r1"))
+    monkeypatch.setattr(serve, "get_replica_context", lambda: context)
+    monkeypatch.setattr(ray_app, "DRAIN_POLL_S", 0.01)
+    ingress = _ingress(_Slow())
+
+    async def scenario():
+        ingress._watch()  # what the constructor does inside a replica's event loop
+        await asyncio.sleep(0.2)
+        code = (await ingress(_request("/v2/health/live"))).status_code
+        stale = ingress.draining
+        store["drain/lm"] = b"stop's own token"
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if store.get("drain/lm/r1") == "0":
+                break
+        ingress._watcher.cancel()
+        return code, stale
+
+    code, stale = asyncio.run(scenario())
+    assert code == 200 and not stale
+    assert ingress.draining and store["drain/lm/r1"] == "0"
