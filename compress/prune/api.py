@@ -578,16 +578,21 @@ def _write(model: Any, example: Any, specs: list[Any], style: str, hf_dir: Any, 
 
 def _teacher(teacher: Any, module: Any, weights: Any = None, datasets: tuple = ()) -> Any:
     """The distillation teacher as an eval-mode module (``"self"``: a copy of the unpruned model;
-    ``weights``: a factory teacher's state dict). A factory teacher with no weights that scores chance
-    on the labelled ``datasets`` warns (``compress.teacher_check``)."""
+    ``weights``: a factory teacher's state dict), run on a batch of the fine-tune data (``datasets``:
+    eval, fine-tune): one that does not take it is a ShapeMismatchError here, not an internal error
+    inside the fine-tune. A factory teacher with no weights that scores chance on the labelled
+    ``datasets`` warns (``compress.teacher_check``)."""
     if teacher is None:
         return None
     if isinstance(teacher, str) and teacher == TEACHER_SELF:
         return copy.deepcopy(module).eval()
     from ptopt.compress.teacher_check import check_factory_teacher
-    from ptopt.core.modelref import as_loaded
+    from ptopt.core.modelref import as_loaded, run_checked
 
     loaded = as_loaded(teacher, weights)
     teaching = loaded.require_module("a distillation teacher").eval()
+    tuned = datasets[-1] if datasets else None
+    if tuned is not None:
+        run_checked(loaded, tuned.first_batch(2).x, f"fine-tune data {tuned.name} (teacher)")
     check_factory_teacher(loaded, datasets)
     return teaching

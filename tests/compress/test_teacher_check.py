@@ -160,3 +160,23 @@ def test_a_label_sorted_file_is_judged_on_samples_drawn_over_it():
     with pytest.warns(UntrainedTeacherWarning, match="cannot show whether it is trained") as seen:
         message = check_factory_teacher(teacher, (only_zeros,))
     assert "chance level" not in message and len(seen) == 1
+
+
+def misfit_teacher() -> torch.nn.Module:
+    """A teacher for 3 features, given 64-pixel digits."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 10))
+
+
+def test_prune_refuses_a_teacher_that_does_not_take_the_data(cli, files, tmp_path):
+    """prune never ran its teacher on the data before the fine-tune: a teacher that does not take it was
+    ``internal error: RuntimeError: mat1 and mat2 shapes cannot be multiplied`` (exit 3, "a bug in
+    ptopt"); it is one clear message naming the teacher and the data now, exit 2 (as distill's probe)."""
+    from ptopt.core.errors import ShapeMismatchError
+
+    misfit = "tests.compress.test_teacher_check:misfit_teacher"
+    with pytest.raises(ShapeMismatchError, match=r"fine-tune data .*\(teacher\)"):
+        prune(RANDOM, "l1-unstructured", 0.5, teacher=misfit, fine_tune_data=files / "train.pt", epochs=1)
+    base = ["prune", RANDOM, "--method", "l1-unstructured", "--amount", "0.5", "-o", tmp_path / "p.pt"]
+    code, _, err = cli(*base, "--fine-tune-data", files / "train.pt", "--epochs", "1", "--teacher", misfit)
+    assert code == 2 and "internal error" not in err and "(teacher)" in err, err
+    assert not (tmp_path / "p.pt").exists()
