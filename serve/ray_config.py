@@ -19,8 +19,9 @@ INGRESS_MAX_ONGOING = 1024
 
 #: seconds ``ptopt serve --engine ray`` waits for Ray, Serve and every model to answer
 DEFAULT_START_TIMEOUT_S = 300.0
-#: seconds stopping waits for the requests in flight to be answered (new ones are answered 503 meanwhile)
-DRAIN_TIMEOUT_S = 30.0
+#: seconds stopping waits for the requests in flight to be answered (new ones are answered 503 meanwhile):
+#: under Kubernetes' default 30 s grace period between SIGTERM and SIGKILL, with Ray's own shutdown (~2 s)
+DRAIN_TIMEOUT_S = 20.0
 #: how often a replica Serve deletes looks whether its requests are done (Serve's default, 2 s, is the
 #: least a deletion takes; ptopt drains the ingress first, so there is nothing left to wait for)
 GRACEFUL_WAIT_LOOP_S = 0.2

@@ -182,7 +182,7 @@ def test_http_helper_returns_a_cut_answer_instead_of_raising():
 
 def test_a_second_interrupt_during_the_drain_still_stops_the_local_instance(monkeypatch, tmp_path):
     """A second Ctrl-C (or SIGTERM: the CLI raises KeyboardInterrupt for it) while ``stop`` waits for the
-    drain (up to 30 s) escaped ``stop``: Ray was never shut down and the local instance's processes (the
+    drain (up to DRAIN_TIMEOUT_S) escaped ``stop``: Ray was never shut down and the local instance's processes (the
     HTTP proxy among them, answering 503 for ever) outlived the server. It cuts the drain short now."""
     import ray
 
@@ -251,3 +251,12 @@ def test_a_drain_word_left_on_a_cluster_does_not_refuse_a_new_application(monkey
     code, stale = asyncio.run(scenario())
     assert code == 200 and not stale
     assert ingress.draining and store["drain/lm/r1"] == "0"
+
+
+def test_a_stop_fits_kubernetes_default_grace_period():
+    """SIGTERM, then SIGKILL 30 s later (Kubernetes' default terminationGracePeriodSeconds): the drain's
+    bound plus Ray's own shutdown (~2 s, docs/serve.md) must end before it, or Ray's processes outlive
+    the pod's main process."""
+    from ptopt.serve.ray_config import DRAIN_TIMEOUT_S
+
+    assert DRAIN_TIMEOUT_S + 5 <= 30
