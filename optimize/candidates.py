@@ -1080,7 +1080,8 @@ class Candidate:
     save_seconds: float | None = None
     #: how long opening its runner took (loading, compiling): paid again by the final timing and each --isa child
     open_seconds: float = 0.0
-    #: its full evaluation on the eval data (the search's and the held-out samples): a child's pass is about half
+    #: its full evaluation on the eval data (the search's and the held-out samples), first calls' compiles and
+    #: all: recorded, not an estimate's basis (``Search.own_costs`` prices its speed from its probe)
     eval_seconds: float = 0.0
     #: the seconds its build, evaluation and timing were estimated at when it was tried (the report compares)
     estimate_s: float | None = None

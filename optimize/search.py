@@ -378,19 +378,23 @@ class Search:
         return self.timings_s(minimal(self.settings.latency)) + self.after_s()
 
     def timings_s(self, lat: LatencyOptions, cands: Sequence[Candidate] | None = None) -> float:
-        """Timing the reference and ``cands`` (default: every kept one) with ``lat``, each at its own speed:
-        the reference's per-call seconds scaled by how long its evaluation took against the reference's
-        (mobilenet_v3_small: torch's fp32 formats ran 1.5x the reference at batch 16, and 7 artifacts priced
-        as 7 references took 44 s where 8 s were planned)."""
+        """Timing the reference and ``cands`` (default: every kept one) with ``lat``, each at its own speed
+        (``own_costs``: mobilenet_v3_small's 7 artifacts priced as 7 references took 44 s where 8 s were
+        planned)."""
         cands = [c for c in self.candidates[1:] if c.status == "kept"] if cands is None else cands
-        ref_pass = self.costs.eval_s / EVAL_PASSES
-        total = self.costs.timing_s(lat)
-        for c in cands:
-            ratio = c.eval_seconds / ref_pass if c.eval_seconds > 0 and ref_pass > 0 else 1.0
-            ratio = min(max(ratio, 0.25), 20.0)
-            scaled = {b: t * ratio for b, t in self.costs.batch_s.items()}
-            total += dataclasses.replace(self.costs, batch_s=scaled).timing_s(lat)
-        return total
+        return self.costs.timing_s(lat) + sum(self.own_costs(c).timing_s(lat) for c in cands)
+
+    def own_costs(self, cand: Candidate) -> Costs:
+        """The reference's costs with ``cand``'s own fastest call at each batch size it was probed at (a kept
+        candidate is probed when screened): a candidate's whole evaluation is no measure of its speed (a
+        TorchScript model's first calls at each shape compile; MiniLM's took 44 s here and 10 s in a child)."""
+        probed = {b: cand.probe_ms[str(b)] / 1e3 for b in self.costs.batch_s if str(b) in cand.probe_ms}
+        if not probed:
+            return self.costs
+        batch_s = {b: probed.get(b, t) for b, t in self.costs.batch_s.items()}
+        largest = max(probed)
+        eval_s = self.costs.eval_s * (probed[largest] / self.costs.batch_s[largest])
+        return dataclasses.replace(self.costs, batch_s=batch_s, eval_s=eval_s)
 
     def after_s(self) -> float:
         """What the end costs besides the timing rounds: opening the kept candidates again, and writing them."""
@@ -414,7 +418,7 @@ class Search:
             return 0.0
         judged = [c for c in self.candidates[1:] if c.status == "kept" and c.within_budget]
         guessed = reserve_s(self.settings.isa, self.costs, self.settings, survivors=self.pending)
-        return guessed + measured_reserve_s(self.settings.isa, judged, self.costs, self.settings)
+        return guessed + measured_reserve_s(self.settings.isa, judged, self.own_costs, self.settings)
 
     def _why_not(self, spec: Spec) -> str | None:
         allowed = runtime_filters()[self.settings.runtime]
@@ -507,7 +511,8 @@ class Search:
                     t1 = time.perf_counter()
                     self.evaluator.evaluate(cand, runner)
                     cand.eval_seconds = time.perf_counter() - t1
-                if self._probing(cand):
+                if self._probing(cand) or (cand.status == "pending" and cand.within_budget):
+                    # a kept one's own speed prices its final timing and its --isa checks (``own_costs``)
                     cand.probe_ms = probe(runner, self.evaluator.evald, self.settings.batch_sizes)
             finally:
                 runner.close()
@@ -782,17 +787,24 @@ RESERVE_SHARE = 0.25
 CAPPED_SLOWDOWN = 1.5
 
 
-def measured_reserve_s(levels: Sequence[str], cands: Sequence[Any], costs: Any, settings: Any) -> float:
+def measured_reserve_s(
+    levels: Sequence[str], cands: Sequence[Any], costs_of: Callable[[Any], Any], settings: Any
+) -> float:
     """The level checks' time for candidates already kept, from what each measured here: opening it
-    (loading, compiling: a child does it again), its pass over the held-out samples (half its evaluation)
-    and a short timing, at a capped level's speed. Not capped by ``RESERVE_SHARE``: these are measured, and a
-    child cannot be stopped half way without losing its figures (all-MiniLM-L6-v2: 4 candidates, ~90 s)."""
+    (loading, compiling: a child does it again), then at its own speed (``costs_of(c)``: ``Search.own_costs``)
+    a pass over the held-out samples (half the eval data) and a short timing, at a capped level's speed. Not
+    capped by ``RESERVE_SHARE``: these are measured, and a child cannot be stopped half way without losing its
+    figures (all-MiniLM-L6-v2: 5 candidates, ~70 s where 32 s were kept)."""
     emulated = [lv for lv in levels if not is_native(lv)]
     if not emulated or not cands:
         return 0.0
-    timing = costs.timing_s(minimal(settings.latency))
-    each = sum(c.open_seconds + CAPPED_SLOWDOWN * (c.eval_seconds / 2 + timing) for c in cands)
-    return len(emulated) * each
+    lat = minimal(settings.latency)
+
+    def one(c: Any) -> float:
+        own = costs_of(c)
+        return c.open_seconds + CAPPED_SLOWDOWN * (own.eval_s / EVAL_PASSES / 2 + own.timing_s(lat))
+
+    return len(emulated) * sum(one(c) for c in cands)
 
 
 def per_level_s(costs: Any, settings: Any, models: int) -> float:

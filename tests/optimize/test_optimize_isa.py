@@ -171,11 +171,15 @@ def test_the_reserve_is_a_bounded_share_and_grows_with_what_is_kept_only(monkeyp
         assert search.reserved_s() > first  # grows with what the checks will judge
         search.candidates[2].within_budget = False  # left the budget: not judged at the levels
         search.candidates[3].status = "rejected"
-        # the kept one counts what it measured here: opening it, half its evaluation (the held-out pass)
+        # the kept one counts what it measured here: opening it, and its own speed (twice the reference's)
         one = search.candidates[1]
-        one.open_seconds, one.eval_seconds = 3.0, 4.0
-        timing = search.costs.timing_s(osearch.minimal(settings.latency))
-        measured = 3.0 + osearch.CAPPED_SLOWDOWN * (2.0 + timing)
+        one.open_seconds, one.probe_ms = 3.0, {"1": 2 * 50.0 / 16, "16": 100.0}
+        own = search.own_costs(one)
+        assert own.batch_s == pytest.approx({1: 2 * 50.0 / 16e3, 16: 0.1}) and own.eval_s == pytest.approx(
+            1.0
+        )
+        timing = own.timing_s(osearch.minimal(settings.latency))
+        measured = 3.0 + osearch.CAPPED_SLOWDOWN * (1.0 / osearch.EVAL_PASSES / 2 + timing)
         assert search.reserved_s() == pytest.approx(oisa.per_level_s(search.costs, settings, 2) + measured)
         now[0] = 355.0
         why = search._why_not(search.candidates[3].spec)
