@@ -500,9 +500,8 @@ class Search:
         with progress.step(f"judging {cand.name}", announce=False):  # a heartbeat names it
             t0 = time.perf_counter()
             runner = open_candidate(cand, self.settings.threads, self.settings.device)
-            cand.open_seconds = (
-                time.perf_counter() - t0
-            )  # paid again by the final timing and --isa's children
+            # paid again by the final timing and --isa's children
+            cand.open_seconds = time.perf_counter() - t0
             try:
                 why = self.evaluator.prescreen(cand, runner)
                 if why:
