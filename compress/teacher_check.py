@@ -75,47 +75,68 @@ def check_factory_teacher(
 
 
 def spread_sample(data: Any) -> Any:
-    """At most :data:`CHECK_SAMPLES` of ``data``'s samples, drawn over all of it (seeded), not its first
-    ones: a file sorted by label starts with one class, on which a trained model is at "chance"."""
+    """At most :data:`CHECK_SAMPLES` of ``data``'s samples, drawn over all of it in a shuffled order
+    (seeded), not its first ones: a file sorted by label starts with one class, on which a trained model
+    is at "chance", and the check may stop after its first batch (``chance_accuracy``), which must not
+    be one class either."""
     import torch
 
-    if len(data) <= CHECK_SAMPLES:
-        return data
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0))
-    return data.select(order[:CHECK_SAMPLES].sort().values)
+    return data.select(order[:CHECK_SAMPLES])
 
 
 def chance_accuracy(module: Any, data: Any) -> dict[str, Any] | None:
     """``module``'s top-1 accuracy on labelled ``data`` against chance: ``accuracy``, ``chance`` (the
     most frequent label's share, at least 1/classes), ``bound`` (chance plus three standard errors of
     a guess at that rate, at least :data:`MIN_MARGIN`), ``classes``, ``samples``. None when the
-    outputs are not class scores the labels index (regression, one output, other shapes)."""
+    outputs are not class scores the labels index (regression, one output, other shapes). Judged in
+    batches of :data:`BATCH`, stopping once the accuracy so far is above the bound at that count (a
+    trained teacher: one batch, not 512 samples of a large model)."""
     import torch
 
     from ptopt.compress.trainer import model_logits
+    from ptopt.core import progress
 
     correct = total = 0
-    classes = None
+    judged = None
     module.eval()
-    with torch.inference_mode():
-        for batch in data.batches(128):
-            logits = model_logits(module, batch.x)
-            y = batch.y
-            if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] < 2:
-                return None
-            if y.dim() != 1 or y.dtype.is_floating_point or y.shape[0] != logits.shape[0] or int(y.min()) < 0:
-                return None
-            classes = int(logits.shape[1])
-            correct += int((logits.argmax(-1) == y).sum())
-            total += int(y.shape[0])
-    if not total:
-        return None
-    labels = data.y.long()
-    chance = max(1.0 / classes, float(torch.bincount(labels).max()) / total)
+    with progress.step(f"checking the teacher on up to {len(data)} samples", announce=False):
+        with torch.inference_mode():
+            for batch in data.batches(BATCH):
+                logits, y = model_logits(module, batch.x), batch.y
+                if not _class_scores(logits, y):
+                    return None
+                correct += int((logits.argmax(-1) == y).sum())
+                total += int(y.shape[0])
+                judged = _against_chance(correct, total, int(logits.shape[1]), data.y.long())
+                if judged["accuracy"] > judged["bound"]:
+                    break
+    return judged
+
+
+#: samples per batch of the check (and the fewest it stops after)
+BATCH = 128
+
+
+def _class_scores(logits: Any, y: Any) -> bool:
+    """Whether ``logits`` are [N, classes >= 2] scores that the integer labels ``y`` index."""
+    import torch
+
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] < 2:
+        return False
+    return (
+        y.dim() == 1 and not y.dtype.is_floating_point and y.shape[0] == logits.shape[0] and int(y.min()) >= 0
+    )
+
+
+def _against_chance(correct: int, total: int, classes: int, labels: Any) -> dict[str, Any]:
+    """The accuracy of ``correct`` of ``total`` against a constant guess on ``labels`` (the whole sample)."""
+    import torch
+
+    chance = max(1.0 / classes, float(torch.bincount(labels).max()) / len(labels))
     margin = max(MIN_MARGIN, 3 * math.sqrt(chance * (1 - chance) / total))
-    accuracy = correct / total
     return {
-        "accuracy": accuracy,
+        "accuracy": correct / total,
         "chance": chance,
         "bound": chance + margin,
         "classes": classes,

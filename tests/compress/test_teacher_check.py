@@ -180,3 +180,40 @@ def test_prune_refuses_a_teacher_that_does_not_take_the_data(cli, files, tmp_pat
     code, _, err = cli(*base, "--fine-tune-data", files / "train.pt", "--epochs", "1", "--teacher", misfit)
     assert code == 2 and "internal error" not in err and "(teacher)" in err, err
     assert not (tmp_path / "p.pt").exists()
+
+
+def test_a_trained_teacher_is_judged_on_one_batch_and_a_guess_on_all():
+    """The check stops once the accuracy so far is above chance at that count: a trained teacher after
+    one batch (not 512 samples of a large model), a constant guess only after every sample. The sample is
+    shuffled even when the data is small: a label-sorted file's first batch is one class, on which a
+    constant guess of that class would have read as trained."""
+    from ptopt.compress.teacher_check import BATCH, CHECK_SAMPLES, check_factory_teacher, spread_sample
+
+    digits = load_data("builtin:digits:train")
+    seen: list[int] = []
+
+    class Counted(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            seen.append(len(x))
+            return self.inner(x)
+
+    judged = chance_accuracy(Counted(fitted_teacher()), spread_sample(digits))
+    assert seen == [BATCH] and judged["samples"] == BATCH and judged["accuracy"] > judged["bound"]
+
+    class AlwaysZero(torch.nn.Module):
+        def forward(self, x):
+            seen.append(len(x))
+            return torch.nn.functional.one_hot(torch.zeros(len(x), dtype=torch.long), 10).float()
+
+    seen.clear()
+    judged = chance_accuracy(AlwaysZero(), spread_sample(digits))
+    assert sum(seen) == CHECK_SAMPLES and judged["accuracy"] <= judged["bound"]
+
+    small = digits.select(digits.y.argsort(stable=True)[:300])  # label-sorted, under CHECK_SAMPLES
+    assert small.y[:BATCH].unique().tolist() == [0]
+    with pytest.warns(UntrainedTeacherWarning, match="chance level"):
+        check_factory_teacher(_factory_built(AlwaysZero()), (small,))
