@@ -57,9 +57,15 @@ def check_factory_teacher(
             f"learns from random weights (give {flag} FILE, its state dict)"
         )
     elif judged is None:
+        why = (
+            "no labelled data shows whether it is trained"
+            if data is None
+            else f"its outputs are not class scores that {data.name}'s labels index, so they cannot show "
+            "whether it is trained"
+        )
         message = (
-            f"{head}, and no labelled data shows whether it is trained: unless the factory loads trained "
-            f"weights itself, the student learns from random weights (give {flag} FILE, its state dict)"
+            f"{head}, and {why}: unless the factory loads trained weights itself, the student learns from "
+            f"random weights (give {flag} FILE, its state dict)"
         )
     elif judged["accuracy"] > judged["bound"]:
         return None

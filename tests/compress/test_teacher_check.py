@@ -217,3 +217,14 @@ def test_a_trained_teacher_is_judged_on_one_batch_and_a_guess_on_all():
     assert small.y[:BATCH].unique().tolist() == [0]
     with pytest.warns(UntrainedTeacherWarning, match="chance level"):
         check_factory_teacher(_factory_built(AlwaysZero()), (small,))
+
+
+def test_a_teacher_whose_outputs_are_not_class_scores_is_not_said_to_lack_labelled_data():
+    """A one-output (regression) teacher on labelled data: the warning says its outputs cannot be judged
+    by those labels, not that no labelled data was given."""
+    from ptopt.compress.teacher_check import check_factory_teacher
+
+    one_logit = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 1))
+    with pytest.warns(UntrainedTeacherWarning, match="not class scores that") as seen:
+        message = check_factory_teacher(_factory_built(one_logit), (load_data("builtin:digits:test"),))
+    assert "no labelled data" not in message and len(seen) == 1
