@@ -184,18 +184,25 @@ def _write_and_check(
 ) -> tuple[Any, dict]:
     """Write the folder, read it back as a user does, check it (``lm_check``); the read-back model and the
     final record. A failed check keeps the folder aside as ``OUT.failed``."""
+    from ptopt.core import progress
+    from ptopt.core.formats import with_article
     from ptopt.export.lm_check import check_lm
     from ptopt.export.parity import min_cosine_for, tolerances
     from ptopt.formats.lm_folder import write_companions, write_record
 
     hf_dir = source.loaded.info.get("hf_dir")
-    row.write_lm(module, path, record)
-    write_companions(path, module, record, hf_dir, row.record_file)
-    loaded = row.load(path, None, allow_pickle=True)  # ptopt wrote it in this call: trusted
+    new = config.new_tokens or NEW_TOKENS
+    with progress.step(f"writing {with_article(row.label)}", announce=False):  # each long part says its step
+        row.write_lm(module, path, record)
+        write_companions(path, module, record, hf_dir, row.record_file)
+        loaded = row.load(path, None, allow_pickle=True)  # ptopt wrote it in this call: trusted
     rule = (*tolerances("fp32", config.atol, config.rtol), min_cosine_for("fp32", config.min_cosine))
+    what = f"checking it against transformers ({new} greedy tokens, the logits, a padded batch)"
     try:
-        record["check"] = check_lm(module, loaded.module, prompt, config.new_tokens or NEW_TOKENS, rule,
-                                   batched=record["batch"][1] > 1)  # fmt: skip
+        with progress.step(what, announce=False):
+            record["check"] = check_lm(
+                module, loaded.module, prompt, new, rule, batched=record["batch"][1] > 1
+            )
     except ParityError as e:
         if output is not None:
             failed = Path(str(output) + ".failed")

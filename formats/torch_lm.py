@@ -124,14 +124,19 @@ class AotiLMFolder(LMFolder):
 
         import torch
 
+        from ptopt.core import progress
         from ptopt.formats.aoti_compile import check_compiler, compile_options, compile_package
         from ptopt.formats.aoti_files import package_metadata
         from ptopt.formats.lm_graph import capture
 
         compiler, options = check_compiler(), compile_options()
         batch, longest = tuple(record["batch"]), record["max_positions"]
-        program, decode = capture(module, batch, longest), capture(module, batch, longest, decode=True)
-        built = compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
+        with progress.step(
+            "tracing it with torch.export (the step, then the one-token decode)", announce=False
+        ):
+            program, decode = capture(module, batch, longest), capture(module, batch, longest, decode=True)
+        with progress.step(f"compiling it with AOTInductor ({compiler}, 2 models)", announce=False):
+            built = compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
         seconds = built["seconds"]
         if built.get("hit"):
             record["compile_cache"] = {"built": built["built"]}

@@ -1,0 +1,68 @@
+"""A causal LM's export says what it is doing: its heartbeats name the step (tracing, the AOTInductor
+compile, the check against transformers), not only "ptopt export: still working". The slow parts are
+stand-ins that wait and then stop the export (an LM's real AOTInductor compile takes from 20 s to
+minutes; docs/export.md has the measured run)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ptopt
+from ptopt.core import progress
+from tests.export.lm_models import save
+
+WAIT = 2.0  # each stand-in's time: past the 1 s a step must have run before a heartbeat names it
+
+
+class Stop(Exception):
+    pass
+
+
+def _slow(result=None):
+    def call(*args, **kwargs):
+        time.sleep(WAIT)
+        if result is None:
+            raise Stop("stopped here by the test")
+        return result
+
+    return call
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return save("llama", tmp_path_factory.mktemp("lm") / "llama")
+
+
+def _beats(lines: list[str]) -> list[str]:
+    return [ln.strip().split(": still working")[0] for ln in lines if "still working" in ln]
+
+
+def test_aoti_heartbeats_name_tracing_and_compiling(llama, tmp_path, monkeypatch):
+    import ptopt.formats.aoti_compile as aoti_compile
+    import ptopt.formats.lm_graph as lm_graph
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(aoti_compile, "check_compiler", lambda *a, **k: "g++")
+    monkeypatch.setattr(lm_graph, "capture", _slow(result="program"))
+    monkeypatch.setattr(aoti_compile, "compile_package", _slow())
+    lines: list[str] = []
+    with pytest.raises(Stop):
+        ptopt.export(f"hf:{llama}", "aoti", tmp_path / "out", progress=lines.append)
+    beats = _beats(lines)
+    assert "tracing it with torch.export (the step, then the one-token decode)" in beats, lines
+    assert "compiling it with AOTInductor (g++, 2 models)" in beats, lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_check_against_transformers_is_named(llama, tmp_path, monkeypatch):
+    import ptopt.export.lm_check as lm_check
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(lm_check, "check_lm", _slow())
+    lines: list[str] = []
+    with pytest.raises(Stop):
+        ptopt.export(f"hf:{llama}", "exported_program", tmp_path / "out", progress=lines.append)
+    named = "checking it against transformers (32 greedy tokens, the logits, a padded batch)"
+    assert named in _beats(lines), lines
