@@ -10,7 +10,8 @@ Two deployments per application, built from a manifest (``ptopt_ray.json``, writ
   sidecar's input specs (4xx naming the problem; a bad request never reaches a replica), gathers
   the good ones with Serve's dynamic batching (``@serve.batch``: up to ``max_batch_size`` rows or
   ``batch_wait_ms``) into one call of a model replica, and splits the answers. A model replica that
-  dies while answering (killed, out of memory) fails that call with ``RayActorError``: the ingress
+  dies while answering (killed, out of memory) fails that call with ``RayActorError`` (or, gone
+  before the call left, Serve's ``ReplicaUnavailableError``): the ingress
   sends the same batch again, to a replica that is alive (up to ``RETRIES`` times, backing off), so
   the clients of a lost replica get their answer late rather than an error; only when every retry
   fails do they get 503 naming the lost replica. Serve's controller replaces the replica meanwhile.
@@ -52,7 +53,11 @@ from ptopt.serve.ray_package import INGRESS, read_manifest
 
 logger = logging.getLogger("ray.serve")
 #: Serve's errors for a model deployment that cannot take a call now (overloaded, no replica): a 503
-_UNAVAILABLE = (BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError)
+_UNAVAILABLE = (BackPressureError, DeploymentUnavailableError)
+#: a model replica gone: the call died with it (``RayActorError``, ``ActorUnavailableError`` among them)
+#: or never reached it (Serve's ``ReplicaUnavailableError``: the replica it chose left the routing table
+#: before the call was sent). Either way the call is sent again, to a replica that is alive
+_REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
 #: times the ingress sends a batch again when the replica answering it died
 RETRIES = 4
 _MODEL_ROUTE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/([^/]+))?/?$")
@@ -63,12 +68,16 @@ _ACTIONS = ("", "ready", "config", "infer", "generate")
 
 #: Ray's key-value store (the GCS) carries ``RayServer.stop``'s word to every ingress replica: ``drain/APP``
 #: written (a fresh token each time) means "answer every new request 503"; each replica answers under
-#: ``drain/APP/REPLICA`` with the number of requests it still has in flight (``stop`` waits for every
-#: replica's 0). A token a replica finds when it starts is not for it: a server that died stopping left it
-#: on the cluster, and it would have made every later application of that name answer 503 for ever
+#: ``drain/APP/REPLICA`` with the number of requests it still has in flight and a beat, rewritten at every
+#: poll (``"COUNT BEAT"``; ``stop`` waits for every live replica's 0, and takes a key whose value stopped
+#: changing for ``DRAIN_STALE_S`` for a dead replica's, left behind: ignored). A token a replica finds when
+#: it starts is not for it: a server that died stopping left it on the cluster, and it would have made
+#: every later application of that name answer 503 for ever
 DRAIN_NAMESPACE = "ptopt"
-#: how often an ingress replica looks for that word (seconds)
+#: how often an ingress replica looks for that word, and once draining rewrites its count (seconds)
 DRAIN_POLL_S = 0.1
+#: a replica's count unchanged for this long (20 polls missed) is a dead replica's: ``stop`` ignores it
+DRAIN_STALE_S = 2.0
 SHUTTING_DOWN = (
     "the server is shutting down: it takes no new request (those in flight finish); send it again to "
     "another server, or to this one once it is back"
@@ -169,14 +178,14 @@ class PtoptIngress:
     async def _watch_drain(self) -> None:
         """Every :data:`DRAIN_POLL_S`: whether ``drain/APP`` holds a token other than the one found at
         this replica's start (:data:`DRAIN_NAMESPACE`); once it does, this replica's requests in flight
-        under ``drain/APP/REPLICA`` whenever the number changes."""
+        and a beat under ``drain/APP/REPLICA`` at every poll (a live replica's key keeps changing)."""
         from ray.experimental import internal_kv as kv
 
         try:
             context = serve.get_replica_context()
         except Exception:  # noqa: BLE001 - not in a Serve replica (the class called directly): no word comes
             return
-        app, me, said, stale = context.app_name, context.replica_id.unique_id, None, None
+        app, me, beat, stale = context.app_name, context.replica_id.unique_id, 0, None
         with contextlib.suppress(Exception):  # the GCS out of reach: no stale word to ignore
             stale = await asyncio.to_thread(kv._internal_kv_get, drain_key(app), namespace=DRAIN_NAMESPACE)
         while True:
@@ -187,12 +196,12 @@ class PtoptIngress:
                         kv._internal_kv_get, drain_key(app), namespace=DRAIN_NAMESPACE
                     )
                     self.draining = found is not None and found != stale
-                count = self.inflight
-                if self.draining and said != count:
+                if self.draining:
+                    beat += 1
+                    said = f"{self.inflight} {beat}"
                     await asyncio.to_thread(
-                        kv._internal_kv_put, drain_key(app, me), str(count), True, namespace=DRAIN_NAMESPACE
+                        kv._internal_kv_put, drain_key(app, me), said, True, namespace=DRAIN_NAMESPACE
                     )
-                    said = count
             except Exception as e:  # noqa: BLE001 - the GCS out of reach a moment: look again
                 logger.warning("ingress: cannot read the drain flag (%s); trying again", e)
 
@@ -223,7 +232,7 @@ class PtoptIngress:
         for attempt in range(RETRIES + 1):
             try:
                 return await getattr(self.handles[name], method).remote(*args)
-            except RayActorError as e:
+            except _REPLICA_LOST as e:
                 if attempt == RETRIES:
                     raise oip.ProtocolError(
                         503,
@@ -364,7 +373,7 @@ class PtoptIngress:
     async def _ready(self, name: str) -> bool:
         try:
             await asyncio.wait_for(self._metadata(name), timeout=5.0)
-        except (asyncio.TimeoutError, RayActorError, oip.ProtocolError):
+        except (asyncio.TimeoutError, *_REPLICA_LOST, oip.ProtocolError):
             return False
         return True
 

@@ -402,14 +402,23 @@ class RayServer:
         raise RayServeError(f"the application is not ready after {self.start_timeout_s:.0f} s ({last})")
 
     def stop(self) -> None:
-        """Delete the application; a local instance: shut Serve and Ray down, kill what is left."""
+        """Delete the application; a local instance: shut Serve and Ray down, kill what is left. A Ctrl-C or
+        SIGTERM while it stops hurries it (cuts the drain, or Ray's own shutdown, short), never ends it
+        before the local instance's processes are killed (``_end_session``: signals held)."""
+        try:
+            self._stop_ray()
+        except KeyboardInterrupt:  # Ray's shutdown cut short: what it left, _end_session kills
+            pass
+        finally:
+            with _signals_held():
+                self._end_session()
+
+    def _stop_ray(self) -> None:
         import ray
 
         if self._started_ray:  # also when Ctrl-C came inside ray.init: its node's processes are up
             self._session = sorted(set(self._session) | set(session_processes(str(self.ray_temp_dir))))
         if ray.is_initialized():
-            from ray import serve
-
             if self._owns_app:  # never a cluster's application this server refused to replace
                 if self._serving:  # a failed start has no client to drain (and no ingress to answer)
                     # a second Ctrl-C / SIGTERM during the wait (up to DRAIN_TIMEOUT_S) cuts the drain
@@ -418,9 +427,7 @@ class RayServer:
                         self.drain()
                     self._serving = False
                 if self.address is not None:  # a cluster keeps running: only this application goes
-                    with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
-                        serve.delete(self.app_name)
-                        _clear_drain(self.app_name)
+                    self._delete_app()
                 # a local instance goes down whole (below): deleting the application first only
                 # answered Serve's plain-text 404 to the requests of that second or two
                 self._owns_app = False
@@ -428,6 +435,34 @@ class RayServer:
             if self._started_ray:
                 _kill_proxy(self._session)
             ray.shutdown()
+
+    def _delete_app(self) -> None:
+        """A cluster's Serve: delete this application, then its drain keys. A failure is one line on stderr
+        (what stays on the cluster), never the end of the stop, and never silent."""
+        from ray import serve
+
+        steps = (
+            (
+                serve.delete,
+                "delete the application",
+                "it may still run there (`serve status`) and its drain key",
+            ),
+            (_clear_drain, "clear the drain key of", "the key"),
+        )
+        for step, what, left in steps:
+            try:
+                step(self.app_name)
+            except Exception as e:  # noqa: BLE001 - stopping anyway
+                why = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+                print(
+                    f"ptopt serve: could not {what} {self.app_name!r} on the cluster ({why}); {left} stays "
+                    "(harmless: a replica ignores the drain token it finds when it starts)",
+                    file=sys.stderr,
+                )
+                return
+
+    def _end_session(self) -> None:
+        """Kill what is left of a local instance's processes; restore the environment; remove the folder."""
         if self._started_ray:
             end_processes(self._session)
             self._started_ray = False
@@ -448,7 +483,7 @@ class RayServer:
             raise UsageError("RayServer.drain: this server is not serving (start it first)")
         from ray.experimental import internal_kv as kv
 
-        from ptopt.serve.ray_app import DRAIN_NAMESPACE, drain_key
+        from ptopt.serve.ray_app import DRAIN_NAMESPACE, DRAIN_STALE_S, drain_key
 
         # a fresh token: an ingress replica ignores the one it found when it started (left by a server that
         # died stopping), never this one
@@ -457,10 +492,18 @@ class RayServer:
         want = int(self.manifest.get("ingress_replicas", 1))
         prefix = drain_key(self.app_name, "")
         deadline = time.monotonic() + timeout_s
+        seen: dict[bytes, tuple[bytes | None, float]] = {}  # each replica's key: its value, since when
         while time.monotonic() < deadline:
+            now = time.monotonic()
             keys = kv._internal_kv_list(prefix, namespace=DRAIN_NAMESPACE)
-            counts = [kv._internal_kv_get(k, namespace=DRAIN_NAMESPACE) for k in keys]
-            if len(keys) >= want and all(c == b"0" for c in counts):
+            for k in keys:
+                value = kv._internal_kv_get(k, namespace=DRAIN_NAMESPACE)
+                if k not in seen or seen[k][0] != value:
+                    seen[k] = (value, now)
+            # a live replica rewrites its key at every poll; one unchanged for DRAIN_STALE_S is a dead (or
+            # replaced) replica's, left behind: its count never reaches 0, and is not waited for
+            live = [seen[k][0] for k in keys if now - seen[k][1] < DRAIN_STALE_S]
+            if len(keys) >= want and all(_in_flight(v) == 0 for v in live):
                 return True
             time.sleep(0.05)
         return False
@@ -493,6 +536,14 @@ class RayServer:
             return code, json.loads(raw)
         except ValueError:
             return code, raw
+
+
+def _in_flight(value: bytes | None) -> int:
+    """The requests in flight an ingress replica reported (``"COUNT BEAT"``); -1 when unreadable."""
+    try:
+        return int((value or b"").split()[0])
+    except (ValueError, IndexError):
+        return -1
 
 
 def _clear_drain(app: str) -> None:
@@ -585,6 +636,28 @@ def _kill_proxy(pids: list[int]) -> None:
         if _cmdline(p).startswith(PROXY_PROCESS):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Any:
+    """SIGINT and SIGTERM ignored inside: the teardown that kills a local instance's processes is never cut
+    by one (it left them running, orphaned); stopping is what it asked for. Python runs signal handlers in
+    the main thread only, so only there; a handler installed outside Python (None) is left as it is.
+    Handlers, not the signal mask: a blocked signal goes to another thread (Ray's) and interrupts anyway."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = {s: h for s, h in saved.items() if h is not None}
+    for s in saved:
+        signal.signal(s, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 def end_processes(pids: list[int], grace_s: float = 10.0) -> None:
