@@ -180,7 +180,7 @@ class _Model:
     config: Any
 
 
-def _describe(role: str, obj: Any) -> _Model:
+def _describe(role: str, obj: Any, allow_pickle: bool) -> _Model:
     from ptopt.core.formats import sniff_file
     from ptopt.core.hf import check_causal_config, config_of, is_hf_dir
     from ptopt.core.result import Result
@@ -199,6 +199,8 @@ def _describe(role: str, obj: Any) -> _Model:
         fmt = sniff_file(folder)
         if fmt is not None:
             fmt.check_file(folder)  # an unreadable artifact is refused before anything is measured
+            if fmt.trusted_load and not allow_pickle:  # so is one that runs native code, untrusted (aoti)
+                fmt.load(folder, None, allow_pickle=False)
         check_causal_config(folder)  # so is a classifier's or an encoder's folder (from its config.json)
         return _Model(role, obj, display_name(folder), folder, config_of(folder))
     module = _module_of(obj)
@@ -210,15 +212,15 @@ def _describe(role: str, obj: Any) -> _Model:
     return _Model(role, obj, name, None, module.config)
 
 
-def _models(reference: Any, artifacts: Any) -> list[_Model]:
+def _models(reference: Any, artifacts: Any, allow_pickle: bool = False) -> list[_Model]:
     """The reference and the artifacts, each a language model of the reference's vocabulary."""
     import torch
 
     from ptopt.core.result import Result
 
     many = not isinstance(artifacts, (str, os.PathLike, torch.nn.Module, Result))
-    models = [_describe("reference", reference)]
-    models += [_describe("artifact", a) for a in (artifacts if many else [artifacts])]
+    models = [_describe("reference", reference, allow_pickle)]
+    models += [_describe("artifact", a, allow_pickle) for a in (artifacts if many else [artifacts])]
     vocab = getattr(models[0].config, "vocab_size", None)
     for m in models[1:]:
         if getattr(m.config, "vocab_size", None) != vocab:
@@ -472,7 +474,7 @@ def validate_lm(
         threads = int(cpu_info()["usable_cores"])
     gates = _gates.Gates(max_size_mb=asked.gates.max_size_mb, strict_lineage=asked.gates.strict_lineage)
     run = _LMRun(t_start, asked.lm, asked.lm_gates, gates, int(threads), reference)
-    models = _models(reference, artifacts)
+    models = _models(reference, artifacts, allow_pickle)
     ids = _token_ids(data, models, run.options)
     entries, timing = _measure(
         models, ids, run.options, run.threads, allow_pickle, progress or (lambda msg: None)

@@ -5,9 +5,11 @@ minutes; docs/export.md has the measured run)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+import torch
 
 import ptopt
 from ptopt.core import progress
@@ -66,3 +68,24 @@ def test_the_check_against_transformers_is_named(llama, tmp_path, monkeypatch):
         ptopt.export(f"hf:{llama}", "exported_program", tmp_path / "out", progress=lines.append)
     named = "checking it against transformers (32 greedy tokens, the logits, a padded batch)"
     assert named in _beats(lines), lines
+
+
+def test_validate_refuses_an_untrusted_aoti_folder_before_measuring(llama, tmp_path, monkeypatch):
+    """``ptopt validate hf:DIR DIR.aoti`` without --allow-pickle scored the reference's perplexity (54 s on
+    SmolLM2's tokenizer and pydoc text) and only then refused the package. An ExportedProgram folder
+    relabelled ``aoti`` stands in for the compiled one."""
+    import ptopt.validate.lm as vlm
+    from ptopt.core.errors import UnsafePickleError
+
+    out = tmp_path / "llama-aoti"
+    ptopt.export(f"hf:{llama}", "exported_program", out, new_tokens=2, progress=False)
+    record = json.loads((out / "ptopt_lm.json").read_text())
+    (out / "ptopt_lm.json").write_text(json.dumps(record | {"target": "aoti", "format": "aoti_lm"}))
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before the untrusted package was refused")
+
+    monkeypatch.setattr(vlm, "_evaluate_one", measured)
+    ids = torch.randint(3, 200, (128,), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(UnsafePickleError, match="AOTInductor package .* --allow-pickle"):
+        ptopt.validate(f"hf:{llama}", [out], ids, rounds=1, prompt_tokens=16, new_tokens=3, progress=None)
