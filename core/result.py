@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ptopt.core import progress
 from ptopt.core.artifact import Artifact
 from ptopt.core.atomic import output_lock, remove_stale_temps, staged_dir
 from ptopt.core.errors import UsageError
@@ -87,16 +88,14 @@ class Result:
         created = _missing_folders(path)
         with output_lock(path):
             remove_stale_temps(path)
-            with staged_dir(path.parent) as stage:
+            with staged_dir(path.parent) as stage, progress.step(_saving(path, self.folder), announce=False):
                 art = self._described(path, self._writer(stage / path.name) or {})
-                art.measure(stage)
+                art.measure(stage)  # reads every file: a large LM's gzip size alone takes a minute
             art.write_sidecar()
             for name in set(old.files if old is not None else ()) - set(art.files):
                 (path.parent / name).unlink(missing_ok=True)  # the previous artifact's, now unused
         self.artifact = art
         if created is not None:
-            from ptopt.core import progress
-
             progress.note(f"created folder {created}/ for {path.name}")
         return art
 
@@ -180,3 +179,8 @@ def _missing_folders(path: Path) -> Path | None:
         return folder.relative_to(Path.cwd())
     except ValueError:
         return folder
+
+
+def _saving(path: Path, folder: bool) -> str:
+    """The step a heartbeat names while an artifact is written and read back for its sidecar."""
+    return f"saving {path.name}{'/' if folder else ''} (its files, their sha256 and gzip size)"

@@ -89,3 +89,19 @@ def test_validate_refuses_an_untrusted_aoti_folder_before_measuring(llama, tmp_p
     ids = torch.randint(3, 200, (128,), generator=torch.Generator().manual_seed(0))
     with pytest.raises(UnsafePickleError, match="AOTInductor package .* --allow-pickle"):
         ptopt.validate(f"hf:{llama}", [out], ids, rounds=1, prompt_tokens=16, new_tokens=3, progress=None)
+
+
+def test_saving_the_artifact_is_named(tmp_path, monkeypatch):
+    """Reading the written files back for the sidecar (sha256 and gzip size) took SmolLM2-135M's
+    AOTInductor folder (1.3 GB) over a minute after the check, its heartbeats only "ptopt export"."""
+    import ptopt.core.artifact as artifact
+    from tests.helpers import tiny_cnn
+
+    real = artifact.scan_file
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(artifact, "scan_file", lambda *a, **k: time.sleep(WAIT) or real(*a, **k))
+    lines: list[str] = []
+    ptopt.export(
+        tiny_cnn(), "exported_program", tmp_path / "m.pt2", input_shapes=["1x1x8x8"], progress=lines.append
+    )
+    assert "saving m.pt2 (its files, their sha256 and gzip size)" in _beats(lines), lines
