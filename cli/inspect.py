@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
@@ -98,7 +99,7 @@ def _echo_summary(report: dict) -> None:
 
 
 def _echo_lm_graph(graph: dict) -> None:
-    names = lambda key: ", ".join(graph.get(key) or []) or "?"  # noqa: E731
+    names = lambda key: ", ".join(_cache_names(graph.get(key) or [])) or "?"  # noqa: E731
     inputs = (
         names("inputs") if graph.get("inputs") else "input_ids, attention_mask (the KV cache is its state)"
     )
@@ -137,3 +138,25 @@ def _echo_tables(report: dict) -> None:
                 escape("; ".join(r["notes"])),
             )
         echo_table(t)
+
+
+def _cache_names(names: list[str]) -> list[str]:
+    """``past_key_values.0.key, ..., past_key_values.29.value`` as ``past_key_values.0..29.key/value``
+    (as export prints it; SmolLM2's 60 names each way made one line of 2,400 characters)."""
+    found: dict[str, set[str]] = {}
+    for n in names:
+        m = re.fullmatch(r"(past_key_values|present)\.(\d+)\.(key|value)", n)
+        if m:
+            found.setdefault(m[1], set()).add(f"{m[2]}.{m[3]}")
+    out: list[str] = []
+    for n in names:
+        prefix = n.split(".")[0]
+        layers = len(found.get(prefix, ())) // 2
+        whole = layers > 1 and found[prefix] == {
+            f"{i}.{kv}" for i in range(layers) for kv in ("key", "value")
+        }
+        if not whole or prefix not in found:
+            out.append(n)
+        elif f"{prefix}.0..{layers - 1}.key/value" not in out:
+            out.append(f"{prefix}.0..{layers - 1}.key/value")
+    return out
