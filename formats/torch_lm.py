@@ -7,12 +7,14 @@ past and present in layer order, key then value), captured by ``torch.export`` w
 sequence and past dimensions. ``exported_program``: ``torch.export.save`` of that program, loaded with
 ``torch.export.load("model.pt2").module()``; ``aoti``: the same program compiled by AOTInductor (freezing
 on) into native code for this CPU and this torch, loaded with ``torch._inductor.aoti_load_package`` (only
-with ``--allow-pickle``: its native code runs when it loads), plus a second model in the package, ``decode``
-(``torch._inductor.package.load_package(path, "decode")``), traced with the sequence fixed at one token:
-Inductor's code for the program traced at sequences >= 2 (``ptopt.formats.lm_graph``) computed a wrong
-decode step at sequence 1 on a left-padded batch (the attention's masked keys), which the ExportedProgram
-and ONNX runtimes compute right; one-token calls run the ``decode`` model. Beside it the source's config and tokenizer
-files and ``ptopt_lm.json`` (``ptopt.formats.lm_folder``). Both keep the model's ``sdpa`` attention.
+with ``--allow-pickle``: its native code runs when it loads). Packages written before 2026-11-29 hold a
+second model, ``decode``, traced with the sequence fixed at one token (Inductor's code had computed a wrong
+one-token step on a left-padded batch); their one-token calls still run it. Once the runner handed the
+package contiguous inputs, the one program gave the same tokens, logits and padded-batch figures at the
+same speed (SmolLM2-135M, AVX-512 and AVX2 code; docs/export.md), so new packages hold the one program:
+half the compile, half the folder. The check at export still runs the padded batch's one-token step.
+Beside it the source's config and tokenizer files and ``ptopt_lm.json`` (``ptopt.formats.lm_folder``).
+Both keep the model's ``sdpa`` attention.
 
 Unlike the static-cache program of ``quantize --mode weight-only --decode-step`` (state inside the program,
 one sequence at a time, batch 1), the cache here is the caller's: any batch in the exported range, and a
@@ -29,7 +31,7 @@ from ptopt.core.errors import ModelLoadError, UnsafePickleError
 from ptopt.formats.lm_folder import CachedLM, LMFolder
 
 FILE = "model.pt2"
-#: the one-token model of an AOTInductor folder's package
+#: the one-token model of an AOTInductor folder's package written before 2026-11-29 (module docstring)
 DECODE = "decode"
 
 
@@ -100,6 +102,7 @@ class AotiLMFolder(LMFolder):
 
     def open(self, path: Path, config: Any, record: dict[str, Any], allow_pickle: bool) -> ProgramLM:
         from ptopt.formats.aoti import load_aoti
+        from ptopt.formats.aoti_files import package_models
 
         if not allow_pickle:
             raise UnsafePickleError(
@@ -110,7 +113,8 @@ class AotiLMFolder(LMFolder):
             import torch._inductor.package as package
 
             step = load_aoti(path / FILE, record.get("torch_version"))
-            decode = package.load_package(str(path / FILE), DECODE)
+            old = DECODE in package_models(path / FILE)  # an older package's one-token model
+            decode = package.load_package(str(path / FILE), DECODE) if old else None
         except ModelLoadError:
             raise
         except Exception as e:  # noqa: BLE001 - the package loader raises RuntimeError/OSError/...
@@ -120,7 +124,7 @@ class AotiLMFolder(LMFolder):
         return ProgramLM(step, config, record, "aoti", decode)
 
     def write_lm(self, module: Any, folder: Path, record: dict[str, Any]) -> None:
-        """Two programs (module docstring) compiled into one package."""
+        """The step's program (module docstring) compiled into a package."""
 
         import torch
 
@@ -131,12 +135,10 @@ class AotiLMFolder(LMFolder):
 
         compiler, options = check_compiler(), compile_options()
         batch, longest = tuple(record["batch"]), record["max_positions"]
-        with progress.step(
-            "tracing it with torch.export (the step, then the one-token decode)", announce=False
-        ):
-            program, decode = capture(module, batch, longest), capture(module, batch, longest, decode=True)
-        with progress.step(f"compiling it with AOTInductor ({compiler}, 2 models)", announce=False):
-            built = compile_package(program, folder / FILE, options, compiler, statics={DECODE: decode})
+        with progress.step("tracing it with torch.export", announce=False):
+            program = capture(module, batch, longest)
+        with progress.step(f"compiling it with AOTInductor ({compiler})", announce=False):
+            built = compile_package(program, folder / FILE, options, compiler)
         seconds = built["seconds"]
         if built.get("hit"):
             record["compile_cache"] = {"built": built["built"]}
