@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import click
@@ -37,29 +38,49 @@ def command(artifacts: tuple[str, ...], engine: str | None, **params: Any) -> No
 
     engine, chosen = settings(artifacts, engine, given(params))
     if engine == "torchserve":
-        _torchserve(artifacts, chosen)
+        with _interruptible():
+            _torchserve(artifacts, chosen)
     else:
-        _ray(artifacts, *chosen)
+        with _interruptible():
+            _ray(artifacts, *chosen)
+
+
+def _terminate(signum, frame):  # noqa: ANN001 - signal handler signature
+    raise KeyboardInterrupt
+
+
+def _handlers() -> None:
+    """SIGTERM stops like Ctrl-C (a KeyboardInterrupt: every cleanup runs); Ctrl-C stops the server even
+    where SIGINT arrived ignored (a background job of a script)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Any:
+    """SIGTERM and Ctrl-C as KeyboardInterrupt inside, the previous handlers after: from the command's
+    start, so that a SIGTERM while the artifacts are packaged for the server (SmolLM2-135M's AOTInductor
+    folder: over two minutes) removes the copy it was making (it killed the process and left 630 MB)."""
+    import signal
+
+    previous, previous_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    _handlers()
+    try:
+        yield
+    finally:
+        for sig, handler in ((signal.SIGTERM, previous), (signal.SIGINT, previous_int)):
+            if handler is not None:  # None: a handler not installed from Python
+                signal.signal(sig, handler)
 
 
 def _until_stopped(server: Any, name: str, stopped: Any, banner: Any) -> None:
     """Start ``server``, print ``banner()``, wait until Ctrl-C / SIGTERM or ``stopped()``; always stop."""
-    import contextlib
-    import signal
     import time
-
-    def _terminate(signum, frame):  # noqa: ANN001 - signal handler signature
-        raise KeyboardInterrupt
 
     from ptopt.core import progress
 
-    def _handlers() -> None:
-        signal.signal(signal.SIGTERM, _terminate)
-        # Ctrl-C stops the server even where SIGINT arrived ignored (a background job of a script)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    previous, previous_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    _handlers()
     with contextlib.ExitStack() as quiet:
         try:
             server.start()
@@ -76,9 +97,6 @@ def _until_stopped(server: Any, name: str, stopped: Any, banner: Any) -> None:
             click.echo(f"stopping {name} ...", err=True)
         finally:
             server.stop()
-            for sig, handler in ((signal.SIGTERM, previous), (signal.SIGINT, previous_int)):
-                if handler is not None:  # None: a handler not installed from Python
-                    signal.signal(sig, handler)
         click.echo("stopped.", err=True)
 
 

@@ -70,3 +70,41 @@ def test_ctrl_c_inside_ray_init_leaves_no_ray_process(serve_artifacts, tmp_path)
     for p in left:  # never leave them to the next test
         os.kill(p, 9)
     assert not left, f"Ray processes left behind after Ctrl-C during startup: {left}"
+
+
+_PACKAGING = """
+import os, signal, sys, time
+from ptopt.serve import ray_server
+
+WHERE, ARTIFACT = sys.argv[1], sys.argv[2]
+
+def packaging(self, *args, **kwargs):  # a SIGTERM while the artifacts are copied for the server
+    with open(WHERE, "w") as fh:
+        fh.write(str(self.workdir))
+    (self.workdir / "package").mkdir()
+    (self.workdir / "package" / "model.bin").write_bytes(bytes(1024))
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+
+ray_server.RayServer._package = packaging
+from ptopt.cli.main import main
+sys.argv = ["ptopt", "serve", ARTIFACT, "--engine", "ray"]
+main()
+"""
+
+
+def test_sigterm_while_packaging_removes_the_copy(serve_artifacts, tmp_path):
+    """SIGTERM while ``ptopt serve`` still copies the artifacts for Ray (SmolLM2-135M's AOTInductor folder:
+    over two minutes) ended the process where it stood and left the copy (630 MB under /tmp); it is an
+    interrupt from the command's start now: the copy is removed, exit 130."""
+    from pathlib import Path
+
+    where = tmp_path / "workdir.txt"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-c", _PACKAGING, str(where), str(serve_artifacts["fp32"])],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    workdir = Path(where.read_text())
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert not workdir.exists(), f"left behind: {sorted(p.name for p in workdir.rglob('*'))}"
