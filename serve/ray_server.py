@@ -171,13 +171,17 @@ class RayServer:
             self.packaged = True
             folder = packaged[0][1].resolve()
             return folder, _trusted_manifest(folder, read_manifest(folder), allow_pickle)
-        models = [
-            prepare_model(a, self.workdir, name, input_shapes=input_shapes, allow_pickle=allow_pickle)
-            for name, a in serve_names(artifacts)
-        ]
-        folder = self.workdir / "package"
-        app = "ptopt" if len(models) > 1 else models[0].name
-        write_package(models, folder, app, self.config, port=self.port)
+        from ptopt.core import progress
+
+        # a heartbeat names it: SmolLM2-135M's AOTInductor folder took 139 s of "ptopt serve: still working"
+        with progress.step(f"packaging {len(items)} artifact(s) for Ray Serve", announce=False):
+            models = [
+                prepare_model(a, self.workdir, name, input_shapes=input_shapes, allow_pickle=allow_pickle)
+                for name, a in serve_names(artifacts)
+            ]
+            folder = self.workdir / "package"
+            app = "ptopt" if len(models) > 1 else models[0].name
+            write_package(models, folder, app, self.config, port=self.port)
         return folder, read_manifest(folder)
 
     # -- addresses -----------------------------------------------------------------------------

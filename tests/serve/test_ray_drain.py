@@ -410,3 +410,22 @@ def test_a_replica_gone_before_the_call_left_is_retried(monkeypatch):
     slow = Handle()
     code, answer = asyncio.run(_answer(_ingress(slow), _request()))
     assert code == 200 and answer["text_output"] == "slow answer" and len(calls) == 2, (answer, calls)
+
+
+def test_packaging_the_artifacts_is_a_named_step(serve_artifacts, monkeypatch):
+    """Copying the artifacts into the Ray Serve package is the first long step of ``ptopt serve`` (SmolLM2's
+    AOTInductor folder: 139 s); its heartbeats name it, not only "ptopt serve: still working"."""
+    from ptopt.core import progress
+    from ptopt.serve import ray_package
+    from ptopt.serve.ray_server import RayServer
+
+    seen: list[list[str]] = []
+
+    def prepare_model(*args, **kwargs):
+        seen.append([s.title for s in progress._current().steps])
+        raise KeyboardInterrupt  # stop here: the constructor cleans up and re-raises
+
+    monkeypatch.setattr(ray_package, "prepare_model", prepare_model)
+    with progress.reporting(lambda line: None), pytest.raises(KeyboardInterrupt):
+        RayServer([str(serve_artifacts["fp32"])])
+    assert seen == [["packaging 1 artifact(s) for Ray Serve"]], seen
