@@ -81,7 +81,8 @@ def _until_stopped(server: Any, name: str, stopped: Any, banner: Any) -> None:
 
     from ptopt.core import progress
 
-    with contextlib.ExitStack() as quiet:
+    # the handlers again on the way out (ray.init replaces SIGTERM's, set again below): the caller's back
+    with _interruptible(), contextlib.ExitStack() as quiet:
         try:
             server.start()
             _handlers()  # again: ray.init installs its own (C++) SIGTERM handler, which aborts the process

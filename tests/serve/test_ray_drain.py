@@ -150,6 +150,29 @@ def test_stopping_the_cli_server_prints_no_heartbeat(monkeypatch):
     assert lines == ["Ctrl-C to stop.", "stopping Ray Serve ...", "stopped."], lines
 
 
+def test_the_callers_signal_handlers_are_back_after_serving():
+    """``_until_stopped`` sets SIGTERM (and Ctrl-C) to stop the server; after it the caller's handlers are
+    back (a pytest-xdist worker left with SIGTERM raising KeyboardInterrupt went down 'not properly
+    terminated' in a full run)."""
+    import signal
+
+    from ptopt.cli.serve import _until_stopped
+
+    class Server:
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    _until_stopped(Server(), "Ray Serve", ctrl_c, lambda: None)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
 def test_http_helper_returns_a_cut_answer_instead_of_raising():
     """An answer whose connection closed inside its body (a server stopping) raised ``IncompleteRead``
     out of ``ray_server.http`` (and out of ``RayServer.predict``); it is a status with the reason now."""
