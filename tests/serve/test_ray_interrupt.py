@@ -51,15 +51,20 @@ main()
 """
 
 
+def _serve_child(code: str, record: object, artifact: object, cwd: object) -> subprocess.CompletedProcess:
+    """``code`` (the real CLI with one thing patched) in a child: ``record``, the file it writes what it saw
+    to, and ``artifact``, what it serves, are its arguments."""
+    return subprocess.run(
+        [sys.executable, "-c", code, str(record), str(artifact)],
+        cwd=cwd, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
 def test_ctrl_c_inside_ray_init_leaves_no_ray_process(serve_artifacts, tmp_path):
     from ptopt.serve.ray_server import _cmdline, alive
 
     pids_file = tmp_path / "pids.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(pids_file), str(serve_artifacts["fp32"])],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    proc = _serve_child(_CHILD, pids_file, serve_artifacts["fp32"], tmp_path)
     assert "stopping Ray Serve" in proc.stderr and "stopped." in proc.stderr, proc.stderr
     started = json.loads(pids_file.read_text())
     assert started, "ray.init started no process"
@@ -100,11 +105,7 @@ def test_sigterm_while_packaging_removes_the_copy(serve_artifacts, tmp_path):
     from pathlib import Path
 
     where = tmp_path / "workdir.txt"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-c", _PACKAGING, str(where), str(serve_artifacts["fp32"])],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    proc = _serve_child(_PACKAGING, where, serve_artifacts["fp32"], tmp_path)
     workdir = Path(where.read_text())
     assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
     assert not workdir.exists(), f"left behind: {sorted(p.name for p in workdir.rglob('*'))}"
