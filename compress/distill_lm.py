@@ -454,11 +454,25 @@ def teacher_perplexity(t_loaded: Any, ids: Any, eval_name: str, from_files: bool
     return base
 
 
+def scoring_digest() -> str:
+    """The sha256 (16 hex) of the perplexity code's source (``core/lm.py``), or ``"unknown"``."""
+    import hashlib
+
+    from ptopt.core import lm
+
+    try:
+        return hashlib.sha256(Path(lm.__file__).read_bytes()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return "unknown"
+
+
 def perplexity_facts(t_loaded: Any, ids: Any, eval_name: str, from_files: bool) -> dict[str, Any] | None:
     """What the teacher's perplexity on ``ids`` depends on: its weights (the sha256 of its weight files
     when it was loaded from them here, else of its tensors' bytes), its config, parameter dtypes and
-    device, the text (reference and the digest of the token ids scored), the window, and the versions
-    of ptopt, torch and transformers. None when its tensors cannot be digested (nothing is cached)."""
+    device, the text (reference and the digest of the token ids scored), the window, the scoring code
+    (the sha256 of ``core/lm.py``'s source: a development tree whose scoring changed under the same
+    version reads no stale figure) and the versions of ptopt, torch and transformers. None when its
+    tensors cannot be digested (nothing is cached)."""
     import ptopt
     from ptopt.compress.checkpoint import tensor_digest
     from ptopt.core.hf import import_transformers
@@ -482,6 +496,7 @@ def perplexity_facts(t_loaded: Any, ids: Any, eval_name: str, from_files: bool) 
         "eval_data": eval_name,
         "eval_ids": f"{tensor_digest([ids])} ({int(ids.numel())} tokens)",
         "window": {"context": CONTEXT, "stride": STRIDE},
+        "scoring": scoring_digest(),
         "versions": {"ptopt": ptopt.__version__, "torch": torch.__version__,
                      "transformers": import_transformers().__version__},
     }  # fmt: skip

@@ -6,6 +6,7 @@ figure is cached; other weights, another text or the cache turned off compute it
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,6 +111,23 @@ def test_facts_follow_a_model_in_memory_its_text_and_window(pair):
     with torch.no_grad():
         next(module.parameters()).add_(1e-3)
     assert perplexity_facts(loaded, ids, "eval.txt", False)["weights"] != base["weights"]
+
+
+def test_facts_follow_the_scoring_code(pair, monkeypatch, tmp_path):
+    """A development tree whose perplexity code changed under the same version reads no stale figure:
+    the facts hold the scoring module's source digest."""
+    from ptopt.compress import distill_lm
+    from ptopt.core import lm
+    from ptopt.core.hf import load_causal_lm
+
+    loaded = LoadedModel("<mem>", "hf", load_causal_lm(pair["teacher"]), None, None, info={})
+    ids = torch.arange(1, 40)
+    base = perplexity_facts(loaded, ids, "eval.txt", from_files=False)
+    assert base["scoring"] == distill_lm.scoring_digest() != "unknown"
+    changed = tmp_path / "lm.py"
+    changed.write_bytes(Path(lm.__file__).read_bytes() + b"\n# scoring changed\n")
+    monkeypatch.setattr(lm, "__file__", str(changed))
+    assert perplexity_facts(loaded, ids, "eval.txt", from_files=False)["scoring"] != base["scoring"]
 
 
 def test_a_sharded_teachers_digest_covers_every_shard(tmp_path):
