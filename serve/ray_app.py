@@ -71,13 +71,16 @@ _ACTIONS = ("", "ready", "config", "infer", "generate")
 #: ``drain/APP/REPLICA`` with the number of requests it still has in flight and a beat, rewritten at every
 #: poll (``"COUNT BEAT"``; ``stop`` waits for every live replica's 0, and takes a key whose value stopped
 #: changing for ``DRAIN_STALE_S`` for a dead replica's, left behind: ignored). A token a replica finds when
-#: it starts is not for it: a server that died stopping left it on the cluster, and it would have made
-#: every later application of that name answer 503 for ever
+#: it starts is not for it while it stays the same: a server that died stopping left it on the cluster, and
+#: it would have made every later application of that name answer 503 for ever. A live drain rewrites its
+#: token every ``DRAIN_REFRESH_S``, so a replica started during one (replacing a dead one) drains too
 DRAIN_NAMESPACE = "ptopt"
 #: how often an ingress replica looks for that word, and once draining rewrites its count (seconds)
 DRAIN_POLL_S = 0.1
 #: a replica's count unchanged for this long (20 polls missed) is a dead replica's: ``stop`` ignores it
 DRAIN_STALE_S = 2.0
+#: how often a live drain rewrites its token (a replica started during it sees the change)
+DRAIN_REFRESH_S = 0.25
 SHUTTING_DOWN = (
     "the server is shutting down: it takes no new request (those in flight finish); send it again to "
     "another server, or to this one once it is back"
@@ -177,8 +180,9 @@ class PtoptIngress:
 
     async def _watch_drain(self) -> None:
         """Every :data:`DRAIN_POLL_S`: whether ``drain/APP`` holds a token other than the one found at
-        this replica's start (:data:`DRAIN_NAMESPACE`); once it does, this replica's requests in flight
-        and a beat under ``drain/APP/REPLICA`` at every poll (a live replica's key keeps changing)."""
+        this replica's start (:data:`DRAIN_NAMESPACE`; a live drain rewrites its own); once it does, this
+        replica's requests in flight and a beat under ``drain/APP/REPLICA`` at every poll (a live
+        replica's key keeps changing)."""
         from ray.experimental import internal_kv as kv
 
         try:

@@ -460,7 +460,7 @@ class RayServer:
                 why = f"{type(e).__name__}: {e}".splitlines()[0][:200]
                 print(
                     f"ptopt serve: could not {what} {self.app_name!r} on the cluster ({why}); {left} stays "
-                    "(harmless: a replica ignores the drain token it finds when it starts)",
+                    "(harmless: a replica ignores a drain token that stays the same)",
                     file=sys.stderr,
                 )
                 return
@@ -487,18 +487,23 @@ class RayServer:
             raise UsageError("RayServer.drain: this server is not serving (start it first)")
         from ray.experimental import internal_kv as kv
 
-        from ptopt.serve.ray_app import DRAIN_NAMESPACE, DRAIN_STALE_S, drain_key
+        from ptopt.serve.ray_app import DRAIN_NAMESPACE, DRAIN_REFRESH_S, DRAIN_STALE_S, drain_key
 
-        # a fresh token: an ingress replica ignores the one it found when it started (left by a server that
-        # died stopping), never this one
-        token = f"{time.time():.6f}/{os.getpid()}/{os.urandom(4).hex()}".encode()
-        kv._internal_kv_put(drain_key(self.app_name), token, True, namespace=DRAIN_NAMESPACE)
+        # a fresh token, rewritten every DRAIN_REFRESH_S: a replica ignores the token it found when it started
+        # only while it stays the same (one left by a server that died stopping); a replica Serve starts
+        # during this drain (replacing one that died) sees it change, and drains too
+        token = f"{time.time():.6f}/{os.getpid()}/{os.urandom(4).hex()}"
         want = int(self.manifest.get("ingress_replicas", 1))
         prefix = drain_key(self.app_name, "")
         deadline = time.monotonic() + timeout_s
         seen: dict[bytes, tuple[bytes | None, float]] = {}  # each replica's key: its value, since when
+        said = 0.0, 0  # when the token was last written, how many times
         while time.monotonic() < deadline:
             now = time.monotonic()
+            if now - said[0] >= DRAIN_REFRESH_S:
+                said = now, said[1] + 1
+                kv._internal_kv_put(drain_key(self.app_name), f"{token}/{said[1]}".encode(), True,
+                                    namespace=DRAIN_NAMESPACE)  # fmt: skip
             keys = kv._internal_kv_list(prefix, namespace=DRAIN_NAMESPACE)
             for k in keys:
                 value = kv._internal_kv_get(k, namespace=DRAIN_NAMESPACE)

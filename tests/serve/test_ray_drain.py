@@ -323,6 +323,65 @@ def test_a_dead_replicas_count_is_not_waited_for(monkeypatch, tmp_path):
     assert next(counts, "all read") == "all read"
 
 
+def test_a_replica_started_during_a_live_drain_drains_too(monkeypatch, tmp_path):
+    """A replica Serve starts while ``stop`` drains (replacing one that died) found stop's token at its
+    start, took it for one left by a dead server and served normally through the stop. A live drain now
+    rewrites its token; the new replica sees it change, answers 503 and reports its count, which ends
+    the drain. A token left behind never changes: ignored (the test above)."""
+    from types import SimpleNamespace
+
+    from ray import serve
+    from ray.experimental import internal_kv as kv
+
+    from ptopt.serve import ray_app
+
+    store: dict = {}
+    lock = threading.Lock()
+
+    def put(key, value, overwrite=True, namespace=None):
+        with lock:
+            store[key.encode() if isinstance(key, str) else key] = value
+
+    def get(key, namespace=None):
+        with lock:
+            return store.get(key.encode() if isinstance(key, str) else key)
+
+    def keys(prefix, namespace=None):
+        with lock:
+            return [k for k in store if k.startswith(prefix.encode()) and k != prefix.encode()]
+
+    monkeypatch.setattr(kv, "_internal_kv_put", put)
+    monkeypatch.setattr(kv, "_internal_kv_get", get)
+    monkeypatch.setattr(kv, "_internal_kv_list", keys)
+    context = SimpleNamespace(app_name="m", replica_id=SimpleNamespace(unique_id="new"))
+    monkeypatch.setattr(serve, "get_replica_context", lambda: context)
+    monkeypatch.setattr(ray_app, "DRAIN_POLL_S", 0.01)
+    monkeypatch.setattr(ray_app, "DRAIN_REFRESH_S", 0.05)
+    ended = []
+    stopping = threading.Thread(
+        target=lambda: ended.append(_stopping_server(tmp_path, manifest={"ingress_replicas": 1}).drain(5))
+    )
+    stopping.start()
+    while get("drain/m") is None:  # stop's word is out: the new replica starts only now
+        threading.Event().wait(0.01)
+    ingress = _ingress(_Slow())
+
+    async def scenario():
+        ingress._watch()
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if ingress.draining:
+                break
+        code = (await ingress(_request("/v2/health/live"))).status_code
+        await asyncio.to_thread(stopping.join, 5)
+        ingress._watcher.cancel()
+        return code
+
+    code = asyncio.run(scenario())
+    assert ingress.draining and code == 503
+    assert ended == [True]  # the drain ended on the new replica's 0, not on its timeout
+
+
 def _in_own_process(request) -> bool:
     """Under pytest-xdist, run this test again in a process of its own and say so (True: done). It sends
     SIGINT to its own process: in a worker that ended the worker ("node down: Not properly terminated")
