@@ -13,6 +13,7 @@ and ``past_key_values``), with a greedy ``generate``; this is what ``ptopt valid
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any, ClassVar
@@ -198,6 +199,8 @@ class LMFolder(Format):
     lm_target: ClassVar[str] = ""
     #: the attention implementation the graph is captured with (None: the model's own)
     attention: ClassVar[str | None] = None
+    #: whether a mixture of experts is captured computing every expert (``formats.lm_experts``)
+    every_expert: ClassVar[bool] = False
     #: the record's file in the folder
     record_file: ClassVar[str] = RECORD_FILE
 
@@ -227,9 +230,11 @@ class LMFolder(Format):
     def write_lm(self, module: Any, folder: Path, record: dict[str, Any]) -> None:
         """Capture ``module``'s step (``lm_graph.capture``: the record's batch range and positions, the
         attention ``eager`` where the format asks for it) and write it into ``folder``."""
+        from ptopt.formats.lm_experts import every_expert
         from ptopt.formats.lm_graph import attention, capture
 
-        with attention(module, self.attention):
+        experts = every_expert(module) if self.every_expert else contextlib.nullcontext()
+        with attention(module, self.attention), experts:
             program = capture(module, tuple(record["batch"]), record["max_positions"])
         self.write_graph(program, folder, record, module.config)
 

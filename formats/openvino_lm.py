@@ -63,6 +63,7 @@ def convert(model: Any) -> Any:
     import torch
     from openvino._offline_transformations import apply_make_stateful_transformation
 
+    from ptopt.formats.lm_experts import every_expert
     from ptopt.formats.lm_graph import step_module
 
     layers = model.config.num_hidden_layers
@@ -72,7 +73,13 @@ def convert(model: Any) -> Any:
     )
     example = (ids, torch.ones(1, 8, dtype=torch.int64), *kv)
     try:
-        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(), quiet():
+        with (
+            torch.inference_mode(False),
+            torch.no_grad(),
+            warnings.catch_warnings(),
+            quiet(),
+            every_expert(model),
+        ):
             warnings.simplefilter("ignore")  # the trace's TracerWarnings and transformers' deprecations
             ov_model = ov.convert_model(step_module(model, position_ids=False), example_input=example)
     except Exception as e:  # noqa: BLE001 - the tracer and OpenVINO's frontend raise many kinds

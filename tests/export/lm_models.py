@@ -52,6 +52,9 @@ def build(family: str, layers: int = 1):
         model = tf.FalconForCausalLM(cfg)
     elif family == "mistral":  # sliding-window layers: refused
         model = tf.MistralForCausalLM(tf.MistralConfig(num_key_value_heads=2, sliding_window=16, **common))
+    elif family == "mixtral":  # a mixture of experts: fused 3-D expert Parameters, a top-k router
+        cfg = tf.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **common)
+        model = tf.MixtralForCausalLM(cfg)
     elif family == "mamba":  # state-space layers, no attention: refused
         cfg = tf.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, state_size=4, expand=2,
                              conv_kernel=2, bos_token_id=1, eos_token_id=2)  # fmt: skip

@@ -1,0 +1,77 @@
+"""A mixture-of-experts language model (transformers 5: each layer's experts in fused 3-D Parameters,
+run through the ``grouped_mm`` custom op) exports to ONNX and OpenVINO: their graphs compute every
+expert weighted by the router (``ptopt.formats.lm_experts``), which equals transformers' own routed
+run. Tiny random-weight models built from configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ptopt
+from ptopt.formats.lm_experts import every_expert
+from tests.export.lm_models import VOCAB, save
+
+NEW = 8
+
+
+def _moe(name: str):
+    """A tiny MoE causal LM of the family ``name``, seeded, its router weights drawn wide enough that
+    tokens pick different experts."""
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)  # fmt: skip
+    if name == "mixtral":
+        cfg = tf.MixtralConfig(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, **common)
+    elif name == "qwen2_moe":  # a shared expert beside the routed ones
+        cfg = tf.Qwen2MoeConfig(moe_intermediate_size=32, shared_expert_intermediate_size=64, num_experts=4,
+                                num_experts_per_tok=2, **common)  # fmt: skip
+    else:  # gpt_oss: transposed expert matrices with biases, an interleaved gate and a clamp
+        cfg = tf.GptOssConfig(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                              layer_types=["full_attention"], **common)  # fmt: skip
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "gpt_oss"])
+def test_every_expert_equals_transformers_routed_experts(name):
+    """The same logits as transformers' grouped_mm over a batch whose tokens pick different experts,
+    and the model's own implementation is back after the block."""
+    model = _moe(name)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with every_expert(model):
+            assert model.get_experts_implementation()[""] == "ptopt_every_expert"
+            got = model(input_ids=ids).logits
+    assert model.get_experts_implementation()[""] == "grouped_mm"
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    return save("mixtral", tmp_path_factory.mktemp("moe") / "mixtral", layers=2)
+
+
+@pytest.mark.parametrize("target", ["onnx", "openvino"])
+def test_api_moe_exports_and_generates_as_transformers(mixtral, target, tmp_path):
+    """Was exit 2: 'No ONNX function found for transformers.grouped_mm_fallback' / OpenVINO's
+    OpConversionFailure. The folder's greedy tokens and logits match transformers' routed run."""
+    res = ptopt.export(f"hf:{mixtral}", target, tmp_path / target, new_tokens=NEW)
+    assert res.metrics["greedy"]["equal"] and res.metrics["parity"]["passed"]
+    model = ptopt.load_model(tmp_path / target).module
+    prompt = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
+    from ptopt.core.hf import load_causal_lm
+    from ptopt.export.lm_check import greedy_reference
+
+    assert torch.equal(model.generate(prompt, 6), greedy_reference(load_causal_lm(mixtral), prompt, 6))
+
+
+def test_cli_moe_onnx_export(cli, mixtral, tmp_path):
+    code, out, err = cli(
+        "export", f"hf:{mixtral}", "--target", "onnx", "--new-tokens", "4", "-o", tmp_path / "o"
+    )
+    assert code == 0, err
+    assert "greedy tokens equal to transformers'" in out
