@@ -154,12 +154,30 @@ def _print_weight_only(art) -> None:
         click.echo(f"  tied: {emb} reads the int8 matrix of {out} (stored once, rows gathered then scaled)")
     for name, why in rec["float_layers"].items():
         click.echo(f"  float: {name}: {why}")
+    _print_float_tensors(rec)
     step = rec.get("decode_step")
     if step:
         c = step["check"]
         click.echo(
             f"decode step: {art.path}/{step['file']} (ExportedProgram, static KV cache of {step['max_cache_len']} "
             f"tokens; {c['tokens']} replayed tokens, worst cosine {c['worst_cosine']:.6f} vs the model)"
+        )
+
+
+def _print_float_tensors(rec: dict[str, Any]) -> None:
+    """The weight matrices left float outside Linear layers (fused MoE experts, an untied embedding),
+    one line per name pattern (layer numbers as ``*``), and their share of the model's parameters."""
+    tensors = rec.get("float_tensors") or {}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for name, t in tensors.items():
+        groups.setdefault((re.sub(r"\.\d+\.", ".*.", name), t["why"]), []).append(t["params"])
+    for (pattern, why), sizes in groups.items():
+        n = f"{len(sizes)} tensors, " if len(sizes) > 1 else ""
+        click.echo(f"  float: {pattern} ({n}{sum(sizes):,} parameters): {why}")
+    total, left = rec.get("parameters"), sum(t["params"] for t in tensors.values())
+    if left and total:
+        click.echo(
+            f"  float outside Linear layers: {left:,} of {total:,} parameters ({100 * left / total:.1f}%)"
         )
 
 

@@ -201,6 +201,7 @@ def quantize_module(model: Any, config: WeightOnlyConfig, calibrate: Any) -> dic
 
     swapped = linearize_conv1d(model, config.float_modules)
     chosen, floats = plan(model, config)
+    total = sum(p.numel() for p in model.parameters())
     shared = shared_embedding(model, config)
     if config.bits == 4:
         model.to(torch.bfloat16)
@@ -228,8 +229,44 @@ def quantize_module(model: Any, config: WeightOnlyConfig, calibrate: Any) -> dic
 
     kernel = "_weight_int8pack_mm (bf16 activations)" if bits == 8 and use_int8_kernel(model) else None
     return {"bits": bits, "group_size": group, "method": method, "quantized_layers": chosen,
-            "float_layers": floats, "tied_embedding": tied, "dtype": dtype,
-            "linear_from_conv1d": swapped, "int8_kernel": kernel}  # fmt: skip
+            "float_layers": floats, "float_tensors": float_tensors(model), "tied_embedding": tied,
+            "dtype": dtype, "linear_from_conv1d": swapped, "int8_kernel": kernel, "parameters": total}  # fmt: skip
+
+
+#: why a fused expert tensor stays float
+FUSED_EXPERTS = (
+    "fused expert weights (one 3-D Parameter holding every expert's matrix, not nn.Linear layers): "
+    "weight-only quantization takes nn.Linear layers only, so they stay float"
+)
+
+
+def float_tensors(model: Any) -> dict[str, dict[str, Any]]:
+    """``{parameter: {"params": n, "why": ...}}``: the weight matrices (2-D and up) left float outside
+    any Linear layer: a mixture of experts' fused ``gate_up_proj`` / ``down_proj`` (transformers 5 keeps
+    each layer's experts in one 3-D Parameter), a router's weight, an untied token embedding. A Linear's
+    weight (quantized, or in ``float_layers`` with its reason) and the embedding that shares it are not
+    listed. Called after quantization: a quantized weight is a torchao tensor, not a float one."""
+    import torch
+
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    out: dict[str, dict[str, Any]] = {}
+    for owner_name, owner in model.named_modules():
+        for pname, p in owner.named_parameters(recurse=False):
+            if p.dim() < 2 or id(p) in linear_weights or not p.dtype.is_floating_point:
+                continue
+            if isinstance(owner, torch.nn.Linear) or not type(p).__name__ == "Parameter":
+                continue  # a Linear's own weight, or a torchao tensor (quantized)
+            name = f"{owner_name}.{pname}" if owner_name else pname
+            if isinstance(owner, torch.nn.Embedding):
+                why = (
+                    "token embedding (not tied to a Linear): weight-only quantization takes nn.Linear layers"
+                )
+            elif p.dim() == 3:
+                why = FUSED_EXPERTS
+            else:
+                why = f"a {p.dim()}-D Parameter of a {type(owner).__name__}, not an nn.Linear layer"
+            out[name] = {"params": p.numel(), "why": why}
+    return out
 
 
 def _share_int8(model: Any, shared: tuple[str, str]) -> dict[str, str]:
