@@ -113,6 +113,16 @@ def _print_report(art, method: str) -> None:
     )
     if "sparsity" in m:
         click.echo(f"sparsity:   {m['sparsity']:.4f} of the pruned weights are zero")
+    experts = m.get("unpruned_experts")
+    if experts:
+        from ptopt.core.lm import pattern_summary
+
+        share = 100 * experts["parameters"] / max(m["parameters_before"], 1)
+        click.echo(
+            f"not pruned: {len(experts['tensors'])} fused expert tensors ({pattern_summary(experts['tensors'])}; "
+            f"{experts['parameters']:,} parameters, {share:.1f}% of the model): pruning takes Linear and Conv "
+            "layers, not a mixture of experts' 3-D Parameters"
+        )
     click.echo(
         f"weights:    raw {m['weights_bytes_before']:,} → {m['weights_bytes_after']:,} bytes; "
         f"gzip {m['weights_gzip_bytes_before']:,} → {m['weights_gzip_bytes_after']:,} bytes"

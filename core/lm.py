@@ -148,6 +148,29 @@ def weight_bytes(module: Any) -> int:
     return total
 
 
+def expert_tensors(module: Any) -> dict[str, int]:
+    """``{name: parameters}`` of ``module``'s fused expert tensors: the 3-D Parameters a mixture of
+    experts keeps every expert's matrix in (transformers 5's ``mlp.experts.gate_up_proj`` / ``down_proj``),
+    which no technique that works on Linear or Conv layers touches. A Conv1d's 3-D weight is not one."""
+    import torch
+
+    out: dict[str, int] = {}
+    for owner_name, owner in module.named_modules():
+        if isinstance(owner, (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Embedding)):
+            continue
+        for pname, p in owner.named_parameters(recurse=False):
+            if p.dim() == 3 and p.dtype.is_floating_point:
+                out[f"{owner_name}.{pname}" if owner_name else pname] = p.numel()
+    return out
+
+
+def pattern_summary(names: Any) -> str:
+    """Names with their layer numbers as ``*``, each pattern once: ``model.layers.*.mlp.experts.down_proj``."""
+    import re
+
+    return ", ".join(dict.fromkeys(re.sub(r"\.\d+\.", ".*.", n) for n in names))
+
+
 def cache_keyword(module: Any) -> str:
     """What the model's forward calls its KV cache: ``cache`` (transformers 5.x) or
     ``past_key_values`` (4.x, and models written for it)."""

@@ -466,6 +466,7 @@ def _teacher_home(teacher: Any) -> None:
 def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[str, Any]:
     """Parameters, raw/gzip weight bytes and (with ``ev``) accuracy, before and after."""
     from ptopt.compress.trainer import evaluate_accuracy
+    from ptopt.core.lm import expert_tensors
     from ptopt.core.scores import model_labels_on_features
 
     params_before, params_after = count_parameters(original), count_parameters(work)
@@ -483,6 +484,9 @@ def _measure(original: Any, work: Any, report: dict[str, Any], ev: Any) -> dict[
     }
     if "sparsity" in report:
         metrics["sparsity"] = report["sparsity"]
+    experts = expert_tensors(original)
+    if experts:  # a mixture of experts: its fused 3-D expert tensors are no layer pruning can take
+        metrics["unpruned_experts"] = {"tensors": list(experts), "parameters": sum(experts.values())}
     if ev is not None and ev.has_labels:  # unlabelled: the cosine to the unpruned model alone (_vs_source)
         before, after = evaluate_accuracy(original, ev), evaluate_accuracy(work, ev)
         metrics.update(

@@ -1,0 +1,39 @@
+"""``prune`` of a mixture of experts: the experts' fused 3-D Parameters (transformers 5's
+``mlp.experts.gate_up_proj`` / ``down_proj``) are no layer pruning takes; they were left whole without a
+word (``--amount 0.5``: 1.00x and a table of attention layers). The metrics and the command name them
+and their share. Tiny Mixtral built from its config."""
+
+from __future__ import annotations
+
+import pytest
+
+import ptopt
+from tests.export.lm_models import build, save
+
+EXPERTS = [f"model.layers.{i}.mlp.experts.{p}" for i in (0, 1) for p in ("gate_up_proj", "down_proj")]
+
+
+@pytest.mark.parametrize("method", ["structured", "l1-unstructured"])
+def test_api_names_the_unpruned_expert_tensors(method):
+    model = build("mixtral", layers=2)
+    res = ptopt.prune(model, method=method, amount=0.5, input_shapes=("input_ids=1x8",))
+    got = res.metrics["unpruned_experts"]
+    assert got["tensors"] == EXPERTS
+    assert got["parameters"] == sum(model.get_parameter(n).numel() for n in EXPERTS)
+
+
+def test_api_a_dense_model_has_no_such_entry():
+    res = ptopt.prune(
+        build("llama", layers=1), method="l1-unstructured", amount=0.5, input_shapes=("input_ids=1x8",)
+    )
+    assert "unpruned_experts" not in res.metrics
+
+
+def test_cli_says_the_experts_were_not_pruned(cli, tmp_path):
+    folder = save("mixtral", tmp_path / "mixtral", layers=2)
+    code, out, err = cli(
+        "prune", f"hf:{folder}", "--method", "structured", "--amount", "0.5", "-o", tmp_path / "p"
+    )
+    assert code == 0, err
+    assert "not pruned: 4 fused expert tensors (model.layers.*.mlp.experts.gate_up_proj, " in out
+    assert "3-D Parameters" in out
