@@ -20,7 +20,8 @@ from typing import Any
 #: config keys holding a number of attention heads, of key/value heads, an FFN width, a head size
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads")
 KV_KEYS = ("num_key_value_heads",)
-FFN_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "hidden_dim")
+FFN_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "hidden_dim",
+            "shared_expert_intermediate_size")  # fmt: skip
 #: config keys holding the hidden size (the embedding width, the residual stream)
 HIDDEN_KEYS = ("hidden_size", "d_model", "dim", "n_embd", "embed_dim")
 

@@ -37,3 +37,21 @@ def test_cli_says_the_experts_were_not_pruned(cli, tmp_path):
     assert code == 0, err
     assert "not pruned: 4 fused expert tensors (model.layers.*.mlp.experts.gate_up_proj, " in out
     assert "3-D Parameters" in out
+
+
+def test_cli_qwen2_moe_shared_expert_prunes_into_a_folder(cli, tmp_path):
+    """Was exit 2, 'Qwen2MoeConfig cannot describe fewer heads (...shared_expert.gate_proj.weight is [32, 32]
+    but Qwen2MoeConfig builds [64, 32])': the shared expert's width is ``shared_expert_intermediate_size``."""
+    import json
+
+    from ptopt.core.hf import load_causal_lm
+
+    folder = save("qwen2_moe", tmp_path / "q", layers=2)
+    out = tmp_path / "p"
+    code, stdout, err = cli("prune", f"hf:{folder}", "--method", "structured", "--amount", "0.5", "-o", out)
+    assert code == 0, err
+    config = json.loads((out / "config.json").read_text())
+    assert config["shared_expert_intermediate_size"] == 32 and config["num_attention_heads"] == 2
+    pruned = load_causal_lm(out)
+    assert pruned.get_submodule("model.layers.1.mlp.shared_expert.up_proj").out_features == 32
+    assert "not pruned: 4 fused expert tensors" in stdout

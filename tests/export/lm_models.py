@@ -55,6 +55,10 @@ def build(family: str, layers: int = 1):
     elif family == "mixtral":  # a mixture of experts: fused 3-D expert Parameters, a top-k router
         cfg = tf.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **common)
         model = tf.MixtralForCausalLM(cfg)
+    elif family == "qwen2_moe":  # routed experts beside a shared expert (an MLP of Linear layers)
+        cfg = tf.Qwen2MoeConfig(num_key_value_heads=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                num_experts=4, num_experts_per_tok=2, **common)  # fmt: skip
+        model = tf.Qwen2MoeForCausalLM(cfg)
     elif family == "mamba":  # state-space layers, no attention: refused
         cfg = tf.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, state_size=4, expand=2,
                              conv_kernel=2, bos_token_id=1, eos_token_id=2)  # fmt: skip
