@@ -53,6 +53,8 @@ def pruned_config(
             if old is None:
                 continue
             new = {after for before, after in counts if before == old and after != before}
+            if keys is FFN_KEYS and not new:
+                new = _glu_widths(old, counts)
             if len(new) > 1:
                 blockers.append(f"{key}: {old} became {', '.join(map(str, sorted(new)))} in different layers")
             elif new:
@@ -61,6 +63,15 @@ def pruned_config(
     if size is not None and getattr(config, "head_dim", None) in (None, size):
         config.head_dim = size  # the head size stays; a config reading head_dim keeps it
     return config, blockers + mismatches(model, config)
+
+
+def _glu_widths(old: int, counts: set[tuple[int, int]]) -> set[int]:
+    """The new FFN widths when the FFN's input projection makes input and gate together (ModernBERT's
+    ``Wi``: ``2 x intermediate_size`` outputs, chunked in two): half of each such layer's new width.
+    Only asked when no layer of the config's width changed; the built model's shapes confirm it."""
+    return {
+        after // 2 for before, after in counts if before == 2 * old and after != before and after % 2 == 0
+    }
 
 
 def _value(config: Any, key: str | tuple[str, ...]) -> int | None:
@@ -80,13 +91,6 @@ def mismatches(model: Any, config: Any) -> list[str]:
     if isinstance(fresh, str):
         return [fresh]
     return list(_differences(model, config, fresh).values())
-
-
-def mismatched(model: Any, config: Any) -> dict[str, str]:
-    """``state_dict`` key -> what differs, for the tensors whose shape in ``model`` differs from the
-    model ``config`` builds; {} when it cannot be built (:func:`mismatches` says why)."""
-    fresh = _build(model, config)
-    return {} if isinstance(fresh, str) else _differences(model, config, fresh)
 
 
 def _build(model: Any, config: Any) -> Any:
@@ -112,6 +116,21 @@ def _differences(model: Any, config: Any, fresh: Any) -> dict[str, str]:
         for k, v in model.state_dict().items()
         if k in want and want[k] != tuple(v.shape)
     }
+
+
+def unsaid_layers(model: Any, config: Any, changed: set[str]) -> list[str]:
+    """Of the layers in ``changed`` with a tensor ``config`` builds in another shape, those whose output
+    width it builds differently: the layers whose new size it cannot say. A layer whose inputs alone
+    differ is not one of them (ALBERT's FFN reading a narrower hidden size: the layers making that
+    hidden size are). All of them when none differs in its output width."""
+    from ptopt.compress.prune import layers as L
+
+    fresh = _build(model, config)
+    if isinstance(fresh, str):
+        return []
+    named = sorted({key.rpartition(".")[0] for key in _differences(model, config, fresh)} & changed)
+    outputs = [n for n in named if L.out_size(model.get_submodule(n)) != L.out_size(fresh.get_submodule(n))]
+    return outputs or named
 
 
 def describes(model: Any) -> bool:

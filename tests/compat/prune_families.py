@@ -120,6 +120,40 @@ def llama() -> nn.Module:
     )
 
 
+def albert() -> nn.Module:
+    """ALBERT: one layer's weights shared by both passes; the embeddings (32) projected to the hidden size (64)."""
+    return _hf(
+        "AlbertConfig",
+        "AlbertForSequenceClassification",
+        hidden_size=64,
+        embedding_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        **_TEXT,
+    )
+
+
+def modernbert() -> nn.Module:
+    """ModernBERT: one ``Wi`` makes the FFN's input and gate (2 x ``intermediate_size``), rotary attention."""
+    return _hf(
+        "ModernBertConfig",
+        "ModernBertForSequenceClassification",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        global_attn_every_n_layers=2,
+        local_attention=8,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        **_TEXT,
+    )
+
+
 def vit_hf() -> nn.Module:
     """A Hugging Face ViT image classifier (``pixel_values``; not in ``FAMILIES``: for ``inspect``)."""
     return _hf(

@@ -154,6 +154,43 @@ def test_cli_bert_into_a_folder_keeps_heads_its_config_cannot_say(cli, tmp_path)
     assert "* kept whole" not in err
 
 
+def test_cli_albert_into_a_folder_prunes_its_shared_ffn(cli, tmp_path):
+    """ALBERT projects its embeddings (32) to the hidden size (64); its config can say neither a narrower
+    hidden size nor fewer heads, but it can say the FFN width of its one shared layer. Every layer whose
+    input came from the narrower hidden size was kept too (the FFN among them) and the folder was refused:
+    'found no layer whose output channels can be removed'."""
+    _needs("transformers")
+    from transformers import AlbertForSequenceClassification
+
+    code, out, err = cli("prune", "tests.compat.prune_families:albert", "--method", "structured", "--amount",
+                         "0.3", "-o", tmp_path / "a")  # fmt: skip
+    assert code == 0, err
+    back = AlbertForSequenceClassification.from_pretrained(tmp_path / "a").eval()
+    c = back.config
+    assert (c.hidden_size, c.embedding_size, c.num_attention_heads, c.intermediate_size) == (64, 32, 4, 90)
+    assert back.albert.encoder.albert_layer_groups[0].albert_layers[0].ffn.out_features == 90
+    assert "128 → 90" in out
+
+
+def test_modernbert_into_a_folder_says_its_gated_ffn_width(tmp_path):
+    """ModernBERT's ``Wi`` makes the FFN input and its gate (2 x intermediate_size, chunked): the config's
+    width is half the layer's. It was named a layer whose size the config cannot say, and the folder
+    refused; now intermediate_size says it and the folder reloads as the pruned model."""
+    _needs("transformers")
+    from transformers import ModernBertForSequenceClassification
+
+    import ptopt
+
+    with pytest.warns(PruneWarning, match="keeps its heads"):
+        res = ptopt.prune(F.modernbert(), "structured", 0.3, output=tmp_path / "m")
+    back = ModernBertForSequenceClassification.from_pretrained(tmp_path / "m").eval()
+    wi = back.model.layers[0].mlp.Wi.out_features
+    assert wi < 128 and back.config.intermediate_size * 2 == wi
+    x = torch.randint(3, 100, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, res.model(x).logits)
+
+
 @pytest.mark.parametrize(
     "ref,output,match",
     [

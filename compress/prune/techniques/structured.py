@@ -410,11 +410,10 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
         raise _KeepLayers(tables)
     if any(a != b for _, _, a, b in splits):
         raise _KeepWhole("*", f"{type(model.config).__name__} cannot describe fewer heads ({blockers[0]})")
+    changed = {layer for layer, (b, a) in sizes.items() if b != a}
     layers = {
         layer: f"{type(model.config).__name__} cannot say {layer}'s new size (the output is a Hugging Face folder)"
-        for key in hf_config.mismatched(model, config)
-        for layer in [key.rpartition(".")[0]]
-        if layer in before and before[layer] != sizes[layer][1]
+        for layer in hf_config.unsaid_layers(model, config, changed)
     }
     if layers:
         raise _KeepLayers(layers)
