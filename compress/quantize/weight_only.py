@@ -236,7 +236,8 @@ def quantize_module(model: Any, config: WeightOnlyConfig, calibrate: Any) -> dic
 #: why a fused expert tensor stays float
 FUSED_EXPERTS = (
     "fused expert weights (one 3-D Parameter holding every expert's matrix, not nn.Linear layers): "
-    "weight-only quantization takes nn.Linear layers only, so they stay float"
+    "torchao's weight-only quantization takes nn.Linear layers only, so they stay float (--engine openvino "
+    "compresses them: its graph holds one matrix per expert)"
 )
 
 

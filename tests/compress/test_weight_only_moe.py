@@ -44,3 +44,12 @@ def test_cli_says_what_stayed_float_and_its_share(cli, tmp_path):
     )
     total = sum(p.numel() for p in model.parameters())
     assert "float outside Linear layers: " in out and f"of {total:,} parameters" in out
+
+
+def test_api_openvino_engine_compresses_the_experts(tmp_path):
+    """``--engine openvino`` converts the experts (``formats.lm_experts``; was exit 2, OpConversionFailure)
+    and NNCF compresses each expert's matrix: 2 layers x 4 experts x 2 beside the 8 attention matrices,
+    2 routers, the embedding and the output layer."""
+    folder = save("mixtral", tmp_path / "mixtral", layers=2)
+    res = ptopt.quantize(f"hf:{folder}", "weight-only", bits=8, engine="openvino")
+    assert sum(res.extra["weight_only"]["compressed_matrices"].values()) == 16 + 8 + 2 + 2
