@@ -88,11 +88,12 @@ class OnnxLMFolder(LMFolder):
         import onnx
         import torch
 
-        from ptopt.formats.capture import first_lines, quiet_export, torchlib_registry_reused
+        from ptopt.formats.capture import quiet_export, torchlib_registry_reused
         from ptopt.formats.lm_graph import example, io_names
         from ptopt.formats.onnx_export import (
             DYNAMO_MIN_OPSET,
             EXTERNAL_DATA_BYTES,
+            _summary,
             check_onnx,
             default_opset,
             save_onnx,
@@ -113,7 +114,7 @@ class OnnxLMFolder(LMFolder):
                 )  # fmt: skip
         except Exception as e:  # noqa: BLE001 - exporter errors come in many types
             raise UnsupportedModelError(
-                f"the ONNX exporter cannot translate the decoder: {type(e).__name__}: {first_lines(str(e), 2)}"
+                f"the ONNX exporter cannot translate the decoder: {type(e).__name__}: {_summary(e)}"
             ) from None
         model = onnx_program.model_proto
         name_dims(model, record["layout"]["layers"])

@@ -75,3 +75,16 @@ def test_cli_moe_onnx_export(cli, mixtral, tmp_path):
     )
     assert code == 0, err
     assert "greedy tokens equal to transformers'" in out
+
+
+def test_an_op_the_onnx_exporter_lacks_is_named(mixtral, tmp_path, monkeypatch):
+    """The exporter's own summary line names the op (it said only 'Failed to convert the exported program
+    to an ONNX model. This is step 3/3 ... If there is a missing ONNX function, implement it'): here
+    transformers' grouped_mm, with the every-expert graph turned off."""
+    from ptopt.core.errors import UnsupportedModelError
+    from ptopt.formats.onnx_lm import OnnxLMFolder
+
+    monkeypatch.setattr(OnnxLMFolder, "every_expert", False)
+    with pytest.raises(UnsupportedModelError, match="No ONNX function found for .*grouped_mm_fallback"):
+        ptopt.export(f"hf:{mixtral}", "onnx", tmp_path / "o", new_tokens=NEW)
+    assert not (tmp_path / "o").exists()
