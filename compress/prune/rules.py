@@ -181,7 +181,8 @@ class Rules:
             return None
         src, info = known[0]
         s, shape = self._shape(src), self._out_shape(node)
-        dims = self._arg(node, 1, "dim", None)
+        at = 2 if _op_name(node) in ("norm", "linalg_vector_norm") else 1  # norm(x, p, dim): p comes first
+        dims = self._arg(node, at, "dim", None)
         if dims is None and _op_name(node) in ("var", "std", "var_mean", "std_mean"):
             dims = node.kwargs.get("correction_dims")
         dims = list(range(len(s))) if dims is None else ([dims] if isinstance(dims, int) else list(dims))
