@@ -112,14 +112,32 @@ def check_cache(model: Any) -> None:
             f"{type(model).__name__}: its cache has {', '.join(other)} layers"
             + (" (sliding-window attention: they keep only their last tokens)" if sliding else "")
             + ", not one growing key/value pair per layer; ptopt exports full-attention decoders (Llama, "
-            "Qwen2, GPT-2, Phi, Gemma ...)"
-            + (
-                ". A sliding-window model whose sequences stay under its window: set sliding_window to null "
-                "in a copy of config.json"
-                if sliding
-                else ""
-            )
+            "Qwen2, GPT-2, Phi, Gemma ...)" + (_sliding_advice(model.config) if sliding else "")
         )
+
+
+def _sliding_advice(config: Any) -> str:
+    """What a user whose sequences stay under the window can change in config.json, where a change keeps
+    what the model computes: ``sliding_window`` null, or (configs naming each layer's kind: GPT-OSS,
+    Gemma 2) every ``sliding_attention`` in ``layer_types`` made ``full_attention``. Not where the sliding
+    layers have a rotary embedding of their own (Gemma 3's ``rope_parameters['sliding_attention']``):
+    made full-attention layers they would take the other one and compute something else."""
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and isinstance(rope.get("sliding_attention"), dict):
+        return (
+            ". Its sliding-window layers have a rotary embedding of their own (rope_parameters"
+            "['sliding_attention']): no config.json change turns them into full-attention layers that "
+            "compute the same, so this model cannot be exported"
+        )
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return (
+            '. A model whose sequences stay under its window: set every "sliding_attention" in layer_types '
+            'to "full_attention" in a copy of config.json'
+        )
+    return (
+        ". A sliding-window model whose sequences stay under its window: set sliding_window to null in a copy "
+        "of config.json"
+    )
 
 
 def step_module(model: Any, position_ids: bool = True) -> Any:
