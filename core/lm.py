@@ -151,15 +151,20 @@ def weight_bytes(module: Any) -> int:
 def expert_tensors(module: Any) -> dict[str, int]:
     """``{name: parameters}`` of ``module``'s fused expert tensors: the 3-D Parameters a mixture of
     experts keeps every expert's matrix in (transformers 5's ``mlp.experts.gate_up_proj`` / ``down_proj``),
-    which no technique that works on Linear or Conv layers touches. A Conv1d's 3-D weight is not one."""
+    which no technique that works on Linear or Conv layers touches. A Conv1d's 3-D weight is not one, nor
+    its weight norm's tensors (a ``ParametrizationList``'s: wav2vec2 / HuBERT's positional conv), nor a
+    tensor of one row (a ViT's ``[1, 1, D]`` class token, its ``[1, N, D]`` position table): experts are
+    two or more along the first dimension."""
     import torch
 
     out: dict[str, int] = {}
     for owner_name, owner in module.named_modules():
         if isinstance(owner, (torch.nn.modules.conv._ConvNd, torch.nn.Linear, torch.nn.Embedding)):
             continue
+        if type(owner).__name__ == "ParametrizationList":
+            continue
         for pname, p in owner.named_parameters(recurse=False):
-            if p.dim() == 3 and p.dtype.is_floating_point:
+            if p.dim() == 3 and p.shape[0] > 1 and p.dtype.is_floating_point:
                 out[f"{owner_name}.{pname}" if owner_name else pname] = p.numel()
     return out
 

@@ -55,3 +55,26 @@ def test_cli_qwen2_moe_shared_expert_prunes_into_a_folder(cli, tmp_path):
     pruned = load_causal_lm(out)
     assert pruned.get_submodule("model.layers.1.mlp.shared_expert.up_proj").out_features == 32
     assert "not pruned: 4 fused expert tensors" in stdout
+
+
+@pytest.mark.parametrize("family", ["vit_hf", "wav2vec2"])
+def test_a_class_token_or_a_weight_norm_is_no_expert_tensor(family):
+    """A ViT's ``[1, 1, D]`` class token and ``[1, N, D]`` position table, and wav2vec2's weight-normed
+    positional conv (``parametrizations.weight.original0/1``), are 3-D Parameters but no experts: prune
+    said 'not pruned: 2 fused expert tensors (...embeddings.cls_token ...): ... not a mixture of experts'
+    3-D Parameters' of a plain HF ViT (BEiT, DINOv2, SigLIP and HuBERT alike)."""
+    pytest.importorskip("transformers")
+    from ptopt.core.lm import expert_tensors
+    from tests.compat import prune_families as F
+
+    model = getattr(F, family)()
+    assert any(p.dim() == 3 for p in model.parameters())  # what was taken for experts is there
+    assert expert_tensors(model) == {}
+
+
+def test_cli_prune_of_a_vit_says_nothing_of_experts(cli):
+    pytest.importorskip("transformers")
+    code, out, err = cli("prune", "tests.compat.prune_families:vit_hf", "--method", "l1-unstructured",
+                         "--amount", "0.3", "-o", "v.pt")  # fmt: skip
+    assert code == 0, err
+    assert "expert" not in out + err
