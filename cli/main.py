@@ -182,7 +182,8 @@ def _group_help() -> str:
     from ptopt.core.text import BUILTIN_TEXT
 
     models = (
-        f"{model_files()}, hf:DIR (a Hugging Face causal language model's folder), pkg.module:factory [--weights "
+        f"{model_files()}, hf:DIR (a Hugging Face model folder: a causal language model, or any other model "
+        "as the class its config.json names), pkg.module:factory [--weights "
         "W.pt|W.safetensors], zoo:NAME; a .pt that pickles a whole nn.Module needs --allow-pickle"
     )
     data = (

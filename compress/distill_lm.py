@@ -39,12 +39,11 @@ RELOAD_ATOL = 1e-4
 
 def is_lm_request(teacher: Any) -> bool:
     """Whether ``teacher`` is a causal language model (its distillation is token by token)."""
-    from ptopt.core.hf import is_causal_lm, is_hf_dir
-    from ptopt.core.modelref import HF_SCHEME, LoadedModel
+    from ptopt.core.hf import is_causal_lm, names_lm_folder
+    from ptopt.core.modelref import LoadedModel
 
     if isinstance(teacher, (str, os.PathLike)):
-        text = str(teacher)
-        return text.startswith(HF_SCHEME) or is_hf_dir(text)
+        return names_lm_folder(teacher)
     module = teacher.module if isinstance(teacher, LoadedModel) else getattr(teacher, "model", teacher)
     return is_causal_lm(module)
 

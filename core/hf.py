@@ -85,9 +85,7 @@ def config_of(path: str | os.PathLike) -> Any:
         raise ModelLoadError(f"{path}: config.json is not a Hugging Face model config ({e})") from None
 
 
-def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
-    """The causal language model of a Hugging Face folder, fp32, in eval mode (module docstring)."""
-    path = Path(path)
+def _check_weight_files(path: Path, allow_pickle: bool) -> None:
     if not is_hf_dir(path):
         raise ModelLoadError(f"{path}: not a Hugging Face model folder (no config.json)")
     present = [f for f in WEIGHT_FILES if (path / f).is_file()]
@@ -98,6 +96,12 @@ def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
             f"{path}/pytorch_model.bin is a pickle, which can run code when loaded: pass --allow-pickle "
             "if you trust it (or convert it to model.safetensors)"
         )
+
+
+def load_causal_lm(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
+    """The causal language model of a Hugging Face folder, fp32, in eval mode (module docstring)."""
+    path = Path(path)
+    _check_weight_files(path, allow_pickle)
     tf = import_transformers()
     config = config_of(path)
     _refuse_unknown_head(tf, path, config)
@@ -194,6 +198,99 @@ def _is_causal_lm(tf: Any, config: Any) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def names_lm_folder(ref: str | os.PathLike) -> bool:
+    """Whether a MODEL reference names a causal language model's folder, without loading it: ``hf:DIR``
+    or a folder with config.json that :func:`is_lm_folder` reads as one (``hf:`` of no folder: True,
+    so that the language-model loader says what is missing)."""
+    text = str(ref)
+    if text.startswith("hf:"):
+        return is_lm_folder(text[3:]) if is_hf_dir(text[3:]) else True
+    return is_hf_dir(text) and is_lm_folder(text)
+
+
+def is_lm_folder(path: str | os.PathLike) -> bool:
+    """Whether ``hf:DIR`` (or the folder itself) is read as a causal language model, from config.json
+    alone: a decoder (``is_decoder``), an ``architectures`` entry transformers maps to a causal LM, or a
+    decoder-only family's base model (GPT-2's, whose causal head is its tied embeddings). An encoder, a
+    classifier, a sequence-to-sequence or vision model is not: :func:`load_hf_module` loads it. Folders
+    ptopt wrote (a sidecar or ``quantization.json`` beside them), folders with no readable config and
+    model types transformers does not know stay with the language-model loader, which says what is wrong.
+    """
+    import json
+
+    p = Path(path)
+    if (
+        not is_hf_dir(p)
+        or (p / "quantization.json").is_file()
+        or p.with_name(f"{p.name}.ptopt.json").exists()
+    ):
+        return True
+    try:
+        config = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return not isinstance(config, dict) or names_causal_lm(config)
+
+
+def names_causal_lm(config: dict[str, Any]) -> bool:
+    """:func:`is_lm_folder`'s rule on a config.json's contents."""
+    import_transformers()  # quietly first: its import pulls torchao's notices in
+    from transformers.models.auto import modeling_auto as auto
+
+    kind, names = config.get("model_type"), [str(a) for a in config.get("architectures") or []]
+    base = auto.MODEL_MAPPING_NAMES.get(kind)
+    if config.get("is_decoder") or (base is None and kind not in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        return True  # a decoder, or a type transformers does not know: the LM loader's message
+    if any(
+        n in set(auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) or n.endswith(CAUSAL_SUFFIXES)
+        for n in names
+    ):
+        return True
+    decoder_only = (
+        kind in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and kind not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        and not config.get("is_encoder_decoder")
+    )
+    bases = set(base) if isinstance(base, tuple) else {base}
+    return decoder_only and (not names or any(n in bases for n in names))
+
+
+def load_hf_module(path: str | os.PathLike, allow_pickle: bool = False) -> Any:
+    """A Hugging Face folder that holds no causal language model (:func:`is_lm_folder`): the class its
+    config.json's ``architectures`` names (``BertForSequenceClassification``, ``ViTModel``, ...), else
+    ``AutoModel``; fp32, in eval mode, local files only, never ``trust_remote_code``. A weight the class
+    has and the folder lacks (it would be random) is refused, naming the tensors."""
+    path = Path(path)
+    _check_weight_files(path, allow_pickle)
+    tf = import_transformers()
+    config = config_of(path)
+    names = [str(a) for a in getattr(config, "architectures", None) or []]
+    from ptopt.core.quiet import quiet_imports
+
+    with quiet_imports():  # the class's module is imported here (it pulls torchao's notices in)
+        cls = getattr(tf, names[0], None) if names else tf.AutoModel
+    if cls is None or not hasattr(cls, "from_pretrained"):
+        raise ModelLoadError(
+            f"{path}: config.json names {names[0]}, which transformers {tf.__version__} does not have "
+            "(ptopt never runs a folder's own code: load it with a factory, pkg.module:factory)"
+        )
+    with quiet_imports():
+        try:
+            model, info = cls.from_pretrained(
+                str(path), local_files_only=True, dtype="float32", output_loading_info=True
+            )
+        except (OSError, ValueError, RuntimeError, TypeError) as e:
+            raise ModelLoadError(f"{path}: transformers cannot load it: {type(e).__name__}: {e}") from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ModelLoadError(
+            f"{path}: its weights lack {len(missing)} tensor(s) of the {cls.__name__} its config.json names "
+            f"({shown}), which would be random: save the folder again with save_pretrained"
+        )
+    return model.eval()
 
 
 def load_tokenizer(path: str | os.PathLike | None) -> Any:

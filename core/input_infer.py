@@ -55,9 +55,12 @@ def hf_inputs(module: Any) -> tuple[list[InputSpec], str]:
 
     ``pixel_values``: ``1 x num_channels x image_size x image_size`` floats; ``input_values`` (audio):
     one second at 16 kHz; token inputs (``dummy_inputs``): as many positions as the position table
-    holds past its padding offset (RoBERTa's start at ``padding_idx + 1``), at most 128, ids in
-    ``[0, vocab_size)``, token types in ``[0, type_vocab_size)``. Another main input (``input_features``,
-    ...) gives no specs: the caller asks for them. The batch is dynamic in [1, 64].
+    holds past its padding offset (RoBERTa's start at ``padding_idx + 1``), at most 128 (any length from
+    1 to that is taken: a tokenizer's batch is as long as its longest text), ids in
+    ``[0, vocab_size)``, token types in ``[0, type_vocab_size)``, and an ``attention_mask`` of the same
+    shape when ``forward`` takes one (the dummy holds none; without it a padded batch cannot be served).
+    Another main input (``input_features``, ...) gives no specs: the caller asks for them. The batch is
+    dynamic in [1, 64].
     """
     config = getattr(module, "config", None)
     if config is None or not hasattr(config, "to_dict"):
@@ -102,12 +105,20 @@ def _token_inputs(module: Any, config: Any) -> tuple[list[InputSpec], str]:
         shape = tuple(t.shape)
         vr = None
         if not t.is_floating_point() and t.dim() == 2:
-            shape = (1, seq)
             top = next((v for k, v in ranges.items() if name.endswith(k) and v), None)
-            vr = (0, top) if top else (int(t.min()), int(t.max()) + 1)
+            specs.append(_tokens(name, dtype, seq, (0, top) if top else (int(t.min()), int(t.max()) + 1)))
+            continue
         spec = InputSpec.static(name, (1, *shape[1:]), dtype, value_range=vr)
         specs.append(spec.with_batch(1, 1, DEFAULT_MAX_BATCH))
+    if "attention_mask" in takes and "attention_mask" not in dummy and "input_ids" in dummy:
+        # transformers' dummy holds the ids alone; a model built without a mask input takes no padded batch
+        specs.append(_tokens("attention_mask", "int64", seq, (0, 2)))
     return specs, "keyword"
+
+
+def _tokens(name: str, dtype: str, seq: int, value_range: tuple[int, int]) -> InputSpec:
+    """A token input: batch in [1, 64], length in [1, ``seq``] (``seq`` the usual one)."""
+    return InputSpec(name, (1, 1), (1, seq), (DEFAULT_MAX_BATCH, seq), dtype, value_range=value_range)
 
 
 def hf_token_sizes(config: Any) -> dict[str, int | None]:

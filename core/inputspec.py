@@ -225,6 +225,10 @@ class InputSpec:
         if self.dtype == "bool":
             return torch.ones(shape, dtype=torch.bool)
         lo, hi = self.value_range or (0, 2)
+        if self.name.endswith("attention_mask") and len(shape) == 2 and (int(lo), int(hi)) == (0, 2):
+            # a padding mask, as a tokenizer writes it: each row's real tokens, then its padding
+            kept = torch.randint(1, shape[1] + 1, (shape[0], 1), generator=g)
+            return (torch.arange(shape[1]).unsqueeze(0) < kept).to(dtype)
         return torch.randint(int(lo), int(hi), shape, generator=g, dtype=dtype)
 
 

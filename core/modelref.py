@@ -224,15 +224,31 @@ def _load_hf(path: Path, weights: Any, allow_pickle: bool) -> LoadedModel:
         raise ModelLoadError(f"--weights goes with a pkg.module:factory model, not with {HF_SCHEME}DIR")
     if not is_hf_dir(path):
         raise ModelLoadError(f"{HF_SCHEME}{path}: not a Hugging Face model folder (no {path}/config.json)")
-    return _load_file(path, allow_pickle)
+    return _load_file(path, allow_pickle, f"{HF_SCHEME}{path}")
 
 
-def _load_file(path: Path, allow_pickle: bool) -> LoadedModel:
+def _load_hf_module(ref: str, path: Path, allow_pickle: bool) -> LoadedModel:
+    """A Hugging Face folder holding no causal language model (an encoder, a classifier, a vision or
+    audio model: ``core.hf.is_lm_folder``): its module, in memory, as a factory's would be (format
+    ``eager``; inputs implied by its config unless data or shapes say more)."""
+    from ptopt.core.hf import load_hf_module
+
+    model = load_hf_module(path, allow_pickle)
+    specs, style = _declared_inputs(model)
+    return LoadedModel(ref, "eager", model, None, None, specs, style, {"hf_model": str(path)})
+
+
+def _load_file(path: Path, allow_pickle: bool, ref: str | None = None) -> LoadedModel:
     """A model file through its format's row (``ptopt.core.formats``): the trusted sidecar's format,
     else the first format whose ``sniff`` recognizes the file. A folder is a model only as a format
-    that is a folder (a Hugging Face model folder)."""
+    that is a folder (a Hugging Face model folder), or as the module of a Hugging Face folder that
+    holds no language model (:func:`_load_hf_module`)."""
     if path.is_dir():
+        from ptopt.core.hf import is_hf_dir, is_lm_folder
+
         art = Artifact.maybe_load(path)
+        if art is None and is_hf_dir(path) and not is_lm_folder(path):
+            return _load_hf_module(ref or str(path), path, allow_pickle)
         folders = [f for f in formats() if f.folder and f.sniff(path)]
         fmt = find_format(art.format) if art is not None else (folders[0] if folders else None)
         if fmt is None:

@@ -46,11 +46,10 @@ _NOT_FOR_LM = {"script": "--script", "optimize": "--optimize", "int8_method": "-
 def is_lm_reference(model: Any) -> bool:
     """Whether ``model`` names a Hugging Face folder (``hf:DIR`` or a folder with ``config.json``) or is a
     transformers causal LM, without loading a file."""
-    from ptopt.core.hf import is_causal_lm, is_hf_dir
+    from ptopt.core.hf import is_causal_lm, names_lm_folder
 
     if isinstance(model, (str, os.PathLike)):
-        text = str(model)
-        return text.startswith("hf:") or is_hf_dir(text)
+        return names_lm_folder(model)
     return is_causal_lm(model)
 
 

@@ -94,10 +94,10 @@ def _strip_scheme(ref: Any) -> Any:
 def is_lm_model(obj: Any) -> bool:
     """Whether ``obj`` (a MODEL reference, a module, a LoadedModel or a Result) is a causal language
     model, without loading a file: ``hf:DIR`` and Hugging Face folders are."""
-    from ptopt.core.hf import is_causal_lm, is_hf_dir
+    from ptopt.core.hf import is_causal_lm, names_lm_folder
 
     if isinstance(obj, (str, os.PathLike)):
-        return str(obj).startswith("hf:") or is_hf_dir(obj)
+        return names_lm_folder(obj)
     module = _module_of(obj)
     return is_causal_lm(module) or _runs_elsewhere(module)
 

@@ -13,13 +13,14 @@ def _needs(module: str) -> None:
 
 
 def test_bert_dynamic_int8_without_a_shape(cli, tmp_path):
-    """A Hugging Face model needs no --input-shape: its config gives input_ids (int64, its vocab)."""
+    """A Hugging Face model needs no --input-shape: its config gives input_ids (int64, its vocab) and the
+    attention_mask its forward takes, at any length up to its positions (64)."""
     _needs("transformers")
     code, out, err = cli("quantize", "tests.compat.models:bert", "--mode", "dynamic", "-o", "bert.int8.pt")
     assert code == 0, err
     code, out, err = cli("inspect", "bert.int8.pt")
     assert code == 0, err
-    assert "input_ids: [1..64]x64 int64" in out
+    assert "input_ids: [1..64]x[1..64] int64" in out and "attention_mask: [1..64]x[1..64] int64" in out
 
 
 def test_gpt2_torchscript_with_typed_shapes(cli, tmp_path):

