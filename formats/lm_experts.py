@@ -1,4 +1,4 @@
-"""A mixture of experts in an exported language-model graph (ONNX, OpenVINO).
+"""A mixture of experts in an exported language-model graph.
 
 transformers 5 keeps a layer's experts in fused 3-D Parameters (``gate_up_proj``, ``down_proj``) and
 runs them, by default, through ``grouped_mm``: on the CPU a custom op (``transformers::grouped_mm_fallback``)
@@ -7,11 +7,15 @@ fit a graph either: ``eager`` loops over the experts the example happened to rou
 those alone), and ``batched_mm`` gathers every token's expert matrices (a prefill of n tokens copies
 n x top-k of them: hundreds of GB on a Mixtral-size model).
 
-So the ONNX and OpenVINO graphs compute every expert on every token and weight each result by the
-router's weight for it, zero where the token did not pick the expert: the same sum, static shapes, and
-num_experts / top-k times the experts' multiply-adds of a routed run. ExportedProgram and AOTInductor
-keep transformers' own ``grouped_mm`` (torch runs the custom op). The export's check compares the
-folder with the model as transformers runs it (``grouped_mm``), not with this implementation.
+Nor does a graph file carry it: an ExportedProgram or AOTInductor package holding the op loads only
+where ``transformers`` was imported first (AOTInductor: "Could not find schema for
+transformers::grouped_mm_fallback ... cannot be run via AOTI without Python environment").
+
+So every language-model graph (ONNX, OpenVINO, ExportedProgram, AOTInductor) computes every expert on
+every token and weights each result by the router's weight for it, zero where the token did not pick
+the expert: the same sum, static shapes, plain aten ops, and num_experts / top-k times the experts'
+multiply-adds of a routed run. The export's check compares the folder with the model as transformers
+runs it (``grouped_mm``), not with this implementation.
 """
 
 from __future__ import annotations

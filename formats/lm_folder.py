@@ -199,8 +199,9 @@ class LMFolder(Format):
     lm_target: ClassVar[str] = ""
     #: the attention implementation the graph is captured with (None: the model's own)
     attention: ClassVar[str | None] = None
-    #: whether a mixture of experts is captured computing every expert (``formats.lm_experts``)
-    every_expert: ClassVar[bool] = False
+    #: whether a mixture of experts is captured computing every expert (``formats.lm_experts``: every
+    #: target; transformers' grouped_mm is a Python custom op a graph file cannot carry)
+    every_expert: ClassVar[bool] = True
     #: the record's file in the folder
     record_file: ClassVar[str] = RECORD_FILE
 

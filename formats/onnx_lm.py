@@ -78,8 +78,6 @@ class OnnxLMFolder(LMFolder):
     lm_target = "onnx"
     #: ONNX's attention is exported as eager (module docstring)
     attention = "eager"
-    #: transformers' grouped_mm experts op has no ONNX translation (``formats.lm_experts``)
-    every_expert = True
 
     def open(self, path: Path, config: Any, record: dict[str, Any], allow_pickle: bool) -> OnnxLM:
         return OnnxLM(path / FILE, config, record)

@@ -131,11 +131,12 @@ class AotiLMFolder(LMFolder):
         from ptopt.core import progress
         from ptopt.formats.aoti_compile import check_compiler, compile_options, compile_package
         from ptopt.formats.aoti_files import package_metadata
+        from ptopt.formats.lm_experts import every_expert
         from ptopt.formats.lm_graph import capture
 
         compiler, options = check_compiler(), compile_options()
         batch, longest = tuple(record["batch"]), record["max_positions"]
-        with progress.step("tracing it with torch.export", announce=False):
+        with progress.step("tracing it with torch.export", announce=False), every_expert(module):
             program = capture(module, batch, longest)
         with progress.step(f"compiling it with AOTInductor ({compiler})", announce=False):
             built = compile_package(program, folder / FILE, options, compiler)

@@ -88,3 +88,54 @@ def test_an_op_the_onnx_exporter_lacks_is_named(mixtral, tmp_path, monkeypatch):
     with pytest.raises(UnsupportedModelError, match="No ONNX function found for .*grouped_mm_fallback"):
         ptopt.export(f"hf:{mixtral}", "onnx", tmp_path / "o", new_tokens=NEW)
     assert not (tmp_path / "o").exists()
+
+
+def test_exported_program_runs_where_transformers_was_never_imported(mixtral, tmp_path):
+    """The graph holds plain aten ops: ``torch.export.load`` in a process that never imported transformers
+    runs it (with transformers' grouped_mm custom op inside it could not: 'No such operator
+    transformers::grouped_mm_fallback'; an AOTInductor package would not load at all)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "ep"
+    res = ptopt.export(f"hf:{mixtral}", "exported_program", out, new_tokens=NEW)
+    ids = torch.randint(3, VOCAB, (1, 5), generator=torch.Generator().manual_seed(3))
+    code = (
+        "import sys, torch\n"
+        f"m = torch.export.load({str(out / 'model.pt2')!r}).module()\n"
+        f"ids = torch.tensor({ids.tolist()})\n"
+        "kv = [torch.zeros(1, 2, 0, 8) for _ in range(4)]\n"
+        "out = m(ids, torch.ones_like(ids), torch.arange(5)[None], *kv)\n"
+        "assert 'transformers' not in sys.modules\n"
+        "torch.save(out[0], sys.argv[1])\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "logits.pt")], check=True, cwd=tmp_path)
+    got = torch.load(tmp_path / "logits.pt")
+    assert res.metrics["greedy"]["equal"]
+    from ptopt.core.hf import load_causal_lm
+
+    with torch.no_grad():
+        want = load_causal_lm(mixtral)(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_the_aoti_package_is_compiled_from_plain_aten_ops(mixtral, tmp_path, monkeypatch):
+    """The program handed to AOTInductor holds no transformers custom op (a package holding
+    transformers::grouped_mm_fallback does not load outside a Python that imported transformers: 'Could
+    not find schema ... cannot be run via AOTI without Python environment'). Compiling is not run here."""
+    from ptopt.formats import aoti_compile
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def compile_package(program, *args, **kwargs):
+        seen.append(program)
+        raise Stop
+
+    monkeypatch.setattr(aoti_compile, "compile_package", compile_package)
+    with pytest.raises(Stop):
+        ptopt.export(f"hf:{mixtral}", "aoti", tmp_path / "aoti", new_tokens=NEW, allow_pickle=True)
+    targets = {str(n.target) for n in seen[0].graph.nodes if n.op == "call_function"}
+    assert not [t for t in targets if "transformers" in t or "grouped_mm" in t]
