@@ -185,6 +185,9 @@ def _refuse_missing_file(artifact: Any) -> None:
     """What looks like a file name and is not there: say so, rather than "cannot import" a factory."""
     if (
         isinstance(artifact, (str, os.PathLike))
+        and not str(artifact).startswith(
+            "hf:"
+        )  # a Hugging Face folder's reference: its loader says what is missing
         and not Path(artifact).exists()
         and (str(artifact).endswith((*file_suffixes(), ".mar")) or os.sep in str(artifact))
     ):
@@ -252,11 +255,12 @@ def _prepare_servable(loaded: LoadedModel) -> Prepared:
 
 
 def _prepare_by_export(loaded: LoadedModel, tmp: Path) -> Prepared:
-    """Any other MODEL: exported to TorchScript into ``tmp`` by the export stage first."""
-    if not loaded.input_specs:
-        raise ModelLoadError(
-            f"{loaded.ref}: input shape unknown; pass --input-shape, e.g. --input-shape 1x3x224x224"
-        )
+    """Any other MODEL: exported to TorchScript into ``tmp`` by the export stage first (its inputs: those
+    it declares or implies, a Hugging Face model's from its config; else the refusal names a shape built
+    from its first layer)."""
+    from ptopt.core.modelref import require_input_specs
+
+    require_input_specs(loaded, data_hint="--input-shape (the inputs a request sends)")
     try:
         from ptopt.export.api import export
     except ImportError:

@@ -188,6 +188,34 @@ def test_package_straight_from_a_model_reference(cli, tmp_path):
 
 
 @needs_archiver
+def test_a_hugging_face_model_packages_with_the_inputs_its_config_implies(cli, tmp_path):
+    """A Hugging Face model's reference (its folder, or a factory) needs no --input-shape: its config says
+    what it takes, as in every other command (package refused it, suggesting 1x3x224x224 for a BERT)."""
+    pytest.importorskip("transformers")
+    from tests.compat.models import bert
+
+    bert().save_pretrained(tmp_path / "bert")
+    code, stdout, stderr = cli(
+        "package", f"hf:{tmp_path / 'bert'}", "--format", "triton", "-o", tmp_path / "repo"
+    )
+    assert code == 0, stderr
+    (config,) = (tmp_path / "repo").rglob("config.pbtxt")
+    text = config.read_text()
+    # the padding mask and any length (dims -1): a tokenizer's batch fits as it comes
+    assert 'name: "input_ids__0"' in text and 'name: "attention_mask__1"' in text
+    assert text.count("dims: [ -1 ]") == 2 and "max_batch_size: 64" in text
+    # a model whose inputs nothing says is still refused, with a shape built from its first layer
+    assert_refused(cli, "package", "tests.serve.test_package:plain_cnn", "--format", "triton", "-o",
+                   tmp_path / "r2", match=("input shape unknown", "--input-shape 1x3x224x224"), where=tmp_path)  # fmt: skip
+
+
+def plain_cnn():
+    """A factory whose model declares no inputs (no example_inputs, no config)."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+
+
 def test_save_recipe(cli, tmp_path, serve_artifacts):
     from ptopt.core.recipe import load_recipe
 
