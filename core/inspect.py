@@ -41,8 +41,11 @@ def layer_table(module: Any, skip: Any = ()) -> list[dict[str, Any]]:
     for name, m in module.named_modules():
         if type_name(m) == "Linear":
             last_linear = name
+    experts = _expert_rows(module)
     for name, m in module.named_modules():
         t = type_name(m)
+        if name in experts:
+            rows.append(experts[name])
         if t not in _TECHNIQUES or name in skip:
             continue
         params = sum(p.numel() for p in m.parameters(recurse=True))
@@ -55,6 +58,26 @@ def layer_table(module: Any, skip: Any = ()) -> list[dict[str, Any]]:
             notes.append("classifier: outputs never pruned")
             techniques = [x for x in techniques if x != "prune-structured"]
         rows.append({"name": name, "type": t, "params": params, "techniques": techniques, "notes": notes})
+    return rows
+
+
+#: what acts on a mixture of experts' fused expert tensors, and what does not
+EXPERTS_NOTE = (
+    "fused expert tensors (3-D Parameters, not Linear layers): weight-only --engine openvino compresses "
+    "them; torchao weight-only, the int8 modes and pruning leave them float"
+)
+
+
+def _expert_rows(module: Any) -> dict[str, dict[str, Any]]:
+    """{experts module: its table row} for a mixture of experts (``core.lm.expert_tensors``)."""
+    from ptopt.core.lm import expert_tensors
+
+    rows: dict[str, dict[str, Any]] = {}
+    for tensor, n in expert_tensors(module).items():
+        owner = tensor.rpartition(".")[0]
+        row = rows.setdefault(owner, {"name": owner, "type": type_name(module.get_submodule(owner)), "params": 0,
+                                      "techniques": ["weight-only (openvino)"], "notes": [EXPERTS_NOTE]})  # fmt: skip
+        row["params"] += n
     return rows
 
 

@@ -53,3 +53,21 @@ def test_api_openvino_engine_compresses_the_experts(tmp_path):
     folder = save("mixtral", tmp_path / "mixtral", layers=2)
     res = ptopt.quantize(f"hf:{folder}", "weight-only", bits=8, engine="openvino")
     assert sum(res.extra["weight_only"]["compressed_matrices"].values()) == 16 + 8 + 2 + 2
+
+
+def test_inspect_lists_the_experts_and_what_acts_on_them(cli, tmp_path):
+    """``inspect`` listed attention and the output layer alone: a mixture's experts (most of a real
+    MoE's parameters) were not in its table."""
+    from ptopt.core.inspect import inspect_model
+
+    folder = save("mixtral", tmp_path / "mixtral", layers=2)
+    rows = {r["name"]: r for r in inspect_model(f"hf:{folder}")["layers"]}
+    model = build("mixtral", layers=2)
+    experts = rows["model.layers.1.mlp.experts"]
+    assert experts["type"] == "MixtralExperts"
+    assert experts["params"] == sum(
+        p.numel() for p in model.get_submodule("model.layers.1.mlp.experts").parameters()
+    )
+    assert experts["techniques"] == ["weight-only (openvino)"] and "leave them float" in experts["notes"][0]
+    code, out, err = cli("inspect", f"hf:{folder}")
+    assert code == 0 and "MixtralExperts" in out, err
