@@ -257,12 +257,54 @@ def build_quantizer(scheme: Any, qat: bool = False) -> Any:
     annotate = quantizer.annotate
 
     def float_tensors_only(model: Any) -> Any:
-        model = annotate(model)
+        padding_as_numbers(model)
+        try:
+            model = annotate(model)
+        except ValueError as e:  # torchao refuses a pattern it matched (a conv it cannot annotate)
+            raise UnsupportedModelError(
+                f"PT2E int8 cannot annotate this model: X86InductorQuantizer says {e}; --engine openvino "
+                "(NNCF) or --mode dynamic still work"
+            ) from e
         drop_integer_annotations(model)
         return model
 
     quantizer.annotate = float_tensors_only
     return quantizer
+
+
+def padding_as_numbers(model: Any) -> None:
+    """``nn.Conv2d(..., padding="valid")`` (SigLIP's patch embedding) or ``"same"`` exports as
+    ``aten.conv2d.padding``, which X86InductorQuantizer refuses ("conv2d is not an aten conv2d operator").
+    "valid" is no padding and "same" with an even padding total is ``dilation * (kernel - 1) / 2`` a side:
+    those nodes become ``aten.conv2d.default`` with that padding, the same computation."""
+    import torch
+
+    changed = False
+    for node in model.graph.nodes:
+        if node.op != "call_function" or node.target != torch.ops.aten.conv2d.padding or node.kwargs:
+            continue
+        args = list(node.args) + [None, [1, 1], "valid", [1, 1], 1][len(node.args) - 2 :]
+        weight = getattr(args[1], "meta", {}).get("val")
+        pads = _numeric_padding(args[4], args[5], None if weight is None else tuple(weight.shape[2:]))
+        if pads is None:
+            continue
+        args[4] = pads
+        node.target, node.args = torch.ops.aten.conv2d.default, tuple(args)
+        changed = True
+    if changed:
+        model.graph.lint()
+        model.recompile()
+
+
+def _numeric_padding(padding: Any, dilation: Any, kernel: tuple[int, ...] | None) -> list[int] | None:
+    """A conv's string padding as numbers, or None when it cannot be one number a side."""
+    if padding == "valid":
+        return [0, 0]
+    if padding != "same" or kernel is None:
+        return None
+    dilation = list(dilation) * (len(kernel) // len(dilation))
+    totals = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+    return None if any(t % 2 for t in totals) else [t // 2 for t in totals]
 
 
 def drop_integer_annotations(model: Any) -> None:

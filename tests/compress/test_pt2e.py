@@ -442,3 +442,53 @@ def test_slower_than_fx_int8_names_fx_only_where_fx_int8_held(capsys):
     _slower_warnings({"pt2e": pt2e, "auto_int8": {"engines": [{"engine": "fx", "holds": False}]}})
     err = capsys.readouterr().err
     assert "FX int8 missed the int8 rule on this model" in err and "--engine fx writes" not in err
+
+
+class _PaddedCnn(nn.Module):
+    def __init__(self, kernel: int, padding: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 8, kernel, padding=padding)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.conv(x)).mean((2, 3)))
+
+
+def valid_padding_cnn() -> nn.Module:
+    """A conv with ``padding="valid"`` (SigLIP's patch embedding): ``aten.conv2d.padding`` in the graph."""
+    return _PaddedCnn(3, "valid").eval()
+
+
+def same_padding_cnn() -> nn.Module:
+    return _PaddedCnn(3, "same").eval()
+
+
+def even_same_padding_cnn() -> nn.Module:
+    """``padding="same"`` with an even kernel: uneven padding, which no zero-padding conv says."""
+    return _PaddedCnn(2, "same").eval()
+
+
+@pytest.mark.parametrize("factory", ["valid_padding_cnn", "same_padding_cnn"])
+def test_cli_a_string_padding_conv_quantizes(cli, factory):
+    """Was exit 3, 'internal error: ValueError: conv2d is not an aten conv2d operator' (X86InductorQuantizer
+    on SigLIP's ``padding="valid"`` patch embedding): the conv is the plain aten conv2d with its padding as
+    numbers, and it is int8."""
+    code, out, err = cli(
+        "quantize", f"tests.compress.test_pt2e:{factory}", "--mode", "static", "--engine", "pt2e",
+        "--no-compile", "--calib-data", "builtin:digits:train", "--calibration-batches", "1", "--no-progress",
+        "-o", "m.pt2",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "int8: 2 of 2 layers with weights" in out
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+def test_cli_a_conv_the_quantizer_refuses_is_one_line(cli, tmp_path):
+    """``padding="same"`` with an even kernel pads unevenly: no conv2d padding says it, torchao refuses it,
+    and that is one line (exit 2) naming the engines that still work."""
+    assert_refused(
+        cli, "quantize", "tests.compress.test_pt2e:even_same_padding_cnn", "--mode", "static", "--engine",
+        "pt2e", "--no-compile", "--calib-data", "builtin:digits:train", "--calibration-batches", "1",
+        "-o", tmp_path / "m.pt2", match="PT2E int8 cannot annotate this model", where=tmp_path,
+    )  # fmt: skip
