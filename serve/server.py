@@ -57,7 +57,10 @@ def free_port() -> int:
 
 
 def port_in_use(port: int) -> bool:
+    """Whether a server listens on ``port`` of the loopback. Connections of a server that just stopped
+    (TIME_WAIT, up to a minute) do not count: the servers bind with SO_REUSEADDR, and so does this test."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((LOOPBACK, port))
         except OSError:

@@ -104,6 +104,26 @@ def test_port_in_use_exits_2(cli, mar, tmp_path):
         )
 
 
+def test_a_port_a_server_just_left_is_free():
+    """A server that stopped leaves its closed connections in TIME_WAIT on its port for up to a minute:
+    ``ptopt serve --port P`` right after a stop refused P as "already in use" though nothing listened
+    (the servers bind with SO_REUSEADDR). A listening port is still in use."""
+    from ptopt.serve.server import port_in_use
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        assert port_in_use(port)
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = server.accept()
+        conn.close()  # the server closes first: its side of the connection goes to TIME_WAIT
+        client.recv(1)
+        client.close()
+    assert not port_in_use(port)
+
+
 @pytest.mark.parametrize(
     "make, message",
     [
