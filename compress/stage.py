@@ -205,7 +205,8 @@ def refuse_if_unfaithful(result: Any, output: Any, advice: Any = None, what: str
 
 
 def keep_failed(result: Any, output: Any) -> list[str]:
-    """Write ``result``'s file(s) as ``<output>.failed`` (no sidecar: it is not a good artifact)."""
+    """Write ``result``'s file(s) as ``<output>.failed`` (no sidecar: it is not a good artifact); a file
+    beside it under a name of its own (an OpenVINO IR's ``.bin``) as ``<that name>.failed``."""
     if output is None:
         return []
     import tempfile
@@ -217,7 +218,8 @@ def keep_failed(result: Any, output: Any) -> list[str]:
         path = Path(d) / out.name
         facts = result._writer(path) or {}
         for f in facts.get("files") or [path.name]:
-            dest = out.parent / (out.name + f[len(path.name) :] + ".failed")
+            named = out.name + f[len(path.name) :] if f.startswith(path.name) else f
+            dest = out.parent / (named + ".failed")
             os.replace(Path(d) / f, dest)
             kept.append(str(dest))
     return kept

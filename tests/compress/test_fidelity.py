@@ -146,3 +146,18 @@ def test_dynamic_int8_without_data_is_checked_on_more_than_the_example_batch(cli
     )
     assert code == 0, err
     assert f"on {CHECK_SAMPLES} samples of random inputs" in out
+
+
+def test_an_openvino_ir_that_breaks_is_kept_aside_whole(cli, tmp_path):
+    """An IR is two files: the ``.bin`` was kept aside under the ``.xml``'s name (``o.xml.failed`` held the
+    weights, the graph was lost, and the message named ``o.xml.failed`` twice)."""
+    pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    out = tmp_path / "o.xml"
+    message = assert_refused(
+        cli, "quantize", MODEL, "--mode", "static", "--engine", "openvino", "--calib-data", DATA, "-o", out,
+        match="does not compute what its fp32 source computes",
+    )  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.bin.failed", "o.xml.failed"]
+    assert (tmp_path / "o.xml.failed").read_text().lstrip().startswith("<?xml")
+    assert message.count("o.xml.failed") == 1 and "o.bin.failed" in message
