@@ -119,9 +119,10 @@ def check_cache(model: Any) -> None:
 def _sliding_advice(config: Any) -> str:
     """What a user whose sequences stay under the window can change in config.json, where a change keeps
     what the model computes: ``sliding_window`` null, or (configs naming each layer's kind: GPT-OSS,
-    Gemma 2) every ``sliding_attention`` in ``layer_types`` made ``full_attention``. Not where the sliding
-    layers have a rotary embedding of their own (Gemma 3's ``rope_parameters['sliding_attention']``):
-    made full-attention layers they would take the other one and compute something else."""
+    Gemma 2; Llama 4's ``chunked_attention``) every such entry in ``layer_types`` made ``full_attention``.
+    Not where the sliding layers have a rotary embedding of their own (Gemma 3's
+    ``rope_parameters['sliding_attention']``): made full-attention layers they would take the other one
+    and compute something else."""
     rope = getattr(config, "rope_parameters", None)
     if isinstance(rope, dict) and isinstance(rope.get("sliding_attention"), dict):
         return (
@@ -129,11 +130,13 @@ def _sliding_advice(config: Any) -> str:
             "['sliding_attention']): no config.json change turns them into full-attention layers that "
             "compute the same, so this model cannot be exported"
         )
-    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
-        return (
-            '. A model whose sequences stay under its window: set every "sliding_attention" in layer_types '
-            'to "full_attention" in a copy of config.json'
-        )
+    kinds = getattr(config, "layer_types", None) or ()
+    for kind, span in (("sliding_attention", "window"), ("chunked_attention", "attention_chunk_size")):
+        if kind in kinds:  # Llama 4's chunked layers: one chunk is full causal attention
+            return (
+                f'. A model whose sequences stay under its {span}: set every "{kind}" in layer_types to '
+                '"full_attention" in a copy of config.json'
+            )
     return (
         ". A sliding-window model whose sequences stay under its window: set sliding_window to null in a copy "
         "of config.json"

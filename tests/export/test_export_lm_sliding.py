@@ -63,3 +63,31 @@ def test_gpt_oss_advice_is_layer_types_and_following_it_exports_the_same_model(c
     # the original model (its sliding layer: 7 + 12 tokens stay under the window of 32) generates the same
     want = greedy_reference(load_causal_lm(folder), prompt, 12)
     assert torch.equal(res.model.generate(prompt, 12), want)
+
+
+def test_llama4_chunked_attention_advice_and_following_it_keeps_the_model(tmp_path):
+    """Llama 4's chunked layers were told to set sliding_window to null (already null: no way out).
+    The advice names ``chunked_attention``; with it followed, the ExportedProgram generates what the
+    chunked original generates under its chunk (its experts computed whole, ``formats.lm_experts``)."""
+    from ptopt.core.errors import UnsupportedModelError
+    from ptopt.core.hf import import_transformers
+    from ptopt.export.lm_check import greedy_reference
+
+    tf = import_transformers()
+    kw = dict(_common(), intermediate_size=32, intermediate_size_mlp=64, num_local_experts=4,
+              num_experts_per_tok=1, attention_chunk_size=32)  # fmt: skip
+    kw.pop("sliding_window")
+    torch.manual_seed(0)
+    chunked = tf.AutoModelForCausalLM.from_config(tf.Llama4TextConfig(**kw)).eval()
+    try:
+        ptopt.export(chunked, "exported_program", tmp_path / "never", new_tokens=4)
+    except UnsupportedModelError as e:
+        assert 'set every "chunked_attention" in layer_types to "full_attention"' in str(e)
+    else:
+        raise AssertionError("a chunked-attention cache was exported")
+    full = tf.AutoModelForCausalLM.from_config(tf.Llama4TextConfig(layer_types=["full_attention"] * 2, **kw))
+    full.load_state_dict(chunked.state_dict())
+    res = ptopt.export(full.eval(), "exported_program", tmp_path / "ep", new_tokens=8)
+    assert res.metrics["greedy"]["equal"]
+    prompt = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(res.model.generate(prompt, 12), greedy_reference(chunked, prompt, 12))
