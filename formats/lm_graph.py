@@ -106,6 +106,8 @@ def check_cache(model: Any) -> None:
             "or run this model with transformers as it is"
         )
     other = sorted(kinds - {"DynamicLayer"})
+    if not other:
+        _check_shapes(model)
     if other:
         sliding = all("SlidingWindow" in k for k in other)
         raise UnsupportedModelError(
@@ -114,6 +116,35 @@ def check_cache(model: Any) -> None:
             + ", not one growing key/value pair per layer; ptopt exports full-attention decoders (Llama, "
             "Qwen2, GPT-2, Phi, Gemma ...)" + (_sliding_advice(model.config) if sliding else "")
         )
+
+
+def _check_shapes(model: Any) -> None:
+    """UnsupportedModelError when the cache a forward of three tokens fills is not the layout read from
+    the config (``cache_shape``): DeepSeek's multi-head latent attention caches keys and values of
+    different head sizes over every head, which one ``[batch, kv_heads, seq, head_dim]`` cannot hold
+    (torch.export then failed with 'Sizes of tensors must match'). A forward that fails says nothing here."""
+    import torch
+
+    want = list(cache_shape(model.config, 3))
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([[1, 2, 3]]), use_cache=True)
+        layers = cache_of(out).layers
+    except Exception:  # noqa: BLE001 - the capture says what fails in a forward
+        return
+    for i, layer in enumerate(layers):
+        keys, values = list(layer.keys.shape), list(layer.values.shape)
+        if keys != want or values != want:
+            why = (
+                "keys and values of different head sizes (multi-head latent attention, as DeepSeek's)"
+                if keys[-1] != values[-1]
+                else "a head count or size its config does not say"
+            )
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: its cache holds keys {keys} and values {values} for 3 tokens (layer "
+                f"{i}) where ptopt's cache layout, one [batch, key/value heads, tokens, head size] read from "
+                f"its config, is {want}: {why}; ptopt cannot export its cache"
+            )
 
 
 def _sliding_advice(config: Any) -> str:

@@ -139,3 +139,23 @@ def test_the_aoti_package_is_compiled_from_plain_aten_ops(mixtral, tmp_path, mon
         ptopt.export(f"hf:{mixtral}", "aoti", tmp_path / "aoti", new_tokens=NEW, allow_pickle=True)
     targets = {str(n.target) for n in seen[0].graph.nodes if n.op == "call_function"}
     assert not [t for t in targets if "transformers" in t or "grouped_mm" in t]
+
+
+def test_deepseek_latent_attention_cache_is_refused_for_what_it_is(tmp_path):
+    """DeepSeek-V3's multi-head latent attention caches keys and values of different sizes: refused in
+    one line naming the shapes (it was torch.export's 'Sizes of tensors must match except in dimension 2')."""
+    from ptopt.core.errors import UnsupportedModelError
+    from ptopt.core.hf import import_transformers
+    from tests.helpers import assert_refused
+
+    tf = import_transformers()
+    cfg = tf.DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, kv_lora_rank=16, q_lora_rank=16,
+        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg).eval()
+    assert_refused(ptopt.export, model, "onnx", tmp_path / "o", error=UnsupportedModelError,
+                   match=("keys and values of different head sizes", "DeepseekV3ForCausalLM"), where=tmp_path)  # fmt: skip
