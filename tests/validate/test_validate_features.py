@@ -3,6 +3,8 @@ LayerNorm states): top-1 agreement is not measured (it was: the arg-max of an em
 dimension, and a faithful int8 encoder scored far below 99% on it, which also kept it from ★ best);
 the report says why, --min-agreement is refused naming --min-cosine, and --min-cosine gates any output."""
 
+import re
+
 import pytest
 import torch
 
@@ -257,3 +259,16 @@ def test_an_int8_file_keeps_the_fp32_models_verdict(tmp_path, cli):
             "--threads", "1", *FAST)  # fmt: skip
     code, out, err = cli(*args, "--min-agreement", "0.9")
     assert code == 2 and "its fc is nn.Identity" in " ".join(err.split()), err
+
+
+def test_cli_an_artifact_of_another_output_width_says_why_it_is_not_compared(cli, tmp_path):
+    """A pruned base model outputs a narrower hidden size: its agreement cells were blank with no word
+    of why (the JSON alone held 'output shape ... differs'). The footer says it."""
+    code, _, err = cli("prune", ENCODER, "--method", "structured", "--amount", "0.3", "-o", tmp_path / "p.pt")
+    assert code == 0 and "output is narrower" in err, err
+    code, out, err = cli("validate", ENCODER, tmp_path / "p.pt", "--data", SENTENCES, "--max-samples", "16",
+                         "--batch-sizes", "1", "--threads", "1", *FAST)  # fmt: skip
+    assert code == 0, err
+    said = re.search(r"not compared: p\.pt: output shape \(16, (\d+)\) differs from the reference's \(16, 32\)",
+                     " ".join(out.split()))  # fmt: skip
+    assert said and int(said.group(1)) < 32, out

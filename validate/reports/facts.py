@@ -77,6 +77,12 @@ def noise_notes(data: dict[str, Any]) -> list[str]:
     for g in data["gate_results"]:
         if g.get("inconclusive"):
             out.append(f"INCONCLUSIVE {g['artifact']}: {g['gate']}: {g['message']}")
+    for e in rows(data):
+        note = (e.get("agreement") or {}).get("note")
+        if note and not is_reference(
+            e
+        ):  # its cells are blank: say why (a pruned base model's narrower output)
+            out.append(f"not compared: {e['name']}: {note}")
     busy = data.get("timing_noise") or {}
     if busy.get("busy"):
         again = f", after timing {busy['retimed']} more time(s)" if busy.get("retimed") else ""
