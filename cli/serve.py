@@ -85,7 +85,7 @@ def _until_stopped(server: Any, name: str, stopped: Any, banner: Any) -> None:
     with _interruptible(), contextlib.ExitStack() as quiet:
         try:
             server.start()
-            _handlers()  # again: ray.init installs its own (C++) SIGTERM handler, which aborts the process
+            _handlers()  # again: a Ray whose failure handler could not be switched off installed its own
             banner()
             click.echo("Ctrl-C to stop.", err=True)
             # serving is waiting, not long work, and stopping is the end of it: no "still working" lines

@@ -216,6 +216,7 @@ class RayServer:
     def _start_ray(self) -> None:
         self._set_env()  # before Ray reads its configuration (at import)
         _import_ray()
+        _keep_python_signal_handlers()
         import ray
 
         if ray.is_initialized():
@@ -645,6 +646,19 @@ def _kill_proxy(pids: list[int]) -> None:
         if _cmdline(p).startswith(PROXY_PROCESS):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
+
+
+def _keep_python_signal_handlers() -> None:
+    """No C++ failure handler in this driver: ``ray.init`` installs one for SIGTERM (it aborts the process)
+    and ``ray.shutdown`` sets SIGTERM back to the default action, under Python's handlers, so a second
+    SIGTERM while stopping (``timeout`` and a supervisor both sending one) killed the process mid-teardown
+    (exit 143) or left it waiting 60 s for the GCS it had killed. Ray's own switch for it
+    (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``), read when its core worker starts, is set for this process only:
+    the node's processes, started from the environment, keep their crash reports."""
+    with contextlib.suppress(ImportError):  # a Ray without the switch: its handler, as before
+        from ray._private import ray_constants
+
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 @contextlib.contextmanager

@@ -109,3 +109,41 @@ def test_sigterm_while_packaging_removes_the_copy(serve_artifacts, tmp_path):
     workdir = Path(where.read_text())
     assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
     assert not workdir.exists(), f"left behind: {sorted(p.name for p in workdir.rglob('*'))}"
+
+
+_SECOND_SIGTERM = """
+import os, signal, sys, threading, time
+import ray
+from ptopt.serve import ray_server
+
+RECORD, ARTIFACT = sys.argv[1], sys.argv[2]
+real_shutdown, real_ready = ray.shutdown, ray_server.RayServer.wait_ready
+
+def shutdown(*args, **kwargs):  # a second SIGTERM right after Ray's own shutdown, as the stop goes on
+    real_shutdown(*args, **kwargs)
+    with open(RECORD, "w") as fh:
+        fh.write("shut down")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(2)
+
+def wait_ready(self, *args, **kwargs):  # the first once serving
+    out = real_ready(self, *args, **kwargs)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    return out
+
+ray.shutdown, ray_server.RayServer.wait_ready = shutdown, wait_ready
+from ptopt.cli.main import main
+sys.argv = ["ptopt", "serve", ARTIFACT, "--engine", "ray"]
+main()
+"""
+
+
+def test_a_second_sigterm_after_rays_shutdown_still_stops_cleanly(serve_artifacts, tmp_path):
+    """Ray's driver set SIGTERM back to the default action inside ``ray.shutdown`` (its C++ failure handler,
+    installed by ``ray.init``, uninstalled): a second SIGTERM there (``timeout`` and a supervisor both
+    sending one) killed the CLI mid-teardown, exit 143, or left it waiting 60 s for the killed GCS. The
+    driver keeps ptopt's handlers now: the stop ends as a stop does."""
+    record = tmp_path / "record.txt"
+    proc = _serve_child(_SECOND_SIGTERM, record, serve_artifacts["fp32"], tmp_path)
+    assert record.read_text() == "shut down", proc.stderr[-2000:]
+    assert proc.returncode == 0 and "stopped." in proc.stderr, (proc.returncode, proc.stderr[-2000:])
