@@ -144,6 +144,12 @@ def _print_lm(art) -> None:
             f"batch {lo}..{hi}"
         )
     click.echo(f"graph:   {io}; up to {lm['max_positions']} positions")
+    moe = lm.get("experts")
+    if moe:
+        k = moe.get("top_k")
+        cost = f" ({moe['per_layer'] / k:.1f}x a routed run's expert work)" if k else ""
+        click.echo(f"experts: {moe['per_layer']} per layer, top-{k or '?'} routing: the graph runs all of them "
+                   f"on every token, weighted by the router{cost}")  # fmt: skip
     tie = f"differ from token {g.get('first_difference')} (a near tie: top-2 gap {g.get('top2_gap', 0):.2g})"
     same = "equal" if g["equal"] else tie
     click.echo(

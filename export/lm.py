@@ -117,6 +117,7 @@ def _record(module: Any, config: Any, row: Any, dynamic_batch: Any) -> dict[str,
 
     from ptopt.core.lm import max_positions, weight_bytes
     from ptopt.core.system import package_version
+    from ptopt.formats.lm_experts import experts_record
     from ptopt.formats.lm_graph import DEFAULT_BATCH, io_names, layout
 
     batch = _batch(dynamic_batch, config.target)
@@ -134,6 +135,7 @@ def _record(module: Any, config: Any, row: Any, dynamic_batch: Any) -> dict[str,
         "outputs": outputs if config.target != "openvino" else ["logits"],
         "stateful": config.target == "openvino", "opset": config.opset,
         "versions": {"torch": torch.__version__, "transformers": package_version("transformers")},
+        **experts_record(module),
     }  # fmt: skip
 
 
@@ -219,7 +221,7 @@ def _template(row: Any, config: Any, source: Any, record: dict[str, Any], path: 
     check = record["check"]
     metrics = {k: check[k] for k in ("parity", "greedy", "batch") if k in check}
     lm = {k: record[k] for k in ("inputs", "outputs", "layout", "batch", "max_positions", "stateful",
-                                 "weight_bytes") if k in record}  # fmt: skip
+                                 "weight_bytes", "experts") if k in record}  # fmt: skip
     facts = {k: record[k] for k in ("opset", "exporter", "method", "compile_seconds", "compile_cache", "compiler", "cpu_isa",
                                     "torch_version", "inference_precision") if record.get(k) is not None}  # fmt: skip
     return Artifact(

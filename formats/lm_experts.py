@@ -59,6 +59,18 @@ def _linear(x: Any, weight: Any, bias: Any, transposed: bool) -> Any:
     return y if bias is None else y + bias
 
 
+def experts_record(model: Any) -> dict[str, Any]:
+    """``{"experts": {"per_layer": E, "top_k": k}}`` for a mixture of experts (what the export's record
+    and banner say: the graph computes all E, E / k times a routed run's expert work), else {}."""
+    counts = {
+        m.down_proj.shape[0] for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")
+    }
+    if not counts:
+        return {}
+    top_k = getattr(model.config, "num_experts_per_tok", None) or getattr(model.config, "top_k", None)
+    return {"experts": {"per_layer": max(counts), "top_k": top_k, "computed": "every expert on every token"}}
+
+
 def is_moe(model: Any) -> bool:
     """Whether ``model`` runs experts through transformers' experts interface."""
     return any(hasattr(m, "has_gate") and hasattr(m, "down_proj") for m in model.modules())

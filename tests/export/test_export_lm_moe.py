@@ -5,6 +5,8 @@ run. Tiny random-weight models built from configs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -75,6 +77,11 @@ def test_cli_moe_onnx_export(cli, mixtral, tmp_path):
     )
     assert code == 0, err
     assert "greedy tokens equal to transformers'" in out
+    # the graph's cost is said: all 4 experts run where a routed run runs 2
+    assert "experts: 4 per layer, top-2 routing: the graph runs all of them on every token" in out
+    assert "(2.0x a routed run's expert work)" in out
+    record = json.loads((tmp_path / "o" / "ptopt_lm.json").read_text())
+    assert record["experts"] == {"per_layer": 4, "top_k": 2, "computed": "every expert on every token"}
 
 
 def test_an_op_the_onnx_exporter_lacks_is_named(mixtral, tmp_path, monkeypatch):
