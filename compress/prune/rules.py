@@ -551,7 +551,10 @@ class Rules:
         """``linear`` / ``conv*`` / ``convolution`` / ``addmm`` / ``mm`` reading a layer's weight (a
         subclass calling ``F.conv2d`` itself, GPT-2's ``Conv1D``)."""
         name = _op_name(node)
-        x, w = (node.args[1], node.args[2]) if name == "addmm" else (node.args[0], node.args[1])
+        if name == "addmm":
+            x, w = node.args[1], node.args[2]
+        else:  # F.linear(x, weight=..., bias=...): timm EVA's attention passes its own qkv bias by name
+            x, w = self._arg(node, 0, "input"), self._arg(node, 1, "weight")
         found = self._param_module(w)
         if found is not None and L.kind(found[1]) == "embedding":
             found = self._tied_layer(node, found[1], ("linear", "conv1d_t")) or found  # a tied head
@@ -564,6 +567,7 @@ class Rules:
             or transposed
             or not L.is_layer(found[1])
             or (not normed and self._owner(w)[1] != "weight")
+            or not self._own_bias(node, name, found[0])
         ):
             return self._unknown(node, name)
         info = self._info.get(x)
@@ -573,6 +577,12 @@ class Rules:
                 self._inexact.add(i.space)
                 self._norm_at.setdefault(i.space, []).append((None, i.space, self._size(i.space), ()))
         return out
+
+    def _own_bias(self, node: Any, name: str, layer: str) -> bool:
+        """Whether a layer called as a function adds no bias or its own: a bias held elsewhere (timm EVA's
+        ``q_bias`` / ``v_bias``, passed by name) would keep its full width while the layer's outputs go."""
+        bias = None if name in ("addmm", "mm") else self._arg(node, 2, "bias")
+        return bias is None or self._owner(bias) == (layer, "bias")
 
     def _weight_normed(self, w: Any) -> tuple[str, Any] | None:
         """(path, layer) of a weight-normalised layer (``parametrizations.weight``: the weight is
