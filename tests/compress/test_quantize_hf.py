@@ -102,3 +102,16 @@ def test_a_trace_failure_names_the_type_without_its_values():
         "tuple/list/dict of tensors)"
     )
     assert without_values("shape mismatch: tensor([1, 2]) vs 3") == "shape mismatch:"
+
+
+def test_a_weight_normed_conv_is_one_float_layer_named_as_a_conv():
+    """wav2vec2 / HuBERT's positional conv is weight-normed: dynamic int8's 'stayed float' listed its
+    ``parametrizations.weight`` ('ParametrizationList has no dynamic int8 kernel') as a second layer and the
+    conv as 'ParametrizedConv1d has no dynamic int8 kernel' instead of the conv reason."""
+    pytest.importorskip("transformers")
+    from tests.compat import prune_families as F
+
+    res = ptopt.quantize(F.wav2vec2(), "dynamic", input_shapes=("input_values=1x1600",), progress=False)
+    floats = res.metrics.get("float_layers") or res.extra["float_layers"]
+    assert not [n for n in floats if ".parametrizations." in n], floats
+    assert floats["wav2vec2.encoder.pos_conv_embed.conv"].startswith("convolutions are never dynamically")

@@ -137,18 +137,20 @@ def raw_embeddings(model: Any, config: DynamicQuantConfig, example: Any) -> list
 
 
 def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> dict[str, str]:
-    """``{name: reason}`` for each layer with weights that stayed float."""
+    """``{name: reason}`` for each layer with weights that stayed float (a weight-normed layer is one:
+    its ``parametrizations`` hold its weight, and its kind is the class it had before, a Conv1d)."""
+    from torch.nn.utils.parametrize import type_before_parametrizations
+
     from ptopt.compress.quantize import engine_fx as engine
+    from ptopt.compress.quantize.measure import weight_layers
 
     excluded = tuple(config.float_modules)
     out: dict[str, str] = {}
-    for name, m in original.named_modules():
-        if not name or not any(True for _ in m.parameters(recurse=False)):
-            continue
+    for name, (m, _) in weight_layers(original).items():
         q = converted.get_submodule(name)
         if engine.is_quantized_module(q):
             continue
-        kind = type(m).__name__
+        kind = type_before_parametrizations(m).__name__
         if any(name == e or name.startswith(e + ".") for e in excluded):
             out[name] = "excluded (--exclude / float_modules)"
         elif kind == "Conv1D":
