@@ -227,10 +227,35 @@ def test_a_second_interrupt_during_the_drain_still_stops_the_local_instance(monk
     monkeypatch.setattr(ray, "shutdown", lambda: done.append("ray.shutdown"))
     monkeypatch.setattr(ray_server, "session_processes", lambda temp_dir: [])
     monkeypatch.setattr(ray_server, "_kill_proxy", lambda pids: done.append("proxy killed"))
-    monkeypatch.setattr(ray_server, "end_processes", lambda pids: done.append("processes ended"))
+    monkeypatch.setattr(
+        ray_server, "end_processes", lambda pids, grace_s: done.append(f"ended ({grace_s} s)")
+    )
     server.stop()
-    assert done == ["proxy killed", "ray.shutdown", "processes ended"], done
+    assert done == ["proxy killed", "ray.shutdown", f"ended ({ray_server.KILL_GRACE_S} s)"], done
     assert not server._serving and not server._started_ray
+
+
+def test_an_interrupt_that_cuts_rays_shutdown_short_kills_without_the_long_grace(monkeypatch, tmp_path):
+    """A second Ctrl-C / SIGTERM inside ``ray.shutdown``: the instance's processes were then sent SIGTERM and
+    given 10 s before SIGKILL, which the GCS and the raylet used (a hurried stop took 11.7 s, a plain one
+    2.3 s). The user asked for it to end now: 2 s."""
+    import ray
+
+    from ptopt.serve import ray_server
+
+    graces: list[float] = []
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "shutdown", interrupted)
+    monkeypatch.setattr(ray_server, "session_processes", lambda temp_dir: [])
+    monkeypatch.setattr(ray_server, "_kill_proxy", lambda pids: None)
+    monkeypatch.setattr(ray_server, "end_processes", lambda pids, grace_s: graces.append(grace_s))
+    server = _stopping_server(tmp_path, _serving=False)
+    server.stop()
+    assert graces == [ray_server.HURRIED_GRACE_S] and ray_server.HURRIED_GRACE_S < ray_server.KILL_GRACE_S
 
 
 def test_a_drain_word_left_on_a_cluster_does_not_refuse_a_new_application(monkeypatch):
@@ -420,7 +445,7 @@ def test_an_interrupt_during_the_teardown_still_kills_the_local_instance(monkeyp
         done.append("ray.shutdown")
         raise KeyboardInterrupt
 
-    def end_processes(pids):
+    def end_processes(pids, grace_s):
         try:
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C again, during the grace period
             for _ in range(1000):
