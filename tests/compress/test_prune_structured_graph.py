@@ -190,7 +190,8 @@ def test_cli_bert_structured(cli, tmp_path):
     assert "64 → 45" in out and "32 → 24" in out and "parameters:" in out
     loaded = torch.jit.load(str(tmp_path / "b.pt"))
     x = G.token_batch()
-    assert loaded(x["input_ids"])["logits"].shape == (3, 3)  # the spec from its config: input_ids
+    # the spec from its config: input_ids and the padding mask its forward takes
+    assert loaded(x["input_ids"], x["attention_mask"])["logits"].shape == (3, 3)
 
 
 # -- refused: one line, exit 2 ------------------------------------------------------------------------
