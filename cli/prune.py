@@ -150,6 +150,12 @@ def _print_report(art, method: str) -> None:
         click.echo(f"vs unpruned: {describe(m['vs_source'])}")
     elif any("output is narrower" in n for n in extra.get("notes") or []):
         click.echo("vs unpruned: not compared: the output is narrower (--no-prune-hidden keeps its width)")
+    if extra.get("checked_vs_masked") is False:
+        click.echo(
+            "note:       the pruned model is not checked against the unpruned one with the removed channels "
+            "zeroed: a norm over pruned channels that is no plain LayerNorm / RMSNorm (a channels-first LayerNorm, "
+            "a GroupNorm) makes the two differ by design; 'vs unpruned' is what pruning cost"
+        )
     if extra.get("note"):
         click.echo(f"note:       {extra['note']}")
     click.echo(

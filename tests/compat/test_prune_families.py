@@ -172,6 +172,20 @@ def test_cli_albert_into_a_folder_prunes_its_shared_ffn(cli, tmp_path):
     assert "128 → 90" in out
 
 
+@pytest.mark.parametrize("family,checked", [("wav2vec2", False), ("distilbert", True)])
+def test_cli_says_when_the_pruned_model_was_not_checked(cli, tmp_path, family, checked):
+    """wav2vec2's feature stream has GroupNorms over pruned channels (ConvNeXtV2's and HuBERT's alike): the
+    check against the masked model is skipped by design, which only the sidecar said."""
+    _needs("transformers")
+    code, out, err = cli("prune", f"tests.compat.prune_families:{family}", "--method", "structured",
+                         "--amount", "0.3", "-o", tmp_path / "p.pt")  # fmt: skip
+    assert code == 0, err
+    side = json.loads((tmp_path / "p.pt.ptopt.json").read_text())
+    assert side["extra"]["checked_vs_masked"] is checked
+    said = "the pruned model is not checked against the unpruned one" in " ".join(out.split())
+    assert said is not checked, out
+
+
 def test_modernbert_into_a_folder_says_its_gated_ffn_width(tmp_path):
     """ModernBERT's ``Wi`` makes the FFN input and its gate (2 x intermediate_size, chunked): the config's
     width is half the layer's. It was named a layer whose size the config cannot say, and the folder
