@@ -201,9 +201,14 @@ def _export_dynamo(
             )
     except Exception as e:  # noqa: BLE001 - exporter errors come in many types
         op = failing_op(e, ep)
+        older = (
+            ""
+            if style == "keyword"
+            else f"--opset {TORCHSCRIPT_EXPORTER_OPSET} (torch's TorchScript exporter), "
+        )
         raise UnsupportedModelError(
             f"the ONNX exporter cannot translate {op or 'the model'}: {_summary(e)}. Rewrite that part with "
-            f"ops ONNX supports, or export with --target torchscript or --target exported_program"
+            f"ops ONNX supports, or export with {older}--target torchscript or --target exported_program"
         ) from None
     return f"torch.onnx (dynamo=True), torch {torch.__version__}"
 
@@ -219,9 +224,13 @@ def _way_out(scripted: bool, old_opset: bool) -> str:
 
 
 def _summary(e: BaseException) -> str:
-    text = str(e)
-    m = re.search(r"DispatchError'>: (.*)", text)
-    return first_lines(m.group(1) if m else text, 1)
+    """The exporter's own cause (its 'Exception summary': 'Cannot view a tensor with shape ...'), not its
+    step banner ('Failed to decompose the FX graph ... This is step 2/3 ... Next steps:'), colours removed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    m = re.search(r"## Exception summary\s*<class '[^']*'>: (.*)", text) or re.search(
+        r"DispatchError'>: (.*)", text
+    )
+    return first_lines(m.group(1) if m else text, 1).rstrip(".!")
 
 
 def torchscript_exporter(
