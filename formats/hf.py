@@ -38,7 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.errors import ModelLoadError
-from ptopt.core.hf import TOKENIZER_FILES, has_tokenizer, is_hf_dir, load_causal_lm
+from ptopt.core.hf import (
+    TOKENIZER_FILES,
+    has_tokenizer,
+    is_hf_dir,
+    load_causal_lm,
+    load_hf_module,
+    names_causal_lm,
+)
 from ptopt.formats.base import Format, loaded_model
 from ptopt.formats.runner import TorchModuleRunner
 
@@ -67,11 +74,26 @@ class HFModel(Format):
         return is_hf_dir(path) and not (path / QUANT_FILE).is_file()
 
     def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
+        if art is not None and not _config_names_causal_lm(path):
+            # a folder ptopt wrote of an encoder, a classifier, a vision or audio model (``prune -o DIR``):
+            # its module, as ``hf:DIR`` of the source loads it, with the sidecar's inputs
+            module = load_hf_module(path, allow_pickle)
+            return loaded_model(path, "eager", module, path, art, info={"hf_model": str(path)})
         module = load_causal_lm(path, allow_pickle)
         return loaded_model(path, self.name, module, path, art, info={"hf_dir": str(path)})
 
     def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
         return TorchModuleRunner.from_loaded(name, loaded, "torch eager")
+
+
+def _config_names_causal_lm(path: Path) -> bool:
+    """The folder's config.json names a causal language model (``core.hf.names_causal_lm``); True when it
+    cannot be read (the language-model loader says what is wrong)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True
+    return not isinstance(config, dict) or names_causal_lm(config)
 
 
 class HFWeightOnly(HFModel):

@@ -186,6 +186,25 @@ def test_cli_says_when_the_pruned_model_was_not_checked(cli, tmp_path, family, c
     assert said is not checked, out
 
 
+def test_a_pruned_classifier_folder_loads_and_validates(cli, tmp_path):
+    """A folder ptopt wrote of a classifier (prune -o DIR) has a sidecar, which routed it to the language-model
+    loader: inspect / validate of it were exit 2, 'has no causal language model head ... hf:DIR loads causal
+    language models', though hf:DIR of its source loads. It loads as its module, with the sidecar's inputs."""
+    _needs("transformers")
+    ids = torch.randint(3, 100, (16, 12), generator=torch.Generator().manual_seed(0))
+    torch.save({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, tmp_path / "ids.pt")
+    code, _, err = cli("prune", "tests.compat.prune_families:albert", "--method", "structured", "--amount", "0.3",
+                       "--eval-data", tmp_path / "ids.pt", "-o", tmp_path / "p")  # fmt: skip
+    assert code == 0, err
+    code, out, err = cli("inspect", tmp_path / "p")
+    assert code == 0, err
+    assert "AlbertForSequenceClassification" in out or "input_ids" in out
+    code, out, err = cli("validate", "tests.compat.prune_families:albert", tmp_path / "p", "--data",
+                         tmp_path / "ids.pt", "--batch-sizes", "1",
+                         "--min-iters", "3", "--min-seconds", "0.01", "--rounds", "1")  # fmt: skip
+    assert code == 0, err
+
+
 def test_modernbert_into_a_folder_says_its_gated_ffn_width(tmp_path):
     """ModernBERT's ``Wi`` makes the FFN input and its gate (2 x intermediate_size, chunked): the config's
     width is half the layer's. It was named a layer whose size the config cannot say, and the folder
