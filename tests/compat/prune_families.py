@@ -154,6 +154,22 @@ def modernbert() -> nn.Module:
     )
 
 
+def dinov2() -> nn.Module:
+    """DINOv2: its config says the FFN width only as ``mlp_ratio`` (no per-layer width), its head size as
+    ``head_dim``."""
+    return _hf(
+        "Dinov2Config",
+        "Dinov2ForImageClassification",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        mlp_ratio=2,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+    )
+
+
 def vit_hf() -> nn.Module:
     """A Hugging Face ViT image classifier (``pixel_values``; not in ``FAMILIES``: for ``inspect``)."""
     return _hf(

@@ -205,6 +205,24 @@ def test_a_pruned_classifier_folder_loads_and_validates(cli, tmp_path):
     assert code == 0, err
 
 
+def test_dinov2_into_a_folder_loses_heads_its_config_can_say(tmp_path):
+    """DINOv2's config cannot say a narrower FFN (``mlp_ratio``) but can say fewer heads (``head_dim``): the
+    FFN's mismatch was blamed on the heads ('Dinov2Config cannot describe fewer heads (...mlp.fc1.weight
+    is [90, 64]...)'), both were kept and the folder refused. The FFN is kept, the heads go."""
+    _needs("transformers")
+    from transformers import Dinov2ForImageClassification
+
+    import ptopt
+
+    res = ptopt.prune(F.dinov2(), "structured", 0.3, input_shapes=("pixel_values=1x3x32x32",),
+                      output=tmp_path / "d")  # fmt: skip
+    back = Dinov2ForImageClassification.from_pretrained(tmp_path / "d").eval()
+    assert back.config.num_attention_heads == 3 and back.dinov2.encoder.layer[0].mlp.fc1.out_features == 128
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x).logits, res.model(x).logits)
+
+
 def test_modernbert_into_a_folder_says_its_gated_ffn_width(tmp_path):
     """ModernBERT's ``Wi`` makes the FFN input and its gate (2 x intermediate_size, chunked): the config's
     width is half the layer's. It was named a layer whose size the config cannot say, and the folder

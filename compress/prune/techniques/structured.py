@@ -408,8 +408,10 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
               for n, (b, a) in sizes.items() if b != a and L.kind(model.get_submodule(n)) == "embedding"}  # fmt: skip
     if tables:
         raise _KeepLayers(tables)
-    if any(a != b for _, _, a, b in splits):
-        raise _KeepWhole("*", f"{type(model.config).__name__} cannot describe fewer heads ({blockers[0]})")
+    cut = tuple(path + "." for path, _, a, b in splits if a != b)
+    why = next((b for b in blockers if b.startswith(cut) or not b.split(" ", 1)[0].count(".")), None)
+    if cut and why is not None:  # a tensor of an attention that lost heads, or a config it cannot build
+        raise _KeepWhole("*", f"{type(model.config).__name__} cannot describe fewer heads ({why})")
     changed = {layer for layer, (b, a) in sizes.items() if b != a}
     layers = {
         layer: f"{type(model.config).__name__} cannot say {layer}'s new size (the output is a Hugging Face folder)"
