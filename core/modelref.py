@@ -523,8 +523,8 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
         f"{n}: {format_shape(t.shape)} {str(t.dtype).replace('torch.', '')}" for n, t in flatten_inputs(x)
     )
     module = loaded.require_module("running a batch")
-    try:
-        with torch.inference_mode():
+    try:  # not inference_mode: a lazy layer or cache built on this first call must stay a plain tensor
+        with torch.no_grad():
             return call_model(module, bind_inputs(x, loaded.input_specs, loaded.input_style))
     except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

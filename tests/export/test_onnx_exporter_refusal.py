@@ -77,3 +77,28 @@ def test_cli_refusal_and_its_way_out(failing_decomposition, cli, tmp_path):
     )
     assert code == 0, err
     assert (tmp_path / "m.onnx").exists()
+
+
+def lazy_cnn() -> torch.nn.Module:
+    """A factory's model whose last layer takes its size on the first call (``nn.LazyLinear``)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.LazyLinear(2)
+    )
+
+
+def test_a_layer_built_on_the_first_call_exports(cli, tmp_path):
+    """The first batch ran under inference_mode, so a lazy layer's weight became an inference tensor and
+    torch.export refused it: 'Inference tensors cannot be saved for backward' (exit 2)."""
+    code, out, err = cli(
+        "export",
+        f"{MODEL[: MODEL.index(':')]}:lazy_cnn",
+        "--target",
+        "onnx",
+        "--input-shape",
+        "1x3x8x8",
+        "-o",
+        tmp_path / "l.onnx",
+    )
+    assert code == 0, err
+    assert "cosine 1.000000" in out
