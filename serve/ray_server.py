@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +45,12 @@ from ptopt.serve.ray_config import (
 LOOPBACK = "127.0.0.1"
 #: seconds a local instance's processes get between SIGTERM and SIGKILL once Ray's own shutdown ran
 KILL_GRACE_S = 10.0
+#: the names (``/proc/PID/comm``) of a local instance's own core processes
+_CORE_PROCESSES = ("gcs_server", "raylet")
+_GCS_LOST = (
+    "ptopt serve: the local Ray instance is going down with this process (the signal reached its whole "
+    "process group): no drain, the requests in flight are cut; stopping the rest"
+)
 #: the same when a second Ctrl-C / SIGTERM cut Ray's shutdown short: the GCS and the raylet take SIGTERM as
 #: the start of their own graceful shutdown (over 2 s here: the stop took 11.7 s, not 2.3 s); the user asked
 #: for it to end now
@@ -92,6 +99,9 @@ class RayServer:
     127.0.0.1 (a free one when None; joining a cluster where Serve runs already, its port).
     ``address``: a running cluster (``ray://`` or ``host:port``) instead of a local instance.
     """
+
+    #: set by ``stop`` to end a drain it stopped waiting for (its thread's loop)
+    _drain_cancel: threading.Event | None = None
 
     def __init__(
         self,
@@ -433,11 +443,8 @@ class RayServer:
         if ray.is_initialized():
             if self._owns_app:  # never a cluster's application this server refused to replace
                 if self._serving:  # a failed start has no client to drain (and no ingress to answer)
-                    # a second Ctrl-C / SIGTERM during the wait (up to DRAIN_TIMEOUT_S) cuts the drain
-                    # short, never the rest of the stop (it left the local Ray instance running)
-                    with contextlib.suppress(Exception, KeyboardInterrupt):  # noqa: BLE001 - stopping anyway
-                        self.drain()
-                    self._serving = False
+                    self._drain_while_gcs_lives()
+                self._serving = False
                 if self.address is not None:  # a cluster keeps running: only this application goes
                     self._delete_app()
                 # a local instance goes down whole (below): deleting the application first only
@@ -447,6 +454,38 @@ class RayServer:
             if self._started_ray:
                 _kill_proxy(self._session)
             ray.shutdown()
+
+    def _drain_while_gcs_lives(self) -> None:
+        """:meth:`drain`, in a thread the stop waits for. A second Ctrl-C / SIGTERM during the wait (up to
+        DRAIN_TIMEOUT_S) cuts it short, never the rest of the stop (it left the local Ray instance running);
+        so does a local instance's GCS dying meanwhile (:meth:`_gcs_lost`): the drain's next call to it
+        would wait 60 s, and Ray end this process."""
+        done, self._drain_cancel = threading.Event(), threading.Event()
+
+        def run() -> None:
+            with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
+                self.drain()
+            done.set()
+
+        threading.Thread(target=run, name="ptopt-drain", daemon=True).start()
+        try:
+            while not done.wait(0.1):
+                if self._gcs_lost():
+                    print(_GCS_LOST, file=sys.stderr)
+                    break
+        except KeyboardInterrupt:
+            pass
+        self._drain_cancel.set()
+
+    def _gcs_lost(self) -> bool:
+        """A local instance whose GCS or raylet process is gone: a signal to the whole process group
+        (``timeout``, systemd's control-group kill, ``kill -- -PGID``) reached them with this process (the
+        raylet exits at once; the GCS lingers, answering nothing). Every call to the GCS (the drain's) would
+        wait 60 s before Ray ended this process (exit 1, the instance's folder left behind)."""
+        core = [
+            p for p in self._session if _comm(p) in _CORE_PROCESSES
+        ]  # a zombie keeps its name, not its cmdline
+        return bool(self._started_ray and core and not all(alive(p) for p in core))
 
     def _delete_app(self) -> None:
         """A cluster's Serve: delete this application, then its drain keys. A failure is one line on stderr
@@ -507,7 +546,7 @@ class RayServer:
         deadline = time.monotonic() + timeout_s
         seen: dict[bytes, tuple[bytes | None, float]] = {}  # each replica's key: its value, since when
         said = 0.0, 0  # when the token was last written, how many times
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (self._drain_cancel and self._drain_cancel.is_set()):
             now = time.monotonic()
             if now - said[0] >= DRAIN_REFRESH_S:
                 said = now, said[1] + 1
@@ -635,6 +674,15 @@ def session_processes(temp_dir: str) -> list[int]:
             found.add(pid)
             todo.extend(children.get(pid, []))
     return sorted(found)
+
+
+def _comm(pid: int) -> str:
+    """The process's name (``/proc/PID/comm``: a zombie's too), or ""."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 def alive(pid: int) -> bool:

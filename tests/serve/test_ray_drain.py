@@ -559,3 +559,45 @@ def test_packaging_the_artifacts_is_a_named_step(serve_artifacts, monkeypatch):
     with progress.reporting(lambda line: None), pytest.raises(KeyboardInterrupt):
         RayServer([str(serve_artifacts["fp32"])])
     assert seen == [["packaging 1 artifact(s) for Ray Serve"]], seen
+
+
+def test_a_signal_to_the_whole_process_group_stops_without_waiting_for_the_dead_gcs(
+    monkeypatch, tmp_path, capsys
+):
+    """SIGTERM to the process group (``timeout``, systemd's control-group kill, ``kill -- -PGID``) reaches the
+    local instance's raylet and GCS with the CLI: the raylet exits, the GCS lingers answering nothing, and the
+    drain's first call to it waited 60 s until Ray ended the process (exit 1, "Failed to connect to GCS
+    within 60 seconds", the instance's folder left). The stop sees a core process gone (by its name: a
+    zombie keeps no command line) and goes on without the drain."""
+    import subprocess
+    import sys
+    import time
+
+    from ptopt.serve import ray_server
+
+    raylet = subprocess.Popen([sys.executable, "-c", "pass"])  # exits, unreaped: a zombie, as the raylet is
+    gcs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for _ in range(200):
+            if not ray_server.alive(raylet.pid):
+                break
+            time.sleep(0.05)
+        monkeypatch.setattr(ray_server, "_CORE_PROCESSES", (ray_server._comm(gcs.pid),))
+        hung = threading.Event()
+
+        def drain(timeout_s=0.0):  # the drain's call to the GCS that never answers
+            hung.wait(30)
+
+        server = _stopping_server(tmp_path, _session=[gcs.pid, raylet.pid])
+        monkeypatch.setattr(server, "drain", drain, raising=False)
+        server._drain_while_gcs_lives()
+        assert not hung.is_set()  # it returned while the drain still waited for the GCS
+        assert "going down with this process" in capsys.readouterr().err
+        assert server._drain_cancel.is_set()
+        hung.set()
+        # every core process alive: the drain is waited for
+        assert not _stopping_server(tmp_path, _session=[gcs.pid])._gcs_lost()
+    finally:
+        gcs.kill()
+        gcs.wait()
+        raylet.wait()
