@@ -82,7 +82,9 @@ def test_dynamic_int8_of_a_causal_lm_folder_quantizes_its_linear_layers(cli, lla
     extra = json.loads((tmp_path / "llama.int8.pt.ptopt.json").read_text())["extra"]
     assert "model.layers.1.mlp.down_proj" in extra["dynamic"]["quantized_layers"]
     assert "lm_head" in extra["dynamic"]["quantized_layers"]
-    assert torch.jit.load(str(out))(input_ids=torch.randint(0, 128, (2, 128))).shape == (2, 128, 128)
+    # the implied inputs: token ids and the padding mask, any length up to 128
+    ids, mask = torch.randint(0, 128, (2, 40)), torch.ones(2, 40, dtype=torch.long)
+    assert torch.jit.load(str(out))(input_ids=ids, attention_mask=mask).shape == (2, 40, 128)
     model = load_causal_lm(llama_dir)
     res = ptopt.quantize(model, "dynamic", exclude=["model.layers.0.mlp.down_proj"])
     assert "model.layers.0.mlp.down_proj" in res.extra["float_layers"]
