@@ -214,21 +214,23 @@ def is_lm_folder(path: str | os.PathLike) -> bool:
     """Whether ``hf:DIR`` (or the folder itself) is read as a causal language model, from config.json
     alone: a decoder (``is_decoder``), an ``architectures`` entry transformers maps to a causal LM, or a
     decoder-only family's base model (GPT-2's, whose causal head is its tied embeddings). An encoder, a
-    classifier, a sequence-to-sequence or vision model is not: :func:`load_hf_module` loads it. Folders
-    ptopt wrote (a sidecar or ``quantization.json`` beside them), folders with no readable config and
-    model types transformers does not know stay with the language-model loader, which says what is wrong.
-    """
+    classifier, a sequence-to-sequence or vision model is not: :func:`load_hf_module` loads it (a folder
+    ptopt wrote of one too: ``prune -o DIR``). A weight-only folder (``quantization.json``), a folder with
+    no readable config and a model type transformers does not know stay with the language-model loader,
+    which says what is wrong."""
+    p = Path(path)
+    if not is_hf_dir(p) or (p / "quantization.json").is_file():
+        return True
+    return config_names_causal_lm(p)
+
+
+def config_names_causal_lm(path: str | os.PathLike) -> bool:
+    """:func:`names_causal_lm` of the folder's config.json; True when it cannot be read (the language-model
+    loader says what is wrong)."""
     import json
 
-    p = Path(path)
-    if (
-        not is_hf_dir(p)
-        or (p / "quantization.json").is_file()
-        or p.with_name(f"{p.name}.ptopt.json").exists()
-    ):
-        return True
     try:
-        config = json.loads((p / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return True
     return not isinstance(config, dict) or names_causal_lm(config)

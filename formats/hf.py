@@ -40,11 +40,11 @@ from typing import Any
 from ptopt.core.errors import ModelLoadError
 from ptopt.core.hf import (
     TOKENIZER_FILES,
+    config_names_causal_lm,
     has_tokenizer,
     is_hf_dir,
     load_causal_lm,
     load_hf_module,
-    names_causal_lm,
 )
 from ptopt.formats.base import Format, loaded_model
 from ptopt.formats.runner import TorchModuleRunner
@@ -74,7 +74,7 @@ class HFModel(Format):
         return is_hf_dir(path) and not (path / QUANT_FILE).is_file()
 
     def load(self, path: Path, art: Any, allow_pickle: bool) -> Any:
-        if art is not None and not _config_names_causal_lm(path):
+        if art is not None and not config_names_causal_lm(path):
             # a folder ptopt wrote of an encoder, a classifier, a vision or audio model (``prune -o DIR``):
             # its module, as ``hf:DIR`` of the source loads it, with the sidecar's inputs
             module = load_hf_module(path, allow_pickle)
@@ -84,16 +84,6 @@ class HFModel(Format):
 
     def runner(self, name: str, loaded: Any, **kw: Any) -> Any:
         return TorchModuleRunner.from_loaded(name, loaded, "torch eager")
-
-
-def _config_names_causal_lm(path: Path) -> bool:
-    """The folder's config.json names a causal language model (``core.hf.names_causal_lm``); True when it
-    cannot be read (the language-model loader says what is wrong)."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return True
-    return not isinstance(config, dict) or names_causal_lm(config)
 
 
 class HFWeightOnly(HFModel):
