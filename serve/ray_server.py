@@ -463,9 +463,12 @@ class RayServer:
         done, self._drain_cancel = threading.Event(), threading.Event()
 
         def run() -> None:
-            with contextlib.suppress(Exception):  # noqa: BLE001 - stopping anyway
+            try:
                 self.drain()
-            done.set()
+            except BaseException:  # noqa: BLE001 - stopping anyway, whatever ended the drain
+                pass
+            finally:
+                done.set()
 
         threading.Thread(target=run, name="ptopt-drain", daemon=True).start()
         try:
