@@ -249,6 +249,9 @@ def float_tensors(model: Any) -> dict[str, dict[str, Any]]:
     listed. Called after quantization: a quantized weight is a torchao tensor, not a float one."""
     import torch
 
+    from ptopt.core.lm import expert_tensors
+
+    experts = expert_tensors(model)  # one reading of what a fused expert tensor is (not a ViT's class token)
     linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
     out: dict[str, dict[str, Any]] = {}
     for owner_name, owner in model.named_modules():
@@ -262,7 +265,7 @@ def float_tensors(model: Any) -> dict[str, dict[str, Any]]:
                 why = (
                     "token embedding (not tied to a Linear): weight-only quantization takes nn.Linear layers"
                 )
-            elif p.dim() == 3:
+            elif name in experts:
                 why = FUSED_EXPERTS
             else:
                 why = f"a {p.dim()}-D Parameter of a {type(owner).__name__}, not an nn.Linear layer"

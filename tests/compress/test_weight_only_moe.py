@@ -71,3 +71,21 @@ def test_inspect_lists_the_experts_and_what_acts_on_them(cli, tmp_path):
     assert experts["techniques"] == ["weight-only (openvino)"] and "leave them float" in experts["notes"][0]
     code, out, err = cli("inspect", f"hf:{folder}")
     assert code == 0 and "MixtralExperts" in out, err
+
+
+def test_a_class_token_left_float_is_not_called_an_expert_tensor():
+    """``float_tensors`` and prune's expert count read fused experts one way (``core.lm.expert_tensors``): a
+    ViT's ``[1, 1, D]`` class token, 3-D like an expert tensor, was named "fused expert weights"."""
+    import torch
+
+    from ptopt.compress.quantize.weight_only import FUSED_EXPERTS, float_tensors
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, 8))
+            self.gate_up_proj = torch.nn.Parameter(torch.zeros(4, 8, 16))
+
+    found = float_tensors(Holder())
+    assert found["gate_up_proj"]["why"] == FUSED_EXPERTS
+    assert found["cls_token"]["why"] != FUSED_EXPERTS and "3-D Parameter" in found["cls_token"]["why"]
