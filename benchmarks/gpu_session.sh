@@ -10,7 +10,12 @@
 # $OUT receives few files (a device machine may bring back only a handful): setup.txt, probe.txt, pytest.txt,
 # bench.txt, gpu.md, gpu.json and logs.tar.gz (the searches' logs and reports). Wheels the machine lacks may
 # sit in .whl/: installed with --no-deps into /tmp/site, put on PYTHONPATH. DEADLINE (seconds, default 440)
-# bounds the run; each step has its own timeout inside it.
+# bounds the run; each step has its own timeout inside it. PROBE=0 skips the loader probe.
+#
+# CPU2=FILE also times the CPU test suite's node ids listed in FILE (one per line: benchmarks/select_ids.py) on 2 CPUs of the machine's
+# host (taskset -c 0,1, 2 xdist workers, cold Inductor / ptopt caches, as .ci/run's suite), while the GPU steps
+# run on the other CPUs: the same list timed on the development machine under the same torch gives the ratio of
+# the two CPUs for that work (docs/benchmarks.md, "the suite on other CPUs"). Writes cpu2.txt and cpu2.xml.
 set -u
 REPO=$(pwd)
 OUT=${OUT:-$REPO/gpu-out}
@@ -25,7 +30,7 @@ export CXX=${PTOPT_GPU_CXX:-g++} CC=${PTOPT_GPU_CC:-gcc}
 finish() {
     tar czf "$OUT/logs.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d *.log opt-*/report.json opt-*/summary.md 2>/dev/null) 2>/dev/null
     echo "== elapsed ${SECONDS} s"
-    for f in probe pytest bench; do [ -e "$OUT/$f.txt" ] && { echo "== $f (tail)"; tail -n 25 "$OUT/$f.txt"; }; done
+    for f in probe pytest bench cpu2; do [ -e "$OUT/$f.txt" ] && { echo "== $f (tail)"; tail -n 25 "$OUT/$f.txt"; }; done
     [ -e "$OUT/gpu.md" ] && { echo "== gpu.md"; cat "$OUT/gpu.md"; }
 }
 trap finish EXIT
@@ -36,14 +41,34 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >>"$SETUP" 2>&1 &&
         export PYTHONPATH=/tmp/site
 fi
-python3 -m pip install -q --no-deps --no-build-isolation ./ >>"$SETUP" 2>&1 || { tail "$SETUP"; exit 1; }
+# editable, as .ci/run installs it: the CPU tests run from the checkout, whose ptopt/ folder then does not
+# shadow the package's stages
+python3 -m pip install -q --no-deps --no-build-isolation -e ./ >>"$SETUP" 2>&1 ||
+    python3 -m pip install -q --no-deps --no-build-isolation ./ >>"$SETUP" 2>&1 || { tail "$SETUP"; exit 1; }
 echo "setup done at ${SECONDS} s" >>"$SETUP"
+PIN=""
+if [ -n "${CPU2:-}" ]; then
+    PIN="taskset -c 2-$(($(nproc) - 1))"
+    {
+        lscpu
+        grep . /sys/devices/system/cpu/cpu[01]/topology/thread_siblings_list
+        START=$(date +%s.%N)
+        PTOPT_SELECT_IDS=$(realpath "$CPU2") PYTHONPATH="$REPO/benchmarks:${PYTHONPATH:-}" TMPDIR=$(mktemp -d) \
+            TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) PTOPT_CACHE_DIR=$(mktemp -d) timeout $((DEADLINE - 30)) \
+            taskset -c 0,1 python3 -m pytest -v -n 2 --dist loadfile -p no:cacheprovider -p select_ids \
+            --junitxml="$OUT/cpu2.xml" $(cut -d: -f1 "$CPU2" | sort -u)
+        echo "cpu2 exit $? wall $(python3 -c "import time; print(round(time.time() - $START, 2))") s"
+    } >"$OUT/cpu2.txt" 2>&1 &
+    CPU2_PID=$!
+fi
 # outside the checkout: its ptopt/ folder would shadow the installed package
 cd /tmp || exit 1
-timeout 240 python3 "$REPO/benchmarks/probe_aoti_load.py" --cuda >"$OUT/probe.txt" 2>&1 &
-PROBE=$!
+if [ "${PROBE:-1}" = 1 ]; then
+    timeout 240 $PIN python3 "$REPO/benchmarks/probe_aoti_load.py" --cuda >"$OUT/probe.txt" 2>&1 &
+    PROBE_PID=$!
+fi
 LEFT=$((DEADLINE - SECONDS - 10))
-timeout "$LEFT" python3 "$REPO/benchmarks/bench_gpu.py" --work "$WORK" --budget "${BUDGET:-270}" \
+timeout "$LEFT" $PIN python3 "$REPO/benchmarks/bench_gpu.py" --work "$WORK" --budget "${BUDGET:-270}" \
     --deadline $((LEFT - 10)) --seconds 0.3 >"$OUT/bench.txt" 2>&1 &
 BENCH=$!
 # the CUDA-marked tests, on pytest-xdist workers: a test that crashes its process (torch 2.11's AOTInductor
@@ -51,16 +76,19 @@ BENCH=$!
 rm -rf /tmp/gpu-tests && mkdir /tmp/gpu-tests && cp -r "$REPO/tests" "$REPO/pyproject.toml" /tmp/gpu-tests/
 XDIST=""
 python3 -c "import xdist" 2>/dev/null && XDIST="-n 4"
-(cd /tmp/gpu-tests && timeout 240 python3 -X faulthandler -m pytest $XDIST -p no:cacheprovider -W default -q -rs -m cuda \
+(cd /tmp/gpu-tests && timeout 240 $PIN python3 -X faulthandler -m pytest $XDIST -p no:cacheprovider -W default -q -rs -m cuda \
     ${PYTEST_K:+-k "$PYTEST_K"} tests/export/test_export_half.py tests/export/test_aoti_cuda.py \
     tests/validate/test_validate_device.py tests/compress/test_trainer_checkpoint.py tests/serve/test_handler_device.py \
     tests/core/test_device.py tests/optimize/test_optimize_cuda.py >"$OUT/pytest.txt" 2>&1)
 echo "pytest exit $? at ${SECONDS} s" >>"$OUT/pytest.txt"
-wait $PROBE
-echo "probe exit $? at ${SECONDS} s" >>"$OUT/probe.txt"
+if [ -n "${PROBE_PID:-}" ]; then
+    wait $PROBE_PID
+    echo "probe exit $? at ${SECONDS} s" >>"$OUT/probe.txt"
+fi
 wait $BENCH
 CODE=$?
 echo "bench exit $CODE at ${SECONDS} s" >>"$OUT/bench.txt"
+[ -n "${CPU2_PID:-}" ] && wait $CPU2_PID
 # only this run's results: the checkout's own are older ones
 [ "$CODE" = 0 ] && cp "$REPO"/benchmarks/results/gpu.md "$REPO"/benchmarks/results/gpu.json "$OUT/"
 exit 0
