@@ -118,13 +118,14 @@ def _refuse_quantized(loaded: Any, module: Any, for_what: str, role: str) -> Non
     raise UsageError(f"{role}{loaded.ref} is already {what}: {for_what} starts from the fp32 model{source}")
 
 
-def load_dataset(data: Any, what: str, *, finite: bool = True) -> Any:
-    """``data`` (a DATA reference or in-memory data) as a Dataset, or None; NaN/Inf refused."""
+def load_dataset(data: Any, what: str, *, finite: bool = True, model: Any = None) -> Any:
+    """``data`` (a DATA reference or in-memory data) as a Dataset, or None; NaN/Inf refused. ``model``:
+    the loaded model the data is for (a Hugging Face encoder reads a text file one sentence per line)."""
     if data is None:
         return None
     from ptopt.core.data import load_data
 
-    ds = load_data(data, name=f"in-memory {what} data")
+    ds = load_data(data, name=f"in-memory {what} data", model=model)
     if finite:
         ds.check_finite()
     return ds

@@ -375,16 +375,18 @@ MEMORY_FORMS = (
 DATA_FORMS = f"a DATA reference (file.pt, file.npz, builtin:digits, pkg.module:function), {MEMORY_FORMS}"
 
 
-def load_data(ref: Any, name: str | None = None) -> Dataset:
+def load_data(ref: Any, name: str | None = None, *, model: Any = None) -> Dataset:
     """A Dataset from a DATA reference or in-memory data (see the module docstring).
 
     ``name`` labels in-memory data in messages and sidecars (references are named by themselves).
+    ``model`` (the MODEL reference or the loaded model the data is for) lets a text file be read as one
+    sentence per line by a Hugging Face encoder's tokenizer (``ptopt.core.sentences``).
     Raises DataError for data that is empty or of a form ptopt does not read.
     """
     if isinstance(ref, Dataset):
         return ref
     if isinstance(ref, (str, os.PathLike)):
-        ds = _load_reference(ref)
+        ds = _load_reference(ref, model)
     else:
         ds = _from_memory(ref, name or f"in-memory {_kind(ref)}")
     if len(ds) == 0:
@@ -475,16 +477,25 @@ def refuse_missing_file(**refs: Any) -> None:
             raise DataError(f"{option_name(keyword)} {text!r}: {_NO_FILE}")
 
 
-def _load_reference(ref: str | os.PathLike) -> Dataset:
-    """A DATA reference: builtin:NAME, a .pt / .npz file, or pkg.module:function."""
+def _load_reference(ref: str | os.PathLike, model: Any = None) -> Dataset:
+    """A DATA reference: builtin:NAME, a .pt / .npz file, or pkg.module:function; a text file for a
+    Hugging Face encoder ``model``: one sentence per line."""
     from ptopt.core.text import is_text_ref
 
     text = str(ref)
     if is_text_ref(text):
+        from ptopt.core.sentences import read_sentences, sentence_folder
+
+        folder = sentence_folder(model) if model is not None and not text.startswith("builtin:") else None
+        if folder is not None:
+            x, name = read_sentences(text, folder, getattr(model, "module", None))
+            return Dataset(x, name=name)
         raise DataError(
             f"data {text!r} is text: a language model reads it through its tokenizer (quantize --mode "
-            "weight-only, validate's perplexity, distill); this step takes tensors: token ids in a .pt "
-            "(int64), or another DATA form (file.pt, file.npz, builtin:digits, pkg.module:function)"
+            "weight-only, validate's perplexity, distill), a Hugging Face encoder or classifier folder "
+            "(hf:DIR, with its tokenizer) one sentence per line; this step takes tensors for this model: "
+            "token ids in a .pt (int64), or another DATA form (file.pt, file.npz, builtin:digits, "
+            "pkg.module:function)"
         )
     if text.startswith("builtin:"):
         from ptopt.core.builtin_data import load_builtin

@@ -155,7 +155,33 @@ def token_ranges(module: Any, specs: list[InputSpec], style: str) -> list[InputS
             lo, hi = s.value_range
             s = dataclasses.replace(s, value_range=(min(int(lo), 0), max(int(hi), top)))
         out.append(s)
-    return out
+    return token_lengths(module, out)
+
+
+def token_lengths(module: Any, specs: list[InputSpec]) -> list[InputSpec]:
+    """``specs`` read from data, with the sequence length a Hugging Face token model takes rather than the
+    data's one length: from 1 to the longer of its implied inputs' (``hf_inputs``: up to 128 positions)
+    and the data's. A tokenizer pads a batch to its longest text, so requests come at every length; the
+    data's length stays the ``opt`` one. Every 2-D input of the data's length (ids, mask, token types)
+    changes together; nothing changes when the model implies no token inputs, when the data's ids are
+    not 2-D or another input shares that length in a higher dimension (embeddings given as inputs)."""
+    import dataclasses
+
+    implied = {s.name: s for s in hf_inputs(module)[0]}
+    ids = next((s for s in specs if s.name == "input_ids"), None)
+    hint = implied.get("input_ids")
+    if ids is None or hint is None or len(ids.max_shape) != 2 or ids.min_shape[1] != ids.max_shape[1]:
+        return list(specs)
+    length = ids.opt_shape[1]
+    if any(len(s.max_shape) > 2 and length in s.max_shape[1:] for s in specs):
+        return list(specs)
+    top = max(hint.max_shape[1], length)
+    return [
+        dataclasses.replace(s, min_shape=(s.min_shape[0], 1), max_shape=(s.max_shape[0], top))
+        if len(s.max_shape) == 2 and s.min_shape[1] == s.max_shape[1] == length
+        else s
+        for s in specs
+    ]
 
 
 def _positions(module: Any, config: Any) -> int:

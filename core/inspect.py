@@ -300,7 +300,7 @@ def inspect_model(
     if ds is not None:  # the model's own tokens, at any length: its implied inputs give way to them
         declared = []
     elif data is not None:
-        ds = load_data(data)
+        ds = load_data(data, model=loaded)
     report: dict[str, Any] = {"model": loaded.ref, "format": loaded.format, "size_bytes": loaded.size_bytes}
     if loaded.path is not None and loaded.path.exists():
         # ok / missing / stale (a sidecar whose sha256 does not match the file: ignored) + why

@@ -116,7 +116,7 @@ def export(
     calib, calib_ref = _calibration(data, config, source, want)
     specs, style = _input_specs(source, calib, input_shapes, input_specs, shapes)
     config = config.replace(calib_data=calib_ref)
-    validation = _validation(validation_data, config)
+    validation = _validation(validation_data, config, source.loaded)
     built = _build(source, config, specs, style, calib, external_data, allow_pickle, output, validation)
     result = Result(
         built.model, built.template(source, config, want), built.save_to, inputs_paths=(source.path,)
@@ -292,25 +292,26 @@ def _calibration(data: Any, config: ExportConfig, source: _Source, want: str) ->
             f"--precision int8 for --target {config.target} needs calibration data: pass --data CALIB "
             f"(e.g. builtin:digits32:train)"
         )
-    ds = _dataset(data) if data is not None else None
+    ds = _dataset(data, source.loaded) if data is not None else None
     return ds, (str(ref) if ref is not None else None)
 
 
-def _validation(data: Any, config: ExportConfig) -> Any:
+def _validation(data: Any, config: ExportConfig, loaded: Any = None) -> Any:
     """The Dataset ``--accuracy-control`` validates on (None: its calibration data)."""
     if data is not None and not config.accuracy_control:
         raise UsageError("--validation-data is what --accuracy-control validates on: add --accuracy-control")
-    return _dataset(data) if data is not None else None
+    return _dataset(data, loaded) if data is not None else None
 
 
-def _dataset(data: Any) -> Any:
-    """A DATA reference or in-memory data → a Dataset with finite values (NaN/inf is a DataError)."""
+def _dataset(data: Any, loaded: Any = None) -> Any:
+    """A DATA reference or in-memory data → a Dataset with finite values (NaN/inf is a DataError);
+    ``loaded``: the model it is for (a Hugging Face encoder reads text one sentence per line)."""
     import torch
 
     from ptopt.core.data import Dataset, from_batches, load_data
 
     if isinstance(data, (str, os.PathLike, Dataset)):
-        ds = load_data(data)
+        ds = load_data(data, model=loaded)
     elif isinstance(data, (torch.Tensor, dict, tuple)):
         ds = Dataset(data, name="data")
     else:

@@ -582,7 +582,7 @@ def _load(
     loaded.require_module("optimize")
     data = {}
     for key, value in (("calib", calib), ("eval", evald), ("train", train)):
-        data[key] = None if value is None else load_data(value)
+        data[key] = None if value is None else load_data(value, model=loaded)
         if data[key] is not None:
             data[key].check_finite()
     if settings.max_accuracy_drop is not None and not data["eval"].has_labels:

@@ -304,7 +304,7 @@ def _prepare(reference: Any, artifacts: Any, data: Any, asked: Validation, model
     refs += [("artifact", _model_ref(a), None) for a in _as_list(artifacts)]
     asked.reports.check()
     met = resolve_metric(settings.metric)
-    ds, data_name = _load_data(data)
+    ds, data_name = _load_data(data, reference)
     _lm.check_generic_data(reference, ds, data_name)
     if max_samples is not None:
         if max_samples < 1:
@@ -370,9 +370,10 @@ def _model_ref(obj: Any) -> Any:
     return LoadedModel(name, fmt, obj.model, input_specs=list(t.inputs), input_style=t.input_style, info=info)
 
 
-def _load_data(data: Any) -> tuple[Dataset, str]:
-    """A DATA reference or in-memory data as a Dataset, and the name reports give it."""
-    ds = load_data(data)
+def _load_data(data: Any, reference: Any = None) -> tuple[Dataset, str]:
+    """A DATA reference or in-memory data as a Dataset, and the name reports give it (a text file is one
+    sentence per line for a Hugging Face encoder ``reference``: ``ptopt.core.sentences``)."""
+    ds = load_data(data, model=reference if isinstance(reference, (str, os.PathLike)) else None)
     return ds, str(data) if isinstance(data, (str, os.PathLike)) else ds.name
 
 

@@ -147,13 +147,18 @@ def is_lm_data(data: Any) -> bool:
 
 
 def refuse_text_data(reference: Any, data: Any) -> None:
-    """UsageError for text data with a REFERENCE that is no causal language model."""
+    """UsageError for text data with a REFERENCE that is neither a causal language model nor a Hugging
+    Face encoder's folder (which reads it one sentence per line: ``ptopt.core.sentences``)."""
+    from ptopt.core.sentences import sentence_folder
     from ptopt.core.text import is_text_ref
 
-    if not is_lm_model(reference) and is_text_ref(data):
+    if not is_text_ref(data) or is_lm_model(reference):
+        return
+    if str(data).startswith("builtin:") or sentence_folder(reference) is None:
         raise UsageError(
-            f"--data {data} is text, which only a causal language model reads, and REFERENCE {reference} "
-            "is not one (give a Hugging Face folder, hf:DIR or a transformers causal LM)"
+            f"--data {data} is text, which a causal language model reads as one stream and a Hugging Face "
+            f"encoder or classifier folder (hf:DIR, with its tokenizer) as one sentence per line; REFERENCE "
+            f"{reference} is neither"
         )
 
 

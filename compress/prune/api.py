@@ -296,8 +296,8 @@ def _prepare_data(loaded: Any, plan: FineTune, eval_data: Any, input_shapes: Any
     from ptopt.core.inputspec import parse_named_shapes
     from ptopt.core.modelref import require_input_specs, resolve_inputs, run_checked
 
-    ft = load_dataset(plan.data, "fine-tuning")
-    ev = load_dataset(eval_data, "evaluation")
+    ft = load_dataset(plan.data, "fine-tuning", model=loaded)
+    ev = load_dataset(eval_data, "evaluation", model=loaded)
     if ft is not None and plan.teacher is None:
         ft.require_labels("fine-tuning with cross-entropy (or give --teacher to distill)")
     shapes = parse_named_shapes(input_shapes) if input_shapes else ()

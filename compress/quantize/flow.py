@@ -57,9 +57,9 @@ def prepare(
 
         check_module_names(loaded.module, config.float_modules)
     with progress.step("reading the data", announce=False):
-        calib = load_dataset(calib_data, "calibration")
-        train = load_dataset(train_data, "training")
-        evald = load_dataset(eval_data, "evaluation")
+        calib = load_dataset(calib_data, "calibration", model=loaded)
+        train = load_dataset(train_data, "training", model=loaded)
+        evald = load_dataset(eval_data, "evaluation", model=loaded)
     fit = calib or train
     example = settle_inputs(loaded, fit or evald, input_shapes, "data (--calib-data / --eval-data)")
     for ds in (calib, train, evald):

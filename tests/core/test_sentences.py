@@ -1,0 +1,159 @@
+"""A text file with a Hugging Face encoder's folder: one sample per line, tokenized by the folder's own
+tokenizer (``ptopt.core.sentences``). Before, ``ptopt quantize hf:DIR --calib-data sentences.txt`` of a
+BERT classifier was refused ("this step takes tensors"): a user had to tokenize into a ``.pt`` first.
+And data of one length made exports of that one length, though a tokenizer pads each batch to its own
+longest text: the sequence dimension is now the model's (``core.input_infer.token_lengths``)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+
+import ptopt
+from ptopt.core.errors import DataError, UsageError
+from ptopt.core.input_infer import token_lengths
+from ptopt.core.inputspec import specs_from_example
+from tests.helpers import assert_refused
+
+pytest.importorskip("transformers")
+
+WORDS = "the a cat dog sat on mat ran fast slow red blue house tree big small and is was".split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+CALIB = "the cat sat on the mat\na dog ran\n\nthe big red house and the small blue tree is big\n"
+HELD = "the dog sat\na cat is slow\nthe tree was red and big\n"
+LONG = " ".join(WORDS * 2) + "\n"  # 40 tokens with [CLS] and [SEP]: longer than anything calibrated
+
+
+def _tokenizer(tf, folder):
+    """A BERT WordPiece tokenizer of VOCAB (transformers 5 takes the vocabulary itself, 4 a file)."""
+    if "vocab" in inspect.signature(tf.BertTokenizer.__init__).parameters:
+        return tf.BertTokenizer(vocab={w: i for i, w in enumerate(VOCAB)})
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return tf.BertTokenizer(vocab_file=str(folder / "vocab.txt"))
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    """A tiny BertForSequenceClassification folder with its tokenizer, and three sentence files."""
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    root = tmp_path_factory.mktemp("sentences")
+    folder = root / "bert"
+    torch.manual_seed(0)
+    config = tf.BertConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=len(VOCAB), num_labels=3,
+    )  # fmt: skip
+    tf.BertForSequenceClassification(config).eval().save_pretrained(folder)
+    _tokenizer(tf, folder).save_pretrained(folder)
+    for name, text in (("calib.txt", CALIB), ("held.txt", HELD), ("long.txt", LONG)):
+        (root / name).write_text(text)
+    return root, folder
+
+
+def test_each_line_is_a_sample_tokenized_by_the_folders_tokenizer(bert):
+    from transformers import AutoTokenizer
+
+    root, folder = bert
+    ds = ptopt.load_data(root / "calib.txt", model=f"hf:{folder}")
+    want = AutoTokenizer.from_pretrained(folder)(
+        ["the cat sat on the mat", "a dog ran", "the big red house and the small blue tree is big"],
+        padding="longest", return_tensors="pt",
+    )  # fmt: skip
+    assert set(ds.x) == {"input_ids", "attention_mask"}  # the implied inputs: no token_type_ids
+    assert torch.equal(ds.x["input_ids"], want["input_ids"]) and ds.x["input_ids"].dtype == torch.int64
+    assert torch.equal(ds.x["attention_mask"], want["attention_mask"])
+    assert ds.x["input_ids"].shape == (3, 13) and int(ds.x["attention_mask"][1].sum()) == 5  # padded
+    assert int(ds.x["input_ids"][0, 1]) == VOCAB.index("the")  # the folder's vocabulary, not [UNK]
+    assert "3 lines" in ds.name and "bert's tokenizer" in ds.name and "13 tokens" in ds.name
+
+
+def test_data_of_one_length_exports_every_length_the_model_takes():
+    """token_lengths: the data's length stays the opt one, ids and mask change together."""
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    model = tf.BertModel(tf.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                       num_attention_heads=2, vocab_size=50)).eval()  # fmt: skip
+    x = {
+        "input_ids": torch.ones(4, 13, dtype=torch.long),
+        "attention_mask": torch.ones(4, 13, dtype=torch.long),
+    }
+    specs = {s.name: s for s in token_lengths(model, specs_from_example(x))}
+    for s in specs.values():
+        assert (s.min_shape[1], s.opt_shape[1], s.max_shape[1]) == (1, 13, 128), s
+    longer = {"input_ids": torch.ones(2, 200, dtype=torch.long)}
+    assert token_lengths(model, specs_from_example(longer))[0].max_shape[1] == 200
+    mlp = torch.nn.Sequential(torch.nn.Embedding(50, 8))  # no Hugging Face model: as the data says
+    assert token_lengths(mlp, specs_from_example(x)) == specs_from_example(x)
+
+
+def test_cli_quantize_export_and_validate_read_sentence_files(cli, bert):
+    root, folder = bert
+    q, m = root / "q.pt", root / "m.onnx"
+    code, out, err = cli(
+        "quantize", f"hf:{folder}", "--mode", "dynamic", "--eval-data", root / "held.txt", "-o", q
+    )
+    assert code == 0, out + err
+    assert "3 samples of" in out and "(3 lines, bert's tokenizer, 8 tokens)" in out, out
+    inputs = {s["name"]: s for s in json.loads(q.with_name("q.pt.ptopt.json").read_text())["inputs"]}
+    assert inputs["input_ids"]["max_shape"][1] == 128 and inputs["input_ids"]["min_shape"][1] == 1
+
+    code, out, err = cli("export", f"hf:{folder}", "--target", "onnx", "--data", root / "calib.txt", "-o", m)
+    assert code == 0, out + err
+    code, out, err = cli("inspect", m)
+    assert "input_ids: [1..64]x[1..128] int64" in out, out  # not the data's 13 tokens alone
+
+    # a sentence longer than any the artifacts saw; the int8 file as REFERENCE finds the tokenizer
+    # through its sidecar's parent (the folder)
+    code, out, err = cli("validate", q, m, "--data", root / "long.txt", "--batch-sizes", "1")
+    assert code == 0, out + err
+    assert "long.txt: 1 samples (input_ids 40" in out and "cos min" in out, out
+
+
+def test_sentence_files_refused_in_one_line_where_nothing_tokenizes_them(cli, bert, tmp_path):
+    from ptopt.core.hf import import_transformers
+
+    root, folder = bert
+    tf = import_transformers()
+    tf.ViTModel(tf.ViTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                             image_size=16, patch_size=8)).save_pretrained(tmp_path / "vit")  # fmt: skip
+    (tmp_path / "bare").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "bare" / name).write_bytes((folder / name).read_bytes())
+    (tmp_path / "empty.txt").write_text("\n \n")
+    (tmp_path / "held.txt").write_text(HELD)
+    cases = [
+        (f"hf:{tmp_path / 'vit'}", "held.txt", ("takes pixel_values, not token ids",)),
+        (f"hf:{tmp_path / 'bare'}", "held.txt", ("needs the model's tokenizer", "bare has none")),
+        (f"hf:{folder}", "empty.txt", ("no line holds text",)),
+        ("zoo:resnet", "held.txt", ("is text", "one sentence per line")),
+    ]
+    for model, data, match in cases:
+        assert_refused(cli, "quantize", model, "--mode", "dynamic", "--eval-data", tmp_path / data,
+                       "-o", tmp_path / "x.pt", where=tmp_path, match=match)  # fmt: skip
+    assert_refused(cli, "validate", "zoo:resnet", "zoo:resnet", "--data", tmp_path / "held.txt", where=tmp_path,
+                   match=("is text", "one sentence per line", "is neither"))  # fmt: skip
+    with pytest.raises(DataError, match="takes pixel_values"):
+        ptopt.load_data(tmp_path / "held.txt", model=f"hf:{tmp_path / 'vit'}")
+    with pytest.raises(UsageError, match="has none"):
+        ptopt.load_data(tmp_path / "held.txt", model=tmp_path / "bare")
+
+
+def test_reading_sentences_prints_no_library_noise(bert):
+    """The tokenizer's model class is found through transformers' lazy import, which imports torchao:
+    its "Failed to load ..._C_mxfp8.so" and _pytree notices reached a user's terminal (a fresh process:
+    ``ptopt validate hf:DIR ART --data sentences.txt``)."""
+    import subprocess
+    import sys
+
+    root, folder = bert
+    held = root / "held.txt"
+    code = f"import ptopt; ds = ptopt.load_data(r'{held}', model=r'hf:{folder}'); print(sorted(ds.x))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0 and "attention_mask" in out.stdout, out.stderr
+    assert "Failed to load" not in out.stderr and "_pytree" not in out.stderr, out.stderr
