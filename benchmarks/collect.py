@@ -19,6 +19,7 @@ ORDER = [
     "gpu",
     "validate",
     "validate_time",
+    "suite_cpus",
     "serve",
     "serve_resnet",
     "serve_minilm",

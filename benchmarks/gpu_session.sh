@@ -15,7 +15,8 @@
 # CPU2=FILE also times the CPU test suite's node ids listed in FILE (one per line: benchmarks/select_ids.py) on 2 CPUs of the machine's
 # host (taskset -c 0,1, 2 xdist workers, cold Inductor / ptopt caches, as .ci/run's suite), while the GPU steps
 # run on the other CPUs: the same list timed on the development machine under the same torch gives the ratio of
-# the two CPUs for that work (docs/benchmarks.md, "the suite on other CPUs"). Writes cpu2.txt and cpu2.xml.
+# the two CPUs for that work (docs/benchmarks.md, "The test suite on another CPU"; the image's pytest-benchmark
+# plugin refuses xdist, so it is turned off). Writes cpu2.txt and cpu2.xml.
 set -u
 REPO=$(pwd)
 OUT=${OUT:-$REPO/gpu-out}
@@ -55,7 +56,7 @@ if [ -n "${CPU2:-}" ]; then
         START=$(date +%s.%N)
         PTOPT_SELECT_IDS=$(realpath "$CPU2") PYTHONPATH="$REPO/benchmarks:${PYTHONPATH:-}" TMPDIR=$(mktemp -d) \
             TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) PTOPT_CACHE_DIR=$(mktemp -d) timeout $((DEADLINE - 30)) \
-            taskset -c 0,1 python3 -m pytest -v -n 2 --dist loadfile -p no:cacheprovider -p select_ids \
+            taskset -c 0,1 python3 -m pytest -v -n 2 --dist loadfile -p no:cacheprovider -p no:benchmark -p select_ids \
             --junitxml="$OUT/cpu2.xml" $(cut -d: -f1 "$CPU2" | sort -u)
         echo "cpu2 exit $? wall $(python3 -c "import time; print(round(time.time() - $START, 2))") s"
     } >"$OUT/cpu2.txt" 2>&1 &
