@@ -189,7 +189,8 @@ def _group_help() -> str:
     data = (
         "data.pt / data.npz (x, optional y), "
         + ", ".join(f"builtin:{n}[:train|test]" for n in NAMES)
-        + f", text (.txt, builtin:{BUILTIN_TEXT}[:calib|eval]), pkg.module:function"
+        + f", text (.txt: a language model's stream, builtin:{BUILTIN_TEXT}[:calib|eval]; one sample per line for"
+        " a Hugging Face encoder or classifier folder), pkg.module:function"
     )
 
     def block(head: str, text: str) -> str:
