@@ -230,3 +230,22 @@ def output_lock(path: str | os.PathLike) -> Iterator[None]:
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()  # while still locked: a waiter on this file sees it gone and retries
         os.close(fd)
+
+
+class ScratchDir:
+    """A temporary folder that lives as long as this object (an unsaved Result's files) and is removed
+    when it is collected or :meth:`cleanup` is called. ``tempfile.TemporaryDirectory`` does the same but
+    warns when collected (``ResourceWarning: Implicitly cleaning up <TemporaryDirectory ...>``), which
+    is the normal end of a Result nobody saved, not a leak. ``name`` as TemporaryDirectory's."""
+
+    def __init__(self, prefix: str) -> None:
+        import weakref
+
+        self.name = tempfile.mkdtemp(prefix=prefix)
+        self._finalizer = weakref.finalize(self, shutil.rmtree, self.name, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"<ScratchDir {self.name!r}>"

@@ -32,6 +32,7 @@ from typing import Any
 
 from ptopt.core import progress as _progress
 from ptopt.core.artifact import Artifact
+from ptopt.core.atomic import ScratchDir
 from ptopt.core.data import refuse_missing_file
 from ptopt.core.errors import UnsupportedModelError, UsageError
 from ptopt.core.inputspec import InputSpec
@@ -432,7 +433,7 @@ def _source_runs(loaded: Any, specs: list[InputSpec], style: str) -> None:
 class _Built:
     """The checked artifact in a temporary folder (kept while the Result lives) and its reload."""
 
-    folder: tempfile.TemporaryDirectory
+    folder: ScratchDir
     path: Path
     facts: dict[str, Any]
     model: Any
@@ -487,7 +488,7 @@ def _build(
 
     options, quantized_from = _format_options(source, config, calib, external_data, allow_pickle, validation)
     device = str(resolve_device(config.device or (None if "cpu" in config.row.devices else "cuda")))
-    folder = tempfile.TemporaryDirectory(prefix="ptopt-export-")
+    folder = ScratchDir(prefix="ptopt-export-")
     # absolute: ORT's quantization tools run in a temporary working directory
     path = Path(folder.name).resolve() / (
         Path(output).name if output is not None else "model" + config.suffix

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ptopt.core.atomic import ScratchDir
 from ptopt.core.errors import ParityError, UsageError
 
 #: greedy tokens the export is checked on unless told
@@ -67,7 +67,7 @@ def export_lm(source: Any, config: Any, output: Any, options: dict[str, Any]) ->
     check_cache(module)
     record = _record(module, config, row, options.get("dynamic_batch"))
     prompt = _prompt(options.get("data"), module, source.loaded.info.get("hf_dir"), config, record)
-    folder = tempfile.TemporaryDirectory(prefix="ptopt-export-lm-")
+    folder = ScratchDir(prefix="ptopt-export-lm-")
     path = Path(folder.name) / (Path(output).name if output is not None else "model")
     path.mkdir()
     try:

@@ -114,11 +114,11 @@ def as_saved(ov_model: Any) -> tuple[Any, Any]:
     its files, to keep while the model is used). Compiled straight from memory, an NNCF-compressed
     model computes wrong results at the CPU plugin's bf16 default (OpenVINO 2026.4: SmolLM2-135M int8,
     perplexity 20.83 against 15.05 for the same model saved and read back, fp32 15.06)."""
-    import tempfile
+    from ptopt.core.atomic import ScratchDir
 
     ov = imported("openvino")
 
-    tmp = tempfile.TemporaryDirectory(prefix="ptopt-openvino-lm-")
+    tmp = ScratchDir(prefix="ptopt-openvino-lm-")
     ov.save_model(ov_model, Path(tmp.name) / IR_FILE, compress_to_fp16=False)
     return read_ir(Path(tmp.name) / IR_FILE), tmp
 

@@ -38,12 +38,12 @@ command writes.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
 
 from ptopt.compress.quantize.base import Prepared, Quantized
+from ptopt.core.atomic import ScratchDir
 from ptopt.core.errors import UsageError
 
 #: token inputs by the names Hugging Face tokenizers give them
@@ -74,7 +74,7 @@ def artifact(config: Any, prep: Prepared, converted: Any, summary: dict[str, Any
     from ptopt.formats.aoti import load_aoti
 
     style = prep.style
-    folder = tempfile.TemporaryDirectory(prefix="ptopt-pt2e-")
+    folder = ScratchDir(prefix="ptopt-pt2e-")
     path = Path(folder.name) / "model.int8.pt2"
     samples = prep.calib or prep.train
     if config.compile:

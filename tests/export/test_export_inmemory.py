@@ -241,3 +241,25 @@ def test_progress_goes_where_the_twin_is_told(monkeypatch):
     ptopt.export(torch.nn.Linear(4, 2), "onnx", input_shapes="1x4", progress=lines.append)
     ptopt.export(torch.nn.Linear(4, 2), "onnx", input_shapes="1x4", progress=False)
     assert seen[0] is not None and seen[0].write == lines.append and seen[1] is None
+
+
+def test_an_unsaved_result_goes_away_quietly_with_its_folder(tmp_path, monkeypatch):
+    """An export nobody saves is collected with its temporary folder, and says nothing: the folder was a
+    TemporaryDirectory, whose collection warns ``ResourceWarning: Implicitly cleaning up`` (seen with
+    ``python -W default``), though nothing leaked (``core.atomic.ScratchDir``)."""
+    import gc
+    import tempfile
+    import warnings
+
+    import ptopt
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    res = ptopt.export(tiny_cnn(), target="onnx", input_shapes="1x1x8x8")
+    (folder,) = tmp_path.glob("ptopt-export-*")
+    assert (folder / "model.onnx").is_file()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del res
+        gc.collect()
+    assert not folder.exists()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)], [str(w.message) for w in seen]

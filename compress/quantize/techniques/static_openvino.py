@@ -8,7 +8,6 @@ torch engines miss the int8 rule, with its float-layer search (``auto_int8``) ov
 
 from __future__ import annotations
 
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from ptopt.compress.quantize.base import Prepared, Quantized
 from ptopt.compress.quantize.config import MIN_STATIC_SHARE, StaticQuantConfig, refuse_no_compile
 from ptopt.compress.quantize.registry import register_technique
+from ptopt.core.atomic import ScratchDir
 from ptopt.core.errors import UnsupportedModelError
 
 #: model -> {(its input specs, calling style): its fp32 IR}, while the model lives (the search's
@@ -129,7 +129,7 @@ def static_openvino(config: StaticQuantConfig, prep: Prepared, progress: bool) -
     ov = imported("openvino")
     with steps.step("NNCF int8 of the OpenVINO IR", announce=progress):
         q, record = _int8_ir(config, prep)
-    folder = tempfile.TemporaryDirectory(prefix="ptopt-ov-int8-")
+    folder = ScratchDir(prefix="ptopt-ov-int8-")
     path = Path(folder.name) / "model.int8.xml"
     with quiet():
         ov.save_model(q, str(path), compress_to_fp16=False)
