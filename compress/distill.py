@@ -201,7 +201,7 @@ def _distill(
     from ptopt.compress.teacher_check import check_factory_teacher
 
     check_output(output, OUTPUT_SUFFIXES)
-    train_ds, eval_ds = _load_data(train_data, eval_data, dcfg.alpha)
+    train_ds, eval_ds = _load_data(train_data, eval_data, dcfg.alpha, (teacher, student))
     t_loaded, s_loaded, probe = _load_models(
         teacher, student, models["teacher_weights"], models["student_weights"], models["allow_pickle"],
         tcfg.seed, train_ds,
@@ -260,8 +260,13 @@ def resolve_config(
     return config, train_config, OPTIONS.build(RunOptions, given), OPTIONS.build(LMOptions, given)
 
 
-def _load_data(train_data: Any, eval_data: Any, alpha: float) -> tuple[Any, Any]:
-    train_ds = load_dataset(train_data, "training")
+def _load_data(train_data: Any, eval_data: Any, alpha: float, models: tuple[Any, Any]) -> tuple[Any, Any]:
+    """The training and evaluation Datasets; a text file is one sentence per line when the teacher (else
+    the student) is a Hugging Face encoder's folder (``ptopt.core.sentences``)."""
+    from ptopt.core.sentences import sentence_folder
+
+    text_model = next((m for m in models if sentence_folder(m) is not None), None)
+    train_ds = load_dataset(train_data, "training", model=text_model)
     if len(train_ds) == 0:
         raise DataError(f"{train_ds.name}: no samples to train on")
     if alpha > 0 and not train_ds.has_labels:
@@ -269,7 +274,7 @@ def _load_data(train_data: Any, eval_data: Any, alpha: float) -> tuple[Any, Any]
             f"{train_ds.name} has no labels but --alpha is {alpha}: the label term needs labels; "
             "use --alpha 0 to learn from the teacher's soft targets alone"
         )
-    eval_ds = load_dataset(eval_data, "evaluation", finite=False)
+    eval_ds = load_dataset(eval_data, "evaluation", finite=False, model=text_model)
     if eval_ds is not None and not eval_ds.has_labels:
         raise DataError(f"{eval_ds.name} has no labels: --eval-data needs labels to measure accuracy")
     return train_ds, eval_ds

@@ -158,3 +158,11 @@ def test_reading_sentences_prints_no_library_noise(bert):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
     assert out.returncode == 0 and "attention_mask" in out.stdout, out.stderr
     assert "Failed to load" not in out.stderr and "_pytree" not in out.stderr, out.stderr
+
+
+def test_cli_distill_reads_sentence_files_with_the_teachers_tokenizer(cli, bert):
+    root, folder = bert
+    code, out, err = cli("distill", "--teacher", f"hf:{folder}", "--student", f"hf:{folder}", "--train-data",
+                         root / "calib.txt", "--alpha", "0", "--epochs", "1", "-o", root / "student.pt")  # fmt: skip
+    assert code == 0, out + err
+    assert "(3 lines, bert's tokenizer, 13 tokens)" in " ".join(out.split()), out
