@@ -67,10 +67,7 @@ def hf_inputs(module: Any) -> tuple[list[InputSpec], str]:
         return [], "positional"
     main = getattr(module, "main_input_name", "input_ids")
     if main == "pixel_values":
-        side = getattr(config, "image_size", DEFAULT_IMAGE)
-        h, w = (side, side) if isinstance(side, int) else tuple(side)[:2]
-        spec = InputSpec.static(main, (1, _hf_config_int(config, "num_channels") or 3, h, w), "float32")
-        return [spec.with_batch(1, 1, DEFAULT_MAX_BATCH)], "keyword"
+        return [_pixels(config)], "keyword"
     if main == "input_values":
         spec = InputSpec.static(main, (1, AUDIO_SAMPLES), "float32")
         return [spec.with_batch(1, 1, DEFAULT_MAX_BATCH)], "keyword"
@@ -81,6 +78,14 @@ def hf_inputs(module: Any) -> tuple[list[InputSpec], str]:
 
 #: audio samples of a guessed ``input_values``: one second at 16 kHz, the rate speech models use
 AUDIO_SAMPLES = 16000
+
+
+def _pixels(config: Any) -> InputSpec:
+    """``pixel_values``: ``num_channels x image_size x image_size`` floats, the batch in [1, 64]."""
+    side = getattr(config, "image_size", DEFAULT_IMAGE)
+    h, w = (side, side) if isinstance(side, int) else tuple(side)[:2]
+    spec = InputSpec.static("pixel_values", (1, _hf_config_int(config, "num_channels") or 3, h, w), "float32")
+    return spec.with_batch(1, 1, DEFAULT_MAX_BATCH)
 
 
 def _token_inputs(module: Any, config: Any) -> tuple[list[InputSpec], str]:
@@ -97,8 +102,10 @@ def _token_inputs(module: Any, config: Any) -> tuple[list[InputSpec], str]:
     except (TypeError, ValueError):
         takes = set(dummy)
     dummy = {k: v for k, v in dummy.items() if k in takes}  # T5's encoder takes no decoder ids
-    seq = min(DEFAULT_SEQ, max(1, _positions(module, config)))
-    ranges = hf_token_sizes(config)
+    # a text-and-image model (CLIP, SigLIP) states its text's sizes in text_config
+    text = getattr(config, "text_config", None) or config
+    seq = min(DEFAULT_SEQ, max(1, _positions(module, text)))
+    ranges = hf_token_sizes(text)
     specs = []
     for name, t in dummy.items():
         dtype = str(t.dtype).replace("torch.", "")
@@ -113,6 +120,9 @@ def _token_inputs(module: Any, config: Any) -> tuple[list[InputSpec], str]:
     if "attention_mask" in takes and "attention_mask" not in dummy and "input_ids" in dummy:
         # transformers' dummy holds the ids alone; a model built without a mask input takes no padded batch
         specs.append(_tokens("attention_mask", "int64", seq, (0, 2)))
+    vision = getattr(config, "vision_config", None)
+    if "pixel_values" in takes and "pixel_values" not in dummy and vision is not None:
+        specs.append(_pixels(vision))  # CLIP, SigLIP: texts and images in one call
     return specs, "keyword"
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.inputspec import flatten_inputs, format_shape, parse_named_shapes
-from ptopt.core.modelref import load_model, resolve_inputs, run_checked
+from ptopt.core.modelref import as_loaded, resolve_inputs, run_checked
 from ptopt.core.weights import type_name
 
 #: module type -> techniques that can act on it
@@ -282,17 +282,18 @@ def _implied_or_suggested(loaded: Any, report: dict[str, Any]) -> None:
 
 
 def inspect_model(
-    model: str,
+    model: Any,
     data: Any = None,
     weights: str | None = None,
     allow_pickle: bool = False,
     input_shapes: Any = (),
 ) -> dict[str, Any]:
-    """Describe MODEL; with ``data`` (a DATA reference or Dataset) run one batch through it."""
+    """Describe MODEL (a reference, an nn.Module, a stage's Result); with ``data`` (a DATA reference or
+    Dataset) run one batch through it."""
     from ptopt.core.data import load_data, refuse_missing_file
 
     refuse_missing_file(data=data)  # before the model loads
-    loaded = load_model(model, weights=weights, allow_pickle=allow_pickle)
+    loaded = as_loaded(model, weights=weights, allow_pickle=allow_pickle)
     if input_shapes and isinstance(next(iter(input_shapes)), str):
         input_shapes = parse_named_shapes(input_shapes)
     declared = list(loaded.input_specs)

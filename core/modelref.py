@@ -526,8 +526,10 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
     try:  # not inference_mode: a lazy layer or cache built on this first call must stay a plain tensor
         with torch.no_grad():
             return call_model(module, bind_inputs(x, loaded.input_specs, loaded.input_style))
-    except (RuntimeError, TypeError, ValueError, IndexError, AssertionError) as e:
+    except (RuntimeError, TypeError, ValueError, IndexError, AssertionError, AttributeError) as e:
+        # AttributeError: an input the model needs came as None ('NoneType' object has no attribute 'shape')
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason += _not_given(module, x) if isinstance(e, AttributeError) else ""
         if reason.startswith(TORCHVISION_OPS_MISSING):
             raise UnsupportedModelError(
                 f"model {loaded.ref} calls torchvision's C++ ops (nms, roi_align: detection models), which "
@@ -547,6 +549,20 @@ def run_checked(loaded: LoadedModel, x: Any, what: str = "data") -> Any:
             expected=None if echo else expected,
             got=got,
         ) from None
+
+
+def _not_given(module: Any, x: Any) -> str:
+    """`` (its forward also takes a, b: not given)`` for a model that failed on an input it did not get."""
+    import inspect
+
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    given = set(x) if isinstance(x, dict) else set()
+    rest = [p.name for p in params if p.kind in kinds and p.name not in given][:4]
+    return f" (its forward also takes {', '.join(rest)}, ...: not given)" if given and rest else ""
 
 
 def _specs_echo(specs: Any, given: list) -> bool:

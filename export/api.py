@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any

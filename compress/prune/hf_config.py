@@ -32,19 +32,48 @@ def is_hf_model(model: Any) -> bool:
 
 
 def pruned_config(
-    model: Any, heads: list[tuple[int, int, int]], layers: dict[str, tuple[int, int]]
+    model: Any, heads: list[tuple[str, int, int, int]], layers: dict[str, tuple[int, int]]
 ) -> tuple[Any, list[str]]:
-    """(the pruned ``model``'s config, what it cannot describe). ``heads``: (head size, old count,
-    new count) of every split into heads; ``layers``: output channels (before, after) per layer."""
+    """(the pruned ``model``'s config, what it cannot describe). ``heads``: (attention module, head size,
+    old count, new count) of every split into heads; ``layers``: output channels (before, after) per
+    layer. A text-and-image model (CLIP, SigLIP) states each tower's sizes in its own sub-config
+    (``text_config`` for ``text_model``, ...): each is set from its tower's layers alone."""
     from ptopt.compress.prune import layers as L
 
     config = copy.deepcopy(model.config)
-    blockers: list[str] = []
     tables = {n for n, m in model.named_modules() if L.kind(m) == "embedding"}
     if getattr(config, "n_inner", 0) is None and isinstance(getattr(config, "n_embd", None), int):
         config.n_inner = 4 * config.n_embd  # GPT-2's None means 4 x the hidden size, which may change
+    parts = _parts(config)
+    towers = tuple(prefix for _, _, prefix in parts)
+    blockers = _set_sizes(
+        config, [h for h in heads if not h[0].startswith(towers) or not towers],
+        {n: v for n, v in layers.items() if not n.startswith(towers) or not towers}, tables,
+    )  # fmt: skip
+    for _, sub, prefix in parts:
+        own = {n: v for n, v in layers.items() if n.startswith(prefix)}
+        blockers += _set_sizes(sub, [h for h in heads if h[0].startswith(prefix)], own, tables)
+    return config, blockers + mismatches(model, config)
+
+
+def _parts(config: Any) -> list[tuple[str, Any, str]]:
+    """(key, sub-config, module prefix) of each ``X_config`` that builds the module ``X_model``."""
+    return [
+        (key, value, key[: -len("_config")] + "_model.")
+        for key, value in vars(config).items()
+        if key.endswith("_config") and hasattr(value, "to_dict")
+    ]
+
+
+def _set_sizes(
+    config: Any, heads: list[tuple[str, int, int, int]], layers: dict[str, tuple[int, int]], tables: set[str]
+) -> list[str]:
+    """Set ``config``'s head counts, FFN width, hidden size and head size from its layers; what differs
+    between layers (one key cannot say it) is returned."""
+    blockers: list[str] = []
+    old_heads = _value(config, HEAD_KEYS)
     for keys, counts in (
-        (HEAD_KEYS + KV_KEYS, {(old, new) for _, old, new in heads}),
+        (HEAD_KEYS + KV_KEYS, {(old, new) for _, _, old, new in heads}),
         (FFN_KEYS, {size for n, size in layers.items() if n not in tables}),
         (HIDDEN_KEYS, {size for n, size in layers.items() if n in tables}),
     ):
@@ -59,10 +88,10 @@ def pruned_config(
                 blockers.append(f"{key}: {old} became {', '.join(map(str, sorted(new)))} in different layers")
             elif new:
                 setattr(config, key, new.pop())
-    size = next((s for s, old, new in heads if old != new and old == _value(model.config, HEAD_KEYS)), None)
+    size = next((s for _, s, old, new in heads if old != new and old == old_heads), None)
     if size is not None and getattr(config, "head_dim", None) in (None, size):
         config.head_dim = size  # the head size stays; a config reading head_dim keeps it
-    return config, blockers + mismatches(model, config)
+    return blockers
 
 
 def _glu_widths(old: int, counts: set[tuple[int, int]]) -> set[int]:
@@ -139,17 +168,26 @@ def describes(model: Any) -> bool:
 
 
 def apply_config(model: Any, config: Any) -> list[str]:
-    """Set on ``model.config`` (the object its modules share) every key ``config`` changed; returns
-    ``key: old → new`` for the report."""
+    """Set on ``model.config`` (the object its modules share) and on its sub-configs (``text_config``
+    ...: the objects their towers share) every key ``config`` changed; returns ``key: old → new``."""
+    changed = _apply(model.config, config, "")
+    for key, sub, _ in _parts(config):
+        target = getattr(model.config, key, None)
+        if target is not None:
+            changed += _apply(target, sub, f"{key}.")
+    return changed
+
+
+def _apply(target: Any, config: Any, prefix: str) -> list[str]:
     changed = []
-    old = model.config.to_dict()
+    old = target.to_dict()
     for key, value in config.to_dict().items():
         if key in old and old[key] != value and isinstance(value, (int, type(None))):
-            setattr(model.config, key, value)
-            changed.append(f"{key}: {old[key]} → {value}")
-    if getattr(config, "head_dim", None) is not None and getattr(model.config, "head_dim", None) is None:
-        model.config.head_dim = config.head_dim
-        changed.append(f"head_dim: set to {config.head_dim}")
+            setattr(target, key, value)
+            changed.append(f"{prefix}{key}: {old[key]} → {value}")
+    if getattr(config, "head_dim", None) is not None and getattr(target, "head_dim", None) is None:
+        target.head_dim = config.head_dim
+        changed.append(f"{prefix}head_dim: set to {config.head_dim}")
     return changed
 
 

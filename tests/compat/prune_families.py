@@ -185,6 +185,19 @@ def vit_hf() -> nn.Module:
     )
 
 
+def clip() -> nn.Module:
+    """A Hugging Face CLIP (texts and images in one call; each tower's sizes in its own sub-config; not in
+    ``FAMILIES``: for ``inspect`` and pruning into a folder)."""
+    tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    return _hf(
+        "CLIPConfig",
+        "CLIPModel",
+        text_config=dict(tower, vocab_size=100, max_position_embeddings=16, bos_token_id=0, eos_token_id=2),
+        vision_config=dict(tower, image_size=32, patch_size=8),
+        projection_dim=16,
+    )
+
+
 def roberta() -> nn.Module:
     """A RoBERTa classifier with a 20-row position table (positions start past ``padding_idx``:
     18 tokens fit; not in ``FAMILIES``: for ``inspect``)."""

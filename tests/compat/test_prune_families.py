@@ -311,6 +311,8 @@ def test_saving_a_pruned_non_hf_model_into_a_folder_is_refused(tmp_path):
         ("vit_hf", "pixel_values: [1..64]x3x32x32 float32"),  # was exit 3
         ("roberta", "input_ids: [1..64]x[1..18] int64"),  # 20 positions from padding_idx + 1
         ("wav2vec2", "input_values: [1..64]x16000 float32"),  # a second at 16 kHz
+        ("clip", "pixel_values: [1..64]x3x32x32 float32"),  # beside input_ids: was exit 3 (None.shape)
+        ("clip", "input_ids: [1..64]x[1..16] int64"),  # text_config's 16 positions, not 128
     ],
 )
 def test_inspect_guesses_a_hugging_face_main_input(cli, factory, line):
@@ -318,3 +320,19 @@ def test_inspect_guesses_a_hugging_face_main_input(cli, factory, line):
     code, out, err = cli("inspect", f"tests.compat.prune_families:{factory}")
     assert code == 0, err
     assert line in out, out
+
+
+def test_cli_clip_into_a_folder_prunes_each_towers_ffn_in_its_sub_config(cli, tmp_path):
+    """CLIP states each tower's sizes in text_config / vision_config: the folder was refused ('found no
+    layer whose output channels can be removed ... CLIPConfig cannot describe ...'): the top-level config
+    has no intermediate_size. Each tower's FFN width is now set in its own sub-config."""
+    _needs("transformers")
+    from transformers import CLIPModel
+
+    code, out, err = cli("prune", "tests.compat.prune_families:clip", "--method", "structured", "--amount",
+                         "0.3", "-o", tmp_path / "c")  # fmt: skip
+    assert code == 0, err
+    back = CLIPModel.from_pretrained(tmp_path / "c").eval()
+    assert back.config.text_config.intermediate_size < 64 and back.config.vision_config.intermediate_size < 64
+    assert back.text_model.encoder.layers[0].mlp.fc1.out_features == back.config.text_config.intermediate_size
+    assert "text_model.encoder.layers.0.mlp.fc1" in out and "64 → " in out, out

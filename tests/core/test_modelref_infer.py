@@ -286,3 +286,17 @@ def test_a_first_layer_the_batch_already_feeds_is_not_named_as_the_cause():
     assert "length 100, but found 50" in str(err.value) and "input channels" not in str(err.value)
     with pytest.raises(ShapeMismatchError, match=r"expected 16 input channels \(first layer Conv1d\)"):
         run_checked(as_loaded(_FixedLength()), torch.randn(1, 3, 100))
+
+
+def test_a_model_failing_on_an_input_it_was_not_given_names_what_its_forward_takes():
+    """CLIP without pixel_values failed inside transformers ('NoneType' object has no attribute 'shape'):
+    an AttributeError was an internal error (exit 3); it is bad input, naming the inputs not given."""
+    import ptopt
+
+    class TextAndImage(torch.nn.Module):
+        def forward(self, input_ids, pixel_values=None):
+            return input_ids.float().sum() + pixel_values.shape[0]
+
+    data = {"input_ids": torch.ones(2, 4, dtype=torch.long)}
+    assert_refused(ptopt.inspect, TextAndImage(), data=data,
+                   match=("'NoneType' object has no attribute 'shape'", "its forward also takes pixel_values"))  # fmt: skip

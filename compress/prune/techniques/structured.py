@@ -399,7 +399,7 @@ def _hf_config(model: Any, splits: list, before: dict[str, int], describable: bo
     if not hf_config.is_hf_model(model):
         return []
     sizes = {n: (b, L.out_size(m)) for n, m in model.named_modules() if n in before for b in [before[n]]}
-    config, blockers = hf_config.pruned_config(model, [(st, a, b) for _, st, a, b in splits], sizes)
+    config, blockers = hf_config.pruned_config(model, list(splits), sizes)
     if not blockers:
         return [f"config.{c}" for c in hf_config.apply_config(model, config)]
     if not describable:
