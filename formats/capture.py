@@ -243,7 +243,51 @@ def _sizes_allowed(exprs: list[str], lo: int, hi: int) -> list[int]:
 def trace(module: Any, x: Any, style: str, hint: str = "") -> tuple[Any, list[str]]:
     """``torch.jit.trace`` on the batch ``x``; returns the ScriptModule and the tracer's warnings
     (data-dependent control flow baked in), which the reload check then judges. ``hint``: what the
-    caller's user can do instead, appended to a failure's message."""
+    caller's user can do instead, appended to a failure's message. An output the tracer cannot type
+    (CLIP's ``CLIPOutput`` holds each tower's whole output as a nested ModelOutput) is traced again
+    as one flat dict of its tensors (:func:`flat_tensors`), named as ptopt's comparisons name them."""
+    try:
+        return _trace(module, x, style, hint)
+    except UnsupportedModelError as e:
+        if "cannot infer type of" not in str(e):
+            raise
+        return _trace(flat_tensors(module), x, style, hint)
+
+
+def flat_tensors(module: Any) -> Any:
+    """``module`` returning its output's tensors as one dict named as ``core.tensors.flatten_named_outputs``
+    names them (``logits_per_image``, ``text_model_output.pooler_output``); its ``forward`` keeps the
+    module's signature (the tracer binds keyword inputs by it)."""
+    import inspect
+
+    import torch
+
+    def flat(out: Any, prefix: str) -> dict[str, Any]:
+        items = (
+            out.items() if isinstance(out, dict) else enumerate(out) if isinstance(out, (tuple, list)) else ()
+        )
+        found: dict[str, Any] = {}
+        for key, value in items:
+            name = f"{prefix}{key}"
+            if isinstance(value, torch.Tensor):
+                found[name] = value
+            elif isinstance(value, (dict, tuple, list)):
+                found.update(flat(value, f"{name}."))
+        return found
+
+    class FlatTensors(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return flat(self.module(*args, **kwargs), "")
+
+    FlatTensors.forward.__signature__ = inspect.signature(type(module).forward)  # type: ignore[attr-defined]
+    return FlatTensors()
+
+
+def _trace(module: Any, x: Any, style: str, hint: str) -> tuple[Any, list[str]]:
     import torch
 
     # the tracer reads every attribute of every module: transformers' properties log as it does
