@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ptopt.core.errors import ParityError
-from ptopt.core.inputspec import specs_from_example
+from ptopt.core.inputspec import InputSpec, specs_from_example
 from ptopt.export.parity import MIN_COSINE, check_parity, compare, judge, torch_runner
 from ptopt.export.writers import Check, write_model
 from tests.helpers import tiny_cnn
@@ -230,3 +230,28 @@ def test_a_source_whose_outputs_are_all_zero_is_said_so(cli, tmp_path, monkeypat
                          "-o", tmp_path / "z.pt")  # fmt: skip
     assert code == 0, err
     assert "note:    the source's outputs are all zero on these inputs" in out
+
+
+def test_token_data_is_padded_or_cut_to_each_checked_length():
+    """Sentences of 13 tokens for a model taking 1..128: the check at max ran on random ids (the data did
+    not fit 64x128) and rejected all-MiniLM-L6-v2's NNCF int8 (0.986); the sentences are padded to 128
+    (mask 0) at max and cut to 1 token at min, so every shape is checked on real text."""
+    from ptopt.core.data import Dataset
+    from ptopt.export.parity import _real_inputs
+
+    ids = torch.randint(5, 50, (4, 13), generator=torch.Generator().manual_seed(0))
+    ds = Dataset({"input_ids": ids, "attention_mask": torch.ones(4, 13, dtype=torch.long)})
+    specs = [
+        InputSpec(n, (1, 1), (4, 13), (64, 128), "int64", (0, 50)) for n in ("input_ids", "attention_mask")
+    ]
+    top = _real_inputs(ds, specs, "max")
+    assert top["input_ids"].shape == (64, 128) and torch.equal(top["input_ids"][:4, :13], ids)
+    assert int(top["attention_mask"][:, 13:].sum()) == 0 and int(top["input_ids"][:, 13:].sum()) == 0
+    low = _real_inputs(ds, specs, "min")
+    assert low["input_ids"].shape == (1, 1) and int(low["input_ids"][0, 0]) == int(ids[0, 0])
+    assert torch.equal(_real_inputs(ds, specs, "opt")["input_ids"], ids)
+    images = Dataset(torch.randn(4, 3, 8, 8))  # no token data: only what fits
+    assert (
+        _real_inputs(images, [InputSpec("x", (1, 3, 8, 8), (4, 3, 8, 8), (64, 3, 16, 16), "float32")], "max")
+        is None
+    )
