@@ -122,12 +122,13 @@ def _outputs(module: Any, data: Any) -> Any:
 
     from ptopt.core.inputspec import call_model
     from ptopt.formats.runner import primary_output
+    from ptopt.validate.metrics import real_tokens_only
 
     outs = []
     with torch.inference_mode():
         for b in data.batches(_EVAL_BATCH):
-            y = primary_output(call_model(module, b.x))
-            outs.append(y.float().reshape(len(y), -1))
+            y = real_tokens_only(primary_output(call_model(module, b.x)).float(), b.x)
+            outs.append(y.reshape(len(y), -1))
     return torch.cat(outs)
 
 
@@ -210,7 +211,7 @@ class Trials:
 
         from ptopt.core.tail import project_worst_cosine
         from ptopt.formats.openvino import HINT_KEY, _feed, compile_ir, ignored_scope, quantize_ir
-        from ptopt.validate.metrics import per_sample_cosine
+        from ptopt.validate.metrics import per_sample_cosine, real_tokens_only
 
         t0 = time.perf_counter()
         ignored = ignored_scope(self.ir, self.ctx.module, float_modules)
@@ -219,8 +220,10 @@ class Trials:
         compiled = compile_ir(q, torch.get_num_threads())
         names, outs = [p.get_any_name() for p in q.inputs], []
         for b in self.select.batches(_EVAL_BATCH):
-            y = compiled(_feed(b.x, names))[compiled.outputs[0]]
-            outs.append(torch.from_numpy(y.copy()).float().reshape(y.shape[0], -1))
+            y = real_tokens_only(
+                torch.from_numpy(compiled(_feed(b.x, names))[compiled.outputs[0]].copy()).float(), b.x
+            )
+            outs.append(y.reshape(y.shape[0], -1))
         out = torch.cat(outs)
         self.seconds.append(time.perf_counter() - t0)
         if self.ctx.max_accuracy_drop is not None:

@@ -199,6 +199,12 @@ def at_real_tokens(reference: Any, outputs: Any, mask: Any) -> tuple[Any, Any]:
     return reference.where(keep, 0), outputs.where(keep, 0)
 
 
+def real_tokens_only(out: Any, x: Any) -> Any:
+    """One batch's output ``out`` zeroed at the padded positions of its inputs ``x`` (their
+    ``attention_mask``) where it is per token (:func:`at_real_tokens`): what every figure compares."""
+    return at_real_tokens(out, out, attention_mask_of(x))[0]
+
+
 def attention_mask_of(x: Any) -> Any:
     """The data's ``attention_mask`` (a dict batch's), else None."""
     return x.get("attention_mask") if isinstance(x, dict) else None

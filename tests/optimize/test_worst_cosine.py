@@ -129,3 +129,27 @@ def test_the_search_judges_the_projection(name, deviations, kept):
     fig.apply(cand)
     assert cand.to_dict()["cosine_projected"] == pytest.approx(fig.cosine.projected, abs=1e-6)
     assert cand.to_dict()["tail"]["samples"] == len(deviations)
+
+
+def test_the_search_judges_per_token_outputs_at_the_real_tokens_only():
+    """Sentences padded to the longest: optimize's search scored all-MiniLM-L6-v2's NNCF int8 at a worst
+    cosine of 0.59 (rejected) on last_hidden_state at positions the attention mask pads out, which
+    nothing reads; validate, quantize and the export check already left them out. At the real tokens it
+    measured 0.9926 and the float-layer variant it kept went from 32.3 to 27.0 MB."""
+    import torch
+
+    from ptopt.core.data import Dataset
+    from ptopt.optimize.search import Evaluator
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(8, 6, dtype=torch.long)
+    mask[:, 3:] = 0  # three real tokens, three padded
+    ds = Dataset({"input_ids": torch.randint(0, 9, (8, 6), generator=g), "attention_mask": mask})
+    ref = torch.randn(8, 6, 4, generator=g)
+    out = ref.clone()
+    out[:, 3:] = torch.randn(8, 3, 4, generator=g)  # garbage where padded only
+    judge = Evaluator.__new__(Evaluator)
+    judge.evald, judge.ref_out, judge.ref_acc = ds, ref, None
+    assert judge._judge(out, ds).cosine.measured == pytest.approx(1.0)
+    out[:, :3] += 0.5 * torch.randn(8, 3, 4, generator=g)  # a real token off: still seen
+    assert judge._judge(out, ds).cosine.measured < 0.99
