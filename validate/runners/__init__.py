@@ -90,4 +90,14 @@ def display_name(ref: Any) -> str:
         return type(ref).__name__
     text = str(getattr(ref, "ref", ref))
     p = Path(text)
-    return p.name if p.exists() else text
+    if p.exists():
+        return p.name
+    scheme, sep, rest = text.partition(":")
+    parts = Path(rest).parts
+    if len(text) > LONG_NAME and sep and len(parts) > 2:  # hf:/long/path/to/model: its last two folders
+        return f"{scheme}:…/{'/'.join(parts[-2:])}"
+    return text
+
+
+#: a reference longer than this is shortened in reports' tables (they must fit 100 columns)
+LONG_NAME = 40
