@@ -107,3 +107,30 @@ def test_dynamic_two_input_model(cli, tmp_path: Path) -> None:
     assert art.input_style == "keyword" and art.metrics["top1_agreement"] == 1.0
     m = _jit_load(tmp_path / "q.pt")
     assert m(input_ids=ids[:4], attention_mask=torch.ones_like(ids[:4])).shape == (4, 10)
+
+
+def test_a_module_holding_its_own_parameter_is_named_for_what_it_is():
+    """wav2vec2's ``Wav2Vec2Model`` holds ``masked_spec_embed`` beside its layers: the report said
+    "Wav2Vec2Model has no dynamic int8 kernel: runs in float", as if the whole model were one float layer."""
+    import ptopt
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.scale = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block, self.head = Holder(), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.block(x))
+
+    res = ptopt.quantize(Outer(), mode="dynamic", input_shapes=("1x4",))
+    assert res.template.extra["float_layers"] == {
+        "block": "Holder holds scale itself (a parameter its code reads, not a layer): stays float"
+    }

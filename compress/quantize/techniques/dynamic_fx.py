@@ -169,6 +169,9 @@ def float_layers(original: Any, converted: Any, config: DynamicQuantConfig) -> d
             out[name] = f"Embedding not selected (--layers {','.join(config.layers)})"
         elif kind.startswith("Embedding"):
             out[name] = f"{kind} has no weight-only int8 kernel here: runs in float"
+        elif next(m.children(), None) is not None:  # wav2vec2's masked_spec_embed, a ViT's class token
+            own = ", ".join(n for n, _ in m.named_parameters(recurse=False))
+            out[name] = f"{kind} holds {own} itself (a parameter its code reads, not a layer): stays float"
         else:
             out[name] = f"{kind} has no dynamic int8 kernel: runs in float"
     return out
