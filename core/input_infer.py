@@ -174,7 +174,7 @@ def token_lengths(module: Any, specs: list[InputSpec]) -> list[InputSpec]:
     and the data's. A tokenizer pads a batch to its longest text, so requests come at every length; the
     data's length stays the ``opt`` one. Every 2-D input of the data's length (ids, mask, token types)
     changes together; nothing changes when the model implies no token inputs, when the data's ids are
-    not 2-D or another input shares that length in a higher dimension (embeddings given as inputs)."""
+    not 2-D or another input takes that length as its second dimension (embeddings given as inputs)."""
     import dataclasses
 
     implied = {s.name: s for s in hf_inputs(module)[0]}
@@ -183,7 +183,7 @@ def token_lengths(module: Any, specs: list[InputSpec]) -> list[InputSpec]:
     if ids is None or hint is None or len(ids.max_shape) != 2 or ids.min_shape[1] != ids.max_shape[1]:
         return list(specs)
     length = ids.opt_shape[1]
-    if any(len(s.max_shape) > 2 and length in s.max_shape[1:] for s in specs):
+    if any(len(s.max_shape) > 2 and s.max_shape[1] == length for s in specs):  # [N, T, D] embeddings
         return list(specs)
     top = max(hint.max_shape[1], length)
     return [
