@@ -20,18 +20,9 @@ def flatten_named_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
     import numpy as np
     import torch
 
-    if isinstance(out, dict):
-        items: Sequence[tuple[str, Any]] = [(str(k), v) for k, v in out.items()]
-    elif isinstance(out, (tuple, list)):
-        items = [(str(i), v) for i, v in enumerate(out)]
-    else:
-        items = [("", out)]
     arrays: list[tuple[str, Any]] = []
-    for key, o in items:
-        name = ".".join(p for p in (prefix, key) if p) or "0"
-        if isinstance(o, (tuple, list, dict)):
-            arrays += flatten_named_outputs(o, name)
-        elif isinstance(o, torch.Tensor):
+    for name, o in named_leaves(out, prefix):
+        if isinstance(o, torch.Tensor):
             t = o.detach()
             if t.is_quantized:
                 t = t.dequantize()
@@ -45,6 +36,23 @@ def flatten_named_outputs(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
                     f"outputs are tensors, or tuples, lists or dicts of tensors"
                 ) from None
     return arrays
+
+
+def named_leaves(out: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """The leaves of a model's output (nested tuples, lists and dicts, Hugging Face ModelOutputs among
+    them), each with the name every comparison gives it: its keys and positions joined by dots
+    (``"logits"``, ``"0"``, ``"text_model_output.pooler_output"``)."""
+    if isinstance(out, dict):
+        items: Sequence[tuple[str, Any]] = [(str(k), v) for k, v in out.items()]
+    elif isinstance(out, (tuple, list)):
+        items = [(str(i), v) for i, v in enumerate(out)]
+    else:
+        items = [("", out)]
+    leaves: list[tuple[str, Any]] = []
+    for key, o in items:
+        name = ".".join(p for p in (prefix, key) if p) or "0"
+        leaves += named_leaves(o, name) if isinstance(o, (tuple, list, dict)) else [(name, o)]
+    return leaves
 
 
 def primary_output(out: Any) -> Any:

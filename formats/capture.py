@@ -255,25 +255,14 @@ def trace(module: Any, x: Any, style: str, hint: str = "") -> tuple[Any, list[st
 
 
 def flat_tensors(module: Any) -> Any:
-    """``module`` returning its output's tensors as one dict named as ``core.tensors.flatten_named_outputs``
-    names them (``logits_per_image``, ``text_model_output.pooler_output``); its ``forward`` keeps the
-    module's signature (the tracer binds keyword inputs by it)."""
+    """``module`` returning its output's tensors as one dict named as every comparison names them
+    (``core.tensors.named_leaves``: ``logits_per_image``, ``text_model_output.pooler_output``); its
+    ``forward`` keeps the module's signature (the tracer binds keyword inputs by it)."""
     import inspect
 
     import torch
 
-    def flat(out: Any, prefix: str) -> dict[str, Any]:
-        items = (
-            out.items() if isinstance(out, dict) else enumerate(out) if isinstance(out, (tuple, list)) else ()
-        )
-        found: dict[str, Any] = {}
-        for key, value in items:
-            name = f"{prefix}{key}"
-            if isinstance(value, torch.Tensor):
-                found[name] = value
-            elif isinstance(value, (dict, tuple, list)):
-                found.update(flat(value, f"{name}."))
-        return found
+    from ptopt.core.tensors import named_leaves
 
     class FlatTensors(torch.nn.Module):
         def __init__(self) -> None:
@@ -281,7 +270,8 @@ def flat_tensors(module: Any) -> Any:
             self.module = module
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
-            return flat(self.module(*args, **kwargs), "")
+            leaves = named_leaves(self.module(*args, **kwargs))
+            return {name: v for name, v in leaves if isinstance(v, torch.Tensor)}
 
     FlatTensors.forward.__signature__ = inspect.signature(type(module).forward)  # type: ignore[attr-defined]
     return FlatTensors()
