@@ -104,3 +104,51 @@ def token_batch(batch: int = 3, seq: int = 8, vocab: int = 100) -> dict[str, tor
         if i:
             mask[i, seq - i :] = 0
     return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+class ConvNormAct(nn.Module):
+    """timm's wrapper: a convolution, its norm and activation; its forward hands its input on."""
+
+    def __init__(self, cin: int, cout: int, k: int = 1):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, k, padding=k // 2, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class CrossStage(nn.Module):
+    """timm's ``CrossStage`` (cspresnet50, CSPDarkNet): expanded channels split in two at a size its code
+    holds (``self.expand_chs // 2``); one half through the blocks, then both concatenated again."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.expand_chs = 2 * c
+        self.conv_exp = ConvNormAct(c, 2 * c)
+        self.blocks = nn.Sequential(ConvNormAct(c, c, 3), ConvNormAct(c, c))
+        self.conv_transition = ConvNormAct(2 * c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_exp(x)
+        xs, xb = x.split(self.expand_chs // 2, dim=1)
+        xb = self.blocks(xb)
+        return self.conv_transition(torch.cat([xs, xb], dim=1))
+
+
+class CspNet(nn.Module):
+    def __init__(self, c: int = 8, classes: int = 5):
+        super().__init__()
+        self.stem = ConvNormAct(3, c, 3)
+        self.stages = nn.Sequential(CrossStage(c), CrossStage(c))
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(self.stem(x)).mean((2, 3)))
+
+
+def csp_net() -> CspNet:
+    """Two CSP stages (``CrossStage``) wrapped in ``ConvNormAct`` layers, as timm's cspresnet50."""
+    torch.manual_seed(0)
+    return CspNet().eval()

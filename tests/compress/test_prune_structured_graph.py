@@ -238,6 +238,40 @@ def test_a_module_type_kept_whole_is_refused_with_its_reason():
     assert f"removed: Block kept whole ({why})" in str(e.value)
 
 
+def test_the_module_whose_code_sized_the_failing_input_is_kept_whole(cli, tmp_path):
+    """timm cspresnet50 was refused with "ConvNormAct kept whole": a wrapper that only handed its input to
+    its convolution, so every convolution of the network stayed. The input was sized in ``CrossStage``'s
+    own code (a split at ``self.expand_chs // 2``): that type is named, with the layer it fed."""
+    why = ("CrossStage kept whole (its forward fails with fewer channels: its own code sizes the input of "
+           "stages.0.blocks.0.conv")  # fmt: skip
+    message = assert_refused(
+        prune, G.csp_net(), "structured", 0.3, input_shapes=("1x3x16x16",), match=why,
+        error=UnsupportedModelError,
+    )  # fmt: skip
+    assert "ConvNormAct" not in message
+    model = "tests.compress.prune_graph_models:csp_net"
+    assert_refused(
+        cli, "prune", model, "--method", "structured", "--amount", "0.3", "--input-shape", "1x3x16x16",
+        "-o", tmp_path / "p.pt", match=why, where=tmp_path,
+    )  # fmt: skip
+
+
+def test_the_failing_chain_follows_an_input_handed_on_unchanged():
+    """``prune.culprit.maker``: a wrapper whose forward hands its input to the failing layer is passed over;
+    a module whose own code made that input is the one; a forward that runs names nothing."""
+    from ptopt.compress.prune.culprit import maker
+
+    model = G.csp_net()
+    model.stages[0].blocks[0].conv = torch.nn.Conv2d(5, 8, 3, padding=1)  # reads 5 channels, is given 8
+    ours = {
+        id(m) for m in model.modules() if m is not model and not type(m).__module__.startswith("torch.nn")
+    }
+    x = torch.randn(2, 3, 16, 16)
+    made = maker(model, x, ours)
+    assert made is not None and made[0] is model.stages[0] and made[1] == "stages.0.blocks.0.conv"
+    assert maker(G.csp_net(), x, ours) is None  # it runs
+
+
 # -- a forward that derives sizes from its input's width (all-MiniLM-L6-v2's plain-PyTorch port) --------
 
 

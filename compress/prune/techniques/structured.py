@@ -633,11 +633,9 @@ def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> tuple[An
         try:
             out = call_model(model, example_inputs)
         except Exception as e:  # noqa: BLE001 - e.g. a forward with hard-coded sizes
-            out, culprit = None, _culprit(model, e)
+            out, culprit = None, _culprit(model, e, example_inputs)
             if culprit is not None:
-                raise _KeepWhole(
-                    type(culprit).__name__, f"its forward fails with fewer channels ({_first_line(e)})"
-                ) from None
+                raise _KeepWhole(type(culprit[0]).__name__, _fails(culprit, e)) from None
         if out is not None and _same_shapes(out, ref):
             return model, out
         gm = graph.rewrite_flattens(model)
@@ -655,9 +653,13 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
-def _culprit(model: Any, error: BaseException) -> Any:
-    """The innermost module of ``model`` (not the model itself) whose ``forward`` the error passed
-    through, or None."""
+def _culprit(model: Any, error: BaseException, example_inputs: Any) -> tuple[Any, str | None] | None:
+    """(the module of ``model`` to keep whole, the layer whose input its own code made, when that is how
+    it was found), or None: the model's own code failed. The module is the one that made the input of the
+    layer the forward fails in (``prune.culprit``: a wrapper that only handed it on is not it), else the
+    innermost module (not the model itself) whose ``forward`` the error passed through."""
+    from ptopt.compress.prune.culprit import maker
+
     # torch's own layers fail on the sizes they are given; the module that gave them is the one to keep
     ours = {
         id(m) for m in model.modules() if m is not model and not type(m).__module__.startswith("torch.nn")
@@ -669,7 +671,17 @@ def _culprit(model: Any, error: BaseException) -> Any:
         if id(this) in ours:
             found = this
         tb = tb.tb_next
-    return found
+    made = maker(model, example_inputs, ours) if found is not None else None
+    if made is not None and made[0] is not found:
+        return made
+    return None if found is None else (found, None)
+
+
+def _fails(culprit: tuple[Any, str | None], error: BaseException) -> str:
+    """Why a module type is kept whole: its forward failed (on what its own code handed to a layer)."""
+    _, layer = culprit
+    handed = f": its own code sizes the input of {layer}" if layer else ""
+    return f"its forward fails with fewer channels{handed} ({_first_line(error)})"
 
 
 def _check(out: Any, masked: Any, heads: list[str], graph: Any) -> None:
