@@ -127,6 +127,10 @@ class ChannelGraph(Rules, Spaces):
         #: (module path, space, stride, count) of every split of channels into blocks (heads): the
         #: module's head-count attributes follow them (``attention.set_counts``)
         self.head_splits: list[tuple[str, int, int, int]] = []
+        #: (module path, space, piece size, pieces) of every split of channels into equal pieces
+        #: (``x.split(self.expand_chs // 2, dim=1)``): a module whose forward fails with fewer channels has
+        #: its attributes holding those sizes followed once (``prune.split_sizes``)
+        self.even_splits: list[tuple[str, int, int, int]] = []
         #: per output tensor: the channels of the hidden size it carries (pruned with it), else None
         self.output_infos: list[Any] = []
         self._info: dict[Any, Any] = {}

@@ -442,6 +442,10 @@ class Rules:
         on = [d for d in info.digits if d.dim == dim]
         if len(set(sizes)) == 1 and len(sizes) > 1 and on == [Digit(dim, 1, 1, n)]:
             self._cut_even(info.space, sizes[0], len(sizes), node.name)
+            stack = self._stack(node)
+            even = (stack[-1] if stack else "", info.space, sizes[0], len(sizes))
+            if even not in self.even_splits:
+                self.even_splits.append(even)
         out, at = [], 0
         for size in sizes:
             out.append(self._take(info, dim, at, at + size, False, node.name))

@@ -137,11 +137,21 @@ class CrossStage(nn.Module):
         return self.conv_transition(torch.cat([xs, xb], dim=1))
 
 
+class LiteralCrossStage(CrossStage):
+    """A ``CrossStage`` whose code splits at a number written in it: no attribute can follow."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv_exp(x)
+        xs, xb = x.split(8, dim=1)
+        xb = self.blocks(xb)
+        return self.conv_transition(torch.cat([xs, xb], dim=1))
+
+
 class CspNet(nn.Module):
-    def __init__(self, c: int = 8, classes: int = 5):
+    def __init__(self, c: int = 8, classes: int = 5, stage: type = CrossStage):
         super().__init__()
         self.stem = ConvNormAct(3, c, 3)
-        self.stages = nn.Sequential(CrossStage(c), CrossStage(c))
+        self.stages = nn.Sequential(stage(c), stage(c))
         self.head = nn.Linear(c, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,3 +162,9 @@ def csp_net() -> CspNet:
     """Two CSP stages (``CrossStage``) wrapped in ``ConvNormAct`` layers, as timm's cspresnet50."""
     torch.manual_seed(0)
     return CspNet().eval()
+
+
+def csp_net_literal() -> CspNet:
+    """``csp_net`` whose stages split at a literal size (``LiteralCrossStage``)."""
+    torch.manual_seed(0)
+    return CspNet(stage=LiteralCrossStage).eval()

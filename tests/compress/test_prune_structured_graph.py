@@ -238,18 +238,37 @@ def test_a_module_type_kept_whole_is_refused_with_its_reason():
     assert f"removed: Block kept whole ({why})" in str(e.value)
 
 
+def test_a_split_size_the_module_holds_follows_the_cut_channels(cli, tmp_path):
+    """timm cspresnet50 was refused ("ConvNormAct kept whole"): ``CrossStage`` splits its expanded channels at
+    ``self.expand_chs // 2``, which stayed at the old width. Its attribute now follows (16 -> 12 here, both
+    halves cut alike) and the model, checked against the unpruned one with the removed channels masked,
+    is pruned."""
+    res = prune(G.csp_net(), "structured", 0.3, input_shapes=("1x3x16x16",))
+    stage = res.model.stages[0]
+    assert stage.expand_chs == stage.conv_exp.conv.out_channels == 2 * stage.blocks[0].conv.in_channels < 16
+    assert f"stages.0.expand_chs: 16 → {stage.expand_chs}" in res.extra["heads"]
+    assert res.model(torch.randn(3, 3, 20, 20)).shape == (3, 5)
+    code, out, err = cli(
+        "prune", "tests.compress.prune_graph_models:csp_net", "--method", "structured", "--amount", "0.3",
+        "--input-shape", "1x3x16x16", "-o", tmp_path / "p.pt",
+    )  # fmt: skip
+    assert code == 0, err
+    side = json.loads((tmp_path / "p.pt.ptopt.json").read_text())
+    assert f"stages.1.expand_chs: 16 → {stage.expand_chs}" in json.dumps(side, ensure_ascii=False)
+
+
 def test_the_module_whose_code_sized_the_failing_input_is_kept_whole(cli, tmp_path):
-    """timm cspresnet50 was refused with "ConvNormAct kept whole": a wrapper that only handed its input to
-    its convolution, so every convolution of the network stayed. The input was sized in ``CrossStage``'s
-    own code (a split at ``self.expand_chs // 2``): that type is named, with the layer it fed."""
-    why = ("CrossStage kept whole (its forward fails with fewer channels: its own code sizes the input of "
-           "stages.0.blocks.0.conv")  # fmt: skip
+    """Where no attribute can follow (a split at a number written in the code), the module kept whole is the
+    one whose own code sized what the failing layer was given, not the wrapper that handed it on (timm
+    cspresnet50 named ``ConvNormAct``, a convolution with its norm: every convolution stayed)."""
+    why = ("LiteralCrossStage kept whole (its forward fails with fewer channels: its own code sizes the input "
+           "of stages.0.blocks.0.conv")  # fmt: skip
     message = assert_refused(
-        prune, G.csp_net(), "structured", 0.3, input_shapes=("1x3x16x16",), match=why,
+        prune, G.csp_net_literal(), "structured", 0.3, input_shapes=("1x3x16x16",), match=why,
         error=UnsupportedModelError,
     )  # fmt: skip
     assert "ConvNormAct" not in message
-    model = "tests.compress.prune_graph_models:csp_net"
+    model = "tests.compress.prune_graph_models:csp_net_literal"
     assert_refused(
         cli, "prune", model, "--method", "structured", "--amount", "0.3", "--input-shape", "1x3x16x16",
         "-o", tmp_path / "p.pt", match=why, where=tmp_path,
@@ -472,3 +491,18 @@ def test_the_python_twin_never_writes_over_the_folder_it_pruned(tmp_path):
     with pytest.raises(UsageError, match="would overwrite"):
         prune(f"hf:{tmp_path / 'p'}", "l1-unstructured", 0.3, output=tmp_path / "p", progress=False)
     assert (tmp_path / "p" / "model.safetensors").read_bytes() == before
+
+
+def test_split_sizes_follow_only_what_they_match():
+    """``prune.split_sizes.follow_splits``: the old total and the old piece size follow; a bool, a private
+    attribute and other numbers stay; two splits asking different values of one attribute set nothing."""
+    import types
+
+    from ptopt.compress.prune.split_sizes import follow_splits
+
+    mod = types.SimpleNamespace(expand_chs=16, half=8, other=5, flag=True, _cache=16)
+    done = follow_splits({"s": mod}, [("s", 8, 2, 6)])
+    assert (mod.expand_chs, mod.half, mod.other, mod.flag, mod._cache) == (12, 6, 5, True, 16)
+    assert done == ["s.expand_chs: 16 → 12", "s.half: 8 → 6"]
+    clash = types.SimpleNamespace(width=16)
+    assert follow_splits({"s": clash}, [("s", 8, 2, 6), ("s", 16, 1, 10)]) == [] and clash.width == 16

@@ -247,7 +247,7 @@ def _prune_once(model: Any, example_inputs: Any, amount: float, whole: dict[str,
     heads, splits = _follow_heads(g, kept)
     heads += _hf_config(model, splits, before, settings.get("describable", False))
     try:
-        model, out = _runnable(model, g, example_inputs, masked)  # masked: the unpruned output's shapes
+        model, out = _runnable_following(model, g, kept, example_inputs, masked, heads)
     except _KeepWhole as e:
         e.heads_inside = e.cls not in settings.get("heads", {}) and _heads_cut_in(g, splits, e.cls)
         e.hidden_cut = bool(settings.get("hidden")) and _hidden_cut(g, keep)
@@ -648,6 +648,46 @@ def _runnable(model: Any, graph: Any, example_inputs: Any, ref: Any) -> tuple[An
         return gm.eval(), out
 
 
+def _runnable_following(
+    model: Any, g: Any, kept: dict[int, Any], example_inputs: Any, masked: Any, heads: list[str]
+) -> tuple[Any, Any]:
+    """``_runnable`` (``masked``: the unpruned output's shapes); when the forward fails, once more with
+    the split sizes its modules hold following the cut channels (``prune.split_sizes``: what was set is
+    added to ``heads``, the report's list of attributes set), kept only when the model then computes what
+    the unpruned one computes without the removed channels; else the first failure stands."""
+    from ptopt.compress.prune.split_sizes import follow_splits
+
+    try:
+        return _runnable(model, g, example_inputs, masked)
+    except _KeepWhole as e:
+        first = e
+    followed = follow_splits(g.modules, _even_splits(g, kept))
+    if not followed:
+        raise first
+    try:
+        runnable = _runnable(model, g, example_inputs, masked)
+    except (_KeepWhole, UnsupportedModelError):
+        raise first from None
+    if _gap(runnable[1], masked) is not None:  # runs, but not as the unpruned model: not the split's size
+        raise first
+    heads += followed
+    return runnable
+
+
+def _even_splits(g: Any, kept: dict[int, Any]) -> list[tuple[str, int, int, int]]:
+    """``(module path, piece size, pieces, kept per piece)`` of each split into equal pieces that stay equal."""
+    from ptopt.compress.prune.channel_graph import Use
+    from ptopt.compress.prune.layout import plain
+
+    out = []
+    for path, space, size, pieces in g.even_splits:
+        alive = _alive(g, kept, Use(space, "", "", plain(0, size * pieces), size * pieces))
+        per = alive.view(pieces, size).sum(1)
+        if bool((per == per[0]).all()):
+            out.append((path, size, pieces, int(per[0])))
+    return out
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else type(e).__name__
@@ -688,6 +728,23 @@ def _check(out: Any, masked: Any, heads: list[str], graph: Any) -> None:
     """The pruned model's output ``out`` is what the unpruned one computed with the removed channels
     zeroed where layers read them (``masked``); else a head attribute was not followed:
     ``_KeepWhole("*")`` (keep attention whole), or an error when heads were not involved."""
+    diff = _gap(out, masked)
+    if diff is None:
+        return
+    why = (f"the model with fewer heads does not compute what the original computes without them "
+           f"(max difference {diff:.3g}; head attributes set: {', '.join(heads) or 'none'})")  # fmt: skip
+    if graph.head_splits:
+        raise _KeepWhole("*", why)
+    raise UnsupportedModelError(
+        "structured pruning: the rewritten model does not compute what the original computes "
+        f"without the removed channels (max difference {diff:.3g}): please report it, and --exclude "
+        "the layers around the difference"
+    )
+
+
+def _gap(out: Any, masked: Any) -> float | None:
+    """The largest difference between the floating-point outputs ``out`` and ``masked`` when it is more
+    than 1e-4 of their scale (``inf``: shapes differ), else None."""
     import torch
 
     a = [
@@ -704,15 +761,8 @@ def _check(out: Any, masked: Any, heads: list[str], graph: Any) -> None:
         scale = float(y.abs().max()) if y.numel() else 0.0
         diff = float((x - y).abs().max()) if x.shape == y.shape else float("inf")
         if diff > 1e-4 * max(scale, 1.0):
-            why = (f"the model with fewer heads does not compute what the original computes without them "
-                   f"(max difference {diff:.3g}; head attributes set: {', '.join(heads) or 'none'})")  # fmt: skip
-            if graph.head_splits:
-                raise _KeepWhole("*", why)
-            raise UnsupportedModelError(
-                "structured pruning: the rewritten model does not compute what the original computes "
-                f"without the removed channels (max difference {diff:.3g}): please report it, and --exclude "
-                "the layers around the difference"
-            )
+            return diff
+    return None
 
 
 def _same_shapes(out: Any, ref: Any) -> bool:
