@@ -4,10 +4,10 @@ timm's ``CrossStage`` (cspresnet50, CSPDarkNet) splits its expanded channels in 
 ``x.split(self.expand_chs // 2, dim=1)``: the graph cuts both halves alike (``spaces._cut_even``), but its
 forward still splits at the old size and fails. When a forward fails that way, each module that split
 channels into equal pieces has its integer attributes holding the old total or the old piece size set
-to the new ones, once, and the forward is run again; the pruned model is then checked against the
-unpruned one with the removed channels masked (``techniques/structured.py``), so an attribute set wrongly
-shows up as an error, not as a wrong model. Head-count attributes of attention are
-``attention.follow_heads``'s.
+to the new ones, once, and the forward is run again. That is kept only when the model then computes what
+the unpruned one computes with the removed channels masked (``techniques/structured._runnable_following``);
+else the first failure stands and its module type is kept whole, as before. Head-count attributes of
+attention are ``attention.follow_heads``'s.
 """
 
 from __future__ import annotations
