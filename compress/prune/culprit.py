@@ -7,7 +7,8 @@ handed its input on (timm's ``ConvNormAct`` around a ``Conv2d``): keeping every 
 keeps every convolution of the network and names the wrong cause. The tensor was made further out (timm's
 ``CrossStage`` splits its expanded channels at ``self.expand_chs // 2``, a size fixed in its code). So
 the forward is run once more with hooks that record the tensors each module call received, and the
-failing layer's input is followed outwards through the calls that passed it on unchanged.
+failing layer's input is followed outwards, through the calls in the error's traceback, past those that
+passed it on unchanged.
 """
 
 from __future__ import annotations
@@ -36,33 +37,44 @@ def maker(model: Any, example_inputs: Any, ours: set[int]) -> tuple[Any, str] | 
 
 
 def _failing_chain(model: Any, example_inputs: Any) -> list[tuple[Any, frozenset[int]]]:
-    """The module calls active when ``model``'s forward raises (outermost first), each with the ids of the
-    tensors it was given; ``[]`` when it runs."""
+    """The module calls active when ``model``'s forward raises (outermost first: the modules in the error's
+    traceback), each with the ids of the tensors it was given (recorded by a hook on each call); ``[]``
+    when it runs."""
     import torch
 
     from ptopt.core.inputspec import call_model
 
-    stack: list[tuple[Any, frozenset[int]]] = []
+    given: dict[int, frozenset[int]] = {}
 
     def enter(module: Any, args: Any, kwargs: Any) -> None:
-        stack.append((module, _tensor_ids((args, kwargs))))
+        given[id(module)] = _tensor_ids((args, kwargs))
 
-    def leave(module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        stack.pop()
-
-    handles = []
-    for module in model.modules():
-        handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
-        handles.append(module.register_forward_hook(leave, with_kwargs=True))
+    handles = [m.register_forward_pre_hook(enter, with_kwargs=True) for m in model.modules()]
     try:
         with torch.no_grad():
             call_model(model, example_inputs)
         return []
-    except Exception:  # noqa: BLE001 - the failure being explained
-        return list(stack)
+    except Exception as e:  # noqa: BLE001 - the failure being explained
+        return [(m, given.get(id(m), frozenset())) for m in _active_modules(e)]
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _active_modules(error: BaseException) -> list[Any]:
+    """The modules whose call the error (or the error it was raised from) passed through, outermost first."""
+    import torch
+
+    found: list[Any] = []
+    while error is not None and not found:
+        tb = error.__traceback__
+        while tb is not None:
+            this = tb.tb_frame.f_locals.get("self")
+            if isinstance(this, torch.nn.Module) and not (found and found[-1] is this):
+                found.append(this)
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return found
 
 
 def _tensor_ids(value: Any) -> frozenset[int]:

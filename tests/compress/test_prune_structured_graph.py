@@ -506,3 +506,24 @@ def test_split_sizes_follow_only_what_they_match():
     assert done == ["s.expand_chs: 16 → 12", "s.half: 8 → 6"]
     clash = types.SimpleNamespace(width=16)
     assert follow_splits({"s": clash}, [("s", 8, 2, 6), ("s", 16, 1, 10)]) == [] and clash.width == 16
+
+
+def test_the_failing_chain_drops_calls_whose_error_was_caught():
+    """A forward that catches an error of one of its layers and goes on leaves no trace in the chain."""
+    from ptopt.compress.prune.culprit import _failing_chain
+
+    class Tolerant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bad, self.good = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            try:
+                self.bad(x)  # 4 features given to a layer that reads 3: caught
+            except RuntimeError:
+                pass
+            return self.good(x.T.T)[:, :5] @ torch.ones(3, 1)  # fails in the model's own code
+
+    model = Tolerant()
+    chain = _failing_chain(model, torch.randn(2, 4))
+    assert [m for m, _ in chain] == [model]
