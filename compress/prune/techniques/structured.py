@@ -743,8 +743,8 @@ def _check(out: Any, masked: Any, heads: list[str], graph: Any) -> None:
 
 
 def _gap(out: Any, masked: Any) -> float | None:
-    """The largest difference between the floating-point outputs ``out`` and ``masked`` when it is more
-    than 1e-4 of their scale (``inf``: shapes differ), else None."""
+    """The largest difference of the first floating-point output of ``out`` that differs from ``masked``'s
+    by more than 1e-4 of its scale (``inf``: their shapes differ), else None."""
     import torch
 
     a = [
