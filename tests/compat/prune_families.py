@@ -11,6 +11,7 @@ libraries' configs, each exercising ops the channel analysis must follow.
 | ``t5_encoder`` | Hugging Face T5 encoder: RMS norm written in Python, relative position bias |
 | ``wav2vec2`` | Hugging Face wav2vec2: conv feature extractor, GroupNorm, grouped positional conv |
 | ``llama`` | Hugging Face Llama: grouped-query attention (``repeat_kv``), rotary slices, gated MLP |
+| ``csp_timm`` | timm CS3DarkNet: ``CrossStage3`` splits its channels at ``self.expand_chs // 2`` (followed) |
 
 ``FAMILIES`` maps a name to (factory, input shape or None: the model's config says). The test
 ``tests/compat/test_prune_families.py`` runs them; ``python -m tests.compat.prune_families`` prints
@@ -53,6 +54,10 @@ def shufflenet() -> nn.Module:
 
 def mobilenet_timm() -> nn.Module:
     return _timm("mobilenetv3_small_050")
+
+
+def csp_timm() -> nn.Module:
+    return _timm("cs3darknet_s")
 
 
 def convnext_timm() -> nn.Module:
@@ -223,6 +228,7 @@ FAMILIES = {
     "t5_encoder": (t5_encoder, None),
     "wav2vec2": (wav2vec2, None),
     "llama": (llama, None),
+    "csp_timm": (csp_timm, "1x3x32x32"),
 }
 
 

@@ -36,6 +36,7 @@ CASES = {
     "t5_encoder": ("transformers", 0.59, "encoder.embed_tokens", True),  # shared table, output narrower
     "wav2vec2": ("transformers", 0.63, "wav2vec2.feature_projection.projection", False),  # weight-norm conv
     "llama": ("transformers", 0.57, "model.layers.0.self_attn.k_proj", True),  # grouped-query kv heads
+    "csp_timm": ("timm", 0.52, "stages.0.conv_exp.conv", True),  # refused before expand_chs followed
 }
 
 
