@@ -68,8 +68,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     per_file, full = ratios(args.other, args.here), file_times(args.full)
-    listed_other = sum(test_times(args.other).values())
-    listed_here = sum(v for k, v in test_times(args.here).items() if k in test_times(args.other))
+    other = test_times(args.other)
+    listed_other = sum(other.values())
+    listed_here = sum(v for k, v in test_times(args.here).items() if k in other)
     print(
         f"the list: {listed_other:.1f} s there, {listed_here:.1f} s here ({listed_other / listed_here:.2f}x)"
     )

@@ -55,13 +55,13 @@ def _failing_chain(model: Any, example_inputs: Any) -> list[tuple[Any, frozenset
             call_model(model, example_inputs)
         return []
     except Exception as e:  # noqa: BLE001 - the failure being explained
-        return [(m, given.get(id(m), frozenset())) for m in _active_modules(e)]
+        return [(m, given.get(id(m), frozenset())) for m in active_modules(e)]
     finally:
         for handle in handles:
             handle.remove()
 
 
-def _active_modules(error: BaseException) -> list[Any]:
+def active_modules(error: BaseException) -> list[Any]:
     """The modules whose call the error (or the error it was raised from) passed through, outermost first."""
     import torch
 

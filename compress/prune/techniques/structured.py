@@ -698,19 +698,13 @@ def _culprit(model: Any, error: BaseException, example_inputs: Any) -> tuple[Any
     it was found), or None: the model's own code failed. The module is the one that made the input of the
     layer the forward fails in (``prune.culprit``: a wrapper that only handed it on is not it), else the
     innermost module (not the model itself) whose ``forward`` the error passed through."""
-    from ptopt.compress.prune.culprit import maker
+    from ptopt.compress.prune.culprit import active_modules, maker
 
     # torch's own layers fail on the sizes they are given; the module that gave them is the one to keep
     ours = {
         id(m) for m in model.modules() if m is not model and not type(m).__module__.startswith("torch.nn")
     }
-    found = None
-    tb = error.__traceback__
-    while tb is not None:
-        this = tb.tb_frame.f_locals.get("self")
-        if id(this) in ours:
-            found = this
-        tb = tb.tb_next
+    found = next((m for m in reversed(active_modules(error)) if id(m) in ours), None)
     made = maker(model, example_inputs, ours) if found is not None else None
     if made is not None and made[0] is not found:
         return made
