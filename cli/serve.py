@@ -171,7 +171,8 @@ def _ray_banner(server: Any) -> None:
         else "no batching"
     )
     for m in server.manifest["models"]:
-        click.echo(f"serving {m['name']} ({m['format']}) at {server.infer_url(m['name'])}")
+        text = ", text_input (BYTES) or tensors" if m.get("tokenizer") else ""
+        click.echo(f"serving {m['name']} ({m['format']}{text}) at {server.infer_url(m['name'])}")
     click.echo(
         f"Open Inference Protocol (KServe v2) at {server.url}/v2 (tritonclient: "
         f"InferenceServerClient({server.url.split('://', 1)[1]!r})); plain JSON at {server.url}/predictions/NAME"
@@ -187,7 +188,10 @@ def _ray_banner(server: Any) -> None:
     else:
         click.echo(f"ray: the cluster at {server.gcs_address} (stop removes this application only)")
     first = server.manifest["models"][0]
-    if first["kind"] == "tensor":
+    if first.get("tokenizer"):  # an encoder or classifier that takes text (serve.text_inputs)
+        body = '{"inputs": ["A first sentence.", "A second one."]}'
+        click.echo(f"try: curl -s -X POST {server.url}/predictions/{first['name']} -d '{body}'")
+    elif first["kind"] == "tensor":
         expr = sample_request_python({"inputs": first["inputs"], "input_style": first["input_style"]})
         head = f"curl -s -X POST {server.url}/predictions/{first['name']} -H 'Content-Type: application/json'"
         click.echo(f'try: {head} -d "$(python3 -c "import json; print(json.dumps({expr}))")"')

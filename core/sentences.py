@@ -27,31 +27,37 @@ NO_LIMIT = 1_000_000
 def sentence_folder(model: Any) -> Path | None:
     """The folder whose tokenizer reads sentence files for ``model`` (a MODEL reference, or a loaded
     model: ``core.modelref.LoadedModel``): a Hugging Face folder holding no causal language model, named
-    directly or as the parent an artifact's sidecar records; None when there is none."""
+    directly or as an ancestor the sidecars record (an int8 file quantized from such a folder, the ONNX
+    exported from that file); None when there is none."""
     info = getattr(model, "info", None)
     if isinstance(info, dict) and info.get("hf_model"):
         return Path(info["hf_model"])
     artifact = getattr(model, "artifact", None)
     if artifact is not None:
-        return _folder_of((artifact.parent or {}).get("path"))
+        return _folder_of((artifact.parent or {}).get("path"), sidecar=True)
     ref = getattr(model, "ref", model)
     return _folder_of(ref, sidecar=True) if isinstance(ref, (str, os.PathLike)) else None
 
 
+#: the most sidecar parents followed from an artifact to the folder it was made from
+MAX_HOPS = 8
+
+
 def _folder_of(ref: Any, sidecar: bool = False) -> Path | None:
+    from ptopt.core.artifact import Artifact
     from ptopt.core.hf import is_hf_dir, is_lm_folder
 
-    if not isinstance(ref, (str, os.PathLike)):
-        return None
-    text = str(ref)
-    path = Path(text[3:] if text.startswith("hf:") else text)
-    if is_hf_dir(path):
-        return None if is_lm_folder(path) else path
-    if sidecar and path.is_file():
-        from ptopt.core.artifact import Artifact
-
+    seen: set[Path] = set()
+    while isinstance(ref, (str, os.PathLike)) and len(seen) < MAX_HOPS:
+        text = str(ref)
+        path = Path(text[3:] if text.startswith("hf:") else text)
+        if is_hf_dir(path):
+            return None if is_lm_folder(path) else path
+        if not sidecar or not path.is_file() or path.resolve() in seen:
+            return None
+        seen.add(path.resolve())
         art = Artifact.maybe_load(path)
-        return _folder_of((art.parent or {}).get("path")) if art is not None else None
+        ref = (art.parent or {}).get("path") if art is not None else None
     return None
 
 

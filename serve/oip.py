@@ -289,9 +289,13 @@ def _from_binary(name: str, datatype: str, shape: list[int], raw: bytes) -> np.n
 
 
 def encode_infer_response(
-    model_name: str, request: InferRequest, outputs: list[tuple[str, np.ndarray]]
+    model_name: str,
+    request: InferRequest,
+    outputs: list[tuple[str, np.ndarray]],
+    parameters: dict[str, Any] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """The answer body and its headers; only the requested outputs (all when none were named)."""
+    """The answer body and its headers; only the requested outputs (all when none were named), and the
+    answer's ``parameters`` when given."""
     if request.outputs is not None:
         have = [n for n, _ in outputs]
         unknown = [n for n in request.outputs if n not in have]
@@ -314,6 +318,8 @@ def encode_infer_response(
     answer: dict[str, Any] = {"model_name": model_name, "model_version": MODEL_VERSION, "outputs": tensors}
     if request.id is not None:
         answer["id"] = request.id
+    if parameters:
+        answer["parameters"] = parameters
     try:
         head = json.dumps(answer, allow_nan=False).encode()
     except ValueError:

@@ -151,9 +151,17 @@ def _resolve(root: str) -> Path:
 class PtoptIngress:
     """The HTTP routes (module docstring)."""
 
-    def __init__(self, handles: dict[str, Any], manifest: dict[str, Any]):
+    def __init__(self, handles: dict[str, Any], manifest: dict[str, Any], root: str = "."):
+        from ptopt.serve.text_inputs import TextInputs
+
         self.handles = handles
         self.models = {m["name"]: m for m in manifest["models"]}
+        #: the models that take text as well as tensors: their tokenizers (``serve.text_inputs``)
+        self.texts = {
+            name: TextInputs(_resolve(root) / m["tokenizer"], m["inputs"])
+            for name, m in self.models.items()
+            if m.get("tokenizer")
+        }
         self.limit = int(manifest["max_request_bytes"])
         self.max_tokens = int(manifest.get("max_tokens", 256))
         self.meta: dict[str, dict[str, Any]] = {}
@@ -335,7 +343,9 @@ class PtoptIngress:
                 else _json(503, {"error": f"model {name!r} is not ready"})
             )
         meta = await self._metadata(name)
-        return _json(200, _config(meta, self.models[name]) if action == "config" else meta)
+        if action == "config":
+            return _json(200, _config(meta, self.models[name], optional=name in self.texts))
+        return _json(200, meta)
 
     def _model(self, name: str, version: str | None) -> None:
         if name not in self.models:
@@ -383,25 +393,48 @@ class PtoptIngress:
 
     async def _metadata(self, name: str) -> dict[str, Any]:
         if name not in self.meta:
-            self.meta[name] = await self._call(name, "metadata")
+            from ptopt.serve.text_inputs import with_text_input
+
+            meta = await self._call(name, "metadata")
+            self.meta[name] = with_text_input(meta, self.texts[name]) if name in self.texts else meta
         return self.meta[name]
 
     async def _infer(
         self, name: str, body: bytes, headers: dict[str, str]
     ) -> tuple[int, bytes, dict[str, str]]:
         request = oip.parse_infer_request(body, oip.header(headers, oip.HEADER_LENGTH))
-        arrays = oip.checked_inputs(request, self.models[name]["inputs"])
+        arrays, parameters = self._arrays(name, request)
         answer = await self._batched(name, arrays)
         if isinstance(answer, str):
             raise oip.ProtocolError(422, answer)
-        content, out_headers = oip.encode_infer_response(name, request, answer)
+        content, out_headers = oip.encode_infer_response(name, request, answer, parameters)
         return 200, content, out_headers
+
+    def _arrays(self, name: str, request: oip.InferRequest) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """A tensor model's checked inputs: the request's tensors, or its ``text_input`` tokenized."""
+        from ptopt.serve.text_inputs import TEXT_INPUT, request_arrays
+
+        if TEXT_INPUT not in request.inputs:
+            return oip.checked_inputs(request, self.models[name]["inputs"]), None
+        if name not in self.texts:
+            takes = ", ".join(s["name"] for s in self.models[name]["inputs"])
+            raise oip.ProtocolError(
+                400,
+                f"model {name!r} takes tensors ({takes}), not {TEXT_INPUT}: it was packaged without a "
+                "tokenizer (only an encoder or classifier made from a Hugging Face folder with one takes text)",
+            )
+        return request_arrays(self.texts[name], request)
 
     async def _text(
         self, name: str, body: bytes, headers: dict[str, str], action: str
     ) -> tuple[int, bytes, dict[str, str]]:
         if self.models[name]["kind"] != "text":
-            raise oip.ProtocolError(400, f"model {name!r} takes tensors, not text: POST .../infer")
+            what = (
+                "encodes text_input, it generates no text"
+                if name in self.texts
+                else "takes tensors, not text"
+            )
+            raise oip.ProtocolError(400, f"model {name!r} {what}: POST .../infer")
         if action == "generate":
             (prompts, params), request = _generate_request(body), None
         else:
@@ -425,16 +458,28 @@ class PtoptIngress:
         return 200, content, out_headers
 
     async def _predict(self, name: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
-        """The .mar's plain JSON route: ``{"inputs": X}`` (one sample or a batch) -> ``{"outputs": Y}``."""
-        from ptopt.serve.handler import _arrays_from_payload, _check_array, _decode_body, _expected
-
+        """The .mar's plain JSON route: ``{"inputs": X}`` (one sample or a batch) -> ``{"outputs": Y}``;
+        a model that takes text also takes ``{"inputs": "a text"}``, a list of texts, or of pairs."""
         self._model(name, None)
-        model = self.models[name]
-        if model["kind"] != "tensor":
+        if self.models[name]["kind"] != "tensor":
             raise oip.ProtocolError(400, f"model {name!r} generates text: POST /v2/models/{name}/generate")
+        checked, one = self._payload_arrays(name, body)
+        return await self._predicted(name, checked, one)
+
+    def _payload_arrays(self, name: str, body: bytes) -> tuple[dict[str, Any], bool]:
+        """A plain JSON request's checked inputs, and whether it was one sample (no batch dimension)."""
+        from ptopt.serve.handler import _arrays_from_payload, _check_array, _decode_body, _expected
+        from ptopt.serve.text_inputs import TEXT_INPUT, payload_texts, request_arrays
+
+        model = self.models[name]
         specs = model["inputs"]
         try:
-            arrays = _arrays_from_payload(_decode_body({"body": body}), specs, model["input_style"])
+            payload = _decode_body({"body": body})
+            texts = payload_texts(payload) if name in self.texts else None
+            if texts is not None:
+                request = oip.InferRequest({TEXT_INPUT: texts}, {TEXT_INPUT: "BYTES"})
+                return request_arrays(self.texts[name], request)[0], isinstance(payload["inputs"], str)
+            arrays = _arrays_from_payload(payload, specs, model["input_style"])
             checked, ones = {}, set()
             for spec in specs:
                 checked[spec["name"]], one = _check_array(arrays[spec["name"]], spec)
@@ -443,10 +488,16 @@ class PtoptIngress:
                 raise ValueError("inputs disagree on the batch size")
         except ValueError as e:
             raise oip.ProtocolError(400, str(e), expected=_expected(specs)) from None
+        return checked, ones.pop()
+
+    async def _predicted(
+        self, name: str, checked: dict[str, Any], one: bool
+    ) -> tuple[int, bytes, dict[str, str]]:
+        from ptopt.serve.handler import _expected
+
         answer = await self._batched(name, checked)
         if isinstance(answer, str):
-            raise oip.ProtocolError(422, answer, expected=_expected(specs))
-        one = ones.pop()
+            raise oip.ProtocolError(422, answer, expected=_expected(self.models[name]["inputs"]))
         values = {n: (a[0] if one else a).tolist() for n, a in answer}
         outputs = next(iter(values.values())) if len(values) == 1 else values
         try:
@@ -479,11 +530,13 @@ def _version() -> str:
         return "unknown"
 
 
-def _config(meta: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+def _config(meta: dict[str, Any], model: dict[str, Any], optional: bool = False) -> dict[str, Any]:
     """Triton's model configuration (``GET .../config``), as far as it describes this model, by the rules
     ``package --format triton`` follows (``serve/triton.py``): a batch dimension dynamic in every input
     gives ``max_batch_size`` (the model's max batch) and dims without it, inputs' and outputs' alike;
-    otherwise ``max_batch_size: 0`` and whole dims (a language model's too)."""
+    otherwise ``max_batch_size: 0`` and whole dims (a language model's too). ``optional``: a model that
+    takes ``text_input`` or its tensors (``serve.text_inputs``): every input is optional, and
+    ``text_input``'s dims are ``[-1]`` (a text, or a pair, per row)."""
     specs = model.get("inputs") or []
     batched = (
         model.get("kind", "tensor") == "tensor"
@@ -501,11 +554,16 @@ def _config(meta: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
             for t in meta_tensors
         ]
 
+    inputs = tensors(meta["inputs"])
+    for t in inputs if optional else []:
+        t["optional"] = True
+        if t["data_type"] == "TYPE_STRING":
+            t["dims"] = [-1]
     return {
         "name": meta["name"],
         "platform": meta["platform"],
         "max_batch_size": int(model.get("max_batch", 0)) if batched else 0,
-        "input": tensors(meta["inputs"]),
+        "input": inputs,
         "output": tensors(meta["outputs"]),
     }
 
@@ -607,7 +665,7 @@ def build_app(manifest: dict[str, Any], root: str) -> Any:
         num_replicas=int(manifest.get("ingress_replicas", 1)),
         ray_actor_options={"num_cpus": 0},
         graceful_shutdown_wait_loop_s=GRACEFUL_WAIT_LOOP_S,
-    ).bind(handles, manifest)
+    ).bind(handles, manifest, root)
 
 
 def app_from_folder(folder: str | os.PathLike = ".") -> Any:

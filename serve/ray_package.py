@@ -5,6 +5,8 @@
       ptopt_ray_app.py      the Serve application (import path ptopt_ray_app:app)
       ptopt_ray.json        the manifest: the models, their input specs, batching, replicas, limits
       model/NAME/...        the artifact's file(s) and its sidecar (a language model: its folder)
+      model/NAME/tokenizer/ the tokenizer of the folder an encoder or classifier was made from: the
+                            model takes text as well as tensors (``serve.text_inputs``)
 
 The application file imports ``ptopt.serve.ray_app``: the cluster's Python needs ``ptopt[ray]``
 (the replicas load the artifact through ptopt's format table, which also covers AOTInductor,
@@ -79,6 +81,10 @@ class RayModel:
     sidecar: dict[str, Any] | None
     parent: dict[str, Any] | None
     allow_pickle: bool = False
+    #: a saved tokenizer (a folder) that turns text into this model's inputs, or None
+    tokenizer: Path | None = None
+    #: why this tensor model takes no text, where it was made from a folder with a tokenizer
+    text_note: str = ""
 
     @property
     def max_batch(self) -> int:
@@ -104,10 +110,32 @@ def prepare_model(
         package="ray",
     )  # fmt: skip
     trusted = get_format(prep.format).trusted_load and allow_pickle  # prepare() refused it otherwise
-    return RayModel(
+    model = RayModel(
         name, prep.path, prep.format, "tensor", [s.to_dict() for s in prep.inputs], prep.input_style,
         prep.precision, list(prep.files), prep.sidecar, prep.parent, trusted,
     )  # fmt: skip
+    model.tokenizer, model.text_note = _tokenizer(artifact, model, tmp)
+    return model
+
+
+def _tokenizer(artifact: Any, model: RayModel, tmp: Path) -> tuple[Path | None, str]:
+    """The tokenizer of the Hugging Face folder ``artifact`` was made from (``core.sentences``), saved
+    under ``tmp`` when the model takes what it makes (``serve.text_inputs``); else None and why not
+    (empty when no folder with a tokenizer is on record)."""
+    from ptopt.core.hf import has_tokenizer, load_tokenizer
+    from ptopt.core.sentences import sentence_folder
+    from ptopt.serve.text_inputs import why_no_text
+
+    ref = artifact.path if isinstance(artifact, Artifact) else artifact
+    folder = sentence_folder(ref) if isinstance(ref, (str, Path)) else None
+    if folder is None or not has_tokenizer(folder):
+        return None, ""
+    reason = why_no_text(model.inputs)
+    if reason is not None:
+        return None, f"no text input ({folder.name}'s tokenizer not used: {reason})"
+    dest = tmp / f"{model.name}.tokenizer"
+    load_tokenizer(folder).save_pretrained(str(dest))
+    return dest, ""
 
 
 def _text_model(artifact: Any, name: str, allow_pickle: bool) -> RayModel | None:
@@ -152,6 +180,7 @@ def manifest(models: list[RayModel], app_name: str, config: RayServeConfig) -> d
                 "precision": m.precision,
                 "max_batch": m.max_batch,
                 "allow_pickle": m.allow_pickle,
+                "tokenizer": f"model/{m.name}/tokenizer" if m.tokenizer is not None else None,
             }
         )
     return {
@@ -175,6 +204,8 @@ def stage_folder(models: list[RayModel], dest: Path, man: dict[str, Any], serve_
             shutil.copy2(f, target)
         if m.sidecar is not None:
             _write_sidecar(m, home / m.path.name)
+        if m.tokenizer is not None:
+            shutil.copytree(m.tokenizer, home / "tokenizer")
     (dest / MANIFEST).write_text(json.dumps(man, indent=2) + "\n", encoding="utf-8")
     (dest / APP_FILE).write_text(_APP_SOURCE.format(version=_version()), encoding="utf-8")
     (dest / CONFIG_FILE).write_text(serve_config, encoding="utf-8")
@@ -285,9 +316,21 @@ def write_package(
         parent=first.parent,
         precision=first.precision,
         files=[f"{output.name}/{p.as_posix()}" for p in written],
-        extra={"model_name": app_name, "model_format": first.format, "models": [m.name for m in models]},
+        extra={
+            "model_name": app_name,
+            "model_format": first.format,
+            "models": [m.name for m in models],
+            "text_input": {m.name: _text_input(m) for m in models if m.kind == "tensor"},
+        },
     )
     return art.finalize()
+
+
+def _text_input(m: RayModel) -> str:
+    """What the package says of a tensor model's text input (``package`` prints it)."""
+    if m.tokenizer is not None:
+        return "text_input (BYTES: texts, or pairs) tokenized by the tokenizer packaged beside it"
+    return m.text_note
 
 
 def _spec(d: dict[str, Any]) -> Any:

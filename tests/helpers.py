@@ -195,3 +195,32 @@ def torchao(module: str = "torchao"):
 
     with quiet_imports():
         return importlib.import_module(module)
+
+
+#: the words of :func:`bert_folder`'s tokenizer, after BERT's special tokens
+WORDS = "the a cat dog sat on mat ran fast slow red blue house tree big small and is was".split()
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+
+
+def bert_folder(folder, num_labels: int = 3):
+    """A tiny seeded ``BertForSequenceClassification`` (1 layer, width 32) saved in ``folder`` with a
+    WordPiece tokenizer of VOCAB: a Hugging Face classifier folder as users save one."""
+    import inspect
+
+    from ptopt.core.hf import import_transformers
+
+    tf = import_transformers()
+    torch.manual_seed(0)
+    config = tf.BertConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=len(VOCAB), num_labels=num_labels,
+    )  # fmt: skip
+    tf.BertForSequenceClassification(config).eval().save_pretrained(folder)
+    if "vocab" in inspect.signature(tf.BertTokenizer.__init__).parameters:  # transformers 5: the words
+        tokenizer = tf.BertTokenizer(vocab={w: i for i, w in enumerate(VOCAB)})
+    else:  # 4: a file
+        os.makedirs(folder, exist_ok=True)
+        (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+        tokenizer = tf.BertTokenizer(vocab_file=str(folder / "vocab.txt"))
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -6,7 +6,6 @@ longest text: the sequence dimension is now the model's (``core.input_infer.toke
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
@@ -16,40 +15,20 @@ import ptopt
 from ptopt.core.errors import DataError, UsageError
 from ptopt.core.input_infer import token_lengths
 from ptopt.core.inputspec import specs_from_example
-from tests.helpers import assert_refused
+from tests.helpers import VOCAB, WORDS, assert_refused, bert_folder
 
 pytest.importorskip("transformers")
 
-WORDS = "the a cat dog sat on mat ran fast slow red blue house tree big small and is was".split()
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
 CALIB = "the cat sat on the mat\na dog ran\n\nthe big red house and the small blue tree is big\n"
 HELD = "the dog sat\na cat is slow\nthe tree was red and big\n"
 LONG = " ".join(WORDS * 2) + "\n"  # 40 tokens with [CLS] and [SEP]: longer than anything calibrated
 
 
-def _tokenizer(tf, folder):
-    """A BERT WordPiece tokenizer of VOCAB (transformers 5 takes the vocabulary itself, 4 a file)."""
-    if "vocab" in inspect.signature(tf.BertTokenizer.__init__).parameters:
-        return tf.BertTokenizer(vocab={w: i for i, w in enumerate(VOCAB)})
-    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    return tf.BertTokenizer(vocab_file=str(folder / "vocab.txt"))
-
-
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     """A tiny BertForSequenceClassification folder with its tokenizer, and three sentence files."""
-    from ptopt.core.hf import import_transformers
-
-    tf = import_transformers()
     root = tmp_path_factory.mktemp("sentences")
-    folder = root / "bert"
-    torch.manual_seed(0)
-    config = tf.BertConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        vocab_size=len(VOCAB), num_labels=3,
-    )  # fmt: skip
-    tf.BertForSequenceClassification(config).eval().save_pretrained(folder)
-    _tokenizer(tf, folder).save_pretrained(folder)
+    folder = bert_folder(root / "bert")
     for name, text in (("calib.txt", CALIB), ("held.txt", HELD), ("long.txt", LONG)):
         (root / name).write_text(text)
     return root, folder

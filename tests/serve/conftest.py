@@ -7,6 +7,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -158,3 +159,36 @@ def serve_lm_int8(serve_lm: Path) -> Path:
     if not out.exists():
         ptopt.quantize(serve_lm / "llama", "weight-only", out)
     return out
+
+
+#: texts and pairs the text-serving tests send (``serve.text_inputs``)
+TEXTS = ["the cat sat on the mat", "a dog ran"]
+PAIRS = [["the cat sat", "a dog ran fast"], ["the big house", "is red"]]
+
+
+@pytest.fixture(scope="session")
+def serve_bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A tiny BERT classifier folder with its tokenizer (``tests.helpers.bert_folder``), exported to ONNX
+    with data holding pairs (so it takes ``token_type_ids``), and that ONNX packaged for Ray Serve:
+    (folder, onnx, package)."""
+    pytest.importorskip("transformers")
+    import ptopt
+    from ptopt.core.hf import load_tokenizer
+    from tests.helpers import bert_folder
+
+    root = tmp_path_factory.mktemp("serve-bert")
+    folder = bert_folder(root / "bert")
+    pairs = dict(load_tokenizer(folder)(PAIRS, padding=True, return_tensors="pt"))
+    ptopt.export(f"hf:{folder}", "onnx", data=pairs).save(root / "bert.onnx")
+    ptopt.package(root / "bert.onnx", "ray", root / "bert_ray", max_batch_size=8)
+    return folder, root / "bert.onnx", root / "bert_ray"
+
+
+def bert_logits(folder: Path, texts: list) -> np.ndarray:
+    """What transformers answers for ``texts`` (strings, or pairs), tokenized by the folder's tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return model(**tok(texts, padding=True, return_tensors="pt")).logits.numpy()

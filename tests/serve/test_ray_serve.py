@@ -28,6 +28,7 @@ import torch
 from ptopt.core.features import check_ray
 from tests.conftest import REPO
 from tests.helpers import assert_refused
+from tests.serve.conftest import PAIRS, TEXTS, bert_logits
 
 pytestmark = pytest.mark.skipif(
     not check_ray().available, reason=f"no Ray Serve here: {check_ray().detail} (pip install 'ptopt[ray]')"
@@ -394,6 +395,28 @@ def test_api_joins_the_instance_and_serves_a_language_model(served, serve_lm, mo
         time.sleep(0.2)
     assert http("GET", f"{served.url}/lm/v2/health/ready")[0] == 404  # gone from the instance
     assert client.is_server_ready() and len(replicas()) == 2  # the CLI's application keeps serving
+
+
+def test_api_joins_the_instance_and_serves_an_encoder_that_takes_text(served, serve_bert, monkeypatch):
+    """An ONNX classifier exported from a Hugging Face folder, packaged here (its tokenizer copied in) and
+    deployed beside the CLI's application: its ingress replica loads the tokenizer from the package it
+    was sent (``serve.text_inputs``); texts and pairs in, transformers' logits out."""
+    from ptopt.serve.ray_server import RayServer
+
+    folder, onnx, _ = serve_bert
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", served.token)
+    server = RayServer(onnx, address=served.gcs, route_prefix="/bert", config={"cpus_per_replica": 0.25})
+    with server:
+        bert = th.InferenceServerClient(f"{served.host}/bert")
+        assert bert.get_model_metadata("bert")["inputs"][0]["name"] == "text_input"
+        for texts in (TEXTS, PAIRS):
+            data = np.array(texts, dtype=object)
+            x = th.InferInput("text_input", list(data.shape), "BYTES").set_data_from_numpy(data)
+            got = bert.infer("bert", [x]).as_numpy("logits")
+            np.testing.assert_allclose(got, bert_logits(folder, texts), atol=1e-5)
+        code, answer = server.predict(TEXTS[0])
+        assert code == 200 and np.allclose(answer["outputs"], bert_logits(folder, TEXTS[:1])[0], atol=1e-5)
 
 
 def _workdirs() -> set[Path]:

@@ -1,0 +1,250 @@
+"""An encoder or classifier made from a Hugging Face folder takes text on Ray Serve (``serve.text_inputs``):
+``ptopt package --format ray`` copies the folder's tokenizer beside the artifact, and the ingress turns a
+``BYTES`` ``text_input`` (texts, or pairs) into the model's token inputs. Before, a client had to tokenize
+and send ``input_ids`` / ``attention_mask`` itself, with the model's own tokenizer.
+
+Here the ingress runs in this process (its handles call a real model replica, ``PtoptModel``'s class,
+directly); the real Ray Serve instance answering text: ``test_ray_serve.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from ptopt.core.artifact import Artifact
+from ptopt.core.errors import UsageError
+from tests.serve.conftest import PAIRS, TEXTS, bert_logits
+
+pytest.importorskip("transformers")
+pytest.importorskip("ray.serve", reason="ray[serve] (the ray extra) is not installed")
+from ptopt.serve import oip  # noqa: E402 - after the importorskip
+from ptopt.serve.text_inputs import TextInputs, bucket, why_no_text  # noqa: E402
+
+
+def _spec(name: str, top: int = 24, longest: int = 16) -> dict:
+    return {"name": name, "min_shape": [1, 1], "opt_shape": [1, 8], "max_shape": [8, longest], "dtype": "int64",
+            "value_range": [0, top]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bert(serve_bert):
+    return serve_bert
+
+
+class _Handle:
+    """A DeploymentHandle's shape: ``handle.METHOD.remote(*args)`` awaited for the replica's answer."""
+
+    def __init__(self, replica):
+        self.replica = replica
+
+    def __getattr__(self, method):
+        fn = getattr(self.replica, method)
+
+        async def remote(*args):
+            out = fn(*args)
+            return (await out) if asyncio.iscoroutine(out) else out
+
+        return type("Method", (), {"remote": staticmethod(remote)})
+
+
+def _ingress(folder, manifest=None):
+    from ptopt.serve.ray_app import PtoptIngress, PtoptModel
+    from ptopt.serve.ray_package import read_manifest
+
+    manifest = manifest or read_manifest(folder)
+    entry = manifest["models"][0]
+    replica = PtoptModel.func_or_class(str(folder), entry, 1, 8)
+    ingress = PtoptIngress.func_or_class({entry["name"]: _Handle(replica)}, manifest, str(folder))
+    # Serve's batcher needs a replica's context: every request goes to the model replica alone
+    ingress.max_rows[entry["name"]] = 0
+    return ingress
+
+
+def _call(ingress, method, path, body=None, headers=None):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+    try:
+        status, content, _ = asyncio.run(ingress.respond(method, path, headers or {}, raw))
+    except oip.ProtocolError as e:
+        status, content = e.status, e.body()
+    return status, json.loads(content) if content else None
+
+
+def _text(data, shape=None, datatype="BYTES", **parameters):
+    body = {
+        "inputs": [{"name": "text_input", "datatype": datatype, "shape": shape or [len(data)], "data": data}]
+    }
+    return {**body, "parameters": parameters} if parameters else body
+
+
+def test_the_package_carries_the_tokenizer_of_the_folder_the_artifact_came_from(bert, cli, tmp_path):
+    folder, onnx, package = bert
+    entry = json.loads((package / "ptopt_ray.json").read_text())["models"][0]
+    assert entry["tokenizer"] == "model/bert/tokenizer"
+    assert (package / "model/bert/tokenizer/tokenizer_config.json").is_file()
+    assert [s["name"] for s in entry["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    listed = Artifact.load(package).files
+    assert "bert_ray/model/bert/tokenizer/tokenizer_config.json" in listed  # the sidecar hashes it too
+    code, out, err = cli("package", onnx, "--format", "ray", "-o", tmp_path / "p")
+    assert code == 0, err
+    assert "text:   text_input (BYTES: texts, or pairs) tokenized by the tokenizer packaged beside it" in out
+
+
+def test_text_and_pairs_are_answered_as_transformers_answers_them(bert):
+    folder, _, package = bert
+    ingress = _ingress(package)
+    code, answer = _call(ingress, "POST", "/v2/models/bert/infer", _text(TEXTS))
+    assert code == 200, answer
+    (out,) = answer["outputs"]
+    assert out["name"] == "logits" and out["shape"] == [2, 3] and "parameters" not in answer
+    np.testing.assert_allclose(np.array(out["data"]).reshape(2, 3), bert_logits(folder, TEXTS), atol=1e-5)
+    code, answer = _call(ingress, "POST", "/v2/models/bert/infer", _text(sum(PAIRS, []), shape=[2, 2]))
+    assert code == 200, answer
+    got = np.array(answer["outputs"][0]["data"]).reshape(2, 3)
+    np.testing.assert_allclose(got, bert_logits(folder, PAIRS), atol=1e-5)  # token_type_ids set for the pair
+    assert not np.allclose(got, bert_logits(folder, [" ".join(p) for p in PAIRS]), atol=1e-5)
+    # the plain JSON route: a text (no batch dimension), a list of texts, a list of pairs
+    code, answer = _call(ingress, "POST", "/predictions/bert", {"inputs": TEXTS[0]})
+    assert code == 200 and np.allclose(answer["outputs"], bert_logits(folder, TEXTS[:1])[0], atol=1e-5)
+    code, answer = _call(ingress, "POST", "/predictions/bert", {"inputs": PAIRS})
+    assert code == 200 and np.allclose(answer["outputs"], bert_logits(folder, PAIRS), atol=1e-5)
+    # the tensors still work, alone
+    tok = _tokens(folder, TEXTS)
+    tensors = [
+        {"name": n, "datatype": "INT64", "shape": list(a.shape), "data": a.ravel().tolist()}
+        for n, a in tok.items()
+    ]
+    code, answer = _call(ingress, "POST", "/v2/models/bert/infer", {"inputs": tensors})
+    assert code == 200 and np.allclose(
+        answer["outputs"][0]["data"], bert_logits(folder, TEXTS).ravel(), atol=1e-5
+    )
+
+
+def _tokens(folder, texts):
+    from transformers import AutoTokenizer
+
+    enc = AutoTokenizer.from_pretrained(folder)(texts, padding=True, return_tensors="np")
+    return {n: enc[n].astype(np.int64) for n in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def test_metadata_and_config_say_text_or_tensors(bert):
+    ingress = _ingress(bert[2])
+    code, meta = _call(ingress, "GET", "/v2/models/bert")
+    assert code == 200
+    assert [t["name"] for t in meta["inputs"]] == [
+        "text_input",
+        "input_ids",
+        "attention_mask",
+        "token_type_ids",
+    ]
+    assert meta["inputs"][0] == {"name": "text_input", "datatype": "BYTES", "shape": [-1]}
+    assert "[N] texts or [N, 2] pairs" in meta["parameters"]["text_input"]
+    code, config = _call(ingress, "GET", "/v2/models/bert/config")
+    assert code == 200 and all(t["optional"] for t in config["input"])
+    assert config["input"][0] == {
+        "name": "text_input",
+        "data_type": "TYPE_STRING",
+        "dims": [-1],
+        "optional": True,
+    }
+
+
+LONG = " ".join(["the cat"] * 100)  # 202 tokens with [CLS] and [SEP]: past the export's 128
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        (_text([LONG, "a dog"]), 200, '"truncated": 1'),
+        (_text([LONG], truncate=False), 400, "text 0 is 202 tokens; this model takes at most 128"),
+        (_text([LONG], truncate="no"), 400, "\"truncate\": 'no': give true or false"),
+        (_text(["a", "b", "c"], shape=[1, 3]), 400, "text_input has shape [1, 3]; send [N] texts, [N, 1], or [N, 2] pairs"),
+        (_text([1.0], datatype="FP32"), 400, "send text_input (BYTES) alone, or the model's tensors without it"),
+        ({"inputs": [_text(["a"])["inputs"][0], {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [2]}]},
+         400, "send text_input (BYTES) alone"),
+        (_text([], shape=[0]), 400, "text_input holds no text"),
+    ],
+)  # fmt: skip
+def test_what_text_requests_get(bert, body, status, words):
+    code, answer = _call(_ingress(bert[2]), "POST", "/v2/models/bert/infer", body)
+    assert code == status and words in (answer["error"] if code >= 400 else json.dumps(answer)), answer
+
+
+def test_a_model_packaged_without_a_tokenizer_says_it_takes_tensors(bert):
+    from ptopt.serve.ray_package import read_manifest
+
+    manifest = read_manifest(bert[2])
+    manifest["models"][0]["tokenizer"] = None
+    ingress = _ingress(bert[2], manifest)
+    code, answer = _call(ingress, "POST", "/v2/models/bert/infer", _text(TEXTS))
+    assert (
+        code == 400
+        and "takes tensors (input_ids, attention_mask, token_type_ids), not text_input" in answer["error"]
+    )
+    code, meta = _call(ingress, "GET", "/v2/models/bert")
+    assert [t["name"] for t in meta["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    code, answer = _call(ingress, "POST", "/predictions/bert", {"inputs": TEXTS})
+    assert code == 400  # a list of strings is no tensor
+
+
+def test_requests_are_padded_to_a_bucket_of_their_longest_text(bert):
+    """Requests of similar lengths get one shape, so Serve's batcher joins them in one model call."""
+    text = TextInputs(bert[0], [_spec("input_ids"), _spec("attention_mask", 2)])
+    short, _ = text.arrays(np.array([b"a dog ran"], dtype=object))  # 5 tokens -> 8
+    other, _ = text.arrays(np.array([b"the cat sat on the mat"], dtype=object))  # 8 -> 8
+    assert short["input_ids"].shape == other["input_ids"].shape == (1, 8)
+    assert short["attention_mask"].tolist() == [[1] * 5 + [0] * 3] and short["input_ids"].dtype == np.int64
+    long, cut = text.arrays(np.array([LONG.encode()], dtype=object))
+    assert long["input_ids"].shape == (1, 16) and cut == 1  # cut at the spec's longest
+    assert [bucket(n, 1, 128) for n in (1, 2, 3, 9, 100, 200)] == [1, 2, 4, 16, 128, 128]
+    assert bucket(3, 8, 128) == 8  # never below the spec's shortest
+
+
+def test_pairs_are_refused_where_the_model_takes_no_token_type_ids(bert):
+    text = TextInputs(bert[0], [_spec("input_ids"), _spec("attention_mask", 2)])
+    with pytest.raises(UsageError, match="pairs: this model takes no token_type_ids"):
+        text.arrays(np.array(PAIRS, dtype=object))
+    one, _ = text.arrays(np.array([["the cat"], ["a dog"]], dtype=object))  # [N, 1]: texts
+    assert set(one) == {"input_ids", "attention_mask"}
+
+
+def test_which_models_take_text():
+    assert why_no_text([_spec("input_ids"), _spec("attention_mask")]) is None
+    assert "no attention_mask" in why_no_text([_spec("input_ids")])
+    assert "it takes pixel_values, which no tokenizer makes" in why_no_text(
+        [_spec("input_ids"), _spec("pixel_values")]
+    )
+    with pytest.raises(UsageError, match="this model takes no text: it takes no attention_mask"):
+        TextInputs(".", [_spec("input_ids")])
+
+
+def test_the_folder_is_found_through_every_sidecar_parent(bert, tmp_path):
+    """An ONNX exported from an int8 file quantized from the folder: two sidecars back (was one)."""
+    from ptopt.core.sentences import sentence_folder
+
+    folder = bert[0]
+    first, second = tmp_path / "a.int8.pt", tmp_path / "a.int8.onnx"
+    for path, parent in ((first, str(folder)), (second, str(first))):
+        path.write_bytes(b"x")
+        Artifact(path, "torchscript" if path.suffix == ".pt" else "onnx", parent={"path": parent}).finalize()
+    assert sentence_folder(str(second)) == folder
+    (tmp_path / "loop.onnx").write_bytes(b"x")
+    Artifact(tmp_path / "loop.onnx", "onnx", parent={"path": str(tmp_path / "loop.onnx")}).finalize()
+    assert sentence_folder(str(tmp_path / "loop.onnx")) is None  # a sidecar naming itself ends the walk
+
+
+def test_the_banner_says_the_model_takes_text_and_shows_a_text_request(bert, capsys):
+    from ptopt.cli.serve import _ray_banner
+    from ptopt.serve.ray_server import RayServer
+
+    server = RayServer(bert[1])  # packaged here; Ray never starts
+    try:
+        capsys.readouterr()
+        _ray_banner(server)
+        banner = capsys.readouterr().out
+    finally:
+        server.stop()
+    assert "serving bert (onnx, text_input (BYTES) or tensors) at " in banner, banner
+    assert '/predictions/bert -d \'{"inputs": ["A first sentence.", "A second one."]}\'' in banner, banner
