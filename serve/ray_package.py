@@ -83,7 +83,7 @@ class RayModel:
     allow_pickle: bool = False
     #: a saved tokenizer (a folder) that turns text into this model's inputs, or None
     tokenizer: Path | None = None
-    #: why this tensor model takes no text, where it was made from a folder with a tokenizer
+    #: why this tensor model takes no text (or no pairs), where it was made from a folder with a tokenizer
     text_note: str = ""
 
     @property
@@ -134,7 +134,11 @@ def _tokenizer(artifact: Any, model: RayModel, tmp: Path) -> tuple[Path | None, 
     if reason is not None:
         return None, f"no text input ({folder.name}'s tokenizer not used: {reason})"
     dest = tmp / f"{model.name}.tokenizer"
-    load_tokenizer(folder).save_pretrained(str(dest))
+    tokenizer = load_tokenizer(folder)
+    tokenizer.save_pretrained(str(dest))
+    names = {s["name"] for s in model.inputs}
+    if "token_type_ids" not in names and "token_type_ids" in getattr(tokenizer, "model_input_names", ()):
+        return dest, "pairs need token_type_ids, which this model does not take"
     return dest, ""
 
 
@@ -329,7 +333,9 @@ def write_package(
 def _text_input(m: RayModel) -> str:
     """What the package says of a tensor model's text input (``package`` prints it)."""
     if m.tokenizer is not None:
-        return "text_input (BYTES: texts, or pairs) tokenized by the tokenizer packaged beside it"
+        what = "texts" if m.text_note else "texts, or pairs"
+        note = f"; {m.text_note}" if m.text_note else ""
+        return f"text_input (BYTES: {what}) tokenized by the tokenizer packaged beside it{note}"
     return m.text_note
 
 

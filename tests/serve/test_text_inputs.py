@@ -89,7 +89,16 @@ def test_the_package_carries_the_tokenizer_of_the_folder_the_artifact_came_from(
     assert "bert_ray/model/bert/tokenizer/tokenizer_config.json" in listed  # the sidecar hashes it too
     code, out, err = cli("package", onnx, "--format", "ray", "-o", tmp_path / "p")
     assert code == 0, err
-    assert "text:   text_input (BYTES: texts, or pairs) tokenized by the tokenizer packaged beside it" in out
+    assert (
+        "text:   text_input (BYTES: texts, or pairs) tokenized by the tokenizer packaged beside it\n" in out
+    )
+    # the folder itself (exported to TorchScript for Ray, with the implied inputs: no token_type_ids)
+    code, out, err = cli("package", f"hf:{folder}", "--format", "ray", "-o", tmp_path / "f")
+    assert code == 0, err
+    assert (
+        "text:   text_input (BYTES: texts) tokenized by the tokenizer packaged beside it; pairs need "
+        "token_type_ids, which this model does not take"
+    ) in out
 
 
 def test_text_and_pairs_are_answered_as_transformers_answers_them(bert):
