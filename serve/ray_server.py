@@ -773,6 +773,7 @@ def _trusted_manifest(folder: Path, manifest: dict[str, Any], allow_pickle: bool
             raise ModelLoadError(
                 f"{folder}: model {entry['name']!r} points outside the package ({entry['path']})"
             )
+        _check_tokenizer(folder, entry)
         if entry.get("allow_pickle") and not allow_pickle:
             raise UsageError(
                 f"{folder}: model {entry['name']!r} was packaged with --allow-pickle (loading it runs pickled "
@@ -780,6 +781,24 @@ def _trusted_manifest(folder: Path, manifest: dict[str, Any], allow_pickle: bool
             )
     _check_app_file(folder)
     return manifest
+
+
+def _check_tokenizer(folder: Path, entry: dict[str, Any]) -> None:
+    """A model's packaged tokenizer (``serve.text_inputs``), where its manifest names one: a folder
+    inside the package that holds a tokenizer."""
+    from ptopt.core.hf import has_tokenizer
+
+    where = entry.get("tokenizer")
+    if where is None:
+        return
+    if not isinstance(where, str) or not (folder / where).resolve().is_relative_to(folder):
+        raise ModelLoadError(
+            f"{folder}: model {entry['name']!r}'s tokenizer points outside the package ({where})"
+        )
+    if not has_tokenizer(folder / where):
+        raise ModelLoadError(
+            f"{folder}: model {entry['name']!r}'s tokenizer ({where}) holds no tokenizer; package the artifact again"
+        )
 
 
 def _check_app_file(folder: Path) -> None:

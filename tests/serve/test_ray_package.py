@@ -173,8 +173,15 @@ def test_language_model_without_tokenizer_is_refused(serve_lm, tmp_path):
         ),
         ({"name": "m", "path": "../../etc/passwd"}, True, "points outside the package", "load"),
         ({"name": "m"}, True, "has no name or path", "load"),
+        ({"name": "m", "path": "m.onnx", "tokenizer": "../../tok"}, True, "tokenizer points outside", "load"),
+        (
+            {"name": "m", "path": "m.onnx", "tokenizer": "tok"},
+            True,
+            "tokenizer (tok) holds no tokenizer",
+            "load",
+        ),
     ],
-    ids=["pickle-needs-the-flag", "path-outside", "no-path"],
+    ids=["pickle-needs-the-flag", "path-outside", "no-path", "tokenizer-outside", "no-tokenizer"],
 )
 def test_a_handed_package_folder_is_checked_before_ray_starts(tmp_path, entry, allow, words, error):
     """A package folder from elsewhere: its manifest's word does not allow pickles (this command's
