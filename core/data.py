@@ -457,7 +457,7 @@ def _refuse_unpaired_labels(obj: tuple, name: str) -> None:
 
 
 #: suffixes of the files a DATA reference names (tensors, arrays, token ids, text)
-DATA_SUFFIXES = (".pt", ".pth", ".npz", ".npy", ".txt", ".text", ".md")
+DATA_SUFFIXES = (".pt", ".pth", ".npz", ".npy", ".txt", ".tsv", ".text", ".md")
 _NO_FILE = "no such file (forms: file.pt, file.npz, builtin:digits, pkg.module:function)"
 
 
@@ -488,7 +488,9 @@ def _load_reference(ref: str | os.PathLike, model: Any = None) -> Dataset:
 
         folder = sentence_folder(model) if model is not None and not text.startswith("builtin:") else None
         if folder is not None:
-            x, name = read_sentences(text, folder, getattr(model, "module", None))
+            art = getattr(model, "artifact", None)
+            takes = [s.name for s in art.inputs] if art is not None and art.inputs else None
+            x, name = read_sentences(text, folder, getattr(model, "module", None), takes)
             return Dataset(x, name=name)
         raise DataError(
             f"data {text!r} is text: a language model reads it through its tokenizer (quantize --mode "

@@ -1,14 +1,21 @@
 """Sentence files for a Hugging Face model that is no language model (an encoder, a classifier).
 
 ``ptopt quantize hf:DIR --mode static --calib-data calib.txt --eval-data heldout.txt``: a text DATA file
-(``.txt``, ``.text``, ``.md``) given with such a MODEL is read as **one sample per non-empty line**,
-tokenized by the tokenizer saved in the folder (``AutoTokenizer``, local files only), padded to its
+(``.txt``, ``.tsv``, ``.text``, ``.md``) given with such a MODEL is read as **one sample per non-empty
+line**, tokenized by the tokenizer saved in the folder (``AutoTokenizer``, local files only), padded to its
 longest line (the ``attention_mask`` says which tokens are padding) and cut at the model's position
 table. The inputs are the ones the model's implied inputs name (``input_ids``, and ``attention_mask`` where
 ``forward`` takes one; ``core.input_infer.hf_inputs``), so the data fits the artifacts made without data.
-The folder is the MODEL itself (``hf:DIR`` or ``DIR``), or, for an artifact, the parent its sidecar
-records (an int8 file quantized from such a folder). A language model reads text as one stream of tokens
-instead (``ptopt.core.text``).
+
+Lines that hold a tab are **pairs** (``query<TAB>passage``: a cross-encoder's, an NLI model's), every line
+then one pair: tokenized as pairs, with the ``token_type_ids`` that tell the two texts apart where the
+model's ``forward`` takes them (BERT's), so an export with such data takes them too. An artifact's own
+inputs decide for it; pairs for an artifact that takes no token types, where the tokenizer sets them, are
+refused (it would read each pair as one text).
+
+The folder is the MODEL itself (``hf:DIR`` or ``DIR``), or, for an artifact, the folder its sidecars'
+parents lead to (an int8 file quantized from such a folder, the ONNX exported from that file). A language
+model reads text as one stream of tokens instead (``ptopt.core.text``).
 """
 
 from __future__ import annotations
@@ -61,38 +68,83 @@ def _folder_of(ref: Any, sidecar: bool = False) -> Path | None:
     return None
 
 
-def read_sentences(ref: str | os.PathLike, folder: Path, module: Any = None) -> tuple[dict[str, Any], str]:
+def read_sentences(
+    ref: str | os.PathLike, folder: Path, module: Any = None, takes: list[str] | None = None
+) -> tuple[dict[str, Any], str]:
     """``ref``'s non-empty lines as the model's token inputs (module docstring), and the data's name;
-    ``module`` (the loaded model, when at hand) names the inputs, else the class config.json names does."""
+    ``takes`` (an artifact's input names) or ``module`` (the loaded model, when at hand) names the inputs,
+    else the class config.json names does."""
     import torch
 
     from ptopt.core.hf import config_of, load_tokenizer
     from ptopt.core.quiet import silenced
+
+    first, second = _texts(ref)
+    config = config_of(folder)
+    names = _input_names(folder, config, module, takes, pairs=second is not None)
+    tokenizer = load_tokenizer(folder)
+    limit = _max_tokens(config, tokenizer)
+    with silenced(["transformers"]):
+        lengths = [len(ids) for ids in tokenizer(first, second)["input_ids"]]
+        enc = tokenizer(
+            first, second, padding="longest", truncation=True, max_length=limit, return_tensors="pt"
+        )
+    x = {"input_ids": enc["input_ids"].to(torch.int64)}
+    for name in names[1:]:  # attention_mask, token_type_ids: what the tokenizer made, else the neutral value
+        made = enc.get(name)
+        fill = torch.ones_like if name == "attention_mask" else torch.zeros_like
+        x[name] = fill(x["input_ids"]) if made is None else made.to(torch.int64)
+    types = enc.get("token_type_ids")
+    if second is not None and "token_type_ids" not in names and types is not None and bool(types.any()):
+        raise DataError(
+            f"text data {ref}: pairs, and this model takes no token_type_ids, which {folder.name}'s tokenizer "
+            "sets to tell a pair's two texts apart (it would read each pair as one text): export it from the "
+            "folder with these pairs as --data, or give one text per line"
+        )
+    cut = sum(n > limit for n in lengths)
+    note = f", {cut} cut to {limit}" if cut else ""
+    what = f"{len(first)} pairs" if second is not None else f"{len(first)} lines"
+    name = (
+        f"{Path(str(ref)).name} ({what}, {folder.name}'s tokenizer, {x['input_ids'].shape[1]} tokens{note})"
+    )
+    return x, name
+
+
+def _texts(ref: str | os.PathLike) -> tuple[list[str], list[str] | None]:
+    """The file's samples: one text per non-empty line, or, when lines hold a tab, one pair per line
+    (``first<TAB>second``: a query and a passage, a premise and a hypothesis)."""
     from ptopt.core.text import read_text
 
     lines = [line.strip() for line in read_text(ref).splitlines() if line.strip()]
     if not lines:
         raise DataError(f"text data {ref}: no line holds text (one sentence per line is one sample)")
-    config = config_of(folder)
-    names = _input_names(folder, config, module)
-    tokenizer = load_tokenizer(folder)
-    limit = _max_tokens(config, tokenizer)
-    with silenced(["transformers"]):
-        lengths = [len(ids) for ids in tokenizer(lines)["input_ids"]]
-        enc = tokenizer(lines, padding="longest", truncation=True, max_length=limit, return_tensors="pt")
-    x = {"input_ids": enc["input_ids"].to(torch.int64)}
-    if "attention_mask" in names:
-        mask = enc.get("attention_mask")
-        x["attention_mask"] = torch.ones_like(x["input_ids"]) if mask is None else mask.to(torch.int64)
-    cut = sum(n > limit for n in lengths)
-    note = f", {cut} cut to {limit}" if cut else ""
-    name = f"{Path(str(ref)).name} ({len(lines)} lines, {folder.name}'s tokenizer, {x['input_ids'].shape[1]} tokens{note})"
-    return x, name
+    if not any("\t" in line for line in lines):
+        return lines, None
+    pairs = [line.split("\t") for line in lines]
+    bad = next((i for i, p in enumerate(pairs) if len(p) != 2 or not all(t.strip() for t in p)), None)
+    if bad is not None:
+        raise DataError(
+            f"text data {ref}: line {bad + 1} of {len(lines)} holds {len(pairs[bad])} text(s); a file with "
+            "tabs holds one pair per line (first<TAB>second)"
+        )
+    return [a.strip() for a, _ in pairs], [b.strip() for _, b in pairs]
 
 
-def _input_names(folder: Path, config: Any, module: Any) -> list[str]:
-    """``input_ids``, and ``attention_mask`` when the model's ``forward`` takes one; a DataError for a
-    model whose main input is no token ids (images, audio)."""
+#: the token inputs a tokenizer makes, in the order a sentence file fills them
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _input_names(folder: Path, config: Any, module: Any, takes: list[str] | None, pairs: bool) -> list[str]:
+    """``input_ids``, then ``attention_mask`` when the model takes one, and ``token_type_ids`` when it
+    takes them: an artifact's inputs (``takes``) say so, else the model's ``forward`` (token types for
+    pairs only: what a folder's model implies takes none). A DataError for a model whose main input is
+    no token ids (images, audio)."""
+    if takes is not None:
+        if "input_ids" not in takes:
+            raise DataError(
+                f"text data: this model takes {', '.join(takes)}, not token ids: give its inputs as tensors"
+            )
+        return [n for n in TOKEN_INPUTS if n in takes]
     target = module
     if target is None:
         from ptopt.core.hf import import_transformers
@@ -108,10 +160,11 @@ def _input_names(folder: Path, config: Any, module: Any) -> list[str]:
             "(a .pt or .npz)"
         )
     try:
-        takes = set(inspect.signature(target.forward).parameters) if target is not None else set()
+        forward = set(inspect.signature(target.forward).parameters) if target is not None else set()
     except (TypeError, ValueError):
-        takes = set()
-    return ["input_ids"] + (["attention_mask"] if "attention_mask" in takes or not takes else [])
+        forward = set()
+    names = ["input_ids"] + (["attention_mask"] if "attention_mask" in forward or not forward else [])
+    return names + (["token_type_ids"] if pairs and "token_type_ids" in forward else [])
 
 
 def _max_tokens(config: Any, tokenizer: Any) -> int:

@@ -30,7 +30,7 @@ TEXT_SPLITS = ("calib", "eval", "all")
 EVAL_EVERY = 5
 BLOCK_CHARS = 2000
 ID_SUFFIXES = (".pt", ".npy")
-TEXT_SUFFIXES = (".txt", ".text", ".md")
+TEXT_SUFFIXES = (".txt", ".tsv", ".text", ".md")
 
 
 def is_text_ref(ref: Any) -> bool:

@@ -82,7 +82,7 @@ class TextInputs:
             raise UsageError(
                 "pairs: this model takes no token_type_ids, which its tokenizer sets to tell a pair's two "
                 "texts apart (it would read each pair as one text); send single texts, or export the model "
-                "with data holding token_type_ids"
+                "from its folder with --data pairs.tsv (query<TAB>passage lines)"
             )
         out = {}
         for spec in self.specs:

@@ -145,3 +145,47 @@ def test_cli_distill_reads_sentence_files_with_the_teachers_tokenizer(cli, bert)
                          root / "calib.txt", "--alpha", "0", "--epochs", "1", "-o", root / "student.pt")  # fmt: skip
     assert code == 0, out + err
     assert "(3 lines, bert's tokenizer, 13 tokens)" in " ".join(out.split()), out
+
+
+PAIRS = "the cat sat\ta dog ran fast\nthe big house\tis red\na cat is slow\tthe tree was big\n"
+
+
+def test_lines_with_a_tab_are_pairs_with_the_token_types_that_tell_them_apart(bert, cli, tmp_path):
+    """A cross-encoder's (or an NLI model's) data: ``first<TAB>second`` per line, tokenized as pairs. Before,
+    the tab was read as a space: each pair was one text, with no token types (a reranker scored them as
+    one text)."""
+    from transformers import AutoTokenizer
+
+    root, folder = bert
+    (tmp_path / "pairs.tsv").write_text(PAIRS)
+    ds = ptopt.load_data(tmp_path / "pairs.tsv", model=f"hf:{folder}")
+    rows = [line.split("\t") for line in PAIRS.splitlines()]
+    want = AutoTokenizer.from_pretrained(folder)(rows, padding="longest", return_tensors="pt")
+    assert list(ds.x) == ["input_ids", "attention_mask", "token_type_ids"]
+    for name in ds.x:
+        assert torch.equal(ds.x[name], want[name]), name
+    assert int(ds.x["token_type_ids"].sum()) > 0 and "(3 pairs, bert's tokenizer, 11 tokens)" in ds.name
+    # an export from them takes the token types; the ONNX reads pairs of its own data as transformers does
+    code, out, err = cli("export", f"hf:{folder}", "--target", "onnx", "--data", tmp_path / "pairs.tsv",
+                         "-o", tmp_path / "rr.onnx")  # fmt: skip
+    assert code == 0, err
+    assert "input:   token_type_ids: [1..64]x[1..128] int64" in out
+    from ptopt.core.modelref import load_model
+
+    onnx = load_model(tmp_path / "rr.onnx")
+    assert set(ptopt.load_data(tmp_path / "pairs.tsv", model=onnx).x) == set(ds.x)
+
+
+def test_pairs_are_refused_where_a_line_holds_no_pair_or_the_model_no_token_types(bert, cli, tmp_path):
+    from ptopt.core.modelref import load_model
+
+    root, folder = bert
+    (tmp_path / "bad.tsv").write_text("the cat\ta dog\nthe big house\n")
+    assert_refused(cli, "export", f"hf:{folder}", "--target", "onnx", "--data", tmp_path / "bad.tsv",
+                   "-o", tmp_path / "x.onnx", where=tmp_path,
+                   match=("line 2 of 2 holds 1 text(s)", "one pair per line (first<TAB>second)"))  # fmt: skip
+    (tmp_path / "pairs.tsv").write_text(PAIRS)
+    code, _, err = cli("export", f"hf:{folder}", "--target", "torchscript", "-o", tmp_path / "plain.pt")
+    assert code == 0, err  # the implied inputs: input_ids and attention_mask
+    with pytest.raises(DataError, match="pairs, and this model takes no token_type_ids"):
+        ptopt.load_data(tmp_path / "pairs.tsv", model=load_model(tmp_path / "plain.pt", allow_pickle=True))

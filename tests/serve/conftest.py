@@ -169,17 +169,16 @@ PAIRS = [["the cat sat", "a dog ran fast"], ["the big house", "is red"]]
 @pytest.fixture(scope="session")
 def serve_bert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """A tiny BERT classifier folder with its tokenizer (``tests.helpers.bert_folder``), exported to ONNX
-    with data holding pairs (so it takes ``token_type_ids``), and that ONNX packaged for Ray Serve:
+    with a file of pairs as data (so it takes ``token_type_ids``), and that ONNX packaged for Ray Serve:
     (folder, onnx, package)."""
     pytest.importorskip("transformers")
     import ptopt
-    from ptopt.core.hf import load_tokenizer
     from tests.helpers import bert_folder
 
     root = tmp_path_factory.mktemp("serve-bert")
     folder = bert_folder(root / "bert")
-    pairs = dict(load_tokenizer(folder)(PAIRS, padding=True, return_tensors="pt"))
-    ptopt.export(f"hf:{folder}", "onnx", data=pairs).save(root / "bert.onnx")
+    (root / "pairs.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in PAIRS))
+    ptopt.export(f"hf:{folder}", "onnx", data=root / "pairs.tsv").save(root / "bert.onnx")
     ptopt.package(root / "bert.onnx", "ray", root / "bert_ray", max_batch_size=8)
     return folder, root / "bert.onnx", root / "bert_ray"
 
