@@ -393,10 +393,12 @@ class PtoptIngress:
 
     async def _metadata(self, name: str) -> dict[str, Any]:
         if name not in self.meta:
+            from ptopt.serve.pooling import with_pooled_output
             from ptopt.serve.text_inputs import with_text_input
 
             meta = await self._call(name, "metadata")
-            self.meta[name] = with_text_input(meta, self.texts[name]) if name in self.texts else meta
+            meta = with_text_input(meta, self.texts[name]) if name in self.texts else meta
+            self.meta[name] = with_pooled_output(meta, self.models[name].get("pooling"))
         return self.meta[name]
 
     async def _infer(
@@ -407,8 +409,19 @@ class PtoptIngress:
         answer = await self._batched(name, arrays)
         if isinstance(answer, str):
             raise oip.ProtocolError(422, answer)
+        answer = self._pooled(name, arrays, answer)
         content, out_headers = oip.encode_infer_response(name, request, answer, parameters)
         return 200, content, out_headers
+
+    def _pooled(self, name: str, arrays: dict[str, Any], answer: list) -> list:
+        """A sentence encoder's answer with its ``sentence_embedding`` (``serve.pooling``) added."""
+        from ptopt.serve.pooling import HIDDEN, OUTPUT, sentence_embedding
+
+        pooling = self.models[name].get("pooling")
+        hidden = next((a for n, a in answer if n == HIDDEN), None)
+        if not pooling or hidden is None or hidden.ndim != 3 or "attention_mask" not in arrays:
+            return answer
+        return [*answer, (OUTPUT, sentence_embedding(hidden, arrays["attention_mask"], pooling))]
 
     def _arrays(self, name: str, request: oip.InferRequest) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """A tensor model's checked inputs: the request's tensors, or its ``text_input`` tokenized."""
@@ -498,6 +511,7 @@ class PtoptIngress:
         answer = await self._batched(name, checked)
         if isinstance(answer, str):
             raise oip.ProtocolError(422, answer, expected=_expected(self.models[name]["inputs"]))
+        answer = self._pooled(name, checked, answer)
         values = {n: (a[0] if one else a).tolist() for n, a in answer}
         outputs = next(iter(values.values())) if len(values) == 1 else values
         try:

@@ -85,6 +85,9 @@ class RayModel:
     tokenizer: Path | None = None
     #: why this tensor model takes no text (or no pairs), where it was made from a folder with a tokenizer
     text_note: str = ""
+    #: the sentence-transformers pooling the server adds as ``sentence_embedding`` (``serve.pooling``)
+    pooling: dict[str, Any] | None = None
+    pooling_note: str = ""
 
     @property
     def max_batch(self) -> int:
@@ -115,7 +118,16 @@ def prepare_model(
         prep.precision, list(prep.files), prep.sidecar, prep.parent, trusted,
     )  # fmt: skip
     model.tokenizer, model.text_note = _tokenizer(artifact, model, tmp)
+    if model.tokenizer is not None:
+        from ptopt.core.sentences import sentence_folder
+        from ptopt.serve.pooling import pooling_of
+
+        model.pooling, model.pooling_note = pooling_of(sentence_folder(_ref(artifact)))
     return model
+
+
+def _ref(artifact: Any) -> Any:
+    return artifact.path if isinstance(artifact, Artifact) else artifact
 
 
 def _tokenizer(artifact: Any, model: RayModel, tmp: Path) -> tuple[Path | None, str]:
@@ -126,7 +138,7 @@ def _tokenizer(artifact: Any, model: RayModel, tmp: Path) -> tuple[Path | None, 
     from ptopt.core.sentences import sentence_folder
     from ptopt.serve.text_inputs import why_no_text
 
-    ref = artifact.path if isinstance(artifact, Artifact) else artifact
+    ref = _ref(artifact)
     folder = sentence_folder(ref) if isinstance(ref, (str, Path)) else None
     if folder is None or not has_tokenizer(folder):
         return None, ""
@@ -185,6 +197,7 @@ def manifest(models: list[RayModel], app_name: str, config: RayServeConfig) -> d
                 "max_batch": m.max_batch,
                 "allow_pickle": m.allow_pickle,
                 "tokenizer": f"model/{m.name}/tokenizer" if m.tokenizer is not None else None,
+                "pooling": m.pooling,
             }
         )
     return {
@@ -325,6 +338,7 @@ def write_package(
             "model_format": first.format,
             "models": [m.name for m in models],
             "text_input": {m.name: _text_input(m) for m in models if m.kind == "tensor"},
+            "pooling": {m.name: _pooling(m) for m in models if m.kind == "tensor"},
         },
     )
     return art.finalize()
@@ -337,6 +351,16 @@ def _text_input(m: RayModel) -> str:
         note = f"; {m.text_note}" if m.text_note else ""
         return f"text_input (BYTES: {what}) tokenized by the tokenizer packaged beside it{note}"
     return m.text_note
+
+
+def _pooling(m: RayModel) -> str:
+    """What the package says of a sentence encoder's pooled output (``package`` prints it)."""
+    if m.pooling is None:
+        return m.pooling_note
+    how = " + ".join(m.pooling["modes"]) + (", normalized" if m.pooling["normalize"] else "")
+    return (
+        f"sentence_embedding: last_hidden_state pooled by the folder's sentence-transformers modules ({how})"
+    )
 
 
 def _spec(d: dict[str, Any]) -> Any:

@@ -70,17 +70,24 @@ class ServedModel:
 
     # -- tensors ---------------------------------------------------------------------------------
     def _warm_up(self, loaded: Any) -> list[dict[str, Any]]:
-        """One run at the spec's smallest shapes: the outputs' names, datatypes and shapes (-1 for
-        the batch dimension), and the proof that the artifact runs here."""
+        """A run at the spec's smallest shapes and one at its usual ones: the outputs' names, datatypes
+        and shapes (-1 where the two runs differ: the batch, a token model's sequence), and the proof that
+        the artifact runs here."""
         from ptopt.core.inputspec import make_inputs
         from ptopt.serve.oip import datatype_of, tensor_metadata
 
-        x = make_inputs(loaded.input_specs, self.style, which="min")
-        arrays = {s["name"]: t.numpy() for s, t in zip(self.specs, _as_list(x, self.specs), strict=True)}
+        runs = []
+        for which in ("min", "opt"):
+            x = make_inputs(loaded.input_specs, self.style, which=which)
+            runs.append(
+                self.run(
+                    {s["name"]: t.numpy() for s, t in zip(self.specs, _as_list(x, self.specs), strict=True)}
+                )
+            )
         batched = self.specs[0]["min_shape"][0] != self.specs[0]["max_shape"][0]
         meta = []
-        for name, arr in self.run(arrays):
-            shape = list(arr.shape)
+        for (name, arr), (_, other) in zip(*runs, strict=True):
+            shape = [-1 if a != b else a for a, b in zip(arr.shape, other.shape, strict=False)]
             if batched and shape:
                 shape[0] = -1
             meta.append(tensor_metadata(name, datatype_of(arr.dtype), shape))
