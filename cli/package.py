@@ -77,9 +77,10 @@ def _describe(art: Any, fmt: str, workers: Any) -> None:
         for what in (art.extra.get("text_input") or {}).values():
             if what:
                 click.echo(f"text:   {what}")
-        for what in (art.extra.get("pooling") or {}).values():
-            if what:
-                click.echo(f"output: {what}")
+        for key in ("pooling", "labels"):
+            for what in (art.extra.get(key) or {}).values():
+                if what:
+                    click.echo(f"output: {what}")
         c = art.config
         scaling = f"autoscaling {c['autoscale']}" if c["autoscale"] else f"{c['replicas']} replica(s)"
         batching = (  # a language model (no tensor inputs) generates one prompt at a time: no batching

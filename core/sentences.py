@@ -51,20 +51,26 @@ MAX_HOPS = 8
 
 
 def _folder_of(ref: Any, sidecar: bool = False) -> Path | None:
+    """The folder ``ref`` is, or (``sidecar``) the one its sidecars' parents lead to. A parent recorded as
+    a relative path (as it was typed) is read from the working directory, else from the folder of the
+    artifact that records it."""
     from ptopt.core.artifact import Artifact
     from ptopt.core.hf import is_hf_dir, is_lm_folder
 
     seen: set[Path] = set()
+    base: Path | None = None
     while isinstance(ref, (str, os.PathLike)) and len(seen) < MAX_HOPS:
         text = str(ref)
         path = Path(text[3:] if text.startswith("hf:") else text)
+        if base is not None and not path.is_absolute() and not path.exists() and (base / path).exists():
+            path = base / path
         if is_hf_dir(path):
             return None if is_lm_folder(path) else path
         if not sidecar or not path.is_file() or path.resolve() in seen:
             return None
         seen.add(path.resolve())
         art = Artifact.maybe_load(path)
-        ref = (art.parent or {}).get("path") if art is not None else None
+        ref, base = ((art.parent or {}).get("path") if art is not None else None), path.parent
     return None
 
 

@@ -393,12 +393,14 @@ class PtoptIngress:
 
     async def _metadata(self, name: str) -> dict[str, Any]:
         if name not in self.meta:
+            from ptopt.serve.labels import with_label_output
             from ptopt.serve.pooling import with_pooled_output
             from ptopt.serve.text_inputs import with_text_input
 
             meta = await self._call(name, "metadata")
             meta = with_text_input(meta, self.texts[name]) if name in self.texts else meta
-            self.meta[name] = with_pooled_output(meta, self.models[name].get("pooling"))
+            meta = with_pooled_output(meta, self.models[name].get("pooling"))
+            self.meta[name] = with_label_output(meta, self.models[name].get("labels"))
         return self.meta[name]
 
     async def _infer(
@@ -409,19 +411,34 @@ class PtoptIngress:
         answer = await self._batched(name, arrays)
         if isinstance(answer, str):
             raise oip.ProtocolError(422, answer)
-        answer = self._pooled(name, arrays, answer)
+        answer = self._added_outputs(name, arrays, answer)
         content, out_headers = oip.encode_infer_response(name, request, answer, parameters)
         return 200, content, out_headers
 
-    def _pooled(self, name: str, arrays: dict[str, Any], answer: list) -> list:
-        """A sentence encoder's answer with its ``sentence_embedding`` (``serve.pooling``) added."""
-        from ptopt.serve.pooling import HIDDEN, OUTPUT, sentence_embedding
+    def _added_outputs(self, name: str, arrays: dict[str, Any], answer: list) -> list:
+        """The answer with what the server adds to it: a sentence encoder's ``sentence_embedding``
+        (``serve.pooling``), a classifier's ``label`` (``serve.labels``)."""
+        from ptopt.serve import labels, pooling
 
-        pooling = self.models[name].get("pooling")
-        hidden = next((a for n, a in answer if n == HIDDEN), None)
-        if not pooling or hidden is None or hidden.ndim != 3 or "attention_mask" not in arrays:
-            return answer
-        return [*answer, (OUTPUT, sentence_embedding(hidden, arrays["attention_mask"], pooling))]
+        model = self.models[name]
+        outputs = dict(answer)
+        hidden, logits = outputs.get(pooling.HIDDEN), outputs.get(labels.LOGITS)
+        extra = []
+        if model.get("pooling") and hidden is not None and hidden.ndim == 3 and "attention_mask" in arrays:
+            extra.append(
+                (
+                    pooling.OUTPUT,
+                    pooling.sentence_embedding(hidden, arrays["attention_mask"], model["pooling"]),
+                )
+            )
+        named = (
+            labels.label_output(logits, model["labels"])
+            if model.get("labels") and logits is not None
+            else None
+        )
+        if named is not None:
+            extra.append((labels.OUTPUT, named))
+        return [*answer, *extra]
 
     def _arrays(self, name: str, request: oip.InferRequest) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """A tensor model's checked inputs: the request's tensors, or its ``text_input`` tokenized."""
@@ -511,8 +528,8 @@ class PtoptIngress:
         answer = await self._batched(name, checked)
         if isinstance(answer, str):
             raise oip.ProtocolError(422, answer, expected=_expected(self.models[name]["inputs"]))
-        answer = self._pooled(name, checked, answer)
-        values = {n: (a[0] if one else a).tolist() for n, a in answer}
+        answer = self._added_outputs(name, checked, answer)
+        values = {n: _plain(a[0] if one else a) for n, a in answer}
         outputs = next(iter(values.values())) if len(values) == 1 else values
         try:
             return (
@@ -524,6 +541,17 @@ class PtoptIngress:
             raise oip.ProtocolError(
                 422, "the model's output for this input has NaN or infinite values, which JSON cannot carry"
             ) from None
+
+
+def _plain(value: Any) -> Any:
+    """An output as JSON carries it: numbers as lists, ``BYTES`` (a label) as strings."""
+    import numpy as np
+
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.dtype == np.dtype(object):
+        return [_plain(v) for v in value]
+    return value.tolist()
 
 
 def _json(status: int, value: Any) -> tuple[int, bytes, dict[str, str]]:

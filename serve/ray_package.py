@@ -88,6 +88,9 @@ class RayModel:
     #: the sentence-transformers pooling the server adds as ``sentence_embedding`` (``serve.pooling``)
     pooling: dict[str, Any] | None = None
     pooling_note: str = ""
+    #: a sequence classifier's class names, answered as ``label`` (``serve.labels``)
+    labels: list[str] | None = None
+    labels_note: str = ""
 
     @property
     def max_batch(self) -> int:
@@ -120,9 +123,12 @@ def prepare_model(
     model.tokenizer, model.text_note = _tokenizer(artifact, model, tmp)
     if model.tokenizer is not None:
         from ptopt.core.sentences import sentence_folder
+        from ptopt.serve.labels import labels_of
         from ptopt.serve.pooling import pooling_of
 
-        model.pooling, model.pooling_note = pooling_of(sentence_folder(_ref(artifact)))
+        folder = sentence_folder(_ref(artifact))
+        model.pooling, model.pooling_note = pooling_of(folder)
+        model.labels, model.labels_note = labels_of(folder)
     return model
 
 
@@ -198,6 +204,7 @@ def manifest(models: list[RayModel], app_name: str, config: RayServeConfig) -> d
                 "allow_pickle": m.allow_pickle,
                 "tokenizer": f"model/{m.name}/tokenizer" if m.tokenizer is not None else None,
                 "pooling": m.pooling,
+                "labels": m.labels,
             }
         )
     return {
@@ -339,6 +346,7 @@ def write_package(
             "models": [m.name for m in models],
             "text_input": {m.name: _text_input(m) for m in models if m.kind == "tensor"},
             "pooling": {m.name: _pooling(m) for m in models if m.kind == "tensor"},
+            "labels": {m.name: _labels(m) for m in models if m.kind == "tensor"},
         },
     )
     return art.finalize()
@@ -361,6 +369,14 @@ def _pooling(m: RayModel) -> str:
     return (
         f"sentence_embedding: last_hidden_state pooled by the folder's sentence-transformers modules ({how})"
     )
+
+
+def _labels(m: RayModel) -> str:
+    """What the package says of a classifier's ``label`` output (``package`` prints it)."""
+    if m.labels is None:
+        return m.labels_note
+    shown = ", ".join(m.labels[:4]) + (", ..." if len(m.labels) > 4 else "")
+    return f"label: the name of the largest logit ({shown})"
 
 
 def _spec(d: dict[str, Any]) -> Any:

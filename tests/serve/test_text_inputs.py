@@ -229,15 +229,17 @@ def test_which_models_take_text():
         TextInputs(".", [_spec("input_ids")])
 
 
-def test_the_folder_is_found_through_every_sidecar_parent(bert, tmp_path):
-    """An ONNX exported from an int8 file quantized from the folder: two sidecars back (was one)."""
+def test_the_folder_is_found_through_every_sidecar_parent(bert, tmp_path, monkeypatch):
+    """An ONNX exported from an int8 file quantized from the folder: two sidecars back (was one). A parent
+    recorded relative (as typed) is found from the working directory, else beside the artifact."""
     from ptopt.core.sentences import sentence_folder
 
     folder = bert[0]
     first, second = tmp_path / "a.int8.pt", tmp_path / "a.int8.onnx"
-    for path, parent in ((first, str(folder)), (second, str(first))):
+    for path, parent in ((first, str(folder)), (second, "a.int8.pt")):
         path.write_bytes(b"x")
         Artifact(path, "torchscript" if path.suffix == ".pt" else "onnx", parent={"path": parent}).finalize()
+    monkeypatch.chdir(folder)  # "a.int8.pt" is not here: beside a.int8.onnx
     assert sentence_folder(str(second)) == folder
     (tmp_path / "loop.onnx").write_bytes(b"x")
     Artifact(tmp_path / "loop.onnx", "onnx", parent={"path": str(tmp_path / "loop.onnx")}).finalize()
@@ -257,3 +259,43 @@ def test_the_banner_says_the_model_takes_text_and_shows_a_text_request(bert, cap
         server.stop()
     assert "serving bert (onnx, text_input (BYTES) or tensors) at " in banner, banner
     assert '/predictions/bert -d \'{"inputs": ["A first sentence.", "A second one."]}\'' in banner, banner
+
+
+def test_a_classifier_with_named_classes_answers_its_label(bert, tmp_path, cli):
+    """``id2label`` of the folder's config (``serve.labels``): the name of the largest logit per row, as a
+    text-classification pipeline names its top class; transformers' placeholders (LABEL_0 ...) give none."""
+    import shutil
+
+    from ptopt.serve.labels import labels_of
+
+    folder, onnx, _ = bert
+    named = tmp_path / "named"
+    shutil.copytree(folder, named)
+    config = json.loads((named / "config.json").read_text())
+    config["id2label"] = {"0": "negative", "1": "neutral", "2": "positive"}
+    config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
+    (named / "config.json").write_text(json.dumps(config))
+    shutil.copy(onnx, tmp_path / onnx.name)
+    side = json.loads(onnx.with_name(onnx.name + ".ptopt.json").read_text())
+    side["parent"] = {**side["parent"], "path": "named"}  # the same export, made from the named folder, there
+    (tmp_path / (onnx.name + ".ptopt.json")).write_text(json.dumps(side))
+    code, out, err = cli("package", tmp_path / onnx.name, "--format", "ray", "-o", tmp_path / "pkg")
+    assert code == 0, err
+    assert "output: label: the name of the largest logit (negative, neutral, positive)" in out
+    ingress = _ingress(tmp_path / "pkg")
+    code, answer = _call(ingress, "POST", "/v2/models/bert/infer", _text(TEXTS))
+    want = [config["id2label"][str(i)] for i in bert_logits(folder, TEXTS).argmax(1)]
+    assert code == 200 and answer["outputs"][1] == {
+        "name": "label",
+        "datatype": "BYTES",
+        "shape": [2],
+        "data": want,
+    }
+    code, answer = _call(ingress, "POST", "/predictions/bert", {"inputs": TEXTS[0]})
+    assert code == 200 and answer["outputs"]["label"] == want[0]
+    meta = _call(ingress, "GET", "/v2/models/bert")[1]
+    assert {"name": "label", "datatype": "BYTES", "shape": [-1]} in meta["outputs"]
+    assert "LABEL_0" in labels_of(folder)[1]  # the fixture's folder: placeholders, no label output
+    config["problem_type"] = "multi_label_classification"
+    (named / "config.json").write_text(json.dumps(config))
+    assert "a multi-label classifier" in labels_of(named)[1]

@@ -1,0 +1,62 @@
+"""A classifier's labels, on the server: the ``label`` output of a sequence classifier served as text.
+
+A Hugging Face ``...ForSequenceClassification`` folder names its classes in ``config.json``
+(``id2label``); the artifact exported from it answers ``logits``. ``serve.ray_package`` reads the names
+when it packages such an artifact with the folder's tokenizer, and the Ray Serve ingress adds ``label``
+(``BYTES``, one per row: the name of the largest logit) to every answer, as a ``text-classification``
+pipeline names its top class. Not for a multi-label classifier (several classes may hold: the logits
+say which) or a regression head (one output), and not where the names are transformers' placeholders
+(``LABEL_0`` ...): ``package`` says which.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+OUTPUT = "label"
+LOGITS = "logits"
+
+
+def labels_of(folder: str | Path) -> tuple[list[str] | None, str]:
+    """``(names by class index, "")`` for a single-label sequence classifier's folder with named classes;
+    ``(None, why not)`` for a classifier that gets no ``label``; ``(None, "")`` for any other model."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, ""
+    archs = config.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        return None, ""
+    names = config.get("id2label") or {}
+    try:
+        ordered = [str(names[k]) for k in sorted(names, key=int)]
+    except (TypeError, ValueError):
+        return None, f"no {OUTPUT} (its config's id2label is not indexed by class numbers)"
+    if config.get("problem_type") == "multi_label_classification":
+        return None, f"no {OUTPUT} (a multi-label classifier: its logits say which classes hold)"
+    if len(ordered) < 2 or [int(k) for k in sorted(names, key=int)] != list(range(len(ordered))):
+        return None, f"no {OUTPUT} (its config names {len(ordered)} class(es), not a class per logit)"
+    if all(re.fullmatch(r"LABEL_\d+", n) for n in ordered):
+        return None, f"no {OUTPUT} (its config's id2label holds transformers' placeholders, LABEL_0 ...)"
+    return ordered, ""
+
+
+def label_output(logits: np.ndarray, labels: list[str]) -> np.ndarray | None:
+    """``[N]`` label names (UTF-8 bytes) of ``[N, classes]`` logits; None where the shape is not that."""
+    if logits.ndim != 2 or logits.shape[1] != len(labels):
+        return None
+    return np.array([labels[i].encode("utf-8") for i in logits.argmax(axis=1)], dtype=object)
+
+
+def with_label_output(meta: dict[str, Any], labels: list[str] | None) -> dict[str, Any]:
+    """The model metadata with ``label`` among the outputs, where it is added."""
+    from ptopt.serve.oip import tensor_metadata
+
+    if not labels or not any(t["name"] == LOGITS for t in meta["outputs"]):
+        return meta
+    return {**meta, "outputs": [*meta["outputs"], tensor_metadata(OUTPUT, "BYTES", [-1])]}
