@@ -7,11 +7,11 @@ longest line (the ``attention_mask`` says which tokens are padding) and cut at t
 table. The inputs are the ones the model's implied inputs name (``input_ids``, and ``attention_mask`` where
 ``forward`` takes one; ``core.input_infer.hf_inputs``), so the data fits the artifacts made without data.
 
-Lines that hold a tab are **pairs** (``query<TAB>passage``: a cross-encoder's, an NLI model's), every line
-then one pair: tokenized as pairs, with the ``token_type_ids`` that tell the two texts apart where the
-model's ``forward`` takes them (BERT's), so an export with such data takes them too. An artifact's own
-inputs decide for it; pairs for an artifact that takes no token types, where the tokenizer sets them, are
-refused (it would read each pair as one text).
+A ``.tsv`` with tabs, or a text file whose every line holds a tab, is **pairs** (``query<TAB>passage``: a
+cross-encoder's, an NLI model's), one per line: tokenized as pairs, with the ``token_type_ids`` that tell
+the two texts apart where the model's ``forward`` takes them (BERT's), so an export with such data takes
+them too. An artifact's own inputs decide for it; pairs for an artifact that takes no token types, where
+the tokenizer sets them, are refused (it would read each pair as one text).
 
 The folder is the MODEL itself (``hf:DIR`` or ``DIR``), or, for an artifact, the folder its sidecars'
 parents lead to (an int8 file quantized from such a folder, the ONNX exported from that file). A language
@@ -117,14 +117,17 @@ def read_sentences(
 
 
 def _texts(ref: str | os.PathLike) -> tuple[list[str], list[str] | None]:
-    """The file's samples: one text per non-empty line, or, when lines hold a tab, one pair per line
-    (``first<TAB>second``: a query and a passage, a premise and a hypothesis)."""
+    """The file's samples: one text per non-empty line, or one pair per line (``first<TAB>second``: a
+    query and a passage, a premise and a hypothesis) in a ``.tsv`` with tabs, or a text file whose every
+    line holds one."""
     from ptopt.core.text import read_text
 
     lines = [line.strip() for line in read_text(ref).splitlines() if line.strip()]
     if not lines:
         raise DataError(f"text data {ref}: no line holds text (one sentence per line is one sample)")
-    if not any("\t" in line for line in lines):
+    tabbed = ["\t" in line for line in lines]
+    tsv = Path(str(ref)).suffix.lower() == ".tsv"
+    if not any(tabbed) or (not tsv and not all(tabbed)):  # a stray tab in a text file is the text's
         return lines, None
     pairs = [line.split("\t") for line in lines]
     bad = next((i for i, p in enumerate(pairs) if len(p) != 2 or not all(t.strip() for t in p)), None)

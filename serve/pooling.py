@@ -69,9 +69,12 @@ def sentence_embedding(hidden: np.ndarray, mask: np.ndarray, pooling: dict[str, 
             parts.append((h * m).sum(axis=1) / count)
         elif mode == "mean_sqrt_len_tokens":
             parts.append((h * m).sum(axis=1) / np.sqrt(count))
-        else:  # lasttoken: the last token the mask keeps (right padding)
-            last = np.maximum(mask.astype(np.int64).sum(axis=1) - 1, 0)
+        elif mode == "lasttoken":  # the last token the mask keeps, padded on either side
+            keep = mask.astype(bool)
+            last = keep.shape[1] - 1 - np.argmax(keep[:, ::-1], axis=1)
             parts.append(h[np.arange(h.shape[0]), last])
+        else:
+            raise ValueError(f"pooling mode {mode!r}: the server pools {', '.join(MODES)}")
     out = np.concatenate(parts, axis=1)
     if pooling.get("normalize"):
         out = out / np.clip(np.linalg.norm(out, axis=1, keepdims=True), 1e-12, None)

@@ -157,11 +157,18 @@ class PtoptIngress:
         self.handles = handles
         self.models = {m["name"]: m for m in manifest["models"]}
         #: the models that take text as well as tensors: their tokenizers (``serve.text_inputs``)
-        self.texts = {
-            name: TextInputs(_resolve(root) / m["tokenizer"], m["inputs"])
-            for name, m in self.models.items()
-            if m.get("tokenizer")
-        }
+        self.texts: dict[str, TextInputs] = {}
+        #: why a model packaged with a tokenizer takes no text here (its tokenizer cannot be read here)
+        self.no_text: dict[str, str] = {}
+        for name, m in self.models.items():
+            if m.get("tokenizer"):
+                try:
+                    self.texts[name] = TextInputs(_resolve(root) / m["tokenizer"], m["inputs"])
+                except Exception as e:  # noqa: BLE001 - tensors still served; text requests told why
+                    self.no_text[name] = (
+                        f"its tokenizer cannot be loaded here ({str(e).splitlines()[0][:200]})"
+                    )
+                    logger.warning("model %s: no text input: %s", name, self.no_text[name])
         self.limit = int(manifest["max_request_bytes"])
         self.max_tokens = int(manifest.get("max_tokens", 256))
         self.meta: dict[str, dict[str, Any]] = {}
@@ -448,11 +455,11 @@ class PtoptIngress:
             return oip.checked_inputs(request, self.models[name]["inputs"]), None
         if name not in self.texts:
             takes = ", ".join(s["name"] for s in self.models[name]["inputs"])
-            raise oip.ProtocolError(
-                400,
-                f"model {name!r} takes tensors ({takes}), not {TEXT_INPUT}: it was packaged without a "
-                "tokenizer (only an encoder or classifier made from a Hugging Face folder with one takes text)",
+            why = self.no_text.get(name) or (
+                "it was packaged without a tokenizer (only an encoder or classifier made from a Hugging Face "
+                "folder with one takes text)"
             )
+            raise oip.ProtocolError(400, f"model {name!r} takes tensors ({takes}), not {TEXT_INPUT}: {why}")
         return request_arrays(self.texts[name], request)
 
     async def _text(

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ptopt.core.artifact import Artifact, staged_dir
-from ptopt.core.errors import ModelLoadError, UsageError
+from ptopt.core.errors import ModelLoadError, PtoptError, UsageError
 from ptopt.core.formats import find_format, get_format, sniff_file
 from ptopt.serve.prepare import _checked_model_name, default_name, model_name_for, prepare
 from ptopt.serve.ray_config import (
@@ -142,7 +142,7 @@ def _tokenizer(artifact: Any, model: RayModel, tmp: Path) -> tuple[Path | None, 
     (empty when no folder with a tokenizer is on record)."""
     from ptopt.core.hf import has_tokenizer, load_tokenizer
     from ptopt.core.sentences import sentence_folder
-    from ptopt.serve.text_inputs import why_no_text
+    from ptopt.serve.text_inputs import why_no_padding, why_no_text
 
     ref = _ref(artifact)
     folder = sentence_folder(ref) if isinstance(ref, (str, Path)) else None
@@ -151,8 +151,14 @@ def _tokenizer(artifact: Any, model: RayModel, tmp: Path) -> tuple[Path | None, 
     reason = why_no_text(model.inputs)
     if reason is not None:
         return None, f"no text input ({folder.name}'s tokenizer not used: {reason})"
+    try:
+        tokenizer = load_tokenizer(folder)
+    except PtoptError as e:  # a tokenizer this Python cannot read (a missing package, ...): tensors only
+        return None, f"no text input ({folder.name}'s tokenizer cannot be read here: {str(e)[:200]})"
+    reason = why_no_padding(tokenizer)
+    if reason is not None:
+        return None, f"no text input ({folder.name}'s tokenizer not used: {reason})"
     dest = tmp / f"{model.name}.tokenizer"
-    tokenizer = load_tokenizer(folder)
     tokenizer.save_pretrained(str(dest))
     names = {s["name"] for s in model.inputs}
     if "token_type_ids" not in names and "token_type_ids" in getattr(tokenizer, "model_input_names", ()):

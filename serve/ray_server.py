@@ -784,10 +784,20 @@ def _trusted_manifest(folder: Path, manifest: dict[str, Any], allow_pickle: bool
 
 
 def _check_tokenizer(folder: Path, entry: dict[str, Any]) -> None:
-    """A model's packaged tokenizer (``serve.text_inputs``), where its manifest names one: a folder
-    inside the package that holds a tokenizer."""
+    """What a model's manifest entry adds to it: a pooling the server runs (``serve.pooling``), labels as
+    names (``serve.labels``), a packaged tokenizer (``serve.text_inputs``) in a folder inside the package."""
     from ptopt.core.hf import has_tokenizer
+    from ptopt.serve.pooling import MODES
 
+    pooling, labels = entry.get("pooling"), entry.get("labels")
+    if pooling is not None and (
+        not isinstance(pooling, dict) or not set(pooling.get("modes") or ["?"]) <= set(MODES)
+    ):
+        raise ModelLoadError(
+            f"{folder}: model {entry['name']!r}'s pooling is not one the server runs: {pooling!r}"[:300]
+        )
+    if labels is not None and (not isinstance(labels, list) or not all(isinstance(v, str) for v in labels)):
+        raise ModelLoadError(f"{folder}: model {entry['name']!r}'s labels are not a list of names"[:300])
     where = entry.get("tokenizer")
     if where is None:
         return

@@ -6,9 +6,10 @@ as well as its tensors, tokenized by the folder's own tokenizer.
 query and passage: ``token_type_ids`` set where the model takes them). Each request is padded to a
 bucket (the next power of two of its longest text, within the artifact's sequence range), so that
 requests of similar lengths batch together on the server; the ``attention_mask`` marks the padding,
-which is why a model without one takes no text (padding would change its answer). A text longer than
-the artifact's longest sequence is cut there, as sentence-transformers cuts, and the answer's
-parameters count it (``truncated``); ``"truncate": false`` refuses it instead.
+which is why a model without one takes no text (padding would change its answer), nor a tokenizer
+without a padding token or one that pads on the left. A text longer than the artifact's longest sequence
+(128 tokens unless it was exported longer) is cut there, and the answer's parameters count it
+(``truncated``); ``"truncate": false`` refuses it instead.
 
 Where the tokenizer comes from: ``serve.ray_package`` finds the folder an artifact was made from
 (``core.sentences.sentence_folder``: the sidecars' parents) and copies its tokenizer into the package.
@@ -42,6 +43,16 @@ def why_no_text(specs: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def why_no_padding(tokenizer: Any) -> str | None:
+    """None when ``tokenizer`` pads as the server pads texts (a padding token, on the right: the real
+    tokens keep the positions they have alone), else why not."""
+    if getattr(tokenizer, "pad_token", None) is None:
+        return "its tokenizer has no padding token, and a batch of texts is padded to one length"
+    if getattr(tokenizer, "padding_side", "right") != "right":
+        return "its tokenizer pads on the left, which moves each text's tokens to other positions"
+    return None
+
+
 class TextInputs:
     """A tokenizer folder and the token inputs it fills (module docstring)."""
 
@@ -52,6 +63,9 @@ class TextInputs:
         if reason is not None:
             raise UsageError(f"this model takes no text: {reason}")
         self.tokenizer = load_tokenizer(folder)
+        reason = why_no_padding(self.tokenizer)
+        if reason is not None:
+            raise UsageError(f"this model takes no text: {reason}")
         self.specs = specs
         self.names = [s["name"] for s in specs]
         ids = next(s for s in specs if s["name"] == "input_ids")
@@ -136,7 +150,9 @@ def request_arrays(text: TextInputs, request: Any) -> tuple[dict[str, np.ndarray
         )
     truncate = (request.parameters or {}).get("truncate", True)
     if not isinstance(truncate, bool):
-        raise oip.ProtocolError(400, f'"truncate": {truncate!r}: give true or false')
+        import json
+
+        raise oip.ProtocolError(400, f'"truncate": {json.dumps(truncate)}: give true or false')
     try:
         arrays, cut = text.arrays(request.inputs[TEXT_INPUT], truncate)
     except UsageError as e:

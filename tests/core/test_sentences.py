@@ -176,6 +176,15 @@ def test_lines_with_a_tab_are_pairs_with_the_token_types_that_tell_them_apart(be
     assert set(ptopt.load_data(tmp_path / "pairs.tsv", model=onnx).x) == set(ds.x)
 
 
+def test_a_stray_tab_in_a_text_file_is_part_of_its_text(bert, tmp_path):
+    """Only a .tsv, or a text file whose every line holds a tab, is pairs: one tab pasted into a line of a
+    calibration file leaves it one text per line, as before pairs were read."""
+    root, folder = bert
+    (tmp_path / "calib.txt").write_text("the cat sat\ton the mat\na dog ran\nthe big red house\n")
+    ds = ptopt.load_data(tmp_path / "calib.txt", model=f"hf:{folder}")
+    assert list(ds.x) == ["input_ids", "attention_mask"] and "(3 lines," in ds.name
+
+
 def test_pairs_are_refused_where_a_line_holds_no_pair_or_the_model_no_token_types(bert, cli, tmp_path):
     from ptopt.core.modelref import load_model
 

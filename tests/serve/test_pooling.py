@@ -95,6 +95,8 @@ def test_which_folders_get_a_pooled_output(tmp_path):
     assert "its modules.json holds Dense, which the server does not run" in pooling_of(tmp_path)[1]
     _modules(tmp_path, "Transformer", "Pooling", weightedmean_tokens=True)
     assert "turns on pooling mode weightedmean_tokens" in pooling_of(tmp_path)[1]
+    with pytest.raises(ValueError, match="pooling mode 'weightedmean_tokens'"):
+        sentence_embedding(np.zeros((1, 2, 3)), np.ones((1, 2)), {"modes": ["weightedmean_tokens"]})
 
 
 @pytest.mark.parametrize(
@@ -115,5 +117,10 @@ def test_each_pooling_mode_is_sentence_transformers(mode):
     }[mode]
     got = sentence_embedding(h.numpy(), mask.numpy(), {"modes": [mode], "normalize": False})
     np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
+    if mode != "cls_token":  # the same rows padded on the left (a client's tensors): the same vectors
+        left = torch.stack([row.roll(int((m == 0).sum()), 0) for row, m in zip(h, mask, strict=True)])
+        lmask = torch.stack([m.flip(0) if m.sum() < 5 else m for m in mask])
+        got = sentence_embedding(left.numpy(), lmask.numpy(), {"modes": [mode], "normalize": False})
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
     unit = sentence_embedding(h.numpy(), mask.numpy(), {"modes": [mode, "mean_tokens"], "normalize": True})
     assert unit.shape == (3, 8) and np.allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)

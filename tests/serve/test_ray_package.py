@@ -180,8 +180,23 @@ def test_language_model_without_tokenizer_is_refused(serve_lm, tmp_path):
             "tokenizer (tok) holds no tokenizer",
             "load",
         ),
+        (
+            {"name": "m", "path": "m.onnx", "pooling": {"modes": ["mean_tokens", "x"]}},
+            True,
+            "pooling is not one",
+            "load",
+        ),
+        ({"name": "m", "path": "m.onnx", "labels": [1, 2]}, True, "labels are not a list of names", "load"),
     ],
-    ids=["pickle-needs-the-flag", "path-outside", "no-path", "tokenizer-outside", "no-tokenizer"],
+    ids=[
+        "pickle-needs-the-flag",
+        "path-outside",
+        "no-path",
+        "tokenizer-outside",
+        "no-tokenizer",
+        "pooling",
+        "labels",
+    ],
 )
 def test_a_handed_package_folder_is_checked_before_ray_starts(tmp_path, entry, allow, words, error):
     """A package folder from elsewhere: its manifest's word does not allow pickles (this command's

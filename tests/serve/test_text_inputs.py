@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -168,7 +169,8 @@ LONG = " ".join(["the cat"] * 100)  # 202 tokens with [CLS] and [SEP]: past the 
     [
         (_text([LONG, "a dog"]), 200, '"truncated": 1'),
         (_text([LONG], truncate=False), 400, "text 0 is 202 tokens; this model takes at most 128"),
-        (_text([LONG], truncate="no"), 400, "\"truncate\": 'no': give true or false"),
+        (_text([LONG], truncate="no"), 400, '"truncate": "no": give true or false'),
+        (_text([LONG], truncate=None), 400, '"truncate": null: give true or false'),
         (_text(["a", "b", "c"], shape=[1, 3]), 400, "text_input has shape [1, 3]; send [N] texts, [N, 1], or [N, 2] pairs"),
         (_text([1.0], datatype="FP32"), 400, "send text_input (BYTES) alone, or the model's tensors without it"),
         ({"inputs": [_text(["a"])["inputs"][0], {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [2]}]},
@@ -264,21 +266,14 @@ def test_the_banner_says_the_model_takes_text_and_shows_a_text_request(bert, cap
 def test_a_classifier_with_named_classes_answers_its_label(bert, tmp_path, cli):
     """``id2label`` of the folder's config (``serve.labels``): the name of the largest logit per row, as a
     text-classification pipeline names its top class; transformers' placeholders (LABEL_0 ...) give none."""
-    import shutil
-
     from ptopt.serve.labels import labels_of
 
     folder, onnx, _ = bert
-    named = tmp_path / "named"
-    shutil.copytree(folder, named)
+    named = _made_from_a_copy(bert, tmp_path, "named")
     config = json.loads((named / "config.json").read_text())
     config["id2label"] = {"0": "negative", "1": "neutral", "2": "positive"}
     config["label2id"] = {v: int(k) for k, v in config["id2label"].items()}
     (named / "config.json").write_text(json.dumps(config))
-    shutil.copy(onnx, tmp_path / onnx.name)
-    side = json.loads(onnx.with_name(onnx.name + ".ptopt.json").read_text())
-    side["parent"] = {**side["parent"], "path": "named"}  # the same export, made from the named folder, there
-    (tmp_path / (onnx.name + ".ptopt.json")).write_text(json.dumps(side))
     code, out, err = cli("package", tmp_path / onnx.name, "--format", "ray", "-o", tmp_path / "pkg")
     assert code == 0, err
     assert "output: label: the name of the largest logit (negative, neutral, positive)" in out
@@ -299,3 +294,65 @@ def test_a_classifier_with_named_classes_answers_its_label(bert, tmp_path, cli):
     config["problem_type"] = "multi_label_classification"
     (named / "config.json").write_text(json.dumps(config))
     assert "a multi-label classifier" in labels_of(named)[1]
+
+
+def _made_from_a_copy(bert, tmp_path, name):
+    """A copy of the fixture's folder at ``tmp_path/name``, and the fixture's ONNX copied into ``tmp_path``
+    with its sidecar naming that copy as its parent (relative, as typed): the same export, made from it."""
+    folder, onnx, _ = bert
+    shutil.copytree(folder, tmp_path / name)
+    shutil.copy(onnx, tmp_path / onnx.name)
+    side = json.loads(onnx.with_name(onnx.name + ".ptopt.json").read_text())
+    side["parent"] = {**side["parent"], "path": name}
+    (tmp_path / (onnx.name + ".ptopt.json")).write_text(json.dumps(side))
+    return tmp_path / name
+
+
+def test_a_tokenizer_that_cannot_pad_texts_leaves_the_model_to_tensors(bert, tmp_path, cli):
+    """Left padding moves each text's tokens to other positions, and without a padding token a batch
+    cannot be padded: such a tokenizer is not packaged (before: wrong answers, or a 500 on every text)."""
+    from types import SimpleNamespace
+
+    from ptopt.core.hf import load_tokenizer
+    from ptopt.serve.text_inputs import why_no_padding
+
+    left = _made_from_a_copy(bert, tmp_path, "left")
+    config = json.loads((left / "tokenizer_config.json").read_text())
+    (left / "tokenizer_config.json").write_text(json.dumps({**config, "padding_side": "left"}))
+    assert load_tokenizer(left).padding_side == "left"
+    code, out, err = cli("package", tmp_path / bert[1].name, "--format", "ray", "-o", tmp_path / "pkg")
+    assert code == 0, err
+    assert "text:   no text input (left's tokenizer not used: its tokenizer pads on the left" in out
+    assert json.loads((tmp_path / "pkg" / "ptopt_ray.json").read_text())["models"][0]["tokenizer"] is None
+    assert "no padding token" in why_no_padding(SimpleNamespace(pad_token=None, padding_side="right"))
+    assert why_no_padding(SimpleNamespace(pad_token="[PAD]", padding_side="right")) is None
+
+
+def test_a_tokenizer_this_python_cannot_read(bert, tmp_path, cli):
+    """At packaging: tensors only, and why. Where the package is served (a cluster without the tokenizer's
+    library): the tensors are still served, and a text request is told why not (before: the whole
+    application failed to start)."""
+    broken = _made_from_a_copy(bert, tmp_path, "broken")
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    (broken / "tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "NoSuchTokenizer"})
+    )
+    (broken / "tokenizer.json").unlink()
+    code, out, err = cli("package", tmp_path / bert[1].name, "--format", "ray", "-o", tmp_path / "pkg")
+    assert code == 0, err
+    assert "text:   no text input (broken's tokenizer cannot be read here:" in out
+    served = tmp_path / "served"
+    shutil.copytree(bert[2], served)
+    (served / "model/bert/tokenizer/tokenizer.json").unlink()
+    config = json.loads((served / "model/bert/tokenizer/tokenizer_config.json").read_text())
+    (served / "model/bert/tokenizer/tokenizer_config.json").write_text(
+        json.dumps({**config, "tokenizer_class": "NoSuchTokenizer"})
+    )
+    ingress = _ingress(served)
+    code, answer = _call(ingress, "POST", "/v2/models/bert/infer", _text(TEXTS))
+    assert code == 400 and "not text_input: its tokenizer cannot be loaded here" in answer["error"], answer
+    tensors = [{"name": n, "datatype": "INT64", "shape": [1, 3], "data": [2, 5, 3]} for n in
+               ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    tensors[1]["data"], tensors[2]["data"] = [1, 1, 1], [0, 0, 0]
+    code, answer = _call(ingress, "POST", "/v2/models/bert/infer", {"inputs": tensors})
+    assert code == 200, answer
