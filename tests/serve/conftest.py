@@ -191,3 +191,18 @@ def bert_logits(folder: Path, texts: list) -> np.ndarray:
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     with torch.no_grad():
         return model(**tok(texts, padding=True, return_tensors="pt")).logits.numpy()
+
+
+def ray_banner(artifact: Path, capsys: pytest.CaptureFixture, **config) -> str:
+    """What ``ptopt serve --engine ray`` prints about ``artifact`` once serving (``cli.serve._ray_banner``),
+    from a server that packages it here and never starts Ray."""
+    from ptopt.cli.serve import _ray_banner
+    from ptopt.serve.ray_server import RayServer
+
+    server = RayServer(artifact, config=config or None)
+    try:
+        capsys.readouterr()
+        _ray_banner(server)
+        return capsys.readouterr().out
+    finally:
+        server.stop()

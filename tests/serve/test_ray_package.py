@@ -13,6 +13,7 @@ import ptopt
 from ptopt.core.artifact import Artifact
 from ptopt.core.errors import ModelLoadError, UsageError
 from tests.helpers import assert_refused
+from tests.serve.conftest import ray_banner
 
 
 def test_cli_writes_the_folder(cli, serve_artifacts, tmp_path):
@@ -224,14 +225,5 @@ def test_a_language_model_is_not_described_as_batched(cli, serve_lm, tmp_path, c
     assert code == 0, err
     assert "batching: none (a language model generates one prompt at a time)" in out and "row(s)" not in out
 
-    from ptopt.cli.serve import _ray_banner
-    from ptopt.serve.ray_server import RayServer
-
-    server = RayServer(serve_lm / "llama", config={"max_batch_size": 4})  # packaged here; Ray never starts
-    try:
-        capsys.readouterr()
-        _ray_banner(server)
-        banner = capsys.readouterr().out
-    finally:
-        server.stop()
+    banner = ray_banner(serve_lm / "llama", capsys, max_batch_size=4)
     assert "no batching" in banner and "batches up to" not in banner, banner

@@ -17,7 +17,7 @@ import pytest
 
 from ptopt.core.artifact import Artifact
 from ptopt.core.errors import UsageError
-from tests.serve.conftest import PAIRS, TEXTS, bert_logits
+from tests.serve.conftest import PAIRS, TEXTS, bert_logits, ray_banner
 
 pytest.importorskip("transformers")
 pytest.importorskip("ray.serve", reason="ray[serve] (the ray extra) is not installed")
@@ -249,16 +249,7 @@ def test_the_folder_is_found_through_every_sidecar_parent(bert, tmp_path, monkey
 
 
 def test_the_banner_says_the_model_takes_text_and_shows_a_text_request(bert, capsys):
-    from ptopt.cli.serve import _ray_banner
-    from ptopt.serve.ray_server import RayServer
-
-    server = RayServer(bert[1])  # packaged here; Ray never starts
-    try:
-        capsys.readouterr()
-        _ray_banner(server)
-        banner = capsys.readouterr().out
-    finally:
-        server.stop()
+    banner = ray_banner(bert[1], capsys)
     assert "serving bert (onnx, text_input (BYTES) or tensors) at " in banner, banner
     assert '/predictions/bert -d \'{"inputs": ["A first sentence.", "A second one."]}\'' in banner, banner
 
