@@ -12,10 +12,10 @@ The application file imports ``ptopt.serve.ray_app``: the cluster's Python needs
 (the replicas load the artifact through ptopt's format table, which also covers AOTInductor,
 OpenVINO and the weight-only language-model folders; copying those loaders into the folder would
 make a second loader to keep in step), and ``transformers`` where a model takes text (its ingress
-loads the packaged tokenizer; without it, that model takes tensors only). The Serve config's ``working_dir`` is ``local://OUT``: the
-folder as it lies on this machine (every node of a cluster needs it at that path, e.g. shared
-storage); for a cluster without it, zip the folder, put the zip where the cluster reads URIs and set
-``working_dir`` to its URI. ``ptopt serve --engine ray`` deploys the same application.
+loads the packaged tokenizer; without it, that model takes tensors only). The Serve config's
+``working_dir`` is ``local://OUT``: the folder as it lies on this machine (every node of a cluster
+needs it at that path, e.g. shared storage); for a cluster without it, zip the folder, put the zip
+where the cluster reads URIs and set ``working_dir`` to its URI. ``ptopt serve --engine ray`` deploys the same application.
 """
 
 from __future__ import annotations

@@ -70,11 +70,16 @@ class TextInputs:
         self.names = [s["name"] for s in specs]
         ids = next(s for s in specs if s["name"] == "input_ids")
         self.min_tokens, self.max_tokens = int(ids["min_shape"][1]), int(ids["max_shape"][1])
+        self.max_rows = int(ids["max_shape"][0])
 
     def arrays(self, texts: np.ndarray, truncate: bool = True) -> tuple[dict[str, np.ndarray], int]:
         """``text_input``'s texts (or pairs) as the model's inputs, and how many were cut (module
         docstring). UsageError (the request's fault) for a shape or a text it cannot take."""
         first, second = self._split(texts)
+        if len(first) > self.max_rows:  # before tokenizing them all
+            raise UsageError(
+                f"{TEXT_INPUT} holds {len(first)} texts; this model takes at most {self.max_rows} a request"
+            )
         from ptopt.core.quiet import silenced
 
         with silenced(["transformers"]):

@@ -176,6 +176,7 @@ LONG = " ".join(["the cat"] * 100)  # 202 tokens with [CLS] and [SEP]: past the 
         ({"inputs": [_text(["a"])["inputs"][0], {"name": "input_ids", "datatype": "INT64", "shape": [1, 1], "data": [2]}]},
          400, "send text_input (BYTES) alone"),
         (_text([], shape=[0]), 400, "text_input holds no text"),
+        (_text(["a dog"] * 65), 400, "text_input holds 65 texts; this model takes at most 64 a request"),
     ],
 )  # fmt: skip
 def test_what_text_requests_get(bert, body, status, words):
