@@ -1,12 +1,12 @@
-"""A classifier's labels, on the server: the ``label`` output of a sequence classifier served as text.
+"""A classifier's labels, on the server: the ``label`` and ``score`` outputs of a sequence classifier.
 
 A Hugging Face ``...ForSequenceClassification`` folder names its classes in ``config.json``
 (``id2label``); the artifact exported from it answers ``logits``. ``serve.ray_package`` reads the names
 when it packages such an artifact with the folder's tokenizer, and the Ray Serve ingress adds ``label``
-(``BYTES``, one per row: the name of the largest logit) to every answer, as a ``text-classification``
-pipeline names its top class. Not for a multi-label classifier (several classes may hold: the logits
-say which) or a regression head (one output), and not where the names are transformers' placeholders
-(``LABEL_0`` ...): ``package`` says which.
+(``BYTES``, one per row: the name of the largest logit) and ``score`` (its softmax probability) to every
+answer, as a ``text-classification`` pipeline names its top class and scores it. Not for a multi-label
+classifier (several classes may hold: the logits say which) or a regression head (one output), and not
+where the names are transformers' placeholders (``LABEL_0`` ...): ``package`` says which.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 OUTPUT = "label"
+SCORE = "score"
 LOGITS = "logits"
 
 
@@ -46,17 +47,24 @@ def labels_of(folder: str | Path) -> tuple[list[str] | None, str]:
     return ordered, ""
 
 
-def label_output(logits: np.ndarray, labels: list[str]) -> np.ndarray | None:
-    """``[N]`` label names (UTF-8 bytes) of ``[N, classes]`` logits; None where the shape is not that."""
+def label_output(logits: np.ndarray, labels: list[str]) -> list[tuple[str, np.ndarray]]:
+    """``[(label, [N] names as UTF-8 bytes), (score, [N] softmax probabilities)]`` of ``[N, classes]``
+    logits; none where the shape is not that."""
     if logits.ndim != 2 or logits.shape[1] != len(labels):
-        return None
-    return np.array([labels[i].encode("utf-8") for i in logits.argmax(axis=1)], dtype=object)
+        return []
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    top = logits.argmax(axis=1)
+    names = np.array([labels[i].encode("utf-8") for i in top], dtype=object)
+    return [(OUTPUT, names), (SCORE, p[np.arange(len(top)), top].astype(np.float32))]
 
 
 def with_label_output(meta: dict[str, Any], labels: list[str] | None) -> dict[str, Any]:
-    """The model metadata with ``label`` among the outputs, where it is added."""
+    """The model metadata with ``label`` and ``score`` among the outputs, where they are added."""
     from ptopt.serve.oip import tensor_metadata
 
     if not labels or not any(t["name"] == LOGITS for t in meta["outputs"]):
         return meta
-    return {**meta, "outputs": [*meta["outputs"], tensor_metadata(OUTPUT, "BYTES", [-1])]}
+    added = [tensor_metadata(OUTPUT, "BYTES", [-1]), tensor_metadata(SCORE, "FP32", [-1])]
+    return {**meta, "outputs": [*meta["outputs"], *added]}

@@ -424,7 +424,7 @@ class PtoptIngress:
 
     def _added_outputs(self, name: str, arrays: dict[str, Any], answer: list) -> list:
         """The answer with what the server adds to it: a sentence encoder's ``sentence_embedding``
-        (``serve.pooling``), a classifier's ``label`` (``serve.labels``)."""
+        (``serve.pooling``), a classifier's ``label`` and ``score`` (``serve.labels``)."""
         from ptopt.serve import labels, pooling
 
         model = self.models[name]
@@ -438,13 +438,8 @@ class PtoptIngress:
                     pooling.sentence_embedding(hidden, arrays["attention_mask"], model["pooling"]),
                 )
             )
-        named = (
-            labels.label_output(logits, model["labels"])
-            if model.get("labels") and logits is not None
-            else None
-        )
-        if named is not None:
-            extra.append((labels.OUTPUT, named))
+        if model.get("labels") and logits is not None:
+            extra += labels.label_output(logits, model["labels"])
         return [*answer, *extra]
 
     def _arrays(self, name: str, request: oip.InferRequest) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -383,7 +383,7 @@ def _labels(m: RayModel) -> str:
     if m.labels is None:
         return m.labels_note
     shown = ", ".join(m.labels[:4]) + (", ..." if len(m.labels) > 4 else "")
-    return f"label: the name of the largest logit ({shown})"
+    return f"label: the name of the largest logit ({shown}); score: its probability"
 
 
 def _spec(d: dict[str, Any]) -> Any:

@@ -268,20 +268,31 @@ def test_a_classifier_with_named_classes_answers_its_label(bert, tmp_path, cli):
     (named / "config.json").write_text(json.dumps(config))
     code, out, err = cli("package", tmp_path / onnx.name, "--format", "ray", "-o", tmp_path / "pkg")
     assert code == 0, err
-    assert "output: label: the name of the largest logit (negative, neutral, positive)" in out
+    assert (
+        "output: label: the name of the largest logit (negative, neutral, positive); score: its probability"
+        in out
+    )
     ingress = _ingress(tmp_path / "pkg")
     code, answer = _call(ingress, "POST", "/v2/models/bert/infer", _text(TEXTS))
-    want = [config["id2label"][str(i)] for i in bert_logits(folder, TEXTS).argmax(1)]
+    logits = bert_logits(folder, TEXTS)
+    want = [config["id2label"][str(i)] for i in logits.argmax(1)]
     assert code == 200 and answer["outputs"][1] == {
         "name": "label",
         "datatype": "BYTES",
         "shape": [2],
         "data": want,
     }
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    probs = (e / e.sum(1, keepdims=True)).max(1)
+    assert answer["outputs"][2]["name"] == "score"
+    np.testing.assert_allclose(answer["outputs"][2]["data"], probs, atol=1e-5)  # a pipeline's score
     code, answer = _call(ingress, "POST", "/predictions/bert", {"inputs": TEXTS[0]})
     assert code == 200 and answer["outputs"]["label"] == want[0]
     meta = _call(ingress, "GET", "/v2/models/bert")[1]
-    assert {"name": "label", "datatype": "BYTES", "shape": [-1]} in meta["outputs"]
+    assert meta["outputs"][-2:] == [
+        {"name": "label", "datatype": "BYTES", "shape": [-1]},
+        {"name": "score", "datatype": "FP32", "shape": [-1]},
+    ]
     assert "LABEL_0" in labels_of(folder)[1]  # the fixture's folder: placeholders, no label output
     config["problem_type"] = "multi_label_classification"
     (named / "config.json").write_text(json.dumps(config))
