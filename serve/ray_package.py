@@ -15,7 +15,8 @@ make a second loader to keep in step), and ``transformers`` where a model takes 
 loads the packaged tokenizer; without it, that model takes tensors only). The Serve config's
 ``working_dir`` is ``local://OUT``: the folder as it lies on this machine (every node of a cluster
 needs it at that path, e.g. shared storage); for a cluster without it, zip the folder, put the zip
-where the cluster reads URIs and set ``working_dir`` to its URI. ``ptopt serve --engine ray`` deploys the same application.
+where the cluster reads URIs and set ``working_dir`` to its URI. ``ptopt serve --engine ray`` deploys
+the same application.
 """
 
 from __future__ import annotations
@@ -121,33 +122,34 @@ def prepare_model(
         name, prep.path, prep.format, "tensor", [s.to_dict() for s in prep.inputs], prep.input_style,
         prep.precision, list(prep.files), prep.sidecar, prep.parent, trusted,
     )  # fmt: skip
-    model.tokenizer, model.text_note = _tokenizer(artifact, model, tmp)
-    if model.tokenizer is not None:
-        from ptopt.core.sentences import sentence_folder
-        from ptopt.serve.labels import labels_of
-        from ptopt.serve.pooling import pooling_of
-
-        folder = sentence_folder(_ref(artifact))
-        model.pooling, model.pooling_note = pooling_of(folder)
-        model.labels, model.labels_note = labels_of(folder)
+    _from_folder(model, artifact, tmp)
     return model
 
 
-def _ref(artifact: Any) -> Any:
-    return artifact.path if isinstance(artifact, Artifact) else artifact
-
-
-def _tokenizer(artifact: Any, model: RayModel, tmp: Path) -> tuple[Path | None, str]:
-    """The tokenizer of the Hugging Face folder ``artifact`` was made from (``core.sentences``), saved
-    under ``tmp`` when the model takes what it makes (``serve.text_inputs``); else None and why not
-    (empty when no folder with a tokenizer is on record)."""
-    from ptopt.core.hf import has_tokenizer, load_tokenizer
+def _from_folder(model: RayModel, artifact: Any, tmp: Path) -> None:
+    """What the Hugging Face folder ``artifact`` was made from (``core.sentences``: the sidecars' parents)
+    adds to ``model``: its tokenizer, and with it a sentence encoder's pooling and a classifier's labels."""
     from ptopt.core.sentences import sentence_folder
+    from ptopt.serve.labels import labels_of
+    from ptopt.serve.pooling import pooling_of
+
+    ref = artifact.path if isinstance(artifact, Artifact) else artifact
+    folder = sentence_folder(ref) if isinstance(ref, (str, Path)) else None
+    if folder is None:
+        return
+    model.tokenizer, model.text_note = _tokenizer(folder, model, tmp)
+    if model.tokenizer is not None:
+        model.pooling, model.pooling_note = pooling_of(folder)
+        model.labels, model.labels_note = labels_of(folder)
+
+
+def _tokenizer(folder: Path, model: RayModel, tmp: Path) -> tuple[Path | None, str]:
+    """``folder``'s tokenizer, saved under ``tmp`` when the model takes what it makes
+    (``serve.text_inputs``); else None and why not (empty when the folder holds no tokenizer)."""
+    from ptopt.core.hf import has_tokenizer, load_tokenizer
     from ptopt.serve.text_inputs import why_no_padding, why_no_text
 
-    ref = _ref(artifact)
-    folder = sentence_folder(ref) if isinstance(ref, (str, Path)) else None
-    if folder is None or not has_tokenizer(folder):
+    if not has_tokenizer(folder):
         return None, ""
     reason = why_no_text(model.inputs)
     if reason is not None:

@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 
 from ptopt.core.errors import UsageError
+from ptopt.core.sentences import TOKEN_INPUTS
 
 TEXT_INPUT = "text_input"
-#: the tensors a tokenizer makes: a model taking only these (``input_ids`` and ``attention_mask`` among them) takes text
-TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def why_no_text(specs: list[dict[str, Any]]) -> str | None:
