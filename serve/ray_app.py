@@ -546,13 +546,14 @@ class PtoptIngress:
 
 
 def _plain(value: Any) -> Any:
-    """An output as JSON carries it: numbers as lists, ``BYTES`` (a label) as strings."""
+    """An output as JSON carries it: numbers as lists, ``BYTES`` (a label) as strings, as the protocol's
+    JSON answer writes them (``oip._to_json``), in the output's shape."""
     import numpy as np
 
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
     if isinstance(value, np.ndarray) and value.dtype == np.dtype(object):
-        return [_plain(v) for v in value]
+        return np.array(oip._to_json(value, "BYTES"), dtype=object).reshape(value.shape).tolist()
+    if isinstance(value, bytes):
+        return oip._to_json(np.array([value], dtype=object), "BYTES")[0]
     return value.tolist()
 
 
